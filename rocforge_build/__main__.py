@@ -1,0 +1,3 @@
+from rocforge_build.cli import main
+
+raise SystemExit(main())

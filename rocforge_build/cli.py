@@ -1,0 +1,119 @@
+"""The thin command line: parse, dispatch, turn errors into one clear message and an exit code.
+
+Commands are a table (name -> module, help).  Only the chosen command's module is imported, so
+`rocforge env` pays for nothing else at shell start-up.  A command module provides
+`add_arguments(parser)` and `run(args) -> int`; `args.rootfs` is the `Root` to inspect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from rocforge_build import __version__
+from rocforge_build.errors import RocforgeError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "targets": ("rocforge_build.commands.targets", "list the GPU targets rocforge knows"),
+    "env": ("rocforge_build.commands.env", "print the environment for the resolved ROCm stack"),
+    "doctor": ("rocforge_build.commands.doctor", "show GPUs, ROCm installs and every decision"),
+    "nightly": ("rocforge_build.commands.nightly", "list, install and switch TheRock nightlies"),
+    "config": ("rocforge_build.commands.config", "read and change rocforge's configuration"),
+    "recipes": ("rocforge_build.commands.recipes", "list the build recipes"),
+    "recipe": ("rocforge_build.commands.recipe", "show one recipe"),
+    "build": ("rocforge_build.commands.build", "build a recipe for a GPU target"),
+    "kernels": ("rocforge_build.commands.kernels", "build and run rocforge's own HIP kernels"),
+    "container": ("rocforge_build.commands.container", "render, build and run container images"),
+}
+
+_GLOBAL_WITH_VALUE = {"--root"}
+
+
+def _selected_command(argv: list[str]) -> str | None:
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        if token in _GLOBAL_WITH_VALUE:
+            skip = True
+            continue
+        if token.startswith("-"):
+            continue
+        return token if token in COMMANDS else None
+    return None
+
+
+def _available() -> dict[str, tuple[str, str]]:
+    """Commands whose module is present (the table may name commands not yet shipped)."""
+    from importlib.util import find_spec
+
+    return {name: entry for name, entry in COMMANDS.items() if find_spec(entry[0]) is not None}
+
+
+def build_parser(selected: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rocforge",
+        description="Build orchestration and environment provisioning for AMD GPUs on ROCm.",
+    )
+    parser.add_argument("--version", action="version", version=f"rocforge {__version__}")
+    parser.add_argument(
+        "--root", metavar="DIR", default=os.environ.get("ROCFORGE_ROOT", "/"),
+        help="inspect DIR as the filesystem root (sysfs, /dev, /opt, /usr, /etc); "
+        "every path printed is as seen from inside it",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    table = {selected: COMMANDS[selected]} if selected else _available()
+    for name, (module, help_text) in COMMANDS.items():
+        if name not in table:
+            continue
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        if name == selected:
+            importlib.import_module(module).add_arguments(sp)
+    return parser
+
+
+def _fail(message: str, hint: str | None, code: int) -> int:
+    sys.stderr.write(f"rocforge: error: {message}\n")
+    if hint:
+        sys.stderr.write(f"rocforge: hint: {hint}\n")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    selected = _selected_command(argv)
+    try:
+        parser = build_parser(selected)
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return 2
+        from rocforge_build.rootfs import Root
+
+        if not os.path.isdir(args.root):
+            return _fail(f"--root {args.root!r} is not a directory", "give an existing directory", 2)
+        args.rootfs = Root(args.root)
+        module = importlib.import_module(COMMANDS[args.command][0])
+        return int(module.run(args) or 0)
+    except RocforgeError as exc:
+        return _fail(exc.message, exc.hint, exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("rocforge: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # the last guard: a bug, reported without a traceback
+        if os.environ.get("ROCFORGE_DEBUG"):
+            raise
+        return _fail(
+            f"internal error: {type(exc).__name__}: {exc}",
+            "this is a rocforge bug; run again with ROCFORGE_DEBUG=1 for the traceback and report it",
+            70,
+        )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

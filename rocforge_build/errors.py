@@ -1,0 +1,74 @@
+"""The error family: every failure a user can meet, with an exit code and a fix-it hint.
+
+Only the CLI catches these and prints them; library code raises and never exits.
+"""
+
+from __future__ import annotations
+
+
+class RocforgeError(Exception):
+    """Base class: `message` says what is wrong, `hint` what to do next."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class UsageError(RocforgeError):
+    """Bad command-line input: unknown target, malformed option value."""
+
+    exit_code = 2
+
+
+class ConfigError(RocforgeError):
+    """A configuration or data file (recipe, config.toml, target table) is invalid."""
+
+    exit_code = 2
+
+
+class DetectionError(RocforgeError):
+    """The system (or --root) could not be read: unreadable sysfs, garbage properties."""
+
+    exit_code = 3
+
+
+class NoRocmError(RocforgeError):
+    """No usable ROCm installation was found or the given one is not a ROCm tree."""
+
+    exit_code = 4
+
+
+class ToolchainError(RocforgeError):
+    """A required tool (compiler, cmake, glslc, headers) is missing or too old."""
+
+    exit_code = 5
+
+
+class NetworkError(RocforgeError):
+    """A download or listing failed after retries."""
+
+    exit_code = 6
+
+
+class IntegrityError(RocforgeError):
+    """Checksum mismatch, truncated or hostile archive."""
+
+    exit_code = 7
+
+
+class PatchError(RocforgeError):
+    """A patch did not apply; the source tree was left clean."""
+
+    exit_code = 8
+
+
+class BuildError(RocforgeError):
+    """A configure/build/install step failed; the message names the log file."""
+
+    exit_code = 9

@@ -1,0 +1,104 @@
+"""A filesystem root to inspect: `/` normally, any directory with `--root DIR`.
+
+Every path rocforge reasons about is an *inner* path (as seen from inside the root, e.g.
+`/opt/rocm`); `Root.host()` maps it to the real file.  Symbolic links are followed inside the
+root, so an absolute link such as `/opt/rocm -> /opt/rocm-6.4.1` in a container filesystem or a
+test fixture resolves to the fixture's own `/opt/rocm-6.4.1`, never the host's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+_MAX_LINKS = 40
+
+
+class Root:
+    def __init__(self, base: str | os.PathLike[str] = "/"):
+        self.base = Path(os.path.abspath(base))
+
+    @property
+    def is_host(self) -> bool:
+        return str(self.base) == "/"
+
+    def __repr__(self) -> str:
+        return f"Root({str(self.base)!r})"
+
+    # -- mapping ------------------------------------------------------------------------------
+    def _join(self, inner: PurePosixPath) -> Path:
+        rel = str(inner).lstrip("/")
+        return self.base / rel if rel else self.base
+
+    def resolve(self, inner: str | os.PathLike[str]) -> PurePosixPath:
+        """Canonical inner path: `..` and symlinks resolved without leaving the root."""
+        parts = list(PurePosixPath("/", os.fspath(inner)).parts[1:])
+        done: list[str] = []
+        hops = 0
+        while parts:
+            part = parts.pop(0)
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if done:
+                    done.pop()
+                continue
+            candidate = PurePosixPath("/", *done, part)
+            host = self._join(candidate)
+            if host.is_symlink():
+                hops += 1
+                if hops > _MAX_LINKS:
+                    return candidate  # a loop: leave it unresolved, reads will fail cleanly
+                target = os.readlink(host)
+                if target.startswith("/"):
+                    done = []
+                parts = list(PurePosixPath(target).parts) + parts
+                if target.startswith("/"):
+                    parts = parts[1:]
+                continue
+            done.append(part)
+        return PurePosixPath("/", *done)
+
+    def host(self, inner: str | os.PathLike[str]) -> Path:
+        """The real path of an inner path (links resolved inside the root)."""
+        return self._join(self.resolve(inner))
+
+    def inner(self, host_path: str | os.PathLike[str]) -> PurePosixPath:
+        """Inner path of a real path below the root (inverse of `host`)."""
+        rel = os.path.relpath(os.path.abspath(host_path), self.base)
+        if rel == ".":
+            return PurePosixPath("/")
+        if rel.startswith(".."):
+            raise ValueError(f"{host_path} is outside root {self.base}")
+        return PurePosixPath("/", rel)
+
+    # -- small helpers over inner paths ------------------------------------------------------
+    def exists(self, inner: str | os.PathLike[str]) -> bool:
+        return self.host(inner).exists()
+
+    def is_dir(self, inner: str | os.PathLike[str]) -> bool:
+        return self.host(inner).is_dir()
+
+    def is_file(self, inner: str | os.PathLike[str]) -> bool:
+        return self.host(inner).is_file()
+
+    def is_symlink(self, inner: str | os.PathLike[str]) -> bool:
+        """True when the last component of `inner` is itself a link (parents resolved)."""
+        p = PurePosixPath("/", os.fspath(inner))
+        return self._join(self.resolve(p.parent) / p.name).is_symlink()
+
+    def read_text(self, inner: str | os.PathLike[str]) -> str:
+        return self.host(inner).read_text(encoding="utf-8", errors="replace")
+
+    def listdir(self, inner: str | os.PathLike[str]) -> list[str]:
+        """Sorted names in an inner directory; empty when it is missing or unreadable."""
+        try:
+            return sorted(os.listdir(self.host(inner)))
+        except OSError:
+            return []
+
+    def glob(self, inner_dir: str | os.PathLike[str], pattern: str) -> list[PurePosixPath]:
+        """Inner paths matching `pattern` below `inner_dir`, sorted."""
+        base = PurePosixPath("/", os.fspath(inner_dir))
+        host = self.host(base)
+        return sorted(base / p.relative_to(host).as_posix() for p in host.glob(pattern))
