@@ -1,0 +1,188 @@
+"""`rocforge container build|run|closure`: images of a recipe build, run with the GPU passed in."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from rocforge_build import containers
+from rocforge_build.errors import BuildError, UsageError
+from rocforge_build.proc import CommandFailed
+
+
+def _common(p) -> None:
+    p.add_argument("recipe", metavar="RECIPE", help="recipe name, or path to a recipe .toml file")
+    p.add_argument("--target", required=True, metavar="GFX", help="GPU target, e.g. gfx1151")
+    p.add_argument("--backend", metavar="B", help="hip, vulkan or cpu (chooses the builder variant)")
+    p.add_argument("--variant", metavar="NAME", help="builder variant from containers/variants.toml")
+    p.add_argument("--engine", choices=sorted(containers.engines_data().get("engine", {})),
+                   help="container engine (default: the first of podman, buildah, docker on PATH)")
+    p.add_argument("--tag", metavar="T", help="image name (default localhost/rocforge/RECIPE:TARGET-BACKEND)")
+    p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+class _DashDashParser(argparse.ArgumentParser):
+    """Everything after the first `--` is the command to run (argparse alone mixes it up with
+    the RECIPE positional); it lands in `args.cmd`."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        tail: list[str] = []
+        if "--" in args:
+            at = args.index("--")
+            args, tail = args[:at], args[at + 1:]
+        namespace, extra = super().parse_known_args(args, namespace)
+        if tail or not getattr(namespace, "cmd", None):
+            namespace.cmd = tail
+        return namespace, extra
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=_DashDashParser)
+    b = sub.add_parser("build", help="render the Containerfile and build the image",
+                       description="Render the multi-stage Containerfile for a recipe, target and backend, "
+                       "and build it: the builder runs `rocforge build`, the runtime stage keeps only the "
+                       "prefix and its library closure.")
+    _common(b)
+    b.add_argument("--base", metavar="IMAGE", help="builder base image (replaces the variant's)")
+    b.add_argument("--runtime-base", metavar="IMAGE", help="runtime base image (default: the variant's, scratch)")
+    r = sub.add_parser("run", help="run a built image with the GPU devices and groups passed in",
+                       description="Run the image of a recipe build with /dev/kfd, /dev/dri, the GPU groups "
+                       "and seccomp=unconfined.")
+    _common(r)
+    r.add_argument("cmd", nargs="*", metavar="CMD", help="command to run in the container (after --)")
+    r.epilog = "example: rocforge container run llama-cpp --target gfx1151 --backend hip -- llama-cli --version"
+    c = sub.add_parser("closure", help="stage the shared-library closure of a prefix (builder stage)",
+                       description="Copy the shared-library closure of every ELF file below PREFIX into DIR, "
+                       "preserving paths and links (ldd, plus the rules in containers/closure.toml).")
+    c.add_argument("prefix", metavar="PREFIX", type=Path)
+    c.add_argument("--out", required=True, type=Path, metavar="DIR", help="staging directory (replaced)")
+    c.add_argument("--env-file", type=Path, metavar="FILE", help="dotenv file whose variables ldd runs with")
+    c.add_argument("--report", type=Path, metavar="FILE", help="also write the report as JSON to FILE")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args) -> int:
+    return {"build": _build, "run": _run, "closure": _closure}[args.action](args)
+
+
+def _print_decisions(decisions, out=sys.stdout) -> None:
+    for d in decisions:
+        out.write(f"  {d.key:<13} {d.value}\n  {'':<13} ({d.reason})\n")
+
+
+def _build(args) -> int:
+    plan = containers.plan(
+        args.recipe, target=args.target, backend=args.backend, variant=args.variant,
+        base=args.base, runtime_base=args.runtime_base, tag=args.tag,
+    )
+    engine, why = containers.detect_engine(args.engine)
+    ctx = containers.context_dir(plan)
+    first, second = containers.build_commands(engine, ctx, plan.tag)
+    decisions = (*plan.decisions, why)
+    if args.dry_run:
+        text = containers.render(plan)
+        if args.json:
+            print(json.dumps({**plan.to_json(), "engine": engine.name, "context": str(ctx),
+                              "decisions": [d.to_json() for d in decisions],
+                              "commands": [first, second], "containerfile": text}, indent=2))
+            return 0
+        print(f"# {ctx / 'Containerfile'} (first pass; the second adds ENV and LABEL from the builder)")
+        print(text)
+        print("# decisions")
+        _print_decisions(decisions)
+        print("# commands (the context also gets rocforge's wheels and the recipe file)")
+        print(shlex.join(first))
+        print(f"# ... re-render {ctx / 'Containerfile'} with {ctx / 'facts'}/env and rocforge-manifest.toml, then")
+        print(shlex.join(second))
+        return 0
+    out = sys.stderr if args.json else sys.stdout
+    out.write(f"rocforge: building {plan.tag} with {engine.name} in {ctx}\n")
+    _print_decisions(decisions, out)
+    containers.prepare_context(plan, ctx)
+    _engine(first, "first pass (builder and facts)", ctx)
+    facts = containers.read_facts(ctx / "facts")
+    containers.write_atomic(ctx / "Containerfile", containers.render(plan, facts))
+    _engine(second, "second pass (runtime image)", ctx)
+    summary = {**plan.to_json(), "engine": engine.name, "context": str(ctx),
+               "containerfile": str(ctx / "Containerfile"),
+               "labels": containers.labels(plan, facts.manifest),
+               "env": containers.runtime_env(plan, facts.env),
+               "closure": {k: facts.closure[k] for k in ("files", "bytes")} if facts.closure else None}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        clos = summary["closure"]
+        extra = f"; closure {clos['files']} files, {clos['bytes'] / 1e6:.1f} MB" if clos else ""
+        print(f"rocforge: built {plan.tag}{extra}")
+        print(f"rocforge: Containerfile kept at {ctx / 'Containerfile'}")
+        print(f"rocforge: run it with `rocforge container run {args.recipe} --target {plan.target} "
+              f"--backend {plan.backend} -- CMD`")
+    return 0
+
+
+def _engine(argv: list[str], what: str, ctx: Path) -> None:
+    sys.stderr.write(f"rocforge: {what}: {shlex.join(argv)}\n")
+    try:
+        from rocforge_build import proc
+
+        proc.run(argv, capture=False)
+    except CommandFailed as exc:
+        raise BuildError(
+            f"container build failed in the {what} (exit code {exc.returncode})",
+            f"the engine's output above names the failing step; the Containerfile is {ctx / 'Containerfile'}",
+        ) from exc
+
+
+def _run(args) -> int:
+    plan = containers.plan(args.recipe, target=args.target, backend=args.backend,
+                           variant=args.variant, tag=args.tag)
+    engine, why = containers.detect_engine(args.engine)
+    if not args.cmd:
+        raise UsageError("no command given", "put the command after --, e.g. -- llama-cli --version")
+    rp = containers.run_plan(engine, plan.tag, list(args.cmd), rootfs=args.rootfs,
+                             interactive=sys.stdin.isatty() and sys.stdout.isatty())
+    if args.dry_run:
+        if args.json:
+            print(json.dumps({**rp.to_json(), "image": plan.tag,
+                              "decisions": [d.to_json() for d in (why, *rp.decisions)]}, indent=2))
+            return 0
+        for w in rp.warnings:
+            print(f"# warning: {w}")
+        if len(rp.commands) == 1:
+            print(shlex.join(rp.commands[0]))
+        else:
+            print(f"CTR=$({shlex.join(rp.commands[0])})")
+            for c in rp.commands[1:]:
+                print(" ".join('"$CTR"' if a == "$CTR" else shlex.quote(a) for a in c))
+        print("# decisions")
+        _print_decisions((why, *rp.decisions))
+        return 0
+    for w in rp.warnings:
+        sys.stderr.write(f"rocforge: warning: {w}\n")
+    return containers.execute_run(rp)
+
+
+def _closure(args) -> int:
+    from rocforge_build import closure
+
+    if not args.rootfs.is_host:
+        raise UsageError("closure inspects the live system (ldd runs the dynamic loader)", "drop --root")
+    report = closure.main_closure(args.prefix, args.out, env_file=args.env_file, report=args.report)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    kinds: dict[str, int] = {}
+    for e in report["entries"]:
+        kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
+    print(f"closure of {args.prefix}: {report['elf_files']} ELF files -> "
+          + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+          + f"; staged {report['files']} files ({report['bytes'] / 1e6:.1f} MB) in {args.out}")
+    for e in report["entries"]:
+        if e["kind"] != "library":
+            print(f"  {e['path']}: {e['reason']}")
+    return 0

@@ -1,0 +1,545 @@
+"""Container images of a recipe build: render the Containerfile, plan the engine commands.
+
+An image is exactly a `rocforge build` run inside a builder stage; nothing about the build is
+restated here.  The data lives in `containers/`: `Containerfile.in` (the template),
+`variants.toml` (builder bases, packages, how ROCm gets in), `engines.toml` (podman, buildah,
+docker, and the GPU run flags), `labels.toml` (OCI labels from the build manifest) and
+`closure.toml` (what `ldd` cannot see; used by `closure.py` inside the builder).
+
+A build runs in two passes over one context directory:
+  1. `--target facts --output type=local,dest=facts/`: the builder runs `rocforge build`, then
+     `rocforge env --shell dotenv` and the closure; the facts stage exports the env, the manifest
+     and the closure report to the host;
+  2. the Containerfile is rendered again with those facts as ENV and LABEL lines and built to the
+     runtime stage; the builder stage is unchanged, so the engine's layer cache reuses it.
+The final Containerfile stays in the context directory: self-contained, buildable by any engine.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+import string
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path, PurePosixPath
+
+from rocforge_build import __version__, paths, proc, targets
+from rocforge_build.errors import ConfigError, ToolchainError, UsageError
+from rocforge_build.resources import containers_dir
+
+# Where rocforge keeps its things inside the builder (ROCFORGE_DATA_DIR there).
+DATA_IN_IMAGE = PurePosixPath("/opt/rocforge")
+TEMPLATE = "Containerfile.in"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Decision:
+    key: str
+    value: str
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "value": self.value, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    description: str
+    base: str
+    installer: str
+    packages: tuple[str, ...]
+    rocm: str
+    runtime: str
+
+
+@dataclass(frozen=True)
+class RecipeRef:
+    """A recipe as the builder sees it: by name (packaged with rocforge) or a copied file."""
+
+    name: str
+    path: Path | None  # the host file when RECIPE was a path
+
+    @property
+    def arg(self) -> str:
+        if self.path is None:
+            return self.name
+        return str(DATA_IN_IMAGE / "recipe" / self.path.name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerPlan:
+    recipe: RecipeRef
+    target: str
+    backend: str
+    variant: Variant
+    builder_base: str
+    runtime_base: str
+    tag: str
+    decisions: tuple[Decision, ...] = ()
+
+    @property
+    def prefix(self) -> PurePosixPath:
+        """The install prefix inside the builder (the build contract's default naming)."""
+        return DATA_IN_IMAGE / "builds" / f"{self.recipe.name}-{self.target}-{self.backend}"
+
+    def to_json(self) -> dict:
+        return {
+            "recipe": self.recipe.name,
+            "recipe_path": str(self.recipe.path) if self.recipe.path else None,
+            "target": self.target,
+            "backend": self.backend,
+            "variant": self.variant.name,
+            "builder_base": self.builder_base,
+            "runtime_base": self.runtime_base,
+            "tag": self.tag,
+            "prefix": str(self.prefix),
+            "decisions": [d.to_json() for d in self.decisions],
+        }
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the builder stage found out: its env (dotenv), manifest and closure report."""
+
+    env: dict[str, str]
+    manifest: dict
+    closure: dict | None = None
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    build: tuple[str, ...]
+    run_style: str
+    run: tuple[str, ...]
+    from_: tuple[str, ...] = ()
+    rm: tuple[str, ...] = ()
+    groups: str = "numeric"
+    rootless_groups: str = "numeric"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    engine: str
+    commands: tuple[tuple[str, ...], ...]  # for "from" engines: from, run (CTR placeholder), rm
+    decisions: tuple[Decision, ...] = ()
+    warnings: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict:
+        return {
+            "engine": self.engine,
+            "commands": [list(c) for c in self.commands],
+            "decisions": [d.to_json() for d in self.decisions],
+            "warnings": list(self.warnings),
+        }
+
+
+# -- data -------------------------------------------------------------------------------------------
+def _load(name: str) -> dict:
+    path = containers_dir() / name
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}", "restore it from the rocforge sources") from exc
+
+
+@cache
+def variants_data() -> dict:
+    return _load("variants.toml")
+
+
+@cache
+def engines_data() -> dict:
+    return _load("engines.toml")
+
+
+@cache
+def labels_data() -> dict:
+    return _load("labels.toml")
+
+
+def template_text() -> str:
+    path = containers_dir() / TEMPLATE
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}", "restore it from the rocforge sources") from exc
+
+
+def _suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def get_variant(name: str) -> Variant:
+    table = variants_data().get("variant", {})
+    if name not in table:
+        raise UsageError(
+            f"unknown container variant {name!r}",
+            f"{_suggest(name, table)}known variants: {', '.join(sorted(table))} (containers/variants.toml)",
+        )
+    raw = table[name]
+    try:
+        return Variant(
+            name=name, description=raw["description"], base=raw["base"], installer=raw["installer"],
+            packages=tuple(raw["packages"]), rocm=raw["rocm"], runtime=raw["runtime"],
+        )
+    except KeyError as exc:
+        raise ConfigError(f"containers/variants.toml: variant {name} lacks key {exc}") from exc
+
+
+def backends() -> dict[str, str]:
+    return dict(variants_data().get("backend_default", {}))
+
+
+# -- recipes ----------------------------------------------------------------------------------------
+def recipe_ref(recipe: str) -> RecipeRef:
+    """RECIPE as `rocforge build` takes it: a recipe name, or a path to a recipe .toml file."""
+    path = Path(recipe)
+    if recipe.endswith(".toml") or path.is_file():
+        if not path.is_file():
+            raise UsageError(f"recipe file {recipe} does not exist", "give a recipe name or an existing .toml file")
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}", "fix the recipe file") from exc
+        name = data.get("name") if isinstance(data.get("name"), str) else None
+        return RecipeRef(name=name or path.stem, path=path.resolve())
+    return RecipeRef(name=recipe, path=None)
+
+
+# -- plan ---------------------------------------------------------------------------------------------
+def plan(
+    recipe: str, *, target: str, backend: str | None = None, variant: str | None = None,
+    base: str | None = None, runtime_base: str | None = None, tag: str | None = None,
+) -> ContainerPlan:
+    tgt = targets.get_target(target)  # UsageError with a suggestion for unknown names
+    ref = recipe_ref(recipe)
+    defaults = backends()
+    decisions = []
+    if backend is None:
+        raise UsageError(
+            "--backend is needed to choose the builder variant",
+            f"give one of: {', '.join(sorted(defaults))}",
+        )
+    if variant is None:
+        if backend not in defaults:
+            raise UsageError(
+                f"no container variant for backend {backend!r}",
+                f"{_suggest(backend, defaults)}give --variant, or one of the backends: {', '.join(sorted(defaults))}",
+            )
+        variant = defaults[backend]
+        decisions.append(Decision("variant", variant, f"the default for backend {backend} (containers/variants.toml)"))
+    else:
+        decisions.append(Decision("variant", variant, "given with --variant"))
+    var = get_variant(variant)
+    rocm_table = variants_data().get("rocm", {})
+    if var.rocm not in rocm_table:
+        raise ConfigError(f"containers/variants.toml: variant {var.name} names unknown rocm {var.rocm!r}")
+    decisions.append(Decision("rocm", var.rocm, rocm_table[var.rocm].get("why", "")))
+    if base:
+        builder_base = base
+        decisions.append(Decision("builder_base", base, "given with --base"))
+    elif var.base:
+        builder_base = var.base
+        decisions.append(Decision("builder_base", base or var.base, f"variant {var.name}'s base image"))
+    else:
+        raise UsageError(f"variant {var.name} has no base image", "give one with --base IMAGE")
+    if runtime_base:
+        decisions.append(Decision("runtime_base", runtime_base, "given with --runtime-base"))
+    else:
+        runtime_base = var.runtime
+        why = ("only the prefix and its library closure: the closure must be complete"
+               if runtime_base == "scratch" else f"variant {var.name}'s runtime image")
+        decisions.append(Decision("runtime_base", runtime_base, why))
+    if not tag:
+        tag = f"localhost/rocforge/{ref.name}:{tgt.name}-{backend}"
+        decisions.append(Decision("tag", tag, "rocforge/<recipe>:<target>-<backend>"))
+    return ContainerPlan(
+        recipe=ref, target=tgt.name, backend=backend, variant=var, builder_base=builder_base,
+        runtime_base=runtime_base, tag=tag, decisions=tuple(decisions),
+    )
+
+
+# -- render -------------------------------------------------------------------------------------------
+def _sub(text: str, values: dict[str, str], where: str) -> str:
+    try:
+        return string.Template(text).substitute(values)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"{where}: bad template field {exc}", "fields are ${name}; write $$ for a literal $") from exc
+
+
+def _env_quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def runtime_env(plan: ContainerPlan, env: dict[str, str]) -> dict[str, str]:
+    """The runtime ENV: the builder's `rocforge env` plus the prefix's bin first on PATH.
+
+    Empty values are left out: in dotenv they mean "unset", and an image starts without them."""
+    result = {k: v for k, v in env.items() if v != ""}
+    path = result.get("PATH") or DEFAULT_PATH
+    bindir = str(plan.prefix / "bin")
+    if bindir not in path.split(":"):
+        path = f"{bindir}:{path}"
+    result["PATH"] = path
+    return dict(sorted(result.items()))
+
+
+def env_lines(plan: ContainerPlan, facts: Facts | None) -> str:
+    if facts is None:
+        return ("# ENV: filled in by the second pass from the builder's `rocforge env --shell dotenv`\n"
+                f'ENV PATH="{plan.prefix / "bin"}:{DEFAULT_PATH}"')
+    env = runtime_env(plan, facts.env)
+    body = " \\\n    ".join(f"{k}={_env_quote(v)}" for k, v in env.items())
+    return "# from the builder's `rocforge env --shell dotenv`\nENV " + body
+
+
+def _manifest_value(manifest: dict, dotted: str):
+    obj = manifest
+    for part in dotted.split("."):
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    if isinstance(obj, (dict, list)):
+        return None
+    return str(obj)
+
+
+def labels(plan: ContainerPlan, manifest: dict | None) -> dict[str, str]:
+    """OCI labels from labels.toml; manifest-backed ones only when the manifest is known."""
+    fields = {
+        "recipe": plan.recipe.name, "target": plan.target, "backend": plan.backend,
+        "variant": plan.variant.name, "rocforge_version": __version__, "runtime_base": plan.runtime_base,
+    }
+    out: dict[str, str] = {}
+    for key, spec in labels_data().get("label", {}).items():
+        sources = spec.get("from")
+        values = dict(fields)
+        if sources:
+            if manifest is None:
+                continue
+            value = next((v for v in (_manifest_value(manifest, s) for s in sources) if v is not None), None)
+            if value is None:
+                value = spec.get("default")
+            if value is None:
+                continue
+            values["value"] = value
+        out[key] = _sub(spec["template"], values, f"containers/labels.toml label {key}")
+    return out
+
+
+def label_lines(plan: ContainerPlan, facts: Facts | None) -> str:
+    found = labels(plan, facts.manifest if facts else None)
+    head = ("# labels from the build manifest (rocforge-manifest.toml)" if facts else
+            "# labels: the manifest-backed ones (commit, ROCm version, ...) are added by the second pass")
+    body = " \\\n      ".join(f"{k}={_env_quote(v)}" for k, v in found.items())
+    return f"{head}\nLABEL {body}"
+
+
+def render(plan: ContainerPlan, facts: Facts | None = None) -> str:
+    data = variants_data()
+    installer = data.get("installer", {}).get(plan.variant.installer)
+    if installer is None:
+        raise ConfigError(f"containers/variants.toml: unknown installer {plan.variant.installer!r}")
+    pkg_body = _sub(installer.get("run", ""), {"packages": " ".join(plan.variant.packages)}, "installer")
+    rocm_body = _sub(data["rocm"][plan.variant.rocm].get("run", ""), {"target": plan.target}, "rocm step")
+    values = {
+        "rocforge_version": __version__,
+        "recipe": plan.recipe.name,
+        "recipe_arg": plan.recipe.arg,
+        "target": plan.target,
+        "backend": plan.backend,
+        "variant": plan.variant.name,
+        "variant_description": plan.variant.description,
+        "builder_base": plan.builder_base,
+        "runtime_base": plan.runtime_base,
+        "prefix": str(plan.prefix),
+        "packages_step": f"RUN {pkg_body}" if pkg_body and plan.variant.packages else
+        "# (no packages: the base image carries the build tools)",
+        "rocm_step": f"RUN {rocm_body}" if rocm_body else f"# ROCm: {plan.variant.rocm} (nothing to install)",
+        "env_lines": env_lines(plan, facts),
+        "label_lines": label_lines(plan, facts),
+    }
+    return _sub(template_text(), values, f"containers/{TEMPLATE}")
+
+
+def read_facts(directory: Path) -> Facts:
+    from rocforge_build.closure import parse_dotenv
+
+    env_file, manifest_file = directory / "env", directory / "rocforge-manifest.toml"
+    if not env_file.is_file() or not manifest_file.is_file():
+        raise ConfigError(
+            f"the builder exported no facts to {directory} (env, rocforge-manifest.toml)",
+            "look at the first pass's output above; the builder stage must finish",
+        )
+    try:
+        manifest = tomllib.loads(manifest_file.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{manifest_file}: not valid TOML: {exc}") from exc
+    closure = None
+    report = directory / "closure.json"
+    if report.is_file():
+        closure = json.loads(report.read_text(encoding="utf-8"))
+    return Facts(env=parse_dotenv(env_file.read_text(encoding="utf-8")), manifest=manifest, closure=closure)
+
+
+# -- context --------------------------------------------------------------------------------------
+def source_tree() -> Path:
+    """The rocforge source checkout this rocforge runs from (its wheel goes into the image)."""
+    top = Path(__file__).resolve().parent.parent
+    if not (top / "pyproject.toml").is_file():
+        raise ToolchainError(
+            "rocforge is not running from a source checkout, so it cannot put itself into the image",
+            "run `rocforge container build` from a rocforge git checkout (pip install -e .)",
+        )
+    return top
+
+
+def context_dir(plan: ContainerPlan) -> Path:
+    return paths.cache_dir() / "containers" / f"{plan.recipe.name}-{plan.target}-{plan.backend}"
+
+
+def prepare_context(plan: ContainerPlan, ctx: Path) -> None:
+    """Fill the build context: rocforge's wheels, the recipe file, the first-pass Containerfile."""
+    if ctx.exists():
+        shutil.rmtree(ctx)
+    wheels = ctx / "wheels"
+    wheels.mkdir(parents=True)
+    proc.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), str(source_tree())],
+        hint="pip must be able to build rocforge and fetch its dependencies on this machine",
+    )
+    recipe_dir = ctx / "recipe"
+    recipe_dir.mkdir()
+    if plan.recipe.path is not None:
+        shutil.copy2(plan.recipe.path, recipe_dir / plan.recipe.path.name)
+    else:
+        (recipe_dir / "README").write_text(f"recipe {plan.recipe.name} ships with rocforge\n", encoding="utf-8")
+    write_atomic(ctx / "Containerfile", render(plan))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+# -- engines ----------------------------------------------------------------------------------------
+def get_engine(name: str) -> Engine:
+    table = engines_data().get("engine", {})
+    if name not in table:
+        raise UsageError(f"unknown container engine {name!r}", f"{_suggest(name, table)}use one of: {', '.join(table)}")
+    raw = table[name]
+    return Engine(
+        name=name, build=tuple(raw["build"]), run_style=raw["run_style"], run=tuple(raw["run"]),
+        from_=tuple(raw.get("from", ())), rm=tuple(raw.get("rm", ())),
+        groups=raw.get("groups", "numeric"), rootless_groups=raw.get("rootless_groups", "numeric"),
+    )
+
+
+def detect_engine(name: str | None = None) -> tuple[Engine, Decision]:
+    if name:
+        return get_engine(name), Decision("engine", name, "given with --engine")
+    order = engines_data().get("order", [])
+    for candidate in order:
+        if proc.which(candidate):
+            return get_engine(candidate), Decision("engine", candidate, f"first of {', '.join(order)} found on PATH")
+    raise ToolchainError(
+        f"no container engine found (looked for {', '.join(order)} on PATH)",
+        "install podman (apt-get install podman) or buildah, or pass --engine",
+    )
+
+
+def build_commands(engine: Engine, ctx: Path, tag: str) -> tuple[list[str], list[str]]:
+    """Pass 1 (builder + facts exported to ctx/facts) and pass 2 (the runtime image, tagged)."""
+    cf = str(ctx / "Containerfile")
+    first = [*engine.build, "-f", cf, "--target", "facts", "--output", f"type=local,dest={ctx / 'facts'}", str(ctx)]
+    second = [*engine.build, "-f", cf, "--target", "runtime", "-t", tag, str(ctx)]
+    return first, second
+
+
+def group_ids(rootfs, names) -> dict[str, int | None]:
+    """Numeric GIDs of groups from the root's /etc/group (None when the group is not there)."""
+    found: dict[str, int | None] = dict.fromkeys(names)
+    try:
+        text = rootfs.read_text("/etc/group")
+    except OSError:
+        return found
+    for line in text.splitlines():
+        parts = line.split(":")
+        if len(parts) >= 3 and parts[0] in found and parts[2].isdigit():
+            found[parts[0]] = int(parts[2])
+    return found
+
+
+def run_plan(
+    engine: Engine, image: str, command: list[str], *, rootfs, rootless: bool | None = None,
+    interactive: bool = False,
+) -> RunPlan:
+    gpu = engines_data().get("gpu", {})
+    decisions: list[Decision] = []
+    warnings: list[str] = []
+    if rootless is None:
+        rootless = os.geteuid() != 0
+    style = engine.rootless_groups if rootless else engine.groups
+    flags: list[str] = []
+    for dev in gpu.get("devices", []):
+        flags += ["--device", dev]
+        if not rootfs.exists(dev):
+            warnings.append(f"{dev} does not exist here: the container will not see a GPU")
+    mode = "rootless" if rootless else "rootful"
+    if style == "keep-groups":
+        flags += ["--group-add", "keep-groups"]
+        decisions.append(Decision(
+            "groups", "keep-groups",
+            f"{engine.name} is {mode}: host GIDs cannot be mapped into its user namespace, so the "
+            "caller's own supplementary groups (video, render) are kept",
+        ))
+    elif style == "numeric":
+        gids = group_ids(rootfs, gpu.get("groups", []))
+        for name, gid in gids.items():
+            if gid is None:
+                flags += ["--group-add", name]
+                warnings.append(f"group {name} is not in /etc/group: passing the name, which the image must know")
+            else:
+                flags += ["--group-add", str(gid)]
+        decisions.append(Decision(
+            "groups", ",".join(f"{n}={g}" for n, g in gids.items()),
+            f"numeric GIDs from /etc/group ({mode} {engine.name}): the device nodes belong to the host's "
+            "groups, and a slim image has no /etc/group to resolve names",
+        ))
+    else:
+        decisions.append(Decision("groups", "none", f"{engine.name} runs the command as root in the container"))
+    for opt in gpu.get("security_opt", []):
+        flags += ["--security-opt", opt]
+    if engine.run_style == "from":
+        cmds = (
+            (*engine.from_, *flags, image),
+            (*engine.run, "$CTR", "--", *command),
+            (*engine.rm, "$CTR"),
+        )
+    else:
+        tty = ["-it"] if interactive else []
+        cmds = ((*engine.run, *tty, *flags, image, *command),)
+    return RunPlan(engine=engine.name, commands=cmds, decisions=tuple(decisions), warnings=tuple(warnings))
+
+
+def execute_run(run: RunPlan) -> int:
+    """Run the planned command, streaming its output; returns its exit code."""
+    if len(run.commands) == 1:
+        return proc.run(list(run.commands[0]), capture=False, check=False).returncode
+    created = proc.run(list(run.commands[0])).stdout.strip().splitlines()
+    ctr = created[-1].strip() if created else ""
+    try:
+        argv = [ctr if a == "$CTR" else a for a in run.commands[1]]
+        return proc.run(argv, capture=False, check=False).returncode
+    finally:
+        proc.run([ctr if a == "$CTR" else a for a in run.commands[2]], check=False)
