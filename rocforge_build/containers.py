@@ -6,13 +6,15 @@ restated here.  The data lives in `containers/`: `Containerfile.in` (the templat
 docker, and the GPU run flags), `labels.toml` (OCI labels from the build manifest) and
 `closure.toml` (what `ldd` cannot see; used by `closure.py` inside the builder).
 
-A build runs in two passes over one context directory:
-  1. `--target facts --output type=local,dest=facts/`: the builder runs `rocforge build`, then
-     `rocforge env --shell dotenv` and the closure; the facts stage exports the env, the manifest
-     and the closure report to the host;
-  2. the Containerfile is rendered again with those facts as ENV and LABEL lines and built to the
-     runtime stage; the builder stage is unchanged, so the engine's layer cache reuses it.
-The final Containerfile stays in the context directory: self-contained, buildable by any engine.
+A build is three engine builds over one context directory, all files kept there:
+  1. `Containerfile` (builder + runtime) -> the stage image: the builder runs `rocforge build`,
+     `rocforge env --shell dotenv` and the closure; the runtime stage keeps the prefix, the
+     closure and those facts (/opt/rocforge/facts);
+  2. `Containerfile.facts` exports the facts to the host (`--output type=local`): a few KB;
+  3. `Containerfile.final` is rendered from them: `FROM` the stage image, the env as ENV lines,
+     the manifest as OCI labels -> the image.
+Only the first one walks the builder (expensive on vfs storage); the other two touch the small
+runtime image alone.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from rocforge_build.resources import containers_dir
 # Where rocforge keeps its things inside the builder (ROCFORGE_DATA_DIR there).
 DATA_IN_IMAGE = PurePosixPath("/opt/rocforge")
 TEMPLATE = "Containerfile.in"
+FACTS_TEMPLATE = "Containerfile.facts.in"
+FINAL_TEMPLATE = "Containerfile.final.in"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -119,6 +123,7 @@ class Engine:
     build: tuple[str, ...]
     run_style: str
     run: tuple[str, ...]
+    rmi: tuple[str, ...] = ()
     from_: tuple[str, ...] = ()
     rm: tuple[str, ...] = ()
     groups: str = "numeric"
@@ -165,8 +170,8 @@ def labels_data() -> dict:
     return _load("labels.toml")
 
 
-def template_text() -> str:
-    path = containers_dir() / TEMPLATE
+def template_text(name: str) -> str:
+    path = containers_dir() / name
     try:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -293,10 +298,7 @@ def runtime_env(plan: ContainerPlan, env: dict[str, str]) -> dict[str, str]:
     return dict(sorted(result.items()))
 
 
-def env_lines(plan: ContainerPlan, facts: Facts | None) -> str:
-    if facts is None:
-        return ("# ENV: filled in by the second pass from the builder's `rocforge env --shell dotenv`\n"
-                f'ENV PATH="{plan.prefix / "bin"}:{DEFAULT_PATH}"')
+def env_lines(plan: ContainerPlan, facts: Facts) -> str:
     env = runtime_env(plan, facts.env)
     body = " \\\n    ".join(f"{k}={_env_quote(v)}" for k, v in env.items())
     return "# from the builder's `rocforge env --shell dotenv`\nENV " + body
@@ -336,15 +338,26 @@ def labels(plan: ContainerPlan, manifest: dict | None) -> dict[str, str]:
     return out
 
 
-def label_lines(plan: ContainerPlan, facts: Facts | None) -> str:
-    found = labels(plan, facts.manifest if facts else None)
-    head = ("# labels from the build manifest (rocforge-manifest.toml)" if facts else
-            "# labels: the manifest-backed ones (commit, ROCm version, ...) are added by the second pass")
-    body = " \\\n      ".join(f"{k}={_env_quote(v)}" for k, v in found.items())
-    return f"{head}\nLABEL {body}"
+def _label_body(found: dict[str, str]) -> str:
+    return " \\\n      ".join(f"{k}={_env_quote(v)}" for k, v in found.items())
 
 
-def render(plan: ContainerPlan, facts: Facts | None = None) -> str:
+def label_lines(plan: ContainerPlan, facts: Facts) -> str:
+    found = labels(plan, facts.manifest)
+    return "# from the build manifest (rocforge-manifest.toml)\nLABEL " + _label_body(found)
+
+
+CACHE_MOUNT = "--mount=type=cache,id=rocforge-cache,target=/opt/rocforge/cache"
+
+
+def stage_tag(tag: str) -> str:
+    """The name of the first build's image, before the env and labels are added."""
+    last = tag.rsplit("/", 1)[-1]
+    return f"{tag}-stage" if ":" in last else f"{tag}:stage"
+
+
+def render(plan: ContainerPlan) -> str:
+    """The multi-stage Containerfile: builder and runtime."""
     data = variants_data()
     installer = data.get("installer", {}).get(plan.variant.installer)
     if installer is None:
@@ -362,13 +375,28 @@ def render(plan: ContainerPlan, facts: Facts | None = None) -> str:
         "builder_base": plan.builder_base,
         "runtime_base": plan.runtime_base,
         "prefix": str(plan.prefix),
+        "default_path": DEFAULT_PATH,
         "packages_step": f"RUN {pkg_body}" if pkg_body and plan.variant.packages else
         "# (no packages: the base image carries the build tools)",
-        "rocm_step": f"RUN {rocm_body}" if rocm_body else f"# ROCm: {plan.variant.rocm} (nothing to install)",
-        "env_lines": env_lines(plan, facts),
-        "label_lines": label_lines(plan, facts),
+        "rocm_step": f"RUN {CACHE_MOUNT} \\\n    {rocm_body}" if rocm_body else
+        f"# ROCm: {plan.variant.rocm} (nothing to install)",
+        "static_labels": _label_body(labels(plan, None)),
     }
-    return _sub(template_text(), values, f"containers/{TEMPLATE}")
+    return _sub(template_text(TEMPLATE), values, f"containers/{TEMPLATE}")
+
+
+def render_facts(plan: ContainerPlan) -> str:
+    """The Containerfile that exports /opt/rocforge/facts of the first image to the host."""
+    return _sub(template_text(FACTS_TEMPLATE), {"stage_image": stage_tag(plan.tag)}, FACTS_TEMPLATE)
+
+
+def render_final(plan: ContainerPlan, facts: Facts) -> str:
+    """The image itself: the first image plus ENV (from `rocforge env`) and LABEL (manifest)."""
+    values = {
+        "stage_image": stage_tag(plan.tag), "tag": plan.tag, "rocforge_version": __version__,
+        "env_lines": env_lines(plan, facts), "label_lines": label_lines(plan, facts),
+    }
+    return _sub(template_text(FINAL_TEMPLATE), values, FINAL_TEMPLATE)
 
 
 def read_facts(directory: Path) -> Facts:
@@ -413,17 +441,48 @@ def prepare_context(plan: ContainerPlan, ctx: Path) -> None:
         shutil.rmtree(ctx)
     wheels = ctx / "wheels"
     wheels.mkdir(parents=True)
-    proc.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), str(source_tree())],
-        hint="pip must be able to build rocforge and fetch its dependencies on this machine",
-    )
+    build_wheels(wheels)
     recipe_dir = ctx / "recipe"
     recipe_dir.mkdir()
     if plan.recipe.path is not None:
         shutil.copy2(plan.recipe.path, recipe_dir / plan.recipe.path.name)
     else:
         (recipe_dir / "README").write_text(f"recipe {plan.recipe.name} ships with rocforge\n", encoding="utf-8")
+    (ctx / "empty").mkdir()
     write_atomic(ctx / "Containerfile", render(plan))
+    write_atomic(ctx / "Containerfile.facts", render_facts(plan))
+
+
+# What a rocforge wheel is built from (pyproject's packages and force-include folders).
+_WHEEL_SOURCES = ("pyproject.toml", "README.md", "rocforge_build")
+_DATA_FOLDERS = ("recipes", "patches", "containers")
+
+
+def build_wheels(dest: Path) -> None:
+    """Wheels of this rocforge and its dependencies into `dest` (pip; the builder installs offline).
+
+    The wheel is built from a clean copy of the sources: no caches, no local clutter, and a data
+    folder that does not exist yet is packaged empty rather than failing the build."""
+    import tempfile
+
+    top = source_tree()
+    with tempfile.TemporaryDirectory(prefix="rocforge-src-") as tmp:
+        src = Path(tmp) / "rocforge"
+        src.mkdir()
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_data")
+        for name in (*_WHEEL_SOURCES, *_DATA_FOLDERS):
+            path = top / name
+            if path.is_dir():
+                shutil.copytree(path, src / name, ignore=ignore)
+            elif path.is_file():
+                shutil.copy2(path, src / name)
+            elif name in _DATA_FOLDERS:
+                (src / name).mkdir()
+                (src / name / "README").write_text("empty in this rocforge\n", encoding="utf-8")
+        proc.run(
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(dest), str(src)],
+            hint="pip must be able to build rocforge and fetch its dependencies on this machine",
+        )
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -440,7 +499,7 @@ def get_engine(name: str) -> Engine:
     raw = table[name]
     return Engine(
         name=name, build=tuple(raw["build"]), run_style=raw["run_style"], run=tuple(raw["run"]),
-        from_=tuple(raw.get("from", ())), rm=tuple(raw.get("rm", ())),
+        rmi=tuple(raw["rmi"]), from_=tuple(raw.get("from", ())), rm=tuple(raw.get("rm", ())),
         groups=raw.get("groups", "numeric"), rootless_groups=raw.get("rootless_groups", "numeric"),
     )
 
@@ -458,12 +517,29 @@ def detect_engine(name: str | None = None) -> tuple[Engine, Decision]:
     )
 
 
-def build_commands(engine: Engine, ctx: Path, tag: str) -> tuple[list[str], list[str]]:
-    """Pass 1 (builder + facts exported to ctx/facts) and pass 2 (the runtime image, tagged)."""
-    cf = str(ctx / "Containerfile")
-    first = [*engine.build, "-f", cf, "--target", "facts", "--output", f"type=local,dest={ctx / 'facts'}", str(ctx)]
-    second = [*engine.build, "-f", cf, "--target", "runtime", "-t", tag, str(ctx)]
-    return first, second
+@dataclass(frozen=True)
+class BuildSteps:
+    """The engine commands of `rocforge container build`, in order."""
+
+    stage: list[str]  # the multi-stage build, tagged as the stage image
+    facts: list[str]  # export /opt/rocforge/facts of the stage image to ctx/facts
+    final: list[str]  # the stage image + ENV + LABEL, tagged as the image
+    cleanup: list[str]  # untag the stage image (its layers stay shared with the image)
+
+    def all(self) -> list[list[str]]:
+        return [self.stage, self.facts, self.final, self.cleanup]
+
+
+def build_commands(engine: Engine, ctx: Path, tag: str) -> BuildSteps:
+    small = str(ctx / "empty")  # the context of the two small builds: they copy nothing from it
+    return BuildSteps(
+        stage=[*engine.build, "-f", str(ctx / "Containerfile"), "--target", "runtime",
+               "-t", stage_tag(tag), str(ctx)],
+        facts=[*engine.build, "-f", str(ctx / "Containerfile.facts"),
+               "--output", f"type=local,dest={ctx / 'facts'}", small],
+        final=[*engine.build, "-f", str(ctx / "Containerfile.final"), "-t", tag, small],
+        cleanup=[*engine.rmi, stage_tag(tag)],
+    )
 
 
 def group_ids(rootfs, names) -> dict[str, int | None]:
@@ -491,10 +567,16 @@ def run_plan(
         rootless = os.geteuid() != 0
     style = engine.rootless_groups if rootless else engine.groups
     flags: list[str] = []
+    missing = []
     for dev in gpu.get("devices", []):
-        flags += ["--device", dev]
-        if not rootfs.exists(dev):
-            warnings.append(f"{dev} does not exist here: the container will not see a GPU")
+        if rootfs.exists(dev):
+            flags += ["--device", dev]
+        else:
+            missing.append(dev)
+    if missing:
+        warnings.append(f"{', '.join(missing)} not found here: left out, the container will not see a GPU")
+        decisions.append(Decision("devices", "without " + ", ".join(missing),
+                                  "an engine refuses a --device that does not exist; CPU work still runs"))
     mode = "rootless" if rootless else "rootful"
     if style == "keep-groups":
         flags += ["--group-add", "keep-groups"]

@@ -82,59 +82,71 @@ def _build(args) -> int:
     )
     engine, why = containers.detect_engine(args.engine)
     ctx = containers.context_dir(plan)
-    first, second = containers.build_commands(engine, ctx, plan.tag)
+    steps = containers.build_commands(engine, ctx, plan.tag)
     decisions = (*plan.decisions, why)
     if args.dry_run:
         text = containers.render(plan)
         if args.json:
             print(json.dumps({**plan.to_json(), "engine": engine.name, "context": str(ctx),
                               "decisions": [d.to_json() for d in decisions],
-                              "commands": [first, second], "containerfile": text}, indent=2))
+                              "commands": steps.all(), "containerfile": text,
+                              "containerfile_facts": containers.render_facts(plan)}, indent=2))
             return 0
-        print(f"# {ctx / 'Containerfile'} (first pass; the second adds ENV and LABEL from the builder)")
+        print(f"# {ctx / 'Containerfile'}")
         print(text)
         print("# decisions")
         _print_decisions(decisions)
         print("# commands (the context also gets rocforge's wheels and the recipe file)")
-        print(shlex.join(first))
-        print(f"# ... re-render {ctx / 'Containerfile'} with {ctx / 'facts'}/env and rocforge-manifest.toml, then")
-        print(shlex.join(second))
+        print(shlex.join(steps.stage))
+        print(f"# {ctx / 'Containerfile.facts'}: export the builder's env and manifest to {ctx / 'facts'}")
+        print(shlex.join(steps.facts))
+        print(f"# {ctx / 'Containerfile.final'}: FROM {containers.stage_tag(plan.tag)}, "
+              "ENV from the env, LABEL from the manifest")
+        print(shlex.join(steps.final))
+        print(shlex.join(steps.cleanup))
         return 0
     out = sys.stderr if args.json else sys.stdout
     out.write(f"rocforge: building {plan.tag} with {engine.name} in {ctx}\n")
     _print_decisions(decisions, out)
+    out.flush()
     containers.prepare_context(plan, ctx)
-    _engine(first, "first pass (builder and facts)", ctx)
+    _engine(steps.stage, "image build (builder and runtime stages)", ctx / "Containerfile")
+    _engine(steps.facts, "export of the builder's facts", ctx / "Containerfile.facts")
     facts = containers.read_facts(ctx / "facts")
-    containers.write_atomic(ctx / "Containerfile", containers.render(plan, facts))
-    _engine(second, "second pass (runtime image)", ctx)
+    containers.write_atomic(ctx / "Containerfile.final", containers.render_final(plan, facts))
+    _engine(steps.final, "env and labels", ctx / "Containerfile.final")
+    _engine(steps.cleanup, "removal of the stage tag", None)
     summary = {**plan.to_json(), "engine": engine.name, "context": str(ctx),
-               "containerfile": str(ctx / "Containerfile"),
+               "containerfiles": [str(ctx / n) for n in ("Containerfile", "Containerfile.facts",
+                                                         "Containerfile.final")],
                "labels": containers.labels(plan, facts.manifest),
                "env": containers.runtime_env(plan, facts.env),
-               "closure": {k: facts.closure[k] for k in ("files", "bytes")} if facts.closure else None}
+               "closure": {k: facts.closure[k] for k in ("elf_files", "files", "bytes")} if facts.closure else None}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         clos = summary["closure"]
-        extra = f"; closure {clos['files']} files, {clos['bytes'] / 1e6:.1f} MB" if clos else ""
+        extra = (f"; library closure of {clos['elf_files']} ELF files: {clos['files']} files, "
+                 f"{clos['bytes'] / 1e6:.1f} MB") if clos else ""
         print(f"rocforge: built {plan.tag}{extra}")
-        print(f"rocforge: Containerfile kept at {ctx / 'Containerfile'}")
+        print(f"rocforge: Containerfiles kept in {ctx}")
         print(f"rocforge: run it with `rocforge container run {args.recipe} --target {plan.target} "
               f"--backend {plan.backend} -- CMD`")
     return 0
 
 
-def _engine(argv: list[str], what: str, ctx: Path) -> None:
-    sys.stderr.write(f"rocforge: {what}: {shlex.join(argv)}\n")
-    try:
-        from rocforge_build import proc
+def _engine(argv: list[str], what: str, containerfile: Path | None) -> None:
+    from rocforge_build import proc
 
+    sys.stderr.write(f"rocforge: {what}: {shlex.join(argv)}\n")
+    sys.stderr.flush()
+    try:
         proc.run(argv, capture=False)
     except CommandFailed as exc:
+        where = f"; the Containerfile is {containerfile}" if containerfile else ""
         raise BuildError(
             f"container build failed in the {what} (exit code {exc.returncode})",
-            f"the engine's output above names the failing step; the Containerfile is {ctx / 'Containerfile'}",
+            f"the engine's output above names the failing step{where}",
         ) from exc
 
 
