@@ -84,7 +84,7 @@ class Resolution:
         """Compiler variables for builds, as host paths: HIPCXX, HIP_PATH, ROCM_PATH,
         HIP_DEVICE_LIB_PATH, HIP_PLATFORM."""
         if self.rocm is None:
-            raise NoRocmError("no ROCm installation found", _install_hint(self.target))
+            raise NoRocmError("no ROCm installation found", install_hint(self.target))
         root = self.root or Root("/")
         inst = self.rocm
         out = {"HIP_PLATFORM": "amd"}
@@ -115,7 +115,7 @@ class Resolution:
         }
 
 
-def _install_hint(target: str | None) -> str:
+def install_hint(target: str | None) -> str:
     return (f"install a TheRock nightly: `rocforge nightly install --target {target or 'GFX'}`"
             + ("" if target else " (see `rocforge targets`)")
             + ", or pass --rocm PATH to an existing ROCm tree")
@@ -123,8 +123,9 @@ def _install_hint(target: str | None) -> str:
 
 def prepend_list(current: str | None, entries: tuple[str, ...]) -> str:
     """`entries` in front of the colon list `current`, leaving entries already present where
-    they are (so applying it twice changes nothing) and keeping every user entry."""
-    items = [p for p in (current or "").split(":") if p] if current else []
+    they are (so applying it twice changes nothing) and keeping the user's list byte for byte —
+    exactly what the emitted shell code does when sourced."""
+    items = current.split(":") if current else []
     new = [e for e in dict.fromkeys(entries) if e not in items]
     return ":".join(new + items)
 
@@ -280,7 +281,7 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
                                       f"{best.describe()}: {levels[best.index][1]}; no "
                                       "compatible kernels either — nothing to fall back on"))
             warnings.append(f"{inst.path} carries no kernels for {best.gfx}: "
-                            + _install_hint(best.gfx))
+                            + install_hint(best.gfx))
     elif detected:
         best = min(detected, key=_gpu_order)
         selected = detected
@@ -393,8 +394,8 @@ def _toolchain_decisions(inst: RocmInstall, decisions: list[Decision],
     put("HIP_PLATFORM", "amd", "AMD GPUs (hipcc and CMake's HIP language read it)")
     if inst.hip_clang_path is not None:
         reason = f"{inst.layout} layout: clang for HIP lives in {inst.hip_clang_path}"
-        if inst.layout == "therock":
-            reason += " (bin/amdclang* links are broken in trees before Mar 2026)"
+        if any("broken link" in p for p in inst.problems):
+            reason += " (this tree's bin/amdclang* links are broken, as before Mar 2026)"
         if inst.layout == "debian":
             reason += " (Debian's hipcc calls $HIP_CLANG_PATH/clang++-N, found only in /usr/bin)"
         put("HIP_CLANG_PATH", inst.hip_clang_path, reason)
