@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from rocforge_build import targets
+from rocforge_build.envcache import touch
 from rocforge_build.errors import DetectionError
 from rocforge_build.rootfs import Root
 
@@ -138,6 +139,7 @@ def _kfd_gpu(index: int, node: int, props: dict[str, int], name_file: str | None
 
 def discover_kfd(root: Root) -> Discovery | None:
     """GPUs from the KFD topology in `root`; None when there is no topology at all."""
+    touch(root.host(KFD_NODES))
     if not root.exists(KFD_NODES):
         return None
     try:
@@ -152,6 +154,7 @@ def discover_kfd(root: Root) -> Discovery | None:
     warnings: list[str] = []
     for node in nodes:
         path = KFD_NODES / str(node) / "properties"
+        touch(root.host(path), content=True)
         try:
             text = root.host(path).read_text(encoding="ascii")
         except PermissionError:
@@ -172,6 +175,7 @@ def discover_kfd(root: Root) -> Discovery | None:
         if vendor not in (None, 0, AMD_VENDOR_ID):
             continue
         name = None
+        touch(root.host(KFD_NODES / str(node) / "name"), content=True)
         try:
             name = root.host(KFD_NODES / str(node) / "name").read_text(encoding="ascii").strip()
         except (OSError, UnicodeDecodeError):
@@ -260,6 +264,7 @@ def discover(root: Root, *, environ: dict[str, str] | None = None,
     found = discover_kfd(root)
     if found is not None:
         return found
+    touch(root.host("/dev/kfd"))
     if rocminfo is None and (not root.is_host or not root.exists("/dev/kfd")):
         # rocminfo describes the host, and cannot see a GPU without /dev/kfd anyway.
         return Discovery((), "none", ())

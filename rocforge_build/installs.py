@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path, PurePosixPath
 
+from rocforge_build.envcache import touch
 from rocforge_build.errors import ConfigError, NoRocmError
 from rocforge_build.rootfs import Root
 
@@ -152,7 +153,15 @@ def _s(p: PurePosixPath | None) -> str | None:
 
 
 # -- small readers ------------------------------------------------------------------------------
+def _watch(root: Root, inner: PurePosixPath) -> None:
+    """Record `inner` for the env cache: the path as named (a link is stamped itself) and the
+    file it resolves to."""
+    touch(os.path.join(root.base, str(inner).lstrip("/")))
+    touch(root.host(inner))
+
+
 def _read(root: Root, inner: PurePosixPath, limit: int = 1 << 20) -> str | None:
+    _watch(root, inner)
     try:
         with open(root.host(inner), encoding="utf-8", errors="replace") as fh:
             return fh.read(limit)
@@ -164,7 +173,14 @@ def _glob(root: Root, base: PurePosixPath, pattern: str) -> list[PurePosixPath]:
     """Existing inner paths for a relative pattern (globs allowed); newest-looking last."""
     if not any(c in pattern for c in "*?["):
         p = base / pattern
+        _watch(root, p)
         return [p] if root.exists(p) else []
+    static = []
+    for part in pattern.split("/"):
+        if any(c in part for c in "*?["):
+            break
+        static.append(part)
+    _watch(root, base.joinpath(*static))
     found = root.glob(base, pattern)
     return sorted(found, key=lambda p: _natural(str(p)))
 
@@ -306,11 +322,13 @@ def gfx_sorted(names) -> tuple[str, ...]:
 def _tensile_targets(root: Root, dirs: tuple[PurePosixPath, ...]) -> tuple[str, ...]:
     found: set[str] = set()
     for d in dirs:
+        _watch(root, d)
         for name in root.listdir(d):
             m = _TENSILE_RE.match(name)
             if m:
                 found.add(m.group(1))
             elif _ARCH_DIR_RE.match(name) and root.is_dir(d / name):
+                _watch(root, d / name)
                 if any(n.startswith("TensileLibrary") for n in root.listdir(d / name)):
                     found.add(name)
     return gfx_sorted(found)
@@ -322,6 +340,7 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
     hipblaslt_dirs = tuple(d for b in bases for d in _all(root, b, layout.hipblaslt_dirs))
     bitcode = ()
     if bitcode_dir is not None:
+        _watch(root, bitcode_dir)
         bitcode = gfx_sorted(f"gfx{m.group(1)}" for n in root.listdir(bitcode_dir)
                              if (m := _ISA_RE.match(n)))
     dist: list[str] = []
@@ -365,6 +384,7 @@ def _hipcxx(root: Root, compiler_dir: PurePosixPath | None) -> PurePosixPath | N
     if compiler_dir is None:
         return None
     for name in HIPCXX_NAMES:
+        _watch(root, compiler_dir / name)
         if root.exists(compiler_dir / name):
             return compiler_dir / name
     return None
@@ -376,6 +396,7 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     """What the tree at inner `path` is; None when it is no ROCm tree."""
     path = PurePosixPath("/", str(path))
     real = root.resolve(path)
+    _watch(root, path)
     if not root.is_dir(path):
         return None
     if allowed is None:
@@ -391,6 +412,7 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     if layout.name in ("therock", "pip"):
         for name in ("amdclang++", "amdclang"):
             link = path / "bin" / name
+            _watch(root, link)
             if root.is_symlink(link) and not root.exists(link):
                 problems.append(f"{link} is a broken link (TheRock trees before Mar 2026); "
                                 f"using {compiler_dir}")
@@ -437,8 +459,10 @@ def _nightly_prefix(root: Root) -> PurePosixPath | None:
 
 
 def _site_dirs() -> list[str]:
-    return [p for p in dict.fromkeys(sys.path) if p.endswith(("site-packages", "dist-packages"))
-            and os.path.isdir(p)]
+    dirs = [p for p in dict.fromkeys(sys.path) if p.endswith(("site-packages", "dist-packages"))]
+    for d in dirs:
+        touch(d)
+    return [d for d in dirs if os.path.isdir(d)]
 
 
 def _pip_installs(root: Root) -> list[RocmInstall]:
@@ -461,6 +485,8 @@ def _candidates(root: Root, environ: Mapping[str, str]) -> list[tuple[PurePosixP
     if rocm_path:
         cands.append((PurePosixPath("/", rocm_path), "$ROCM_PATH", False))
     prefix = _nightly_prefix(root)
+    if prefix is not None:
+        _watch(root, prefix)
     if prefix is not None and root.is_dir(prefix):
         cands.append((prefix / "current", "rocforge nightly (current)", True))
         for name in root.listdir(prefix):

@@ -25,13 +25,20 @@ def default_shell(environ=os.environ) -> str:
 
 
 def run(args) -> int:
-    from rocforge_build import envscript, resolver
+    from rocforge_build import envcache, envscript, resolver
     from rocforge_build.errors import NoRocmError
 
-    res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
+    envcache.start_recording()
+    try:
+        res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
+    finally:
+        recorded = envcache.stop_recording()
     if res.rocm is None:
         raise NoRocmError("no ROCm installation found "
                           "(looked at $ROCM_PATH, rocforge nightlies, /opt/rocm, /opt/rocm-*, "
                           "/usr, pip rocm-sdk)", resolver.install_hint(res.target))
-    sys.stdout.write(envscript.render(res, args.shell or default_shell()))
+    output = envscript.render(res, args.shell or default_shell())
+    if getattr(args, "argv", None) is not None:
+        envcache.store(args.argv, output, recorded)
+    sys.stdout.write(output)
     return 0
