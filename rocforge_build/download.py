@@ -184,6 +184,26 @@ def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
     )
 
 
+def remote_size(url: str, *, session=None, policy: RetryPolicy | None = None) -> int | None:
+    """The size of a remote file (HEAD, redirects followed), or None when the server won't say."""
+    policy = policy or DEFAULT_POLICY
+    if url.startswith("file:"):
+        try:
+            return _file_url_path(url).stat().st_size
+        except OSError:
+            return None
+    sess = session or _session()
+    try:
+        resp = sess.head(url, allow_redirects=True,
+                         timeout=(policy.connect_timeout, policy.read_timeout))
+    except _requests_errors():
+        return None
+    length = resp.headers.get("Content-Length")
+    if resp.status_code == 200 and length and length.isdigit():
+        return int(length)
+    return None
+
+
 # -- internals -------------------------------------------------------------------------------------
 
 @dataclass
