@@ -244,7 +244,10 @@ def _http_once(url, part, expected_size, progress, sess, policy) -> _Fetched:
     if expected_size is not None and have > expected_size:
         _unlink(part)
         have = 0
-    headers = {"Range": f"bytes={have}-"} if have else {}
+    # identity: the bytes on disk are the file's bytes, and Range offsets count those bytes
+    headers = {"Accept-Encoding": "identity"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
     resp = sess.get(url, headers=headers, stream=True,
                     timeout=(policy.connect_timeout, policy.read_timeout))
     with resp:
@@ -278,7 +281,7 @@ def _http_once(url, part, expected_size, progress, sess, policy) -> _Fetched:
         bar = _Progress(_name(url), total or expected_size, size, progress)
         try:
             with open(part, mode) as fh:
-                for chunk in resp.iter_content(NET_CHUNK):
+                for chunk in _chunks(resp):
                     if not chunk:
                         continue
                     _write(fh, chunk, part)
@@ -290,6 +293,20 @@ def _http_once(url, part, expected_size, progress, sess, policy) -> _Fetched:
         if total is not None and size < total:
             raise _Retry(f"connection closed after {size} of {total} bytes")
         return _Fetched(hasher.hexdigest(), size, total, have)
+
+
+def _chunks(resp):
+    """Body chunks as they arrive: `read1` hands over whatever the socket had, so a stream that
+    drops keeps (and later resumes after) nearly every byte received."""
+    read1 = getattr(resp.raw, "read1", None)
+    if read1 is None:  # urllib3 < 2
+        yield from resp.iter_content(NET_CHUNK)
+        return
+    while True:
+        chunk = read1(NET_CHUNK, decode_content=True)
+        if not chunk:
+            return
+        yield chunk
 
 
 def _copy_local(url: str, part: Path, progress: bool) -> _Fetched:
@@ -414,10 +431,14 @@ def _session():
 
 
 def _requests_errors() -> tuple[type[BaseException], ...]:
+    import http.client
+
     import requests
+    import urllib3
 
     return (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
-            requests.exceptions.ContentDecodingError)
+            requests.exceptions.ContentDecodingError, urllib3.exceptions.HTTPError,
+            http.client.HTTPException, ConnectionError, TimeoutError)
 
 
 def _describe(exc: BaseException) -> str:

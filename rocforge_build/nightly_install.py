@@ -153,14 +153,15 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
                                     expected_size=size, progress=progress, session=session)
             fetched.append((entry, res, how, want is not None))
         with extract.staging(prefix) as stage:
-            for entry, res, _how, _v in fetched:
-                log(f"unpacking {entry.name}")
-                try:
+            try:
+                for entry, res, _how, _v in fetched:
+                    log(f"unpacking {entry.name}")
                     extract.safe_extract(res.path, stage)
-                except IntegrityError:
-                    res.path.unlink(missing_ok=True)  # a bad archive is not kept for reuse
-                    raise
-            check_tree(stage, layers[-1])
+                check_tree(stage, layers[-1])
+            except IntegrityError:
+                for _e, res, _h, _v in fetched:  # a bad archive is not kept for reuse
+                    res.path.unlink(missing_ok=True)
+                raise
             record = make_record(fetched, ncfg["platform"])
             write_record(stage / RECORD, record)
             trash = None
