@@ -222,6 +222,14 @@ def encode_uri_component(name: str) -> str:
     return urllib.parse.quote(name, safe="/!~*'()")
 
 
+_PLAIN = re.compile(r"^[A-Za-z0-9_%!~*'()+-][A-Za-z0-9_.%!~*'()+-]*$")
+
+
+def _relative(folder: str, base: str, href: str) -> str:
+    """urljoin(base, href); a plain file name (the common case) is appended to the folder."""
+    return folder + href if _PLAIN.match(href) else urllib.parse.urljoin(base, href)
+
+
 def parse_cdn_index(text: str, page_url: str) -> list[tuple[str, str, float | None, int | None]]:
     marker = re.search(r"\bconst\s+files\s*=\s*", text)
     if not marker:
@@ -240,13 +248,14 @@ def parse_cdn_index(text: str, page_url: str) -> list[tuple[str, str, float | No
         raise NetworkError(f"{page_url}: the embedded file list is not valid JSON ({exc.msg})",
                            "the page may be truncated; try again") from exc
     base = _page_url(page_url)
+    folder = urllib.parse.urljoin(base, ".")
     out = []
     for f in files:
         if not isinstance(f, dict) or not isinstance(f.get("name"), str):
             continue
         mtime = f.get("mtime")
         size = f.get("size")
-        out.append((f["name"], urllib.parse.urljoin(base, encode_uri_component(f["name"])),
+        out.append((f["name"], _relative(folder, base, encode_uri_component(f["name"])),
                     float(mtime) if isinstance(mtime, (int, float)) else None,
                     int(size) if isinstance(size, int) else None))
     return out
