@@ -78,6 +78,13 @@ def effective() -> dict:
     return merged
 
 
+def nightly_prefix(cfg: dict | None = None) -> Path:
+    """Where `rocforge nightly install` puts TheRock trees: `nightly.prefix` when set, else
+    `paths.nightly_prefix()`. Cheap (tomllib only): usable on `rocforge env`'s path."""
+    configured = (cfg or effective())["nightly"].get("prefix", "")
+    return Path(configured).expanduser().absolute() if configured else paths.nightly_prefix()
+
+
 def get(key: str) -> Any:
     value = _lookup(effective(), key)
     if value is _MISSING:

@@ -34,6 +34,8 @@ CHUNK = 1 << 20  # file reads and hashing
 NET_CHUNK = 1 << 17  # network reads: small enough that a dropped stream loses little
 USER_AGENT = "rocforge (+https://github.com/rocforge)"
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# S3 and CloudFront answer 403 for a missing key when listing is not allowed
+_MISSING_STATUS = frozenset({403, 404, 410})
 
 
 class DiskFullError(RocforgeError):
@@ -141,7 +143,7 @@ def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
     """A small text resource (a listing page, a `.sha256` file) with the same retry policy.
 
     file:// URLs ending in `/` read the directory's `index.html` (a local mirror of a CDN page).
-    With `missing_ok`, a 404 (or a missing local file) returns None instead of raising.
+    With `missing_ok`, a 404/403/410 (or a missing local file) returns None instead of raising.
     """
     policy = policy or DEFAULT_POLICY
     if url.startswith("file:"):
@@ -161,7 +163,7 @@ def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
     for attempt in range(policy.attempts):
         try:
             resp = sess.get(url, timeout=(policy.connect_timeout, policy.read_timeout))
-            if resp.status_code == 404 and missing_ok:
+            if resp.status_code in _MISSING_STATUS and missing_ok:
                 return None
             if resp.status_code in RETRY_STATUS:
                 raise _Retry(f"HTTP {resp.status_code}", resp.headers.get("Retry-After"))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rocforge_build import download, extract, paths
+from rocforge_build import config, download, extract
 from rocforge_build.errors import IntegrityError, RocforgeError, UsageError
 from rocforge_build.nightlies import Nightly
 
@@ -71,10 +71,7 @@ class InstallResult:
 def resolve_prefix(explicit: str | os.PathLike[str] | None, cfg: dict | None = None) -> Path:
     if explicit:
         return Path(explicit).expanduser().absolute()
-    configured = (cfg or {}).get("nightly", {}).get("prefix", "")
-    if configured:
-        return Path(configured).expanduser().absolute()
-    return paths.nightly_prefix()
+    return config.nightly_prefix(cfg)
 
 
 def version_dir_name(layers: list[Nightly]) -> str:

@@ -271,3 +271,22 @@ def test_concurrent_install_is_refused(site, prefix, capsys):
     with nightly_install.locked(prefix):
         rc, _, err = install(capsys, prefix)
     assert rc == 1 and "another rocforge" in err
+
+
+def test_default_prefix_and_configured_prefix(site, capsys, tmp_path, http_server):
+    from rocforge_build import paths
+
+    mirror, archives = site
+    arch = archives[("gfx1151", NEW)]
+    http_server.fail(f"/tarball/{arch.name}.sha256", status=403)  # S3/CloudFront's "missing"
+    rc, out, err = run(capsys, "nightly", "install", "--target", "gfx1151", "--no-progress")
+    assert rc == 0, err
+    assert os.readlink(paths.nightly_prefix() / "current") == f"therock-{NEW}-gfx1151"
+    mine = tmp_path / "opt-rocm"
+    run(capsys, "config", "set", "nightly.prefix", str(mine))
+    rc, out, err = run(capsys, "nightly", "install", "--target", "gfx1151", "--version", OLD,
+                       "--no-progress")
+    assert rc == 0, err
+    assert os.readlink(mine / "current") == f"therock-{OLD}-gfx1151"
+    rc, out, _ = run(capsys, "nightly", "installed")
+    assert f"* therock-{OLD}-gfx1151" in out and str(mine) in out
