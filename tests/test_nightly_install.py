@@ -290,3 +290,33 @@ def test_default_prefix_and_configured_prefix(site, capsys, tmp_path, http_serve
     assert os.readlink(mine / "current") == f"therock-{OLD}-gfx1151"
     rc, out, _ = run(capsys, "nightly", "installed")
     assert f"* therock-{OLD}-gfx1151" in out and str(mine) in out
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_real_signal_during_download_keeps_current_and_part(site, prefix, capsys, http_server,
+                                                           tmp_path, sig):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    mirror, archives = site
+    old = _installed_old(capsys, prefix)
+    arch = archives[("gfx1151", NEW)]
+    http_server.fail(f"/tarball/{arch.name}", drop_after=200_000, delay=0.0)
+    http_server.fail(f"/tarball/{arch.name}", delay=30)  # the retry hangs: signal it there
+    env = dict(os.environ, PYTHONPATH=str(__import__("pathlib").Path(__file__).parents[1]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rocforge_build", "nightly", "install", "--target", "gfx1151",
+         "--prefix", str(prefix), "--no-progress"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    part = prefix / ".downloads" / (arch.name + ".part")
+    deadline = time.monotonic() + 20
+    while len(http_server.gets(f"/tarball/{arch.name}")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(getattr(signal, sig))
+    _out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert os.readlink(prefix / "current") == old
+    assert part.stat().st_size > 0  # resumable
+    assert not [p for p in prefix.iterdir() if p.name.startswith((".staging", ".current-"))]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
 
 from rocforge_build import config, nightlies
@@ -115,6 +117,23 @@ def _prefix(args, cfg):
     return nightly_install.resolve_prefix(args.prefix, cfg)
 
 
+@contextlib.contextmanager
+def _term_as_interrupt():
+    """SIGTERM (a closed terminal, `docker stop`) cleans up like Ctrl-C does."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def _mb(size) -> str:
     return "-" if not size else f"{size / 1e6:,.0f} MB"
 
@@ -163,9 +182,10 @@ def _install(args, cfg) -> int:
                 print(f"  {e.url}  ({_mb(e.size)})")
         return 0
     print(f"installing {name}: {reason}", file=sys.stderr)
-    result = nightly_install.install(
-        layers, prefix, cfg=cfg, progress=not args.no_progress and not args.json,
-        sha256=args.sha256, force=args.force)
+    with _term_as_interrupt():
+        result = nightly_install.install(
+            layers, prefix, cfg=cfg, progress=not args.no_progress and not args.json,
+            sha256=args.sha256, force=args.force)
     for note in result.notes:
         print(note, file=sys.stderr)
     if args.json:
