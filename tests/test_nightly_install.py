@@ -320,3 +320,13 @@ def test_real_signal_during_download_keeps_current_and_part(site, prefix, capsys
     assert os.readlink(prefix / "current") == old
     assert part.stat().st_size > 0  # resumable
     assert not [p for p in prefix.iterdir() if p.name.startswith((".staging", ".current-"))]
+
+
+def test_root_maps_the_prefix_inside_it(site, capsys, tmp_path):
+    image = tmp_path / "image"
+    image.mkdir()
+    rc, out, err = run(capsys, "--root", str(image), "nightly", "install", "--target", "gfx1151",
+                       "--prefix", "/opt/rocm-nightly", "--no-progress")
+    assert rc == 0, err
+    assert os.readlink(image / "opt/rocm-nightly/current") == f"therock-{NEW}-gfx1151"
+    assert f"installed /opt/rocm-nightly/therock-{NEW}-gfx1151" in out

@@ -112,9 +112,30 @@ def _entries(args, cfg) -> list[nightlies.Nightly]:
 
 
 def _prefix(args, cfg):
+    """The prefix as a real path. With `--root DIR` the prefix is a path inside DIR (a container
+    or image filesystem), unless it already lies below DIR."""
     from rocforge_build import nightly_install
 
-    return nightly_install.resolve_prefix(args.prefix, cfg)
+    prefix = nightly_install.resolve_prefix(args.prefix, cfg)
+    root = getattr(args, "rootfs", None)
+    if root is None or root.is_host:
+        return prefix
+    try:
+        root.inner(prefix)
+        return prefix
+    except ValueError:
+        return root.host(prefix)
+
+
+def _shown(args, path) -> str:
+    """A path as printed: inner to --root."""
+    root = getattr(args, "rootfs", None)
+    if root is None or root.is_host:
+        return str(path)
+    try:
+        return str(root.inner(path))
+    except ValueError:
+        return str(path)
 
 
 @contextlib.contextmanager
@@ -172,12 +193,12 @@ def _install(args, cfg) -> int:
     prefix = _prefix(args, cfg)
     name = nightly_install.version_dir_name(layers)
     if args.dry_run:
-        plan = {"prefix": str(prefix), "version_dir": name, "reason": reason,
+        plan = {"prefix": _shown(args, prefix), "version_dir": name, "reason": reason,
                 "layers": [e.to_json() for e in layers]}
         if args.json:
             print(json.dumps(plan, indent=2))
         else:
-            print(f"would install {name} into {prefix}\n  because: {reason}")
+            print(f"would install {name} into {_shown(args, prefix)}\n  because: {reason}")
             for e in layers:
                 print(f"  {e.url}  ({_mb(e.size)})")
         return 0
@@ -189,12 +210,12 @@ def _install(args, cfg) -> int:
     for note in result.notes:
         print(note, file=sys.stderr)
     if args.json:
-        print(json.dumps({"path": str(result.path), "previous": result.previous,
+        print(json.dumps({"path": _shown(args, result.path), "previous": result.previous,
                           "reused": result.reused, "record": result.record}, indent=2))
         return 0
     r = result.record
     checked = "verified against published checksum" if r.get("verified") else "recorded"
-    print(f"installed {result.path}\n  sha256 {r.get('sha256')} ({checked})\n"
+    print(f"installed {_shown(args, result.path)}\n  sha256 {r.get('sha256')} ({checked})\n"
           f"  current -> {result.path.name}"
           + (f" (was {result.previous}; roll back: rocforge nightly use {result.previous})"
              if result.previous and result.previous != result.path.name else ""))
@@ -210,9 +231,9 @@ def _installed(args, cfg) -> int:
         print(json.dumps([i.to_json() for i in items], indent=2))
         return 0
     if not items:
-        print(f"no nightlies installed in {prefix}")
+        print(f"no nightlies installed in {_shown(args, prefix)}")
         return 0
-    print(f"{prefix}:")
+    print(f"{_shown(args, prefix)}:")
     for i in items:
         mark = "*" if i.current else " "
         print(f"{mark} {i.name}  (installed {i.record.get('date', '?')})")
