@@ -145,7 +145,7 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
             want = given or (published[0] if published else None)
             how = ("given with --sha256" if given else
                    f"published at {published[1]}" if published else "none published; recorded")
-            log(f"downloading {entry.name}" + (f" ({size / 1e6:.1f} MB)" if size else ""))
+            log(f"downloading {entry.name}" + (f" ({human_size(size)})" if size else ""))
             res = download.download(entry.url, downloads / entry.name, sha256=want,
                                     expected_size=size, progress=progress, session=session)
             fetched.append((entry, res, how, want is not None))
@@ -178,6 +178,15 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
             for _e, res, _h, _v in fetched:
                 res.path.unlink(missing_ok=True)
         return InstallResult(final, record, previous)
+
+
+def human_size(n: int | None) -> str:
+    if not n:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def check_space(prefix: Path, layers: list[Nightly], sizes: list[int | None], ratio: float) -> None:

@@ -156,7 +156,9 @@ def _term_as_interrupt():
 
 
 def _mb(size) -> str:
-    return "-" if not size else f"{size / 1e6:,.0f} MB"
+    from rocforge_build.nightly_install import human_size
+
+    return human_size(size)
 
 
 # -- actions -------------------------------------------------------------------------------------
