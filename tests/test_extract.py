@@ -31,15 +31,20 @@ def _snapshot(path):
 
 
 def test_real_tree_round_trip(tmp_path):
-    arch = pack(make_tree(tmp_path / "t", "7.10.0a20251021", ["gfx1151"]), tmp_path / "a.tar.gz")
-    dest = tmp_path / "d"
-    dest.mkdir()
-    stats = extract.safe_extract(arch, dest)
-    assert os.readlink(dest / "llvm") == "lib/llvm"
-    assert (dest / "bin/amdclang++").resolve() == (dest / "lib/llvm/bin/amdclang++").resolve()
-    assert os.access(dest / "lib/llvm/bin/clang", os.X_OK)
-    assert (dest / "lib/rocblas/library/TensileLibrary_lazy_gfx1151.dat").exists()
-    assert stats.files >= 10
+    for broken in (True, False):  # bin/amdclang++ links were dangling before Mar 2026
+        tree = make_tree(tmp_path / f"t{broken}", "7.10.0a20251021", ["gfx1151"],
+                         broken_amdclang=broken)
+        arch = pack(tree, tmp_path / f"a{broken}.tar.gz")
+        dest = tmp_path / f"d{broken}"
+        dest.mkdir()
+        stats = extract.safe_extract(arch, dest)
+        assert _snapshot(dest) == _snapshot(tree)
+        assert os.readlink(dest / "llvm") == "lib/llvm"
+        assert os.readlink(dest / "bin/amdclang++") == os.readlink(tree / "bin/amdclang++")
+        assert (dest / "bin/amdclang++").exists() is not broken
+        assert os.access(dest / "lib/llvm/bin/clang", os.X_OK)
+        assert (dest / "lib/rocblas/library/TensileLibrary_lazy_gfx1151.dat").exists()
+        assert stats.files >= 50
 
 
 HOSTILE = {

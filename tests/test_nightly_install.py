@@ -22,20 +22,31 @@ def _fast_retries(monkeypatch):
     monkeypatch.setattr(download, "_sleep", lambda s: None)
 
 
-@pytest.fixture
-def site(http_server, tmp_path, capsys):
-    """A CDN folder with gfx1151 / gfx115X-all / gfx110X-all tarballs of two nightlies, and the
-    config pointed at it (as a user following a hosting move would)."""
-    work = tmp_path / "work"
-    mirror = Mirror(http_server, "/tarball/")
+MTIME = {OLD: 1761030000.0, NEW: 1761980000.0}
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """gfx1151 and gfx110X-all tarballs of two nightlies, generated once per session."""
+    work = tmp_path_factory.mktemp("tarballs")
     archives = {}
     for group, targets_ in (("gfx1151", ["gfx1151"]), ("gfx110X-all", ["gfx1100", "gfx1101"])):
-        for version, mtime in ((OLD, 1761030000.0), (NEW, 1761980000.0)):
+        for version in (OLD, NEW):
             # one archive large enough for a resume to keep whole network chunks
             payload = 600_000 if (group, version) == ("gfx1151", NEW) else 0
-            arch = make_tarball(work, group, version, targets_, payload=payload)
-            mirror.add_file(arch, mtime)
-            archives[(group, version)] = arch
+            archives[(group, version)] = make_tarball(work, group, version, targets_,
+                                                      payload=payload)
+    return archives
+
+
+@pytest.fixture
+def site(http_server, built, capsys):
+    """A CDN folder serving the tarballs, and the config pointed at it (as a user following a
+    hosting move would)."""
+    mirror = Mirror(http_server, "/tarball/")
+    archives = dict(built)
+    for (_group, version), arch in archives.items():
+        mirror.add_file(arch, MTIME[version])
     assert cli.main(["config", "set", "nightly.sources.cdn.url", mirror.url]) == 0
     assert cli.main(["config", "set", "nightly.use", '["cdn"]']) == 0
     capsys.readouterr()
@@ -121,8 +132,8 @@ def test_layered_install_seed_004(site, prefix, capsys):
     name = f"therock-{NEW}-gfx110X-all+gfx1151"
     assert os.readlink(prefix / "current") == name
     lib = prefix / name / "lib/rocblas/library"
-    assert {p.name for p in lib.iterdir()} == {f"TensileLibrary_lazy_{t}.dat"
-                                               for t in ("gfx1100", "gfx1101", "gfx1151")}
+    assert {p.name for p in lib.glob("TensileLibrary_lazy_*")} == {
+        f"TensileLibrary_lazy_{t}.dat" for t in ("gfx1100", "gfx1101", "gfx1151")}
     rec = json.loads(out)["record"]
     assert [layer["family"] for layer in rec["layers"]] == ["gfx110X-all", "gfx1151"]
     assert all(len(layer["sha256"]) == 64 for layer in rec["layers"])
@@ -330,3 +341,44 @@ def test_root_maps_the_prefix_inside_it(site, capsys, tmp_path):
     assert rc == 0, err
     assert os.readlink(image / "opt/rocm-nightly/current") == f"therock-{NEW}-gfx1151"
     assert f"installed /opt/rocm-nightly/therock-{NEW}-gfx1151" in out
+
+
+def test_env_and_doctor_find_the_install_without_flags(site, capsys, tmp_path, monkeypatch):
+    """The layout contract with installs.find_installs: after `nightly install`, `rocforge env`
+    and `doctor` pick `<prefix>/current` with no flag, and `nightly use` switches them (through
+    env's output cache, which must notice the `current` link moving)."""
+    import fixtures_roots as fr
+
+    root = tmp_path / "machine"
+    fr.make_gpus(root, fr.STRIX_HALO)
+    fr.make_system(root)
+    data = root / "home/alice/.local/share/rocforge"
+    monkeypatch.setenv("ROCFORGE_DATA_DIR", str(data))
+    inner = "/home/alice/.local/share/rocforge/rocm"
+    rc, _out, err = run(capsys, "--root", str(root), "env", "--shell", "json")
+    assert rc == 4 and "rocforge nightly install --target gfx1151" in err  # nothing yet
+    for version in (OLD, NEW):
+        rc, out, err = run(capsys, "--root", str(root), "nightly", "install", "--target",
+                           "gfx1151", "--version", version, "--no-progress")
+        assert rc == 0, err
+        assert f"installed {inner}/therock-{version}-gfx1151" in out
+    rc, out, err = run(capsys, "--root", str(root), "env", "--shell", "json")
+    assert rc == 0, err
+    env = json.loads(out)
+    assert env["ROCM_PATH"] == f"{inner}/current"
+    assert env["HSA_OVERRIDE_GFX_VERSION"] is None  # the nightly has gfx1151 kernels
+    rc, out, err = run(capsys, "--root", str(root), "doctor", "--json")
+    assert rc == 0, err
+    rocm = json.loads(out)["rocm"]
+    assert rocm["path"] == f"{inner}/current" and rocm["nightly_current"] is True
+    assert rocm["version"] == NEW and rocm["family"] == "gfx1151"
+    for _ in range(2):  # the second answer comes from env's output cache
+        rc, out, err = run(capsys, "--root", str(root), "env", "--shell", "bash")
+        assert rc == 0 and f"ROCm {inner}/current (therock {NEW})" in out.splitlines()[0]
+    # roll back: env (cached a moment ago) and doctor follow the link at once
+    rc, out, err = run(capsys, "--root", str(root), "nightly", "use", OLD)
+    assert rc == 0, err
+    rc, out, err = run(capsys, "--root", str(root), "env", "--shell", "bash")
+    assert rc == 0 and f"ROCm {inner}/current (therock {OLD})" in out.splitlines()[0]
+    rc, out, err = run(capsys, "--root", str(root), "doctor", "--json")
+    assert json.loads(out)["rocm"]["version"] == OLD

@@ -1,42 +1,24 @@
-"""Generated TheRock dist tarballs for tests: the layout of brief §3 ("Extracted layout"), packed
-the way TheRock's build_tools/build_tarballs.py packs them (`tar cfz <name> .` inside the tree,
+"""Generated TheRock dist tarballs for tests: trees from fixtures_roots (brief §3 "Extracted
+layout"), packed the way TheRock's build_tools/build_tarballs.py packs them (`tar cfz <name> .` inside the tree,
 so member names start with `./`), plus hostile archives built member by member."""
 
 from __future__ import annotations
 
 import io
-import json
 import os
 import tarfile
 from pathlib import Path
 
+from fixtures_roots import make_therock_tree
+
 from rocforge_build.nightlies import encode_uri_component
 
 
-def make_tree(root: Path, version: str, targets: list[str], *, family: str = "",
-              payload: int = 0) -> Path:
-    """A minimal TheRock tree (version, dist targets, compiler, kernel libraries)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for d in ("bin", "include/hip", "lib/llvm/bin", "lib/llvm/amdgcn/bitcode", "lib/rocblas/library",
-              "lib/hipblaslt/library", "share/therock", ".info"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    for tool in ("clang", "clang++", "amdclang++", "offload-arch"):
-        exe = root / "lib/llvm/bin" / tool
-        exe.write_text(f"#!/bin/sh\necho {tool} from TheRock {version}\n")
-        exe.chmod(0o755)
-    hipconfig = root / "bin/hipconfig"
-    hipconfig.write_text(f"#!/bin/sh\necho {version}\n")
-    hipconfig.chmod(0o755)
-    os.symlink("lib/llvm", root / "llvm")
-    os.symlink("../lib/llvm/bin/amdclang++", root / "bin/amdclang++")
-    (root / "lib/llvm/amdgcn/bitcode/ocml.bc").write_bytes(b"BC\xc0\xde" + b"\0" * 60)
-    (root / "include/hip/hip_version.h").write_text(f'#define HIP_VERSION_STRING "{version}"\n')
-    for t in targets:
-        (root / f"lib/rocblas/library/TensileLibrary_lazy_{t}.dat").write_bytes(t.encode() * 8)
-        (root / f"lib/hipblaslt/library/TensileLibrary_lazy_{t}.dat").write_bytes(t.encode() * 8)
-    (root / "share/therock/dist_info.json").write_text(json.dumps(
-        {"dist_amdgpu_targets": ";".join(targets), "dist_amdgpu_families": family}))
-    (root / ".info/version").write_text(version + "\n")
+def make_tree(root: Path, version: str, targets: list[str], *, payload: int = 0,
+              **tree) -> Path:
+    """A TheRock tree at `root` (fixtures_roots.make_therock_tree, the foundation's builder in
+    the real layout), plus `payload` random bytes in lib/ for archives of some size."""
+    make_therock_tree(root, version, tuple(targets), inner="/", **tree)
     if payload:
         (root / "lib/libpayload.so").write_bytes(os.urandom(payload))
     return root
@@ -57,7 +39,7 @@ def tarball_name(group: str, version: str, platform: str = "linux", variant: str
 
 def make_tarball(workdir: Path, group: str, version: str, targets: list[str], **kw) -> Path:
     name = tarball_name(group, version)
-    tree = make_tree(workdir / f"tree-{group}-{version}", version, targets, family=group, **kw)
+    tree = make_tree(workdir / f"tree-{group}-{version}", version, targets, **kw)
     return pack(tree, workdir / "out" / name)
 
 
