@@ -215,6 +215,12 @@ def _install(args, cfg) -> int:
         print(json.dumps({"path": _shown(args, result.path), "previous": result.previous,
                           "reused": result.reused, "record": result.record}, indent=2))
         return 0
+    from rocforge_build import paths
+
+    if prefix != paths.nightly_prefix() and (args.rootfs is None or args.rootfs.is_host):
+        print(f"note: rocforge env looks for nightlies in {paths.nightly_prefix()}; for this "
+              f"prefix use `rocforge env --rocm {prefix / 'current'}` or set ROCM_PATH",
+              file=sys.stderr)
     r = result.record
     checked = "verified against published checksum" if r.get("verified") else "recorded"
     print(f"installed {_shown(args, result.path)}\n  sha256 {r.get('sha256')} ({checked})\n"
