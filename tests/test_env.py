@@ -1,5 +1,7 @@
 """`rocforge env` end to end: the CLI in a subprocess, scripts sourced by real bash, zsh, fish."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -10,19 +12,48 @@ from pathlib import Path
 import fixtures_roots as fr
 import pytest
 
+from rocforge_build.cli import main
+
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "data" / "env"
 ODD = "/opt/it's \"odd\" $HOME \\dir *"  # quote, double quotes, $, backslash, glob star
 
 
-def cli(root, *args, env=None):
-    base = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LC_ALL": "C.UTF-8",
+class Result:
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def _base_env() -> dict:
+    return {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LC_ALL": "C.UTF-8",
             "ROCFORGE_DATA_DIR": os.environ["ROCFORGE_DATA_DIR"],
             "ROCFORGE_CONFIG_DIR": os.environ["ROCFORGE_CONFIG_DIR"],
             "ROCFORGE_CACHE_DIR": os.environ["ROCFORGE_CACHE_DIR"]}
+
+
+def cli(root, *args, env=None) -> Result:
+    """`rocforge --root ROOT ARGS...` in this process, in a clean environment."""
+    saved = dict(os.environ)
+    wanted = {**_base_env(), **(env or {})}
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.clear()
+    os.environ.update(wanted)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(["--root", str(root), *args])
+            except SystemExit as exc:  # argparse usage errors
+                code = exc.code
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def cli_subprocess(root, *args, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rocforge_build", "--root", str(root), *args],
-                          cwd=REPO, env={**base, **(env or {})}, capture_output=True, text=True,
-                          timeout=60)
+                          cwd=REPO, env={**_base_env(), **(env or {})}, capture_output=True,
+                          text=True, timeout=60)
 
 
 def golden(name: str, text: str) -> None:
@@ -150,6 +181,14 @@ def test_bad_input_is_one_clear_line(tmp_path, case, args, code, message):
     errors = [ln for ln in out.stderr.splitlines() if "error" in ln]
     assert len(errors) == 1 and message in errors[0], out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_real_process_bad_input_has_no_traceback(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    (tmp_path / fr.KFD / "nodes/1/properties").write_text("simd_count lots\n")
+    out = cli_subprocess(tmp_path, "env")
+    assert out.returncode == 3 and out.stdout == "" and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[0].startswith("rocforge: error: /sys/class/kfd/kfd/topology/")
 
 
 def test_env_does_not_import_rich_or_requests(tmp_path):
