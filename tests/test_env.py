@@ -199,3 +199,21 @@ def test_env_does_not_import_rich_or_requests(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/usr/bin/hipcc")
+                    or not os.path.isdir("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode"),
+                    reason="needs Debian's hipcc (.ci/apt-packages.txt)")
+def test_host_env_drives_real_hipcc(tmp_path):
+    """`eval "$(rocforge env)"` on this host, then Debian's real hipcc builds a HIP kernel."""
+    (tmp_path / "k.hip").write_text("#include <hip/hip_runtime.h>\n"
+                                    "__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n"
+                                    "int main() { return 0; }\n")
+    script = (f'eval "$("{sys.executable}" -m rocforge_build env --shell bash)" && '
+              'test "$HIP_CLANG_PATH" = /usr/bin && '
+              'hipcc --offload-arch=gfx1030 -o k k.hip')
+    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300, env={**_base_env(), "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "k").stat().st_size > 0
