@@ -9,8 +9,6 @@ Reasons become comments.  Stdlib only: this runs on every shell start-up.
 
 from __future__ import annotations
 
-import json
-
 from rocforge_build.errors import UsageError
 from rocforge_build.resolver import PATH_VARS, Resolution
 
@@ -106,7 +104,7 @@ def render_fish(res: Resolution) -> str:
             continue
         value = res.env[key]
         if value is None:
-            out.append(f"set -e {key}")
+            out.append(f"set -q {key}; and set -e {key}")
         else:
             _check_value(key, value)
             out.append(f"set -gx {key} {fish_quote(value)}")
@@ -115,6 +113,8 @@ def render_fish(res: Resolution) -> str:
 
 
 def render_json(res: Resolution) -> str:
+    import json
+
     return json.dumps({k: res.env[k] for k in ordered_vars(res)}, indent=2) + "\n"
 
 

@@ -89,7 +89,9 @@ class Resolution:
         inst = self.rocm
         out = {"HIP_PLATFORM": "amd"}
         if inst.hipcxx is not None:
-            out["HIPCXX"] = str(root.host(inst.hipcxx))
+            # Keep the name: clang++ is usually a link to clang, and the driver picks its C++
+            # mode from argv[0].
+            out["HIPCXX"] = str(root.host(inst.hipcxx.parent) / inst.hipcxx.name)
         hip_path = self.env.get("HIP_PATH")
         rocm_path = self.env.get("ROCM_PATH")
         if hip_path:

@@ -140,6 +140,15 @@ def _exe(path: Path, name: str | None = None) -> None:
     _write(path, _SCRIPT.format(name=name or path.name), 0o755)
 
 
+def _llvm_bin(bin_dir: Path, major: int, extra: tuple[str, ...] = ()) -> None:
+    """An LLVM bin/ as installed: clang-N the binary, clang -> clang-N, clang++ -> clang."""
+    _exe(bin_dir / f"clang-{major}")
+    _link(bin_dir / "clang", f"clang-{major}")
+    _link(bin_dir / "clang++", "clang")
+    for tool in extra:
+        _exe(bin_dir / tool)
+
+
 def _tensile(lib_dir: Path, gfx: str, kind: str) -> None:
     if kind == "rocblas":
         names = (f"TensileLibrary_lazy_{gfx}.dat",
@@ -183,8 +192,7 @@ def make_therock_tree(root: Path, version: str = "7.9.0rc20250812",
     rocblas = targets if rocblas is None else rocblas
     hipblaslt = targets if hipblaslt is None else hipblaslt
     llvm = d / "lib/llvm"
-    for tool in ("clang", "clang++", "amdclang", "amdclang++", "offload-arch", "ld.lld"):
-        _exe(llvm / "bin" / tool)
+    _llvm_bin(llvm / "bin", 20, ("amdclang", "amdclang++", "offload-arch", "ld.lld"))
     _link(d / "llvm", "lib/llvm")
     _bitcode(llvm / "amdgcn/bitcode")
     if amdgcn_link:
@@ -239,8 +247,7 @@ def make_classic_rocm(root: Path, version: str = "6.4.1", build: int = 120, *,
            f"#define ROCM_VERSION_MAJOR   {major}\n#define ROCM_VERSION_MINOR   {minor}\n"
            f"#define ROCM_VERSION_PATCH   {patch}\n\n#endif\n")
     _hip_version_h(d, major, minor, 43483)
-    for tool in ("clang", "clang++", "amdclang++", "ld.lld"):
-        _exe(d / "llvm/bin" / tool)
+    _llvm_bin(d / "llvm/bin", 19, ("amdclang++", "ld.lld"))
     _link(d / "lib/llvm", "../llvm")
     for tool in ("hipcc", "hipconfig", "rocminfo"):
         _exe(d / "bin" / tool)
@@ -278,8 +285,7 @@ def make_debian_usr(root: Path, *, rocm_version: str = "5.2.3", llvm: int = 15,
     multi = u / "lib/x86_64-linux-gnu"
     _write(u / "bin/hipcc", "#!/usr/bin/perl\n# hipcc (Debian)\n", 0o755)
     _write(u / "bin/hipconfig", "#!/usr/bin/perl\n", 0o755)
-    for tool in ("clang", "clang++", f"clang-{llvm}"):
-        _exe(u / f"lib/llvm-{llvm}/bin" / tool)
+    _llvm_bin(u / f"lib/llvm-{llvm}/bin", llvm)
     _link(u / f"bin/clang++-{llvm}", f"../lib/llvm-{llvm}/bin/clang++")
     _link(u / f"bin/clang-{llvm}", f"../lib/llvm-{llvm}/bin/clang")
     major, minor, _ = _split_version(rocm_version)

@@ -1,5 +1,7 @@
 """`rocforge env` end to end: the CLI in a subprocess, scripts sourced by real bash, zsh, fish."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -10,19 +12,48 @@ from pathlib import Path
 import fixtures_roots as fr
 import pytest
 
+from rocforge_build.cli import main
+
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "data" / "env"
 ODD = "/opt/it's \"odd\" $HOME \\dir *"  # quote, double quotes, $, backslash, glob star
 
 
-def cli(root, *args, env=None):
-    base = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LC_ALL": "C.UTF-8",
+class Result:
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def _base_env() -> dict:
+    return {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LC_ALL": "C.UTF-8",
             "ROCFORGE_DATA_DIR": os.environ["ROCFORGE_DATA_DIR"],
             "ROCFORGE_CONFIG_DIR": os.environ["ROCFORGE_CONFIG_DIR"],
             "ROCFORGE_CACHE_DIR": os.environ["ROCFORGE_CACHE_DIR"]}
+
+
+def cli(root, *args, env=None) -> Result:
+    """`rocforge --root ROOT ARGS...` in this process, in a clean environment."""
+    saved = dict(os.environ)
+    wanted = {**_base_env(), **(env or {})}
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.clear()
+    os.environ.update(wanted)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(["--root", str(root), *args])
+            except SystemExit as exc:  # argparse usage errors
+                code = exc.code
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def cli_subprocess(root, *args, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rocforge_build", "--root", str(root), *args],
-                          cwd=REPO, env={**base, **(env or {})}, capture_output=True, text=True,
-                          timeout=60)
+                          cwd=REPO, env={**_base_env(), **(env or {})}, capture_output=True,
+                          text=True, timeout=60)
 
 
 def golden(name: str, text: str) -> None:
@@ -152,6 +183,14 @@ def test_bad_input_is_one_clear_line(tmp_path, case, args, code, message):
     assert "Traceback" not in out.stderr
 
 
+def test_real_process_bad_input_has_no_traceback(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    (tmp_path / fr.KFD / "nodes/1/properties").write_text("simd_count lots\n")
+    out = cli_subprocess(tmp_path, "env")
+    assert out.returncode == 3 and out.stdout == "" and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[0].startswith("rocforge: error: /sys/class/kfd/kfd/topology/")
+
+
 def test_env_does_not_import_rich_or_requests(tmp_path):
     fr.make_strix_halo(tmp_path)
     code = ("import sys; from rocforge_build.cli import main; rc = main(['--root', sys.argv[1], "
@@ -160,3 +199,21 @@ def test_env_does_not_import_rich_or_requests(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/usr/bin/hipcc")
+                    or not os.path.isdir("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode"),
+                    reason="needs Debian's hipcc (.ci/apt-packages.txt)")
+def test_host_env_drives_real_hipcc(tmp_path):
+    """`eval "$(rocforge env)"` on this host, then Debian's real hipcc builds a HIP kernel."""
+    (tmp_path / "k.hip").write_text("#include <hip/hip_runtime.h>\n"
+                                    "__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n"
+                                    "int main() { return 0; }\n")
+    script = (f'eval "$("{sys.executable}" -m rocforge_build env --shell bash)" && '
+              'test "$HIP_CLANG_PATH" = /usr/bin && '
+              'hipcc --offload-arch=gfx1030 -o k k.hip')
+    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300, env={**_base_env(), "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "k").stat().st_size > 0
