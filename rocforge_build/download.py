@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocforge_build.errors import IntegrityError, NetworkError, RocforgeError
+from rocforge_build.errors import DiskFullError, IntegrityError, NetworkError
 
 CHUNK = 1 << 20  # file reads and hashing
 NET_CHUNK = 1 << 17  # network reads: small enough that a dropped stream loses little
@@ -36,12 +36,6 @@ USER_AGENT = "rocforge (+https://github.com/rocforge)"
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 # S3 and CloudFront answer 403 for a missing key when listing is not allowed
 _MISSING_STATUS = frozenset({403, 404, 410})
-
-
-class DiskFullError(RocforgeError):
-    """No space left while writing a download or an extraction."""
-
-    exit_code = 1
 
 
 class HttpStatusError(NetworkError):

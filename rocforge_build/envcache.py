@@ -24,7 +24,7 @@ _ENV_KEYS = ("PATH", "ROCM_PATH", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
 _LIST_KEYS = ("LD_LIBRARY_PATH", "CMAKE_PREFIX_PATH", "PKG_CONFIG_PATH")
 _PKG = os.path.dirname(os.path.abspath(__file__))
 _CODE = ("resolver.py", "installs.py", "gpus.py", "envscript.py", "envcache.py", "targets.py",
-         "rootfs.py", "paths.py", "cli.py", "commands/env.py", "data/targets.toml",
+         "rootfs.py", "paths.py", "config.py", "data/defaults.toml", "cli.py", "commands/env.py", "data/targets.toml",
          "data/layouts.toml")
 
 _touched: dict[str, bool] | None = None  # host path -> stamp by content

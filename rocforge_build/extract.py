@@ -24,8 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocforge_build.download import DiskFullError
-from rocforge_build.errors import IntegrityError
+from rocforge_build.errors import DiskFullError, IntegrityError
 
 
 @dataclass(frozen=True)

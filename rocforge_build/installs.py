@@ -447,9 +447,10 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
 
 # -- candidates ---------------------------------------------------------------------------------
 def _nightly_prefix(root: Root) -> PurePosixPath | None:
-    from rocforge_build import paths
+    from rocforge_build import config, paths
 
-    prefix = paths.nightly_prefix()
+    touch(paths.config_file())  # `nightly.prefix` lives there: a change invalidates env's cache
+    prefix = config.nightly_prefix()
     if root.is_host:
         return PurePosixPath(prefix)
     try:

@@ -11,8 +11,7 @@ import pytest
 from therock_tarballs import hostile, make_tree, pack
 
 from rocforge_build import extract
-from rocforge_build.download import DiskFullError
-from rocforge_build.errors import IntegrityError
+from rocforge_build.errors import DiskFullError, IntegrityError
 
 
 @pytest.fixture

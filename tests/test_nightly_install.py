@@ -234,7 +234,7 @@ def test_disk_full_checked_first(site, prefix, capsys, tmp_path, monkeypatch, ht
     monkeypatch.setattr(download, "free_bytes", lambda path: 1000)
     n = len(http_server.requests)
     rc, _, err = install(capsys, prefix)
-    assert rc == 1 and "not enough free space" in err and "prune" in err
+    assert rc == 10 and "not enough free space" in err and "prune" in err
     assert not any(p.endswith(".tar.gz") and m == "GET"
                    for m, p, _h in http_server.requests[n:])
     assert os.readlink(prefix / "current") == old and state(tmp_path, prefix) == before
@@ -254,7 +254,7 @@ def test_disk_full_while_unpacking(site, prefix, capsys, tmp_path, monkeypatch):
 
     monkeypatch.setattr(tarfile.TarFile, "makefile", full)
     rc, _, err = install(capsys, prefix)
-    assert rc == 1 and "no space left while unpacking" in err
+    assert rc == 10 and "no space left while unpacking" in err
     assert os.readlink(prefix / "current") == old
     after = [s for s in state(tmp_path, prefix) if ".downloads/" not in s[0]]
     assert after == [s for s in before if ".downloads/" not in s[0]]
@@ -382,3 +382,25 @@ def test_env_and_doctor_find_the_install_without_flags(site, capsys, tmp_path, m
     assert rc == 0 and f"ROCm {inner}/current (therock {OLD})" in out.splitlines()[0]
     rc, out, err = run(capsys, "--root", str(root), "doctor", "--json")
     assert json.loads(out)["rocm"]["version"] == OLD
+
+
+def test_env_follows_a_configured_nightly_prefix(site, capsys, tmp_path, monkeypatch):
+    """`rocforge config set nightly.prefix DIR` moves installs; env finds them there, and its
+    output cache notices the config change (host root, prefix outside the data dir)."""
+    import fixtures_roots as fr
+
+    root = tmp_path / "machine"
+    fr.make_gpus(root, fr.STRIX_HALO)
+    fr.make_system(root)
+    monkeypatch.setenv("ROCFORGE_DATA_DIR", str(root / "home/alice/.local/share/rocforge"))
+    rc, _out, err = run(capsys, "--root", str(root), "env", "--shell", "json")
+    assert rc == 4, err  # cached "no ROCm" answer from here on, until something changes
+    rc, _out, err = run(capsys, "config", "set", "nightly.prefix", "/srv/rocm-nightlies")
+    assert rc == 0, err
+    rc, out, err = run(capsys, "--root", str(root), "nightly", "install", "--target", "gfx1151",
+                       "--version", NEW, "--no-progress")
+    assert rc == 0, err
+    assert f"installed /srv/rocm-nightlies/therock-{NEW}-gfx1151" in out
+    rc, out, err = run(capsys, "--root", str(root), "env", "--shell", "json")
+    assert rc == 0, err
+    assert json.loads(out)["ROCM_PATH"] == "/srv/rocm-nightlies/current"

@@ -215,10 +215,11 @@ def _install(args, cfg) -> int:
         print(json.dumps({"path": _shown(args, result.path), "previous": result.previous,
                           "reused": result.reused, "record": result.record}, indent=2))
         return 0
-    from rocforge_build import paths
+    from rocforge_build import config
 
-    if prefix != paths.nightly_prefix() and (args.rootfs is None or args.rootfs.is_host):
-        print(f"note: rocforge env looks for nightlies in {paths.nightly_prefix()}; for this "
+    if prefix != config.nightly_prefix() and (args.rootfs is None or args.rootfs.is_host):
+        print(f"note: rocforge env looks for nightlies in {config.nightly_prefix()} (config "
+              f"`nightly.prefix`); for this "
               f"prefix use `rocforge env --rocm {prefix / 'current'}` or set ROCM_PATH",
               file=sys.stderr)
     r = result.record
