@@ -451,8 +451,11 @@ def harness(binary: str | os.PathLike[str], *args: str) -> dict:
 def bench(target: str | None = None, *, out: str | os.PathLike[str] | None = None,
           iters: int = 20, quick: bool = False, only: list[str] | None = None,
           workdir: str | os.PathLike[str] | None = None) -> BenchReport:
-    import numpy as np
-
+    try:
+        import numpy as np
+    except ImportError as exc:
+        raise ToolchainError("`rocforge kernels bench` checks results with NumPy, which is not "
+                             "installed", "pip install 'rocforge[kernels]' (or numpy)") from exc
     from rocforge_build import kernel_reference as ref
 
     build_info = load_build(target, out)

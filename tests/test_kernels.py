@@ -34,6 +34,17 @@ def rocforge(capsys, *argv):
 # -- targets and toolchains ------------------------------------------------------------------
 
 
+def test_the_sources_named_in_the_table_ship_with_the_package():
+    names = kernels.table()["sources"]
+    assert kernels.table()["main_source"] in names
+    for name in names:
+        assert (kernels.SOURCE_DIR / name).is_file(), name
+    text = (kernels.SOURCE_DIR / "harness.hip").read_text()
+    for name in names[1:]:
+        if name != "rf_portability.h":
+            assert f'#include "{name}"' in text
+
+
 def test_platform_comes_from_the_target_name():
     assert kernels.platform_of("gfx1151") == "amd"
     assert kernels.platform_of("gfx90a") == "amd"
