@@ -112,10 +112,8 @@ def find_toolchain(root: Root, target: str, *, rocm: str | None = None,
 def _amd_compiler(root: Root, target: str, rocm: str | None,
                   environ: Mapping[str, str] | None) -> tuple[Path, Path, Path, str]:
     """The resolved ROCm's HIP compiler, ROCm path and device libraries (host paths)."""
-    try:
-        from rocforge_build import resolver
-    except ImportError:  # the resolver is another team's; until it lands, a minimal stand-in
-        return _amd_compiler_standalone(root, rocm, environ)
+    from rocforge_build import resolver
+
     res = resolver.resolve(root, target=target, rocm=rocm, environ=environ)
     if res.rocm is None:
         raise NoRocmError(
@@ -125,35 +123,24 @@ def _amd_compiler(root: Root, target: str, rocm: str | None,
     env = res.toolchain_env()
     hipcxx = env.get("HIPCXX")
     if not hipcxx:
-        raise ToolchainError(f"the ROCm at {res.rocm.path} has no HIP compiler (clang++)")
-    version = f"ROCm {res.rocm.version or '?'} ({res.rocm.layout}) at {res.rocm.path}"
-    return (Path(hipcxx), Path(env["ROCM_PATH"]), Path(env["HIP_DEVICE_LIB_PATH"]), version)
+        raise ToolchainError(f"the ROCm at {res.rocm.path} has no HIP compiler (clang++)",
+                             "name a complete ROCm with --rocm PATH")
+    if not env.get("HIP_DEVICE_LIB_PATH"):
+        raise ToolchainError(f"the ROCm at {res.rocm.path} has no device libraries "
+                             "(amdgcn/bitcode)", "name a complete ROCm with --rocm PATH")
+    rocm_path = env.get("ROCM_PATH") or env.get("HIP_PATH") or str(root.host(res.rocm.path))
+    origin = f"ROCm {res.rocm.version or '?'} ({res.rocm.layout}) at {res.rocm.path}"
+    return (_cxx_driver(Path(hipcxx)), Path(rocm_path), Path(env["HIP_DEVICE_LIB_PATH"]), origin)
 
 
-_COMPILER_PLACES = ("lib/llvm/bin/clang++", "llvm/bin/clang++", "bin/clang++")
-_BITCODE_PLACES = ("amdgcn/bitcode", "lib/llvm/amdgcn/bitcode",
-                   "lib/x86_64-linux-gnu/amdgcn/bitcode")
-
-
-def _amd_compiler_standalone(root: Root, rocm: str | None,
-                             environ: Mapping[str, str] | None) -> tuple[Path, Path, Path, str]:
-    environ = os.environ if environ is None else environ
-    candidates = [rocm] if rocm else [environ.get("ROCM_PATH"), environ.get("HIP_PATH"),
-                                      "/opt/rocm", "/usr"]
-    for inner in filter(None, candidates):
-        base = root.host(inner)
-        compiler = next((base / p for p in _COMPILER_PLACES if (base / p).is_file()), None)
-        if compiler is None and (base / "bin/hipconfig").is_file():  # distro: clang++-NN
-            versioned = sorted(base.glob("bin/clang++-[0-9]*"),
-                               key=lambda p: int(p.name.rsplit("-", 1)[1]))
-            compiler = versioned[-1] if versioned else None
-        bitcode = next((base / p for p in _BITCODE_PLACES if (base / p).is_dir()), None)
-        if compiler and bitcode:
-            return compiler, base, bitcode, f"ROCm at {inner}"
-        if rocm:
-            raise NoRocmError(f"{rocm} is not a ROCm tree with a HIP compiler and device libraries")
-    raise NoRocmError("no ROCm installation was found to compile the kernels with",
-                      "name one with --rocm PATH")
+def _cxx_driver(compiler: Path) -> Path:
+    """clang -> its clang++ sibling: the harness is C++ and links the C++ runtime."""
+    m = re.fullmatch(r"(amd)?clang(-\d+)?", compiler.name)
+    if m:
+        sibling = compiler.with_name(f"{m.group(1) or ''}clang++{m.group(2) or ''}")
+        if sibling.is_file():
+            return sibling
+    return compiler
 
 
 def _compiler_version(compiler: Path) -> str:
@@ -199,8 +186,8 @@ def check_target(tc: Toolchain, target: str) -> None:
     if target not in tc.processors:
         same_family = [p for p in tc.processors if p[:-2] == target[:-2]] or list(tc.processors[-6:])
         raise ToolchainError(
-            f"{tc.version} ({tc.compiler}) cannot compile for {target}: the compiler does not "
-            f"know that processor (it knows e.g. {', '.join(same_family)})",
+            f"{tc.version} ({tc.compiler}; {tc.origin}) cannot compile for {target}: the "
+            f"compiler does not know that processor (it knows e.g. {', '.join(same_family)})",
             "use a ROCm that supports it, e.g. a TheRock nightly for the target "
             "(`rocforge nightly install`), and pass --rocm PATH" if tc.platform == "amd"
             else "use a CUDA toolkit that supports it",
@@ -210,7 +197,7 @@ def check_target(tc: Toolchain, target: str) -> None:
         if isa is None or not isa.is_file():
             raise ToolchainError(
                 f"the device libraries at {tc.device_libs} have no oclc_isa_version_{target[3:]}.bc: "
-                f"that ROCm ({tc.version}) cannot link device code for {target}",
+                f"that ROCm ({tc.origin}) cannot link device code for {target}",
                 "use a ROCm whose device libraries know the target, and pass --rocm PATH",
             )
 
@@ -303,14 +290,11 @@ def _pick_target(root: Root, target: str | None, rocm: str | None,
                  environ: Mapping[str, str] | None) -> str:
     if target:
         return target.strip().lower()
-    try:
-        from rocforge_build import resolver
-    except ImportError:
-        resolver = None
-    if resolver is not None:
-        res = resolver.resolve(root, rocm=rocm, environ=environ)
-        if res.target:
-            return res.target
+    from rocforge_build import resolver
+
+    res = resolver.resolve(root, rocm=rocm, environ=environ)
+    if res.target:
+        return res.target
     raise UsageError("no GPU target was given and none was detected", "pass --target GFX")
 
 
@@ -462,6 +446,12 @@ def bench(target: str | None = None, *, out: str | os.PathLike[str] | None = Non
     target = build_info["target"]
     binary = build_info["binary"]
     device = harness(binary, "info")
+    if device.get("arch") != target:
+        raise UsageError(
+            f"the kernels at {build_info['out']} were built for {target}, but the GPU the runtime "
+            f"shows is {device.get('arch')} ({device.get('device')})",
+            f"build for it: rocforge kernels build --target {device.get('arch')}",
+        )
     peak_bw = peak_fp16 = None
     if build_info["platform"] == "amd" and targets.known(target):
         t = targets.get_target(target)

@@ -82,6 +82,21 @@ def test_a_target_without_device_libraries_is_refused(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_detected_gpu_and_the_resolved_rocm_are_used(capsys, tmp_path):
+    """No --target: the GPU in the root (a Strix Halo) decides; the compiler is the resolved
+    TheRock tree's, asked for its processors (a fixture stub that knows none: refused)."""
+    from fixtures_roots import make_strix_halo
+
+    root = tmp_path / "root"
+    make_strix_halo(root)
+    code, _, err = rocforge(capsys, "--root", str(root), "kernels", "build",
+                            "--out", str(tmp_path / "out"))
+    assert code == 5
+    assert "cannot compile for gfx1151" in err
+    assert str(root / "opt/rocm/lib/llvm/bin/clang++") in err and "(therock)" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_unknown_gfx_name_is_a_usage_error(capsys, tmp_path):
     code, _, err = rocforge(capsys, "kernels", "build", "--target", "gfx1152x", "--out",
                             str(tmp_path / "k"))
@@ -191,6 +206,15 @@ def test_bench_fails_a_wrong_result(capsys, tmp_path, monkeypatch, broken):
     assert code == 1
     results = {r["kernel"]: r for r in json.loads(stdout)["results"]}
     assert results["memcpy"]["passed"] and not results[broken]["passed"]
+
+
+def test_a_build_for_another_gpu_is_not_run(capsys, tmp_path, monkeypatch):
+    out = _fake_build(tmp_path, target="gfx1151")
+    monkeypatch.setenv("FAKE_HARNESS_ARCH", "gfx1100")
+    code, _, err = rocforge(capsys, "kernels", "bench", "--out", str(out), "--quick")
+    assert code == 2
+    assert "built for gfx1151" in err and "gfx1100" in err
+    assert "rocforge kernels build --target gfx1100" in err
 
 
 def test_a_harness_error_becomes_a_clear_message(capsys, tmp_path):

@@ -42,7 +42,7 @@ def gemv(raw, m, k, x):
 
 def main(argv):
     if argv[1] == "info":
-        print(json.dumps({"ok": True, "platform": "fake", "device": "NumPy", "arch": "none",
+        print(json.dumps({"ok": True, "platform": "fake", "device": "NumPy", "arch": os.environ.get("FAKE_HARNESS_ARCH", "gfx1151"),
                           "compute_units": 1, "warp_size": 32, "device_wave_size": 32,
                           "gemm_path": 0, "memory_bytes": 0, "runtime_version": 0}))
         return 0
