@@ -355,38 +355,20 @@ def stage(closure: Closure, out: Path) -> dict:
 
 
 # -- dotenv ------------------------------------------------------------------------------------------
-_DQ_ESCAPES = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "$": "$", "`": "`"}
-
-
 def parse_dotenv(text: str) -> dict[str, str]:
-    """KEY=VALUE lines (`export ` allowed, '...' literal, "..." with backslash escapes, # comments)."""
+    """`rocforge env --shell dotenv`: Docker/Podman `--env-file` semantics.
+
+    `KEY=value` with the value literal (no quotes, no expansion, everything after the first `=`);
+    lines starting with `#` are comments (that is how dotenv lists variables to unset)."""
     env: dict[str, str] = {}
     for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
+        line = raw.lstrip()
         if not line or line.startswith("#"):
             continue
-        if line.startswith("export "):
-            line = line[7:].lstrip()
         key, sep, value = line.partition("=")
-        key = key.strip()
         if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ConfigError(f"dotenv line {n} is not KEY=VALUE: {raw!r}")
-        value = value.strip()
-        if value[:1] == "'" and value.endswith("'") and len(value) >= 2:
-            value = value[1:-1]
-        elif value[:1] == '"' and value.endswith('"') and len(value) >= 2:
-            body, out, i = value[1:-1], [], 0
-            while i < len(body):
-                c = body[i]
-                if c == "\\" and i + 1 < len(body):
-                    out.append(_DQ_ESCAPES.get(body[i + 1], "\\" + body[i + 1]))
-                    i += 2
-                    continue
-                out.append(c)
-                i += 1
-            value = "".join(out)
-        else:
-            value = value.split(" #", 1)[0].strip()
+            raise ConfigError(f"dotenv line {n} is not KEY=value: {raw!r}",
+                              "the file must come from `rocforge env --shell dotenv`")
         env[key] = value
     return env
 

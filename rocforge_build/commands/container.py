@@ -70,7 +70,8 @@ def run(args) -> int:
     return {"build": _build, "run": _run, "closure": _closure}[args.action](args)
 
 
-def _print_decisions(decisions, out=sys.stdout) -> None:
+def _print_decisions(decisions, out=None) -> None:
+    out = out or sys.stdout
     for d in decisions:
         out.write(f"  {d.key:<13} {d.value}\n  {'':<13} ({d.reason})\n")
 

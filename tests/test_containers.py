@@ -1,0 +1,302 @@
+"""Container images: the rendered Containerfiles (hip, vulkan), labels and env from a build's
+facts, engine choice, the GPU run command; and (slow) a real buildah build from a Debian base
+made here, whose slim runtime image runs the built program."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+
+import pytest
+from fixtures_roots import make_system
+
+from rocforge_build import containers
+from rocforge_build.cli import main
+from rocforge_build.errors import ConfigError, ToolchainError, UsageError
+from rocforge_build.rootfs import Root
+
+INSTRUCTIONS = {"FROM", "RUN", "COPY", "ENV", "LABEL", "WORKDIR", "ARG", "CMD", "ENTRYPOINT", "USER"}
+
+
+def parse_containerfile(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    out, buf = [], ""
+    for line in text.splitlines():
+        if not buf and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        buf += line.rstrip("\\").rstrip() + " " if line.endswith("\\") else line
+        if line.endswith("\\"):
+            continue
+        word, _, rest = buf.strip().partition(" ")
+        out.append((word, rest.strip()))
+        buf = ""
+    assert not buf, "a continuation line ends the file"
+    return out
+
+
+def stages(instrs) -> dict[str, list[tuple[str, str]]]:
+    result: dict[str, list] = {}
+    current = None
+    for word, rest in instrs:
+        if word == "FROM":
+            parts = rest.split()
+            current = parts[2] if len(parts) == 3 and parts[1] == "AS" else f"#{len(result)}"
+            result[current] = [(word, rest)]
+        else:
+            result[current].append((word, rest))
+    return result
+
+
+def check_wellformed(text: str) -> dict[str, list[tuple[str, str]]]:
+    assert "${" not in text, "an unfilled template field"
+    instrs = parse_containerfile(text)
+    assert {w for w, _ in instrs} <= INSTRUCTIONS
+    st = stages(instrs)
+    names = list(st)
+    for i, body in enumerate(st.values()):
+        for word, rest in body:
+            m = re.match(r"--from=(\S+)", rest) if word == "COPY" else None
+            if m and m.group(1) in st:  # a stage source must be an earlier stage
+                assert names.index(m.group(1)) < i
+    return st
+
+
+def test_hip_containerfile():
+    plan = containers.plan("llama-cpp", target="gfx1151", backend="hip")
+    text = containers.render(plan)
+    st = check_wellformed(text)
+    assert list(st) == ["builder", "runtime"]
+    builder = " ".join(f"{w} {r}" for w, r in st["builder"])
+    assert st["builder"][0] == ("FROM", "docker.io/library/debian:bookworm AS builder")
+    # ROCm from a TheRock nightly for the target, then the build, the env and the closure
+    assert "rocforge nightly install --target gfx1151" in builder
+    assert "rocforge build llama-cpp --target gfx1151 --backend hip" in builder
+    assert "rocforge env --target gfx1151 --shell dotenv > /opt/rocforge/out/env" in builder
+    assert ("rocforge container closure /opt/rocforge/builds/llama-cpp-gfx1151-hip "
+            "--env-file /opt/rocforge/out/env") in builder
+    assert builder.index("nightly install") < builder.index("rocforge build") < builder.index("closure")
+    assert "--mount=type=cache,id=rocforge-cache,target=/opt/rocforge/cache" in builder
+    assert "pip install --no-index" in builder  # rocforge goes in from the context's wheels
+    runtime = st["runtime"]
+    assert runtime[0] == ("FROM", "scratch AS runtime")
+    copies = [r for w, r in runtime if w == "COPY"]
+    assert copies == [
+        "--from=builder /opt/rocforge/closure/ /",
+        "--from=builder /opt/rocforge/builds/llama-cpp-gfx1151-hip/ /opt/rocforge/builds/llama-cpp-gfx1151-hip/",
+        "--from=builder /opt/rocforge/out/ /opt/rocforge/facts/",
+    ]
+    assert not any(w == "RUN" for w, _ in runtime)  # nothing runs in the slim stage
+    label = next(r for w, r in runtime if w == "LABEL")
+    assert 'io.rocforge.target="gfx1151"' in label and 'io.rocforge.backend="hip"' in label
+    assert 'org.opencontainers.image.title="llama-cpp for gfx1151 (hip)"' in label
+
+
+def test_vulkan_containerfile():
+    plan = containers.plan("llama-cpp", target="gfx1100", backend="vulkan")
+    text = containers.render(plan)
+    st = check_wellformed(text)
+    builder = " ".join(f"{w} {r}" for w, r in st["builder"])
+    assert "nightly install" not in builder  # Vulkan needs no ROCm
+    install = next(r for w, r in st["builder"] if w == "RUN" and "apt-get install" in r)
+    for pkg in ("libvulkan-dev", "glslc", "spirv-headers", "mesa-vulkan-drivers", "python3-venv"):
+        assert f" {pkg}" in install
+    assert "rocforge build llama-cpp --target gfx1100 --backend vulkan" in builder
+    assert "/opt/rocforge/builds/llama-cpp-gfx1100-vulkan/" in text
+    assert plan.variant.name == "debian-vulkan"
+    assert [d.key for d in plan.decisions][:2] == ["variant", "rocm"]
+
+
+def test_recipe_path_base_and_runtime_base(tmp_path):
+    recipe = tmp_path / "mine.toml"
+    recipe.write_text('name = "hello"\n')
+    plan = containers.plan(str(recipe), target="gfx1151", backend="cpu", variant="preinstalled",
+                           base="localhost/my-tools:1", runtime_base="debian:bookworm-slim", tag="me/hello:1")
+    text = containers.render(plan)
+    st = check_wellformed(text)
+    assert st["builder"][0] == ("FROM", "localhost/my-tools:1 AS builder")
+    assert st["runtime"][0] == ("FROM", "debian:bookworm-slim AS runtime")
+    assert "apt-get" not in text
+    assert "rocforge build /opt/rocforge/recipe/mine.toml" in text
+    assert "/opt/rocforge/builds/hello-gfx1151-cpu/" in text
+    assert containers.stage_tag("me/hello:1") == "me/hello:1-stage"
+    assert containers.stage_tag("localhost:5000/me/hello") == "localhost:5000/me/hello:stage"
+
+
+def test_plan_errors_name_the_fix(tmp_path):
+    with pytest.raises(UsageError, match="gfx1151"):
+        containers.plan("llama-cpp", target="gfx1115", backend="hip")
+    with pytest.raises(UsageError) as err:
+        containers.plan("llama-cpp", target="gfx1151", backend="vulkn")
+    assert "did you mean 'vulkan'" in err.value.hint
+    with pytest.raises(UsageError, match="--base"):
+        containers.plan("llama-cpp", target="gfx1151", backend="cpu", variant="preinstalled")
+    with pytest.raises(UsageError, match="--backend"):
+        containers.plan("llama-cpp", target="gfx1151")
+    with pytest.raises(UsageError, match="does not exist"):
+        containers.plan(str(tmp_path / "nope.toml"), target="gfx1151", backend="cpu")
+
+
+def _facts(manifest: dict | None = None, env: dict | None = None) -> containers.Facts:
+    return containers.Facts(
+        env=env if env is not None else {"ROCM_PATH": "/opt/rocforge/rocm/current",
+                                         "PATH": "/opt/rocforge/rocm/current/bin:/usr/bin:/bin",
+                                         "HIP_PLATFORM": "amd", "EMPTY": ""},
+        manifest=manifest if manifest is not None else {
+            "recipe": "llama-cpp", "target": "gfx1151", "backend": "hip",
+            "source": {"url": "https://github.com/ggml-org/llama.cpp", "commit": "b6a0c9f3e1d2", "version": "b6123"},
+            "toolchain": {"rocm_version": "7.10.0a20251021"},
+        })
+
+
+def test_final_containerfile_env_and_labels_from_facts():
+    plan = containers.plan("llama-cpp", target="gfx1151", backend="hip")
+    text = containers.render_final(plan, _facts())
+    st = check_wellformed(text)
+    (body,) = st.values()
+    assert body[0] == ("FROM", "localhost/rocforge/llama-cpp:gfx1151-hip-stage")
+    env = next(r for w, r in body if w == "ENV")
+    assert 'ROCM_PATH="/opt/rocforge/rocm/current"' in env
+    assert ('PATH="/opt/rocforge/builds/llama-cpp-gfx1151-hip/bin:/opt/rocforge/rocm/current/bin:/usr/bin:/bin"'
+            in env)
+    assert "EMPTY" not in env  # empty = unset in dotenv; the image starts without it
+    labels = containers.labels(plan, _facts().manifest)
+    assert labels["org.opencontainers.image.revision"] == "b6a0c9f3e1d2"
+    assert labels["org.opencontainers.image.source"] == "https://github.com/ggml-org/llama.cpp"
+    assert labels["org.opencontainers.image.version"] == "b6123"
+    assert labels["io.rocforge.rocm.version"] == "7.10.0a20251021"
+    assert "ROCm 7.10.0a20251021" in labels["org.opencontainers.image.description"]
+    # a manifest without a commit: the label is left out, not written empty
+    bare = containers.labels(plan, {"recipe": "x"})
+    assert "org.opencontainers.image.revision" not in bare
+    assert bare["org.opencontainers.image.description"].endswith("ROCm none")
+
+
+def test_env_values_are_quoted_for_containerfiles():
+    plan = containers.plan("llama-cpp", target="gfx1151", backend="hip")
+    text = containers.env_lines(plan, _facts(env={"ODD": 'a "b" $HOME \\x'}))
+    assert 'ODD="a \\"b\\" \\$HOME \\\\x"' in text
+
+
+def test_read_facts(tmp_path):
+    with pytest.raises(ConfigError, match="no facts"):
+        containers.read_facts(tmp_path)
+    (tmp_path / "env").write_text("# header\nROCM_PATH=/usr\n")
+    (tmp_path / "rocforge-manifest.toml").write_text('recipe = "hello"\n[source]\ncommit = "abc"\n')
+    (tmp_path / "closure.json").write_text(json.dumps({"files": 3, "bytes": 10, "elf_files": 1}))
+    f = containers.read_facts(tmp_path)
+    assert f.env == {"ROCM_PATH": "/usr"} and f.manifest["source"]["commit"] == "abc" and f.closure["files"] == 3
+
+
+def _fake_programs(tmp_path, monkeypatch, *names) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    for n in names:
+        p = bindir / n
+        p.write_text("#!/bin/sh\nexit 0\n")
+        p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(bindir))
+
+
+def test_engine_detection_order(tmp_path, monkeypatch):
+    _fake_programs(tmp_path, monkeypatch, "docker", "buildah")
+    engine, why = containers.detect_engine()
+    assert engine.name == "buildah" and "podman, buildah, docker" in why.reason
+    _fake_programs(tmp_path, monkeypatch, "podman")
+    assert containers.detect_engine()[0].name == "podman"
+    assert containers.detect_engine("docker")[0].name == "docker"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ToolchainError, match="no container engine"):
+        containers.detect_engine()
+
+
+def test_build_commands(tmp_path):
+    steps = containers.build_commands(containers.get_engine("podman"), tmp_path, "localhost/rocforge/x:gfx1151-hip")
+    assert steps.stage == ["podman", "build", "--layers", "-f", f"{tmp_path}/Containerfile", "--target", "runtime",
+                           "-t", "localhost/rocforge/x:gfx1151-hip-stage", str(tmp_path)]
+    assert steps.facts[-3:] == ["--output", f"type=local,dest={tmp_path}/facts", f"{tmp_path}/empty"]
+    assert steps.final[-3:] == ["-t", "localhost/rocforge/x:gfx1151-hip", f"{tmp_path}/empty"]
+    assert steps.cleanup == ["podman", "rmi", "localhost/rocforge/x:gfx1151-hip-stage"]
+
+
+def test_run_command_docker_uses_numeric_gids(tmp_path):
+    make_system(tmp_path)  # /etc/group: render 44, video 105; /dev/kfd, /dev/dri
+    rp = containers.run_plan(containers.get_engine("docker"), "img", ["llama-cli", "--version"],
+                             rootfs=Root(tmp_path), rootless=False)
+    (cmd,) = rp.commands
+    assert list(cmd) == ["docker", "run", "--rm", "--device", "/dev/kfd", "--device", "/dev/dri",
+                         "--group-add", "105", "--group-add", "44",
+                         "--security-opt", "seccomp=unconfined", "img", "llama-cli", "--version"]
+    assert rp.warnings == ()
+    assert any(d.key == "groups" and d.value == "video=105,render=44" for d in rp.decisions)
+
+
+def test_run_command_rootless_podman_and_buildah(tmp_path):
+    make_system(tmp_path, groups={"video": ()})
+    rp = containers.run_plan(containers.get_engine("podman"), "img", ["sh"], rootfs=Root(tmp_path),
+                             rootless=True, interactive=True)
+    assert rp.commands[0][:4] == ("podman", "run", "--rm", "-it")
+    assert ("--group-add", "keep-groups") in zip(rp.commands[0], rp.commands[0][1:], strict=False)
+    rp = containers.run_plan(containers.get_engine("podman"), "img", ["sh"], rootfs=Root(tmp_path), rootless=False)
+    assert "render" in rp.commands[0]  # not in /etc/group: the name, with a warning
+    assert any("render is not in /etc/group" in w for w in rp.warnings)
+    rp = containers.run_plan(containers.get_engine("buildah"), "img", ["sh", "-c", "x"], rootfs=Root(tmp_path))
+    assert rp.commands[0] == ("buildah", "from", "--device", "/dev/kfd", "--device", "/dev/dri",
+                              "--security-opt", "seccomp=unconfined", "img")
+    assert rp.commands[1] == ("buildah", "run", "$CTR", "--", "sh", "-c", "x")
+    assert rp.commands[2] == ("buildah", "rm", "$CTR")
+
+
+def test_run_without_gpu_devices_leaves_them_out(tmp_path):
+    make_system(tmp_path, kfd=False)
+    rp = containers.run_plan(containers.get_engine("docker"), "img", ["x"], rootfs=Root(tmp_path), rootless=False)
+    assert "--device" not in rp.commands[0]
+    assert any("/dev/kfd, /dev/dri not found" in w for w in rp.warnings)
+
+
+def test_cli_run_dry_run_takes_the_command_after_dashes(tmp_path, capsys):
+    make_system(tmp_path)
+    rc = main(["--root", str(tmp_path), "container", "run", "llama-cpp", "--target", "gfx1151", "--backend",
+               "hip", "--engine", "docker", "--dry-run", "--", "llama-cli", "-m", "/models/x.gguf", "--version"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert ("docker run --rm --device /dev/kfd --device /dev/dri --group-add 105 --group-add 44 --security-opt "
+            "seccomp=unconfined localhost/rocforge/llama-cpp:gfx1151-hip llama-cli -m /models/x.gguf --version") in out
+    assert main(["--root", str(tmp_path), "container", "run", "llama-cpp", "--target", "gfx1151",
+                 "--backend", "hip", "--engine", "docker", "--dry-run"]) == 2
+    assert "put the command after --" in capsys.readouterr().err
+
+
+def test_cli_build_dry_run(capsys):
+    rc = main(["container", "build", "llama-cpp", "--target", "gfx1151", "--backend", "vulkan",
+               "--engine", "podman", "--dry-run", "--json"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["variant"] == "debian-vulkan" and data["engine"] == "podman"
+    assert data["commands"][0][:3] == ["podman", "build", "--layers"]
+    check_wellformed(data["containerfile"])
+    check_wellformed(data["containerfile_facts"])
+    assert main(["container", "build", "llama-cpp", "--target", "gfx1151", "--backend", "hip",
+                 "--engine", "buildah", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "FROM docker.io/library/debian:bookworm AS builder" in out
+    assert "buildah build --layers -f" in out and "Containerfile.final" in out
+
+
+def test_context_holds_wheels_recipe_and_containerfiles(tmp_path, monkeypatch):
+    """prepare_context with pip stubbed out (the real wheel build runs in the slow test)."""
+    calls = []
+    monkeypatch.setattr(containers, "build_wheels", lambda dest: calls.append(dest))
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('name = "hello"\n')
+    plan = containers.plan(str(recipe), target="gfx1151", backend="cpu")
+    ctx = tmp_path / "ctx"
+    (ctx / "stale").mkdir(parents=True)
+    containers.prepare_context(plan, ctx)
+    assert calls == [ctx / "wheels"]
+    assert (ctx / "recipe/r.toml").read_text() == 'name = "hello"\n'
+    assert (ctx / "Containerfile").read_text() == containers.render(plan)
+    assert (ctx / "empty").is_dir() and not (ctx / "stale").exists()
+    for word, rest in parse_containerfile((ctx / "Containerfile").read_text()):
+        if word == "COPY" and not rest.startswith("--from"):
+            assert (ctx / rest.split()[0]).exists(), rest  # every context source is there
