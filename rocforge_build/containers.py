@@ -19,6 +19,7 @@ runtime image alone.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -71,10 +72,18 @@ class RecipeRef:
     path: Path | None  # the host file when RECIPE was a path
 
     @property
+    def patches(self) -> Path | None:
+        """A path recipe's patches: `<recipe dir>/../patches/<name>/` (the recipes loader's rule)."""
+        if self.path is None:
+            return None
+        d = self.path.parent.parent / "patches" / self.name
+        return d if d.is_dir() else None
+
+    @property
     def arg(self) -> str:
         if self.path is None:
             return self.name
-        return str(DATA_IN_IMAGE / "recipe" / self.path.name)
+        return str(DATA_IN_IMAGE / "recipe" / "recipes" / self.path.name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +95,24 @@ class ContainerPlan:
     builder_base: str
     runtime_base: str
     tag: str
+    source: str | None = None  # `rocforge build --source`: a URL as given, or a local host path
+    ref: str | None = None
     decisions: tuple[Decision, ...] = ()
+
+    @property
+    def local_source(self) -> Path | None:
+        """A --source on this machine (tree or tarball): it travels in the build context."""
+        if not self.source or "://" in self.source or self.source.startswith("git+"):
+            return None
+        return Path(self.source).expanduser().resolve()
+
+    @property
+    def source_arg(self) -> str | None:
+        local = self.local_source
+        if local is None:
+            return self.source
+        where = DATA_IN_IMAGE / "source"
+        return str(where / local.name) if local.is_file() else str(where)
 
     @property
     def prefix(self) -> PurePosixPath:
@@ -103,6 +129,8 @@ class ContainerPlan:
             "builder_base": self.builder_base,
             "runtime_base": self.runtime_base,
             "tag": self.tag,
+            "source": self.source,
+            "ref": self.ref,
             "prefix": str(self.prefix),
             "decisions": [d.to_json() for d in self.decisions],
         }
@@ -215,7 +243,8 @@ def recipe_ref(recipe: str) -> RecipeRef:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}", "fix the recipe file") from exc
-        name = data.get("name") if isinstance(data.get("name"), str) else None
+        table = data.get("recipe") if isinstance(data.get("recipe"), dict) else {}
+        name = table.get("name") if isinstance(table.get("name"), str) else None
         return RecipeRef(name=name or path.stem, path=path.resolve())
     return RecipeRef(name=recipe, path=None)
 
@@ -224,9 +253,10 @@ def recipe_ref(recipe: str) -> RecipeRef:
 def plan(
     recipe: str, *, target: str, backend: str | None = None, variant: str | None = None,
     base: str | None = None, runtime_base: str | None = None, tag: str | None = None,
+    source: str | None = None, ref: str | None = None,
 ) -> ContainerPlan:
     tgt = targets.get_target(target)  # UsageError with a suggestion for unknown names
-    ref = recipe_ref(recipe)
+    recipe_ref_ = recipe_ref(recipe)
     defaults = backends()
     decisions = []
     if backend is None:
@@ -265,12 +295,20 @@ def plan(
                if runtime_base == "scratch" else f"variant {var.name}'s runtime image")
         decisions.append(Decision("runtime_base", runtime_base, why))
     if not tag:
-        tag = f"localhost/rocforge/{ref.name}:{tgt.name}-{backend}"
+        tag = f"localhost/rocforge/{recipe_ref_.name}:{tgt.name}-{backend}"
         decisions.append(Decision("tag", tag, "rocforge/<recipe>:<target>-<backend>"))
-    return ContainerPlan(
-        recipe=ref, target=tgt.name, backend=backend, variant=var, builder_base=builder_base,
-        runtime_base=runtime_base, tag=tag, decisions=tuple(decisions),
+    result = ContainerPlan(
+        recipe=recipe_ref_, target=tgt.name, backend=backend, variant=var, builder_base=builder_base,
+        runtime_base=runtime_base, tag=tag, source=source, ref=ref, decisions=tuple(decisions),
     )
+    local = result.local_source
+    if local is not None:
+        if not local.exists():
+            raise UsageError(f"--source {source}: no such file or directory",
+                             "give a local tree or tarball, or a URL")
+        decisions.append(Decision("source", str(local), f"copied into the build context as {result.source_arg}"))
+        result = dataclasses.replace(result, decisions=tuple(decisions))
+    return result
 
 
 # -- render -------------------------------------------------------------------------------------------
@@ -285,11 +323,15 @@ def _env_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
 
 
-def runtime_env(plan: ContainerPlan, env: dict[str, str]) -> dict[str, str]:
-    """The runtime ENV: the builder's `rocforge env` plus the prefix's bin first on PATH.
+def runtime_env(plan: ContainerPlan, env: dict[str, str], manifest: dict | None = None) -> dict[str, str]:
+    """The runtime ENV: the builder's `rocforge env`, the recipe's runtime env (the manifest's
+    `runtime_env`, which wins), and the prefix's bin first on PATH.
 
-    Empty values are left out: in dotenv they mean "unset", and an image starts without them."""
+    Empty values are left out: an image starts without the variable, which is what unset means."""
     result = {k: v for k, v in env.items() if v != ""}
+    recipe_env = (manifest or {}).get("runtime_env")
+    if isinstance(recipe_env, dict):
+        result.update({str(k): str(v) for k, v in recipe_env.items() if str(v) != ""})
     path = result.get("PATH") or DEFAULT_PATH
     bindir = str(plan.prefix / "bin")
     if bindir not in path.split(":"):
@@ -299,9 +341,9 @@ def runtime_env(plan: ContainerPlan, env: dict[str, str]) -> dict[str, str]:
 
 
 def env_lines(plan: ContainerPlan, facts: Facts) -> str:
-    env = runtime_env(plan, facts.env)
+    env = runtime_env(plan, facts.env, facts.manifest)
     body = " \\\n    ".join(f"{k}={_env_quote(v)}" for k, v in env.items())
-    return "# from the builder's `rocforge env --shell dotenv`\nENV " + body
+    return ("# from the builder's `rocforge env --shell dotenv` and the recipe's runtime env\nENV " + body)
 
 
 def _manifest_value(manifest: dict, dotted: str):
@@ -310,7 +352,7 @@ def _manifest_value(manifest: dict, dotted: str):
         if not isinstance(obj, dict) or part not in obj:
             return None
         obj = obj[part]
-    if isinstance(obj, (dict, list)):
+    if isinstance(obj, (dict, list)) or str(obj) == "":
         return None
     return str(obj)
 
@@ -381,8 +423,23 @@ def render(plan: ContainerPlan) -> str:
         "rocm_step": f"RUN {CACHE_MOUNT} \\\n    {rocm_body}" if rocm_body else
         f"# ROCm: {plan.variant.rocm} (nothing to install)",
         "static_labels": _label_body(labels(plan, None)),
+        "source_step": f"COPY source/ {DATA_IN_IMAGE / 'source'}/" if plan.local_source else
+        "# (the source is fetched by rocforge build)",
+        "build_args": "".join(f"{a} " for a in build_args(plan)),
     }
     return _sub(template_text(TEMPLATE), values, f"containers/{TEMPLATE}")
+
+
+def build_args(plan: ContainerPlan) -> list[str]:
+    """`rocforge build` options beyond recipe, target and backend (shell-quoted)."""
+    import shlex
+
+    args = ["--prefix", str(plan.prefix)]
+    if plan.source_arg:
+        args += ["--source", plan.source_arg]
+    if plan.ref:
+        args += ["--ref", plan.ref]
+    return [shlex.quote(a) for a in args]
 
 
 def render_facts(plan: ContainerPlan) -> str:
@@ -443,11 +500,20 @@ def prepare_context(plan: ContainerPlan, ctx: Path) -> None:
     wheels.mkdir(parents=True)
     build_wheels(wheels)
     recipe_dir = ctx / "recipe"
-    recipe_dir.mkdir()
-    if plan.recipe.path is not None:
-        shutil.copy2(plan.recipe.path, recipe_dir / plan.recipe.path.name)
+    (recipe_dir / "recipes").mkdir(parents=True)
+    if plan.recipe.path is not None:  # the recipes loader's layout: recipes/X.toml, patches/NAME/
+        shutil.copy2(plan.recipe.path, recipe_dir / "recipes" / plan.recipe.path.name)
+        if plan.recipe.patches is not None:
+            shutil.copytree(plan.recipe.patches, recipe_dir / "patches" / plan.recipe.name, symlinks=True)
     else:
         (recipe_dir / "README").write_text(f"recipe {plan.recipe.name} ships with rocforge\n", encoding="utf-8")
+    local = plan.local_source
+    if local is not None:
+        if local.is_file():
+            (ctx / "source").mkdir()
+            shutil.copy2(local, ctx / "source" / local.name)
+        else:
+            shutil.copytree(local, ctx / "source", symlinks=True)
     (ctx / "empty").mkdir()
     write_atomic(ctx / "Containerfile", render(plan))
     write_atomic(ctx / "Containerfile.facts", render_facts(plan))

@@ -109,7 +109,7 @@ def test_vulkan_containerfile():
 
 def test_recipe_path_base_and_runtime_base(tmp_path):
     recipe = tmp_path / "mine.toml"
-    recipe.write_text('name = "hello"\n')
+    recipe.write_text('[recipe]\nname = "hello"\n')
     plan = containers.plan(str(recipe), target="gfx1151", backend="cpu", variant="preinstalled",
                            base="localhost/my-tools:1", runtime_base="debian:bookworm-slim", tag="me/hello:1")
     text = containers.render(plan)
@@ -117,7 +117,8 @@ def test_recipe_path_base_and_runtime_base(tmp_path):
     assert st["builder"][0] == ("FROM", "localhost/my-tools:1 AS builder")
     assert st["runtime"][0] == ("FROM", "debian:bookworm-slim AS runtime")
     assert "apt-get" not in text
-    assert "rocforge build /opt/rocforge/recipe/mine.toml" in text
+    assert ("rocforge build /opt/rocforge/recipe/recipes/mine.toml --target gfx1151 --backend cpu "
+            "--prefix /opt/rocforge/builds/hello-gfx1151-cpu") in text
     assert "/opt/rocforge/builds/hello-gfx1151-cpu/" in text
     assert containers.stage_tag("me/hello:1") == "me/hello:1-stage"
     assert containers.stage_tag("localhost:5000/me/hello") == "localhost:5000/me/hello:stage"
@@ -142,10 +143,15 @@ def _facts(manifest: dict | None = None, env: dict | None = None) -> containers.
         env=env if env is not None else {"ROCM_PATH": "/opt/rocforge/rocm/current",
                                          "PATH": "/opt/rocforge/rocm/current/bin:/usr/bin:/bin",
                                          "HIP_PLATFORM": "amd", "EMPTY": ""},
+        # the keys pipeline.write_manifest writes
         manifest=manifest if manifest is not None else {
-            "recipe": "llama-cpp", "target": "gfx1151", "backend": "hip",
-            "source": {"url": "https://github.com/ggml-org/llama.cpp", "commit": "b6a0c9f3e1d2", "version": "b6123"},
-            "toolchain": {"rocm_version": "7.10.0a20251021"},
+            "rocforge": "0.1.0", "recipe": {"name": "llama-cpp", "file": "/x/llama-cpp.toml"},
+            "source": {"kind": "git", "location": "https://github.com/ggml-org/llama.cpp", "ref": "b6123",
+                       "identity": "b6a0c9f3e1d2", "commit": "b6a0c9f3e1d2", "version": ""},
+            "target": "gfx1151", "backend": "hip",
+            "runtime_env": {"GGML_CUDA_ENABLE_UNIFIED_MEMORY": "1"},
+            "toolchain": {"kind": "hip", "rocm_version": "7.10.0a20251021"},
+            "built_at": "2026-11-20T23:59:00Z",
         })
 
 
@@ -160,14 +166,16 @@ def test_final_containerfile_env_and_labels_from_facts():
     assert ('PATH="/opt/rocforge/builds/llama-cpp-gfx1151-hip/bin:/opt/rocforge/rocm/current/bin:/usr/bin:/bin"'
             in env)
     assert "EMPTY" not in env  # empty = unset in dotenv; the image starts without it
+    assert 'GGML_CUDA_ENABLE_UNIFIED_MEMORY="1"' in env  # the recipe's runtime env
     labels = containers.labels(plan, _facts().manifest)
     assert labels["org.opencontainers.image.revision"] == "b6a0c9f3e1d2"
     assert labels["org.opencontainers.image.source"] == "https://github.com/ggml-org/llama.cpp"
-    assert labels["org.opencontainers.image.version"] == "b6123"
+    assert labels["org.opencontainers.image.version"] == "b6123"  # version empty: the ref
+    assert labels["org.opencontainers.image.created"] == "2026-11-20T23:59:00Z"
     assert labels["io.rocforge.rocm.version"] == "7.10.0a20251021"
     assert "ROCm 7.10.0a20251021" in labels["org.opencontainers.image.description"]
     # a manifest without a commit: the label is left out, not written empty
-    bare = containers.labels(plan, {"recipe": "x"})
+    bare = containers.labels(plan, {"recipe": {"name": "x"}})
     assert "org.opencontainers.image.revision" not in bare
     assert bare["org.opencontainers.image.description"].endswith("ROCm none")
 
@@ -287,16 +295,43 @@ def test_context_holds_wheels_recipe_and_containerfiles(tmp_path, monkeypatch):
     """prepare_context with pip stubbed out (the real wheel build runs in the slow test)."""
     calls = []
     monkeypatch.setattr(containers, "build_wheels", lambda dest: calls.append(dest))
-    recipe = tmp_path / "r.toml"
-    recipe.write_text('name = "hello"\n')
-    plan = containers.plan(str(recipe), target="gfx1151", backend="cpu")
+    recipe = tmp_path / "recipes/r.toml"
+    recipe.parent.mkdir()
+    recipe.write_text('[recipe]\nname = "hello"\n')
+    (tmp_path / "patches/hello").mkdir(parents=True)
+    (tmp_path / "patches/hello/fix.patch").write_text("--- a\n+++ b\n")
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub/main.c").write_text("int main(void){return 0;}\n")
+    plan = containers.plan(str(recipe), target="gfx1151", backend="cpu", source=str(src), ref="v1")
+    assert plan.source_arg == "/opt/rocforge/source"
     ctx = tmp_path / "ctx"
     (ctx / "stale").mkdir(parents=True)
     containers.prepare_context(plan, ctx)
     assert calls == [ctx / "wheels"]
-    assert (ctx / "recipe/r.toml").read_text() == 'name = "hello"\n'
+    assert (ctx / "recipe/recipes/r.toml").read_text() == '[recipe]\nname = "hello"\n'
+    assert (ctx / "recipe/patches/hello/fix.patch").is_file()  # <recipe dir>/../patches/<name>
+    assert (ctx / "source/sub/main.c").is_file()
+    text = (ctx / "Containerfile").read_text()
+    assert ("--prefix /opt/rocforge/builds/hello-gfx1151-cpu --source /opt/rocforge/source --ref v1") in text
+    assert "COPY source/ /opt/rocforge/source/" in text
     assert (ctx / "Containerfile").read_text() == containers.render(plan)
     assert (ctx / "empty").is_dir() and not (ctx / "stale").exists()
     for word, rest in parse_containerfile((ctx / "Containerfile").read_text()):
         if word == "COPY" and not rest.startswith("--from"):
             assert (ctx / rest.split()[0]).exists(), rest  # every context source is there
+
+
+def test_url_sources_pass_through_and_tarballs_travel(tmp_path):
+    plan = containers.plan("llama-cpp", target="gfx1151", backend="hip",
+                           source="https://github.com/ggml-org/llama.cpp.git", ref="b6123")
+    assert plan.local_source is None
+    text = containers.render(plan)
+    assert "--source https://github.com/ggml-org/llama.cpp.git --ref b6123" in text
+    assert "COPY source/" not in text
+    tarball = tmp_path / "llama.cpp-b6123.tar.gz"
+    tarball.write_bytes(b"\x1f\x8b")
+    plan = containers.plan("llama-cpp", target="gfx1151", backend="hip", source=str(tarball))
+    assert plan.source_arg == "/opt/rocforge/source/llama.cpp-b6123.tar.gz"
+    with pytest.raises(UsageError, match="no such file"):
+        containers.plan("llama-cpp", target="gfx1151", backend="hip", source=str(tmp_path / "nope"))

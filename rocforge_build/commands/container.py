@@ -50,6 +50,9 @@ def add_arguments(parser) -> None:
     _common(b)
     b.add_argument("--base", metavar="IMAGE", help="builder base image (replaces the variant's)")
     b.add_argument("--runtime-base", metavar="IMAGE", help="runtime base image (default: the variant's, scratch)")
+    b.add_argument("--source", metavar="PATH|URL",
+                   help="passed to `rocforge build --source`; a local tree or tarball is copied into the image")
+    b.add_argument("--ref", metavar="REF", help="passed to `rocforge build --ref`")
     r = sub.add_parser("run", help="run a built image with the GPU devices and groups passed in",
                        description="Run the image of a recipe build with /dev/kfd, /dev/dri, the GPU groups "
                        "and seccomp=unconfined.")
@@ -79,7 +82,7 @@ def _print_decisions(decisions, out=None) -> None:
 def _build(args) -> int:
     plan = containers.plan(
         args.recipe, target=args.target, backend=args.backend, variant=args.variant,
-        base=args.base, runtime_base=args.runtime_base, tag=args.tag,
+        base=args.base, runtime_base=args.runtime_base, tag=args.tag, source=args.source, ref=args.ref,
     )
     engine, why = containers.detect_engine(args.engine)
     ctx = containers.context_dir(plan)
@@ -121,7 +124,7 @@ def _build(args) -> int:
                "containerfiles": [str(ctx / n) for n in ("Containerfile", "Containerfile.facts",
                                                          "Containerfile.final")],
                "labels": containers.labels(plan, facts.manifest),
-               "env": containers.runtime_env(plan, facts.env),
+               "env": containers.runtime_env(plan, facts.env, facts.manifest),
                "closure": {k: facts.closure[k] for k in ("elf_files", "files", "bytes")} if facts.closure else None}
     if args.json:
         print(json.dumps(summary, indent=2))
