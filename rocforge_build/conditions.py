@@ -15,6 +15,8 @@ A condition is a TOML table; every key must hold (AND); a list value means any o
                                                a header in the toolchain's include dirs has a text
     tool = "glslc"                             a program is found (toolchain env PATH first)
     glslc_extension = "GL_KHR_cooperative_matrix"  glslc compiles a shader requiring it
+    toolchain_found = true                     the backend's toolchain was found (a dry run
+                                               without one skips checks on its headers)
 
 Facts come from a `Facts` object (what is known about the request, the source and the host);
 a fact that is unknown (no source yet, no toolchain) makes its test False, and `explain()` says
@@ -38,7 +40,8 @@ from rocforge_build.errors import ConfigError
 
 KEYS = (
     "target", "family", "backend", "rocm", "source_version", "cmake_option", "file",
-    "source_contains", "header_contains", "tool", "glslc_extension", "not", "any", "all",
+    "source_contains", "header_contains", "tool", "glslc_extension", "toolchain_found",
+    "not", "any", "all",
 )
 
 _OPTION_RE = re.compile(r"""\boption\s*\(\s*"?([A-Za-z_][A-Za-z0-9_]*)"?""", re.I)
@@ -132,6 +135,7 @@ class Facts:
     rocm_version: str | None = None
     source: SourceFacts | None = None
     host: HostFacts | None = None
+    toolchain_found: bool = False
 
 
 def _as_list(value) -> list:
@@ -178,6 +182,9 @@ def validate(cond, where: str) -> None:
                 validate(item, f"{sub}[{i}]")
         elif key in ("rocm", "source_version"):
             _spec(value, sub) if isinstance(value, str) else _bad(sub, "a version range string")
+        elif key == "toolchain_found":
+            if not isinstance(value, bool):
+                _bad(sub, "true or false")
         elif key == "source_contains":
             for item in _as_list(value):
                 if not (isinstance(item, Mapping) and set(item) == {"file", "text"}):
@@ -241,6 +248,9 @@ def _test(key: str, value, f: Facts) -> tuple[bool, str]:
     if key == "backend":
         ok = f.backend in items
         return ok, f"backend {f.backend} {'is' if ok else 'is not'} {' / '.join(items)}"
+    if key == "toolchain_found":
+        ok = f.toolchain_found == value
+        return ok, f"toolchain {'found' if f.toolchain_found else 'missing'}"
     if key == "rocm":
         v = _version(f.rocm_version)
         if v is None:

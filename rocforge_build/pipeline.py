@@ -210,6 +210,7 @@ def _prepare(req: Request, root):
         rocm_version=toolchain.rocm_version, source=source_facts,
         host=conditions.HostFacts(include_dirs=toolchain.include_dirs, path=toolchain.path,
                                   probe_glslc=toolchain.probe_glslc),
+        toolchain_found=toolchain.missing is None,
     )
     prefix = (Path(req.prefix).expanduser().resolve() if req.prefix
               else default_prefix(recipe.name, tgt.name, backend))
