@@ -242,7 +242,8 @@ def make_plan(req: Request, root, *, check_patches: bool = True) -> Plan:
                          "glslc/shaderc (Vulkan SDK) enables them")
     work = paths.cache_dir() / "work" / hashlib.sha256(str(prefix).encode()).hexdigest()[:12]
     ctx = {"target": tgt.name, "backend": backend, "prefix": str(prefix),
-           "hip_clang_dir": str(Path(toolchain.env["HIPCXX"]).parent) if "HIPCXX" in toolchain.env else "",
+           "hip_clang_dir": (str(Path(toolchain.env["HIPCXX"]).parent) if "HIPCXX" in toolchain.env
+                             else "<no HIP toolchain>"),
            **{k: v for k, v in toolchain.env.items()}}
     # options: later rules override earlier ones of the same name
     chosen: dict[str, dict] = {}
