@@ -31,3 +31,26 @@ def bench(session: nox.Session) -> None:
 
     for script in sorted(pathlib.Path("benchmarks").glob("bench_*.py")):
         session.run("python", str(script), *session.posargs)
+
+
+@nox.session
+def kernels(session: nox.Session) -> None:
+    """Build rocforge's HIP kernels per target: `nox -s kernels -- --target gfx1151 [--target
+    gfx1030 ...] [--rocm PATH]`; add `--bench` to run them on this machine's GPU as well."""
+    session.install("-e", ".[test]")
+    args = list(session.posargs)
+    bench = "--bench" in args
+    args = [a for a in args if a != "--bench"]
+    chosen, rest, i = [], [], 0
+    while i < len(args):
+        if args[i] == "--target" and i + 1 < len(args):
+            chosen.append(args[i + 1])
+            i += 2
+            continue
+        rest.append(args[i])
+        i += 1
+    for target in chosen or [None]:
+        flag = ["--target", target] if target else []
+        session.run("rocforge", "kernels", "build", *flag, *rest)
+        if bench:
+            session.run("rocforge", "kernels", "bench", *flag)

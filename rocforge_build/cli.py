@@ -7,7 +7,6 @@ Commands are a table (name -> module, help).  Only the chosen command's module i
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
@@ -53,7 +52,9 @@ def _available() -> dict[str, tuple[str, str]]:
     return {name: entry for name, entry in COMMANDS.items() if find_spec(entry[0]) is not None}
 
 
-def build_parser(selected: str | None) -> argparse.ArgumentParser:
+def build_parser(selected: str | None) -> argparse.ArgumentParser:  # noqa: F821 (lazy import)
+    import argparse  # not at module level: `rocforge env` answered from its cache never needs it
+
     parser = argparse.ArgumentParser(
         prog="rocforge",
         description="Build orchestration and environment provisioning for AMD GPUs on ROCm.",
@@ -85,6 +86,13 @@ def _fail(message: str, hint: str | None, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     selected = _selected_command(argv)
+    if selected == "env":  # shell start-up path: a validated cached answer, before argparse
+        from rocforge_build.envcache import lookup
+
+        cached = lookup(argv)
+        if cached is not None:
+            sys.stdout.write(cached)
+            return 0
     try:
         parser = build_parser(selected)
         args = parser.parse_args(argv)
@@ -96,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         if not os.path.isdir(args.root):
             return _fail(f"--root {args.root!r} is not a directory", "give an existing directory", 2)
         args.rootfs = Root(args.root)
+        args.argv = argv
         module = importlib.import_module(COMMANDS[args.command][0])
         return int(module.run(args) or 0)
     except RocforgeError as exc:

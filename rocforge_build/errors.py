@@ -72,3 +72,9 @@ class BuildError(RocforgeError):
     """A configure/build/install step failed; the message names the log file."""
 
     exit_code = 9
+
+
+class DiskFullError(RocforgeError):
+    """No space left (checked before, or hit while writing a download or an extraction)."""
+
+    exit_code = 10

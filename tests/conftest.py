@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+# a real HTTP server on 127.0.0.1 (`http_server` fixture): see tests/http_fixture.py
+pytest_plugins = ["http_fixture"]
+
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", help="also run slow real builds")

@@ -1,0 +1,197 @@
+"""`rocforge doctor [--json] [--target GFX] [--rocm PATH]`: GPUs, ROCm installs, library coverage
+per target, every decision with its reason, and preflight warnings (stale override, /dev/kfd
+access, iGPU + dGPU, old kernel).  Exit 0 when a usable stack is found, else 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from pathlib import Path
+
+from rocforge_build import resolver
+from rocforge_build.rootfs import Root
+
+_CHECKS = Path(__file__).resolve().parent.parent / "data" / "doctor.toml"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--target", metavar="GFX", help="resolve for this gfx target")
+    parser.add_argument("--rocm", metavar="PATH", help="use this ROCm install (inside --root)")
+
+
+# -- system checks --------------------------------------------------------------------------------
+def _groups(root: Root) -> dict[str, list[str]]:
+    text = root.read_text("/etc/group") if root.is_file("/etc/group") else ""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        parts = line.split(":")
+        if len(parts) >= 4 and parts[0]:
+            out[parts[0]] = [m for m in parts[3].split(",") if m]
+    return out
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return os.environ.get("USER", "")
+
+
+def _kernel_version(root: Root) -> str | None:
+    text = None
+    if root.is_file("/proc/version"):
+        text = root.read_text("/proc/version")
+    elif root.is_host:
+        text = os.uname().release
+    if not text:
+        return None
+    m = re.search(r"(\d+\.\d+)(?:\.\d+)?", text)
+    return m.group(0) if m else None
+
+
+def _vkey(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def system_checks(root: Root, res: resolver.Resolution) -> tuple[list[str], list[str]]:
+    """(warnings, blockers): blockers make the stack unusable for running GPU code."""
+    checks = tomllib.loads(_CHECKS.read_text(encoding="utf-8"))
+    warnings: list[str] = []
+    blockers: list[str] = []
+    detected = [g for g in res.gpus if g.source != "--target"]
+    group_names = checks["access"]["groups"]
+    groups = _groups(root)
+    user = _user()
+    kfd = "/dev/kfd"
+    if not root.exists(kfd):
+        msg = ("/dev/kfd is missing: the amdgpu kernel driver is not loaded, or the container "
+               "was started without --device=/dev/kfd --device=/dev/dri")
+        (blockers if detected else warnings).append(msg)
+    else:
+        host = root.host(kfd)
+        if root.is_host:
+            ok = os.access(host, os.R_OK | os.W_OK)
+        else:
+            mode = host.stat().st_mode
+            ok = (mode & 0o006) == 0o006 or any(user in groups.get(g, []) for g in group_names)
+        if not ok:
+            members = "; ".join(f"{g}: {', '.join(groups[g]) or 'no members'}"
+                                for g in group_names if g in groups) or "no render/video group"
+            blockers.append(
+                f"/dev/kfd is not readable and writable by {user or 'this user'} ({members}); "
+                f"run `sudo usermod -aG {','.join(group_names)} {user or '$USER'}` and log in again")
+    kernel = _kernel_version(root)
+    if kernel:
+        for g in {t.generation for g in detected if (t := g.target)}:
+            rule = checks["kernel"].get(g)
+            if rule and _vkey(kernel) < _vkey(rule["min"]):
+                warnings.append(f"kernel {kernel} is older than {rule['min']}, which rocforge "
+                                f"recommends for {g} GPUs: {rule['why']}")
+    return warnings, blockers
+
+
+# -- output ---------------------------------------------------------------------------------------
+def _interesting_targets(res: resolver.Resolution) -> list[str]:
+    names: list[str] = []
+    for g in res.gpus:
+        names.append(g.gfx)
+        if g.known and g.target.override_with:
+            names.append(g.target.override_with)
+    if res.target:
+        names.append(res.target)
+    return list(dict.fromkeys(names))
+
+
+def coverage_rows(res: resolver.Resolution) -> list[dict]:
+    rows = []
+    for inst in res.installs:
+        for gfx in _interesting_targets(res):
+            ok, why = inst.coverage.kernels_for(gfx)
+            c = inst.coverage
+            rows.append({"install": str(inst.path), "target": gfx, "kernels": ok, "evidence": why,
+                         "rocblas": gfx in c.rocblas, "hipblaslt": gfx in c.hipblaslt,
+                         "bitcode": gfx in c.bitcode, "dist_info": gfx in c.dist})
+    return rows
+
+
+def run(args) -> int:
+    res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
+    sys_warnings, blockers = system_checks(args.rootfs, res)
+    usable = res.usable and not blockers
+    if args.json:
+        data = res.to_json()
+        data["coverage"] = coverage_rows(res)
+        data["checks"] = {"warnings": sys_warnings, "blockers": blockers}
+        data["usable"] = usable
+        print(json.dumps(data, indent=2))
+        return 0 if usable else 1
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    yes = "[green]yes[/]"
+    no = "[red]no[/]"
+
+    t = Table(title=f"GPUs (from {res.gpu_source})")
+    for col in ("#", "node", "target", "kind", "CUs", "device", "known", "used"):
+        t.add_column(col)
+    for i, g in enumerate(res.gpus):
+        used = yes if i in res.selected else ("[dim]-[/]" if g.source == "--target" else no)
+        t.add_row(str(g.index) if g.index >= 0 else "-", "-" if g.node is None else str(g.node),
+                  g.gfx, g.kind, str(g.compute_units or "-"),
+                  f"0x{g.device_id:04x}" if g.device_id else "-",
+                  yes if g.known else "[yellow]no[/]", used)
+    if not res.gpus:
+        t.add_row("-", "-", "none detected", "", "", "", "", "")
+    console.print(t)
+
+    t = Table(title="ROCm installs")
+    for col in ("", "path", "layout", "version", "compiler", "device bitcode", "found as"):
+        t.add_column(col)
+    for inst in res.installs:
+        chosen = "[green]*[/]" if res.rocm is not None and inst.path == res.rocm.path else ""
+        t.add_row(chosen, str(inst.path), inst.layout, inst.version or "?",
+                  str(inst.compiler_dir or "-"), str(inst.bitcode_dir or "-"),
+                  ", ".join(inst.sources))
+    if not res.installs:
+        t.add_row("", "none found", "", "", "", "", "")
+    console.print(t)
+
+    rows = coverage_rows(res)
+    if rows:
+        t = Table(title="Library coverage per target")
+        for col in ("install", "target", "rocBLAS", "hipBLASLt", "bitcode", "dist_info", "kernels"):
+            t.add_column(col)
+        for r in rows:
+            t.add_row(r["install"], r["target"], *(yes if r[k] else no for k in
+                      ("rocblas", "hipblaslt", "bitcode", "dist_info", "kernels")))
+        console.print(t)
+
+    t = Table(title="Decisions")
+    for col in ("key", "value", "reason"):
+        t.add_column(col)
+    for d in res.decisions:
+        value = "[dim]unset[/]" if d.value is None else str(d.value)
+        t.add_row(d.key, value, d.reason)
+    console.print(t)
+
+    for w in [*res.warnings, *sys_warnings]:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    for b in blockers:
+        console.print(f"[red]problem:[/] {b}", highlight=False)
+    if usable:
+        console.print(f"[green]usable:[/] ROCm {res.rocm.path} for {res.target or 'building'}; "
+                      "`eval \"$(rocforge env)\"` sets it up", highlight=False)
+    elif res.rocm is None:
+        console.print(f"[red]not usable:[/] no ROCm install. {resolver.install_hint(res.target)}",
+                      highlight=False)
+    else:
+        console.print("[red]not usable:[/] see the problems above", highlight=False)
+    return 0 if usable else 1
+

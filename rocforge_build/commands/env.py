@@ -1,0 +1,44 @@
+"""`rocforge env [--shell bash|zsh|fish|json|dotenv] [--target GFX] [--rocm PATH]`.
+
+Prints the environment for the resolved ROCm stack; `eval "$(rocforge env)"` in a shell
+start-up file, or `rocforge env > rocm.sh`.  Kept import-light: no rich, no requests.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rocforge_build.envscript import SHELLS
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--shell", choices=SHELLS, default=None,
+                        help="output format (default: from $SHELL, else bash)")
+    parser.add_argument("--target", metavar="GFX", help="resolve for this gfx target")
+    parser.add_argument("--rocm", metavar="PATH", help="use this ROCm install (inside --root)")
+
+
+def default_shell(environ=os.environ) -> str:
+    name = os.path.basename(environ.get("SHELL", ""))
+    return name if name in ("bash", "zsh", "fish") else "bash"
+
+
+def run(args) -> int:
+    from rocforge_build import envcache, envscript, resolver
+    from rocforge_build.errors import NoRocmError
+
+    envcache.start_recording()
+    try:
+        res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
+    finally:
+        recorded = envcache.stop_recording()
+    if res.rocm is None:
+        raise NoRocmError("no ROCm installation found "
+                          "(looked at $ROCM_PATH, rocforge nightlies, /opt/rocm, /opt/rocm-*, "
+                          "/usr, pip rocm-sdk)", resolver.install_hint(res.target))
+    output = envscript.render(res, args.shell or default_shell())
+    if getattr(args, "argv", None) is not None:
+        envcache.store(args.argv, output, recorded)
+    sys.stdout.write(output)
+    return 0

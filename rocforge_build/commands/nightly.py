@@ -1,0 +1,293 @@
+"""`rocforge nightly list|install|installed|use|prune|pip`: TheRock nightlies, safely."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+
+from rocforge_build import config, nightlies
+from rocforge_build.errors import UsageError
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def selection(p, *, family=True):
+        p.add_argument("--target", metavar="GFX", help="GPU target (default: the detected GPU)")
+        if family:
+            p.add_argument("--family", metavar="GROUP",
+                           help="a TheRock group instead of a target (gfx110X-all, multiarch, ...)")
+        p.add_argument("--platform", help="tarball platform (default: nightly.platform, linux)")
+        p.add_argument("--index", metavar="URL", action="append", default=[],
+                       help="read this listing instead of the configured sources (repeatable): "
+                       "a CDN index page, an S3 bucket URL or a file:// mirror")
+
+    p = sub.add_parser("list", help="nightlies serving a target, newest first")
+    selection(p)
+    p.add_argument("--limit", type=int, default=None, help="show at most N (default 30; all with --json)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("install", help="download, verify and unpack a nightly; point current at it")
+    selection(p)
+    p.add_argument("--version", default="latest", help="a version from `nightly list` (default latest)")
+    p.add_argument("--prefix", metavar="DIR", help="install prefix (default: nightly.prefix or the data dir)")
+    p.add_argument("--layer", nargs="?", const="auto", metavar="BASE",
+                   help="install BASE first and the target's package on top, same version "
+                   "(no value: the target's fallback target, e.g. gfx110X for gfx1151)")
+    p.add_argument("--sha256", help="expected sha256 of the (top) tarball")
+    p.add_argument("--force", action="store_true", help="reinstall even if the version is there")
+    p.add_argument("--dry-run", action="store_true", help="show the choice, download nothing")
+    p.add_argument("--json", action="store_true", help="print the install record as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("installed", help="installed nightlies; * marks current")
+    p.add_argument("--prefix", metavar="DIR")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("use", help="point current at an installed version (roll back / forward)")
+    p.add_argument("version", help="a version or version directory from `nightly installed`")
+    p.add_argument("--prefix", metavar="DIR")
+
+    p = sub.add_parser("prune", help="remove old installs and leftovers of interrupted runs")
+    p.add_argument("--keep", type=int, default=None, help="installs to keep (default nightly.keep)")
+    p.add_argument("--prefix", metavar="DIR")
+
+    p = sub.add_parser("pip", help="the Python wheel route: print (or run) the pip command")
+    p.add_argument("--target", metavar="GFX", help="GPU target (default: the detected GPU)")
+    p.add_argument("--route", choices=("family", "multiarch"), default=None,
+                   help="per-family index or the multi-arch index (default nightly.pip.route)")
+    p.add_argument("--no-probe", action="store_true",
+                   help="do not check which per-family index exists")
+    p.add_argument("--install", action="store_true", help="run it with this Python")
+    p.add_argument("--json", action="store_true")
+
+
+def run(args) -> int:
+    cfg = config.effective()
+    return {
+        "list": _list, "install": _install, "installed": _installed, "use": _use,
+        "prune": _prune, "pip": _pip,
+    }[args.action](args, cfg)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def _detected_target(args) -> str | None:
+    try:
+        from rocforge_build import resolver
+    except ImportError:
+        return None
+    try:
+        return resolver.resolve(args.rootfs).target
+    except Exception:  # detection trouble is not a reason to refuse a listing
+        return None
+
+
+def _groups(args, *, need: bool) -> tuple[list[str], str | None]:
+    if getattr(args, "family", None):
+        if args.target:
+            raise UsageError("give --target or --family, not both")
+        return nightlies.groups_for(family=args.family), None
+    target = args.target or _detected_target(args)
+    if target is None:
+        if need:
+            raise UsageError("no GPU target given and none detected",
+                             "give --target GFX (see `rocforge targets`) or --family GROUP")
+        return [], None
+    return nightlies.groups_for(target=target), target
+
+
+def _entries(args, cfg) -> list[nightlies.Nightly]:
+    sources = ([nightlies.source_for_url(u) for u in args.index] if args.index
+               else nightlies.configured_sources(cfg))
+    errors: list[str] = []
+    entries = nightlies.list_nightlies(
+        sources, platform=args.platform or cfg["nightly"]["platform"],
+        skip_variants=cfg["nightly"]["skip_variants"], errors=errors)
+    for e in errors:
+        print(f"rocforge: warning: source skipped: {e}", file=sys.stderr)
+    return entries
+
+
+def _prefix(args, cfg):
+    """The prefix as a real path. With `--root DIR` the prefix is a path inside DIR (a container
+    or image filesystem), unless it already lies below DIR."""
+    from rocforge_build import nightly_install
+
+    prefix = nightly_install.resolve_prefix(args.prefix, cfg)
+    root = getattr(args, "rootfs", None)
+    if root is None or root.is_host:
+        return prefix
+    try:
+        root.inner(prefix)
+        return prefix
+    except ValueError:
+        return root.host(prefix)
+
+
+def _shown(args, path) -> str:
+    """A path as printed: inner to --root."""
+    root = getattr(args, "rootfs", None)
+    if root is None or root.is_host:
+        return str(path)
+    try:
+        return str(root.inner(path))
+    except ValueError:
+        return str(path)
+
+
+@contextlib.contextmanager
+def _term_as_interrupt():
+    """SIGTERM (a closed terminal, `docker stop`) cleans up like Ctrl-C does."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _mb(size) -> str:
+    from rocforge_build.nightly_install import human_size
+
+    return human_size(size)
+
+
+# -- actions -------------------------------------------------------------------------------------
+
+def _list(args, cfg) -> int:
+    groups, target = _groups(args, need=False)
+    entries = nightlies.for_groups(_entries(args, cfg), groups)
+    limit = args.limit if args.limit is not None else (None if args.json else 30)
+    shown = entries[:limit] if limit else entries
+    if args.json:
+        print(json.dumps([e.to_json() for e in shown], indent=2))
+        return 0
+    what = (f"for {target} " if target else f"for {args.family} " if args.family else "")
+    print(f"{len(entries)} nightlies {what}".rstrip()
+          + (f" (groups in order of preference: {', '.join(groups)})" if groups else "")
+          + (f"; newest {len(shown)} shown" if len(shown) < len(entries) else ""))
+    if not shown:
+        return 0
+    width = max(len(e.version) for e in shown)
+    fam = max(len(e.family) for e in shown)
+    for e in shown:
+        d = e.date.isoformat() if e.date else "-"
+        print(f"  {e.version.ljust(width)}  {d:10}  {e.family.ljust(fam)}  {e.kind:10}  "
+              f"{_mb(e.size):>9}  {e.source}")
+    return 0
+
+
+def _install(args, cfg) -> int:
+    from rocforge_build import nightly_install
+
+    groups, target = _groups(args, need=True)
+    entries = _entries(args, cfg)
+    layers, reason = nightlies.layer_plan(entries, target, groups, args.version, args.layer)
+    prefix = _prefix(args, cfg)
+    name = nightly_install.version_dir_name(layers)
+    if args.dry_run:
+        plan = {"prefix": _shown(args, prefix), "version_dir": name, "reason": reason,
+                "layers": [e.to_json() for e in layers]}
+        if args.json:
+            print(json.dumps(plan, indent=2))
+        else:
+            print(f"would install {name} into {_shown(args, prefix)}\n  because: {reason}")
+            for e in layers:
+                print(f"  {e.url}  ({_mb(e.size)})")
+        return 0
+    print(f"installing {name}: {reason}", file=sys.stderr)
+    with _term_as_interrupt():
+        result = nightly_install.install(
+            layers, prefix, cfg=cfg, progress=not args.no_progress and not args.json,
+            sha256=args.sha256, force=args.force)
+    for note in result.notes:
+        print(note, file=sys.stderr)
+    if args.json:
+        print(json.dumps({"path": _shown(args, result.path), "previous": result.previous,
+                          "reused": result.reused, "record": result.record}, indent=2))
+        return 0
+    from rocforge_build import config
+
+    if prefix != config.nightly_prefix() and (args.rootfs is None or args.rootfs.is_host):
+        print(f"note: rocforge env looks for nightlies in {config.nightly_prefix()} (config "
+              f"`nightly.prefix`); for this "
+              f"prefix use `rocforge env --rocm {prefix / 'current'}` or set ROCM_PATH",
+              file=sys.stderr)
+    r = result.record
+    checked = "verified against published checksum" if r.get("verified") else "recorded"
+    print(f"installed {_shown(args, result.path)}\n  sha256 {r.get('sha256')} ({checked})\n"
+          f"  current -> {result.path.name}"
+          + (f" (was {result.previous}; roll back: rocforge nightly use {result.previous})"
+             if result.previous and result.previous != result.path.name else ""))
+    return 0
+
+
+def _installed(args, cfg) -> int:
+    from rocforge_build import nightly_install
+
+    prefix = _prefix(args, cfg)
+    items = nightly_install.installed(prefix)
+    if args.json:
+        print(json.dumps([i.to_json() for i in items], indent=2))
+        return 0
+    if not items:
+        print(f"no nightlies installed in {_shown(args, prefix)}")
+        return 0
+    print(f"{_shown(args, prefix)}:")
+    for i in items:
+        mark = "*" if i.current else " "
+        print(f"{mark} {i.name}  (installed {i.record.get('date', '?')})")
+    return 0
+
+
+def _use(args, cfg) -> int:
+    from rocforge_build import nightly_install
+
+    prefix = _prefix(args, cfg)
+    item, previous = nightly_install.use(prefix, args.version)
+    print(f"current -> {item.name}" + (f" (was {previous})" if previous else ""))
+    return 0
+
+
+def _prune(args, cfg) -> int:
+    from rocforge_build import nightly_install
+
+    keep = args.keep if args.keep is not None else int(cfg["nightly"]["keep"])
+    removed = nightly_install.prune(_prefix(args, cfg), keep)
+    print("\n".join(f"removed {r}" for r in removed) if removed else "nothing to remove")
+    return 0
+
+
+def _pip(args, cfg) -> int:
+    from rocforge_build import download, proc
+
+    target = args.target or _detected_target(args)
+    if not target:
+        raise UsageError("no GPU target given and none detected", "give --target GFX")
+    from rocforge_build import targets
+
+    target = targets.get_target(target).name
+    pip_cfg = cfg["nightly"]["pip"]
+    route = args.route or pip_cfg["route"]
+    exists = None if args.no_probe else (
+        lambda url: download.get_text(url, missing_ok=True) is not None)
+    index, req, reason = nightlies.pip_plan(target, route, pip_cfg, exists)
+    argv = [sys.executable, "-m", "pip", "install", "--pre", "--index-url", index, req]
+    if args.json:
+        print(json.dumps({"target": target, "route": route, "index": index, "requirement": req,
+                          "reason": reason, "argv": argv}, indent=2))
+    else:
+        print(f"# {reason}")
+        print(proc.quote(argv))
+    if args.install:
+        proc.run(argv, capture=False)
+    return 0

@@ -1,0 +1,256 @@
+"""rocforge's configuration: package defaults (`data/defaults.toml`) under the user's config file
+(`paths.config_file()`), read and written with tomlkit so comments and layout survive edits.
+
+Keys are dotted (`nightly.sources.cdn.url`). A key must exist in the defaults (with the same
+type), except under an *open* table (`nightly.sources`) where a new entry may be added with
+the fields its siblings have. Unknown keys are errors with a "did you mean" suggestion.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from rocforge_build import paths
+from rocforge_build.errors import ConfigError
+
+DEFAULTS_FILE = Path(__file__).with_name("data") / "defaults.toml"
+OPEN_TABLES = ("nightly.sources",)
+
+
+@cache
+def _defaults_cached() -> dict:
+    try:
+        return tomllib.loads(DEFAULTS_FILE.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:  # pragma: no cover - packaging error
+        raise ConfigError(f"defaults {DEFAULTS_FILE} are unreadable: {exc}") from exc
+
+
+def defaults() -> dict:
+    return copy.deepcopy(_defaults_cached())
+
+
+def config_file() -> Path:
+    return paths.config_file()
+
+
+def _load_doc():
+    import tomlkit
+
+    path = config_file()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return tomlkit.document()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        return tomlkit.parse(text)
+    except Exception as exc:  # tomlkit raises its own ParseError family
+        raise ConfigError(f"{path} is not valid TOML: {exc}",
+                          f"fix or delete {path}; `rocforge config list` shows the defaults") from exc
+
+
+def user() -> dict:
+    """The user's config as plain data (empty when there is no file)."""
+    path = config_file()
+    if not path.exists():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}",
+                          f"fix or delete {path}; `rocforge config list` shows the defaults") from exc
+
+
+def effective() -> dict:
+    """Defaults with the user's file laid over them (validated)."""
+    merged = defaults()
+    overrides = user()
+    for key, value in _flatten(overrides).items():
+        _check(key, value, source=str(config_file()))
+        _put(merged, key, value)
+    return merged
+
+
+def nightly_prefix(cfg: dict | None = None) -> Path:
+    """Where `rocforge nightly install` puts TheRock trees: `nightly.prefix` when set, else
+    `paths.nightly_prefix()`. Cheap (tomllib only): usable on `rocforge env`'s path."""
+    configured = (cfg or effective())["nightly"].get("prefix", "")
+    return Path(configured).expanduser().absolute() if configured else paths.nightly_prefix()
+
+
+def get(key: str) -> Any:
+    value = _lookup(effective(), key)
+    if value is _MISSING:
+        raise ConfigError(f"unknown configuration key {key!r}", _suggest(key))
+    return value
+
+
+def origin(key: str) -> str:
+    return "user" if _lookup(user(), key) is not _MISSING else "default"
+
+
+def items() -> list[tuple[str, Any, str]]:
+    """Every leaf key: (key, effective value, "default" | "user")."""
+    eff = _flatten(effective())
+    mine = _flatten(user())
+    return [(k, v, "user" if k in mine else "default") for k, v in sorted(eff.items())]
+
+
+def parse_value(raw: str) -> Any:
+    """A command-line value: a TOML literal when it is one (`3`, `true`, `["a", "b"]`, `"x"`),
+    otherwise the plain string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def set_value(key: str, value: Any) -> None:
+    """Write one key into the user's config file, keeping its comments and layout."""
+    import tomlkit
+
+    _check(key, value, source="the command line")
+    doc = _load_doc()
+    table = doc
+    parts = key.split(".")
+    for part in parts[:-1]:
+        if part not in table:
+            table[part] = tomlkit.table()
+        table = table[part]
+        if not hasattr(table, "keys"):
+            raise ConfigError(f"{key}: {part} is not a table in {config_file()}")
+    table[parts[-1]] = value
+    _write(doc)
+
+
+def unset(key: str) -> bool:
+    """Drop a key from the user's file (the default applies again). False if it was not set."""
+    doc = _load_doc()
+    parts = key.split(".")
+    chain = [doc]
+    for part in parts[:-1]:
+        if part not in chain[-1]:
+            return False
+        chain.append(chain[-1][part])
+    if parts[-1] not in chain[-1]:
+        return False
+    del chain[-1][parts[-1]]
+    # drop tables left empty
+    for depth in range(len(parts) - 1, 0, -1):
+        if len(chain[depth]) == 0:
+            del chain[depth - 1][parts[depth - 1]]
+    _write(doc)
+    return True
+
+
+# -- internals -------------------------------------------------------------------------------------
+
+class _Missing:
+    pass
+
+
+_MISSING = _Missing()
+
+
+def _write(doc) -> None:
+    import tomlkit
+
+    path = config_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _lookup(data: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return _MISSING
+        data = data[part]
+    return data
+
+
+def _put(data: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    for part in parts[:-1]:
+        data = data.setdefault(part, {})
+    data[parts[-1]] = value
+
+
+def _schema_default(key: str) -> Any:
+    """The default value that gives `key` its type (a sibling's for new open-table entries)."""
+    base = _defaults_cached()
+    found = _lookup(base, key)
+    if found is not _MISSING:
+        return found
+    for table in OPEN_TABLES:
+        if key.startswith(table + "."):
+            rest = key[len(table) + 1:].split(".")
+            siblings = _lookup(base, table)
+            if len(rest) == 2 and isinstance(siblings, dict) and siblings:
+                template = next(iter(siblings.values()))
+                if rest[1] in template:
+                    return template[rest[1]]
+    return _MISSING
+
+
+def _check(key: str, value: Any, *, source: str) -> None:
+    want = _schema_default(key)
+    if want is _MISSING:
+        raise ConfigError(f"unknown configuration key {key!r} (from {source})", _suggest(key))
+    if isinstance(want, dict):
+        raise ConfigError(f"{key} is a table; set one of its keys (see `rocforge config list`)")
+    if not _same_type(want, value):
+        raise ConfigError(
+            f"{key} must be {_type_name(want)}, got {_type_name(value)} {value!r} (from {source})",
+            f"e.g. rocforge config set {key} {_example(want)}",
+        )
+
+
+def _same_type(want: Any, value: Any) -> bool:
+    if isinstance(want, bool) or isinstance(value, bool):
+        return isinstance(want, bool) and isinstance(value, bool)
+    if isinstance(want, float):
+        return isinstance(value, (int, float))
+    if isinstance(want, list):
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, type(want))
+
+
+def _type_name(v: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list of strings", dict: "a table"}.get(type(v), type(v).__name__)
+
+
+def _example(v: Any) -> str:
+    if isinstance(v, list):
+        return "'[\"a\", \"b\"]'"
+    if isinstance(v, bool):
+        return "true"
+    return repr(v) if not isinstance(v, str) else "VALUE"
+
+
+def _suggest(key: str) -> str:
+    known = list(_flatten(_defaults_cached()))
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    if close:
+        return f"did you mean {', '.join(close)}?"
+    return "`rocforge config list` shows every key"

@@ -1,0 +1,485 @@
+"""THE download: every byte rocforge fetches over HTTP(S) (or from a file:// mirror) comes here.
+
+- Streams to `<dest>.part` and renames onto `dest` only when complete and verified, so `dest` is
+  never half-written.  An interrupted `.part` is resumed with an HTTP `Range` request (a server
+  that ignores the range gets a fresh start; a 416 on an already complete part is accepted).
+- Retries with exponential backoff on connection errors, dropped streams, 5xx, 408 and 429
+  (`Retry-After` honoured, capped); never on other 4xx.
+- The sha256 is always computed (and returned); verified when given. The size is checked against
+  `expected_size` and the server's own length.  A mismatch deletes the file; if the bytes came
+  partly from a resumed `.part` the whole file is fetched once more before giving up.
+- A rich progress bar only when asked for and stderr is a terminal.
+- Running out of disk deletes the partial file and raises `DiskFullError` (nothing half-written).
+
+`requests` and `rich` are imported lazily: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocforge_build.errors import DiskFullError, IntegrityError, NetworkError
+
+CHUNK = 1 << 20  # file reads and hashing
+NET_CHUNK = 1 << 17  # network reads: small enough that a dropped stream loses little
+USER_AGENT = "rocforge (+https://github.com/rocforge)"
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# S3 and CloudFront answer 403 for a missing key when listing is not allowed
+_MISSING_STATUS = frozenset({403, 404, 410})
+
+
+class HttpStatusError(NetworkError):
+    """The server answered with a final (non-retryable, or retries exhausted) HTTP status."""
+
+    def __init__(self, message: str, hint: str | None, status: int):
+        super().__init__(message, hint)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class DownloadResult:
+    path: Path
+    sha256: str
+    size: int
+    resumed_from: int = 0  # bytes taken from an earlier `.part`
+    attempts: int = 1
+
+
+@dataclass
+class RetryPolicy:
+    attempts: int = 5
+    backoff: float = 0.5  # first delay, doubled each time
+    max_delay: float = 30.0
+    connect_timeout: float = 15.0
+    read_timeout: float = 60.0
+
+    def delay(self, attempt: int, retry_after: str | None = None) -> float:
+        if retry_after:
+            try:
+                return min(float(retry_after), self.max_delay)
+            except ValueError:
+                pass
+        return min(self.backoff * (2 ** attempt), self.max_delay)
+
+
+DEFAULT_POLICY = RetryPolicy()
+_sleep: Callable[[float], None] = time.sleep  # tests replace it
+
+
+class _Retry(Exception):
+    def __init__(self, reason: str, retry_after: str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+# -- public API ------------------------------------------------------------------------------------
+
+def part_path(dest: Path) -> Path:
+    return dest.with_name(dest.name + ".part")
+
+
+def download(
+    url: str,
+    dest: Path,
+    *,
+    sha256: str | None = None,
+    expected_size: int | None = None,
+    progress: bool = True,
+    session=None,
+    policy: RetryPolicy | None = None,
+    resume: bool = True,
+) -> DownloadResult:
+    """Fetch `url` to `dest`; see the module docstring for the guarantees."""
+    dest = Path(dest)
+    policy = policy or DEFAULT_POLICY
+    want = sha256.lower().strip() if sha256 else None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if want and dest.is_file():
+        size, digest = _hash_file(dest)
+        if digest == want and (expected_size is None or size == expected_size):
+            return DownloadResult(dest, digest, size, attempts=0)
+    part = part_path(dest)
+    if not resume:
+        _unlink(part)
+    attempts_total = 0
+    for fresh_retry in (False, True):
+        result, attempts = _fetch_to_part(url, part, expected_size, progress, session, policy)
+        attempts_total += attempts
+        problem = _integrity_problem(result, want, expected_size)
+        if problem is None:
+            os.replace(part, dest)
+            return DownloadResult(dest, result.sha256, result.size, result.resumed_from,
+                                  attempts_total)
+        _unlink(part)
+        if result.resumed_from == 0 or fresh_retry:
+            raise IntegrityError(
+                f"{_name(url)}: {problem}; the file was deleted",
+                "the published file may have been replaced mid-download or the mirror is "
+                "corrupt: try again later, or check the URL and checksum you gave",
+            )
+        # the bytes partly came from an old `.part`: fetch the whole file once more
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
+             missing_ok: bool = False) -> str | None:
+    """A small text resource (a listing page, a `.sha256` file) with the same retry policy.
+
+    file:// URLs ending in `/` read the directory's `index.html` (a local mirror of a CDN page).
+    With `missing_ok`, a 404/403/410 (or a missing local file) returns None instead of raising.
+    """
+    policy = policy or DEFAULT_POLICY
+    if url.startswith("file:"):
+        path = _file_url_path(url)
+        if path.is_dir():
+            path = path / "index.html"
+        try:
+            return path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            if missing_ok:
+                return None
+            raise NetworkError(f"{path} does not exist", "check the file:// URL or mirror path") from None
+        except OSError as exc:
+            raise NetworkError(f"cannot read {path}: {exc.strerror}", None) from exc
+    sess = session or _session()
+    last = ""
+    for attempt in range(policy.attempts):
+        try:
+            resp = sess.get(url, timeout=(policy.connect_timeout, policy.read_timeout))
+            if resp.status_code in _MISSING_STATUS and missing_ok:
+                return None
+            if resp.status_code in RETRY_STATUS:
+                raise _Retry(f"HTTP {resp.status_code}", resp.headers.get("Retry-After"))
+            if resp.status_code >= 400:
+                raise _status_error(url, resp.status_code)
+            resp.encoding = resp.encoding or "utf-8"
+            return resp.text
+        except _Retry as exc:
+            last = exc.reason
+            retry_after = exc.retry_after
+        except _requests_errors() as exc:
+            last = _describe(exc)
+            retry_after = None
+        if attempt + 1 < policy.attempts:
+            _sleep(policy.delay(attempt, retry_after))
+    raise NetworkError(
+        f"could not fetch {url} after {policy.attempts} attempts: {last}",
+        "check your network connection or proxy; if the host moved, point rocforge at the new "
+        "one with `rocforge config set` or `--index URL`",
+    )
+
+
+def remote_size(url: str, *, session=None, policy: RetryPolicy | None = None) -> int | None:
+    """The size of a remote file (HEAD, redirects followed), or None when the server won't say."""
+    policy = policy or DEFAULT_POLICY
+    if url.startswith("file:"):
+        try:
+            return _file_url_path(url).stat().st_size
+        except OSError:
+            return None
+    sess = session or _session()
+    try:
+        resp = sess.head(url, allow_redirects=True,
+                         timeout=(policy.connect_timeout, policy.read_timeout))
+    except _requests_errors():
+        return None
+    length = resp.headers.get("Content-Length")
+    if resp.status_code == 200 and length and length.isdigit():
+        return int(length)
+    return None
+
+
+# -- internals -------------------------------------------------------------------------------------
+
+@dataclass
+class _Fetched:
+    sha256: str
+    size: int
+    total: int | None  # what the server said the full size is
+    resumed_from: int
+
+
+def _fetch_to_part(url, part, expected_size, progress, session, policy):
+    if url.startswith("file:"):
+        return _copy_local(url, part, progress), 1
+    sess = session or _session()
+    last = ""
+    for attempt in range(policy.attempts):
+        try:
+            return _http_once(url, part, expected_size, progress, sess, policy), attempt + 1
+        except _Retry as exc:
+            last = exc.reason
+            retry_after = exc.retry_after
+        except _requests_errors() as exc:
+            last = _describe(exc)
+            retry_after = None
+        if attempt + 1 < policy.attempts:
+            _sleep(policy.delay(attempt, retry_after))
+    have = part.stat().st_size if part.exists() else 0
+    kept = f"; {have} bytes kept in {part} for the next try" if have else ""
+    raise NetworkError(
+        f"download of {_name(url)} failed after {policy.attempts} attempts: {last}{kept}",
+        "check your network connection or proxy and run the same command again: it resumes "
+        "where it stopped",
+    )
+
+
+def _http_once(url, part, expected_size, progress, sess, policy) -> _Fetched:
+    have = part.stat().st_size if part.exists() else 0
+    if expected_size is not None and have > expected_size:
+        _unlink(part)
+        have = 0
+    # identity: the bytes on disk are the file's bytes, and Range offsets count those bytes
+    headers = {"Accept-Encoding": "identity"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    resp = sess.get(url, headers=headers, stream=True,
+                    timeout=(policy.connect_timeout, policy.read_timeout))
+    with resp:
+        status = resp.status_code
+        if status == 416 and have:
+            total = _content_range_total(resp.headers.get("Content-Range"))
+            if total == have:  # the part is already complete
+                size, digest = _hash_file(part)
+                return _Fetched(digest, size, total, have)
+            _unlink(part)
+            raise _Retry("HTTP 416: stale partial file discarded")
+        if status in RETRY_STATUS:
+            raise _Retry(f"HTTP {status}", resp.headers.get("Retry-After"))
+        if status >= 400:
+            raise _status_error(url, status)
+        hasher = hashlib.sha256()
+        if status == 206 and have:
+            start = _content_range_start(resp.headers.get("Content-Range"))
+            if start != have:
+                _unlink(part)
+                raise _Retry("server answered a different range; starting over")
+            total = _content_range_total(resp.headers.get("Content-Range"))
+            _hash_into(part, hasher)
+            mode = "ab"
+        else:  # 200: whole body (a server that ignores Range starts over)
+            have = 0
+            length = resp.headers.get("Content-Length")
+            total = int(length) if length and length.isdigit() else None
+            mode = "wb"
+        size = have
+        bar = _Progress(_name(url), total or expected_size, size, progress)
+        try:
+            with open(part, mode) as fh:
+                for chunk in _chunks(resp):
+                    if not chunk:
+                        continue
+                    _write(fh, chunk, part)
+                    hasher.update(chunk)
+                    size += len(chunk)
+                    bar.advance(len(chunk))
+        finally:
+            bar.close()
+        if total is not None and size < total:
+            raise _Retry(f"connection closed after {size} of {total} bytes")
+        return _Fetched(hasher.hexdigest(), size, total, have)
+
+
+def _chunks(resp):
+    """Body chunks as they arrive: `read1` hands over whatever the socket had, so a stream that
+    drops keeps (and later resumes after) nearly every byte received."""
+    read1 = getattr(resp.raw, "read1", None)
+    if read1 is None:  # urllib3 < 2
+        yield from resp.iter_content(NET_CHUNK)
+        return
+    while True:
+        chunk = read1(NET_CHUNK, decode_content=True)
+        if not chunk:
+            return
+        yield chunk
+
+
+def _copy_local(url: str, part: Path, progress: bool) -> _Fetched:
+    src = _file_url_path(url)
+    try:
+        total = src.stat().st_size
+        fin = open(src, "rb")
+    except FileNotFoundError:
+        raise HttpStatusError(f"{src} does not exist", "check the file:// URL or mirror path",
+                              404) from None
+    except OSError as exc:
+        raise NetworkError(f"cannot read {src}: {exc.strerror}", None) from exc
+    hasher = hashlib.sha256()
+    size = 0
+    bar = _Progress(src.name, total, 0, progress)
+    try:
+        with fin, open(part, "wb") as fh:
+            while chunk := fin.read(CHUNK):
+                _write(fh, chunk, part)
+                hasher.update(chunk)
+                size += len(chunk)
+                bar.advance(len(chunk))
+    finally:
+        bar.close()
+    return _Fetched(hasher.hexdigest(), size, total, 0)
+
+
+def _write(fh, chunk: bytes, part: Path) -> None:
+    try:
+        fh.write(chunk)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            fh.close()
+            _unlink(part)
+            raise DiskFullError(
+                f"no space left on the device while writing {part.name}; the partial file was removed",
+                f"free space on {part.parent} (`df -h {part.parent}`) or choose another location",
+            ) from exc
+        raise
+
+
+def _integrity_problem(result: _Fetched, want: str | None, expected_size: int | None) -> str | None:
+    if result.total is not None and result.size != result.total:
+        return f"got {result.size} bytes but the server announced {result.total}"
+    if expected_size is not None and result.size != expected_size:
+        return f"size is {result.size} bytes, expected {expected_size}"
+    if want and result.sha256 != want:
+        return f"sha256 is {result.sha256}, expected {want}"
+    return None
+
+
+def _status_error(url: str, status: int) -> HttpStatusError:
+    if status == 404:
+        hint = ("the file is gone or the host moved: list what is there with `rocforge nightly "
+                "list`, or point at the new host with `rocforge config set` / `--index URL`")
+    elif status in (401, 403):
+        hint = "the server refused access: check the URL (S3 needs the public bucket's region host)"
+    else:
+        hint = "check the URL"
+    return HttpStatusError(f"HTTP {status} for {url}", hint, status)
+
+
+def _content_range_total(value: str | None) -> int | None:
+    # "bytes 100-199/200" or "bytes */200"
+    if not value or "/" not in value:
+        return None
+    total = value.rsplit("/", 1)[1].strip()
+    return int(total) if total.isdigit() else None
+
+
+def _content_range_start(value: str | None) -> int | None:
+    if not value:
+        return None
+    try:
+        return int(value.split()[1].split("-")[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def _hash_file(path: Path) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = _hash_into(path, h)
+    return size, h.hexdigest()
+
+
+def _hash_into(path: Path, hasher) -> int:
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            hasher.update(chunk)
+            size += len(chunk)
+    return size
+
+
+def sha256_file(path: Path) -> str:
+    return _hash_file(Path(path))[1]
+
+
+def _file_url_path(url: str) -> Path:
+    parsed = urllib.parse.urlparse(url)
+    return Path(urllib.request.url2pathname(parsed.path))
+
+
+def _name(url: str) -> str:
+    path = urllib.parse.urlparse(url).path
+    return urllib.parse.unquote(path.rstrip("/").rsplit("/", 1)[-1]) or url
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _session():
+    import requests
+
+    sess = requests.Session()
+    sess.headers["User-Agent"] = USER_AGENT
+    return sess
+
+
+def _requests_errors() -> tuple[type[BaseException], ...]:
+    import http.client
+
+    import requests
+    import urllib3
+
+    return (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+            requests.exceptions.ContentDecodingError, urllib3.exceptions.HTTPError,
+            http.client.HTTPException, ConnectionError, TimeoutError)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+class _Progress:
+    """A rich bar on a terminal (and when asked for); silent otherwise."""
+
+    def __init__(self, label: str, total: int | None, done: int, enabled: bool):
+        self._bar = None
+        if not enabled or not sys.stderr.isatty():
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._bar = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+            TransferSpeedColumn(), TimeRemainingColumn(),
+            console=Console(stderr=True), transient=False,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(label, total=total, completed=done)
+
+    def advance(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task, n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def free_bytes(path: Path) -> int:
+    """Free space on the filesystem holding `path` (or its nearest existing parent)."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free

@@ -1,0 +1,547 @@
+"""ROCm discovery: every install rocforge can see, what it is and which GPUs its libraries serve.
+
+Candidates, in the order they are named (the order only matters for the name an install is
+shown under; `resolver` ranks them): `--rocm`, `$ROCM_PATH`, rocforge's nightly prefix
+(`current` first, then its siblings), `/opt/rocm`, `/opt/rocm-*`, distro trees under `/usr`,
+pip `rocm-sdk` in the running Python (host root only).  Where each layout keeps its parts is
+data: `data/layouts.toml`.
+
+Stdlib only: `rocforge env` runs this on every shell start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path, PurePosixPath
+
+from rocforge_build.envcache import touch
+from rocforge_build.errors import ConfigError, NoRocmError
+from rocforge_build.rootfs import Root
+
+_LAYOUTS = Path(__file__).with_name("data") / "layouts.toml"
+_LAYOUT_KEYS = {
+    "markers", "compiler_dirs", "hip_clang_dirs", "bitcode_dirs", "bin_dirs", "lib_dirs",
+    "pkgconfig_dirs", "cmake_prefix", "rocblas_dirs", "hipblaslt_dirs", "version_from", "rank",
+}
+_TENSILE_RE = re.compile(r"^TensileLibrary.*?_(gfx[0-9]+[0-9a-f]*)(?=[^0-9a-z]|$)")
+_ARCH_DIR_RE = re.compile(r"^gfx[0-9]+[0-9a-f]*$")
+_ISA_RE = re.compile(r"^oclc_isa_version_([0-9]+[0-9a-f]*)\.bc$")
+_VERSION_RE = re.compile(r"\d+\.\d+(?:\.\d+)?(?:(?:a|rc|\.dev)\d*(?:\+[0-9a-f]+)?)?")
+HIPCXX_NAMES = ("clang++", "amdclang++")
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    markers: tuple[str, ...]
+    compiler_dirs: tuple[str, ...]
+    bitcode_dirs: tuple[str, ...]
+    bin_dirs: tuple[str, ...]
+    lib_dirs: tuple[str, ...]
+    pkgconfig_dirs: tuple[str, ...]
+    cmake_prefix: bool
+    rocblas_dirs: tuple[str, ...]
+    hipblaslt_dirs: tuple[str, ...]
+    version_from: tuple[str, ...]
+    rank: int
+    hip_clang_dirs: tuple[str, ...] = ()
+
+
+@cache
+def layouts() -> dict[str, Layout]:
+    try:
+        raw = tomllib.loads(_LAYOUTS.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:  # pragma: no cover - packaging error
+        raise ConfigError(f"layout table {_LAYOUTS} is unreadable: {exc}") from exc
+    table = {}
+    for name, entry in raw.items():
+        unknown = set(entry) - _LAYOUT_KEYS
+        if unknown:
+            raise ConfigError(f"layout table: {name}: unknown key(s) {sorted(unknown)}")
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()}
+        table[name] = Layout(name=name, **values)
+    return table
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which gfx targets an install's libraries carry, by kind of evidence."""
+
+    rocblas: tuple[str, ...] = ()
+    hipblaslt: tuple[str, ...] = ()
+    bitcode: tuple[str, ...] = ()
+    dist: tuple[str, ...] = ()  # TheRock dist_info.json `dist_amdgpu_targets`
+    has_rocblas: bool = False  # a rocBLAS kernel library directory exists at all
+    has_hipblaslt: bool = False
+    has_dist_info: bool = False
+
+    def kernels_for(self, gfx: str) -> tuple[bool, str]:
+        """Whether the runtime libraries carry `gfx` kernels, and the evidence."""
+        if self.has_rocblas:
+            if gfx in self.rocblas:
+                return True, f"rocBLAS has TensileLibrary files for {gfx}"
+            return False, f"rocBLAS has no TensileLibrary files for {gfx}"
+        if self.has_dist_info:
+            if gfx in self.dist:
+                return True, f"dist_info.json lists {gfx}"
+            return False, f"dist_info.json does not list {gfx}"
+        if gfx in self.bitcode:
+            return True, f"device bitcode for {gfx} (compiler only; no rocBLAS installed)"
+        return False, f"no rocBLAS, no dist_info.json and no device bitcode for {gfx}"
+
+    def hipblaslt_for(self, gfx: str) -> bool:
+        return gfx in self.hipblaslt
+
+    def targets(self) -> list[str]:
+        return list(gfx_sorted([*self.rocblas, *self.hipblaslt, *self.bitcode, *self.dist]))
+
+    def to_json(self) -> dict:
+        return {
+            "rocblas": list(self.rocblas), "hipblaslt": list(self.hipblaslt),
+            "bitcode": list(self.bitcode), "dist_amdgpu_targets": list(self.dist),
+        }
+
+
+@dataclass(frozen=True)
+class RocmInstall:
+    path: PurePosixPath  # inner path, as the install was named (may be a link)
+    real_path: PurePosixPath  # links resolved inside the root
+    version: str | None
+    layout: str  # "therock" | "classic" | "debian" | "fedora" | "pip"
+    compiler_dir: PurePosixPath | None
+    bitcode_dir: PurePosixPath | None
+    coverage: Coverage
+    hip_clang_path: PurePosixPath | None = None
+    bin_dirs: tuple[PurePosixPath, ...] = ()
+    lib_dirs: tuple[PurePosixPath, ...] = ()
+    pkgconfig_dirs: tuple[PurePosixPath, ...] = ()
+    cmake_prefix: bool = True
+    sources: tuple[str, ...] = ()  # how it was found: "--rocm", "$ROCM_PATH", "/opt/rocm", ...
+    problems: tuple[str, ...] = ()
+    nightly_current: bool = False
+    family: str | None = None  # rocforge-install.toml `family`
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def hipcxx(self) -> PurePosixPath | None:
+        return self.extra.get("hipcxx")
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.layout} {self.version or 'version unknown'})"
+
+    def to_json(self) -> dict:
+        s = _s
+        return {
+            "path": s(self.path), "real_path": s(self.real_path), "version": self.version,
+            "layout": self.layout, "compiler_dir": s(self.compiler_dir),
+            "hipcxx": s(self.hipcxx), "hip_clang_path": s(self.hip_clang_path),
+            "bitcode_dir": s(self.bitcode_dir), "coverage": self.coverage.to_json(),
+            "sources": list(self.sources), "problems": list(self.problems),
+            "nightly_current": self.nightly_current, "family": self.family,
+        }
+
+
+def _s(p: PurePosixPath | None) -> str | None:
+    return None if p is None else str(p)
+
+
+# -- small readers ------------------------------------------------------------------------------
+def _watch(root: Root, inner: PurePosixPath) -> None:
+    """Record `inner` for the env cache: the path as named (a link is stamped itself) and the
+    file it resolves to."""
+    touch(os.path.join(root.base, str(inner).lstrip("/")))
+    touch(root.host(inner))
+
+
+def _read(root: Root, inner: PurePosixPath, limit: int = 1 << 20) -> str | None:
+    _watch(root, inner)
+    try:
+        with open(root.host(inner), encoding="utf-8", errors="replace") as fh:
+            return fh.read(limit)
+    except OSError:
+        return None
+
+
+def _glob(root: Root, base: PurePosixPath, pattern: str) -> list[PurePosixPath]:
+    """Existing inner paths for a relative pattern (globs allowed); newest-looking last."""
+    if not any(c in pattern for c in "*?["):
+        p = base / pattern
+        _watch(root, p)
+        return [p] if root.exists(p) else []
+    static = []
+    for part in pattern.split("/"):
+        if any(c in part for c in "*?["):
+            break
+        static.append(part)
+    _watch(root, base.joinpath(*static))
+    found = root.glob(base, pattern)
+    return sorted(found, key=lambda p: _natural(str(p)))
+
+
+def _natural(text: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def _first(root: Root, base: PurePosixPath, patterns, want_dir: bool = True):
+    for pattern in patterns:
+        hits = [h for h in _glob(root, base, pattern) if not want_dir or root.is_dir(h)]
+        if hits:
+            return hits[-1]
+    return None
+
+
+def _all(root: Root, base: PurePosixPath, patterns) -> tuple[PurePosixPath, ...]:
+    out: list[PurePosixPath] = []
+    for pattern in patterns:
+        for hit in _glob(root, base, pattern):
+            if root.is_dir(hit) and hit not in out:
+                out.append(hit)
+    return tuple(out)
+
+
+# -- version sources ----------------------------------------------------------------------------
+def _v_install_toml(root: Root, base: PurePosixPath) -> str | None:
+    text = _read(root, base / "rocforge-install.toml")
+    if text is None:
+        return None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None
+    value = data.get("version")
+    return str(value) if value else None
+
+
+def _v_info_version(root: Root, base: PurePosixPath) -> str | None:
+    text = _read(root, base / ".info" / "version")
+    if not text:
+        return None
+    m = _VERSION_RE.search(text)
+    return m.group(0) if m else None
+
+
+def _v_header(root: Root, base: PurePosixPath, names, prefix: str) -> str | None:
+    for name in names:
+        text = _read(root, base / name)
+        if not text:
+            continue
+        parts = []
+        for part in ("MAJOR", "MINOR", "PATCH"):
+            m = re.search(rf"#define\s+{prefix}_VERSION_{part}\s+(\d+)", text)
+            if not m:
+                break
+            parts.append(m.group(1))
+        if len(parts) >= 2:
+            if prefix == "HIP" and len(parts) == 3 and len(parts[2]) > 3:
+                parts = parts[:2]  # HIP_VERSION_PATCH is a build number, not a ROCm patch level
+            return ".".join(parts)
+    return None
+
+
+def _v_rocm_version_h(root: Root, base: PurePosixPath) -> str | None:
+    return _v_header(root, base, ("include/rocm-core/rocm_version.h", "include/rocm_version.h"), "ROCM")
+
+
+def _v_hip_version_h(root: Root, base: PurePosixPath) -> str | None:
+    return _v_header(root, base, ("include/hip/hip_version.h",), "HIP")
+
+
+def _v_dpkg(package: str):
+    def reader(root: Root, base: PurePosixPath) -> str | None:
+        text = _read(root, PurePosixPath("/var/lib/dpkg/status"), limit=64 << 20)
+        if not text:
+            return None
+        m = re.search(rf"^Package: {re.escape(package)}\n(?:(?!\n\n).)*?^Version: (?:\d+:)?([^\s-]+)",
+                      text, re.M | re.S)
+        return m.group(1) if m else None
+    return reader
+
+
+def _v_dist_info_metadata(root: Root, base: PurePosixPath) -> str | None:
+    site = base.parent
+    for hit in _glob(root, site, "rocm_sdk_core-*.dist-info"):
+        m = re.match(r"rocm_sdk_core-(.+)\.dist-info$", hit.name)
+        if m:
+            return m.group(1)
+    return None
+
+
+_VERSION_READERS = {
+    "install_toml": _v_install_toml,
+    "info_version": _v_info_version,
+    "rocm_version_h": _v_rocm_version_h,
+    "hip_version_h": _v_hip_version_h,
+    "dist_info_metadata": _v_dist_info_metadata,
+}
+
+
+def _version(root: Root, base: PurePosixPath, layout: Layout) -> str | None:
+    for source in layout.version_from:
+        reader = _v_dpkg(source[5:]) if source.startswith("dpkg:") else _VERSION_READERS[source]
+        value = reader(root, base)
+        if value:
+            return value
+    return None
+
+
+def version_key(version: str | None) -> tuple:
+    """Order versions: 7.10.0a20251021 < 7.10.0; unknown sorts first."""
+    if not version:
+        return (-1,)
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(.*)", version)
+    if not m:
+        return (-1,)
+    major, minor, patch = int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+    rest = m.group(4)
+    pre = re.match(r"(a|rc|\.dev)(\d*)", rest)
+    if pre:
+        return (major, minor, patch, 0, int(pre.group(2) or 0))
+    return (major, minor, patch, 1, 0)
+
+
+# -- coverage -----------------------------------------------------------------------------------
+def gfx_sorted(names) -> tuple[str, ...]:
+    from rocforge_build.targets import gfx_version
+
+    def key(name: str) -> tuple:
+        try:
+            return (gfx_version(name), name)
+        except ValueError:
+            return (10**9, name)
+
+    return tuple(sorted(set(names), key=key))
+
+
+def _tensile_targets(root: Root, dirs: tuple[PurePosixPath, ...]) -> tuple[str, ...]:
+    found: set[str] = set()
+    for d in dirs:
+        _watch(root, d)
+        for name in root.listdir(d):
+            m = _TENSILE_RE.match(name)
+            if m:
+                found.add(m.group(1))
+            elif _ARCH_DIR_RE.match(name) and root.is_dir(d / name):
+                _watch(root, d / name)
+                if any(n.startswith("TensileLibrary") for n in root.listdir(d / name)):
+                    found.add(name)
+    return gfx_sorted(found)
+
+
+def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
+              bitcode_dir: PurePosixPath | None) -> Coverage:
+    rocblas_dirs = tuple(d for b in bases for d in _all(root, b, layout.rocblas_dirs))
+    hipblaslt_dirs = tuple(d for b in bases for d in _all(root, b, layout.hipblaslt_dirs))
+    bitcode = ()
+    if bitcode_dir is not None:
+        _watch(root, bitcode_dir)
+        bitcode = gfx_sorted(f"gfx{m.group(1)}" for n in root.listdir(bitcode_dir)
+                             if (m := _ISA_RE.match(n)))
+    dist: list[str] = []
+    has_dist = False
+    for b in bases:
+        text = _read(root, b / "share" / "therock" / "dist_info.json")
+        if text is None:
+            continue
+        try:
+            data = json.loads(text)
+        except ValueError:
+            continue
+        has_dist = True
+        value = data.get("dist_amdgpu_targets") if isinstance(data, dict) else None
+        items = value if isinstance(value, list) else re.split(r"[;,\s]+", str(value or ""))
+        dist.extend(i for i in items if isinstance(i, str) and i.startswith("gfx"))
+    return Coverage(
+        rocblas=_tensile_targets(root, rocblas_dirs),
+        hipblaslt=_tensile_targets(root, hipblaslt_dirs),
+        bitcode=bitcode, dist=gfx_sorted(dist),
+        has_rocblas=any(root.listdir(d) for d in rocblas_dirs),
+        has_hipblaslt=any(root.listdir(d) for d in hipblaslt_dirs),
+        has_dist_info=has_dist,
+    )
+
+
+# -- inspecting one tree ------------------------------------------------------------------------
+def _layout_of(root: Root, path: PurePosixPath, allowed: tuple[str, ...]) -> Layout | None:
+    table = layouts()
+    for name in allowed:
+        layout = table[name]
+        if not layout.markers:
+            return layout
+        for marker in layout.markers:
+            if _glob(root, path, marker):
+                return layout
+    return None
+
+
+def _hipcxx(root: Root, compiler_dir: PurePosixPath | None) -> PurePosixPath | None:
+    if compiler_dir is None:
+        return None
+    for name in HIPCXX_NAMES:
+        _watch(root, compiler_dir / name)
+        if root.exists(compiler_dir / name):
+            return compiler_dir / name
+    return None
+
+
+def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] | None = None,
+            sources: tuple[str, ...] = (), extra_bases: tuple[PurePosixPath, ...] = (),
+            nightly_current: bool = False) -> RocmInstall | None:
+    """What the tree at inner `path` is; None when it is no ROCm tree."""
+    path = PurePosixPath("/", str(path))
+    real = root.resolve(path)
+    _watch(root, path)
+    if not root.is_dir(path):
+        return None
+    if allowed is None:
+        allowed = ("debian", "fedora") if real == PurePosixPath("/usr") else ("therock", "classic")
+    layout = _layout_of(root, path, allowed)
+    if layout is None:
+        return None
+    problems: list[str] = []
+    compiler_dir = _first(root, path, layout.compiler_dirs)
+    hipcxx = _hipcxx(root, compiler_dir)
+    if compiler_dir is not None and hipcxx is None:
+        problems.append(f"{compiler_dir} has no clang++")
+    if layout.name in ("therock", "pip"):
+        for name in ("amdclang++", "amdclang"):
+            link = path / "bin" / name
+            _watch(root, link)
+            if root.is_symlink(link) and not root.exists(link):
+                problems.append(f"{link} is a broken link (TheRock trees before Mar 2026); "
+                                f"using {compiler_dir}")
+                break
+    hip_clang = _first(root, path, layout.hip_clang_dirs) if layout.hip_clang_dirs else compiler_dir
+    bitcode_dir = _first(root, path, layout.bitcode_dirs)
+    if bitcode_dir is None:
+        problems.append("no device bitcode directory (oclc_isa_version_*.bc) found")
+    elif layout.name == "therock" and not root.exists(path / "amdgcn"):
+        problems.append("no amdgcn link at the root (trees before Feb 2026): "
+                        f"HIP_DEVICE_LIB_PATH must point at {bitcode_dir}")
+    bases = [path, *extra_bases]
+    family = None
+    meta = _read(root, path / "rocforge-install.toml")
+    if meta:
+        try:
+            family = tomllib.loads(meta).get("family")
+        except tomllib.TOMLDecodeError:
+            problems.append("rocforge-install.toml is not valid TOML")
+    return RocmInstall(
+        path=path, real_path=real, version=_version(root, path, layout), layout=layout.name,
+        compiler_dir=compiler_dir, bitcode_dir=bitcode_dir,
+        coverage=_coverage(root, bases, layout, bitcode_dir),
+        hip_clang_path=hip_clang,
+        bin_dirs=tuple(d for b in bases for d in _all(root, b, layout.bin_dirs)),
+        lib_dirs=tuple(d for b in bases for d in _all(root, b, layout.lib_dirs)),
+        pkgconfig_dirs=tuple(d for b in bases for d in _all(root, b, layout.pkgconfig_dirs)),
+        cmake_prefix=layout.cmake_prefix, sources=sources, problems=tuple(problems),
+        nightly_current=nightly_current, family=family, extra={"hipcxx": hipcxx},
+    )
+
+
+# -- candidates ---------------------------------------------------------------------------------
+def _nightly_prefix(root: Root) -> PurePosixPath | None:
+    from rocforge_build import config, paths
+
+    touch(paths.config_file())  # `nightly.prefix` lives there: a change invalidates env's cache
+    prefix = config.nightly_prefix()
+    if root.is_host:
+        return PurePosixPath(prefix)
+    try:
+        return root.inner(prefix)  # a data dir inside the root (tests, containers)
+    except ValueError:
+        return PurePosixPath(prefix)  # the same path read inside the root
+
+
+def _site_dirs() -> list[str]:
+    dirs = [p for p in dict.fromkeys(sys.path) if p.endswith(("site-packages", "dist-packages"))]
+    for d in dirs:
+        touch(d)
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def _pip_installs(root: Root) -> list[RocmInstall]:
+    out: list[RocmInstall] = []
+    for site in _site_dirs():
+        site_inner = root.inner(site) if not root.is_host else PurePosixPath(site)
+        for core in _glob(root, site_inner, "_rocm_sdk_core*"):
+            if not root.is_dir(core):
+                continue
+            libs = tuple(p for p in _glob(root, site_inner, "_rocm_sdk_libraries_*") if root.is_dir(p))
+            inst = inspect(root, core, allowed=("pip",), sources=("pip rocm-sdk",), extra_bases=libs)
+            if inst is not None:
+                out.append(inst)
+    return out
+
+
+def _candidates(root: Root, environ: Mapping[str, str]) -> list[tuple[PurePosixPath, str, bool]]:
+    cands: list[tuple[PurePosixPath, str, bool]] = []
+    rocm_path = environ.get("ROCM_PATH")
+    if rocm_path:
+        cands.append((PurePosixPath("/", rocm_path), "$ROCM_PATH", False))
+    prefix = _nightly_prefix(root)
+    if prefix is not None:
+        _watch(root, prefix)
+    if prefix is not None and root.is_dir(prefix):
+        cands.append((prefix / "current", "rocforge nightly (current)", True))
+        for name in root.listdir(prefix):
+            if name != "current" and not name.startswith("."):
+                cands.append((prefix / name, "rocforge nightly", False))
+    cands.append((PurePosixPath("/opt/rocm"), "/opt/rocm", False))
+    for hit in _glob(root, PurePosixPath("/opt"), "rocm-*"):
+        cands.append((hit, "/opt/rocm-*", False))
+    cands.append((PurePosixPath("/usr"), "distro /usr", False))
+    return cands
+
+
+def find_installs(root: Root, *, rocm: str | None = None,
+                  environ: Mapping[str, str] | None = None,
+                  include_pip: bool = True) -> list[RocmInstall]:
+    """Every ROCm install in `root`, deduplicated by real path, in candidate order.
+
+    With `rocm` only that tree is inspected; NoRocmError when it is no ROCm tree.
+    """
+    env = os.environ if environ is None else environ
+    if rocm:
+        inst = inspect(root, rocm, sources=("--rocm",))
+        if inst is None:
+            where = f" inside --root {root.base}" if not root.is_host else ""
+            raise NoRocmError(
+                f"--rocm {rocm}{where} is not a ROCm install (no dist_info.json, .info/version, "
+                "rocm_version.h, hipcc or llvm found)",
+                "point --rocm at the directory holding bin/ and lib/ of a ROCm tree, or run "
+                "`rocforge doctor` to see the installs rocforge finds",
+            )
+        return [inst]
+    by_real: dict[PurePosixPath, RocmInstall] = {}
+    order: list[PurePosixPath] = []
+    for path, source, is_current in _candidates(root, env):
+        real = root.resolve(path)
+        if real in by_real:
+            prev = by_real[real]
+            by_real[real] = _merge(prev, source, is_current)
+            continue
+        inst = inspect(root, path, sources=(source,), nightly_current=is_current)
+        if inst is None:
+            continue
+        by_real[real] = inst
+        order.append(real)
+    result = [by_real[r] for r in order]
+    if include_pip and root.is_host:
+        for inst in _pip_installs(root):
+            if inst.real_path not in by_real:
+                result.append(inst)
+    return result
+
+
+def _merge(prev: RocmInstall, source: str, is_current: bool) -> RocmInstall:
+    from dataclasses import replace
+
+    sources = prev.sources + ((source,) if source not in prev.sources else ())
+    return replace(prev, sources=sources, nightly_current=prev.nightly_current or is_current)

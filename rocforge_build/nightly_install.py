@@ -1,0 +1,360 @@
+"""Install, switch and prune TheRock nightlies under a prefix.
+
+Layout (the contract `installs.find_installs` reads):
+    <prefix>/<version-dir>/                     a TheRock tree
+    <prefix>/<version-dir>/rocforge-install.toml   url, sha256, size, date, version, family, layers
+    <prefix>/current -> <version-dir>           relative symlink, replaced atomically
+    <prefix>/.downloads/                        archives (and resumable `.part` files)
+    <prefix>/.lock                              one install/use/prune at a time
+
+An install checks free space first, downloads (published checksum verified when there is one;
+sha256 always recorded), extracts every layer into `<prefix>/.staging-*`, writes the record,
+renames the staging dir to `<version-dir>` and only then repoints `current`.  Any failure
+(network, checksum, hostile or truncated archive, full disk, Ctrl-C) removes the staging dir and
+leaves `current` and every other install as they were; nothing is written outside the prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rocforge_build import config, download, extract
+from rocforge_build.errors import IntegrityError, RocforgeError, UsageError
+from rocforge_build.nightlies import Nightly
+
+RECORD = "rocforge-install.toml"
+CURRENT = "current"
+DOWNLOADS = ".downloads"
+_HEX64 = re.compile(r"\b[0-9a-fA-F]{64}\b")
+
+
+class LockedError(RocforgeError):
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Installed:
+    name: str
+    path: Path
+    record: dict
+    current: bool
+
+    @property
+    def version(self) -> str | None:
+        return self.record.get("version")
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "path": str(self.path), "current": self.current,
+                "version": self.version, "family": self.record.get("family"),
+                "layers": [layer.get("family") for layer in self.record.get("layers", [])],
+                "date": self.record.get("date"), "sha256": self.record.get("sha256"),
+                "url": self.record.get("url")}
+
+
+@dataclass
+class InstallResult:
+    path: Path
+    record: dict
+    previous: str | None
+    reused: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def resolve_prefix(explicit: str | os.PathLike[str] | None, cfg: dict | None = None) -> Path:
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    return config.nightly_prefix(cfg)
+
+
+def version_dir_name(layers: list[Nightly]) -> str:
+    top = layers[-1]
+    groups = "+".join(layer.family for layer in layers)
+    return f"therock-{top.version}-{groups}"
+
+
+# -- the lock ----------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def locked(prefix: Path) -> Iterator[None]:
+    import fcntl
+
+    prefix.mkdir(parents=True, exist_ok=True)
+    fd = os.open(prefix / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LockedError(f"another rocforge is installing into {prefix}",
+                              "wait for it to finish, then run the command again") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+# -- install -----------------------------------------------------------------------------------
+
+def published_checksum(entry: Nightly, suffixes: list[str], *, session=None) -> tuple[str, str] | None:
+    """(sha256, checksum URL) from a `<tarball><suffix>` file beside the tarball, if published."""
+    for suffix in suffixes:
+        url = entry.url + suffix
+        text = download.get_text(url, session=session, missing_ok=True)
+        if text is None:
+            continue
+        for line in text.splitlines():
+            m = _HEX64.search(line)
+            if m and (len(line.split()) < 2 or entry.name in line or len(text.splitlines()) == 1):
+                return m.group(0).lower(), url
+        raise IntegrityError(f"{url} holds no sha256 for {entry.name}",
+                             "the mirror's checksum file is malformed; report it")
+    return None
+
+
+def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = True,
+            session=None, force: bool = False, sha256: str | None = None,
+            log: Callable[[str], None] | None = None) -> InstallResult:
+    """Install `layers` (base first, each extracted over the previous) as one version dir."""
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    ncfg = cfg["nightly"]
+    prefix.mkdir(parents=True, exist_ok=True)
+    name = version_dir_name(layers)
+    final = prefix / name
+    with locked(prefix):
+        previous = current_name(prefix)
+        if final.exists() and not force:
+            switch(prefix, name)
+            record = read_record(final)
+            return InstallResult(final, record, previous, reused=True,
+                                 notes=[f"{name} was already installed; `current` points at it"])
+        sizes = [e.size if e.size is not None else download.remote_size(e.url, session=session)
+                 for e in layers]
+        check_space(prefix, layers, sizes, float(ncfg["extract_ratio"]))
+        downloads = prefix / DOWNLOADS
+        fetched = []
+        for entry, size in zip(layers, sizes, strict=True):
+            given = sha256 if entry is layers[-1] else None
+            published = None if given else published_checksum(
+                entry, list(ncfg["checksum_suffixes"]), session=session)
+            want = given or (published[0] if published else None)
+            how = ("given with --sha256" if given else
+                   f"published at {published[1]}" if published else "none published; recorded")
+            log(f"downloading {entry.name}" + (f" ({human_size(size)})" if size else ""))
+            res = download.download(entry.url, downloads / entry.name, sha256=want,
+                                    expected_size=size, progress=progress, session=session)
+            fetched.append((entry, res, how, want is not None))
+        with extract.staging(prefix) as stage:
+            try:
+                for entry, res, _how, _v in fetched:
+                    log(f"unpacking {entry.name}")
+                    extract.safe_extract(res.path, stage)
+                check_tree(stage, layers[-1])
+            except IntegrityError:
+                for _e, res, _h, _v in fetched:  # a bad archive is not kept for reuse
+                    res.path.unlink(missing_ok=True)
+                raise
+            record = make_record(fetched, ncfg["platform"])
+            write_record(stage / RECORD, record)
+            trash = None
+            if final.exists():
+                trash = prefix / f".trash-{name}-{os.getpid()}"
+                os.rename(final, trash)
+            try:
+                os.rename(stage, final)
+            except OSError:
+                if trash is not None:
+                    os.rename(trash, final)
+                raise
+        if trash is not None:
+            extract.remove_tree(trash)
+        switch(prefix, name)
+        if not ncfg.get("keep_archives"):
+            for _e, res, _h, _v in fetched:
+                res.path.unlink(missing_ok=True)
+        return InstallResult(final, record, previous)
+
+
+def human_size(n: int | None) -> str:
+    if not n:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def check_space(prefix: Path, layers: list[Nightly], sizes: list[int | None], ratio: float) -> None:
+    known = [s for s in sizes if s]
+    if not known:
+        return
+    downloads = prefix / DOWNLOADS
+    need = 0
+    for entry, size in zip(layers, sizes, strict=True):
+        if not size:
+            continue
+        part = download.part_path(downloads / entry.name)
+        have = part.stat().st_size if part.exists() else 0
+        need += max(size - have, 0) + int(size * ratio)
+    free = download.free_bytes(prefix)
+    if free < need:
+        raise download.DiskFullError(
+            f"not enough free space in {prefix}: {need / 1e9:.1f} GB needed "
+            f"(archive + unpacked tree), {free / 1e9:.1f} GB free",
+            "free space, prune old installs (`rocforge nightly prune --keep 1`) or choose "
+            "another --prefix",
+        )
+
+
+def check_tree(stage: Path, top: Nightly) -> None:
+    if not (stage / "bin").is_dir() and not (stage / "lib").is_dir():
+        raise IntegrityError(
+            f"{top.name} did not unpack to a ROCm tree (no bin/ or lib/); nothing was installed",
+            "the file is not a TheRock dist tarball; check the source URL",
+        )
+
+
+def make_record(fetched, platform: str) -> dict:
+    layers = [{
+        "name": entry.name, "url": entry.url, "family": entry.family, "version": entry.version,
+        "sha256": res.sha256, "size": res.size, "checksum": how, "verified": verified,
+    } for entry, res, how, verified in fetched]
+    top_entry, top_res, _how, verified = fetched[-1]
+    return {
+        "version": top_entry.version,
+        "family": top_entry.family,
+        "platform": platform,
+        "url": top_entry.url,
+        "sha256": top_res.sha256,
+        "size": top_res.size,
+        "verified": verified,
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "build_date": top_entry.date.isoformat() if top_entry.date else "",
+        "layers": layers,
+    }
+
+
+def write_record(path: Path, record: dict) -> None:
+    import tomlkit
+
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment("written by `rocforge nightly install`; read by rocforge env/doctor"))
+    for k, v in record.items():
+        if k != "layers":
+            doc[k] = v
+    aot = tomlkit.aot()
+    for layer in record["layers"]:
+        t = tomlkit.table()
+        for k, v in layer.items():
+            t[k] = v
+        aot.append(t)
+    doc["layers"] = aot
+    path.write_text(tomlkit.dumps(doc), encoding="utf-8")
+
+
+def read_record(path: Path) -> dict:
+    import tomllib
+
+    file = path / RECORD if path.is_dir() else path
+    try:
+        return tomllib.loads(file.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+# -- current / installed / use / prune ---------------------------------------------------------
+
+def current_name(prefix: Path) -> str | None:
+    link = prefix / CURRENT
+    if not link.is_symlink():
+        return None
+    return os.readlink(link).rstrip("/").rsplit("/", 1)[-1]
+
+
+def switch(prefix: Path, name: str) -> None:
+    """Point `<prefix>/current` at `<prefix>/<name>` atomically (relative link)."""
+    if not (prefix / name).is_dir():
+        raise UsageError(f"{name} is not installed in {prefix}")
+    tmp = prefix / f".current-{os.getpid()}-{time.monotonic_ns()}"
+    os.symlink(name, tmp)
+    try:
+        os.replace(tmp, prefix / CURRENT)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def installed(prefix: Path) -> list[Installed]:
+    cur = current_name(prefix)
+    out = []
+    if not prefix.is_dir():
+        return out
+    for p in sorted(prefix.iterdir()):
+        if p.name.startswith(".") or p.name == CURRENT or p.is_symlink() or not p.is_dir():
+            continue
+        if not (p / RECORD).exists():
+            continue
+        out.append(Installed(p.name, p, read_record(p), p.name == cur))
+    out.sort(key=_age_key, reverse=True)
+    return out
+
+
+def _age_key(i: Installed) -> tuple:
+    return (i.record.get("build_date", ""), i.record.get("date", ""), i.name)
+
+
+def find(prefix: Path, wanted: str) -> Installed:
+    items = installed(prefix)
+    exact = [i for i in items if i.name == wanted]
+    if exact:
+        return exact[0]
+    by_version = [i for i in items if i.version == wanted]
+    if len(by_version) == 1:
+        return by_version[0]
+    if len(by_version) > 1:
+        raise UsageError(f"{wanted} matches several installs: "
+                         f"{', '.join(i.name for i in by_version)}", "give the directory name")
+    names = ", ".join(i.name for i in items) or "none"
+    raise UsageError(f"{wanted} is not installed in {prefix}",
+                     f"installed: {names}; install it with `rocforge nightly install --version`")
+
+
+def use(prefix: Path, wanted: str) -> tuple[Installed, str | None]:
+    with locked(prefix):
+        target = find(prefix, wanted)
+        previous = current_name(prefix)
+        switch(prefix, target.name)
+        return target, previous
+
+
+def prune(prefix: Path, keep: int) -> list[str]:
+    """Remove all but the `keep` newest installs (the current one is always kept), and leftovers
+    of interrupted runs (staging dirs, partial downloads)."""
+    if keep < 0:
+        raise UsageError("--keep must be 0 or more")
+    removed = []
+    with locked(prefix):
+        items = installed(prefix)
+        keep_names = {i.name for i in items[:keep]} | {i.name for i in items if i.current}
+        for i in items:
+            if i.name not in keep_names:
+                extract.remove_tree(i.path)
+                removed.append(i.name)
+        for p in prefix.iterdir():
+            if p.name.startswith((".staging-", ".trash-", ".current-")):
+                if p.is_symlink() or p.is_file():
+                    p.unlink()
+                else:
+                    extract.remove_tree(p)
+                removed.append(p.name)
+        downloads = prefix / DOWNLOADS
+        if downloads.is_dir():
+            for p in downloads.iterdir():
+                p.unlink()
+                removed.append(f"{DOWNLOADS}/{p.name}")
+    return removed

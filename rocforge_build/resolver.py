@@ -1,0 +1,419 @@
+"""The one place where rocforge decides: which ROCm install, which GPUs, which gfx target, and
+the environment that follows.  Every choice is a `Decision(key, value, reason)`.
+
+Rules (each names its evidence in the reason):
+- install: `--rocm` wins; else a valid `$ROCM_PATH` (warned about when another install serves the
+  GPU better); else the install whose libraries serve the preferred GPU best (own kernels >
+  kernels of the target table's `override_with` target > none), then rocforge's `nightly use`
+  choice, then the newest version, then the layout rank of data/layouts.toml.
+- GPUs: the preferred GPU is a dGPU before an iGPU, a known target before an unknown one, more
+  compute units, then KFD order.  GPUs whose kernels the chosen libraries lack are masked with
+  ROCR_VISIBLE_DEVICES when at least one GPU is served (lemonade-sdk/llamacpp-rocm #96: an
+  unsupported iGPU visible to ROCm can crash apps).
+- HSA_OVERRIDE_GFX_VERSION only when the libraries lack the GPU's own kernels but carry its
+  `override_with` target's (or `--target` names that target); otherwise it is unset — a stale
+  override crashes ROCm 7.2.4 on native gfx1151 (kyuz0/amd-strix-halo-toolboxes #115).
+- ROCBLAS_USE_HIPBLASLT=1 only when hipBLASLt carries kernels for the effective target
+  (lemonade-sdk/llamacpp-rocm #10: it fails when the arch's library is missing).
+
+Stdlib only: `rocforge env` runs this on every shell start-up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from rocforge_build import gpus as gpus_mod
+from rocforge_build import installs as installs_mod
+from rocforge_build import targets
+from rocforge_build.errors import NoRocmError
+from rocforge_build.gpus import Gpu
+from rocforge_build.installs import RocmInstall
+from rocforge_build.rootfs import Root
+
+PATH_VARS = ("PATH", "LD_LIBRARY_PATH", "CMAKE_PREFIX_PATH", "PKG_CONFIG_PATH")
+OVERRIDE = "HSA_OVERRIDE_GFX_VERSION"
+
+
+@dataclass(frozen=True)
+class Decision:
+    key: str
+    value: object
+    reason: str
+
+    def to_json(self) -> dict:
+        value = self.value
+        if isinstance(value, PurePosixPath):
+            value = str(value)
+        return {"key": self.key, "value": value, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Resolution:
+    gpus: tuple[Gpu, ...]
+    target: str | None
+    rocm: RocmInstall | None
+    env: dict[str, str | None]
+    decisions: list[Decision]
+    warnings: list[str]
+    installs: tuple[RocmInstall, ...] = ()
+    selected: tuple[int, ...] = ()  # indices into .gpus of the GPUs left visible
+    prepend: dict[str, tuple[str, ...]] = field(default_factory=dict)  # path-list entries
+    root: Root | None = field(default=None, compare=False, repr=False)
+    gpu_source: str = "none"
+
+    @property
+    def usable(self) -> bool:
+        """A ROCm install was found and it serves the effective target (or no GPU to serve)."""
+        if self.rocm is None:
+            return False
+        if self.target is None:
+            return True
+        return self.rocm.coverage.kernels_for(self.target)[0]
+
+    def decision(self, key: str) -> Decision | None:
+        for d in self.decisions:
+            if d.key == key:
+                return d
+        return None
+
+    def toolchain_env(self) -> dict[str, str]:
+        """Compiler variables for builds, as host paths: HIPCXX, HIP_PATH, ROCM_PATH,
+        HIP_DEVICE_LIB_PATH, HIP_PLATFORM."""
+        if self.rocm is None:
+            raise NoRocmError("no ROCm installation found", install_hint(self.target))
+        root = self.root or Root("/")
+        inst = self.rocm
+        out = {"HIP_PLATFORM": "amd"}
+        if inst.hipcxx is not None:
+            # Keep the name: clang++ is usually a link to clang, and the driver picks its C++
+            # mode from argv[0].
+            out["HIPCXX"] = str(root.host(inst.hipcxx.parent) / inst.hipcxx.name)
+        hip_path = self.env.get("HIP_PATH")
+        rocm_path = self.env.get("ROCM_PATH")
+        if hip_path:
+            out["HIP_PATH"] = str(root.host(hip_path))
+        if rocm_path:
+            out["ROCM_PATH"] = str(root.host(rocm_path))
+        if inst.bitcode_dir is not None:
+            out["HIP_DEVICE_LIB_PATH"] = str(root.host(inst.bitcode_dir))
+        return out
+
+    def to_json(self) -> dict:
+        return {
+            "target": self.target,
+            "usable": self.usable,
+            "gpu_source": self.gpu_source,
+            "gpus": [g.to_json() for g in self.gpus],
+            "selected": [self.gpus[i].index for i in self.selected],
+            "rocm": self.rocm.to_json() if self.rocm else None,
+            "installs": [i.to_json() for i in self.installs],
+            "env": dict(self.env),
+            "decisions": [d.to_json() for d in self.decisions],
+            "warnings": list(self.warnings),
+        }
+
+
+def install_hint(target: str | None) -> str:
+    return (f"install a TheRock nightly: `rocforge nightly install --target {target or 'GFX'}`"
+            + ("" if target else " (see `rocforge targets`)")
+            + ", or pass --rocm PATH to an existing ROCm tree")
+
+
+def prepend_list(current: str | None, entries: tuple[str, ...]) -> str:
+    """`entries` in front of the colon list `current`, leaving entries already present where
+    they are (so applying it twice changes nothing) and keeping the user's list byte for byte —
+    exactly what the emitted shell code does when sourced."""
+    items = current.split(":") if current else []
+    new = [e for e in dict.fromkeys(entries) if e not in items]
+    return ":".join(new + items)
+
+
+# -- ranking ------------------------------------------------------------------------------------
+def _gpu_order(g: Gpu) -> tuple:
+    return (g.is_igpu, not g.known, -(g.compute_units or 0), g.index)
+
+
+def _support(inst: RocmInstall, gfx: str) -> tuple[int, str, str | None]:
+    """(level, evidence, override target): 2 own kernels, 1 via override_with, 0 none."""
+    ok, why = inst.coverage.kernels_for(gfx)
+    if ok:
+        return 2, why, None
+    t = targets.get_target(gfx) if targets.known(gfx) else None
+    if t and t.override_with:
+        ok2, why2 = inst.coverage.kernels_for(t.override_with)
+        if ok2:
+            return 1, f"{why}, but {why2}", t.override_with
+    if t is None:
+        why += f" ({gfx} is not in rocforge's target table: no override fallback known)"
+    return 0, why, None
+
+
+def _rank_key(inst: RocmInstall, gfx: str | None) -> tuple:
+    level = _support(inst, gfx)[0] if gfx else 0
+    rank = installs_mod.layouts()[inst.layout].rank
+    return (level, inst.nightly_current, installs_mod.version_key(inst.version), -rank)
+
+
+def _choose_install(found: list[RocmInstall], gfx: str | None, environ: Mapping[str, str],
+                    rocm: str | None, warnings: list[str]) -> tuple[RocmInstall | None, str]:
+    if not found:
+        return None, "no ROCm install found (looked at $ROCM_PATH, rocforge nightlies, " \
+                     "/opt/rocm, /opt/rocm-*, /usr, pip rocm-sdk)"
+    if rocm:
+        return found[0], f"--rocm {rocm} given"
+    ranked = sorted(found, key=lambda i: _rank_key(i, gfx), reverse=True)
+    best = ranked[0]
+    env_path = environ.get("ROCM_PATH")
+    if env_path:
+        from_env = [i for i in found if "$ROCM_PATH" in i.sources]
+        if from_env:
+            chosen = from_env[0]
+            if gfx and _rank_key(best, gfx)[0] > _rank_key(chosen, gfx)[0]:
+                warnings.append(
+                    f"ROCM_PATH={env_path} is used because it is set, but {best.path} serves "
+                    f"{gfx} better ({_support(best, gfx)[1]}); unset ROCM_PATH or pass --rocm")
+            return chosen, f"$ROCM_PATH={env_path} is set and is a {chosen.layout} ROCm tree"
+        warnings.append(f"ROCM_PATH={env_path} is not a ROCm install; ignored")
+    parts = []
+    if gfx:
+        parts.append(f"{_support(best, gfx)[1]}")
+    if best.nightly_current:
+        parts.append("it is rocforge's current nightly (`rocforge nightly use`)")
+    others = [i for i in ranked[1:]]
+    if others:
+        why_not = "; ".join(
+            f"{o.path} ({o.layout} {o.version or '?'}"
+            + (f": {_support(o, gfx)[1]}" if gfx else "") + ")" for o in others[:4])
+        parts.append(f"ranked above {why_not}")
+    reason = f"{best.layout} {best.version or '(version unknown)'}"
+    if parts:
+        reason += ": " + "; ".join(parts)
+    if len(found) > 1:
+        reason += " (order: kernels for the GPU, nightly in use, newest version, layout)"
+    return best, reason
+
+
+# -- the resolver -------------------------------------------------------------------------------
+def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
+            environ: Mapping[str, str] | None = None) -> Resolution:
+    env_in: Mapping[str, str] = os.environ if environ is None else environ
+    decisions: list[Decision] = []
+    warnings: list[str] = []
+
+    wanted = targets.get_target(target).name if target else None  # UsageError when unknown
+    discovery = gpus_mod.discover(root, environ=dict(env_in))
+    warnings.extend(discovery.warnings)
+    detected = list(discovery.gpus)
+    found = installs_mod.find_installs(root, rocm=rocm, environ=env_in)
+
+    # The GPU the environment is for: --target, else the preferred detected GPU.
+    related: list[Gpu] = []
+    if wanted:
+        related = [g for g in detected if g.gfx == wanted]
+        via_override = [g for g in detected if g.known and g.target.override_with == wanted]
+        anchor = wanted
+    else:
+        via_override = []
+        anchor = min(detected, key=_gpu_order).gfx if detected else None
+
+    inst, why = _choose_install(found, anchor, env_in, rocm, warnings)
+    decisions.append(Decision("rocm", None if inst is None else str(inst.path), why))
+    for unknown in sorted({g.gfx for g in detected if not g.known}):
+        warnings.append(f"{unknown} is not in rocforge's target table (newer than this "
+                        "rocforge?): no override fallback or family is known for it")
+
+    selected: list[Gpu] = []
+    effective: str | None = None
+    override: str | None = None
+    gpu_list: list[Gpu] = list(detected)
+
+    if wanted:
+        if related:
+            selected = related
+            effective = wanted
+            decisions.append(Decision("target", wanted, f"--target {wanted}: "
+                                      f"{len(related)} matching GPU(s) in this machine"))
+        elif via_override:
+            selected = via_override
+            effective = wanted
+            override = targets.get_target(wanted).hsa_version
+            names = ", ".join(sorted({g.gfx for g in via_override}))
+            decisions.append(Decision("target", wanted, f"--target {wanted} on {names}: the "
+                                      f"target table names {wanted} as their override target"))
+        else:
+            effective = wanted
+            gpu_list.append(gpus_mod.virtual_gpu(wanted))
+            where = ", ".join(g.gfx for g in detected) or "no GPU detected"
+            decisions.append(Decision("target", wanted, f"--target {wanted} (this machine: "
+                                      f"{where}); environment is for building {wanted}"))
+            if detected:
+                warnings.append(f"--target {wanted} matches no GPU here ({where}); programs "
+                                f"built for {wanted} will not run on this machine")
+        if inst is not None:
+            ok, why_k = inst.coverage.kernels_for(wanted)
+            if not ok:
+                warnings.append(f"{inst.path}: {why_k}")
+    elif detected and inst is not None:
+        levels = {g.index: _support(inst, g.gfx) for g in detected}
+        native = [g for g in detected if levels[g.index][0] == 2]
+        by_override = [g for g in detected if levels[g.index][0] == 1]
+        if native:
+            best = min(native, key=_gpu_order)
+            selected = native
+            effective = best.gfx
+            decisions.append(Decision("target", effective,
+                                      f"{best.describe()}: {levels[best.index][1]}"))
+        elif by_override:
+            best = min(by_override, key=_gpu_order)
+            effective = levels[best.index][2]
+            override = targets.get_target(effective).hsa_version
+            selected = [g for g in by_override if levels[g.index][2] == effective]
+            decisions.append(Decision("target", effective,
+                                      f"{best.describe()}: {levels[best.index][1]}; running "
+                                      f"{effective} kernels through HSA_OVERRIDE_GFX_VERSION"))
+        else:
+            best = min(detected, key=_gpu_order)
+            selected = detected
+            effective = best.gfx
+            decisions.append(Decision("target", effective,
+                                      f"{best.describe()}: {levels[best.index][1]}; no "
+                                      "compatible kernels either — nothing to fall back on"))
+            warnings.append(f"{inst.path} carries no kernels for {best.gfx}: "
+                            + install_hint(best.gfx))
+    elif detected:
+        best = min(detected, key=_gpu_order)
+        selected = detected
+        effective = best.gfx
+        decisions.append(Decision("target", effective, f"{best.describe()} (no ROCm install "
+                                  "to check its kernels against)"))
+    else:
+        decisions.append(Decision("target", None, "no GPU detected ("
+                                  + ("KFD topology has no GPU node" if discovery.source == "kfd"
+                                     else "no KFD topology in this root")
+                                  + ") and no --target given"))
+
+    env: dict[str, str | None] = {}
+    prepend: dict[str, tuple[str, ...]] = {}
+    if inst is not None:
+        _toolchain_decisions(inst, decisions, env, prepend)
+
+    # GPU masking.
+    igpus = [g for g in detected if g.is_igpu]
+    dgpus = [g for g in detected if not g.is_igpu]
+    if igpus and dgpus:
+        warnings.append("iGPU and dGPU both visible to ROCm: "
+                        + ", ".join(g.describe() for g in detected))
+    masked = [g for g in detected if g not in selected]
+    if selected and masked:
+        value = ",".join(str(g.index) for g in selected)
+        reason = ("masked " + ", ".join(
+            f"{g.describe()}" + (f": {_support(inst, g.gfx)[1]}" if inst else "")
+            for g in masked)
+            + f"; kept {', '.join(g.describe() for g in selected)}"
+            + " (an unsupported GPU visible to ROCm can crash apps, lemonade-sdk/llamacpp-rocm #96)")
+        env["ROCR_VISIBLE_DEVICES"] = value
+        decisions.append(Decision("ROCR_VISIBLE_DEVICES", value, reason))
+        user = env_in.get("ROCR_VISIBLE_DEVICES")
+        if user is not None and user != value:
+            warnings.append(f"ROCR_VISIBLE_DEVICES={user} in the environment replaced by {value}")
+
+    # HSA_OVERRIDE_GFX_VERSION: set, or unset whatever the environment carries.
+    stale = {k: v for k, v in env_in.items() if k == OVERRIDE or k.startswith(OVERRIDE + "_")}
+    if override:
+        gpu_names = ", ".join(sorted({g.gfx for g in selected})) or "the GPU"
+        env[OVERRIDE] = override
+        decisions.append(Decision(OVERRIDE, override,
+                                  f"{gpu_names} run {effective} kernels: ROCm must see them as "
+                                  f"{effective} ({override})"))
+        for k in stale:
+            if k != OVERRIDE:
+                env[k] = None
+                warnings.append(f"{k}={stale[k]} in the environment unset (per-node override "
+                                "would win over the decided one)")
+    else:
+        if detected or stale:
+            why_none = ("the libraries carry kernels for the GPU itself"
+                        if effective and inst and inst.coverage.kernels_for(effective)[0]
+                        else "no compatible target's kernels to point at")
+            env[OVERRIDE] = None
+            decisions.append(Decision(OVERRIDE, None, f"not needed: {why_none}"))
+        for k, v in stale.items():
+            env[k] = None
+            warnings.append(f"stale {k}={v} in the environment is unset: {effective or 'the GPU'} "
+                            "needs no override here, and a stale override crashes ROCm on "
+                            "native targets (kyuz0/amd-strix-halo-toolboxes #115)")
+
+    # ROCBLAS_USE_HIPBLASLT.
+    if inst is not None and effective:
+        if inst.coverage.has_hipblaslt and inst.coverage.hipblaslt_for(effective):
+            env["ROCBLAS_USE_HIPBLASLT"] = "1"
+            decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", "1",
+                                      f"hipBLASLt has TensileLibrary files for {effective}: rocBLAS "
+                                      "routes GEMMs through it (seed 004: the fastest path)"))
+        else:
+            why_no = ("no hipBLASLt installed" if not inst.coverage.has_hipblaslt
+                      else f"hipBLASLt has no TensileLibrary files for {effective}")
+            env["ROCBLAS_USE_HIPBLASLT"] = None
+            decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", None,
+                                      f"{why_no}; rocBLAS would fail to load it "
+                                      "(lemonade-sdk/llamacpp-rocm #10)"))
+            if env_in.get("ROCBLAS_USE_HIPBLASLT") not in (None, "", "0"):
+                warnings.append(f"ROCBLAS_USE_HIPBLASLT={env_in['ROCBLAS_USE_HIPBLASLT']} in the "
+                                f"environment is unset: {why_no}")
+
+    for var, entries in prepend.items():
+        env[var] = prepend_list(env_in.get(var), entries)
+
+    if inst is not None:
+        warnings.extend(f"{inst.path}: {p}" for p in inst.problems
+                        if "broken link" in p or "no device bitcode" in p or "no clang++" in p)
+
+    index_of = {id(g): i for i, g in enumerate(gpu_list)}
+    return Resolution(
+        gpus=tuple(gpu_list), target=effective, rocm=inst, env=env, decisions=decisions,
+        warnings=warnings, installs=tuple(found),
+        selected=tuple(index_of[id(g)] for g in selected if id(g) in index_of),
+        prepend=prepend, root=root, gpu_source=discovery.source,
+    )
+
+
+def _toolchain_decisions(inst: RocmInstall, decisions: list[Decision],
+                         env: dict[str, str | None], prepend: dict[str, tuple[str, ...]]) -> None:
+    def put(key: str, value, reason: str) -> None:
+        if value is None:
+            return
+        env[key] = str(value)
+        decisions.append(Decision(key, str(value), reason))
+
+    distro = inst.layout in ("debian", "fedora")
+    put("ROCM_PATH", inst.path, f"the chosen {inst.layout} install")
+    put("HIP_PATH", inst.path, "HIP lives in the ROCm tree" if not distro
+        else f"{inst.layout} installs HIP under /usr")
+    put("HIP_PLATFORM", "amd", "AMD GPUs (hipcc and CMake's HIP language read it)")
+    if inst.hip_clang_path is not None:
+        reason = f"{inst.layout} layout: clang for HIP lives in {inst.hip_clang_path}"
+        if any("broken link" in p for p in inst.problems):
+            reason += " (this tree's bin/amdclang* links are broken, as before Mar 2026)"
+        if inst.layout == "debian":
+            reason += " (Debian's hipcc calls $HIP_CLANG_PATH/clang++-N, found only in /usr/bin)"
+        put("HIP_CLANG_PATH", inst.hip_clang_path, reason)
+    if inst.bitcode_dir is not None:
+        reason = f"device bitcode (oclc_isa_version_*.bc) is in {inst.bitcode_dir}"
+        if inst.layout in ("therock", "pip") and inst.bitcode_dir != inst.path / "amdgcn/bitcode":
+            reason += ", not $ROCM_PATH/amdgcn/bitcode (TheRock layout)"
+        put("HIP_DEVICE_LIB_PATH", inst.bitcode_dir, reason)
+    lists = {
+        "PATH": inst.bin_dirs,
+        "LD_LIBRARY_PATH": inst.lib_dirs,
+        "CMAKE_PREFIX_PATH": (inst.path,) if inst.cmake_prefix else (),
+        "PKG_CONFIG_PATH": inst.pkgconfig_dirs,
+    }
+    for var, dirs in lists.items():
+        if dirs:
+            prepend[var] = tuple(str(d) for d in dirs)
+            decisions.append(Decision(var, ":".join(prepend[var]),
+                                      f"prepended unless already present ({inst.layout} layout)"))

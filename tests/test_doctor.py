@@ -1,0 +1,89 @@
+"""`rocforge doctor`: JSON for scripts, exit status, preflight checks on fixture roots."""
+
+import json
+
+import fixtures_roots as fr
+from test_env import cli
+
+
+def doctor(root, *args, env=None):
+    out = cli(root, "doctor", "--json", *args, env=env)
+    assert "Traceback" not in out.stderr
+    return out.returncode, json.loads(out.stdout)
+
+
+def test_strix_halo_is_usable(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    code, data = doctor(tmp_path)
+    assert code == 0 and data["usable"] and data["target"] == "gfx1151"
+    assert data["checks"] == {"warnings": [], "blockers": []}
+    row = next(r for r in data["coverage"] if r["target"] == "gfx1151")
+    assert row == {"install": "/opt/rocm", "target": "gfx1151", "kernels": True,
+                   "evidence": "rocBLAS has TensileLibrary files for gfx1151", "rocblas": True,
+                   "hipblaslt": True, "bitcode": True, "dist_info": True}
+    assert any(r["target"] == "gfx1100" and not r["kernels"] for r in data["coverage"])
+
+
+def test_stale_override_and_igpu_dgpu_warnings(tmp_path):
+    fr.make_igpu_dgpu(tmp_path)
+    code, data = doctor(tmp_path, env={"HSA_OVERRIDE_GFX_VERSION": "10.3.0"})
+    assert code == 0
+    assert any(w.startswith("stale HSA_OVERRIDE_GFX_VERSION=10.3.0") for w in data["warnings"])
+    assert any(w.startswith("iGPU and dGPU both visible") for w in data["warnings"])
+    assert data["env"]["ROCR_VISIBLE_DEVICES"] == "1"
+
+
+def test_missing_dev_kfd_blocks(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    (tmp_path / "dev/kfd").unlink()
+    code, data = doctor(tmp_path)
+    assert code == 1 and not data["usable"]
+    assert data["checks"]["blockers"][0].startswith("/dev/kfd is missing")
+
+
+def test_dev_kfd_not_accessible_names_the_groups(tmp_path):
+    fr.make_gpus(tmp_path, fr.STRIX_HALO)
+    fr.make_system(tmp_path, groups={"render": ("bob",), "video": ()})
+    fr.make_therock_tree(tmp_path)
+    (tmp_path / "dev/kfd").chmod(0o660)
+    code, data = doctor(tmp_path)
+    assert code == 1
+    blocker = data["checks"]["blockers"][0]
+    assert "render: bob; video: no members" in blocker and "usermod -aG render,video" in blocker
+
+
+def test_old_kernel_warning(tmp_path):
+    fr.make_gpus(tmp_path, fr.STRIX_HALO)
+    fr.make_system(tmp_path, kernel="6.8.0-45-generic")
+    fr.make_therock_tree(tmp_path)
+    code, data = doctor(tmp_path)
+    assert code == 0
+    assert data["checks"]["warnings"] == [
+        "kernel 6.8.0 is older than 6.10, which rocforge recommends for rdna3.5 GPUs: amdkfd "
+        "support for GC 11.5.x (Strix Point/Halo) and its APU memory fixes"]
+
+
+def test_no_rocm_is_not_usable(tmp_path):
+    fr.make_gpus(tmp_path, fr.STRIX_HALO)
+    fr.make_system(tmp_path)
+    code, data = doctor(tmp_path)
+    assert code == 1 and data["rocm"] is None and data["installs"] == []
+
+
+def test_no_gpu_build_host_is_usable(tmp_path):
+    fr.make_debian_usr(tmp_path)
+    code, data = doctor(tmp_path)
+    assert code == 0 and data["gpus"] == [] and data["rocm"]["layout"] == "debian"
+    assert data["checks"]["warnings"] == ["/dev/kfd is missing: the amdgpu kernel driver is not "
+                                          "loaded, or the container was started without "
+                                          "--device=/dev/kfd --device=/dev/dri"]
+
+
+def test_rich_tables(tmp_path):
+    fr.make_future_gpu(tmp_path)
+    fr.make_therock_tree(tmp_path, targets=("gfx1201",))
+    out = cli(tmp_path, "doctor", env={"COLUMNS": "200"})
+    assert out.returncode == 1, out.stderr
+    for text in ("GPUs (from kfd)", "gfx1300", "ROCm installs", "Library coverage per target",
+                 "Decisions", "not in rocforge's target table", "not usable"):
+        assert text in out.stdout, text

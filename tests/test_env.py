@@ -1,0 +1,219 @@
+"""`rocforge env` end to end: the CLI in a subprocess, scripts sourced by real bash, zsh, fish."""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import fixtures_roots as fr
+import pytest
+
+from rocforge_build.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).resolve().parent / "data" / "env"
+ODD = "/opt/it's \"odd\" $HOME \\dir *"  # quote, double quotes, $, backslash, glob star
+
+
+class Result:
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def _base_env() -> dict:
+    return {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LC_ALL": "C.UTF-8",
+            "ROCFORGE_DATA_DIR": os.environ["ROCFORGE_DATA_DIR"],
+            "ROCFORGE_CONFIG_DIR": os.environ["ROCFORGE_CONFIG_DIR"],
+            "ROCFORGE_CACHE_DIR": os.environ["ROCFORGE_CACHE_DIR"]}
+
+
+def cli(root, *args, env=None) -> Result:
+    """`rocforge --root ROOT ARGS...` in this process, in a clean environment."""
+    saved = dict(os.environ)
+    wanted = {**_base_env(), **(env or {})}
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.clear()
+    os.environ.update(wanted)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(["--root", str(root), *args])
+            except SystemExit as exc:  # argparse usage errors
+                code = exc.code
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def cli_subprocess(root, *args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rocforge_build", "--root", str(root), *args],
+                          cwd=REPO, env={**_base_env(), **(env or {})}, capture_output=True,
+                          text=True, timeout=60)
+
+
+def golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("ROCFORGE_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"output differs from {path} (ROCFORGE_UPDATE_GOLDEN=1 rewrites)"
+
+
+def test_golden_strix_halo_bash(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    out = cli(tmp_path, "env", "--shell", "bash", env={"HSA_OVERRIDE_GFX_VERSION": "11.0.0"})
+    assert out.returncode == 0, out.stderr
+    golden("strix_halo.bash", out.stdout)
+
+
+def test_golden_igpu_dgpu_json(tmp_path):
+    fr.make_igpu_dgpu(tmp_path)
+    out = cli(tmp_path, "env", "--shell", "json", env={"LD_LIBRARY_PATH": "/home/u/lib"})
+    assert out.returncode == 0, out.stderr
+    golden("igpu_dgpu.json", out.stdout)
+    data = json.loads(out.stdout)
+    assert data["ROCR_VISIBLE_DEVICES"] == "1" and data["HSA_OVERRIDE_GFX_VERSION"] is None
+    assert data["LD_LIBRARY_PATH"] == "/opt/rocm/lib:/home/u/lib"
+
+
+def test_golden_debian_fish(tmp_path):
+    fr.make_debian_usr(tmp_path)
+    out = cli(tmp_path, "env", "--shell", "fish")
+    assert out.returncode == 0, out.stderr
+    golden("debian.fish", out.stdout)
+
+
+def test_dotenv_is_literal(tmp_path):
+    fr.make_strix_halo(tmp_path, inner=ODD)
+    out = cli(tmp_path, "env", "--shell", "dotenv", "--rocm", ODD)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if not ln.startswith("#")]
+    assert f"ROCM_PATH={ODD}" in lines
+    assert f"PATH={ODD}/bin:{ODD}/lib/llvm/bin:/usr/bin:/bin" in lines
+    assert "# unset HSA_OVERRIDE_GFX_VERSION: not needed" in out.stdout
+
+
+def test_default_shell_from_SHELL(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    assert "set -gx ROCM_PATH" in cli(tmp_path, "env", env={"SHELL": "/usr/bin/fish"}).stdout
+    assert "export ROCM_PATH=" in cli(tmp_path, "env", env={"SHELL": "/bin/tcsh"}).stdout
+
+
+SOURCE = {
+    "bash": ["bash", "--noprofile", "--norc", "-c", '. "$1"; . "$1"; env -0', "sh"],
+    "zsh": ["zsh", "-f", "-c", '. "$1"; . "$1"; env -0', "zsh"],
+    "fish": ["fish", "--no-config", "-c", 'source $argv[1]; source $argv[1]; env -0'],
+}
+
+
+def sourced_env(shell: str, script: Path, start: dict) -> dict:
+    argv = [*SOURCE[shell], str(script)]
+    out = subprocess.run(argv, env=start, capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr.decode()
+    pairs = [p.split("=", 1) for p in out.stdout.decode().split("\0") if "=" in p]
+    return dict(pairs)
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_scripts_sourced_twice_with_awkward_paths(tmp_path, shell):
+    if shutil.which(shell) is None:
+        pytest.fail(f"{shell} is not installed (see .ci/apt-packages.txt)")
+    root = tmp_path / "root"
+    fr.make_strix_halo(root, inner=ODD)
+    start = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LD_LIBRARY_PATH": "/user lib:/x",
+             "HSA_OVERRIDE_GFX_VERSION": "11.0.0", "PKG_CONFIG_PATH": f"{ODD}/lib/pkgconfig",
+             "LC_ALL": "C.UTF-8"}
+    script = tmp_path / f"rocm.{shell}"
+    out = cli(root, "env", "--shell", shell, "--rocm", ODD, env=start)
+    assert out.returncode == 0, out.stderr
+    script.write_text(out.stdout)
+    expected = json.loads(cli(root, "env", "--shell", "json", "--rocm", ODD, env=start).stdout)
+    got = sourced_env(shell, script, start)
+    for key, value in expected.items():
+        if value is None:
+            assert key not in got, key
+        else:
+            assert got.get(key) == value, key
+    assert got["ROCM_PATH"] == ODD
+    assert got["HIP_DEVICE_LIB_PATH"] == f"{ODD}/lib/llvm/amdgcn/bitcode"
+    assert got["PATH"] == f"{ODD}/bin:{ODD}/lib/llvm/bin:/usr/bin:/bin"
+    assert got["LD_LIBRARY_PATH"] == f"{ODD}/lib:{ODD}/lib/llvm/lib:/user lib:/x"
+    assert got["PKG_CONFIG_PATH"] == f"{ODD}/lib/pkgconfig"  # already there: left alone
+    assert got["CMAKE_PREFIX_PATH"] == ODD  # was unset: no empty entry appended
+    # A value the user set after the first source stays (idempotent and additive only).
+    again = sourced_env(shell, script, {**start, "PATH": got["PATH"] + ":/extra"})
+    assert again["PATH"] == got["PATH"] + ":/extra"
+
+
+def test_no_rocm_exits_non_zero_with_the_nightly_hint(tmp_path):
+    fr.make_gpus(tmp_path, fr.STRIX_HALO)
+    out = cli(tmp_path, "env")
+    assert out.returncode == 4 and out.stdout == ""
+    assert out.stderr.startswith("rocforge: error: no ROCm installation found")
+    assert "rocforge nightly install --target gfx1151" in out.stderr
+
+
+@pytest.mark.parametrize("case,args,code,message", [
+    ("unknown target", ["env", "--target", "gfx1115"], 2, "unknown GPU target 'gfx1115'"),
+    ("rocm not rocm", ["env", "--rocm", "/srv/data"], 4, "--rocm /srv/data inside --root"),
+    ("bad shell", ["env", "--shell", "tcsh"], 2, "invalid choice: 'tcsh'"),
+    ("garbage properties", ["env"], 3, "not a KFD `key value` line"),
+    ("unreadable sysfs", ["env"], 3, "cannot read /sys/class/kfd/kfd/topology/nodes/1/properties"),
+    ("doctor garbage", ["doctor", "--json"], 3, "not a KFD `key value` line"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, case, args, code, message):
+    fr.make_strix_halo(tmp_path)
+    (tmp_path / "srv/data").mkdir(parents=True)
+    props = tmp_path / fr.KFD / "nodes/1/properties"
+    if case.endswith("garbage") or case == "garbage properties":
+        props.write_text("gfx_target_version 110501\n\x00\x01 binary junk\n")
+    if case == "unreadable sysfs":
+        props.unlink()
+        props.mkdir()
+    out = cli(tmp_path, *args)
+    assert out.returncode == code, out.stderr
+    assert out.stdout == ""
+    errors = [ln for ln in out.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and message in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_real_process_bad_input_has_no_traceback(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    (tmp_path / fr.KFD / "nodes/1/properties").write_text("simd_count lots\n")
+    out = cli_subprocess(tmp_path, "env")
+    assert out.returncode == 3 and out.stdout == "" and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[0].startswith("rocforge: error: /sys/class/kfd/kfd/topology/")
+
+
+def test_env_does_not_import_rich_or_requests(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    code = ("import sys; from rocforge_build.cli import main; rc = main(['--root', sys.argv[1], "
+            "'env']); bad = [m for m in ('rich', 'requests', 'platformdirs') if m in sys.modules]; "
+            "print('BAD', bad, file=sys.stderr) if bad else None; sys.exit(rc or (3 if bad else 0))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/usr/bin/hipcc")
+                    or not os.path.isdir("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode"),
+                    reason="needs Debian's hipcc (.ci/apt-packages.txt)")
+def test_host_env_drives_real_hipcc(tmp_path):
+    """`eval "$(rocforge env)"` on this host, then Debian's real hipcc builds a HIP kernel."""
+    (tmp_path / "k.hip").write_text("#include <hip/hip_runtime.h>\n"
+                                    "__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n"
+                                    "int main() { return 0; }\n")
+    script = (f'eval "$("{sys.executable}" -m rocforge_build env --shell bash)" && '
+              'test "$HIP_CLANG_PATH" = /usr/bin && '
+              'hipcc --offload-arch=gfx1030 -o k k.hip')
+    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300, env={**_base_env(), "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "k").stat().st_size > 0

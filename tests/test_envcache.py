@@ -1,0 +1,127 @@
+"""The validated `rocforge env` cache: answers only while every consulted input is unchanged."""
+
+import os
+from pathlib import Path
+
+import fixtures_roots as fr
+import pytest
+
+from rocforge_build import cli, envcache, paths
+
+MARK = "# served from the cache\n"
+
+
+def run_env(capsys, root, *args):
+    code = cli.main(["--root", str(root), "env", *args])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return out.out
+
+
+def tamper() -> Path:
+    """Append a marker to the single cache entry: output carrying it came from the cache."""
+    (entry,) = (paths.cache_dir() / "env").iterdir()
+    with open(entry, "a") as fh:
+        fh.write(MARK)
+    return entry
+
+
+def test_second_run_is_served_from_the_cache(tmp_path, capsys):
+    fr.make_strix_halo(tmp_path)
+    first = run_env(capsys, tmp_path, "--shell", "bash")
+    tamper()
+    assert run_env(capsys, tmp_path, "--shell", "bash") == first + MARK
+
+
+def _new_kernels(root):
+    fr._tensile(root / "opt/rocm/lib/rocblas/library", "gfx1100", "rocblas")
+
+
+def _switch_current(root):
+    prefix = root / str(paths.nightly_prefix()).lstrip("/")
+    os.unlink(prefix / "current")
+    os.symlink("v2", prefix / "current")
+
+
+def _sysfs_changes(root):
+    fr.make_gpus(root, fr.RX7900XTX)
+
+
+def _new_install(root):
+    fr.make_classic_rocm(root, "6.4.1", link=False)
+
+
+def _override_env(root, monkeypatch):
+    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "11.0.0")
+
+
+@pytest.mark.parametrize("change", [_new_kernels, _switch_current, _sysfs_changes, _new_install,
+                                    _override_env])
+def test_a_changed_input_invalidates(tmp_path, capsys, monkeypatch, change):
+    fr.make_strix_halo(tmp_path)
+    prefix = str(paths.nightly_prefix())
+    for v in ("v1", "v2"):
+        fr.make_therock_tree(tmp_path, f"7.10.0a2025110{v[1]}", ("gfx1151",), inner=f"{prefix}/{v}")
+    os.symlink("v1", tmp_path / prefix.lstrip("/") / "current")
+    first = run_env(capsys, tmp_path, "--shell", "bash")
+    tamper()
+    if change is _override_env:
+        change(tmp_path, monkeypatch)
+    else:
+        change(tmp_path)
+    second = run_env(capsys, tmp_path, "--shell", "bash")
+    assert MARK not in second
+    if change is _switch_current:
+        assert "therock 7.10.0a20251102" in second and "therock 7.10.0a20251101" in first
+    if change is _sysfs_changes:
+        assert "target gfx1100" in second
+
+
+def test_options_and_shells_have_their_own_entries(tmp_path, capsys):
+    fr.make_strix_halo(tmp_path)
+    bash = run_env(capsys, tmp_path, "--shell", "bash")
+    fish = run_env(capsys, tmp_path, "--shell", "fish")
+    assert bash != fish and "set -gx" in fish
+    assert run_env(capsys, tmp_path, "--shell", "bash") == bash
+    assert len(list((paths.cache_dir() / "env").iterdir())) == 2
+
+
+def test_damaged_entry_is_a_miss(tmp_path, capsys):
+    fr.make_strix_halo(tmp_path)
+    first = run_env(capsys, tmp_path)
+    (entry,) = (paths.cache_dir() / "env").iterdir()
+    entry.write_text(envcache.MAGIC + "\n12\nzz not hex\n")
+    assert run_env(capsys, tmp_path) == first
+
+
+def test_no_cache_switch(tmp_path, capsys, monkeypatch):
+    fr.make_strix_halo(tmp_path)
+    monkeypatch.setenv("ROCFORGE_NO_CACHE", "1")
+    run_env(capsys, tmp_path)
+    assert not (paths.cache_dir() / "env").exists()
+
+
+def test_errors_are_not_cached(tmp_path, capsys):
+    fr.make_gpus(tmp_path, fr.STRIX_HALO)
+    assert cli.main(["--root", str(tmp_path), "env"]) == 4
+    capsys.readouterr()
+    assert not (paths.cache_dir() / "env").exists()
+
+
+def test_only_plain_env_command_lines_are_cacheable():
+    env = {"ROCFORGE_ROOT": "/"}
+    assert envcache._parse(["env", "--shell", "fish", "--target=gfx1151"], env) == (
+        "/", "fish", "gfx1151", None)
+    assert envcache._parse(["--root", "/r", "env", "--rocm", "/opt/x"], env) == (
+        "/r", None, None, "/opt/x")
+    for argv in (["env", "--help"], ["env", "--shell"], ["doctor"], ["env", "extra"]):
+        assert envcache._parse(argv, env) is None
+
+
+def test_default_cache_dir_matches_platformdirs(monkeypatch):
+    import platformdirs
+
+    monkeypatch.delenv("ROCFORGE_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    expected = os.path.join(platformdirs.user_cache_dir("rocforge", appauthor=False), "env")
+    assert os.path.dirname(envcache._cache_file("k", os.environ)) == expected

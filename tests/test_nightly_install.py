@@ -1,0 +1,406 @@
+"""`rocforge nightly install|installed|use|prune` end to end against a real HTTP server on
+127.0.0.1 serving generated TheRock tarballs; every fault leaves `current` and the other
+installs as they were and nothing outside the prefix."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+
+import pytest
+from therock_tarballs import Mirror, hostile, make_tarball
+
+from rocforge_build import cli, download, extract, nightly_install
+
+OLD, NEW = "7.10.0a20251021", "7.10.0a20251101"
+
+
+@pytest.fixture(autouse=True)
+def _fast_retries(monkeypatch):
+    monkeypatch.setattr(download, "_sleep", lambda s: None)
+
+
+MTIME = {OLD: 1761030000.0, NEW: 1761980000.0}
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """gfx1151 and gfx110X-all tarballs of two nightlies, generated once per session."""
+    work = tmp_path_factory.mktemp("tarballs")
+    archives = {}
+    for group, targets_ in (("gfx1151", ["gfx1151"]), ("gfx110X-all", ["gfx1100", "gfx1101"])):
+        for version in (OLD, NEW):
+            # one archive large enough for a resume to keep whole network chunks
+            payload = 600_000 if (group, version) == ("gfx1151", NEW) else 0
+            archives[(group, version)] = make_tarball(work, group, version, targets_,
+                                                      payload=payload)
+    return archives
+
+
+@pytest.fixture
+def site(http_server, built, capsys):
+    """A CDN folder serving the tarballs, and the config pointed at it (as a user following a
+    hosting move would)."""
+    mirror = Mirror(http_server, "/tarball/")
+    archives = dict(built)
+    for (_group, version), arch in archives.items():
+        mirror.add_file(arch, MTIME[version])
+    assert cli.main(["config", "set", "nightly.sources.cdn.url", mirror.url]) == 0
+    assert cli.main(["config", "set", "nightly.use", '["cdn"]']) == 0
+    capsys.readouterr()
+    return mirror, archives
+
+
+@pytest.fixture
+def prefix(tmp_path):
+    return tmp_path / "rocm"
+
+
+def run(capsys, *argv):
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def state(tmp_path, prefix):
+    """Everything observable: the files under tmp_path except the test's own work folder."""
+    out = []
+    for p in sorted(tmp_path.rglob("*")):
+        rel = p.relative_to(tmp_path)
+        if rel.parts[0] == "work" or rel.parts[0] == "rocforge-home":
+            continue
+        out.append((str(rel), os.readlink(p) if p.is_symlink() else None))
+    return out
+
+
+def install(capsys, prefix, *extra):
+    return run(capsys, "nightly", "install", "--target", "gfx1151", "--prefix", str(prefix),
+               "--no-progress", *extra)
+
+
+def test_install_latest_then_roll_back_and_prune(site, prefix, capsys):
+    _mirror, archives = site
+    rc, out, err = install(capsys, prefix, "--version", OLD)
+    assert rc == 0, err
+    old_dir = f"therock-{OLD}-gfx1151"
+    assert os.readlink(prefix / "current") == old_dir  # relative link
+    rec = nightly_install.read_record(prefix / old_dir)
+    arch = archives[("gfx1151", OLD)]
+    assert rec["sha256"] == hashlib.sha256(arch.read_bytes()).hexdigest()
+    assert rec["size"] == arch.stat().st_size and rec["version"] == OLD
+    assert rec["family"] == "gfx1151" and rec["url"].endswith(arch.name) and rec["date"]
+    assert rec["verified"] is False and [layer["family"] for layer in rec["layers"]] == ["gfx1151"]
+    assert (prefix / "current/lib/llvm/bin/clang").exists()
+    assert (prefix / "current/.info/version").read_text().strip() == OLD
+    assert not list((prefix / ".downloads").iterdir())  # archives removed after install
+    rc, out, err = install(capsys, prefix)  # latest
+    assert rc == 0, err
+    new_dir = f"therock-{NEW}-gfx1151"
+    assert os.readlink(prefix / "current") == new_dir and f"was {old_dir}" in out
+    rc, out, _ = run(capsys, "nightly", "installed", "--prefix", str(prefix), "--json")
+    items = json.loads(out)
+    assert [(i["name"], i["current"]) for i in items] == [(new_dir, True), (old_dir, False)]
+    rc, out, _ = run(capsys, "nightly", "use", OLD, "--prefix", str(prefix))
+    assert rc == 0 and os.readlink(prefix / "current") == old_dir
+    rc, out, err = run(capsys, "nightly", "use", "9.9.9", "--prefix", str(prefix))
+    assert rc == 2 and "not installed" in err and os.readlink(prefix / "current") == old_dir
+    (prefix / ".staging-leftover").mkdir()  # from a killed run
+    rc, out, _ = run(capsys, "nightly", "prune", "--keep", "0", "--prefix", str(prefix))
+    assert f"removed {new_dir}" in out and ".staging-leftover" in out
+    assert (prefix / old_dir).is_dir()  # current is always kept
+    assert sorted(p.name for p in prefix.iterdir()) == [".downloads", ".lock", "current", old_dir]
+
+
+def test_reinstall_is_a_switch_and_dry_run_downloads_nothing(site, prefix, capsys, http_server):
+    install(capsys, prefix, "--version", OLD)
+    install(capsys, prefix, "--version", NEW)
+    n = len(http_server.requests)
+    rc, _, err = install(capsys, prefix, "--version", OLD)
+    assert rc == 0 and "already installed" in err
+    assert os.readlink(prefix / "current") == f"therock-{OLD}-gfx1151"
+    assert all(p.endswith("/tarball/") for _m, p, _h in http_server.requests[n:])
+    rc, out, _ = install(capsys, prefix, "--dry-run", "--json")
+    plan = json.loads(out)
+    assert plan["version_dir"] == f"therock-{NEW}-gfx1151" and len(plan["layers"]) == 1
+
+
+def test_layered_install_seed_004(site, prefix, capsys):
+    rc, out, err = install(capsys, prefix, "--layer", "--json")
+    assert rc == 0, err
+    name = f"therock-{NEW}-gfx110X-all+gfx1151"
+    assert os.readlink(prefix / "current") == name
+    lib = prefix / name / "lib/rocblas/library"
+    assert {p.name for p in lib.glob("TensileLibrary_lazy_*")} == {
+        f"TensileLibrary_lazy_{t}.dat" for t in ("gfx1100", "gfx1101", "gfx1151")}
+    rec = json.loads(out)["record"]
+    assert [layer["family"] for layer in rec["layers"]] == ["gfx110X-all", "gfx1151"]
+    assert all(len(layer["sha256"]) == 64 for layer in rec["layers"])
+    # the top layer wins where both have a file
+    assert json.loads((prefix / name / "share/therock/dist_info.json").read_text())[
+        "dist_amdgpu_targets"] == "gfx1151"
+
+
+def test_published_checksum_is_verified(site, prefix, capsys):
+    mirror, archives = site
+    arch = archives[("gfx1151", NEW)]
+    digest = hashlib.sha256(arch.read_bytes()).hexdigest()
+    mirror.server.add(f"/tarball/{arch.name}.sha256", f"{digest}  {arch.name}\n")
+    rc, out, err = install(capsys, prefix)
+    assert rc == 0, err
+    assert "verified against published checksum" in out
+    rec = nightly_install.read_record(prefix / "current")
+    assert rec["verified"] is True and rec["layers"][0]["checksum"].startswith("published at")
+
+
+def _installed_old(capsys, prefix):
+    rc, _, err = install(capsys, prefix, "--version", OLD)
+    assert rc == 0, err
+    return f"therock-{OLD}-gfx1151"
+
+
+def test_checksum_mismatch_changes_nothing(site, prefix, capsys, tmp_path):
+    mirror, archives = site
+    old = _installed_old(capsys, prefix)
+    before = state(tmp_path, prefix)
+    arch = archives[("gfx1151", NEW)]
+    mirror.server.add(f"/tarball/{arch.name}.sha256", "0" * 64 + f"  {arch.name}\n")
+    rc, _, err = install(capsys, prefix)
+    assert rc == 7 and "sha256 is" in err and "hint" in err
+    assert os.readlink(prefix / "current") == old
+    assert state(tmp_path, prefix) == before
+
+
+def test_dropped_connection_and_http_500_are_survived(site, prefix, capsys, http_server):
+    _mirror, archives = site
+    arch = archives[("gfx1151", NEW)]
+    path = f"/tarball/{arch.name}"
+    http_server.fail(path, status=500)
+    http_server.fail(path, drop_after=arch.stat().st_size // 3)
+    rc, out, err = install(capsys, prefix)
+    assert rc == 0, err
+    gets = http_server.gets(path)
+    assert len(gets) == 3 and gets[2]["Range"].startswith("bytes=")
+    rec = nightly_install.read_record(prefix / "current")
+    assert rec["sha256"] == hashlib.sha256(arch.read_bytes()).hexdigest()
+
+
+def test_network_gives_up_keeps_part_for_resume(site, prefix, capsys, http_server, tmp_path):
+    _mirror, archives = site
+    old = _installed_old(capsys, prefix)
+    arch = archives[("gfx1151", NEW)]
+    path = f"/tarball/{arch.name}"
+    for _ in range(5):
+        http_server.fail(path, drop_after=4096)
+    rc, _, err = install(capsys, prefix)
+    assert rc == 6 and "resumes" in err
+    assert os.readlink(prefix / "current") == old
+    part = prefix / ".downloads" / (arch.name + ".part")
+    assert part.stat().st_size >= 4096  # inside the prefix, for the next run
+    assert not [p for p in prefix.iterdir() if p.name.startswith(".staging")]
+    rc, _, err = install(capsys, prefix)
+    assert rc == 0, err
+    assert any("Range" in h for h in http_server.gets(path)[-1:])
+
+
+@pytest.mark.parametrize("kind", ["truncated", "dotdot", "symlink", "absolute", "not-rocm"])
+def test_bad_archives_change_nothing(site, prefix, capsys, tmp_path, kind):
+    mirror, archives = site
+    old = _installed_old(capsys, prefix)
+    before = state(tmp_path, prefix)
+    arch = archives[("gfx1151", NEW)]
+    if kind == "truncated":
+        data = arch.read_bytes()[: arch.stat().st_size * 2 // 3]
+    else:
+        members = {
+            "dotdot": [("dir", "bin"), ("file", "../../escaped.txt", b"pwned")],
+            "symlink": [("dir", "lib"), ("symlink", "lib/out", "../../../.."),
+                        ("file", "bin/x", b"x")],
+            "absolute": [("file", str(tmp_path / "abs-escaped.txt"), b"pwned")],
+            "not-rocm": [("file", "README", b"hello")],
+        }[kind]
+        data = hostile(tmp_path / "work" / "bad.tar.gz", members).read_bytes()
+    mirror.add(arch.name, data, 1761980000.0)
+    rc, _, err = install(capsys, prefix)
+    assert rc == 7, err
+    assert os.readlink(prefix / "current") == old
+    assert state(tmp_path, prefix) == before  # nothing new anywhere, the bad archive removed
+
+
+def test_disk_full_checked_first(site, prefix, capsys, tmp_path, monkeypatch, http_server):
+    old = _installed_old(capsys, prefix)
+    before = state(tmp_path, prefix)
+    monkeypatch.setattr(download, "free_bytes", lambda path: 1000)
+    n = len(http_server.requests)
+    rc, _, err = install(capsys, prefix)
+    assert rc == 10 and "not enough free space" in err and "prune" in err
+    assert not any(p.endswith(".tar.gz") and m == "GET"
+                   for m, p, _h in http_server.requests[n:])
+    assert os.readlink(prefix / "current") == old and state(tmp_path, prefix) == before
+
+
+def test_disk_full_while_unpacking(site, prefix, capsys, tmp_path, monkeypatch):
+    old = _installed_old(capsys, prefix)
+    before = state(tmp_path, prefix)
+    real = tarfile.TarFile.makefile
+    calls = {"n": 0}
+
+    def full(self, tarinfo, targetpath):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise OSError(28, "No space left on device")
+        return real(self, tarinfo, targetpath)
+
+    monkeypatch.setattr(tarfile.TarFile, "makefile", full)
+    rc, _, err = install(capsys, prefix)
+    assert rc == 10 and "no space left while unpacking" in err
+    assert os.readlink(prefix / "current") == old
+    after = [s for s in state(tmp_path, prefix) if ".downloads/" not in s[0]]
+    assert after == [s for s in before if ".downloads/" not in s[0]]
+
+
+def test_ctrl_c_during_extraction(site, prefix, capsys, tmp_path, monkeypatch):
+    old = _installed_old(capsys, prefix)
+    real = extract.safe_extract
+
+    def interrupted(archive, dest, on_member=None):
+        def hook(member):
+            if member.name.endswith("hipconfig"):
+                assert any(p.name.startswith(".staging-") for p in prefix.iterdir())
+                raise KeyboardInterrupt
+        return real(archive, dest, on_member=hook)
+
+    monkeypatch.setattr(extract, "safe_extract", interrupted)
+    rc, _, err = install(capsys, prefix)
+    assert rc == 130 and "interrupted" in err
+    assert os.readlink(prefix / "current") == old
+    assert not [p for p in prefix.iterdir() if p.name.startswith((".staging", "therock-7.10.0a2025110"))]
+
+
+def test_concurrent_install_is_refused(site, prefix, capsys):
+    with nightly_install.locked(prefix):
+        rc, _, err = install(capsys, prefix)
+    assert rc == 1 and "another rocforge" in err
+
+
+def test_default_prefix_and_configured_prefix(site, capsys, tmp_path, http_server):
+    from rocforge_build import paths
+
+    mirror, archives = site
+    arch = archives[("gfx1151", NEW)]
+    http_server.fail(f"/tarball/{arch.name}.sha256", status=403)  # S3/CloudFront's "missing"
+    rc, out, err = run(capsys, "nightly", "install", "--target", "gfx1151", "--no-progress")
+    assert rc == 0, err
+    assert os.readlink(paths.nightly_prefix() / "current") == f"therock-{NEW}-gfx1151"
+    mine = tmp_path / "opt-rocm"
+    run(capsys, "config", "set", "nightly.prefix", str(mine))
+    rc, out, err = run(capsys, "nightly", "install", "--target", "gfx1151", "--version", OLD,
+                       "--no-progress")
+    assert rc == 0, err
+    assert os.readlink(mine / "current") == f"therock-{OLD}-gfx1151"
+    rc, out, _ = run(capsys, "nightly", "installed")
+    assert f"* therock-{OLD}-gfx1151" in out and str(mine) in out
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_real_signal_during_download_keeps_current_and_part(site, prefix, capsys, http_server,
+                                                           tmp_path, sig):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    mirror, archives = site
+    old = _installed_old(capsys, prefix)
+    arch = archives[("gfx1151", NEW)]
+    http_server.fail(f"/tarball/{arch.name}", drop_after=200_000, delay=0.0)
+    http_server.fail(f"/tarball/{arch.name}", delay=30)  # the retry hangs: signal it there
+    env = dict(os.environ, PYTHONPATH=str(__import__("pathlib").Path(__file__).parents[1]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rocforge_build", "nightly", "install", "--target", "gfx1151",
+         "--prefix", str(prefix), "--no-progress"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    part = prefix / ".downloads" / (arch.name + ".part")
+    deadline = time.monotonic() + 20
+    while len(http_server.gets(f"/tarball/{arch.name}")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(getattr(signal, sig))
+    _out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert os.readlink(prefix / "current") == old
+    assert part.stat().st_size > 0  # resumable
+    assert not [p for p in prefix.iterdir() if p.name.startswith((".staging", ".current-"))]
+
+
+def test_root_maps_the_prefix_inside_it(site, capsys, tmp_path):
+    image = tmp_path / "image"
+    image.mkdir()
+    rc, out, err = run(capsys, "--root", str(image), "nightly", "install", "--target", "gfx1151",
+                       "--prefix", "/opt/rocm-nightly", "--no-progress")
+    assert rc == 0, err
+    assert os.readlink(image / "opt/rocm-nightly/current") == f"therock-{NEW}-gfx1151"
+    assert f"installed /opt/rocm-nightly/therock-{NEW}-gfx1151" in out
+
+
+def test_env_and_doctor_find_the_install_without_flags(site, capsys, tmp_path, monkeypatch):
+    """The layout contract with installs.find_installs: after `nightly install`, `rocforge env`
+    and `doctor` pick `<prefix>/current` with no flag, and `nightly use` switches them (through
+    env's output cache, which must notice the `current` link moving)."""
+    import fixtures_roots as fr
+
+    root = tmp_path / "machine"
+    fr.make_gpus(root, fr.STRIX_HALO)
+    fr.make_system(root)
+    data = root / "home/alice/.local/share/rocforge"
+    monkeypatch.setenv("ROCFORGE_DATA_DIR", str(data))
+    inner = "/home/alice/.local/share/rocforge/rocm"
+    rc, _out, err = run(capsys, "--root", str(root), "env", "--shell", "json")
+    assert rc == 4 and "rocforge nightly install --target gfx1151" in err  # nothing yet
+    for version in (OLD, NEW):
+        rc, out, err = run(capsys, "--root", str(root), "nightly", "install", "--target",
+                           "gfx1151", "--version", version, "--no-progress")
+        assert rc == 0, err
+        assert f"installed {inner}/therock-{version}-gfx1151" in out
+    rc, out, err = run(capsys, "--root", str(root), "env", "--shell", "json")
+    assert rc == 0, err
+    env = json.loads(out)
+    assert env["ROCM_PATH"] == f"{inner}/current"
+    assert env["HSA_OVERRIDE_GFX_VERSION"] is None  # the nightly has gfx1151 kernels
+    rc, out, err = run(capsys, "--root", str(root), "doctor", "--json")
+    assert rc == 0, err
+    rocm = json.loads(out)["rocm"]
+    assert rocm["path"] == f"{inner}/current" and rocm["nightly_current"] is True
+    assert rocm["version"] == NEW and rocm["family"] == "gfx1151"
+    for _ in range(2):  # the second answer comes from env's output cache
+        rc, out, err = run(capsys, "--root", str(root), "env", "--shell", "bash")
+        assert rc == 0 and f"ROCm {inner}/current (therock {NEW})" in out.splitlines()[0]
+    # roll back: env (cached a moment ago) and doctor follow the link at once
+    rc, out, err = run(capsys, "--root", str(root), "nightly", "use", OLD)
+    assert rc == 0, err
+    rc, out, err = run(capsys, "--root", str(root), "env", "--shell", "bash")
+    assert rc == 0 and f"ROCm {inner}/current (therock {OLD})" in out.splitlines()[0]
+    rc, out, err = run(capsys, "--root", str(root), "doctor", "--json")
+    assert json.loads(out)["rocm"]["version"] == OLD
+
+
+def test_env_follows_a_configured_nightly_prefix(site, capsys, tmp_path, monkeypatch):
+    """`rocforge config set nightly.prefix DIR` moves installs; env finds them there, and its
+    output cache notices the config change (host root, prefix outside the data dir)."""
+    import fixtures_roots as fr
+
+    root = tmp_path / "machine"
+    fr.make_gpus(root, fr.STRIX_HALO)
+    fr.make_system(root)
+    monkeypatch.setenv("ROCFORGE_DATA_DIR", str(root / "home/alice/.local/share/rocforge"))
+    rc, _out, err = run(capsys, "--root", str(root), "env", "--shell", "json")
+    assert rc == 4, err  # cached "no ROCm" answer from here on, until something changes
+    rc, _out, err = run(capsys, "config", "set", "nightly.prefix", "/srv/rocm-nightlies")
+    assert rc == 0, err
+    rc, out, err = run(capsys, "--root", str(root), "nightly", "install", "--target", "gfx1151",
+                       "--version", NEW, "--no-progress")
+    assert rc == 0, err
+    assert f"installed /srv/rocm-nightlies/therock-{NEW}-gfx1151" in out
+    rc, out, err = run(capsys, "--root", str(root), "env", "--shell", "json")
+    assert rc == 0, err
+    assert json.loads(out)["ROCM_PATH"] == "/srv/rocm-nightlies/current"
