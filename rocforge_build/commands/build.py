@@ -1,0 +1,52 @@
+"""`rocforge build RECIPE --target GFX [...]`: plan, fetch, patch, configure, build, install,
+smoke-test and record a recipe; `--dry-run [--json]` prints the plan only."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rocforge_build import pipeline
+from rocforge_build.errors import UsageError
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("recipe", metavar="RECIPE", help="recipe name (see `rocforge recipes`) or a .toml file")
+    parser.add_argument("--target", required=True, metavar="GFX", help="GPU target, e.g. gfx1151")
+    parser.add_argument("--backend", metavar="B", help="backend (default: the recipe's choice for the target)")
+    parser.add_argument("--ref", metavar="REF", help="build this git tag/branch/commit of the recipe's git source")
+    parser.add_argument("--source", metavar="PATH|URL",
+                        help="a local tree, tarball file, tarball URL or git URL (offline mirror)")
+    parser.add_argument("--prefix", metavar="DIR", help="install prefix (default: data dir builds/RECIPE-TARGET-BACKEND)")
+    parser.add_argument("--jobs", "-j", type=int, metavar="N", help="parallel build jobs (default: all cores)")
+    parser.add_argument("--build-target", action="append", default=[], metavar="NAME",
+                        help="build and install only this CMake target (repeatable)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan; build nothing")
+    parser.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
+    parser.add_argument("--force", action="store_true", help="rebuild even when nothing changed")
+    parser.add_argument("--no-cache", action="store_true", help="do not use ccache/sccache")
+
+
+def run(args) -> int:
+    if args.json and not args.dry_run:
+        raise UsageError("--json goes with --dry-run", "rocforge build ... --dry-run --json")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    req = pipeline.Request(
+        recipe=args.recipe, target=args.target, backend=args.backend, ref=args.ref,
+        source=args.source, prefix=args.prefix, jobs=args.jobs, force=args.force,
+        no_cache=args.no_cache, build_targets=tuple(args.build_target),
+    )
+    if args.dry_run:
+        plan = pipeline.make_plan(req, args.rootfs)
+        if args.json:
+            print(json.dumps(plan.to_json(), indent=2, default=str))
+        else:
+            pipeline.print_plan(plan)
+        return 0
+    outcome = pipeline.execute(req, args.rootfs)
+    if outcome.status == "up to date":
+        sys.stderr.write(f"rocforge: {outcome.prefix} is up to date ({outcome.seconds:.2f}s; "
+                         "--force rebuilds)\n")
+    print(outcome.prefix)
+    return 0

@@ -1,0 +1,56 @@
+"""`rocforge recipe show NAME|FILE [--json]`: one recipe, every rule with its condition and reason."""
+
+from __future__ import annotations
+
+import json
+
+from rocforge_build import recipes
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    show = sub.add_parser("show", help="show a recipe: source, backends, options, patches")
+    show.add_argument("name", metavar="RECIPE", help="a recipe name or a path to a .toml file")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _when(cond) -> str:
+    return "always" if not cond else json.dumps(cond, separators=(", ", " = "))
+
+
+def _head(kind: str, d: dict) -> str:
+    if kind in ("option", "env"):
+        return f"{d['name']} = {d['value']}"
+    if kind == "smoke":
+        return " ".join(d["run"])
+    return str(d.get({"default": "backend", "patch": "file"}.get(kind, "message")))
+
+
+def run(args) -> int:
+    r = recipes.load(args.name)
+    if args.json:
+        print(json.dumps(r.to_json(), indent=2))
+        return 0
+    print(f"{r.name}: {r.description}\nfile: {r.path}")
+    s = r.source
+    if s.url:
+        print(f"source: {s.url} (sha256 {s.sha256}){f', subdir {s.subdir}' if s.subdir else ''}")
+    if s.git:
+        print(f"git: {s.git} @ {s.ref}")
+    print("backends:")
+    for b in r.backends.values():
+        print(f"  {b.name} ({b.toolchain}): {b.description}" + (f"  when {_when(b.when)}" if b.when else ""))
+    sections = (("default", "default backend"), ("option", "options"), ("env", "environment"),
+                ("patch", "patches"), ("stop", "stops"), ("note", "notes"), ("smoke", "smoke tests"))
+    for kind, title in sections:
+        rules = r.of(kind)
+        if not rules:
+            continue
+        print(f"{title}:")
+        for rule in rules:
+            d = rule.data
+            head = _head(kind, d)
+            print(f"  {head}\n      when {_when(rule.when)}")
+            if d.get("reason"):
+                print(f"      why: {d['reason']}")
+    return 0

@@ -1,0 +1,299 @@
+"""The one evaluator of recipe `when` conditions.
+
+A condition is a TOML table; every key must hold (AND); a list value means any of its items
+(OR); `not`, `any`, `all` nest.  Keys:
+
+    target = "gfx1151" | ["gfx11*", ...]      the requested gfx target (fnmatch patterns)
+    family = "gfx115X-all"                     a TheRock family serving the target
+    backend = "hip" | [...]                    the chosen backend
+    rocm = ">=6.4"                             the toolchain's ROCm version (PEP 440 specifier)
+    source_version = ">=0.3,<0.3.10"           the source's version (recipe `[source.version]`)
+    cmake_option = "GGML_HIP"                  the source's CMake files declare this option/cache var
+    file = "ggml/src/ggml-cuda/fattn-wmma-f16.cu"   the source tree has this file
+    source_contains = { file = "...", text = "..." }  a source file contains a text
+    header_contains = { header = "vulkan/vulkan_core.h", text = "VkLayerSettingEXT" }
+                                               a header in the toolchain's include dirs has a text
+    tool = "glslc"                             a program is found (toolchain env PATH first)
+    glslc_extension = "GL_KHR_cooperative_matrix"  glslc compiles a shader requiring it
+    toolchain_found = true                     the backend's toolchain was found (a dry run
+                                               without one skips checks on its headers)
+
+Facts come from a `Facts` object (what is known about the request, the source and the host);
+a fact that is unknown (no source yet, no toolchain) makes its test False, and `explain()` says
+so — conditions never raise on missing facts.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from rocforge_build.errors import ConfigError
+
+KEYS = (
+    "target", "family", "backend", "rocm", "source_version", "cmake_option", "file",
+    "source_contains", "header_contains", "tool", "glslc_extension", "toolchain_found",
+    "not", "any", "all",
+)
+
+_OPTION_RE = re.compile(r"""\boption\s*\(\s*"?([A-Za-z_][A-Za-z0-9_]*)"?""", re.I)
+_CACHE_RE = re.compile(r"""\bset\s*\(\s*"?([A-Za-z_][A-Za-z0-9_]*)"?\s[^)]*\bCACHE\b""", re.I | re.S)
+_DEP_OPTION_RE = re.compile(r"""\bcmake_dependent_option\s*\(\s*"?([A-Za-z_][A-Za-z0-9_]*)""", re.I)
+_SKIP_DIRS = {".git", "build", "node_modules", "__pycache__"}
+
+
+def _cmake_files(tree: Path) -> list[Path]:
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(tree):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("build-")]
+        for name in filenames:
+            if name == "CMakeLists.txt" or name.endswith(".cmake"):
+                found.append(Path(dirpath) / name)
+    return sorted(found)
+
+
+def scan_cmake_options(tree: Path) -> dict[str, str]:
+    """Option / cache variable names the tree's CMake files declare -> the file declaring it."""
+    declared: dict[str, str] = {}
+    for path in _cmake_files(tree):
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        text = re.sub(r"#[^\n]*", "", text)
+        rel = path.relative_to(tree).as_posix()
+        for rx in (_OPTION_RE, _DEP_OPTION_RE, _CACHE_RE):
+            for m in rx.finditer(text):
+                declared.setdefault(m.group(1), rel)
+    return declared
+
+
+@dataclass
+class SourceFacts:
+    """Facts about a source tree, computed lazily and once."""
+
+    tree: Path
+    version: str | None = None
+
+    @cached_property
+    def cmake_options(self) -> dict[str, str]:
+        return scan_cmake_options(self.tree)
+
+    def has_file(self, rel: str) -> bool:
+        return (self.tree / rel).is_file()
+
+    def contains(self, rel: str, text: str) -> bool:
+        try:
+            return text in (self.tree / rel).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+
+
+@dataclass
+class HostFacts:
+    """Facts about the build host: include dirs, programs, glslc abilities (probed lazily)."""
+
+    include_dirs: tuple[Path, ...] = ()
+    path: str | None = None  # PATH for program lookup (toolchain first)
+    probe_glslc: Callable[[str], bool] | None = None
+    _cache: dict = field(default_factory=dict)
+
+    def header_contains(self, header: str, text: str) -> bool | None:
+        for d in self.include_dirs:
+            f = d / header
+            if f.is_file():
+                return text in f.read_text(encoding="utf-8", errors="replace")
+        return None  # header absent: unknown
+
+    def tool(self, name: str) -> str | None:
+        from rocforge_build.proc import which
+
+        return which(name, self.path)
+
+    def glslc_extension(self, ext: str) -> bool | None:
+        if self.probe_glslc is None:
+            return None
+        key = ("glslc", ext)
+        if key not in self._cache:
+            self._cache[key] = self.probe_glslc(ext)
+        return self._cache[key]
+
+
+@dataclass
+class Facts:
+    target: str | None = None
+    families: tuple[str, ...] = ()
+    backend: str | None = None
+    rocm_version: str | None = None
+    source: SourceFacts | None = None
+    host: HostFacts | None = None
+    toolchain_found: bool = False
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _version(text: str | None) -> Version | None:
+    if not text:
+        return None
+    m = re.search(r"\d+(\.\d+)*", text)
+    if not m:
+        return None
+    try:
+        return Version(m.group(0))
+    except InvalidVersion:
+        return None
+
+
+def _spec(value: str, where: str) -> SpecifierSet:
+    try:
+        return SpecifierSet(value)
+    except InvalidSpecifier as exc:
+        raise ConfigError(f"{where}: {value!r} is not a version range such as '>=6.4,<7'") from exc
+
+
+def validate(cond, where: str) -> None:
+    """Check a condition's shape (called by the recipe loader): keys, types, specifiers."""
+    import difflib
+
+    if not isinstance(cond, Mapping):
+        raise ConfigError(f"{where}: a condition must be a table, got {type(cond).__name__}")
+    for key, value in cond.items():
+        if key not in KEYS:
+            close = difflib.get_close_matches(key, KEYS, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(KEYS)}"
+            raise ConfigError(f"{where}: unknown condition key {key!r}", hint)
+        sub = f"{where}.{key}"
+        if key == "not":
+            validate(value, sub)
+        elif key in ("any", "all"):
+            if not isinstance(value, list) or not value:
+                raise ConfigError(f"{sub}: must be a non-empty list of conditions")
+            for i, item in enumerate(value):
+                validate(item, f"{sub}[{i}]")
+        elif key in ("rocm", "source_version"):
+            _spec(value, sub) if isinstance(value, str) else _bad(sub, "a version range string")
+        elif key == "toolchain_found":
+            if not isinstance(value, bool):
+                _bad(sub, "true or false")
+        elif key == "source_contains":
+            for item in _as_list(value):
+                if not (isinstance(item, Mapping) and set(item) == {"file", "text"}):
+                    _bad(sub, "a table {file = ..., text = ...}")
+        elif key == "header_contains":
+            for item in _as_list(value):
+                if not (isinstance(item, Mapping) and set(item) == {"header", "text"}):
+                    _bad(sub, "a table {header = ..., text = ...}")
+        else:
+            if not all(isinstance(v, str) for v in _as_list(value)):
+                _bad(sub, "a string or a list of strings")
+
+
+def _bad(where: str, what: str):
+    raise ConfigError(f"{where}: must be {what}")
+
+
+def evaluate(cond: Mapping | None, facts: Facts) -> bool:
+    """True when every key of `cond` holds for `facts` (an absent condition holds)."""
+    return explain(cond, facts)[0]
+
+
+def explain(cond: Mapping | None, facts: Facts) -> tuple[bool, str]:
+    """(holds, reason): the reason names the first key that failed, or all that held."""
+    if not cond:
+        return True, "always"
+    held: list[str] = []
+    for key, value in cond.items():
+        ok, why = _test(key, value, facts)
+        if not ok:
+            return False, why
+        held.append(why)
+    return True, "; ".join(held)
+
+
+def _test(key: str, value, f: Facts) -> tuple[bool, str]:
+    items = _as_list(value)
+    if key == "not":
+        ok, why = explain(value, f)
+        return (not ok), (f"not ({why})")
+    if key == "any":
+        reasons = []
+        for c in value:
+            ok, why = explain(c, f)
+            if ok:
+                return True, why
+            reasons.append(why)
+        return False, " and ".join(reasons)
+    if key == "all":
+        for c in value:
+            ok, why = explain(c, f)
+            if not ok:
+                return False, why
+        return True, "all held"
+    if key == "target":
+        ok = f.target is not None and any(fnmatch.fnmatchcase(f.target, p) for p in items)
+        return ok, f"target {f.target} {'is' if ok else 'is not'} {' / '.join(items)}"
+    if key == "family":
+        ok = any(fam in f.families for fam in items)
+        return ok, f"target {f.target} {'is' if ok else 'is not'} in family {' / '.join(items)}"
+    if key == "backend":
+        ok = f.backend in items
+        return ok, f"backend {f.backend} {'is' if ok else 'is not'} {' / '.join(items)}"
+    if key == "toolchain_found":
+        ok = f.toolchain_found == value
+        return ok, f"toolchain {'found' if f.toolchain_found else 'missing'}"
+    if key == "rocm":
+        v = _version(f.rocm_version)
+        if v is None:
+            return False, f"ROCm version unknown (wanted {value})"
+        ok = v in _spec(value, "rocm")
+        return ok, f"ROCm {v} {'matches' if ok else 'does not match'} {value}"
+    if key == "source_version":
+        v = _version(f.source.version if f.source else None)
+        if v is None:
+            return False, f"source version unknown (wanted {value})"
+        ok = _spec(value, "source_version").contains(v, prereleases=True)
+        return ok, f"source version {v} {'matches' if ok else 'does not match'} {value}"
+    if f.source is None and key in ("cmake_option", "file", "source_contains"):
+        return False, f"source not fetched yet ({key} unknown)"
+    if key == "cmake_option":
+        opts = f.source.cmake_options
+        hit = [o for o in items if o in opts]
+        if hit:
+            return True, f"source declares {hit[0]} ({opts[hit[0]]})"
+        return False, f"source does not declare {' / '.join(items)}"
+    if key == "file":
+        hit = [p for p in items if f.source.has_file(p)]
+        return (bool(hit), f"source has {hit[0]}" if hit else f"source has no {' / '.join(items)}")
+    if key == "source_contains":
+        for it in items:
+            if f.source.contains(it["file"], it["text"]):
+                return True, f"{it['file']} mentions {it['text']}"
+        return False, "source does not mention " + " / ".join(i["text"] for i in items)
+    if f.host is None:
+        return False, f"host facts unknown ({key})"
+    if key == "header_contains":
+        for it in items:
+            r = f.host.header_contains(it["header"], it["text"])
+            if r:
+                return True, f"<{it['header']}> has {it['text']}"
+        return False, "installed headers lack " + " / ".join(
+            f"{i['text']} (<{i['header']}>)" for i in items)
+    if key == "tool":
+        hit = [t for t in items if f.host.tool(t)]
+        return (bool(hit), f"{hit[0]} found" if hit else f"{' / '.join(items)} not found")
+    if key == "glslc_extension":
+        for ext in items:
+            if f.host.glslc_extension(ext):
+                return True, f"glslc supports {ext}"
+        return False, f"glslc cannot compile {' / '.join(items)}"
+    raise ConfigError(f"unknown condition key {key!r}")  # pragma: no cover - validate() rejects

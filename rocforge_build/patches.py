@@ -1,0 +1,142 @@
+"""Apply a recipe's patches idempotently, each with a status:
+
+    applied           the patch applied (or, in a plan, "would apply")
+    already upstream  the reverse applies: the source already has the change
+    not needed        its `when` is false (the reason says which fact)
+    fails             neither applies: the build stops with the patch name and the rejected
+                      hunk, and every patch applied so far is reversed (the tree is left clean)
+
+`git apply --check` / `--reverse --check` decide (the kyuz0 toolboxes' method, brief section 7);
+GIT_CEILING_DIRECTORIES keeps git from mistaking an enclosing repository for the tree.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocforge_build.errors import PatchError
+from rocforge_build.proc import run
+
+APPLIED = "applied"
+WOULD_APPLY = "would apply"
+UPSTREAM = "already upstream"
+NOT_NEEDED = "not needed"
+FAILS = "fails"
+
+
+@dataclass(frozen=True)
+class PatchPlan:
+    name: str
+    path: Path
+    needed: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    name: str
+    status: str
+    reason: str
+    sha256: str = ""
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        d = {"name": self.name, "status": self.status, "reason": self.reason}
+        if self.sha256:
+            d["sha256"] = self.sha256
+        if self.detail:
+            d["detail"] = self.detail
+        return d
+
+
+def _git_apply(tree: Path, patch: Path, *flags: str):
+    env = {"GIT_CEILING_DIRECTORIES": str(tree.parent), "GIT_DIR": None, "GIT_WORK_TREE": None}
+    return run(["git", "apply", "--verbose", *flags, str(patch)], cwd=tree, env=env, check=False,
+               hint="install git (Debian: apt-get install git)")
+
+
+def _rejected_hunk(patch: Path, output: str) -> str:
+    """The hunk git could not place, with git's own complaint."""
+    m = re.search(r"patch failed: (.+?):(\d+)", output)
+    lines = [ln for ln in output.splitlines() if ln.startswith("error:")]
+    if not m:
+        return "\n".join(lines) or output.strip()
+    file, line = m.group(1), int(m.group(2))
+    current: str | None = None
+    hunk: list[str] = []
+    found: list[str] = []
+    for text in patch.read_text(encoding="utf-8", errors="replace").splitlines():
+        if text.startswith("+++ "):
+            current = text[4:].split("\t")[0].removeprefix("b/")
+            continue
+        if text.startswith("@@"):
+            if found:
+                break
+            hunk = [text]
+            h = re.match(r"@@ -(\d+)", text)
+            if current == file and h and int(h.group(1)) == line:
+                found = hunk
+            continue
+        if hunk is found and found:
+            if text.startswith(("diff ", "--- ")):
+                break
+            found.append(text)
+    body = "\n".join(found) if found else ""
+    return "\n".join(lines) + (f"\nrejected hunk ({file}):\n{body}" if body else "")
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check(plans: list[PatchPlan], tree: Path) -> list[PatchResult]:
+    """Statuses without touching the tree (a plan's view; patches checked independently)."""
+    results = []
+    for p in plans:
+        if not p.needed:
+            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, _sha(p.path)))
+            continue
+        fwd = _git_apply(tree, p.path, "--check")
+        if fwd.returncode == 0:
+            results.append(PatchResult(p.name, WOULD_APPLY, p.reason, _sha(p.path)))
+        elif _git_apply(tree, p.path, "--check", "--reverse").returncode == 0:
+            results.append(PatchResult(p.name, UPSTREAM, "the reverse applies: the source has it",
+                                       _sha(p.path)))
+        else:
+            results.append(PatchResult(p.name, FAILS, p.reason, _sha(p.path),
+                                       _rejected_hunk(p.path, fwd.stdout)))
+    return results
+
+
+def apply(plans: list[PatchPlan], tree: Path) -> list[PatchResult]:
+    """Apply in order; on a failure reverse what was applied and raise PatchError."""
+    results: list[PatchResult] = []
+    applied: list[PatchPlan] = []
+    for p in plans:
+        if not p.needed:
+            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, _sha(p.path)))
+            continue
+        fwd = _git_apply(tree, p.path, "--check")
+        if fwd.returncode == 0:
+            done = _git_apply(tree, p.path)
+            if done.returncode == 0:
+                applied.append(p)
+                results.append(PatchResult(p.name, APPLIED, p.reason, _sha(p.path)))
+                continue
+            fwd = done
+        elif _git_apply(tree, p.path, "--check", "--reverse").returncode == 0:
+            results.append(PatchResult(p.name, UPSTREAM, "the reverse applies: the source has it",
+                                       _sha(p.path)))
+            continue
+        for q in reversed(applied):
+            _git_apply(tree, q.path, "--reverse")
+        raise PatchError(
+            f"patch {p.name} does not apply to {tree}\n{_rejected_hunk(p.path, fwd.stdout)}",
+            "the source moved on: refresh the patch, or narrow its `when` in the recipe "
+            "(the source tree was left unpatched)",
+        )
+    return results

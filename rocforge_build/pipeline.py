@@ -1,0 +1,621 @@
+"""The build pipeline: plan -> fetch -> patch -> configure -> build -> install -> smoke -> manifest.
+
+`make_plan()` computes everything once into a `Plan` (what `--dry-run --json` prints); `execute()`
+runs the steps.  A stamp over every input (recipe text, patch files, source identity, request,
+toolchain) is stored in the prefix's `rocforge-manifest.toml`; an identical second build compares
+stamps and returns before planning.  Installs go to a temporary sibling of the prefix and are
+swapped in only after the smoke test passes, so a failed build leaves the previous install intact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocforge_build import __version__, conditions, patches, paths, recipes, sources, targets
+from rocforge_build.errors import BuildError, ConfigError, ToolchainError, UsageError
+from rocforge_build.proc import merged_env, quote, run, which
+from rocforge_build.toolchains import GLSLC_FEATURES, Toolchain, detect, host_info
+
+MANIFEST = "rocforge-manifest.toml"
+_NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
+_UNUSED_RE = re.compile(r"Manually-specified variables were not used by the project:\s*\n((?:\s+\S+\n?)+)")
+
+
+@dataclass(frozen=True)
+class Request:
+    recipe: str
+    target: str
+    backend: str | None = None
+    ref: str | None = None
+    source: str | None = None
+    prefix: str | None = None
+    jobs: int | None = None
+    force: bool = False
+    no_cache: bool = False
+    build_targets: tuple[str, ...] = ()
+    environ: Mapping[str, str] | None = None
+
+
+@dataclass
+class Plan:
+    recipe: recipes.Recipe
+    target: str
+    backend: str
+    backend_reason: str
+    source: sources.Fetched
+    toolchain: Toolchain
+    options: list[dict]  # {name, value, reason}
+    env: dict[str, str]  # configure + build environment additions
+    runtime_env: dict[str, str]
+    env_reasons: dict[str, str]
+    patches: list[patches.PatchPlan]
+    patch_status: list[patches.PatchResult]
+    notes: list[str]
+    configure: list[str]
+    build: list[str]
+    install: list[str]
+    smoke: list[list[str]]
+    prefix: Path
+    work: Path
+    stamp: str
+    launcher: str | None
+    build_targets: tuple[str, ...] = ()
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def src_dir(self) -> Path:
+        return self.work / "src"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.work / "build"
+
+    @property
+    def log(self) -> Path:
+        return self.work / "rocforge-build.log"
+
+    def to_json(self) -> dict:
+        return {
+            "recipe": self.recipe.name,
+            "recipe_file": str(self.recipe.path),
+            "target": self.target,
+            "backend": self.backend,
+            "backend_reason": self.backend_reason,
+            "source": self.source.to_json(),
+            "patches": [p.to_json() for p in self.patch_status],
+            "options": self.options,
+            "configure": self.configure,
+            "build": self.build,
+            "install": self.install,
+            "smoke": self.smoke,
+            "env": self.env,
+            "env_reasons": self.env_reasons,
+            "runtime_env": self.runtime_env,
+            "toolchain": self.toolchain.to_json(),
+            "compiler_launcher": self.launcher,
+            "notes": self.notes,
+            "prefix": str(self.prefix),
+            "work_dir": str(self.work),
+            "log": str(self.log),
+            "stamp": self.stamp,
+        }
+
+
+# -- planning -------------------------------------------------------------------------------------
+
+def _fmt(value, ctx: dict) -> str:
+    if isinstance(value, bool):
+        return "ON" if value else "OFF"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return ";".join(sorted(_fmt(v, ctx) for v in value))
+    try:
+        return str(value).format(**ctx)
+    except (KeyError, IndexError) as exc:
+        raise ConfigError(f"value {value!r}: unknown placeholder {exc}") from exc
+
+
+def _source_version(recipe: recipes.Recipe, fetched: sources.Fetched) -> str | None:
+    for probe in recipe.source.version:
+        if probe.get("git") == "describe" and (fetched.root / ".git").exists():
+            res = run(["git", "-C", fetched.root, "describe", "--tags"], check=False)
+            if res.returncode == 0:
+                return res.stdout.strip()
+        if "file" in probe:
+            f = fetched.root / probe["file"]
+            if f.is_file():
+                m = re.search(probe.get("regex", r"(.+)"), f.read_text(errors="replace"), re.M)
+                if m:
+                    return m.group(1).strip()
+    return None
+
+
+def _launcher(no_cache: bool, path: str | None) -> str | None:
+    if no_cache:
+        return None
+    for tool in ("ccache", "sccache"):
+        exe = which(tool, path)
+        if exe:
+            return exe
+    return None
+
+
+def default_prefix(recipe: str, target: str, backend: str) -> Path:
+    return paths.builds_prefix() / f"{recipe}-{target}-{backend}"
+
+
+def _choose_backend(recipe: recipes.Recipe, req: Request, facts: conditions.Facts) -> tuple[str, str]:
+    if req.backend:
+        if req.backend not in recipe.backends:
+            import difflib
+
+            close = difflib.get_close_matches(req.backend, recipe.backends, n=1)
+            hint = f"did you mean {close[0]}?" if close else "backends: " + ", ".join(recipe.backends)
+            raise UsageError(f"recipe {recipe.name} has no backend {req.backend!r}", hint)
+        return req.backend, "asked for with --backend"
+    for rule in recipe.of("default"):
+        if conditions.evaluate(rule.when, facts):
+            return rule.get("backend"), rule.get("reason")
+    first = next(iter(recipe.backends))
+    return first, "the recipe's first backend"
+
+
+def _inputs_stamp(recipe: recipes.Recipe, req: Request, identity: str, toolchain: Toolchain,
+                  prefix: Path, backend: str) -> str:
+    h = hashlib.sha256()
+    parts = {
+        "rocforge": __version__,
+        "recipe": recipe.text,
+        "patches": {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                    for p in sorted(recipe.patches_dir.glob("*.patch"))} if recipe.patches_dir.is_dir() else {},
+        "identity": identity,
+        "target": req.target,
+        "backend": backend,
+        "no_cache": req.no_cache,
+        "build_targets": list(req.build_targets),
+        "prefix": str(prefix),
+        "toolchain": toolchain.to_json(),
+    }
+    h.update(json.dumps(parts, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def _prepare(req: Request, root):
+    """Recipe, target, fetched source, backend choice, toolchain and facts: the shared start of
+    a plan and of the no-op check (the fetch is a cache hit after the first build)."""
+    recipe = recipes.load(req.recipe)
+    tgt = targets.get_target(req.target)
+    environ = dict(os.environ if req.environ is None else req.environ)
+    spec = sources.spec_for(recipe, ref=req.ref, source=req.source)
+    identity = sources.identify(spec)
+    fetched = sources.fetch(spec, identity)
+    source_facts = conditions.SourceFacts(fetched.tree, _source_version(recipe, fetched))
+    pre = conditions.Facts(target=tgt.name, families=tgt.therock_groups, source=source_facts)
+    backend, backend_reason = _choose_backend(recipe, req, pre)
+    be = recipe.backends[backend]
+    toolchain = detect(be.toolchain, root, tgt.name, environ)
+    facts = conditions.Facts(
+        target=tgt.name, families=tgt.therock_groups, backend=backend,
+        rocm_version=toolchain.rocm_version, source=source_facts,
+        host=conditions.HostFacts(include_dirs=toolchain.include_dirs, path=toolchain.path,
+                                  probe_glslc=toolchain.probe_glslc),
+        toolchain_found=toolchain.missing is None,
+    )
+    prefix = (Path(req.prefix).expanduser().resolve() if req.prefix
+              else default_prefix(recipe.name, tgt.name, backend))
+    return recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix
+
+
+def make_plan(req: Request, root, *, check_patches: bool = True) -> Plan:
+    recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix = _prepare(req, root)
+    be = recipe.backends[backend]
+    ok, why = conditions.explain(be.when, facts)
+    if not ok:
+        raise UsageError(
+            f"backend {backend} is not available for this source: {why}"
+            + (f". {be.unavailable}" if be.unavailable else ""), be.hint)
+    for rule in recipe.of("stop"):
+        holds, why = conditions.explain(rule.when, facts)
+        if holds:
+            raise ToolchainError(f"{rule.get('message')} ({why})", rule.get("hint"))
+    notes = []
+    for rule in recipe.of("note"):
+        holds, why = conditions.explain(rule.when, facts)
+        if holds:
+            notes.append(rule.get("message"))
+    if be.toolchain == "vulkan" and toolchain.glslc:
+        lacking = [desc for ext, desc in GLSLC_FEATURES.items() if not facts.host.glslc_extension(ext)]
+        if lacking:
+            notes.append(f"glslc ({toolchain.glslc}) cannot compile: {'; '.join(lacking)} — "
+                         "those shaders are left out (slower on GPUs that have them); a newer "
+                         "glslc/shaderc (Vulkan SDK) enables them")
+    work = paths.cache_dir() / "work" / hashlib.sha256(str(prefix).encode()).hexdigest()[:12]
+    ctx = {"target": tgt.name, "backend": backend, "prefix": str(prefix),
+           "hip_clang_dir": (str(Path(toolchain.env["HIPCXX"]).parent) if "HIPCXX" in toolchain.env
+                             else "<no HIP toolchain>"),
+           **{k: v for k, v in toolchain.env.items()}}
+    # options: later rules override earlier ones of the same name
+    chosen: dict[str, dict] = {}
+    declared = facts.source.cmake_options
+    for rule in recipe.of("option"):
+        holds, why = conditions.explain(rule.when, facts)
+        if not holds:
+            continue
+        name = rule.get("name")
+        if rule.get("declared", True) and name not in declared:
+            raise ConfigError(
+                f"recipe {recipe.name}: option {name} is not declared by the source "
+                f"({fetched.tree}); CMake would ignore it silently",
+                "give the option a `when` on `cmake_option` so it is passed only to trees that have it")
+        chosen[name] = {"name": name, "value": _fmt(rule.get("value"), ctx),
+                        "reason": rule.get("reason"), "because": why}
+    for name, value in toolchain.defines.items():
+        chosen.setdefault(name, {"name": name, "value": value, "reason": "found by toolchain detection",
+                                 "because": be.toolchain})
+    launcher = _launcher(req.no_cache, environ.get("PATH"))
+    langs = ["C", "CXX"] + (["HIP"] if be.toolchain == "hip" else [])
+    if launcher:
+        for lang in langs:
+            chosen[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = {
+                "name": f"CMAKE_{lang}_COMPILER_LAUNCHER", "value": launcher,
+                "reason": "compiler cache (disable with --no-cache)", "because": "found on PATH"}
+    build_targets = tuple(req.build_targets) or recipe.build_targets
+    if req.build_targets:
+        chosen["CMAKE_BUILD_WITH_INSTALL_RPATH"] = {
+            "name": "CMAKE_BUILD_WITH_INSTALL_RPATH", "value": "ON", "because": "--build-target",
+            "reason": "a partial build is installed by copying artifacts, so they carry the install RPATH"}
+    env: dict[str, str] = dict(toolchain.env)
+    env_reasons = {k: f"{be.toolchain} toolchain" for k in toolchain.env}
+    runtime_env: dict[str, str] = {}
+    for rule in recipe.of("env"):
+        holds, why = conditions.explain(rule.when, facts)
+        if not holds:
+            continue
+        target_env = runtime_env if rule.get("stage", "configure") == "runtime" else env
+        target_env[rule.get("name")] = _fmt(rule.get("value"), ctx)
+        env_reasons[rule.get("name")] = rule.get("reason")
+    patch_plans = []
+    for rule in recipe.of("patch"):
+        holds, why = conditions.explain(rule.when, facts)
+        patch_plans.append(patches.PatchPlan(rule.get("file"), recipe.patches_dir / rule.get("file"),
+                                             holds, f"{rule.get('reason')} ({why})" if holds else why))
+    patch_status = patches.check(patch_plans, fetched.tree) if check_patches else []
+    options = list(chosen.values())
+    configure = ["cmake", "-S", str(work / "src"), "-B", str(work / "build"), "-G", "Ninja",
+                 f"-DCMAKE_INSTALL_PREFIX={prefix}"]
+    configure += [f"-D{o['name']}={o['value']}" for o in options]
+    jobs = req.jobs or os.cpu_count() or 1
+    build = ["ninja", "-C", str(work / "build"), "-j", str(jobs), *build_targets]
+    install = ["cmake", "--install", str(work / "build"), "--prefix", f"{prefix}.rocforge-new"]
+    if build_targets:
+        install = ["(copy artifacts of)", *build_targets, "->", f"{prefix}.rocforge-new"]
+    smoke = [list(r.get("run")) for r in recipe.of("smoke") if conditions.evaluate(r.when, facts)]
+    stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend)
+    return Plan(recipe, tgt.name, backend, backend_reason, fetched, toolchain, options, env,
+                runtime_env, env_reasons, patch_plans, patch_status, notes, configure, build,
+                install, smoke, prefix, work, stamp, launcher, build_targets)
+
+
+# -- no-op check ----------------------------------------------------------------------------------
+
+def read_manifest(prefix: Path) -> dict | None:
+    import tomllib
+
+    try:
+        return tomllib.loads((prefix / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def quick_stamp(req: Request, root) -> tuple[str, Path]:
+    """The stamp over every input, computed without planning, patching or running CMake."""
+    recipe, _, _, fetched, backend, _, toolchain, _, prefix = _prepare(req, root)
+    return _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend), prefix
+
+
+# -- execution ------------------------------------------------------------------------------------
+
+class _Log:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.fh = path.open("a", encoding="utf-8")
+
+    def write(self, text: str) -> None:
+        self.fh.write(text)
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _stream(argv: list[str], env: Mapping[str, str | None], log: _Log, step: str,
+            on_line: Callable[[str], None] | None = None, cwd: Path | None = None) -> str:
+    """Run a step, every line into the log; builds on proc (same env merge, quoting, lookup)."""
+    full_env = merged_env(env)
+    if which(argv[0], full_env.get("PATH")) is None:
+        raise ToolchainError(f"required program {argv[0]!r} was not found on PATH",
+                             "Debian: apt-get install cmake ninja-build")
+    log.write(f"\n==> {step}: {quote(argv)}\n")
+    tail: list[str] = []
+    proc = subprocess.Popen(argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+    assert proc.stdout is not None
+    out: list[str] = []
+    for line in proc.stdout:
+        log.write(line)
+        out.append(line)
+        tail.append(line.rstrip("\n"))
+        del tail[:-25]
+        if on_line:
+            on_line(line.rstrip("\n"))
+    rc = proc.wait()
+    if rc != 0:
+        raise BuildError(
+            f"{step} failed (exit code {rc}); full log: {log.path}\n" + "\n".join(tail[-15:]),
+            f"read the log: less {log.path}")
+    return "".join(out)
+
+
+@dataclass
+class Outcome:
+    status: str  # "built" | "up to date"
+    prefix: Path
+    manifest: Path
+    seconds: float
+    plan: Plan | None = None
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
+    t0 = time.monotonic()
+    if not req.force:
+        stamp, prefix = quick_stamp(req, root)
+        old = read_manifest(prefix)
+        if old and old.get("stamp") == stamp:
+            return Outcome("up to date", prefix, prefix / MANIFEST, time.monotonic() - t0)
+    console = _console()
+    say = (lambda *a, **k: None) if quiet else console.print
+    timings: dict[str, float] = {}
+
+    t = time.monotonic()
+    plan = make_plan(req, root, check_patches=False)
+    plan.toolchain.require()
+    timings["plan+fetch"] = time.monotonic() - t
+    say(f"[bold]rocforge build[/] {plan.recipe.name} for {plan.target} ({plan.backend}: {plan.backend_reason})")
+    for note in plan.notes:
+        say(f"[yellow]note:[/] {note}")
+    plan.work.mkdir(parents=True, exist_ok=True)
+    if plan.log.exists():
+        plan.log.unlink()
+    log = _Log(plan.log)
+    try:
+        log.write(json.dumps(plan.to_json(), indent=2, default=str) + "\n")
+        t = time.monotonic()
+        sources.sync_tree(plan.source.tree, plan.src_dir)
+        plan.patch_status = patches.apply(plan.patches, plan.src_dir)
+        timings["patch"] = time.monotonic() - t
+        for r in plan.patch_status:
+            say(f"  patch {r.name}: {r.status} — {r.reason}")
+
+        env = plan.env
+        t = time.monotonic()
+        marker = plan.build_dir / ".rocforge-configure"
+        configure_key = hashlib.sha256(json.dumps([plan.configure, env]).encode()).hexdigest()
+        if not (marker.is_file() and marker.read_text() == configure_key
+                and (plan.build_dir / "build.ninja").is_file()):
+            if marker.exists():
+                marker.unlink()
+            cache = plan.build_dir / "CMakeCache.txt"
+            if cache.exists():
+                cache.unlink()  # a changed option set starts from a fresh cache
+            query = plan.build_dir / ".cmake" / "api" / "v1" / "query" / "codemodel-v2"
+            query.parent.mkdir(parents=True, exist_ok=True)
+            query.touch()
+            say("  configure ...")
+            out = _stream(plan.configure, env, log, "configure")
+            _check_unused(out, plan, log)
+            marker.write_text(configure_key)
+        timings["configure"] = time.monotonic() - t
+
+        t = time.monotonic()
+        _build(plan, env, log, console, quiet)
+        timings["build"] = time.monotonic() - t
+
+        t = time.monotonic()
+        staging = Path(f"{plan.prefix}.rocforge-new")
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        if plan.build_targets:
+            _install_artifacts(plan, staging, log)
+        else:
+            _stream(["cmake", "--install", str(plan.build_dir), "--prefix", str(staging)], env, log, "install")
+        timings["install"] = time.monotonic() - t
+
+        t = time.monotonic()
+        for argv in plan.smoke:
+            exe = staging / argv[0]
+            if not exe.exists():
+                raise BuildError(f"smoke test: {argv[0]} was not installed; full log: {plan.log}")
+            _stream([str(exe), *argv[1:]], {**plan.runtime_env}, log, "smoke test")
+        timings["smoke"] = time.monotonic() - t
+        timings["total"] = time.monotonic() - t0
+        plan.timings = {k: round(v, 3) for k, v in timings.items()}
+        write_manifest(plan, staging)
+        _swap(staging, plan.prefix)
+    except BaseException:
+        shutil.rmtree(Path(f"{plan.prefix}.rocforge-new"), ignore_errors=True)
+        raise
+    finally:
+        log.close()
+    say(f"[green]installed[/] {plan.prefix} in {timings['total']:.1f}s (manifest {plan.prefix / MANIFEST})")
+    return Outcome("built", plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0, plan)
+
+
+def _check_unused(output: str, plan: Plan, log: _Log) -> None:
+    """CMake lists variables it ignored; an ignored recipe option means a silently wrong build."""
+    m = _UNUSED_RE.search(output)
+    if not m:
+        return
+    ignored = {v.strip() for v in m.group(1).split()}
+    ours = {o["name"] for o in plan.options if not o["name"].endswith("_COMPILER_LAUNCHER")}
+    bad = sorted(ignored & ours)
+    if bad:
+        raise BuildError(
+            f"CMake ignored option(s) {', '.join(bad)} for this source; the build would not be what "
+            f"the recipe says; full log: {log.path}",
+            "fix the option's `when` in the recipe so it is passed only where the source uses it")
+
+
+def _build(plan: Plan, env: dict, log: _Log, console, quiet: bool) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    disable = quiet or not console.is_terminal
+    with Progress(TextColumn("  build"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=console, disable=disable,
+                  transient=True) as progress:
+        task = progress.add_task("", total=None)
+
+        def on_line(line: str) -> None:
+            m = _NINJA_RE.match(line)
+            if m:
+                progress.update(task, completed=int(m.group(1)), total=int(m.group(2)),
+                                description=m.group(3)[-60:])
+
+        _stream(plan.build, env, log, "build", on_line)
+
+
+def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
+    """Install only the chosen targets (and the shared libraries they link) by copying their
+    artifacts to their install destinations, read from CMake's file API."""
+    reply = plan.build_dir / ".cmake" / "api" / "v1" / "reply"
+    index = sorted(reply.glob("index-*.json"))
+    if not index:
+        raise BuildError(f"CMake file API reply missing in {reply}; full log: {log.path}")
+    idx = json.loads(index[-1].read_text())
+    cm_file = idx["reply"]["codemodel-v2"]["jsonFile"]
+    cm = json.loads((reply / cm_file).read_text())
+    config = cm["configurations"][0]
+    by_id = {}
+    for t in config["targets"]:
+        by_id[t["id"]] = json.loads((reply / t["jsonFile"]).read_text())
+    by_name = {t["name"]: t for t in by_id.values()}
+    todo = []
+    for name in plan.build_targets:
+        if name not in by_name:
+            raise BuildError(f"--build-target {name}: no such CMake target; full log: {log.path}")
+        todo.append(by_name[name])
+    seen: set[str] = set()
+    while todo:
+        t = todo.pop()
+        if t["id"] in seen:
+            continue
+        seen.add(t["id"])
+        todo += [by_id[d["id"]] for d in t.get("dependencies", []) if d["id"] in by_id]
+        if t["type"] not in ("EXECUTABLE", "SHARED_LIBRARY", "MODULE_LIBRARY"):
+            continue
+        dests = [d["path"] for d in t.get("install", {}).get("destinations", [])]
+        dest = dests[0] if dests else ("bin" if t["type"] == "EXECUTABLE" else "lib")
+        for art in t.get("artifacts", []):
+            src = plan.build_dir / art["path"]
+            out = staging / dest
+            out.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, out / src.name)
+            log.write(f"install {src} -> {out / src.name}\n")
+            for sib in src.parent.iterdir():  # SONAME links pointing at the artifact
+                if sib.is_symlink() and sib.resolve() == src.resolve():
+                    link = out / sib.name
+                    if link.exists() or link.is_symlink():
+                        link.unlink()
+                    os.symlink(os.readlink(sib), link)
+
+
+def _swap(staging: Path, prefix: Path) -> None:
+    old = Path(f"{prefix}.rocforge-old")
+    if old.exists():
+        shutil.rmtree(old)
+    if prefix.exists():
+        os.replace(prefix, old)
+    os.replace(staging, prefix)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_manifest(plan: Plan, where: Path) -> Path:
+    import tomlkit
+
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment("Written by rocforge: exactly what was built. Do not edit."))
+    doc["rocforge"] = __version__
+    doc["stamp"] = plan.stamp
+    doc["recipe"] = {"name": plan.recipe.name, "file": str(plan.recipe.path),
+                     "sha256": hashlib.sha256(plan.recipe.text.encode()).hexdigest()}
+    src = {k: v for k, v in plan.source.to_json().items() if v is not None}
+    src["version"] = _source_version(plan.recipe, plan.source) or ""
+    doc["source"] = src
+    doc["target"] = plan.target
+    doc["backend"] = plan.backend
+    doc["backend_reason"] = plan.backend_reason
+    doc["flags"] = {"configure": plan.configure, "build": plan.build,
+                    "options": [{k: v for k, v in o.items() if v is not None} for o in plan.options]}
+    doc["env"] = plan.env
+    doc["runtime_env"] = plan.runtime_env
+    doc["patches"] = [p.to_json() for p in plan.patch_status]
+    doc["toolchain"] = {**{k: v for k, v in plan.toolchain.to_json().items() if v},
+                        **host_info(merged_env(plan.env)),
+                        "compiler_launcher": plan.launcher or "none"}
+    doc["notes"] = plan.notes
+    doc["timings"] = plan.timings
+    doc["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    path = where / MANIFEST
+    path.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    return path
+
+
+def print_plan(plan: Plan, out=sys.stdout) -> None:
+    """Human-readable plan: every decision with its reason."""
+    w = out.write
+    w(f"recipe   {plan.recipe.name} ({plan.recipe.path})\n")
+    w(f"target   {plan.target}\nbackend  {plan.backend} — {plan.backend_reason}\n")
+    w(f"source   {plan.source.spec.kind} {plan.source.spec.location} @ {plan.source.identity}\n")
+    w(f"prefix   {plan.prefix}\n")
+    if plan.toolchain.missing:
+        w(f"toolchain MISSING: {plan.toolchain.missing}\n  hint: {plan.toolchain.hint}\n")
+    w("options\n")
+    for o in plan.options:
+        w(f"  -D{o['name']}={o['value']}\n      {o['reason']} [{o['because']}]\n")
+    if plan.env:
+        w("env\n")
+        for k, v in plan.env.items():
+            w(f"  {k}={v}  ({plan.env_reasons.get(k, '')})\n")
+    if plan.runtime_env:
+        w("runtime env (recorded in the manifest)\n")
+        for k, v in plan.runtime_env.items():
+            w(f"  {k}={v}  ({plan.env_reasons.get(k, '')})\n")
+    w("patches\n")
+    for p in plan.patch_status:
+        w(f"  {p.name}: {p.status} — {p.reason}\n")
+        if p.detail:
+            w("    " + p.detail.replace("\n", "\n    ") + "\n")
+    for n in plan.notes:
+        w(f"note: {n}\n")
+    w(f"configure  {quote(plan.configure)}\nbuild      {quote(plan.build)}\n")
+    w(f"install    {' '.join(plan.install)}\n")
+    for s in plan.smoke:
+        w(f"smoke      {quote(s)}\n")

@@ -1,0 +1,243 @@
+"""Build recipes: TOML files in `recipes/`, loaded and validated in one place.
+
+A recipe is declarations only (spack-style): where the source comes from, which backends exist,
+which CMake options / environment / patches / stops / notes apply `when` a condition holds
+(see `conditions.py`), what to build and how to smoke-test it.  Every error names the recipe and
+the key; unknown keys get a "did you mean" from difflib.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocforge_build import conditions, resources
+from rocforge_build.errors import ConfigError, UsageError
+
+TOOLCHAINS = ("hip", "vulkan", "host")
+
+# table -> {key: (types, required)}; lists of tables are validated per item.
+_SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    "": {
+        "recipe": ((dict,), True), "source": ((dict,), True), "backends": ((dict,), True),
+        "default": ((list,), False), "option": ((list,), False), "env": ((list,), False),
+        "patch": ((list,), False), "stop": ((list,), False), "note": ((list,), False),
+        "build": ((dict,), False), "smoke": ((list,), False),
+    },
+    "recipe": {
+        "name": ((str,), True), "description": ((str,), False), "homepage": ((str,), False),
+    },
+    "source": {
+        "git": ((str,), False), "ref": ((str,), False), "url": ((str,), False),
+        "sha256": ((str,), False), "subdir": ((str,), False), "version": ((list,), False),
+    },
+    "source.version": {"file": ((str,), False), "regex": ((str,), False), "git": ((str,), False)},
+    "backends.*": {
+        "description": ((str,), False), "toolchain": ((str,), True),
+        "when": ((dict,), False), "unavailable": ((str,), False), "hint": ((str,), False),
+    },
+    "default": {"backend": ((str,), True), "when": ((dict,), False), "reason": ((str,), True)},
+    "option": {
+        "name": ((str,), True), "value": ((str, bool, int, list), True), "when": ((dict,), False),
+        "reason": ((str,), True), "declared": ((bool,), False),
+    },
+    "env": {
+        "name": ((str,), True), "value": ((str,), True), "when": ((dict,), False),
+        "reason": ((str,), True), "stage": ((str,), False),
+    },
+    "patch": {"file": ((str,), True), "when": ((dict,), False), "reason": ((str,), True)},
+    "stop": {"when": ((dict,), True), "message": ((str,), True), "hint": ((str,), False)},
+    "note": {"when": ((dict,), False), "message": ((str,), True)},
+    "build": {"targets": ((list,), False), "generator": ((str,), False)},
+    "smoke": {"run": ((list,), True), "when": ((dict,), False)},
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One conditional declaration (option, env, patch, stop, note, default, smoke)."""
+
+    kind: str
+    data: dict[str, Any]
+    when: dict | None = None
+
+    def get(self, key: str, default=None):
+        return self.data.get(key, default)
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    toolchain: str
+    description: str = ""
+    when: dict | None = None
+    unavailable: str | None = None
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class Source:
+    git: str | None = None
+    ref: str | None = None
+    url: str | None = None
+    sha256: str | None = None
+    subdir: str | None = None
+    version: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    path: Path
+    description: str
+    source: Source
+    backends: dict[str, Backend]
+    rules: tuple[Rule, ...]
+    build_targets: tuple[str, ...] = ()
+    text: str = field(default="", repr=False, compare=False)
+
+    def of(self, kind: str) -> list[Rule]:
+        return [r for r in self.rules if r.kind == kind]
+
+    @property
+    def patches_dir(self) -> Path:
+        """`<recipes dir>/../patches/<name>/` — for packaged and path recipes alike."""
+        return self.path.parent.parent / "patches" / self.name
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "description": self.description,
+            "source": {k: v for k, v in vars(self.source).items() if v not in (None, ())},
+            "backends": {
+                b.name: {"toolchain": b.toolchain, "description": b.description, "when": b.when}
+                for b in self.backends.values()
+            },
+            "defaults": [r.data for r in self.of("default")],
+            "options": [r.data for r in self.of("option")],
+            "env": [r.data for r in self.of("env")],
+            "patches": [r.data for r in self.of("patch")],
+            "stops": [r.data for r in self.of("stop")],
+            "notes": [r.data for r in self.of("note")],
+            "smoke": [r.data for r in self.of("smoke")],
+            "build_targets": list(self.build_targets),
+        }
+
+
+def _check_keys(table: dict, schema_key: str, where: str) -> None:
+    schema = _SCHEMA[schema_key]
+    for key, value in table.items():
+        if key not in schema:
+            close = difflib.get_close_matches(key, schema, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(schema)}"
+            raise ConfigError(f"{where}: unknown key {key!r}", hint)
+        types, _ = schema[key]
+        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+            names = " or ".join(t.__name__ for t in types)
+            raise ConfigError(f"{where}.{key}: must be {names}, got {type(value).__name__}")
+    for key, (_, required) in schema.items():
+        if required and key not in table:
+            raise ConfigError(f"{where}: missing required key {key!r}")
+
+
+def parse(text: str, path: Path) -> Recipe:
+    """Validate and build a Recipe from TOML text; errors say `recipe NAME: key: problem`."""
+    label = path.stem
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"recipe {label} ({path}): invalid TOML: {exc}") from exc
+    name = raw.get("recipe", {}).get("name", label) if isinstance(raw.get("recipe"), dict) else label
+    where = f"recipe {name}"
+    _check_keys(raw, "", where)
+    _check_keys(raw["recipe"], "recipe", f"{where}: recipe")
+    src = raw["source"]
+    _check_keys(src, "source", f"{where}: source")
+    if not (src.get("git") or src.get("url")):
+        raise ConfigError(f"{where}: source: needs `git` (+ `ref`) or `url` (+ `sha256`)")
+    if src.get("url") and not src.get("sha256") and not src["url"].startswith("file:"):
+        raise ConfigError(f"{where}: source.sha256: required with a remote `url`",
+                          "pin the tarball: sha256sum FILE")
+    if src.get("git") and not src.get("ref"):
+        raise ConfigError(f"{where}: source.ref: required with `git` (a tag or commit)")
+    for i, probe in enumerate(src.get("version", [])):
+        _check_keys(probe, "source.version", f"{where}: source.version[{i}]")
+    source = Source(
+        git=src.get("git"), ref=src.get("ref"), url=src.get("url"), sha256=src.get("sha256"),
+        subdir=src.get("subdir"), version=tuple(src.get("version", [])),
+    )
+    backends: dict[str, Backend] = {}
+    for bname, b in raw["backends"].items():
+        bwhere = f"{where}: backends.{bname}"
+        if not isinstance(b, dict):
+            raise ConfigError(f"{bwhere}: must be a table")
+        _check_keys(b, "backends.*", bwhere)
+        if b["toolchain"] not in TOOLCHAINS:
+            raise ConfigError(f"{bwhere}.toolchain: {b['toolchain']!r} is not one of {TOOLCHAINS}")
+        if "when" in b:
+            conditions.validate(b["when"], f"{bwhere}.when")
+        backends[bname] = Backend(bname, b["toolchain"], b.get("description", ""), b.get("when"),
+                                  b.get("unavailable"), b.get("hint"))
+    if not backends:
+        raise ConfigError(f"{where}: backends: declare at least one backend")
+    rules: list[Rule] = []
+    for kind in ("default", "option", "env", "patch", "stop", "note", "smoke"):
+        for i, item in enumerate(raw.get(kind, [])):
+            iwhere = f"{where}: {kind}[{i}]"
+            if not isinstance(item, dict):
+                raise ConfigError(f"{iwhere}: must be a table ([[{kind}]])")
+            label_key = item.get("name") or item.get("file") or item.get("backend")
+            if label_key:
+                iwhere = f"{where}: {kind}[{i}] ({label_key})"
+            _check_keys(item, kind, iwhere)
+            if "when" in item:
+                conditions.validate(item["when"], f"{iwhere}.when")
+            if kind == "default" and item["backend"] not in backends:
+                raise ConfigError(f"{iwhere}.backend: {item['backend']!r} is not a declared backend")
+            if kind == "env" and item.get("stage", "configure") not in ("configure", "build", "runtime"):
+                raise ConfigError(f"{iwhere}.stage: must be configure, build or runtime")
+            if kind == "patch" and not (path.parent.parent / "patches" / name / item["file"]).is_file():
+                raise ConfigError(f"{iwhere}.file: {item['file']} not found in "
+                                  f"{path.parent.parent / 'patches' / name}")
+            if kind == "smoke" and not all(isinstance(a, str) for a in item["run"]):
+                raise ConfigError(f"{iwhere}.run: must be a list of strings")
+            rules.append(Rule(kind, item, item.get("when")))
+    build = raw.get("build", {})
+    _check_keys(build, "build", f"{where}: build")
+    return Recipe(
+        name=name, path=path, description=raw["recipe"].get("description", ""), source=source,
+        backends=backends, rules=tuple(rules), build_targets=tuple(build.get("targets", [])),
+        text=text,
+    )
+
+
+def load_file(path: Path) -> Recipe:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"recipe file {path} is unreadable: {exc.strerror}") from exc
+    return parse(text, path.resolve())
+
+
+def available() -> dict[str, Path]:
+    """Packaged recipes by name."""
+    return {p.stem: p for p in sorted(resources.recipes_dir().glob("*.toml"))}
+
+
+def load(name_or_path: str) -> Recipe:
+    """A packaged recipe by name, or a recipe file by path (anything ending in .toml)."""
+    if name_or_path.endswith(".toml") or "/" in name_or_path:
+        p = Path(name_or_path)
+        if not p.is_file():
+            raise UsageError(f"recipe file {name_or_path} does not exist")
+        return load_file(p)
+    table = available()
+    if name_or_path not in table:
+        close = difflib.get_close_matches(name_or_path, table, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else "see `rocforge recipes`"
+        raise UsageError(f"unknown recipe {name_or_path!r}", hint)
+    return load_file(table[name_or_path])

@@ -1,0 +1,325 @@
+"""Fetch a recipe's source into the cache: a git URL + ref, a tarball URL + sha256, or a local
+tree / offline mirror given with `--source PATH|URL`.
+
+Each source gets an *identity* — the git commit, the tarball's sha256, or a hash over a local
+tree's file names, sizes and mtimes — computed cheaply before anything is fetched, so a no-op
+build can stop early.  Pristine trees live in `paths.cache_dir()/sources/`; builds work on a
+synced copy (see `sync_tree`) so patches never touch the cache or the user's own tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from rocforge_build import paths
+from rocforge_build.errors import IntegrityError, NetworkError, UsageError
+from rocforge_build.proc import CommandFailed, run
+
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+_TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".tar", ".tar.zst")
+_SKIP = {".git", "__pycache__"}
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    kind: str  # "git" | "tarball" | "local"
+    location: str  # URL or host path
+    ref: str | None = None
+    sha256: str | None = None
+    subdir: str | None = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Fetched:
+    spec: SourceSpec
+    identity: str  # commit / sha256 / tree hash
+    root: Path  # the fetched top directory (pristine)
+    tree: Path  # the CMake project (root / subdir)
+    commit: str | None = None
+
+    def to_json(self) -> dict:
+        d = self.spec.to_json()
+        d["identity"] = self.identity
+        if self.commit:
+            d["commit"] = self.commit
+        d["tree"] = str(self.tree)
+        return d
+
+
+def _is_tarball(name: str) -> bool:
+    return name.lower().endswith(_TAR_SUFFIXES)
+
+
+def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> SourceSpec:
+    """The source to use: `--source` beats `--ref` beats the recipe's default."""
+    rs = recipe.source
+    if source:
+        parsed = urlparse(source)
+        if parsed.scheme in ("http", "https"):
+            if _is_tarball(parsed.path) or not source.endswith(".git"):
+                if not _is_tarball(parsed.path):
+                    raise UsageError(f"--source {source}: not a tarball URL (.tar.gz, .tar.xz, ...)",
+                                     "give a tarball URL, a git URL ending in .git, or a local path")
+                sha = rs.sha256 if source == rs.url else None
+                return SourceSpec("tarball", source, sha256=sha, subdir=rs.subdir)
+            return SourceSpec("git", source, ref=ref or rs.ref, subdir=rs.subdir)
+        if parsed.scheme in ("git", "ssh") or source.startswith("git+"):
+            return SourceSpec("git", source.removeprefix("git+"), ref=ref or rs.ref, subdir=rs.subdir)
+        path = Path(unquote(parsed.path) if parsed.scheme == "file" else source).expanduser()
+        if not path.exists():
+            raise UsageError(f"--source {source}: no such file or directory")
+        path = path.resolve()
+        if path.is_file():
+            if not _is_tarball(path.name):
+                raise UsageError(f"--source {source}: a file source must be a tarball")
+            return SourceSpec("tarball", str(path), subdir=rs.subdir)
+        if ref:  # a local git repository at a given ref
+            return SourceSpec("git", str(path), ref=ref, subdir=rs.subdir)
+        sub = rs.subdir if rs.subdir and (path / rs.subdir).is_dir() else None
+        return SourceSpec("local", str(path), subdir=sub)
+    if ref:
+        if not rs.git:
+            raise UsageError(f"recipe {recipe.name} has no git source; --ref needs one",
+                             "use --source URL|PATH instead")
+        return SourceSpec("git", rs.git, ref=ref)
+    if rs.url:
+        return SourceSpec("tarball", rs.url, sha256=rs.sha256, subdir=rs.subdir)
+    return SourceSpec("git", rs.git, ref=rs.ref, subdir=rs.subdir)
+
+
+# -- identity -----------------------------------------------------------------------------------
+
+def tree_hash(tree: Path) -> str:
+    """Hash over relative names, sizes and mtimes of every file (fast: stats only)."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(tree):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP)
+        rel = os.path.relpath(dirpath, tree)
+        for name in sorted(filenames):
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            h.update(f"{rel}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _mirror(url: str) -> Path:
+    return paths.cache_dir() / "sources" / "git" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
+
+
+def _git_resolve(url: str, ref: str) -> str:
+    if _SHA_RE.match(ref):
+        return ref
+    try:
+        out = run(["git", "ls-remote", url, ref, f"{ref}^{{}}"], timeout=120).stdout
+    except CommandFailed as exc:
+        mirror = _mirror(url)
+        if mirror.is_dir():  # offline: fall back to what the cache already knows
+            try:
+                return run(["git", "-C", mirror, "rev-parse", f"{ref}^{{commit}}"]).stdout.strip()
+            except CommandFailed:
+                pass
+        raise NetworkError(f"git ls-remote {url} {ref} failed", exc.output.strip()[-400:] or None) from exc
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        sha, _, name = line.partition("\t")
+        found[name] = sha
+    for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
+        if name in found:
+            return found[name]
+    if found:
+        return next(iter(found.values()))
+    raise UsageError(f"git ref {ref!r} not found in {url}", "give a tag, branch or full commit sha")
+
+
+def identify(spec: SourceSpec) -> str:
+    """The source's identity without fetching (git: one ls-remote; tarball: the pinned sha256)."""
+    if spec.kind == "local":
+        return "tree:" + tree_hash(Path(spec.location))
+    if spec.kind == "git":
+        return _git_resolve(spec.location, spec.ref or "HEAD")
+    if spec.sha256:
+        return spec.sha256
+    if not urlparse(spec.location).scheme:  # a local tarball file: hash it
+        return _sha256_file(Path(spec.location))
+    return ""  # a remote tarball without a pin: known only after the download
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# -- fetching -----------------------------------------------------------------------------------
+
+def _trees_dir() -> Path:
+    return paths.cache_dir() / "sources" / "trees"
+
+
+def _finish(spec: SourceSpec, identity: str, root: Path, commit: str | None = None) -> Fetched:
+    tree = root / spec.subdir if spec.subdir else root
+    if not tree.is_dir():
+        raise UsageError(f"source {spec.location} has no directory {spec.subdir!r}")
+    return Fetched(spec, identity, root, tree, commit)
+
+
+def fetch(spec: SourceSpec, identity: str | None = None, *, progress: bool = True) -> Fetched:
+    """Make the pristine tree available (cached by identity) and return where it is."""
+    identity = identity or identify(spec)
+    if spec.kind == "local":
+        root = Path(spec.location)
+        commit = None
+        if (root / ".git").exists():
+            try:
+                commit = run(["git", "-C", root, "rev-parse", "HEAD"]).stdout.strip()
+            except CommandFailed:
+                commit = None
+        return _finish(spec, identity, root, commit)
+    dest = _trees_dir() / (identity[:20] if identity else "unpinned")
+    if spec.kind == "git":
+        if not (dest / ".rocforge-complete").is_file():
+            _git_export(spec.location, identity, dest)
+        return _finish(spec, identity, dest, identity)
+    # tarball
+    if identity and (dest / ".rocforge-complete").is_file():
+        return _finish(spec, identity, dest)
+    archive, sha = _get_tarball(spec, progress)
+    dest = _trees_dir() / sha[:20]
+    if not (dest / ".rocforge-complete").is_file():
+        _extract(archive, dest)
+    return _finish(spec, sha, dest)
+
+
+def _git_export(url: str, commit: str, dest: Path) -> None:
+    mirror = _mirror(url)
+    if not mirror.is_dir():
+        mirror.parent.mkdir(parents=True, exist_ok=True)
+        run(["git", "init", "-q", "--bare", mirror])
+    have = run(["git", "-C", mirror, "cat-file", "-e", f"{commit}^{{commit}}"], check=False)
+    if have.returncode != 0:
+        got = run(["git", "-C", mirror, "fetch", "-q", "--depth", "1", url, commit],
+                  check=False, timeout=3600)
+        if got.returncode != 0:  # servers that refuse a sha want: fetch everything
+            try:
+                run(["git", "-C", mirror, "fetch", "-q", "--tags", url, "+refs/heads/*:refs/heads/*"],
+                    timeout=3600)
+            except CommandFailed as exc:
+                raise NetworkError(f"git fetch {url} failed", exc.output.strip()[-400:] or None) from exc
+    with tempfile.TemporaryDirectory(dir=mirror.parent) as tmp:
+        tarball = Path(tmp) / "src.tar"
+        run(["git", "-C", mirror, "archive", "--format=tar", "-o", tarball, commit])
+        _extract(tarball, dest, strip=False)
+
+
+def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
+    parsed = urlparse(spec.location)
+    if parsed.scheme in ("", "file"):
+        path = Path(unquote(parsed.path) if parsed.scheme else spec.location)
+        sha = _sha256_file(path)
+        if spec.sha256 and sha != spec.sha256:
+            raise IntegrityError(f"{path}: sha256 {sha} does not match the recipe's {spec.sha256}")
+        return path, sha
+    name = Path(unquote(parsed.path)).name or "source.tar.gz"
+    downloads = paths.cache_dir() / "downloads"
+    dest = downloads / (f"{spec.sha256[:16]}-{name}" if spec.sha256 else name)
+    if spec.sha256 and dest.is_file() and _sha256_file(dest) == spec.sha256:
+        return dest, spec.sha256
+    try:
+        from rocforge_build.download import download
+    except ImportError as exc:  # pragma: no cover - download.py ships with rocforge
+        raise NetworkError("HTTP downloads are unavailable in this rocforge build",
+                           "fetch the tarball yourself and pass --source FILE") from exc
+    downloads.mkdir(parents=True, exist_ok=True)
+    result = download(spec.location, dest, sha256=spec.sha256, progress=progress)
+    return Path(result.path), result.sha256
+
+
+def _extract(archive: Path, dest: Path, *, strip: bool = True) -> None:
+    """Extract into `dest` atomically (temp dir then rename); strip a single top directory."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=dest.parent))
+    try:
+        try:
+            with tarfile.open(archive) as tf:
+                tf.extractall(tmp, filter="data")
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise IntegrityError(f"{archive}: cannot extract: {exc}",
+                                 "the file may be truncated; delete it and fetch again") from exc
+        top = tmp
+        entries = [p for p in tmp.iterdir()]
+        if strip and len(entries) == 1 and entries[0].is_dir():
+            top = entries[0]
+        (top / ".rocforge-complete").write_text(str(archive) + "\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(top, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- work copies --------------------------------------------------------------------------------
+
+def sync_tree(src: Path, dst: Path) -> int:
+    """Make `dst` a copy of `src`, copying only files whose size or mtime differ (so unchanged
+    files keep their timestamps and ninja rebuilds only what changed).  Returns files copied."""
+    copied = 0
+    dst.mkdir(parents=True, exist_ok=True)
+    wanted: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP]
+        rel = os.path.relpath(dirpath, src)
+        out_dir = dst / rel
+        out_dir.mkdir(parents=True, exist_ok=True)
+        wanted.add(os.path.normpath(rel))
+        for name in filenames:
+            if name == ".rocforge-complete":
+                continue
+            s = Path(dirpath) / name
+            d = out_dir / name
+            wanted.add(os.path.normpath(os.path.join(rel, name)))
+            if s.is_symlink():
+                if d.is_symlink() and os.readlink(d) == os.readlink(s):
+                    continue
+                if d.exists() or d.is_symlink():
+                    d.unlink()
+                os.symlink(os.readlink(s), d)
+                copied += 1
+                continue
+            st = s.stat()
+            try:
+                dt = d.lstat()
+                if dt.st_size == st.st_size and dt.st_mtime_ns == st.st_mtime_ns and not d.is_symlink():
+                    continue
+                d.unlink()
+            except FileNotFoundError:
+                pass
+            shutil.copy2(s, d)
+            copied += 1
+    for dirpath, dirnames, filenames in os.walk(dst, topdown=False):
+        rel = os.path.relpath(dirpath, dst)
+        for name in filenames:
+            if os.path.normpath(os.path.join(rel, name)) not in wanted:
+                os.unlink(os.path.join(dirpath, name))
+        for name in dirnames:
+            r = os.path.normpath(os.path.join(rel, name))
+            full = os.path.join(dirpath, name)
+            if r not in wanted and not os.path.islink(full):
+                shutil.rmtree(full, ignore_errors=True)
+            elif r not in wanted:
+                os.unlink(full)
+    return copied

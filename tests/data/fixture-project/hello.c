@@ -1,0 +1,6 @@
+void greet(void);
+
+int main(void) {
+    greet();
+    return 0;
+}

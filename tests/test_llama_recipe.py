@@ -1,0 +1,188 @@
+"""The llama.cpp recipe against real llama.cpp trees of five eras (llama-cpp-python sdists):
+option names, GPU target variable, rocWMMA availability, the gfx1151 stub, the Vulkan header
+check — all from plans (`--dry-run`), no toolchain needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from llama_trees import ERAS, tree
+
+from rocforge_build import cli, conditions, pipeline, recipes
+from rocforge_build.errors import ToolchainError, UsageError
+from rocforge_build.rootfs import Root
+
+# CMake's own variables and those read by CMake modules (not declared by the tree itself)
+CMAKE_BUILTIN = {"CMAKE_BUILD_TYPE", "CMAKE_INSTALL_LIBDIR", "CMAKE_INSTALL_RPATH", "CMAKE_HIP_FLAGS",
+                 "CMAKE_INSTALL_PREFIX", "GPU_TARGETS", "AMDGPU_TARGETS", "Vulkan_INCLUDE_DIR",
+                 "Vulkan_LIBRARY", "Vulkan_GLSLC_EXECUTABLE", "CMAKE_BUILD_WITH_INSTALL_RPATH"}
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory):
+    base = Path(os.environ.get("ROCFORGE_TEST_SDISTS_TREES", tmp_path_factory.mktemp("llama")))
+    return {v: tree(v, base) for v in ERAS}
+
+
+@pytest.fixture
+def empty_root(tmp_path):
+    d = tmp_path / "root"
+    (d / "usr" / "include").mkdir(parents=True)
+    return Root(d)
+
+
+def fake_vulkan_sdk(base: Path, *, layer_settings: bool) -> Path:
+    """A Vulkan SDK root: headers (with or without VK_EXT_layer_settings), a loader stub and a
+    glslc that, like Debian 12's, rejects the coopmat / integer-dot / bf16 extensions."""
+    inc = base / "include" / "vulkan"
+    inc.mkdir(parents=True)
+    (inc / "vulkan.h").write_text('#include "vulkan_core.h"\n')
+    core = "#define VK_HEADER_VERSION 239\n"
+    if layer_settings:
+        core = "#define VK_HEADER_VERSION 296\ntypedef struct VkLayerSettingEXT { int x; } VkLayerSettingEXT;\n"
+    (inc / "vulkan_core.h").write_text(core)
+    (base / "lib").mkdir()
+    (base / "lib" / "libvulkan.so").write_text("")
+    (base / "bin").mkdir()
+    glslc = base / "bin" / "glslc"
+    glslc.write_text('#!/bin/sh\nfor a; do case "$a" in *.comp) f="$a";; esac; done\n'
+                     'grep -qE "cooperative_matrix|integer_dot|bfloat16" "$f" && '
+                     '{ echo "extension not supported" >&2; exit 1; }\nexit 0\n')
+    glslc.chmod(glslc.stat().st_mode | stat.S_IEXEC)
+    return base
+
+
+def plan(trees, version, root, backend, target="gfx1151", environ=None):
+    req = pipeline.Request("llama-cpp", target, backend=backend,
+                           source=str(trees[version]), environ=environ)
+    return pipeline.make_plan(req, root)
+
+
+def defines(p) -> dict[str, str]:
+    return dict(a[2:].split("=", 1) for a in p.configure if a.startswith("-D"))
+
+
+@pytest.mark.parametrize("version", list(ERAS))
+def test_hip_uses_the_eras_option_names_only(trees, empty_root, version):
+    p = plan(trees, version, empty_root, "hip")
+    d = defines(p)
+    era = ERAS[version]
+    assert d[era] == "ON"
+    others = {"LLAMA_HIPBLAS", "GGML_HIPBLAS", "GGML_HIP"} - {era}
+    assert not others & set(d)
+    declared = conditions.scan_cmake_options(p.source.tree)
+    for name in d:  # every name the tree declares, or a CMake variable by design
+        assert name in declared or name in CMAKE_BUILTIN or name.endswith("_COMPILER_LAUNCHER"), name
+    gpu_var = "GPU_TARGETS" if version == "0.3.36" else "AMDGPU_TARGETS"
+    assert d[gpu_var] == "gfx1151"
+    assert not ({"GPU_TARGETS", "AMDGPU_TARGETS"} - {gpu_var}) & set(d)
+    assert d["CMAKE_BUILD_TYPE"] == "Release"
+    if "GGML_RPC" in declared:
+        assert d["GGML_RPC"] == "ON"
+    assert p.toolchain.missing  # no ROCm here: the plan still exists
+
+
+@pytest.mark.parametrize("version", list(ERAS))
+def test_rocwmma_only_where_the_tree_has_it(trees, empty_root, version):
+    if version == "0.3.9":
+        p = plan(trees, version, empty_root, "rocwmma")
+        assert defines(p)["GGML_HIP_ROCWMMA_FATTN"] == "ON"
+        return
+    with pytest.raises(UsageError) as exc:
+        plan(trees, version, empty_root, "rocwmma")
+    assert "GGML_HIP_ROCWMMA_FATTN" in exc.value.message and "#26046" in exc.value.message
+    assert "--backend hip" in exc.value.hint
+
+
+def _stub_status(p):
+    return {r.name: r.status for r in p.patch_status}["gfx1151-fattn-wmma-stub.patch"]
+
+
+def test_gfx1151_stub_patch_only_where_the_build_would_fail(trees, empty_root, tmp_path):
+    # May 2025 tree, rocwmma, gfx1151, rocWMMA without gfx1151 (none here): the stub applies
+    p = plan(trees, "0.3.9", empty_root, "rocwmma")
+    assert _stub_status(p) == "would apply"
+    assert any("stubbed for gfx1151" in n for n in p.notes)
+    # another target, another backend, a tree without the file: not needed
+    assert _stub_status(plan(trees, "0.3.9", empty_root, "rocwmma", target="gfx1100")) == "not needed"
+    assert _stub_status(plan(trees, "0.3.9", empty_root, "hip")) == "not needed"
+    for v in ("0.3.0", "0.3.36"):
+        p = plan(trees, v, empty_root, "hip")
+        assert _stub_status(p) == "not needed"
+        assert "no ggml/src/ggml-cuda/fattn-wmma-f16.cu" in p.patch_status[0].reason or \
+            "not rocwmma" in p.patch_status[0].reason
+    # once patched, the same patch reads as already upstream (idempotent)
+    from rocforge_build import patches as patches_mod
+
+    work = tmp_path / "patched"
+    from rocforge_build.sources import sync_tree
+
+    sync_tree(trees["0.3.9"] / "vendor" / "llama.cpp", work)
+    pp = [patches_mod.PatchPlan("stub", recipes.load("llama-cpp").patches_dir /
+                                "gfx1151-fattn-wmma-stub.patch", True, "test")]
+    assert patches_mod.apply(pp, work)[0].status == "applied"
+    assert patches_mod.apply(pp, work)[0].status == "already upstream"
+
+
+def test_default_backend_per_target_and_tree(trees, empty_root):
+    req = pipeline.Request("llama-cpp", "gfx1151", source=str(trees["0.3.36"]))
+    p = pipeline.make_plan(req, empty_root)
+    assert p.backend == "hip" and "fattn-mma" in p.backend_reason
+    # rocWMMA that knows gfx1151 + a tree with rocWMMA FA: the seed's fastest build
+    facts = conditions.Facts(target="gfx1151", source=conditions.SourceFacts(trees["0.3.9"] / "vendor" / "llama.cpp"),
+                             host=conditions.HostFacts())
+    rule = recipes.load("llama-cpp").of("default")[0]
+    assert rule.get("backend") == "rocwmma" and not conditions.evaluate(rule.when, facts)
+
+
+def test_vulkan_header_check_before_building(trees, empty_root, tmp_path):
+    old = fake_vulkan_sdk(tmp_path / "sdk-old", layer_settings=False)
+    env = {**os.environ, "VULKAN_SDK": str(old)}
+    with pytest.raises(ToolchainError) as exc:
+        plan(trees, "0.3.36", empty_root, "vulkan", environ=env)
+    assert "vk::LayerSettingEXT" in exc.value.message and "VkLayerSettingEXT" in exc.value.hint
+    # the May 2025 tree builds against the same headers; the plan reports what glslc lacks
+    p = plan(trees, "0.3.9", empty_root, "vulkan", environ=env)
+    d = defines(p)
+    assert d["GGML_VULKAN"] == "ON" and d["Vulkan_GLSLC_EXECUTABLE"] == str(old / "bin" / "glslc")
+    note = next(n for n in p.notes if "cannot compile" in n)
+    assert "coopmat" in note and "integer dot" in note
+    # newer headers: the Oct 2026 tree plans fine
+    new = fake_vulkan_sdk(tmp_path / "sdk-new", layer_settings=True)
+    p = plan(trees, "0.3.36", empty_root, "vulkan", environ={**os.environ, "VULKAN_SDK": str(new)})
+    assert defines(p)["Vulkan_INCLUDE_DIR"] == str(new / "include")
+
+
+def test_vulkan_missing_names_the_packages(trees, empty_root, tmp_path):
+    env = {"PATH": str(tmp_path / "nothing"), "HOME": str(tmp_path)}
+    p = plan(trees, "0.3.9", empty_root, "vulkan", environ=env)
+    assert "glslc" in p.toolchain.missing
+    assert "libvulkan-dev glslc spirv-headers" in p.toolchain.hint
+
+
+def test_cli_dry_run_json_for_an_old_tree(trees, tmp_path, capsys):
+    root = tmp_path / "r"
+    root.mkdir()
+    rc = cli.main(["--root", str(root), "build", "llama-cpp", "--target", "gfx1030", "--backend", "hip",
+                   "--source", str(trees["0.2.70"]), "--dry-run", "--json"])
+    assert rc == 0
+    p = json.loads(capsys.readouterr().out)
+    assert "-DLLAMA_HIPBLAS=ON" in p["configure"] and "-DAMDGPU_TARGETS=gfx1030" in p["configure"]
+    assert p["source"]["subdir"] == "vendor/llama.cpp"
+    assert p["patches"] == [{"name": "gfx1151-fattn-wmma-stub.patch", "status": "not needed",
+                             "reason": "target gfx1030 is not gfx1151",
+                             "sha256": p["patches"][0]["sha256"]}]
+    assert p["env"]["CC"] == "<no HIP toolchain>/clang"  # LLAMA_HIPBLAS era: CC = ROCm clang
+
+
+def test_recipe_show_and_list(capsys):
+    assert cli.main(["recipes"]) == 0
+    out = capsys.readouterr().out
+    assert "llama-cpp" in out and "hip, rocwmma, vulkan, cpu" in out
+    assert cli.main(["recipe", "show", "llama-cpp"]) == 0
+    out = capsys.readouterr().out
+    assert "GGML_HIP_ROCWMMA_FATTN = True" in out and "why: " in out
