@@ -228,25 +228,19 @@ def get_variant(name: str) -> Variant:
         raise ConfigError(f"containers/variants.toml: variant {name} lacks key {exc}") from exc
 
 
-def backends() -> dict[str, str]:
-    return dict(variants_data().get("backend_default", {}))
+def toolchain_defaults() -> dict[str, str]:
+    return dict(variants_data().get("toolchain_default", {}))
 
 
 # -- recipes ----------------------------------------------------------------------------------------
-def recipe_ref(recipe: str) -> RecipeRef:
-    """RECIPE as `rocforge build` takes it: a recipe name, or a path to a recipe .toml file."""
-    path = Path(recipe)
-    if recipe.endswith(".toml") or path.is_file():
-        if not path.is_file():
-            raise UsageError(f"recipe file {recipe} does not exist", "give a recipe name or an existing .toml file")
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}", "fix the recipe file") from exc
-        table = data.get("recipe") if isinstance(data.get("recipe"), dict) else {}
-        name = table.get("name") if isinstance(table.get("name"), str) else None
-        return RecipeRef(name=name or path.stem, path=path.resolve())
-    return RecipeRef(name=recipe, path=None)
+def recipe_ref(recipe: str):
+    """RECIPE as `rocforge build` takes it (name or .toml path): the loaded recipe and its ref."""
+    from rocforge_build import recipes
+
+    loaded = recipes.load(recipe)  # validated: unknown names and keys fail here, with suggestions
+    packaged = recipes.available().get(loaded.name)
+    is_path = packaged is None or packaged.resolve() != loaded.path.resolve()
+    return loaded, RecipeRef(name=loaded.name, path=loaded.path if is_path else None)
 
 
 # -- plan ---------------------------------------------------------------------------------------------
@@ -256,22 +250,27 @@ def plan(
     source: str | None = None, ref: str | None = None,
 ) -> ContainerPlan:
     tgt = targets.get_target(target)  # UsageError with a suggestion for unknown names
-    recipe_ref_ = recipe_ref(recipe)
-    defaults = backends()
+    loaded, recipe_ref_ = recipe_ref(recipe)
     decisions = []
     if backend is None:
         raise UsageError(
-            "--backend is needed to choose the builder variant",
-            f"give one of: {', '.join(sorted(defaults))}",
+            "--backend is needed: it chooses the builder's toolchain and names the image",
+            f"recipe {loaded.name} has: {', '.join(loaded.backends)}",
         )
+    if backend not in loaded.backends:
+        raise UsageError(
+            f"recipe {loaded.name} has no backend {backend!r}",
+            f"{_suggest(backend, loaded.backends)}its backends: {', '.join(loaded.backends)}",
+        )
+    toolchain = loaded.backends[backend].toolchain
     if variant is None:
-        if backend not in defaults:
-            raise UsageError(
-                f"no container variant for backend {backend!r}",
-                f"{_suggest(backend, defaults)}give --variant, or one of the backends: {', '.join(sorted(defaults))}",
-            )
-        variant = defaults[backend]
-        decisions.append(Decision("variant", variant, f"the default for backend {backend} (containers/variants.toml)"))
+        defaults = toolchain_defaults()
+        if toolchain not in defaults:
+            raise ConfigError(f"containers/variants.toml has no default variant for toolchain {toolchain!r}",
+                              "add it to [toolchain_default], or give --variant")
+        variant = defaults[toolchain]
+        decisions.append(Decision("variant", variant, f"backend {backend} uses the {toolchain} toolchain; "
+                                  "its default builder (containers/variants.toml)"))
     else:
         decisions.append(Decision("variant", variant, "given with --variant"))
     var = get_variant(variant)
@@ -367,6 +366,10 @@ def labels(plan: ContainerPlan, manifest: dict | None) -> dict[str, str]:
     for key, spec in labels_data().get("label", {}).items():
         sources = spec.get("from")
         values = dict(fields)
+        unless = spec.get("unless", {})
+        if unless and manifest is not None and all(
+                _manifest_value(manifest, k) == str(v) for k, v in unless.items()):
+            continue
         if sources:
             if manifest is None:
                 continue
@@ -426,6 +429,8 @@ def render(plan: ContainerPlan) -> str:
         "source_step": f"COPY source/ {DATA_IN_IMAGE / 'source'}/" if plan.local_source else
         "# (the source is fetched by rocforge build)",
         "build_args": "".join(f"{a} " for a in build_args(plan)),
+        "env_command": f"rocforge env --target {plan.target} --shell dotenv"
+        if data["rocm"][plan.variant.rocm].get("env", True) else "echo '# no ROCm in this image: no rocforge env'",
     }
     return _sub(template_text(TEMPLATE), values, f"containers/{TEMPLATE}")
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -114,12 +116,13 @@ def _build(args) -> int:
     _print_decisions(decisions, out)
     out.flush()
     containers.prepare_context(plan, ctx)
-    _engine(steps.stage, "image build (builder and runtime stages)", ctx / "Containerfile")
-    _engine(steps.facts, "export of the builder's facts", ctx / "Containerfile.facts")
+    q = args.json
+    _engine(steps.stage, "image build (builder and runtime stages)", ctx / "Containerfile", quiet_stdout=q)
+    _engine(steps.facts, "export of the builder's facts", ctx / "Containerfile.facts", quiet_stdout=q)
     facts = containers.read_facts(ctx / "facts")
     containers.write_atomic(ctx / "Containerfile.final", containers.render_final(plan, facts))
-    _engine(steps.final, "env and labels", ctx / "Containerfile.final")
-    _engine(steps.cleanup, "removal of the stage tag", None)
+    _engine(steps.final, "env and labels", ctx / "Containerfile.final", quiet_stdout=q)
+    _engine(steps.cleanup, "removal of the stage tag", None, quiet_stdout=q)
     summary = {**plan.to_json(), "engine": engine.name, "context": str(ctx),
                "containerfiles": [str(ctx / n) for n in ("Containerfile", "Containerfile.facts",
                                                          "Containerfile.final")],
@@ -139,13 +142,30 @@ def _build(args) -> int:
     return 0
 
 
-def _engine(argv: list[str], what: str, containerfile: Path | None) -> None:
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool):
+    """Send a child's stdout to our stderr (with --json, stdout carries only the JSON)."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _engine(argv: list[str], what: str, containerfile: Path | None, *, quiet_stdout: bool = False) -> None:
     from rocforge_build import proc
 
     sys.stderr.write(f"rocforge: {what}: {shlex.join(argv)}\n")
     sys.stderr.flush()
     try:
-        proc.run(argv, capture=False)
+        with _stdout_to_stderr(quiet_stdout):
+            proc.run(argv, capture=False)
     except CommandFailed as exc:
         where = f"; the Containerfile is {containerfile}" if containerfile else ""
         raise BuildError(
