@@ -18,7 +18,8 @@ from rocforge_build.proc import CommandFailed
 def _common(p) -> None:
     p.add_argument("recipe", metavar="RECIPE", help="recipe name, or path to a recipe .toml file")
     p.add_argument("--target", required=True, metavar="GFX", help="GPU target, e.g. gfx1151")
-    p.add_argument("--backend", metavar="B", help="hip, vulkan or cpu (chooses the builder variant)")
+    p.add_argument("--backend", metavar="B",
+                   help="a backend of the recipe (rocforge recipe NAME); its toolchain picks the builder variant")
     p.add_argument("--variant", metavar="NAME", help="builder variant from containers/variants.toml")
     p.add_argument("--engine", choices=sorted(containers.engines_data().get("engine", {})),
                    help="container engine (default: the first of podman, buildah, docker on PATH)")
