@@ -15,6 +15,8 @@ A condition is a TOML table; every key must hold (AND); a list value means any o
                                                a header in the toolchain's include dirs has a text
     tool = "glslc"                             a program is found (toolchain env PATH first)
     pkgconfig = "liblzma"                      `pkg-config --exists liblzma` succeeds
+    rocm_file = "lib/hipblaslt/library/TensileLibrary_lazy_{target}.dat"
+                                               the toolchain's ROCm has this file (glob)
     glslc_extension = "GL_KHR_cooperative_matrix"  glslc compiles a shader requiring it
     toolchain_found = true                     the backend's toolchain was found (a dry run
                                                without one skips checks on its headers)
@@ -43,7 +45,7 @@ from rocforge_build.errors import ConfigError
 KEYS = (
     "target", "family", "backend", "rocm", "source_version", "cmake_option", "file",
     "source_contains", "header_contains", "tool", "glslc_extension", "toolchain_found",
-    "pkgconfig", "not", "any", "all",
+    "pkgconfig", "rocm_file", "not", "any", "all",
 )
 
 _OPTION_RE = re.compile(r"""\boption\s*\(\s*"?([A-Za-z_][A-Za-z0-9_]*)"?""", re.I)
@@ -107,6 +109,7 @@ class HostFacts:
     path: str | None = None  # PATH for program lookup (toolchain first)
     probe_glslc: Callable[[str], bool] | None = None
     _cache: dict = field(default_factory=dict)
+    rocm_root: Path | None = None  # the HIP toolchain's ROCm tree (host path)
 
     def header_contains(self, header: str, text: str) -> bool | None:
         for d in self.include_dirs:
@@ -312,6 +315,13 @@ def _test(key: str, value, f: Facts) -> tuple[bool, str]:
     if key == "tool":
         hit = [t for t in items if f.host.tool(t)]
         return (bool(hit), f"{hit[0]} found" if hit else f"{' / '.join(items)} not found")
+    if key == "rocm_file":
+        if f.host.rocm_root is None:
+            return False, f"no ROCm to look in ({' / '.join(_text(i, f) for i in items)} unknown)"
+        for pattern in items:
+            if any(f.host.rocm_root.glob(_text(pattern, f))):
+                return True, f"the ROCm has {_text(pattern, f)}"
+        return False, f"the ROCm at {f.host.rocm_root} has no {' / '.join(_text(i, f) for i in items)}"
     if key == "pkgconfig":
         if f.host.tool("pkg-config") is None:
             return False, f"pkg-config not found (wanted {' / '.join(items)})"

@@ -250,6 +250,12 @@ def _prepare(req: Request, root):
     return recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix
 
 
+def _rocm_fact(facts: conditions.Facts, toolchain: Toolchain) -> None:
+    """`rocm_file` conditions look in the HIP toolchain's ROCm tree."""
+    if facts.host is not None and toolchain.env.get("ROCM_PATH"):
+        facts.host.rocm_root = Path(toolchain.env["ROCM_PATH"])
+
+
 def _dependency_requests(recipe: recipes.Recipe, req: Request, facts: conditions.Facts,
                          stack: tuple[str, ...]) -> list[tuple[recipes.Rule, Request, str]]:
     """The `[[depends]]` rules whose `when` holds, as requests for the same target."""
@@ -286,12 +292,14 @@ def _plan_dependencies(recipe, req, facts, root, check_patches, stack) -> list[D
             extra.append(dep_plan.source.tree / rule.get("source_include"))
     if extra and facts.host is not None:
         facts.host = conditions.HostFacts(include_dirs=(*extra, *facts.host.include_dirs),
-                                          path=facts.host.path, probe_glslc=facts.host.probe_glslc)
+                                          path=facts.host.path, probe_glslc=facts.host.probe_glslc,
+                                          rocm_root=facts.host.rocm_root)
     return deps
 
 
 def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[str, ...] = ()) -> Plan:
     recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix = _prepare(req, root)
+    _rocm_fact(facts, toolchain)
     deps = _plan_dependencies(recipe, req, facts, root, check_patches, _stack)
     be = recipe.backends[backend]
     ok, why = conditions.explain(be.when, facts)
@@ -401,7 +409,11 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
     jobs = req.jobs or os.cpu_count() or 1
     build = ["ninja", "-C", str(work / "build"), "-j", str(jobs), *build_targets]
     install = ["cmake", "--install", str(work / "build"), "--prefix", f"{prefix}.rocforge-new"]
-    if build_targets:
+    if recipe.install == "ninja":
+        build = ["ninja", "-C", str(work / "build"), "-j", str(jobs), "install"]
+        install = [f"(`ninja install` with DESTDIR={prefix}.rocforge-destdir, moved to)",
+                   f"{prefix}.rocforge-new"]
+    elif build_targets:
         install = ["(copy artifacts of)", *build_targets, "->", f"{prefix}.rocforge-new"]
     smoke = [list(r.get("run")) for r in recipe.of("smoke") if conditions.evaluate(r.when, facts)]
     outputs = []
@@ -420,8 +432,10 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
 
 def _source_placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, work: Path) -> dict:
     """`{source_commit}`, `{source_tree}` (git tree sha: projects that name their build by it
-    but get no .git in the work copy) and `{venv}` for recipe values."""
-    out = {"source_commit": fetched.commit or "", "source_tree": "", "venv": str(work / "build" / "venv")}
+    but get no .git in the work copy), `{source_root}` (the work copy's top: a monorepo's root)
+    and `{venv}` for recipe values."""
+    out = {"source_commit": fetched.commit or "", "source_tree": "", "source_root": str(work / "src"),
+           "venv": str(work / "build" / "venv")}
     if "{source_tree}" in recipe.text and fetched.commit:
         where = fetched.root if (fetched.root / ".git").exists() else sources._mirror(fetched.spec.location)
         res = run(["git", "-C", where, "rev-parse", f"{fetched.commit}^{{tree}}"], check=False)
@@ -449,6 +463,7 @@ def _quick(req: Request, root, stack: tuple[str, ...]) -> tuple[str, Path, bool]
     """(stamp, prefix, current): current when the prefix's manifest has that stamp and every
     dependency is current too."""
     recipe, _, _, fetched, backend, _, toolchain, facts, prefix = _prepare(req, root)
+    _rocm_fact(facts, toolchain)
     dep_stamps, current = [], True
     for _, dep_req, _ in _dependency_requests(recipe, req, facts, stack):
         dep_stamp, _, dep_current = _quick(dep_req, root, (*stack, recipe.name))
@@ -588,15 +603,28 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
         timings["configure"] = time.monotonic() - t
 
         t = time.monotonic()
-        _build(plan, env, log, console, quiet)
-        timings["build"] = time.monotonic() - t
-
-        t = time.monotonic()
         staging = Path(f"{plan.prefix}.rocforge-new")
         if staging.exists():
             shutil.rmtree(staging)
+        if plan.recipe.install == "ninja":  # `ninja install` builds and installs, into DESTDIR
+            destdir = Path(f"{plan.prefix}.rocforge-destdir")
+            shutil.rmtree(destdir, ignore_errors=True)
+            _build(plan, {**env, "DESTDIR": str(destdir)}, log, console, quiet)
+            installed = destdir / str(plan.prefix).lstrip("/")
+            if not installed.is_dir():
+                raise BuildError(f"`ninja install` installed nothing under {installed}; full log: {plan.log}")
+            staging.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(installed, staging)
+            shutil.rmtree(destdir, ignore_errors=True)
+        else:
+            _build(plan, env, log, console, quiet)
+        timings["build"] = time.monotonic() - t
+
+        t = time.monotonic()
         staging.parent.mkdir(parents=True, exist_ok=True)
-        if plan.build_targets:
+        if plan.recipe.install == "ninja":
+            pass  # installed by the build step
+        elif plan.build_targets:
             _install_artifacts(plan, staging, log)
         else:
             _stream(["cmake", "--install", str(plan.build_dir), "--prefix", str(staging)], env, log, "install")

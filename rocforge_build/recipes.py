@@ -53,7 +53,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "patch": {"file": ((str,), True), "when": ((dict,), False), "reason": ((str,), True)},
     "stop": {"when": ((dict,), True), "message": ((str,), True), "hint": ((str,), False)},
     "note": {"when": ((dict,), False), "message": ((str,), True)},
-    "build": {"targets": ((list,), False), "generator": ((str,), False)},
+    "build": {"targets": ((list,), False), "generator": ((str,), False), "install": ((str,), False)},
     "smoke": {"run": ((list,), True), "when": ((dict,), False)},
     # another recipe built first for the same target; `prepend` maps an environment variable to
     # a directory of the dependency's prefix ("." = the prefix) put in front of it for this
@@ -115,6 +115,7 @@ class Recipe:
     build_targets: tuple[str, ...] = ()
     text: str = field(default="", repr=False, compare=False)
     venv: dict | None = None
+    install: str = "cmake"  # "ninja": the build step is `ninja install` (projects that need it)
 
     def of(self, kind: str) -> list[Rule]:
         return [r for r in self.rules if r.kind == kind]
@@ -236,6 +237,9 @@ def parse(text: str, path: Path) -> Recipe:
             rules.append(Rule(kind, item, item.get("when")))
     build = raw.get("build", {})
     _check_keys(build, "build", f"{where}: build")
+    if build.get("install", "cmake") not in ("cmake", "ninja"):
+        raise ConfigError(f"{where}: build.install: must be \"cmake\" (cmake --install after the "
+                          "build) or \"ninja\" (the build step is `ninja install`, into DESTDIR)")
     venv = raw.get("venv")
     if venv is not None:
         _check_keys(venv, "venv", f"{where}: venv")
@@ -245,7 +249,7 @@ def parse(text: str, path: Path) -> Recipe:
     return Recipe(
         name=name, path=path, description=raw["recipe"].get("description", ""), source=source,
         backends=backends, rules=tuple(rules), build_targets=tuple(build.get("targets", [])),
-        text=text, venv=venv,
+        text=text, venv=venv, install=build.get("install", "cmake"),
     )
 
 
