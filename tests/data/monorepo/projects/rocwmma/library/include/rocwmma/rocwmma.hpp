@@ -1,0 +1,4 @@
+#ifndef ROCWMMA_API_HPP
+#define ROCWMMA_API_HPP
+#include "internal/config.hpp"
+#endif
