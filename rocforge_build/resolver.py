@@ -436,9 +436,14 @@ def _build_decisions(root: Root, target: str | None, decisions: list[Decision],
     for var, entries in lists.items():
         if entries:
             prepend[var] = entries + tuple(e for e in prepend.get(var, ()) if e not in entries)
-            decisions.append(Decision(var, ":".join(prepend[var]),
-                                      "prepended unless already present (rocforge builds for "
-                                      f"{target} first, then the ROCm install)"))
+            old = next((i for i, d in enumerate(decisions) if d.key == var), None)
+            then = f"; then the ROCm's: {decisions[old].reason}" if old is not None else ""
+            decision = Decision(var, ":".join(prepend[var]),
+                                f"rocforge builds for {target} first{then}")
+            if old is None:
+                decisions.append(decision)
+            else:
+                decisions[old] = decision
     for b in used:
         for key, value in b.export_env.items():
             if key in _RESERVED:
