@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import fixtures_roots as fr
 import pytest
 from buildfixtures import git
-from stackfixtures import allow_file_submodules, aotriton_repo, monorepo, stack_recipes
+from stackfixtures import REPO, allow_file_submodules, aotriton_repo, monorepo, stack_recipes
 
 from rocforge_build import cli, paths, pipeline
 from rocforge_build.errors import BuildError, NetworkError, ToolchainError
@@ -155,9 +156,11 @@ def test_rocblas_and_hipblaslt_really_build_in_order(tmp_path, recipes_dir, upst
 
 
 @pytest.mark.slow  # real git, cmake, ninja and a venv: ~20 s
-def test_aotriton_venv_submodules_ninja_install_and_version_table(tmp_path, recipes_dir, upstream):
+def test_aotriton_venv_submodules_ninja_install_and_version_table(tmp_path, recipes_dir, upstream,
+                                                                  monkeypatch, capsys):
     root = tmp_path / "root"
-    fr.make_therock_tree(root, "7.10.0a20251021", ("gfx1151",))
+    fr.make_strix_halo(root, version="7.10.0a20251021")
+    monkeypatch.setenv("ROCFORGE_DATA_DIR", str(root / "home/u/.local/share/rocforge"))
     out = pipeline.execute(pipeline.Request(str(recipes_dir / "aotriton.toml"), "gfx1151", jobs=2),
                            Root(root), quiet=True)
     prefix = out.prefix
@@ -173,6 +176,13 @@ def test_aotriton_venv_submodules_ninja_install_and_version_table(tmp_path, reci
                                "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "1"}
     assert "0.10b-0.11.x" in m["export_env_reasons"]["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"]
     assert Path(out.plan.venv["path"], "bin", "python").exists()
+    # `rocforge env` on that machine: the build's prefix, as seen inside the root
+    assert cli.main(["--root", str(root), "env", "--shell", "json"]) == 0
+    env = json.loads(capsys.readouterr().out)
+    inner = "/home/u/.local/share/rocforge/builds/aotriton-gfx1151-hip"
+    assert env["AOTRITON_INSTALLED_PREFIX"] == inner
+    assert env["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == "1"
+    assert env["LD_LIBRARY_PATH"].split(":")[0] == f"{inner}/lib"
 
 
 @pytest.mark.parametrize(("minor", "target", "experimental"), [
@@ -254,3 +264,38 @@ def test_rocwmma_headers_for_a_target_it_knows(tmp_path, recipes_dir):
         pipeline.make_plan(pipeline.Request(str(recipes_dir / "rocwmma.toml"), "gfx1030"), Root(root))
     assert "does not know the target" in exc.value.message
     assert "ROCWMMA_ARCH_GFX1030" in exc.value.message
+
+
+def _rocm_with_rocwmma(root: Path, arches: tuple[str, ...]) -> None:
+    """A TheRock tree with HIP headers and a rocWMMA whose config.hpp knows `arches`."""
+    d = fr.make_therock_tree(root, "7.10.0a20251021", ("gfx1151",))
+    (d / "include/hip").mkdir(parents=True, exist_ok=True)
+    (d / "include/hip/hip_runtime.h").write_text("// hip runtime\n")
+    cfg = d / "include/rocwmma/internal/config.hpp"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text("".join(f"#define ROCWMMA_ARCH_{a.upper()} 1\n" for a in arches))
+    (d / "include/rocwmma/rocwmma.hpp").write_text('#include "internal/config.hpp" // rocwmma\n')
+
+
+def test_llama_rocwmma_builds_a_target_aware_rocwmma_first(tmp_path, recipes_dir):
+    from llama_trees import tree
+
+    llama = tree("0.3.9", tmp_path / "llama")  # May 2025: GGML_HIP_ROCWMMA_FATTN
+    shutil.copy(REPO / "recipes" / "llama-cpp.toml", recipes_dir / "llama-cpp.toml")
+    shutil.copytree(REPO / "patches", recipes_dir.parent / "patches")
+    req = pipeline.Request(str(recipes_dir / "llama-cpp.toml"), "gfx1151", backend="rocwmma",
+                           source=str(llama))
+    old = tmp_path / "rocm-old"  # rocWMMA 6.4.0: no gfx1151
+    _rocm_with_rocwmma(old, ("gfx908", "gfx90a", "gfx942", "gfx1100"))
+    plan = pipeline.make_plan(req, Root(old))
+    (dep,) = plan.dependencies
+    assert dep.plan.recipe.name == "rocwmma" and dep.plan.target == "gfx1151"
+    assert plan.env["CPATH"].split(":")[0] == f"{dep.plan.prefix}/include"
+    assert plan.env["CMAKE_PREFIX_PATH"].split(":")[0] == str(dep.plan.prefix)
+    # with the new rocWMMA's headers the gfx1151 stub is not needed
+    status = {r.name: r for r in plan.patch_status}["gfx1151-fattn-wmma-stub.patch"]
+    assert status.status == "not needed"
+    # a ROCm whose rocWMMA knows gfx1151: nothing to build first
+    new = tmp_path / "rocm-new"
+    _rocm_with_rocwmma(new, ("gfx1100", "gfx1151"))
+    assert pipeline.make_plan(req, Root(new)).dependencies == []
