@@ -269,7 +269,7 @@ def _dependency_requests(recipe: recipes.Recipe, req: Request, facts: conditions
         ref = str(beside) if beside.is_file() else name
         if name in stack or recipes.load(ref).name in stack:
             raise ConfigError(f"recipe {recipe.name}: dependency cycle "
-                              f"{' -> '.join((*stack, name))}")
+                              f"{' -> '.join((*stack, recipe.name, name))}")
         dep = Request(recipe=ref, target=req.target, backend=rule.get("backend"), jobs=req.jobs,
                       no_cache=req.no_cache, environ=req.environ)
         out.append((rule, dep, why))
