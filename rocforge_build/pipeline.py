@@ -203,7 +203,7 @@ def _choose_backend(recipe: recipes.Recipe, req: Request, facts: conditions.Fact
 
 
 def _inputs_stamp(recipe: recipes.Recipe, req: Request, identity: str, toolchain: Toolchain,
-                  prefix: Path, backend: str, deps: list[str] | None = None) -> str:
+                  prefix: Path, backend: str) -> str:
     h = hashlib.sha256()
     parts = {
         "rocforge": __version__,
@@ -218,8 +218,6 @@ def _inputs_stamp(recipe: recipes.Recipe, req: Request, identity: str, toolchain
         "prefix": str(prefix),
         "toolchain": toolchain.to_json(),
     }
-    if deps:
-        parts["dependencies"] = deps  # the dependencies' stamps: a rebuilt dependency rebuilds this
     h.update(json.dumps(parts, sort_keys=True, default=str).encode())
     return h.hexdigest()
 
@@ -416,18 +414,29 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
     elif build_targets:
         install = ["(copy artifacts of)", *build_targets, "->", f"{prefix}.rocforge-new"]
     smoke = [list(r.get("run")) for r in recipe.of("smoke") if conditions.evaluate(r.when, facts)]
-    outputs = []
+    stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend)
+    return Plan(recipe, tgt.name, backend, backend_reason, fetched, toolchain, options, env,
+                runtime_env, env_reasons, patch_plans, patch_status, notes, configure, build,
+                install, smoke, prefix, work, _with_deps(stamp, [d.plan.stamp for d in deps]),
+                launcher, build_targets, dependencies=deps, outputs=_outputs(recipe, facts, ctx),
+                export_env=export_env, venv=venv)
+
+
+def _with_deps(stamp: str, dep_stamps: list[str]) -> str:
+    """A build's stamp covers its dependencies' stamps: a rebuilt dependency rebuilds it."""
+    if not dep_stamps:
+        return stamp
+    return hashlib.sha256(json.dumps([stamp, dep_stamps]).encode()).hexdigest()
+
+
+def _outputs(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict) -> list[dict]:
+    out = []
     for rule in recipe.of("output"):
         holds, why = conditions.explain(rule.when, facts)
         if holds:
-            outputs.append({"path": _fmt(rule.get("path"), ctx), "reason": rule.get("reason"),
-                            "because": why})
-    stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend,
-                          [d.plan.stamp for d in deps])
-    return Plan(recipe, tgt.name, backend, backend_reason, fetched, toolchain, options, env,
-                runtime_env, env_reasons, patch_plans, patch_status, notes, configure, build,
-                install, smoke, prefix, work, stamp, launcher, build_targets,
-                dependencies=deps, outputs=outputs, export_env=export_env, venv=venv)
+            out.append({"path": _fmt(rule.get("path"), ctx), "reason": rule.get("reason"),
+                        "because": why})
+    return out
 
 
 def _source_placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, work: Path) -> dict:
@@ -454,22 +463,25 @@ def read_manifest(prefix: Path) -> dict | None:
         return None
 
 
-def quick_stamp(req: Request, root, _stack: tuple[str, ...] = ()) -> tuple[str, Path]:
+def quick_stamp(req: Request, root) -> tuple[str, Path]:
     """The stamp over every input, computed without planning, patching or running CMake."""
-    return _quick(req, root, _stack)[:2]
+    recipe, _, _, fetched, backend, _, toolchain, _, prefix = _prepare(req, root)
+    return _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend), prefix
 
 
 def _quick(req: Request, root, stack: tuple[str, ...]) -> tuple[str, Path, bool]:
-    """(stamp, prefix, current): current when the prefix's manifest has that stamp and every
-    dependency is current too."""
-    recipe, _, _, fetched, backend, _, toolchain, facts, prefix = _prepare(req, root)
-    _rocm_fact(facts, toolchain)
+    """(stamp, prefix, current): the quick stamp with the dependencies' folded in; current when
+    the prefix's manifest has it and every dependency is current too."""
+    stamp, prefix = quick_stamp(req, root)
     dep_stamps, current = [], True
-    for _, dep_req, _ in _dependency_requests(recipe, req, facts, stack):
-        dep_stamp, _, dep_current = _quick(dep_req, root, (*stack, recipe.name))
-        dep_stamps.append(dep_stamp)
-        current = current and dep_current
-    stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, dep_stamps)
+    if recipes.load(req.recipe).of("depends"):  # which apply depends on the request's facts
+        recipe, _, _, _, _, _, toolchain, facts, _ = _prepare(req, root)
+        _rocm_fact(facts, toolchain)
+        for _, dep_req, _ in _dependency_requests(recipe, req, facts, stack):
+            dep_stamp, _, dep_current = _quick(dep_req, root, (*stack, recipe.name))
+            dep_stamps.append(dep_stamp)
+            current = current and dep_current
+    stamp = _with_deps(stamp, dep_stamps)
     old = read_manifest(prefix)
     return stamp, prefix, current and bool(old) and old.get("stamp") == stamp
 
