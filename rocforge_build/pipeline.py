@@ -368,7 +368,7 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
         target_env = {"runtime": runtime_env, "export": export_env}.get(stage, env)
         target_env[rule.get("name")] = _fmt(rule.get("value"), ctx)
         env_reasons[rule.get("name")] = rule.get("reason")
-        if stage == "export":
+        if stage == "export" and rule.when:
             env_reasons[rule.get("name")] += f" ({why})"
     for dep in deps:  # dependencies' prefixes go in front of their variables
         for var, sub in dep.prepend.items():
