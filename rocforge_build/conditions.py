@@ -14,13 +14,17 @@ A condition is a TOML table; every key must hold (AND); a list value means any o
     header_contains = { header = "vulkan/vulkan_core.h", text = "VkLayerSettingEXT" }
                                                a header in the toolchain's include dirs has a text
     tool = "glslc"                             a program is found (toolchain env PATH first)
+    pkgconfig = "liblzma"                      `pkg-config --exists liblzma` succeeds
+    rocm_file = "lib/hipblaslt/library/TensileLibrary_lazy_{target}.dat"
+                                               the toolchain's ROCm has this file (glob)
     glslc_extension = "GL_KHR_cooperative_matrix"  glslc compiles a shader requiring it
     toolchain_found = true                     the backend's toolchain was found (a dry run
                                                without one skips checks on its headers)
 
 Facts come from a `Facts` object (what is known about the request, the source and the host);
 a fact that is unknown (no source yet, no toolchain) makes its test False, and `explain()` says
-so — conditions never raise on missing facts.
+so — conditions never raise on missing facts.  In `text` values `{target}` stands for the
+requested target and `{TARGET}` for it in capitals (`ROCWMMA_ARCH_{TARGET}`).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from rocforge_build.errors import ConfigError
 KEYS = (
     "target", "family", "backend", "rocm", "source_version", "cmake_option", "file",
     "source_contains", "header_contains", "tool", "glslc_extension", "toolchain_found",
-    "not", "any", "all",
+    "pkgconfig", "rocm_file", "not", "any", "all",
 )
 
 _OPTION_RE = re.compile(r"""\boption\s*\(\s*"?([A-Za-z_][A-Za-z0-9_]*)"?""", re.I)
@@ -105,6 +109,7 @@ class HostFacts:
     path: str | None = None  # PATH for program lookup (toolchain first)
     probe_glslc: Callable[[str], bool] | None = None
     _cache: dict = field(default_factory=dict)
+    rocm_root: Path | None = None  # the HIP toolchain's ROCm tree (host path)
 
     def header_contains(self, header: str, text: str) -> bool | None:
         for d in self.include_dirs:
@@ -117,6 +122,18 @@ class HostFacts:
         from rocforge_build.proc import which
 
         return which(name, self.path)
+
+    def pkgconfig(self, module: str) -> bool | None:
+        """`pkg-config --exists MODULE`; None when pkg-config itself is missing."""
+        from rocforge_build.proc import run
+
+        exe = self.tool("pkg-config")
+        if exe is None:
+            return None
+        key = ("pkg-config", module)
+        if key not in self._cache:
+            self._cache[key] = run([exe, "--exists", module], check=False).returncode == 0
+        return self._cache[key]
 
     def glslc_extension(self, ext: str) -> bool | None:
         if self.probe_glslc is None:
@@ -220,6 +237,13 @@ def explain(cond: Mapping | None, facts: Facts) -> tuple[bool, str]:
     return True, "; ".join(held)
 
 
+def _text(text: str, f: Facts) -> str:
+    """`{target}` / `{TARGET}` in a condition's text: the requested target (as is / capitals)."""
+    if f.target is None:
+        return text
+    return text.replace("{target}", f.target).replace("{TARGET}", f.target.upper())
+
+
 def _test(key: str, value, f: Facts) -> tuple[bool, str]:
     items = _as_list(value)
     if key == "not":
@@ -276,21 +300,34 @@ def _test(key: str, value, f: Facts) -> tuple[bool, str]:
         return (bool(hit), f"source has {hit[0]}" if hit else f"source has no {' / '.join(items)}")
     if key == "source_contains":
         for it in items:
-            if f.source.contains(it["file"], it["text"]):
-                return True, f"{it['file']} mentions {it['text']}"
-        return False, "source does not mention " + " / ".join(i["text"] for i in items)
+            if f.source.contains(it["file"], _text(it["text"], f)):
+                return True, f"{it['file']} mentions {_text(it['text'], f)}"
+        return False, "source does not mention " + " / ".join(_text(i["text"], f) for i in items)
     if f.host is None:
         return False, f"host facts unknown ({key})"
     if key == "header_contains":
         for it in items:
-            r = f.host.header_contains(it["header"], it["text"])
+            r = f.host.header_contains(it["header"], _text(it["text"], f))
             if r:
-                return True, f"<{it['header']}> has {it['text']}"
+                return True, f"<{it['header']}> has {_text(it['text'], f)}"
         return False, "installed headers lack " + " / ".join(
-            f"{i['text']} (<{i['header']}>)" for i in items)
+            f"{_text(i['text'], f)} (<{i['header']}>)" for i in items)
     if key == "tool":
         hit = [t for t in items if f.host.tool(t)]
         return (bool(hit), f"{hit[0]} found" if hit else f"{' / '.join(items)} not found")
+    if key == "rocm_file":
+        if f.host.rocm_root is None:
+            return False, f"no ROCm to look in ({' / '.join(_text(i, f) for i in items)} unknown)"
+        for pattern in items:
+            if any(f.host.rocm_root.glob(_text(pattern, f))):
+                return True, f"the ROCm has {_text(pattern, f)}"
+        return False, f"the ROCm at {f.host.rocm_root} has no {' / '.join(_text(i, f) for i in items)}"
+    if key == "pkgconfig":
+        if f.host.tool("pkg-config") is None:
+            return False, f"pkg-config not found (wanted {' / '.join(items)})"
+        hit = [m for m in items if f.host.pkgconfig(m)]
+        return (bool(hit), f"pkg-config finds {hit[0]}" if hit
+                else f"pkg-config does not find {' / '.join(items)}")
     if key == "glslc_extension":
         for ext in items:
             if f.host.glslc_extension(ext):

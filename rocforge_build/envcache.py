@@ -25,7 +25,7 @@ _LIST_KEYS = ("LD_LIBRARY_PATH", "CMAKE_PREFIX_PATH", "PKG_CONFIG_PATH")
 _PKG = os.path.dirname(os.path.abspath(__file__))
 _CODE = ("resolver.py", "installs.py", "gpus.py", "envscript.py", "envcache.py", "targets.py",
          "rootfs.py", "paths.py", "config.py", "data/defaults.toml", "cli.py", "commands/env.py", "data/targets.toml",
-         "data/layouts.toml")
+         "data/layouts.toml", "builds.py")
 
 _touched: dict[str, bool] | None = None  # host path -> stamp by content
 

@@ -47,7 +47,7 @@ def _header(res: Resolution, shell: str) -> list[str]:
     inst = res.rocm
     lines = [_comment(f"rocforge env --shell {shell}: ROCm {inst.path} ({inst.layout} "
                       f"{inst.version or 'version unknown'}), target {res.target or 'none'}")]
-    for key in ("rocm", "target"):
+    for key in ("rocm", "target", "builds"):
         reason = _reason(res, key)
         if reason:
             lines.append(_comment(f"{key}: {reason}"))

@@ -334,6 +334,11 @@ def _tensile_targets(root: Root, dirs: tuple[PurePosixPath, ...]) -> tuple[str, 
     return gfx_sorted(found)
 
 
+def tensile_targets(root: Root, dirs: tuple[PurePosixPath, ...]) -> tuple[str, ...]:
+    """Targets with TensileLibrary files in `dirs` (rocBLAS / hipBLASLt library directories)."""
+    return _tensile_targets(root, tuple(d for d in dirs if root.is_dir(d)))
+
+
 def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
               bitcode_dir: PurePosixPath | None) -> Coverage:
     rocblas_dirs = tuple(d for b in bases for d in _all(root, b, layout.rocblas_dirs))

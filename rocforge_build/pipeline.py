@@ -71,9 +71,18 @@ class Plan:
     launcher: str | None
     build_targets: tuple[str, ...] = ()
     timings: dict[str, float] = field(default_factory=dict)
+    dependencies: list[Dependency] = field(default_factory=list)
+    outputs: list[dict] = field(default_factory=list)  # {path, reason, because}
+    export_env: dict[str, str] = field(default_factory=dict)  # what `rocforge env` exports
+    venv: dict | None = None  # {path, requirements, packages, commands, reason}
 
     @property
     def src_dir(self) -> Path:
+        """The CMake project in the work copy; a sparse monorepo checkout is copied whole (its
+        projects reach into ../../shared/...) and the project is its subdirectory."""
+        spec = self.source.spec
+        if spec.sparse and spec.subdir:
+            return self.work / "src" / spec.subdir
         return self.work / "src"
 
     @property
@@ -108,7 +117,28 @@ class Plan:
             "work_dir": str(self.work),
             "log": str(self.log),
             "stamp": self.stamp,
+            "dependencies": [d.to_json() for d in self.dependencies],
+            "outputs": self.outputs,
+            "export_env": self.export_env,
+            "venv": self.venv,
         }
+
+
+@dataclass
+class Dependency:
+    """A recipe built first, for the same target, whose prefix this build uses."""
+
+    request: Request
+    reason: str
+    because: str
+    prepend: dict[str, str]  # variable -> directory of the dependency's prefix
+    plan: Plan
+
+    def to_json(self) -> dict:
+        return {"recipe": self.plan.recipe.name, "target": self.plan.target,
+                "backend": self.plan.backend, "prefix": str(self.plan.prefix),
+                "reason": self.reason, "because": self.because, "prepend": self.prepend,
+                "stamp": self.plan.stamp, "plan": self.plan.to_json()}
 
 
 # -- planning -------------------------------------------------------------------------------------
@@ -136,8 +166,9 @@ def _source_version(recipe: recipes.Recipe, fetched: sources.Fetched) -> str | N
             f = fetched.root / probe["file"]
             if f.is_file():
                 m = re.search(probe.get("regex", r"(.+)"), f.read_text(errors="replace"), re.M)
-                if m:
-                    return m.group(1).strip()
+                if m:  # several groups (major, minor, patch on separate lines) join with dots
+                    return ".".join(g.strip() for g in m.groups() if g) if m.re.groups > 1 \
+                        else m.group(1).strip()
     return None
 
 
@@ -217,8 +248,57 @@ def _prepare(req: Request, root):
     return recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix
 
 
-def make_plan(req: Request, root, *, check_patches: bool = True) -> Plan:
+def _rocm_fact(facts: conditions.Facts, toolchain: Toolchain) -> None:
+    """`rocm_file` conditions look in the HIP toolchain's ROCm tree."""
+    if facts.host is not None and toolchain.env.get("ROCM_PATH"):
+        facts.host.rocm_root = Path(toolchain.env["ROCM_PATH"])
+
+
+def _dependency_requests(recipe: recipes.Recipe, req: Request, facts: conditions.Facts,
+                         stack: tuple[str, ...]) -> list[tuple[recipes.Rule, Request, str]]:
+    """The `[[depends]]` rules whose `when` holds, as requests for the same target."""
+    out = []
+    for rule in recipe.of("depends"):
+        holds, why = conditions.explain(rule.when, facts)
+        if not holds:
+            continue
+        name = rule.get("recipe")
+        beside = recipe.path.parent / (name if name.endswith(".toml") else f"{name}.toml")
+        ref = str(beside) if beside.is_file() else name
+        if name in stack or recipes.load(ref).name in stack:
+            raise ConfigError(f"recipe {recipe.name}: dependency cycle "
+                              f"{' -> '.join((*stack, recipe.name, name))}")
+        dep = Request(recipe=ref, target=req.target, backend=rule.get("backend"), jobs=req.jobs,
+                      no_cache=req.no_cache, environ=req.environ)
+        out.append((rule, dep, why))
+    return out
+
+
+def _plan_dependencies(recipe, req, facts, root, check_patches, stack) -> list[Dependency]:
+    """Plan each dependency (recursively), then let this build's header checks see the headers
+    it will use: the installed ones when the dependency's prefix exists, else those in its
+    source (`source_include`) — what the build will install."""
+    deps, extra = [], []
+    for rule, dep_req, why in _dependency_requests(recipe, req, facts, stack):
+        dep_plan = make_plan(dep_req, root, check_patches=check_patches,
+                             _stack=(*stack, recipe.name))
+        deps.append(Dependency(dep_req, rule.get("reason"), why, dict(rule.get("prepend", {})),
+                               dep_plan))
+        if (dep_plan.prefix / "include").is_dir():
+            extra.append(dep_plan.prefix / "include")
+        elif rule.get("source_include"):
+            extra.append(dep_plan.source.tree / rule.get("source_include"))
+    if extra and facts.host is not None:
+        facts.host = conditions.HostFacts(include_dirs=(*extra, *facts.host.include_dirs),
+                                          path=facts.host.path, probe_glslc=facts.host.probe_glslc,
+                                          rocm_root=facts.host.rocm_root)
+    return deps
+
+
+def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[str, ...] = ()) -> Plan:
     recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix = _prepare(req, root)
+    _rocm_fact(facts, toolchain)
+    deps = _plan_dependencies(recipe, req, facts, root, check_patches, _stack)
     be = recipe.backends[backend]
     ok, why = conditions.explain(be.when, facts)
     if not ok:
@@ -245,6 +325,7 @@ def make_plan(req: Request, root, *, check_patches: bool = True) -> Plan:
            "hip_clang_dir": (str(Path(toolchain.env["HIPCXX"]).parent) if "HIPCXX" in toolchain.env
                              else "<no HIP toolchain>"),
            **{k: v for k, v in toolchain.env.items()}}
+    ctx.update(_source_placeholders(recipe, fetched, work))
     # options: later rules override earlier ones of the same name
     chosen: dict[str, dict] = {}
     declared = facts.source.cmake_options
@@ -278,13 +359,39 @@ def make_plan(req: Request, root, *, check_patches: bool = True) -> Plan:
     env: dict[str, str] = dict(toolchain.env)
     env_reasons = {k: f"{be.toolchain} toolchain" for k in toolchain.env}
     runtime_env: dict[str, str] = {}
+    export_env: dict[str, str] = {}
     for rule in recipe.of("env"):
         holds, why = conditions.explain(rule.when, facts)
         if not holds:
             continue
-        target_env = runtime_env if rule.get("stage", "configure") == "runtime" else env
+        stage = rule.get("stage", "configure")
+        target_env = {"runtime": runtime_env, "export": export_env}.get(stage, env)
         target_env[rule.get("name")] = _fmt(rule.get("value"), ctx)
         env_reasons[rule.get("name")] = rule.get("reason")
+        if stage == "export" and rule.when:
+            env_reasons[rule.get("name")] += f" ({why})"
+    for dep in deps:  # dependencies' prefixes go in front of their variables
+        for var, sub in dep.prepend.items():
+            entry = str(dep.plan.prefix if sub in ("", ".") else dep.plan.prefix / sub)
+            rest = env.get(var, environ.get(var, ""))
+            env[var] = entry + (os.pathsep + rest if rest else "")
+            env_reasons[var] = f"dependency {dep.plan.recipe.name}: {dep.reason}"
+    venv = None
+    if recipe.venv is not None:
+        venv_dir = work / "build" / "venv"
+        py = venv_dir / "bin" / "python"
+        reqs = [str(work / "src" / r) if not (fetched.spec.sparse and fetched.spec.subdir)
+                else str(work / "src" / fetched.spec.subdir / r) for r in recipe.venv.get("requirements", [])]
+        commands = [[sys.executable, "-m", "venv", str(venv_dir)]]
+        pkgs = [a for r in reqs for a in ("-r", r)] + list(recipe.venv.get("packages", []))
+        if pkgs:
+            commands.append([str(py), "-m", "pip", "install", "--disable-pip-version-check", *pkgs])
+        venv = {"path": str(venv_dir), "requirements": reqs,
+                "packages": list(recipe.venv.get("packages", [])), "commands": commands,
+                "reason": recipe.venv["reason"]}
+        env["VIRTUAL_ENV"] = str(venv_dir)
+        env["PATH"] = str(venv_dir / "bin") + os.pathsep + env.get("PATH", environ.get("PATH", ""))
+        env_reasons["VIRTUAL_ENV"] = env_reasons["PATH"] = f"private venv: {recipe.venv['reason']}"
     patch_plans = []
     for rule in recipe.of("patch"):
         holds, why = conditions.explain(rule.when, facts)
@@ -292,19 +399,57 @@ def make_plan(req: Request, root, *, check_patches: bool = True) -> Plan:
                                              holds, f"{rule.get('reason')} ({why})" if holds else why))
     patch_status = patches.check(patch_plans, fetched.tree) if check_patches else []
     options = list(chosen.values())
-    configure = ["cmake", "-S", str(work / "src"), "-B", str(work / "build"), "-G", "Ninja",
+    src = (work / "src" / fetched.spec.subdir if fetched.spec.sparse and fetched.spec.subdir
+           else work / "src")
+    configure = ["cmake", "-S", str(src), "-B", str(work / "build"), "-G", "Ninja",
                  f"-DCMAKE_INSTALL_PREFIX={prefix}"]
     configure += [f"-D{o['name']}={o['value']}" for o in options]
     jobs = req.jobs or os.cpu_count() or 1
     build = ["ninja", "-C", str(work / "build"), "-j", str(jobs), *build_targets]
     install = ["cmake", "--install", str(work / "build"), "--prefix", f"{prefix}.rocforge-new"]
-    if build_targets:
+    if recipe.install == "ninja":
+        build = ["ninja", "-C", str(work / "build"), "-j", str(jobs), "install"]
+        install = [f"(`ninja install` with DESTDIR={prefix}.rocforge-destdir, moved to)",
+                   f"{prefix}.rocforge-new"]
+    elif build_targets:
         install = ["(copy artifacts of)", *build_targets, "->", f"{prefix}.rocforge-new"]
     smoke = [list(r.get("run")) for r in recipe.of("smoke") if conditions.evaluate(r.when, facts)]
     stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend)
     return Plan(recipe, tgt.name, backend, backend_reason, fetched, toolchain, options, env,
                 runtime_env, env_reasons, patch_plans, patch_status, notes, configure, build,
-                install, smoke, prefix, work, stamp, launcher, build_targets)
+                install, smoke, prefix, work, _with_deps(stamp, [d.plan.stamp for d in deps]),
+                launcher, build_targets, dependencies=deps, outputs=_outputs(recipe, facts, ctx),
+                export_env=export_env, venv=venv)
+
+
+def _with_deps(stamp: str, dep_stamps: list[str]) -> str:
+    """A build's stamp covers its dependencies' stamps: a rebuilt dependency rebuilds it."""
+    if not dep_stamps:
+        return stamp
+    return hashlib.sha256(json.dumps([stamp, dep_stamps]).encode()).hexdigest()
+
+
+def _outputs(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict) -> list[dict]:
+    out = []
+    for rule in recipe.of("output"):
+        holds, why = conditions.explain(rule.when, facts)
+        if holds:
+            out.append({"path": _fmt(rule.get("path"), ctx), "reason": rule.get("reason"),
+                        "because": why})
+    return out
+
+
+def _source_placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, work: Path) -> dict:
+    """`{source_commit}`, `{source_tree}` (git tree sha: projects that name their build by it
+    but get no .git in the work copy), `{source_root}` (the work copy's top: a monorepo's root)
+    and `{venv}` for recipe values."""
+    out = {"source_commit": fetched.commit or "", "source_tree": "", "source_root": str(work / "src"),
+           "venv": str(work / "build" / "venv")}
+    if "{source_tree}" in recipe.text and fetched.commit:
+        where = fetched.root if (fetched.root / ".git").exists() else sources._mirror(fetched.spec.location)
+        res = run(["git", "-C", where, "rev-parse", f"{fetched.commit}^{{tree}}"], check=False)
+        out["source_tree"] = res.stdout.strip() if res.returncode == 0 else ""
+    return out
 
 
 # -- no-op check ----------------------------------------------------------------------------------
@@ -322,6 +467,30 @@ def quick_stamp(req: Request, root) -> tuple[str, Path]:
     """The stamp over every input, computed without planning, patching or running CMake."""
     recipe, _, _, fetched, backend, _, toolchain, _, prefix = _prepare(req, root)
     return _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend), prefix
+
+
+def _quick(req: Request, root, stack: tuple[str, ...]) -> tuple[str, Path, bool]:
+    """(stamp, prefix, current): the quick stamp with the dependencies' folded in; current when
+    the prefix's manifest has it and every dependency is current too."""
+    stamp, prefix = quick_stamp(req, root)
+    dep_stamps, current = [], True
+    if recipes.load(req.recipe).of("depends"):  # which apply depends on the request's facts
+        recipe, _, _, _, _, _, toolchain, facts, _ = _prepare(req, root)
+        _rocm_fact(facts, toolchain)
+        for _, dep_req, _ in _dependency_requests(recipe, req, facts, stack):
+            dep_stamp, _, dep_current = _quick(dep_req, root, (*stack, recipe.name))
+            dep_stamps.append(dep_stamp)
+            current = current and dep_current
+    stamp = _with_deps(stamp, dep_stamps)
+    old = read_manifest(prefix)
+    return stamp, prefix, current and bool(old) and old.get("stamp") == stamp
+
+
+def _require(plan: Plan) -> None:
+    """Everything a build and its dependencies need, checked before any of them starts."""
+    for dep in plan.dependencies:
+        _require(dep.plan)
+    plan.toolchain.require()
 
 
 # -- execution ------------------------------------------------------------------------------------
@@ -386,9 +555,8 @@ def _console():
 def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
     t0 = time.monotonic()
     if not req.force:
-        stamp, prefix = quick_stamp(req, root)
-        old = read_manifest(prefix)
-        if old and old.get("stamp") == stamp:
+        stamp, prefix, current = _quick(req, root, ())
+        if current:
             return Outcome("up to date", prefix, prefix / MANIFEST, time.monotonic() - t0)
     console = _console()
     say = (lambda *a, **k: None) if quiet else console.print
@@ -396,8 +564,13 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
 
     t = time.monotonic()
     plan = make_plan(req, root, check_patches=False)
-    plan.toolchain.require()
+    _require(plan)
     timings["plan+fetch"] = time.monotonic() - t
+    for dep in plan.dependencies:  # in order, each up to date or built (and checked) first
+        say(f"[bold]dependency[/] {dep.plan.recipe.name}: {dep.reason}")
+        out = execute(dep.request, root, quiet=quiet)
+        if out.status == "up to date":
+            say(f"  {out.prefix} is up to date")
     say(f"[bold]rocforge build[/] {plan.recipe.name} for {plan.target} ({plan.backend}: {plan.backend_reason})")
     for note in plan.notes:
         say(f"[yellow]note:[/] {note}")
@@ -408,13 +581,20 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
     try:
         log.write(json.dumps(plan.to_json(), indent=2, default=str) + "\n")
         t = time.monotonic()
-        sources.sync_tree(plan.source.tree, plan.src_dir)
+        if plan.source.spec.sparse:  # the whole sparse checkout: projects use ../../shared/...
+            sources.sync_tree(plan.source.root, plan.work / "src")
+        else:
+            sources.sync_tree(plan.source.tree, plan.src_dir)
         plan.patch_status = patches.apply(plan.patches, plan.src_dir)
         timings["patch"] = time.monotonic() - t
         for r in plan.patch_status:
             say(f"  patch {r.name}: {r.status} — {r.reason}")
 
         env = plan.env
+        if plan.venv is not None:
+            t = time.monotonic()
+            _make_venv(plan, log, say)
+            timings["venv"] = time.monotonic() - t
         t = time.monotonic()
         marker = plan.build_dir / ".rocforge-configure"
         configure_key = hashlib.sha256(json.dumps([plan.configure, env]).encode()).hexdigest()
@@ -435,18 +615,32 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
         timings["configure"] = time.monotonic() - t
 
         t = time.monotonic()
-        _build(plan, env, log, console, quiet)
-        timings["build"] = time.monotonic() - t
-
-        t = time.monotonic()
         staging = Path(f"{plan.prefix}.rocforge-new")
         if staging.exists():
             shutil.rmtree(staging)
+        if plan.recipe.install == "ninja":  # `ninja install` builds and installs, into DESTDIR
+            destdir = Path(f"{plan.prefix}.rocforge-destdir")
+            shutil.rmtree(destdir, ignore_errors=True)
+            _build(plan, {**env, "DESTDIR": str(destdir)}, log, console, quiet)
+            installed = destdir / str(plan.prefix).lstrip("/")
+            if not installed.is_dir():
+                raise BuildError(f"`ninja install` installed nothing under {installed}; full log: {plan.log}")
+            staging.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(installed, staging)
+            shutil.rmtree(destdir, ignore_errors=True)
+        else:
+            _build(plan, env, log, console, quiet)
+        timings["build"] = time.monotonic() - t
+
+        t = time.monotonic()
         staging.parent.mkdir(parents=True, exist_ok=True)
-        if plan.build_targets:
+        if plan.recipe.install == "ninja":
+            pass  # installed by the build step
+        elif plan.build_targets:
             _install_artifacts(plan, staging, log)
         else:
             _stream(["cmake", "--install", str(plan.build_dir), "--prefix", str(staging)], env, log, "install")
+        check_outputs(plan, staging, log)
         timings["install"] = time.monotonic() - t
 
         t = time.monotonic()
@@ -467,6 +661,53 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
         log.close()
     say(f"[green]installed[/] {plan.prefix} in {timings['total']:.1f}s (manifest {plan.prefix / MANIFEST})")
     return Outcome("built", plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0, plan)
+
+
+def _make_venv(plan: Plan, log: _Log, say) -> None:
+    """The recipe's private virtual environment (build dir), requirements installed once per
+    requirements content."""
+    venv = plan.venv
+    key = hashlib.sha256(json.dumps(
+        [venv["commands"]] + [Path(r).read_text(errors="replace") if Path(r).is_file() else None
+                              for r in venv["requirements"]]).encode()).hexdigest()
+    marker = Path(venv["path"]) / ".rocforge-venv"
+    if marker.is_file() and marker.read_text() == key:
+        return
+    missing = [r for r in venv["requirements"] if not Path(r).is_file()]
+    if missing:
+        raise BuildError(f"{plan.recipe.name}: requirements file(s) {', '.join(missing)} are not "
+                         "in the source", "fix the recipe's [venv] requirements for this source")
+    say(f"  venv {venv['path']} ...")
+    for argv in venv["commands"]:
+        _stream(argv, {"VIRTUAL_ENV": None, "PYTHONHOME": None}, log, "venv")
+    marker.write_text(key)
+
+
+def check_outputs(plan: Plan, staging: Path, log: _Log | None = None) -> list[str]:
+    """Every `[[output]]` the recipe expects must be in the install (globs allowed); a missing
+    one fails the build before the install replaces the previous one."""
+    found, missing = [], []
+    for out in plan.outputs:
+        hits = sorted(staging.glob(out["path"]))
+        if hits:
+            found += [h.relative_to(staging).as_posix() for h in hits]
+        else:
+            missing.append(out)
+    if missing:
+        lines = []
+        for out in missing:
+            parent = (staging / out["path"]).parent
+            have = sorted(p.name for p in parent.iterdir())[:8] if parent.is_dir() else []
+            lines.append(f"  {out['path']} — {out['reason']}"
+                         + (f" (the directory has: {', '.join(have)})" if have
+                            else f" ({parent.relative_to(staging).as_posix()}/ is missing or empty)"))
+        where = f"; full log: {log.path}" if log else ""
+        raise BuildError(
+            f"{plan.recipe.name} for {plan.target}: the install lacks expected output(s):\n"
+            + "\n".join(lines) + where,
+            "the build did not produce kernels for this target: check that the toolchain and the "
+            "source support it (the previous install, if any, was kept)")
+    return found
 
 
 def _check_unused(output: str, plan: Plan, log: _Log) -> None:
@@ -581,6 +822,12 @@ def write_manifest(plan: Plan, where: Path) -> Path:
                         **host_info(merged_env(plan.env)),
                         "compiler_launcher": plan.launcher or "none"}
     doc["notes"] = plan.notes
+    doc["prefix"] = str(plan.prefix)
+    doc["outputs"] = [o["path"] for o in plan.outputs]
+    doc["export_env"] = plan.export_env
+    doc["export_env_reasons"] = {k: plan.env_reasons.get(k, "") for k in plan.export_env}
+    doc["dependencies"] = [{"recipe": d.plan.recipe.name, "prefix": str(d.plan.prefix),
+                            "stamp": d.plan.stamp, "reason": d.reason} for d in plan.dependencies]
     doc["timings"] = plan.timings
     doc["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     path = where / MANIFEST
@@ -615,7 +862,22 @@ def print_plan(plan: Plan, out=sys.stdout) -> None:
             w("    " + p.detail.replace("\n", "\n    ") + "\n")
     for n in plan.notes:
         w(f"note: {n}\n")
+    for d in plan.dependencies:
+        w(f"depends  {d.plan.recipe.name} ({d.plan.backend}) -> {d.plan.prefix}\n"
+          f"      {d.reason} [{d.because}]\n")
+        for var, sub in d.prepend.items():
+            w(f"      {var} += {d.plan.prefix if sub in ('', '.') else d.plan.prefix / sub}\n")
+    if plan.venv:
+        w(f"venv     {plan.venv['path']} — {plan.venv['reason']}\n")
+        for argv in plan.venv["commands"]:
+            w(f"  {quote(argv)}\n")
     w(f"configure  {quote(plan.configure)}\nbuild      {quote(plan.build)}\n")
     w(f"install    {' '.join(plan.install)}\n")
     for s in plan.smoke:
         w(f"smoke      {quote(s)}\n")
+    for o in plan.outputs:
+        w(f"expects    {o['path']} — {o['reason']}\n")
+    if plan.export_env:
+        w("exported by `rocforge env` (recorded in the manifest)\n")
+        for k, v in plan.export_env.items():
+            w(f"  {k}={v}  ({plan.env_reasons.get(k, '')})\n")

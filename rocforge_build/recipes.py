@@ -26,6 +26,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "default": ((list,), False), "option": ((list,), False), "env": ((list,), False),
         "patch": ((list,), False), "stop": ((list,), False), "note": ((list,), False),
         "build": ((dict,), False), "smoke": ((list,), False),
+        "depends": ((list,), False), "output": ((list,), False), "venv": ((dict,), False),
     },
     "recipe": {
         "name": ((str,), True), "description": ((str,), False), "homepage": ((str,), False),
@@ -33,6 +34,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "source": {
         "git": ((str,), False), "ref": ((str,), False), "url": ((str,), False),
         "sha256": ((str,), False), "subdir": ((str,), False), "version": ((list,), False),
+        "sparse": ((list,), False), "submodules": ((bool,), False),
     },
     "source.version": {"file": ((str,), False), "regex": ((str,), False), "git": ((str,), False)},
     "backends.*": {
@@ -51,8 +53,20 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "patch": {"file": ((str,), True), "when": ((dict,), False), "reason": ((str,), True)},
     "stop": {"when": ((dict,), True), "message": ((str,), True), "hint": ((str,), False)},
     "note": {"when": ((dict,), False), "message": ((str,), True)},
-    "build": {"targets": ((list,), False), "generator": ((str,), False)},
+    "build": {"targets": ((list,), False), "generator": ((str,), False), "install": ((str,), False)},
     "smoke": {"run": ((list,), True), "when": ((dict,), False)},
+    # another recipe built first for the same target; `prepend` maps an environment variable to
+    # a directory of the dependency's prefix ("." = the prefix) put in front of it for this
+    # build; `source_include` is where the headers it installs live in its source (header
+    # checks of a plan made before the dependency is built look there)
+    "depends": {
+        "recipe": ((str,), True), "when": ((dict,), False), "reason": ((str,), True),
+        "backend": ((str,), False), "prepend": ((dict,), False), "source_include": ((str,), False),
+    },
+    # a file (glob) the install must contain, checked before the install replaces the old one
+    "output": {"path": ((str,), True), "when": ((dict,), False), "reason": ((str,), True)},
+    # a private virtual environment in the build directory with the source's Python requirements
+    "venv": {"requirements": ((list,), False), "packages": ((list,), False), "reason": ((str,), True)},
 }
 
 
@@ -86,6 +100,8 @@ class Source:
     sha256: str | None = None
     subdir: str | None = None
     version: tuple[dict, ...] = ()
+    sparse: tuple[str, ...] = ()  # git: sparse (cone) checkout of these paths, shallow, blob-less
+    submodules: bool = False  # git: check out submodules too (shallow)
 
 
 @dataclass(frozen=True)
@@ -98,6 +114,8 @@ class Recipe:
     rules: tuple[Rule, ...]
     build_targets: tuple[str, ...] = ()
     text: str = field(default="", repr=False, compare=False)
+    venv: dict | None = None
+    install: str = "cmake"  # "ninja": the build step is `ninja install` (projects that need it)
 
     def of(self, kind: str) -> list[Rule]:
         return [r for r in self.rules if r.kind == kind]
@@ -125,6 +143,9 @@ class Recipe:
             "notes": [r.data for r in self.of("note")],
             "smoke": [r.data for r in self.of("smoke")],
             "build_targets": list(self.build_targets),
+            "depends": [r.data for r in self.of("depends")],
+            "outputs": [r.data for r in self.of("output")],
+            "venv": self.venv,
         }
 
 
@@ -169,7 +190,12 @@ def parse(text: str, path: Path) -> Recipe:
     source = Source(
         git=src.get("git"), ref=src.get("ref"), url=src.get("url"), sha256=src.get("sha256"),
         subdir=src.get("subdir"), version=tuple(src.get("version", [])),
+        sparse=tuple(src.get("sparse", [])), submodules=src.get("submodules", False),
     )
+    if (source.sparse or source.submodules) and not source.git:
+        raise ConfigError(f"{where}: source.sparse / source.submodules need a `git` source")
+    if not all(isinstance(p, str) and p and not p.startswith("/") for p in source.sparse):
+        raise ConfigError(f"{where}: source.sparse: must be a list of relative directory paths")
     backends: dict[str, Backend] = {}
     for bname, b in raw["backends"].items():
         bwhere = f"{where}: backends.{bname}"
@@ -185,7 +211,7 @@ def parse(text: str, path: Path) -> Recipe:
     if not backends:
         raise ConfigError(f"{where}: backends: declare at least one backend")
     rules: list[Rule] = []
-    for kind in ("default", "option", "env", "patch", "stop", "note", "smoke"):
+    for kind in ("default", "option", "env", "patch", "stop", "note", "smoke", "depends", "output"):
         for i, item in enumerate(raw.get(kind, [])):
             iwhere = f"{where}: {kind}[{i}]"
             if not isinstance(item, dict):
@@ -198,8 +224,11 @@ def parse(text: str, path: Path) -> Recipe:
                 conditions.validate(item["when"], f"{iwhere}.when")
             if kind == "default" and item["backend"] not in backends:
                 raise ConfigError(f"{iwhere}.backend: {item['backend']!r} is not a declared backend")
-            if kind == "env" and item.get("stage", "configure") not in ("configure", "build", "runtime"):
-                raise ConfigError(f"{iwhere}.stage: must be configure, build or runtime")
+            if kind == "env" and item.get("stage", "configure") not in ("configure", "build", "runtime",
+                                                                        "export"):
+                raise ConfigError(f"{iwhere}.stage: must be configure, build, runtime or export")
+            if kind == "depends" and item["recipe"] == name:
+                raise ConfigError(f"{iwhere}.recipe: a recipe cannot depend on itself")
             if kind == "patch" and not (path.parent.parent / "patches" / name / item["file"]).is_file():
                 raise ConfigError(f"{iwhere}.file: {item['file']} not found in "
                                   f"{path.parent.parent / 'patches' / name}")
@@ -208,10 +237,19 @@ def parse(text: str, path: Path) -> Recipe:
             rules.append(Rule(kind, item, item.get("when")))
     build = raw.get("build", {})
     _check_keys(build, "build", f"{where}: build")
+    if build.get("install", "cmake") not in ("cmake", "ninja"):
+        raise ConfigError(f"{where}: build.install: must be \"cmake\" (cmake --install after the "
+                          "build) or \"ninja\" (the build step is `ninja install`, into DESTDIR)")
+    venv = raw.get("venv")
+    if venv is not None:
+        _check_keys(venv, "venv", f"{where}: venv")
+        for key in ("requirements", "packages"):
+            if not all(isinstance(v, str) for v in venv.get(key, [])):
+                raise ConfigError(f"{where}: venv.{key}: must be a list of strings")
     return Recipe(
         name=name, path=path, description=raw["recipe"].get("description", ""), source=source,
         backends=backends, rules=tuple(rules), build_targets=tuple(build.get("targets", [])),
-        text=text,
+        text=text, venv=venv, install=build.get("install", "cmake"),
     )
 
 

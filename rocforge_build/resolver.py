@@ -14,7 +14,13 @@ Rules (each names its evidence in the reason):
   `override_with` target's (or `--target` names that target); otherwise it is unset — a stale
   override crashes ROCm 7.2.4 on native gfx1151 (kyuz0/amd-strix-halo-toolboxes #115).
 - ROCBLAS_USE_HIPBLASLT=1 only when hipBLASLt carries kernels for the effective target
-  (lemonade-sdk/llamacpp-rocm #10: it fails when the arch's library is missing).
+  (lemonade-sdk/llamacpp-rocm #10: it fails when the arch's library is missing) — the ROCm's,
+  or a hipBLASLt rocforge built for the target.
+- Builds (`builds.py`): a prefix rocforge built for the effective target whose expected outputs
+  are all still there goes in front of LD_LIBRARY_PATH and CMAKE_PREFIX_PATH, and its recipe's
+  exported variables are set (ROCBLAS_TENSILE_LIBPATH, HIPBLASLT_TENSILE_LIBPATH,
+  AOTRITON_INSTALLED_PREFIX, TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL where the recipe's version
+  table says so).  Builds for other targets, or with missing outputs, are left out with a reason.
 
 Stdlib only: `rocforge env` runs this on every shell start-up.
 """
@@ -26,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from rocforge_build import builds as builds_mod
 from rocforge_build import gpus as gpus_mod
 from rocforge_build import installs as installs_mod
 from rocforge_build import targets
@@ -64,6 +71,7 @@ class Resolution:
     prepend: dict[str, tuple[str, ...]] = field(default_factory=dict)  # path-list entries
     root: Root | None = field(default=None, compare=False, repr=False)
     gpu_source: str = "none"
+    builds: tuple[builds_mod.Build, ...] = ()  # rocforge builds used by the environment
 
     @property
     def usable(self) -> bool:
@@ -114,6 +122,7 @@ class Resolution:
             "env": dict(self.env),
             "decisions": [d.to_json() for d in self.decisions],
             "warnings": list(self.warnings),
+            "builds": [b.to_json() for b in self.builds],
         }
 
 
@@ -347,6 +356,12 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
                             "needs no override here, and a stale override crashes ROCm on "
                             "native targets (kyuz0/amd-strix-halo-toolboxes #115)")
 
+    used: list[builds_mod.Build] = []
+    if inst is not None:
+        used = _build_decisions(root, effective, decisions, env, prepend, warnings)
+    built_lt = [b for b in used if effective in installs_mod.tensile_targets(
+        root, (b.prefix / "lib" / "hipblaslt" / "library",))]
+
     # ROCBLAS_USE_HIPBLASLT.
     if inst is not None and effective:
         if inst.coverage.has_hipblaslt and inst.coverage.hipblaslt_for(effective):
@@ -354,6 +369,12 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
             decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", "1",
                                       f"hipBLASLt has TensileLibrary files for {effective}: rocBLAS "
                                       "routes GEMMs through it (seed 004: the fastest path)"))
+        elif built_lt:
+            env["ROCBLAS_USE_HIPBLASLT"] = "1"
+            decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", "1",
+                                      f"the hipBLASLt rocforge built at {built_lt[0].prefix} has "
+                                      f"TensileLibrary files for {effective}: rocBLAS routes GEMMs "
+                                      "through it (seed 004: the fastest path)"))
         else:
             why_no = ("no hipBLASLt installed" if not inst.coverage.has_hipblaslt
                       else f"hipBLASLt has no TensileLibrary files for {effective}")
@@ -377,8 +398,65 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
         gpus=tuple(gpu_list), target=effective, rocm=inst, env=env, decisions=decisions,
         warnings=warnings, installs=tuple(found),
         selected=tuple(index_of[id(g)] for g in selected if id(g) in index_of),
-        prepend=prepend, root=root, gpu_source=discovery.source,
+        prepend=prepend, root=root, gpu_source=discovery.source, builds=tuple(used),
     )
+
+
+# Variables the resolver itself decides: a build's recipe cannot export them.
+_RESERVED = frozenset({"ROCM_PATH", "HIP_PATH", "HIP_PLATFORM", "HIP_CLANG_PATH",
+                       "HIP_DEVICE_LIB_PATH", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                       OVERRIDE, "ROCBLAS_USE_HIPBLASLT", *PATH_VARS})
+
+
+def _build_decisions(root: Root, target: str | None, decisions: list[Decision],
+                     env: dict[str, str | None], prepend: dict[str, tuple[str, ...]],
+                     warnings: list[str]) -> list[builds_mod.Build]:
+    """The builds this environment uses: built for the effective target, outputs intact."""
+    found = builds_mod.find_builds(root)
+    if not found:
+        return []
+    used: list[builds_mod.Build] = []
+    skipped: list[str] = []
+    for b in found:
+        if b.target != target:
+            skipped.append(f"{b.recipe} at {b.prefix} (built for {b.target})")
+        elif b.missing:
+            warnings.append(f"{b.describe()} lacks {', '.join(b.missing)} (deleted since the build?): "
+                            f"not used; rebuild with `rocforge build {b.recipe} --target {b.target} "
+                            "--force`")
+        else:
+            used.append(b)
+    summary = (f"used for {target}: " + (", ".join(b.describe() for b in used) or "none")
+               + (f"; not for this target: {', '.join(skipped)}" if skipped else ""))
+    decisions.append(Decision("builds", [str(b.prefix) for b in used], summary))
+    if not used:
+        return used
+    lists = {"LD_LIBRARY_PATH": tuple(str(b.lib_dir) for b in used if b.lib_dir is not None),
+             "CMAKE_PREFIX_PATH": tuple(str(b.prefix) for b in used)}
+    for var, entries in lists.items():
+        if entries:
+            prepend[var] = entries + tuple(e for e in prepend.get(var, ()) if e not in entries)
+            old = next((i for i, d in enumerate(decisions) if d.key == var), None)
+            then = f"; then the ROCm's: {decisions[old].reason}" if old is not None else ""
+            decision = Decision(var, ":".join(prepend[var]),
+                                f"rocforge builds for {target} first{then}")
+            if old is None:
+                decisions.append(decision)
+            else:
+                decisions[old] = decision
+    for b in used:
+        for key, value in b.export_env.items():
+            if key in _RESERVED:
+                warnings.append(f"{b.describe()} exports {key}, which the resolver decides: ignored")
+                continue
+            if key in env and env[key] != value:
+                warnings.append(f"{key}: {b.describe()} wants {value}, kept {env[key]} "
+                                "(from an earlier build)")
+                continue
+            env[key] = value
+            why = b.export_reasons.get(key, "exported by the recipe")
+            decisions.append(Decision(key, value, f"{b.describe()}: {why}"))
+    return used
 
 
 def _toolchain_decisions(inst: RocmInstall, decisions: list[Decision],

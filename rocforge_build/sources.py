@@ -10,6 +10,7 @@ synced copy (see `sync_tree`) so patches never touch the cache or the user's own
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -35,9 +36,19 @@ class SourceSpec:
     ref: str | None = None
     sha256: str | None = None
     subdir: str | None = None
+    sparse: tuple[str, ...] = ()  # git: shallow, blob-less, sparse (cone) checkout of these paths
+    submodules: bool = False  # git: shallow submodules too
+
+    @property
+    def checkout(self) -> bool:
+        """Fetched as a real (partial, shallow) checkout rather than an exported archive."""
+        return self.kind == "git" and bool(self.sparse or self.submodules)
 
     def to_json(self) -> dict:
-        return {k: v for k, v in vars(self).items() if v is not None}
+        d = {k: v for k, v in vars(self).items() if v not in (None, (), False)}
+        if self.sparse:
+            d["sparse"] = list(self.sparse)
+        return d
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,7 @@ def _is_tarball(name: str) -> bool:
 def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> SourceSpec:
     """The source to use: `--source` beats `--ref` beats the recipe's default."""
     rs = recipe.source
+    git_extra = {"sparse": rs.sparse, "submodules": rs.submodules}
     if source:
         parsed = urlparse(source)
         if parsed.scheme in ("http", "https"):
@@ -73,9 +85,10 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
                                      "give a tarball URL, a git URL ending in .git, or a local path")
                 sha = rs.sha256 if source == rs.url else None
                 return SourceSpec("tarball", source, sha256=sha, subdir=rs.subdir)
-            return SourceSpec("git", source, ref=ref or rs.ref, subdir=rs.subdir)
+            return SourceSpec("git", source, ref=ref or rs.ref, subdir=rs.subdir, **git_extra)
         if parsed.scheme in ("git", "ssh") or source.startswith("git+"):
-            return SourceSpec("git", source.removeprefix("git+"), ref=ref or rs.ref, subdir=rs.subdir)
+            return SourceSpec("git", source.removeprefix("git+"), ref=ref or rs.ref, subdir=rs.subdir,
+                              **git_extra)
         path = Path(unquote(parsed.path) if parsed.scheme == "file" else source).expanduser()
         if not path.exists():
             raise UsageError(f"--source {source}: no such file or directory")
@@ -85,17 +98,19 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
                 raise UsageError(f"--source {source}: a file source must be a tarball")
             return SourceSpec("tarball", str(path), subdir=rs.subdir)
         if ref:  # a local git repository at a given ref
-            return SourceSpec("git", str(path), ref=ref, subdir=rs.subdir)
+            return SourceSpec("git", str(path), ref=ref, subdir=rs.subdir, **git_extra)
         sub = rs.subdir if rs.subdir and (path / rs.subdir).is_dir() else None
         return SourceSpec("local", str(path), subdir=sub)
     if ref:
         if not rs.git:
             raise UsageError(f"recipe {recipe.name} has no git source; --ref needs one",
                              "use --source URL|PATH instead")
-        return SourceSpec("git", rs.git, ref=ref)
+        if rs.sparse:  # a monorepo: the project directory is part of the git source
+            return SourceSpec("git", rs.git, ref=ref, subdir=rs.subdir, **git_extra)
+        return SourceSpec("git", rs.git, ref=ref, submodules=rs.submodules)
     if rs.url:
         return SourceSpec("tarball", rs.url, sha256=rs.sha256, subdir=rs.subdir)
-    return SourceSpec("git", rs.git, ref=rs.ref, subdir=rs.subdir)
+    return SourceSpec("git", rs.git, ref=rs.ref, subdir=rs.subdir, **git_extra)
 
 
 # -- identity -----------------------------------------------------------------------------------
@@ -191,6 +206,12 @@ def fetch(spec: SourceSpec, identity: str | None = None, *, progress: bool = Tru
                 commit = None
         return _finish(spec, identity, root, commit)
     dest = _trees_dir() / (identity[:20] if identity else "unpinned")
+    if spec.checkout:  # one tree per commit and set of checked-out paths
+        shape = hashlib.sha256(json.dumps([sorted(spec.sparse), spec.submodules]).encode()).hexdigest()
+        dest = _trees_dir() / f"{identity[:20]}-{shape[:8]}"
+        if not (dest / ".rocforge-complete").is_file():
+            _git_checkout(spec, identity, dest)
+        return _finish(spec, identity, dest, identity)
     if spec.kind == "git":
         if not (dest / ".rocforge-complete").is_file():
             _git_export(spec.location, identity, dest)
@@ -224,6 +245,53 @@ def _git_export(url: str, commit: str, dest: Path) -> None:
         tarball = Path(tmp) / "src.tar"
         run(["git", "-C", mirror, "archive", "--format=tar", "-o", tarball, commit])
         _extract(tarball, dest, strip=False)
+
+
+def _git_checkout(spec: SourceSpec, commit: str, dest: Path) -> None:
+    """A shallow (depth 1), blob-less partial clone of one commit with a sparse (cone) checkout of
+    `spec.sparse` — a monorepo such as ROCm/rocm-libraries downloads only those directories —
+    and, with `spec.submodules`, shallow submodules.  Built in a temporary sibling and renamed
+    onto `dest`, so `dest` is complete or absent."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".checkout-", dir=dest.parent))
+    env = {"GIT_TERMINAL_PROMPT": "0", "GIT_CEILING_DIRECTORIES": str(dest.parent)}
+
+    def git(*args, timeout: float | None = None):
+        return run(["git", "-C", tmp, *args], env=env, timeout=timeout)
+
+    try:
+        git("init", "-q")
+        git("remote", "add", "origin", spec.location)
+        fetch = ["fetch", "-q", "--depth", "1", "--filter=blob:none", "origin"]
+        wants = [commit] + ([spec.ref] if spec.ref and spec.ref != commit else [])
+        for i, want in enumerate(wants):  # servers that refuse a sha want get the ref name
+            try:
+                git(*fetch, want, timeout=3600)
+                break
+            except CommandFailed as exc:
+                if i == len(wants) - 1:
+                    raise NetworkError(f"git fetch {spec.location} {spec.ref or commit} failed",
+                                       exc.output.strip()[-400:] or None) from exc
+        if spec.sparse:
+            git("sparse-checkout", "set", "--cone", *spec.sparse)
+        try:
+            git("checkout", "-q", "--detach", commit, timeout=3600)
+            if spec.submodules:
+                git("submodule", "update", "-q", "--init", "--recursive", "--depth", "1",
+                    timeout=3600)
+        except CommandFailed as exc:
+            raise NetworkError(f"git checkout of {commit} from {spec.location} failed",
+                               exc.output.strip()[-400:] or None) from exc
+        missing = [p for p in spec.sparse if not (tmp / p).is_dir()]
+        if missing:
+            raise UsageError(f"{spec.location} @ {commit[:12]} has no {', '.join(missing)}",
+                             "the recipe's source.sparse names directories of another layout")
+        (tmp / ".rocforge-complete").write_text(f"{spec.location} {commit}\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:

@@ -101,6 +101,11 @@ def _hip(root, target: str, environ: dict[str, str]) -> Toolchain:
     res = resolver.resolve(root, target=target, environ=environ)
     if res.rocm is None:
         return Toolchain("hip", missing=f"no ROCm toolchain found for {target}", hint=how)
+    if res.rocm.bitcode_dir is not None and target not in res.rocm.coverage.bitcode:
+        return Toolchain("hip", missing=(
+            f"ROCm at {res.rocm.path} ({res.rocm.layout} {res.rocm.version or 'version unknown'}) "
+            f"cannot compile for {target}: its device libraries ({res.rocm.bitcode_dir}) have no "
+            f"oclc_isa_version_{target[3:]}.bc"), hint=how)
     env = {k: str(v) for k, v in res.toolchain_env().items() if v is not None}
     hipcxx = env.get("HIPCXX")
     if not hipcxx or not Path(hipcxx).exists():

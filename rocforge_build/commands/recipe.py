@@ -23,7 +23,8 @@ def _head(kind: str, d: dict) -> str:
         return f"{d['name']} = {d['value']}"
     if kind == "smoke":
         return " ".join(d["run"])
-    return str(d.get({"default": "backend", "patch": "file"}.get(kind, "message")))
+    return str(d.get({"default": "backend", "patch": "file", "depends": "recipe",
+                      "output": "path"}.get(kind, "message")))
 
 
 def run(args) -> int:
@@ -41,7 +42,8 @@ def run(args) -> int:
     for b in r.backends.values():
         print(f"  {b.name} ({b.toolchain}): {b.description}" + (f"  when {_when(b.when)}" if b.when else ""))
     sections = (("default", "default backend"), ("option", "options"), ("env", "environment"),
-                ("patch", "patches"), ("stop", "stops"), ("note", "notes"), ("smoke", "smoke tests"))
+                ("patch", "patches"), ("stop", "stops"), ("note", "notes"), ("smoke", "smoke tests"),
+                ("depends", "built first"), ("output", "expected outputs"))
     for kind, title in sections:
         rules = r.of(kind)
         if not rules:

@@ -1,0 +1,131 @@
+"""What rocforge built: install prefixes under `paths.builds_prefix()` (`<recipe>-<target>-<backend>`),
+each described by the `rocforge-manifest.toml` the build pipeline wrote at its root.
+
+`rocforge env` reads them on every shell start-up (through its cache), so this is stdlib only:
+tomllib, no rich, no packaging.  Every path goes through `Root` and is recorded for the env cache
+(`envcache.touch`): the builds directory itself (a new or replaced prefix changes its mtime), each
+manifest and each expected output, so a new build, a rebuild or a deleted kernel file invalidates
+the cached answer.  The resolver decides what to do with them (`resolver.resolve`).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from rocforge_build.envcache import touch
+from rocforge_build.rootfs import Root
+
+MANIFEST = "rocforge-manifest.toml"  # pipeline.MANIFEST (not imported: pipeline pulls in rich)
+
+
+@dataclass(frozen=True)
+class Build:
+    prefix: PurePosixPath  # inner path
+    recipe: str
+    target: str
+    backend: str
+    version: str | None
+    commit: str | None
+    built_at: str | None
+    export_env: dict[str, str] = field(default_factory=dict)  # values re-based onto `prefix`
+    export_reasons: dict[str, str] = field(default_factory=dict)
+    outputs: tuple[str, ...] = ()  # expected files (globs) relative to the prefix
+    missing: tuple[str, ...] = ()  # expected files no longer there
+    lib_dir: PurePosixPath | None = None
+
+    def describe(self) -> str:
+        what = f"{self.recipe} {self.version}" if self.version else self.recipe
+        return f"{what} ({self.backend}) built for {self.target} at {self.prefix}"
+
+    def to_json(self) -> dict:
+        return {
+            "prefix": str(self.prefix), "recipe": self.recipe, "target": self.target,
+            "backend": self.backend, "version": self.version, "commit": self.commit,
+            "built_at": self.built_at, "export_env": dict(self.export_env),
+            "outputs": list(self.outputs), "missing": list(self.missing),
+        }
+
+
+def _watch(root: Root, inner: PurePosixPath) -> None:
+    touch(os.path.join(root.base, str(inner).lstrip("/")))
+    touch(root.host(inner))
+
+
+def builds_dir(root: Root) -> PurePosixPath:
+    """The builds directory as an inner path (a data dir inside `--root` maps into it)."""
+    from rocforge_build import paths
+
+    host = paths.builds_prefix()
+    if root.is_host:
+        return PurePosixPath(host)
+    try:
+        return root.inner(host)
+    except ValueError:
+        return PurePosixPath(host)
+
+
+def _rebase(value: str, recorded: str, prefix: PurePosixPath) -> str:
+    """Paths under the prefix the build recorded, moved onto the prefix as found now."""
+    if recorded and (value == recorded or value.startswith(recorded.rstrip("/") + "/")):
+        return str(prefix) + value[len(recorded.rstrip("/")):]
+    return value
+
+
+def read(root: Root, prefix: PurePosixPath) -> Build | None:
+    """The build at `prefix`, or None when it has no readable manifest."""
+    manifest = prefix / MANIFEST
+    _watch(root, manifest)
+    try:
+        data = tomllib.loads(root.read_text(manifest))
+    except (OSError, ValueError, UnicodeError):
+        return None
+    recipe = data.get("recipe", {})
+    target = data.get("target")
+    if not isinstance(recipe, dict) or not recipe.get("name") or not isinstance(target, str):
+        return None
+    recorded = str(data.get("prefix", ""))
+    exported = data.get("export_env", {}) if isinstance(data.get("export_env"), dict) else {}
+    reasons = data.get("export_env_reasons", {})
+    outputs = tuple(str(o) for o in data.get("outputs", []) if isinstance(o, str))
+    missing = []
+    for out in outputs:
+        if any(c in out for c in "*?["):
+            parent = (prefix / out).parent
+            _watch(root, parent)
+            if not root.glob(prefix, out):
+                missing.append(out)
+        else:
+            _watch(root, prefix / out)
+            if not root.exists(prefix / out):
+                missing.append(out)
+    lib = prefix / "lib"
+    _watch(root, lib)
+    source = data.get("source", {}) if isinstance(data.get("source"), dict) else {}
+    return Build(
+        prefix=prefix, recipe=str(recipe["name"]), target=target,
+        backend=str(data.get("backend", "")), version=str(source.get("version") or "") or None,
+        commit=source.get("commit"), built_at=data.get("built_at"),
+        export_env={str(k): _rebase(str(v), recorded, prefix) for k, v in exported.items()},
+        export_reasons={str(k): str(v) for k, v in reasons.items()} if isinstance(reasons, dict) else {},
+        outputs=outputs, missing=tuple(missing), lib_dir=lib if root.is_dir(lib) else None,
+    )
+
+
+def find_builds(root: Root) -> list[Build]:
+    """Every build under the builds directory, by prefix name."""
+    base = builds_dir(root)
+    _watch(root, base)
+    if not root.is_dir(base):
+        return []
+    found = []
+    for name in sorted(root.listdir(base)):
+        if name.startswith(".") or name.endswith((".rocforge-new", ".rocforge-old", ".rocforge-destdir")):
+            continue
+        if root.is_dir(base / name):
+            build = read(root, base / name)
+            if build is not None:
+                found.append(build)
+    return found

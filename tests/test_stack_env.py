@@ -1,0 +1,153 @@
+"""`rocforge env` for what rocforge built: build prefixes (manifests under the builds directory)
+for the effective target go in front of the library paths and set the variables their recipes
+export; builds for other targets or with missing outputs are left out, with reasons."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import fixtures_roots as fr
+from stackfixtures import make_build, make_stack_builds
+from test_env import cli, golden
+
+from rocforge_build import paths
+
+
+def builds_inner(name: str) -> str:
+    return f"{paths.builds_prefix()}/{name}"
+
+
+def env_json(root, *args, env=None) -> dict:
+    out = cli(root, "env", "--shell", "json", *args, env=env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_golden_strix_halo_with_stack_builds(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    make_stack_builds(tmp_path)
+    make_build(tmp_path, "llama-cpp", "gfx1100", files=("bin/llama-cli",))  # another GPU's build
+    out = cli(tmp_path, "env", "--shell", "bash")
+    assert out.returncode == 0, out.stderr
+    base = str(paths.builds_prefix())
+    golden("strix_halo_builds.bash", out.stdout.replace(base, "$BUILDS"))
+    data = env_json(tmp_path)
+    blas, lt, aot = (builds_inner(f"{n}-gfx1151-hip") for n in ("rocblas", "hipblaslt", "aotriton"))
+    assert data["ROCBLAS_TENSILE_LIBPATH"] == f"{blas}/lib/rocblas/library"
+    assert data["HIPBLASLT_TENSILE_LIBPATH"] == f"{lt}/lib/hipblaslt/library"
+    assert data["AOTRITON_INSTALLED_PREFIX"] == aot
+    assert data["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == "1"
+    # built libraries first (sorted by prefix name), then the ROCm's
+    assert data["LD_LIBRARY_PATH"].split(":")[:4] == [f"{aot}/lib", f"{lt}/lib", f"{blas}/lib", "/opt/rocm/lib"]
+    assert data["CMAKE_PREFIX_PATH"].split(":")[:3] == [aot, lt, blas]
+    assert "llama-cpp-gfx1100" not in out.stdout.split("# builds:")[1].split("used for gfx1151:")[1].split(";")[0]
+    assert "not for this target: llama-cpp" in out.stdout
+
+
+def test_aotriton_without_experimental_status_sets_no_flag(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    make_stack_builds(tmp_path, aotriton="0.13.0")
+    data = env_json(tmp_path)
+    assert "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL" not in data
+    assert data["AOTRITON_INSTALLED_PREFIX"].endswith("aotriton-gfx1151-hip")
+
+
+def test_target_picks_the_builds(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    make_stack_builds(tmp_path, "gfx1151")
+    make_stack_builds(tmp_path, "gfx1100", aotriton="0.11.1")
+    for target in ("gfx1151", "gfx1100"):
+        data = env_json(tmp_path, "--target", target)
+        assert data["ROCBLAS_TENSILE_LIBPATH"] == f"{builds_inner(f'rocblas-{target}-hip')}/lib/rocblas/library"
+        other = "gfx1100" if target == "gfx1151" else "gfx1151"
+        assert other not in data["LD_LIBRARY_PATH"] and other not in data["CMAKE_PREFIX_PATH"]
+    # gfx1100 is not experimental in the recipe's table: its build recorded no flag
+    assert "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL" not in env_json(tmp_path, "--target", "gfx1100")
+
+
+def test_built_hipblaslt_enables_rocblas_use_hipblaslt(tmp_path):
+    fr.make_strix_halo(tmp_path, hipblaslt=())  # TheRock tree whose hipBLASLt lacks gfx1151
+    out = cli(tmp_path, "env", "--shell", "bash")
+    assert "unset ROCBLAS_USE_HIPBLASLT" in out.stdout
+    make_stack_builds(tmp_path)
+    out = cli(tmp_path, "env", "--shell", "bash")
+    assert "export ROCBLAS_USE_HIPBLASLT='1'" in out.stdout
+    assert "the hipBLASLt rocforge built at" in out.stdout
+
+
+def test_a_build_missing_its_kernels_is_not_used(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    built = make_stack_builds(tmp_path)
+    (built["rocblas"] / "lib/rocblas/library/TensileLibrary_lazy_gfx1151.dat").unlink()
+    out = cli(tmp_path, "env", "--shell", "bash")
+    assert "ROCBLAS_TENSILE_LIBPATH" not in out.stdout.replace("# warning", "")
+    assert "lacks lib/rocblas/library/TensileLibrary_lazy_gfx1151.dat" in out.stdout
+    assert "rocforge build rocblas --target gfx1151 --force" in out.stdout
+    assert "HIPBLASLT_TENSILE_LIBPATH" in out.stdout
+
+
+def test_a_recipe_cannot_export_what_the_resolver_decides(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    make_build(tmp_path, "odd", "gfx1151", export_env={"HSA_OVERRIDE_GFX_VERSION": "11.0.0",
+                                                        "ODD_HOME": "{prefix}"})
+    data = env_json(tmp_path)
+    assert data["HSA_OVERRIDE_GFX_VERSION"] is None and data["ODD_HOME"] == builds_inner("odd-gfx1151-hip")
+    assert "exports HSA_OVERRIDE_GFX_VERSION, which the resolver decides: ignored" in cli(
+        tmp_path, "env", "--shell", "bash").stdout
+
+
+def test_values_follow_a_moved_data_dir(tmp_path):
+    fr.make_strix_halo(tmp_path)
+    make_build(tmp_path, "aotriton", "gfx1151", version="0.11.1",
+               recorded_prefix="/home/old/.local/share/rocforge/builds/aotriton-gfx1151-hip",
+               export_env={"AOTRITON_INSTALLED_PREFIX": "{prefix}", "AOTRITON_LIB": "{prefix}/lib"})
+    data = env_json(tmp_path)
+    assert data["AOTRITON_INSTALLED_PREFIX"] == builds_inner("aotriton-gfx1151-hip")
+    assert data["AOTRITON_LIB"] == builds_inner("aotriton-gfx1151-hip") + "/lib"
+
+
+MARK = "# served from the cache\n"
+
+
+def _cached_run(root) -> str:
+    out = cli(root, "env", "--shell", "bash")
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _tamper() -> None:
+    (entry,) = (paths.cache_dir() / "env").iterdir()
+    with open(entry, "a") as fh:
+        fh.write(MARK)
+
+
+def test_cache_notices_new_changed_and_broken_builds(tmp_path):
+    def run() -> str:  # the CLI serves from the validated cache when every input is unchanged
+        return _cached_run(tmp_path)
+
+    fr.make_strix_halo(tmp_path)
+    first = run()
+    assert "ROCBLAS_TENSILE_LIBPATH" not in first
+    _tamper()
+    assert run().endswith(MARK)  # unchanged: served from the cache
+    # a new build
+    built = make_stack_builds(tmp_path)
+    second = run()
+    assert MARK not in second and "ROCBLAS_TENSILE_LIBPATH" in second
+    _tamper()
+    assert run().endswith(MARK)
+    # a rebuild replaces the prefix (pipeline swaps directories): a new manifest
+    shutil.rmtree(built["rocblas"])
+    make_build(tmp_path, "rocblas", "gfx1151", version="5.2.0",
+               outputs=("lib/rocblas/library/TensileLibrary_lazy_gfx1151.dat",),
+               export_env={"ROCBLAS_TENSILE_LIBPATH": "{prefix}/lib/rocblas/library"})
+    third = run()
+    assert MARK not in third and "rocblas 5.2.0" in third
+    _tamper()
+    # a kernel file deleted from a build
+    os.unlink(built["hipblaslt"] / "lib/hipblaslt/library/TensileLibrary_lazy_gfx1151.dat")
+    fourth = run()
+    assert MARK not in fourth and "export HIPBLASLT_TENSILE_LIBPATH" not in fourth
+    assert "hipblaslt 1.1.0 (hip) built for gfx1151" in fourth and "lacks" in fourth
