@@ -2,9 +2,10 @@
 
 Never a hand-kept list: every ELF file of the host's architecture in the prefix goes through
 `ldd` (the dynamic loader's own answer, honouring RUNPATH, `$ORIGIN`, LD_LIBRARY_PATH and
-ld.so.cache), and every library found goes through it again until nothing new appears.  What
-the loader cannot see (dlopen()ed libraries, kernel data beside a library, Vulkan ICD plugins)
-comes from rules in `containers/closure.toml`, each with its reason.
+ld.so.cache; it lists the whole transitive closure).  What the loader cannot see (dlopen()ed
+libraries, kernel data beside a library, Vulkan ICD plugins) comes from rules in
+`containers/closure.toml`, each with its reason; the libraries those add go through `ldd` in
+turn, until nothing new appears.
 
 `stage()` copies the closure into a directory *preserving paths*: a path such as
 `/lib/x86_64-linux-gnu/libc.so.6` whose `/lib` is a link to `usr/lib` is staged as the link plus
@@ -245,9 +246,8 @@ def compute(
         for file, (found, lost) in ldd([Path(b) for b in batch], env).items():
             for soname in lost:
                 missing.setdefault(soname, set()).add(file)
-            for lib in found:
-                if add(lib, f"needed by {file}", "library"):
-                    queue.append(lib)
+            for lib in found:  # ldd lists the whole transitive closure: no need to ldd these again
+                add(lib, f"needed by {file}", "library")
         # rules over every library known so far (closure members and the prefix's own)
         candidates = list(closure.entries) + [str(p) for p in elf]
         for lib in candidates:
