@@ -210,3 +210,21 @@ def test_closure_command(tmp_path, capsys):
     data = json.loads(report.read_text())
     assert data["elf_files"] == 1 and data["files"] > 0
     assert main(["--root", str(tmp_path), "container", "closure", str(prefix), "--out", str(tmp_path / "s")]) == 2
+
+
+@needs_gcc
+def test_env_file_lets_ldd_find_rocm_libraries(tmp_path):
+    """A program linked to a ROCm library without RUNPATH: found only under the build's env
+    (what `rocforge env --shell dotenv` gives the builder), exactly as at run time."""
+    rocm = tmp_path / "opt/rocforge/rocm/current/lib"
+    _lib(rocm / "libamdhip64.so.7", "libamdhip64.so.7")
+    prefix = tmp_path / "prefix"
+    _exe(prefix / "bin/llama-cli", [f"-L{rocm}", "-l:libamdhip64.so.7"])
+    with pytest.raises(BuildError, match="libamdhip64.so.7"):
+        closure.compute([prefix])
+    env = tmp_path / "env"
+    env.write_text(f"# rocforge env --shell dotenv\nLD_LIBRARY_PATH={rocm}\n")
+    report = closure.main_closure(prefix, tmp_path / "stage", env_file=env, report=None)
+    paths = {e["path"] for e in report["entries"]}
+    assert str(rocm / "libamdhip64.so.7") in paths
+    assert (tmp_path / "stage" / str(rocm / "libamdhip64.so.7").lstrip("/")).is_file()
