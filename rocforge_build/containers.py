@@ -27,7 +27,7 @@ import shutil
 import string
 import sys
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path, PurePosixPath
 
@@ -102,7 +102,13 @@ class ContainerPlan:
     @property
     def local_source(self) -> Path | None:
         """A --source on this machine (tree or tarball): it travels in the build context."""
-        if not self.source or "://" in self.source or self.source.startswith("git+"):
+        if not self.source or self.source.startswith("git+"):
+            return None
+        if self.source.startswith("file://"):
+            from urllib.parse import unquote, urlparse
+
+            return Path(unquote(urlparse(self.source).path)).resolve()
+        if "://" in self.source:
             return None
         return Path(self.source).expanduser().resolve()
 
@@ -116,7 +122,8 @@ class ContainerPlan:
 
     @property
     def prefix(self) -> PurePosixPath:
-        """The install prefix inside the builder (the build contract's default naming)."""
+        """The install prefix inside the builder, given to `rocforge build --prefix` (the same
+        `<recipe>-<target>-<backend>` naming as its default)."""
         return DATA_IN_IMAGE / "builds" / f"{self.recipe.name}-{self.target}-{self.backend}"
 
     def to_json(self) -> dict:
@@ -163,7 +170,7 @@ class RunPlan:
     engine: str
     commands: tuple[tuple[str, ...], ...]  # for "from" engines: from, run (CTR placeholder), rm
     decisions: tuple[Decision, ...] = ()
-    warnings: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return {

@@ -356,6 +356,8 @@ def test_url_sources_pass_through_and_tarballs_travel(tmp_path):
     tarball.write_bytes(b"\x1f\x8b")
     plan = containers.plan("llama-cpp", target="gfx1151", backend="hip", source=str(tarball))
     assert plan.source_arg == "/opt/rocforge/source/llama.cpp-b6123.tar.gz"
+    assert containers.plan("llama-cpp", target="gfx1151", backend="hip",
+                           source=tarball.as_uri()).local_source == tarball  # file:// is local too
     with pytest.raises(UsageError, match="no such file"):
         containers.plan("llama-cpp", target="gfx1151", backend="hip", source=str(tmp_path / "nope"))
 
