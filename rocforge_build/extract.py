@@ -3,8 +3,9 @@
 Every member is checked before anything is written, and refused (IntegrityError, nothing kept)
 when it is: an absolute path, a path with `..`, a symbolic link whose target is absolute or
 leaves the destination, a hard link to anything but an earlier regular member, a device, a FIFO
-or another special file.  Each member is then written with the stdlib `data` filter as a second
-guard (it resolves links already on disk, catching chains of individually harmless links).
+or another special file.  While writing, the member's directory and a link's target are
+resolved through links already on disk and must stay inside (catching chains of individually
+harmless links); the stdlib `data` filter is a further guard where Python has it (3.11.4+).
 Layering (extracting a second archive over the first) replaces files and links rather than
 writing through them.  `staging(parent)` makes a temporary directory that is removed on any
 failure, Ctrl-C included.
@@ -32,6 +33,12 @@ class ExtractStats:
     members: int
     files: int
     bytes: int
+
+
+# The stdlib `data` filter (Python 3.11.4+, PEP 706) is a second guard where it exists; Debian
+# 12's python3 is 3.11.2, so the checks above and `_inside` must hold on their own.
+_DATA_FILTER = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+_FILTER_ERRORS = (tarfile.FilterError,) if hasattr(tarfile, "FilterError") else ()
 
 
 def _refuse(archive: Path, name: str, why: str) -> IntegrityError:
@@ -111,9 +118,14 @@ def safe_extract(archive: Path, dest: Path, *,
                     target.mkdir(parents=True, exist_ok=True)
                     dirs.append((target, m.mode))
                     continue
+                # through links already on disk, the member's directory and a link's target
+                # must stay inside (a chain of harmless-looking links cannot walk out)
+                _inside(archive, dest, target.parent, name)
+                if m.issym():
+                    _inside(archive, dest, Path(os.path.realpath(target.parent), m.linkname), name)
                 try:
-                    tar.extract(m, dest, set_attrs=True, filter="data")
-                except tarfile.FilterError as exc:
+                    tar.extract(m, dest, set_attrs=True, **_DATA_FILTER)
+                except _FILTER_ERRORS as exc:
                     raise _refuse(archive, name, str(exc)) from exc
                 if m.isreg():
                     files += 1

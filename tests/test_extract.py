@@ -165,3 +165,19 @@ def test_read_only_directories_still_fill_and_clean_up(tmp_path):
         extract.safe_extract(arch, stage)
         assert (stage / "share/file").read_text() == "hi"
     assert list(prefix.iterdir()) == []
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_archives_refused_without_the_stdlib_filter(area, case, monkeypatch):
+    """Debian 12's Python (3.11.2) has no tarfile `data` filter: rocforge's own checks must
+    refuse every hostile archive on their own."""
+    monkeypatch.setattr(extract, "_DATA_FILTER", {})
+    monkeypatch.setattr(extract, "_FILTER_ERRORS", ())
+    root, prefix, outside = area
+    arch = hostile(root / f"{case}.tar.gz", [("dir", "bin"), ("file", "bin/ok", b"ok")]
+                   + HOSTILE[case])
+    with pytest.raises(IntegrityError, match="refusing member"):
+        with extract.staging(prefix) as stage:
+            extract.safe_extract(arch, stage)
+    assert (outside / "keep.txt").read_text() == "precious"
+    assert not list(root.glob("**/evil.txt")) and not list(root.glob("**/pwned"))
