@@ -155,7 +155,10 @@ def default_prefix(recipe: str, target: str, backend: str) -> Path:
     return paths.builds_prefix() / f"{recipe}-{target}-{backend}"
 
 
-def _choose_backend(recipe: recipes.Recipe, req: Request, facts: conditions.Facts) -> tuple[str, str]:
+def _choose_backend(recipe: recipes.Recipe, req: Request,
+                    facts_for: Callable[[str], conditions.Facts]) -> tuple[str, str]:
+    """--backend, else the first `[[default]]` whose `when` holds — evaluated with the facts
+    (toolchain headers included) of the backend it proposes."""
     if req.backend:
         if req.backend not in recipe.backends:
             import difflib
@@ -165,7 +168,7 @@ def _choose_backend(recipe: recipes.Recipe, req: Request, facts: conditions.Fact
             raise UsageError(f"recipe {recipe.name} has no backend {req.backend!r}", hint)
         return req.backend, "asked for with --backend"
     for rule in recipe.of("default"):
-        if conditions.evaluate(rule.when, facts):
+        if conditions.evaluate(rule.when, facts_for(rule.get("backend"))):
             return rule.get("backend"), rule.get("reason")
     first = next(iter(recipe.backends))
     return first, "the recipe's first backend"
@@ -201,17 +204,24 @@ def _prepare(req: Request, root):
     identity = sources.identify(spec)
     fetched = sources.fetch(spec, identity)
     source_facts = conditions.SourceFacts(fetched.tree, _source_version(recipe, fetched))
-    pre = conditions.Facts(target=tgt.name, families=tgt.therock_groups, source=source_facts)
-    backend, backend_reason = _choose_backend(recipe, req, pre)
-    be = recipe.backends[backend]
-    toolchain = detect(be.toolchain, root, tgt.name, environ)
-    facts = conditions.Facts(
-        target=tgt.name, families=tgt.therock_groups, backend=backend,
-        rocm_version=toolchain.rocm_version, source=source_facts,
-        host=conditions.HostFacts(include_dirs=toolchain.include_dirs, path=toolchain.path,
-                                  probe_glslc=toolchain.probe_glslc),
-        toolchain_found=toolchain.missing is None,
-    )
+    toolchains: dict[str, Toolchain] = {}
+
+    def facts_for(backend: str) -> conditions.Facts:
+        kind = recipe.backends[backend].toolchain
+        if kind not in toolchains:
+            toolchains[kind] = detect(kind, root, tgt.name, environ)
+        tc = toolchains[kind]
+        return conditions.Facts(
+            target=tgt.name, families=tgt.therock_groups, backend=backend,
+            rocm_version=tc.rocm_version, source=source_facts,
+            host=conditions.HostFacts(include_dirs=tc.include_dirs, path=tc.path,
+                                      probe_glslc=tc.probe_glslc),
+            toolchain_found=tc.missing is None,
+        )
+
+    backend, backend_reason = _choose_backend(recipe, req, facts_for)
+    facts = facts_for(backend)
+    toolchain = toolchains[recipe.backends[backend].toolchain]
     prefix = (Path(req.prefix).expanduser().resolve() if req.prefix
               else default_prefix(recipe.name, tgt.name, backend))
     return recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix

@@ -13,7 +13,6 @@ import hashlib
 import os
 import re
 import shutil
-import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,26 +249,20 @@ def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
 
 
 def _extract(archive: Path, dest: Path, *, strip: bool = True) -> None:
-    """Extract into `dest` atomically (temp dir then rename); strip a single top directory."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=dest.parent))
-    try:
-        try:
-            with tarfile.open(archive) as tf:
-                tf.extractall(tmp, filter="data")
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise IntegrityError(f"{archive}: cannot extract: {exc}",
-                                 "the file may be truncated; delete it and fetch again") from exc
+    """Extract safely (extract.py) into a staging dir, then rename onto `dest`; a single top
+    directory is stripped.  `dest` is complete or absent, never half-written."""
+    from rocforge_build.extract import safe_extract, staging
+
+    with staging(dest.parent, ".extract-") as tmp:
+        safe_extract(archive, tmp)
         top = tmp
-        entries = [p for p in tmp.iterdir()]
+        entries = list(tmp.iterdir())
         if strip and len(entries) == 1 and entries[0].is_dir():
             top = entries[0]
         (top / ".rocforge-complete").write_text(str(archive) + "\n")
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(top, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- work copies --------------------------------------------------------------------------------
