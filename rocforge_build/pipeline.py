@@ -287,6 +287,10 @@ def make_plan(req: Request, root, *, check_patches: bool = True) -> Plan:
             "reason": "a partial build is installed by copying artifacts, so they carry the install RPATH"}
     env: dict[str, str] = dict(toolchain.env)
     env_reasons = {k: f"{be.toolchain} toolchain" for k in toolchain.env}
+    if launcher and Path(launcher).name == "ccache" and "CCACHE_BASEDIR" not in environ:
+        env["CCACHE_BASEDIR"] = str(work.parent)
+        env_reasons["CCACHE_BASEDIR"] = ("paths below the work area hash alike, so builds of one "
+                                         "source for other prefixes/backends share cache hits")
     runtime_env: dict[str, str] = {}
     for rule in recipe.of("env"):
         holds, why = conditions.explain(rule.when, facts)
