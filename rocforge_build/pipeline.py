@@ -238,7 +238,9 @@ def make_plan(req: Request, root, *, check_patches: bool = True) -> Plan:
     for rule in recipe.of("stop"):
         holds, why = conditions.explain(rule.when, facts)
         if holds:
-            raise ToolchainError(f"{rule.get('message')} ({why})", rule.get("hint"))
+            hint = rule.get("hint")
+            raise ToolchainError(f"{rule.get('message')} ({why})",
+                                 hint.replace("{target}", tgt.name) if hint else None)
     notes = []
     for rule in recipe.of("note"):
         holds, why = conditions.explain(rule.when, facts)

@@ -237,6 +237,7 @@ def test_too_old_rocm_for_the_tree_stops(trees, tmp_path):
         pipeline.make_plan(pipeline.Request("llama-cpp", "gfx1151", backend="hip",
                                             source=str(trees["0.3.36"]), environ=env), root)
     assert "needs HIP >= 6.1" in exc.value.message
+    assert "rocforge nightly install --target gfx1151" in exc.value.hint
     p = pipeline.make_plan(pipeline.Request("llama-cpp", "gfx1151", backend="hip",
                                             source=str(trees["0.3.9"]), environ=env), root)
     assert "CMAKE_HIP_FLAGS" not in defines(p)  # ROCm 6: no ROCm 7 workaround
