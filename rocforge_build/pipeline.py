@@ -28,6 +28,9 @@ from rocforge_build.toolchains import GLSLC_FEATURES, Toolchain, detect, host_in
 
 MANIFEST = "rocforge-manifest.toml"
 _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
+# the user's environment that changes what CMake builds (part of the stamp)
+_BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "HIPFLAGS", "HIPCXX",
+              "VULKAN_SDK", "CMAKE_PREFIX_PATH", "PKG_CONFIG_PATH")
 _UNUSED_RE = re.compile(r"Manually-specified variables were not used by the project:\s*\n((?:\s+\S+\n?)+)")
 
 
@@ -175,7 +178,7 @@ def _choose_backend(recipe: recipes.Recipe, req: Request,
 
 
 def _inputs_stamp(recipe: recipes.Recipe, req: Request, identity: str, toolchain: Toolchain,
-                  prefix: Path, backend: str) -> str:
+                  prefix: Path, backend: str, environ: Mapping[str, str]) -> str:
     h = hashlib.sha256()
     parts = {
         "rocforge": __version__,
@@ -189,6 +192,8 @@ def _inputs_stamp(recipe: recipes.Recipe, req: Request, identity: str, toolchain
         "build_targets": list(req.build_targets),
         "prefix": str(prefix),
         "toolchain": toolchain.to_json(),
+        "host": host_info(environ),
+        "environ": {k: environ.get(k) for k in _BUILD_ENV},
     }
     h.update(json.dumps(parts, sort_keys=True, default=str).encode())
     return h.hexdigest()
@@ -317,7 +322,7 @@ def make_plan(req: Request, root, *, check_patches: bool = True) -> Plan:
     if build_targets:
         install = ["(copy artifacts of)", *build_targets, "->", f"{prefix}.rocforge-new"]
     smoke = [list(r.get("run")) for r in recipe.of("smoke") if conditions.evaluate(r.when, facts)]
-    stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend)
+    stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, environ)
     return Plan(recipe, tgt.name, backend, backend_reason, fetched, toolchain, options, env,
                 runtime_env, env_reasons, patch_plans, patch_status, notes, configure, build,
                 install, smoke, prefix, work, stamp, launcher, build_targets)
@@ -336,8 +341,8 @@ def read_manifest(prefix: Path) -> dict | None:
 
 def quick_stamp(req: Request, root) -> tuple[str, Path]:
     """The stamp over every input, computed without planning, patching or running CMake."""
-    recipe, _, _, fetched, backend, _, toolchain, _, prefix = _prepare(req, root)
-    return _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend), prefix
+    recipe, _, environ, fetched, backend, _, toolchain, _, prefix = _prepare(req, root)
+    return _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, environ), prefix
 
 
 # -- execution ------------------------------------------------------------------------------------
@@ -433,7 +438,8 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
         env = plan.env
         t = time.monotonic()
         marker = plan.build_dir / ".rocforge-configure"
-        configure_key = hashlib.sha256(json.dumps([plan.configure, env]).encode()).hexdigest()
+        user_env = {k: os.environ.get(k) for k in _BUILD_ENV}  # CMake reads CC/CFLAGS... once
+        configure_key = hashlib.sha256(json.dumps([plan.configure, env, user_env]).encode()).hexdigest()
         if not (marker.is_file() and marker.read_text() == configure_key
                 and (plan.build_dir / "build.ninja").is_file()):
             if marker.exists():
