@@ -131,10 +131,14 @@ def _fmt(value, ctx: dict) -> str:
 
 def _source_version(recipe: recipes.Recipe, fetched: sources.Fetched) -> str | None:
     for probe in recipe.source.version:
-        if probe.get("git") == "describe" and (fetched.root / ".git").exists():
-            res = run(["git", "-C", fetched.root, "describe", "--tags"], check=False)
-            if res.returncode == 0:
-                return res.stdout.strip()
+        if probe.get("git") == "describe":
+            if (fetched.root / ".git").exists():
+                res = run(["git", "-C", fetched.root, "describe", "--tags"], check=False)
+                if res.returncode == 0:
+                    return res.stdout.strip()
+            ref = fetched.spec.ref
+            if fetched.spec.kind == "git" and ref and not re.fullmatch(r"[0-9a-f]{7,40}", ref):
+                return ref  # a tag or branch name fetched from git (exported without .git)
         if "file" in probe:
             f = fetched.root / probe["file"]
             if f.is_file():
