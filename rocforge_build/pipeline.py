@@ -24,7 +24,7 @@ from pathlib import Path
 from rocforge_build import __version__, conditions, patches, paths, recipes, sources, targets
 from rocforge_build.errors import BuildError, ConfigError, ToolchainError, UsageError
 from rocforge_build.proc import merged_env, quote, run, which
-from rocforge_build.toolchains import GLSLC_FEATURES, Toolchain, detect, host_info
+from rocforge_build.toolchains import GLSLC_FEATURES, Toolchain, detect, host_identity, host_info
 
 MANIFEST = "rocforge-manifest.toml"
 _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
@@ -196,7 +196,7 @@ def _inputs_stamp(recipe: recipes.Recipe, req: Request, identity: str, toolchain
         "build_targets": list(req.build_targets),
         "prefix": str(prefix),
         "toolchain": toolchain.to_json(),
-        "host": host_info(environ),
+        "host": host_identity(environ),
         "environ": {k: environ.get(k) for k in _BUILD_ENV},
     }
     h.update(json.dumps(parts, sort_keys=True, default=str).encode())
