@@ -153,28 +153,24 @@ def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
         except OSError as exc:
             raise NetworkError(f"cannot read {path}: {exc.strerror}", None) from exc
     sess = session or _session()
-    last = ""
-    for attempt in range(policy.attempts):
-        try:
-            resp = sess.get(url, timeout=(policy.connect_timeout, policy.read_timeout))
-            if resp.status_code in _MISSING_STATUS and missing_ok:
-                return None
-            if resp.status_code in RETRY_STATUS:
-                raise _Retry(f"HTTP {resp.status_code}", resp.headers.get("Retry-After"))
-            if resp.status_code >= 400:
-                raise _status_error(url, resp.status_code)
-            resp.encoding = resp.encoding or "utf-8"
-            return resp.text
-        except _Retry as exc:
-            last = exc.reason
-            retry_after = exc.retry_after
-        except _requests_errors() as exc:
-            last = _describe(exc)
-            retry_after = None
-        if attempt + 1 < policy.attempts:
-            _sleep(policy.delay(attempt, retry_after))
+    _MISS = object()
+
+    def once():
+        resp = sess.get(url, timeout=(policy.connect_timeout, policy.read_timeout))
+        if resp.status_code in _MISSING_STATUS and missing_ok:
+            return _MISS
+        if resp.status_code in RETRY_STATUS:
+            raise _Retry(f"HTTP {resp.status_code}", resp.headers.get("Retry-After"))
+        if resp.status_code >= 400:
+            raise _status_error(url, resp.status_code)
+        resp.encoding = resp.encoding or "utf-8"
+        return resp.text
+
+    ok, value, _attempts = _with_retries(policy, once)
+    if ok:
+        return None if value is _MISS else value
     raise NetworkError(
-        f"could not fetch {url} after {policy.attempts} attempts: {last}",
+        f"could not fetch {url} after {policy.attempts} attempts: {value}",
         "check your network connection or proxy; if the host moved, point rocforge at the new "
         "one with `rocforge config set` or `--index URL`",
     )
@@ -202,6 +198,23 @@ def remote_size(url: str, *, session=None, policy: RetryPolicy | None = None) ->
 
 # -- internals -------------------------------------------------------------------------------------
 
+def _with_retries(policy: RetryPolicy, attempt_once):
+    """Call `attempt_once` until it returns, retrying `_Retry` and connection errors with the
+    policy's backoff.  Returns (True, result, attempts) or (False, last failure text, attempts);
+    final errors (4xx, RocforgeError) propagate at once."""
+    last = ""
+    for attempt in range(policy.attempts):
+        try:
+            return True, attempt_once(), attempt + 1
+        except _Retry as exc:
+            last, retry_after = exc.reason, exc.retry_after
+        except _requests_errors() as exc:
+            last, retry_after = _describe(exc), None
+        if attempt + 1 < policy.attempts:
+            _sleep(policy.delay(attempt, retry_after))
+    return False, last, policy.attempts
+
+
 @dataclass
 class _Fetched:
     sha256: str
@@ -214,18 +227,11 @@ def _fetch_to_part(url, part, expected_size, progress, session, policy):
     if url.startswith("file:"):
         return _copy_local(url, part, progress), 1
     sess = session or _session()
-    last = ""
-    for attempt in range(policy.attempts):
-        try:
-            return _http_once(url, part, expected_size, progress, sess, policy), attempt + 1
-        except _Retry as exc:
-            last = exc.reason
-            retry_after = exc.retry_after
-        except _requests_errors() as exc:
-            last = _describe(exc)
-            retry_after = None
-        if attempt + 1 < policy.attempts:
-            _sleep(policy.delay(attempt, retry_after))
+    ok, value, attempts = _with_retries(
+        policy, lambda: _http_once(url, part, expected_size, progress, sess, policy))
+    if ok:
+        return value, attempts
+    last = value
     have = part.stat().st_size if part.exists() else 0
     kept = f"; {have} bytes kept in {part} for the next try" if have else ""
     raise NetworkError(
