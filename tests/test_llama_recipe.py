@@ -83,6 +83,9 @@ def test_hip_uses_the_eras_option_names_only(trees, empty_root, version):
     assert d["CMAKE_BUILD_TYPE"] == "Release"
     if "GGML_RPC" in declared:
         assert d["GGML_RPC"] == "ON"
+    for dependency in ("LLAMA_CURL", "LLAMA_OPENSSL"):  # no optional host libraries
+        if dependency in declared:
+            assert d[dependency] == "OFF"
     assert p.toolchain.missing  # no ROCm here: the plan still exists
 
 
