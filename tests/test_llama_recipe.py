@@ -188,7 +188,7 @@ def test_recipe_show_and_list(capsys):
     assert "llama-cpp" in out and "hip, rocwmma, vulkan, cpu" in out
     assert cli.main(["recipe", "show", "llama-cpp"]) == 0
     out = capsys.readouterr().out
-    assert "GGML_HIP_ROCWMMA_FATTN = True" in out and "why: " in out
+    assert "GGML_HIP_ROCWMMA_FATTN = ON" in out and "why: " in out
 
 
 def therock_root(tmp_path, version="7.9.0rc20250812", rocwmma_gfx1151=True) -> Root:
