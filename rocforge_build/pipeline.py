@@ -564,12 +564,13 @@ def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
         dest = dests[0] if dests else ("bin" if t["type"] == "EXECUTABLE" else "lib")
         for art in t.get("artifacts", []):
             src = plan.build_dir / art["path"]
+            real = src.resolve()  # the artifact may be the namelink of a versioned library
             out = staging / dest
             out.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, out / src.name)
-            log.write(f"install {src} -> {out / src.name}\n")
-            for sib in src.parent.iterdir():  # SONAME links pointing at the artifact
-                if sib.is_symlink() and sib.resolve() == src.resolve():
+            shutil.copy2(real, out / real.name)
+            log.write(f"install {real} -> {out / real.name}\n")
+            for sib in src.parent.iterdir():  # namelink and SONAME links to it
+                if sib.is_symlink() and sib.resolve() == real:
                     link = out / sib.name
                     if link.exists() or link.is_symlink():
                         link.unlink()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import tomllib
@@ -153,7 +154,10 @@ def test_build_target_installs_only_that_target_and_its_libraries(tmp_path):
     src = project_copy(tmp_path / "src")
     out = build(RECIPE, source=str(src), prefix=str(tmp_path / "p"), build_targets=("fixture-hello",))
     assert (out.prefix / "bin" / "fixture-hello").is_file()
-    assert (out.prefix / "lib" / "libgreet.so").is_file()
+    lib = out.prefix / "lib"
+    assert (lib / "libgreet.so.1.2.0").is_file() and not (lib / "libgreet.so.1.2.0").is_symlink()
+    assert os.readlink(lib / "libgreet.so.1") == "libgreet.so.1.2.0"  # the SONAME the program needs
+    assert os.readlink(lib / "libgreet.so") == "libgreet.so.1"
     assert not (out.prefix / "bin" / "fixture-extra").exists()
     assert run_hello(out.prefix).splitlines()[1] == "HELLO"
 
