@@ -24,10 +24,13 @@ from pathlib import Path
 from rocforge_build import __version__, conditions, patches, paths, recipes, sources, targets
 from rocforge_build.errors import BuildError, ConfigError, ToolchainError, UsageError
 from rocforge_build.proc import merged_env, quote, run, which
-from rocforge_build.toolchains import GLSLC_FEATURES, Toolchain, detect, host_info
+from rocforge_build.toolchains import GLSLC_FEATURES, Toolchain, detect, host_identity, host_info
 
 MANIFEST = "rocforge-manifest.toml"
 _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
+# the user's environment that changes what CMake builds (part of the stamp)
+_BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "HIPFLAGS", "HIPCXX",
+              "VULKAN_SDK", "CMAKE_PREFIX_PATH", "PKG_CONFIG_PATH")
 _UNUSED_RE = re.compile(r"Manually-specified variables were not used by the project:\s*\n((?:\s+\S+\n?)+)")
 
 
@@ -158,10 +161,14 @@ def _fmt(value, ctx: dict) -> str:
 
 def _source_version(recipe: recipes.Recipe, fetched: sources.Fetched) -> str | None:
     for probe in recipe.source.version:
-        if probe.get("git") == "describe" and (fetched.root / ".git").exists():
-            res = run(["git", "-C", fetched.root, "describe", "--tags"], check=False)
-            if res.returncode == 0:
-                return res.stdout.strip()
+        if probe.get("git") == "describe":
+            if (fetched.root / ".git").exists():
+                res = run(["git", "-C", fetched.root, "describe", "--tags"], check=False)
+                if res.returncode == 0:
+                    return res.stdout.strip()
+            ref = fetched.spec.ref
+            if fetched.spec.kind == "git" and ref and not re.fullmatch(r"[0-9a-f]{7,40}", ref):
+                return ref  # a tag or branch name fetched from git (exported without .git)
         if "file" in probe:
             f = fetched.root / probe["file"]
             if f.is_file():
@@ -186,7 +193,10 @@ def default_prefix(recipe: str, target: str, backend: str) -> Path:
     return paths.builds_prefix() / f"{recipe}-{target}-{backend}"
 
 
-def _choose_backend(recipe: recipes.Recipe, req: Request, facts: conditions.Facts) -> tuple[str, str]:
+def _choose_backend(recipe: recipes.Recipe, req: Request,
+                    facts_for: Callable[[str], conditions.Facts]) -> tuple[str, str]:
+    """--backend, else the first `[[default]]` whose `when` holds — evaluated with the facts
+    (toolchain headers included) of the backend it proposes."""
     if req.backend:
         if req.backend not in recipe.backends:
             import difflib
@@ -196,14 +206,14 @@ def _choose_backend(recipe: recipes.Recipe, req: Request, facts: conditions.Fact
             raise UsageError(f"recipe {recipe.name} has no backend {req.backend!r}", hint)
         return req.backend, "asked for with --backend"
     for rule in recipe.of("default"):
-        if conditions.evaluate(rule.when, facts):
+        if conditions.evaluate(rule.when, facts_for(rule.get("backend"))):
             return rule.get("backend"), rule.get("reason")
     first = next(iter(recipe.backends))
     return first, "the recipe's first backend"
 
 
 def _inputs_stamp(recipe: recipes.Recipe, req: Request, identity: str, toolchain: Toolchain,
-                  prefix: Path, backend: str) -> str:
+                  prefix: Path, backend: str, environ: Mapping[str, str]) -> str:
     h = hashlib.sha256()
     parts = {
         "rocforge": __version__,
@@ -217,6 +227,8 @@ def _inputs_stamp(recipe: recipes.Recipe, req: Request, identity: str, toolchain
         "build_targets": list(req.build_targets),
         "prefix": str(prefix),
         "toolchain": toolchain.to_json(),
+        "host": host_identity(environ),
+        "environ": {k: environ.get(k) for k in _BUILD_ENV},
     }
     h.update(json.dumps(parts, sort_keys=True, default=str).encode())
     return h.hexdigest()
@@ -232,17 +244,24 @@ def _prepare(req: Request, root):
     identity = sources.identify(spec)
     fetched = sources.fetch(spec, identity)
     source_facts = conditions.SourceFacts(fetched.tree, _source_version(recipe, fetched))
-    pre = conditions.Facts(target=tgt.name, families=tgt.therock_groups, source=source_facts)
-    backend, backend_reason = _choose_backend(recipe, req, pre)
-    be = recipe.backends[backend]
-    toolchain = detect(be.toolchain, root, tgt.name, environ)
-    facts = conditions.Facts(
-        target=tgt.name, families=tgt.therock_groups, backend=backend,
-        rocm_version=toolchain.rocm_version, source=source_facts,
-        host=conditions.HostFacts(include_dirs=toolchain.include_dirs, path=toolchain.path,
-                                  probe_glslc=toolchain.probe_glslc),
-        toolchain_found=toolchain.missing is None,
-    )
+    toolchains: dict[str, Toolchain] = {}
+
+    def facts_for(backend: str) -> conditions.Facts:
+        kind = recipe.backends[backend].toolchain
+        if kind not in toolchains:
+            toolchains[kind] = detect(kind, root, tgt.name, environ)
+        tc = toolchains[kind]
+        return conditions.Facts(
+            target=tgt.name, families=tgt.therock_groups, backend=backend,
+            rocm_version=tc.rocm_version, source=source_facts,
+            host=conditions.HostFacts(include_dirs=tc.include_dirs, path=tc.path,
+                                      probe_glslc=tc.probe_glslc),
+            toolchain_found=tc.missing is None,
+        )
+
+    backend, backend_reason = _choose_backend(recipe, req, facts_for)
+    facts = facts_for(backend)
+    toolchain = toolchains[recipe.backends[backend].toolchain]
     prefix = (Path(req.prefix).expanduser().resolve() if req.prefix
               else default_prefix(recipe.name, tgt.name, backend))
     return recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix
@@ -308,7 +327,9 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
     for rule in recipe.of("stop"):
         holds, why = conditions.explain(rule.when, facts)
         if holds:
-            raise ToolchainError(f"{rule.get('message')} ({why})", rule.get("hint"))
+            hint = rule.get("hint")
+            raise ToolchainError(f"{rule.get('message')} ({why})",
+                                 hint.replace("{target}", tgt.name) if hint else None)
     notes = []
     for rule in recipe.of("note"):
         holds, why = conditions.explain(rule.when, facts)
@@ -358,6 +379,10 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
             "reason": "a partial build is installed by copying artifacts, so they carry the install RPATH"}
     env: dict[str, str] = dict(toolchain.env)
     env_reasons = {k: f"{be.toolchain} toolchain" for k in toolchain.env}
+    if launcher and Path(launcher).name == "ccache" and "CCACHE_BASEDIR" not in environ:
+        env["CCACHE_BASEDIR"] = str(work.parent)
+        env_reasons["CCACHE_BASEDIR"] = ("paths below the work area hash alike, so builds of one "
+                                         "source for other prefixes/backends share cache hits")
     runtime_env: dict[str, str] = {}
     export_env: dict[str, str] = {}
     for rule in recipe.of("env"):
@@ -414,7 +439,7 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
     elif build_targets:
         install = ["(copy artifacts of)", *build_targets, "->", f"{prefix}.rocforge-new"]
     smoke = [list(r.get("run")) for r in recipe.of("smoke") if conditions.evaluate(r.when, facts)]
-    stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend)
+    stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, environ)
     return Plan(recipe, tgt.name, backend, backend_reason, fetched, toolchain, options, env,
                 runtime_env, env_reasons, patch_plans, patch_status, notes, configure, build,
                 install, smoke, prefix, work, _with_deps(stamp, [d.plan.stamp for d in deps]),
@@ -465,8 +490,8 @@ def read_manifest(prefix: Path) -> dict | None:
 
 def quick_stamp(req: Request, root) -> tuple[str, Path]:
     """The stamp over every input, computed without planning, patching or running CMake."""
-    recipe, _, _, fetched, backend, _, toolchain, _, prefix = _prepare(req, root)
-    return _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend), prefix
+    recipe, _, environ, fetched, backend, _, toolchain, _, prefix = _prepare(req, root)
+    return _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, environ), prefix
 
 
 def _quick(req: Request, root, stack: tuple[str, ...]) -> tuple[str, Path, bool]:
@@ -597,7 +622,8 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
             timings["venv"] = time.monotonic() - t
         t = time.monotonic()
         marker = plan.build_dir / ".rocforge-configure"
-        configure_key = hashlib.sha256(json.dumps([plan.configure, env]).encode()).hexdigest()
+        user_env = {k: os.environ.get(k) for k in _BUILD_ENV}  # CMake reads CC/CFLAGS... once
+        configure_key = hashlib.sha256(json.dumps([plan.configure, env, user_env]).encode()).hexdigest()
         if not (marker.is_file() and marker.read_text() == configure_key
                 and (plan.build_dir / "build.ninja").is_file()):
             if marker.exists():
@@ -646,6 +672,9 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
         t = time.monotonic()
         for argv in plan.smoke:
             exe = staging / argv[0]
+            if not exe.exists() and plan.build_targets:
+                plan.notes.append(f"smoke test {argv[0]} skipped: not among --build-target")
+                continue
             if not exe.exists():
                 raise BuildError(f"smoke test: {argv[0]} was not installed; full log: {plan.log}")
             _stream([str(exe), *argv[1:]], {**plan.runtime_env}, log, "smoke test")
@@ -776,12 +805,13 @@ def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
         dest = dests[0] if dests else ("bin" if t["type"] == "EXECUTABLE" else "lib")
         for art in t.get("artifacts", []):
             src = plan.build_dir / art["path"]
+            real = src.resolve()  # the artifact may be the namelink of a versioned library
             out = staging / dest
             out.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, out / src.name)
-            log.write(f"install {src} -> {out / src.name}\n")
-            for sib in src.parent.iterdir():  # SONAME links pointing at the artifact
-                if sib.is_symlink() and sib.resolve() == src.resolve():
+            shutil.copy2(real, out / real.name)
+            log.write(f"install {real} -> {out / real.name}\n")
+            for sib in src.parent.iterdir():  # namelink and SONAME links to it
+                if sib.is_symlink() and sib.resolve() == real:
                     link = out / sib.name
                     if link.exists() or link.is_symlink():
                         link.unlink()

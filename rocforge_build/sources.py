@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,18 +114,32 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
 
 # -- identity -----------------------------------------------------------------------------------
 
-def tree_hash(tree: Path) -> str:
-    """Hash over relative names, sizes and mtimes of every file (fast: stats only)."""
+def tree_hash(tree: Path, *, recursive: bool = True) -> str:
+    """Hash over relative names, sizes and mtimes of every file (stats only, no reads)."""
+    entries: list[tuple[str, int, int]] = []
+    stack = [str(tree)]
+    base = len(str(tree)) + 1
+    while stack:
+        d = stack.pop()
+        try:
+            it = os.scandir(d)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    if recursive and e.name not in _SKIP:
+                        stack.append(e.path)
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                entries.append((e.path[base:], st.st_size, st.st_mtime_ns))
+    entries.sort()
     h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(tree):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP)
-        rel = os.path.relpath(dirpath, tree)
-        for name in sorted(filenames):
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-            except OSError:
-                continue
-            h.update(f"{rel}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    for rel, size, mtime in entries:
+        h.update(f"{rel}\0{size}\0{mtime}\n".encode())
     return h.hexdigest()
 
 
@@ -162,7 +175,11 @@ def _git_resolve(url: str, ref: str) -> str:
 def identify(spec: SourceSpec) -> str:
     """The source's identity without fetching (git: one ls-remote; tarball: the pinned sha256)."""
     if spec.kind == "local":
-        return "tree:" + tree_hash(Path(spec.location))
+        top = Path(spec.location)
+        if spec.subdir:  # the project, plus the top directory's own files (version files)
+            return "tree:" + hashlib.sha256((tree_hash(top / spec.subdir) + tree_hash(
+                top, recursive=False)).encode()).hexdigest()
+        return "tree:" + tree_hash(top)
     if spec.kind == "git":
         return _git_resolve(spec.location, spec.ref or "HEAD")
     if spec.sha256:
@@ -318,26 +335,20 @@ def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
 
 
 def _extract(archive: Path, dest: Path, *, strip: bool = True) -> None:
-    """Extract into `dest` atomically (temp dir then rename); strip a single top directory."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=dest.parent))
-    try:
-        try:
-            with tarfile.open(archive) as tf:
-                tf.extractall(tmp, filter="data")
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise IntegrityError(f"{archive}: cannot extract: {exc}",
-                                 "the file may be truncated; delete it and fetch again") from exc
+    """Extract safely (extract.py) into a staging dir, then rename onto `dest`; a single top
+    directory is stripped.  `dest` is complete or absent, never half-written."""
+    from rocforge_build.extract import safe_extract, staging
+
+    with staging(dest.parent, ".extract-") as tmp:
+        safe_extract(archive, tmp)
         top = tmp
-        entries = [p for p in tmp.iterdir()]
+        entries = list(tmp.iterdir())
         if strip and len(entries) == 1 and entries[0].is_dir():
             top = entries[0]
         (top / ".rocforge-complete").write_text(str(archive) + "\n")
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(top, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- work copies --------------------------------------------------------------------------------

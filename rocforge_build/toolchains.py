@@ -73,6 +73,17 @@ def _version_of(program: str | None) -> str | None:
     return out.strip().splitlines()[0] if out.strip() else None
 
 
+def host_identity(environ: Mapping[str, str]) -> dict[str, str]:
+    """cmake and ninja as path + size + mtime: cheap enough for every no-op check."""
+    out = {}
+    for tool in ("cmake", "ninja"):
+        exe = which(tool, environ.get("PATH"))
+        if exe:
+            st = Path(exe).resolve().stat()
+            out[tool] = f"{exe}:{st.st_size}:{st.st_mtime_ns}"
+    return out
+
+
 def host_info(environ: Mapping[str, str]) -> dict[str, str]:
     path = environ.get("PATH")
     info = {}

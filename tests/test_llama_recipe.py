@@ -83,6 +83,9 @@ def test_hip_uses_the_eras_option_names_only(trees, empty_root, version):
     assert d["CMAKE_BUILD_TYPE"] == "Release"
     if "GGML_RPC" in declared:
         assert d["GGML_RPC"] == "ON"
+    for dependency in ("LLAMA_CURL", "LLAMA_OPENSSL"):  # no optional host libraries
+        if dependency in declared:
+            assert d[dependency] == "OFF"
     assert p.toolchain.missing  # no ROCm here: the plan still exists
 
 
@@ -185,4 +188,59 @@ def test_recipe_show_and_list(capsys):
     assert "llama-cpp" in out and "hip, rocwmma, vulkan, cpu" in out
     assert cli.main(["recipe", "show", "llama-cpp"]) == 0
     out = capsys.readouterr().out
-    assert "GGML_HIP_ROCWMMA_FATTN = True" in out and "why: " in out
+    assert "GGML_HIP_ROCWMMA_FATTN = ON" in out and "why: " in out
+
+
+def therock_root(tmp_path, version="7.9.0rc20250812", rocwmma_gfx1151=True) -> Root:
+    """A TheRock tree (the foundation's fixture) plus the headers the recipe's checks read."""
+    from fixtures_roots import make_therock_tree
+
+    root = tmp_path / "therock-root"
+    tree_dir = make_therock_tree(root, version, ("gfx1151",))
+    inc = tree_dir / "include"
+    (inc / "hip").mkdir(parents=True, exist_ok=True)
+    (inc / "hip" / "hip_runtime.h").write_text("// hip runtime\n")
+    (inc / "rocwmma" / "internal").mkdir(parents=True, exist_ok=True)
+    (inc / "rocwmma" / "rocwmma.hpp").write_text("// rocwmma\n")
+    arch = "#define ROCWMMA_ARCH_GFX1151 __gfx1151__\n" if rocwmma_gfx1151 else "#define ROCWMMA_ARCH_GFX1100\n"
+    (inc / "rocwmma" / "internal" / "config.hpp").write_text(arch)
+    return Root(root)
+
+
+def test_with_a_therock_toolchain(trees, tmp_path):
+    root = therock_root(tmp_path)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    req = pipeline.Request("llama-cpp", "gfx1151", source=str(trees["0.3.9"]), environ=env)
+    p = pipeline.make_plan(req, root)
+    assert p.toolchain.missing is None and p.toolchain.rocm_version.startswith("7.9")
+    # rocWMMA knows gfx1151 and the tree has rocWMMA FA: the seed's fastest build, no stub
+    assert p.backend == "rocwmma" and "986" in p.backend_reason
+    assert _stub_status(p) == "not needed"
+    assert p.env["HIPCXX"].startswith(str(root.base)) and p.env["HIPCXX"].endswith("clang++")
+    d = defines(p)
+    assert d["CMAKE_HIP_FLAGS"] == "-mllvm --amdgpu-unroll-threshold-local=600"  # ROCm >= 7
+    assert d["AMDGPU_TARGETS"] == "gfx1151" and d["GGML_HIP_ROCWMMA_FATTN"] == "ON"
+    assert p.runtime_env == {"ROCBLAS_USE_HIPBLASLT": "1"}
+
+
+def test_old_rocwmma_gets_the_stub_and_hip_by_default(trees, tmp_path):
+    root = therock_root(tmp_path, rocwmma_gfx1151=False)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    p = pipeline.make_plan(pipeline.Request("llama-cpp", "gfx1151", source=str(trees["0.3.9"]), environ=env), root)
+    assert p.backend == "hip"
+    p = pipeline.make_plan(pipeline.Request("llama-cpp", "gfx1151", backend="rocwmma",
+                                            source=str(trees["0.3.9"]), environ=env), root)
+    assert _stub_status(p) == "would apply"
+
+
+def test_too_old_rocm_for_the_tree_stops(trees, tmp_path):
+    root = therock_root(tmp_path, version="6.0.2")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    with pytest.raises(ToolchainError) as exc:
+        pipeline.make_plan(pipeline.Request("llama-cpp", "gfx1151", backend="hip",
+                                            source=str(trees["0.3.36"]), environ=env), root)
+    assert "needs HIP >= 6.1" in exc.value.message
+    assert "rocforge nightly install --target gfx1151" in exc.value.hint
+    p = pipeline.make_plan(pipeline.Request("llama-cpp", "gfx1151", backend="hip",
+                                            source=str(trees["0.3.9"]), environ=env), root)
+    assert "CMAKE_HIP_FLAGS" not in defines(p)  # ROCm 6: no ROCm 7 workaround

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import tomllib
@@ -73,7 +74,7 @@ def test_tarball_source(tmp_path):
     assert run_hello(out.prefix).splitlines() == ["patched by rocforge", "hello", "fixture 1.2.0"]
 
 
-def test_noop_then_changes_rebuild(tmp_path):
+def test_noop_then_changes_rebuild(tmp_path, monkeypatch):
     src = project_copy(tmp_path / "src")
     prefix = tmp_path / "p"
     first = build(RECIPE, source=str(src), prefix=str(prefix))
@@ -93,6 +94,14 @@ def test_noop_then_changes_rebuild(tmp_path):
     changed = build(RECIPE, source=str(src), prefix=str(prefix))
     assert changed.status == "built"
     assert run_hello(prefix).splitlines()[-1] == "fixture 1.2.1"
+    # the user's compiler flags are an input too (CMake reads CFLAGS only at a fresh configure)
+    other = tmp_path / "p1030"
+    assert build(RECIPE, source=str(src), prefix=str(other), target="gfx1030").status == "built"
+    assert run_hello(other).splitlines()[1] == "hello"
+    monkeypatch.setenv("CFLAGS", "-DFIXTURE_LOUD")
+    assert build(RECIPE, source=str(src), prefix=str(other), target="gfx1030").status == "built"
+    assert run_hello(other).splitlines()[1] == "HELLO"  # from CFLAGS, not the recipe
+    monkeypatch.delenv("CFLAGS")
     # --force rebuilds with identical inputs
     assert build(RECIPE, source=str(src), prefix=str(prefix), force=True).status == "built"
     # a changed recipe rebuilds
@@ -145,7 +154,10 @@ def test_build_target_installs_only_that_target_and_its_libraries(tmp_path):
     src = project_copy(tmp_path / "src")
     out = build(RECIPE, source=str(src), prefix=str(tmp_path / "p"), build_targets=("fixture-hello",))
     assert (out.prefix / "bin" / "fixture-hello").is_file()
-    assert (out.prefix / "lib" / "libgreet.so").is_file()
+    lib = out.prefix / "lib"
+    assert (lib / "libgreet.so.1.2.0").is_file() and not (lib / "libgreet.so.1.2.0").is_symlink()
+    assert os.readlink(lib / "libgreet.so.1") == "libgreet.so.1.2.0"  # the SONAME the program needs
+    assert os.readlink(lib / "libgreet.so") == "libgreet.so.1"
     assert not (out.prefix / "bin" / "fixture-extra").exists()
     assert run_hello(out.prefix).splitlines()[1] == "HELLO"
 

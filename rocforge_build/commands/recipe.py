@@ -20,7 +20,8 @@ def _when(cond) -> str:
 
 def _head(kind: str, d: dict) -> str:
     if kind in ("option", "env"):
-        return f"{d['name']} = {d['value']}"
+        v = d["value"]
+        return f"{d['name']} = {('ON' if v else 'OFF') if isinstance(v, bool) else v}"
     if kind == "smoke":
         return " ".join(d["run"])
     return str(d.get({"default": "backend", "patch": "file", "depends": "recipe",

@@ -1,0 +1,99 @@
+"""Real llama.cpp builds through rocforge whose llama-bench then runs (slow; CI runs them).
+
+CI budget (2 cores, cold ccache): the CPU backend, then the Vulkan backend, of the May 2025 tree
+(llama-cpp-python 0.3.9), `--build-target llama-bench` only; the Vulkan build reuses the CPU
+objects through ccache (CCACHE_BASEDIR).  The full set — every program, the Oct 2026 tree — runs in
+`nox -s integration` (ROCFORGE_INTEGRATION_FULL=1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from llama_trees import tree
+from tiny_gguf import write as write_gguf
+
+from rocforge_build import pipeline
+from rocforge_build.errors import ToolchainError
+from rocforge_build.rootfs import Root
+
+FULL = os.environ.get("ROCFORGE_INTEGRATION_FULL") == "1"
+VERSION = os.environ.get("ROCFORGE_LLAMA_VERSION", "0.3.9")
+TARGETS = () if FULL else ("llama-bench",)
+JOBS = int(os.environ.get("ROCFORGE_TEST_JOBS", "2"))
+
+
+@pytest.fixture(scope="module")
+def llama_tree(tmp_path_factory):
+    return tree(VERSION, tmp_path_factory.mktemp("llama-full"), full=True)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama-f16.gguf")
+
+
+@pytest.fixture(autouse=True)
+def _shared_ccache(monkeypatch, tmp_path_factory):
+    """One compiler cache for the module (a fresh machine starts cold, as CI does)."""
+    if "CCACHE_DIR" not in os.environ:
+        monkeypatch.setenv("CCACHE_DIR", str(Path.home() / ".cache" / "ccache"))
+
+
+def bench(prefix: Path, model: Path, *extra: str) -> list[dict]:
+    out = subprocess.run([str(prefix / "bin" / "llama-bench"), "-m", str(model), "-p", "32", "-n", "8",
+                          "-r", "1", "-t", str(JOBS), "-o", "json", *extra],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def build(llama_tree, backend, tmp_path) -> pipeline.Outcome:
+    req = pipeline.Request("llama-cpp", "gfx1151", backend=backend, source=str(llama_tree),
+                           prefix=str(tmp_path / f"llama-{backend}"), jobs=JOBS,
+                           build_targets=TARGETS)
+    return pipeline.execute(req, Root("/"))
+
+
+@pytest.mark.slow
+def test_cpu_build_runs_llama_bench(llama_tree, model, tmp_path):
+    out = build(llama_tree, "cpu", tmp_path)
+    assert out.status == "built"
+    m = tomllib.loads(out.manifest.read_text())
+    assert m["backend"] == "cpu" and "-DGGML_RPC=ON" in m["flags"]["configure"]
+    assert not any("GGML_HIP" in a or "GGML_VULKAN" in a for a in m["flags"]["configure"])
+    results = bench(out.prefix, model)
+    tests = {(r["n_prompt"], r["n_gen"]): r for r in results}
+    assert tests[(32, 0)]["avg_ts"] > 0 and tests[(0, 8)]["avg_ts"] > 0
+    assert "Vulkan" not in tests[(32, 0)]["backends"]
+    again = build(llama_tree, "cpu", tmp_path)
+    assert again.status == "up to date" and again.seconds < 1.0
+
+
+@pytest.mark.slow
+def test_vulkan_build_runs_llama_bench(llama_tree, model, tmp_path):
+    if not shutil.which("glslc"):
+        pytest.fail("glslc missing: install the packages in .ci/apt-packages.txt (glslc libvulkan-dev spirv-headers)")
+    src = llama_tree / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-vulkan" / "ggml-vulkan.cpp"
+    core = Path("/usr/include/vulkan/vulkan_core.h")
+    if "vk::LayerSettingEXT" in src.read_text() and "VkLayerSettingEXT" not in core.read_text():
+        # the Oct 2026 tree against Debian 12's headers: stopped before any compiling
+        with pytest.raises(ToolchainError) as exc:
+            build(llama_tree, "vulkan", tmp_path)
+        assert "VK_EXT_layer_settings" in exc.value.message
+        assert not (tmp_path / "llama-vulkan").exists()
+        return
+    out = build(llama_tree, "vulkan", tmp_path)
+    m = tomllib.loads(out.manifest.read_text())
+    assert "-DGGML_VULKAN=ON" in m["flags"]["configure"]
+    assert "glslc" in m["toolchain"] and "VK_HEADER_VERSION" in m["toolchain"]["vulkan_headers"]
+    # lavapipe (mesa-vulkan-drivers) is a real Vulkan device on a machine without a GPU
+    results = bench(out.prefix, model, "-ngl", "99")
+    assert all(r["avg_ts"] > 0 for r in results)
+    assert "Vulkan" in results[0]["backends"]

@@ -1,0 +1,101 @@
+"""Fetching sources: local git repositories, tarballs (file and HTTP), local trees; work copies."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+from buildfixtures import PROJECT, RECIPE, git, git_repo, recipe_copy, tarball
+
+from rocforge_build import pipeline, recipes, sources
+from rocforge_build.errors import IntegrityError, UsageError
+from rocforge_build.rootfs import Root
+
+
+def test_spec_for_precedence(tmp_path):
+    r = recipes.load(str(RECIPE))
+    assert sources.spec_for(r).kind == "git" and sources.spec_for(r).ref == "v1.2.0"
+    assert sources.spec_for(r, ref="main").ref == "main"
+    assert sources.spec_for(r, source=str(PROJECT)).kind == "local"
+    tb = tarball(tmp_path / "f.tar.gz")
+    assert sources.spec_for(r, source=str(tb)).kind == "tarball"
+    assert sources.spec_for(r, source="https://example.invalid/x.git").kind == "git"
+    assert sources.spec_for(r, source="https://example.invalid/x.tar.xz").kind == "tarball"
+    with pytest.raises(UsageError):
+        sources.spec_for(r, source=str(tmp_path / "missing"))
+    with pytest.raises(UsageError):
+        sources.spec_for(r, source="https://example.invalid/page.html")
+    repo = git_repo(tmp_path / "repo")
+    s = sources.spec_for(r, source=str(repo), ref="v1.2.0")  # a local repo at a ref
+    assert s.kind == "git" and s.location == str(repo)
+
+
+def test_git_fetch_by_tag_and_branch(tmp_path):
+    repo = git_repo(tmp_path / "repo")
+    (repo / "NEW").write_text("x")
+    git("add", "NEW", cwd=repo)
+    git("commit", "-q", "-m", "new", cwd=repo)
+    head = git("rev-parse", "HEAD", cwd=repo)
+    tag = git("rev-parse", "v1.2.0", cwd=repo)
+    spec = sources.SourceSpec("git", repo.as_uri(), ref="v1.2.0")
+    assert sources.identify(spec) == tag
+    f = sources.fetch(spec)
+    assert f.commit == tag and (f.tree / "CMakeLists.txt").is_file() and not (f.tree / "NEW").exists()
+    assert not (f.tree / ".git").exists()
+    f2 = sources.fetch(sources.SourceSpec("git", repo.as_uri(), ref="main"))
+    assert f2.identity == head and (f2.tree / "NEW").is_file()
+    with pytest.raises(UsageError):
+        sources.identify(sources.SourceSpec("git", repo.as_uri(), ref="no-such-ref"))
+
+
+def test_local_tree_identity_tracks_changes(tmp_path):
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(PROJECT, src)
+    a = sources.tree_hash(src)
+    assert sources.tree_hash(src) == a
+    (src / "hello.c").write_text("int main(void){return 0;}\n")
+    assert sources.tree_hash(src) != a
+
+
+def test_tarball_over_http_with_pinned_sha(tmp_path, http_server):
+    data = tarball(tmp_path / "fixture-1.2.0.tar.gz").read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    url = http_server.add("/dl/fixture-1.2.0.tar.gz", data)
+    recipe = recipe_copy(tmp_path / "r", **{
+        'git = "file:///nonexistent/fixture.git"\nref = "v1.2.0"': f'url = "{url}"\nsha256 = "{sha}"'})
+    req = pipeline.Request(str(recipe), "gfx1030", prefix=str(tmp_path / "p"), jobs=2)
+    out = pipeline.execute(req, Root("/"), quiet=True)
+    assert out.status == "built"
+    gets = [r for r in http_server.requests if r[0] == "GET"]
+    assert len(gets) == 1
+    # the second identical build needs neither the network nor CMake
+    assert pipeline.execute(req, Root("/"), quiet=True).status == "up to date"
+    assert len([r for r in http_server.requests if r[0] == "GET"]) == 1
+
+
+def test_tarball_sha_mismatch(tmp_path, http_server):
+    data = tarball(tmp_path / "f.tar.gz").read_bytes()
+    url = http_server.add("/dl/f.tar.gz", data)
+    recipe = recipe_copy(tmp_path / "r", **{
+        'git = "file:///nonexistent/fixture.git"\nref = "v1.2.0"': f'url = "{url}"\nsha256 = "{"0" * 64}"'})
+    with pytest.raises(IntegrityError):
+        pipeline.make_plan(pipeline.Request(str(recipe), "gfx1030"), Root("/"))
+
+
+def test_sync_tree_copies_only_changes(tmp_path):
+    src, dst = tmp_path / "a", tmp_path / "b"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "x").write_text("1")
+    (src / "y").write_text("2")
+    os.symlink("y", src / "link")
+    assert sources.sync_tree(src, dst) == 3
+    assert sources.sync_tree(src, dst) == 0
+    (src / "y").write_text("22")
+    (dst / "stray").write_text("s")
+    (src / "d" / "x").unlink()
+    assert sources.sync_tree(src, dst) == 1
+    assert sorted(p.name for p in dst.rglob("*")) == ["d", "link", "y"]
+    assert (dst / "y").read_text() == "22" and os.readlink(dst / "link") == "y"

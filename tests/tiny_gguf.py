@@ -1,0 +1,70 @@
+"""Write a tiny random-weight llama-architecture GGUF (no real weights) for smoke-running
+llama-bench on builds made in tests.  Uses the `gguf` package (PyPI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+# n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff
+SIZES = {"tiny": (1024, 256, 2, 4, 2, 512), "small": (8192, 1024, 4, 8, 4, 2816)}
+
+
+def write(out: Path, size: str = "tiny", seed: int = 0) -> Path:
+    import gguf
+
+    n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff = SIZES[size]
+    head_dim = n_embd // n_head
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_context_length(2048)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_tokenizer_model("llama")
+    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<w{i}>".encode() for i in range(3, n_vocab)]
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * n_vocab)
+    w.add_token_types([2, 3, 3] + [1] * (n_vocab - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    rng = np.random.default_rng(seed)
+
+    def tensor(name: str, shape: tuple[int, ...], norm: bool = False) -> None:
+        if norm:
+            w.add_tensor(name, np.ones(shape, np.float32))
+        else:
+            w.add_tensor(name, (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16))
+
+    tensor("token_embd.weight", (n_vocab, n_embd))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        tensor(p + "attn_norm.weight", (n_embd,), norm=True)
+        tensor(p + "attn_q.weight", (n_embd, n_embd))
+        tensor(p + "attn_k.weight", (n_head_kv * head_dim, n_embd))
+        tensor(p + "attn_v.weight", (n_head_kv * head_dim, n_embd))
+        tensor(p + "attn_output.weight", (n_embd, n_embd))
+        tensor(p + "ffn_norm.weight", (n_embd,), norm=True)
+        tensor(p + "ffn_gate.weight", (n_ff, n_embd))
+        tensor(p + "ffn_up.weight", (n_ff, n_embd))
+        tensor(p + "ffn_down.weight", (n_embd, n_ff))
+    tensor("output_norm.weight", (n_embd,), norm=True)
+    tensor("output.weight", (n_vocab, n_embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    write(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "tiny")
