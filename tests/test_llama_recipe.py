@@ -223,14 +223,13 @@ def test_with_a_therock_toolchain(trees, tmp_path):
     assert p.runtime_env == {"ROCBLAS_USE_HIPBLASLT": "1"}
 
 
-def test_old_rocwmma_gets_the_stub_and_hip_by_default(trees, tmp_path):
+def test_old_rocwmma_makes_hip_the_default(trees, tmp_path):
+    # an explicit --backend rocwmma then builds a gfx1151-aware rocWMMA first (see
+    # test_stack_recipes.test_llama_rocwmma_builds_a_target_aware_rocwmma_first)
     root = therock_root(tmp_path, rocwmma_gfx1151=False)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     p = pipeline.make_plan(pipeline.Request("llama-cpp", "gfx1151", source=str(trees["0.3.9"]), environ=env), root)
     assert p.backend == "hip"
-    p = pipeline.make_plan(pipeline.Request("llama-cpp", "gfx1151", backend="rocwmma",
-                                            source=str(trees["0.3.9"]), environ=env), root)
-    assert _stub_status(p) == "would apply"
 
 
 def test_too_old_rocm_for_the_tree_stops(trees, tmp_path):
