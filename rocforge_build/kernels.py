@@ -13,7 +13,6 @@ portability header) and the benchmark list are data: `data/kernels.toml`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -27,6 +26,7 @@ from functools import cache
 from pathlib import Path
 
 from rocforge_build import paths, proc, targets
+from rocforge_build.download import sha256_file
 from rocforge_build.errors import (
     BuildError,
     ConfigError,
@@ -274,7 +274,7 @@ def build(root: Root, target: str | None = None, *, rocm: str | None = None,
             code_object=out_dir / code_object.name if code_object else None,
             bundles=bundles, code_object_target=co_target, wave_sizes=waves,
             toolchain=tc.to_json(), commands=tuple(commands),
-            outputs={p.name: _sha256(p) for p in sorted(work.iterdir()) if p.is_file()},
+            outputs={p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()},
         )
         (work / MANIFEST).write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
         if out_dir.exists():
@@ -346,14 +346,6 @@ def _cuda_elfs(tc: Toolchain, binary: Path) -> tuple[str, ...]:
         return ()
     listed = proc.run([cuobjdump, "--list-elf", binary], check=False).stdout or ""
     return tuple(sorted(set(re.findall(r"sm_\d+a?", listed))))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def load_build(target: str | None, out: str | os.PathLike[str] | None) -> dict:

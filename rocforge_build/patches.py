@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rocforge_build.download import sha256_file
 from rocforge_build.errors import PatchError
 from rocforge_build.proc import run
 
@@ -87,27 +88,21 @@ def _rejected_hunk(patch: Path, output: str) -> str:
     return "\n".join(lines) + (f"\nrejected hunk ({file}):\n{body}" if body else "")
 
 
-def _sha(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def check(plans: list[PatchPlan], tree: Path) -> list[PatchResult]:
     """Statuses without touching the tree (a plan's view; patches checked independently)."""
     results = []
     for p in plans:
         if not p.needed:
-            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, _sha(p.path)))
+            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, sha256_file(p.path)))
             continue
         fwd = _git_apply(tree, p.path, "--check")
         if fwd.returncode == 0:
-            results.append(PatchResult(p.name, WOULD_APPLY, p.reason, _sha(p.path)))
+            results.append(PatchResult(p.name, WOULD_APPLY, p.reason, sha256_file(p.path)))
         elif _git_apply(tree, p.path, "--check", "--reverse").returncode == 0:
             results.append(PatchResult(p.name, UPSTREAM, "the reverse applies: the source has it",
-                                       _sha(p.path)))
+                                       sha256_file(p.path)))
         else:
-            results.append(PatchResult(p.name, FAILS, p.reason, _sha(p.path),
+            results.append(PatchResult(p.name, FAILS, p.reason, sha256_file(p.path),
                                        _rejected_hunk(p.path, fwd.stdout)))
     return results
 
@@ -118,19 +113,19 @@ def apply(plans: list[PatchPlan], tree: Path) -> list[PatchResult]:
     applied: list[PatchPlan] = []
     for p in plans:
         if not p.needed:
-            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, _sha(p.path)))
+            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, sha256_file(p.path)))
             continue
         fwd = _git_apply(tree, p.path, "--check")
         if fwd.returncode == 0:
             done = _git_apply(tree, p.path)
             if done.returncode == 0:
                 applied.append(p)
-                results.append(PatchResult(p.name, APPLIED, p.reason, _sha(p.path)))
+                results.append(PatchResult(p.name, APPLIED, p.reason, sha256_file(p.path)))
                 continue
             fwd = done
         elif _git_apply(tree, p.path, "--check", "--reverse").returncode == 0:
             results.append(PatchResult(p.name, UPSTREAM, "the reverse applies: the source has it",
-                                       _sha(p.path)))
+                                       sha256_file(p.path)))
             continue
         for q in reversed(applied):
             _git_apply(tree, q.path, "--reverse")

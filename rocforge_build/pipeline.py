@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build import __version__, conditions, patches, paths, recipes, sources, targets
+from rocforge_build.download import sha256_file
 from rocforge_build.errors import BuildError, ConfigError, ToolchainError, UsageError
 from rocforge_build.proc import merged_env, quote, run, which
 from rocforge_build.toolchains import GLSLC_FEATURES, Toolchain, detect, host_identity, host_info
@@ -218,7 +219,7 @@ def _inputs_stamp(recipe: recipes.Recipe, req: Request, identity: str, toolchain
     parts = {
         "rocforge": __version__,
         "recipe": recipe.text,
-        "patches": {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        "patches": {p.name: sha256_file(p)
                     for p in sorted(recipe.patches_dir.glob("*.patch"))} if recipe.patches_dir.is_dir() else {},
         "identity": identity,
         "target": req.target,

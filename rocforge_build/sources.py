@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from rocforge_build import paths
+from rocforge_build.download import sha256_file
 from rocforge_build.errors import IntegrityError, NetworkError, UsageError
 from rocforge_build.proc import CommandFailed, run
 
@@ -185,16 +186,8 @@ def identify(spec: SourceSpec) -> str:
     if spec.sha256:
         return spec.sha256
     if not urlparse(spec.location).scheme:  # a local tarball file: hash it
-        return _sha256_file(Path(spec.location))
+        return sha256_file(Path(spec.location))
     return ""  # a remote tarball without a pin: known only after the download
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # -- fetching -----------------------------------------------------------------------------------
@@ -315,14 +308,14 @@ def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
     parsed = urlparse(spec.location)
     if parsed.scheme in ("", "file"):
         path = Path(unquote(parsed.path) if parsed.scheme else spec.location)
-        sha = _sha256_file(path)
+        sha = sha256_file(path)
         if spec.sha256 and sha != spec.sha256:
             raise IntegrityError(f"{path}: sha256 {sha} does not match the recipe's {spec.sha256}")
         return path, sha
     name = Path(unquote(parsed.path)).name or "source.tar.gz"
     downloads = paths.cache_dir() / "downloads"
     dest = downloads / (f"{spec.sha256[:16]}-{name}" if spec.sha256 else name)
-    if spec.sha256 and dest.is_file() and _sha256_file(dest) == spec.sha256:
+    if spec.sha256 and dest.is_file() and sha256_file(dest) == spec.sha256:
         return dest, spec.sha256
     try:
         from rocforge_build.download import download
