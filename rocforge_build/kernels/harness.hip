@@ -211,26 +211,35 @@ static int cmd_run(const Args& a) {
   } else if (a.kernel == "q4_0_gemv") {
     if (a.m < 1 || a.k < 64 || a.k % 64) fail("bad shape", "q4_0_gemv needs m >= 1 and k % 64 == 0");
     const size_t wbytes = (size_t)a.m * (a.k / RF_Q4_0_BLOCK) * RF_Q4_0_BYTES;
+    const size_t smem = rf_gemv_smem(a.k);
+#if defined(RF_CUDA)
+    const size_t smem_max = p.sharedMemPerBlockOptin;
+#else
+    const size_t smem_max = p.sharedMemPerBlock;
+#endif
+    if (smem + RF_GEMV_STAGE_BYTES > smem_max)
+      fail("bad shape", "q4_0_gemv keeps x (1.25 bytes per element) in shared memory: k = " +
+                            std::to_string(a.k) + " needs " +
+                            std::to_string(smem + RF_GEMV_STAGE_BYTES) + " bytes, the GPU has " +
+                            std::to_string(smem_max));
     unsigned char* w = (unsigned char*)upload(dir + "w.bin", wbytes);
     float* x = (float*)upload(dir + "x.bin", (size_t)a.k * sizeof(float));
-    const int nb = a.k / RF_Q4_0_BLOCK;
-    signed char* xq = (signed char*)alloc((size_t)a.k);
-    float* dx = (float*)alloc((size_t)nb * sizeof(float));
-    int* xsum = (int*)alloc((size_t)nb * sizeof(int));
     float* y = (float*)alloc((size_t)a.m * sizeof(float));
-    const unsigned blocks = rf_gemv_blocks(a.m, wave);
-    const unsigned qblocks = (unsigned)((nb + 63) / 64);
-    // timed: quantizing x (as llama.cpp does before each mat-vec) and the GEMV itself
-    ms = timed(a.iters, [&] {
-      rf_quantize_q8_kernel<<<qblocks, 64>>>(x, xq, dx, xsum, a.k);
-      rf_q4_0_gemv_kernel<<<blocks, RF_GEMV_THREADS>>>(w, xq, dx, xsum, y, a.m, a.k);
-    });
+    // one kernel: 16-byte weight loads where the rows allow them, 4-byte loads otherwise
+    void (*kernel)(const unsigned char*, const float*, float*, int, int) =
+        rf_gemv_wide(a.k) ? rf_q4_0_gemv_kernel<4> : rf_q4_0_gemv_kernel<1>;
+#if defined(RF_CUDA)
+    if (smem > 48 * 1024)  // CUDA's default limit for dynamic shared memory; opt in above it
+      CHECK(hipFuncSetAttribute(kernel, hipFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+#endif
+    int per_cu = 0;
+    CHECK(hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_cu, kernel, RF_GEMV_THREADS, smem));
+    const unsigned blocks = rf_gemv_blocks(a.m, wave, p.multiProcessorCount, per_cu);
+    // timed: one kernel, quantizing x (as llama.cpp does before each mat-vec) and the GEMV
+    ms = timed(a.iters, [&] { kernel<<<blocks, RF_GEMV_THREADS, smem>>>(w, x, y, a.m, a.k); });
     download(dir + "out.bin", y, (size_t)a.m * sizeof(float));
     CHECK(hipFree(w));
     CHECK(hipFree(x));
-    CHECK(hipFree(xq));
-    CHECK(hipFree(dx));
-    CHECK(hipFree(xsum));
     CHECK(hipFree(y));
   } else if (a.kernel == "gemm_f16") {
     if (a.m % 64 || a.n % 64 || a.k % 64 || a.m < 64 || a.n < 64 || a.k < 64)

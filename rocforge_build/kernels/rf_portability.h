@@ -42,6 +42,9 @@ typedef cudaDeviceProp hipDeviceProp_t;
 #define hipEventElapsedTime cudaEventElapsedTime
 #define hipDriverGetVersion cudaDriverGetVersion
 #define hipRuntimeGetVersion cudaRuntimeGetVersion
+#define hipOccupancyMaxActiveBlocksPerMultiprocessor cudaOccupancyMaxActiveBlocksPerMultiprocessor
+#define hipFuncSetAttribute cudaFuncSetAttribute
+#define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 
 #else
 #error "rocforge kernels: compile with a HIP compiler (clang -x hip, hipcc) or nvcc -x cu"
@@ -68,6 +71,20 @@ __device__ __forceinline__ T rf_shfl_down(T v, int delta) {
   return __shfl_down_sync(0xffffffffu, v, delta);
 #else
   return __shfl_down(v, delta);
+#endif
+}
+
+// Barrier for the lanes of one wave, with their shared-memory (LDS) writes visible to each
+// other after it.  CUDA: __syncwarp.  AMD: a wave runs in lockstep, so what is needed is that
+// the LDS stores have completed (the release/acquire fences) and that the compiler moves no LDS
+// access across the point (wave_barrier); this is how newer HIP implements __syncwarp.
+__device__ __forceinline__ void rf_wave_sync() {
+#if defined(RF_CUDA)
+  __syncwarp();
+#else
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
 #endif
 }
 
