@@ -64,7 +64,29 @@ def _check_value(key: str, value: str) -> None:
                          "rename the directory; environment values cannot carry it safely")
 
 
-def render_posix(res: Resolution, shell: str = "bash") -> str:
+class _Syntax:
+    """How one shell spells the four statements a script needs."""
+
+    def __init__(self, quote, prepend, set_, unset, after_prepend=None):
+        self.quote, self.prepend, self.set, self.unset = quote, prepend, set_, unset
+        self.after_prepend = after_prepend
+
+
+def _posix_prepend(key: str, q: str) -> list[str]:
+    return [f'case ":${{{key}-}}:" in *:{q}:*) ;; *) {key}={q}"${{{key}:+:${{{key}}}}}" ;; esac']
+
+
+def _fish_prepend(key: str, q: str) -> list[str]:
+    return [f"if not contains -- {q} ${key}", f"    set -gx {key} {q} ${key}", "end"]
+
+
+_POSIX = _Syntax(sh_quote, _posix_prepend, lambda k, q: f"export {k}={q}",
+                 lambda k: f"unset {k}", after_prepend=lambda k: [f"export {k}"])
+_FISH = _Syntax(fish_quote, _fish_prepend, lambda k, q: f"set -gx {k} {q}",
+                lambda k: f"set -q {k}; and set -e {k}")
+
+
+def _render_script(res: Resolution, shell: str, syntax: _Syntax) -> str:
     out = _header(res, shell)
     for key in ordered_vars(res):
         reason = _reason(res, key)
@@ -73,43 +95,26 @@ def render_posix(res: Resolution, shell: str = "bash") -> str:
         if key in res.prepend:
             for entry in reversed(res.prepend[key]):
                 _check_value(key, entry)
-                q = sh_quote(entry)
-                out.append(f'case ":${{{key}-}}:" in *:{q}:*) ;; '
-                           f'*) {key}={q}"${{{key}:+:${{{key}}}}}" ;; esac')
-            out.append(f"export {key}")
+                out += syntax.prepend(key, syntax.quote(entry))
+            if syntax.after_prepend:
+                out += syntax.after_prepend(key)
             continue
         value = res.env[key]
         if value is None:
-            out.append(f"unset {key}")
+            out.append(syntax.unset(key))
         else:
             _check_value(key, value)
-            out.append(f"export {key}={sh_quote(value)}")
+            out.append(syntax.set(key, syntax.quote(value)))
     out += _warnings(res)
     return "\n".join(out) + "\n"
+
+
+def render_posix(res: Resolution, shell: str = "bash") -> str:
+    return _render_script(res, shell, _POSIX)
 
 
 def render_fish(res: Resolution) -> str:
-    out = _header(res, "fish")
-    for key in ordered_vars(res):
-        reason = _reason(res, key)
-        if reason:
-            out.append(_comment(f"{key}: {reason}"))
-        if key in res.prepend:
-            for entry in reversed(res.prepend[key]):
-                _check_value(key, entry)
-                q = fish_quote(entry)
-                out.append(f"if not contains -- {q} ${key}")
-                out.append(f"    set -gx {key} {q} ${key}")
-                out.append("end")
-            continue
-        value = res.env[key]
-        if value is None:
-            out.append(f"set -q {key}; and set -e {key}")
-        else:
-            _check_value(key, value)
-            out.append(f"set -gx {key} {fish_quote(value)}")
-    out += _warnings(res)
-    return "\n".join(out) + "\n"
+    return _render_script(res, "fish", _FISH)
 
 
 def render_json(res: Resolution) -> str:
