@@ -24,14 +24,13 @@ import re
 import shutil
 import struct
 import sys
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from rocforge_build import proc
 from rocforge_build.errors import BuildError, ConfigError, ToolchainError
-from rocforge_build.resources import containers_dir
+from rocforge_build.resources import containers_dir, load_toml
 
 _ELF_MAGIC = b"\x7fELF"
 _ET_EXEC, _ET_DYN = 2, 3
@@ -99,10 +98,7 @@ _RULE_KEYS = {"name", "library", "why", "siblings", "data", "manifests", "librar
 
 def load_rules(path: Path | None = None) -> Rules:
     path = path or containers_dir() / "closure.toml"
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read closure rules {path}: {exc}", "restore the file from the rocforge sources") from exc
+    data = load_toml(path, "closure rules")
     rules = []
     for i, raw in enumerate(data.get("rule", [])):
         unknown = set(raw) - _RULE_KEYS

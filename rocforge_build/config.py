@@ -18,6 +18,7 @@ from typing import Any
 
 from rocforge_build import paths
 from rocforge_build.errors import ConfigError
+from rocforge_build.resources import load_toml
 
 DEFAULTS_FILE = Path(__file__).with_name("data") / "defaults.toml"
 OPEN_TABLES = ("nightly.sources",)
@@ -25,10 +26,7 @@ OPEN_TABLES = ("nightly.sources",)
 
 @cache
 def _defaults_cached() -> dict:
-    try:
-        return tomllib.loads(DEFAULTS_FILE.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:  # pragma: no cover - packaging error
-        raise ConfigError(f"defaults {DEFAULTS_FILE} are unreadable: {exc}") from exc
+    return load_toml(DEFAULTS_FILE, "defaults")
 
 
 def defaults() -> dict:

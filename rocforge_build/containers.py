@@ -33,7 +33,8 @@ from pathlib import Path, PurePosixPath
 
 from rocforge_build import __version__, paths, proc, targets
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
-from rocforge_build.resources import containers_dir
+from rocforge_build.resolver import Decision
+from rocforge_build.resources import containers_dir, load_toml
 
 # Where rocforge keeps its things inside the builder (ROCFORGE_DATA_DIR there).
 DATA_IN_IMAGE = PurePosixPath("/opt/rocforge")
@@ -41,16 +42,6 @@ TEMPLATE = "Containerfile.in"
 FACTS_TEMPLATE = "Containerfile.facts.in"
 FINAL_TEMPLATE = "Containerfile.final.in"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-@dataclass(frozen=True)
-class Decision:
-    key: str
-    value: str
-    reason: str
-
-    def to_json(self) -> dict:
-        return {"key": self.key, "value": self.value, "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -183,11 +174,7 @@ class RunPlan:
 
 # -- data -------------------------------------------------------------------------------------------
 def _load(name: str) -> dict:
-    path = containers_dir() / name
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}", "restore it from the rocforge sources") from exc
+    return load_toml(containers_dir() / name, "container data")
 
 
 @cache

@@ -283,13 +283,7 @@ def _http_once(url, part, expected_size, progress, sess, policy) -> _Fetched:
         bar = _Progress(_name(url), total or expected_size, size, progress)
         try:
             with open(part, mode) as fh:
-                for chunk in _chunks(resp):
-                    if not chunk:
-                        continue
-                    _write(fh, chunk, part)
-                    hasher.update(chunk)
-                    size += len(chunk)
-                    bar.advance(len(chunk))
+                size += _pump(_chunks(resp), fh, part, hasher, bar)
         finally:
             bar.close()
         if total is not None and size < total:
@@ -322,18 +316,26 @@ def _copy_local(url: str, part: Path, progress: bool) -> _Fetched:
     except OSError as exc:
         raise NetworkError(f"cannot read {src}: {exc.strerror}", None) from exc
     hasher = hashlib.sha256()
-    size = 0
     bar = _Progress(src.name, total, 0, progress)
     try:
         with fin, open(part, "wb") as fh:
-            while chunk := fin.read(CHUNK):
-                _write(fh, chunk, part)
-                hasher.update(chunk)
-                size += len(chunk)
-                bar.advance(len(chunk))
+            size = _pump(iter(lambda: fin.read(CHUNK), b""), fh, part, hasher, bar)
     finally:
         bar.close()
     return _Fetched(hasher.hexdigest(), size, total, 0)
+
+
+def _pump(chunks, fh, part: Path, hasher, bar) -> int:
+    """Write chunks to the part file, hashing and advancing the progress bar; returns bytes."""
+    written = 0
+    for chunk in chunks:
+        if not chunk:
+            continue
+        _write(fh, chunk, part)
+        hasher.update(chunk)
+        written += len(chunk)
+        bar.advance(len(chunk))
+    return written
 
 
 def _write(fh, chunk: bytes, part: Path) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from rocforge_build.envcache import touch
 from rocforge_build.errors import ConfigError, NoRocmError
+from rocforge_build.resources import load_toml
 from rocforge_build.rootfs import Root
 
 _LAYOUTS = Path(__file__).with_name("data") / "layouts.toml"
@@ -56,10 +57,7 @@ class Layout:
 
 @cache
 def layouts() -> dict[str, Layout]:
-    try:
-        raw = tomllib.loads(_LAYOUTS.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:  # pragma: no cover - packaging error
-        raise ConfigError(f"layout table {_LAYOUTS} is unreadable: {exc}") from exc
+    raw = load_toml(_LAYOUTS, "layout table")
     table = {}
     for name, entry in raw.items():
         unknown = set(entry) - _LAYOUT_KEYS

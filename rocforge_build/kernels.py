@@ -19,7 +19,6 @@ import re
 import shutil
 import statistics
 import tempfile
-import tomllib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cache
@@ -29,12 +28,12 @@ from rocforge_build import paths, proc, targets
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import (
     BuildError,
-    ConfigError,
     NoRocmError,
     RocforgeError,
     ToolchainError,
     UsageError,
 )
+from rocforge_build.resources import load_toml
 from rocforge_build.rootfs import Root
 
 SOURCE_DIR = Path(__file__).with_name("kernels")
@@ -44,10 +43,7 @@ MANIFEST = "rocforge-kernels.json"
 
 @cache
 def table() -> dict:
-    try:
-        return tomllib.loads(_TABLE.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:  # pragma: no cover - packaging error
-        raise ConfigError(f"kernel table {_TABLE} is unreadable: {exc}") from exc
+    return load_toml(_TABLE, "kernel table")
 
 
 def platform_of(target: str) -> str:

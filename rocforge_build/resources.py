@@ -6,7 +6,10 @@ inside the package as `_data/<name>` (pyproject's force-include).
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
+
+from rocforge_build.errors import ConfigError
 
 _PKG = Path(__file__).resolve().parent
 
@@ -28,3 +31,13 @@ def patches_dir() -> Path:
 
 def containers_dir() -> Path:
     return data_folder("containers")
+
+
+def load_toml(path: Path, what: str) -> dict:
+    """Read one of rocforge's own data files (target table, layouts, templates' data...).
+    A broken or missing one is a damaged installation, reported as a ConfigError."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{what} {path} is unreadable: {exc}",
+                          "restore the file from the rocforge sources (reinstall rocforge)") from exc

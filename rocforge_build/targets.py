@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 from rocforge_build.errors import ConfigError, UsageError
+from rocforge_build.resources import load_toml
 
 _TABLE = Path(__file__).with_name("data") / "targets.toml"
 _GFX_RE = re.compile(r"^gfx([0-9]{1,2})([0-9a-f])([0-9a-f])$")
@@ -112,10 +112,7 @@ def parse_version_string(value: str) -> int:
 
 @cache
 def _load() -> dict[str, Target]:
-    try:
-        raw = tomllib.loads(_TABLE.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:  # pragma: no cover - packaging error
-        raise ConfigError(f"target table {_TABLE} is unreadable: {exc}") from exc
+    raw = load_toml(_TABLE, "target table")
     table: dict[str, Target] = {}
     for name, entry in raw.items():
         unknown = set(entry) - _KEYS
