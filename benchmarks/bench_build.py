@@ -43,15 +43,16 @@ def main() -> int:
     os.environ["ROCFORGE_CACHE_DIR"] = str(tmp / "cache")
     os.environ["ROCFORGE_DATA_DIR"] = str(tmp / "data")
     os.environ["ROCFORGE_CONFIG_DIR"] = str(tmp / "config")
-    from rocforge_build import pipeline
+    from rocforge_build.build import pipeline
+    from rocforge_build.build.plan import Request, make_plan
     from rocforge_build.rootfs import Root
 
     root = Root("/")
     src = tmp / "src"
     shutil.copytree(PROJECT, src)
-    req = pipeline.Request(str(RECIPE), "gfx1030", source=str(src), prefix=str(tmp / "prefix"),
+    req = Request(str(RECIPE), "gfx1030", source=str(src), prefix=str(tmp / "prefix"),
                            jobs=2, no_cache=True, force=True)
-    plan = pipeline.make_plan(req, root)
+    plan = make_plan(req, root)
     pipeline.execute(req, root, quiet=True)  # warm the page cache, make the patched tree
     patched = plan.src_dir
     bare_build = tmp / "bare-build"
@@ -75,7 +76,7 @@ def main() -> int:
         full_ours.append(timed(ours))
         full_bare.append(timed(bare))
 
-    noop_req = pipeline.Request(str(RECIPE), "gfx1030", source=str(src), prefix=str(tmp / "prefix"),
+    noop_req = Request(str(RECIPE), "gfx1030", source=str(src), prefix=str(tmp / "prefix"),
                                 jobs=2, no_cache=True)
     assert pipeline.execute(noop_req, root, quiet=True).status == "up to date"
     noop_inproc = [timed(lambda: pipeline.execute(noop_req, root, quiet=True)) for _ in range(a.rounds)]

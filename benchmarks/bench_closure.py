@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rocforge_build import closure  # noqa: E402
+from rocforge_build.ship import closure  # noqa: E402
 
 
 def make_prefix(top: Path, count: int) -> int:

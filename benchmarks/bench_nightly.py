@@ -29,13 +29,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from http_fixture import LocalHttpServer, cdn_index_html, s3_list_xml  # noqa: E402
 from therock_tarballs import Mirror, make_tree, pack  # noqa: E402
 
-from rocforge_build import (  # noqa: E402
-    config,
-    download,
-    extract,
-    nightlies,
-    nightly_install,
-)
+from rocforge_build import config, download, extract  # noqa: E402
+from rocforge_build.nightly import install as nightly_install  # noqa: E402
+from rocforge_build.nightly import listing as nightlies  # noqa: E402
 
 GROUPS = ["gfx1151", "gfx115X-all", "gfx110X-all", "gfx110X-dgpu", "gfx94X-dcgpu", "gfx120X-all",
           "gfx103X-dgpu", "gfx950-dcgpu", "multiarch", "gfx90X-dcgpu"]

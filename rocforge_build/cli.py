@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     selected = _selected_command(argv)
     if selected == "env":  # shell start-up path: a validated cached answer, before argparse
-        from rocforge_build.envcache import lookup
+        from rocforge_build.discover.envcache import lookup
 
         cached = lookup(argv)
         if cached is not None:

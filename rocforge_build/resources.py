@@ -21,6 +21,11 @@ def data_folder(name: str) -> Path:
     return _PKG.parent / name
 
 
+def package_data(name: str) -> Path:
+    """A file of the package's own data folder, `rocforge_build/data/` (targets, layouts...)."""
+    return _PKG / "data" / name
+
+
 def recipes_dir() -> Path:
     return data_folder("recipes")
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rocforge_build import closure
 from rocforge_build.cli import main
 from rocforge_build.errors import BuildError, ConfigError
+from rocforge_build.ship import closure
 
 GCC = shutil.which("gcc") or "gcc"  # in .ci/apt-packages.txt
 

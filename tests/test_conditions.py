@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rocforge_build import conditions as c
+from rocforge_build.build import conditions as c
 from rocforge_build.errors import ConfigError
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from fixtures_roots import make_system
 
-from rocforge_build import containers
 from rocforge_build.cli import main
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
 from rocforge_build.rootfs import Root
+from rocforge_build.ship import containers
 
 INSTRUCTIONS = {"FROM", "RUN", "COPY", "ENV", "LABEL", "WORKDIR", "ARG", "CMD", "ENTRYPOINT", "USER"}
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import fixtures_roots as fr
 import pytest
 
-from rocforge_build import cli, envcache, paths
+from rocforge_build import cli, paths
+from rocforge_build.discover import envcache
 
 MARK = "# served from the cache\n"
 

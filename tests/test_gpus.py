@@ -3,7 +3,7 @@ import os
 import fixtures_roots as fr
 import pytest
 
-from rocforge_build import gpus
+from rocforge_build.discover import gpus
 from rocforge_build.errors import DetectionError
 from rocforge_build.rootfs import Root
 

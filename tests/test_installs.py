@@ -5,7 +5,8 @@ from pathlib import PurePosixPath as P
 import fixtures_roots as fr
 import pytest
 
-from rocforge_build import installs, paths
+from rocforge_build import paths
+from rocforge_build.discover import installs
 from rocforge_build.errors import NoRocmError
 from rocforge_build.rootfs import Root
 

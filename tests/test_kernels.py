@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rocforge_build import cli, kernel_reference, kernels
+from rocforge_build import cli
 from rocforge_build.errors import UsageError
+from rocforge_build.kernels import reference, runner
 from rocforge_build.rootfs import Root
 
 DATA = Path(__file__).parent / "data"
@@ -35,27 +36,27 @@ def rocforge(capsys, *argv):
 
 
 def test_the_sources_named_in_the_table_ship_with_the_package():
-    names = kernels.table()["sources"]
-    assert kernels.table()["main_source"] in names
+    names = runner.table()["sources"]
+    assert runner.table()["main_source"] in names
     for name in names:
-        assert (kernels.SOURCE_DIR / name).is_file(), name
-    text = (kernels.SOURCE_DIR / "harness.hip").read_text()
+        assert (runner.SOURCE_DIR / name).is_file(), name
+    text = (runner.SOURCE_DIR / "harness.hip").read_text()
     for name in names[1:]:
         if name != "rf_portability.h":
             assert f'#include "{name}"' in text
 
 
 def test_platform_comes_from_the_target_name():
-    assert kernels.platform_of("gfx1151") == "amd"
-    assert kernels.platform_of("gfx90a") == "amd"
-    assert kernels.platform_of("sm_90") == "cuda"
+    assert runner.platform_of("gfx1151") == "amd"
+    assert runner.platform_of("gfx90a") == "amd"
+    assert runner.platform_of("sm_90") == "cuda"
     with pytest.raises(UsageError):
-        kernels.platform_of("rtx4090")
+        runner.platform_of("rtx4090")
 
 
 @needs_debian_hip
 def test_processors_are_asked_from_the_compiler():
-    tc = kernels.find_toolchain(Root("/"), "gfx1030", rocm="/usr")
+    tc = runner.find_toolchain(Root("/"), "gfx1030", rocm="/usr")
     assert {"gfx1030", "gfx90a", "gfx1100"} <= set(tc.processors)
     assert "gfx1151" not in tc.processors  # clang 15 predates Strix Halo
     assert tc.device_libs and (tc.device_libs / "ocml.bc").is_file()
@@ -119,8 +120,8 @@ def test_q4_0_block_layout_is_ggml():
     raw[3] = 0x10  # weight 1: 0 -> -4.0; weight 17: 1 -> -3.5
     for j in range(2, 16):
         raw[2 + j] = 0x88
-    block = np.frombuffer(bytes(raw), dtype=kernel_reference.BLOCK_Q4_0)
-    w = kernel_reference.dequantize_q4_0(block[None, :])[0]
+    block = np.frombuffer(bytes(raw), dtype=reference.BLOCK_Q4_0)
+    w = reference.dequantize_q4_0(block[None, :])[0]
     assert w.shape == (32,)
     assert (w[0], w[16], w[1], w[17]) == (3.5, 0.0, -4.0, -3.5)
     assert not np.any(w[[*range(2, 16), *range(18, 32)]])
@@ -129,9 +130,9 @@ def test_q4_0_block_layout_is_ggml():
 def test_q4_0_quantize_round_trip_is_within_a_step():
     rng = np.random.default_rng(1)
     w = rng.standard_normal((3, 128)).astype(np.float32)
-    blocks = kernel_reference.quantize_q4_0(w)
+    blocks = reference.quantize_q4_0(w)
     assert blocks.shape == (3, 4) and blocks.dtype.itemsize == 18
-    back = kernel_reference.dequantize_q4_0(blocks)
+    back = reference.dequantize_q4_0(blocks)
     step = np.abs(blocks["d"].astype(np.float32)).repeat(32, axis=1)
     err = np.abs(back - w)
     # round to nearest (half a step), except values past +7 steps: q4_0 spans -8..+7
@@ -143,7 +144,7 @@ def test_x_is_quantized_to_8_bits_per_block_as_on_the_gpu():
     x = np.zeros(64, dtype=np.float32)
     x[0], x[1], x[2], x[3] = 2.54, -2.54, 0.01, 0.03  # d = 0.02: 127, -127, 0.5 -> 0, 1.5 -> 2
     x[32] = -1.0
-    xq, dx = kernel_reference.quantize_q8(x)
+    xq, dx = reference.quantize_q8(x)
     assert dx.dtype == np.float32 and dx[0] == np.float32(2.54) / np.float32(127)
     assert list(xq[0, :4]) == [127, -127, 0, 2]  # rint: ties to even, like rintf
     assert xq[1, 0] == -127 and not xq[1, 1:].any()
@@ -151,15 +152,15 @@ def test_x_is_quantized_to_8_bits_per_block_as_on_the_gpu():
 
 def test_the_gemv_check_catches_swapped_nibbles():
     rng = np.random.default_rng(2)
-    case = kernel_reference.make_case({"kernel": "q4_0_gemv", "m": 64, "k": 256}, rng)
+    case = reference.make_case({"kernel": "q4_0_gemv", "m": 64, "k": 256}, rng)
     blocks = case.inputs["w"]
-    xq, dx = kernel_reference.quantize_q8(case.inputs["x"])
+    xq, dx = reference.quantize_q8(case.inputs["x"])
     x = (xq.astype(np.float64) * dx[:, None]).reshape(-1)
-    right = kernel_reference.dequantize_q4_0(blocks).astype(np.float64) @ x
+    right = reference.dequantize_q4_0(blocks).astype(np.float64) @ x
     assert case.check(right.astype(np.float32)) <= 1.0
     swapped = blocks.copy()
     swapped["qs"] = (blocks["qs"] >> 4) | (blocks["qs"] << 4)
-    wrong = kernel_reference.dequantize_q4_0(swapped).astype(np.float64) @ x
+    wrong = reference.dequantize_q4_0(swapped).astype(np.float64) @ x
     assert case.check(wrong.astype(np.float32)) > 100.0
 
 
@@ -172,7 +173,7 @@ def _fake_build(tmp_path: Path, target: str = "gfx1151") -> Path:
     exe = out / "rocforge-kernels"
     exe.write_text(f"#!{sys.executable}\n" + (DATA / "fake_kernel_harness.py").read_text())
     exe.chmod(0o755)
-    (out / kernels.MANIFEST).write_text(json.dumps(
+    (out / runner.MANIFEST).write_text(json.dumps(
         {"target": target, "platform": "amd", "binary": str(exe)}))
     return out
 
@@ -247,7 +248,7 @@ def test_real_build_names_its_target(capsys, tmp_path, target, wave):
     result = json.loads(stdout)
     exe, co = Path(result["binary"]), Path(result["code_object"])
     assert exe.is_file() and co.is_file()
-    assert {p.name for p in out.iterdir()} == {exe.name, co.name, kernels.MANIFEST}
+    assert {p.name for p in out.iterdir()} == {exe.name, co.name, runner.MANIFEST}
     # independent of rocforge: the bundle in the executable and the code object's own note
     fat = tmp_path / "fatbin"
     subprocess.run([_tool("llvm-objcopy"), f"--dump-section=.hip_fatbin={fat}", str(exe)],
@@ -269,7 +270,7 @@ def test_real_build_names_its_target(capsys, tmp_path, target, wave):
 def test_wmma_path_compiles_for_gfx11(tmp_path):
     """clang 15 knows gfx1100's WMMA builtins (ROCm 5.2 lacks only its device libraries): the
     GEMM's gfx11 path must compile to v_wmma instructions, the fallback must not use them."""
-    src = kernels.SOURCE_DIR / "harness.hip"
+    src = runner.SOURCE_DIR / "harness.hip"
 
     def device_asm(arch: str) -> str:
         asm = tmp_path / f"{arch}.s"

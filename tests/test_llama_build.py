@@ -19,7 +19,8 @@ import pytest
 from llama_trees import tree
 from tiny_gguf import write as write_gguf
 
-from rocforge_build import pipeline
+from rocforge_build.build import pipeline
+from rocforge_build.build.plan import Request
 from rocforge_build.errors import ToolchainError
 from rocforge_build.rootfs import Root
 
@@ -55,7 +56,7 @@ def bench(prefix: Path, model: Path, *extra: str) -> list[dict]:
 
 
 def build(llama_tree, backend, tmp_path) -> pipeline.Outcome:
-    req = pipeline.Request("llama-cpp", "gfx1151", backend=backend, source=str(llama_tree),
+    req = Request("llama-cpp", "gfx1151", backend=backend, source=str(llama_tree),
                            prefix=str(tmp_path / f"llama-{backend}"), jobs=JOBS,
                            build_targets=TARGETS)
     return pipeline.execute(req, Root("/"))

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from llama_trees import ERAS, tree
 
-from rocforge_build import cli, conditions, pipeline, recipes
+from rocforge_build import cli
+from rocforge_build.build import conditions, recipes
+from rocforge_build.build.plan import Request, make_plan
 from rocforge_build.errors import ToolchainError, UsageError
 from rocforge_build.rootfs import Root
 
@@ -57,9 +59,9 @@ def fake_vulkan_sdk(base: Path, *, layer_settings: bool) -> Path:
 
 
 def plan(trees, version, root, backend, target="gfx1151", environ=None):
-    req = pipeline.Request("llama-cpp", target, backend=backend,
+    req = Request("llama-cpp", target, backend=backend,
                            source=str(trees[version]), environ=environ)
-    return pipeline.make_plan(req, root)
+    return make_plan(req, root)
 
 
 def defines(p) -> dict[str, str]:
@@ -119,10 +121,10 @@ def test_gfx1151_stub_patch_only_where_the_build_would_fail(trees, empty_root, t
         assert "no ggml/src/ggml-cuda/fattn-wmma-f16.cu" in p.patch_status[0].reason or \
             "not rocwmma" in p.patch_status[0].reason
     # once patched, the same patch reads as already upstream (idempotent)
-    from rocforge_build import patches as patches_mod
+    from rocforge_build.build import patches as patches_mod
 
     work = tmp_path / "patched"
-    from rocforge_build.sources import sync_tree
+    from rocforge_build.build.sources import sync_tree
 
     sync_tree(trees["0.3.9"] / "vendor" / "llama.cpp", work)
     pp = [patches_mod.PatchPlan("stub", recipes.load("llama-cpp").patches_dir /
@@ -132,8 +134,8 @@ def test_gfx1151_stub_patch_only_where_the_build_would_fail(trees, empty_root, t
 
 
 def test_default_backend_per_target_and_tree(trees, empty_root):
-    req = pipeline.Request("llama-cpp", "gfx1151", source=str(trees["0.3.36"]))
-    p = pipeline.make_plan(req, empty_root)
+    req = Request("llama-cpp", "gfx1151", source=str(trees["0.3.36"]))
+    p = make_plan(req, empty_root)
     assert p.backend == "hip" and "fattn-mma" in p.backend_reason
     # rocWMMA that knows gfx1151 + a tree with rocWMMA FA: the seed's fastest build
     facts = conditions.Facts(target="gfx1151", source=conditions.SourceFacts(trees["0.3.9"] / "vendor" / "llama.cpp"),
@@ -210,8 +212,8 @@ def therock_root(tmp_path, version="7.9.0rc20250812", rocwmma_gfx1151=True) -> R
 def test_with_a_therock_toolchain(trees, tmp_path):
     root = therock_root(tmp_path)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    req = pipeline.Request("llama-cpp", "gfx1151", source=str(trees["0.3.9"]), environ=env)
-    p = pipeline.make_plan(req, root)
+    req = Request("llama-cpp", "gfx1151", source=str(trees["0.3.9"]), environ=env)
+    p = make_plan(req, root)
     assert p.toolchain.missing is None and p.toolchain.rocm_version.startswith("7.9")
     # rocWMMA knows gfx1151 and the tree has rocWMMA FA: the seed's fastest build, no stub
     assert p.backend == "rocwmma" and "986" in p.backend_reason
@@ -228,7 +230,7 @@ def test_old_rocwmma_makes_hip_the_default(trees, tmp_path):
     # test_stack_recipes.test_llama_rocwmma_builds_a_target_aware_rocwmma_first)
     root = therock_root(tmp_path, rocwmma_gfx1151=False)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    p = pipeline.make_plan(pipeline.Request("llama-cpp", "gfx1151", source=str(trees["0.3.9"]), environ=env), root)
+    p = make_plan(Request("llama-cpp", "gfx1151", source=str(trees["0.3.9"]), environ=env), root)
     assert p.backend == "hip"
 
 
@@ -236,10 +238,10 @@ def test_too_old_rocm_for_the_tree_stops(trees, tmp_path):
     root = therock_root(tmp_path, version="6.0.2")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     with pytest.raises(ToolchainError) as exc:
-        pipeline.make_plan(pipeline.Request("llama-cpp", "gfx1151", backend="hip",
+        make_plan(Request("llama-cpp", "gfx1151", backend="hip",
                                             source=str(trees["0.3.36"]), environ=env), root)
     assert "needs HIP >= 6.1" in exc.value.message
     assert "rocforge nightly install --target gfx1151" in exc.value.hint
-    p = pipeline.make_plan(pipeline.Request("llama-cpp", "gfx1151", backend="hip",
+    p = make_plan(Request("llama-cpp", "gfx1151", backend="hip",
                                             source=str(trees["0.3.9"]), environ=env), root)
     assert "CMAKE_HIP_FLAGS" not in defines(p)  # ROCm 6: no ROCm 7 workaround

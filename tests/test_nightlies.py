@@ -9,8 +9,9 @@ import urllib.parse
 import pytest
 from therock_tarballs import Mirror, tarball_name
 
-from rocforge_build import cli, config, nightlies
+from rocforge_build import cli, config
 from rocforge_build.errors import NetworkError, UsageError
+from rocforge_build.nightly import listing
 
 DEV_SHA = "8f6cdfc0d95845f4ca5a46de59d58894972a29a9"
 # (name, mtime): a hosting as it looks after the Oct 2025 switch from rc to a dates
@@ -49,7 +50,7 @@ def cdn(http_server):
     ("therock-dist-linux-gfx1151-7.10.0.tar.gz", "gfx1151", "7.10.0", None, "release"),
 ])
 def test_name_pattern(name, group, version, variant, kind):
-    e = nightlies.parse_name(name)
+    e = listing.parse_name(name)
     assert (e.family, e.version, e.variant, e.kind) == (group, version, variant, kind)
 
 
@@ -59,17 +60,17 @@ def test_name_pattern(name, group, version, variant, kind):
     "therock-dist-linux-gfx1151-7.10.0.dev0+XYZ.tar.gz",
 ])
 def test_not_dist_tarballs(name):
-    assert nightlies.parse_name(name) is None
+    assert listing.parse_name(name) is None
 
 
 def test_date_of_rc_and_a_versions():
-    assert str(nightlies.parse_name(LISTING[5][0]).date) == "2025-06-10"
-    assert str(nightlies.parse_name(LISTING[0][0]).date) == "2025-10-21"
+    assert str(listing.parse_name(LISTING[5][0]).date) == "2025-06-10"
+    assert str(listing.parse_name(LISTING[0][0]).date) == "2025-10-21"
 
 
 def test_cdn_index_page_links_are_relative_and_encoded(cdn):
-    src = nightlies.Source("cdn", "cdn-index", cdn.url)
-    entries = nightlies.list_nightlies([src])
+    src = listing.Source("cdn", "cdn-index", cdn.url)
+    entries = listing.list_nightlies([src])
     names = [e.name for e in entries]
     # tests / hpc variants, windows and non-tarballs are left out
     assert len(entries) == 8 and "README.txt" not in names
@@ -86,15 +87,15 @@ def test_cdn_index_page_links_are_relative_and_encoded(cdn):
 
 
 def test_page_url_without_trailing_slash(cdn):
-    src = nightlies.Source("cdn", "cdn-index", cdn.url.rstrip("/"))
-    e = nightlies.list_nightlies([src])[0]
+    src = listing.Source("cdn", "cdn-index", cdn.url.rstrip("/"))
+    e = listing.list_nightlies([src])[0]
     assert e.url.startswith(cdn.url) and e.url.count("/tarball/") == 1
 
 
 def test_page_without_file_list_is_a_clear_error(http_server):
     url = http_server.add("/moved/", "<html><a href='x.tar.gz'>x</a></html>")
     with pytest.raises(NetworkError, match="no `const files") as exc:
-        nightlies.list_nightlies([nightlies.Source("cdn", "cdn-index", url)])
+        listing.list_nightlies([listing.Source("cdn", "cdn-index", url)])
     assert "config set" in exc.value.hint
 
 
@@ -103,23 +104,23 @@ def test_s3_listing_follows_continuation_tokens(http_server):
     objects["v4/tarball/" + tarball_name("multiarch", "7.11.0a20260105")] = (b"m" * 7, 1767600000.0)
     objects["v4/tarball/sub/" + tarball_name("multiarch", "7.11.0a20260106")] = (b"m", 1767700000.0)
     url = http_server.add_s3_bucket("/bucket", objects, max_keys=3)
-    root = nightlies.list_nightlies([nightlies.Source("s3", "s3", url)])
+    root = listing.list_nightlies([listing.Source("s3", "s3", url)])
     assert {e.family for e in root} >= {"gfx1151", "gfx115X-all", "gfx110X-dgpu"}
     assert all("multiarch" not in e.name for e in root)  # only direct children of the prefix
     listings = [h for m, p, h in http_server.requests if p == "/bucket/"]
     assert len(listings) == 5  # 14 keys under the prefix "", 3 per page
     sized = next(e for e in root if e.name == LISTING[0][0])
     assert sized.size == 1 and sized.mtime == LISTING[0][1]
-    multi = nightlies.list_nightlies([nightlies.Source("s3m", "s3", url, prefix="v4/tarball/")])
+    multi = listing.list_nightlies([listing.Source("s3m", "s3", url, prefix="v4/tarball/")])
     assert [e.family for e in multi] == ["multiarch"] and multi[0].size == 7
     assert multi[0].url == url + "v4/tarball/therock-dist-linux-multiarch-7.11.0a20260105.tar.gz"
 
 
 def test_index_url_kinds():
-    s = nightlies.source_for_url("https://therock-nightly-tarball.s3.us-east-2.amazonaws.com/?list-type=2&prefix=v4/tarball/")
+    s = listing.source_for_url("https://therock-nightly-tarball.s3.us-east-2.amazonaws.com/?list-type=2&prefix=v4/tarball/")
     assert (s.kind, s.prefix, s.url) == ("s3", "v4/tarball/", "https://therock-nightly-tarball.s3.us-east-2.amazonaws.com/")
-    assert nightlies.source_for_url("https://rocm.nightlies.amd.com/tarball/").kind == "cdn-index"
-    assert nightlies.source_for_url("https://api.github.com/repos/ROCm/TheRock/releases/tags/nightly-tarball").kind == "github-release"
+    assert listing.source_for_url("https://rocm.nightlies.amd.com/tarball/").kind == "cdn-index"
+    assert listing.source_for_url("https://api.github.com/repos/ROCm/TheRock/releases/tags/nightly-tarball").kind == "github-release"
 
 
 def test_github_release_listing(http_server):
@@ -127,51 +128,51 @@ def test_github_release_listing(http_server):
                "size": 10, "updated_at": "2025-06-10T07:29:39Z"} for n, _ in LISTING[5:6]]
     url = http_server.add("/repos/ROCm/TheRock/releases/tags/nightly-tarball",
                           json.dumps({"tag_name": "nightly-tarball", "assets": assets}))
-    e = nightlies.list_nightlies([nightlies.Source("gh", "github-release", url)])
+    e = listing.list_nightlies([listing.Source("gh", "github-release", url)])
     assert [x.version for x in e] == ["6.5.0rc20250610"] and e[0].size == 10
 
 
 def test_file_mirror_directory(tmp_path):
     for name, _ in LISTING[:3]:
         (tmp_path / name).write_bytes(b"x")
-    e = nightlies.list_nightlies([nightlies.Source("m", "cdn-index", tmp_path.as_uri() + "/")])
+    e = listing.list_nightlies([listing.Source("m", "cdn-index", tmp_path.as_uri() + "/")])
     assert len(e) == 3 and all(x.url.startswith("file://") for x in e)
 
 
 def test_groups_in_order_of_preference():
-    assert nightlies.groups_for("gfx1151") == ["gfx1151", "gfx115X-all", "multiarch"]
-    assert nightlies.groups_for("gfx1100") == ["gfx1100", "gfx110X-all", "gfx110X-dgpu", "multiarch"]
-    assert nightlies.groups_for(family="gfx110X-all") == ["gfx110X-all"]
+    assert listing.groups_for("gfx1151") == ["gfx1151", "gfx115X-all", "multiarch"]
+    assert listing.groups_for("gfx1100") == ["gfx1100", "gfx110X-all", "gfx110X-dgpu", "multiarch"]
+    assert listing.groups_for(family="gfx110X-all") == ["gfx110X-all"]
 
 
 def test_choose_newest_then_preferred_group(cdn):
-    entries = nightlies.list_nightlies([nightlies.Source("cdn", "cdn-index", cdn.url)])
-    groups = nightlies.groups_for("gfx1151")
-    c = nightlies.choose(entries, groups)
+    entries = listing.list_nightlies([listing.Source("cdn", "cdn-index", cdn.url)])
+    groups = listing.groups_for("gfx1151")
+    c = listing.choose(entries, groups)
     # the exact target stopped on 10-21, the family went on: the newest wins
     assert (c.entry.family, c.entry.version) == ("gfx115X-all", "7.10.0a20251101")
-    c = nightlies.choose(entries, groups, "7.10.0a20251021")
+    c = listing.choose(entries, groups, "7.10.0a20251021")
     assert c.entry.family == "gfx1151" and "also published for gfx115X-all" in c.reason
-    dev = nightlies.choose(entries, groups, f"7.10.0.dev0%2B{DEV_SHA}")
+    dev = listing.choose(entries, groups, f"7.10.0.dev0%2B{DEV_SHA}")
     assert dev.entry.kind == "dev"
-    legacy = nightlies.choose(entries, nightlies.groups_for("gfx1100"), "6.5.0rc20250610")
+    legacy = listing.choose(entries, listing.groups_for("gfx1100"), "6.5.0rc20250610")
     assert legacy.entry.family == "gfx110X-dgpu"
     with pytest.raises(UsageError, match="no nightly of version 1.2.3"):
-        nightlies.choose(entries, groups, "1.2.3")
+        listing.choose(entries, groups, "1.2.3")
 
 
 def test_layer_plan_seed_004(cdn):
-    entries = nightlies.list_nightlies([nightlies.Source("cdn", "cdn-index", cdn.url)])
-    layers, why = nightlies.layer_plan(entries, "gfx1151", nightlies.groups_for("gfx1151"),
+    entries = listing.list_nightlies([listing.Source("cdn", "cdn-index", cdn.url)])
+    layers, why = listing.layer_plan(entries, "gfx1151", listing.groups_for("gfx1151"),
                                        None, "auto")
     assert [(e.family, e.version) for e in layers] == [
         ("gfx110X-all", "7.10.0a20251101"), ("gfx115X-all", "7.10.0a20251101")]
     assert "on top" in why
-    layers, _ = nightlies.layer_plan(entries, "gfx1151", ["gfx1151"], None, "gfx110X-all")
+    layers, _ = listing.layer_plan(entries, "gfx1151", ["gfx1151"], None, "gfx110X-all")
     assert [e.family for e in layers] == ["gfx110X-all", "gfx1151"]
     assert layers[0].version == layers[1].version == "7.10.0a20251021"
     with pytest.raises(UsageError, match="no version is published for both"):
-        nightlies.layer_plan(entries, "gfx1151", ["gfx1151"], None, "gfx94X-dcgpu")
+        listing.layer_plan(entries, "gfx1151", ["gfx1151"], None, "gfx94X-dcgpu")
 
 
 def _cli(capsys, *argv) -> tuple[int, str, str]:

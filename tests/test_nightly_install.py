@@ -12,7 +12,8 @@ import tarfile
 import pytest
 from therock_tarballs import Mirror, hostile, make_tarball
 
-from rocforge_build import cli, download, extract, nightly_install
+from rocforge_build import cli, download, extract
+from rocforge_build.nightly import install as nightly_install
 
 OLD, NEW = "7.10.0a20251021", "7.10.0a20251101"
 

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from buildfixtures import RECIPE, git, git_repo, project_copy, recipe_copy, tarball
 
-from rocforge_build import cli, pipeline
+from rocforge_build import cli
+from rocforge_build.build import pipeline
+from rocforge_build.build.plan import Request, make_plan
 from rocforge_build.errors import BuildError, ConfigError, PatchError, ToolchainError, UsageError
 from rocforge_build.rootfs import Root
 
@@ -20,7 +22,7 @@ ROOT = Root("/")
 
 
 def build(recipe, source=None, **kw) -> pipeline.Outcome:
-    req = pipeline.Request(recipe=str(recipe), target=kw.pop("target", "gfx1151"), source=source,
+    req = Request(recipe=str(recipe), target=kw.pop("target", "gfx1151"), source=source,
                            jobs=2, **kw)
     return pipeline.execute(req, ROOT, quiet=True)
 
@@ -144,7 +146,7 @@ def test_failed_patch_stops_with_hunk_and_leaves_tree_clean(tmp_path):
     msg = exc.value.message
     assert "greeting.patch" in msg and "rejected hunk (hello.c)" in msg
     assert '+    puts("patched by rocforge");' in msg
-    work_src = pipeline.make_plan(pipeline.Request(str(RECIPE), "gfx1151", source=str(src),
+    work_src = make_plan(Request(str(RECIPE), "gfx1151", source=str(src),
                                                    prefix=str(prefix)), ROOT).src_dir
     assert (work_src / "hello.c").read_text() == hello.read_text()  # nothing half-patched
     assert run_hello(prefix).splitlines()[0] == "patched by rocforge"  # old install intact
@@ -164,13 +166,13 @@ def test_build_target_installs_only_that_target_and_its_libraries(tmp_path):
 
 def test_compiler_cache_launcher(tmp_path):
     src = project_copy(tmp_path / "src")
-    plan = pipeline.make_plan(pipeline.Request(str(RECIPE), "gfx1151", source=str(src)), ROOT)
+    plan = make_plan(Request(str(RECIPE), "gfx1151", source=str(src)), ROOT)
     import shutil
 
     if shutil.which("ccache") or shutil.which("sccache"):
         assert any(a.startswith("-DCMAKE_C_COMPILER_LAUNCHER=") for a in plan.configure)
         assert not any("HIP_COMPILER_LAUNCHER" in a for a in plan.configure)  # host toolchain
-    plan = pipeline.make_plan(pipeline.Request(str(RECIPE), "gfx1151", source=str(src), no_cache=True), ROOT)
+    plan = make_plan(Request(str(RECIPE), "gfx1151", source=str(src), no_cache=True), ROOT)
     assert not any("LAUNCHER" in a for a in plan.configure)
 
 
@@ -192,7 +194,7 @@ def test_undeclared_option_is_refused_before_building(tmp_path):
         'name = "FIXTURE_LOUD"\nvalue = true\nwhen = { target = "gfx11*", source_version = ">=1.0" }':
         'name = "FIXTURE_QUIET"\nvalue = true'})
     with pytest.raises(ConfigError) as exc:
-        pipeline.make_plan(pipeline.Request(str(recipe), "gfx1151", source=str(src)), ROOT)
+        make_plan(Request(str(recipe), "gfx1151", source=str(src)), ROOT)
     assert "FIXTURE_QUIET is not declared by the source" in exc.value.message
 
 
@@ -200,7 +202,7 @@ def test_era_option_names_follow_the_source(tmp_path):
     src = project_copy(tmp_path / "src")
     cm = src / "CMakeLists.txt"
     cm.write_text(cm.read_text().replace("option(FIXTURE_ACCEL", "option(FIXTURE_OLDACCEL"))
-    plan = pipeline.make_plan(pipeline.Request(str(RECIPE), "gfx1151", backend="accel", source=str(src)), ROOT)
+    plan = make_plan(Request(str(RECIPE), "gfx1151", backend="accel", source=str(src)), ROOT)
     assert "-DFIXTURE_OLDACCEL=ON" in plan.configure
     assert not any(a.startswith("-DFIXTURE_ACCEL=") for a in plan.configure)
 
@@ -210,11 +212,11 @@ def test_unavailable_backend_and_stop(tmp_path):
     cm = src / "CMakeLists.txt"
     cm.write_text(cm.read_text().replace('option(FIXTURE_ACCEL "the backend switch of this era (older trees call it FIXTURE_OLDACCEL)" OFF)\n', ""))
     with pytest.raises(UsageError) as exc:
-        pipeline.make_plan(pipeline.Request(str(RECIPE), "gfx1151", backend="accel", source=str(src)), ROOT)
+        make_plan(Request(str(RECIPE), "gfx1151", backend="accel", source=str(src)), ROOT)
     assert "predates the accel switch" in exc.value.message and exc.value.hint == "use --backend cpu"
     (src / "STOP-ME").write_text("")
     with pytest.raises(ToolchainError) as exc:
-        pipeline.make_plan(pipeline.Request(str(RECIPE), "gfx1100", source=str(src)), ROOT)
+        make_plan(Request(str(RECIPE), "gfx1100", source=str(src)), ROOT)
     assert "marked unbuildable" in exc.value.message
 
 
@@ -223,7 +225,7 @@ def test_missing_hip_toolchain_says_how_to_get_one(tmp_path, monkeypatch):
     empty = tmp_path / "root"
     empty.mkdir()
     with pytest.raises(ToolchainError) as exc:
-        pipeline.execute(pipeline.Request(str(RECIPE), "gfx1151", backend="hip", source=str(src),
+        pipeline.execute(Request(str(RECIPE), "gfx1151", backend="hip", source=str(src),
                                           prefix=str(tmp_path / "p")), Root(empty), quiet=True)
     assert "rocforge nightly install --target gfx1151" in exc.value.hint
 

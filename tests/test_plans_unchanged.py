@@ -26,7 +26,7 @@ from llama_trees import tree
 from stackfixtures import REPO, monorepo, stack_recipes
 from test_llama_recipe import fake_vulkan_sdk, therock_root
 
-from rocforge_build import pipeline
+from rocforge_build.build.plan import Request, make_plan, print_plan
 from rocforge_build.rootfs import Root
 
 RECORDED = Path(__file__).resolve().parent / "data" / "plans" / "recorded.json"
@@ -67,21 +67,21 @@ def world(tmp_path_factory):
 def _llama(version, root, backend=None, target="gfx1151", vulkan=False):
     def make(w):
         env = dict(w["environ"], **({"VULKAN_SDK": str(w["vulkan_sdk"])} if vulkan else {}))
-        return pipeline.Request("llama-cpp", target, backend=backend,
+        return Request("llama-cpp", target, backend=backend,
                                 source=str(w["trees"][version]), environ=env), w[root]
     return make
 
 
 def _rocblas(root, target="gfx1151"):
     def make(w):
-        return pipeline.Request(str(w["stack"] / "rocblas.toml"), target,
+        return Request(str(w["stack"] / "rocblas.toml"), target,
                                 environ=w["environ"]), w[root]
     return make
 
 
 def _fixture(target, backend=None, root="empty", **kw):
     def make(w):
-        return pipeline.Request(str(RECIPE), target, backend=backend, source=str(w["fixture_src"]),
+        return Request(str(RECIPE), target, backend=backend, source=str(w["fixture_src"]),
                                 environ=w["environ"], **kw), w[root]
     return make
 
@@ -128,9 +128,9 @@ def _normalize(text: str, w) -> str:
 
 def recorded_form(case: str, w) -> dict:
     req, root = CASES[case](w)
-    plan = pipeline.make_plan(req, root)
+    plan = make_plan(req, root)
     printed = io.StringIO()
-    pipeline.print_plan(plan, printed)
+    print_plan(plan, printed)
     data = {"json": _mask(plan.to_json()), "printed": printed.getvalue()}
     return json.loads(_normalize(json.dumps(data, indent=1, sort_keys=True, default=str), w))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from buildfixtures import RECIPE
 
-from rocforge_build import recipes
+from rocforge_build.build import recipes
 from rocforge_build.errors import ConfigError, UsageError
 
 MINIMAL = """

@@ -3,7 +3,8 @@ import os
 import fixtures_roots as fr
 import pytest
 
-from rocforge_build import paths, resolver
+from rocforge_build import paths
+from rocforge_build.discover import resolver
 from rocforge_build.errors import NoRocmError, UsageError
 from rocforge_build.rootfs import Root
 

@@ -8,7 +8,8 @@ import os
 import pytest
 from buildfixtures import PROJECT, RECIPE, git, git_repo, recipe_copy, tarball
 
-from rocforge_build import pipeline, recipes, sources
+from rocforge_build.build import pipeline, recipes, sources
+from rocforge_build.build.plan import Request, make_plan
 from rocforge_build.errors import IntegrityError, UsageError
 from rocforge_build.rootfs import Root
 
@@ -66,7 +67,7 @@ def test_tarball_over_http_with_pinned_sha(tmp_path, http_server):
     url = http_server.add("/dl/fixture-1.2.0.tar.gz", data)
     recipe = recipe_copy(tmp_path / "r", **{
         'git = "file:///nonexistent/fixture.git"\nref = "v1.2.0"': f'url = "{url}"\nsha256 = "{sha}"'})
-    req = pipeline.Request(str(recipe), "gfx1030", prefix=str(tmp_path / "p"), jobs=2)
+    req = Request(str(recipe), "gfx1030", prefix=str(tmp_path / "p"), jobs=2)
     out = pipeline.execute(req, Root("/"), quiet=True)
     assert out.status == "built"
     gets = [r for r in http_server.requests if r[0] == "GET"]
@@ -82,7 +83,7 @@ def test_tarball_sha_mismatch(tmp_path, http_server):
     recipe = recipe_copy(tmp_path / "r", **{
         'git = "file:///nonexistent/fixture.git"\nref = "v1.2.0"': f'url = "{url}"\nsha256 = "{"0" * 64}"'})
     with pytest.raises(IntegrityError):
-        pipeline.make_plan(pipeline.Request(str(recipe), "gfx1030"), Root("/"))
+        make_plan(Request(str(recipe), "gfx1030"), Root("/"))
 
 
 def test_sync_tree_copies_only_changes(tmp_path):

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from buildfixtures import git
 
-from rocforge_build import conditions as c
-from rocforge_build import pipeline, recipes
+from rocforge_build.build import conditions as c
+from rocforge_build.build import pipeline, recipes
+from rocforge_build.build.plan import Request, make_plan
 from rocforge_build.errors import BuildError, ConfigError
 from rocforge_build.rootfs import Root
 
@@ -132,9 +133,9 @@ def test_dependency_cycle_is_refused(tmp_path):
     for name, other in (("a", "b"), ("b", "a")):
         path = parse(tmp_path, dep.format(other=other), name=name).path
         path.write_text(path.read_text().replace("file:///nonexistent/x.git", src.as_uri()))
-    req = pipeline.Request(str(tmp_path / "recipes" / "a.toml"), "gfx1151")
+    req = Request(str(tmp_path / "recipes" / "a.toml"), "gfx1151")
     with pytest.raises(ConfigError) as exc:
-        pipeline.make_plan(req, Root(tmp_path))
+        make_plan(req, Root(tmp_path))
     assert "dependency cycle" in exc.value.message and "a -> b -> a" in exc.value.message
 
 

@@ -16,7 +16,9 @@ import pytest
 from buildfixtures import git
 from stackfixtures import REPO, allow_file_submodules, aotriton_repo, monorepo, stack_recipes
 
-from rocforge_build import cli, paths, pipeline
+from rocforge_build import cli, paths
+from rocforge_build.build import pipeline
+from rocforge_build.build.plan import Request, make_plan
 from rocforge_build.errors import BuildError, NetworkError, ToolchainError
 from rocforge_build.rootfs import Root
 
@@ -90,9 +92,9 @@ def test_rocblas_builds_hipblaslt_only_when_the_rocm_lacks_its_kernels(tmp_path,
     with_lt, without_lt = tmp_path / "with", tmp_path / "without"
     fr.make_therock_tree(with_lt, "7.10.0a20251021", ("gfx1151",))
     fr.make_therock_tree(without_lt, "7.10.0a20251021", ("gfx1151",), hipblaslt=())
-    req = pipeline.Request(str(recipes_dir / "rocblas.toml"), "gfx1151")
-    assert pipeline.make_plan(req, Root(with_lt)).dependencies == []
-    (dep,) = pipeline.make_plan(req, Root(without_lt)).dependencies
+    req = Request(str(recipes_dir / "rocblas.toml"), "gfx1151")
+    assert make_plan(req, Root(with_lt)).dependencies == []
+    (dep,) = make_plan(req, Root(without_lt)).dependencies
     assert dep.plan.recipe.name == "hipblaslt"
     assert "lib/hipblaslt/library/TensileLibrary_lazy_gfx1151.dat" in dep.because
 
@@ -105,7 +107,7 @@ def _manifest(prefix: Path) -> dict:
 def test_rocblas_and_hipblaslt_really_build_in_order(tmp_path, recipes_dir, upstream):
     root = tmp_path / "root"
     fr.make_therock_tree(root, "7.10.0a20251021", ("gfx1151",), hipblaslt=())
-    req = pipeline.Request(str(recipes_dir / "rocblas.toml"), "gfx1151", jobs=2)
+    req = Request(str(recipes_dir / "rocblas.toml"), "gfx1151", jobs=2)
     out = pipeline.execute(req, Root(root), quiet=True)
     lt = paths.builds_prefix() / "hipblaslt-gfx1151-hip"
     blas = out.prefix
@@ -142,7 +144,7 @@ def test_rocblas_and_hipblaslt_really_build_in_order(tmp_path, recipes_dir, upst
     git("commit", "-qam", "tensile without gfx1151", cwd=mono)
     try:
         with pytest.raises(BuildError) as exc:
-            pipeline.execute(pipeline.Request(str(recipes_dir / "rocblas.toml"), "gfx1151", jobs=2,
+            pipeline.execute(Request(str(recipes_dir / "rocblas.toml"), "gfx1151", jobs=2,
                                               ref="develop"), Root(root), quiet=True)
     finally:
         git("reset", "-q", "--hard", "HEAD~1", cwd=mono)
@@ -161,7 +163,7 @@ def test_aotriton_venv_submodules_ninja_install_and_version_table(tmp_path, reci
     root = tmp_path / "root"
     fr.make_strix_halo(root, version="7.10.0a20251021")
     monkeypatch.setenv("ROCFORGE_DATA_DIR", str(root / "home/u/.local/share/rocforge"))
-    out = pipeline.execute(pipeline.Request(str(recipes_dir / "aotriton.toml"), "gfx1151", jobs=2),
+    out = pipeline.execute(Request(str(recipes_dir / "aotriton.toml"), "gfx1151", jobs=2),
                            Root(root), quiet=True)
     prefix = out.prefix
     commit = git("rev-parse", "0.13b", cwd=upstream["aot"])
@@ -195,7 +197,7 @@ def test_aotriton_experimental_flag_follows_the_version_table(tmp_path, recipes_
     subprocess.run(["cp", "-a", str(upstream["aot"]), str(src)], check=True)
     cm = src / "CMakeLists.txt"
     cm.write_text(cm.read_text().replace("MINOR_INT 11)", f"MINOR_INT {minor})"))
-    plan = pipeline.make_plan(pipeline.Request(str(recipes_dir / "aotriton.toml"), target,
+    plan = make_plan(Request(str(recipes_dir / "aotriton.toml"), target,
                                                source=str(src)), Root(tmp_path / "none"))
     assert ("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL" in plan.export_env) == experimental
     assert plan.export_env["AOTRITON_INSTALLED_PREFIX"] == str(plan.prefix)
@@ -207,8 +209,8 @@ def test_aotriton_preflight_pkg_config_and_liblzma(tmp_path, recipes_dir, monkey
     for tool in ("git", "cmake", "ninja"):
         (bindir / tool).symlink_to(subprocess.run(["which", tool], capture_output=True, text=True,
                                                   check=True).stdout.strip())
-    req = pipeline.Request(str(recipes_dir / "aotriton.toml"), "gfx1151", prefix=str(tmp_path / "p"))
-    pipeline.make_plan(req, Root(tmp_path / "none"))  # the source in the cache (submodules need sh)
+    req = Request(str(recipes_dir / "aotriton.toml"), "gfx1151", prefix=str(tmp_path / "p"))
+    make_plan(req, Root(tmp_path / "none"))  # the source in the cache (submodules need sh)
     with monkeypatch.context() as m:
         m.setenv("PATH", str(bindir))
         with pytest.raises(ToolchainError) as exc:
@@ -229,7 +231,7 @@ def test_aotriton_preflight_pkg_config_and_liblzma(tmp_path, recipes_dir, monkey
 def test_a_build_that_cannot_run_here_stops_before_anything(tmp_path, recipes_dir):
     # no ROCm at all: neither rocBLAS nor the hipBLASLt it depends on starts
     with pytest.raises(ToolchainError) as exc:
-        pipeline.execute(pipeline.Request(str(recipes_dir / "rocblas.toml"), "gfx1151"),
+        pipeline.execute(Request(str(recipes_dir / "rocblas.toml"), "gfx1151"),
                          Root(tmp_path / "none"), quiet=True)
     assert "no ROCm toolchain found for gfx1151" in exc.value.message
     assert "rocforge nightly install --target gfx1151" in exc.value.hint
@@ -238,7 +240,7 @@ def test_a_build_that_cannot_run_here_stops_before_anything(tmp_path, recipes_di
     old = tmp_path / "old"
     fr.make_classic_rocm(old, "6.2.0", isas=fr.OLD_DEVICE_LIB_ISAS)
     with pytest.raises(ToolchainError) as exc:
-        pipeline.execute(pipeline.Request(str(recipes_dir / "rocwmma.toml"), "gfx1151"),
+        pipeline.execute(Request(str(recipes_dir / "rocwmma.toml"), "gfx1151"),
                          Root(old), quiet=True)
     assert "cannot compile for gfx1151" in exc.value.message
     assert "oclc_isa_version_1151.bc" in exc.value.message
@@ -248,20 +250,20 @@ def test_a_build_that_cannot_run_here_stops_before_anything(tmp_path, recipes_di
 def test_no_network_to_the_source_is_a_clear_error(tmp_path):
     recipes = stack_recipes(tmp_path, monorepo_path=tmp_path / "unreachable")
     with pytest.raises(NetworkError) as exc:
-        pipeline.make_plan(pipeline.Request(str(recipes / "rocwmma.toml"), "gfx1151"), Root(tmp_path))
+        make_plan(Request(str(recipes / "rocwmma.toml"), "gfx1151"), Root(tmp_path))
     assert "git ls-remote" in exc.value.message and "unreachable" in exc.value.message
 
 
 def test_rocwmma_headers_for_a_target_it_knows(tmp_path, recipes_dir):
     root = tmp_path / "root"
     fr.make_therock_tree(root, "7.10.0a20251021", ("gfx1151",))
-    out = pipeline.execute(pipeline.Request(str(recipes_dir / "rocwmma.toml"), "gfx1151", jobs=2),
+    out = pipeline.execute(Request(str(recipes_dir / "rocwmma.toml"), "gfx1151", jobs=2),
                            Root(root), quiet=True)
     assert "ROCWMMA_ARCH_GFX1151" in (out.prefix / "include/rocwmma/internal/config.hpp").read_text()
     assert {o["name"]: o["value"] for o in out.plan.options}["GPU_TARGETS"] == "gfx1151"
     # a target this rocWMMA does not know stops before anything is built
     with pytest.raises(ToolchainError) as exc:
-        pipeline.make_plan(pipeline.Request(str(recipes_dir / "rocwmma.toml"), "gfx1030"), Root(root))
+        make_plan(Request(str(recipes_dir / "rocwmma.toml"), "gfx1030"), Root(root))
     assert "does not know the target" in exc.value.message
     assert "ROCWMMA_ARCH_GFX1030" in exc.value.message
 
@@ -283,11 +285,11 @@ def test_llama_rocwmma_builds_a_target_aware_rocwmma_first(tmp_path, recipes_dir
     llama = tree("0.3.9", tmp_path / "llama")  # May 2025: GGML_HIP_ROCWMMA_FATTN
     shutil.copy(REPO / "recipes" / "llama-cpp.toml", recipes_dir / "llama-cpp.toml")
     shutil.copytree(REPO / "patches", recipes_dir.parent / "patches")
-    req = pipeline.Request(str(recipes_dir / "llama-cpp.toml"), "gfx1151", backend="rocwmma",
+    req = Request(str(recipes_dir / "llama-cpp.toml"), "gfx1151", backend="rocwmma",
                            source=str(llama))
     old = tmp_path / "rocm-old"  # rocWMMA 6.4.0: no gfx1151
     _rocm_with_rocwmma(old, ("gfx908", "gfx90a", "gfx942", "gfx1100"))
-    plan = pipeline.make_plan(req, Root(old))
+    plan = make_plan(req, Root(old))
     (dep,) = plan.dependencies
     assert dep.plan.recipe.name == "rocwmma" and dep.plan.target == "gfx1151"
     assert plan.env["CPATH"].split(":")[0] == f"{dep.plan.prefix}/include"
@@ -298,4 +300,4 @@ def test_llama_rocwmma_builds_a_target_aware_rocwmma_first(tmp_path, recipes_dir
     # a ROCm whose rocWMMA knows gfx1151: nothing to build first
     new = tmp_path / "rocm-new"
     _rocm_with_rocwmma(new, ("gfx1100", "gfx1151"))
-    assert pipeline.make_plan(req, Root(new)).dependencies == []
+    assert make_plan(req, Root(new)).dependencies == []

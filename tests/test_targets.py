@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from rocforge_build import targets
 from rocforge_build.cli import main
+from rocforge_build.discover import targets
 from rocforge_build.errors import UsageError
 
 # Values from amdkfd kfd_device.c (brief section 2).

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fixtures_roots import make_therock_tree
 
-from rocforge_build.nightlies import encode_uri_component
+from rocforge_build.nightly.listing import encode_uri_component
 
 
 def make_tree(root: Path, version: str, targets: list[str], *, payload: int = 0,

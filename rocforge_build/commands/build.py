@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import sys
 
-from rocforge_build import pipeline
+from rocforge_build.build import pipeline
+from rocforge_build.build.plan import Request, make_plan, print_plan
 from rocforge_build.errors import UsageError
 
 
@@ -32,17 +33,17 @@ def run(args) -> int:
         raise UsageError("--json goes with --dry-run", "rocforge build ... --dry-run --json")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
-    req = pipeline.Request(
+    req = Request(
         recipe=args.recipe, target=args.target, backend=args.backend, ref=args.ref,
         source=args.source, prefix=args.prefix, jobs=args.jobs, force=args.force,
         no_cache=args.no_cache, build_targets=tuple(args.build_target),
     )
     if args.dry_run:
-        plan = pipeline.make_plan(req, args.rootfs)
+        plan = make_plan(req, args.rootfs)
         if args.json:
             print(json.dumps(plan.to_json(), indent=2, default=str))
         else:
-            pipeline.print_plan(plan)
+            print_plan(plan)
         return 0
     outcome = pipeline.execute(req, args.rootfs)
     if outcome.status == "up to date":

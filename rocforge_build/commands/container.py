@@ -10,9 +10,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from rocforge_build import containers
 from rocforge_build.errors import BuildError, UsageError
 from rocforge_build.proc import CommandFailed
+from rocforge_build.ship import containers
 
 
 def _common(p) -> None:
@@ -205,7 +205,7 @@ def _run(args) -> int:
 
 
 def _closure(args) -> int:
-    from rocforge_build import closure
+    from rocforge_build.ship import closure
 
     if not args.rootfs.is_host:
         raise UsageError("closure inspects the live system (ldd runs the dynamic loader)", "drop --root")

@@ -8,12 +8,12 @@ import json
 import os
 import re
 import tomllib
-from pathlib import Path
 
-from rocforge_build import resolver
+from rocforge_build.discover import resolver
+from rocforge_build.resources import package_data
 from rocforge_build.rootfs import Root
 
-_CHECKS = Path(__file__).resolve().parent.parent / "data" / "doctor.toml"
+_CHECKS = package_data("doctor.toml")
 
 
 def add_arguments(parser) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from rocforge_build.envscript import SHELLS
+from rocforge_build.discover.envscript import SHELLS
 
 
 def add_arguments(parser) -> None:
@@ -25,7 +25,7 @@ def default_shell(environ=os.environ) -> str:
 
 
 def run(args) -> int:
-    from rocforge_build import envcache, envscript, resolver
+    from rocforge_build.discover import envcache, envscript, resolver
     from rocforge_build.errors import NoRocmError
 
     envcache.start_recording()

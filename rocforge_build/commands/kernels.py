@@ -36,10 +36,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from rocforge_build import kernels
+    from rocforge_build.kernels import runner
 
     if args.action == "build":
-        result = kernels.build(args.rootfs, args.target, rocm=args.rocm, out=args.out)
+        result = runner.build(args.rootfs, args.target, rocm=args.rocm, out=args.out)
         if args.json:
             print(json.dumps(result.to_json(), indent=2))
             return 0
@@ -63,8 +63,8 @@ def run(args) -> int:
         from rocforge_build.errors import UsageError
 
         raise UsageError("--iters must be at least 1")
-    report = kernels.bench(args.target, out=args.out, iters=args.iters, quick=args.quick,
-                           only=args.only, workdir=args.workdir)
+    report = runner.bench(args.target, out=args.out, iters=args.iters, quick=args.quick,
+                         only=args.only, workdir=args.workdir)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return 0 if report.passed else 1

@@ -7,8 +7,9 @@ import json
 import signal
 import sys
 
-from rocforge_build import config, nightlies
+from rocforge_build import config
 from rocforge_build.errors import UsageError
+from rocforge_build.nightly import listing
 
 
 def add_arguments(parser) -> None:
@@ -76,7 +77,7 @@ def run(args) -> int:
 
 def _detected_target(args) -> str | None:
     try:
-        from rocforge_build import resolver
+        from rocforge_build.discover import resolver
     except ImportError:
         return None
     try:
@@ -89,21 +90,21 @@ def _groups(args, *, need: bool) -> tuple[list[str], str | None]:
     if getattr(args, "family", None):
         if args.target:
             raise UsageError("give --target or --family, not both")
-        return nightlies.groups_for(family=args.family), None
+        return listing.groups_for(family=args.family), None
     target = args.target or _detected_target(args)
     if target is None:
         if need:
             raise UsageError("no GPU target given and none detected",
                              "give --target GFX (see `rocforge targets`) or --family GROUP")
         return [], None
-    return nightlies.groups_for(target=target), target
+    return listing.groups_for(target=target), target
 
 
-def _entries(args, cfg) -> list[nightlies.Nightly]:
-    sources = ([nightlies.source_for_url(u) for u in args.index] if args.index
-               else nightlies.configured_sources(cfg))
+def _entries(args, cfg) -> list[listing.Nightly]:
+    sources = ([listing.source_for_url(u) for u in args.index] if args.index
+               else listing.configured_sources(cfg))
     errors: list[str] = []
-    entries = nightlies.list_nightlies(
+    entries = listing.list_nightlies(
         sources, platform=args.platform or cfg["nightly"]["platform"],
         skip_variants=cfg["nightly"]["skip_variants"], errors=errors)
     for e in errors:
@@ -114,9 +115,9 @@ def _entries(args, cfg) -> list[nightlies.Nightly]:
 def _prefix(args, cfg):
     """The prefix as a real path. With `--root DIR` the prefix is a path inside DIR (a container
     or image filesystem), unless it already lies below DIR."""
-    from rocforge_build import nightly_install
+    from rocforge_build.nightly import install
 
-    prefix = nightly_install.resolve_prefix(args.prefix, cfg)
+    prefix = install.resolve_prefix(args.prefix, cfg)
     root = getattr(args, "rootfs", None)
     if root is None or root.is_host:
         return prefix
@@ -156,7 +157,7 @@ def _term_as_interrupt():
 
 
 def _mb(size) -> str:
-    from rocforge_build.nightly_install import human_size
+    from rocforge_build.nightly.install import human_size
 
     return human_size(size)
 
@@ -165,7 +166,7 @@ def _mb(size) -> str:
 
 def _list(args, cfg) -> int:
     groups, target = _groups(args, need=False)
-    entries = nightlies.for_groups(_entries(args, cfg), groups)
+    entries = listing.for_groups(_entries(args, cfg), groups)
     limit = args.limit if args.limit is not None else (None if args.json else 30)
     shown = entries[:limit] if limit else entries
     if args.json:
@@ -187,13 +188,13 @@ def _list(args, cfg) -> int:
 
 
 def _install(args, cfg) -> int:
-    from rocforge_build import nightly_install
+    from rocforge_build.nightly import install
 
     groups, target = _groups(args, need=True)
     entries = _entries(args, cfg)
-    layers, reason = nightlies.layer_plan(entries, target, groups, args.version, args.layer)
+    layers, reason = listing.layer_plan(entries, target, groups, args.version, args.layer)
     prefix = _prefix(args, cfg)
-    name = nightly_install.version_dir_name(layers)
+    name = install.version_dir_name(layers)
     if args.dry_run:
         plan = {"prefix": _shown(args, prefix), "version_dir": name, "reason": reason,
                 "layers": [e.to_json() for e in layers]}
@@ -206,7 +207,7 @@ def _install(args, cfg) -> int:
         return 0
     print(f"installing {name}: {reason}", file=sys.stderr)
     with _term_as_interrupt():
-        result = nightly_install.install(
+        result = install.install(
             layers, prefix, cfg=cfg, progress=not args.no_progress and not args.json,
             sha256=args.sha256, force=args.force)
     for note in result.notes:
@@ -232,10 +233,10 @@ def _install(args, cfg) -> int:
 
 
 def _installed(args, cfg) -> int:
-    from rocforge_build import nightly_install
+    from rocforge_build.nightly import install
 
     prefix = _prefix(args, cfg)
-    items = nightly_install.installed(prefix)
+    items = install.installed(prefix)
     if args.json:
         print(json.dumps([i.to_json() for i in items], indent=2))
         return 0
@@ -250,19 +251,19 @@ def _installed(args, cfg) -> int:
 
 
 def _use(args, cfg) -> int:
-    from rocforge_build import nightly_install
+    from rocforge_build.nightly import install
 
     prefix = _prefix(args, cfg)
-    item, previous = nightly_install.use(prefix, args.version)
+    item, previous = install.use(prefix, args.version)
     print(f"current -> {item.name}" + (f" (was {previous})" if previous else ""))
     return 0
 
 
 def _prune(args, cfg) -> int:
-    from rocforge_build import nightly_install
+    from rocforge_build.nightly import install
 
     keep = args.keep if args.keep is not None else int(cfg["nightly"]["keep"])
-    removed = nightly_install.prune(_prefix(args, cfg), keep)
+    removed = install.prune(_prefix(args, cfg), keep)
     print("\n".join(f"removed {r}" for r in removed) if removed else "nothing to remove")
     return 0
 
@@ -273,14 +274,14 @@ def _pip(args, cfg) -> int:
     target = args.target or _detected_target(args)
     if not target:
         raise UsageError("no GPU target given and none detected", "give --target GFX")
-    from rocforge_build import targets
+    from rocforge_build.discover import targets
 
     target = targets.get_target(target).name
     pip_cfg = cfg["nightly"]["pip"]
     route = args.route or pip_cfg["route"]
     exists = None if args.no_probe else (
         lambda url: download.get_text(url, missing_ok=True) is not None)
-    index, req, reason = nightlies.pip_plan(target, route, pip_cfg, exists)
+    index, req, reason = listing.pip_plan(target, route, pip_cfg, exists)
     argv = [sys.executable, "-m", "pip", "install", "--pre", "--index-url", index, req]
     if args.json:
         print(json.dumps({"target": target, "route": route, "index": index, "requirement": req,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from rocforge_build import targets
+from rocforge_build.discover import targets
 
 
 def add_arguments(parser) -> None:

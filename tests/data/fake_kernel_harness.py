@@ -2,7 +2,7 @@
 
 It speaks the harness's protocol (argv, raw files in --dir, one JSON line) and computes each
 kernel with NumPy, decoding Q4_0 byte by byte from the raw file (independently of
-rocforge_build.kernel_reference).  FAKE_HARNESS_BREAK=<kernel> makes that kernel wrong on purpose.
+rocforge_build.kernels.reference).  FAKE_HARNESS_BREAK=<kernel> makes that kernel wrong on purpose.
 """
 
 import json

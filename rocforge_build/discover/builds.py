@@ -15,10 +15,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from rocforge_build.envcache import touch
+from rocforge_build.discover.envcache import touch
 from rocforge_build.rootfs import Root
 
-MANIFEST = "rocforge-manifest.toml"  # pipeline.MANIFEST (not imported: pipeline pulls in rich)
+MANIFEST = "rocforge-manifest.toml"  # build.plan.MANIFEST (not imported: `rocforge env` stays cheap)
 
 
 @dataclass(frozen=True)

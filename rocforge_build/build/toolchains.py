@@ -106,7 +106,7 @@ def _hip(root, target: str, environ: dict[str, str]) -> Toolchain:
     how = (f"install a TheRock nightly for it: `rocforge nightly install --target {target}`, "
            "then run the build again (or point ROCM_PATH at an existing ROCm)")
     try:
-        from rocforge_build import resolver
+        from rocforge_build.discover import resolver
     except ImportError:
         return Toolchain("hip", missing="no ROCm resolver in this rocforge build", hint=how)
     res = resolver.resolve(root, target=target, environ=environ)

@@ -32,13 +32,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from rocforge_build import builds as builds_mod
-from rocforge_build import gpus as gpus_mod
-from rocforge_build import installs as installs_mod
-from rocforge_build import targets
+from rocforge_build.discover import builds as builds_mod
+from rocforge_build.discover import gpus as gpus_mod
+from rocforge_build.discover import installs as installs_mod
+from rocforge_build.discover import targets
+from rocforge_build.discover.gpus import Gpu
+from rocforge_build.discover.installs import RocmInstall
 from rocforge_build.errors import NoRocmError
-from rocforge_build.gpus import Gpu
-from rocforge_build.installs import RocmInstall
 from rocforge_build.rootfs import Root
 
 PATH_VARS = ("PATH", "LD_LIBRARY_PATH", "CMAKE_PREFIX_PATH", "PKG_CONFIG_PATH")

@@ -9,8 +9,8 @@ Reasons become comments.  Stdlib only: this runs on every shell start-up.
 
 from __future__ import annotations
 
+from rocforge_build.discover.resolver import PATH_VARS, Resolution
 from rocforge_build.errors import UsageError
-from rocforge_build.resolver import PATH_VARS, Resolution
 
 SHELLS = ("bash", "zsh", "fish", "json", "dotenv")
 _ORDER = ("ROCM_PATH", "HIP_PATH", "HIP_PLATFORM", "HIP_CLANG_PATH", "HIP_DEVICE_LIB_PATH",

@@ -9,12 +9,11 @@ import difflib
 import re
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 
 from rocforge_build.errors import ConfigError, UsageError
-from rocforge_build.resources import load_toml
+from rocforge_build.resources import load_toml, package_data
 
-_TABLE = Path(__file__).with_name("data") / "targets.toml"
+_TABLE = package_data("targets.toml")
 _GFX_RE = re.compile(r"^gfx([0-9]{1,2})([0-9a-f])([0-9a-f])$")
 
 _KEYS = {

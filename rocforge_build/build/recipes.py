@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rocforge_build import conditions, resources
+from rocforge_build import resources
+from rocforge_build.build import conditions
 from rocforge_build.errors import ConfigError, UsageError
 
 TOOLCHAINS = ("hip", "vulkan", "host")

@@ -19,14 +19,14 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
-from rocforge_build.envcache import touch
+from rocforge_build.discover.envcache import touch
 from rocforge_build.errors import ConfigError, NoRocmError
-from rocforge_build.resources import load_toml
+from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root
 
-_LAYOUTS = Path(__file__).with_name("data") / "layouts.toml"
+_LAYOUTS = package_data("layouts.toml")
 _LAYOUT_KEYS = {
     "markers", "compiler_dirs", "hip_clang_dirs", "bitcode_dirs", "bin_dirs", "lib_dirs",
     "pkgconfig_dirs", "cmake_prefix", "rocblas_dirs", "hipblaslt_dirs", "version_from", "rank",
@@ -306,7 +306,7 @@ def version_key(version: str | None) -> tuple:
 
 # -- coverage -----------------------------------------------------------------------------------
 def gfx_sorted(names) -> tuple[str, ...]:
-    from rocforge_build.targets import gfx_version
+    from rocforge_build.discover.targets import gfx_version
 
     def key(name: str) -> tuple:
         try:

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 
-from rocforge_build import paths, proc, targets
+from rocforge_build import paths, proc
+from rocforge_build.discover import targets
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import (
     BuildError,
@@ -33,11 +34,11 @@ from rocforge_build.errors import (
     ToolchainError,
     UsageError,
 )
-from rocforge_build.resources import load_toml
+from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root
 
-SOURCE_DIR = Path(__file__).with_name("kernels")
-_TABLE = Path(__file__).with_name("data") / "kernels.toml"
+SOURCE_DIR = Path(__file__).resolve().parent  # the .hip/.hpp sources beside this module
+_TABLE = package_data("kernels.toml")
 MANIFEST = "rocforge-kernels.json"
 
 
@@ -108,7 +109,7 @@ def find_toolchain(root: Root, target: str, *, rocm: str | None = None,
 def _amd_compiler(root: Root, target: str, rocm: str | None,
                   environ: Mapping[str, str] | None) -> tuple[Path, Path, Path, str]:
     """The resolved ROCm's HIP compiler, ROCm path and device libraries (host paths)."""
-    from rocforge_build import resolver
+    from rocforge_build.discover import resolver
 
     res = resolver.resolve(root, target=target, rocm=rocm, environ=environ)
     if res.rocm is None:
@@ -286,7 +287,7 @@ def _pick_target(root: Root, target: str | None, rocm: str | None,
                  environ: Mapping[str, str] | None) -> str:
     if target:
         return target.strip().lower()
-    from rocforge_build import resolver
+    from rocforge_build.discover import resolver
 
     res = resolver.resolve(root, rocm=rocm, environ=environ)
     if res.target:
@@ -428,7 +429,7 @@ def bench(target: str | None = None, *, out: str | os.PathLike[str] | None = Non
     except ImportError as exc:
         raise ToolchainError("`rocforge kernels bench` checks results with NumPy, which is not "
                              "installed", "pip install 'rocforge[kernels]' (or numpy)") from exc
-    from rocforge_build import kernel_reference as ref
+    from rocforge_build.kernels import reference as ref
 
     build_info = load_build(target, out)
     target = build_info["target"]

@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from rocforge_build import targets
-from rocforge_build.envcache import touch
+from rocforge_build.discover import targets
+from rocforge_build.discover.envcache import touch
 from rocforge_build.errors import DetectionError
 from rocforge_build.rootfs import Root
 

@@ -390,5 +390,5 @@ def main_closure(prefix: Path, out: Path, *, env_file: Path | None, report: Path
     return result
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m rocforge_build.closure PREFIX OUT`
+if __name__ == "__main__":  # pragma: no cover - `python -m rocforge_build.ship.closure PREFIX OUT`
     print(json.dumps(main_closure(Path(sys.argv[1]), Path(sys.argv[2]), env_file=None, report=None), indent=2))

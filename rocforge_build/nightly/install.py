@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rocforge_build import config, download, extract
 from rocforge_build.errors import IntegrityError, RocforgeError, UsageError
-from rocforge_build.nightlies import Nightly
+from rocforge_build.nightly.listing import Nightly
 
 RECORD = "rocforge-install.toml"
 CURRENT = "current"

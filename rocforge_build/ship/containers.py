@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path, PurePosixPath
 
-from rocforge_build import __version__, paths, proc, targets
+from rocforge_build import __version__, paths, proc
+from rocforge_build.discover import targets
+from rocforge_build.discover.resolver import Decision
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
-from rocforge_build.resolver import Decision
 from rocforge_build.resources import containers_dir, load_toml
 
 # Where rocforge keeps its things inside the builder (ROCFORGE_DATA_DIR there).
@@ -229,7 +230,7 @@ def toolchain_defaults() -> dict[str, str]:
 # -- recipes ----------------------------------------------------------------------------------------
 def recipe_ref(recipe: str):
     """RECIPE as `rocforge build` takes it (name or .toml path): the loaded recipe and its ref."""
-    from rocforge_build import recipes
+    from rocforge_build.build import recipes
 
     loaded = recipes.load(recipe)  # validated: unknown names and keys fail here, with suggestions
     packaged = recipes.available().get(loaded.name)
@@ -456,7 +457,7 @@ def render_final(plan: ContainerPlan, facts: Facts) -> str:
 
 
 def read_facts(directory: Path) -> Facts:
-    from rocforge_build.closure import parse_dotenv
+    from rocforge_build.ship.closure import parse_dotenv
 
     env_file, manifest_file = directory / "env", directory / "rocforge-manifest.toml"
     if not env_file.is_file() or not manifest_file.is_file():
@@ -478,7 +479,7 @@ def read_facts(directory: Path) -> Facts:
 # -- context --------------------------------------------------------------------------------------
 def source_tree() -> Path:
     """The rocforge source checkout this rocforge runs from (its wheel goes into the image)."""
-    top = Path(__file__).resolve().parent.parent
+    top = Path(__file__).resolve().parents[2]
     if not (top / "pyproject.toml").is_file():
         raise ToolchainError(
             "rocforge is not running from a source checkout, so it cannot put itself into the image",

@@ -22,10 +22,11 @@ _ENV_KEYS = ("PATH", "ROCM_PATH", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
              "ROCBLAS_USE_HIPBLASLT", "SHELL", "HOME", "USER", "XDG_DATA_HOME", "XDG_CACHE_HOME",
              "XDG_CONFIG_HOME", "ROCFORGE_ROOT", "ROCFORGE_DATA_DIR", "ROCFORGE_CONFIG_DIR")
 _LIST_KEYS = ("LD_LIBRARY_PATH", "CMAKE_PREFIX_PATH", "PKG_CONFIG_PATH")
-_PKG = os.path.dirname(os.path.abspath(__file__))
-_CODE = ("resolver.py", "installs.py", "gpus.py", "envscript.py", "envcache.py", "targets.py",
-         "rootfs.py", "paths.py", "config.py", "data/defaults.toml", "cli.py", "commands/env.py", "data/targets.toml",
-         "data/layouts.toml", "builds.py")
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # rocforge_build/
+_CODE = ("discover/resolver.py", "discover/installs.py", "discover/gpus.py",
+         "discover/envscript.py", "discover/envcache.py", "discover/targets.py", "rootfs.py",
+         "paths.py", "config.py", "data/defaults.toml", "cli.py", "commands/env.py",
+         "data/targets.toml", "data/layouts.toml", "discover/builds.py")
 
 _touched: dict[str, bool] | None = None  # host path -> stamp by content
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 
-from rocforge_build import config, targets
+from rocforge_build import config
+from rocforge_build.discover import targets
 from rocforge_build.errors import ConfigError, NetworkError, UsageError
 
 MULTIARCH = "multiarch"

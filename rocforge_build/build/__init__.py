@@ -1,0 +1,1 @@
+"""Builds from recipes: recipes, conditions, sources, patches, toolchains, plan, pipeline."""

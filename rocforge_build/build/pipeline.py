@@ -1,0 +1,442 @@
+"""The build pipeline: carry out a `Plan` as named steps, each a small function below.
+
+fetch (in planning) -> copy and patch -> private venv -> configure -> build -> install -> check
+outputs -> smoke test -> manifest -> swap.  Installs go to a temporary sibling of the prefix
+(`<prefix>.rocforge-new`) and replace the prefix only after the outputs are checked and the smoke
+test passed, so a failed build leaves the previous install intact.  An identical second build is
+recognised by its stamp (`plan.quick_check`) and returns before planning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocforge_build import __version__
+from rocforge_build.build import patches, sources
+from rocforge_build.build.plan import (
+    BUILD_ENV,
+    MANIFEST,
+    Plan,
+    Request,
+    make_plan,
+    quick_check,
+    source_version,
+)
+from rocforge_build.build.toolchains import host_info
+from rocforge_build.errors import BuildError, ToolchainError
+from rocforge_build.proc import merged_env, quote, which
+
+_NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
+_UNUSED_RE = re.compile(r"Manually-specified variables were not used by the project:\s*\n((?:\s+\S+\n?)+)")
+
+
+@dataclass
+class Outcome:
+    status: str  # "built" | "up to date"
+    prefix: Path
+    manifest: Path
+    seconds: float
+    plan: Plan | None = None
+
+
+class _Log:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.fh = path.open("a", encoding="utf-8")
+
+    def write(self, text: str) -> None:
+        self.fh.write(text)
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+@dataclass
+class _Run:
+    """One build in progress: its plan, log, console and step timings."""
+
+    plan: Plan
+    log: _Log
+    say: Callable[..., None]
+    console: object
+    quiet: bool
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def timed(self, step: str) -> Iterator[None]:
+        t = time.monotonic()
+        yield
+        self.timings[step] = time.monotonic() - t
+
+
+def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
+    """Build the request (its dependencies first) unless its prefix is already current."""
+    t0 = time.monotonic()
+    if not req.force:
+        stamp, prefix, current = quick_check(req, root)
+        if current:
+            return Outcome("up to date", prefix, prefix / MANIFEST, time.monotonic() - t0)
+    console = _console()
+    say = (lambda *a, **k: None) if quiet else console.print
+    timings: dict[str, float] = {}
+
+    t = time.monotonic()
+    plan = make_plan(req, root, check_patches=False)
+    _require(plan)
+    timings["plan+fetch"] = time.monotonic() - t
+    _dependencies(plan, root, quiet, say)
+    say(f"[bold]rocforge build[/] {plan.recipe.name} for {plan.target} ({plan.backend}: {plan.backend_reason})")
+    for note in plan.notes:
+        say(f"[yellow]note:[/] {note}")
+    plan.work.mkdir(parents=True, exist_ok=True)
+    if plan.log.exists():
+        plan.log.unlink()
+    run = _Run(plan, _Log(plan.log), say, console, quiet, timings)
+    staging = Path(f"{plan.prefix}.rocforge-new")
+    try:
+        run.log.write(json.dumps(plan.to_json(), indent=2, default=str) + "\n")
+        with run.timed("patch"):
+            _copy_and_patch(run)
+        if plan.venv is not None:
+            with run.timed("venv"):
+                _make_venv(plan, run.log, say)
+        with run.timed("configure"):
+            _configure(run)
+        with run.timed("build"):
+            _build_into(run, staging)
+        with run.timed("install"):
+            _install(run, staging)
+            check_outputs(plan, staging, run.log)
+        with run.timed("smoke"):
+            _smoke(run, staging)
+        timings["total"] = time.monotonic() - t0
+        plan.timings = {k: round(v, 3) for k, v in timings.items()}
+        write_manifest(plan, staging)
+        _swap(staging, plan.prefix)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        run.log.close()
+    say(f"[green]installed[/] {plan.prefix} in {timings['total']:.1f}s (manifest {plan.prefix / MANIFEST})")
+    return Outcome("built", plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0, plan)
+
+
+# -- the steps ------------------------------------------------------------------------------------
+
+def _require(plan: Plan) -> None:
+    """Everything a build and its dependencies need, checked before any of them starts."""
+    for dep in plan.dependencies:
+        _require(dep.plan)
+    plan.toolchain.require()
+
+
+def _dependencies(plan: Plan, root, quiet: bool, say) -> None:
+    """In order, each dependency up to date or built (and checked) first."""
+    for dep in plan.dependencies:
+        say(f"[bold]dependency[/] {dep.plan.recipe.name}: {dep.reason}")
+        out = execute(dep.request, root, quiet=quiet)
+        if out.status == "up to date":
+            say(f"  {out.prefix} is up to date")
+
+
+def _copy_and_patch(run: _Run) -> None:
+    """The pristine tree into the work copy, then the patches (each with its status)."""
+    plan = run.plan
+    if plan.source.spec.sparse:  # the whole sparse checkout: projects use ../../shared/...
+        sources.sync_tree(plan.source.root, plan.work / "src")
+    else:
+        sources.sync_tree(plan.source.tree, plan.src_dir)
+    plan.patch_status = patches.apply(plan.patches, plan.src_dir)
+    for r in plan.patch_status:
+        run.say(f"  patch {r.name}: {r.status} — {r.reason}")
+
+
+def _configure(run: _Run) -> None:
+    """CMake, only when the configure line, env or the user's build env changed."""
+    plan = run.plan
+    env = plan.env
+    marker = plan.build_dir / ".rocforge-configure"
+    user_env = {k: os.environ.get(k) for k in BUILD_ENV}  # CMake reads CC/CFLAGS... once
+    configure_key = hashlib.sha256(json.dumps([plan.configure, env, user_env]).encode()).hexdigest()
+    if (marker.is_file() and marker.read_text() == configure_key
+            and (plan.build_dir / "build.ninja").is_file()):
+        return
+    if marker.exists():
+        marker.unlink()
+    cache = plan.build_dir / "CMakeCache.txt"
+    if cache.exists():
+        cache.unlink()  # a changed option set starts from a fresh cache
+    query = plan.build_dir / ".cmake" / "api" / "v1" / "query" / "codemodel-v2"
+    query.parent.mkdir(parents=True, exist_ok=True)
+    query.touch()
+    run.say("  configure ...")
+    out = _stream(plan.configure, env, run.log, "configure")
+    _check_unused(out, plan, run.log)
+    marker.write_text(configure_key)
+
+
+def _build_into(run: _Run, staging: Path) -> None:
+    """ninja; a recipe that installs with `ninja install` is staged here, into DESTDIR."""
+    plan = run.plan
+    if staging.exists():
+        shutil.rmtree(staging)
+    if plan.recipe.install != "ninja":
+        _build(plan, plan.env, run.log, run.console, run.quiet)
+        return
+    destdir = Path(f"{plan.prefix}.rocforge-destdir")
+    shutil.rmtree(destdir, ignore_errors=True)
+    _build(plan, {**plan.env, "DESTDIR": str(destdir)}, run.log, run.console, run.quiet)
+    installed = destdir / str(plan.prefix).lstrip("/")
+    if not installed.is_dir():
+        raise BuildError(f"`ninja install` installed nothing under {installed}; full log: {plan.log}")
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(installed, staging)
+    shutil.rmtree(destdir, ignore_errors=True)
+
+
+def _install(run: _Run, staging: Path) -> None:
+    """`cmake --install` into the staging sibling, or the chosen targets' artifacts only."""
+    plan = run.plan
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    if plan.recipe.install == "ninja":
+        return  # installed by the build step
+    if plan.build_targets:
+        _install_artifacts(plan, staging, run.log)
+    else:
+        _stream(["cmake", "--install", str(plan.build_dir), "--prefix", str(staging)], plan.env,
+                run.log, "install")
+
+
+def _smoke(run: _Run, staging: Path) -> None:
+    """The recipe's smoke commands, run from the staged install with the runtime env."""
+    plan = run.plan
+    for argv in plan.smoke:
+        exe = staging / argv[0]
+        if not exe.exists() and plan.build_targets:
+            plan.notes.append(f"smoke test {argv[0]} skipped: not among --build-target")
+            continue
+        if not exe.exists():
+            raise BuildError(f"smoke test: {argv[0]} was not installed; full log: {plan.log}")
+        _stream([str(exe), *argv[1:]], {**plan.runtime_env}, run.log, "smoke test")
+
+
+def _make_venv(plan: Plan, log: _Log, say) -> None:
+    """The recipe's private virtual environment (build dir), requirements installed once per
+    requirements content."""
+    venv = plan.venv
+    key = hashlib.sha256(json.dumps(
+        [venv["commands"]] + [Path(r).read_text(errors="replace") if Path(r).is_file() else None
+                              for r in venv["requirements"]]).encode()).hexdigest()
+    marker = Path(venv["path"]) / ".rocforge-venv"
+    if marker.is_file() and marker.read_text() == key:
+        return
+    missing = [r for r in venv["requirements"] if not Path(r).is_file()]
+    if missing:
+        raise BuildError(f"{plan.recipe.name}: requirements file(s) {', '.join(missing)} are not "
+                         "in the source", "fix the recipe's [venv] requirements for this source")
+    say(f"  venv {venv['path']} ...")
+    for argv in venv["commands"]:
+        _stream(argv, {"VIRTUAL_ENV": None, "PYTHONHOME": None}, log, "venv")
+    marker.write_text(key)
+
+
+def check_outputs(plan: Plan, staging: Path, log: _Log | None = None) -> list[str]:
+    """Every `[[output]]` the recipe expects must be in the install (globs allowed); a missing
+    one fails the build before the install replaces the previous one."""
+    found, missing = [], []
+    for out in plan.outputs:
+        hits = sorted(staging.glob(out["path"]))
+        if hits:
+            found += [h.relative_to(staging).as_posix() for h in hits]
+        else:
+            missing.append(out)
+    if missing:
+        lines = []
+        for out in missing:
+            parent = (staging / out["path"]).parent
+            have = sorted(p.name for p in parent.iterdir())[:8] if parent.is_dir() else []
+            lines.append(f"  {out['path']} — {out['reason']}"
+                         + (f" (the directory has: {', '.join(have)})" if have
+                            else f" ({parent.relative_to(staging).as_posix()}/ is missing or empty)"))
+        where = f"; full log: {log.path}" if log else ""
+        raise BuildError(
+            f"{plan.recipe.name} for {plan.target}: the install lacks expected output(s):\n"
+            + "\n".join(lines) + where,
+            "the build did not produce kernels for this target: check that the toolchain and the "
+            "source support it (the previous install, if any, was kept)")
+    return found
+
+
+def _check_unused(output: str, plan: Plan, log: _Log) -> None:
+    """CMake lists variables it ignored; an ignored recipe option means a silently wrong build."""
+    m = _UNUSED_RE.search(output)
+    if not m:
+        return
+    ignored = {v.strip() for v in m.group(1).split()}
+    ours = {o["name"] for o in plan.options if not o["name"].endswith("_COMPILER_LAUNCHER")}
+    bad = sorted(ignored & ours)
+    if bad:
+        raise BuildError(
+            f"CMake ignored option(s) {', '.join(bad)} for this source; the build would not be what "
+            f"the recipe says; full log: {log.path}",
+            "fix the option's `when` in the recipe so it is passed only where the source uses it")
+
+
+def _build(plan: Plan, env: dict, log: _Log, console, quiet: bool) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    disable = quiet or not console.is_terminal
+    with Progress(TextColumn("  build"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=console, disable=disable,
+                  transient=True) as progress:
+        task = progress.add_task("", total=None)
+
+        def on_line(line: str) -> None:
+            m = _NINJA_RE.match(line)
+            if m:
+                progress.update(task, completed=int(m.group(1)), total=int(m.group(2)),
+                                description=m.group(3)[-60:])
+
+        _stream(plan.build, env, log, "build", on_line)
+
+
+def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
+    """Install only the chosen targets (and the shared libraries they link) by copying their
+    artifacts to their install destinations, read from CMake's file API."""
+    reply = plan.build_dir / ".cmake" / "api" / "v1" / "reply"
+    index = sorted(reply.glob("index-*.json"))
+    if not index:
+        raise BuildError(f"CMake file API reply missing in {reply}; full log: {log.path}")
+    idx = json.loads(index[-1].read_text())
+    cm_file = idx["reply"]["codemodel-v2"]["jsonFile"]
+    cm = json.loads((reply / cm_file).read_text())
+    config = cm["configurations"][0]
+    by_id = {}
+    for t in config["targets"]:
+        by_id[t["id"]] = json.loads((reply / t["jsonFile"]).read_text())
+    by_name = {t["name"]: t for t in by_id.values()}
+    todo = []
+    for name in plan.build_targets:
+        if name not in by_name:
+            raise BuildError(f"--build-target {name}: no such CMake target; full log: {log.path}")
+        todo.append(by_name[name])
+    seen: set[str] = set()
+    while todo:
+        t = todo.pop()
+        if t["id"] in seen:
+            continue
+        seen.add(t["id"])
+        todo += [by_id[d["id"]] for d in t.get("dependencies", []) if d["id"] in by_id]
+        if t["type"] not in ("EXECUTABLE", "SHARED_LIBRARY", "MODULE_LIBRARY"):
+            continue
+        dests = [d["path"] for d in t.get("install", {}).get("destinations", [])]
+        dest = dests[0] if dests else ("bin" if t["type"] == "EXECUTABLE" else "lib")
+        for art in t.get("artifacts", []):
+            src = plan.build_dir / art["path"]
+            real = src.resolve()  # the artifact may be the namelink of a versioned library
+            out = staging / dest
+            out.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(real, out / real.name)
+            log.write(f"install {real} -> {out / real.name}\n")
+            for sib in src.parent.iterdir():  # namelink and SONAME links to it
+                if sib.is_symlink() and sib.resolve() == real:
+                    link = out / sib.name
+                    if link.exists() or link.is_symlink():
+                        link.unlink()
+                    os.symlink(os.readlink(sib), link)
+
+
+def _swap(staging: Path, prefix: Path) -> None:
+    old = Path(f"{prefix}.rocforge-old")
+    if old.exists():
+        shutil.rmtree(old)
+    if prefix.exists():
+        os.replace(prefix, old)
+    os.replace(staging, prefix)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_manifest(plan: Plan, where: Path) -> Path:
+    import tomlkit
+
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment("Written by rocforge: exactly what was built. Do not edit."))
+    doc["rocforge"] = __version__
+    doc["stamp"] = plan.stamp
+    doc["recipe"] = {"name": plan.recipe.name, "file": str(plan.recipe.path),
+                     "sha256": hashlib.sha256(plan.recipe.text.encode()).hexdigest()}
+    src = {k: v for k, v in plan.source.to_json().items() if v is not None}
+    src["version"] = source_version(plan.recipe, plan.source) or ""
+    doc["source"] = src
+    doc["target"] = plan.target
+    doc["backend"] = plan.backend
+    doc["backend_reason"] = plan.backend_reason
+    doc["flags"] = {"configure": plan.configure, "build": plan.build,
+                    "options": [{k: v for k, v in o.items() if v is not None} for o in plan.options]}
+    doc["env"] = plan.env
+    doc["runtime_env"] = plan.runtime_env
+    doc["patches"] = [p.to_json() for p in plan.patch_status]
+    doc["toolchain"] = {**{k: v for k, v in plan.toolchain.to_json().items() if v},
+                        **host_info(merged_env(plan.env)),
+                        "compiler_launcher": plan.launcher or "none"}
+    doc["notes"] = plan.notes
+    doc["prefix"] = str(plan.prefix)
+    doc["outputs"] = [o["path"] for o in plan.outputs]
+    doc["export_env"] = plan.export_env
+    doc["export_env_reasons"] = {k: plan.env_reasons.get(k, "") for k in plan.export_env}
+    doc["dependencies"] = [{"recipe": d.plan.recipe.name, "prefix": str(d.plan.prefix),
+                            "stamp": d.plan.stamp, "reason": d.reason} for d in plan.dependencies]
+    doc["timings"] = plan.timings
+    doc["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    path = where / MANIFEST
+    path.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    return path
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+def _stream(argv: list[str], env: Mapping[str, str | None], log: _Log, step: str,
+            on_line: Callable[[str], None] | None = None, cwd: Path | None = None) -> str:
+    """Run a step, every line into the log; builds on proc (same env merge, quoting, lookup)."""
+    full_env = merged_env(env)
+    if which(argv[0], full_env.get("PATH")) is None:
+        raise ToolchainError(f"required program {argv[0]!r} was not found on PATH",
+                             "Debian: apt-get install cmake ninja-build")
+    log.write(f"\n==> {step}: {quote(argv)}\n")
+    tail: list[str] = []
+    proc = subprocess.Popen(argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+    assert proc.stdout is not None
+    out: list[str] = []
+    for line in proc.stdout:
+        log.write(line)
+        out.append(line)
+        tail.append(line.rstrip("\n"))
+        del tail[:-25]
+        if on_line:
+            on_line(line.rstrip("\n"))
+    rc = proc.wait()
+    if rc != 0:
+        raise BuildError(
+            f"{step} failed (exit code {rc}); full log: {log.path}\n" + "\n".join(tail[-15:]),
+            f"read the log: less {log.path}")
+    return "".join(out)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)

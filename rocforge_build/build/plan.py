@@ -1,0 +1,620 @@
+"""The build plan: everything a build will do, computed once, before anything runs.
+
+`make_plan()` is a short sequence of named steps over the request's facts (backend and stops,
+placeholders, options, environment, private venv, patches, commands, stamp); its `Plan` is what
+`rocforge build --dry-run --json` prints and what `pipeline.execute()` carries out.  The stamp
+covers every input (recipe text, patch files, source identity, request, toolchain, the user's
+build environment) so an identical second build is recognised without planning (`quick_check`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocforge_build import __version__, paths
+from rocforge_build.build import conditions, patches, recipes, sources
+from rocforge_build.build.toolchains import GLSLC_FEATURES, Toolchain, detect, host_identity
+from rocforge_build.discover import targets
+from rocforge_build.download import sha256_file
+from rocforge_build.errors import ConfigError, ToolchainError, UsageError
+from rocforge_build.proc import quote, run, which
+
+MANIFEST = "rocforge-manifest.toml"
+# the user's environment that changes what CMake builds (part of the stamp)
+BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "HIPFLAGS", "HIPCXX",
+             "VULKAN_SDK", "CMAKE_PREFIX_PATH", "PKG_CONFIG_PATH")
+
+
+@dataclass(frozen=True)
+class Request:
+    recipe: str
+    target: str
+    backend: str | None = None
+    ref: str | None = None
+    source: str | None = None
+    prefix: str | None = None
+    jobs: int | None = None
+    force: bool = False
+    no_cache: bool = False
+    build_targets: tuple[str, ...] = ()
+    environ: Mapping[str, str] | None = None
+
+
+@dataclass
+class Plan:
+    recipe: recipes.Recipe
+    target: str
+    backend: str
+    backend_reason: str
+    source: sources.Fetched
+    toolchain: Toolchain
+    options: list[dict]  # {name, value, reason}
+    env: dict[str, str]  # configure + build environment additions
+    runtime_env: dict[str, str]
+    env_reasons: dict[str, str]
+    patches: list[patches.PatchPlan]
+    patch_status: list[patches.PatchResult]
+    notes: list[str]
+    configure: list[str]
+    build: list[str]
+    install: list[str]
+    smoke: list[list[str]]
+    prefix: Path
+    work: Path
+    stamp: str
+    launcher: str | None
+    build_targets: tuple[str, ...] = ()
+    timings: dict[str, float] = field(default_factory=dict)
+    dependencies: list[Dependency] = field(default_factory=list)
+    outputs: list[dict] = field(default_factory=list)  # {path, reason, because}
+    export_env: dict[str, str] = field(default_factory=dict)  # what `rocforge env` exports
+    venv: dict | None = None  # {path, requirements, packages, commands, reason}
+
+    @property
+    def src_dir(self) -> Path:
+        return project_dir(self.work, self.source.spec)
+
+    @property
+    def build_dir(self) -> Path:
+        return self.work / "build"
+
+    @property
+    def log(self) -> Path:
+        return self.work / "rocforge-build.log"
+
+    def to_json(self) -> dict:
+        return {
+            "recipe": self.recipe.name,
+            "recipe_file": str(self.recipe.path),
+            "target": self.target,
+            "backend": self.backend,
+            "backend_reason": self.backend_reason,
+            "source": self.source.to_json(),
+            "patches": [p.to_json() for p in self.patch_status],
+            "options": self.options,
+            "configure": self.configure,
+            "build": self.build,
+            "install": self.install,
+            "smoke": self.smoke,
+            "env": self.env,
+            "env_reasons": self.env_reasons,
+            "runtime_env": self.runtime_env,
+            "toolchain": self.toolchain.to_json(),
+            "compiler_launcher": self.launcher,
+            "notes": self.notes,
+            "prefix": str(self.prefix),
+            "work_dir": str(self.work),
+            "log": str(self.log),
+            "stamp": self.stamp,
+            "dependencies": [d.to_json() for d in self.dependencies],
+            "outputs": self.outputs,
+            "export_env": self.export_env,
+            "venv": self.venv,
+        }
+
+
+@dataclass
+class Dependency:
+    """A recipe built first, for the same target, whose prefix this build uses."""
+
+    request: Request
+    reason: str
+    because: str
+    prepend: dict[str, str]  # variable -> directory of the dependency's prefix
+    plan: Plan
+
+    def to_json(self) -> dict:
+        return {"recipe": self.plan.recipe.name, "target": self.plan.target,
+                "backend": self.plan.backend, "prefix": str(self.plan.prefix),
+                "reason": self.reason, "because": self.because, "prepend": self.prepend,
+                "stamp": self.plan.stamp, "plan": self.plan.to_json()}
+
+
+# -- the plan: named steps, one concern each ------------------------------------------------------
+
+def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[str, ...] = ()) -> Plan:
+    """Plan a build: each step below has one concern and reads the facts of this request."""
+    recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix = _prepare(req, root)
+    _rocm_fact(facts, toolchain)
+    deps = _plan_dependencies(recipe, req, facts, root, check_patches, _stack)
+    be = recipe.backends[backend]
+    notes = _backend_and_stops(recipe, backend, facts, tgt.name, toolchain)
+    work = work_dir(prefix)
+    ctx = _placeholders(recipe, fetched, tgt.name, backend, prefix, toolchain, work)
+    launcher = _launcher(req.no_cache, environ.get("PATH"))
+    build_targets = tuple(req.build_targets) or recipe.build_targets
+    options = _options(recipe, req, facts, ctx, toolchain, be.toolchain, launcher)
+    env, env_reasons, runtime_env, export_env = _environment(
+        recipe, facts, ctx, toolchain, be.toolchain, launcher, work, environ, deps)
+    venv = _private_venv(recipe, fetched, work, env, env_reasons, environ)
+    patch_plans, patch_status = _patches(recipe, facts, fetched, check_patches)
+    configure, build, install = _commands(recipe, req, fetched, work, prefix, options, build_targets)
+    smoke = [list(r.get("run")) for r in recipe.of("smoke") if conditions.evaluate(r.when, facts)]
+    stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, environ)
+    return Plan(recipe, tgt.name, backend, backend_reason, fetched, toolchain, options, env,
+                runtime_env, env_reasons, patch_plans, patch_status, notes, configure, build,
+                install, smoke, prefix, work, _with_deps(stamp, [d.plan.stamp for d in deps]),
+                launcher, build_targets, dependencies=deps, outputs=_outputs(recipe, facts, ctx),
+                export_env=export_env, venv=venv)
+
+
+def work_dir(prefix: Path) -> Path:
+    """The work area of the build that installs into `prefix`: source copy, build dir, log."""
+    return paths.cache_dir() / "work" / hashlib.sha256(str(prefix).encode()).hexdigest()[:12]
+
+
+def project_dir(work: Path, spec: sources.SourceSpec) -> Path:
+    """The CMake project in the work copy; a sparse monorepo checkout is copied whole (its
+    projects reach into ../../shared/...) and the project is its subdirectory."""
+    if spec.sparse and spec.subdir:
+        return work / "src" / spec.subdir
+    return work / "src"
+
+
+def _backend_and_stops(recipe: recipes.Recipe, backend: str, facts: conditions.Facts,
+                       target: str, toolchain: Toolchain) -> list[str]:
+    """Refuse a backend the source lacks and every `[[stop]]` that holds; return the notes."""
+    be = recipe.backends[backend]
+    ok, why = conditions.explain(be.when, facts)
+    if not ok:
+        raise UsageError(
+            f"backend {backend} is not available for this source: {why}"
+            + (f". {be.unavailable}" if be.unavailable else ""), be.hint)
+    for rule in recipe.of("stop"):
+        holds, why = conditions.explain(rule.when, facts)
+        if holds:
+            hint = rule.get("hint")
+            raise ToolchainError(f"{rule.get('message')} ({why})",
+                                 hint.replace("{target}", target) if hint else None)
+    notes = []
+    for rule in recipe.of("note"):
+        holds, why = conditions.explain(rule.when, facts)
+        if holds:
+            notes.append(rule.get("message"))
+    if be.toolchain == "vulkan" and toolchain.glslc:
+        lacking = [desc for ext, desc in GLSLC_FEATURES.items() if not facts.host.glslc_extension(ext)]
+        if lacking:
+            notes.append(f"glslc ({toolchain.glslc}) cannot compile: {'; '.join(lacking)} — "
+                         "those shaders are left out (slower on GPUs that have them); a newer "
+                         "glslc/shaderc (Vulkan SDK) enables them")
+    return notes
+
+
+def _placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, target: str, backend: str,
+                  prefix: Path, toolchain: Toolchain, work: Path) -> dict:
+    """The `{name}` values recipe options, env and outputs may use."""
+    ctx = {"target": target, "backend": backend, "prefix": str(prefix),
+           "hip_clang_dir": (str(Path(toolchain.env["HIPCXX"]).parent) if "HIPCXX" in toolchain.env
+                             else "<no HIP toolchain>"),
+           **{k: v for k, v in toolchain.env.items()}}
+    ctx.update(_source_placeholders(recipe, fetched, work))
+    return ctx
+
+
+def _options(recipe: recipes.Recipe, req: Request, facts: conditions.Facts, ctx: dict,
+             toolchain: Toolchain, kind: str, launcher: str | None) -> list[dict]:
+    """The -D options ({name, value, reason, because}): the recipe's rules (a later rule of the
+    same name wins), what the toolchain implies, the compiler launcher, partial-build RPATH."""
+    chosen: dict[str, dict] = {}
+    declared = facts.source.cmake_options
+    for rule in recipe.of("option"):
+        holds, why = conditions.explain(rule.when, facts)
+        if not holds:
+            continue
+        name = rule.get("name")
+        if rule.get("declared", True) and name not in declared:
+            raise ConfigError(
+                f"recipe {recipe.name}: option {name} is not declared by the source "
+                f"({facts.source.tree}); CMake would ignore it silently",
+                "give the option a `when` on `cmake_option` so it is passed only to trees that have it")
+        chosen[name] = {"name": name, "value": _fmt(rule.get("value"), ctx),
+                        "reason": rule.get("reason"), "because": why}
+    for name, value in toolchain.defines.items():
+        chosen.setdefault(name, {"name": name, "value": value, "reason": "found by toolchain detection",
+                                 "because": kind})
+    langs = ["C", "CXX"] + (["HIP"] if kind == "hip" else [])
+    if launcher:
+        for lang in langs:
+            chosen[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = {
+                "name": f"CMAKE_{lang}_COMPILER_LAUNCHER", "value": launcher,
+                "reason": "compiler cache (disable with --no-cache)", "because": "found on PATH"}
+    if req.build_targets:
+        chosen["CMAKE_BUILD_WITH_INSTALL_RPATH"] = {
+            "name": "CMAKE_BUILD_WITH_INSTALL_RPATH", "value": "ON", "because": "--build-target",
+            "reason": "a partial build is installed by copying artifacts, so they carry the install RPATH"}
+    return list(chosen.values())
+
+
+def _environment(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict, toolchain: Toolchain,
+                 kind: str, launcher: str | None, work: Path, environ: Mapping[str, str],
+                 deps: list[Dependency]) -> tuple[dict, dict, dict, dict]:
+    """(build env, reasons, runtime env, export env): the toolchain's variables, the compiler
+    cache's base dir, the recipe's `[[env]]` rules by stage, dependencies' prefixes in front."""
+    env: dict[str, str] = dict(toolchain.env)
+    env_reasons = {k: f"{kind} toolchain" for k in toolchain.env}
+    if launcher and Path(launcher).name == "ccache" and "CCACHE_BASEDIR" not in environ:
+        env["CCACHE_BASEDIR"] = str(work.parent)
+        env_reasons["CCACHE_BASEDIR"] = ("paths below the work area hash alike, so builds of one "
+                                         "source for other prefixes/backends share cache hits")
+    runtime_env: dict[str, str] = {}
+    export_env: dict[str, str] = {}
+    for rule in recipe.of("env"):
+        holds, why = conditions.explain(rule.when, facts)
+        if not holds:
+            continue
+        stage = rule.get("stage", "configure")
+        target_env = {"runtime": runtime_env, "export": export_env}.get(stage, env)
+        target_env[rule.get("name")] = _fmt(rule.get("value"), ctx)
+        env_reasons[rule.get("name")] = rule.get("reason")
+        if stage == "export" and rule.when:
+            env_reasons[rule.get("name")] += f" ({why})"
+    for dep in deps:  # dependencies' prefixes go in front of their variables
+        for var, sub in dep.prepend.items():
+            entry = str(dep.plan.prefix if sub in ("", ".") else dep.plan.prefix / sub)
+            rest = env.get(var, environ.get(var, ""))
+            env[var] = entry + (os.pathsep + rest if rest else "")
+            env_reasons[var] = f"dependency {dep.plan.recipe.name}: {dep.reason}"
+    return env, env_reasons, runtime_env, export_env
+
+
+def _private_venv(recipe: recipes.Recipe, fetched: sources.Fetched, work: Path, env: dict,
+                  env_reasons: dict, environ: Mapping[str, str]) -> dict | None:
+    """The recipe's `[venv]` in the build dir, and the VIRTUAL_ENV/PATH it adds to `env`."""
+    if recipe.venv is None:
+        return None
+    venv_dir = work / "build" / "venv"
+    py = venv_dir / "bin" / "python"
+    project = project_dir(work, fetched.spec)
+    reqs = [str(project / r) for r in recipe.venv.get("requirements", [])]
+    commands = [[sys.executable, "-m", "venv", str(venv_dir)]]
+    pkgs = [a for r in reqs for a in ("-r", r)] + list(recipe.venv.get("packages", []))
+    if pkgs:
+        commands.append([str(py), "-m", "pip", "install", "--disable-pip-version-check", *pkgs])
+    env["VIRTUAL_ENV"] = str(venv_dir)
+    env["PATH"] = str(venv_dir / "bin") + os.pathsep + env.get("PATH", environ.get("PATH", ""))
+    env_reasons["VIRTUAL_ENV"] = env_reasons["PATH"] = f"private venv: {recipe.venv['reason']}"
+    return {"path": str(venv_dir), "requirements": reqs,
+            "packages": list(recipe.venv.get("packages", [])), "commands": commands,
+            "reason": recipe.venv["reason"]}
+
+
+def _patches(recipe: recipes.Recipe, facts: conditions.Facts, fetched: sources.Fetched,
+             check: bool) -> tuple[list[patches.PatchPlan], list[patches.PatchResult]]:
+    """Every `[[patch]]` with whether it applies and why; checked against the pristine tree."""
+    plans = []
+    for rule in recipe.of("patch"):
+        holds, why = conditions.explain(rule.when, facts)
+        plans.append(patches.PatchPlan(rule.get("file"), recipe.patches_dir / rule.get("file"),
+                                       holds, f"{rule.get('reason')} ({why})" if holds else why))
+    return plans, (patches.check(plans, fetched.tree) if check else [])
+
+
+def _commands(recipe: recipes.Recipe, req: Request, fetched: sources.Fetched, work: Path,
+              prefix: Path, options: list[dict], build_targets: tuple[str, ...]
+              ) -> tuple[list[str], list[str], list[str]]:
+    """The configure, build and install command lines (install into the staging sibling)."""
+    configure = ["cmake", "-S", str(project_dir(work, fetched.spec)), "-B", str(work / "build"),
+                 "-G", "Ninja", f"-DCMAKE_INSTALL_PREFIX={prefix}"]
+    configure += [f"-D{o['name']}={o['value']}" for o in options]
+    jobs = req.jobs or os.cpu_count() or 1
+    build = ["ninja", "-C", str(work / "build"), "-j", str(jobs), *build_targets]
+    install = ["cmake", "--install", str(work / "build"), "--prefix", f"{prefix}.rocforge-new"]
+    if recipe.install == "ninja":
+        build = ["ninja", "-C", str(work / "build"), "-j", str(jobs), "install"]
+        install = [f"(`ninja install` with DESTDIR={prefix}.rocforge-destdir, moved to)",
+                   f"{prefix}.rocforge-new"]
+    elif build_targets:
+        install = ["(copy artifacts of)", *build_targets, "->", f"{prefix}.rocforge-new"]
+    return configure, build, install
+
+
+def _outputs(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict) -> list[dict]:
+    out = []
+    for rule in recipe.of("output"):
+        holds, why = conditions.explain(rule.when, facts)
+        if holds:
+            out.append({"path": _fmt(rule.get("path"), ctx), "reason": rule.get("reason"),
+                        "because": why})
+    return out
+
+
+def _inputs_stamp(recipe: recipes.Recipe, req: Request, identity: str, toolchain: Toolchain,
+                  prefix: Path, backend: str, environ: Mapping[str, str]) -> str:
+    h = hashlib.sha256()
+    parts = {
+        "rocforge": __version__,
+        "recipe": recipe.text,
+        "patches": {p.name: sha256_file(p)
+                    for p in sorted(recipe.patches_dir.glob("*.patch"))} if recipe.patches_dir.is_dir() else {},
+        "identity": identity,
+        "target": req.target,
+        "backend": backend,
+        "no_cache": req.no_cache,
+        "build_targets": list(req.build_targets),
+        "prefix": str(prefix),
+        "toolchain": toolchain.to_json(),
+        "host": host_identity(environ),
+        "environ": {k: environ.get(k) for k in BUILD_ENV},
+    }
+    h.update(json.dumps(parts, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def _with_deps(stamp: str, dep_stamps: list[str]) -> str:
+    """A build's stamp covers its dependencies' stamps: a rebuilt dependency rebuilds it."""
+    if not dep_stamps:
+        return stamp
+    return hashlib.sha256(json.dumps([stamp, dep_stamps]).encode()).hexdigest()
+
+
+# -- what the steps start from: recipe, source, backend, toolchain, dependencies ------------------
+
+def _prepare(req: Request, root):
+    """Recipe, target, fetched source, backend choice, toolchain and facts: the shared start of
+    a plan and of the no-op check (the fetch is a cache hit after the first build)."""
+    recipe = recipes.load(req.recipe)
+    tgt = targets.get_target(req.target)
+    environ = dict(os.environ if req.environ is None else req.environ)
+    spec = sources.spec_for(recipe, ref=req.ref, source=req.source)
+    identity = sources.identify(spec)
+    fetched = sources.fetch(spec, identity)
+    source_facts = conditions.SourceFacts(fetched.tree, source_version(recipe, fetched))
+    toolchains: dict[str, Toolchain] = {}
+
+    def facts_for(backend: str) -> conditions.Facts:
+        kind = recipe.backends[backend].toolchain
+        if kind not in toolchains:
+            toolchains[kind] = detect(kind, root, tgt.name, environ)
+        tc = toolchains[kind]
+        return conditions.Facts(
+            target=tgt.name, families=tgt.therock_groups, backend=backend,
+            rocm_version=tc.rocm_version, source=source_facts,
+            host=conditions.HostFacts(include_dirs=tc.include_dirs, path=tc.path,
+                                      probe_glslc=tc.probe_glslc),
+            toolchain_found=tc.missing is None,
+        )
+
+    backend, backend_reason = _choose_backend(recipe, req, facts_for)
+    facts = facts_for(backend)
+    toolchain = toolchains[recipe.backends[backend].toolchain]
+    prefix = (Path(req.prefix).expanduser().resolve() if req.prefix
+              else default_prefix(recipe.name, tgt.name, backend))
+    return recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix
+
+
+def _choose_backend(recipe: recipes.Recipe, req: Request,
+                    facts_for: Callable[[str], conditions.Facts]) -> tuple[str, str]:
+    """--backend, else the first `[[default]]` whose `when` holds — evaluated with the facts
+    (toolchain headers included) of the backend it proposes."""
+    if req.backend:
+        if req.backend not in recipe.backends:
+            import difflib
+
+            close = difflib.get_close_matches(req.backend, recipe.backends, n=1)
+            hint = f"did you mean {close[0]}?" if close else "backends: " + ", ".join(recipe.backends)
+            raise UsageError(f"recipe {recipe.name} has no backend {req.backend!r}", hint)
+        return req.backend, "asked for with --backend"
+    for rule in recipe.of("default"):
+        if conditions.evaluate(rule.when, facts_for(rule.get("backend"))):
+            return rule.get("backend"), rule.get("reason")
+    first = next(iter(recipe.backends))
+    return first, "the recipe's first backend"
+
+
+def default_prefix(recipe: str, target: str, backend: str) -> Path:
+    return paths.builds_prefix() / f"{recipe}-{target}-{backend}"
+
+
+def _rocm_fact(facts: conditions.Facts, toolchain: Toolchain) -> None:
+    """`rocm_file` conditions look in the HIP toolchain's ROCm tree."""
+    if facts.host is not None and toolchain.env.get("ROCM_PATH"):
+        facts.host.rocm_root = Path(toolchain.env["ROCM_PATH"])
+
+
+def _dependency_requests(recipe: recipes.Recipe, req: Request, facts: conditions.Facts,
+                         stack: tuple[str, ...]) -> list[tuple[recipes.Rule, Request, str]]:
+    """The `[[depends]]` rules whose `when` holds, as requests for the same target."""
+    out = []
+    for rule in recipe.of("depends"):
+        holds, why = conditions.explain(rule.when, facts)
+        if not holds:
+            continue
+        name = rule.get("recipe")
+        beside = recipe.path.parent / (name if name.endswith(".toml") else f"{name}.toml")
+        ref = str(beside) if beside.is_file() else name
+        if name in stack or recipes.load(ref).name in stack:
+            raise ConfigError(f"recipe {recipe.name}: dependency cycle "
+                              f"{' -> '.join((*stack, recipe.name, name))}")
+        dep = Request(recipe=ref, target=req.target, backend=rule.get("backend"), jobs=req.jobs,
+                      no_cache=req.no_cache, environ=req.environ)
+        out.append((rule, dep, why))
+    return out
+
+
+def _plan_dependencies(recipe, req, facts, root, check_patches, stack) -> list[Dependency]:
+    """Plan each dependency (recursively), then let this build's header checks see the headers
+    it will use: the installed ones when the dependency's prefix exists, else those in its
+    source (`source_include`) — what the build will install."""
+    deps, extra = [], []
+    for rule, dep_req, why in _dependency_requests(recipe, req, facts, stack):
+        dep_plan = make_plan(dep_req, root, check_patches=check_patches,
+                             _stack=(*stack, recipe.name))
+        deps.append(Dependency(dep_req, rule.get("reason"), why, dict(rule.get("prepend", {})),
+                               dep_plan))
+        if (dep_plan.prefix / "include").is_dir():
+            extra.append(dep_plan.prefix / "include")
+        elif rule.get("source_include"):
+            extra.append(dep_plan.source.tree / rule.get("source_include"))
+    if extra and facts.host is not None:
+        facts.host = conditions.HostFacts(include_dirs=(*extra, *facts.host.include_dirs),
+                                          path=facts.host.path, probe_glslc=facts.host.probe_glslc,
+                                          rocm_root=facts.host.rocm_root)
+    return deps
+
+
+def source_version(recipe: recipes.Recipe, fetched: sources.Fetched) -> str | None:
+    for probe in recipe.source.version:
+        if probe.get("git") == "describe":
+            if (fetched.root / ".git").exists():
+                res = run(["git", "-C", fetched.root, "describe", "--tags"], check=False)
+                if res.returncode == 0:
+                    return res.stdout.strip()
+            ref = fetched.spec.ref
+            if fetched.spec.kind == "git" and ref and not re.fullmatch(r"[0-9a-f]{7,40}", ref):
+                return ref  # a tag or branch name fetched from git (exported without .git)
+        if "file" in probe:
+            f = fetched.root / probe["file"]
+            if f.is_file():
+                m = re.search(probe.get("regex", r"(.+)"), f.read_text(errors="replace"), re.M)
+                if m:  # several groups (major, minor, patch on separate lines) join with dots
+                    return ".".join(g.strip() for g in m.groups() if g) if m.re.groups > 1 \
+                        else m.group(1).strip()
+    return None
+
+
+def _source_placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, work: Path) -> dict:
+    """`{source_commit}`, `{source_tree}` (git tree sha: projects that name their build by it
+    but get no .git in the work copy), `{source_root}` (the work copy's top: a monorepo's root)
+    and `{venv}` for recipe values."""
+    out = {"source_commit": fetched.commit or "", "source_tree": "", "source_root": str(work / "src"),
+           "venv": str(work / "build" / "venv")}
+    if "{source_tree}" in recipe.text and fetched.commit:
+        where = fetched.root if (fetched.root / ".git").exists() else sources._mirror(fetched.spec.location)
+        res = run(["git", "-C", where, "rev-parse", f"{fetched.commit}^{{tree}}"], check=False)
+        out["source_tree"] = res.stdout.strip() if res.returncode == 0 else ""
+    return out
+
+
+def _launcher(no_cache: bool, path: str | None) -> str | None:
+    if no_cache:
+        return None
+    for tool in ("ccache", "sccache"):
+        exe = which(tool, path)
+        if exe:
+            return exe
+    return None
+
+
+def _fmt(value, ctx: dict) -> str:
+    if isinstance(value, bool):
+        return "ON" if value else "OFF"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return ";".join(sorted(_fmt(v, ctx) for v in value))
+    try:
+        return str(value).format(**ctx)
+    except (KeyError, IndexError) as exc:
+        raise ConfigError(f"value {value!r}: unknown placeholder {exc}") from exc
+
+
+# -- is a build needed: the stamp without planning ------------------------------------------------
+
+def read_manifest(prefix: Path) -> dict | None:
+    """The manifest of the build in `prefix` (None when there is none or it is unreadable)."""
+    import tomllib
+
+    try:
+        return tomllib.loads((prefix / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def quick_stamp(req: Request, root) -> tuple[str, Path]:
+    """The stamp over every input, computed without planning, patching or running CMake."""
+    recipe, _, environ, fetched, backend, _, toolchain, _, prefix = _prepare(req, root)
+    return _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, environ), prefix
+
+
+def quick_check(req: Request, root, stack: tuple[str, ...] = ()) -> tuple[str, Path, bool]:
+    """(stamp, prefix, current): the quick stamp with the dependencies' folded in; current when
+    the prefix's manifest has it and every dependency is current too."""
+    stamp, prefix = quick_stamp(req, root)
+    dep_stamps, current = [], True
+    if recipes.load(req.recipe).of("depends"):  # which apply depends on the request's facts
+        recipe, _, _, _, _, _, toolchain, facts, _ = _prepare(req, root)
+        _rocm_fact(facts, toolchain)
+        for _, dep_req, _ in _dependency_requests(recipe, req, facts, stack):
+            dep_stamp, _, dep_current = quick_check(dep_req, root, (*stack, recipe.name))
+            dep_stamps.append(dep_stamp)
+            current = current and dep_current
+    stamp = _with_deps(stamp, dep_stamps)
+    old = read_manifest(prefix)
+    return stamp, prefix, current and bool(old) and old.get("stamp") == stamp
+
+
+# -- for people -----------------------------------------------------------------------------------
+
+def print_plan(plan: Plan, out=sys.stdout) -> None:
+    """Human-readable plan: every decision with its reason."""
+    w = out.write
+    w(f"recipe   {plan.recipe.name} ({plan.recipe.path})\n")
+    w(f"target   {plan.target}\nbackend  {plan.backend} — {plan.backend_reason}\n")
+    w(f"source   {plan.source.spec.kind} {plan.source.spec.location} @ {plan.source.identity}\n")
+    w(f"prefix   {plan.prefix}\n")
+    if plan.toolchain.missing:
+        w(f"toolchain MISSING: {plan.toolchain.missing}\n  hint: {plan.toolchain.hint}\n")
+    w("options\n")
+    for o in plan.options:
+        w(f"  -D{o['name']}={o['value']}\n      {o['reason']} [{o['because']}]\n")
+    if plan.env:
+        w("env\n")
+        for k, v in plan.env.items():
+            w(f"  {k}={v}  ({plan.env_reasons.get(k, '')})\n")
+    if plan.runtime_env:
+        w("runtime env (recorded in the manifest)\n")
+        for k, v in plan.runtime_env.items():
+            w(f"  {k}={v}  ({plan.env_reasons.get(k, '')})\n")
+    w("patches\n")
+    for p in plan.patch_status:
+        w(f"  {p.name}: {p.status} — {p.reason}\n")
+        if p.detail:
+            w("    " + p.detail.replace("\n", "\n    ") + "\n")
+    for n in plan.notes:
+        w(f"note: {n}\n")
+    for d in plan.dependencies:
+        w(f"depends  {d.plan.recipe.name} ({d.plan.backend}) -> {d.plan.prefix}\n"
+          f"      {d.reason} [{d.because}]\n")
+        for var, sub in d.prepend.items():
+            w(f"      {var} += {d.plan.prefix if sub in ('', '.') else d.plan.prefix / sub}\n")
+    if plan.venv:
+        w(f"venv     {plan.venv['path']} — {plan.venv['reason']}\n")
+        for argv in plan.venv["commands"]:
+            w(f"  {quote(argv)}\n")
+    w(f"configure  {quote(plan.configure)}\nbuild      {quote(plan.build)}\n")
+    w(f"install    {' '.join(plan.install)}\n")
+    for s in plan.smoke:
+        w(f"smoke      {quote(s)}\n")
+    for o in plan.outputs:
+        w(f"expects    {o['path']} — {o['reason']}\n")
+    if plan.export_env:
+        w("exported by `rocforge env` (recorded in the manifest)\n")
+        for k, v in plan.export_env.items():
+            w(f"  {k}={v}  ({plan.env_reasons.get(k, '')})\n")

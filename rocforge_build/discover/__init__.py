@@ -1,0 +1,1 @@
+"""Discovery: GPUs, ROCm installs and rocforge builds here; the one resolver; the env output."""

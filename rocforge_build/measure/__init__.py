@@ -1,0 +1,1 @@
+"""Measuring builds: correctness against a reference, speed, a results store, tuning, presets."""

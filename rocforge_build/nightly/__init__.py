@@ -1,0 +1,1 @@
+"""TheRock nightlies: listings from the configured sources, and safe installs under a prefix."""

@@ -1,0 +1,1 @@
+"""Shipping what was built: container images and the shared-library closure they carry."""
