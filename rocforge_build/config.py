@@ -18,9 +18,9 @@ from typing import Any
 
 from rocforge_build import paths
 from rocforge_build.errors import ConfigError
-from rocforge_build.resources import load_toml
+from rocforge_build.resources import load_toml, package_data
 
-DEFAULTS_FILE = Path(__file__).with_name("data") / "defaults.toml"
+DEFAULTS_FILE = package_data("defaults.toml")
 OPEN_TABLES = ("nightly.sources",)
 
 

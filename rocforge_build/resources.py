@@ -11,19 +11,19 @@ from pathlib import Path
 
 from rocforge_build.errors import ConfigError
 
-_PKG = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent  # rocforge_build/
 
 
 def data_folder(name: str) -> Path:
-    packaged = _PKG / "_data" / name
+    packaged = PACKAGE_DIR / "_data" / name
     if packaged.is_dir():
         return packaged
-    return _PKG.parent / name
+    return PACKAGE_DIR.parent / name
 
 
 def package_data(name: str) -> Path:
     """A file of the package's own data folder, `rocforge_build/data/` (targets, layouts...)."""
-    return _PKG / "data" / name
+    return PACKAGE_DIR / "data" / name
 
 
 def recipes_dir() -> Path:

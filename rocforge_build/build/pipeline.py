@@ -28,9 +28,11 @@ from rocforge_build.build.plan import (
     MANIFEST,
     Plan,
     Request,
+    destdir,
     make_plan,
     quick_check,
     source_version,
+    staging_dir,
 )
 from rocforge_build.build.toolchains import host_info
 from rocforge_build.errors import BuildError, ToolchainError
@@ -85,7 +87,7 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
     """Build the request (its dependencies first) unless its prefix is already current."""
     t0 = time.monotonic()
     if not req.force:
-        stamp, prefix, current = quick_check(req, root)
+        _, prefix, current = quick_check(req, root)
         if current:
             return Outcome("up to date", prefix, prefix / MANIFEST, time.monotonic() - t0)
     console = _console()
@@ -104,14 +106,14 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
     if plan.log.exists():
         plan.log.unlink()
     run = _Run(plan, _Log(plan.log), say, console, quiet, timings)
-    staging = Path(f"{plan.prefix}.rocforge-new")
+    staging = staging_dir(plan.prefix)
     try:
         run.log.write(json.dumps(plan.to_json(), indent=2, default=str) + "\n")
         with run.timed("patch"):
             _copy_and_patch(run)
         if plan.venv is not None:
             with run.timed("venv"):
-                _make_venv(plan, run.log, say)
+                _make_venv(run)
         with run.timed("configure"):
             _configure(run)
         with run.timed("build"):
@@ -196,15 +198,15 @@ def _build_into(run: _Run, staging: Path) -> None:
     if plan.recipe.install != "ninja":
         _build(plan, plan.env, run.log, run.console, run.quiet)
         return
-    destdir = Path(f"{plan.prefix}.rocforge-destdir")
-    shutil.rmtree(destdir, ignore_errors=True)
-    _build(plan, {**plan.env, "DESTDIR": str(destdir)}, run.log, run.console, run.quiet)
-    installed = destdir / str(plan.prefix).lstrip("/")
+    dest = destdir(plan.prefix)
+    shutil.rmtree(dest, ignore_errors=True)
+    _build(plan, {**plan.env, "DESTDIR": str(dest)}, run.log, run.console, run.quiet)
+    installed = dest / str(plan.prefix).lstrip("/")
     if not installed.is_dir():
         raise BuildError(f"`ninja install` installed nothing under {installed}; full log: {plan.log}")
     staging.parent.mkdir(parents=True, exist_ok=True)
     os.replace(installed, staging)
-    shutil.rmtree(destdir, ignore_errors=True)
+    shutil.rmtree(dest, ignore_errors=True)
 
 
 def _install(run: _Run, staging: Path) -> None:
@@ -233,9 +235,10 @@ def _smoke(run: _Run, staging: Path) -> None:
         _stream([str(exe), *argv[1:]], {**plan.runtime_env}, run.log, "smoke test")
 
 
-def _make_venv(plan: Plan, log: _Log, say) -> None:
+def _make_venv(run: _Run) -> None:
     """The recipe's private virtual environment (build dir), requirements installed once per
     requirements content."""
+    plan = run.plan
     venv = plan.venv
     key = hashlib.sha256(json.dumps(
         [venv["commands"]] + [Path(r).read_text(errors="replace") if Path(r).is_file() else None
@@ -247,9 +250,9 @@ def _make_venv(plan: Plan, log: _Log, say) -> None:
     if missing:
         raise BuildError(f"{plan.recipe.name}: requirements file(s) {', '.join(missing)} are not "
                          "in the source", "fix the recipe's [venv] requirements for this source")
-    say(f"  venv {venv['path']} ...")
+    run.say(f"  venv {venv['path']} ...")
     for argv in venv["commands"]:
-        _stream(argv, {"VIRTUAL_ENV": None, "PYTHONHOME": None}, log, "venv")
+        _stream(argv, {"VIRTUAL_ENV": None, "PYTHONHOME": None}, run.log, "venv")
     marker.write_text(key)
 
 

@@ -170,6 +170,21 @@ def work_dir(prefix: Path) -> Path:
     return paths.cache_dir() / "work" / hashlib.sha256(str(prefix).encode()).hexdigest()[:12]
 
 
+def staging_dir(prefix: Path) -> Path:
+    """Where the install goes before it replaces `prefix` (a sibling: the swap is a rename)."""
+    return Path(f"{prefix}.rocforge-new")
+
+
+def destdir(prefix: Path) -> Path:
+    """`DESTDIR` of recipes that install with `ninja install`; moved to the staging dir after."""
+    return Path(f"{prefix}.rocforge-destdir")
+
+
+def venv_dir(work: Path) -> Path:
+    """The recipe's private virtual environment, in the build dir (`{venv}` in recipe values)."""
+    return work / "build" / "venv"
+
+
 def project_dir(work: Path, spec: sources.SourceSpec) -> Path:
     """The CMake project in the work copy; a sparse monorepo checkout is copied whole (its
     projects reach into ../../shared/...) and the project is its subdirectory."""
@@ -213,7 +228,7 @@ def _placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, target: str,
     ctx = {"target": target, "backend": backend, "prefix": str(prefix),
            "hip_clang_dir": (str(Path(toolchain.env["HIPCXX"]).parent) if "HIPCXX" in toolchain.env
                              else "<no HIP toolchain>"),
-           **{k: v for k, v in toolchain.env.items()}}
+           **toolchain.env}
     ctx.update(_source_placeholders(recipe, fetched, work))
     return ctx
 
@@ -289,18 +304,18 @@ def _private_venv(recipe: recipes.Recipe, fetched: sources.Fetched, work: Path, 
     """The recipe's `[venv]` in the build dir, and the VIRTUAL_ENV/PATH it adds to `env`."""
     if recipe.venv is None:
         return None
-    venv_dir = work / "build" / "venv"
-    py = venv_dir / "bin" / "python"
+    venv = venv_dir(work)
+    py = venv / "bin" / "python"
     project = project_dir(work, fetched.spec)
     reqs = [str(project / r) for r in recipe.venv.get("requirements", [])]
-    commands = [[sys.executable, "-m", "venv", str(venv_dir)]]
+    commands = [[sys.executable, "-m", "venv", str(venv)]]
     pkgs = [a for r in reqs for a in ("-r", r)] + list(recipe.venv.get("packages", []))
     if pkgs:
         commands.append([str(py), "-m", "pip", "install", "--disable-pip-version-check", *pkgs])
-    env["VIRTUAL_ENV"] = str(venv_dir)
-    env["PATH"] = str(venv_dir / "bin") + os.pathsep + env.get("PATH", environ.get("PATH", ""))
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PATH"] = str(venv / "bin") + os.pathsep + env.get("PATH", environ.get("PATH", ""))
     env_reasons["VIRTUAL_ENV"] = env_reasons["PATH"] = f"private venv: {recipe.venv['reason']}"
-    return {"path": str(venv_dir), "requirements": reqs,
+    return {"path": str(venv), "requirements": reqs,
             "packages": list(recipe.venv.get("packages", [])), "commands": commands,
             "reason": recipe.venv["reason"]}
 
@@ -325,13 +340,13 @@ def _commands(recipe: recipes.Recipe, req: Request, fetched: sources.Fetched, wo
     configure += [f"-D{o['name']}={o['value']}" for o in options]
     jobs = req.jobs or os.cpu_count() or 1
     build = ["ninja", "-C", str(work / "build"), "-j", str(jobs), *build_targets]
-    install = ["cmake", "--install", str(work / "build"), "--prefix", f"{prefix}.rocforge-new"]
+    staging = str(staging_dir(prefix))
+    install = ["cmake", "--install", str(work / "build"), "--prefix", staging]
     if recipe.install == "ninja":
         build = ["ninja", "-C", str(work / "build"), "-j", str(jobs), "install"]
-        install = [f"(`ninja install` with DESTDIR={prefix}.rocforge-destdir, moved to)",
-                   f"{prefix}.rocforge-new"]
+        install = [f"(`ninja install` with DESTDIR={destdir(prefix)}, moved to)", staging]
     elif build_targets:
-        install = ["(copy artifacts of)", *build_targets, "->", f"{prefix}.rocforge-new"]
+        install = ["(copy artifacts of)", *build_targets, "->", staging]
     return configure, build, install
 
 
@@ -504,7 +519,7 @@ def _source_placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, work:
     but get no .git in the work copy), `{source_root}` (the work copy's top: a monorepo's root)
     and `{venv}` for recipe values."""
     out = {"source_commit": fetched.commit or "", "source_tree": "", "source_root": str(work / "src"),
-           "venv": str(work / "build" / "venv")}
+           "venv": str(venv_dir(work))}
     if "{source_tree}" in recipe.text and fetched.commit:
         where = fetched.root if (fetched.root / ".git").exists() else sources._mirror(fetched.spec.location)
         res = run(["git", "-C", where, "rev-parse", f"{fetched.commit}^{{tree}}"], check=False)
@@ -584,14 +599,8 @@ def print_plan(plan: Plan, out=sys.stdout) -> None:
     w("options\n")
     for o in plan.options:
         w(f"  -D{o['name']}={o['value']}\n      {o['reason']} [{o['because']}]\n")
-    if plan.env:
-        w("env\n")
-        for k, v in plan.env.items():
-            w(f"  {k}={v}  ({plan.env_reasons.get(k, '')})\n")
-    if plan.runtime_env:
-        w("runtime env (recorded in the manifest)\n")
-        for k, v in plan.runtime_env.items():
-            w(f"  {k}={v}  ({plan.env_reasons.get(k, '')})\n")
+    _print_env(w, "env", plan.env, plan.env_reasons)
+    _print_env(w, "runtime env (recorded in the manifest)", plan.runtime_env, plan.env_reasons)
     w("patches\n")
     for p in plan.patch_status:
         w(f"  {p.name}: {p.status} — {p.reason}\n")
@@ -614,7 +623,12 @@ def print_plan(plan: Plan, out=sys.stdout) -> None:
         w(f"smoke      {quote(s)}\n")
     for o in plan.outputs:
         w(f"expects    {o['path']} — {o['reason']}\n")
-    if plan.export_env:
-        w("exported by `rocforge env` (recorded in the manifest)\n")
-        for k, v in plan.export_env.items():
-            w(f"  {k}={v}  ({plan.env_reasons.get(k, '')})\n")
+    _print_env(w, "exported by `rocforge env` (recorded in the manifest)", plan.export_env,
+               plan.env_reasons)
+
+
+def _print_env(w, title: str, env: dict[str, str], reasons: dict[str, str]) -> None:
+    if env:
+        w(f"{title}\n")
+        for k, v in env.items():
+            w(f"  {k}={v}  ({reasons.get(k, '')})\n")

@@ -35,7 +35,7 @@ from rocforge_build import __version__, paths, proc
 from rocforge_build.discover import targets
 from rocforge_build.discover.resolver import Decision
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
-from rocforge_build.resources import containers_dir, load_toml
+from rocforge_build.resources import PACKAGE_DIR, containers_dir, load_toml
 
 # Where rocforge keeps its things inside the builder (ROCFORGE_DATA_DIR there).
 DATA_IN_IMAGE = PurePosixPath("/opt/rocforge")
@@ -479,7 +479,7 @@ def read_facts(directory: Path) -> Facts:
 # -- context --------------------------------------------------------------------------------------
 def source_tree() -> Path:
     """The rocforge source checkout this rocforge runs from (its wheel goes into the image)."""
-    top = Path(__file__).resolve().parents[2]
+    top = PACKAGE_DIR.parent
     if not (top / "pyproject.toml").is_file():
         raise ToolchainError(
             "rocforge is not running from a source checkout, so it cannot put itself into the image",
