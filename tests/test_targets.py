@@ -67,3 +67,24 @@ def test_cli_unknown_target_is_one_clear_line(capsys):
     err = capsys.readouterr().err
     assert err.startswith("rocforge: error: unknown GPU target 'gfx9999'")
     assert "Traceback" not in err
+
+
+def test_cli_table_reads_through_a_pipe_at_80_columns():
+    """The newcomer trial: through a pipe names were cut to `gfx11…` and the table ran to 203
+    lines.  Now one line per target, names whole, and the default line fits 80 columns for
+    every target whose example product is short (the product column is the only one cut)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "rocforge_build", "targets"], capture_output=True,
+                         text=True, check=True, env={**__import__("os").environ, "COLUMNS": "80"}).stdout
+    lines = out.splitlines()
+    names = [t.name for t in targets.all_targets()]
+    assert len(lines) == len(names) + 2            # header, one per target, the --wide hint
+    body = {line.split()[0]: line for line in lines[1:-1]}
+    assert list(body) == names                     # every name whole, in order
+    assert body["gfx1151"].split()[1:5] == ["11.5.1", "igpu", "32", "gfx1100"]
+    assert lines[0].index("example product") <= 50   # leaves 30 columns for the product at 80
+    wide = subprocess.run([sys.executable, "-m", "rocforge_build", "targets", "--wide", "gfx1151"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "gfx115X-all" in wide and "59.4" in wide and "Radeon 8060S" in wide
