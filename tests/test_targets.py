@@ -71,8 +71,8 @@ def test_cli_unknown_target_is_one_clear_line(capsys):
 
 def test_cli_table_reads_through_a_pipe_at_80_columns():
     """The newcomer trial: through a pipe names were cut to `gfx11…` and the table ran to 203
-    lines.  Now one line per target, names whole, and the default line fits 80 columns for
-    every target whose example product is short (the product column is the only one cut)."""
+    lines.  Now one line per target, names whole; the fixed columns take at most 50 characters
+    (the example product, last, is the only column cut, and only on a terminal)."""
     import subprocess
     import sys
 
