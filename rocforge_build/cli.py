@@ -91,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
 
         cached = lookup(argv)
         if cached is not None:
+            from rocforge_build.discover import envwarnings
+
             sys.stdout.write(cached)
+            envwarnings.to_stderr(envwarnings.from_script(cached))
             return 0
     try:
         parser = build_parser(selected)

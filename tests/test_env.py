@@ -98,10 +98,49 @@ def test_dotenv_is_literal(tmp_path):
     assert "# unset HSA_OVERRIDE_GFX_VERSION: not needed" in out.stdout
 
 
-def test_default_shell_from_SHELL(tmp_path):
+def _spawned(argv, env) -> subprocess.CompletedProcess:
+    full = {**_base_env(), "PYTHONPATH": str(REPO), **env}
+    return subprocess.run(argv, env=full, capture_output=True, text=True, timeout=120)
+
+
+def test_default_shell_from_SHELL_when_the_parent_is_no_shell(tmp_path):
+    """Run from Python (this test), the parent is no shell: $SHELL decides, else bash."""
     fr.make_strix_halo(tmp_path)
-    assert "set -gx ROCM_PATH" in cli(tmp_path, "env", env={"SHELL": "/usr/bin/fish"}).stdout
-    assert "export ROCM_PATH=" in cli(tmp_path, "env", env={"SHELL": "/bin/tcsh"}).stdout
+    argv = [sys.executable, "-m", "rocforge_build", "--root", str(tmp_path), "env"]
+    assert "set -gx ROCM_PATH" in _spawned(argv, {"SHELL": "/usr/bin/fish"}).stdout
+    assert "export ROCM_PATH=" in _spawned(argv, {"SHELL": "/bin/tcsh"}).stdout
+
+
+@pytest.mark.parametrize("shell,line,login", [
+    ("fish", "{rf} env | source; echo $ROCM_PATH", "/bin/bash"),
+    ("bash", 'eval "$({rf} env)"; echo "$ROCM_PATH"', "/usr/bin/fish"),
+    ("zsh", 'eval "$({rf} env)"; echo "$ROCM_PATH"', "/usr/bin/fish"),
+])
+def test_the_calling_shell_wins_over_SHELL(tmp_path, shell, line, login):
+    """The newcomer trial: `rocforge env | source` in fish emitted bash because $SHELL (the login
+    shell) was bash.  Each line is what the README tells users to type; the shell that runs it
+    must end up with ROCM_PATH set, twice (the second answer comes from the env cache)."""
+    if shutil.which(shell) is None:
+        pytest.fail(f"{shell} is not installed (see .ci/apt-packages.txt)")
+    fr.make_strix_halo(tmp_path)
+    rf = f"{sys.executable} -m rocforge_build --root {tmp_path}"
+    argv = {"fish": ["fish", "--no-config", "-c"], "bash": ["bash", "--norc", "-c"],
+            "zsh": ["zsh", "-f", "-c"]}[shell] + [line.format(rf=rf)]
+    for _ in range(2):
+        out = _spawned(argv, {"SHELL": login})
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "/opt/rocm", out.stdout + out.stderr  # the fixture's tree
+
+
+def test_warnings_reach_stderr_under_eval(tmp_path):
+    """`eval "$(rocforge env)"` drops the script's comments, so warnings also go to stderr -
+    on the first run and when the answer comes from the env cache."""
+    fr.make_igpu_dgpu(tmp_path)
+    rf = f"{sys.executable} -m rocforge_build --root {tmp_path}"
+    for _ in range(2):
+        out = _spawned(["bash", "--norc", "-c", f'eval "$({rf} env)"'], {})
+        assert out.returncode == 0, out.stderr
+        assert "rocforge: warning: iGPU and dGPU both visible to ROCm" in out.stderr
 
 
 SOURCE = {

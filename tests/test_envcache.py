@@ -110,11 +110,12 @@ def test_errors_are_not_cached(tmp_path, capsys):
 
 
 def test_only_plain_env_command_lines_are_cacheable():
-    env = {"ROCFORGE_ROOT": "/"}
+    env = {"ROCFORGE_ROOT": "/", "ROCFORGE_SHELL": "zsh"}
     assert envcache._parse(["env", "--shell", "fish", "--target=gfx1151"], env) == (
         "/", "fish", "gfx1151", None)
+    # no --shell: the calling shell is part of the key (fish and bash get different scripts)
     assert envcache._parse(["--root", "/r", "env", "--rocm", "/opt/x"], env) == (
-        "/r", None, None, "/opt/x")
+        "/r", "zsh", None, "/opt/x")
     for argv in (["env", "--help"], ["env", "--shell"], ["doctor"], ["env", "extra"]):
         assert envcache._parse(argv, env) is None
 

@@ -6,26 +6,22 @@ start-up file, or `rocforge env > rocm.sh`.  Kept import-light: no rich, no requ
 
 from __future__ import annotations
 
-import os
 import sys
 
 from rocforge_build.discover.envscript import SHELLS
+from rocforge_build.discover.shell import calling_shell
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--shell", choices=SHELLS, default=None,
-                        help="output format (default: from $SHELL, else bash)")
+                        help="output format (default: the shell that runs rocforge - its parent "
+                        "process - if bash, zsh or fish; else $SHELL; else bash)")
     parser.add_argument("--target", metavar="GFX", help="resolve for this gfx target")
     parser.add_argument("--rocm", metavar="PATH", help="use this ROCm install (inside --root)")
 
 
-def default_shell(environ=os.environ) -> str:
-    name = os.path.basename(environ.get("SHELL", ""))
-    return name if name in ("bash", "zsh", "fish") else "bash"
-
-
 def run(args) -> int:
-    from rocforge_build.discover import envcache, envscript, resolver
+    from rocforge_build.discover import envcache, envscript, envwarnings, resolver
     from rocforge_build.errors import NoRocmError
 
     envcache.start_recording()
@@ -37,8 +33,9 @@ def run(args) -> int:
         raise NoRocmError("no ROCm installation found "
                           "(looked at $ROCM_PATH, rocforge nightlies, /opt/rocm, /opt/rocm-*, "
                           "/usr, pip rocm-sdk)", resolver.install_hint(res.target))
-    output = envscript.render(res, args.shell or default_shell())
+    output = envscript.render(res, args.shell or calling_shell())
     if getattr(args, "argv", None) is not None:
         envcache.store(args.argv, output, recorded)
     sys.stdout.write(output)
+    envwarnings.to_stderr(res.warnings)
     return 0

@@ -56,7 +56,7 @@ def _align(rows: list[list[str]], cut_last_to: int) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = []
     for r in rows:
-        head = "  ".join(cell.ljust(w) for cell, w in zip(r, widths)) + "  "
+        head = "  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True)) + "  "
         last = r[-1]
         room = cut_last_to - len(head)
         if cut_last_to and len(last) > room:

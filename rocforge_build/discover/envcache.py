@@ -26,7 +26,8 @@ _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # rocforge_b
 _CODE = ("discover/resolver.py", "discover/installs.py", "discover/gpus.py",
          "discover/envscript.py", "discover/envcache.py", "discover/targets.py", "rootfs.py",
          "paths.py", "config.py", "data/defaults.toml", "cli.py", "commands/env.py",
-         "data/targets.toml", "data/layouts.toml", "discover/builds.py")
+         "data/targets.toml", "data/layouts.toml", "discover/builds.py", "discover/shell.py",
+         "discover/envwarnings.py")
 
 _touched: dict[str, bool] | None = None  # host path -> stamp by content
 
@@ -103,7 +104,10 @@ def _parse(argv: list[str], environ) -> tuple | None:
         i += 1
     if not seen_env:
         return None
-    return os.path.abspath(root), opts["--shell"], opts["--target"], opts["--rocm"]
+    from rocforge_build.discover.shell import calling_shell
+
+    shell = opts["--shell"] or calling_shell(environ)  # the answer depends on who is asking
+    return os.path.abspath(root), shell, opts["--target"], opts["--rocm"]
 
 
 def _cache_file(key: str, environ) -> str:

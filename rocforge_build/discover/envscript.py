@@ -9,6 +9,7 @@ Reasons become comments.  Stdlib only: this runs on every shell start-up.
 
 from __future__ import annotations
 
+from rocforge_build.discover import envwarnings
 from rocforge_build.discover.resolver import PATH_VARS, Resolution
 from rocforge_build.errors import UsageError
 
@@ -55,7 +56,7 @@ def _header(res: Resolution, shell: str) -> list[str]:
 
 
 def _warnings(res: Resolution) -> list[str]:
-    return [_comment(f"warning: {w}") for w in res.warnings]
+    return envwarnings.as_comments(res.warnings)
 
 
 def _check_value(key: str, value: str) -> None:

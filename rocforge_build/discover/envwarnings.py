@@ -1,0 +1,22 @@
+"""The env script's warnings also go to stderr: `eval "$(rocforge env)"` never shows a comment.
+Stdlib only, so the cached start-up path can print them from a stored script."""
+
+from __future__ import annotations
+
+import sys
+
+COMMENT = "# warning: "
+
+
+def as_comments(warnings) -> list[str]:
+    return [COMMENT + " ".join(str(w).split()) for w in warnings]
+
+
+def to_stderr(warnings) -> None:
+    for w in warnings:
+        sys.stderr.write(f"rocforge: warning: {w}\n")
+
+
+def from_script(output: str) -> list[str]:
+    """The warnings of a script served from the env cache (its `# warning: ` comments)."""
+    return [line[len(COMMENT):] for line in output.splitlines() if line.startswith(COMMENT)]
