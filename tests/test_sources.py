@@ -100,3 +100,25 @@ def test_sync_tree_copies_only_changes(tmp_path):
     assert sources.sync_tree(src, dst) == 1
     assert sorted(p.name for p in dst.rglob("*")) == ["d", "link", "y"]
     assert (dst / "y").read_text() == "22" and os.readlink(dst / "link") == "y"
+
+
+def test_a_fetch_is_announced_once_and_later_plans_work_offline(tmp_path, capsys):
+    """The newcomer trial: `--dry-run` silently downloaded 300 MB.  A plan reads the source's
+    build files, so the first one fetches - and says so on stderr; the second finds the cached
+    copy, says nothing, and still works once the upstream is gone (offline)."""
+    import shutil
+
+    from rocforge_build.cli import main
+
+    repo = git_repo(tmp_path / "repo")
+    recipe = recipe_copy(tmp_path, **{'git = "file:///nonexistent/fixture.git"':
+                                      f'git = "file://{repo}"'})
+    argv = ["build", str(recipe), "--target", "gfx1100", "--dry-run"]
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    assert first.err.count("rocforge: fetching file://") == 1 and "@ v1.2.0" in first.err
+    shutil.rmtree(repo)                       # the upstream is unreachable from now on
+    assert main(argv) == 0
+    second = capsys.readouterr()
+    assert "fetching" not in second.err and "unreachable; using v1.2.0 = " in second.err
+    assert second.out == first.out            # the same plan, offline

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,14 +149,48 @@ def _mirror(url: str) -> Path:
     return paths.cache_dir() / "sources" / "git" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
 
 
+def _refs_file() -> Path:
+    return paths.cache_dir() / "sources" / "refs.json"
+
+
+def _remembered_refs() -> dict:
+    try:
+        data = json.loads(_refs_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _remember_ref(url: str, ref: str, sha: str) -> None:
+    """What `ref` meant the last time the remote answered: a plan or build with no network
+    then works from the source cache (the commit's tree is cached by identity)."""
+    refs = _remembered_refs()
+    if refs.get(f"{url} {ref}") == sha:
+        return
+    refs[f"{url} {ref}"] = sha
+    target = _refs_file()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".refs.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(refs, indent=1, sort_keys=True))
+        os.replace(tmp, target)
+    except OSError:
+        pass  # only the offline fallback is lost
+
+
 def _git_resolve(url: str, ref: str) -> str:
     if _SHA_RE.match(ref):
         return ref
     try:
         out = run(["git", "ls-remote", url, ref, f"{ref}^{{}}"], timeout=120).stdout
     except CommandFailed as exc:
+        known = _remembered_refs().get(f"{url} {ref}")
+        if isinstance(known, str) and _SHA_RE.match(known):  # offline: what the cache knows
+            sys.stderr.write(f"rocforge: {url} is unreachable; using {ref} = {known[:12]} "
+                             "from the source cache\n")
+            return known
         mirror = _mirror(url)
-        if mirror.is_dir():  # offline: fall back to what the cache already knows
+        if mirror.is_dir():  # a mirror fetched in full knows the ref itself
             try:
                 return run(["git", "-C", mirror, "rev-parse", f"{ref}^{{commit}}"]).stdout.strip()
             except CommandFailed:
@@ -167,9 +202,12 @@ def _git_resolve(url: str, ref: str) -> str:
         found[name] = sha
     for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
         if name in found:
+            _remember_ref(url, ref, found[name])
             return found[name]
     if found:
-        return next(iter(found.values()))
+        sha = next(iter(found.values()))
+        _remember_ref(url, ref, sha)
+        return sha
     raise UsageError(f"git ref {ref!r} not found in {url}", "give a tag, branch or full commit sha")
 
 
@@ -203,6 +241,14 @@ def _finish(spec: SourceSpec, identity: str, root: Path, commit: str | None = No
     return Fetched(spec, identity, root, tree, commit)
 
 
+def _announce(spec: SourceSpec, identity: str) -> None:
+    """Say what is fetched before it is: a plan (`--dry-run`) reads the source's build files, so
+    an uncached llama.cpp costs a download of its tree; the cache makes later plans offline."""
+    what = spec.location + (f" @ {spec.ref or identity[:12]}" if spec.kind == "git" else "")
+    sys.stderr.write(f"rocforge: fetching {what} into {paths.cache_dir() / 'sources'} "
+                     "(plans and builds read the source; later runs use this copy)\n")
+
+
 def fetch(spec: SourceSpec, identity: str | None = None, *, progress: bool = True) -> Fetched:
     """Make the pristine tree available (cached by identity) and return where it is."""
     identity = identity or identify(spec)
@@ -220,10 +266,13 @@ def fetch(spec: SourceSpec, identity: str | None = None, *, progress: bool = Tru
         shape = hashlib.sha256(json.dumps([sorted(spec.sparse), spec.submodules]).encode()).hexdigest()
         dest = _trees_dir() / f"{identity[:20]}-{shape[:8]}"
         if not (dest / ".rocforge-complete").is_file():
+            _announce(spec, identity)
             _git_checkout(spec, identity, dest)
         return _finish(spec, identity, dest, identity)
     if spec.kind == "git":
         if not (dest / ".rocforge-complete").is_file():
+            if not _mirror_has(spec.location, identity):
+                _announce(spec, identity)
             _git_export(spec.location, identity, dest)
         return _finish(spec, identity, dest, identity)
     # tarball
@@ -234,6 +283,12 @@ def fetch(spec: SourceSpec, identity: str | None = None, *, progress: bool = Tru
     if not (dest / ".rocforge-complete").is_file():
         _extract(archive, dest)
     return _finish(spec, sha, dest)
+
+
+def _mirror_has(url: str, commit: str) -> bool:
+    mirror = _mirror(url)
+    return mirror.is_dir() and run(["git", "-C", mirror, "cat-file", "-e", f"{commit}^{{commit}}"],
+                                   check=False).returncode == 0
 
 
 def _git_export(url: str, commit: str, dest: Path) -> None:
@@ -323,6 +378,7 @@ def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
         raise NetworkError("HTTP downloads are unavailable in this rocforge build",
                            "fetch the tarball yourself and pass --source FILE") from exc
     downloads.mkdir(parents=True, exist_ok=True)
+    _announce(spec, spec.sha256 or "")
     result = download(spec.location, dest, sha256=spec.sha256, progress=progress)
     return Path(result.path), result.sha256
 

@@ -22,7 +22,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--jobs", "-j", type=int, metavar="N", help="parallel build jobs (default: all cores)")
     parser.add_argument("--build-target", action="append", default=[], metavar="NAME",
                         help="build and install only this CMake target (repeatable)")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan; build nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan; build nothing.  A plan reads the source's build files, "
+                        "so a source not yet cached is fetched first (said on stderr); cached "
+                        "sources plan offline")
     parser.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     parser.add_argument("--force", action="store_true", help="rebuild even when nothing changed")
     parser.add_argument("--no-cache", action="store_true", help="do not use ccache/sccache")
