@@ -119,14 +119,29 @@ def coverage_rows(res: resolver.Resolution) -> list[dict]:
     return rows
 
 
+def stack_blockers(res: resolver.Resolution) -> list[str]:
+    """Why the resolved stack cannot serve the target: every `usable: false` has a reason."""
+    if res.rocm is None:
+        return [f"no ROCm install found: {resolver.install_hint(res.target)}"]
+    if res.target is not None:
+        ok, why = res.rocm.coverage.kernels_for(res.target)
+        if not ok:
+            return [f"ROCm {res.rocm.path} has no kernels for {res.target} ({why}): "
+                    + resolver.install_hint(res.target)]
+    return []
+
+
 def run(args) -> int:
     res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
-    sys_warnings, blockers = system_checks(args.rootfs, res)
-    usable = res.usable and not blockers
+    sys_warnings, sys_blockers = system_checks(args.rootfs, res)
+    blockers = [*stack_blockers(res), *sys_blockers]
+    warnings = [*res.warnings, *sys_warnings]
+    usable = not blockers
     if args.json:
         data = res.to_json()
         data["coverage"] = coverage_rows(res)
-        data["checks"] = {"warnings": sys_warnings, "blockers": blockers}
+        data["warnings"] = warnings  # one list: the resolver's and the system checks'
+        data["blockers"] = blockers  # empty exactly when usable
         data["usable"] = usable
         print(json.dumps(data, indent=2))
         return 0 if usable else 1
@@ -138,7 +153,7 @@ def run(args) -> int:
     yes = "[green]yes[/]"
     no = "[red]no[/]"
 
-    t = Table(title=f"GPUs (from {res.gpu_source})")
+    t = Table(title=f"GPUs (from {res.gpu_source})" if res.gpus else "GPUs (none detected)")
     for col in ("#", "node", "target", "kind", "CUs", "device", "known", "used"):
         t.add_column(col)
     for i, g in enumerate(res.gpus):
@@ -181,16 +196,13 @@ def run(args) -> int:
         t.add_row(d.key, value, d.reason)
     console.print(t)
 
-    for w in [*res.warnings, *sys_warnings]:
+    for w in warnings:
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
     for b in blockers:
         console.print(f"[red]problem:[/] {b}", highlight=False)
     if usable:
         console.print(f"[green]usable:[/] ROCm {res.rocm.path} for {res.target or 'building'}; "
                       "`eval \"$(rocforge env)\"` sets it up", highlight=False)
-    elif res.rocm is None:
-        console.print(f"[red]not usable:[/] no ROCm install. {resolver.install_hint(res.target)}",
-                      highlight=False)
     else:
         console.print("[red]not usable:[/] see the problems above", highlight=False)
     return 0 if usable else 1

@@ -302,7 +302,8 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
     else:
         decisions.append(Decision("target", None, "no GPU detected ("
                                   + ("KFD topology has no GPU node" if discovery.source == "kfd"
-                                     else "no KFD topology in this root")
+                                     else "no KFD topology under /sys/class/kfd"
+                                     + ("" if root.is_host else " in this --root"))
                                   + ") and no --target given"))
 
     env: dict[str, str | None] = {}
