@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 
 from rocforge_build import __version__
@@ -52,10 +53,58 @@ def _available() -> dict[str, tuple[str, str]]:
     return {name: entry for name, entry in COMMANDS.items() if find_spec(entry[0]) is not None}
 
 
-def build_parser(selected: str | None) -> argparse.ArgumentParser:  # noqa: F821 (lazy import)
-    import argparse  # not at module level: `rocforge env` answered from its cache never needs it
+_ARGV: list[str] = []  # the command line being parsed, for the suggestions in parse errors
 
-    parser = argparse.ArgumentParser(
+
+def _parser_class():
+    """argparse's parser, plus what Python 3.11's lacks: "did you mean" for a misspelled option
+    or command, and the list of actions when a command's action is missing."""
+    import argparse
+    import difflib
+
+    class Parser(argparse.ArgumentParser):
+        def _options(self) -> list[str]:
+            """Long options of this parser and of the subcommand parsers below it (the top
+            parser reports the subcommand's unrecognized arguments)."""
+            own = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            sub = self._choices()
+            below = [o for p in (sub.choices.values() if sub else ()) for o in p._options()]
+            return list(dict.fromkeys(own + below))
+
+        def _choices(self):
+            return next((a for a in self._actions if isinstance(a, argparse._SubParsersAction)),
+                        None)
+
+        def error(self, message: str):
+            hints = []
+            known = set(self._options()) | {"--root", "--version", "--help"}
+            for token in _ARGV:
+                name = token.split("=", 1)[0]
+                if name.startswith("--") and name not in known:
+                    close = difflib.get_close_matches(name, self._options(), n=1)
+                    hints.append(f"{name}: did you mean {close[0]}?" if close
+                                 else f"{name}: no such option (see {self.prog} --help)")
+            bad = re.search(r"invalid choice: '([^']*)'", message)
+            sub = self._choices()
+            if bad and sub is not None:
+                close = difflib.get_close_matches(bad.group(1), list(sub.choices), n=1)
+                if close:
+                    hints.append(f"did you mean {close[0]!r}?")
+            if "required: ACTION" in message and sub is not None:
+                hints.append(f"actions: {', '.join(sub.choices)} "
+                             f"(`{self.prog} ACTION --help` for each)")
+            self.print_usage(sys.stderr)
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
+            for hint in hints:
+                sys.stderr.write(f"rocforge: hint: {hint}\n")
+            raise SystemExit(2)
+
+    return Parser
+
+
+def build_parser(selected: str | None) -> argparse.ArgumentParser:  # noqa: F821 (lazy import)
+    # argparse is imported lazily (in _parser_class): `rocforge env` from its cache never needs it
+    parser = _parser_class()(
         prog="rocforge",
         description="Build orchestration and environment provisioning for AMD GPUs on ROCm.",
     )
@@ -98,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     try:
         parser = build_parser(selected)
+        _ARGV[:] = argv
         args = parser.parse_args(argv)
         if not args.command:
             parser.print_help()
