@@ -56,36 +56,74 @@ def cli_subprocess(root, *args, env=None) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
-def golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("ROCFORGE_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text(), f"output differs from {path} (ROCFORGE_UPDATE_GOLDEN=1 rewrites)"
+def sourced_once(shell: str, text: str, start: dict, tmp_path: Path) -> dict:
+    """The environment after a real `shell` sources `text` (a script rocforge printed)."""
+    script = tmp_path / f"env.{shell}"
+    script.write_text(text)
+    return sourced_env(shell, script, start)
 
 
-def test_golden_strix_halo_bash(tmp_path):
-    fr.make_strix_halo(tmp_path)
-    out = cli(tmp_path, "env", "--shell", "bash", env={"HSA_OVERRIDE_GFX_VERSION": "11.0.0"})
+def test_strix_halo_bash_values(tmp_path):
+    """TheRock tree at /opt/rocm (the fixture: gfx1151 rocBLAS + hipBLASLt kernels, compiler in
+    lib/llvm/bin, bitcode in lib/llvm/amdgcn/bitcode, the broken bin/amdclang++ link of trees
+    before Mar 2026) on a Strix Halo, with a stale override left in the user's environment."""
+    fr.make_strix_halo(tmp_path / "root")
+    start = {"PATH": "/usr/bin:/bin", "HSA_OVERRIDE_GFX_VERSION": "11.0.0", "HOME": str(tmp_path)}
+    out = cli(tmp_path / "root", "env", "--shell", "bash", env=start)
     assert out.returncode == 0, out.stderr
-    golden("strix_halo.bash", out.stdout)
+    got = sourced_once("bash", out.stdout, start, tmp_path)
+    expected = {
+        "ROCM_PATH": "/opt/rocm", "HIP_PATH": "/opt/rocm", "HIP_PLATFORM": "amd",
+        # TheRock installs clang under lib/llvm/bin (its bin/amdclang++ link is broken here)
+        "HIP_CLANG_PATH": "/opt/rocm/lib/llvm/bin",
+        # TheRock keeps oclc_isa_version_*.bc in lib/llvm/amdgcn/bitcode, not amdgcn/bitcode
+        "HIP_DEVICE_LIB_PATH": "/opt/rocm/lib/llvm/amdgcn/bitcode",
+        # hipBLASLt has gfx1151 kernels in this tree, so rocBLAS may route GEMMs through it
+        "ROCBLAS_USE_HIPBLASLT": "1",
+        "PATH": "/opt/rocm/bin:/opt/rocm/lib/llvm/bin:/usr/bin:/bin",
+        "LD_LIBRARY_PATH": "/opt/rocm/lib:/opt/rocm/lib/llvm/lib",
+        "CMAKE_PREFIX_PATH": "/opt/rocm", "PKG_CONFIG_PATH": "/opt/rocm/lib/pkgconfig",
+    }
+    assert {k: got.get(k) for k in expected} == expected
+    # gfx1151's own kernels are in the tree: the stale 11.0.0 override is removed, and said
+    assert "HSA_OVERRIDE_GFX_VERSION" not in got
+    assert "stale HSA_OVERRIDE_GFX_VERSION=11.0.0 in the environment is unset" in out.stdout
 
 
-def test_golden_igpu_dgpu_json(tmp_path):
+def test_igpu_dgpu_json_values(tmp_path):
+    """A gfx1036 iGPU (node 1) beside a gfx1100 dGPU (node 2) with a classic /opt/rocm 6.x whose
+    libraries serve gfx1100: the dGPU is used, the iGPU masked (ROCR_VISIBLE_DEVICES counts GPU
+    nodes from 0, so the dGPU is 1), no override; the user's LD_LIBRARY_PATH stays behind."""
     fr.make_igpu_dgpu(tmp_path)
     out = cli(tmp_path, "env", "--shell", "json", env={"LD_LIBRARY_PATH": "/home/u/lib"})
     assert out.returncode == 0, out.stderr
-    golden("igpu_dgpu.json", out.stdout)
-    data = json.loads(out.stdout)
-    assert data["ROCR_VISIBLE_DEVICES"] == "1" and data["HSA_OVERRIDE_GFX_VERSION"] is None
-    assert data["LD_LIBRARY_PATH"] == "/opt/rocm/lib:/home/u/lib"
+    assert json.loads(out.stdout) == {
+        "ROCM_PATH": "/opt/rocm", "HIP_PATH": "/opt/rocm", "HIP_PLATFORM": "amd",
+        "HIP_CLANG_PATH": "/opt/rocm/llvm/bin",             # classic layout: llvm/bin
+        "HIP_DEVICE_LIB_PATH": "/opt/rocm/amdgcn/bitcode",  # classic layout: amdgcn/bitcode
+        "ROCR_VISIBLE_DEVICES": "1", "HSA_OVERRIDE_GFX_VERSION": None,
+        "ROCBLAS_USE_HIPBLASLT": "1",
+        "PATH": "/opt/rocm/bin:/usr/bin:/bin",
+        "LD_LIBRARY_PATH": "/opt/rocm/lib:/home/u/lib",
+        "CMAKE_PREFIX_PATH": "/opt/rocm",
+    }
 
 
-def test_golden_debian_fish(tmp_path):
-    fr.make_debian_usr(tmp_path)
-    out = cli(tmp_path, "env", "--shell", "fish")
+def test_debian_fish_values(tmp_path):
+    """Debian bookworm's packages under /usr (hipcc 5.2.3, the perl one, with clang-15): ROCm is
+    /usr; hipcc runs $HIP_CLANG_PATH/clang++-15, which exists only in /usr/bin; the device
+    bitcode is in the multiarch lib dir.  No GPU in this root, so no target and no override."""
+    fr.make_debian_usr(tmp_path / "root")
+    start = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    out = cli(tmp_path / "root", "env", "--shell", "fish", env=start)
     assert out.returncode == 0, out.stderr
-    golden("debian.fish", out.stdout)
+    got = sourced_once("fish", out.stdout, start, tmp_path)
+    expected = {"ROCM_PATH": "/usr", "HIP_PATH": "/usr", "HIP_PLATFORM": "amd",
+                "HIP_CLANG_PATH": "/usr/bin",
+                "HIP_DEVICE_LIB_PATH": "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode",
+                "PATH": "/usr/bin:/bin"}               # /usr/bin is already there: unchanged
+    assert {k: got.get(k) for k in expected} == expected
+    assert "HSA_OVERRIDE_GFX_VERSION" not in got and "ROCBLAS_USE_HIPBLASLT" not in got
 
 
 def test_dotenv_is_literal(tmp_path):
