@@ -13,6 +13,45 @@ def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", help="also run slow real builds")
 
 
+# Skips that are a choice, not a missing tool: the fast loop's slow tests, a re-recording, and
+# tests marked "[optional]" (hardware or tools CI is not promised: nvcc, a GPU).
+_CHOSEN_PREFIXES = ("slow real build", "recorded ")
+
+
+def _lacking(report) -> str | None:
+    """The reason of a skip that means "this machine lacks something", else None."""
+    if not report.skipped or not isinstance(report.longrepr, tuple):
+        return None
+    reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+    chosen = reason.startswith(_CHOSEN_PREFIXES) or "[optional]" in reason
+    return None if chosen else reason
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI (`CI=true`, set by .ci/run) a test skipped for a missing tool fails: CI installs
+    everything the suite needs, so a silent skip there would hide an untested feature."""
+    outcome = yield
+    report = outcome.get_result()
+    reason = _lacking(report)
+    if reason and __import__("os").environ.get("CI") == "true":
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, which must run it: {reason}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say loudly, at the end, which tests did not run for lack of a tool (a developer machine
+    without Debian's hipcc, say), so a green run is not mistaken for a full one."""
+    lacking = [(r.nodeid, reason) for r in terminalreporter.stats.get("skipped", [])
+               if (reason := _lacking(r))]
+    if not lacking:
+        return
+    terminalreporter.section("NOT RUN: this machine lacks what these tests need (CI runs them)",
+                             sep="!", red=True, bold=True)
+    for nodeid, reason in lacking:
+        terminalreporter.line(f"{nodeid}: {reason}", red=True)
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--run-slow"):
         return

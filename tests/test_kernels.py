@@ -286,7 +286,7 @@ def test_wmma_path_compiles_for_gfx11(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA path needs nvcc")
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="[optional] the CUDA path needs nvcc (CUDA is not in .ci/apt-packages.txt)")
 def test_cuda_path_builds_with_nvcc(capsys, tmp_path):
     code, stdout, err = rocforge(capsys, "kernels", "build", "--target", "sm_90", "--out",
                                  str(tmp_path / "sm90"), "--json")

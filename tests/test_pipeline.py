@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import tomllib
 from pathlib import Path
 
@@ -84,11 +83,10 @@ def test_noop_then_changes_rebuild(tmp_path, monkeypatch):
     log = first.plan.log
     log_mtime = log.stat().st_mtime_ns
 
-    t = time.monotonic()
     again = build(RECIPE, source=str(src), prefix=str(prefix))
     assert again.status == "up to date"
-    assert time.monotonic() - t < 1.0
-    assert log.stat().st_mtime_ns == log_mtime  # nothing ran: no cmake, no ninja
+    # nothing ran: no cmake, no ninja (how fast the no-op is: benchmarks/bench_build.py)
+    assert log.stat().st_mtime_ns == log_mtime
 
     # a changed source file rebuilds (and only what changed)
     hello = src / "greet.c"
