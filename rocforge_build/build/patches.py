@@ -6,7 +6,7 @@
     fails             neither applies: the build stops with the patch name and the rejected
                       hunk, and every patch applied so far is reversed (the tree is left clean)
 
-`git apply --check` / `--reverse --check` decide (the kyuz0 toolboxes' method, brief section 7);
+`git apply --check` / `--reverse --check` decide (the method of kyuz0/amd-strix-halo-toolboxes);
 GIT_CEILING_DIRECTORIES keeps git from mistaking an enclosing repository for the tree.
 """
 
