@@ -9,7 +9,7 @@ import os
 import re
 import tomllib
 
-from rocforge_build.discover import resolver
+from rocforge_build.discover import host, resolver
 from rocforge_build.resources import package_data
 from rocforge_build.rootfs import Root
 
@@ -122,9 +122,11 @@ def coverage_rows(res: resolver.Resolution) -> list[dict]:
 def run(args) -> int:
     res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
     sys_warnings, blockers = system_checks(args.rootfs, res)
+    host_checks = host.checks(args.rootfs, res.gpus)  # host readiness: reported, not blocking
     usable = res.usable and not blockers
     if args.json:
         data = res.to_json()
+        data["host"] = [c.to_json() for c in host_checks]
         data["coverage"] = coverage_rows(res)
         data["checks"] = {"warnings": sys_warnings, "blockers": blockers}
         data["usable"] = usable
@@ -181,6 +183,8 @@ def run(args) -> int:
         t.add_row(d.key, value, d.reason)
     console.print(t)
 
+    for line in host.text_lines(host_checks):
+        console.print(line, highlight=False)
     for w in [*res.warnings, *sys_warnings]:
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
     for b in blockers:
