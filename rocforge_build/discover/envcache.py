@@ -26,7 +26,8 @@ _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # rocforge_b
 _CODE = ("discover/resolver.py", "discover/installs.py", "discover/gpus.py",
          "discover/envscript.py", "discover/envcache.py", "discover/targets.py", "rootfs.py",
          "paths.py", "config.py", "data/defaults.toml", "cli.py", "commands/env.py",
-         "data/targets.toml", "data/layouts.toml", "discover/builds.py")
+         "data/targets.toml", "data/layouts.toml", "discover/builds.py",
+         "discover/host.py", "data/host.toml")
 
 _touched: dict[str, bool] | None = None  # host path -> stamp by content
 
