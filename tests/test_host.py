@@ -134,6 +134,11 @@ def test_amdttm_kernel_ignores_ttm_and_gttsize_is_removed(tmp_path):
     hr.strix_amdttm(tmp_path)
     checks = doctor_host(tmp_path)
     assert checks["memory.gttsize"]["status"] == "warn"
+    # gttsize made the GTT 124 GiB, but amdttm's pages_limit (the default) still caps allocations
+    gtt = checks["memory.gtt"]
+    assert gtt["status"] == "warn" and gtt["found"] == (
+        "GTT 124.0 GiB of 125.6 GiB RAM (99%; amdttm.pages_limit 16469033), "
+        "but TTM caps GPU allocations at 62.8 GiB")
     assert checks["memory.gttsize"]["found"] == "amdgpu.gttsize=126976 on the command line"
     assert checks["memory.ttm_module"]["found"] == "ttm.pages_limit (/proc/cmdline); loaded: amdttm"
     assert checks["kernel.floor"]["status"] == "ok"  # Ubuntu OEM 6.14.0-1018 has the backport

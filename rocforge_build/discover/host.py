@@ -512,9 +512,12 @@ def _memory_checks(root: Root, h: Host) -> list[Check]:
         out.append(Check("memory.gtt", "unknown", "unreadable: " + ", ".join(missing),
                          f"GTT (the GPU's share of RAM) defaults to ~50 % of RAM ({m['source']})"))
     else:
-        share = gtt / ram
         limit = f"{h.module}.pages_limit {h.pages_limit}" if h.pages_limit else "pages_limit unreadable"
-        found = f"GTT {gib(gtt)} of {gib(ram)} RAM ({share:.0%}; {limit})"
+        found = f"GTT {gib(gtt)} of {gib(ram)} RAM ({gtt / ram:.0%}; {limit})"
+        if h.pages_limit and h.pages_limit * 4096 < gtt:  # amdgpu.gttsize above the TTM limit
+            gtt = h.pages_limit * 4096
+            found += f", but TTM caps GPU allocations at {gib(gtt)}"
+        share = gtt / ram
         try:
             want = target_gib(h.mem_total_kib, m["default_reserve_gib"])
         except UsageError:
@@ -635,8 +638,11 @@ def gpu_memory_note(root: Root, gpus) -> str | None:
     if not h.has_apu or h.card is None or h.card.gtt_total is None:
         return None
     ram = f" of {gib(h.mem_total_kib * 1024)} RAM" if h.mem_total_kib else ""
-    note = f"GPU memory: GTT {gib(h.card.gtt_total)}{ram}"
-    if h.mem_total_kib and h.card.gtt_total / (h.mem_total_kib * 1024) < facts()["memory"]["low_fraction"]:
+    gtt = h.card.gtt_total
+    if h.pages_limit and h.pages_limit * 4096 < gtt:
+        gtt, ram = h.pages_limit * 4096, ram + f" ({h.module}.pages_limit caps the GTT)"
+    note = f"GPU memory: GTT {gib(gtt)}{ram}"
+    if h.mem_total_kib and gtt / (h.mem_total_kib * 1024) < facts()["memory"]["low_fraction"]:
         note += " (the kernel default, ~50 % of RAM; `rocforge host plan` raises it)"
     return note
 
