@@ -350,3 +350,42 @@ def test_env_script_with_the_note_still_sources(tmp_path):
     fr.make_therock_tree(tmp_path)
     script = cli(tmp_path, "env", "--shell", "bash").stdout
     subprocess.run(["bash", "-c", script + "\ntest -n \"$ROCM_PATH\""], check=True)
+
+
+def test_cwsr_workaround_is_dropped_on_a_fixed_kernel(tmp_path):
+    hr.make_host(tmp_path, os="fedora", kernel="6.18.4-200.fc43.x86_64", grub=hr.GRUB_FEDORA,
+                 cmdline="BOOT_IMAGE=(hd0,gpt2)/vmlinuz-6.18.4-200.fc43.x86_64 ro rhgb quiet amdgpu.cwsr_enable=0")
+    cw = doctor_host(tmp_path)["kernel.cwsr"]
+    assert (cw["status"], cw["found"]) == ("warn", "amdgpu.cwsr_enable=0 on kernel 6.18.4-200.fc43.x86_64")
+    assert plan(tmp_path)["kernel_args"]["remove"] == ["amdgpu.cwsr_enable=0"]
+    old = tmp_path / "old"
+    hr.make_host(old, kernel="6.17.0-5-generic", grub=hr.GRUB_UBUNTU.format(default="quiet"),
+                 cmdline="BOOT_IMAGE=/boot/vmlinuz-6.17.0-5-generic ro quiet amdgpu.cwsr_enable=0")
+    checks = doctor_host(old)
+    assert checks["kernel.cwsr"]["status"] == "ok" and checks["kernel.floor"]["status"] == "fail"
+    assert plan(old)["kernel_args"]["remove"] == []  # still needed on 6.17.0-5: kept
+
+
+def test_modprobe_file_for_the_wrong_module_and_proc_version_fallback(tmp_path):
+    hr.strix_amdttm(tmp_path)
+    (tmp_path / "proc/cmdline").write_text("BOOT_IMAGE=/boot/vmlinuz-6.14.0-1018-oem ro quiet\n")
+    (tmp_path / "etc/modprobe.d").mkdir(parents=True)
+    (tmp_path / "etc/modprobe.d/ttm.conf").write_text("# amd-ttm\noptions ttm pages_limit=26214400\n")
+    (tmp_path / "proc/sys/kernel/osrelease").unlink()  # /proc/version still tells
+    checks = doctor_host(tmp_path)
+    assert checks["memory.ttm_module"]["found"] == "ttm.pages_limit (/etc/modprobe.d/ttm.conf); loaded: amdttm"
+    assert checks["kernel.floor"]["found"].startswith("6.14.0-1018-oem: Ubuntu OEM kernel")
+
+
+def test_debugfs_without_root_is_unknown(tmp_path, monkeypatch):
+    hr.strix_bad_firmware(tmp_path)
+
+    def denied(path):
+        if str(path).endswith("/sys/kernel/debug/dri"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    real = host.os.listdir
+    monkeypatch.setattr(host.os, "listdir", denied)
+    assert host.read_mes(Root(tmp_path), None) == (None, "/sys/kernel/debug/dri is not readable "
+                                                         "(debugfs needs root)")
