@@ -445,9 +445,10 @@ def _kernel_checks(h: Host) -> list[Check]:
     cw = f["cwsr"]
     values = param_values(h.cmdline or [], cw["param"])
     if values and h.gfx & set(cw["targets"]) and h.kernel is not None:
-        old = h.kernel.version[:2] < _vtuple(cw["needed_before"])[:2]
+        # dropped only on a kernel that meets the floor, as the plan does
+        fixed = all(meets_floor(h.kernel, r)[0] for g, r in f["kernel"].items() if g in h.gfx)
         found = f"{cw['param']}={values[-1]} on kernel {h.kernel.release}"
-        if old:
+        if not fixed:
             out.append(Check("kernel.cwsr", "ok", found,
                              f"the MES-hang workaround for kernels before 6.18-rc6 is set ({cw['source']})"))
         elif values[-1] == "0":
