@@ -319,6 +319,7 @@ def test_empty_root_has_no_checks_and_no_plan(tmp_path):
     assert doctor_host(tmp_path) == {}
     p = plan(tmp_path)
     assert p["steps"] == [] and p["bootloader"] == "unknown"
+    assert p["notes"] == ["no AMD GPU found (KFD topology): nothing to plan"]
 
 
 # -- container run and env say the same ------------------------------------------------------------

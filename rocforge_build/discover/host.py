@@ -873,7 +873,9 @@ def plan(root: Root, gpus, reserve_gib: float | None = None) -> Plan:
     notes += [f"{c.found}: {c.fix}" for c in _kernel_checks(h) if c.status != "ok" and c.fix]
     if steps and any(not s.optional for s in steps):
         notes.append("reboot for kernel arguments and firmware to take effect; rocforge changed nothing")
-    if not h.has_apu:
+    if not h.gfx:
+        notes.insert(0, "no AMD GPU found (KFD topology): nothing to plan")
+    elif not h.has_apu:
         notes.insert(0, "no APU found: the GTT settings do not apply (a discrete GPU has its own VRAM)")
     return Plan(pages, want, module if h.has_apu else h.module, boot, tuple(add), tuple(remove),
                 tuple(steps), tuple(notes),
