@@ -295,6 +295,13 @@ def test_reserve_larger_than_ram_is_one_line(tmp_path):
                                           "machine has 62.4 GiB of RAM (MemTotal in /proc/meminfo)")
 
 
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_reserve_that_is_not_a_size(tmp_path, value):
+    hr.strix_64(tmp_path)
+    out = cli(tmp_path, "host", "plan", "--reserve", value)
+    assert out.returncode == 2 and out.stderr.startswith(f"rocforge: error: --reserve {value} is not a size")
+
+
 def test_garbage_and_missing_files(tmp_path):
     hr.strix_defaults(tmp_path)
     (tmp_path / "proc/meminfo").write_text("MemTotal: lots of it\n")

@@ -489,8 +489,8 @@ def _firmware_check(root: Root, h: Host) -> list[Check]:
 def target_gib(mem_total_kib: int, reserve_gib: float) -> int:
     """Whole GiB of GTT for this RAM: MemTotal minus the reserve, rounded down."""
     total = mem_total_kib / (1 << 20)
-    if reserve_gib < 0:
-        raise UsageError(f"--reserve {reserve_gib:g} is negative", "give the GiB to keep for the CPU")
+    if not reserve_gib >= 0 or reserve_gib == float("inf"):  # negative, nan, inf
+        raise UsageError(f"--reserve {reserve_gib:g} is not a size in GiB", "give the GiB to keep for the CPU, e.g. 4")
     if total - reserve_gib < 1:
         raise UsageError(
             f"--reserve {reserve_gib:g} GiB leaves no GPU memory: this machine has {total:.1f} GiB "
