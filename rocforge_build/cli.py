@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build": ("rocforge_build.commands.build", "build a recipe for a GPU target"),
     "kernels": ("rocforge_build.commands.kernels", "build and run rocforge's own HIP kernels"),
     "container": ("rocforge_build.commands.container", "render, build and run container images"),
+    "host": ("rocforge_build.commands.host", "print the host changes an APU needs (never applies them)"),
 }
 
 _GLOBAL_WITH_VALUE = {"--root"}

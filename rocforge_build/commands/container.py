@@ -183,10 +183,11 @@ def _run(args) -> int:
         raise UsageError("no command given", "put the command after --, e.g. -- llama-cli --version")
     rp = containers.run_plan(engine, plan.tag, list(args.cmd), rootfs=args.rootfs,
                              interactive=sys.stdin.isatty() and sys.stdout.isatty())
+    why = (why, *_gpu_memory(args.rootfs))
     if args.dry_run:
         if args.json:
             print(json.dumps({**rp.to_json(), "image": plan.tag,
-                              "decisions": [d.to_json() for d in (why, *rp.decisions)]}, indent=2))
+                              "decisions": [d.to_json() for d in (*why, *rp.decisions)]}, indent=2))
             return 0
         for w in rp.warnings:
             print(f"# warning: {w}")
@@ -197,11 +198,21 @@ def _run(args) -> int:
             for c in rp.commands[1:]:
                 print(" ".join('"$CTR"' if a == "$CTR" else shlex.quote(a) for a in c))
         print("# decisions")
-        _print_decisions((why, *rp.decisions))
+        _print_decisions((*why, *rp.decisions))
         return 0
     for w in rp.warnings:
         sys.stderr.write(f"rocforge: warning: {w}\n")
     return containers.execute_run(rp)
+
+
+def _gpu_memory(rootfs) -> tuple:
+    """On an APU, the GPU memory the container will see: the host's GTT (same kernel)."""
+    from rocforge_build.discover import gpus, host
+    from rocforge_build.discover.resolver import Decision
+
+    note = host.gpu_memory_note(rootfs, gpus.discover(rootfs).gpus)
+    return (Decision("gpu_memory", note, "a container shares the host's kernel, so its GPU memory "
+                     "is the host's GTT; `rocforge host plan` prints the change that raises it"),) if note else ()
 
 
 def _closure(args) -> int:

@@ -9,7 +9,7 @@ import os
 import re
 import tomllib
 
-from rocforge_build.discover import resolver
+from rocforge_build.discover import host, resolver
 from rocforge_build.resources import package_data
 from rocforge_build.rootfs import Root
 
@@ -134,11 +134,13 @@ def stack_blockers(res: resolver.Resolution) -> list[str]:
 def run(args) -> int:
     res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
     sys_warnings, sys_blockers = system_checks(args.rootfs, res)
+    host_checks = host.checks(args.rootfs, res.gpus)  # host readiness: reported, not blocking
     blockers = [*stack_blockers(res), *sys_blockers]
     warnings = [*res.warnings, *sys_warnings]
     usable = not blockers
     if args.json:
         data = res.to_json()
+        data["host"] = [c.to_json() for c in host_checks]
         data["coverage"] = coverage_rows(res)
         data["warnings"] = warnings  # one list: the resolver's and the system checks'
         data["blockers"] = blockers  # empty exactly when usable
@@ -196,6 +198,8 @@ def run(args) -> int:
         t.add_row(d.key, value, d.reason)
     console.print(t)
 
+    for line in host.text_lines(host_checks):
+        console.print(line, highlight=False)
     for w in warnings:
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
     for b in blockers:

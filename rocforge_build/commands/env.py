@@ -33,7 +33,15 @@ def run(args) -> int:
         raise NoRocmError("no ROCm installation found "
                           "(looked at $ROCM_PATH, rocforge nightlies, /opt/rocm, /opt/rocm-*, "
                           "/usr, pip rocm-sdk)", resolver.install_hint(res.target))
-    output = envscript.render(res, args.shell or calling_shell())
+    shell = args.shell or calling_shell()
+    output = envscript.render(res, shell)
+    if shell != "json":
+        from rocforge_build.discover import host
+
+        envcache.start_recording()  # the GTT file joins the stamps the cache is checked against
+        note = host.env_note(args.rootfs, res.gpus)
+        recorded = {**recorded, **envcache.stop_recording()}
+        output += f"# {note}\n" if note else ""
     if getattr(args, "argv", None) is not None:
         envcache.store(args.argv, output, recorded)
     sys.stdout.write(output)

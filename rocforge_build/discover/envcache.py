@@ -27,7 +27,7 @@ _CODE = ("discover/resolver.py", "discover/installs.py", "discover/gpus.py",
          "discover/envscript.py", "discover/envcache.py", "discover/targets.py", "rootfs.py",
          "paths.py", "config.py", "data/defaults.toml", "cli.py", "commands/env.py",
          "data/targets.toml", "data/layouts.toml", "discover/builds.py", "discover/shell.py",
-         "discover/envwarnings.py")
+         "discover/envwarnings.py", "discover/host.py", "data/host.toml")
 
 _touched: dict[str, bool] | None = None  # host path -> stamp by content
 
