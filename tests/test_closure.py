@@ -156,6 +156,7 @@ def test_staging_keeps_links_replaces_atomically_and_refuses_conflicts(tmp_path)
     os.symlink("real", tmp_path / "link")
     out = tmp_path / "stage"
     out.mkdir()
+    (out / closure.MARKER).write_text("an earlier closure")  # rocforge replaces only its own
     (out / "old").write_text("stale")
     closure.stage(_entries(tmp_path / "link/f"), out)
     assert not (out / "old").exists()
