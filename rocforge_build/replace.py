@@ -81,6 +81,11 @@ def _marked(tree: Path, marker: str) -> bool:
         return False
 
 
+def interrupted(dest: Path) -> bool:
+    """Whether a replacement of `dest` was cut off (`recover` has something to do)."""
+    return os.path.lexists(sibling(dest, OLD)) or os.path.lexists(sibling(dest, DELETING))
+
+
 def recover(dest: Path, marker: str) -> str | None:
     """Finish or undo a swap of `dest` that was cut off; says what it did (None: nothing)."""
     dest = Path(dest)

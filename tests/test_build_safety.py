@@ -159,11 +159,13 @@ _SWAP_CHILD = textwrap.dedent("""
     real = os.replace
     def replace(src, dst):
         real(src, dst)
-        if str(dst).endswith(".rocforge-old"):  # the first rename of the swap: signal now
+        first = str(dst).endswith(".rocforge-old")  # the swap's first rename (prefix aside)
+        second = str(src).endswith(".rocforge-new")  # its second (the new tree in place)
+        if first if sys.argv[2] == "first" else second:  # signal right after it
             os.kill(os.getpid(), getattr(signal, sys.argv[1]))
             time.sleep(5)  # SIGKILL lands here; a held-back SIGINT/SIGTERM does not
     os.replace = replace
-    sys.exit(cli.main(sys.argv[2:]))
+    sys.exit(cli.main(sys.argv[3:]))
 """)
 
 
@@ -181,7 +183,8 @@ def _first_install(tmp_path) -> tuple[Path, Path]:
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_signal_between_the_renames_is_held_until_the_new_install_is_in(tmp_path, sig):
     tb, prefix = _first_install(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", _SWAP_CHILD, sig, *build_args(tb, prefix, "--force")],
+    proc = subprocess.run([sys.executable, "-c", _SWAP_CHILD, sig, "first",
+                           *build_args(tb, prefix, "--force")],
                           env=env_for_child(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == f"rocforge: interrupted ({sig})"
@@ -195,7 +198,7 @@ def test_signal_between_the_renames_is_held_until_the_new_install_is_in(tmp_path
 def test_sigkill_between_the_renames_then_the_next_build_restores_the_old_install(tmp_path, capsys):
     tb, prefix = _first_install(tmp_path)
     built_at = tomllib.loads((prefix / "rocforge-manifest.toml").read_text())["built_at"]
-    proc = subprocess.run([sys.executable, "-c", _SWAP_CHILD, "SIGKILL",
+    proc = subprocess.run([sys.executable, "-c", _SWAP_CHILD, "SIGKILL", "first",
                            *build_args(tb, prefix, "--force")],
                           env=env_for_child(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL
@@ -207,6 +210,23 @@ def test_sigkill_between_the_renames_then_the_next_build_restores_the_old_instal
     assert (prefix / "token-of-the-old-install").read_text() == "old"
     assert tomllib.loads((prefix / "rocforge-manifest.toml").read_text())["built_at"] == built_at
     assert not old.exists()
+
+
+@pytest.mark.slow
+def test_sigkill_after_the_second_rename_then_the_next_build_removes_the_old_install(tmp_path,
+                                                                                    capsys):
+    tb, prefix = _first_install(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", _SWAP_CHILD, "SIGKILL", "second",
+                           *build_args(tb, prefix, "--force")],
+                          env=env_for_child(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    old = Path(f"{prefix}.rocforge-old")
+    assert (old / "token-of-the-old-install").is_file()  # the old install, not yet removed
+    assert not (prefix / "token-of-the-old-install").exists()  # the new one is in place
+    assert cli.main(build_args(tb, prefix)) == 0  # same inputs as the new one: nothing to build
+    assert "is up to date" in capsys.readouterr().err
+    assert not old.exists() and (prefix / "rocforge-manifest.toml").is_file()
+    assert not [p.name for p in tmp_path.iterdir() if ".rocforge-" in p.name]
 
 
 # -- 5. two builds of one prefix at once; 8. signals reach ninja and its jobs ---------------------

@@ -89,7 +89,7 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
     t0 = time.monotonic()
     if not req.force:
         _, prefix, current = quick_check(req, root)
-        if current:
+        if current and not replace.interrupted(prefix):  # else recover under the lock below
             return Outcome("up to date", prefix, prefix / MANIFEST, time.monotonic() - t0)
     console = _console()
     say = (lambda *a, **k: None) if quiet else console.print
