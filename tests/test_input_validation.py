@@ -41,6 +41,15 @@ def test_config_file_not_utf8(capsys, argv):
     assert path.read_bytes().startswith(b"[nightly]")  # left as it was
 
 
+def test_env_with_a_broken_config_file_is_one_line(tmp_path, capsys):
+    """`rocforge env` reads `nightly.prefix` from the config file on every shell start."""
+    fr.make_strix_halo(tmp_path)
+    paths.config_file().parent.mkdir(parents=True)
+    paths.config_file().write_bytes(b"# caf\xe9\n")
+    code, out, err = run(capsys, "--root", str(tmp_path), "env")
+    assert code == 2 and out == "" and "is not UTF-8" in one_error(err)
+
+
 @pytest.mark.parametrize("argv", [("config", "list"), ("config", "set", "nightly.keep", "2")])
 def test_config_file_is_a_directory(capsys, argv):
     path = paths.config_file()
