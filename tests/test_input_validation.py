@@ -125,15 +125,6 @@ def test_rocm_path_with_colon_is_refused(tmp_path, capsys):
     assert code == 2 and "--rocm /opt/rocm-7:9 contains ':'" in one_error(err)
 
 
-def test_colon_refusal_keeps_fish_path_from_growing(tmp_path, capsys):
-    """Without the refusal, fish (which splits PATH on ':') added the entry on every source; a
-    tree without ':' next to it is used normally."""
-    fr.make_gpus(tmp_path, fr.STRIX_HALO)
-    fr.make_therock_tree(tmp_path, inner="/opt/rocm")
-    code, out, _ = run(capsys, "--root", str(tmp_path), "env", "--shell", "fish")
-    assert code == 0 and "if not contains -- '/opt/rocm/bin' $PATH" in out
-
-
 # -- 13. recipe names and placeholders are plain -------------------------------------------------
 
 @pytest.mark.parametrize("old,new,needle", [
