@@ -144,6 +144,14 @@ def test_closure_out_with_user_files_is_refused(tmp_path, capsys):
     (line,) = error_lines(err)
     assert "--out" in line and ".rocforge-closure" in line
     assert snapshot(out) == before
+    # the staging dir beside --out is rocforge's own name: a user's `cout.partial` is not touched
+    (tmp_path / "cout.partial").mkdir()
+    (tmp_path / "cout.partial" / "mine").write_text("mine")
+    empty = tmp_path / "empty-out"
+    assert cli.main(["container", "closure", str(prefix), "--out", str(empty)]) == 0
+    assert (empty / ".rocforge-closure").is_file()
+    assert (tmp_path / "cout.partial" / "mine").read_text() == "mine"
+    capsys.readouterr()
     # below a file: one line too
     code = cli.main(["container", "closure", str(prefix), "--out", str(out / "bin" / "mytool" / "x")])
     err = capsys.readouterr().err

@@ -332,7 +332,7 @@ def stage(closure: Closure, out: Path) -> dict:
     an empty directory or an earlier closure is replaced, see `replace.check_replaceable`)."""
     out = Path(out)
     replace.check_replaceable(out, MARKER, "--out")
-    tmp = out.with_name(out.name + ".partial")
+    tmp = out.with_name(out.name + ".rocforge-partial")  # rocforge's own name: replaced freely
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
