@@ -9,7 +9,6 @@ signal; no compiler or ninja outlives an interrupted rocforge."""
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -171,7 +170,7 @@ _SWAP_CHILD = textwrap.dedent("""
         second = str(src).endswith(".rocforge-new")  # its second (the new tree in place)
         if first if sys.argv[2] == "first" else second:  # signal right after it
             os.kill(os.getpid(), getattr(signal, sys.argv[1]))
-            time.sleep(5)  # SIGKILL lands here; a held-back SIGINT/SIGTERM does not
+            time.sleep(0.5)  # a SIGINT/SIGTERM not held back would land here
     os.replace = replace
     sys.exit(cli.main(sys.argv[3:]))
 """)
@@ -239,14 +238,14 @@ def test_sigkill_after_the_second_rename_then_the_next_build_removes_the_old_ins
 
 # -- 5. two builds of one prefix at once; 8. signals reach ninja and its jobs ---------------------
 
-def slow_project(dest: Path, seconds: float) -> str:
-    """The fixture project with a build step that sleeps (a stand-in for a long compile); returns
-    the sleep's argument, unique to this test, to find the process by."""
+def gated_project(dest: Path, gate: Path) -> str:
+    """The fixture project with a build step that waits until `gate` exists (a compile that takes
+    as long as the test wants); returns the text that finds its process."""
     project_copy(dest)
-    token = f"{seconds + random.randint(1, 999) / 1000:.3f}"
     with open(dest / "CMakeLists.txt", "a") as fh:
-        fh.write(f"add_custom_target(rocforge_test_pause ALL COMMAND sleep {token})\n")
-    return token
+        fh.write(f'add_custom_target(rocforge_test_gate ALL COMMAND sh -c '
+                 f'"until [ -e {gate} ]; do sleep 0.1; done" VERBATIM)\n')
+    return str(gate)
 
 
 def pids_running(token: str) -> list[int]:
@@ -283,23 +282,27 @@ def start_build(source: Path, prefix: Path, *extra: str) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_a_second_build_of_the_same_prefix_waits_for_the_first(tmp_path):
-    src = tmp_path / "src"
-    token = slow_project(src, 6)
+    src, gate = tmp_path / "src", tmp_path / "gate"
+    token = gated_project(src, gate)
     prefix = tmp_path / "prefix"
     first = start_build(src, prefix)
+    second = None
     try:
-        wait_for(lambda: pids_running(token), 90, "the first build's slow step")
+        wait_for(lambda: pids_running(token), 90, "the first build's long step")
         second = start_build(src, prefix)
-        out2, err2 = second.communicate(timeout=180)
+        waiting = second.stderr.readline()  # its first line; the first build is still running
+        assert pids_running(token)
+        gate.touch()  # now let the first build finish
         out1, err1 = first.communicate(timeout=60)
+        out2, err2 = second.communicate(timeout=60)
     finally:
-        for p in (first, locals().get("second")):
+        for p in (first, second):
             if p is not None and p.poll() is None:
                 p.kill()
     assert first.returncode == 0, err1
     assert second.returncode == 0, err2
-    waiting = [line for line in err2.splitlines() if line.startswith("rocforge: waiting:")]
-    assert len(waiting) == 1 and f"is building {prefix}" in waiting[0]
+    assert waiting.startswith("rocforge: waiting:") and f"is building {prefix}" in waiting
+    assert "rocforge: waiting" not in err2  # said once
     assert "is up to date" in err2  # the first built exactly this: nothing left to do
     assert out1.strip() == out2.strip() == str(prefix)
     assert subprocess.run([prefix / "bin" / "fixture-hello"], capture_output=True).returncode == 0
@@ -312,7 +315,7 @@ def test_a_signal_to_rocforge_alone_stops_ninja_and_its_jobs(tmp_path, sig):
     tb, prefix = _first_install(tmp_path)
     before = snapshot(prefix)
     src = tmp_path / "src"
-    token = slow_project(src, 120)
+    token = gated_project(src, tmp_path / "gate-never-opened")
     build = start_build(src, prefix)
     try:
         jobs = wait_for(lambda: pids_running(token), 90, "ninja's slow job")
@@ -334,7 +337,7 @@ def test_the_child_group_is_stopped_when_the_step_is_interrupted(tmp_path):
     ninja does for its jobs) is stopped, grandchild included, when the block is left early."""
     from rocforge_build import proc
 
-    token = f"{100 + random.randint(1, 999) / 1000:.3f}"
+    token = f"{100 + os.getpid() % 1000 / 1000:.3f}"
     child = proc.spawn(["sh", "-c", f"setsid sleep {token} & wait"], stdout=subprocess.DEVNULL)
     with pytest.raises(KeyboardInterrupt), proc.reaped(child, grace=2):
         wait_for(lambda: pids_running(f"sleep {token}"), 10, "the grandchild")
