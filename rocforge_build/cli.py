@@ -158,14 +158,20 @@ def main(argv: list[str] | None = None) -> int:
         if not os.path.isdir(args.root):
             return _fail(f"--root {args.root!r} is not a directory", "give an existing directory", 2)
         args.rootfs = Root(args.root)
+        from rocforge_build import signals
+
+        signals.install()  # SIGTERM/SIGHUP: the same clean-up as Ctrl-C
         args.argv = argv
         module = importlib.import_module(COMMANDS[args.command][0])
         return int(module.run(args) or 0)
     except RocforgeError as exc:
         return _fail(exc.message, exc.hint, exc.exit_code)
-    except KeyboardInterrupt:
-        sys.stderr.write("rocforge: interrupted\n")
-        return 130
+    except KeyboardInterrupt as exc:
+        from rocforge_build.signals import exit_code
+
+        code, name = exit_code(exc)
+        sys.stderr.write(f"rocforge: interrupted ({name})\n")
+        return code
     except BrokenPipeError:
         return 0
     except Exception as exc:  # the last guard: a bug, reported without a traceback

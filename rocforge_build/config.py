@@ -37,16 +37,29 @@ def config_file() -> Path:
     return paths.config_file()
 
 
+def _read(path: Path) -> str | None:
+    """The config file's text (None when there is none); anything unreadable is one ConfigError."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError as exc:
+        raise ConfigError(f"config file {path} is a directory, not a file",
+                          f"remove or rename {path}; `rocforge config set` creates the file") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}); TOML files "
+                          "are UTF-8", f"fix or delete {path}") from exc
+
+
 def _load_doc():
     import tomlkit
 
     path = config_file()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    text = _read(path)
+    if text is None:
         return tomlkit.document()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
     try:
         return tomlkit.parse(text)
     except Exception as exc:  # tomlkit raises its own ParseError family
@@ -57,10 +70,11 @@ def _load_doc():
 def user() -> dict:
     """The user's config as plain data (empty when there is no file)."""
     path = config_file()
-    if not path.exists():
+    text = _read(path)
+    if text is None:
         return {}
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}",
                           f"fix or delete {path}; `rocforge config list` shows the defaults") from exc
@@ -210,6 +224,10 @@ def _schema_default(key: str) -> Any:
     return _MISSING
 
 
+# keys whose value has a lower bound (a negative count or ratio means nothing)
+MINIMUM = {"nightly.extract_ratio": 0, "nightly.keep": 0}
+
+
 def _check(key: str, value: Any, *, source: str) -> None:
     want = _schema_default(key)
     if want is _MISSING:
@@ -221,6 +239,9 @@ def _check(key: str, value: Any, *, source: str) -> None:
             f"{key} must be {_type_name(want)}, got {_type_name(value)} {value!r} (from {source})",
             f"e.g. rocforge config set {key} {_example(want)}",
         )
+    if key in MINIMUM and value < MINIMUM[key]:
+        raise ConfigError(f"{key} must be at least {MINIMUM[key]}, got {value!r} (from {source})",
+                          f"e.g. rocforge config set {key} {want!r}")
 
 
 def _same_type(want: Any, value: Any) -> bool:

@@ -156,6 +156,7 @@ def test_staging_keeps_links_replaces_atomically_and_refuses_conflicts(tmp_path)
     os.symlink("real", tmp_path / "link")
     out = tmp_path / "stage"
     out.mkdir()
+    (out / closure.MARKER).write_text("an earlier closure")  # rocforge replaces only its own
     (out / "old").write_text("stale")
     closure.stage(_entries(tmp_path / "link/f"), out)
     assert not (out / "old").exists()
@@ -165,7 +166,7 @@ def test_staging_keeps_links_replaces_atomically_and_refuses_conflicts(tmp_path)
     with pytest.raises(FileNotFoundError):
         closure.stage(_entries(tmp_path / "link/f", tmp_path / "gone.so"), out)
     assert (out / str(real / "f").lstrip("/")).is_file()
-    assert not (tmp_path / "stage.partial").exists()
+    assert not (tmp_path / "stage.rocforge-partial").exists()
     # a link in the builder where the staged tree already has a directory: refused
     out2 = tmp_path / "stage2"
     (out2 / str(tmp_path / "link2").lstrip("/")).mkdir(parents=True)

@@ -20,10 +20,13 @@ def run_env(capsys, root, *args):
 
 
 def tamper() -> Path:
-    """Append a marker to the single cache entry: output carrying it came from the cache."""
+    """Append a marker to the single cache entry's output (with its length and CRC updated, as
+    a whole entry has them): output carrying it came from the cache."""
     (entry,) = (paths.cache_dir() / "env").iterdir()
-    with open(entry, "a") as fh:
-        fh.write(MARK)
+    magic, sizes, rest = entry.read_text().split("\n", 2)
+    size = int(sizes.split()[0])
+    output = rest[size:] + MARK
+    entry.write_text(f"{magic}\n{size} {len(output)} {envcache._crc(output)}\n{rest[:size]}{output}")
     return entry
 
 

@@ -121,9 +121,9 @@ def _cached_run(root) -> str:
 
 
 def _tamper() -> None:
-    (entry,) = (paths.cache_dir() / "env").iterdir()
-    with open(entry, "a") as fh:
-        fh.write(MARK)
+    from test_envcache import tamper  # appends MARK as a whole entry (length and CRC updated)
+
+    tamper()
 
 
 def test_cache_notices_new_changed_and_broken_builds(tmp_path):

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build import __version__
-from rocforge_build.build import patches, sources
+from rocforge_build import __version__, replace
+from rocforge_build.build import lock, patches, sources
 from rocforge_build.build.plan import (
     BUILD_ENV,
     MANIFEST,
@@ -31,12 +31,13 @@ from rocforge_build.build.plan import (
     destdir,
     make_plan,
     quick_check,
+    read_manifest,
     source_version,
     staging_dir,
 )
 from rocforge_build.build.toolchains import host_info
 from rocforge_build.errors import BuildError, ToolchainError
-from rocforge_build.proc import merged_env, quote, which
+from rocforge_build.proc import merged_env, quote, reaped, spawn, which
 
 _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
 _UNUSED_RE = re.compile(r"Manually-specified variables were not used by the project:\s*\n((?:\s+\S+\n?)+)")
@@ -88,7 +89,7 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
     t0 = time.monotonic()
     if not req.force:
         _, prefix, current = quick_check(req, root)
-        if current:
+        if current and not replace.interrupted(prefix):  # else recover under the lock below
             return Outcome("up to date", prefix, prefix / MANIFEST, time.monotonic() - t0)
     console = _console()
     say = (lambda *a, **k: None) if quiet else console.print
@@ -96,9 +97,19 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
 
     t = time.monotonic()
     plan = make_plan(req, root, check_patches=False)
+    replace.check_replaceable(plan.prefix, MANIFEST, "--prefix", path_list=True)
     _require(plan)
     timings["plan+fetch"] = time.monotonic() - t
     _dependencies(plan, root, quiet, say)
+    held = lock.acquire(plan.prefix, plan.work)  # released at the end (finally below)
+    try:
+        settled = _settled(plan, req, say)
+    except BaseException:
+        held.release()
+        raise
+    if settled:  # another build finished it while this one waited
+        held.release()
+        return Outcome("up to date", plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0)
     say(f"[bold]rocforge build[/] {plan.recipe.name} for {plan.target} ({plan.backend}: {plan.backend_reason})")
     for note in plan.notes:
         say(f"[yellow]note:[/] {note}")
@@ -126,12 +137,13 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
         timings["total"] = time.monotonic() - t0
         plan.timings = {k: round(v, 3) for k, v in timings.items()}
         write_manifest(plan, staging)
-        _swap(staging, plan.prefix)
+        replace.swap(staging, plan.prefix, MANIFEST)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     finally:
         run.log.close()
+        held.release()
     say(f"[green]installed[/] {plan.prefix} in {timings['total']:.1f}s (manifest {plan.prefix / MANIFEST})")
     return Outcome("built", plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0, plan)
 
@@ -362,14 +374,15 @@ def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
                     os.symlink(os.readlink(sib), link)
 
 
-def _swap(staging: Path, prefix: Path) -> None:
-    old = Path(f"{prefix}.rocforge-old")
-    if old.exists():
-        shutil.rmtree(old)
-    if prefix.exists():
-        os.replace(prefix, old)
-    os.replace(staging, prefix)
-    shutil.rmtree(old, ignore_errors=True)
+def _settled(plan: Plan, req: Request, say) -> bool:
+    """Under the lock: finish or undo a replacement of the prefix that was cut off, check the
+    prefix again (it may have changed while this build waited) and whether it is now current."""
+    done = replace.recover(plan.prefix, MANIFEST)
+    if done:
+        say(f"[yellow]note:[/] {done}")
+    replace.check_replaceable(plan.prefix, MANIFEST, "--prefix", path_list=True)
+    old = read_manifest(plan.prefix)
+    return not req.force and bool(old) and old.get("stamp") == plan.stamp
 
 
 def write_manifest(plan: Plan, where: Path) -> Path:
@@ -420,18 +433,19 @@ def _stream(argv: list[str], env: Mapping[str, str | None], log: _Log, step: str
                              "Debian: apt-get install cmake ninja-build")
     log.write(f"\n==> {step}: {quote(argv)}\n")
     tail: list[str] = []
-    proc = subprocess.Popen(argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+    proc = spawn(argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 text=True, errors="replace", bufsize=1)
     assert proc.stdout is not None
     out: list[str] = []
-    for line in proc.stdout:
-        log.write(line)
-        out.append(line)
-        tail.append(line.rstrip("\n"))
-        del tail[:-25]
-        if on_line:
-            on_line(line.rstrip("\n"))
-    rc = proc.wait()
+    with reaped(proc):  # an interrupted build stops ninja and the compilers with it
+        for line in proc.stdout:
+            log.write(line)
+            out.append(line)
+            tail.append(line.rstrip("\n"))
+            del tail[:-25]
+            if on_line:
+                on_line(line.rstrip("\n"))
+        rc = proc.wait()
     if rc != 0:
         raise BuildError(
             f"{step} failed (exit code {rc}); full log: {log.path}\n" + "\n".join(tail[-15:]),

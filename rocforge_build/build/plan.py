@@ -544,10 +544,7 @@ def _fmt(value, ctx: dict) -> str:
         return str(value)
     if isinstance(value, list):
         return ";".join(sorted(_fmt(v, ctx) for v in value))
-    try:
-        return str(value).format(**ctx)
-    except (KeyError, IndexError) as exc:
-        raise ConfigError(f"value {value!r}: unknown placeholder {exc}") from exc
+    return recipes.fill(str(value), ctx)
 
 
 # -- is a build needed: the stamp without planning ------------------------------------------------
@@ -587,9 +584,9 @@ def quick_check(req: Request, root, stack: tuple[str, ...] = ()) -> tuple[str, P
 
 # -- for people -----------------------------------------------------------------------------------
 
-def print_plan(plan: Plan, out=sys.stdout) -> None:
+def print_plan(plan: Plan, out=None) -> None:
     """Human-readable plan: every decision with its reason."""
-    w = out.write
+    w = (out or sys.stdout).write  # looked up per call: sys.stdout may have been replaced
     w(f"recipe   {plan.recipe.name} ({plan.recipe.path})\n")
     w(f"target   {plan.target}\nbackend  {plan.backend} — {plan.backend_reason}\n")
     w(f"source   {plan.source.spec.kind} {plan.source.spec.location} @ {plan.source.identity}\n")

@@ -9,6 +9,8 @@ the key; unknown keys get a "did you mean" from difflib.
 from __future__ import annotations
 
 import difflib
+import re
+import string
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +71,51 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     # a private virtual environment in the build directory with the source's Python requirements
     "venv": {"requirements": ((list,), False), "packages": ((list,), False), "reason": ((str,), True)},
 }
+
+
+# recipe, backend, dependency and patch names become path components (the default prefix
+# `<recipe>-<target>-<backend>`, `patches/<recipe>/<file>`): plain names only, no `/`, no leading `.`
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+_PLACEHOLDER_HINT = ("placeholders are plain names such as {target} or {prefix}; write a literal "
+                     "brace as {{ or }}")
+
+
+def _plain(value: str, where: str) -> None:
+    if not _PLAIN.fullmatch(value):
+        raise ConfigError(f"{where}: {value!r} is not a plain name (letters, digits, '_', '-', "
+                          "'+', '.'; no '/', no leading '.')")
+
+
+def placeholders(text: str, where: str) -> list[str]:
+    """The `{name}` placeholders of a recipe value.  Only plain names: `{x.attr}`, `{x[0]}`,
+    `{x!r}` and `{x:spec}` would reach into Python objects or formatting, so they are refused."""
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc} in {text!r}", _PLACEHOLDER_HINT) from exc
+    names = []
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            shown = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            raise ConfigError(f"{where}: placeholder {{{shown}}} in {text!r} is not a plain name",
+                              _PLACEHOLDER_HINT)
+        names.append(name)
+    return names
+
+
+def fill(text: str, ctx: dict, where: str = "value") -> str:
+    """`text` with its `{name}` placeholders replaced from `ctx` (plain lookups, nothing else)."""
+    placeholders(text, where)
+    out = []
+    for literal, name, _, _ in string.Formatter().parse(text):
+        out.append(literal)
+        if name is not None:
+            if name not in ctx:
+                raise ConfigError(f"value {text!r}: unknown placeholder {name!r}")
+            out.append(str(ctx[name]))
+    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -177,6 +224,7 @@ def parse(text: str, path: Path) -> Recipe:
     where = f"recipe {name}"
     _check_keys(raw, "", where)
     _check_keys(raw["recipe"], "recipe", f"{where}: recipe")
+    _plain(name, f"recipe ({path}): recipe.name")
     src = raw["source"]
     _check_keys(src, "source", f"{where}: source")
     if not (src.get("git") or src.get("url")):
@@ -200,6 +248,7 @@ def parse(text: str, path: Path) -> Recipe:
     backends: dict[str, Backend] = {}
     for bname, b in raw["backends"].items():
         bwhere = f"{where}: backends.{bname}"
+        _plain(bname, f"{where}: backends")
         if not isinstance(b, dict):
             raise ConfigError(f"{bwhere}: must be a table")
         _check_keys(b, "backends.*", bwhere)
@@ -228,6 +277,13 @@ def parse(text: str, path: Path) -> Recipe:
             if kind == "env" and item.get("stage", "configure") not in ("configure", "build", "runtime",
                                                                         "export"):
                 raise ConfigError(f"{iwhere}.stage: must be configure, build, runtime or export")
+            if kind in ("depends", "patch"):
+                _plain(item["recipe" if kind == "depends" else "file"],
+                       f"{iwhere}.{'recipe' if kind == 'depends' else 'file'}")
+            for key in ("value", "path"):  # what plan fills in: option/env values, output paths
+                for v in item.get(key, []) if isinstance(item.get(key), list) else [item.get(key)]:
+                    if kind in ("option", "env", "output") and isinstance(v, str):
+                        placeholders(v, f"{iwhere}.{key}")
             if kind == "depends" and item["recipe"] == name:
                 raise ConfigError(f"{iwhere}.recipe: a recipe cannot depend on itself")
             if kind == "patch" and not (path.parent.parent / "patches" / name / item["file"]).is_file():

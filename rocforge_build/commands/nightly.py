@@ -262,6 +262,8 @@ def _use(args, cfg) -> int:
 def _prune(args, cfg) -> int:
     from rocforge_build.nightly import install
 
+    if args.keep is not None and args.keep < 0:
+        raise UsageError(f"--keep must be at least 0, got {args.keep}")
     keep = args.keep if args.keep is not None else int(cfg["nightly"]["keep"])
     removed = install.prune(_prefix(args, cfg), keep)
     print("\n".join(f"removed {r}" for r in removed) if removed else "nothing to remove")

@@ -4,12 +4,14 @@ A full `rocforge env` run records every path GPU and ROCm discovery consulted (`
 files by content, everything else by `lstat` (mtime, size, inode, link target), missing paths as
 missing.  The rendered script is stored with those stamps, keyed by the command line, the
 environment variables discovery and rendering read, and the stamps of rocforge's own code and
-data.  `lookup` (called by the CLI before argparse is even imported) returns the stored output
-only when the key matches and every stamp is unchanged; otherwise the full run happens and
-refreshes the entry.  A new install under /opt, a `rocforge nightly use` (the `current` link), a
-kernel library added to rocBLAS, a changed sysfs node or another ROCM_PATH all invalidate it.
+data.  The header's second line holds the sizes of the stamps and of the output, and the output's
+CRC-32: a cut or damaged entry is a miss.  `lookup` (called by the CLI before argparse is even
+imported) returns the stored output only when the key matches, the output is whole and every
+stamp is unchanged; otherwise the full run happens and refreshes the entry.  A new install
+under /opt, a `rocforge nightly use` (the `current` link), a kernel library added to rocBLAS, a
+changed sysfs node or another ROCM_PATH all invalidate it.
 
-Read side: `os` and `sys` only.  `ROCFORGE_NO_CACHE=1` bypasses it.
+Read side: `os`, `sys` and `zlib` only.  `ROCFORGE_NO_CACHE=1` bypasses it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-MAGIC = "rocforge-envcache 1"
+MAGIC = "rocforge-envcache 2"
 _ENV_KEYS = ("PATH", "ROCM_PATH", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
              "ROCBLAS_USE_HIPBLASLT", "SHELL", "HOME", "USER", "XDG_DATA_HOME", "XDG_CACHE_HOME",
              "XDG_CONFIG_HOME", "ROCFORGE_ROOT", "ROCFORGE_DATA_DIR", "ROCFORGE_CONFIG_DIR")
@@ -69,6 +71,12 @@ def _stamp(path: str, content: bool) -> str:
         except OSError:
             pass
     return s
+
+
+def _crc(text: str) -> int:
+    import zlib
+
+    return zlib.crc32(text.encode("utf-8", "surrogateescape"))
 
 
 def _hex(text: str) -> str:
@@ -152,10 +160,14 @@ def _lookup(argv: list[str], environ) -> str | None:
     head, sep, rest = data.partition("\n")
     if head != MAGIC or not sep:
         return None
-    size, _, rest = rest.partition("\n")
-    if not size.isdigit():
+    sizes, _, rest = rest.partition("\n")
+    fields = sizes.split(" ")
+    if len(fields) != 3 or not all(f.isdigit() for f in fields):
         return None
-    header, output = rest[: int(size)], rest[int(size):]
+    size, length, crc = (int(f) for f in fields)
+    header, output = rest[:size], rest[size:]
+    if len(output) != length or _crc(output) != crc:
+        return None  # a cut or damaged entry: the full run writes it again
     lines = header.split("\n")
     if not lines or lines[0] != _hex(key):
         return None
@@ -186,7 +198,7 @@ def store(argv: list[str], output: str, recorded: dict[str, bool], environ=os.en
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as fh:
-            fh.write(f"{MAGIC}\n{len(header)}\n{header}{output}")
+            fh.write(f"{MAGIC}\n{len(header)} {len(output)} {_crc(output)}\n{header}{output}")
         os.replace(tmp, target)
     except OSError:
         try:

@@ -139,7 +139,22 @@ def render_dotenv(res: Resolution) -> str:
     return "\n".join(out) + "\n"
 
 
+def check_lists(res: Resolution) -> None:
+    """A directory with ':' in it cannot go on PATH-like lists: ':' separates their entries, so
+    it would become two relative entries (directories looked up from wherever the user is: a
+    hijack risk), and fish, which splits PATH on ':', would add it again on every source."""
+    for key, entries in res.prepend.items():
+        for entry in entries:
+            if ":" in entry:
+                raise UsageError(
+                    f"{key} would get {entry!r}, which contains ':' (the {key} separator); "
+                    "rocforge refuses ROCm and prefix paths with ':'",
+                    "rename the directory, or make a link without ':' to it and pass that "
+                    "(e.g. ln -s 'DIR:X' /opt/rocm-x; rocforge env --rocm /opt/rocm-x)")
+
+
 def render(res: Resolution, shell: str) -> str:
+    check_lists(res)
     if shell in ("bash", "zsh"):
         return render_posix(res, shell)
     if shell == "fish":

@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import PurePosixPath
 
 from rocforge_build.discover.envcache import touch
-from rocforge_build.errors import ConfigError, NoRocmError
+from rocforge_build.errors import ConfigError, NoRocmError, UsageError
 from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root
 
@@ -511,6 +511,10 @@ def find_installs(root: Root, *, rocm: str | None = None,
     With `rocm` only that tree is inspected; NoRocmError when it is no ROCm tree.
     """
     env = os.environ if environ is None else environ
+    if rocm and ":" in rocm:  # it would split PATH/LD_LIBRARY_PATH (see envscript.check_lists)
+        raise UsageError(f"--rocm {rocm} contains ':', which separates PATH entries; rocforge "
+                         "refuses ROCm paths with ':'",
+                         "make a link without ':' to the tree and pass that to --rocm")
     if rocm:
         inst = inspect(root, rocm, sources=("--rocm",))
         if inst is None:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 
-from rocforge_build import paths, proc
+from rocforge_build import paths, proc, replace
 from rocforge_build.discover import targets
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import (
@@ -234,11 +234,12 @@ def build(root: Root, target: str | None = None, *, rocm: str | None = None,
           environ: Mapping[str, str] | None = None) -> BuildResult:
     """Compile the kernels for `target` into `out` (replaced as a whole, never half-written)."""
     target = _pick_target(root, target, rocm, environ)
+    out_dir = Path(out) if out else default_out(target)
+    replace.check_replaceable(out_dir, MANIFEST, "--out")  # only a kernels build is replaced
     tc = find_toolchain(root, target, rocm=rocm, environ=environ)
     check_target(tc, target)
     spec = table()
     platform = spec["platform"][tc.platform]
-    out_dir = Path(out) if out else default_out(target)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
@@ -255,7 +256,7 @@ def build(root: Root, target: str | None = None, *, rocm: str | None = None,
                 continue
             argv = [arg.format(**values) for arg in platform[step]]
             commands.append(proc.quote(argv))
-            result = proc.run(argv, check=False)
+            result = proc.run(argv, check=False, group=True)
             if result.returncode != 0:
                 log = work.parent / f"{out_dir.name}-build.log"
                 log.write_text(proc.quote(argv) + "\n" + (result.stdout or ""), encoding="utf-8")
@@ -274,9 +275,8 @@ def build(root: Root, target: str | None = None, *, rocm: str | None = None,
             outputs={p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()},
         )
         (work / MANIFEST).write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        work.rename(out_dir)
+        work.chmod(0o755)  # mkdtemp's 0700 would hide the build from other users
+        replace.swap(work, out_dir, MANIFEST)
         return result
     finally:
         if work.exists():

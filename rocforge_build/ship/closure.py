@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from rocforge_build import proc
+from rocforge_build import proc, replace
 from rocforge_build.errors import BuildError, ConfigError, ToolchainError
 from rocforge_build.resources import containers_dir, load_toml
 
@@ -38,6 +38,8 @@ _ET_EXEC, _ET_DYN = 2, 3
 _MACHINES = {"x86_64": 62, "aarch64": 183, "ppc64le": 21, "riscv64": 243}
 _LDD_BATCH = 64
 _MAX_LINK_HOPS = 40
+# written at the top of a staged closure: what makes `--out` a tree rocforge may replace
+MARKER = ".rocforge-closure"
 
 _LDD_ARROW = re.compile(r"^\s*(\S+)\s+=>\s+(.*?)\s*(?:\(0x[0-9a-f]+\))?\s*$")
 _LDD_PLAIN = re.compile(r"^\s*(/\S+)\s+\(0x[0-9a-f]+\)\s*$")
@@ -326,9 +328,11 @@ def _stage_path(path: str, out: Path, *, tree: bool = False) -> int:
 
 
 def stage(closure: Closure, out: Path) -> dict:
-    """Copy the closure into `out` (replaced atomically: a failed run leaves no half tree)."""
+    """Copy the closure into `out` (replaced atomically: a failed run leaves no half tree; only
+    an empty directory or an earlier closure is replaced, see `replace.check_replaceable`)."""
     out = Path(out)
-    tmp = out.with_name(out.name + ".partial")
+    replace.check_replaceable(out, MARKER, "--out")
+    tmp = out.with_name(out.name + ".rocforge-partial")  # rocforge's own name: replaced freely
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -340,13 +344,14 @@ def stage(closure: Closure, out: Path) -> dict:
             d = tmp / path.lstrip("/")
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, mode)
+        files = sum(1 for f in tmp.rglob("*") if not f.is_dir() or f.is_symlink())
+        (tmp / MARKER).write_text(f"staged by `rocforge container closure`: {files} files of the "
+                                  "library closure of " + " ".join(closure.roots) + "\n",
+                                  encoding="utf-8")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    files = sum(1 for f in out.rglob("*") if not f.is_dir() or f.is_symlink())
+    replace.swap(tmp, out, MARKER)
     return {"files": files, "bytes": total}
 
 
@@ -373,6 +378,7 @@ def main_closure(prefix: Path, out: Path, *, env_file: Path | None, report: Path
     """What `rocforge container closure` does: compute, stage, write the report."""
     if proc.which("ldd") is None:
         raise ToolchainError("ldd was not found", "install libc-bin in the builder")
+    replace.check_replaceable(out, MARKER, "--out")  # before any work (stage() checks again)
     env = None
     if env_file is not None:
         try:

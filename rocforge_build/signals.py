@@ -1,0 +1,62 @@
+"""Signals: SIGTERM (and SIGHUP) end rocforge the way Ctrl-C does, and a few renames that must
+happen together are never cut in the middle.
+
+`install()` (the CLI calls it) makes SIGTERM and SIGHUP raise `Interrupted`, a KeyboardInterrupt:
+every `finally` and `except BaseException` that cleans up after Ctrl-C (staging dirs, the build's
+child processes) runs for them too, and the CLI exits 130 as for Ctrl-C.  `deferred()`
+holds SIGINT/SIGTERM/SIGHUP back while its block runs and delivers them after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A SIGTERM or SIGHUP, handled like Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise(signum, _frame) -> None:
+    raise Interrupted(signum)
+
+
+def install() -> None:
+    """SIGTERM and SIGHUP raise `Interrupted` (main thread only; elsewhere nothing changes)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, _raise)
+
+
+def exit_code(exc: KeyboardInterrupt) -> tuple[int, str]:
+    """(exit status, signal name) for an interrupt: 130 (Ctrl-C's) for each of them, since they
+    are handled alike; the message names the signal."""
+    return 130, signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Run the block with SIGINT/SIGTERM/SIGHUP held back; the first one that arrived is
+    delivered (to the handler in place before) once the block is done."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    before = {s: signal.getsignal(s) for s in HANDLED}
+    for s in HANDLED:
+        signal.signal(s, lambda signum, _frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if arrived:
+            signal.raise_signal(arrived[0])
