@@ -17,7 +17,6 @@ leaves `current` and every other install as they were; nothing is written outsid
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import sys
@@ -92,8 +91,6 @@ def prepare_prefix(prefix: Path) -> None:
                          "give --prefix a directory (it is made when missing)") from None
     except OSError as exc:
         raise _cannot_write(prefix, exc) from None
-    if not os.access(prefix, os.W_OK):
-        raise _cannot_write(prefix, OSError(errno.EACCES, os.strerror(errno.EACCES)))
     cur = prefix / CURRENT
     if os.path.lexists(cur) and not cur.is_symlink():
         raise UsageError(f"{cur} is a {'directory' if cur.is_dir() else 'file'}, not the link "
@@ -314,6 +311,7 @@ def write_own_file(path: Path, text: str) -> None:
         else:
             path.unlink()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    os.fchmod(fd, 0o644)  # whatever the umask: others read the tree
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
 
@@ -347,7 +345,8 @@ def read_record_checked(path: Path) -> tuple[dict, str | None]:
     else:
         record["layers"] = []
         bad.append("layers")
-    return record, (f"{RECORD} has fields of the wrong type: {', '.join(bad)}" if bad else None)
+    return record, (f"{RECORD} has fields of the wrong type: {', '.join(sorted(bad))}"
+                    if bad else None)
 
 
 def _typed(value, kind) -> bool:

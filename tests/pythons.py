@@ -1,0 +1,55 @@
+"""The Pythons rocforge's extraction and install are tested on: the one running the tests and
+Debian 12's own /usr/bin/python3.11 (3.11.2, whose tarfile has no `data` filter), each running
+the real CLI in a subprocess.
+
+Debian's interpreter gets the checkout and this environment's site-packages on PYTHONPATH
+(the same 3.11 ABI), so it needs no venv and no network."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+DEBIAN_PYTHON = "/usr/bin/python3.11"
+
+
+def _pythons() -> list:
+    out = [pytest.param(sys.executable, id="default-python")]
+    if os.path.exists(DEBIAN_PYTHON) and os.path.realpath(DEBIAN_PYTHON) != os.path.realpath(
+            sys.executable):
+        out.append(pytest.param(DEBIAN_PYTHON, id="debian-python3.11"))
+    else:  # CI (Debian 12) always has it: say so loudly where it is missing
+        out.append(pytest.param(DEBIAN_PYTHON, id="debian-python3.11", marks=pytest.mark.skip(
+            reason=f"{DEBIAN_PYTHON} (Debian 12's python3) is not installed here")))
+    return out
+
+
+PYTHONS = _pythons()
+
+
+def env_for(python: str, **extra: str) -> dict[str, str]:
+    paths = [str(CHECKOUT)]
+    if python != sys.executable:
+        paths += sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONDONTWRITEBYTECODE": "1",
+            **extra}
+
+
+def rocforge(python: str, *argv: str, umask: int | None = None, wrap: list[str] | None = None,
+             timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m rocforge_build ARGV` (inside `wrap`, e.g. an unshare command, when given)."""
+    cmd = [*(wrap or []), python, "-m", "rocforge_build", *argv]
+    return subprocess.run(cmd, env=env_for(python), capture_output=True, text=True,
+                          timeout=timeout,
+                          preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
+
+
+def python_version(python: str) -> str:
+    return subprocess.run([python, "-c", "import sys; print(sys.version.split()[0])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
