@@ -21,12 +21,14 @@ DEBIAN_PYTHON = "/usr/bin/python3.11"
 
 def _pythons() -> list:
     out = [pytest.param(sys.executable, id="default-python")]
-    if os.path.exists(DEBIAN_PYTHON) and os.path.realpath(DEBIAN_PYTHON) != os.path.realpath(
-            sys.executable):
-        out.append(pytest.param(DEBIAN_PYTHON, id="debian-python3.11"))
-    else:  # CI (Debian 12) always has it: say so loudly where it is missing
-        out.append(pytest.param(DEBIAN_PYTHON, id="debian-python3.11", marks=pytest.mark.skip(
-            reason=f"{DEBIAN_PYTHON} (Debian 12's python3) is not installed here")))
+    if not os.path.exists(DEBIAN_PYTHON):  # CI (Debian 12) always has it: say so loudly
+        why = f"{DEBIAN_PYTHON} (Debian 12's python3) is not installed here"
+    elif os.path.realpath(DEBIAN_PYTHON) == os.path.realpath(sys.executable):
+        why = f"the tests run on {DEBIAN_PYTHON} already (default-python)"
+    else:
+        why = None
+    marks = [pytest.mark.skip(reason=why)] if why else []
+    out.append(pytest.param(DEBIAN_PYTHON, id="debian-python3.11", marks=marks))
     return out
 
 
@@ -34,11 +36,12 @@ PYTHONS = _pythons()
 
 
 def env_for(python: str, **extra: str) -> dict[str, str]:
-    paths = [str(CHECKOUT)]
-    if python != sys.executable:
-        paths += sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONDONTWRITEBYTECODE": "1",
-            **extra}
+    """The checkout first, then whatever gave this test run its packages (a PYTHONPATH already
+    set, this environment's site-packages)."""
+    paths = [str(CHECKOUT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    paths += sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+            "PYTHONDONTWRITEBYTECODE": "1", **extra}
 
 
 def rocforge(python: str, *argv: str, umask: int | None = None, wrap: list[str] | None = None,

@@ -317,7 +317,9 @@ def test_real_signal_during_download_keeps_current_and_part(site, prefix, capsys
     arch = archives[("gfx1151", NEW)]
     http_server.fail(f"/tarball/{arch.name}", drop_after=200_000, delay=0.0)
     http_server.fail(f"/tarball/{arch.name}", delay=30)  # the retry hangs: signal it there
-    env = dict(os.environ, PYTHONPATH=str(__import__("pathlib").Path(__file__).parents[1]))
+    from pythons import env_for
+
+    env = env_for(sys.executable)
     proc = subprocess.Popen(
         [sys.executable, "-m", "rocforge_build", "nightly", "install", "--target", "gfx1151",
          "--prefix", str(prefix), "--no-progress"],
