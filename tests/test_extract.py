@@ -59,7 +59,7 @@ HOSTILE = {
                            ("file", "esc2/evil.txt", b"pwned")],
     # harmless while unpacking (q does not exist yet); escapes once `q -> .` is in place
     "late-link": [("symlink", "p", "q/q/../../outside/keep.txt"), ("symlink", "q", ".")],
-    "late-link-dir": [("dir", "lib"), ("symlink", "lib/esc", "../q/q/../../../outside"),
+    "late-link-dir": [("dir", "lib"), ("symlink", "lib/esc", "../q/q/../../outside"),
                       ("symlink", "q", ".")],
     "hardlink-outside": [("hardlink", "lib/shadow", "/etc/passwd")],
     "hardlink-dotdot": [("hardlink", "lib/shadow", "../outside/keep.txt")],
