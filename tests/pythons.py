@@ -1,6 +1,6 @@
 """The Pythons rocforge's extraction and install are tested on: the one running the tests and
 Debian 12's own /usr/bin/python3.11 (3.11.2, whose tarfile has no `data` filter), each running
-the real CLI in a subprocess.
+the real CLI in a subprocess.  The Debian runs are marked slow: CI (`--run-slow`) has them.
 
 Debian's interpreter gets the checkout and this environment's site-packages on PYTHONPATH
 (the same 3.11 ABI), so it needs no venv and no network."""
@@ -27,7 +27,8 @@ def _pythons() -> list:
         why = f"the tests run on {DEBIAN_PYTHON} already (default-python)"
     else:
         why = None
-    marks = [pytest.mark.skip(reason=why)] if why else []
+    # the second interpreter runs with --run-slow (CI): the fast loop stays on one Python
+    marks = [pytest.mark.skip(reason=why)] if why else [pytest.mark.slow]
     out.append(pytest.param(DEBIAN_PYTHON, id="debian-python3.11", marks=marks))
     return out
 
