@@ -368,6 +368,21 @@ def staging(parent: Path, prefix: str = ".staging-") -> Iterator[Path]:
             remove_tree(path)
 
 
+def write_own_file(path: Path, text: str) -> None:
+    """Write a file of rocforge's own into an unpacked tree: whatever the archive put at that
+    name is removed first and the new file is made with O_EXCL|O_NOFOLLOW, so the write never
+    follows a link out of the tree."""
+    if os.path.lexists(path):
+        if path.is_dir() and not path.is_symlink():
+            remove_tree(path)
+        else:
+            path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    os.fchmod(fd, 0o644)  # whatever the umask: others read the tree
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
 def remove_tree(path: Path) -> None:
     """rmtree that also clears read-only directories (tarballs may carry 0555 dirs)."""
     def onerror(func, p, _exc):
