@@ -12,6 +12,10 @@ sha256 always recorded), extracts every layer into `<prefix>/.staging-*`, writes
 renames the staging dir to `<version-dir>` and only then repoints `current`.  Any failure
 (network, checksum, hostile or truncated archive, full disk, Ctrl-C) removes the staging dir and
 leaves `current` and every other install as they were; nothing is written outside the prefix.
+The record is written without following links (`extract.write_own_file`); an archive already
+complete in `.downloads/` (interrupted unpack) is used again.  What is not rocforge's (a
+`current` that is a real directory, a directory in `.downloads/`) is named and left alone, and
+a prefix that is a file, below a file or read-only is one line, before any download.
 """
 
 from __future__ import annotations
