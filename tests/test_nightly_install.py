@@ -538,7 +538,7 @@ def test_corrupted_gzip_is_refused(site, prefix, capsys, tmp_path, python, damag
     _serve_new(mirror, bad)
     line = _one_line_error(_cli_install(python, prefix), 7)
     assert "truncated or corrupt" in line
-    if damage in ("crc", "flipped-data"):
+    if damage == "crc":  # (a flipped data byte is most often a CRC mismatch too, or bad deflate)
         assert "CRC32" in line
     assert os.readlink(prefix / "current") == old and state(tmp_path, prefix) == before
 
