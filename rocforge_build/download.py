@@ -1,10 +1,20 @@
 """THE download: every byte rocforge fetches over HTTP(S) (or from a file:// mirror) comes here.
 
 - Streams to `<dest>.part` and renames onto `dest` only when complete and verified, so `dest` is
-  never half-written.  An interrupted `.part` is resumed with an HTTP `Range` request (a server
-  that ignores the range gets a fresh start; a 416 on an already complete part is accepted).
+  never half-written.  An interrupted `.part` is resumed with an HTTP `Range` request carrying
+  `If-Range` (the ETag or Last-Modified of the response that began it, kept beside the part in
+  `<dest>.part.validator`): a file replaced on the server comes back whole and is never spliced
+  onto the old bytes; a part with no validator is started over.  A server that ignores the
+  range gets a fresh start; a 416 on an already complete part is accepted.  A complete `dest`
+  of the expected size (or sha256) is reused without a request.
+- Reading stops at the advertised size (the server's length, else the listing's): a body that
+  never ends cannot fill the disk.
 - Retries with exponential backoff on connection errors, dropped streams, 5xx, 408 and 429
-  (`Retry-After` honoured, capped); never on other 4xx.
+  (`Retry-After` honoured, capped), saying so on stderr; never on other 4xx, and never when
+  the host name does not resolve (offline: one line at once).
+- A connection slower than `min_rate` bytes/s over `rate_window` seconds (or silent for
+  `read_timeout`) is dropped and retried (resuming): a trickling server cannot hold an install
+  forever.  `policy_from_config` reads these from the `[download]` config table.
 - The sha256 is always computed (and returned); verified when given. The size is checked against
   `expected_size` and the server's own length.  A mismatch deletes the file; if the bytes came
   partly from a resumed `.part` the whole file is fetched once more before giving up.
@@ -18,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -28,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocforge_build.errors import DiskFullError, IntegrityError, NetworkError
+from rocforge_build.errors import ConfigError, DiskFullError, IntegrityError, NetworkError
 
 CHUNK = 1 << 20  # file reads and hashing
 NET_CHUNK = 1 << 17  # network reads: small enough that a dropped stream loses little
@@ -55,13 +66,20 @@ class DownloadResult:
     attempts: int = 1
 
 
+def _say(message: str) -> None:
+    print(f"rocforge: {message}", file=sys.stderr, flush=True)
+
+
 @dataclass
 class RetryPolicy:
     attempts: int = 5
     backoff: float = 0.5  # first delay, doubled each time
     max_delay: float = 30.0
     connect_timeout: float = 15.0
-    read_timeout: float = 60.0
+    read_timeout: float = 60.0  # no byte at all for this long: a stall
+    min_rate: float = 1024.0  # bytes/s, averaged over rate_window; 0 turns the check off
+    rate_window: float = 30.0
+    notify: Callable[[str], None] | None = _say  # told about each retry; None: silent
 
     def delay(self, attempt: int, retry_after: str | None = None) -> float:
         if retry_after:
@@ -74,6 +92,23 @@ class RetryPolicy:
 
 DEFAULT_POLICY = RetryPolicy()
 _sleep: Callable[[float], None] = time.sleep  # tests replace it
+
+
+def policy_from_config(cfg: dict, notify: Callable[[str], None] | None = None) -> RetryPolicy:
+    """The `[download]` table of the configuration as a RetryPolicy (keys checked here)."""
+    table = cfg.get("download", {})
+    values = {}
+    for key, least in (("attempts", 1), ("connect_timeout", 0.1), ("read_timeout", 0.1),
+                       ("min_rate", 0), ("rate_window", 0.1)):
+        if key not in table:
+            continue
+        value = table[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < least:
+            raise ConfigError(f"download.{key} is {value!r}; it must be a number of at least "
+                              f"{least}", f"rocforge config set download.{key} VALUE, or "
+                              f"rocforge config unset download.{key}")
+        values[key] = int(value) if key == "attempts" else float(value)
+    return RetryPolicy(**values, **({"notify": notify} if notify else {}))
 
 
 class _Retry(Exception):
@@ -105,13 +140,15 @@ def download(
     policy = policy or DEFAULT_POLICY
     want = sha256.lower().strip() if sha256 else None
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if want and dest.is_file():
+    if dest.is_file() and (want or expected_size is not None):
+        # `dest` only ever appears complete (renamed from a verified part): an install that was
+        # interrupted while unpacking finds its archive here and does not fetch it again
         size, digest = _hash_file(dest)
-        if digest == want and (expected_size is None or size == expected_size):
+        if (digest == want if want else True) and (expected_size is None or size == expected_size):
             return DownloadResult(dest, digest, size, attempts=0)
     part = part_path(dest)
     if not resume:
-        _unlink(part)
+        _discard_part(part)
     attempts_total = 0
     for fresh_retry in (False, True):
         result, attempts = _fetch_to_part(url, part, expected_size, progress, session, policy)
@@ -119,9 +156,10 @@ def download(
         problem = _integrity_problem(result, want, expected_size)
         if problem is None:
             os.replace(part, dest)
+            _unlink(validator_path(part))
             return DownloadResult(dest, result.sha256, result.size, result.resumed_from,
                                   attempts_total)
-        _unlink(part)
+        _discard_part(part)
         if result.resumed_from == 0 or fresh_retry:
             raise IntegrityError(
                 f"{_name(url)}: {problem}; the file was deleted",
@@ -133,11 +171,12 @@ def download(
 
 
 def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
-             missing_ok: bool = False) -> str | None:
+             missing_ok: bool = False, max_bytes: int | None = None) -> str | None:
     """A small text resource (a listing page, a `.sha256` file) with the same retry policy.
 
     file:// URLs ending in `/` read the directory's `index.html` (a local mirror of a CDN page).
     With `missing_ok`, a 404/403/410 (or a missing local file) returns None instead of raising.
+    With `max_bytes`, reading stops there and a larger answer is an IntegrityError.
     """
     policy = policy or DEFAULT_POLICY
     if url.startswith("file:"):
@@ -145,7 +184,10 @@ def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
         if path.is_dir():
             path = path / "index.html"
         try:
-            return path.read_text(encoding="utf-8")
+            with open(path, "rb") as fh:
+                data = fh.read(max_bytes + 1 if max_bytes else -1)
+            _check_cap(url, data, max_bytes)
+            return data.decode("utf-8", errors="replace")
         except FileNotFoundError:
             if missing_ok:
                 return None
@@ -156,17 +198,27 @@ def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
     _MISS = object()
 
     def once():
-        resp = sess.get(url, timeout=(policy.connect_timeout, policy.read_timeout))
-        if resp.status_code in _MISSING_STATUS and missing_ok:
-            return _MISS
-        if resp.status_code in RETRY_STATUS:
-            raise _Retry(f"HTTP {resp.status_code}", resp.headers.get("Retry-After"))
-        if resp.status_code >= 400:
-            raise _status_error(url, resp.status_code)
-        resp.encoding = resp.encoding or "utf-8"
-        return resp.text
+        resp = sess.get(url, timeout=(policy.connect_timeout, policy.read_timeout),
+                        stream=max_bytes is not None)
+        with resp:
+            if resp.status_code in _MISSING_STATUS and missing_ok:
+                return _MISS
+            if resp.status_code in RETRY_STATUS:
+                raise _Retry(f"HTTP {resp.status_code}", resp.headers.get("Retry-After"))
+            if resp.status_code >= 400:
+                raise _status_error(url, resp.status_code)
+            if max_bytes is None:
+                resp.encoding = resp.encoding or "utf-8"
+                return resp.text
+            data = b""
+            for chunk in resp.iter_content(8192):
+                data += chunk
+                if len(data) > max_bytes:
+                    break
+            _check_cap(url, data, max_bytes)
+            return data.decode(resp.encoding or "utf-8", errors="replace")
 
-    ok, value, _attempts = _with_retries(policy, once)
+    ok, value, _attempts = _with_retries(policy, once, _name(url))
     if ok:
         return None if value is _MISS else value
     raise NetworkError(
@@ -174,6 +226,23 @@ def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
         "check your network connection or proxy; if the host moved, point rocforge at the new "
         "one with `rocforge config set` or `--index URL`",
     )
+
+
+def _check_cap(url: str, data: bytes, max_bytes: int | None) -> None:
+    if max_bytes is not None and len(data) > max_bytes:
+        raise IntegrityError(f"{url} is larger than {max_bytes} bytes: not the small text "
+                             "file expected there (stopped reading)",
+                             "the mirror serves something else at that name; report it")
+
+
+def validator_path(part: Path) -> Path:
+    """Where the ETag/Last-Modified of the response that began a `.part` is kept."""
+    return part.with_name(part.name + ".validator")
+
+
+def _discard_part(part: Path) -> None:
+    _unlink(part)
+    _unlink(validator_path(part))
 
 
 def remote_size(url: str, *, session=None, policy: RetryPolicy | None = None) -> int | None:
@@ -198,10 +267,11 @@ def remote_size(url: str, *, session=None, policy: RetryPolicy | None = None) ->
 
 # -- internals -------------------------------------------------------------------------------------
 
-def _with_retries(policy: RetryPolicy, attempt_once):
+def _with_retries(policy: RetryPolicy, attempt_once, what: str = "download"):
     """Call `attempt_once` until it returns, retrying `_Retry` and connection errors with the
-    policy's backoff.  Returns (True, result, attempts) or (False, last failure text, attempts);
-    final errors (4xx, RocforgeError) propagate at once."""
+    policy's backoff (and saying so through `policy.notify`).  Returns (True, result, attempts)
+    or (False, last failure text, attempts); final errors (4xx, RocforgeError, a host name that
+    does not resolve) propagate at once."""
     last = ""
     for attempt in range(policy.attempts):
         try:
@@ -209,10 +279,41 @@ def _with_retries(policy: RetryPolicy, attempt_once):
         except _Retry as exc:
             last, retry_after = exc.reason, exc.retry_after
         except _requests_errors() as exc:
+            unresolved = _unresolved_host(exc)
+            if unresolved is not None:
+                raise NetworkError(
+                    f"cannot resolve the host name {unresolved!r}: {_describe(exc)}",
+                    "you may be offline, or DNS does not know the host: check your network "
+                    "connection or proxy, or point rocforge at a mirror (`--index URL`)",
+                ) from None
             last, retry_after = _describe(exc), None
         if attempt + 1 < policy.attempts:
-            _sleep(policy.delay(attempt, retry_after))
+            delay = policy.delay(attempt, retry_after)
+            if policy.notify:
+                policy.notify(f"{what}: {last}; retrying in {delay:.1f} s "
+                              f"(attempt {attempt + 2} of {policy.attempts})")
+            _sleep(delay)
     return False, last, policy.attempts
+
+
+def _unresolved_host(exc: BaseException) -> str | None:
+    """The host name when `exc` is (caused by) a DNS lookup failure, which retrying within
+    seconds does not cure; None otherwise."""
+    import socket
+
+    seen = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if type(e).__name__ == "NameResolutionError" or isinstance(e, socket.gaierror):
+            host = getattr(getattr(e, "conn", None), "host", None)
+            return host or "?"
+        stack += [e.__cause__, e.__context__, getattr(e, "reason", None),
+                  *[a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]]
+    return None
 
 
 @dataclass
@@ -228,7 +329,7 @@ def _fetch_to_part(url, part, expected_size, progress, session, policy):
         return _copy_local(url, part, progress), 1
     sess = session or _session()
     ok, value, attempts = _with_retries(
-        policy, lambda: _http_once(url, part, expected_size, progress, sess, policy))
+        policy, lambda: _http_once(url, part, expected_size, progress, sess, policy), _name(url))
     if ok:
         return value, attempts
     last = value
@@ -243,13 +344,16 @@ def _fetch_to_part(url, part, expected_size, progress, session, policy):
 
 def _http_once(url, part, expected_size, progress, sess, policy) -> _Fetched:
     have = part.stat().st_size if part.exists() else 0
-    if expected_size is not None and have > expected_size:
-        _unlink(part)
+    validator = _read_validator(part) if have else None
+    if have and (validator is None or (expected_size is not None and have > expected_size)):
+        # no ETag/Last-Modified to prove the server still has the same file: start over
+        _discard_part(part)
         have = 0
     # identity: the bytes on disk are the file's bytes, and Range offsets count those bytes
     headers = {"Accept-Encoding": "identity"}
     if have:
         headers["Range"] = f"bytes={have}-"
+        headers["If-Range"] = validator
     resp = sess.get(url, headers=headers, stream=True,
                     timeout=(policy.connect_timeout, policy.read_timeout))
     with resp:
@@ -259,7 +363,7 @@ def _http_once(url, part, expected_size, progress, sess, policy) -> _Fetched:
             if total == have:  # the part is already complete
                 size, digest = _hash_file(part)
                 return _Fetched(digest, size, total, have)
-            _unlink(part)
+            _discard_part(part)
             raise _Retry("HTTP 416: stale partial file discarded")
         if status in RETRY_STATUS:
             raise _Retry(f"HTTP {status}", resp.headers.get("Retry-After"))
@@ -269,26 +373,73 @@ def _http_once(url, part, expected_size, progress, sess, policy) -> _Fetched:
         if status == 206 and have:
             start = _content_range_start(resp.headers.get("Content-Range"))
             if start != have:
-                _unlink(part)
+                _discard_part(part)
                 raise _Retry("server answered a different range; starting over")
             total = _content_range_total(resp.headers.get("Content-Range"))
             _hash_into(part, hasher)
             mode = "ab"
-        else:  # 200: whole body (a server that ignores Range starts over)
+        else:  # 200: whole body (a server that ignores Range, or a changed file, starts over)
             have = 0
             length = resp.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
             mode = "wb"
+            _write_validator(part, resp.headers)
         size = have
+        limit = total if total is not None else expected_size
         bar = _Progress(_name(url), total or expected_size, size, progress)
         try:
             with open(part, mode) as fh:
-                size += _pump(_chunks(resp), fh, part, hasher, bar)
+                size += _pump(_paced(_chunks(resp), policy), fh, part, hasher, bar,
+                              None if limit is None else limit - have)
         finally:
             bar.close()
         if total is not None and size < total:
             raise _Retry(f"connection closed after {size} of {total} bytes")
         return _Fetched(hasher.hexdigest(), size, total, have)
+
+
+def _write_validator(part: Path, headers) -> None:
+    """Keep what identifies this version of the file, for `If-Range` on a resume.  A weak ETag
+    (W/...) cannot be used with If-Range (RFC 9110 13.1.5); Last-Modified then stands in."""
+    etag = headers.get("ETag")
+    value = etag if etag and not etag.startswith("W/") else headers.get("Last-Modified")
+    path = validator_path(part)
+    if value:
+        path.write_text(json.dumps({"if_range": value}), encoding="utf-8")
+    else:
+        _unlink(path)
+
+
+def _read_validator(part: Path) -> str | None:
+    try:
+        value = json.loads(validator_path(part).read_text(encoding="utf-8"))["if_range"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, str) and value.isprintable() else None
+
+
+def _paced(chunks, policy: RetryPolicy):
+    """Pass chunks through; a stream slower than `policy.min_rate` bytes/s over the last
+    `policy.rate_window` seconds is dropped (and retried, resuming after what arrived)."""
+    if not policy.min_rate:
+        yield from chunks
+        return
+    window = policy.rate_window
+    start = time.monotonic()
+    marks: list[tuple[float, int]] = [(start, 0)]
+    got = 0
+    for chunk in chunks:
+        got += len(chunk)
+        yield chunk
+        now = time.monotonic()
+        marks.append((now, got))
+        while len(marks) > 1 and marks[1][0] <= now - window:
+            marks.pop(0)
+        t0, n0 = marks[0]
+        if now - start >= window and now - t0 >= window * 0.5 and \
+                (got - n0) / (now - t0) < policy.min_rate:
+            raise _Retry(f"too slow: {(got - n0) / (now - t0):.0f} bytes/s over the last "
+                         f"{now - t0:.0f} s, below download.min_rate {policy.min_rate:.0f}")
 
 
 def _chunks(resp):
@@ -325,16 +476,21 @@ def _copy_local(url: str, part: Path, progress: bool) -> _Fetched:
     return _Fetched(hasher.hexdigest(), size, total, 0)
 
 
-def _pump(chunks, fh, part: Path, hasher, bar) -> int:
-    """Write chunks to the part file, hashing and advancing the progress bar; returns bytes."""
+def _pump(chunks, fh, part: Path, hasher, bar, limit: int | None = None) -> int:
+    """Write chunks to the part file, hashing and advancing the progress bar; returns bytes.
+    With `limit`, stops reading once that many bytes are written (the advertised size)."""
     written = 0
     for chunk in chunks:
         if not chunk:
             continue
+        if limit is not None and written + len(chunk) > limit:
+            chunk = chunk[:limit - written]
         _write(fh, chunk, part)
         hasher.update(chunk)
         written += len(chunk)
         bar.advance(len(chunk))
+        if limit is not None and written >= limit:
+            break
     return written
 
 
@@ -344,7 +500,7 @@ def _write(fh, chunk: bytes, part: Path) -> None:
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             fh.close()
-            _unlink(part)
+            _discard_part(part)
             raise DiskFullError(
                 f"no space left on the device while writing {part.name}; the partial file was removed",
                 f"free space on {part.parent} (`df -h {part.parent}`) or choose another location",
@@ -446,8 +602,32 @@ def _requests_errors() -> tuple[type[BaseException], ...]:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+    """What went wrong, short and whole: the innermost cause's words (urllib3 nests the real
+    reason several layers deep), never cut mid-word."""
+    inner = exc
+    while True:
+        nxt = getattr(inner, "reason", None) or (inner.args[0] if inner.args and isinstance(
+            inner.args[0], BaseException) else None) or inner.__cause__
+        if not isinstance(nxt, BaseException) or nxt is inner:
+            break
+        inner = nxt
+    text = " ".join(str(inner).split())
+    # urllib3 prefixes "<connection object at 0x...>: " to the OS error
+    if text.startswith("<") and ">: " in text:
+        text = text.split(">: ", 1)[1]
+    if len(text) > 300:
+        text = text[:300].rsplit(" ", 1)[0] + " ..."
+    return f"{type(inner).__name__}: {text}" if text else type(inner).__name__
+
+
+def human_size(n: int | None) -> str:
+    """Bytes in decimal units, as `df -H` and download pages show them."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 class _Progress:

@@ -5,19 +5,28 @@ when it is: an absolute path, a path with `..`, a symbolic link whose target is 
 leaves the destination, a hard link to anything but an earlier regular member, a device, a FIFO
 or another special file.  While writing, the member's directory and a link's target are
 resolved through links already on disk and must stay inside (catching chains of individually
-harmless links); the stdlib `data` filter is a further guard where Python has it (3.11.4+).
-Layering (extracting a second archive over the first) replaces files and links rather than
-writing through them.  `staging(parent)` makes a temporary directory that is removed on any
-failure, Ctrl-C included.
+harmless links), and once every member is in place each link in the tree must still resolve
+inside it (a later link can make an earlier one escape); the stdlib `data` filter is a further
+guard where Python has it (3.11.4+).  Nothing of the archive's owners or modes is applied:
+files become 0644 or 0755 (executable), directories 0755, on every Python.  The compressed
+stream is read to its end, so a gzip CRC32/length mismatch or trailing bytes are refused, and
+free space is checked against the members' declared sizes as they come (a zero bomb stops
+before the disk is full).  Layering (extracting a second archive over the first) replaces
+files and links rather than writing through them.  `staging(parent)` makes a temporary
+directory (0755) that is removed on any failure, Ctrl-C included.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import gzip
+import io
+import lzma
 import os
 import posixpath
 import shutil
+import stat
 import tarfile
 import tempfile
 import zlib
@@ -25,6 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rocforge_build.download import human_size
 from rocforge_build.errors import DiskFullError, IntegrityError
 
 
@@ -88,18 +98,24 @@ def check_member(archive: Path, m: tarfile.TarInfo, regular: set[str]) -> str:
 
 
 def safe_extract(archive: Path, dest: Path, *,
-                 on_member: Callable[[tarfile.TarInfo], None] | None = None) -> ExtractStats:
+                 on_member: Callable[[tarfile.TarInfo], None] | None = None,
+                 free_space: Callable[[Path], tuple[int, int]] | None = None) -> ExtractStats:
     """Extract `archive` into the existing directory `dest` (layering over what is there).
 
-    Raises IntegrityError for a hostile, truncated or corrupt archive and DiskFullError when the
-    disk fills; the caller discards `dest` (see `staging`)."""
+    Raises IntegrityError for a hostile, truncated or corrupt archive (a gzip CRC/length that
+    does not match, bytes after the compressed stream, a link that ends up outside) and
+    DiskFullError when the disk fills or the members' declared sizes would not fit; the caller
+    discards `dest` (see `staging`).  `free_space(path) -> (available, total)` is the space probe
+    (statvfs of the filesystem holding `dest` unless given)."""
     archive = Path(archive)
     dest = Path(dest)
+    probe = free_space or filesystem_space
     regular: set[str] = set()
     dirs: list[tuple[Path, int]] = []
     count = files = nbytes = 0
+    budget: int | None = None  # bytes that may still be written before the next statvfs
     try:
-        with tarfile.open(archive, "r:*") as tar:
+        with _open_archive(archive) as (tar, drain):
             for m in tar:
                 name = check_member(archive, m, regular)
                 count += 1
@@ -116,25 +132,38 @@ def safe_extract(archive: Path, dest: Path, *,
                     # created now, modes set at the end (a 0555 dir must still take its files)
                     _inside(archive, dest, target, name)
                     target.mkdir(parents=True, exist_ok=True)
-                    dirs.append((target, m.mode))
+                    dirs.append((target, m.mtime))
                     continue
                 # through links already on disk, the member's directory and a link's target
                 # must stay inside (a chain of harmless-looking links cannot walk out)
                 _inside(archive, dest, target.parent, name)
                 if m.issym():
                     _inside(archive, dest, Path(os.path.realpath(target.parent), m.linkname), name)
+                if m.isreg() and m.size:
+                    if budget is None or m.size > budget:
+                        budget = _room_for(archive, dest, name, m.size, probe)
+                    budget -= m.size
                 try:
-                    tar.extract(m, dest, set_attrs=True, **_DATA_FILTER)
+                    # no attributes from the archive: owners are never applied, modes and
+                    # times are set below by rocforge (the stdlib filter is missing or older
+                    # on Debian's 3.11.2 and would apply setuid bits and foreign uids there)
+                    tar.extract(m, dest, set_attrs=False, **_DATA_FILTER)
                 except _FILTER_ERRORS as exc:
                     raise _refuse(archive, name, str(exc)) from exc
+                if not m.issym():
+                    _set_attrs(target, file_mode(m.mode), m.mtime)
                 if m.isreg():
                     files += 1
                     nbytes += m.size
-        for path, mode in reversed(dirs):
-            os.chmod(path, (mode & 0o755) | 0o700)
-    except (tarfile.ReadError, EOFError, tarfile.CompressionError, zlib.error) as exc:
+            drain()
+        for path in check_links(archive, dest):
+            _set_attrs(path, DIR_MODE, None)
+        for path, mtime in reversed(dirs):  # archive times last: chmod above does not move them
+            _set_attrs(path, DIR_MODE, mtime)
+    except (tarfile.ReadError, EOFError, tarfile.CompressionError, tarfile.StreamError,
+            zlib.error, lzma.LZMAError, gzip.BadGzipFile) as exc:
         raise IntegrityError(
-            f"{archive.name} is truncated or corrupt ({exc}); nothing was installed",
+            f"{archive.name} is truncated or corrupt ({_reason(exc)}); nothing was installed",
             "the download was damaged: run the install again (the file is fetched anew)",
         ) from exc
     except OSError as exc:
@@ -146,6 +175,161 @@ def safe_extract(archive: Path, dest: Path, *,
             ) from exc
         raise
     return ExtractStats(count, files, nbytes)
+
+
+# Modes rocforge gives what it unpacks: never setuid/setgid/sticky, never group/other-writable,
+# owner read/write always; directories 0755 so a shared prefix or a container user can read.
+DIR_MODE = 0o755
+
+
+def file_mode(mode: int) -> int:
+    return 0o755 if mode & 0o100 else 0o644
+
+
+def _set_attrs(path: Path | str, mode: int, mtime: float | None) -> None:
+    """chmod + utime on what is there, never through a link (Linux has no lchmod)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
+    if mtime is not None:
+        with contextlib.suppress(OSError, OverflowError, ValueError):
+            os.utime(path, (mtime, mtime), follow_symlinks=False)
+
+
+def filesystem_space(path: Path) -> tuple[int, int]:
+    """(bytes available to this user, filesystem size) of the filesystem holding `path`."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+# what an extraction leaves free at least: 1% of the filesystem, at most 256 MiB
+RESERVE_FRACTION = 0.01
+RESERVE_MAX = 256 << 20
+
+
+def _room_for(archive: Path, dest: Path, name: str, size: int, probe) -> int:
+    """Bytes that may be written from here (members' declared sizes count against it), or
+    DiskFullError when `size` does not fit: a zero bomb stops before the disk is full."""
+    avail, total = probe(dest)
+    room = avail - min(int(total * RESERVE_FRACTION), RESERVE_MAX)
+    if size > room:
+        raise DiskFullError(
+            f"{archive.name}: member {name} declares {human_size(size)} but only "
+            f"{human_size(max(avail, 0))} is free where it unpacks (rocforge keeps "
+            f"{human_size(avail - room)} spare); stopped before filling the disk, the partial "
+            "tree was removed",
+            f"free space on {dest.parent} (`df -h {dest.parent}`) or install elsewhere with "
+            "--prefix; an archive that unpacks to far more than its size may be hostile",
+        )
+    return room
+
+
+def check_links(archive: Path, dest: Path) -> list[str]:
+    """Every symbolic link in the finished tree must resolve inside it.  Links are checked one
+    by one while unpacking, but a link can escape only once a later member makes another link
+    (`p -> q/q/../../../x` before `q -> .`), so the whole tree is checked at the end.
+    Returns the tree's real directories (the walk does not follow links)."""
+    root = os.path.realpath(dest)
+    real_dirs = [str(dest)]
+    for dirpath, dirnames, filenames in os.walk(dest):
+        real_dirs += [os.path.join(dirpath, d) for d in dirnames
+                      if not os.path.islink(os.path.join(dirpath, d))]
+        for entry in (*dirnames, *filenames):
+            path = os.path.join(dirpath, entry)
+            if not os.path.islink(path):
+                continue
+            real = os.path.realpath(path)
+            if real != root and not real.startswith(root + os.sep):
+                rel = os.path.relpath(path, dest)
+                raise _refuse(archive, rel, f"symbolic link {os.readlink(path)!r} resolves "
+                              "outside the tree once all links are in place")
+    return real_dirs
+
+
+class _Trailing(Exception):
+    pass
+
+
+class _GzipStream(io.RawIOBase):
+    """A gzip file decompressed to its very end: zlib checks every member's CRC32 and ISIZE
+    trailer, and anything after the last member is an error (tarfile stops reading at the tar
+    end marker, so without this the trailer is never looked at)."""
+
+    IN, OUT = 1 << 16, 1 << 20
+
+    def __init__(self, raw):
+        self._raw = raw
+        self._z = zlib.decompressobj(31)
+        self._buf = b""
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._buf and not self._done:
+            self._fill()
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def _fill(self) -> None:
+        z = self._z
+        if z.unconsumed_tail:
+            self._buf = z.decompress(z.unconsumed_tail, self.OUT)
+            return
+        if z.eof:
+            rest = z.unused_data
+            while len(rest) < 2:
+                more = self._raw.read(self.IN)
+                if not more:
+                    break
+                rest += more
+            if not rest:
+                self._done = True
+                return
+            if rest[:2] != b"\x1f\x8b":
+                raise zlib.error(f"data after the end of the gzip stream ({rest[:8]!r}...)")
+            self._z = zlib.decompressobj(31)  # a further gzip member (RFC 1952 allows several)
+            self._buf = self._z.decompress(rest, self.OUT)
+            return
+        data = self._raw.read(self.IN)
+        if not data:
+            raise EOFError("the compressed stream ends before its end")
+        self._buf = z.decompress(data, self.OUT)
+
+
+@contextlib.contextmanager
+def _open_archive(archive: Path):
+    """(tar opened for streaming, drain) where drain() reads the compressed stream to its end
+    so that its integrity check (gzip CRC32/ISIZE, xz/bz2 checks) runs."""
+    with open(archive, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        if gz:
+            stream = io.BufferedReader(_GzipStream(raw), 1 << 16)
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                yield tar, lambda: _drain(stream)
+        else:
+            with tarfile.open(fileobj=raw, mode="r|*") as tar:
+                yield tar, lambda: _drain(tar.fileobj)
+
+
+def _drain(stream) -> None:
+    while stream.read(1 << 16):
+        pass
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    if "incorrect data check" in text:
+        return "gzip CRC32 does not match the data"
+    if "incorrect length check" in text:
+        return "gzip length does not match the data"
+    return text or type(exc).__name__
 
 
 def _make_room(path: Path, m: tarfile.TarInfo) -> None:
@@ -176,11 +360,27 @@ def staging(parent: Path, prefix: str = ".staging-") -> Iterator[Path]:
     Removal happens on every exception, KeyboardInterrupt included."""
     parent.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(path, DIR_MODE)  # mkdtemp makes 0700; the tree becomes an install others read
     try:
         yield path
     finally:
         if path.exists():
             remove_tree(path)
+
+
+def write_own_file(path: Path, text: str) -> None:
+    """Write a file of rocforge's own into an unpacked tree: whatever the archive put at that
+    name is removed first and the new file is made with O_EXCL|O_NOFOLLOW, so the write never
+    follows a link out of the tree."""
+    if os.path.lexists(path):
+        if path.is_dir() and not path.is_symlink():
+            remove_tree(path)
+        else:
+            path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    os.fchmod(fd, 0o644)  # whatever the umask: others read the tree
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
 
 
 def remove_tree(path: Path) -> None:

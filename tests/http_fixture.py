@@ -6,7 +6,13 @@ tests/conftest.py loads this module as a plugin, so every test can ask for `http
         url = http_server.add("/files/a.tar.gz", data)          # serve bytes, with Range support
         http_server.fail("/files/a.tar.gz", drop_after=1000)   # next GET sends 1000 bytes, then closes
         http_server.fail("/files/a.tar.gz", status=500)        # next GET answers 500
+        http_server.fail("/files/a.tar.gz", trickle=0.5)       # next GET: one byte every 0.5 s
         http_server.requests                                   # [(method, path, headers), ...]
+
+Files are served as a static file server does: a strong `ETag` (a hash of the bytes) and a
+`Last-Modified`, `Range` answered with 206, and `If-Range` honoured (RFC 9110 13.1.5: a validator
+that no longer matches gets the whole new file with 200).  `add()` of new bytes at a path is a
+file replaced on the server.
 
 Faults are queued per path and consumed one per GET, in order.  `add_handler(path, fn)` serves
 anything computed (`fn(query: dict[str, list[str]], headers) -> (status, headers, body)`);
@@ -19,6 +25,8 @@ renders a page in the format of TheRock's `index_generation_s3_tar.py` (an embed
 from __future__ import annotations
 
 import base64
+import email.utils
+import hashlib
 import json
 import threading
 import time
@@ -40,6 +48,7 @@ class Fault:
     ignore_range: bool = False  # answer 200 with the whole body even when a Range was asked
     headers: dict = field(default_factory=dict)  # extra headers (e.g. Retry-After)
     delay: float = 0.0  # seconds to wait before answering
+    trickle: float | None = None  # send the body one byte at a time, this many seconds apart
 
 
 Handler = Callable[[dict, dict], tuple[int, dict, bytes]]
@@ -48,6 +57,7 @@ Handler = Callable[[dict, dict], tuple[int, dict, bytes]]
 class LocalHttpServer:
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
+        self.modified: dict[str, float] = {}
         self.handlers: dict[str, Handler] = {}
         self.faults: dict[str, deque[Fault]] = {}
         self.requests: list[tuple[str, str, dict]] = []
@@ -85,6 +95,8 @@ class LocalHttpServer:
     def add(self, path: str, data: bytes | str) -> str:
         """Serve `data` at `path` (an already URL-encoded path); returns the full URL."""
         self.files[path] = data.encode() if isinstance(data, str) else data
+        # a replaced file is newer (whole seconds: HTTP dates have no fraction)
+        self.modified[path] = max(time.time(), self.modified.get(path, 0) + 1)
         return self.url(path)
 
     def add_handler(self, path: str, fn: Handler) -> str:
@@ -155,8 +167,14 @@ class LocalHttpServer:
         if data is None:
             self._respond(h, 404, {"Content-Length": "0"}, b"", head)
             return
-        status, out, extra = 200, data, {"Accept-Ranges": "bytes"}
+        etag = '"' + hashlib.sha1(data).hexdigest() + '"'
+        modified = email.utils.formatdate(self.modified[path], usegmt=True)
+        status, out, extra = 200, data, {"Accept-Ranges": "bytes", "ETag": etag,
+                                         "Last-Modified": modified}
         rng = headers.get("Range")
+        if_range = headers.get("If-Range")
+        if if_range is not None and if_range not in (etag, modified):
+            rng = None  # the file changed since the client's copy began: send it whole
         if rng and not fault.ignore_range and rng.startswith("bytes="):
             first, _, last = rng[6:].partition("-")
             start = int(first)
@@ -169,6 +187,20 @@ class LocalHttpServer:
             extra["Content-Range"] = f"bytes {start}-{start + len(out) - 1}/{len(data)}"
         extra["Content-Length"] = str(len(out))
         extra.update(fault.headers)
+        if fault.trickle is not None and not head:
+            h.send_response(status)
+            for k, v in extra.items():
+                h.send_header(k, v)
+            h.end_headers()
+            try:
+                for i in range(len(out)):
+                    h.wfile.write(out[i:i + 1])
+                    h.wfile.flush()
+                    time.sleep(fault.trickle)
+            except OSError:  # the client gave up: what a trickling server sees
+                pass
+            h.close_connection = True
+            return
         if fault.drop_after is not None and not head:
             h.send_response(status)
             for k, v in extra.items():

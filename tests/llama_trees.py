@@ -69,6 +69,9 @@ def tree(version: str, dest: Path, *, full: bool = False) -> Path:
         for m in members:
             m.name = m.name.split("/", 1)[1] if "/" in m.name else ""
         members = [m for m in members if m.name]
-        tf.extractall(top, members=members, filter="data")
+        # the stdlib filter where this Python has it (Debian's 3.11.2 does not; the sdists are
+        # PyPI's own files, cached by sha256)
+        tf.extractall(top, members=members,
+                      **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     (top / ".complete").write_text("")
     return top

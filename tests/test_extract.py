@@ -57,6 +57,10 @@ HOSTILE = {
                       ("file", "t/outside/keep.txt", b"pwned")],
     "write-through-link": [("symlink", "esc", "."), ("symlink", "esc2", "esc/.."),
                            ("file", "esc2/evil.txt", b"pwned")],
+    # harmless while unpacking (q does not exist yet); escapes once `q -> .` is in place
+    "late-link": [("symlink", "p", "q/q/../../outside/keep.txt"), ("symlink", "q", ".")],
+    "late-link-dir": [("dir", "lib"), ("symlink", "lib/esc", "../q/q/../../outside"),
+                      ("symlink", "q", ".")],
     "hardlink-outside": [("hardlink", "lib/shadow", "/etc/passwd")],
     "hardlink-dotdot": [("hardlink", "lib/shadow", "../outside/keep.txt")],
     "hardlink-unknown": [("hardlink", "lib/shadow", "lib/nothing")],
@@ -181,3 +185,52 @@ def test_hostile_archives_refused_without_the_stdlib_filter(area, case, monkeypa
             extract.safe_extract(arch, stage)
     assert (outside / "keep.txt").read_text() == "precious"
     assert not list(root.glob("**/evil.txt")) and not list(root.glob("**/pwned"))
+
+
+def test_gzip_trailer_and_trailing_bytes_are_checked(area):
+    """tarfile stops at the tar end marker; the gzip CRC32/ISIZE trailer after it is read too."""
+    root, prefix, _ = area
+    good = pack(make_tree(root / "t", "7.10.0a20251021", ["gfx1151"]), root / "good.tar.gz")
+    data = good.read_bytes()
+    for name, bad, why in (
+            ("crc", data[:-8] + bytes([data[-8] ^ 1]) + data[-7:], "CRC32"),
+            ("isize", data[:-4] + bytes([data[-4] ^ 1]) + data[-3:], "length"),
+            ("trailing", data + b"\0\0\0\0", "data after the end"),
+            ("trailing-text", data + b"hello", "data after the end")):
+        arch = root / f"{name}.tar.gz"
+        arch.write_bytes(bad)
+        with pytest.raises(IntegrityError, match=why):
+            with extract.staging(prefix) as stage:
+                extract.safe_extract(arch, stage)
+        assert list(prefix.iterdir()) == []
+    # two gzip members one after the other are one valid gzip file (RFC 1952)
+    import gzip
+
+    raw = gzip.decompress(data)
+    two = root / "two.tar.gz"
+    two.write_bytes(gzip.compress(raw[:10240]) + gzip.compress(raw[10240:]))
+    dest = root / "d"
+    dest.mkdir()
+    assert extract.safe_extract(two, dest).files >= 50
+
+
+def test_declared_sizes_are_checked_against_free_space(area):
+    """The space probe sees each member's declared size before it is written; statvfs is asked
+    again only when the budget from the last answer runs out."""
+    root, prefix, _ = area
+    tree = make_tree(root / "t", "7.10.0a20251021", ["gfx1151"], payload=300_000)
+    arch = pack(tree, root / "a.tar.gz")
+    asked = []
+
+    def probe(path):
+        asked.append(path)
+        return 1_000_000 + 50_000, 5_000_000  # 50 kB reserve (1%): 1 MB may be written
+
+    dest = root / "ok"
+    dest.mkdir()
+    extract.safe_extract(arch, dest, free_space=probe)
+    assert asked and len(asked) < 5
+    with pytest.raises(DiskFullError, match=r"declares 300.0 kB but only 350.0 kB is free .*keeps 100.0 kB spare"):
+        with extract.staging(prefix) as stage:
+            extract.safe_extract(arch, stage, free_space=lambda p: (350_000, 10_000_000))
+    assert list(prefix.iterdir()) == []

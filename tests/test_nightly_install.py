@@ -317,7 +317,9 @@ def test_real_signal_during_download_keeps_current_and_part(site, prefix, capsys
     arch = archives[("gfx1151", NEW)]
     http_server.fail(f"/tarball/{arch.name}", drop_after=200_000, delay=0.0)
     http_server.fail(f"/tarball/{arch.name}", delay=30)  # the retry hangs: signal it there
-    env = dict(os.environ, PYTHONPATH=str(__import__("pathlib").Path(__file__).parents[1]))
+    from pythons import env_for
+
+    env = env_for(sys.executable)
     proc = subprocess.Popen(
         [sys.executable, "-m", "rocforge_build", "nightly", "install", "--target", "gfx1151",
          "--prefix", str(prefix), "--no-progress"],
@@ -405,3 +407,355 @@ def test_env_follows_a_configured_nightly_prefix(site, capsys, tmp_path, monkeyp
     rc, out, err = run(capsys, "--root", str(root), "env", "--shell", "json")
     assert rc == 0, err
     assert json.loads(out)["ROCM_PATH"] == "/srv/rocm-nightlies/current"
+
+
+# -- attacks from the hostile-input trial, on both Pythons (the real CLI in a subprocess) ------
+
+from pythons import PYTHONS, python_version, rocforge  # noqa: E402
+
+
+def _serve_new(mirror, data):
+    """Publish `data` as the newest gfx1151 nightly (the one a plain install picks)."""
+    from therock_tarballs import tarball_name
+
+    mirror.add(tarball_name("gfx1151", NEW), data, MTIME[NEW])
+
+
+def _cli_install(python, prefix, *extra, **kw):
+    return rocforge(python, "nightly", "install", "--target", "gfx1151", "--prefix", str(prefix),
+                    "--no-progress", *extra, **kw)
+
+
+def _one_line_error(proc, code):
+    print(proc.stderr)
+    assert proc.returncode == code, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("rocforge: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr and "internal error" not in \
+        proc.stderr, proc.stderr
+    return errors[0]
+
+
+_TREE = [("dir", "bin"), ("dir", "lib"), ("file", "bin/hipconfig", b"#!/bin/sh\n")]
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_late_link_escape_writes_nothing_outside(site, prefix, capsys, tmp_path, python):
+    """`rocforge-install.toml -> q/q/../../victim.txt` passes every check made while unpacking
+    (q does not exist yet, so it reads as `victim.txt`); then `q -> .` makes it climb out of the
+    staging dir. Before the fix rocforge wrote its record through it, outside the prefix."""
+    mirror, _ = site
+    old = _installed_old(capsys, prefix)
+    before = state(tmp_path, prefix)
+    bad = hostile(tmp_path / "work" / "late.tar.gz", _TREE + [
+        ("symlink", "rocforge-install.toml", "q/q/../../victim.txt"), ("symlink", "q", ".")])
+    _serve_new(mirror, bad.read_bytes())
+    line = _one_line_error(_cli_install(python, prefix), 7)
+    assert "resolves outside the tree" in line
+    assert not (tmp_path / "victim.txt").exists() and not os.path.lexists(tmp_path / "victim.txt")
+    assert os.readlink(prefix / "current") == old and state(tmp_path, prefix) == before
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_late_link_to_the_real_etc_is_refused(site, prefix, capsys, tmp_path, python):
+    """`lib/esc -> ../q/q/.../../etc` (as many `..` as `q`s: lexically `etc`, inside) with
+    `q -> .` added after: on disk it climbs to the filesystem root and lands on the real /etc."""
+    mirror, _ = site
+    old = _installed_old(capsys, prefix)
+    before = state(tmp_path, prefix)
+    depth = len(tmp_path.parts) + 4
+    target = "../" + "q/" * depth + "../" * depth + "etc"
+    bad = hostile(tmp_path / "work" / "etc.tar.gz", _TREE + [
+        ("symlink", "lib/esc", target), ("symlink", "q", ".")])
+    _serve_new(mirror, bad.read_bytes())
+    line = _one_line_error(_cli_install(python, prefix), 7)
+    assert "lib/esc" in line and "resolves outside" in line
+    assert os.readlink(prefix / "current") == old and state(tmp_path, prefix) == before
+
+
+def _tar_with_modes(dest):
+    """A ROCm-looking tree whose members carry a root-owned 6777 file, a foreign-owned
+    world-writable file, a sticky 1777 directory and a 0700 directory."""
+    import io
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest, "w:gz") as tar:
+        for name, kind, mode, uid in (("bin", "dir", 0o700, 0), ("lib", "dir", 0o1777, 4242),
+                                      ("bin/hipconfig", "file", 0o6777, 0),
+                                      ("lib/libfoo.so", "file", 0o666, 4242)):
+            info = tarfile.TarInfo(name)
+            info.mode, info.uid, info.gid = mode, uid, uid
+            info.uname = info.gname = "root" if uid == 0 else "mallory"
+            if kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = 3
+                tar.addfile(info, io.BytesIO(b"abc"))
+    return dest
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_archive_modes_and_owners_are_not_applied(site, prefix, tmp_path, python):
+    """On Debian's 3.11.2 the archive's 6777 root-owned member used to install setuid-root and
+    world-writable, and members kept foreign uids; under umask 077 the tree was 0700.  Now: no
+    setuid/setgid/sticky, no group/other write, owned by the user running rocforge, dirs 0755."""
+    import stat
+
+    mirror, _ = site
+    _serve_new(mirror, _tar_with_modes(tmp_path / "work" / "modes.tar.gz").read_bytes())
+    proc = _cli_install(python, prefix, umask=0o077)
+    assert proc.returncode == 0, proc.stderr
+    tree = prefix / f"therock-{NEW}-gfx1151"
+    seen = {}
+    for p in [tree, *tree.rglob("*")]:
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode):
+            continue
+        seen[str(p.relative_to(tree))] = stat.S_IMODE(st.st_mode)
+        assert st.st_uid == os.getuid() and st.st_gid == os.getgid(), p
+    assert seen == {".": 0o755, "bin": 0o755, "lib": 0o755, "bin/hipconfig": 0o755,
+                    "lib/libfoo.so": 0o644, "rocforge-install.toml": 0o644}, python_version(python)
+
+
+def _flip(data: bytes, offset: int) -> bytes:
+    return data[:offset] + bytes([data[offset] ^ 0x01]) + data[offset + 1:]
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+@pytest.mark.parametrize("damage", ["crc", "isize", "trailing-garbage", "flipped-data"])
+def test_corrupted_gzip_is_refused(site, prefix, capsys, tmp_path, python, damage):
+    """TheRock publishes no checksums: the gzip trailer is the only end-to-end check.  A flipped
+    bit used to install a corrupted tree with exit 0 (tarfile stops at the tar end marker and
+    never reads the trailer); now the integrity exit code (7) and one line."""
+    mirror, archives = site
+    old = _installed_old(capsys, prefix)
+    before = state(tmp_path, prefix)
+    data = archives[("gfx1151", NEW)].read_bytes()
+    bad = {"crc": lambda d: _flip(d, len(d) - 8), "isize": lambda d: _flip(d, len(d) - 4),
+           "trailing-garbage": lambda d: d + b"<html>not a gzip member</html>",
+           # a byte inside the random payload's stored blocks: inflates fine, CRC differs
+           "flipped-data": lambda d: _flip(d, len(d) // 2)}[damage](data)
+    _serve_new(mirror, bad)
+    line = _one_line_error(_cli_install(python, prefix), 7)
+    assert "truncated or corrupt" in line
+    if damage == "crc":  # (a flipped data byte is most often a CRC mismatch too, or bad deflate)
+        assert "CRC32" in line
+    assert os.readlink(prefix / "current") == old and state(tmp_path, prefix) == before
+
+
+def _mount_ns() -> list[str] | None:
+    """A private mount namespace (unprivileged via a user namespace when not root), or None."""
+    import shutil
+    import subprocess
+
+    unshare = shutil.which("unshare")
+    if not unshare:
+        return None
+    cmd = [unshare, "--mount", "--propagation", "private"]
+    if os.getuid() != 0:
+        cmd.insert(1, "--map-root-user")
+    ok = subprocess.run([*cmd, "true"], capture_output=True)
+    return cmd if ok.returncode == 0 else None
+
+
+def _zero_bomb(dest, size):
+    """One member of `size` zero bytes: a few hundred kB of gzip."""
+    import io
+
+    class Zeros(io.RawIOBase):
+        def __init__(self, n):
+            self.left = n
+
+        def readable(self):
+            return True
+
+        def readinto(self, b):
+            n = min(len(b), self.left)
+            b[:n] = bytes(n)
+            self.left -= n
+            return n
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest, "w:gz", compresslevel=9) as tar:
+        for name in ("bin", "lib"):
+            d = tarfile.TarInfo(name)
+            d.type, d.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(d)
+        info = tarfile.TarInfo("lib/libzero.so")
+        info.size, info.mode = size, 0o644
+        tar.addfile(info, io.BufferedReader(Zeros(size)))
+    return dest
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_zero_bomb_is_refused_before_the_disk_fills(site, tmp_path, python):
+    """A 96 MB member of zeros (under 100 kB of gzip) into a 16 MiB tmpfs: the archive passes
+    the up-front space check (archive x (1 + extract_ratio)), and is refused from its tar
+    header's declared size, by the real statvfs of the real small filesystem."""
+    ns = _mount_ns()
+    if ns is None:
+        pytest.skip("LOUD SKIP: cannot make a mount namespace here (unshare missing or user "
+                    "namespaces disabled); the zero-bomb test needs a small real filesystem")
+    mirror, _ = site
+    bomb = _zero_bomb(tmp_path / "work" / "bomb.tar.gz", 96_000_000)
+    assert bomb.stat().st_size < 200_000
+    _serve_new(mirror, bomb.read_bytes())
+    small = tmp_path / "small"
+    small.mkdir()
+    import shlex
+
+    script = (f"mount -t tmpfs -o size=16m tmpfs {shlex.quote(str(small))} && "
+              '"$@"; rc=$?; df -B1 --output=used "$0" | tail -1 >&2; '
+              'echo $(ls -A "$0/rocm") >&2; exit $rc')
+    proc = rocforge(python, "nightly", "install", "--target", "gfx1151",
+                    "--prefix", str(small / "rocm"), "--no-progress",
+                    wrap=[*ns, "sh", "-c", script, str(small)])
+    line = _one_line_error(proc, 10)
+    assert "member lib/libzero.so declares 96.0 MB but only" in line
+    assert "stopped before filling the disk" in line
+    tail = proc.stderr.splitlines()
+    assert ".lock" in tail[-1] or ".downloads" in tail[-1]  # no staging dir, no version dir
+    assert "therock-" not in tail[-1] and ".staging" not in tail[-1]
+    # what the tmpfs held at the end: the archive (kept for a retry) and nothing else to speak of
+    assert int(tail[-2].strip()) < 1_000_000, tail[-2]
+
+
+# -- one clear line where an internal error used to be (in process: same code, both Pythons
+#    are covered by the tests above) -----------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["file", "below-file"])
+def test_prefix_at_or_below_a_file(site, capsys, tmp_path, where):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("mine")
+    prefix = blocker if where == "file" else blocker / "rocm"
+    for argv in (("install", "--target", "gfx1151", "--no-progress"), ("use", OLD),
+                 ("prune",)):
+        rc, _out, err = run(capsys, "nightly", *argv, "--prefix", str(prefix))
+        assert rc == 2 and "rocforge: error:" in err and "internal error" not in err, err
+        assert ("is a file" if where == "file" else "which is a file") in err
+    assert blocker.read_text() == "mine"
+
+
+def test_read_only_prefix_is_one_line(site, tmp_path):
+    """A read-only filesystem (a bind mount remounted ro, in a private mount namespace)."""
+    import shlex
+    import sys
+
+    ns = _mount_ns()
+    if ns is None:
+        pytest.skip("LOUD SKIP: cannot make a mount namespace here (unshare missing or user "
+                    "namespaces disabled)")
+    ro = tmp_path / "ro"
+    (ro / "rocm").mkdir(parents=True)
+    q = shlex.quote(str(ro))
+    script = f'mount --bind {q} {q} && mount -o remount,bind,ro {q} {q} && exec "$@"'
+    for argv in (("install", "--target", "gfx1151"), ("use", OLD), ("prune",)):
+        proc = rocforge(sys.executable, "nightly", *argv, "--prefix", str(ro / "rocm"),
+                        wrap=[*ns, "sh", "-c", script, "sh"])
+        line = _one_line_error(proc, 2)
+        assert "cannot write to the prefix" in line and "Read-only file system" in line
+
+
+def test_current_that_is_a_real_directory_is_left_alone(site, prefix, capsys, http_server):
+    (prefix / "current").mkdir(parents=True)
+    (prefix / "current" / "notes.txt").write_text("mine")
+    n = len(http_server.requests)
+    rc, _out, err = install(capsys, prefix)
+    assert rc == 2 and "current is a directory, not the link" in err, err
+    assert not any(p.endswith(".tar.gz") for _m, p, _h in http_server.requests[n:])
+    assert (prefix / "current" / "notes.txt").read_text() == "mine"
+
+
+def test_record_with_wrong_types_breaks_nothing_else(site, prefix, capsys):
+    old = _installed_old(capsys, prefix)
+    rc, _out, err = install(capsys, prefix)
+    assert rc == 0, err
+    (prefix / old / "rocforge-install.toml").write_text(
+        'version = 7\nbuild_date = 20251021\ndate = ["x"]\nlayers = "gfx1151"\n')
+    rc, out, err = run(capsys, "nightly", "installed", "--prefix", str(prefix))
+    assert rc == 0 and old in out and "wrong type: build_date, date, layers, version" in out, err
+    rc, out, err = run(capsys, "nightly", "installed", "--prefix", str(prefix), "--json")
+    assert rc == 0 and {i["name"] for i in json.loads(out)} == {old, f"therock-{NEW}-gfx1151"}
+    rc, out, err = run(capsys, "nightly", "prune", "--keep", "0", "--prefix", str(prefix))
+    assert rc == 0 and f"removed {old}" in out, err
+
+
+def test_directory_inside_downloads(site, prefix, capsys):
+    from therock_tarballs import tarball_name
+
+    mine = prefix / ".downloads" / tarball_name("gfx1151", NEW)
+    (mine / "sub").mkdir(parents=True)
+    rc, _out, err = install(capsys, prefix)
+    assert rc == 2 and "is not a file rocforge downloaded" in err and mine.is_dir(), err
+    rc, out, err = run(capsys, "nightly", "prune", "--prefix", str(prefix))
+    assert rc == 0 and "left" in err and (mine / "sub").is_dir(), err
+
+
+def test_complete_archive_is_reused_after_interrupted_extraction(site, prefix, capsys,
+                                                                 monkeypatch, http_server):
+    """Ctrl-C while unpacking, then the same install again: the archive in .downloads is
+    complete (size from HEAD: TheRock's CDN page lists no sizes) and is not fetched again."""
+    _mirror, archives = site
+    path = f"/tarball/{archives[('gfx1151', NEW)].name}"
+    real = extract.safe_extract
+
+    def interrupted(archive, dest, **kw):
+        def hook(member):
+            if member.name.endswith("hipconfig"):
+                raise KeyboardInterrupt
+        return real(archive, dest, on_member=hook)
+
+    monkeypatch.setattr(extract, "safe_extract", interrupted)
+    rc, _, err = install(capsys, prefix)
+    assert rc == 130
+    monkeypatch.setattr(extract, "safe_extract", real)
+    rc, _, err = install(capsys, prefix)
+    assert rc == 0 and "reusing" in err, err
+    assert len(http_server.gets(path)) == 1
+    assert any(m == "HEAD" and p == path for m, p, _h in http_server.requests)
+
+
+def test_trickling_server_hits_the_configured_deadline(site, prefix, capsys, http_server):
+    _mirror, archives = site
+    old = _installed_old(capsys, prefix)
+    path = f"/tarball/{archives[('gfx1151', NEW)].name}"
+    for key, value in (("download.min_rate", "1000"), ("download.rate_window", "1"),
+                       ("download.attempts", "2")):
+        assert run(capsys, "config", "set", key, value)[0] == 0
+    for _ in range(2):
+        http_server.fail(path, trickle=0.05)
+    rc, _, err = install(capsys, prefix)
+    assert rc == 6 and "too slow" in err and "retrying in" in err, err
+    assert os.readlink(prefix / "current") == old
+
+
+def test_sha256_validation_and_wording(site, prefix, capsys, http_server, monkeypatch):
+    _mirror, archives = site
+    n = len(http_server.requests)
+    rc, _, err = install(capsys, prefix, "--sha256", "abc123")
+    assert rc == 2 and "not a sha256 (64 hexadecimal digits)" in err
+    assert http_server.requests[n:] == []  # refused before anything was asked of the network
+    digest = hashlib.sha256(archives[("gfx1151", NEW)].read_bytes()).hexdigest()
+    rc, out, err = install(capsys, prefix, "--sha256", digest.upper())
+    assert rc == 0 and "verified against the sha256 you gave" in out and "published" not in out
+    monkeypatch.setattr(download, "free_bytes", lambda path: 1000)
+    rc, _, err = install(capsys, prefix, "--version", OLD)
+    assert rc == 10 and "kB needed (archive + unpacked tree), 1.0 kB free" in err, err
+
+
+def test_offline_fails_fast_with_a_warning_per_source(capsys, monkeypatch):
+    slept = []
+    monkeypatch.setattr(download, "_sleep", slept.append)
+    for name in ("cdn", "cdn-multiarch"):
+        run(capsys, "config", "set", f"nightly.sources.{name}.url",
+            f"https://{name}.rocforge-test.invalid/tarball/")
+    rc, _out, err = run(capsys, "nightly", "list", "--target", "gfx1151")
+    assert rc == 6 and slept == [], err
+    warnings = [line for line in err.splitlines() if "warning: source skipped" in line]
+    assert len(warnings) == 2 and "cdn:" in warnings[0] and "cdn-multiarch:" in warnings[1]
+    assert "cannot resolve the host name 'cdn.rocforge-test.invalid'" in warnings[0]
+    assert "none of the 2 nightly sources could be read" in err
+    run(capsys, "config", "set", "nightly.pip.family_index",
+        "https://pip.rocforge-test.invalid/v2/{family}/")
+    rc, _out, err = run(capsys, "nightly", "pip", "--target", "gfx1151")
+    assert rc == 6 and "cannot resolve the host name" in err and slept == [], err

@@ -386,7 +386,7 @@ def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
 def _extract(archive: Path, dest: Path, *, strip: bool = True) -> None:
     """Extract safely (extract.py) into a staging dir, then rename onto `dest`; a single top
     directory is stripped.  `dest` is complete or absent, never half-written."""
-    from rocforge_build.extract import safe_extract, staging
+    from rocforge_build.extract import safe_extract, staging, write_own_file
 
     with staging(dest.parent, ".extract-") as tmp:
         safe_extract(archive, tmp)
@@ -394,7 +394,7 @@ def _extract(archive: Path, dest: Path, *, strip: bool = True) -> None:
         entries = list(tmp.iterdir())
         if strip and len(entries) == 1 and entries[0].is_dir():
             top = entries[0]
-        (top / ".rocforge-complete").write_text(str(archive) + "\n")
+        write_own_file(top / ".rocforge-complete", str(archive) + "\n")  # never through a link
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(top, dest)

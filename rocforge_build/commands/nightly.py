@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import sys
 
 from rocforge_build import config
-from rocforge_build.errors import UsageError
+from rocforge_build.errors import NetworkError, UsageError
 from rocforge_build.nightly import listing
 
 
@@ -104,12 +105,19 @@ def _entries(args, cfg) -> list[listing.Nightly]:
     sources = ([listing.source_for_url(u) for u in args.index] if args.index
                else listing.configured_sources(cfg))
     errors: list[str] = []
-    entries = listing.list_nightlies(
-        sources, platform=args.platform or cfg["nightly"]["platform"],
-        skip_variants=cfg["nightly"]["skip_variants"], errors=errors)
-    for e in errors:
-        print(f"rocforge: warning: source skipped: {e}", file=sys.stderr)
-    return entries
+    try:
+        return listing.list_nightlies(
+            sources, platform=args.platform or cfg["nightly"]["platform"],
+            skip_variants=cfg["nightly"]["skip_variants"], errors=errors)
+    except NetworkError as exc:
+        if len(sources) > 1:  # every source failed: each is named above, summed up in one line
+            raise NetworkError(f"none of the {len(sources)} nightly sources could be read "
+                               "(each is named above)", exc.hint) from exc
+        raise
+    finally:
+        if len(sources) > 1:  # README: a warning for each source skipped
+            for e in errors:
+                print(f"rocforge: warning: source skipped: {e}", file=sys.stderr)
 
 
 def _prefix(args, cfg):
@@ -190,6 +198,9 @@ def _list(args, cfg) -> int:
 def _install(args, cfg) -> int:
     from rocforge_build.nightly import install
 
+    if args.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", args.sha256.strip()):
+        raise UsageError(f"--sha256 {args.sha256!r} is not a sha256 (64 hexadecimal digits)",
+                         "copy the whole digest, e.g. from `sha256sum FILE`")
     groups, target = _groups(args, need=True)
     entries = _entries(args, cfg)
     layers, reason = listing.layer_plan(entries, target, groups, args.version, args.layer)
@@ -224,7 +235,10 @@ def _install(args, cfg) -> int:
               f"prefix use `rocforge env --rocm {prefix / 'current'}` or set ROCM_PATH",
               file=sys.stderr)
     r = result.record
-    checked = "verified against published checksum" if r.get("verified") else "recorded"
+    how = (r.get("layers") or [{}])[-1].get("checksum", "")
+    checked = ("not verified: none published; recorded" if not r.get("verified") else
+               "verified against the sha256 you gave" if how.startswith("given") else
+               "verified against published checksum")
     print(f"installed {_shown(args, result.path)}\n  sha256 {r.get('sha256')} ({checked})\n"
           f"  current -> {result.path.name}"
           + (f" (was {result.previous}; roll back: rocforge nightly use {result.previous})"
@@ -246,7 +260,8 @@ def _installed(args, cfg) -> int:
     print(f"{_shown(args, prefix)}:")
     for i in items:
         mark = "*" if i.current else " "
-        print(f"{mark} {i.name}  (installed {i.record.get('date', '?')})")
+        print(f"{mark} {i.name}  (installed {i.record.get('date', '?')})"
+              + (f"  [{i.problem}]" if i.problem else ""))
     return 0
 
 

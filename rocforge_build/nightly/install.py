@@ -12,6 +12,10 @@ sha256 always recorded), extracts every layer into `<prefix>/.staging-*`, writes
 renames the staging dir to `<version-dir>` and only then repoints `current`.  Any failure
 (network, checksum, hostile or truncated archive, full disk, Ctrl-C) removes the staging dir and
 leaves `current` and every other install as they were; nothing is written outside the prefix.
+The record is written without following links (`extract.write_own_file`); an archive already
+complete in `.downloads/` (interrupted unpack) is used again.  What is not rocforge's (a
+`current` that is a real directory, a directory in `.downloads/`) is named and left alone, and
+a prefix that is a file, below a file or read-only is one line, before any download.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rocforge_build import config, download, extract
+from rocforge_build.download import human_size
 from rocforge_build.errors import IntegrityError, RocforgeError, UsageError
 from rocforge_build.nightly.listing import Nightly
 
@@ -34,6 +39,7 @@ RECORD = "rocforge-install.toml"
 CURRENT = "current"
 DOWNLOADS = ".downloads"
 _HEX64 = re.compile(r"\b[0-9a-fA-F]{64}\b")
+CHECKSUM_MAX = 64 << 10  # a checksum file is a line or a few; more is not one
 
 
 class LockedError(RocforgeError):
@@ -47,6 +53,8 @@ class Installed:
     record: dict
     current: bool
 
+    problem: str | None = None  # why the record could not be read in full
+
     @property
     def version(self) -> str | None:
         return self.record.get("version")
@@ -56,7 +64,7 @@ class Installed:
                 "version": self.version, "family": self.record.get("family"),
                 "layers": [layer.get("family") for layer in self.record.get("layers", [])],
                 "date": self.record.get("date"), "sha256": self.record.get("sha256"),
-                "url": self.record.get("url")}
+                "url": self.record.get("url"), "problem": self.problem}
 
 
 @dataclass
@@ -74,6 +82,35 @@ def resolve_prefix(explicit: str | os.PathLike[str] | None, cfg: dict | None = N
     return config.nightly_prefix(cfg)
 
 
+def prepare_prefix(prefix: Path) -> None:
+    """Make the prefix (and check it can be written), or one clear line saying why not."""
+    try:
+        prefix.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(f"the prefix {prefix} is a file, not a directory",
+                         "give --prefix a directory (it is made when missing)") from None
+    except NotADirectoryError:
+        above = next((p for p in prefix.parents if p.exists() and not p.is_dir()), prefix.parent)
+        raise UsageError(f"the prefix {prefix} lies below {above}, which is a file",
+                         "give --prefix a directory (it is made when missing)") from None
+    except OSError as exc:
+        raise _cannot_write(prefix, exc) from None
+    cur = prefix / CURRENT
+    if os.path.lexists(cur) and not cur.is_symlink():
+        raise UsageError(f"{cur} is a {'directory' if cur.is_dir() else 'file'}, not the link "
+                         "rocforge keeps there; rocforge will not replace it",
+                         "move it away (it may be yours) or install into another --prefix")
+    downloads = prefix / DOWNLOADS
+    if os.path.lexists(downloads) and (downloads.is_symlink() or not downloads.is_dir()):
+        raise UsageError(f"{downloads} is not a directory; rocforge keeps its downloads there",
+                         "move it away, then run the command again")
+
+
+def _cannot_write(prefix: Path, exc: OSError) -> UsageError:
+    return UsageError(f"cannot write to the prefix {prefix}: {exc.strerror or exc}",
+                      "choose a --prefix you can write to (or fix its permissions)")
+
+
 def version_dir_name(layers: list[Nightly]) -> str:
     top = layers[-1]
     groups = "+".join(layer.family for layer in layers)
@@ -86,8 +123,11 @@ def version_dir_name(layers: list[Nightly]) -> str:
 def locked(prefix: Path) -> Iterator[None]:
     import fcntl
 
-    prefix.mkdir(parents=True, exist_ok=True)
-    fd = os.open(prefix / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    prepare_prefix(prefix)
+    try:
+        fd = os.open(prefix / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise _cannot_write(prefix, exc) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -105,7 +145,7 @@ def published_checksum(entry: Nightly, suffixes: list[str], *, session=None) -> 
     """(sha256, checksum URL) from a `<tarball><suffix>` file beside the tarball, if published."""
     for suffix in suffixes:
         url = entry.url + suffix
-        text = download.get_text(url, session=session, missing_ok=True)
+        text = download.get_text(url, session=session, missing_ok=True, max_bytes=CHECKSUM_MAX)
         if text is None:
             continue
         for line in text.splitlines():
@@ -123,7 +163,7 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
     """Install `layers` (base first, each extracted over the previous) as one version dir."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     ncfg = cfg["nightly"]
-    prefix.mkdir(parents=True, exist_ok=True)
+    policy = download.policy_from_config(cfg, log)
     name = version_dir_name(layers)
     final = prefix / name
     with locked(prefix):
@@ -133,10 +173,13 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
             record = read_record(final)
             return InstallResult(final, record, previous, reused=True,
                                  notes=[f"{name} was already installed; `current` points at it"])
-        sizes = [e.size if e.size is not None else download.remote_size(e.url, session=session)
+        sizes = [e.size if e.size is not None
+                 else download.remote_size(e.url, session=session, policy=policy)
                  for e in layers]
-        check_space(prefix, layers, sizes, float(ncfg["extract_ratio"]))
         downloads = prefix / DOWNLOADS
+        for entry in layers:
+            _check_download_slot(downloads / entry.name)
+        check_space(prefix, layers, sizes, float(ncfg["extract_ratio"]))
         fetched = []
         for entry, size in zip(layers, sizes, strict=True):
             given = sha256 if entry is layers[-1] else None
@@ -145,9 +188,13 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
             want = given or (published[0] if published else None)
             how = ("given with --sha256" if given else
                    f"published at {published[1]}" if published else "none published; recorded")
-            log(f"downloading {entry.name}" + (f" ({human_size(size)})" if size else ""))
-            res = download.download(entry.url, downloads / entry.name, sha256=want,
-                                    expected_size=size, progress=progress, session=session)
+            dest = downloads / entry.name
+            if size and dest.is_file() and dest.stat().st_size == size:
+                log(f"reusing {entry.name} from an earlier run ({human_size(size)}, complete)")
+            else:
+                log(f"downloading {entry.name}" + (f" ({human_size(size)})" if size else ""))
+            res = download.download(entry.url, dest, sha256=want, expected_size=size,
+                                    progress=progress, session=session, policy=policy)
             fetched.append((entry, res, how, want is not None))
         with extract.staging(prefix) as stage:
             try:
@@ -180,13 +227,14 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
         return InstallResult(final, record, previous)
 
 
-def human_size(n: int | None) -> str:
-    if not n:
-        return "-"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
+def _check_download_slot(dest: Path) -> None:
+    """`.downloads/<name>` and its `.part` are rocforge's files: something else there (a
+    directory) is left alone and named."""
+    for p in (dest, download.part_path(dest)):
+        if os.path.lexists(p) and (p.is_symlink() or not p.is_file()):
+            raise UsageError(f"{p} is not a file rocforge downloaded (a directory or a link); "
+                             "rocforge will not replace it",
+                             "move it away, then run the command again")
 
 
 def check_space(prefix: Path, layers: list[Nightly], sizes: list[int | None], ratio: float) -> None:
@@ -204,8 +252,8 @@ def check_space(prefix: Path, layers: list[Nightly], sizes: list[int | None], ra
     free = download.free_bytes(prefix)
     if free < need:
         raise download.DiskFullError(
-            f"not enough free space in {prefix}: {need / 1e9:.1f} GB needed "
-            f"(archive + unpacked tree), {free / 1e9:.1f} GB free",
+            f"not enough free space in {prefix}: {human_size(need)} needed "
+            f"(archive + unpacked tree), {human_size(free)} free",
             "free space, prune old installs (`rocforge nightly prune --keep 1`) or choose "
             "another --prefix",
         )
@@ -254,17 +302,48 @@ def write_record(path: Path, record: dict) -> None:
             t[k] = v
         aot.append(t)
     doc["layers"] = aot
-    path.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    extract.write_own_file(path, tomlkit.dumps(doc))
+
+
+_RECORD_TYPES = {"version": str, "family": str, "platform": str, "url": str, "sha256": str,
+                 "size": int, "verified": bool, "date": str, "build_date": str}
+_LAYER_TYPES = {"name": str, "url": str, "family": str, "version": str, "sha256": str,
+                "size": int, "checksum": str, "verified": bool}
 
 
 def read_record(path: Path) -> dict:
+    return read_record_checked(path)[0]
+
+
+def read_record_checked(path: Path) -> tuple[dict, str | None]:
+    """(record, problem): the fields of the right type only, so one damaged record (hand-edited,
+    half-written by another tool) never breaks the listing or pruning of every install."""
     import tomllib
 
     file = path / RECORD if path.is_dir() else path
     try:
-        return tomllib.loads(file.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
+        raw = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        return {}, f"{RECORD} cannot be read ({type(exc).__name__})"
+    record = {k: v for k, v in raw.items() if _typed(v, _RECORD_TYPES.get(k))}
+    bad = sorted(k for k in raw if k in _RECORD_TYPES and k not in record)
+    layers = raw.get("layers", [])
+    if isinstance(layers, list) and all(isinstance(layer, dict) for layer in layers):
+        record["layers"] = [{k: v for k, v in layer.items() if _typed(v, _LAYER_TYPES.get(k))}
+                            for layer in layers]
+    else:
+        record["layers"] = []
+        bad.append("layers")
+    return record, (f"{RECORD} has fields of the wrong type: {', '.join(sorted(bad))}"
+                    if bad else None)
+
+
+def _typed(value, kind) -> bool:
+    if kind is None:
+        return False
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
 
 
 # -- current / installed / use / prune ---------------------------------------------------------
@@ -280,6 +359,11 @@ def switch(prefix: Path, name: str) -> None:
     """Point `<prefix>/current` at `<prefix>/<name>` atomically (relative link)."""
     if not (prefix / name).is_dir():
         raise UsageError(f"{name} is not installed in {prefix}")
+    cur = prefix / CURRENT
+    if os.path.lexists(cur) and not cur.is_symlink():
+        raise UsageError(f"{cur} is not the link rocforge keeps there; rocforge will not "
+                         "replace it", "move it away (it may be yours), then run `rocforge "
+                         f"nightly use {name}`")
     tmp = prefix / f".current-{os.getpid()}-{time.monotonic_ns()}"
     os.symlink(name, tmp)
     try:
@@ -299,7 +383,8 @@ def installed(prefix: Path) -> list[Installed]:
             continue
         if not (p / RECORD).exists():
             continue
-        out.append(Installed(p.name, p, read_record(p), p.name == cur))
+        record, problem = read_record_checked(p)
+        out.append(Installed(p.name, p, record, p.name == cur, problem))
     out.sort(key=_age_key, reverse=True)
     return out
 
@@ -353,8 +438,13 @@ def prune(prefix: Path, keep: int) -> list[str]:
                     extract.remove_tree(p)
                 removed.append(p.name)
         downloads = prefix / DOWNLOADS
-        if downloads.is_dir():
+        if downloads.is_dir() and not downloads.is_symlink():
             for p in downloads.iterdir():
+                if p.is_dir() and not p.is_symlink():
+                    # rocforge makes only files here: a directory is someone's, left alone
+                    print(f"rocforge: warning: left {p} in place: a directory, which rocforge "
+                          "never makes there", file=sys.stderr)
+                    continue
                 p.unlink()
                 removed.append(f"{DOWNLOADS}/{p.name}")
     return removed

@@ -201,7 +201,7 @@ def list_nightlies(sources: list[Source], *, platform: str | None = "linux", ses
                 continue
             seen.setdefault(e.name, e)
     if failures and len(failures) == len(sources):
-        raise failures[-1]
+        raise failures[-1]  # the caller warned about each through `errors`
     return sort_newest(seen.values())
 
 
