@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-import signal
 import sys
 
 from rocforge_build import config
@@ -147,23 +145,6 @@ def _shown(args, path) -> str:
         return str(path)
 
 
-@contextlib.contextmanager
-def _term_as_interrupt():
-    """SIGTERM (a closed terminal, `docker stop`) cleans up like Ctrl-C does."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        old = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def _mb(size) -> str:
     from rocforge_build.nightly.install import human_size
 
@@ -217,10 +198,10 @@ def _install(args, cfg) -> int:
                 print(f"  {e.url}  ({_mb(e.size)})")
         return 0
     print(f"installing {name}: {reason}", file=sys.stderr)
-    with _term_as_interrupt():
-        result = install.install(
-            layers, prefix, cfg=cfg, progress=not args.no_progress and not args.json,
-            sha256=args.sha256, force=args.force)
+    # SIGTERM cleans up like Ctrl-C: the CLI's handler (rocforge_build.signals) covers it
+    result = install.install(
+        layers, prefix, cfg=cfg, progress=not args.no_progress and not args.json,
+        sha256=args.sha256, force=args.force)
     for note in result.notes:
         print(note, file=sys.stderr)
     if args.json:
