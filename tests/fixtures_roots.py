@@ -124,6 +124,17 @@ RX7900XTX = dict(gfx_target_version=110000, cus=96, device_id=0x744C, location_i
 RAPHAEL_IGPU = dict(gfx_target_version=100306, cus=2, device_id=0x164E, location_id=0x7A00,
                     render_minor=129, clock=2200)
 
+# More real parts: Phoenix iGPU Radeon 780M (0x15bf, 12 CUs), RX 6800 XT (0x73bf, 72 CUs),
+# Radeon VII (0x66af, 60 CUs, GCN: 4 SIMDs per CU, wave64), RX 9070 XT (0x7550, 64 CUs).
+PHOENIX_IGPU = dict(gfx_target_version=110003, cus=12, device_id=0x15BF, location_id=0xC500,
+                    clock=2700)
+RX6800XT = dict(gfx_target_version=100300, cus=72, device_id=0x73BF, location_id=0x0300,
+                clock=2250)
+RADEON_VII = dict(gfx_target_version=90006, cus=60, device_id=0x66AF, location_id=0x0300,
+                  simd_per_cu=4, wave=64, clock=1801)
+RX9070XT = dict(gfx_target_version=120001, cus=64, device_id=0x7550, location_id=0x0300,
+                clock=2970)
+
 
 def make_gpus(root: Path, *gpus: dict, cpu_cores: int = 32) -> None:
     """Node 0 the CPU, then one node per GPU spec (a dict of gpu_node_props arguments)."""

@@ -122,6 +122,7 @@ def coverage_rows(res: resolver.Resolution) -> list[dict]:
 def run(args) -> int:
     res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
     sys_warnings, blockers = system_checks(args.rootfs, res)
+    blockers += res.blockers  # e.g. the main GPU not served by this ROCm (resolver)
     usable = res.usable and not blockers
     if args.json:
         data = res.to_json()

@@ -84,9 +84,36 @@ class Coverage:
     has_rocblas: bool = False  # a rocBLAS kernel library directory exists at all
     has_hipblaslt: bool = False
     has_dist_info: bool = False
+    # ISA names (amdgcn-amd-amdhsa--gfx*) in the HIP runtime's ISA table, and the library they
+    # were read from; no library = not known (an empty or stripped file tells nothing).
+    runtime: tuple[str, ...] = ()
+    runtime_lib: str | None = None
+    # The rocBLAS library's ELF NEEDED entries; None = not read (no rocBLAS, or not an ELF).
+    rocblas_lib: str | None = None
+    rocblas_needed: tuple[str, ...] | None = None
 
     def kernels_for(self, gfx: str) -> tuple[bool, str]:
-        """Whether the runtime libraries carry `gfx` kernels, and the evidence."""
+        """Whether this install can run `gfx` kernels, and the evidence: the runtime must know
+        the ISA (device bitcode is compiler support only), and the libraries must carry them."""
+        if self.runtime_lib is not None and gfx not in self.runtime:
+            return False, (f"the HIP runtime {self.runtime_lib} has no ISA amdgcn-amd-amdhsa--{gfx} "
+                           f"(its table ends at {_last_of(self.runtime, gfx)}): it cannot load "
+                           f"{gfx} code")
+        ok, why = self._libraries_for(gfx)
+        if ok and self.runtime_lib is not None:
+            why += f"; the runtime knows amdgcn-amd-amdhsa--{gfx}"
+        return ok, why
+
+    def rocblas_uses_hipblaslt(self) -> tuple[bool | None, str]:
+        """Whether this rocBLAS was built with hipBLASLt (libhipblaslt among its NEEDED)."""
+        if self.rocblas_needed is None:
+            return None, "rocBLAS's ELF NEEDED entries not read"
+        if any(n.startswith("libhipblaslt") for n in self.rocblas_needed):
+            return True, f"{self.rocblas_lib} links libhipblaslt (ELF NEEDED)"
+        return False, (f"{self.rocblas_lib} was built without hipBLASLt: its ELF NEEDED entries "
+                       f"({', '.join(self.rocblas_needed)}) name no libhipblaslt")
+
+    def _libraries_for(self, gfx: str) -> tuple[bool, str]:
         if self.has_rocblas:
             if gfx in self.rocblas:
                 return True, f"rocBLAS has TensileLibrary files for {gfx}"
@@ -109,7 +136,16 @@ class Coverage:
         return {
             "rocblas": list(self.rocblas), "hipblaslt": list(self.hipblaslt),
             "bitcode": list(self.bitcode), "dist_amdgpu_targets": list(self.dist),
+            "runtime_isas": list(self.runtime), "runtime_lib": self.runtime_lib,
+            "rocblas_lib": self.rocblas_lib,
+            "rocblas_needed": None if self.rocblas_needed is None else list(self.rocblas_needed),
         }
+
+
+def _last_of(isas: tuple[str, ...], gfx: str) -> str:
+    """The runtime's newest ISA of `gfx`'s major family (gfx1036 -> gfx1035), else its newest."""
+    family = [i for i in isas if i[:-2] == gfx[:-2]] or list(isas)
+    return gfx_sorted(family)[-1] if family else "nothing"
 
 
 @dataclass(frozen=True)
@@ -366,7 +402,21 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
         value = data.get("dist_amdgpu_targets") if isinstance(data, dict) else None
         items = value if isinstance(value, list) else re.split(r"[;,\s]+", str(value or ""))
         dist.extend(i for i in items if isinstance(i, str) and i.startswith("gfx"))
+    runtime = binaries.runtime_isas(
+        root, [h for b in bases for pat in layout.runtime_libs for h in _glob(root, b, pat)])
+    rocblas_lib, rocblas_needed = None, None
+    for b in bases:
+        for hit in (h for pat in layout.rocblas_libs for h in _glob(root, b, pat)):
+            info = binaries.read_elf(root.host(hit))
+            if info is not None:
+                rocblas_lib, rocblas_needed = str(hit), info.needed
+                break
+        if rocblas_lib:
+            break
     return Coverage(
+        runtime=gfx_sorted(runtime.isas) if runtime else (),
+        runtime_lib=str(runtime.library) if runtime else None,
+        rocblas_lib=rocblas_lib, rocblas_needed=rocblas_needed,
         rocblas=_tensile_targets(root, rocblas_dirs),
         hipblaslt=_tensile_targets(root, hipblaslt_dirs),
         bitcode=bitcode, dist=gfx_sorted(dist),
