@@ -91,6 +91,8 @@ class Coverage:
     # The rocBLAS library's ELF NEEDED entries; None = not read (no rocBLAS, or not an ELF).
     rocblas_lib: str | None = None
     rocblas_needed: tuple[str, ...] | None = None
+    # gfx -> the kernel pack (.kpack/*.kpack) that carries it (TheRock multi-arch installs).
+    kpack: tuple[tuple[str, str], ...] = ()
 
     def kernels_for(self, gfx: str) -> tuple[bool, str]:
         """Whether this install can run `gfx` kernels, and the evidence: the runtime must know
@@ -114,6 +116,14 @@ class Coverage:
                        f"({', '.join(self.rocblas_needed)}) name no libhipblaslt")
 
     def _libraries_for(self, gfx: str) -> tuple[bool, str]:
+        if self.kpack:  # a kpack-split install: its device code is in the packs, nowhere else
+            packs = [f for g, f in self.kpack if g == gfx]
+            if packs:
+                blas = [f for f in packs if "blas" in PurePosixPath(f).name] or packs
+                return True, f"kernel pack {blas[0]} carries {gfx}"
+            have = ", ".join(gfx_sorted({g for g, _ in self.kpack}))
+            return False, (f"no kernel pack in .kpack/ carries {gfx} (packs for {have}; TheRock "
+                           f"native packages: install amdrocm-blas<X.Y>-{gfx})")
         if self.has_rocblas:
             if gfx in self.rocblas:
                 return True, f"rocBLAS has TensileLibrary files for {gfx}"
@@ -130,13 +140,15 @@ class Coverage:
         return gfx in self.hipblaslt
 
     def targets(self) -> list[str]:
-        return list(gfx_sorted([*self.rocblas, *self.hipblaslt, *self.bitcode, *self.dist]))
+        return list(gfx_sorted([*self.rocblas, *self.hipblaslt, *self.bitcode, *self.dist,
+                                *(g for g, _ in self.kpack)]))
 
     def to_json(self) -> dict:
         return {
             "rocblas": list(self.rocblas), "hipblaslt": list(self.hipblaslt),
             "bitcode": list(self.bitcode), "dist_amdgpu_targets": list(self.dist),
             "runtime_isas": list(self.runtime), "runtime_lib": self.runtime_lib,
+            "kpack": sorted({g for g, _ in self.kpack}),
             "rocblas_lib": self.rocblas_lib,
             "rocblas_needed": None if self.rocblas_needed is None else list(self.rocblas_needed),
         }
@@ -313,7 +325,15 @@ def _v_dist_info_metadata(root: Root, base: PurePosixPath) -> str | None:
     return None
 
 
+def _v_dir_name(root: Root, base: PurePosixPath) -> str | None:
+    """`/opt/rocm/core-7.14` (TheRock native packages: build_package.py installs to
+    /opt/rocm/core-<major>.<minor>), `/opt/rocm-6.4.1`: the version in the directory name."""
+    m = re.search(r"(?:core|rocm)-(\d+\.\d+(?:\.\d+)?)$", root.resolve(base).name)
+    return m.group(1) if m else None
+
+
 _VERSION_READERS = {
+    "dir_name": _v_dir_name,
     "install_toml": _v_install_toml,
     "info_version": _v_info_version,
     "rocm_version_h": _v_rocm_version_h,
@@ -413,7 +433,14 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
                 break
         if rocblas_lib:
             break
+    kpack: list[tuple[str, str]] = []
+    for b in bases:
+        for hit in _glob(root, b, ".kpack/*.kpack"):
+            pack = binaries.read_kpack(root, hit)
+            if pack is not None:
+                kpack.extend((g, str(hit)) for g in pack.arches)
     return Coverage(
+        kpack=tuple(kpack),
         runtime=gfx_sorted(runtime.isas) if runtime else (),
         runtime_lib=str(runtime.library) if runtime else None,
         rocblas_lib=rocblas_lib, rocblas_needed=rocblas_needed,
@@ -624,11 +651,29 @@ def _candidates(root: Root, environ: Mapping[str, str]) -> list[tuple[PurePosixP
         for name in root.listdir(prefix):
             if name != "current" and not name.startswith("."):
                 cands.append((prefix / name, "rocforge nightly", False))
-    cands.append((PurePosixPath("/opt/rocm"), "/opt/rocm", False))
+    # TheRock native packages (amdrocm-*): the tree is /opt/rocm/core-X.Y, with /opt/rocm/core and
+    # /opt/rocm/core-X alternatives links to it, and /opt/rocm/{bin,lib,...} links into it
+    # (build_tools/packaging/linux/template/scripts/amdrocm-core-postinst.j2): /opt/rocm itself
+    # is then a link farm, not an install of its own.
+    native = [h for h in _glob(root, PurePosixPath("/opt/rocm"), "core*") if root.is_dir(h)]
+    for hit in native:
+        cands.append((hit, "/opt/rocm/core-*", False))
+    if not native:
+        cands.append((PurePosixPath("/opt/rocm"), "/opt/rocm", False))
     for hit in _glob(root, PurePosixPath("/opt"), "rocm-*"):
         cands.append((hit, "/opt/rocm-*", False))
     cands.append((PurePosixPath("/usr"), "distro /usr", False))
     return cands
+
+
+def _extras_for(root: Root, real: PurePosixPath) -> tuple[PurePosixPath, ...]:
+    """/opt/rocm/extras-X beside a native /opt/rocm/core-X.Y: its libraries belong to that core."""
+    m = re.fullmatch(r"/opt/rocm/core-(\d+)(?:\.\d+)*", str(real))
+    if not m:
+        return ()
+    extra = PurePosixPath(f"/opt/rocm/extras-{m.group(1)}")
+    _watch(root, extra)
+    return (extra,) if root.is_dir(extra) else ()
 
 
 def find_installs(root: Root, *, rocm: str | None = None,
@@ -658,7 +703,8 @@ def find_installs(root: Root, *, rocm: str | None = None,
             prev = by_real[real]
             by_real[real] = _merge(prev, source, is_current)
             continue
-        inst = inspect(root, path, sources=(source,), nightly_current=is_current)
+        inst = inspect(root, path, sources=(source,), nightly_current=is_current,
+                       extra_bases=_extras_for(root, real))
         if inst is None:
             continue
         by_real[real] = inst
