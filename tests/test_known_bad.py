@@ -84,3 +84,17 @@ def test_doctor_warns_when_current_is_known_bad(site, capsys, tmp_path, monkeypa
     assert rc == 0, err
     rc, out, err = _run(capsys, "--root", str(root), "doctor", "--json")
     assert not [w for w in json.loads(out)["checks"]["warnings"] if "known-bad" in w]
+
+
+def test_only_bad_nightlies_left_is_one_clear_error(http_server, tmp_path_factory, capsys,
+                                                     tmp_path):
+    work = tmp_path_factory.mktemp("kb-only-bad")
+    mirror = Mirror(http_server, "/only-bad/")
+    mirror.add_file(make_tarball(work, "gfx1151", BAD, ["gfx1151"]), 1781000000.0)
+    assert cli.main(["config", "set", "nightly.sources.cdn.url", mirror.url]) == 0
+    assert cli.main(["config", "set", "nightly.use", '["cdn"]']) == 0
+    capsys.readouterr()
+    rc, _out, err = _run(capsys, "nightly", "install", "--target", "gfx1151", "--prefix",
+                         str(tmp_path / "rocm"), "--dry-run")
+    assert rc != 0 and "Traceback" not in err
+    assert "known-bad" in err and "--version" in err

@@ -202,6 +202,10 @@ def _install(args, cfg) -> int:
                 keep.append(e)
             else:
                 skipped.setdefault(e.version, bad.describe(e.version))
+        if skipped and not any(e.family in groups for e in keep):
+            raise UsageError("every nightly published for this target is known-bad: "
+                             + "; ".join(skipped.values()),
+                             "install one anyway with --version VERSION")
         entries = keep
     layers, reason = listing.layer_plan(entries, target, groups, args.version, args.layer)
     newer = [why for v, why in skipped.items()
