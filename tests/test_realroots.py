@@ -240,3 +240,41 @@ def test_strix_halo_on_sid_env_script(machine):
     assert "export HIP_DEVICE_LIB_PATH='/usr/lib/llvm-21/lib/clang/21/amdgcn/bitcode'" in out.stdout
     assert "export HSA_OVERRIDE_GFX_VERSION='11.0.0'" in out.stdout
     assert "unset ROCBLAS_USE_HIPBLASLT" in out.stdout
+
+
+def test_sid_without_llvm_21_says_hipcc_cannot_compile(tmp_path):
+    # Remove clang-21's files: hipcc 7.0.2 still runs $HIP_CLANG_PATH/clang++ from
+    # /usr/lib/llvm-21/bin, and clang-22 does not stand in for it.
+    root = tmp_path / "root"
+    shutil.copytree(REAL / "sid" / "usr", root / "usr", symlinks=True,
+                    ignore=shutil.ignore_patterns("rocblas", "hipblaslt"))
+    shutil.rmtree(root / "usr/lib/llvm-21/bin")
+    inst = installs.inspect(Root(root), "/usr")
+    assert inst.hip_clang_path is None and inst.compiler_dir is None and inst.hipcxx is None
+    assert any("clang++" in p and "cannot compile" in p for p in inst.problems)
+    assert any("install clang-21" in p for p in inst.problems)
+
+
+def test_trimmed_elf_files_are_real_elf(tmp_path):
+    # regenerate.py writes small ELF files; binutils must read them like the originals.
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(REAL))
+    try:
+        import regenerate
+    finally:
+        sys.path.remove(str(REAL))
+    data = regenerate.small_elf("libx.so.1", ["libamdhip64.so.6", "libc.so.6"],
+                                [b"amdgcn-amd-amdhsa--gfx1151", b"lib/llvm-21/bin"])
+    path = tmp_path / "libx.so.1"
+    path.write_bytes(data)
+    readelf = shutil.which("readelf")
+    if readelf:
+        out = subprocess.run([readelf, "-dW", str(path)], capture_output=True, text=True).stdout
+        assert "Shared library: [libamdhip64.so.6]" in out and "soname: [libx.so.1]" in out
+    from rocforge_build.discover import binaries
+
+    info = binaries.read_elf(path)
+    assert info.needed == ("libamdhip64.so.6", "libc.so.6") and info.soname == "libx.so.1"
+    assert binaries.isa_names(info.data) == ("gfx1151",)

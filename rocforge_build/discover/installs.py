@@ -512,10 +512,14 @@ def _bitcode_and_llvm(root: Root, path: PurePosixPath, layout: Layout,
 def _compiler_dir(root: Root, path: PurePosixPath, layout: Layout,
                   owner: int | None) -> PurePosixPath | None:
     if owner is not None:
+        versioned = False
         for pattern in layout.compiler_dirs:
             for hit in _glob(root, path, pattern):
+                versioned = versioned or _llvm_of(hit) is not None
                 if root.is_dir(hit) and _llvm_of(hit) == owner:
                     return hit
+        if versioned:
+            return None  # the owning LLVM is not installed; another LLVM is no substitute
     return _first(root, path, layout.compiler_dirs)
 
 
@@ -524,7 +528,8 @@ def _hip_clang_path(root: Root, path: PurePosixPath, layout: Layout, hipcc: bina
                     problems: list[str]) -> tuple[PurePosixPath | None, str]:
     """HIP_CLANG_PATH: the directory where the program hipcc runs actually is."""
     if hipcc is not None:
-        for d in (*hipcc.default_dirs, *([compiler_dir] if compiler_dir else [])):
+        same_llvm = compiler_dir is not None and hipcc.llvm_major in (None, _llvm_of(compiler_dir))
+        for d in (*hipcc.default_dirs, *([compiler_dir] if same_llvm else [])):
             _watch(root, d / hipcc.calls)
             if root.exists(d / hipcc.calls):
                 return d, f"{hipcc.evidence}; {d / hipcc.calls} exists"
@@ -562,6 +567,10 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     compiler_dir = _compiler_dir(root, path, layout, owner)
     if layout.hip_clang_from_hipcc and hipcc is None and bitcode_dir is None:
         compiler_dir = None  # no hipcc and no device libraries: no HIP compiler here
+    if compiler_dir is None and owner is not None and (hipcc is not None or bitcode_dir):
+        problems.append(f"no LLVM {owner} compiler (lib/llvm-{owner}/bin), which "
+                        + (f"{hipcc.path} calls" if hipcc else f"the device libraries in "
+                           f"{bitcode_dir} belong to") + f": install clang-{owner}")
     hipcxx = _hipcxx(root, compiler_dir)
     if compiler_dir is not None and hipcxx is None:
         problems.append(f"{compiler_dir} has no clang++")

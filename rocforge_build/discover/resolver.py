@@ -413,7 +413,8 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
 
     if inst is not None:
         warnings.extend(f"{inst.path}: {p}" for p in inst.problems
-                        if "broken link" in p or "no device bitcode" in p or "no clang++" in p)
+                        if any(k in p for k in ("broken link", "no device bitcode", "no clang++",
+                                                "cannot compile", "compiler (lib/llvm-")))
 
     index_of = {id(g): i for i, g in enumerate(gpu_list)}
     return Resolution(
