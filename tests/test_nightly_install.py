@@ -746,15 +746,16 @@ def test_sha256_validation_and_wording(site, prefix, capsys, http_server, monkey
 def test_offline_fails_fast_with_a_warning_per_source(capsys, monkeypatch):
     slept = []
     monkeypatch.setattr(download, "_sleep", slept.append)
-    for name in ("cdn", "cdn-multiarch"):
+    used = ("repo-nightly", "cdn", "cdn-multiarch")  # the default `nightly.use`, in order
+    for name in used:
         run(capsys, "config", "set", f"nightly.sources.{name}.url",
             f"https://{name}.rocforge-test.invalid/tarball/")
     rc, _out, err = run(capsys, "nightly", "list", "--target", "gfx1151")
     assert rc == 6 and slept == [], err
     warnings = [line for line in err.splitlines() if "warning: source skipped" in line]
-    assert len(warnings) == 2 and "cdn:" in warnings[0] and "cdn-multiarch:" in warnings[1]
-    assert "cannot resolve the host name 'cdn.rocforge-test.invalid'" in warnings[0]
-    assert "none of the 2 nightly sources could be read" in err
+    assert [w.split("source skipped: ")[1].split(":")[0] for w in warnings] == list(used)
+    assert "cannot resolve the host name 'cdn.rocforge-test.invalid'" in warnings[1]
+    assert "none of the 3 nightly sources could be read" in err
     run(capsys, "config", "set", "nightly.pip.family_index",
         "https://pip.rocforge-test.invalid/v2/{family}/")
     rc, _out, err = run(capsys, "nightly", "pip", "--target", "gfx1151")

@@ -10,6 +10,7 @@ import re
 import tomllib
 
 from rocforge_build.discover import host, resolver
+from rocforge_build.nightly import known_bad
 from rocforge_build.resources import package_data
 from rocforge_build.rootfs import Root
 
@@ -135,8 +136,9 @@ def run(args) -> int:
     res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
     sys_warnings, sys_blockers = system_checks(args.rootfs, res)
     host_checks = host.checks(args.rootfs, res.gpus)  # host readiness: reported, not blocking
-    blockers = [*stack_blockers(res), *sys_blockers]
-    warnings = [*res.warnings, *sys_warnings]
+    # the resolver's own blockers: e.g. the main GPU not served by this ROCm
+    blockers = [*stack_blockers(res), *res.blockers, *sys_blockers]
+    warnings = [*res.warnings, *sys_warnings, *known_bad.doctor_warnings(res)]
     usable = not blockers
     if args.json:
         data = res.to_json()

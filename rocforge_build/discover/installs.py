@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import PurePosixPath
 
+from rocforge_build.discover import binaries
 from rocforge_build.discover.envcache import touch
 from rocforge_build.errors import ConfigError, NoRocmError, UsageError
 from rocforge_build.resources import load_toml, package_data
@@ -30,6 +31,7 @@ _LAYOUTS = package_data("layouts.toml")
 _LAYOUT_KEYS = {
     "markers", "compiler_dirs", "hip_clang_dirs", "bitcode_dirs", "bin_dirs", "lib_dirs",
     "pkgconfig_dirs", "cmake_prefix", "rocblas_dirs", "hipblaslt_dirs", "version_from", "rank",
+    "hip_clang_from_hipcc", "runtime_libs", "rocblas_libs",
 }
 _TENSILE_RE = re.compile(r"^TensileLibrary.*?_(gfx[0-9]+[0-9a-f]*)(?=[^0-9a-z]|$)")
 _ARCH_DIR_RE = re.compile(r"^gfx[0-9]+[0-9a-f]*$")
@@ -53,6 +55,9 @@ class Layout:
     version_from: tuple[str, ...]
     rank: int
     hip_clang_dirs: tuple[str, ...] = ()
+    hip_clang_from_hipcc: bool = False
+    runtime_libs: tuple[str, ...] = ()
+    rocblas_libs: tuple[str, ...] = ()
 
 
 @cache
@@ -79,9 +84,46 @@ class Coverage:
     has_rocblas: bool = False  # a rocBLAS kernel library directory exists at all
     has_hipblaslt: bool = False
     has_dist_info: bool = False
+    # ISA names (amdgcn-amd-amdhsa--gfx*) in the HIP runtime's ISA table, and the library they
+    # were read from; no library = not known (an empty or stripped file tells nothing).
+    runtime: tuple[str, ...] = ()
+    runtime_lib: str | None = None
+    # The rocBLAS library's ELF NEEDED entries; None = not read (no rocBLAS, or not an ELF).
+    rocblas_lib: str | None = None
+    rocblas_needed: tuple[str, ...] | None = None
+    # gfx -> the kernel pack (.kpack/*.kpack) that carries it (TheRock multi-arch installs).
+    kpack: tuple[tuple[str, str], ...] = ()
 
     def kernels_for(self, gfx: str) -> tuple[bool, str]:
-        """Whether the runtime libraries carry `gfx` kernels, and the evidence."""
+        """Whether this install can run `gfx` kernels, and the evidence: the runtime must know
+        the ISA (device bitcode is compiler support only), and the libraries must carry them."""
+        if self.runtime_lib is not None and gfx not in self.runtime:
+            return False, (f"the HIP runtime {self.runtime_lib} has no ISA amdgcn-amd-amdhsa--{gfx} "
+                           f"(its table ends at {_last_of(self.runtime, gfx)}): it cannot load "
+                           f"{gfx} code")
+        ok, why = self._libraries_for(gfx)
+        if ok and self.runtime_lib is not None:
+            why += f"; the runtime knows amdgcn-amd-amdhsa--{gfx}"
+        return ok, why
+
+    def rocblas_uses_hipblaslt(self) -> tuple[bool | None, str]:
+        """Whether this rocBLAS was built with hipBLASLt (libhipblaslt among its NEEDED)."""
+        if self.rocblas_needed is None:
+            return None, "rocBLAS's ELF NEEDED entries not read"
+        if any(n.startswith("libhipblaslt") for n in self.rocblas_needed):
+            return True, f"{self.rocblas_lib} links libhipblaslt (ELF NEEDED)"
+        return False, (f"{self.rocblas_lib} was built without hipBLASLt: its ELF NEEDED entries "
+                       f"({', '.join(self.rocblas_needed)}) name no libhipblaslt")
+
+    def _libraries_for(self, gfx: str) -> tuple[bool, str]:
+        if self.kpack:  # a kpack-split install: its device code is in the packs, nowhere else
+            packs = [f for g, f in self.kpack if g == gfx]
+            if packs:
+                blas = [f for f in packs if "blas" in PurePosixPath(f).name] or packs
+                return True, f"kernel pack {blas[0]} carries {gfx}"
+            have = ", ".join(gfx_sorted({g for g, _ in self.kpack}))
+            return False, (f"no kernel pack in .kpack/ carries {gfx} (packs for {have}; TheRock "
+                           f"native packages: install amdrocm-blas<X.Y>-{gfx})")
         if self.has_rocblas:
             if gfx in self.rocblas:
                 return True, f"rocBLAS has TensileLibrary files for {gfx}"
@@ -98,13 +140,24 @@ class Coverage:
         return gfx in self.hipblaslt
 
     def targets(self) -> list[str]:
-        return list(gfx_sorted([*self.rocblas, *self.hipblaslt, *self.bitcode, *self.dist]))
+        return list(gfx_sorted([*self.rocblas, *self.hipblaslt, *self.bitcode, *self.dist,
+                                *(g for g, _ in self.kpack)]))
 
     def to_json(self) -> dict:
         return {
             "rocblas": list(self.rocblas), "hipblaslt": list(self.hipblaslt),
             "bitcode": list(self.bitcode), "dist_amdgpu_targets": list(self.dist),
+            "runtime_isas": list(self.runtime), "runtime_lib": self.runtime_lib,
+            "kpack": sorted({g for g, _ in self.kpack}),
+            "rocblas_lib": self.rocblas_lib,
+            "rocblas_needed": None if self.rocblas_needed is None else list(self.rocblas_needed),
         }
+
+
+def _last_of(isas: tuple[str, ...], gfx: str) -> str:
+    """The runtime's newest ISA of `gfx`'s major family (gfx1036 -> gfx1035), else its newest."""
+    family = [i for i in isas if i[:-2] == gfx[:-2]] or list(isas)
+    return gfx_sorted(family)[-1] if family else "nothing"
 
 
 @dataclass(frozen=True)
@@ -256,8 +309,9 @@ def _v_dpkg(package: str):
         text = _read(root, PurePosixPath("/var/lib/dpkg/status"), limit=64 << 20)
         if not text:
             return None
-        m = re.search(rf"^Package: {re.escape(package)}\n(?:(?!\n\n).)*?^Version: (?:\d+:)?([^\s-]+)",
-                      text, re.M | re.S)
+        # `package` is a regular expression over package names (libamdhip64-[0-9]+).
+        m = re.search(rf"^Package: (?:{package})\n(?:(?!\n\n).)*?^Status: install ok installed\n"
+                      rf"(?:(?!\n\n).)*?^Version: (?:\d+:)?(\d[\d.]*)", text, re.M | re.S)
         return m.group(1) if m else None
     return reader
 
@@ -271,7 +325,15 @@ def _v_dist_info_metadata(root: Root, base: PurePosixPath) -> str | None:
     return None
 
 
+def _v_dir_name(root: Root, base: PurePosixPath) -> str | None:
+    """`/opt/rocm/core-7.14` (TheRock native packages: build_package.py installs to
+    /opt/rocm/core-<major>.<minor>), `/opt/rocm-6.4.1`: the version in the directory name."""
+    m = re.search(r"(?:core|rocm)-(\d+\.\d+(?:\.\d+)?)$", root.resolve(base).name)
+    return m.group(1) if m else None
+
+
 _VERSION_READERS = {
+    "dir_name": _v_dir_name,
     "install_toml": _v_install_toml,
     "info_version": _v_info_version,
     "rocm_version_h": _v_rocm_version_h,
@@ -360,7 +422,28 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
         value = data.get("dist_amdgpu_targets") if isinstance(data, dict) else None
         items = value if isinstance(value, list) else re.split(r"[;,\s]+", str(value or ""))
         dist.extend(i for i in items if isinstance(i, str) and i.startswith("gfx"))
+    runtime = binaries.runtime_isas(
+        root, [h for b in bases for pat in layout.runtime_libs for h in _glob(root, b, pat)])
+    rocblas_lib, rocblas_needed = None, None
+    for b in bases:
+        for hit in (h for pat in layout.rocblas_libs for h in _glob(root, b, pat)):
+            info = binaries.read_elf(root.host(hit))
+            if info is not None:
+                rocblas_lib, rocblas_needed = str(hit), info.needed
+                break
+        if rocblas_lib:
+            break
+    kpack: list[tuple[str, str]] = []
+    for b in bases:
+        for hit in _glob(root, b, ".kpack/*.kpack"):
+            pack = binaries.read_kpack(root, hit)
+            if pack is not None:
+                kpack.extend((g, str(hit)) for g in pack.arches)
     return Coverage(
+        kpack=tuple(kpack),
+        runtime=gfx_sorted(runtime.isas) if runtime else (),
+        runtime_lib=str(runtime.library) if runtime else None,
+        rocblas_lib=rocblas_lib, rocblas_needed=rocblas_needed,
         rocblas=_tensile_targets(root, rocblas_dirs),
         hipblaslt=_tensile_targets(root, hipblaslt_dirs),
         bitcode=bitcode, dist=gfx_sorted(dist),
@@ -393,6 +476,75 @@ def _hipcxx(root: Root, compiler_dir: PurePosixPath | None) -> PurePosixPath | N
     return None
 
 
+_LLVM_DIR_RE = re.compile(r"llvm-(\d+)(?:/|$)")
+
+
+def _llvm_of(p: PurePosixPath | None) -> int | None:
+    m = _LLVM_DIR_RE.search(str(p)) if p is not None else None
+    return int(m.group(1)) if m else None
+
+
+def _bitcode_and_llvm(root: Root, path: PurePosixPath, layout: Layout,
+                      hipcc: binaries.Hipcc | None) -> tuple[PurePosixPath | None, int | None]:
+    """The device library directory and the LLVM major that owns the compiler.
+
+    Several LLVMs may be installed (Debian: clang-21 with rocm-device-libs-21, plus clang-22
+    without): the compiler is the LLVM that hipcc calls, else the one whose tree holds the
+    device libraries (`lib/llvm-N/lib/clang/N/amdgcn/bitcode`), never simply the newest."""
+    want = hipcc.llvm_major if hipcc is not None else None
+    hits: list[PurePosixPath] = []
+    for pattern in layout.bitcode_dirs:
+        hits += [h for h in _glob(root, path, pattern) if root.is_dir(h) and h not in hits]
+        if hits and not any(_llvm_of(h) is not None for h in hits):
+            break  # an unversioned directory (bookworm's multiarch one): first pattern wins
+    if not hits:
+        return None, want
+    owned = [h for h in hits if want is not None and _llvm_of(h) == want]
+    if owned:
+        return owned[-1], want
+    unversioned = [h for h in hits if _llvm_of(h) is None]
+    if unversioned:
+        return unversioned[0], want
+    best = max(hits, key=lambda h: _llvm_of(h) or -1)
+    return best, want if want is not None else _llvm_of(best)
+
+
+def _compiler_dir(root: Root, path: PurePosixPath, layout: Layout,
+                  owner: int | None) -> PurePosixPath | None:
+    if owner is not None:
+        versioned = False
+        for pattern in layout.compiler_dirs:
+            for hit in _glob(root, path, pattern):
+                versioned = versioned or _llvm_of(hit) is not None
+                if root.is_dir(hit) and _llvm_of(hit) == owner:
+                    return hit
+        if versioned:
+            return None  # the owning LLVM is not installed; another LLVM is no substitute
+    return _first(root, path, layout.compiler_dirs)
+
+
+def _hip_clang_path(root: Root, path: PurePosixPath, layout: Layout, hipcc: binaries.Hipcc | None,
+                    compiler_dir: PurePosixPath | None,
+                    problems: list[str]) -> tuple[PurePosixPath | None, str]:
+    """HIP_CLANG_PATH: the directory where the program hipcc runs actually is."""
+    if hipcc is not None:
+        same_llvm = compiler_dir is not None and hipcc.llvm_major in (None, _llvm_of(compiler_dir))
+        for d in (*hipcc.default_dirs, *([compiler_dir] if same_llvm else [])):
+            _watch(root, d / hipcc.calls)
+            if root.exists(d / hipcc.calls):
+                return d, f"{hipcc.evidence}; {d / hipcc.calls} exists"
+        problems.append(f"{hipcc.evidence}, but no {hipcc.calls} exists there: hipcc cannot "
+                        "compile until that LLVM is installed")
+        return None, ""
+    if layout.hip_clang_from_hipcc:
+        _watch(root, path / "bin" / "hipcc")
+        if not root.exists(path / "bin" / "hipcc"):
+            return None, ""  # no hipcc: no compiler variable for it
+    if layout.hip_clang_dirs:
+        return _first(root, path, layout.hip_clang_dirs), ""
+    return compiler_dir, ""
+
+
 def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] | None = None,
             sources: tuple[str, ...] = (), extra_bases: tuple[PurePosixPath, ...] = (),
             nightly_current: bool = False) -> RocmInstall | None:
@@ -408,7 +560,17 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     if layout is None:
         return None
     problems: list[str] = []
-    compiler_dir = _first(root, path, layout.compiler_dirs)
+    hipcc = binaries.read_hipcc(root, path) if layout.hip_clang_from_hipcc else None
+    if hipcc is not None:
+        _watch(root, hipcc.path)
+    bitcode_dir, owner = _bitcode_and_llvm(root, path, layout, hipcc)
+    compiler_dir = _compiler_dir(root, path, layout, owner)
+    if layout.hip_clang_from_hipcc and hipcc is None and bitcode_dir is None:
+        compiler_dir = None  # no hipcc and no device libraries: no HIP compiler here
+    if compiler_dir is None and owner is not None and (hipcc is not None or bitcode_dir):
+        problems.append(f"no LLVM {owner} compiler (lib/llvm-{owner}/bin), which "
+                        + (f"{hipcc.path} calls" if hipcc else f"the device libraries in "
+                           f"{bitcode_dir} belong to") + f": install clang-{owner}")
     hipcxx = _hipcxx(root, compiler_dir)
     if compiler_dir is not None and hipcxx is None:
         problems.append(f"{compiler_dir} has no clang++")
@@ -420,10 +582,10 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
                 problems.append(f"{link} is a broken link (TheRock trees before Mar 2026); "
                                 f"using {compiler_dir}")
                 break
-    hip_clang = _first(root, path, layout.hip_clang_dirs) if layout.hip_clang_dirs else compiler_dir
-    bitcode_dir = _first(root, path, layout.bitcode_dirs)
+    hip_clang, hip_clang_why = _hip_clang_path(root, path, layout, hipcc, compiler_dir, problems)
     if bitcode_dir is None:
-        problems.append("no device bitcode directory (oclc_isa_version_*.bc) found")
+        if compiler_dir is not None or hipcc is not None or not layout.hip_clang_from_hipcc:
+            problems.append("no device bitcode directory (oclc_isa_version_*.bc) found")
     elif layout.name == "therock" and not root.exists(path / "amdgcn"):
         problems.append("no amdgcn link at the root (trees before Feb 2026): "
                         f"HIP_DEVICE_LIB_PATH must point at {bitcode_dir}")
@@ -444,7 +606,9 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
         lib_dirs=tuple(d for b in bases for d in _all(root, b, layout.lib_dirs)),
         pkgconfig_dirs=tuple(d for b in bases for d in _all(root, b, layout.pkgconfig_dirs)),
         cmake_prefix=layout.cmake_prefix, sources=sources, problems=tuple(problems),
-        nightly_current=nightly_current, family=family, extra={"hipcxx": hipcxx},
+        nightly_current=nightly_current, family=family,
+        extra={"hipcxx": hipcxx, "hip_clang_why": hip_clang_why,
+               "llvm_owner": owner, "hipcc": hipcc},
     )
 
 
@@ -496,11 +660,29 @@ def _candidates(root: Root, environ: Mapping[str, str]) -> list[tuple[PurePosixP
         for name in root.listdir(prefix):
             if name != "current" and not name.startswith("."):
                 cands.append((prefix / name, "rocforge nightly", False))
-    cands.append((PurePosixPath("/opt/rocm"), "/opt/rocm", False))
+    # TheRock native packages (amdrocm-*): the tree is /opt/rocm/core-X.Y, with /opt/rocm/core and
+    # /opt/rocm/core-X alternatives links to it, and /opt/rocm/{bin,lib,...} links into it
+    # (build_tools/packaging/linux/template/scripts/amdrocm-core-postinst.j2): /opt/rocm itself
+    # is then a link farm, not an install of its own.
+    native = [h for h in _glob(root, PurePosixPath("/opt/rocm"), "core*") if root.is_dir(h)]
+    for hit in native:
+        cands.append((hit, "/opt/rocm/core-*", False))
+    if not native:
+        cands.append((PurePosixPath("/opt/rocm"), "/opt/rocm", False))
     for hit in _glob(root, PurePosixPath("/opt"), "rocm-*"):
         cands.append((hit, "/opt/rocm-*", False))
     cands.append((PurePosixPath("/usr"), "distro /usr", False))
     return cands
+
+
+def _extras_for(root: Root, real: PurePosixPath) -> tuple[PurePosixPath, ...]:
+    """/opt/rocm/extras-X beside a native /opt/rocm/core-X.Y: its libraries belong to that core."""
+    m = re.fullmatch(r"/opt/rocm/core-(\d+)(?:\.\d+)*", str(real))
+    if not m:
+        return ()
+    extra = PurePosixPath(f"/opt/rocm/extras-{m.group(1)}")
+    _watch(root, extra)
+    return (extra,) if root.is_dir(extra) else ()
 
 
 def find_installs(root: Root, *, rocm: str | None = None,
@@ -534,7 +716,8 @@ def find_installs(root: Root, *, rocm: str | None = None,
             prev = by_real[real]
             by_real[real] = _merge(prev, source, is_current)
             continue
-        inst = inspect(root, path, sources=(source,), nightly_current=is_current)
+        inst = inspect(root, path, sources=(source,), nightly_current=is_current,
+                       extra_bases=_extras_for(root, real))
         if inst is None:
             continue
         by_real[real] = inst
