@@ -393,6 +393,27 @@ def _hipcxx(root: Root, compiler_dir: PurePosixPath | None) -> PurePosixPath | N
     return None
 
 
+def _owning_llvm(root: Root, bitcode_dir: PurePosixPath | None) -> PurePosixPath | None:
+    """lib/llvm-N/bin when the device libraries sit in LLVM N's resource dir (Debian trixie/sid)."""
+    if bitcode_dir is None:
+        return None
+    parts = bitcode_dir.parts
+    for i, part in enumerate(parts):
+        if part.startswith("llvm-") and i and parts[i - 1] == "lib":
+            owner = PurePosixPath(*parts[:i + 1]) / "bin"
+            return owner if root.exists(owner / "clang++") else None
+    return None
+
+
+def _is_elf(root: Root, file: PurePosixPath) -> bool:
+    _watch(root, file)
+    try:
+        with open(root.host(file), "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
 def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] | None = None,
             sources: tuple[str, ...] = (), extra_bases: tuple[PurePosixPath, ...] = (),
             nightly_current: bool = False) -> RocmInstall | None:
@@ -420,8 +441,15 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
                 problems.append(f"{link} is a broken link (TheRock trees before Mar 2026); "
                                 f"using {compiler_dir}")
                 break
-    hip_clang = _first(root, path, layout.hip_clang_dirs) if layout.hip_clang_dirs else compiler_dir
     bitcode_dir = _first(root, path, layout.bitcode_dirs)
+    owner = _owning_llvm(root, bitcode_dir)
+    if owner is not None and owner != compiler_dir:  # two LLVMs: the one with the device libs
+        compiler_dir, hipcxx = owner, _hipcxx(root, owner)
+    hip_clang = _first(root, path, layout.hip_clang_dirs) if layout.hip_clang_dirs else compiler_dir
+    if hip_clang != compiler_dir and _is_elf(root, path / "bin" / "hipcc"):
+        # the C++ hipcc (hipcc 6.x/7.x) runs $HIP_CLANG_PATH/clang++, which Debian ships only in
+        # /usr/lib/llvm-N/bin; the perl hipcc (trixie's) runs clang++-N from /usr/bin
+        hip_clang = compiler_dir
     if bitcode_dir is None:
         problems.append("no device bitcode directory (oclc_isa_version_*.bc) found")
     elif layout.name == "therock" and not root.exists(path / "amdgcn"):
