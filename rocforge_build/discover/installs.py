@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import PurePosixPath
 
+from rocforge_build.discover import binaries
 from rocforge_build.discover.envcache import touch
 from rocforge_build.errors import ConfigError, NoRocmError
 from rocforge_build.resources import load_toml, package_data
@@ -30,6 +31,7 @@ _LAYOUTS = package_data("layouts.toml")
 _LAYOUT_KEYS = {
     "markers", "compiler_dirs", "hip_clang_dirs", "bitcode_dirs", "bin_dirs", "lib_dirs",
     "pkgconfig_dirs", "cmake_prefix", "rocblas_dirs", "hipblaslt_dirs", "version_from", "rank",
+    "hip_clang_from_hipcc", "runtime_libs", "rocblas_libs",
 }
 _TENSILE_RE = re.compile(r"^TensileLibrary.*?_(gfx[0-9]+[0-9a-f]*)(?=[^0-9a-z]|$)")
 _ARCH_DIR_RE = re.compile(r"^gfx[0-9]+[0-9a-f]*$")
@@ -53,6 +55,9 @@ class Layout:
     version_from: tuple[str, ...]
     rank: int
     hip_clang_dirs: tuple[str, ...] = ()
+    hip_clang_from_hipcc: bool = False
+    runtime_libs: tuple[str, ...] = ()
+    rocblas_libs: tuple[str, ...] = ()
 
 
 @cache
@@ -256,8 +261,9 @@ def _v_dpkg(package: str):
         text = _read(root, PurePosixPath("/var/lib/dpkg/status"), limit=64 << 20)
         if not text:
             return None
-        m = re.search(rf"^Package: {re.escape(package)}\n(?:(?!\n\n).)*?^Version: (?:\d+:)?([^\s-]+)",
-                      text, re.M | re.S)
+        # `package` is a regular expression over package names (libamdhip64-[0-9]+).
+        m = re.search(rf"^Package: (?:{package})\n(?:(?!\n\n).)*?^Status: install ok installed\n"
+                      rf"(?:(?!\n\n).)*?^Version: (?:\d+:)?(\d[\d.]*)", text, re.M | re.S)
         return m.group(1) if m else None
     return reader
 
@@ -393,25 +399,68 @@ def _hipcxx(root: Root, compiler_dir: PurePosixPath | None) -> PurePosixPath | N
     return None
 
 
-def _owning_llvm(root: Root, bitcode_dir: PurePosixPath | None) -> PurePosixPath | None:
-    """lib/llvm-N/bin when the device libraries sit in LLVM N's resource dir (Debian trixie/sid)."""
-    if bitcode_dir is None:
-        return None
-    parts = bitcode_dir.parts
-    for i, part in enumerate(parts):
-        if part.startswith("llvm-") and i and parts[i - 1] == "lib":
-            owner = PurePosixPath(*parts[:i + 1]) / "bin"
-            return owner if root.exists(owner / "clang++") else None
-    return None
+_LLVM_DIR_RE = re.compile(r"llvm-(\d+)(?:/|$)")
 
 
-def _is_elf(root: Root, file: PurePosixPath) -> bool:
-    _watch(root, file)
-    try:
-        with open(root.host(file), "rb") as f:
-            return f.read(4) == b"\x7fELF"
-    except OSError:
-        return False
+def _llvm_of(p: PurePosixPath | None) -> int | None:
+    m = _LLVM_DIR_RE.search(str(p)) if p is not None else None
+    return int(m.group(1)) if m else None
+
+
+def _bitcode_and_llvm(root: Root, path: PurePosixPath, layout: Layout,
+                      hipcc: binaries.Hipcc | None) -> tuple[PurePosixPath | None, int | None]:
+    """The device library directory and the LLVM major that owns the compiler.
+
+    Several LLVMs may be installed (Debian: clang-21 with rocm-device-libs-21, plus clang-22
+    without): the compiler is the LLVM that hipcc calls, else the one whose tree holds the
+    device libraries (`lib/llvm-N/lib/clang/N/amdgcn/bitcode`), never simply the newest."""
+    want = hipcc.llvm_major if hipcc is not None else None
+    hits: list[PurePosixPath] = []
+    for pattern in layout.bitcode_dirs:
+        hits += [h for h in _glob(root, path, pattern) if root.is_dir(h) and h not in hits]
+        if hits and not any(_llvm_of(h) is not None for h in hits):
+            break  # an unversioned directory (bookworm's multiarch one): first pattern wins
+    if not hits:
+        return None, want
+    owned = [h for h in hits if want is not None and _llvm_of(h) == want]
+    if owned:
+        return owned[-1], want
+    unversioned = [h for h in hits if _llvm_of(h) is None]
+    if unversioned:
+        return unversioned[0], want
+    best = max(hits, key=lambda h: _llvm_of(h) or -1)
+    return best, want if want is not None else _llvm_of(best)
+
+
+def _compiler_dir(root: Root, path: PurePosixPath, layout: Layout,
+                  owner: int | None) -> PurePosixPath | None:
+    if owner is not None:
+        for pattern in layout.compiler_dirs:
+            for hit in _glob(root, path, pattern):
+                if root.is_dir(hit) and _llvm_of(hit) == owner:
+                    return hit
+    return _first(root, path, layout.compiler_dirs)
+
+
+def _hip_clang_path(root: Root, path: PurePosixPath, layout: Layout, hipcc: binaries.Hipcc | None,
+                    compiler_dir: PurePosixPath | None,
+                    problems: list[str]) -> tuple[PurePosixPath | None, str]:
+    """HIP_CLANG_PATH: the directory where the program hipcc runs actually is."""
+    if hipcc is not None:
+        for d in (*hipcc.default_dirs, *([compiler_dir] if compiler_dir else [])):
+            _watch(root, d / hipcc.calls)
+            if root.exists(d / hipcc.calls):
+                return d, f"{hipcc.evidence}; {d / hipcc.calls} exists"
+        problems.append(f"{hipcc.evidence}, but no {hipcc.calls} exists there: hipcc cannot "
+                        "compile until that LLVM is installed")
+        return None, ""
+    if layout.hip_clang_from_hipcc:
+        _watch(root, path / "bin" / "hipcc")
+        if not root.exists(path / "bin" / "hipcc"):
+            return None, ""  # no hipcc: no compiler variable for it
+    if layout.hip_clang_dirs:
+        return _first(root, path, layout.hip_clang_dirs), ""
+    return compiler_dir, ""
 
 
 def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] | None = None,
@@ -429,7 +478,13 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     if layout is None:
         return None
     problems: list[str] = []
-    compiler_dir = _first(root, path, layout.compiler_dirs)
+    hipcc = binaries.read_hipcc(root, path) if layout.hip_clang_from_hipcc else None
+    if hipcc is not None:
+        _watch(root, hipcc.path)
+    bitcode_dir, owner = _bitcode_and_llvm(root, path, layout, hipcc)
+    compiler_dir = _compiler_dir(root, path, layout, owner)
+    if layout.hip_clang_from_hipcc and hipcc is None and bitcode_dir is None:
+        compiler_dir = None  # no hipcc and no device libraries: no HIP compiler here
     hipcxx = _hipcxx(root, compiler_dir)
     if compiler_dir is not None and hipcxx is None:
         problems.append(f"{compiler_dir} has no clang++")
@@ -441,17 +496,10 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
                 problems.append(f"{link} is a broken link (TheRock trees before Mar 2026); "
                                 f"using {compiler_dir}")
                 break
-    bitcode_dir = _first(root, path, layout.bitcode_dirs)
-    owner = _owning_llvm(root, bitcode_dir)
-    if owner is not None and owner != compiler_dir:  # two LLVMs: the one with the device libs
-        compiler_dir, hipcxx = owner, _hipcxx(root, owner)
-    hip_clang = _first(root, path, layout.hip_clang_dirs) if layout.hip_clang_dirs else compiler_dir
-    if hip_clang != compiler_dir and _is_elf(root, path / "bin" / "hipcc"):
-        # the C++ hipcc (hipcc 6.x/7.x) runs $HIP_CLANG_PATH/clang++, which Debian ships only in
-        # /usr/lib/llvm-N/bin; the perl hipcc (trixie's) runs clang++-N from /usr/bin
-        hip_clang = compiler_dir
+    hip_clang, hip_clang_why = _hip_clang_path(root, path, layout, hipcc, compiler_dir, problems)
     if bitcode_dir is None:
-        problems.append("no device bitcode directory (oclc_isa_version_*.bc) found")
+        if compiler_dir is not None or hipcc is not None or not layout.hip_clang_from_hipcc:
+            problems.append("no device bitcode directory (oclc_isa_version_*.bc) found")
     elif layout.name == "therock" and not root.exists(path / "amdgcn"):
         problems.append("no amdgcn link at the root (trees before Feb 2026): "
                         f"HIP_DEVICE_LIB_PATH must point at {bitcode_dir}")
@@ -472,7 +520,9 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
         lib_dirs=tuple(d for b in bases for d in _all(root, b, layout.lib_dirs)),
         pkgconfig_dirs=tuple(d for b in bases for d in _all(root, b, layout.pkgconfig_dirs)),
         cmake_prefix=layout.cmake_prefix, sources=sources, problems=tuple(problems),
-        nightly_current=nightly_current, family=family, extra={"hipcxx": hipcxx},
+        nightly_current=nightly_current, family=family,
+        extra={"hipcxx": hipcxx, "hip_clang_why": hip_clang_why,
+               "llvm_owner": owner, "hipcc": hipcc},
     )
 
 

@@ -476,8 +476,8 @@ def _toolchain_decisions(inst: RocmInstall, decisions: list[Decision],
         reason = f"{inst.layout} layout: clang for HIP lives in {inst.hip_clang_path}"
         if any("broken link" in p for p in inst.problems):
             reason += " (this tree's bin/amdclang* links are broken, as before Mar 2026)"
-        if inst.layout == "debian" and inst.hip_clang_path == inst.compiler_dir:
-            reason += " (the C++ hipcc calls $HIP_CLANG_PATH/clang++, which Debian ships only there)"
+        if inst.extra.get("hip_clang_why"):
+            reason = f"{inst.extra['hip_clang_why']} ({inst.layout} layout)"
         elif inst.layout == "debian":
             reason += " (Debian's hipcc calls $HIP_CLANG_PATH/clang++-N, found only in /usr/bin)"
         put("HIP_CLANG_PATH", inst.hip_clang_path, reason)

@@ -1,0 +1,187 @@
+"""What rocforge reads from installed binaries: an ELF's NEEDED entries, the ISA names a HIP
+runtime knows, and which clang a hipcc will call.  Reads only the bytes it needs (section
+headers, `.dynamic`, `.dynstr`, `.rodata`), never a whole 1 GB librocblas.
+
+Stdlib only: `rocforge env` runs this on every shell start-up.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from rocforge_build.rootfs import Root
+
+# ROCr's ISA registry names every agent ISA it can run as `amdgcn-amd-amdhsa--gfxNNNN`
+# (ROCR-Runtime src/core/runtime/isa.cpp); a GPU whose ISA is not in that table is not
+# served by this runtime, whatever bitcode the compiler has.
+_ISA_NAME_RE = re.compile(rb"amdgcn-amd-amdhsa--(gfx[0-9]+[0-9a-f]*)(?![0-9a-z-])")
+_SHT_DYNAMIC = 6
+_DT_NEEDED = 1
+_DT_SONAME = 14
+_DATA_SECTIONS = (".rodata", ".data.rel.ro", ".data")
+
+
+@dataclass(frozen=True)
+class ElfInfo:
+    needed: tuple[str, ...]
+    soname: str | None
+    data: bytes  # .rodata, .data.rel.ro and .data: where strings and embedded blobs live
+
+
+def _sections(fh, head: bytes):
+    """[(name, type, offset, size, link)] of a 64- or 32-bit little/big-endian ELF."""
+    is64 = head[4] == 2
+    end = "<" if head[5] == 1 else ">"
+    if is64:
+        shoff, = struct.unpack_from(end + "Q", head, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", head, 0x3A)
+        fmt, fields = end + "IIQQQQIIQQ", (0, 1, 4, 5, 6)
+    else:
+        shoff, = struct.unpack_from(end + "I", head, 0x20)
+        shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", head, 0x2E)
+        fmt, fields = end + "IIIIIIIIII", (0, 1, 4, 5, 6)
+    if not shoff or not shnum or shnum > 4096:
+        return [], end, is64
+    fh.seek(shoff)
+    table = fh.read(shentsize * shnum)
+    raw = []
+    for i in range(shnum):
+        entry = struct.unpack_from(fmt, table, i * shentsize)
+        raw.append(tuple(entry[f] for f in fields))
+    names = b""
+    if shstrndx < len(raw):
+        fh.seek(raw[shstrndx][2])
+        names = fh.read(min(raw[shstrndx][3], 1 << 20))
+    out = []
+    for name_off, typ, off, size, link in raw:
+        name = names[name_off:names.find(b"\0", name_off)].decode("ascii", "replace")
+        out.append((name, typ, off, size, link))
+    return out, end, is64
+
+
+def read_elf(path) -> ElfInfo | None:
+    """NEEDED/SONAME and the data sections of an ELF file; None when it is no readable ELF."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+            if len(head) < 52 or head[:4] != b"\x7fELF":
+                return None
+            sections, end, is64 = _sections(fh, head)
+            needed: list[str] = []
+            soname = None
+            data: list[bytes] = []
+            for name, typ, off, size, link in sections:
+                if typ == _SHT_DYNAMIC and link < len(sections):
+                    fh.seek(off)
+                    dyn = fh.read(min(size, 1 << 20))
+                    _, _, str_off, str_size, _ = sections[link]
+                    fh.seek(str_off)
+                    strtab = fh.read(min(str_size, 4 << 20))
+                    fmt = end + ("qQ" if is64 else "iI")
+                    step = struct.calcsize(fmt)
+                    for i in range(0, len(dyn) - step + 1, step):
+                        tag, val = struct.unpack_from(fmt, dyn, i)
+                        if tag == 0:
+                            break
+                        if tag in (_DT_NEEDED, _DT_SONAME):
+                            text = strtab[val:strtab.find(b"\0", val)].decode("ascii", "replace")
+                            if tag == _DT_NEEDED:
+                                needed.append(text)
+                            else:
+                                soname = text
+                elif name in _DATA_SECTIONS:
+                    fh.seek(off)
+                    data.append(fh.read(min(size, 64 << 20)))
+            return ElfInfo(tuple(needed), soname, b"\0".join(data))
+    except (OSError, struct.error):
+        return None
+
+
+def isa_names(data: bytes) -> tuple[str, ...]:
+    """The gfx names of every `amdgcn-amd-amdhsa--gfx*` ISA string in `data`."""
+    return tuple(dict.fromkeys(m.group(1).decode() for m in _ISA_NAME_RE.finditer(data)))
+
+
+@dataclass(frozen=True)
+class RuntimeIsas:
+    library: PurePosixPath  # inner path of the library the table was read from
+    isas: tuple[str, ...]
+
+
+def runtime_isas(root: Root, candidates) -> RuntimeIsas | None:
+    """The ISA table of the first runtime library (libhsa-runtime64, libamdhip64) in
+    `candidates` that carries one; None when none does (an empty or stripped file tells
+    nothing, so the caller falls back on other evidence)."""
+    for inner in candidates:
+        info = read_elf(root.host(inner))
+        if info is None:
+            continue
+        names = isa_names(info.data)
+        if names:
+            return RuntimeIsas(inner, names)
+    return None
+
+
+# -- hipcc ---------------------------------------------------------------------------------------
+# The perl hipcc (HIP <= 6.x; Debian bookworm/trixie) runs `$HIP_CLANG_PATH/clang++[-N]`
+# (hipcc.pl) with HIP_CLANG_PATH defaulting to `$ROCM_PATH/llvm/bin` when that exists, else
+# `$ROCM_PATH/bin` (hipvars.pm).  The C++ hipcc (ROCm/llvm-project amd/hipcc; Debian sid 7.0.2)
+# runs `$HIP_CLANG_PATH/clang++` with a default compiled in, e.g. `lib/llvm-21/bin` under
+# ROCM_PATH on Debian.
+_PERL_CALL_RE = re.compile(r"\$HIP_CLANG_PATH/(clang\+\+(?:-\d+)?)")
+_PERL_DEFAULTS = ("llvm/bin", "bin")
+_CXX_DEFAULT_RE = re.compile(rb"(?<![\w/.-])((?:lib/)?llvm(?:-\d+)?/bin)(?![\w/-])")
+_LLVM_MAJOR_RE = re.compile(r"(?:llvm-|clang\+\+-|clang-)(\d+)")
+
+
+@dataclass(frozen=True)
+class Hipcc:
+    path: PurePosixPath
+    flavour: str  # "perl" | "c++"
+    calls: str  # the program name it runs in HIP_CLANG_PATH
+    default_dirs: tuple[PurePosixPath, ...]  # HIP_CLANG_PATH defaults, in hipcc's order
+    evidence: str
+
+    @property
+    def llvm_major(self) -> int | None:
+        for text in (self.calls, *map(str, self.default_dirs)):
+            m = _LLVM_MAJOR_RE.search(text)
+            if m:
+                return int(m.group(1))
+        return None
+
+
+def read_hipcc(root: Root, base: PurePosixPath) -> Hipcc | None:
+    """Which clang the hipcc of install `base` runs, read from hipcc itself; None when there
+    is no hipcc or it tells nothing (then the layout's defaults apply)."""
+    hipcc = base / "bin" / "hipcc"
+    if not root.is_file(hipcc):
+        return None
+    try:
+        with open(root.host(hipcc), "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return None
+    if head == b"\x7fELF":
+        info = read_elf(root.host(hipcc))
+        if info is None:
+            return None
+        dirs = tuple(dict.fromkeys(m.group(1).decode() for m in _CXX_DEFAULT_RE.finditer(info.data)))
+        if not dirs:
+            return None
+        return Hipcc(hipcc, "c++", "clang++", tuple(base / d for d in dirs),
+                     f"{hipcc} (C++ hipcc) runs $HIP_CLANG_PATH/clang++, default "
+                     + " or ".join(f"$ROCM_PATH/{d}" for d in dirs))
+    for script in (base / "bin" / "hipcc.pl", hipcc):
+        if not root.is_file(script):
+            continue
+        text = root.host(script).read_text(encoding="utf-8", errors="replace")
+        m = _PERL_CALL_RE.search(text)
+        if m:
+            return Hipcc(hipcc, "perl", m.group(1), tuple(base / d for d in _PERL_DEFAULTS),
+                         f"{script.name} (perl hipcc) runs $HIP_CLANG_PATH/{m.group(1)}, default "
+                         "$ROCM_PATH/llvm/bin if present, else $ROCM_PATH/bin (hipvars.pm)")
+    return None
