@@ -98,6 +98,29 @@ def test_fixture_recipe_hip_backend_compiles_a_hip_source(sid, work):
     assert "v_mul_f32" in function_asm(asm, "_Z20fixture_scale_kernel")
 
 
+@pytest.fixture(scope="session")
+def oct_tree(work):
+    llama_trees.tree(LLAMA, work / "trees", full=True)
+    return f"{sid_chroot.WORK}/trees/llama_cpp_python-{LLAMA}/vendor/llama.cpp"
+
+
+def test_the_two_traps_are_real(sid, work, oct_tree):
+    """What a recipe must avoid, shown on this very toolchain (configure only): the Oct 2026
+    tree configures without a target list and then compiles for gfx906, and CMake 4.3 refuses
+    HIPCXX=hipcc."""
+    env = {"HIP_PLATFORM": "amd", "ROCM_PATH": "/usr", "HIP_PATH": "/usr",
+           "HIPCXX": "/usr/lib/llvm-21/bin/clang++"}
+    configure = ["cmake", "-S", oct_tree, "-G", "Ninja", "-DGGML_HIP=ON", "-DLLAMA_OPENSSL=OFF"]
+    inside(sid, work, *configure, "-B", f"{sid_chroot.WORK}/trap-no-targets", env=env)
+    ninja = (work / "trap-no-targets" / "build.ninja").read_text()
+    assert set(re.findall(r"--offload-arch=(gfx\w+)", ninja)) == {"gfx906"}
+    res = sid_chroot.run(sid, [*configure, "-B", f"{sid_chroot.WORK}/trap-hipcc",
+                               "-DGPU_TARGETS=gfx1151"], work=work,
+                         env={**env, "HIPCXX": "/usr/bin/hipcc"})
+    assert res.returncode != 0
+    assert "HIPCXX environment variable is set to the hipcc wrapper" in res.stdout + res.stderr
+
+
 def test_llama_cpp_oct_2026_hip_gfx1151(sid, work):
     sdist = llama_trees.sdist(LLAMA)
     prefix = f"{sid_chroot.WORK}/llama-hip"
