@@ -83,6 +83,9 @@ def _check_host() -> None:
     for tool in ("mmdebstrap", "unshare", "chroot"):
         if not shutil.which(tool):
             raise NoChroot(f"{tool} missing: install the packages in .ci/apt-packages.txt")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise NoChroot(f"no private mount namespace here (unshare -m: {probe.stderr.strip()})")
 
 
 def ensure(log=print) -> Path:
