@@ -49,7 +49,9 @@ def cache_root() -> Path:
 
 
 def ccache_dir() -> Path:
-    return cache_root() / "ccache-sid"
+    """The chroot builds' compiler cache (ROCFORGE_TEST_CHROOT_CCACHE: another one, e.g. empty
+    to time a cold build)."""
+    return Path(os.environ.get("ROCFORGE_TEST_CHROOT_CCACHE", cache_root() / "ccache-sid"))
 
 
 def key(packages=PACKAGES) -> str:

@@ -109,6 +109,7 @@ def test_the_two_traps_are_real(sid, work, oct_tree):
     tree configures without a target list and then compiles for gfx906, and CMake 4.3 refuses
     HIPCXX=hipcc."""
     env = {"HIP_PLATFORM": "amd", "ROCM_PATH": "/usr", "HIP_PATH": "/usr",
+           "HIP_DEVICE_LIB_PATH": "/usr/lib/llvm-21/lib/clang/21/amdgcn/bitcode",
            "HIPCXX": "/usr/lib/llvm-21/bin/clang++"}
     configure = ["cmake", "-S", oct_tree, "-G", "Ninja", "-DGGML_HIP=ON", "-DLLAMA_OPENSSL=OFF"]
     inside(sid, work, *configure, "-B", f"{sid_chroot.WORK}/trap-no-targets", env=env)
