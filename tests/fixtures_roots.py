@@ -124,6 +124,17 @@ RX7900XTX = dict(gfx_target_version=110000, cus=96, device_id=0x744C, location_i
 RAPHAEL_IGPU = dict(gfx_target_version=100306, cus=2, device_id=0x164E, location_id=0x7A00,
                     render_minor=129, clock=2200)
 
+# More real parts: Phoenix iGPU Radeon 780M (0x15bf, 12 CUs), RX 6800 XT (0x73bf, 72 CUs),
+# Radeon VII (0x66af, 60 CUs, GCN: 4 SIMDs per CU, wave64), RX 9070 XT (0x7550, 64 CUs).
+PHOENIX_IGPU = dict(gfx_target_version=110003, cus=12, device_id=0x15BF, location_id=0xC500,
+                    clock=2700)
+RX6800XT = dict(gfx_target_version=100300, cus=72, device_id=0x73BF, location_id=0x0300,
+                clock=2250)
+RADEON_VII = dict(gfx_target_version=90006, cus=60, device_id=0x66AF, location_id=0x0300,
+                  simd_per_cu=4, wave=64, clock=1801)
+RX9070XT = dict(gfx_target_version=120001, cus=64, device_id=0x7550, location_id=0x0300,
+                clock=2970)
+
 
 def make_gpus(root: Path, *gpus: dict, cpu_cores: int = 32) -> None:
     """Node 0 the CPU, then one node per GPU spec (a dict of gpu_node_props arguments)."""
@@ -489,3 +500,78 @@ def make_fake_rocminfo(bin_dir: Path, output: str = ROCMINFO_GFX1151) -> Path:
     data = bin_dir / "rocminfo.out"
     _write(data, output)
     return _write(bin_dir / "rocminfo", f"#!/bin/sh\ncat '{data}'\n", 0o755)
+
+
+# -- TheRock native packages (amdrocm-*, ROCm 7.14+) ---------------------------------------------
+# No real package can be downloaded here, so this tree follows the real file lists: the
+# install prefix /opt/rocm/core-<major>.<minor> (build_tools/packaging/linux/build_package.py),
+# the alternatives links /opt/rocm/core, /opt/rocm/core-<major> and /opt/rocm/{bin,lib,include,
+# llvm,amdgcn,libexec,share} (template/scripts/amdrocm-core-postinst.j2), host libraries in
+# lib/ (amdrocm-blas-host<X.Y>: lib/librocblas.so) and device code only as kernel packs
+# (amdrocm-blas<X.Y>-<gfx>: .kpack/blas_lib_<gfx>.kpack; docs/packaging/
+# nativepackage_dependency_tree.md, RELEASES.md `ls install/.kpack/`).  The .kpack files are
+# in rocm-kpack's format (kpack.py): "KPAK", uint32 version 1, uint64 TOC offset, blobs
+# aligned to 64 bytes, a MessagePack TOC.
+
+def _msgpack(value) -> bytes:
+    """MessagePack for the few types a kpack TOC uses (str, int >= 0, list, dict)."""
+    import struct
+
+    if isinstance(value, dict):
+        n = len(value)
+        head = bytes([0x80 | n]) if n < 16 else b"\xde" + struct.pack(">H", n)
+        return head + b"".join(_msgpack(k) + _msgpack(v) for k, v in value.items())
+    if isinstance(value, list):
+        n = len(value)
+        head = bytes([0x90 | n]) if n < 16 else b"\xdc" + struct.pack(">H", n)
+        return head + b"".join(_msgpack(v) for v in value)
+    if isinstance(value, str):
+        raw = value.encode()
+        return (bytes([0xA0 | len(raw)]) if len(raw) < 32 else b"\xd9" + bytes([len(raw)])) + raw
+    if isinstance(value, int):
+        return bytes([value]) if value < 128 else b"\xce" + struct.pack(">I", value)
+    raise TypeError(type(value))
+
+
+def write_kpack(path: Path, group: str, family: str, arches: tuple[str, ...],
+                binaries: tuple[str, ...] = ("lib/librocblas.so.5",)) -> Path:
+    import struct
+
+    blobs, toc, offset = [], {}, 64
+    for b in binaries:
+        for arch in arches:
+            blobs.append({"offset": offset, "size": 64})
+            toc.setdefault(b, {})[arch] = {"type": "hsaco", "ordinal": len(blobs) - 1,
+                                          "original_size": 64}
+            offset += 64
+    body = b"\0" * (offset - 64)
+    table = _msgpack({"format_version": 1, "group_name": group, "gfx_arch_family": family,
+                      "gfx_arches": list(arches), "toc": toc, "compression_scheme": "none",
+                      "blobs": blobs})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"KPAK" + struct.pack("<IQ", 1, offset) + b"\0" * 48 + body + table)
+    return path
+
+
+def make_therock_native(root: Path, version: str = "7.14.0",
+                        device_targets: tuple[str, ...] = ("gfx1151",)) -> Path:
+    """/opt/rocm/core-X.Y from amdrocm-core-sdk<X.Y> + amdrocm-blas<X.Y>-<gfx> packages."""
+    major, minor, _ = _split_version(version)
+    inner = f"/opt/rocm/core-{major}.{minor}"
+    d = make_therock_tree(root, version, (), inner=inner, amdgcn_link=True,
+                          broken_amdclang=False, rocblas=(), hipblaslt=())
+    import shutil
+
+    (d / "share/therock/dist_info.json").unlink()
+    shutil.rmtree(d / "lib/rocblas", ignore_errors=True)
+    shutil.rmtree(d / "lib/hipblaslt", ignore_errors=True)
+    (d / ".info/version").unlink()
+    for gfx in device_targets:
+        write_kpack(d / f".kpack/blas_lib_{gfx}.kpack", "blas", gfx, (gfx,))
+    _write(d / ".kpack/blas_lib.kpm", "")
+    opt = root / "opt/rocm"
+    _link(opt / "core", inner)
+    _link(opt / f"core-{major}", inner)
+    for sub in ("bin", "lib", "include", "llvm", "amdgcn", "libexec", "share"):
+        _link(opt / sub, f"{inner}/{sub}")
+    return d

@@ -10,6 +10,7 @@ import re
 import tomllib
 
 from rocforge_build.discover import resolver
+from rocforge_build.nightly import known_bad
 from rocforge_build.resources import package_data
 from rocforge_build.rootfs import Root
 
@@ -122,6 +123,8 @@ def coverage_rows(res: resolver.Resolution) -> list[dict]:
 def run(args) -> int:
     res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
     sys_warnings, blockers = system_checks(args.rootfs, res)
+    blockers += res.blockers  # e.g. the main GPU not served by this ROCm (resolver)
+    sys_warnings += known_bad.doctor_warnings(res)  # data/known_bad.toml
     usable = res.usable and not blockers
     if args.json:
         data = res.to_json()

@@ -188,11 +188,34 @@ def _list(args, cfg) -> int:
 
 
 def _install(args, cfg) -> int:
-    from rocforge_build.nightly import install
+    from rocforge_build.discover import installs as installs_mod
+    from rocforge_build.nightly import install, known_bad
 
     groups, target = _groups(args, need=True)
     entries = _entries(args, cfg)
+    skipped: dict[str, str] = {}
+    if args.version in (None, "", "latest"):  # a pinned version is installed as asked
+        keep = []
+        for e in entries:
+            bad = known_bad.find(e.version, target, e.family) if e.family in groups else None
+            if bad is None:
+                keep.append(e)
+            else:
+                skipped.setdefault(e.version, bad.describe(e.version))
+        if skipped and not any(e.family in groups for e in keep):
+            raise UsageError("every nightly published for this target is known-bad: "
+                             + "; ".join(skipped.values()),
+                             "install one anyway with --version VERSION")
+        entries = keep
     layers, reason = listing.layer_plan(entries, target, groups, args.version, args.layer)
+    newer = [why for v, why in skipped.items()
+             if installs_mod.version_key(v) > installs_mod.version_key(layers[-1].version)]
+    if newer:
+        reason += "; skipped " + "; ".join(newer)
+    pinned = known_bad.find(layers[-1].version, target, layers[-1].family)
+    if pinned is not None:
+        print(f"rocforge: warning: {pinned.describe(layers[-1].version)}; installing it because "
+              "--version pins it", file=sys.stderr)
     prefix = _prefix(args, cfg)
     name = install.version_dir_name(layers)
     if args.dry_run:

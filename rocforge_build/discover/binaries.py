@@ -185,3 +185,102 @@ def read_hipcc(root: Root, base: PurePosixPath) -> Hipcc | None:
                          f"{script.name} (perl hipcc) runs $HIP_CLANG_PATH/{m.group(1)}, default "
                          "$ROCM_PATH/llvm/bin if present, else $ROCM_PATH/bin (hipvars.pm)")
     return None
+
+
+# -- kernel packs --------------------------------------------------------------------------------
+# TheRock's multi-arch builds move device code out of fat binaries and kernel databases into
+# per-arch kernel packs: `<root>/.kpack/<artifact>_<component>_<gfx>.kpack` (e.g.
+# `blas_lib_gfx1100.kpack`; ROCm/TheRock RELEASES.md, artifact_builder.py) beside a
+# `<artifact>_<component>.kpm` manifest.  A .kpack file (stellaraccident/rocm-kpack, kpack.py)
+# starts with "KPAK", a uint32 format version and a uint64 offset of a MessagePack table of
+# contents {format_version, group_name, gfx_arch_family, gfx_arches: [...], toc, ...}.
+KPACK_MAGIC = b"KPAK"
+_KPACK_NAME_RE = re.compile(r"^(?P<group>.+?)_(?P<gfx>gfx[0-9]+[0-9a-fx]*)\.kpack$", re.I)
+
+
+@dataclass(frozen=True)
+class KernelPack:
+    path: PurePosixPath
+    group: str
+    arches: tuple[str, ...]
+    evidence: str  # "toc" (read from the file) or "name" (the file name only)
+
+
+class _Unpack:
+    """Just enough MessagePack to read a kpack TOC's leading keys (stdlib only)."""
+
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def _take(self, n: int) -> bytes:
+        if self.pos + n > len(self.data):
+            raise ValueError("truncated")
+        out = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def _int(self, n: int, signed: bool = False) -> int:
+        return int.from_bytes(self._take(n), "big", signed=signed)
+
+    def value(self):  # noqa: C901 - one branch per MessagePack type
+        b = self._take(1)[0]
+        if b <= 0x7F:
+            return b
+        if b >= 0xE0:
+            return b - 0x100
+        if 0x80 <= b <= 0x8F:
+            return self._map(b & 0x0F)
+        if 0x90 <= b <= 0x9F:
+            return [self.value() for _ in range(b & 0x0F)]
+        if 0xA0 <= b <= 0xBF:
+            return self._take(b & 0x1F).decode("utf-8", "replace")
+        simple = {0xC0: None, 0xC2: False, 0xC3: True}
+        if b in simple:
+            return simple[b]
+        sizes = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+        if b in sizes:
+            return self._int(sizes[b])
+        ssizes = {0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}
+        if b in ssizes:
+            return self._int(ssizes[b], signed=True)
+        if b in (0xCA, 0xCB):
+            return struct.unpack(">f" if b == 0xCA else ">d", self._take(4 if b == 0xCA else 8))[0]
+        strs = {0xD9: 1, 0xDA: 2, 0xDB: 4}
+        if b in strs:
+            return self._take(self._int(strs[b])).decode("utf-8", "replace")
+        bins = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+        if b in bins:
+            return self._take(self._int(bins[b]))
+        if b in (0xDC, 0xDD):
+            return [self.value() for _ in range(self._int(2 if b == 0xDC else 4))]
+        if b in (0xDE, 0xDF):
+            return self._map(self._int(2 if b == 0xDE else 4))
+        raise ValueError(f"unsupported MessagePack type 0x{b:02x}")
+
+    def _map(self, n: int) -> dict:
+        out = {}
+        for _ in range(n):
+            key = self.value()
+            out[key] = self.value()
+        return out
+
+
+def read_kpack(root: Root, inner: PurePosixPath) -> KernelPack | None:
+    """The architectures a .kpack file carries: its TOC's `gfx_arches`, else its file name."""
+    m = _KPACK_NAME_RE.match(inner.name)
+    named = (m.group("gfx").lower(),) if m else ()
+    group = m.group("group") if m else inner.stem
+    try:
+        with open(root.host(inner), "rb") as fh:
+            head = fh.read(16)
+            if len(head) == 16 and head[:4] == KPACK_MAGIC:
+                _, toc_offset = struct.unpack("<IQ", head[4:])
+                fh.seek(toc_offset)
+                toc = _Unpack(fh.read(64 << 20)).value()
+                arches = toc.get("gfx_arches") if isinstance(toc, dict) else None
+                if isinstance(arches, list) and arches:
+                    return KernelPack(inner, str(toc.get("group_name") or group),
+                                      tuple(str(a) for a in arches), "toc")
+    except (OSError, ValueError, struct.error):
+        pass
+    return KernelPack(inner, group, named, "name") if named else None

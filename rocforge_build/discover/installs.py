@@ -84,9 +84,46 @@ class Coverage:
     has_rocblas: bool = False  # a rocBLAS kernel library directory exists at all
     has_hipblaslt: bool = False
     has_dist_info: bool = False
+    # ISA names (amdgcn-amd-amdhsa--gfx*) in the HIP runtime's ISA table, and the library they
+    # were read from; no library = not known (an empty or stripped file tells nothing).
+    runtime: tuple[str, ...] = ()
+    runtime_lib: str | None = None
+    # The rocBLAS library's ELF NEEDED entries; None = not read (no rocBLAS, or not an ELF).
+    rocblas_lib: str | None = None
+    rocblas_needed: tuple[str, ...] | None = None
+    # gfx -> the kernel pack (.kpack/*.kpack) that carries it (TheRock multi-arch installs).
+    kpack: tuple[tuple[str, str], ...] = ()
 
     def kernels_for(self, gfx: str) -> tuple[bool, str]:
-        """Whether the runtime libraries carry `gfx` kernels, and the evidence."""
+        """Whether this install can run `gfx` kernels, and the evidence: the runtime must know
+        the ISA (device bitcode is compiler support only), and the libraries must carry them."""
+        if self.runtime_lib is not None and gfx not in self.runtime:
+            return False, (f"the HIP runtime {self.runtime_lib} has no ISA amdgcn-amd-amdhsa--{gfx} "
+                           f"(its table ends at {_last_of(self.runtime, gfx)}): it cannot load "
+                           f"{gfx} code")
+        ok, why = self._libraries_for(gfx)
+        if ok and self.runtime_lib is not None:
+            why += f"; the runtime knows amdgcn-amd-amdhsa--{gfx}"
+        return ok, why
+
+    def rocblas_uses_hipblaslt(self) -> tuple[bool | None, str]:
+        """Whether this rocBLAS was built with hipBLASLt (libhipblaslt among its NEEDED)."""
+        if self.rocblas_needed is None:
+            return None, "rocBLAS's ELF NEEDED entries not read"
+        if any(n.startswith("libhipblaslt") for n in self.rocblas_needed):
+            return True, f"{self.rocblas_lib} links libhipblaslt (ELF NEEDED)"
+        return False, (f"{self.rocblas_lib} was built without hipBLASLt: its ELF NEEDED entries "
+                       f"({', '.join(self.rocblas_needed)}) name no libhipblaslt")
+
+    def _libraries_for(self, gfx: str) -> tuple[bool, str]:
+        if self.kpack:  # a kpack-split install: its device code is in the packs, nowhere else
+            packs = [f for g, f in self.kpack if g == gfx]
+            if packs:
+                blas = [f for f in packs if "blas" in PurePosixPath(f).name] or packs
+                return True, f"kernel pack {blas[0]} carries {gfx}"
+            have = ", ".join(gfx_sorted({g for g, _ in self.kpack}))
+            return False, (f"no kernel pack in .kpack/ carries {gfx} (packs for {have}; TheRock "
+                           f"native packages: install amdrocm-blas<X.Y>-{gfx})")
         if self.has_rocblas:
             if gfx in self.rocblas:
                 return True, f"rocBLAS has TensileLibrary files for {gfx}"
@@ -103,13 +140,24 @@ class Coverage:
         return gfx in self.hipblaslt
 
     def targets(self) -> list[str]:
-        return list(gfx_sorted([*self.rocblas, *self.hipblaslt, *self.bitcode, *self.dist]))
+        return list(gfx_sorted([*self.rocblas, *self.hipblaslt, *self.bitcode, *self.dist,
+                                *(g for g, _ in self.kpack)]))
 
     def to_json(self) -> dict:
         return {
             "rocblas": list(self.rocblas), "hipblaslt": list(self.hipblaslt),
             "bitcode": list(self.bitcode), "dist_amdgpu_targets": list(self.dist),
+            "runtime_isas": list(self.runtime), "runtime_lib": self.runtime_lib,
+            "kpack": sorted({g for g, _ in self.kpack}),
+            "rocblas_lib": self.rocblas_lib,
+            "rocblas_needed": None if self.rocblas_needed is None else list(self.rocblas_needed),
         }
+
+
+def _last_of(isas: tuple[str, ...], gfx: str) -> str:
+    """The runtime's newest ISA of `gfx`'s major family (gfx1036 -> gfx1035), else its newest."""
+    family = [i for i in isas if i[:-2] == gfx[:-2]] or list(isas)
+    return gfx_sorted(family)[-1] if family else "nothing"
 
 
 @dataclass(frozen=True)
@@ -277,7 +325,15 @@ def _v_dist_info_metadata(root: Root, base: PurePosixPath) -> str | None:
     return None
 
 
+def _v_dir_name(root: Root, base: PurePosixPath) -> str | None:
+    """`/opt/rocm/core-7.14` (TheRock native packages: build_package.py installs to
+    /opt/rocm/core-<major>.<minor>), `/opt/rocm-6.4.1`: the version in the directory name."""
+    m = re.search(r"(?:core|rocm)-(\d+\.\d+(?:\.\d+)?)$", root.resolve(base).name)
+    return m.group(1) if m else None
+
+
 _VERSION_READERS = {
+    "dir_name": _v_dir_name,
     "install_toml": _v_install_toml,
     "info_version": _v_info_version,
     "rocm_version_h": _v_rocm_version_h,
@@ -366,7 +422,28 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
         value = data.get("dist_amdgpu_targets") if isinstance(data, dict) else None
         items = value if isinstance(value, list) else re.split(r"[;,\s]+", str(value or ""))
         dist.extend(i for i in items if isinstance(i, str) and i.startswith("gfx"))
+    runtime = binaries.runtime_isas(
+        root, [h for b in bases for pat in layout.runtime_libs for h in _glob(root, b, pat)])
+    rocblas_lib, rocblas_needed = None, None
+    for b in bases:
+        for hit in (h for pat in layout.rocblas_libs for h in _glob(root, b, pat)):
+            info = binaries.read_elf(root.host(hit))
+            if info is not None:
+                rocblas_lib, rocblas_needed = str(hit), info.needed
+                break
+        if rocblas_lib:
+            break
+    kpack: list[tuple[str, str]] = []
+    for b in bases:
+        for hit in _glob(root, b, ".kpack/*.kpack"):
+            pack = binaries.read_kpack(root, hit)
+            if pack is not None:
+                kpack.extend((g, str(hit)) for g in pack.arches)
     return Coverage(
+        kpack=tuple(kpack),
+        runtime=gfx_sorted(runtime.isas) if runtime else (),
+        runtime_lib=str(runtime.library) if runtime else None,
+        rocblas_lib=rocblas_lib, rocblas_needed=rocblas_needed,
         rocblas=_tensile_targets(root, rocblas_dirs),
         hipblaslt=_tensile_targets(root, hipblaslt_dirs),
         bitcode=bitcode, dist=gfx_sorted(dist),
@@ -435,10 +512,14 @@ def _bitcode_and_llvm(root: Root, path: PurePosixPath, layout: Layout,
 def _compiler_dir(root: Root, path: PurePosixPath, layout: Layout,
                   owner: int | None) -> PurePosixPath | None:
     if owner is not None:
+        versioned = False
         for pattern in layout.compiler_dirs:
             for hit in _glob(root, path, pattern):
+                versioned = versioned or _llvm_of(hit) is not None
                 if root.is_dir(hit) and _llvm_of(hit) == owner:
                     return hit
+        if versioned:
+            return None  # the owning LLVM is not installed; another LLVM is no substitute
     return _first(root, path, layout.compiler_dirs)
 
 
@@ -447,7 +528,8 @@ def _hip_clang_path(root: Root, path: PurePosixPath, layout: Layout, hipcc: bina
                     problems: list[str]) -> tuple[PurePosixPath | None, str]:
     """HIP_CLANG_PATH: the directory where the program hipcc runs actually is."""
     if hipcc is not None:
-        for d in (*hipcc.default_dirs, *([compiler_dir] if compiler_dir else [])):
+        same_llvm = compiler_dir is not None and hipcc.llvm_major in (None, _llvm_of(compiler_dir))
+        for d in (*hipcc.default_dirs, *([compiler_dir] if same_llvm else [])):
             _watch(root, d / hipcc.calls)
             if root.exists(d / hipcc.calls):
                 return d, f"{hipcc.evidence}; {d / hipcc.calls} exists"
@@ -485,6 +567,10 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     compiler_dir = _compiler_dir(root, path, layout, owner)
     if layout.hip_clang_from_hipcc and hipcc is None and bitcode_dir is None:
         compiler_dir = None  # no hipcc and no device libraries: no HIP compiler here
+    if compiler_dir is None and owner is not None and (hipcc is not None or bitcode_dir):
+        problems.append(f"no LLVM {owner} compiler (lib/llvm-{owner}/bin), which "
+                        + (f"{hipcc.path} calls" if hipcc else f"the device libraries in "
+                           f"{bitcode_dir} belong to") + f": install clang-{owner}")
     hipcxx = _hipcxx(root, compiler_dir)
     if compiler_dir is not None and hipcxx is None:
         problems.append(f"{compiler_dir} has no clang++")
@@ -574,11 +660,29 @@ def _candidates(root: Root, environ: Mapping[str, str]) -> list[tuple[PurePosixP
         for name in root.listdir(prefix):
             if name != "current" and not name.startswith("."):
                 cands.append((prefix / name, "rocforge nightly", False))
-    cands.append((PurePosixPath("/opt/rocm"), "/opt/rocm", False))
+    # TheRock native packages (amdrocm-*): the tree is /opt/rocm/core-X.Y, with /opt/rocm/core and
+    # /opt/rocm/core-X alternatives links to it, and /opt/rocm/{bin,lib,...} links into it
+    # (build_tools/packaging/linux/template/scripts/amdrocm-core-postinst.j2): /opt/rocm itself
+    # is then a link farm, not an install of its own.
+    native = [h for h in _glob(root, PurePosixPath("/opt/rocm"), "core*") if root.is_dir(h)]
+    for hit in native:
+        cands.append((hit, "/opt/rocm/core-*", False))
+    if not native:
+        cands.append((PurePosixPath("/opt/rocm"), "/opt/rocm", False))
     for hit in _glob(root, PurePosixPath("/opt"), "rocm-*"):
         cands.append((hit, "/opt/rocm-*", False))
     cands.append((PurePosixPath("/usr"), "distro /usr", False))
     return cands
+
+
+def _extras_for(root: Root, real: PurePosixPath) -> tuple[PurePosixPath, ...]:
+    """/opt/rocm/extras-X beside a native /opt/rocm/core-X.Y: its libraries belong to that core."""
+    m = re.fullmatch(r"/opt/rocm/core-(\d+)(?:\.\d+)*", str(real))
+    if not m:
+        return ()
+    extra = PurePosixPath(f"/opt/rocm/extras-{m.group(1)}")
+    _watch(root, extra)
+    return (extra,) if root.is_dir(extra) else ()
 
 
 def find_installs(root: Root, *, rocm: str | None = None,
@@ -608,7 +712,8 @@ def find_installs(root: Root, *, rocm: str | None = None,
             prev = by_real[real]
             by_real[real] = _merge(prev, source, is_current)
             continue
-        inst = inspect(root, path, sources=(source,), nightly_current=is_current)
+        inst = inspect(root, path, sources=(source,), nightly_current=is_current,
+                       extra_bases=_extras_for(root, real))
         if inst is None:
             continue
         by_real[real] = inst

@@ -72,6 +72,7 @@ class Resolution:
     root: Root | None = field(default=None, compare=False, repr=False)
     gpu_source: str = "none"
     builds: tuple[builds_mod.Build, ...] = ()  # rocforge builds used by the environment
+    blockers: tuple[str, ...] = ()  # what makes the machine's main GPU unusable with this ROCm
 
     @property
     def usable(self) -> bool:
@@ -317,6 +318,15 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
         warnings.append("iGPU and dGPU both visible to ROCm: "
                         + ", ".join(g.describe() for g in detected))
     masked = [g for g in detected if g not in selected]
+    blockers: list[str] = []
+    if inst is not None and not wanted and selected and all(g.is_igpu for g in selected):
+        for g in (g for g in dgpus if g not in selected):
+            msg = (f"the main GPU, {g.describe()}, is NOT served by {inst.path} "
+                   f"({inst.layout} {inst.version or '?'}): {_support(inst, g.gfx)[1]}; only the "
+                   f"iGPU {', '.join(x.describe() for x in selected)} is, so programs run on the "
+                   f"small GPU. For {g.gfx}: {install_hint(g.gfx)}")
+            warnings.append(msg)
+            blockers.append(msg)
     if selected and masked:
         value = ",".join(str(g.index) for g in selected)
         reason = ("masked " + ", ".join(
@@ -335,9 +345,11 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
     if override:
         gpu_names = ", ".join(sorted({g.gfx for g in selected})) or "the GPU"
         env[OVERRIDE] = override
+        evidence = "; ".join(dict.fromkeys(_support(inst, g.gfx)[1] for g in selected
+                                           if inst is not None and g.gfx != effective))
         decisions.append(Decision(OVERRIDE, override,
                                   f"{gpu_names} run {effective} kernels: ROCm must see them as "
-                                  f"{effective} ({override})"))
+                                  f"{effective} ({override})" + (f" — {evidence}" if evidence else "")))
         for k in stale:
             if k != OVERRIDE:
                 env[k] = None
@@ -364,7 +376,17 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
 
     # ROCBLAS_USE_HIPBLASLT.
     if inst is not None and effective:
-        if inst.coverage.has_hipblaslt and inst.coverage.hipblaslt_for(effective):
+        links_lt, why_lt = inst.coverage.rocblas_uses_hipblaslt()
+        if links_lt is False and not built_lt:
+            env["ROCBLAS_USE_HIPBLASLT"] = None
+            decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", None,
+                                      f"{why_lt}: the variable would do nothing (Debian's "
+                                      "changelog: \"Disable hipBLASlt support until it is packaged\")"
+                                      if inst.layout == "debian" else f"{why_lt}: it would do nothing"))
+            if env_in.get("ROCBLAS_USE_HIPBLASLT") not in (None, "", "0"):
+                warnings.append(f"ROCBLAS_USE_HIPBLASLT={env_in['ROCBLAS_USE_HIPBLASLT']} in the "
+                                f"environment is unset: {why_lt}")
+        elif inst.coverage.has_hipblaslt and inst.coverage.hipblaslt_for(effective):
             env["ROCBLAS_USE_HIPBLASLT"] = "1"
             decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", "1",
                                       f"hipBLASLt has TensileLibrary files for {effective}: rocBLAS "
@@ -391,7 +413,8 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
 
     if inst is not None:
         warnings.extend(f"{inst.path}: {p}" for p in inst.problems
-                        if "broken link" in p or "no device bitcode" in p or "no clang++" in p)
+                        if any(k in p for k in ("broken link", "no device bitcode", "no clang++",
+                                                "cannot compile", "compiler (lib/llvm-")))
 
     index_of = {id(g): i for i, g in enumerate(gpu_list)}
     return Resolution(
@@ -399,6 +422,7 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
         warnings=warnings, installs=tuple(found),
         selected=tuple(index_of[id(g)] for g in selected if id(g) in index_of),
         prepend=prepend, root=root, gpu_source=discovery.source, builds=tuple(used),
+        blockers=tuple(blockers),
     )
 
 
