@@ -65,3 +65,6 @@ def integration(session: nox.Session) -> None:
     for version in ("0.3.9", "0.3.36"):
         session.run("pytest", "tests/test_llama_build.py", "--run-slow", "-v", *session.posargs,
                     env={"ROCFORGE_INTEGRATION_FULL": "1", "ROCFORGE_LLAMA_VERSION": version})
+    # dry-run plans of the stack recipes against real upstream trees: set ROCFORGE_TEST_GIT_ROCWMMA,
+    # _AOTRITON, _ROCBLAS, _HIPBLASLT to git directories of them (tests/upstream_trees.py)
+    session.run("pytest", "tests/test_upstream_trees.py", "--run-slow", "-v", *session.posargs)
