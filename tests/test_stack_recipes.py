@@ -4,6 +4,7 @@ a fake TheRock tree as the toolchain (the stand-in projects compile nothing)."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -18,7 +19,7 @@ from stackfixtures import REPO, allow_file_submodules, aotriton_repo, monorepo, 
 
 from rocforge_build import cli, paths
 from rocforge_build.build import pipeline
-from rocforge_build.build.plan import Request, make_plan
+from rocforge_build.build.plan import Request, make_plan, print_plan
 from rocforge_build.errors import BuildError, NetworkError, ToolchainError
 from rocforge_build.rootfs import Root
 
@@ -261,11 +262,9 @@ def test_rocwmma_headers_for_a_target_it_knows(tmp_path, recipes_dir):
                            Root(root), quiet=True)
     assert "ROCWMMA_ARCH_GFX1151" in (out.prefix / "include/rocwmma/internal/config.hpp").read_text()
     assert {o["name"]: o["value"] for o in out.plan.options}["GPU_TARGETS"] == "gfx1151"
-    # a target this rocWMMA does not know stops before anything is built
-    with pytest.raises(ToolchainError) as exc:
-        make_plan(Request(str(recipes_dir / "rocwmma.toml"), "gfx1030"), Root(root))
-    assert "does not know the target" in exc.value.message
-    assert "ROCWMMA_ARCH_GFX1030" in exc.value.message
+    # a target this rocWMMA does not know: allowed (header-only), with a loud note
+    plan = make_plan(Request(str(recipes_dir / "rocwmma.toml"), "gfx1030"), Root(root))
+    assert [n.split(":")[0] for n in plan.notes] == ["THIS rocWMMA DOES NOT KNOW THE TARGET"]
 
 
 def _rocm_with_rocwmma(root: Path, arches: tuple[str, ...]) -> None:
@@ -301,3 +300,96 @@ def test_llama_rocwmma_builds_a_target_aware_rocwmma_first(tmp_path, recipes_dir
     new = tmp_path / "rocm-new"
     _rocm_with_rocwmma(new, ("gfx1100", "gfx1151"))
     assert make_plan(req, Root(new)).dependencies == []
+
+
+def _old_rocwmma_source(dest: Path) -> Path:
+    """The rocWMMA stand-in with gfx1151 taken out of its architecture table: what a rocWMMA from
+    before gfx1151 (ROCm/rocWMMA, Oct 2024; rocWMMA 6.4.0) declares."""
+    shutil.copytree(REPO / "tests/data/monorepo/projects/rocwmma", dest)
+    cfg = dest / "library/include/rocwmma/internal/config.hpp"
+    cfg.write_text("".join(line for line in cfg.read_text().splitlines(keepends=True)
+                           if "GFX1151" not in line))
+    return dest
+
+
+def test_rocwmma_for_a_target_its_source_lacks_installs_with_a_loud_note(tmp_path, recipes_dir):
+    root = tmp_path / "root"
+    fr.make_therock_tree(root, "7.10.0a20251021", ("gfx1151",))
+    old = _old_rocwmma_source(tmp_path / "old-rocwmma")
+    out = pipeline.execute(Request(str(recipes_dir / "rocwmma.toml"), "gfx1151", jobs=2,
+                                   source=str(old)), Root(root), quiet=True)
+    assert out.prefix == paths.builds_prefix() / "rocwmma-gfx1151-hip"
+    cfg = (out.prefix / "include/rocwmma/internal/config.hpp").read_text()
+    assert "ROCWMMA_ARCH_GFX1100" in cfg and "ROCWMMA_ARCH_GFX1151" not in cfg
+    (note,) = out.plan.notes
+    assert note.startswith("THIS rocWMMA DOES NOT KNOW THE TARGET")
+    assert "rocforge build rocwmma --target gfx1151 (without --source)" in note
+    assert _manifest(out.prefix)["notes"] == [note]
+
+
+def test_llama_rocwmma_uses_the_existing_rocwmma_build_and_the_stub(tmp_path, recipes_dir):
+    """The user built rocWMMA for gfx1151 from a tree without it: llama.cpp's rocwmma backend
+    uses that build (found by its manifest), fetches nothing, and applies the gfx1151 stub
+    because those headers lack ROCWMMA_ARCH_GFX1151."""
+    from llama_trees import tree
+
+    from rocforge_build.build.plan import quick_check
+
+    llama = tree("0.3.9", tmp_path / "llama")
+    shutil.copy(REPO / "recipes" / "llama-cpp.toml", recipes_dir / "llama-cpp.toml")
+    shutil.copytree(REPO / "patches", recipes_dir.parent / "patches")
+    rocm = tmp_path / "rocm-old"  # its own rocWMMA (6.4.0) lacks gfx1151 too
+    _rocm_with_rocwmma(rocm, ("gfx908", "gfx90a", "gfx942", "gfx1100"))
+    req = Request(str(recipes_dir / "llama-cpp.toml"), "gfx1151", backend="rocwmma",
+                  source=str(llama))
+    # no rocforge rocWMMA yet: the default stays a build of rocm-libraries, which knows gfx1151
+    (dep,) = make_plan(req, Root(rocm)).dependencies
+    assert dep.built is None and dep.plan.source.spec.kind == "git"
+    assert "no rocforge rocwmma build for gfx1151" in dep.because
+    # the user builds rocWMMA from the old tree; the network to rocm-libraries is gone after
+    built = pipeline.execute(Request(str(recipes_dir / "rocwmma.toml"), "gfx1151", jobs=2,
+                                     source=str(_old_rocwmma_source(tmp_path / "old"))),
+                             Root(rocm), quiet=True).prefix
+    offline = stack_recipes(tmp_path / "offline", monorepo_path=tmp_path / "unreachable")
+    shutil.copy(REPO / "recipes" / "llama-cpp.toml", offline / "llama-cpp.toml")
+    shutil.copytree(REPO / "patches", offline.parent / "patches")
+    req = Request(str(offline / "llama-cpp.toml"), "gfx1151", backend="rocwmma", source=str(llama))
+    plan = make_plan(req, Root(rocm))
+    (dep,) = plan.dependencies
+    assert dep.plan is None and dep.prefix == built and dep.recipe == "rocwmma"
+    assert f"the existing rocforge rocwmma build for gfx1151 at {built}" in dep.because
+    assert dep.stamp == _manifest(built)["stamp"]
+    assert plan.env["CPATH"].split(":")[0] == f"{built}/include"
+    assert plan.env["CMAKE_PREFIX_PATH"].split(":")[0] == str(built)
+    stub = {r.name: r for r in plan.patch_status}["gfx1151-fattn-wmma-stub.patch"]
+    assert stub.status == "would apply", stub
+    assert any("stubbed for gfx1151" in n for n in plan.notes)
+    doc = plan.to_json()["dependencies"][0]
+    assert doc["plan"] is None and doc["built"]["prefix"] == str(built)
+    out = io.StringIO()
+    print_plan(plan, out)
+    assert f"depends  rocwmma (hip) -> {built} (existing build, used as it is)" in out.getvalue()
+    # the up-to-date check needs no network either, and folds in the existing build's stamp
+    quick_check(req, Root(rocm))
+    # an existing build whose headers are gone is not used
+    (built / "include/rocwmma/rocwmma.hpp").unlink()
+    with pytest.raises(NetworkError):
+        make_plan(req, Root(rocm))
+
+
+def test_an_existing_rocwmma_that_knows_the_target_removes_the_stub(tmp_path, recipes_dir):
+    from llama_trees import tree
+
+    llama = tree("0.3.9", tmp_path / "llama")
+    shutil.copy(REPO / "recipes" / "llama-cpp.toml", recipes_dir / "llama-cpp.toml")
+    shutil.copytree(REPO / "patches", recipes_dir.parent / "patches")
+    rocm = tmp_path / "rocm-old"
+    _rocm_with_rocwmma(rocm, ("gfx1100",))
+    built = pipeline.execute(Request(str(recipes_dir / "rocwmma.toml"), "gfx1151", jobs=2),
+                             Root(rocm), quiet=True).prefix
+    plan = make_plan(Request(str(recipes_dir / "llama-cpp.toml"), "gfx1151", backend="rocwmma",
+                             source=str(llama)), Root(rocm))
+    (dep,) = plan.dependencies
+    assert dep.built is not None and dep.prefix == built
+    stub = {r.name: r for r in plan.patch_status}["gfx1151-fattn-wmma-stub.patch"]
+    assert stub.status == "not needed"

@@ -153,14 +153,18 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
 def _require(plan: Plan) -> None:
     """Everything a build and its dependencies need, checked before any of them starts."""
     for dep in plan.dependencies:
-        _require(dep.plan)
+        if dep.plan is not None:
+            _require(dep.plan)
     plan.toolchain.require()
 
 
 def _dependencies(plan: Plan, root, quiet: bool, say) -> None:
     """In order, each dependency up to date or built (and checked) first."""
     for dep in plan.dependencies:
-        say(f"[bold]dependency[/] {dep.plan.recipe.name}: {dep.reason}")
+        say(f"[bold]dependency[/] {dep.recipe}: {dep.reason}")
+        if dep.built is not None:
+            say(f"  {dep.prefix}: the existing build, used as it is")
+            continue
         out = execute(dep.request, root, quiet=quiet)
         if out.status == "up to date":
             say(f"  {out.prefix} is up to date")
@@ -413,8 +417,10 @@ def write_manifest(plan: Plan, where: Path) -> Path:
     doc["outputs"] = [o["path"] for o in plan.outputs]
     doc["export_env"] = plan.export_env
     doc["export_env_reasons"] = {k: plan.env_reasons.get(k, "") for k in plan.export_env}
-    doc["dependencies"] = [{"recipe": d.plan.recipe.name, "prefix": str(d.plan.prefix),
-                            "stamp": d.plan.stamp, "reason": d.reason} for d in plan.dependencies]
+    doc["dependencies"] = [{"recipe": d.recipe, "prefix": str(d.prefix), "stamp": d.stamp,
+                            "reason": d.reason, "because": d.because,
+                            "used": "existing build" if d.built else "built"}
+                           for d in plan.dependencies]
     doc["timings"] = plan.timings
     doc["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     path = where / MANIFEST

@@ -122,19 +122,56 @@ class Plan:
 
 @dataclass
 class Dependency:
-    """A recipe built first, for the same target, whose prefix this build uses."""
+    """A recipe built first, for the same target, whose prefix this build uses: planned (`plan`),
+    or an existing rocforge build of it used as it is (`built`: its prefix and manifest)."""
 
     request: Request
     reason: str
     because: str
     prepend: dict[str, str]  # variable -> directory of the dependency's prefix
-    plan: Plan
+    plan: Plan | None
+    built: Built | None = None
+
+    @property
+    def recipe(self) -> str:
+        return self.plan.recipe.name if self.plan else self.built.recipe
+
+    @property
+    def prefix(self) -> Path:
+        return self.plan.prefix if self.plan else self.built.prefix
+
+    @property
+    def backend(self) -> str:
+        return self.plan.backend if self.plan else self.built.backend
+
+    @property
+    def stamp(self) -> str:
+        return self.plan.stamp if self.plan else self.built.stamp
 
     def to_json(self) -> dict:
-        return {"recipe": self.plan.recipe.name, "target": self.plan.target,
-                "backend": self.plan.backend, "prefix": str(self.plan.prefix),
-                "reason": self.reason, "because": self.because, "prepend": self.prepend,
-                "stamp": self.plan.stamp, "plan": self.plan.to_json()}
+        out = {"recipe": self.recipe, "target": self.request.target, "backend": self.backend,
+               "prefix": str(self.prefix), "reason": self.reason, "because": self.because,
+               "prepend": self.prepend, "stamp": self.stamp,
+               "plan": self.plan.to_json() if self.plan else None}
+        if self.built:  # an existing build used as it is: no plan, where it came from instead
+            out["built"] = self.built.to_json()
+        return out
+
+
+@dataclass(frozen=True)
+class Built:
+    """An existing rocforge build in the builds directory, found by its manifest."""
+
+    recipe: str
+    prefix: Path
+    backend: str
+    stamp: str
+    source: str  # where it was built from, as its manifest says
+    built_at: str
+
+    def to_json(self) -> dict:
+        return {"recipe": self.recipe, "prefix": str(self.prefix), "backend": self.backend,
+                "stamp": self.stamp, "source": self.source, "built_at": self.built_at}
 
 
 # -- the plan: named steps, one concern each ------------------------------------------------------
@@ -160,7 +197,7 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
     stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, environ)
     return Plan(recipe, tgt.name, backend, backend_reason, fetched, toolchain, options, env,
                 runtime_env, env_reasons, patch_plans, patch_status, notes, configure, build,
-                install, smoke, prefix, work, _with_deps(stamp, [d.plan.stamp for d in deps]),
+                install, smoke, prefix, work, _with_deps(stamp, [d.stamp for d in deps]),
                 launcher, build_targets, dependencies=deps, outputs=_outputs(recipe, facts, ctx),
                 export_env=export_env, venv=venv)
 
@@ -212,7 +249,7 @@ def _backend_and_stops(recipe: recipes.Recipe, backend: str, facts: conditions.F
     for rule in recipe.of("note"):
         holds, why = conditions.explain(rule.when, facts)
         if holds:
-            notes.append(rule.get("message"))
+            notes.append(rule.get("message").replace("{target}", target))
     if be.toolchain == "vulkan" and toolchain.glslc:
         lacking = [desc for ext, desc in GLSLC_FEATURES.items() if not facts.host.glslc_extension(ext)]
         if lacking:
@@ -292,10 +329,10 @@ def _environment(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict, too
             env_reasons[rule.get("name")] += f" ({why})"
     for dep in deps:  # dependencies' prefixes go in front of their variables
         for var, sub in dep.prepend.items():
-            entry = str(dep.plan.prefix if sub in ("", ".") else dep.plan.prefix / sub)
+            entry = str(dep.prefix if sub in ("", ".") else dep.prefix / sub)
             rest = env.get(var, environ.get(var, ""))
             env[var] = entry + (os.pathsep + rest if rest else "")
-            env_reasons[var] = f"dependency {dep.plan.recipe.name}: {dep.reason}"
+            env_reasons[var] = f"dependency {dep.recipe}: {dep.reason}"
     return env, env_reasons, runtime_env, export_env
 
 
@@ -474,13 +511,29 @@ def _dependency_requests(recipe: recipes.Recipe, req: Request, facts: conditions
 
 
 def _plan_dependencies(recipe, req, facts, root, check_patches, stack) -> list[Dependency]:
-    """Plan each dependency (recursively), then let this build's header checks see the headers
-    it will use: the installed ones when the dependency's prefix exists, else those in its
-    source (`source_include`) — what the build will install."""
+    """Plan each dependency (recursively), or take the existing rocforge build of it where the
+    rule says `use_existing`; then let this build's header checks see the headers it will use:
+    the installed ones when the dependency's prefix exists, else those in its source
+    (`source_include`) — what the build will install."""
     deps, extra = [], []
     for rule, dep_req, why in _dependency_requests(recipe, req, facts, stack):
+        name = recipes.load(dep_req.recipe).name
+        built = existing_build(name, dep_req.target) if rule.get("use_existing") else None
+        if built is not None:
+            because = (f"{why}; the existing rocforge {name} build for {dep_req.target} at "
+                       f"{built.prefix} (from {built.source}, {built.built_at}) is used as it is, "
+                       f"nothing is fetched; `rocforge build {name} --target {dep_req.target}` "
+                       "replaces it")
+            deps.append(Dependency(dep_req, rule.get("reason"), because,
+                                   dict(rule.get("prepend", {})), None, built))
+            if (built.prefix / "include").is_dir():
+                extra.append(built.prefix / "include")
+            continue
         dep_plan = make_plan(dep_req, root, check_patches=check_patches,
                              _stack=(*stack, recipe.name))
+        if rule.get("use_existing"):
+            why += (f"; no rocforge {name} build for {dep_req.target} in {paths.builds_prefix()}: "
+                    f"one is built from {dep_plan.source.spec.location}")
         deps.append(Dependency(dep_req, rule.get("reason"), why, dict(rule.get("prepend", {})),
                                dep_plan))
         if (dep_plan.prefix / "include").is_dir():
@@ -492,6 +545,29 @@ def _plan_dependencies(recipe, req, facts, root, check_patches, stack) -> list[D
                                           path=facts.host.path, probe_glslc=facts.host.probe_glslc,
                                           rocm_root=facts.host.rocm_root)
     return deps
+
+
+def existing_build(recipe: str, target: str) -> Built | None:
+    """The rocforge build of `recipe` for `target` in the builds directory, found by its manifest
+    (every output it names still there): the default prefix first, else the newest."""
+    base = paths.builds_prefix()
+    if not base.is_dir():
+        return None
+    found = []
+    for prefix in sorted(base.iterdir()):
+        if prefix.name.startswith(".") or ".rocforge-" in prefix.name or not prefix.is_dir():
+            continue
+        m = read_manifest(prefix)
+        if not m or m.get("recipe", {}).get("name") != recipe or m.get("target") != target:
+            continue
+        if not all(any(prefix.glob(str(o))) for o in m.get("outputs", [])):
+            continue
+        src = m.get("source", {})
+        where = src.get("location") or src.get("url") or src.get("kind") or "?"
+        found.append(Built(recipe, prefix, str(m.get("backend", "")), str(m.get("stamp", "")),
+                           str(where), str(m.get("built_at", ""))))
+    default = [b for b in found if b.prefix == default_prefix(recipe, target, b.backend)]
+    return (default or sorted(found, key=lambda b: b.built_at, reverse=True) or [None])[0]
 
 
 def source_version(recipe: recipes.Recipe, fetched: sources.Fetched) -> str | None:
@@ -573,7 +649,12 @@ def quick_check(req: Request, root, stack: tuple[str, ...] = ()) -> tuple[str, P
     if recipes.load(req.recipe).of("depends"):  # which apply depends on the request's facts
         recipe, _, _, _, _, _, toolchain, facts, _ = _prepare(req, root)
         _rocm_fact(facts, toolchain)
-        for _, dep_req, _ in _dependency_requests(recipe, req, facts, stack):
+        for rule, dep_req, _ in _dependency_requests(recipe, req, facts, stack):
+            built = (existing_build(recipes.load(dep_req.recipe).name, dep_req.target)
+                     if rule.get("use_existing") else None)
+            if built is not None:  # used as it is: its stamp is the manifest's
+                dep_stamps.append(built.stamp)
+                continue
             dep_stamp, _, dep_current = quick_check(dep_req, root, (*stack, recipe.name))
             dep_stamps.append(dep_stamp)
             current = current and dep_current
@@ -606,10 +687,11 @@ def print_plan(plan: Plan, out=None) -> None:
     for n in plan.notes:
         w(f"note: {n}\n")
     for d in plan.dependencies:
-        w(f"depends  {d.plan.recipe.name} ({d.plan.backend}) -> {d.plan.prefix}\n"
+        used = " (existing build, used as it is)" if d.built else ""
+        w(f"depends  {d.recipe} ({d.backend}) -> {d.prefix}{used}\n"
           f"      {d.reason} [{d.because}]\n")
         for var, sub in d.prepend.items():
-            w(f"      {var} += {d.plan.prefix if sub in ('', '.') else d.plan.prefix / sub}\n")
+            w(f"      {var} += {d.prefix if sub in ('', '.') else d.prefix / sub}\n")
     if plan.venv:
         w(f"venv     {plan.venv['path']} — {plan.venv['reason']}\n")
         for argv in plan.venv["commands"]:

@@ -61,10 +61,12 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     # another recipe built first for the same target; `prepend` maps an environment variable to
     # a directory of the dependency's prefix ("." = the prefix) put in front of it for this
     # build; `source_include` is where the headers it installs live in its source (header
-    # checks of a plan made before the dependency is built look there)
+    # checks of a plan made before the dependency is built look there); `use_existing`: a rocforge
+    # build of it for the target already in the builds directory is used as it is (not re-planned)
     "depends": {
         "recipe": ((str,), True), "when": ((dict,), False), "reason": ((str,), True),
         "backend": ((str,), False), "prepend": ((dict,), False), "source_include": ((str,), False),
+        "use_existing": ((bool,), False),
     },
     # a file (glob) the install must contain, checked before the install replaces the old one
     "output": {"path": ((str,), True), "when": ((dict,), False), "reason": ((str,), True)},
