@@ -108,3 +108,15 @@ def test_validate_errors(cond, msg):
     with pytest.raises(ConfigError) as exc:
         c.validate(cond, "t")
     assert msg in exc.value.message
+
+
+def test_rocblas_hipblaslt_is_known_or_false_both_ways():
+    f = c.Facts(rocblas_hipblaslt=(False, "librocblas.so.4 NEEDs no libhipblaslt"))
+    assert c.explain({"rocblas_hipblaslt": False}, f) == (
+        True, "librocblas.so.4 NEEDs no libhipblaslt")
+    assert not c.evaluate({"rocblas_hipblaslt": True}, f)
+    unknown = c.Facts()  # no toolchain: neither holds, so `not = {... = false}` does
+    assert not c.evaluate({"rocblas_hipblaslt": False}, unknown)
+    assert c.evaluate({"not": {"rocblas_hipblaslt": False}}, unknown)
+    with pytest.raises(ConfigError):
+        c.validate({"rocblas_hipblaslt": "no"}, "x")

@@ -195,6 +195,28 @@ def test_sid_rocblas_built_without_hipblaslt(machine):
     assert "built without hipBLASLt" in reason and "libroctx64.so.4" in reason
 
 
+def test_llama_plan_on_sid_does_not_claim_rocblas_use_hipblaslt(machine, tmp_path):
+    """The build plan follows the same ELF NEEDED evidence: on sid's rocBLAS (no libhipblaslt)
+    `rocforge build llama-cpp --target gfx1151` records no ROCBLAS_USE_HIPBLASLT and says why."""
+    from llama_trees import tree
+
+    from rocforge_build.build.plan import Request, make_plan
+
+    root = machine("sid", fr.RX7900XTX)
+    hip_h = root / "usr/include/hip/hip_runtime.h"  # trimmed to its name: the recipe greps it
+    hip_h.write_text("// hip runtime (trimmed in the fixture)\n")
+    try:
+        plan = make_plan(Request("llama-cpp", "gfx1151", backend="hip",
+                                 source=str(tree("0.3.9", tmp_path / "llama")),
+                                 environ={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}), Root(root))
+    finally:
+        hip_h.write_text("")
+    assert plan.toolchain.missing is None
+    assert "ROCBLAS_USE_HIPBLASLT" not in plan.runtime_env
+    (note,) = [n for n in plan.notes if "ROCBLAS_USE_HIPBLASLT" in n]
+    assert "rocBLAS was built without hipBLASLt" in note
+
+
 # -- runtime-only installs: defect 5 ---------------------------------------------------------------
 def test_runtime_only_install_has_a_version_and_no_compiler(machine):
     # libamdhip64-6 6.4.3-5 + libhsa-runtime64-1 + librocblas4 + libhipblaslt1, no -dev, no

@@ -20,6 +20,9 @@ A condition is a TOML table; every key must hold (AND); a list value means any o
     glslc_extension = "GL_KHR_cooperative_matrix"  glslc compiles a shader requiring it
     toolchain_found = true                     the backend's toolchain was found (a dry run
                                                without one skips checks on its headers)
+    rocblas_hipblaslt = false                  the HIP toolchain's rocBLAS does (true) / does not
+                                               (false) link libhipblaslt, read from its ELF NEEDED
+                                               entries as the resolver does; unknown: both False
 
 Facts come from a `Facts` object (what is known about the request, the source and the host);
 a fact that is unknown (no source yet, no toolchain) makes its test False, and `explain()` says
@@ -45,7 +48,7 @@ from rocforge_build.errors import ConfigError
 KEYS = (
     "target", "family", "backend", "rocm", "source_version", "cmake_option", "file",
     "source_contains", "header_contains", "tool", "glslc_extension", "toolchain_found",
-    "pkgconfig", "rocm_file", "not", "any", "all",
+    "pkgconfig", "rocm_file", "rocblas_hipblaslt", "not", "any", "all",
 )
 
 _OPTION_RE = re.compile(r"""\boption\s*\(\s*"?([A-Za-z_][A-Za-z0-9_]*)"?""", re.I)
@@ -153,6 +156,7 @@ class Facts:
     source: SourceFacts | None = None
     host: HostFacts | None = None
     toolchain_found: bool = False
+    rocblas_hipblaslt: tuple[bool | None, str] = (None, "rocBLAS not read")
 
 
 def _as_list(value) -> list:
@@ -199,7 +203,7 @@ def validate(cond, where: str) -> None:
                 validate(item, f"{sub}[{i}]")
         elif key in ("rocm", "source_version"):
             _spec(value, sub) if isinstance(value, str) else _bad(sub, "a version range string")
-        elif key == "toolchain_found":
+        elif key in ("toolchain_found", "rocblas_hipblaslt"):
             if not isinstance(value, bool):
                 _bad(sub, "true or false")
         elif key == "source_contains":
@@ -275,6 +279,11 @@ def _test(key: str, value, f: Facts) -> tuple[bool, str]:
     if key == "toolchain_found":
         ok = f.toolchain_found == value
         return ok, f"toolchain {'found' if f.toolchain_found else 'missing'}"
+    if key == "rocblas_hipblaslt":
+        links, why = f.rocblas_hipblaslt
+        if links is None:
+            return False, f"whether rocBLAS links hipBLASLt is unknown ({why})"
+        return links == value, why
     if key == "rocm":
         v = _version(f.rocm_version)
         if v is None:

@@ -450,7 +450,7 @@ def _prepare(req: Request, root):
             rocm_version=tc.rocm_version, source=source_facts,
             host=conditions.HostFacts(include_dirs=tc.include_dirs, path=tc.path,
                                       probe_glslc=tc.probe_glslc),
-            toolchain_found=tc.missing is None,
+            toolchain_found=tc.missing is None, rocblas_hipblaslt=tc.rocblas_hipblaslt,
         )
 
     backend, backend_reason = _choose_backend(recipe, req, facts_for)

@@ -38,6 +38,8 @@ class Toolchain:
     missing: str | None = None
     hint: str | None = None
     glslc: str | None = None
+    # whether the ROCm's rocBLAS links libhipblaslt (ELF NEEDED; None = not read), and why
+    rocblas_hipblaslt: tuple[bool | None, str] = (None, "no HIP toolchain: rocBLAS not read")
 
     def probe_glslc(self, ext: str) -> bool:
         if not self.glslc:
@@ -128,7 +130,8 @@ def _hip(root, target: str, environ: dict[str, str]) -> Toolchain:
     info = {"rocm_path": str(res.rocm.path), "rocm_layout": res.rocm.layout,
             "hip_compiler": f"{hipcxx} ({_version_of(hipcxx)})"}
     return Toolchain("hip", env=env, include_dirs=includes, rocm_version=res.rocm.version,
-                     path=bindir + os.pathsep + environ.get("PATH", ""), info=info)
+                     path=bindir + os.pathsep + environ.get("PATH", ""), info=info,
+                     rocblas_hipblaslt=res.rocm.coverage.rocblas_uses_hipblaslt())
 
 
 def _vulkan(root, environ: dict[str, str]) -> Toolchain:
