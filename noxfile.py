@@ -68,3 +68,6 @@ def integration(session: nox.Session) -> None:
     # dry-run plans of the stack recipes against real upstream trees: set ROCFORGE_TEST_GIT_ROCWMMA,
     # _AOTRITON, _ROCBLAS, _HIPBLASLT to git directories of them (tests/upstream_trees.py)
     session.run("pytest", "tests/test_upstream_trees.py", "--run-slow", "-v", *session.posargs)
+    # `rocforge build rocwmma` from that ROCm/rocWMMA (no gfx1151), then llama.cpp's rocwmma backend
+    # for gfx1151 with the stub patch, compiled in the sid chroot (~11 min on 2 cores)
+    session.run("pytest", "tests/test_rocwmma_stub_build.py", "--run-slow", "-v", *session.posargs)

@@ -90,10 +90,12 @@ def _check_host() -> None:
         raise NoChroot(f"no private mount namespace here (unshare -m: {probe.stderr.strip()})")
 
 
-def ensure(log=print) -> Path:
-    """The cached chroot for PACKAGES, made when missing (~1.5 min, ~550 MiB downloaded)."""
+def ensure(log=print, extra: tuple[str, ...] = ()) -> Path:
+    """The cached chroot for PACKAGES (and `extra` ones: a chroot of its own), made when missing
+    (~1.5 min, ~550 MiB downloaded)."""
     _check_host()
-    root = cache_root() / f"{SUITE}-{key()}"
+    packages = (*PACKAGES, *extra)
+    root = cache_root() / f"{SUITE}-{key(packages)}"
     if (root / ".complete").is_file():
         return root
     tmp = root.with_name(root.name + ".partial")
@@ -101,7 +103,7 @@ def ensure(log=print) -> Path:
         shutil.rmtree(tmp)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     cmd = ["mmdebstrap", "--variant=apt", f"--aptopt={APT_OPT}",
-           f"--include={','.join(PACKAGES)}", SUITE, str(tmp), mirror_uri()]
+           f"--include={','.join(packages)}", SUITE, str(tmp), mirror_uri()]
     log("$ " + shlex.join(cmd))
     start = time.monotonic()
     res = subprocess.run(cmd, capture_output=True, text=True)
@@ -109,7 +111,7 @@ def ensure(log=print) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise RuntimeError(f"mmdebstrap failed ({res.returncode}):\n{res.stderr[-4000:]}")
     seconds = time.monotonic() - start
-    (tmp / ".complete").write_text(f"{seconds:.0f} s\n" + "\n".join(PACKAGES) + "\n")
+    (tmp / ".complete").write_text(f"{seconds:.0f} s\n" + "\n".join(packages) + "\n")
     tmp.rename(root)
     log(f"sid chroot made in {seconds:.0f} s: {root}")
     return root
