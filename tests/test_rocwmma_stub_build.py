@@ -102,3 +102,20 @@ def test_may_2025_rocwmma_fattn_with_the_oct_2024_rocwmma(sid, tmp_path_factory)
     assert targets["hipv4-amdgcn-amd-amdhsa--gfx1151"] > 50  # one per HIP translation unit
     assert STUB in lib.read_bytes()  # the stub's abort message: the patched file was compiled
     assert (prefix / "bin" / "llama-bench").is_file()
+
+    # the control: the same compile command on the file without the stub stops on that rocWMMA
+    build, src = f"{plan['work_dir']}/build", f"{plan['work_dir']}/src/ggml/src/ggml-cuda"
+    obj = "ggml/src/ggml-hip/CMakeFiles/ggml-hip.dir/__/ggml-cuda/fattn-wmma-f16.cu.o"
+    cmd = sid_chroot.run(sid, ["ninja", "-C", build, "-t", "commands", obj], work=work)
+    line = cmd.stdout.strip().splitlines()[-1]
+    assert f"{src}/fattn-wmma-f16.cu" in line, line
+    unstubbed = f"{src}/fattn-wmma-f16-unstubbed.cu"
+    rev = f"{W}/unstub/ggml/src/ggml-cuda"  # git apply -R outside a repository: paths from cwd
+    script = (f"mkdir -p {rev} && cp {src}/fattn-wmma-f16.cu {rev}/ && cd {W}/unstub && "
+              "git apply -R /rocforge/patches/llama-cpp/gfx1151-fattn-wmma-stub.patch && "
+              f"cp {rev}/fattn-wmma-f16.cu {unstubbed} && cd {build} && "
+              + line.replace(f"{src}/fattn-wmma-f16.cu", unstubbed)
+                    .replace(f"-o {obj}", f"-o {W}/unstubbed.o"))
+    res = sid_chroot.run(sid, ["sh", "-c", script], work=work, timeout=1200)
+    assert res.returncode != 0
+    assert "Unsupported architecture" in res.stdout + res.stderr, (res.stdout + res.stderr)[-3000:]
