@@ -72,6 +72,8 @@ def stack_recipes(dest: Path, monorepo_path: Path | None = None, aotriton_path: 
         for old, new in replace.items():
             text = text.replace(old, new)
         (out / f"{name}.toml").write_text(text)
+        if (REPO / "patches" / name).is_dir():  # patches resolve beside the recipes dir
+            shutil.copytree(REPO / "patches" / name, dest / "patches" / name, dirs_exist_ok=True)
     return out
 
 

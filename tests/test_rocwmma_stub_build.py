@@ -1,6 +1,6 @@
 """llama.cpp's rocWMMA flash attention for gfx1151 with a rocWMMA that lacks gfx1151, built for
-real in the sid chroot (tests/sid_chroot.py, plus Debian's rocm-cmake, which rocWMMA's
-CMakeLists.txt needs: find_package(ROCM 0.7 CONFIG REQUIRED)):
+real in the sid chroot (tests/sid_chroot.py, plus Debian's rocm-cmake and libomp-21-dev, which
+rocWMMA's CMakeLists.txt needs: find_package(ROCM 0.7 CONFIG REQUIRED), find_package(OpenMP)):
 
 1. `rocforge build rocwmma --target gfx1151 --source ROCm/rocWMMA` from the real standalone
    repository as of Oct 2024 (ROCFORGE_TEST_GIT_ROCWMMA: a git directory of it, exported at test
@@ -32,7 +32,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     reason=f"{up.ENV['rocwmma']} is not set (a git directory of the real ROCm/rocWMMA)")]
 LLAMA = "0.3.9"
 JOBS = os.environ.get("ROCFORGE_TEST_JOBS", "2")
-EXTRA = ("rocm-cmake",)  # rocWMMA's CMakeLists.txt: find_package(ROCM 0.7 CONFIG REQUIRED)
+# rocWMMA's CMakeLists.txt: find_package(ROCM 0.7 CONFIG REQUIRED) and find_package(OpenMP REQUIRED)
+# with clang++-21 as the C++ compiler
+EXTRA = ("rocm-cmake", "libomp-21-dev")
 W = sid_chroot.WORK
 STUB = b"rocforge: the WMMA flash-attention kernel is stubbed for gfx1151 in this build"
 
@@ -65,6 +67,9 @@ def test_may_2025_rocwmma_fattn_with_the_oct_2024_rocwmma(sid, tmp_path_factory)
     manifest = tomllib.loads((rocwmma / "rocforge-manifest.toml").read_text())
     assert any(n.startswith("THIS rocWMMA DOES NOT KNOW THE TARGET") for n in manifest["notes"])
     assert "-DAMDGPU_TARGETS=gfx1151" in manifest["flags"]["configure"]
+    assert [(p["name"], p["status"]) for p in manifest["patches"]] == [
+        ("upstream-clang-cxx-flags.patch", "applied")]
+    assert manifest["env"]["CXX"] == "/usr/lib/llvm-21/bin/clang++"
     installed = (rocwmma / "include/rocwmma/internal/config.hpp").read_text()
     assert "ROCWMMA_ARCH_GFX1100" in installed and "ROCWMMA_ARCH_GFX1151" not in installed
 

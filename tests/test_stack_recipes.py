@@ -283,7 +283,7 @@ def test_llama_rocwmma_builds_a_target_aware_rocwmma_first(tmp_path, recipes_dir
 
     llama = tree("0.3.9", tmp_path / "llama")  # May 2025: GGML_HIP_ROCWMMA_FATTN
     shutil.copy(REPO / "recipes" / "llama-cpp.toml", recipes_dir / "llama-cpp.toml")
-    shutil.copytree(REPO / "patches", recipes_dir.parent / "patches")
+    shutil.copytree(REPO / "patches", recipes_dir.parent / "patches", dirs_exist_ok=True)
     req = Request(str(recipes_dir / "llama-cpp.toml"), "gfx1151", backend="rocwmma",
                            source=str(llama))
     old = tmp_path / "rocm-old"  # rocWMMA 6.4.0: no gfx1151
@@ -337,7 +337,7 @@ def test_llama_rocwmma_uses_the_existing_rocwmma_build_and_the_stub(tmp_path, re
 
     llama = tree("0.3.9", tmp_path / "llama")
     shutil.copy(REPO / "recipes" / "llama-cpp.toml", recipes_dir / "llama-cpp.toml")
-    shutil.copytree(REPO / "patches", recipes_dir.parent / "patches")
+    shutil.copytree(REPO / "patches", recipes_dir.parent / "patches", dirs_exist_ok=True)
     rocm = tmp_path / "rocm-old"  # its own rocWMMA (6.4.0) lacks gfx1151 too
     _rocm_with_rocwmma(rocm, ("gfx908", "gfx90a", "gfx942", "gfx1100"))
     req = Request(str(recipes_dir / "llama-cpp.toml"), "gfx1151", backend="rocwmma",
@@ -352,7 +352,7 @@ def test_llama_rocwmma_uses_the_existing_rocwmma_build_and_the_stub(tmp_path, re
                              Root(rocm), quiet=True).prefix
     offline = stack_recipes(tmp_path / "offline", monorepo_path=tmp_path / "unreachable")
     shutil.copy(REPO / "recipes" / "llama-cpp.toml", offline / "llama-cpp.toml")
-    shutil.copytree(REPO / "patches", offline.parent / "patches")
+    shutil.copytree(REPO / "patches", offline.parent / "patches", dirs_exist_ok=True)
     req = Request(str(offline / "llama-cpp.toml"), "gfx1151", backend="rocwmma", source=str(llama))
     plan = make_plan(req, Root(rocm))
     (dep,) = plan.dependencies
@@ -382,7 +382,7 @@ def test_an_existing_rocwmma_that_knows_the_target_removes_the_stub(tmp_path, re
 
     llama = tree("0.3.9", tmp_path / "llama")
     shutil.copy(REPO / "recipes" / "llama-cpp.toml", recipes_dir / "llama-cpp.toml")
-    shutil.copytree(REPO / "patches", recipes_dir.parent / "patches")
+    shutil.copytree(REPO / "patches", recipes_dir.parent / "patches", dirs_exist_ok=True)
     rocm = tmp_path / "rocm-old"
     _rocm_with_rocwmma(rocm, ("gfx1100",))
     built = pipeline.execute(Request(str(recipes_dir / "rocwmma.toml"), "gfx1151", jobs=2),

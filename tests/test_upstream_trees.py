@@ -68,6 +68,10 @@ def test_rocwmma_of_oct_2024_installs_for_gfx1151_only_with_a_loud_note(roots, t
     assert "ROCWMMA_ARCH_GFX1100" in config and "ROCWMMA_ARCH_GFX1151" not in config
     plan = make_plan(Request("rocwmma", "gfx1151", source=str(tree), environ=ENVIRON), roots["empty"])
     assert [n.split(":")[0] for n in plan.notes] == ["THIS rocWMMA DOES NOT KNOW THE TARGET"]
+    # its CMakeLists.txt l.47 adds -parallel-jobs=4 and -Xclang -fallow-half-arguments-and-returns,
+    # which upstream clang rejects: the patch must apply to the real file
+    assert [(p.name, p.status) for p in plan.patch_status] == [
+        ("upstream-clang-cxx-flags.patch", "would apply")]
     # a target it knows: no note
     plan = make_plan(Request("rocwmma", "gfx1100", source=str(tree), environ=ENVIRON), roots["empty"])
     assert plan.notes == []
