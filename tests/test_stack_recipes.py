@@ -54,7 +54,7 @@ def _strings(plan: dict) -> list[str]:
     if plan["venv"]:
         out += [a for argv in plan["venv"]["commands"] for a in argv]
     for dep in plan["dependencies"]:
-        out += _strings(dep["plan"])
+        out += _strings(dep["plan"]) if dep["plan"] else [dep["prefix"]]
     return out
 
 
