@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 from buildfixtures import PROJECT, RECIPE, git, git_repo, recipe_copy, tarball
@@ -122,3 +123,22 @@ def test_a_fetch_is_announced_once_and_later_plans_work_offline(tmp_path, capsys
     second = capsys.readouterr()
     assert "fetching" not in second.err and "unreachable; using v1.2.0 = " in second.err
     assert second.out == first.out            # the same plan, offline
+
+
+def test_the_stub_patch_applies_to_a_work_copy_of_the_may_2025_sdist_tree(tmp_path):
+    """The llama-cpp-python 0.3.9 sdist ships vendor/llama.cpp/.git as a submodule gitlink
+    ("gitdir: ../../.git/modules/vendor/llama.cpp"); a work copy of vendor/llama.cpp alone must
+    not carry it, or `git apply` there stops with "fatal: not a git repository"."""
+    from llama_trees import tree
+
+    from rocforge_build.build import patches
+
+    src = tree("0.3.9", tmp_path / "trees", full=True) / "vendor" / "llama.cpp"
+    assert (src / ".git").read_text().startswith("gitdir: ../../.git/modules/")
+    work = tmp_path / "work" / "src"
+    sources.sync_tree(src, work)
+    assert not (work / ".git").exists()
+    stub = Path(__file__).resolve().parent.parent / "patches/llama-cpp/gfx1151-fattn-wmma-stub.patch"
+    (res,) = patches.apply([patches.PatchPlan(stub.name, stub, True, "test")], work)
+    assert res.status == patches.APPLIED
+    assert "stubbed for gfx1151" in (work / "ggml/src/ggml-cuda/fattn-wmma-f16.cu").read_text()

@@ -415,8 +415,8 @@ def sync_tree(src: Path, dst: Path) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         wanted.add(os.path.normpath(rel))
         for name in filenames:
-            if name == ".rocforge-complete":
-                continue
+            if name == ".rocforge-complete" or name in _SKIP:  # also a submodule's `.git` file:
+                continue  # its gitdir (../../.git/modules/...) is not in the copy; git would fail
             s = Path(dirpath) / name
             d = out_dir / name
             wanted.add(os.path.normpath(os.path.join(rel, name)))
