@@ -121,6 +121,7 @@ def test_may_2025_rocwmma_fattn_with_the_oct_2024_rocwmma(sid, tmp_path_factory)
               f"cp {rev}/fattn-wmma-f16.cu {unstubbed} && cd {build} && "
               + line.replace(f"{src}/fattn-wmma-f16.cu", unstubbed)
                     .replace(f"-o {obj}", f"-o {W}/unstubbed.o"))
-    res = sid_chroot.run(sid, ["sh", "-c", script], work=work, timeout=1200)
+    env = {k: v for k, v in manifest["env"].items() if k in ("CPATH", "HIP_DEVICE_LIB_PATH")}
+    res = sid_chroot.run(sid, ["sh", "-c", script], work=work, env=env, timeout=1200)
     assert res.returncode != 0
     assert "Unsupported architecture" in res.stdout + res.stderr, (res.stdout + res.stderr)[-3000:]
