@@ -69,5 +69,5 @@ def integration(session: nox.Session) -> None:
     # _AOTRITON, _ROCBLAS, _HIPBLASLT to git directories of them (tests/upstream_trees.py)
     session.run("pytest", "tests/test_upstream_trees.py", "--run-slow", "-v", *session.posargs)
     # `rocforge build rocwmma` from that ROCm/rocWMMA (no gfx1151), then llama.cpp's rocwmma backend
-    # for gfx1151 with the stub patch, compiled in the sid chroot (~11 min on 2 cores)
+    # for gfx1151 with the stub patch, compiled in the sid chroot (14 min cold on 2 cores, 30 s warm)
     session.run("pytest", "tests/test_rocwmma_stub_build.py", "--run-slow", "-v", *session.posargs)
