@@ -25,6 +25,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build": ("rocforge_build.commands.build", "build a recipe for a GPU target"),
     "kernels": ("rocforge_build.commands.kernels", "build and run rocforge's own HIP kernels"),
     "container": ("rocforge_build.commands.container", "render, build and run container images"),
+    "verify": ("rocforge_build.commands.verify", "check a llama.cpp build's output against a reference build"),
+    "bench": ("rocforge_build.commands.bench", "measure llama.cpp builds (gated by verify) into the results store"),
+    "results": ("rocforge_build.commands.results", "list, show, export, compare and plot stored results"),
+    "tune": ("rocforge_build.commands.tune", "build, gate and measure candidates; store the winner as a preset"),
+    "preset": ("rocforge_build.commands.preset", "show the tuned command for a model"),
 }
 
 _GLOBAL_WITH_VALUE = {"--root"}

@@ -11,7 +11,9 @@ import numpy as np
 SIZES = {"tiny": (1024, 256, 2, 4, 2, 512), "small": (8192, 1024, 4, 8, 4, 2816)}
 
 
-def write(out: Path, size: str = "tiny", seed: int = 0) -> Path:
+def write(out: Path, size: str = "tiny", seed: int = 0, *, byte_tokens: bool = False) -> Path:
+    """`byte_tokens`: the vocabulary starts with SentencePiece's 256 byte tokens <0x00>..<0xFF>, so
+    llama.cpp can tokenize any text (llama-perplexity); without them only bench runs work."""
     import gguf
 
     n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff = SIZES[size]
@@ -28,10 +30,12 @@ def write(out: Path, size: str = "tiny", seed: int = 0) -> Path:
     w.add_rope_freq_base(10000.0)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("llama")
-    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<w{i}>".encode() for i in range(3, n_vocab)]
+    n_bytes = 256 if byte_tokens else 0
+    tokens = ([b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(n_bytes)]
+              + [f"<w{i}>".encode() for i in range(3 + n_bytes, n_vocab)])
     w.add_token_list(tokens)
     w.add_token_scores([0.0] * n_vocab)
-    w.add_token_types([2, 3, 3] + [1] * (n_vocab - 3))
+    w.add_token_types([2, 3, 3] + [6] * n_bytes + [1] * (n_vocab - 3 - n_bytes))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
