@@ -24,6 +24,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("-p", "--n-prompt", type=int, default=512, metavar="N", help="prompt tokens (pp test)")
     parser.add_argument("-n", "--n-gen", type=int, default=128, metavar="N", help="generated tokens (tg test)")
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads (-t)")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="stop a llama-bench run after S seconds; what it did not finish is recorded as failed")
     parser.add_argument("--no-gate", action="store_true", help="do not run `rocforge verify` first")
     parser.add_argument("--reference", metavar="PREFIX", help="the gate's reference build (see rocforge verify)")
     parser.add_argument("--ctx", metavar="N,...", help="the gate's contexts (see rocforge verify)")
@@ -34,7 +36,7 @@ def spec_from(args, model) -> bench.Spec:
     if args.reps < 1 or args.n_prompt < 0 or args.n_gen < 0 or not (args.n_prompt or args.n_gen):
         raise UsageError("--reps must be >= 1 and -p/-n not negative (one of them > 0)")
     depths = tuple(bench.int_list(args.depth, "--depth")) or (0,)
-    return bench.Spec(model, depths, args.n_prompt, args.n_gen, args.reps, args.threads)
+    return bench.Spec(model, depths, args.n_prompt, args.n_gen, args.reps, args.threads, timeout=args.timeout)
 
 
 def run(args) -> int:
@@ -49,9 +51,9 @@ def run(args) -> int:
                                                              "n_gen": spec.n_gen, "reps": spec.reps}})
     progress = Progress(len(builds) * len(vs) * len(bench.expected(spec, spec.depths)), quiet=args.json)
 
-    def gate(build):
+    def gate(build, fa):
         return verify.gate(build, s.model, reference=args.reference, store=s.store, run_id=run_id,
-                           base=s.base, ctxs=ctxs, quiet=args.json)
+                           base=s.base, ctxs=ctxs, fa=fa, quiet=args.json)
 
     status = "failed"
     try:

@@ -91,21 +91,28 @@ def run(args) -> int:
     status = "failed"
     try:
         for b in builds:
-            verdict, _ = verify.gate(b, s.model, reference=None, store=s.store, run_id=run_id, base=s.base,
-                                     ctxs=gate_ctxs, quiet=args.json)
+            fas = bench.fa_list(args.fa) if args.fa else tune.rules()["search"]["fa"]
+            gates = {bool(fa): verify.gate(b, s.model, reference=None, store=s.store, run_id=run_id, base=s.base,
+                                           ctxs=gate_ctxs, fa=bool(fa), quiet=args.json)[0] for fa in fas}
+            passing = [fa for fa, v in gates.items() if v == "passed"]
+            verdict = "passed" if passing else "failed"
             cand = tune.Candidate(b, verdict)
             cands.append(cand)
             base = {**s.base, "prefix": str(b.prefix), "backend": b.backend, "stamp": b.stamp,
                     "build": b.provenance(), "gate": verdict}
-            if verdict != "passed":
-                s.store.add_row(run_id, "bench", {**base, "test": "gate", "status": "gate-failed"}, status="gate-failed")
-                say(f"{b.label()} failed the verify gate: it never wins")
+            for fa, v in gates.items():
+                if v != "passed":
+                    s.store.add_row(run_id, "bench", {**base, "gate": "failed", "fa": fa, "test": "gate",
+                                                      "status": "gate-failed"}, status="gate-failed")
+                    say(f"{b.label()} failed the verify gate with flash attention {'on' if fa else 'off'}: "
+                        "those variants never win")
+            if not passing:
                 continue
             depths, note = bench.depths_for(b, spec.depths)
             if note:
                 cand.note = note
             dims, env_names = tune.dimensions(b.backend, bench.int_list(args.ubatch, "--ubatch") or None,
-                                              bench.fa_list(args.fa) if args.fa else None,
+                                              passing,
                                               bench.env_pairs(args.env) if args.env else None, n_ctx)
 
             def measure(v, b=b, base=base, depths=depths):

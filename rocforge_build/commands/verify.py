@@ -18,12 +18,17 @@ def add_arguments(parser) -> None:
                         help="reference build (default: the cpu backend of the same recipe and source, built when absent)")
     parser.add_argument("--ctx", metavar="N,...", help="contexts to check (default: a short and a long one, bounded by the model)")
     parser.add_argument("--text", metavar="FILE", help="text to evaluate (default: the one rocforge ships)")
+    parser.add_argument("--fa", choices=("on", "off"), default="on",
+                        help="flash attention in both runs (default on: the path long contexts take)")
+    parser.add_argument("--env", action="append", default=[], metavar="VAR=VALUE",
+                        help="runtime environment for the build's run (repeatable)")
     parser.add_argument("--json", action="store_true", help="the result as JSON")
 
 
 def run(args) -> int:
     build = LlamaBuild.open(args.prefix)
     ctx = bench.int_list(args.ctx, "--ctx") or None
+    env = {k: v[0] for k, v in bench.env_pairs(args.env).items()}
     ref_given = LlamaBuild.open(args.reference) if args.reference else None
     s = open_session(args.model, [build] + ([ref_given] if ref_given else []), ("llama-perplexity",), args.rootfs)
     ref = verify.reference_for(build, args.reference, quiet=args.json)
@@ -31,7 +36,8 @@ def run(args) -> int:
     say = None if args.json else (lambda text: sys.stderr.write(f"rocforge: verify: {text}\n"))
     try:
         result = verify.verify(build, ref, s.model, verify.contexts(s.model, ctx), store=s.store,
-                               run_id=run_id, base=s.base, text=args.text, progress=say)
+                               run_id=run_id, base=s.base, text=args.text,
+                               fa=args.fa == "on", env=env, progress=say)
     except BaseException:
         s.store.finish_run(run_id, "failed")
         raise

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,6 +51,7 @@ class Spec:
     reps: int = 3
     threads: int | None = None
     extra: tuple[str, ...] = ()
+    timeout: float | None = None  # seconds per llama-bench run; over it the run is killed and recorded
 
 
 @dataclass
@@ -111,6 +113,9 @@ def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: t
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
                                 errors="replace", start_new_session=False)
+        timer = threading.Timer(spec.timeout, proc.kill) if spec.timeout else None
+        if timer:
+            timer.start()
         try:
             for line in proc.stdout:
                 line = line.strip()
@@ -125,16 +130,22 @@ def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: t
                 on_row(row)
             rc = proc.wait()
         except KeyboardInterrupt:
+            if timer:
+                timer.cancel()
             proc.terminate()
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
             raise
+        timed_out = timer is not None and not timer.is_alive() and rc != 0
+        if timer:
+            timer.cancel()
         err.seek(0)
         stderr = err.read()
     if rc != 0:
-        reason = _failure(rc, stderr)
+        reason = (f"timed out after {spec.timeout:g} s (llama-bench was stopped; rows it finished are kept)"
+                  if timed_out else _failure(rc, stderr))
         done = {(r["test"], r["depth"]) for r in got}
         for test, depth in want:
             if (test, depth) not in done:
@@ -168,7 +179,7 @@ def depths_for(build: LlamaBuild, depths: tuple[int, ...]) -> tuple[tuple[int, .
 
 
 def run(builds: list[LlamaBuild], spec: Spec, vs: list[Variant], *, store, run_id: int, base: dict,
-        gate: Callable[[LlamaBuild], tuple[str, list[dict]]] | None = None,
+        gate: Callable[[LlamaBuild, bool], tuple[str, dict | None]] | None = None,
         progress=None) -> Outcome:
     """The whole matrix, in order; rows are stored as they come."""
     out = Outcome()
@@ -184,15 +195,16 @@ def run(builds: list[LlamaBuild], spec: Spec, vs: list[Variant], *, store, run_i
             prov = build.provenance()
             bbase = {**base, "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
                      "build": prov}
-            verdict = "skipped"
+            verdicts = {}
             if gate is not None:
-                if progress:
-                    progress.status(f"verifying {build.label()}")
-                verdict, _checks = gate(build)
-            bbase["gate"] = verdict
-            if verdict == "failed":
-                row = {**bbase, "test": "gate", "n_prompt": 0, "n_gen": 0, "depth": 0, "ubatch": None,
-                       "fa": None, "env": {}, "t_s": None, "stddev": None, "status": "gate-failed",
+                for fa in sorted({bool(v.fa) for v in vs}, reverse=True):
+                    if progress:
+                        progress.status(f"verifying {build.label()} (flash attention {'on' if fa else 'off'})")
+                    verdicts[fa] = gate(build, fa)[0]
+            if verdicts and "passed" not in verdicts.values():
+                row = {**bbase, "gate": "failed", "test": "gate", "n_prompt": 0, "n_gen": 0, "depth": 0,
+                       "ubatch": None, "fa": None, "env": {}, "t_s": None, "stddev": None,
+                       "status": "gate-failed",
                        "error": "failed `rocforge verify`: its output differs from the reference"}
                 keep(row)
                 if progress:
@@ -202,9 +214,18 @@ def run(builds: list[LlamaBuild], spec: Spec, vs: list[Variant], *, store, run_i
             if note:
                 out.notes.append(f"{build.label()}: {note}")
             for v in vs:
+                verdict = verdicts.get(bool(v.fa), "skipped")
+                if verdict == "failed":  # wrong with this flash-attention setting: recorded, not run
+                    keep({**bbase, "gate": "failed", "test": "gate", "n_prompt": 0, "n_gen": 0, "depth": 0,
+                          "ubatch": v.ubatch, "fa": v.fa, "env": dict(v.env), "t_s": None, "stddev": None,
+                          "status": "gate-failed", "error": f"failed `rocforge verify` with flash attention "
+                          f"{'on' if v.fa else 'off'}"})
+                    if progress:
+                        progress.skip(len(expected(spec, spec.depths)))
+                    continue
                 if progress:
                     progress.status(f"{build.label()} {v.label()}")
-                run_variant(build, spec, v, bbase, depths, keep)
+                run_variant(build, spec, v, {**bbase, "gate": verdict}, depths, keep)
                 if progress and depths != spec.depths:
                     progress.skip(len(expected(spec, spec.depths)) - len(expected(spec, depths)))
     except KeyboardInterrupt:

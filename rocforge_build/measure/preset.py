@@ -39,7 +39,7 @@ def command(build: LlamaBuild, model_path: str, variant: dict, ctx: int, igpu: b
     ub = variant.get("ubatch")
     if ub:
         argv += ["-ub", str(ub), "-b", str(max(ub, 2048))]
-    if igpu:
+    if igpu and build.gpu:
         if "--no-mmap" in opts:
             argv.append("--no-mmap")
             notes.append("--no-mmap: on an iGPU the weights live in the same RAM; mmap'd files load slowly into GPU-visible memory")

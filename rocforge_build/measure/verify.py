@@ -205,10 +205,10 @@ def _fmt(x: float) -> str:
 
 def verify(build: LlamaBuild, ref: LlamaBuild, model: Model, ctxs: list[tuple[str, int]], *,
            store=None, run_id: int | None = None, base: dict | None = None, text: Path | None = None,
-           progress=None) -> dict:
+           fa: bool = True, env: dict | None = None, progress=None) -> dict:
     """Run the checks and record them (one verify row); the dict is `rocforge verify --json`."""
-    checks = run_checks(build, ref, model, ctxs, text=text, progress=progress)
-    result = {"passed": all(c.passed for c in checks), "reference": str(ref.prefix),
+    checks = run_checks(build, ref, model, ctxs, text=text, fa=fa, env=env, progress=progress)
+    result = {"passed": all(c.passed for c in checks), "reference": str(ref.prefix), "fa": fa, "env": env or {},
               "checks": [c.to_json() for c in checks]}
     if store is not None:
         row = {**(base or {}), "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
@@ -218,9 +218,11 @@ def verify(build: LlamaBuild, ref: LlamaBuild, model: Model, ctxs: list[tuple[st
 
 
 def gate(build: LlamaBuild, model: Model, *, reference: str | None, store, run_id: int, base: dict,
-         ctxs: list[tuple[str, int]], quiet: bool = False, progress=None) -> tuple[str, dict | None]:
-    """'passed' / 'failed' for bench and tune.  A verify of the same build (stamp), model and
-    reference already in the store is reused; the reference itself passes by definition."""
+         ctxs: list[tuple[str, int]], fa: bool = True, quiet: bool = False,
+         progress=None) -> tuple[str, dict | None]:
+    """'passed' / 'failed' for bench and tune, with flash attention on or off (a build can be right
+    with one and wrong with the other).  A verify of the same build (stamp), model, reference and
+    flash-attention setting already in the store is reused; the reference passes by definition."""
     ref = reference_for(build, reference, quiet=quiet)
     if ref.prefix == build.prefix:
         return "passed", {"passed": True, "reference": str(ref.prefix), "checks": [], "note": "the reference"}
@@ -229,7 +231,8 @@ def gate(build: LlamaBuild, model: Model, *, reference: str | None, store, run_i
     for row in reversed(list(store.rows(prefix=str(build.prefix), kind="verify"))):
         d = row.data
         if (d.get("stamp") == build.stamp and d.get("model_sha256") == sha and build.stamp
-                and d.get("reference_stamp") == ref.stamp and [c["ctx"] for c in d.get("checks", [])] == wanted):
+                and d.get("reference_stamp") == ref.stamp and d.get("fa", True) == fa
+                and [c["ctx"] for c in d.get("checks", [])] == wanted):
             return ("passed" if d.get("passed") else "failed"), {**d, "reused": row.id}
-    result = verify(build, ref, model, ctxs, store=store, run_id=run_id, base=base, progress=progress)
+    result = verify(build, ref, model, ctxs, store=store, run_id=run_id, base=base, fa=fa, progress=progress)
     return ("passed" if result["passed"] else "failed"), result
