@@ -67,7 +67,7 @@ def run(args) -> int:
         progress.close()
         s.store.finish_run(run_id, status)
     if args.json:
-        print(json.dumps([{k: v for k, v in r.items() if k not in ("host",)} for r in out.rows], indent=2, default=str))
+        print(json.dumps(out.rows, indent=2, default=str))
     else:
         for note in out.notes:
             print(f"note: {note}")

@@ -3,6 +3,7 @@ has (read from each program's --help, since option names differ by era) and its 
 
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 import tomllib
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from rocforge_build import paths
 from rocforge_build.errors import UsageError
 
 MANIFEST = "rocforge-manifest.toml"
@@ -83,14 +85,29 @@ class LlamaBuild:
         return f"{self.prefix.name} ({self.backend})"
 
     def help_text(self, program: str) -> str:
-        """`program --help` (cached per build)."""
+        """`program --help`, cached on disk by the binary's path, size and mtime: starting a GPU
+        build's program initialises its backend, which costs more than the answer is worth."""
         if program not in self._help:
+            exe = self.program(program)
+            st = exe.stat()
+            key = hashlib.sha256(f"{exe}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+            cached = paths.cache_dir() / "llama-help" / key
             try:
-                out = subprocess.run([str(self.program(program)), "--help"], capture_output=True, text=True,
+                self._help[program] = cached.read_text(encoding="utf-8")
+                return self._help[program]
+            except OSError:
+                pass
+            try:
+                out = subprocess.run([str(exe), "--help"], capture_output=True, text=True,
                                      timeout=60, errors="replace")
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise BuildNotUsable(f"{self.prefix}/bin/{program} does not start: {exc}") from None
             self._help[program] = out.stdout + out.stderr
+            try:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                cached.write_text(self._help[program], encoding="utf-8")
+            except OSError:
+                pass
         return self._help[program]
 
     def options(self, program: str) -> frozenset[str]:
