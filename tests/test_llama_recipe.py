@@ -112,6 +112,21 @@ def test_gfx1151_stub_patch_only_where_the_build_would_fail(trees, empty_root, t
     assert patches_mod.apply(pp, work)[0].status == "already upstream"
 
 
+def test_patch_applies_to_a_tree_with_a_submodule_gitlink(trees, tmp_path):
+    # the llama-cpp-python sdists carry vendor/llama.cpp/.git, a gitlink file to
+    # ../../.git/modules/vendor/llama.cpp that does not exist in the sdist; git apply stopped at it
+    from rocforge_build.build import patches as patches_mod
+    from rocforge_build.build.sources import sync_tree
+
+    work = tmp_path / "patched"
+    sync_tree(trees["0.3.9"] / "vendor" / "llama.cpp", work)
+    (work / ".git").write_text("gitdir: ../../.git/modules/vendor/llama.cpp\n")
+    pp = [patches_mod.PatchPlan("stub", recipes.load("llama-cpp").patches_dir /
+                                "gfx1151-fattn-wmma-stub.patch", True, "test")]
+    assert patches_mod.apply(pp, work)[0].status == "applied"
+    assert patches_mod.apply(pp, work)[0].status == "already upstream"
+
+
 def test_default_backend_per_target_and_tree(trees, empty_root):
     req = Request("llama-cpp", "gfx1151", source=str(trees["0.3.36"]))
     p = make_plan(req, empty_root)
