@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rocforge_build.measure import bench, gguf  # noqa: E402
 from rocforge_build.measure.llama_tools import LlamaBuild  # noqa: E402
+from rocforge_build.measure.store import Store  # noqa: E402
 
 
 def main() -> int:
@@ -55,10 +56,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         env_cli = {**env, "ROCFORGE_RESULTS_DB": str(Path(tmp) / "bench.sqlite3")}
 
+        inside: list[float] = []
+
         def run_cli() -> float:
             t = time.perf_counter()
             subprocess.run(cli, check=True, stdout=subprocess.DEVNULL, env=env_cli)
-            return time.perf_counter() - t
+            wall = time.perf_counter() - t
+            with Store(Path(env_cli["ROCFORGE_RESULTS_DB"])) as store:
+                last = store.runs()[-1]["id"]
+                inside.append(store.run_info(last)["info"]["llama_bench_s"])
+            return wall
 
         def run_by_hand() -> float:
             t = time.perf_counter()
@@ -73,16 +80,22 @@ def main() -> int:
             if i % 2:
                 order = order[::-1]
             r = {name: fn() for name, fn in order}
+            r["inside"] = inside[-1]
             rounds.append(r)
             print(f"round {i + 1} ({order[0][0]} first): rocforge bench {r['rocforge']:.2f} s, "
                   f"by hand {r['by hand']:.2f} s, ratio {r['rocforge'] / r['by hand']:.4f}", flush=True)
+    # the same invocation's own llama-bench time: immune to load that changes between invocations
+    in_run = sum(r["rocforge"] for r in rounds) / sum(r["inside"] for r in rounds)
+    print(f"within rocforge's own runs: wall / time inside llama-bench = {in_run:.4f} "
+          f"(fixed cost {sum(r['rocforge'] - r['inside'] for r in rounds) / len(rounds):.3f} s per invocation)")
     total_cli = sum(r["rocforge"] for r in rounds)
     total_hand = sum(r["by hand"] for r in rounds)
     ratio = total_cli / total_hand
     print(f"{len(vs)} llama-bench runs per invocation; total rocforge {total_cli:.2f} s, by hand "
           f"{total_hand:.2f} s: ratio {ratio:.4f} (bound 1.02)")
     if a.json:
-        Path(a.json).write_text(json.dumps({"rounds": rounds, "ratio": ratio, "argv": by_hand}, indent=2))
+        Path(a.json).write_text(json.dumps({"rounds": rounds, "ratio": ratio, "in_run_ratio": in_run,
+                                            "argv": by_hand}, indent=2))
     return 0
 
 

@@ -55,7 +55,7 @@ def run(args) -> int:
         return verify.gate(build, s.model, reference=args.reference, store=s.store, run_id=run_id,
                            base=s.base, ctxs=ctxs, fa=fa, quiet=args.json)
 
-    status = "failed"
+    status, out = "failed", None
     try:
         out = bench.run(builds, spec, vs, store=s.store, run_id=run_id, base=s.base,
                         gate=None if args.no_gate else gate, progress=progress)
@@ -65,7 +65,8 @@ def run(args) -> int:
         raise
     finally:
         progress.close()
-        s.store.finish_run(run_id, status)
+        s.store.finish_run(run_id, status, None if out is None else
+                           {**(s.store.run_info(run_id) or {}).get("info", {}), "llama_bench_s": round(out.child_s, 4)})
     if args.json:
         print(json.dumps(out.rows, indent=2, default=str))
     else:

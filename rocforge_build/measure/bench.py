@@ -11,6 +11,7 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -58,6 +59,7 @@ class Spec:
 class Outcome:
     rows: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    child_s: float = 0.0  # wall time inside llama-bench processes (the harness's cost is the rest)
 
     @property
     def failed(self) -> int:
@@ -103,7 +105,7 @@ def row_from(result: dict, base: dict) -> dict:
 
 
 def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: tuple[int, ...],
-                on_row: Callable[[dict], None]) -> list[dict]:
+                on_row: Callable[[dict], None], clock: list[float] | None = None) -> list[dict]:
     """One llama-bench run; each result row goes to `on_row` the moment llama-bench prints it."""
     argv = argv_for(build, spec, v, depths)
     base = {**base, "ubatch": v.ubatch, "fa": v.fa, "env": dict(v.env), "argv": quote(argv)}
@@ -111,6 +113,7 @@ def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: t
     got: list[dict] = []
     env = merged_env({**build.runtime_env, **dict(v.env)})
     with tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
                                 errors="replace", start_new_session=False)
         timer = threading.Timer(spec.timeout, proc.kill) if spec.timeout else None
@@ -129,6 +132,8 @@ def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: t
                 got.append(row)
                 on_row(row)
             rc = proc.wait()
+            if clock is not None:
+                clock.append(time.perf_counter() - t0)
         except KeyboardInterrupt:
             if timer:
                 timer.cancel()
@@ -225,7 +230,9 @@ def run(builds: list[LlamaBuild], spec: Spec, vs: list[Variant], *, store, run_i
                     continue
                 if progress:
                     progress.status(f"{build.label()} {v.label()}")
-                run_variant(build, spec, v, {**bbase, "gate": verdict}, depths, keep)
+                clock: list[float] = []
+                run_variant(build, spec, v, {**bbase, "gate": verdict}, depths, keep, clock)
+                out.child_s += sum(clock)
                 if progress and depths != spec.depths:
                     progress.skip(len(expected(spec, spec.depths)) - len(expected(spec, depths)))
     except KeyboardInterrupt:
