@@ -29,6 +29,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     parser.add_argument("--force", action="store_true", help="rebuild even when nothing changed")
     parser.add_argument("--no-cache", action="store_true", help="do not use ccache/sccache")
+    parser.add_argument("--no-recheck", action="store_true",
+                        help="after a rebuild, do not re-measure and compare with the prefix's earlier results")
 
 
 def run(args) -> int:
@@ -53,4 +55,8 @@ def run(args) -> int:
         sys.stderr.write(f"rocforge: {outcome.prefix} is up to date ({outcome.seconds:.2f}s; "
                          "--force rebuilds)\n")
     print(outcome.prefix)
+    if outcome.status == "built" and not args.no_recheck:
+        from rocforge_build.measure.recheck import after_build
+
+        after_build(outcome.prefix, argv=args.argv)
     return 0
