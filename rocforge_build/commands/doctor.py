@@ -9,6 +9,7 @@ import os
 import re
 import tomllib
 
+from rocforge_build.build import cache
 from rocforge_build.discover import resolver
 from rocforge_build.resources import package_data
 from rocforge_build.rootfs import Root
@@ -128,6 +129,7 @@ def run(args) -> int:
         data["coverage"] = coverage_rows(res)
         data["checks"] = {"warnings": sys_warnings, "blockers": blockers}
         data["usable"] = usable
+        data["build_servers"] = cache.doctor_checks()
         print(json.dumps(data, indent=2))
         return 0 if usable else 1
 
@@ -181,6 +183,8 @@ def run(args) -> int:
         t.add_row(d.key, value, d.reason)
     console.print(t)
 
+    for row in cache.doctor_checks():  # configured cache server / distcc hosts (build/cache.py)
+        console.print(f"{row['what']} {row['address']}: {row['status']}", highlight=False)
     for w in [*res.warnings, *sys_warnings]:
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
     for b in blockers:

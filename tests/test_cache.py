@@ -1,0 +1,207 @@
+"""build/cache.py: remote cache URLs against real servers (redis-server, an HTTP server, distccd
+on loopback and in another network namespace), credentials, -j from --root meminfo."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from buildfixtures import RECIPE, project_copy
+from buildservers import distccd, other_host, redis_server
+
+from rocforge_build import cli, config
+from rocforge_build.build import cache
+from rocforge_build.build.plan import Request, make_plan
+from rocforge_build.rootfs import Root
+
+HOST_MEMINFO = Path("/proc/meminfo")
+
+
+def meminfo_root(base: Path, total_gb: int, available_gb: int, cpus: int) -> Root:
+    """A --root whose /proc/meminfo is this host's, in its real format, with MemTotal and
+    MemAvailable of another machine, and whose /proc/cpuinfo has `cpus` processors."""
+    proc = base / "proc"
+    proc.mkdir(parents=True)
+    lines = []
+    for line in HOST_MEMINFO.read_text().splitlines():
+        key = line.split(":", 1)[0]
+        if key == "MemTotal":
+            line = f"MemTotal:       {total_gb * 1024 * 1024:>8} kB"
+        elif key == "MemAvailable":
+            line = f"MemAvailable:   {available_gb * 1024 * 1024:>8} kB"
+        lines.append(line)
+    (proc / "meminfo").write_text("\n".join(lines) + "\n")
+    one = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    (proc / "cpuinfo").write_text("".join(
+        one.replace("processor\t: 0", f"processor\t: {i}", 1) + "\n\n" for i in range(cpus)))
+    return Root(base)
+
+
+# -- credentials ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("url, shown", [
+    ("redis://:s3cret@cache.lan:6379", "redis://cache.lan:6379"),
+    ("redis://bob:s3cret@cache.lan:6379/2", "redis://cache.lan:6379/2"),
+    ("http://bob:s3cret@[fd00::1]:8080/ccache", "http://[fd00::1]:8080/ccache"),
+    ("http://cache.lan/ccache", "http://cache.lan/ccache"),
+])
+def test_redact_drops_user_and_password(url, shown):
+    assert cache.redact(url) == shown
+
+
+# -- the remote store, probed for real ------------------------------------------------------------
+
+def test_probe_real_redis_answers_and_password_cases(tmp_path):
+    with redis_server(tmp_path) as (port, _):
+        assert cache.probe(f"redis://127.0.0.1:{port}") == "answers"
+    with redis_server(tmp_path, password="pw-123") as (port, _):
+        assert cache.probe(f"redis://:pw-123@127.0.0.1:{port}") == "answers"
+        wrong = cache.probe(f"redis://:nope@127.0.0.1:{port}")
+        assert "rejected the credentials" in wrong and "nope" not in wrong
+        assert "wants a password" in cache.probe(f"redis://127.0.0.1:{port}")
+
+
+def test_probe_wrong_protocol_both_ways(tmp_path, http_server):
+    with redis_server(tmp_path) as (port, _):
+        why = cache.probe(f"http://127.0.0.1:{port}/ccache")
+        assert why.startswith("left out:") and "does not speak HTTP" in why
+    base = http_server.url("/").rstrip("/")
+    why = cache.probe(base.replace("http://", "redis://"))
+    assert "does not speak Redis" in why and "<!DOCTYPE HTML>" in why  # its 400 page
+
+
+def test_probe_unreachable_and_silent(monkeypatch):
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    closed = port.getsockname()[1]
+    port.close()
+    assert "Connection refused" in cache.probe(f"redis://127.0.0.1:{closed}")
+    silent = socket.socket()  # listens, never answers: a hung server
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    try:
+        why = cache.probe(f"redis://127.0.0.1:{silent.getsockname()[1]}", timeout=0.5)
+        assert "did not answer within" in why
+    finally:
+        silent.close()
+
+
+def _plan_with_remote(tmp_path, url: str, **kw):
+    config.set_value("cache.remote", url)
+    src = project_copy(tmp_path / "src")
+    bin_dir = tmp_path / "bin"  # ccache from Debian, found first on PATH
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "ccache").symlink_to("/usr/bin/ccache")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    return make_plan(Request(str(RECIPE), "gfx1030", source=str(src), environ=env, **kw),
+                     Root("/"))
+
+
+def test_plan_with_credentials_never_shows_them(tmp_path, capsys):
+    with redis_server(tmp_path, password="hunter2-xyz") as (port, _):
+        plan = _plan_with_remote(tmp_path, f"redis://:hunter2-xyz@127.0.0.1:{port}")
+        assert plan.parallel.cache.remote_status == "answers"
+        assert plan.parallel.cache.secret_env["CCACHE_REMOTE_STORAGE"].endswith(f"@127.0.0.1:{port}")
+        assert plan.env["CCACHE_REMOTE_STORAGE"] == f"redis://127.0.0.1:{port}"
+        assert "hunter2-xyz" not in json.dumps(plan.to_json(), default=str)
+        assert cli.main(["build", str(RECIPE), "--target", "gfx1030", "--source",
+                         str(tmp_path / "src"), "--dry-run"]) == 0
+        out = capsys.readouterr()
+        assert "hunter2-xyz" not in out.out + out.err
+        assert f"remote redis://127.0.0.1:{port}: answers" in out.out
+
+
+def test_unknown_scheme_is_left_out_with_one_note(tmp_path):
+    plan = _plan_with_remote(tmp_path, "memcached://127.0.0.1:11211")
+    assert "CCACHE_REMOTE_STORAGE" not in plan.env  # ccache 4.7 fails every compile on it
+    notes = [n for n in plan.notes if "cache server" in n]
+    assert len(notes) == 1 and "cannot use a memcached URL" in notes[0]
+    assert "local cache only" in notes[0]
+
+
+def test_dead_server_is_left_out_before_the_build(tmp_path):
+    with redis_server(tmp_path) as (port, _):
+        pass  # stopped: nothing listens on the port any more
+    plan = _plan_with_remote(tmp_path, f"redis://127.0.0.1:{port}")
+    assert "CCACHE_REMOTE_STORAGE" not in plan.env
+    assert any("does not answer" in n for n in plan.notes)
+
+
+def test_stats_log_counts_from_real_ccache(tmp_path, monkeypatch):
+    """Two 'machines' (two local cache dirs) sharing one real Redis: ccache's own stats log."""
+    src = tmp_path / "a.c"
+    src.write_text("int f(int x) { return x * 3; }\n")
+    with redis_server(tmp_path) as (port, _):
+        for machine in ("one", "two"):
+            env = {"CCACHE_DIR": str(tmp_path / machine), "CCACHE_REMOTE_STORAGE":
+                   f"redis://127.0.0.1:{port}", "CCACHE_STATSLOG": str(tmp_path / f"{machine}.log")}
+            monkeypatch.setattr("os.environ", {**__import__("os").environ, **env})
+            import subprocess
+
+            subprocess.run(["ccache", "cc", "-c", str(src), "-o", str(tmp_path / "a.o")],
+                           env={**__import__("os").environ, **env}, check=True)
+    one = cache.read_stats(tmp_path / "one.log")
+    two = cache.read_stats(tmp_path / "two.log")
+    assert (one["hits"], one["misses"], one["remote_hits"]) == (0, 1, 0)
+    assert (two["hits"], two["misses"], two["remote_hits"]) == (1, 0, 1)
+
+
+# -- -j from memory -------------------------------------------------------------------------------
+
+def test_jobs_from_a_16gb_and_a_128gb_root(tmp_path):
+    small = meminfo_root(tmp_path / "small", total_gb=16, available_gb=12, cpus=32)
+    big = meminfo_root(tmp_path / "big", total_gb=128, available_gb=120, cpus=32)
+    assert cache.mem_available_mb(small) == 12 * 1024 and cache.cores(small) == 32
+    # llama.cpp's heaviest TU peaks at 473 MB (recipe: 512 MB a job): 12288 / 512 = 24 < 32
+    j = cache.choose_jobs(small, None, 512, "llama")
+    assert j.jobs == 24 and "memory is the limit" in j.reason and "12288 MB" in j.reason
+    assert cache.choose_jobs(big, None, 512, "llama").jobs == 32
+    # a 2 GB job (Tensile-sized): 6 on the 16 GB box; Tensile threads as spack: min(16, jobs)
+    j = cache.choose_jobs(small, None, 2048, "rocblas")
+    assert (j.jobs, j.tensile_threads) == (6, 6)
+    j = cache.choose_jobs(big, None, 2048, "rocblas")
+    assert (j.jobs, j.tensile_threads) == (32, 16)
+    assert cache.choose_jobs(small, 40, 2048, "x").jobs == 40  # --jobs wins
+
+
+def test_plan_shows_jobs_figure_and_why(tmp_path):
+    from llama_trees import tree
+
+    src = tree("0.3.9", tmp_path / "trees") / "vendor" / "llama.cpp"
+    small = meminfo_root(tmp_path / "small", total_gb=16, available_gb=12, cpus=32)
+    plan = make_plan(Request("llama-cpp", "gfx1030", backend="cpu", source=str(src)), small)
+    assert plan.build[plan.build.index("-j") + 1] == "24"
+    assert plan.to_json()["jobs"]["per_job_mb"] == 512
+    assert "llama-model.cpp" in plan.to_json()["jobs"]["reason"]
+
+
+# -- distcc hosts, checked for real ---------------------------------------------------------------
+
+def _ref():
+    return {c: cache._compiler_ident(c, None, {"PATH": "/usr/bin:/bin"}) for c in ("cc", "c++")}
+
+
+def test_distcc_hosts_good_refusing_silent_and_other_compiler(tmp_path, monkeypatch):
+    env = {"PATH": "/usr/bin:/bin"}
+    ref = _ref()
+    assert ref["cc"].startswith("GCC:")
+    with distccd(tmp_path) as (port, _):
+        assert cache.check_host(f"127.0.0.1:{port}/2", ["cc", "c++"], ref, env) is None
+    with distccd(tmp_path, allow="10.9.9.9") as (port, _):  # answers TCP, refuses our jobs
+        why = cache.check_host(f"127.0.0.1:{port}/2", ["cc"], ref, env)
+        assert why.startswith("refused or failed a test compile")
+    monkeypatch.setattr(cache, "PROBE_TIMEOUT", 0.5)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    try:
+        why = cache.check_host(f"127.0.0.1:{silent.getsockname()[1]}", ["cc"], ref, env)
+        assert why.startswith("refused or failed")  # distcc's own I/O timeout ended it
+    finally:
+        silent.close()
+    with other_host() as (ns, _, theirs), distccd(tmp_path, listen=theirs, allow="10.0.0.0/8",
+                                                  netns=ns, other_compiler=True) as (port, _):
+        why = cache.check_host(f"{theirs}:{port}/2", ["cc"], ref, env)
+        assert "clang version 15" in why and "GCC" in why and "must not mix" in why
