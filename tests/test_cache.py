@@ -205,3 +205,40 @@ def test_distcc_hosts_good_refusing_silent_and_other_compiler(tmp_path, monkeypa
                                                   netns=ns, other_compiler=True) as (port, _):
         why = cache.check_host(f"{theirs}:{port}/2", ["cc"], ref, env)
         assert "clang version 15" in why and "GCC" in why and "must not mix" in why
+
+
+# -- the OOM killer -------------------------------------------------------------------------------
+
+def test_a_compiler_killed_by_signal_9_names_the_jobs_setting(tmp_path):
+    """A real GCC whose cc1 is SIGKILLed mid-compile (what the OOM killer does) prints
+    'Killed signal terminated program cc1'; rocforge turns that into the --jobs advice."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    big = tmp_path / "big.c"
+    big.write_text("int f(volatile int *p) {\n" + "".join(f"  p[{i % 97}] += {i} * p[{i % 89}];\n"
+                                                            for i in range(20000)) + "  return 0;\n}\n")
+    gcc = subprocess.Popen(["gcc", "-O2", "-c", str(big), "-o", str(tmp_path / "big.o")],
+                           stderr=subprocess.PIPE, text=True)
+    killed = False
+    for _ in range(400):
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text()
+                except OSError:
+                    continue
+                if "(cc1)" in stat and int(stat.split()[3]) == gcc.pid:
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed = True
+        if killed or gcc.poll() is not None:
+            break
+        time.sleep(0.02)
+    err = gcc.communicate()[1]
+    assert killed and gcc.returncode != 0, err
+    jobs = cache.Jobs(16, 16, 12288, 512, "min(16 cores, ...)", 16)
+    line = cache.explain_oom(f"build failed (exit code 1)\n{err}", None, jobs)
+    assert line is not None and "--jobs 8" in line and "-j 16" in line
+    assert cache.explain_oom("error: expected ';' before '}' token", None, jobs) is None

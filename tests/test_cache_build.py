@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from buildfixtures import RECIPE, project_copy
-from buildservers import distccd, other_host, redis_server, redis_keys, remote_jobs
+from buildservers import distccd, other_host, redis_keys, redis_server, remote_jobs
 
 from rocforge_build import cli, config
 from rocforge_build.build import pipeline
@@ -121,3 +121,29 @@ def test_distcc_compiles_remote_and_matches_a_local_build(tmp_path, monkeypatch,
     for rel in ("bin/fixture-hello", "bin/fixture-extra", "lib/libgreet.so.1.2.0"):
         assert filecmp.cmp(home / "dist-copy" / rel, home / "dist" / rel, shallow=False), rel
     assert "kept local: link steps" in out.err + out.out or any("link steps" in n for n in m["notes"])
+
+
+def test_sccache_counts_go_to_the_manifest(tmp_path, monkeypatch, capsys):
+    """Debian's sccache 0.4 as the launcher (local disk: Debian builds it without Redis)."""
+    import subprocess
+
+    from buildservers import free_port, need
+
+    need("sccache")
+    src = project_copy(tmp_path / "src")
+    home = _machine(monkeypatch, tmp_path, "one")
+    monkeypatch.setenv("SCCACHE_DIR", str(tmp_path / "sccache"))
+    monkeypatch.setenv("SCCACHE_SERVER_PORT", str(free_port()))
+    config.set_value("cache.launcher", "sccache")
+    try:
+        assert _build(src, "--prefix", str(home / "prefix")) == 0
+        first = _manifest(home / "prefix")["cache"]
+        shutil.rmtree(home / "cache" / "work")  # every file compiles again
+        assert _build(src, "--prefix", str(home / "prefix"), "--force") == 0
+        second = _manifest(home / "prefix")["cache"]
+    finally:
+        subprocess.run(["sccache", "--stop-server"], capture_output=True)
+    assert first["launcher"].endswith("sccache")
+    assert (first["hits"], first["misses"]) == (0, 3)
+    assert (second["hits"], second["misses"], second["remote_hits"]) == (3, 0, 0)
+    assert "3/3 hits (100 %)" in capsys.readouterr().err

@@ -537,6 +537,33 @@ def read_stats(path: Path) -> dict[str, int]:
     return out
 
 
+def _sccache(cache: CacheSetup, *args: str) -> str:
+    try:
+        return subprocess.run([cache.launcher, *args], capture_output=True, text=True, timeout=30,
+                              env={**os.environ, **cache.env, **cache.secret_env}).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def sccache_stats(cache: CacheSetup) -> dict[str, int]:
+    """This build's counts from the sccache server (zeroed before the build; a server shared
+    with other builds at the same time counts theirs too). With a remote store sccache keeps no
+    local tier, so its hits are remote hits."""
+    import json
+
+    out = {"hits": 0, "misses": 0, "remote_hits": 0, "remote_errors": 0, "uncacheable": 0}
+    try:
+        st = json.loads(_sccache(cache, "--show-stats", "--stats-format", "json"))["stats"]
+    except (ValueError, KeyError, TypeError):
+        return out
+    out["hits"] = sum(st.get("cache_hits", {}).get("counts", {}).values())
+    out["misses"] = sum(st.get("cache_misses", {}).get("counts", {}).values())
+    out["remote_hits"] = out["hits"] if cache.remote_used else 0
+    out["remote_errors"] = st.get("cache_read_errors", 0) + st.get("cache_write_errors", 0)
+    out["uncacheable"] = st.get("requests_not_cacheable", 0)
+    return out
+
+
 def summary(cache: CacheSetup, stats: Mapping[str, int]) -> list[str]:
     """The end-of-build lines: the hit rate, and once, a remote store that went away."""
     if cache.kind is None:
@@ -725,6 +752,8 @@ def during_build(plan, say):
         return
     log = stats_log(plan.work)
     log.unlink(missing_ok=True)
+    if par.cache.kind == "sccache":
+        _sccache(par.cache, "--zero-stats")
     kills = oom_kills()
     try:
         yield
@@ -734,8 +763,8 @@ def during_build(plan, say):
             raise BuildError(f"{why}\n{exc.message}", exc.hint) from exc
         raise
     finally:
-        if par.cache.kind == "ccache":
-            par.stats = read_stats(log)
+        if par.cache.kind in ("ccache", "sccache"):
+            par.stats = read_stats(log) if par.cache.kind == "ccache" else sccache_stats(par.cache)
             for line in summary(par.cache, par.stats):
                 say(f"  {line}")
 
