@@ -242,3 +242,25 @@ def test_a_compiler_killed_by_signal_9_names_the_jobs_setting(tmp_path):
     line = cache.explain_oom(f"build failed (exit code 1)\n{err}", None, jobs)
     assert line is not None and "--jobs 8" in line and "-j 16" in line
     assert cache.explain_oom("error: expected ';' before '}' token", None, jobs) is None
+
+
+# -- doctor ---------------------------------------------------------------------------------------
+
+def test_doctor_says_whether_the_cache_server_and_hosts_answer(tmp_path):
+    import fixtures_roots as fr
+    from test_env import cli as doctor_cli
+
+    fr.make_debian_usr(tmp_path / "root")
+    with redis_server(tmp_path, password="doc-pw-77") as (port, _), distccd(tmp_path) as (dport, _):
+        config.set_value("cache.remote", f"redis://:doc-pw-77@127.0.0.1:{port}")
+        config.set_value("build.distcc_hosts", [f"127.0.0.1:{dport}/2", "127.0.0.1:1/2"])
+        env = {k: v for k, v in __import__("os").environ.items() if k.startswith("ROCFORGE_")}
+        out = doctor_cli(tmp_path / "root", "doctor", "--json", env=env)
+        rows = json.loads(out.stdout)["build_servers"]
+        text = doctor_cli(tmp_path / "root", "doctor", env={**env, "COLUMNS": "200"}).stdout
+    assert rows[0] == {"what": "cache server", "address": f"redis://127.0.0.1:{port}",
+                       "status": "answers"}
+    assert rows[1] == {"what": "distcc host", "address": f"127.0.0.1:{dport}/2", "status": "answers"}
+    assert rows[2]["address"] == "127.0.0.1:1/2" and "does not answer" in rows[2]["status"]
+    assert f"cache server redis://127.0.0.1:{port}: answers" in text
+    assert "doc-pw-77" not in out.stdout + out.stderr + text
