@@ -95,6 +95,7 @@ def distccd(tmp: Path, *, listen: str = "127.0.0.1", allow: str = "127.0.0.1", n
             "--port", str(port), "--user", "nobody", "--jobs", str(jobs), "--log-file", str(log),
             "--log-level", "info"]
     if other_compiler:
+        need("clang-15", "unshare")  # Debian's clang 15 comes with hipcc (.ci/apt-packages.txt)
         swap = " && ".join(f"mount --bind /usr/bin/clang-15 /usr/bin/{g}"
                            for g in ("x86_64-linux-gnu-gcc-12", "x86_64-linux-gnu-g++-12"))
         argv = ["unshare", "-m", "sh", "-c",
