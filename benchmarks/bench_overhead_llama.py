@@ -7,7 +7,7 @@ one small target.  Each round, in alternating order:
   rocforge: `python -m rocforge_build build llama-cpp --backend cpu --build-target T --no-cache
             --force -j 2` from an empty work dir (so the tree is copied, configured, built);
   by hand:  `cmake -S <tree> -B <empty dir> -G Ninja <the same -D flags>` + `ninja -j 2 T`.
-Both without a compiler cache.  Prints each run, the median ratio, and where rocforge's extra
+Both without a compiler cache (CCACHE_DISABLE=1: the tree's own GGML_CCACHE would use it).  Prints each run, the median ratio, and where rocforge's extra
 seconds went (the manifest's step timings; process start = wall - the manifest's total).
 """
 
@@ -38,7 +38,9 @@ def main() -> int:
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rocforge-overhead-"))
     src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
-    env = {**os.environ, "ROCFORGE_CONFIG_DIR": str(tmp / "config"),
+    # CCACHE_DISABLE: llama.cpp's own GGML_CCACHE (on by default) would put ccache in front of
+    # both builds even with --no-cache; both must compile everything
+    env = {**os.environ, "CCACHE_DISABLE": "1", "ROCFORGE_CONFIG_DIR": str(tmp / "config"),
            "ROCFORGE_CACHE_DIR": str(tmp / "cache"), "ROCFORGE_DATA_DIR": str(tmp / "data")}
     argv = [sys.executable, "-m", "rocforge_build", "build", "llama-cpp", "--target", "gfx1030",
             "--backend", "cpu", "--source", str(src), "--build-target", a.target, "--no-cache",
@@ -58,8 +60,9 @@ def main() -> int:
         shutil.rmtree(b, ignore_errors=True)
         t = time.perf_counter()
         subprocess.run(["cmake", "-S", str(src), "-B", str(b), "-G", "Ninja", *flags], check=True,
-                       capture_output=True)
-        subprocess.run(["ninja", "-C", str(b), "-j", "2", a.target], check=True, capture_output=True)
+                       capture_output=True, env=env)
+        subprocess.run(["ninja", "-C", str(b), "-j", "2", a.target], check=True, capture_output=True,
+                       env=env)
         return time.perf_counter() - t
 
     runs: dict[str, list[float]] = {"rocforge": [], "hand": []}
