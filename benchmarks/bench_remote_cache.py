@@ -7,6 +7,9 @@ A real redis-server (Debian) on 127.0.0.1; `rocforge build llama-cpp --backend c
 rocforge cache/data dirs (so its own work dir) and its own empty local ccache dir, both with
 `cache.remote = redis://127.0.0.1:PORT`.  Machine one builds cold and fills the remote; machine
 two builds the same request.  Prints wall times, the ratio and both manifests' [cache] tables.
+
+Measured (2 shared cores, Nov 2026, `--target ggml`): machine one 32.6 s (0 hits, 22 misses),
+machine two 3.0 s (22 hits, all 22 from the remote; build step 0.4 s): 10.8x.
 """
 
 from __future__ import annotations
