@@ -264,3 +264,13 @@ def test_doctor_says_whether_the_cache_server_and_hosts_answer(tmp_path):
     assert rows[2]["address"] == "127.0.0.1:1/2" and "does not answer" in rows[2]["status"]
     assert f"cache server redis://127.0.0.1:{port}: answers" in text
     assert "doc-pw-77" not in out.stdout + out.stderr + text
+
+
+def test_config_commands_never_print_the_password(capsys):
+    url = "redis://bob:cfg-pw-55@cache.lan:6379"
+    for argv in (["config", "set", "cache.remote", url], ["config", "get", "cache.remote"],
+                 ["config", "get", "cache"], ["config", "list"], ["config", "list", "--json"]):
+        assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "cfg-pw-55" not in out and out.count("redis://cache.lan:6379") == 5
+    assert config.get("cache.remote") == url  # the file keeps it for the launcher
