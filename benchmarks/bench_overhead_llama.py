@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -49,6 +50,10 @@ def main() -> int:
                                      capture_output=True, text=True).stdout)
     flags = [f for f in plan["configure"] if f.startswith("-D")]
 
+    def cpu() -> float:  # user + system seconds of every child process (compilers included)
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
     def rocforge() -> float:
         shutil.rmtree(tmp / "cache" / "work", ignore_errors=True)
         t = time.perf_counter()
@@ -66,17 +71,24 @@ def main() -> int:
         return time.perf_counter() - t
 
     runs: dict[str, list[float]] = {"rocforge": [], "hand": []}
+    cpus: dict[str, list[float]] = {"rocforge": [], "hand": []}
     steps = []
     for i in range(a.rounds):
         order = [("rocforge", rocforge), ("hand", by_hand)]
         for name, fn in (order if i % 2 == 0 else order[::-1]):
+            c = cpu()
             runs[name].append(fn())
-            print(f"round {i + 1} {name:8s} {runs[name][-1]:7.2f} s", flush=True)
+            cpus[name].append(cpu() - c)
+            print(f"round {i + 1} {name:8s} {runs[name][-1]:7.2f} s wall, {cpus[name][-1]:7.2f} s CPU",
+                  flush=True)
             if name == "rocforge":
                 m = tomllib.loads((tmp / "prefix" / "rocforge-manifest.toml").read_text())
                 steps.append({**m["timings"], "process": runs[name][-1] - m["timings"]["total"]})
     r, h = statistics.median(runs["rocforge"]), statistics.median(runs["hand"])
-    print(f"median rocforge {r:.2f} s, by hand {h:.2f} s: {r / h:.3f}x")
+    print(f"median rocforge {r:.2f} s, by hand {h:.2f} s: {r / h:.3f}x wall")
+    rc, hc = statistics.median(cpus["rocforge"]), statistics.median(cpus["hand"])
+    print(f"median CPU rocforge {rc:.2f} s, by hand {hc:.2f} s: {rc / hc:.3f}x (less sensitive to "
+          "other load on a shared machine than wall time)")
     keys = sorted({k for s in steps for k in s})
     print("rocforge steps (median s): " + ", ".join(
         f"{k} {statistics.median(s.get(k, 0) for s in steps):.2f}" for k in keys))
