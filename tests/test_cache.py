@@ -274,3 +274,42 @@ def test_config_commands_never_print_the_password(capsys):
     out = capsys.readouterr().out
     assert "cfg-pw-55" not in out and out.count("redis://cache.lan:6379") == 5
     assert config.get("cache.remote") == url  # the file keeps it for the launcher
+
+
+def test_hip_compiles_cache_in_ccache_and_stay_local_under_distcc(tmp_path):
+    """What the plan notes say about HIP, tried with Debian's clang 15 (`-x hip` with offload
+    to gfx1030): ccache 4.7 caches it; distcc 3.4 runs it locally, never on a daemon."""
+    import os
+    import subprocess
+
+    from buildservers import need, remote_jobs
+
+    need("clang++-15", "ccache", "distcc")
+    bitcode = Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")  # Debian's rocm-device-libs (hipcc's)
+    if not (bitcode / "ocml.bc").is_file() or not Path("/usr/include/hip/hip_runtime.h").is_file():
+        pytest.skip("needs Debian's HIP headers and device libraries (apt-get install hipcc)")
+    src = tmp_path / "k.hip"
+    src.write_text("#include <hip/hip_runtime.h>\n__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n")
+    hip = ["clang++-15", "-x", "hip", "--offload-arch=gfx1030", "--rocm-path=/usr",
+           f"--hip-device-lib-path={bitcode}", "-O2", "-c", str(src), "-o", str(tmp_path / "k.o")]
+    env = {**os.environ, "CCACHE_DIR": str(tmp_path / "ccache"), "CCACHE_STATSLOG": str(tmp_path / "s.log")}
+    for _ in range(2):
+        subprocess.run(["ccache", *hip], env=env, check=True, capture_output=True)
+    assert (cache.read_stats(tmp_path / "s.log")["misses"], cache.read_stats(tmp_path / "s.log")["hits"]) == (1, 1)
+    (tmp_path / "dcc").mkdir()  # distcc's lock/state dir must exist
+    with distccd(tmp_path) as (port, log):
+        res = subprocess.run(["distcc", *hip], capture_output=True, text=True,
+                             env={**os.environ, "DISTCC_HOSTS": f"127.0.0.1:{port}/2",
+                                  "DISTCC_VERBOSE": "1", "DISTCC_DIR": str(tmp_path / "dcc")})
+        assert res.returncode == 0 and (tmp_path / "k.o").is_file()
+        assert "running locally for hip" in res.stderr
+        c = tmp_path / "c.c"
+        c.write_text("int g(void) { return 1; }\n")
+        subprocess.run(["distcc", "cc", "-c", str(c), "-o", str(tmp_path / "c.o")], check=True,
+                       env={**os.environ, "DISTCC_HOSTS": f"127.0.0.1:{port}/2",
+                            "DISTCC_DIR": str(tmp_path / "dcc")}, capture_output=True)
+        time_limit = 50
+        while remote_jobs(log) == 0 and time_limit:  # the daemon logs after replying
+            __import__("time").sleep(0.1)
+            time_limit -= 1
+        assert remote_jobs(log, ("k.hip",)) == 0 and remote_jobs(log, ("c.c",)) == 1, log.read_text()
