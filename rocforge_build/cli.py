@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build": ("rocforge_build.commands.build", "build a recipe for a GPU target"),
     "kernels": ("rocforge_build.commands.kernels", "build and run rocforge's own HIP kernels"),
     "container": ("rocforge_build.commands.container", "render, build and run container images"),
+    "bundle": ("rocforge_build.commands.bundle", "pack a build into a relocatable archive; check one"),
 }
 
 _GLOBAL_WITH_VALUE = {"--root"}
