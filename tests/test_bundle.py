@@ -285,3 +285,67 @@ def test_usage_errors(tmp_path, capsys):
     assert "needs --target and --out" in capsys.readouterr().err
     with pytest.raises(UsageError, match="unknown bundle format"):
         bundle.archive_format(tmp_path / "x.rar")
+
+
+# -- slow: llama.cpp's CPU build bundled, run from elsewhere and in a clean Debian chroot ---------
+MINBASE = ("bookworm", "minbase", "http://deb.debian.org/debian")
+
+
+def minbase_chroot() -> Path:
+    """A Debian 12 minbase root made with mmdebstrap, cached under ~/.cache keyed by what makes it
+    (suite, variant, mirror: no extra packages, so none of the build's libraries)."""
+    import hashlib
+
+    if os.geteuid() != 0 or shutil.which("mmdebstrap") is None:
+        why = "needs root and mmdebstrap (.ci/apt-packages.txt) to make and enter a chroot"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(f"SKIPPED LOUDLY: the clean-chroot run of the bundle {why}")
+    key = hashlib.sha256(" ".join(MINBASE).encode()).hexdigest()[:12]
+    base = Path(os.environ.get("ROCFORGE_TEST_CHROOTS", Path.home() / ".cache" / "rocforge-test" / "chroots"))
+    root = base / f"{MINBASE[0]}-{MINBASE[1]}-{key}"
+    if not (root / ".complete").is_file():
+        part = root.with_name(root.name + ".partial")
+        shutil.rmtree(part, ignore_errors=True)
+        part.parent.mkdir(parents=True, exist_ok=True)
+        suite, variant, mirror = MINBASE
+        subprocess.run(["mmdebstrap", "--quiet", f"--variant={variant}", suite, str(part), mirror], check=True)
+        (part / ".complete").write_text(" ".join(MINBASE) + "\n")
+        shutil.rmtree(root, ignore_errors=True)
+        part.rename(root)
+    return root
+
+
+def _bench_json(argv: list[str], **kw) -> list[dict]:
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, **kw)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.slow
+def test_llama_cpu_bundle_runs_llama_bench_elsewhere_and_in_a_clean_chroot(llama_cpu_build, tiny_model, tmp_path):
+    out = tmp_path / "llama.tar.zst"
+    result = bundle.make(str(llama_cpu_build.prefix), target="gfx1151", backend=None, out=out, root=Root("/"))
+    assert result["gpu"] == "none"
+    bundled = {os.path.basename(f) for f in os.listdir(tmp_path)}
+    assert bundled == {"llama.tar.zst"}
+    dest = bundle.unpack(out, tmp_path / "elsewhere")
+    libs = set(os.listdir(dest / "lib"))
+    # the C++ and OpenMP run-times come along (ldd found them); glibc stays the system's
+    assert {"libstdc++.so.6", "libgomp.so.1", "libgcc_s.so.1"} <= libs and "libc.so.6" not in libs
+    args = ["-m", "/model.gguf", "-p", "16", "-n", "4", "-r", "1", "-t", "2", "-o", "json"]
+    shutil.copy(tiny_model, tmp_path / "model.gguf")
+    here = _bench_json([str(dest / "run"), "llama-bench", *[a.replace("/model.gguf", str(tmp_path / "model.gguf")) for a in args]],
+                       env={"PATH": "/usr/bin:/bin"}, cwd="/")
+    assert all(r["avg_ts"] > 0 for r in here)
+    # a clean Debian 12 minbase: no libgomp1, nothing of the build; the bundle copied in, run by chroot
+    base = minbase_chroot()
+    assert not list((base / "usr/lib/x86_64-linux-gnu").glob("libgomp.so*"))
+    root = tmp_path / "chroot"
+    subprocess.run(["cp", "-a", str(base), str(root)], check=True)
+    shutil.copytree(dest, root / "opt" / "bundle", symlinks=True)
+    shutil.copy(tiny_model, root / "model.gguf")
+    inside = _bench_json(["chroot", str(root), "/opt/bundle/run", "llama-bench", *args],
+                         env={"PATH": "/usr/bin:/bin"})
+    assert {(r["n_prompt"], r["n_gen"]) for r in inside} == {(16, 0), (0, 4)}
+    assert all(r["avg_ts"] > 0 for r in inside)
