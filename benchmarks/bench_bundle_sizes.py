@@ -51,7 +51,7 @@ def main() -> int:
     for target in args.target or ["gfx1151", "gfx1100", "gfx90a"]:
         keep_targets, _ = bundle.kernel_targets(target, dirs)
         kept = 0
-        for p, (k, _) in data.items():
+        for k, _ in data.values():
             names, _ = bundle.trim_names(list(k), keep_targets)
             kept += sum(k[n] for n in names)
         print(f"{target:<9} {kept / 2**20:9.1f} / {all_k / 2**20:7.1f} MiB {kept / all_k:7.1%}   "

@@ -91,7 +91,8 @@ def _rocm_like(tmp_path: Path) -> tuple[Path, Path]:
     empty files under the real Debian names."""
     rocm = tmp_path / "rocm" / "lib"
     _lib(rocm / "libamd_comgr.so.3", "libamd_comgr.so.3")  # dlopen()ed by HIP: the hip-comgr rule
-    _lib(rocm / "libamdhip64.so.7", "libamdhip64.so.7")
+    _lib(rocm / "libamdhip64.so.7.1.0", "libamdhip64.so.7")  # as packaged: soname link -> versioned file
+    (rocm / "libamdhip64.so.7").symlink_to("libamdhip64.so.7.1.0")
     _lib(rocm / "librocblas.so.4", "librocblas.so.4", "int rb(void) { return 4; }")
     _lib(rocm / "libhipblaslt.so.1", "libhipblaslt.so.1")
     for pkg, where in (("librocblas4", "rocblas/4.4.1/library"), ("libhipblaslt1", "hipblaslt/library")):
@@ -119,6 +120,7 @@ def test_rocm_like_bundle_trims_kernels_keeps_dlopened_and_runs_elsewhere(tmp_pa
     shutil.rmtree(rocm)  # the build machine's ROCm is gone: the bundle must carry what it needs
     lib = dest / "lib"
     assert (lib / "libamd_comgr.so.3").is_file()  # not in any DT_NEEDED: came by the closure rule
+    assert os.readlink(lib / "libamdhip64.so.7") == "libamdhip64.so.7.1.0" and (lib / "libamdhip64.so.7.1.0").is_file()
     rb = sorted(os.listdir(lib / "rocblas/4.4.1/library"))
     assert len(rb) == 50 + 92 and not any("gfx90a" in n for n in rb)
     assert len(os.listdir(lib / "hipblaslt/library")) == 3 + 95 + 95

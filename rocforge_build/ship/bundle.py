@@ -186,7 +186,7 @@ def find_source(spec: str, *, target: str, backend: str | None, root) -> Source:
 
     tgt = targets.get_target(target)
     path = Path(spec).expanduser()
-    if path.is_dir():
+    if path.is_dir() and ((path / MANIFEST).exists() or os.sep in spec or spec.startswith(".")):
         manifest = _read_manifest(path)
         built_for = manifest.get("target")
         if built_for != tgt.name:
@@ -290,22 +290,36 @@ def stage(src: Source, target: str, work: Path, rules: Rules | None = None) -> S
         if rule is not None:
             staged.excluded.append({"library": e.path, "why": rule.why})
             continue
-        dest = tree / libdir / base
-        if os.path.lexists(dest):
-            continue  # the prefix's own copy of that soname wins
-        link = os.readlink(e.path) if os.path.islink(e.path) else None
-        if link and "/" not in link:  # libfoo.so -> libfoo.so.1 beside it: keep the link
-            os.symlink(link, dest)
-        else:
-            shutil.copy2(e.path, dest)
-            os.chmod(dest, os.stat(dest).st_mode | stat.S_IWUSR)
-        origin[f"{libdir}/{base}"] = f"{e.path} ({e.reason})"
+        for name in _copy_library(Path(e.path), tree / libdir):
+            origin[f"{libdir}/{name}"] = f"{e.path} ({e.reason})"
     _set_runpaths(tree, staged)
     staged.gpu = _gpu_kind(clos, target)
     staged.env, staged.env_left_out = launcher_env(m, src.prefix)
     write_launcher(tree, staged)
     _record_files(tree, origin, staged)
     return staged
+
+
+def _copy_library(src: Path, dest_dir: Path) -> list[str]:
+    """Copy a library into `dest_dir` under its name: links to a name beside it are kept as links
+    (libfoo.so.1 -> libfoo.so.1.2.0) and followed, so the file they end at comes too; any other
+    link is copied as the file it points at.  The names written (none if all were there: the
+    prefix's own copy of a soname wins)."""
+    written = []
+    for _ in range(40):
+        dest = dest_dir / src.name
+        if os.path.lexists(dest):
+            return written
+        link = os.readlink(src) if src.is_symlink() else None
+        if link is not None and "/" not in link:
+            os.symlink(link, dest)
+            written.append(src.name)
+            src = src.with_name(link)
+            continue
+        shutil.copy2(src, dest)  # follows any other link
+        os.chmod(dest, os.stat(dest).st_mode | stat.S_IWUSR)
+        return written + [src.name]
+    raise UsageError(f"too many levels of symbolic links at {src}")
 
 
 def _links_leaving(tree: Path) -> Iterator[str]:
@@ -654,9 +668,9 @@ def make(spec: str, *, target: str, backend: str | None, out: Path, root) -> dic
 
     target = targets.get_target(target).name
     out = Path(out).expanduser().absolute()
-    guard_out(out)
     if archive_format(out) == ".tar.zst":
-        _zstd()  # before any work
+        _zstd()  # before any work (and before reading an old .tar.zst at --out)
+    guard_out(out)
     src = find_source(spec, target=target, backend=backend, root=root)
     with tempfile.TemporaryDirectory(prefix=".rocforge-bundle-", dir=out.parent) as work:
         staged = stage(src, target, Path(work))
