@@ -775,7 +775,15 @@ def where_it_runs(meta: dict, root) -> tuple[list[str], bool]:
     lines: list[str] = []
     machine = platform.machine()
     glibc = os.confstr("CS_GNU_LIBC_VERSION") or "?"
-    lines.append(f"made with {meta.get('glibc') or 'an unknown glibc'}; here {glibc} on {machine}")
+    made = meta.get("glibc") or ""
+    lines.append(f"made with {made or 'an unknown glibc'}; here {glibc} on {machine}")
+
+    def version(text: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:2])
+
+    if made and glibc != "?" and version(glibc) < version(made):
+        lines.append(f"this glibc is older than the build machine's ({made}): programs that need its "
+                     "newer symbols will not start here")
     gpu = meta.get("gpu", "none")
     if gpu == "none":
         return lines + ["CPU code only: runs on this machine's CPU, no GPU needed"], True
