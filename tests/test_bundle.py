@@ -347,7 +347,12 @@ def test_llama_cpu_bundle_runs_llama_bench_elsewhere_and_in_a_clean_chroot(llama
     subprocess.run(["cp", "-a", str(base), str(root)], check=True)
     shutil.copytree(dest, root / "opt" / "bundle", symlinks=True)
     shutil.copy(tiny_model, root / "model.gguf")
-    inside = _bench_json(["chroot", str(root), "/opt/bundle/run", "llama-bench", *args],
+    # /proc mounted as on any running system (the loader reads a program's $ORIGIN from
+    # /proc/self/exe), in a private mount namespace so nothing outlives the run
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    inside = _bench_json(["unshare", "--mount", "--fork", "sh", "-c",
+                          f'mount -t proc proc "$1/proc" && exec {chroot} "$@"', "sh",
+                          str(root), "/opt/bundle/run", "llama-bench", *args],
                          env={"PATH": "/usr/bin:/bin"})
     assert {(r["n_prompt"], r["n_gen"]) for r in inside} == {(16, 0), (0, 4)}
     assert all(r["avg_ts"] > 0 for r in inside)
