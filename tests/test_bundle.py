@@ -325,7 +325,8 @@ def _bench_json(argv: list[str], **kw) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_llama_cpu_bundle_runs_llama_bench_elsewhere_and_in_a_clean_chroot(llama_cpu_build, tiny_model, tmp_path):
+def test_llama_cpu_bundle_runs_llama_bench_elsewhere_and_in_a_clean_chroot(llama_cpu_build, tiny_model, tmp_path,
+                                                                             fixture_build):
     out = tmp_path / "llama.tar.zst"
     result = bundle.make(str(llama_cpu_build.prefix), target="gfx1151", backend=None, out=out, root=Root("/"))
     assert result["gpu"] == "none"
@@ -356,3 +357,11 @@ def test_llama_cpu_bundle_runs_llama_bench_elsewhere_and_in_a_clean_chroot(llama
                          env={"PATH": "/usr/bin:/bin"})
     assert {(r["n_prompt"], r["n_gen"]) for r in inside} == {(16, 0), (0, 4)}
     assert all(r["avg_ts"] > 0 for r in inside)
+    # the fixture project's bundle too (its own libgreet through the soname links)
+    fixture = bundle.unpack(bundle.make(str(fixture_build), target="gfx1151", backend=None,
+                                        out=tmp_path / "fixture.zip", root=Root("/"))["out"], root / "srv")
+    hello = subprocess.run(["unshare", "--mount", "--fork", "sh", "-c",
+                            f'mount -t proc proc "$1/proc" && exec {chroot} "$@"', "sh",
+                            str(root), f"/srv/{fixture.name}/run", "fixture-hello"],
+                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert hello.stdout.splitlines() == ["patched by rocforge", "HELLO", "accel: on", "fixture 1.2.0"], hello.stderr
