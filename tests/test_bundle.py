@@ -365,3 +365,27 @@ def test_llama_cpu_bundle_runs_llama_bench_elsewhere_and_in_a_clean_chroot(llama
                             str(root), f"/srv/{fixture.name}/run", "fixture-hello"],
                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert hello.stdout.splitlines() == ["patched by rocforge", "HELLO", "accel: on", "fixture 1.2.0"], hello.stderr
+
+
+def test_rocm_found_as_rocforge_env_finds_it(tmp_path, monkeypatch):
+    """A HIP program finds ROCm through `rocforge env`'s LD_LIBRARY_PATH, not its manifest: the
+    bundle's ldd runs with the same env, so ROCm's libraries come along."""
+    from fixtures_roots import make_therock_tree
+
+    rocm = make_therock_tree(tmp_path / "host")  # TheRock layout; its libraries made real below
+    (rocm / "lib/libamdhip64.so.7").unlink()
+    _lib(rocm / "lib/libamdhip64.so.7", "libamdhip64.so.7", "int hip(void) { return 7; }")
+    prefix = tmp_path / "prefix"
+    _exe(prefix / "bin/hipinfo", [f"-L{rocm / 'lib'}", "-l:libamdhip64.so.7"],
+         '#include <stdio.h>\nint hip(void);\nint main(void) { printf("hip %d\\n", hip()); return 0; }')
+    (prefix / "rocforge-manifest.toml").write_text(
+        f'prefix = "{prefix}"\ntarget = "gfx1151"\nbackend = "hip"\n[recipe]\nname = "hipinfo"\n')
+    monkeypatch.setenv("ROCM_PATH", str(rocm))
+    result = bundle.make(str(prefix), target="gfx1151", backend=None, out=tmp_path / "h.tar.gz", root=Root("/"))
+    ldd_env = next(d for d in result["decisions"] if d["key"] == "ldd_env")
+    assert str(rocm / "lib") in ldd_env["value"]
+    dest = bundle.unpack(tmp_path / "h.tar.gz", tmp_path / "u")
+    monkeypatch.delenv("ROCM_PATH")
+    run = subprocess.run([str(dest / "run"), "hipinfo"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert run.stdout == "hip 7\n", run.stderr
+    assert result["gpu"] == "gfx1151"

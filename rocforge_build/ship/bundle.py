@@ -43,7 +43,14 @@ from pathlib import Path
 
 from rocforge_build import __version__, proc
 from rocforge_build.discover.resolver import Decision
-from rocforge_build.errors import ConfigError, IntegrityError, ToolchainError, UsageError
+from rocforge_build.errors import (
+    BuildError,
+    ConfigError,
+    IntegrityError,
+    RocforgeError,
+    ToolchainError,
+    UsageError,
+)
 from rocforge_build.resources import load_toml, package_data
 from rocforge_build.ship import closure as closure_mod
 
@@ -233,13 +240,31 @@ class Staged:
     gpu: str = "none"
 
 
-def _ldd_env(manifest: dict) -> dict[str, str] | None:
-    """LD_LIBRARY_PATH the build's run-time env sets, so ldd finds what the program will load."""
+def _ldd_env(manifest: dict, target: str, root) -> tuple[dict[str, str] | None, Decision | None]:
+    """The LD_LIBRARY_PATH the program gets at run time, so ldd finds what it will load: the
+    build's own run-time env, then what `rocforge env --target` gives (a HIP build finds ROCm's
+    libraries through it; the container builder passes the same env with --env-file)."""
+    entries: list[str] = []
     for table in ("runtime_env", "export_env", "env"):
         value = (manifest.get(table) or {}).get("LD_LIBRARY_PATH")
         if value:
-            return {"LD_LIBRARY_PATH": str(value)}
-    return None
+            entries += str(value).split(":")
+    try:
+        from rocforge_build.discover import resolver
+
+        found = resolver.resolve(root, target=target).env.get("LD_LIBRARY_PATH")
+    except RocforgeError:
+        found = None
+    if found:
+        entries += [str(root.host(e)) for e in str(found).split(":") if e]
+    entries = [e for e in dict.fromkeys(entries) if e]
+    if not entries:
+        return None, None
+    value = ":".join(entries)
+    return {"LD_LIBRARY_PATH": value}, Decision(
+        "ldd_env", f"LD_LIBRARY_PATH={value}",
+        "the build's run-time env and `rocforge env --target`: where the loader finds the libraries "
+        "the programs need (ROCm's among them) on this machine")
 
 
 def _closure_rules() -> closure_mod.Rules:
@@ -255,7 +280,7 @@ def _lib_dir(prefix: Path) -> str:
     return "lib"
 
 
-def stage(src: Source, target: str, work: Path, rules: Rules | None = None) -> Staged:
+def stage(src: Source, target: str, work: Path, root, rules: Rules | None = None) -> Staged:
     """Copy prefix + closure into `work/<name>` (kernel directories trimmed on the way),
     rewrite RUNPATHs, write the launcher and record every file."""
     rules = rules or load_rules()
@@ -267,7 +292,15 @@ def stage(src: Source, target: str, work: Path, rules: Rules | None = None) -> S
         raise UsageError(f"{src.prefix / rel} is a link that leaves the prefix",
                          "a bundle holds only what is inside it; replace the link by the file")
     libdir = _lib_dir(src.prefix)
-    clos = closure_mod.compute([src.prefix], env=_ldd_env(m), rules=_closure_rules())
+    ldd_env, why = _ldd_env(m, target, root)
+    if why is not None:
+        staged.decisions.append(why)
+    try:
+        clos = closure_mod.compute([src.prefix], env=ldd_env, rules=_closure_rules())
+    except BuildError as exc:
+        raise BuildError(exc.message, "install the package that provides it, or make it findable the way "
+                         "the program finds it at run time (`rocforge env --target " + target + "` sets "
+                         "LD_LIBRARY_PATH for ROCm)") from exc
     libs = [e for e in clos.entries.values() if e.kind in ("library", "companion")]
     lib_dirs = sorted({os.path.dirname(e.path) for e in libs}, key=len, reverse=True)
     trees = [(src.prefix, tree, "prefix")]  # (source dir, destination, origin)
@@ -673,7 +706,7 @@ def make(spec: str, *, target: str, backend: str | None, out: Path, root) -> dic
     guard_out(out)
     src = find_source(spec, target=target, backend=backend, root=root)
     with tempfile.TemporaryDirectory(prefix=".rocforge-bundle-", dir=out.parent) as work:
-        staged = stage(src, target, Path(work))
+        staged = stage(src, target, Path(work), root)
         (staged.tree / BUNDLE_TOML).write_text(render_toml(staged, target, src.manifest), encoding="utf-8")
         write_archive(staged.tree, out)
     total = sum(i.get("size", 0) for i in staged.files.values())
