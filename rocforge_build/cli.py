@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "results": ("rocforge_build.commands.results", "list, show, export, compare and plot stored results"),
     "tune": ("rocforge_build.commands.tune", "build, gate and measure candidates; store the winner as a preset"),
     "preset": ("rocforge_build.commands.preset", "show the tuned command for a model"),
+    "bundle": ("rocforge_build.commands.bundle", "pack a build into a relocatable archive; check one"),
 }
 
 _GLOBAL_WITH_VALUE = {"--root"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 # a real HTTP server on 127.0.0.1 (`http_server` fixture): see tests/http_fixture.py
-pytest_plugins = ["http_fixture"]
+pytest_plugins = ["http_fixture", "llama_builds"]  # llama_builds: the shared llama.cpp CPU build
 
 
 def pytest_addoption(parser):
