@@ -27,6 +27,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kernels": ("rocforge_build.commands.kernels", "build and run rocforge's own HIP kernels"),
     "container": ("rocforge_build.commands.container", "render, build and run container images"),
     "host": ("rocforge_build.commands.host", "print the host changes an APU needs (never applies them)"),
+    "verify": ("rocforge_build.commands.verify", "check a llama.cpp build's output against a reference build"),
+    "bench": ("rocforge_build.commands.bench", "measure llama.cpp builds (gated by verify) into the results store"),
+    "results": ("rocforge_build.commands.results", "list, show, export, compare and plot stored results"),
+    "tune": ("rocforge_build.commands.tune", "build, gate and measure candidates; store the winner as a preset"),
+    "preset": ("rocforge_build.commands.preset", "show the tuned command for a model"),
+    "bundle": ("rocforge_build.commands.bundle", "pack a build into a relocatable archive; check one"),
 }
 
 _GLOBAL_WITH_VALUE = {"--root"}

@@ -3,15 +3,24 @@ config, cache, data or ROCm environment."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 # a real HTTP server on 127.0.0.1 (`http_server` fixture): see tests/http_fixture.py
-pytest_plugins = ["http_fixture"]
+pytest_plugins = ["http_fixture", "llama_builds"]  # llama_builds: the shared llama.cpp CPU build
 
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", help="also run slow real builds")
 
+
+# A test run started in the background by a non-interactive shell inherits SIGINT *ignored*, and
+# so would every rocforge the tests start: the real-Ctrl-C tests would then test nothing.  An
+# interactive terminal's Ctrl-C is what they stand for, so the test process takes SIGINT back
+# (its children then start with the default disposition).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Skips that are a choice, not a missing tool: the fast loop's slow tests, a re-recording, and
 # tests marked "[optional]" (hardware or tools CI is not promised: nvcc, a GPU).

@@ -24,7 +24,7 @@ def _pythons() -> list:
     if not os.path.exists(DEBIAN_PYTHON):  # CI (Debian 12) always has it: say so loudly
         why = f"{DEBIAN_PYTHON} (Debian 12's python3) is not installed here"
     elif os.path.realpath(DEBIAN_PYTHON) == os.path.realpath(sys.executable):
-        why = f"the tests run on {DEBIAN_PYTHON} already (default-python)"
+        why = f"[optional] the tests run on {DEBIAN_PYTHON} already (default-python)"
     else:
         why = None
     # the second interpreter runs with --run-slow (CI): the fast loop stays on one Python

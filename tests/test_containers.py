@@ -10,6 +10,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -153,8 +154,6 @@ def test_plan_errors_name_the_fix(tmp_path):
         containers.plan("llama-cp", target="gfx1151", backend="hip")
     with pytest.raises(UsageError, match="--base"):
         containers.plan("llama-cpp", target="gfx1151", backend="cpu", variant="preinstalled")
-    with pytest.raises(UsageError, match="--backend"):
-        containers.plan("llama-cpp", target="gfx1151")
     with pytest.raises(UsageError, match="does not exist"):
         containers.plan(str(tmp_path / "nope.toml"), target="gfx1151", backend="cpu")
 
@@ -488,3 +487,103 @@ def test_real_image_runs_the_build_in_a_slim_stage(tmp_path, monkeypatch, capfd,
     size = json.loads(_sh(["buildah", "images", "--json", tag]).stdout)[0]["size"]  # e.g. "5.43 MB"
     number, unit = size.split()
     assert float(number) * {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9}[unit] < 30e6, size
+
+
+# -- the default backend, exactly as `rocforge build` chooses it ----------------------------------
+def test_default_backend_is_the_build_choice_with_its_reason(tmp_path, capsys):
+    from buildfixtures import recipe_copy, tarball
+
+    recipe = str(recipe_copy(tmp_path / "r"))
+    src = str(tarball(tmp_path / "fixture.tar.gz"))
+    for target in ("gfx1151", "gfx1100"):
+        assert main(["build", recipe, "--target", target, "--source", src, "--dry-run", "--json"]) == 0
+        built = json.loads(capsys.readouterr().out)
+        assert main(["container", "build", recipe, "--target", target, "--source", src, "--engine", "buildah",
+                     "--dry-run", "--json"]) == 0
+        image = json.loads(capsys.readouterr().out)
+        chosen = next(d for d in image["decisions"] if d["key"] == "backend")
+        assert (image["backend"], chosen["reason"]) == (built["backend"], built["backend_reason"])
+        assert image["tag"].endswith(f":{target}-{built['backend']}")
+    # the fixture recipe's [[default]] rules: accel where the tree has FIXTURE_ACCEL on gfx1151
+    assert (image["backend"], built["backend"]) == ("cpu", "cpu")
+    assert main(["container", "run", recipe, "--target", "gfx1151", "--source", src, "--engine", "buildah",
+                 "--dry-run", "--", "fixture-hello"]) == 0
+    out = capsys.readouterr().out
+    assert "backend       accel" in out and "(gfx1151 gets the accelerated mode where the tree has it)" in out
+    assert "localhost/rocforge/fixture:gfx1151-accel" in out
+
+
+# -- the engine check: the real docker client, no daemon, no buildx plugin on this machine --------
+needs_docker = pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client on PATH")
+
+
+@needs_docker
+def test_docker_without_daemon_or_buildx_is_one_line_before_anything_is_built(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such-docker.sock")
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))  # no user plugins
+    assert main(["container", "build", str(HELLO), "--target", "gfx1151", "--backend", "cpu",
+                 "--engine", "docker"]) == ToolchainError.exit_code
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[0].startswith("rocforge: error: ") and err[1].startswith("rocforge: hint: ")
+    assert f"docker cannot reach its daemon at unix://{tmp_path}/no-such-docker.sock" in err[0]
+    buildx = subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode == 0
+    assert ("docker has no buildx (BuildKit)" in err[0]) == (not buildx)
+    assert "DOCKER_HOST" in err[1] and "--engine buildah" in err[1]  # buildah is installed here (CI too)
+    assert not (Path(os.environ["ROCFORGE_CACHE_DIR"]) / "containers").exists()  # nothing prepared
+    # run needs the daemon only
+    assert main(["container", "run", str(HELLO), "--target", "gfx1151", "--backend", "cpu",
+                 "--engine", "docker", "--", "true"]) == ToolchainError.exit_code
+    err = capsys.readouterr().err
+    assert "daemon" in err and "buildx" not in err.splitlines()[0]
+    # --dry-run shows the problem and still prints the plan
+    assert main(["container", "build", str(HELLO), "--target", "gfx1151", "--backend", "cpu",
+                 "--engine", "docker", "--dry-run"]) == 0
+    assert "# warning: docker cannot reach its daemon" in capsys.readouterr().out
+
+
+def test_daemonless_engines_need_no_check():
+    assert containers.engine_problems(containers.get_engine("buildah"), building=True) == []
+    assert containers.engine_problems(containers.get_engine("podman"), building=True) == []
+
+
+# -- an installed rocforge (`pip install .`, not editable) puts itself into the image --------------
+@pytest.mark.slow  # two real venvs and pip installs (~45 s)
+def test_installed_rocforge_ships_its_own_wheel(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    a = tmp_path / "installed"
+    subprocess.run([sys.executable, "-m", "venv", str(a)], check=True)
+    subprocess.run([str(a / "bin/pip"), "install", "-q", str(repo)], check=True)
+    site = subprocess.run([str(a / "bin/python"), "-c", "import rocforge_build, pathlib; "
+                           "print(pathlib.Path(rocforge_build.__file__).parent.parent)"],
+                          capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+    assert not (Path(site) / "pyproject.toml").exists()  # no checkout: what the README's install gives
+    env = {**os.environ, "PATH": f"{a / 'bin'}:{os.environ['PATH']}"}
+    dry = subprocess.run([str(a / "bin/rocforge"), "container", "build", str(HELLO), "--target", "gfx1151",
+                          "--backend", "cpu", "--engine", "buildah", "--dry-run"], capture_output=True, text=True,
+                         env=env, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    wheels = tmp_path / "wheels"
+    ctx = tmp_path / "ctx"
+    made = subprocess.run([str(a / "bin/python"), "-c", (
+        "import sys; from pathlib import Path; from rocforge_build.ship import containers as c; "
+        f"p = c.plan({str(HELLO)!r}, target='gfx1151', backend='cpu'); c.prepare_context(p, Path({str(ctx)!r}))")],
+        capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert made.returncode == 0, made.stdout + made.stderr
+    shutil.copytree(ctx / "wheels", wheels)
+    ours = list(wheels.glob("rocforge-*.whl"))
+    assert len(ours) == 1 and ours[0].name == "rocforge-0.1.0-py3-none-any.whl"
+    import zipfile
+
+    with zipfile.ZipFile(ours[0]) as zf:
+        names = set(zf.namelist())
+    assert {"rocforge_build/cli.py", "rocforge_build/_data/recipes/llama-cpp.toml",
+            "rocforge_build/_data/containers/Containerfile.in", "rocforge_build/data/bundle.toml",
+            "rocforge-0.1.0.dist-info/entry_points.txt", "rocforge-0.1.0.dist-info/RECORD"} <= names
+    assert not any(n.endswith(".pyc") or "direct_url.json" in n for n in names)
+    # the builder's install: offline, from the context's wheels only; then the program runs
+    b = tmp_path / "builder"
+    subprocess.run([sys.executable, "-m", "venv", str(b)], check=True)
+    subprocess.run([str(b / "bin/pip"), "install", "-q", "--no-index", "--find-links", str(wheels), "rocforge"],
+                   check=True)
+    listed = subprocess.run([str(b / "bin/rocforge"), "recipes"], capture_output=True, text=True, cwd=tmp_path)
+    assert listed.returncode == 0 and "llama-cpp" in listed.stdout, listed.stderr

@@ -9,42 +9,16 @@ objects through ccache (CCACHE_BASEDIR).  The full set — every program, the Oc
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
-from llama_trees import tree
-from tiny_gguf import write as write_gguf
+from llama_builds import JOBS, build_llama
 
 from rocforge_build.build import pipeline
-from rocforge_build.build.plan import Request
 from rocforge_build.errors import ToolchainError
-from rocforge_build.rootfs import Root
-
-FULL = os.environ.get("ROCFORGE_INTEGRATION_FULL") == "1"
-VERSION = os.environ.get("ROCFORGE_LLAMA_VERSION", "0.3.9")
-TARGETS = () if FULL else ("llama-bench",)
-JOBS = int(os.environ.get("ROCFORGE_TEST_JOBS", "2"))
-
-
-@pytest.fixture(scope="module")
-def llama_tree(tmp_path_factory):
-    return tree(VERSION, tmp_path_factory.mktemp("llama-full"), full=True)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama-f16.gguf")
-
-
-@pytest.fixture(autouse=True)
-def _shared_ccache(monkeypatch, tmp_path_factory):
-    """One compiler cache for the module (a fresh machine starts cold, as CI does)."""
-    if "CCACHE_DIR" not in os.environ:
-        monkeypatch.setenv("CCACHE_DIR", str(Path.home() / ".cache" / "ccache"))
 
 
 def bench(prefix: Path, model: Path, *extra: str) -> list[dict]:
@@ -56,31 +30,28 @@ def bench(prefix: Path, model: Path, *extra: str) -> list[dict]:
 
 
 def build(llama_tree, backend, tmp_path) -> pipeline.Outcome:
-    req = Request("llama-cpp", "gfx1151", backend=backend, source=str(llama_tree),
-                           prefix=str(tmp_path / f"llama-{backend}"), jobs=JOBS,
-                           build_targets=TARGETS)
-    return pipeline.execute(req, Root("/"))
+    return build_llama(llama_tree, backend, tmp_path)
 
 
 @pytest.mark.slow
-def test_cpu_build_runs_llama_bench(llama_tree, model, tmp_path):
-    out = build(llama_tree, "cpu", tmp_path)
+def test_cpu_build_runs_llama_bench(llama_tree, llama_cpu_build, tiny_model):
+    out = llama_cpu_build  # the session's CPU build (tests/llama_builds.py), bundled by test_bundle too
     assert out.status == "built"
     m = tomllib.loads(out.manifest.read_text())
     assert m["backend"] == "cpu" and "-DGGML_RPC=ON" in m["flags"]["configure"]
     assert not any("GGML_HIP" in a or "GGML_VULKAN" in a for a in m["flags"]["configure"])
-    results = bench(out.prefix, model)
+    results = bench(out.prefix, tiny_model)
     tests = {(r["n_prompt"], r["n_gen"]): r for r in results}
     assert tests[(32, 0)]["avg_ts"] > 0 and tests[(0, 8)]["avg_ts"] > 0
     assert "Vulkan" not in tests[(32, 0)]["backends"]
     log_mtime = out.plan.log.stat().st_mtime_ns
-    again = build(llama_tree, "cpu", tmp_path)
+    again = build(llama_tree, "cpu", out.prefix.parent)
     # nothing ran (no cmake, no ninja: the log is untouched); its speed: benchmarks/bench_build.py
     assert again.status == "up to date" and out.plan.log.stat().st_mtime_ns == log_mtime
 
 
 @pytest.mark.slow
-def test_vulkan_build_runs_llama_bench(llama_tree, model, tmp_path):
+def test_vulkan_build_runs_llama_bench(llama_tree, tiny_model, tmp_path):
     if not shutil.which("glslc"):
         pytest.fail("glslc missing: install the packages in .ci/apt-packages.txt (glslc libvulkan-dev spirv-headers)")
     src = llama_tree / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-vulkan" / "ggml-vulkan.cpp"
@@ -97,6 +68,6 @@ def test_vulkan_build_runs_llama_bench(llama_tree, model, tmp_path):
     assert "-DGGML_VULKAN=ON" in m["flags"]["configure"]
     assert "glslc" in m["toolchain"] and "VK_HEADER_VERSION" in m["toolchain"]["vulkan_headers"]
     # lavapipe (mesa-vulkan-drivers) is a real Vulkan device on a machine without a GPU
-    results = bench(out.prefix, model, "-ngl", "99")
+    results = bench(out.prefix, tiny_model, "-ngl", "99")
     assert all(r["avg_ts"] > 0 for r in results)
     assert "Vulkan" in results[0]["backends"]

@@ -112,15 +112,30 @@ def test_gfx1151_stub_patch_only_where_the_build_would_fail(trees, empty_root, t
     assert patches_mod.apply(pp, work)[0].status == "already upstream"
 
 
+def test_patch_applies_to_a_tree_with_a_submodule_gitlink(trees, tmp_path):
+    # the llama-cpp-python sdists carry vendor/llama.cpp/.git, a gitlink file to
+    # ../../.git/modules/vendor/llama.cpp that does not exist in the sdist; git apply stopped at it
+    from rocforge_build.build import patches as patches_mod
+    from rocforge_build.build.sources import sync_tree
+
+    work = tmp_path / "patched"
+    sync_tree(trees["0.3.9"] / "vendor" / "llama.cpp", work)
+    (work / ".git").write_text("gitdir: ../../.git/modules/vendor/llama.cpp\n")
+    pp = [patches_mod.PatchPlan("stub", recipes.load("llama-cpp").patches_dir /
+                                "gfx1151-fattn-wmma-stub.patch", True, "test")]
+    assert patches_mod.apply(pp, work)[0].status == "applied"
+    assert patches_mod.apply(pp, work)[0].status == "already upstream"
+
+
 def test_default_backend_per_target_and_tree(trees, empty_root):
     req = Request("llama-cpp", "gfx1151", source=str(trees["0.3.36"]))
     p = make_plan(req, empty_root)
     assert p.backend == "hip" and "fattn-mma" in p.backend_reason
-    # rocWMMA that knows gfx1151 + a tree with rocWMMA FA: the seed's fastest build
-    facts = conditions.Facts(target="gfx1151", source=conditions.SourceFacts(trees["0.3.9"] / "vendor" / "llama.cpp"),
-                             host=conditions.HostFacts())
-    rule = recipes.load("llama-cpp").of("default")[0]
-    assert rule.get("backend") == "rocwmma" and not conditions.evaluate(rule.when, facts)
+    # gfx1151 defaults to hip on every era, the May 2025 tree (which has rocWMMA FA) too: rocWMMA
+    # FA cut long-context prefill 41 % up to ~4x (llama.cpp #24437, lemonade-sdk/lemonade #2624)
+    p = make_plan(Request("llama-cpp", "gfx1151", source=str(trees["0.3.9"])), empty_root)
+    assert p.backend == "hip" and "#24437" in p.backend_reason and "#2624" in p.backend_reason
+    assert [r.get("backend") for r in recipes.load("llama-cpp").of("default")] == ["hip"]
 
 
 def test_vulkan_header_check_before_building(trees, empty_root, tmp_path):
@@ -178,9 +193,12 @@ def test_with_a_therock_toolchain(trees, tmp_path):
     req = Request("llama-cpp", "gfx1151", source=str(trees["0.3.9"]), environ=env)
     p = make_plan(req, root)
     assert p.toolchain.missing is None and p.toolchain.rocm_version.startswith("7.9")
-    # rocWMMA knows gfx1151 and the tree has rocWMMA FA: the seed's fastest build, no stub
-    assert p.backend == "rocwmma" and "986" in p.backend_reason
+    # rocWMMA knows gfx1151 and the tree has rocWMMA FA: still hip by default (long-context
+    # prefill, llama.cpp #24437); rocwmma on request builds without the stub, with a note
+    assert p.backend == "hip" and "#24437" in p.backend_reason
+    p = make_plan(Request("llama-cpp", "gfx1151", backend="rocwmma", source=str(trees["0.3.9"]), environ=env), root)
     assert _stub_status(p) == "not needed"
+    assert any("long-context prefill" in n and "#24437" in n for n in p.notes)
     assert p.env["HIPCXX"].startswith(str(root.base)) and p.env["HIPCXX"].endswith("clang++")
     d = defines(p)
     assert d["CMAKE_HIP_FLAGS"] == "-mllvm --amdgpu-unroll-threshold-local=600"  # ROCm >= 7

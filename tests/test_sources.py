@@ -122,7 +122,12 @@ def test_a_fetch_is_announced_once_and_later_plans_work_offline(tmp_path, capsys
     assert main(argv) == 0
     second = capsys.readouterr()
     assert "fetching" not in second.err and "unreachable; using v1.2.0 = " in second.err
-    assert second.out == first.out            # the same plan, offline
+    import re
+
+    def plan(text: str) -> str:  # the free memory behind the -j figure moves between two runs
+        return re.sub(r"\d+ MB avail", "N MB avail", text)
+
+    assert plan(second.out) == plan(first.out)  # the same plan, offline
 
 
 def test_the_stub_patch_applies_to_a_work_copy_of_the_may_2025_sdist_tree(tmp_path):

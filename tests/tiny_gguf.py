@@ -8,16 +8,20 @@ from pathlib import Path
 import numpy as np
 
 # n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff
-SIZES = {"tiny": (1024, 256, 2, 4, 2, 512), "small": (8192, 1024, 4, 8, 4, 2816)}
+SIZES = {"tiny": (1024, 256, 2, 4, 2, 512), "small": (8192, 1024, 4, 8, 4, 2816),
+         "medium": (32000, 2048, 8, 16, 8, 5632)}  # ~0.5 B parameters: GPU runs (README figures)
 
 
-def write(out: Path, size: str = "tiny", seed: int = 0) -> Path:
+def write(out: Path, size: str = "tiny", seed: int = 0, *, byte_tokens: bool = False,
+          n_ctx: int = 2048) -> Path:
+    """`byte_tokens`: the vocabulary starts with SentencePiece's 256 byte tokens <0x00>..<0xFF>, so
+    llama.cpp can tokenize any text (llama-perplexity); without them only bench runs work."""
     import gguf
 
     n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff = SIZES[size]
     head_dim = n_embd // n_head
     w = gguf.GGUFWriter(str(out), "llama")
-    w.add_context_length(2048)
+    w.add_context_length(n_ctx)
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
     w.add_feed_forward_length(n_ff)
@@ -28,10 +32,12 @@ def write(out: Path, size: str = "tiny", seed: int = 0) -> Path:
     w.add_rope_freq_base(10000.0)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("llama")
-    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<w{i}>".encode() for i in range(3, n_vocab)]
+    n_bytes = 256 if byte_tokens else 0
+    tokens = ([b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(n_bytes)]
+              + [f"<w{i}>".encode() for i in range(3 + n_bytes, n_vocab)])
     w.add_token_list(tokens)
     w.add_token_scores([0.0] * n_vocab)
-    w.add_token_types([2, 3, 3] + [1] * (n_vocab - 3))
+    w.add_token_types([2, 3, 3] + [6] * n_bytes + [1] * (n_vocab - 3 - n_bytes))
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
@@ -67,4 +73,6 @@ def write(out: Path, size: str = "tiny", seed: int = 0) -> Path:
 if __name__ == "__main__":
     import sys
 
-    write(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "tiny")
+    write(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "tiny",
+          byte_tokens="--byte-tokens" in sys.argv,
+          n_ctx=int(sys.argv[sys.argv.index("--ctx") + 1]) if "--ctx" in sys.argv else 2048)

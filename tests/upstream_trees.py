@@ -26,7 +26,8 @@ ENV = {"rocwmma": "ROCFORGE_TEST_GIT_ROCWMMA", "aotriton": "ROCFORGE_TEST_GIT_AO
 def git_dir(name: str) -> Path:
     value = os.environ.get(ENV[name])
     if not value:
-        pytest.skip(f"{ENV[name]} is not set (a git directory of the real upstream {name})")
+        pytest.skip(f"[optional] {ENV[name]} is not set (a git directory of the real upstream "
+                    f"{name}; `nox -s integration` runs these)")
     return Path(value)
 
 

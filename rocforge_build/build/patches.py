@@ -54,6 +54,13 @@ class PatchResult:
 
 def _git_apply(tree: Path, patch: Path, *flags: str):
     env = {"GIT_CEILING_DIRECTORIES": str(tree.parent), "GIT_DIR": None, "GIT_WORK_TREE": None}
+    if (tree / ".git").is_file():
+        # a submodule's gitlink copied with the tree (llama-cpp-python sdists carry
+        # vendor/llama.cpp/.git -> ../../.git/modules/...): git would stop at the broken link, so
+        # apply from the parent (no repository) into the tree with --directory
+        env["GIT_CEILING_DIRECTORIES"] = str(tree.parent.parent)
+        return run(["git", "apply", "--verbose", f"--directory={tree.name}", *flags, str(patch)], cwd=tree.parent,
+                   env=env, check=False, hint="install git (Debian: apt-get install git)")
     return run(["git", "apply", "--verbose", *flags, str(patch)], cwd=tree, env=env, check=False,
                hint="install git (Debian: apt-get install git)")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build import __version__, replace
-from rocforge_build.build import lock, patches, sources
+from rocforge_build.build import cache, lock, patches, sources
 from rocforge_build.build.plan import (
     BUILD_ENV,
     MANIFEST,
@@ -127,7 +127,7 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
                 _make_venv(run)
         with run.timed("configure"):
             _configure(run)
-        with run.timed("build"):
+        with run.timed("build"), cache.during_build(plan, say):
             _build_into(run, staging)
         with run.timed("install"):
             _install(run, staging)
@@ -211,12 +211,13 @@ def _build_into(run: _Run, staging: Path) -> None:
     plan = run.plan
     if staging.exists():
         shutil.rmtree(staging)
+    env = {**plan.env, **cache.secret_env(plan.parallel)}  # credentials: never in logs/manifests
     if plan.recipe.install != "ninja":
-        _build(plan, plan.env, run.log, run.console, run.quiet)
+        _build(plan, env, run.log, run.console, run.quiet)
         return
     dest = destdir(plan.prefix)
     shutil.rmtree(dest, ignore_errors=True)
-    _build(plan, {**plan.env, "DESTDIR": str(dest)}, run.log, run.console, run.quiet)
+    _build(plan, {**env, "DESTDIR": str(dest)}, run.log, run.console, run.quiet)
     installed = dest / str(plan.prefix).lstrip("/")
     if not installed.is_dir():
         raise BuildError(f"`ninja install` installed nothing under {installed}; full log: {plan.log}")
@@ -421,6 +422,8 @@ def write_manifest(plan: Plan, where: Path) -> Path:
                             "reason": d.reason, "because": d.because,
                             "used": "existing build" if d.built else "built"}
                            for d in plan.dependencies]
+    if plan.parallel is not None and plan.parallel.stats is not None:
+        doc["cache"] = cache.manifest_table(plan.parallel.cache, plan.parallel.stats)
     doc["timings"] = plan.timings
     doc["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     path = where / MANIFEST

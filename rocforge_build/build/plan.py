@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build import __version__, paths
-from rocforge_build.build import conditions, patches, recipes, sources
+from rocforge_build.build import cache, conditions, patches, recipes, sources
 from rocforge_build.build.toolchains import GLSLC_FEATURES, Toolchain, detect, host_identity
 from rocforge_build.discover import targets
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
-from rocforge_build.proc import quote, run, which
+from rocforge_build.proc import quote, run
 
 MANIFEST = "rocforge-manifest.toml"
 # the user's environment that changes what CMake builds (part of the stamp)
@@ -43,6 +43,7 @@ class Request:
     jobs: int | None = None
     force: bool = False
     no_cache: bool = False
+    distribute: bool = False
     build_targets: tuple[str, ...] = ()
     environ: Mapping[str, str] | None = None
 
@@ -76,6 +77,7 @@ class Plan:
     outputs: list[dict] = field(default_factory=list)  # {path, reason, because}
     export_env: dict[str, str] = field(default_factory=dict)  # what `rocforge env` exports
     venv: dict | None = None  # {path, requirements, packages, commands, reason}
+    parallel: cache.Parallel | None = None  # compiler cache, distribution, -j (build/cache.py)
 
     @property
     def src_dir(self) -> Path:
@@ -117,6 +119,7 @@ class Plan:
             "outputs": self.outputs,
             "export_env": self.export_env,
             "venv": self.venv,
+            **(self.parallel.to_json() if self.parallel else {}),
         }
 
 
@@ -185,21 +188,27 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
     notes = _backend_and_stops(recipe, backend, facts, tgt.name, toolchain)
     work = work_dir(prefix)
     ctx = _placeholders(recipe, fetched, tgt.name, backend, prefix, toolchain, work)
-    launcher = _launcher(req.no_cache, environ.get("PATH"))
+    par = cache.for_plan(recipe.of("jobs"), facts, root=root, requested_jobs=req.jobs,
+                         no_cache=req.no_cache, distribute=req.distribute, kind=be.toolchain,
+                         work=work, environ=environ)
+    launcher = par.launcher
+    ctx.update(jobs=str(par.jobs.jobs), tensile_cpu_threads=str(par.jobs.tensile_threads))
+    notes += par.notes
     build_targets = tuple(req.build_targets) or recipe.build_targets
-    options = _options(recipe, req, facts, ctx, toolchain, be.toolchain, launcher)
+    options = _options(recipe, req, facts, ctx, toolchain, be.toolchain, launcher) + par.options
     env, env_reasons, runtime_env, export_env = _environment(
-        recipe, facts, ctx, toolchain, be.toolchain, launcher, work, environ, deps)
+        recipe, facts, ctx, toolchain, be.toolchain, par, environ, deps)
     venv = _private_venv(recipe, fetched, work, env, env_reasons, environ)
     patch_plans, patch_status = _patches(recipe, facts, fetched, check_patches)
-    configure, build, install = _commands(recipe, req, fetched, work, prefix, options, build_targets)
+    configure, build, install = _commands(recipe, par.build_jobs, fetched, work, prefix, options,
+                                          build_targets)
     smoke = [list(r.get("run")) for r in recipe.of("smoke") if conditions.evaluate(r.when, facts)]
     stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, environ)
     return Plan(recipe, tgt.name, backend, backend_reason, fetched, toolchain, options, env,
                 runtime_env, env_reasons, patch_plans, patch_status, notes, configure, build,
                 install, smoke, prefix, work, _with_deps(stamp, [d.stamp for d in deps]),
                 launcher, build_targets, dependencies=deps, outputs=_outputs(recipe, facts, ctx),
-                export_env=export_env, venv=venv)
+                export_env=export_env, venv=venv, parallel=par)
 
 
 def work_dir(prefix: Path) -> Path:
@@ -305,16 +314,15 @@ def _options(recipe: recipes.Recipe, req: Request, facts: conditions.Facts, ctx:
 
 
 def _environment(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict, toolchain: Toolchain,
-                 kind: str, launcher: str | None, work: Path, environ: Mapping[str, str],
+                 kind: str, par: cache.Parallel, environ: Mapping[str, str],
                  deps: list[Dependency]) -> tuple[dict, dict, dict, dict]:
     """(build env, reasons, runtime env, export env): the toolchain's variables, the compiler
-    cache's base dir, the recipe's `[[env]]` rules by stage, dependencies' prefixes in front."""
+    cache's and distribution's (build/cache.py), the recipe's `[[env]]` rules by stage,
+    dependencies' prefixes in front."""
     env: dict[str, str] = dict(toolchain.env)
     env_reasons = {k: f"{kind} toolchain" for k in toolchain.env}
-    if launcher and Path(launcher).name == "ccache" and "CCACHE_BASEDIR" not in environ:
-        env["CCACHE_BASEDIR"] = str(work.parent)
-        env_reasons["CCACHE_BASEDIR"] = ("paths below the work area hash alike, so builds of one "
-                                         "source for other prefixes/backends share cache hits")
+    env.update(par.env)
+    env_reasons.update(par.reasons)
     runtime_env: dict[str, str] = {}
     export_env: dict[str, str] = {}
     for rule in recipe.of("env"):
@@ -368,14 +376,13 @@ def _patches(recipe: recipes.Recipe, facts: conditions.Facts, fetched: sources.F
     return plans, (patches.check(plans, fetched.tree) if check else [])
 
 
-def _commands(recipe: recipes.Recipe, req: Request, fetched: sources.Fetched, work: Path,
+def _commands(recipe: recipes.Recipe, jobs: int, fetched: sources.Fetched, work: Path,
               prefix: Path, options: list[dict], build_targets: tuple[str, ...]
               ) -> tuple[list[str], list[str], list[str]]:
     """The configure, build and install command lines (install into the staging sibling)."""
     configure = ["cmake", "-S", str(project_dir(work, fetched.spec)), "-B", str(work / "build"),
                  "-G", "Ninja", f"-DCMAKE_INSTALL_PREFIX={prefix}"]
     configure += [f"-D{o['name']}={o['value']}" for o in options]
-    jobs = req.jobs or os.cpu_count() or 1
     build = ["ninja", "-C", str(work / "build"), "-j", str(jobs), *build_targets]
     staging = str(staging_dir(prefix))
     install = ["cmake", "--install", str(work / "build"), "--prefix", staging]
@@ -505,7 +512,7 @@ def _dependency_requests(recipe: recipes.Recipe, req: Request, facts: conditions
             raise ConfigError(f"recipe {recipe.name}: dependency cycle "
                               f"{' -> '.join((*stack, recipe.name, name))}")
         dep = Request(recipe=ref, target=req.target, backend=rule.get("backend"), jobs=req.jobs,
-                      no_cache=req.no_cache, environ=req.environ)
+                      no_cache=req.no_cache, distribute=req.distribute, environ=req.environ)
         out.append((rule, dep, why))
     return out
 
@@ -603,16 +610,6 @@ def _source_placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, work:
     return out
 
 
-def _launcher(no_cache: bool, path: str | None) -> str | None:
-    if no_cache:
-        return None
-    for tool in ("ccache", "sccache"):
-        exe = which(tool, path)
-        if exe:
-            return exe
-    return None
-
-
 def _fmt(value, ctx: dict) -> str:
     if isinstance(value, bool):
         return "ON" if value else "OFF"
@@ -696,6 +693,8 @@ def print_plan(plan: Plan, out=None) -> None:
         w(f"venv     {plan.venv['path']} — {plan.venv['reason']}\n")
         for argv in plan.venv["commands"]:
             w(f"  {quote(argv)}\n")
+    if plan.parallel:
+        cache.print_plan(plan.parallel, w)
     w(f"configure  {quote(plan.configure)}\nbuild      {quote(plan.build)}\n")
     w(f"install    {' '.join(plan.install)}\n")
     for s in plan.smoke:

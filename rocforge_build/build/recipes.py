@@ -30,6 +30,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "patch": ((list,), False), "stop": ((list,), False), "note": ((list,), False),
         "build": ((dict,), False), "smoke": ((list,), False),
         "depends": ((list,), False), "output": ((list,), False), "venv": ((dict,), False),
+        "jobs": ((list,), False),
     },
     "recipe": {
         "name": ((str,), True), "description": ((str,), False), "homepage": ((str,), False),
@@ -72,6 +73,9 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "output": {"path": ((str,), True), "when": ((dict,), False), "reason": ((str,), True)},
     # a private virtual environment in the build directory with the source's Python requirements
     "venv": {"requirements": ((list,), False), "packages": ((list,), False), "reason": ((str,), True)},
+    # peak memory of one build job (the heaviest translation units), for the default -j
+    # (build/cache.py: min(cores, MemAvailable / memory_mb)); a later rule that holds wins
+    "jobs": {"memory_mb": ((int,), True), "when": ((dict,), False), "reason": ((str,), True)},
 }
 
 
@@ -263,7 +267,8 @@ def parse(text: str, path: Path) -> Recipe:
     if not backends:
         raise ConfigError(f"{where}: backends: declare at least one backend")
     rules: list[Rule] = []
-    for kind in ("default", "option", "env", "patch", "stop", "note", "smoke", "depends", "output"):
+    for kind in ("default", "option", "env", "patch", "stop", "note", "smoke", "depends", "output",
+                 "jobs"):
         for i, item in enumerate(raw.get(kind, [])):
             iwhere = f"{where}: {kind}[{i}]"
             if not isinstance(item, dict):

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -402,10 +403,23 @@ def _extract(archive: Path, dest: Path, *, strip: bool = True) -> None:
 
 # -- work copies --------------------------------------------------------------------------------
 
+def _first_copy(src: Path, dst: Path) -> bool:
+    """An empty work copy is made by `cp -a` (C speed, reflinks where the filesystem has them:
+    about half the time of a file-by-file copy on llama.cpp's 1,600 files); the walk after it
+    only stats, and removes what the copy must not have (.rocforge-complete, nested _SKIP dirs)."""
+    entries = [str(p) for p in src.iterdir() if p.name not in _SKIP and p.name != ".rocforge-complete"]
+    dst.mkdir(parents=True)
+    if not entries or not shutil.which("cp"):
+        return False
+    res = subprocess.run(["cp", "-a", "--reflink=auto", *entries, str(dst)], capture_output=True)
+    return res.returncode == 0  # else the walk below copies what is missing
+
+
 def sync_tree(src: Path, dst: Path) -> int:
     """Make `dst` a copy of `src`, copying only files whose size or mtime differ (so unchanged
     files keep their timestamps and ninja rebuilds only what changed).  Returns files copied."""
     copied = 0
+    first = not dst.exists() and _first_copy(src, dst)
     dst.mkdir(parents=True, exist_ok=True)
     wanted: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(src):
@@ -420,13 +434,15 @@ def sync_tree(src: Path, dst: Path) -> int:
             s = Path(dirpath) / name
             d = out_dir / name
             wanted.add(os.path.normpath(os.path.join(rel, name)))
+            if first:  # `cp -a` made it: count it as copied, check it like any other
+                copied += 1
             if s.is_symlink():
                 if d.is_symlink() and os.readlink(d) == os.readlink(s):
                     continue
                 if d.exists() or d.is_symlink():
                     d.unlink()
                 os.symlink(os.readlink(s), d)
-                copied += 1
+                copied += not first
                 continue
             st = s.stat()
             try:
@@ -437,7 +453,7 @@ def sync_tree(src: Path, dst: Path) -> int:
             except FileNotFoundError:
                 pass
             shutil.copy2(s, d)
-            copied += 1
+            copied += not first
     for dirpath, dirnames, filenames in os.walk(dst, topdown=False):
         rel = os.path.relpath(dirpath, dst)
         for name in filenames:

@@ -19,7 +19,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--source", metavar="PATH|URL",
                         help="a local tree, tarball file, tarball URL or git URL (offline mirror)")
     parser.add_argument("--prefix", metavar="DIR", help="install prefix (default: data dir builds/RECIPE-TARGET-BACKEND)")
-    parser.add_argument("--jobs", "-j", type=int, metavar="N", help="parallel build jobs (default: all cores)")
+    parser.add_argument("--jobs", "-j", type=int, metavar="N",
+                        help="parallel build jobs (default: min(cores, available memory / the "
+                             "recipe's per-job memory); the plan says why)")
     parser.add_argument("--build-target", action="append", default=[], metavar="NAME",
                         help="build and install only this CMake target (repeatable)")
     parser.add_argument("--dry-run", action="store_true",
@@ -29,6 +31,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     parser.add_argument("--force", action="store_true", help="rebuild even when nothing changed")
     parser.add_argument("--no-cache", action="store_true", help="do not use ccache/sccache")
+    parser.add_argument("--no-recheck", action="store_true",
+                        help="after a rebuild, do not re-measure and compare with the prefix's earlier results")
+    parser.add_argument("--distribute", action="store_true",
+                        help="spread compiles over build.distcc_hosts (or build.icecc_scheduler)")
 
 
 def run(args) -> int:
@@ -39,7 +45,7 @@ def run(args) -> int:
     req = Request(
         recipe=args.recipe, target=args.target, backend=args.backend, ref=args.ref,
         source=args.source, prefix=args.prefix, jobs=args.jobs, force=args.force,
-        no_cache=args.no_cache, build_targets=tuple(args.build_target),
+        no_cache=args.no_cache, distribute=args.distribute, build_targets=tuple(args.build_target),
     )
     if args.dry_run:
         plan = make_plan(req, args.rootfs)
@@ -53,4 +59,8 @@ def run(args) -> int:
         sys.stderr.write(f"rocforge: {outcome.prefix} is up to date ({outcome.seconds:.2f}s; "
                          "--force rebuilds)\n")
     print(outcome.prefix)
+    if outcome.status == "built" and not args.no_recheck:
+        from rocforge_build.measure.recheck import after_build
+
+        after_build(outcome.prefix, argv=args.argv)
     return 0

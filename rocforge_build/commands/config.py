@@ -33,14 +33,14 @@ def run(args) -> int:
         elif isinstance(value, dict):
             for k, v, _where in config.items():
                 if k.startswith(args.key + "."):
-                    print(f"{k} = {_show(v)}")
+                    print(f"{k} = {_show(v, k)}")
         else:
-            print(value if isinstance(value, str) else _show(value))
+            print(_secret(args.key, value) if isinstance(value, str) else _show(value))
         return 0
     if args.action == "set":
         value = config.parse_value(args.value)
         config.set_value(args.key, value)
-        print(f"{args.key} = {_show(value)}  ({config.config_file()})")
+        print(f"{args.key} = {_show(value, args.key)}  ({config.config_file()})")
         return 0
     if args.action == "unset":
         if config.unset(args.key):
@@ -51,17 +51,27 @@ def run(args) -> int:
         return 0
     rows = config.items()
     if args.json:
-        print(json.dumps([{"key": k, "value": v, "origin": o} for k, v, o in rows], indent=2))
+        print(json.dumps([{"key": k, "value": _secret(k, v), "origin": o} for k, v, o in rows],
+                         indent=2))
         return 0
     width = max(len(k) for k, _, _ in rows)
     for k, v, o in rows:
         mark = "  # set in your config" if o == "user" else ""
-        print(f"{k.ljust(width)} = {_show(v)}{mark}")
+        print(f"{k.ljust(width)} = {_show(v, k)}{mark}")
     return 0
 
 
-def _show(value) -> str:
-    return json.dumps(value)
+def _show(value, key: str = "") -> str:
+    return json.dumps(_secret(key, value))
+
+
+def _secret(key: str, value):
+    """A URL's credentials are never printed (build/cache.py reads them from the file)."""
+    if key == "cache.remote" and isinstance(value, str):
+        from rocforge_build.build.cache import redact
+
+        return redact(value)
+    return value
 
 
 def _has_default(key: str) -> bool:

@@ -19,13 +19,17 @@ def _common(p) -> None:
     p.add_argument("recipe", metavar="RECIPE", help="recipe name, or path to a recipe .toml file")
     p.add_argument("--target", required=True, metavar="GFX", help="GPU target, e.g. gfx1151")
     p.add_argument("--backend", metavar="B",
-                   help="a backend of the recipe (rocforge recipe NAME); its toolchain picks the builder variant")
+                   help="a backend of the recipe (rocforge recipe NAME); its toolchain picks the builder "
+                   "variant (default: the recipe's choice for the target, as `rocforge build` makes it)")
     p.add_argument("--variant", metavar="NAME", help="builder variant from containers/variants.toml")
     p.add_argument("--engine", choices=sorted(containers.engines_data().get("engine", {})),
                    help="container engine (default: the first of podman, buildah, docker on PATH)")
     p.add_argument("--tag", metavar="T", help="image name (default localhost/rocforge/RECIPE:TARGET-BACKEND)")
     p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--source", metavar="PATH|URL",
+                   help="passed to `rocforge build --source`; a local tree or tarball is copied into the image")
+    p.add_argument("--ref", metavar="REF", help="passed to `rocforge build --ref`")
 
 
 class _DashDashParser(argparse.ArgumentParser):
@@ -53,9 +57,6 @@ def add_arguments(parser) -> None:
     _common(b)
     b.add_argument("--base", metavar="IMAGE", help="builder base image (replaces the variant's)")
     b.add_argument("--runtime-base", metavar="IMAGE", help="runtime base image (default: the variant's, scratch)")
-    b.add_argument("--source", metavar="PATH|URL",
-                   help="passed to `rocforge build --source`; a local tree or tarball is copied into the image")
-    b.add_argument("--ref", metavar="REF", help="passed to `rocforge build --ref`")
     r = sub.add_parser("run", help="run a built image with the GPU devices and groups passed in",
                        description="Run the image of a recipe build with /dev/kfd, /dev/dri, the GPU groups "
                        "and seccomp=unconfined.")
@@ -86,8 +87,11 @@ def _build(args) -> int:
     plan = containers.plan(
         args.recipe, target=args.target, backend=args.backend, variant=args.variant,
         base=args.base, runtime_base=args.runtime_base, tag=args.tag, source=args.source, ref=args.ref,
+        root=args.rootfs,
     )
     engine, why = containers.detect_engine(args.engine)
+    if not args.dry_run:
+        containers.check_engine(engine, building=True)  # before anything is built
     ctx = containers.context_dir(plan)
     steps = containers.build_commands(engine, ctx, plan.tag)
     decisions = (*plan.decisions, why)
@@ -101,6 +105,8 @@ def _build(args) -> int:
             return 0
         print(f"# {ctx / 'Containerfile'}")
         print(text)
+        for problem in containers.engine_problems(engine, building=True):
+            print(f"# warning: {problem}")
         print("# decisions")
         _print_decisions(decisions)
         print("# commands (the context also gets rocforge's wheels and the recipe file)")
@@ -176,18 +182,21 @@ def _engine(argv: list[str], what: str, containerfile: Path | None, *, quiet_std
 
 
 def _run(args) -> int:
-    plan = containers.plan(args.recipe, target=args.target, backend=args.backend,
-                           variant=args.variant, tag=args.tag)
-    engine, why = containers.detect_engine(args.engine)
     if not args.cmd:
         raise UsageError("no command given", "put the command after --, e.g. -- llama-cli --version")
+    plan = containers.plan(args.recipe, target=args.target, backend=args.backend, variant=args.variant,
+                           tag=args.tag, source=args.source, ref=args.ref, root=args.rootfs)
+    engine, why = containers.detect_engine(args.engine)
+    if not args.dry_run:
+        containers.check_engine(engine, building=False)
     rp = containers.run_plan(engine, plan.tag, list(args.cmd), rootfs=args.rootfs,
                              interactive=sys.stdin.isatty() and sys.stdout.isatty())
     why = (why, *_gpu_memory(args.rootfs))
     if args.dry_run:
         if args.json:
-            print(json.dumps({**rp.to_json(), "image": plan.tag,
-                              "decisions": [d.to_json() for d in (*why, *rp.decisions)]}, indent=2))
+            chosen = [d for d in plan.decisions if d.key == "backend"]
+            print(json.dumps({**rp.to_json(), "image": plan.tag, "backend": plan.backend,
+                              "decisions": [d.to_json() for d in (*chosen, *why, *rp.decisions)]}, indent=2))
             return 0
         for w in rp.warnings:
             print(f"# warning: {w}")
@@ -198,7 +207,7 @@ def _run(args) -> int:
             for c in rp.commands[1:]:
                 print(" ".join('"$CTR"' if a == "$CTR" else shlex.quote(a) for a in c))
         print("# decisions")
-        _print_decisions((*why, *rp.decisions))
+        _print_decisions((*(d for d in plan.decisions if d.key == "backend"), *why, *rp.decisions))
         return 0
     for w in rp.warnings:
         sys.stderr.write(f"rocforge: warning: {w}\n")

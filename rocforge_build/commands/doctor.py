@@ -9,6 +9,7 @@ import os
 import re
 import tomllib
 
+from rocforge_build.build import cache
 from rocforge_build.discover import host, resolver
 from rocforge_build.nightly import known_bad
 from rocforge_build.resources import package_data
@@ -147,6 +148,7 @@ def run(args) -> int:
         data["warnings"] = warnings  # one list: the resolver's and the system checks'
         data["blockers"] = blockers  # empty exactly when usable
         data["usable"] = usable
+        data["build_servers"] = cache.doctor_checks()
         print(json.dumps(data, indent=2))
         return 0 if usable else 1
 
@@ -202,6 +204,8 @@ def run(args) -> int:
 
     for line in host.text_lines(host_checks):
         console.print(line, highlight=False)
+    for row in cache.doctor_checks():  # configured cache server / distcc hosts (build/cache.py)
+        console.print(f"{row['what']} {row['address']}: {row['status']}", highlight=False)
     for w in warnings:
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
     for b in blockers:

@@ -422,7 +422,7 @@ def choose(entries: list[Nightly], groups: list[str], version: str | None = None
 def layer_plan(entries: list[Nightly], target: str | None, groups: list[str],
                version: str | None, base: str | None) -> tuple[list[Nightly], str]:
     """The tarballs of an install, base first: one, or with `base` two of the same version
-    (seed 004: the gfx110X package first, then gfx1151 on top, for the faster gfx1100 kernels).
+    (lhl/strix-halo-testing: the gfx110X package first, then gfx1151 on top, for the faster gfx1100 kernels).
 
     `base` is "auto" (the target's `override_with` target from the target table), a target name
     or a group name."""

@@ -260,10 +260,10 @@ def compute(
                     for sib in sorted(Path(libdir).glob(pattern)):
                         if add(str(sib), why, "companion") and elf_type(sib):
                             queue.append(sib)
-                for rel in rule.data:
-                    d = Path(libdir, rel)
-                    if d.is_dir():
-                        add(str(d), why, "data")
+                for rel in rule.data:  # a glob: Debian's rocBLAS keeps rocblas/<version>/library
+                    for d in sorted(Path(libdir).glob(rel)):
+                        if d.is_dir():
+                            add(str(d), why, "data")
                 for pattern in rule.manifests:
                     for man in sorted(manifest_root.glob(pattern.lstrip("/"))):
                         add(str(man), why, "manifest")

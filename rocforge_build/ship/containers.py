@@ -239,19 +239,33 @@ def recipe_ref(recipe: str):
 
 
 # -- plan ---------------------------------------------------------------------------------------------
+def default_backend(recipe: str, *, target: str, source: str | None, ref: str | None, root) -> Decision:
+    """The backend `rocforge build` chooses without --backend: the same function on the same facts
+    (the recipe's `[[default]]` rules over the source's build files and this machine's toolchains),
+    so the same reason is printed.  It reads the source, as `rocforge build --dry-run` does."""
+    from rocforge_build.build import plan as build_plan
+
+    sys.stderr.write("rocforge: choosing the default backend as `rocforge build` does (it reads the "
+                     "source's build files; a cache hit after the first fetch)\n")
+    req = build_plan.Request(recipe=recipe, target=target, source=source, ref=ref)
+    backend, reason = build_plan._prepare(req, root)[4:6]
+    return Decision("backend", backend, reason)
+
+
 def plan(
     recipe: str, *, target: str, backend: str | None = None, variant: str | None = None,
     base: str | None = None, runtime_base: str | None = None, tag: str | None = None,
-    source: str | None = None, ref: str | None = None,
+    source: str | None = None, ref: str | None = None, root=None,
 ) -> ContainerPlan:
     tgt = targets.get_target(target)  # UsageError with a suggestion for unknown names
     loaded, recipe_ref_ = recipe_ref(recipe)
     decisions = []
     if backend is None:
-        raise UsageError(
-            "--backend is needed: it chooses the builder's toolchain and names the image",
-            f"recipe {loaded.name} has: {', '.join(loaded.backends)}",
-        )
+        from rocforge_build.rootfs import Root
+
+        chosen = default_backend(recipe, target=tgt.name, source=source, ref=ref, root=root or Root("/"))
+        backend = chosen.value
+        decisions.append(chosen)
     if backend not in loaded.backends:
         raise UsageError(
             f"recipe {loaded.name} has no backend {backend!r}",
@@ -477,15 +491,11 @@ def read_facts(directory: Path) -> Facts:
 
 
 # -- context --------------------------------------------------------------------------------------
-def source_tree() -> Path:
-    """The rocforge source checkout this rocforge runs from (its wheel goes into the image)."""
+def source_tree() -> Path | None:
+    """The rocforge source checkout this rocforge runs from (also an editable install), or None
+    for an installed rocforge (its wheel is then rebuilt from the installed files)."""
     top = PACKAGE_DIR.parent
-    if not (top / "pyproject.toml").is_file():
-        raise ToolchainError(
-            "rocforge is not running from a source checkout, so it cannot put itself into the image",
-            "run `rocforge container build` from a rocforge git checkout (pip install -e .)",
-        )
-    return top
+    return top if (top / "pyproject.toml").is_file() else None
 
 
 def context_dir(plan: ContainerPlan) -> Path:
@@ -527,28 +537,87 @@ _DATA_FOLDERS = ("recipes", "patches", "containers")
 def build_wheels(dest: Path) -> None:
     """Wheels of this rocforge and its dependencies into `dest` (pip; the builder installs offline).
 
-    The wheel is built from a clean copy of the sources: no caches, no local clutter, and a data
-    folder that does not exist yet is packaged empty rather than failing the build."""
+    From a source checkout the wheel is built from a clean copy of the sources: no caches, no local
+    clutter, and a data folder that does not exist yet is packaged empty rather than failing the
+    build.  An installed rocforge (`pip install .`, a wheel) has no sources: its wheel is made
+    again from the installed files its RECORD lists (`wheel_from_installed`)."""
     import tempfile
 
     top = source_tree()
     with tempfile.TemporaryDirectory(prefix="rocforge-src-") as tmp:
-        src = Path(tmp) / "rocforge"
-        src.mkdir()
-        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_data")
-        for name in (*_WHEEL_SOURCES, *_DATA_FOLDERS):
-            path = top / name
-            if path.is_dir():
-                shutil.copytree(path, src / name, ignore=ignore)
-            elif path.is_file():
-                shutil.copy2(path, src / name)
-            elif name in _DATA_FOLDERS:
-                (src / name).mkdir()
-                (src / name / "README").write_text("empty in this rocforge\n", encoding="utf-8")
+        if top is None:
+            what = str(wheel_from_installed(Path(tmp)))
+        else:
+            src = Path(tmp) / "rocforge"
+            src.mkdir()
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_data")
+            for name in (*_WHEEL_SOURCES, *_DATA_FOLDERS):
+                path = top / name
+                if path.is_dir():
+                    shutil.copytree(path, src / name, ignore=ignore)
+                elif path.is_file():
+                    shutil.copy2(path, src / name)
+                elif name in _DATA_FOLDERS:
+                    (src / name).mkdir()
+                    (src / name / "README").write_text("empty in this rocforge\n", encoding="utf-8")
+            what = str(src)
         proc.run(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(dest), str(src)],
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(dest), what],
             hint="pip must be able to build rocforge and fetch its dependencies on this machine",
         )
+
+
+# Files of an installed distribution that are the installer's, not the wheel's (PEP 376/610/627).
+_INSTALLER_FILES = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
+
+
+def wheel_from_installed(dest_dir: Path) -> Path:
+    """The wheel of the installed rocforge this code runs from, rebuilt from the files its RECORD
+    lists (each checked against the recorded sha256: a changed install is refused)."""
+    import base64
+    import hashlib
+    import zipfile
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("rocforge")
+    except metadata.PackageNotFoundError as exc:
+        raise ToolchainError("rocforge runs neither from a source checkout nor from an installed "
+                             "distribution, so it cannot put itself into the image",
+                             "install it (pip install .) or run from a git checkout") from exc
+    files = dist.files
+    pkg = Path(dist.locate_file("rocforge_build")).resolve()
+    if not files or pkg != PACKAGE_DIR:
+        raise ToolchainError(f"the installed rocforge distribution ({pkg}) is not the one running "
+                             f"({PACKAGE_DIR}), or has no RECORD",
+                             "reinstall rocforge (pip install --force-reinstall .)")
+    info_dir = next(f.parts[0] for f in files if f.parts[0].endswith(".dist-info"))
+    wheel_meta = Path(dist.locate_file(f"{info_dir}/WHEEL")).read_text(encoding="utf-8")
+    tag = next((ln.split(":", 1)[1].strip() for ln in wheel_meta.splitlines() if ln.startswith("Tag:")),
+               "py3-none-any")
+    name = info_dir[: -len(".dist-info")]  # <name>-<version>
+    out = dest_dir / f"{name}-{tag}.whl"
+    record = []
+
+    def digest(data: bytes) -> str:
+        return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for f in sorted(files, key=str):
+            rel = f.as_posix()
+            if rel.startswith("..") or "__pycache__" in f.parts or rel.endswith(".pyc"):
+                continue  # console scripts (the installer writes them again) and byte code
+            if f.parts[0] == info_dir and f.name in _INSTALLER_FILES:
+                continue
+            data = Path(dist.locate_file(f)).read_bytes()
+            if f.hash is not None and digest(data) != f"{f.hash.mode}={f.hash.value}":
+                raise ToolchainError(f"the installed rocforge file {rel} differs from its RECORD entry",
+                                     "reinstall rocforge (pip install --force-reinstall .)")
+            zf.writestr(rel, data)
+            record.append(f"{rel},{digest(data)},{len(data)}")
+        record.append(f"{info_dir}/RECORD,,")
+        zf.writestr(f"{info_dir}/RECORD", "\n".join(record) + "\n")
+    return out
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -581,6 +650,50 @@ def detect_engine(name: str | None = None) -> tuple[Engine, Decision]:
         f"no container engine found (looked for {', '.join(order)} on PATH)",
         "install podman (apt-get install podman) or buildah, or pass --engine",
     )
+
+
+def engine_problems(engine: Engine, *, building: bool) -> list[str]:
+    """What keeps `engine` from running rocforge's Containerfiles here, one line each (empty: none).
+
+    Docker builds them only with BuildKit (the buildx plugin): the legacy builder knows neither
+    `RUN --mount=type=cache` nor `--output type=local` (docs.docker.com, "BuildKit"; Docker 23+
+    `docker build` is buildx).  A docker client also needs a reachable daemon."""
+    if engine.name != "docker":
+        return []
+    import subprocess
+
+    def ask(argv: list[str]):
+        try:
+            return proc.run(argv, check=False, timeout=30)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(argv, 124, "no answer in 30 s")
+
+    problems = []
+    if building and ask(["docker", "buildx", "version"]).returncode != 0:
+        problems.append("docker has no buildx (BuildKit), which the Containerfile needs for "
+                        "`RUN --mount=type=cache` and `--output type=local`")
+    res = ask(["docker", "version", "--format", "{{.Server.Version}}"])
+    if res.returncode != 0:
+        host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        first = next((ln.strip() for ln in (res.stdout or "").splitlines() if ln.strip()), "")
+        problems.append(f"docker cannot reach its daemon at {host}" + (f" ({first[:160]})" if first else ""))
+    return problems
+
+
+def check_engine(engine: Engine, *, building: bool) -> None:
+    """One clear line before anything is built, naming the fix."""
+    problems = engine_problems(engine, building=building)
+    if problems:
+        others = [n for n in engines_data().get("order", []) if n != engine.name and proc.which(n)]
+        use = (f"or use {' or '.join(others)} (found here: --engine {others[0]})" if others
+               else "or install podman or buildah (apt-get install podman buildah), which need no daemon")
+        fixes = []
+        if any("buildx" in p for p in problems):
+            fixes.append("install the buildx plugin (Debian 13+: docker-buildx; Docker's apt repository: "
+                         "docker-buildx-plugin)")
+        if any("daemon" in p for p in problems):
+            fixes.append("start the daemon (systemctl start docker) or point DOCKER_HOST at a running one")
+        raise ToolchainError("; ".join(problems), f"{'; '.join(fixes)}; {use}")
 
 
 @dataclass(frozen=True)

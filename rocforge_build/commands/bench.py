@@ -1,0 +1,79 @@
+"""`rocforge bench PREFIX... --model GGUF`: llama-bench over builds x variants (depth, ubatch,
+flash attention, env), each build gated by `rocforge verify` first; every row goes to the results
+store as soon as it exists."""
+
+from __future__ import annotations
+
+import json
+
+from rocforge_build.errors import UsageError
+from rocforge_build.measure import bench, verify
+from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.measure.session import Progress, describe, open_session
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("prefixes", nargs="+", metavar="PREFIX", help="builds to measure (install prefixes)")
+    parser.add_argument("--model", required=True, metavar="GGUF")
+    parser.add_argument("--depth", default="0", metavar="N,...", help="KV depths (llama-bench -d; default 0)")
+    parser.add_argument("--ubatch", metavar="N,...", help="micro-batch sizes (-ub; default: the tree's)")
+    parser.add_argument("--fa", metavar="on,off", help="flash attention values (default: the tree's)")
+    parser.add_argument("--env", action="append", default=[], metavar="VAR=a,b",
+                        help="runtime environment values to try (repeatable)")
+    parser.add_argument("--reps", type=int, default=3, metavar="N", help="repetitions (-r; default 3)")
+    parser.add_argument("-p", "--n-prompt", type=int, default=512, metavar="N", help="prompt tokens (pp test)")
+    parser.add_argument("-n", "--n-gen", type=int, default=128, metavar="N", help="generated tokens (tg test)")
+    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads (-t)")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="stop a llama-bench run after S seconds; what it did not finish is recorded as failed")
+    parser.add_argument("--no-gate", action="store_true", help="do not run `rocforge verify` first")
+    parser.add_argument("--reference", metavar="PREFIX", help="the gate's reference build (see rocforge verify)")
+    parser.add_argument("--ctx", metavar="N,...", help="the gate's contexts (see rocforge verify)")
+    parser.add_argument("--json", action="store_true", help="the rows as JSON")
+
+
+def spec_from(args, model) -> bench.Spec:
+    if args.reps < 1 or args.n_prompt < 0 or args.n_gen < 0 or not (args.n_prompt or args.n_gen):
+        raise UsageError("--reps must be >= 1 and -p/-n not negative (one of them > 0)")
+    depths = tuple(bench.int_list(args.depth, "--depth")) or (0,)
+    return bench.Spec(model, depths, args.n_prompt, args.n_gen, args.reps, args.threads, timeout=args.timeout)
+
+
+def run(args) -> int:
+    builds = [LlamaBuild.open(p) for p in args.prefixes]
+    vs = bench.variants(bench.int_list(args.ubatch, "--ubatch"), bench.fa_list(args.fa), bench.env_pairs(args.env))
+    programs = ("llama-bench",) if args.no_gate else ("llama-bench", "llama-perplexity")
+    s = open_session(args.model, builds, programs, args.rootfs)
+    spec = spec_from(args, s.model)
+    ctxs = verify.contexts(s.model, bench.int_list(args.ctx, "--ctx") or None)
+    run_id = s.store.start_run("bench", args.argv, {"host": s.base["host"], "model": s.base["model"],
+                                                    "spec": {"depths": spec.depths, "n_prompt": spec.n_prompt,
+                                                             "n_gen": spec.n_gen, "reps": spec.reps}})
+    progress = Progress(len(builds) * len(vs) * len(bench.expected(spec, spec.depths)), quiet=args.json)
+
+    def gate(build, fa):
+        return verify.gate(build, s.model, reference=args.reference, store=s.store, run_id=run_id,
+                           base=s.base, ctxs=ctxs, fa=fa, quiet=args.json)
+
+    status, out = "failed", None
+    try:
+        out = bench.run(builds, spec, vs, store=s.store, run_id=run_id, base=s.base,
+                        gate=None if args.no_gate else gate, progress=progress)
+        status = "done" if not out.failed else "partly failed"
+    except bench.Interrupted:
+        status = "interrupted"
+        raise
+    finally:
+        progress.close()
+        s.store.finish_run(run_id, status, None if out is None else
+                           {**(s.store.run_info(run_id) or {}).get("info", {}), "llama_bench_s": round(out.child_s, 4)})
+    if args.json:
+        print(json.dumps(out.rows, indent=2, default=str))
+    else:
+        for note in out.notes:
+            print(f"note: {note}")
+        for r in out.rows:
+            print(f"{r['prefix']}  {bench.Variant(r.get('ubatch'), r.get('fa'), tuple(r.get('env', {}).items())).label()}"
+                  f"  gate={r['gate']}  {describe(r)}")
+        print(f"run {run_id}: {len(out.rows)} rows in {s.store.path}")
+    return 1 if out.failed else 0

@@ -1,0 +1,91 @@
+"""`rocforge bundle PREFIX|RECIPE --target GFX --out FILE`, `bundle check FILE`,
+`bundle unpack FILE [--into DIR]`: relocatable archives of a build (see ship/bundle.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from rocforge_build.errors import IntegrityError, UsageError
+
+_ACTIONS = ("check", "unpack")
+
+
+def add_arguments(parser) -> None:
+    parser.usage = ("rocforge bundle PREFIX|RECIPE --target GFX [--backend B] --out FILE.tar.gz|.tar.zst|.zip\n"
+                    "       rocforge bundle check FILE|DIR\n"
+                    "       rocforge bundle unpack FILE [--into DIR]")
+    parser.description = (
+        "Pack a build into one archive that runs from any directory on a machine with only the "
+        "kernel driver: the prefix, its library closure (without glibc and the GPU drivers), RUNPATHs "
+        "rewritten to $ORIGIN, rocBLAS/hipBLASLt/kpack kernel files trimmed to the target, a `run` "
+        "launcher with the build's run-time env, the manifest, and bundle.toml (every file's sha256). "
+        "`check` verifies the hashes and says on which GPUs here it runs; `unpack` unpacks safely.")
+    parser.add_argument("what", nargs="+", metavar="PREFIX|RECIPE",
+                        help="an install prefix or a recipe (the build rocforge made); or `check FILE`, "
+                        "`unpack FILE`")
+    parser.add_argument("--target", metavar="GFX", help="the GPU target of the build")
+    parser.add_argument("--backend", metavar="B", help="the backend of the build (a recipe built with several)")
+    parser.add_argument("--out", type=Path, metavar="FILE",
+                        help="the archive: .tar.gz, .tar.zst (needs the zstd program) or .zip; replaces "
+                        "only a bundle rocforge made")
+    parser.add_argument("--into", type=Path, metavar="DIR", default=Path("."),
+                        help="unpack: the directory that gets the bundle's folder (default: .)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args) -> int:
+    from rocforge_build.ship import bundle
+
+    what = list(args.what)
+    if what[0] in _ACTIONS:
+        if len(what) != 2:
+            raise UsageError(f"bundle {what[0]} takes one FILE", f"rocforge bundle {what[0]} FILE")
+        return _check(args, Path(what[1])) if what[0] == "check" else _unpack(args, Path(what[1]))
+    if len(what) != 1:
+        raise UsageError(f"one PREFIX or RECIPE, not {len(what)}: {' '.join(what)}")
+    if not args.target or not args.out:
+        raise UsageError("bundle needs --target and --out",
+                         f"rocforge bundle {what[0]} --target gfx1151 --out build.tar.gz")
+    result = bundle.make(what[0], target=args.target, backend=args.backend, out=args.out, root=args.rootfs)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print("\n".join(bundle.describe_make(result)))
+    return 0
+
+
+def _check(args, path: Path) -> int:
+    from rocforge_build.ship import bundle
+
+    result = bundle.check(path, args.rootfs)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+        return 0 if not result.bad else IntegrityError.exit_code
+    meta = result.info.get("bundle", {})
+    files = len(result.info.get("file", []))
+    if result.bad:
+        for line in result.bad[:20]:
+            print(f"  {line}")
+        more = f" (and {len(result.bad) - 20} more)" if len(result.bad) > 20 else ""
+        raise IntegrityError(f"{path}: {len(result.bad)} of {files} files do not match bundle.toml{more}",
+                             "the bundle is damaged or was changed after it was made")
+    print(f"{path}: {result.name}, {files} files, every sha256 matches")
+    print(f"  {meta.get('recipe')} ({meta.get('backend')}) for {meta.get('target')}; "
+          f"made by rocforge {meta.get('rocforge')} at {meta.get('made_at')}")
+    for line in result.runs:
+        print(f"  {line}")
+    sys.stdout.flush()
+    return 0
+
+
+def _unpack(args, path: Path) -> int:
+    from rocforge_build.ship import bundle
+
+    dest = bundle.unpack(path, args.into)
+    if args.json:
+        print(json.dumps({"unpacked": str(dest)}))
+    else:
+        print(f"rocforge: unpacked and verified {dest}; run {dest / bundle.LAUNCHER} PROGRAM [ARGS]")
+    return 0

@@ -1,0 +1,128 @@
+"""`rocforge results list|show|export|compare|plot`: read the results store."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+from rocforge_build.errors import UsageError
+from rocforge_build.measure import compare as cmp
+from rocforge_build.measure.store import Store
+
+CSV_FIELDS = ("id", "run", "kind", "status", "created", "prefix", "backend", "stamp", "gate", "test",
+              "n_prompt", "n_gen", "depth", "ubatch", "fa", "env", "t_s", "stddev", "error", "passed",
+              "reference", "model_sha256")
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    sub.add_parser("list", help="the runs").add_argument("--json", action="store_true")
+    show = sub.add_parser("show", help="one run's rows (default: the last run)")
+    show.add_argument("run", nargs="?", type=int, metavar="RUN")
+    show.add_argument("--json", action="store_true")
+    exp = sub.add_parser("export", help="rows as JSON or CSV")
+    fmt = exp.add_mutually_exclusive_group(required=True)
+    fmt.add_argument("--json", action="store_true")
+    fmt.add_argument("--csv", action="store_true")
+    exp.add_argument("--run", type=int, metavar="RUN")
+    exp.add_argument("--prefix", metavar="PREFIX")
+    c = sub.add_parser("compare", help="flag regressions of B against A")
+    c.add_argument("a", metavar="A", help="run number, or a build prefix (its latest bench run)")
+    c.add_argument("b", metavar="B")
+    c.add_argument("--threshold", type=float, default=cmp.DEFAULT_THRESHOLD * 100, metavar="PERCENT")
+    c.add_argument("--json", action="store_true")
+    p = sub.add_parser("plot", help="depth curves as a self-contained HTML/SVG file")
+    p.add_argument("--run", type=int, action="append", metavar="RUN", help="runs to plot (default: the last bench run)")
+    p.add_argument("--prefix", action="append", metavar="PREFIX", help="only these builds")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.html")
+
+
+def run(args) -> int:
+    with Store() as store:
+        return globals()[f"_{args.action}"](store, args)
+
+
+def _list(store: Store, args) -> int:
+    runs = store.runs()
+    if args.json:
+        print(json.dumps(runs, indent=2))
+        return 0
+    if not runs:
+        print(f"no results yet in {store.path}")
+    for r in runs:
+        print(f"{r['id']:>4}  {r['kind']:<7} {r['started']}  {r['status']:<13} {r['rows']:>4} rows  "
+              f"{' '.join(r['argv'])[:80]}")
+    return 0
+
+
+def _last_run(store: Store, kind: str | None = None) -> int:
+    runs = [r for r in store.runs() if kind is None or r["kind"] in kind]
+    if not runs:
+        raise UsageError(f"no runs in {store.path}", "run `rocforge bench` first")
+    return runs[-1]["id"]
+
+
+def _show(store: Store, args) -> int:
+    run_id = args.run or _last_run(store)
+    info = store.run_info(run_id)
+    if info is None:
+        raise UsageError(f"there is no run {run_id}", "see `rocforge results list`")
+    rows = [r.to_json() for r in store.rows(run_id=run_id)]
+    if args.json:
+        print(json.dumps({**info, "rows": rows}, indent=2, default=str))
+        return 0
+    from rocforge_build.measure.session import describe
+
+    print(f"run {run_id}: {info['kind']} {info['status']} ({info['started']} - {info['finished'] or '...'})")
+    print(f"  {' '.join(info['argv'])}")
+    for r in rows:
+        if r["kind"] == "verify":
+            checks = ", ".join(f"ctx {c['ctx']}: KLD {c['kld_mean']} top-1 {c['top1']}" for c in r.get("checks", []))
+            print(f"  verify {r['prefix']}: {'passed' if r.get('passed') else 'FAILED'} ({checks})")
+        else:
+            print(f"  {r['prefix']} ub={r.get('ubatch')} fa={r.get('fa')} env={r.get('env') or {}}  {describe(r)}")
+    return 0
+
+
+def _export(store: Store, args) -> int:
+    prefix = str(Path(args.prefix).expanduser().resolve()) if args.prefix else None
+    rows = [r.to_json() for r in store.rows(run_id=args.run, prefix=prefix)]
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    w = csv.DictWriter(sys.stdout, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({**r, "env": json.dumps(r.get("env")) if r.get("env") else ""})
+    return 0
+
+
+def _compare(store: Store, args) -> int:
+    label_a, a = cmp.resolve(store, args.a)
+    label_b, b = cmp.resolve(store, args.b)
+    lines = cmp.compare(a, b, args.threshold / 100)
+    if args.json:
+        print(json.dumps({"a": label_a, "b": label_b, "threshold": args.threshold / 100,
+                          "lines": [x.to_json() for x in lines], "flagged": len(cmp.flagged(lines))}, indent=2))
+    else:
+        print(cmp.table(lines, label_a, label_b, args.threshold / 100))
+    return 1 if cmp.flagged(lines) else 0
+
+
+def _plot(store: Store, args) -> int:
+    from rocforge_build.measure import plot
+
+    runs = args.run or [_last_run(store, ("bench", "tune"))]
+    prefixes = {str(Path(p).expanduser().resolve()) for p in args.prefix or []}
+    rows = [r.data | {"status": r.status} for run in runs for r in store.rows(run_id=run, kind="bench")
+            if not prefixes or r.prefix in prefixes]
+    text = plot.page(rows, f"rocforge results: run {', '.join(map(str, runs))}")
+    out = Path(args.output)
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror}") from None
+    print(out)
+    return 0

@@ -1,0 +1,188 @@
+"""`rocforge tune RECIPE --target GFX --model GGUF`: build or reuse each candidate build, gate it
+with verify, search flash attention / ubatch / env one dimension at a time, pick a winner per
+context range and store it as the model's preset (`rocforge preset show MODEL`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from rocforge_build.errors import RocforgeError, UsageError
+from rocforge_build.measure import bench, tune, verify
+from rocforge_build.measure.llama_tools import MEASURE_TARGETS, LlamaBuild
+from rocforge_build.measure.preset import command, is_igpu
+from rocforge_build.measure.session import Progress, open_session
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("recipe", metavar="RECIPE", help="recipe name or .toml file (llama-cpp)")
+    parser.add_argument("--target", required=True, metavar="GFX")
+    parser.add_argument("--model", required=True, metavar="GGUF")
+    parser.add_argument("--backends", metavar="B,...", help="candidate backends (default: every one the source and toolchain allow)")
+    parser.add_argument("--build", action="append", default=[], metavar="PREFIX", help="also an existing build (repeatable)")
+    parser.add_argument("--source", metavar="PATH|URL", help="build this source (see rocforge build)")
+    parser.add_argument("--ref", metavar="REF")
+    parser.add_argument("--contexts", default="short,long", metavar="short,long", help="context ranges to pick winners for")
+    parser.add_argument("--ubatch", metavar="N,...", help="micro-batch values searched (default: data/tune.toml)")
+    parser.add_argument("--fa", metavar="on,off")
+    parser.add_argument("--env", action="append", metavar="VAR=a,b", help="env values searched (default per backend)")
+    parser.add_argument("--reps", type=int, default=3, metavar="N")
+    parser.add_argument("-p", "--n-prompt", type=int, default=512, metavar="N")
+    parser.add_argument("-n", "--n-gen", type=int, default=128, metavar="N")
+    parser.add_argument("--threads", type=int, metavar="N")
+    parser.add_argument("--ctx", metavar="N,...", help="the gate's contexts (see rocforge verify)")
+    parser.add_argument("--exhaustive", action="store_true", help="measure the full cross product instead")
+    parser.add_argument("--jobs", "-j", type=int, metavar="N", help="build jobs")
+    parser.add_argument("--json", action="store_true")
+
+
+def candidates(args, say) -> tuple[list[LlamaBuild], list[dict]]:
+    from rocforge_build.build import pipeline, recipes
+    from rocforge_build.build.plan import Request, make_plan
+
+    recipe = recipes.load(args.recipe)
+    names = [b for b in (args.backends.split(",") if args.backends else recipe.backends) if b]
+    unknown = [b for b in names if b not in recipe.backends]
+    if unknown:
+        raise UsageError(f"recipe {recipe.name} has no backend {', '.join(unknown)}",
+                         f"backends: {', '.join(recipe.backends)}")
+    builds, skipped = [], []
+    for name in names:
+        req = Request(args.recipe, args.target, backend=name, source=args.source, ref=args.ref,
+                      jobs=args.jobs, build_targets=MEASURE_TARGETS)
+        try:
+            make_plan(req, args.rootfs)
+        except RocforgeError as exc:
+            skipped.append({"backend": name, "reason": exc.message})
+            say(f"skipping backend {name}: {exc.message}")
+            continue
+        say(f"building (or reusing) the {name} build")
+        out = pipeline.execute(req, args.rootfs, quiet=args.json)
+        builds.append(LlamaBuild.open(out.prefix))
+    builds += [LlamaBuild.open(p) for p in args.build]
+    if not builds:
+        raise UsageError("no candidate build: every backend was skipped", "; ".join(s["reason"] for s in skipped))
+    return builds, skipped
+
+
+def run(args) -> int:
+    say = (lambda text: None) if args.json else (lambda text: sys.stderr.write(f"rocforge: tune: {text}\n"))
+    wanted = [c.strip() for c in args.contexts.split(",") if c.strip()]
+    all_ranges = tune.rules()["ranges"]
+    bad = [c for c in wanted if c not in all_ranges]
+    if bad or not wanted:
+        raise UsageError(f"--contexts {args.contexts!r}: known ranges are {', '.join(all_ranges)}")
+    from rocforge_build.measure import gguf
+
+    model = gguf.check(args.model)  # a bad model is reported before anything is built
+    builds, skipped = candidates(args, say)
+    s = open_session(args.model, builds, ("llama-bench", "llama-perplexity"), args.rootfs)
+    n_ctx = s.model.n_ctx_train
+    room = (n_ctx or 10 ** 9) - args.n_prompt - args.n_gen
+    ranges = {name: max(0, min(int(all_ranges[name]["depth"]), room)) for name in wanted}
+    ctx_of = {name: min(int(all_ranges[name]["ctx"]), n_ctx or 10 ** 9) for name in wanted}
+    spec = bench.Spec(model, tuple(sorted(set(ranges.values()))), args.n_prompt, args.n_gen, args.reps, args.threads)
+    gate_ctxs = verify.contexts(s.model, bench.int_list(args.ctx, "--ctx") or None)
+    run_id = s.store.start_run("tune", args.argv, {"host": s.base["host"], "model": s.base["model"],
+                                                   "ranges": ranges, "skipped": skipped})
+    progress = Progress(0, quiet=args.json)
+    results, cands = [], []
+    status = "failed"
+    try:
+        for b in builds:
+            fas = bench.fa_list(args.fa) if args.fa else tune.rules()["search"]["fa"]
+            gates = {bool(fa): verify.gate(b, s.model, reference=None, store=s.store, run_id=run_id, base=s.base,
+                                           ctxs=gate_ctxs, fa=bool(fa), quiet=args.json)[0] for fa in fas}
+            passing = [fa for fa, v in gates.items() if v == "passed"]
+            verdict = "passed" if passing else "failed"
+            cand = tune.Candidate(b, verdict)
+            cands.append(cand)
+            base = {**s.base, "prefix": str(b.prefix), "backend": b.backend, "stamp": b.stamp,
+                    "build": b.provenance(), "gate": verdict}
+            for fa, v in gates.items():
+                if v != "passed":
+                    s.store.add_row(run_id, "bench", {**base, "gate": "failed", "fa": fa, "test": "gate",
+                                                      "status": "gate-failed"}, status="gate-failed")
+                    say(f"{b.label()} failed the verify gate with flash attention {'on' if fa else 'off'}: "
+                        "those variants never win")
+            if not passing:
+                continue
+            depths, note = bench.depths_for(b, spec.depths)
+            if note:
+                cand.note = note
+            dims, env_names = tune.dimensions(b.backend, bench.int_list(args.ubatch, "--ubatch") or None,
+                                              passing,
+                                              bench.env_pairs(args.env) if args.env else None, n_ctx)
+
+            def measure(v, b=b, base=base, depths=depths):
+                progress.status(f"{b.label()} {v.label()}")
+                rows = []
+                bench.run_variant(b, spec, v, base, depths, lambda r: (s.store.add_row(run_id, "bench", r, status=r["status"]),
+                                                                       rows.append(r), progress.advance(r)))
+                return rows
+
+            best = tune.search(cand, dims, env_names, {k: d if d in depths else 0 for k, d in ranges.items()},
+                               measure, full=args.exhaustive)
+            full = math.prod(len(d) for d in dims)
+            results.append((cand, best, full))
+        status = "done"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise bench.Interrupted(f"interrupted: the rows measured so far are kept (run {run_id})") from None
+    finally:
+        progress.close()
+        s.store.finish_run(run_id, status)
+    preset = choose(results, ranges, ctx_of, s, args)
+    summary = {"run": run_id, "skipped": skipped,
+               "candidates": [{"prefix": str(c.build.prefix), "backend": c.build.backend, "gate": c.gate,
+                               "measured": len(c.measured), "note": c.note,
+                               "cross_product": next((f for cc, _, f in results if cc is c), 0)} for c in cands],
+               "preset": preset}
+    if preset:
+        s.store.add_preset(s.model.name, s.base["model_sha256"], run_id, preset)
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        for c in summary["candidates"]:
+            print(f"{c['prefix']} ({c['backend']}): gate {c['gate']}, {c['measured']} variants measured "
+                  f"(full cross product: {c['cross_product']})")
+        if preset:
+            for name, r in preset["ranges"].items():
+                print(f"{name}: {r['backend']} {r['prefix']} {r['variant_label']} (score {r['score']:.1f})")
+            print(f"preset stored: rocforge preset show {s.model.name}")
+    if not preset:
+        raise UsageError("no candidate passed the verify gate; no preset was made",
+                         "see `rocforge results show` for the failed checks")
+    return 0
+
+
+def choose(results, ranges, ctx_of, s, args) -> dict | None:
+    if not results:
+        return None
+    out = {}
+    for name, depth in ranges.items():
+        ranked = sorted(((best[name]["score"], cand, best[name]) for cand, best, _ in results
+                         if best[name]["score"] > -math.inf), key=lambda x: -x[0])
+        if not ranked:
+            continue
+        score, cand, b = ranked[0]
+        v = b["variant"]
+        env, argv, notes = command(cand.build, str(s.model.path), v.to_json(), ctx_of[name],
+                                   is_igpu(cand.build, s.base["host"]))
+        out[name] = {
+            "prefix": str(cand.build.prefix), "backend": cand.build.backend, "stamp": cand.build.stamp,
+            "depth": b["rows"][0]["depth"] if b["rows"] else depth, "ctx": ctx_of[name],
+            "variant": v.to_json(), "variant_label": v.label(), "score": score,
+            "figures": [{"test": r["test"], "n": r["n_prompt"] if r["test"] == "pp" else r["n_gen"],
+                         "depth": r["depth"], "t_s": r["t_s"], "stddev": r["stddev"]} for r in b["rows"]],
+            "runner_up": (f"{ranked[1][1].build.label()} {ranked[1][2]['variant'].label()} "
+                          f"score {ranked[1][0]:.1f}") if len(ranked) > 1 else None,
+            "env": env, "argv": argv, "notes": notes,
+        }
+    if not out:
+        return None
+    from rocforge_build.measure.store import now
+
+    return {"model": {"name": s.model.name, "sha256": s.base["model_sha256"], "path": str(s.model.path)},
+            "created": now(), "ranges": out, "reason": tune.rules()["score"]["reason"]}

@@ -1,0 +1,59 @@
+"""`rocforge verify PREFIX --model GGUF`: compare a build's logits with a reference build of the
+same source (llama.cpp's KL-divergence mode) at a short and a long context; exit 1 when it fails."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rocforge_build.measure import bench, verify
+from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.measure.session import open_session
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("prefix", metavar="PREFIX", help="the build to check (its install prefix)")
+    parser.add_argument("--model", required=True, metavar="GGUF", help="the model to run")
+    parser.add_argument("--reference", metavar="PREFIX",
+                        help="reference build (default: the cpu backend of the same recipe and source, built when absent)")
+    parser.add_argument("--ctx", metavar="N,...", help="contexts to check (default: a short and a long one, bounded by the model)")
+    parser.add_argument("--text", metavar="FILE", help="text to evaluate (default: the one rocforge ships)")
+    parser.add_argument("--fa", choices=("on", "off"), default="on",
+                        help="flash attention in both runs (default on: the path long contexts take)")
+    parser.add_argument("--env", action="append", default=[], metavar="VAR=VALUE",
+                        help="runtime environment for the build's run (repeatable)")
+    parser.add_argument("--json", action="store_true", help="the result as JSON")
+
+
+def run(args) -> int:
+    build = LlamaBuild.open(args.prefix)
+    ctx = bench.int_list(args.ctx, "--ctx") or None
+    env = {k: v[0] for k, v in bench.env_pairs(args.env).items()}
+    ref_given = LlamaBuild.open(args.reference) if args.reference else None
+    s = open_session(args.model, [build] + ([ref_given] if ref_given else []), ("llama-perplexity",), args.rootfs)
+    ref = verify.reference_for(build, args.reference, quiet=args.json)
+    run_id = s.store.start_run("verify", args.argv, {"host": s.base["host"], "model": s.base["model"]})
+    say = None if args.json else (lambda text: sys.stderr.write(f"rocforge: verify: {text}\n"))
+    try:
+        result = verify.verify(build, ref, s.model, verify.contexts(s.model, ctx), store=s.store,
+                               run_id=run_id, base=s.base, text=args.text,
+                               fa=args.fa == "on", env=env, progress=say)
+    except BaseException:
+        s.store.finish_run(run_id, "failed")
+        raise
+    s.store.finish_run(run_id, "passed" if result["passed"] else "failed")
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{build.prefix} against {ref.prefix}: {'PASSED' if result['passed'] else 'FAILED'}")
+        print(f"  {'ctx':>6} {'mean KLD':>12} {'top-1':>8} {'PPL':>12} {'PPL ref':>12}  verdict")
+        for c in result["checks"]:
+            print(f"  {c['ctx']:>6} {_f(c['kld_mean'], 6):>12} {_f(c['top1'] and c['top1'] * 100, 2):>7}% "
+                  f"{_f(c['ppl'], 4):>12} {_f(c['ppl_ref'], 4):>12}  {'pass' if c['passed'] else 'FAIL'}")
+            for why in c["failed"]:
+                print(f"         {why}")
+    return 0 if result["passed"] else 1
+
+
+def _f(x, digits: int) -> str:
+    return "nan" if x is None else f"{x:.{digits}f}"

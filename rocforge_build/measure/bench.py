@@ -1,0 +1,284 @@
+"""`rocforge bench`: one llama-bench run per build x runtime variant (ubatch, flash attention,
+environment), its results streamed (`-o jsonl`) into the results store row by row as they appear.
+A run that crashes or runs out of memory is recorded as failed for what it did not finish and the
+matrix goes on; Ctrl-C stops with every finished row kept."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rocforge_build.errors import RocforgeError
+from rocforge_build.measure.gguf import Model
+from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.proc import merged_env, quote
+
+DEPTH_NOTE = ("this llama-bench has no -d/--n-depth (added to llama.cpp in April 2025), so only "
+              "depth 0 is measured")
+
+
+class Interrupted(RocforgeError):
+    exit_code = 130
+
+
+@dataclass(frozen=True)
+class Variant:
+    ubatch: int | None = None  # None: the tree's default
+    fa: bool | None = None  # None: the tree's default
+    env: tuple[tuple[str, str], ...] = ()
+
+    def label(self) -> str:
+        parts = [f"ub={self.ubatch or 'default'}", f"fa={'default' if self.fa is None else int(self.fa)}"]
+        parts += [f"{k}={v}" for k, v in self.env]
+        return " ".join(parts)
+
+    def to_json(self) -> dict:
+        return {"ubatch": self.ubatch, "fa": self.fa, "env": dict(self.env)}
+
+
+@dataclass
+class Spec:
+    model: Model
+    depths: tuple[int, ...] = (0,)
+    n_prompt: int = 512
+    n_gen: int = 128
+    reps: int = 3
+    threads: int | None = None
+    extra: tuple[str, ...] = ()
+    timeout: float | None = None  # seconds per llama-bench run; over it the run is killed and recorded
+
+
+@dataclass
+class Outcome:
+    rows: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    child_s: float = 0.0  # wall time inside llama-bench processes (the harness's cost is the rest)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.rows if r["status"] != "ok")
+
+
+def variants(ubatches: list[int | None], fas: list[bool | None], envs: dict[str, list[str]]) -> list[Variant]:
+    """The full cross product of the requested values."""
+    env_sets = [tuple(zip(envs, values, strict=False)) for values in itertools.product(*envs.values())] if envs else [()]
+    return [Variant(u, f, e) for u, f, e in itertools.product(ubatches or [None], fas or [None], env_sets)]
+
+
+def argv_for(build: LlamaBuild, spec: Spec, v: Variant, depths: tuple[int, ...]) -> list[str]:
+    argv = [str(build.program("llama-bench")), "-m", str(spec.model.path), "-p", str(spec.n_prompt),
+            "-n", str(spec.n_gen), "-r", str(spec.reps), "-o", "jsonl"]
+    if depths != (0,):
+        argv += ["-d", ",".join(str(d) for d in depths)]
+    if v.ubatch:
+        argv += ["-ub", str(v.ubatch), "-b", str(max(v.ubatch, 2048))]
+    if v.fa is not None:
+        argv += ["-fa", "1" if v.fa else "0"]
+    if build.gpu:
+        argv += ["-ngl", "99"]
+    if spec.threads:
+        argv += ["-t", str(spec.threads)]
+    return argv + list(spec.extra)
+
+
+def expected(spec: Spec, depths: tuple[int, ...]) -> list[tuple[str, int]]:
+    tests = [t for t, n in (("pp", spec.n_prompt), ("tg", spec.n_gen)) if n > 0]
+    return [(t, d) for d in depths for t in tests]
+
+
+def row_from(result: dict, base: dict) -> dict:
+    n_prompt, n_gen = int(result.get("n_prompt", 0)), int(result.get("n_gen", 0))
+    return {**base, "test": "tg" if n_gen and not n_prompt else "pp", "n_prompt": n_prompt,
+            "n_gen": n_gen, "depth": int(result.get("n_depth", 0)), "ubatch": result.get("n_ubatch"),
+            "fa": bool(result.get("flash_attn")), "t_s": result.get("avg_ts"),
+            "stddev": result.get("stddev_ts"), "status": "ok", "error": None,
+            "llama_bench": {k: result.get(k) for k in ("build_commit", "build_number", "backends",
+                                                        "gpu_info", "cpu_info", "n_batch", "n_threads",
+                                                        "n_gpu_layers", "type_k", "type_v", "samples_ts")}}
+
+
+def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: tuple[int, ...],
+                on_row: Callable[[dict], None], clock: list[float] | None = None) -> list[dict]:
+    """One llama-bench run; each result row goes to `on_row` the moment llama-bench prints it."""
+    argv = argv_for(build, spec, v, depths)
+    base = {**base, "ubatch": v.ubatch, "fa": v.fa, "env": dict(v.env), "argv": quote(argv)}
+    want = expected(spec, depths)
+    got: list[dict] = []
+    env = merged_env({**build.runtime_env, **dict(v.env)})
+    with tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                                errors="replace", start_new_session=False)
+        timer = threading.Timer(spec.timeout, proc.kill) if spec.timeout else None
+        if timer:
+            timer.start()
+        try:
+            for line in proc.stdout:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    result = json.loads(line)
+                except ValueError:
+                    continue
+                row = row_from(result, base)
+                got.append(row)
+                on_row(row)
+            rc = proc.wait()
+            if clock is not None:
+                clock.append(time.perf_counter() - t0)
+        except KeyboardInterrupt:
+            if timer:
+                timer.cancel()
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+        timed_out = timer is not None and not timer.is_alive() and rc != 0
+        if timer:
+            timer.cancel()
+        err.seek(0)
+        stderr = err.read()
+    if rc != 0:
+        reason = (f"timed out after {spec.timeout:g} s (llama-bench was stopped; rows it finished are kept)"
+                  if timed_out else _failure(rc, stderr))
+        done = {(r["test"], r["depth"]) for r in got}
+        for test, depth in want:
+            if (test, depth) not in done:
+                row = {**base, "test": test, "n_prompt": spec.n_prompt if test == "pp" else 0,
+                       "n_gen": spec.n_gen if test == "tg" else 0, "depth": depth, "t_s": None,
+                       "stddev": None, "status": "failed", "error": reason}
+                got.append(row)
+                on_row(row)
+    return got
+
+
+def _failure(rc: int, stderr: str) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    interesting = [line for line in lines if any(w in line.lower() for w in
+                   ("error", "failed", "out of memory", "oom", "abort", "assert"))]
+    last = (interesting or lines or ["(no output)"])[-1][:240]
+    if rc < 0:
+        import signal
+
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+        why = " (killed: out of memory?)" if -rc == 9 else ""
+        return f"llama-bench died of {name}{why}: {last}"
+    return f"llama-bench exited with code {rc}: {last}"
+
+
+def depths_for(build: LlamaBuild, depths: tuple[int, ...]) -> tuple[tuple[int, ...], str | None]:
+    """The depths this tree can measure, and a note when it cannot go deeper than 0."""
+    if depths == (0,) or "-d" in build.options("llama-bench"):
+        return depths, None
+    return (0,), DEPTH_NOTE
+
+
+def run(builds: list[LlamaBuild], spec: Spec, vs: list[Variant], *, store, run_id: int, base: dict,
+        gate: Callable[[LlamaBuild, bool], tuple[str, dict | None]] | None = None,
+        progress=None) -> Outcome:
+    """The whole matrix, in order; rows are stored as they come."""
+    out = Outcome()
+
+    def keep(row: dict) -> None:
+        store.add_row(run_id, "bench", row, status=row["status"])
+        out.rows.append(row)
+        if progress:
+            progress.advance(row)
+
+    try:
+        for build in builds:
+            prov = build.provenance()
+            bbase = {**base, "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
+                     "build": prov}
+            verdicts = {}
+            if gate is not None:
+                for fa in sorted({bool(v.fa) for v in vs}, reverse=True):
+                    if progress:
+                        progress.status(f"verifying {build.label()} (flash attention {'on' if fa else 'off'})")
+                    verdicts[fa] = gate(build, fa)[0]
+            if verdicts and "passed" not in verdicts.values():
+                row = {**bbase, "gate": "failed", "test": "gate", "n_prompt": 0, "n_gen": 0, "depth": 0,
+                       "ubatch": None, "fa": None, "env": {}, "t_s": None, "stddev": None,
+                       "status": "gate-failed",
+                       "error": "failed `rocforge verify`: its output differs from the reference"}
+                keep(row)
+                if progress:
+                    progress.skip(len(vs) * len(expected(spec, spec.depths)))
+                continue
+            depths, note = depths_for(build, spec.depths)
+            if note:
+                out.notes.append(f"{build.label()}: {note}")
+            for v in vs:
+                verdict = verdicts.get(bool(v.fa), "skipped")
+                if verdict == "failed":  # wrong with this flash-attention setting: recorded, not run
+                    keep({**bbase, "gate": "failed", "test": "gate", "n_prompt": 0, "n_gen": 0, "depth": 0,
+                          "ubatch": v.ubatch, "fa": v.fa, "env": dict(v.env), "t_s": None, "stddev": None,
+                          "status": "gate-failed", "error": f"failed `rocforge verify` with flash attention "
+                          f"{'on' if v.fa else 'off'}"})
+                    if progress:
+                        progress.skip(len(expected(spec, spec.depths)))
+                    continue
+                if progress:
+                    progress.status(f"{build.label()} {v.label()}")
+                clock: list[float] = []
+                run_variant(build, spec, v, {**bbase, "gate": verdict}, depths, keep, clock)
+                out.child_s += sum(clock)
+                if progress and depths != spec.depths:
+                    progress.skip(len(expected(spec, spec.depths)) - len(expected(spec, depths)))
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: {len(out.rows)} finished rows are kept in the results "
+                          f"database (run {run_id})") from None
+    return out
+
+
+def env_pairs(items: list[str]) -> dict[str, list[str]]:
+    """`--env VAR=a,b` (repeatable) -> {VAR: [a, b]}."""
+    from rocforge_build.errors import UsageError
+
+    envs: dict[str, list[str]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name or not name.replace("_", "").isalnum():
+            raise UsageError(f"--env {item!r} is not VAR=a,b", "e.g. --env ROCBLAS_USE_HIPBLASLT=0,1")
+        envs[name] = values.split(",")
+    return envs
+
+
+def int_list(text: str | None, what: str) -> list[int]:
+    from rocforge_build.errors import UsageError
+
+    if not text:
+        return []
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{what} {text!r} is not a comma-separated list of numbers") from None
+    if any(v < 0 for v in values):
+        raise UsageError(f"{what} {text!r} has a negative number")
+    return values
+
+
+def fa_list(text: str | None) -> list[bool | None]:
+    from rocforge_build.errors import UsageError
+
+    if not text:
+        return [None]
+    table = {"on": True, "1": True, "off": False, "0": False}
+    try:
+        return [table[x.strip().lower()] for x in text.split(",")]
+    except KeyError:
+        raise UsageError(f"--fa {text!r}: give on, off or on,off") from None
+
+
+def threads_default() -> int:
+    return os.cpu_count() or 1

@@ -1,0 +1,112 @@
+"""Compare two sets of bench results (two runs, or a build's latest run against another's):
+the same test at the same depth and variant, flagged when B is slower than A by more than a
+threshold (default 5 %), or when B failed or lost its gate where A did not."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from rocforge_build.errors import UsageError
+
+DEFAULT_THRESHOLD = 0.05
+
+
+@dataclass(frozen=True)
+class Line:
+    key: tuple
+    a: float | None
+    b: float | None
+    change: float | None  # b / a - 1
+    verdict: str  # "ok" | "regression" | "faster" | "failed" | "wrong" | "only in A" | "only in B"
+
+    def to_json(self) -> dict:
+        test, n, depth, ubatch, fa, env = self.key[:6]
+        return {"test": test, "n": n, "depth": depth, "ubatch": ubatch, "fa": fa, "env": json.loads(env),
+                "a_t_s": self.a, "b_t_s": self.b,
+                "change": None if self.change is None else round(self.change, 4), "verdict": self.verdict}
+
+
+def key(row: dict) -> tuple:
+    n = row.get("n_prompt") if row.get("test") == "pp" else row.get("n_gen")
+    return (row.get("test"), n, row.get("depth"), row.get("ubatch"), row.get("fa"),
+            json.dumps(row.get("env") or {}, sort_keys=True), row.get("model_sha256"))
+
+
+def compare(rows_a: list[dict], rows_b: list[dict], threshold: float = DEFAULT_THRESHOLD) -> list[Line]:
+    a = {key(r): r for r in rows_a if r.get("test") != "gate"}
+    b = {key(r): r for r in rows_b if r.get("test") != "gate"}
+    gate_b = {r.get("gate") for r in rows_b}
+    out = []
+    for k in sorted(set(a) | set(b), key=lambda k: tuple(str(x) for x in k)):
+        ra, rb = a.get(k), b.get(k)
+        ta = ra.get("t_s") if ra and ra.get("status") == "ok" else None
+        tb = rb.get("t_s") if rb and rb.get("status") == "ok" else None
+        change = tb / ta - 1 if ta and tb else None
+        if rb is None:
+            verdict = "only in A" if "failed" not in gate_b else "wrong"
+        elif ra is None:
+            verdict = "only in B"
+        elif tb is None:
+            verdict = "failed"
+        elif ta is None:
+            verdict = "ok"
+        elif change < -threshold:
+            verdict = "regression"
+        elif change > threshold:
+            verdict = "faster"
+        else:
+            verdict = "ok"
+        out.append(Line(k, ta, tb, change, verdict))
+    return out
+
+
+def flagged(lines: list[Line]) -> list[Line]:
+    return [line for line in lines if line.verdict in ("regression", "failed", "wrong")]
+
+
+def resolve(store, spec: str) -> tuple[str, list[dict]]:
+    """`N`/`run:N` = a run; a prefix = that build's latest bench run; `PREFIX@N` = its rows of run N."""
+    prefix, _, run = spec.rpartition("@") if "@" in spec else ("", "", "")
+    if spec.startswith("run:") or spec.isdigit():
+        run_id = int(spec.removeprefix("run:"))
+        rows = [r.data for r in store.rows(run_id=run_id, kind="bench")]
+        if not rows:
+            raise UsageError(f"run {run_id} has no bench results", "see `rocforge results list`")
+        return f"run {run_id}", rows
+    from pathlib import Path
+
+    if prefix and run.isdigit():
+        p = str(Path(prefix).expanduser().resolve())
+        rows = [r.data for r in store.rows(run_id=int(run), prefix=p, kind="bench")]
+    else:
+        p = str(Path(spec).expanduser().resolve())
+        last = store.last_run_of(p)
+        rows = [r.data for r in store.rows(run_id=last, prefix=p, kind="bench")] if last else []
+    if not rows:
+        raise UsageError(f"no bench results for {spec!r}", "give a run number or a measured build's prefix "
+                         "(rocforge results list)")
+    return spec, rows
+
+
+def table(lines: list[Line], label_a: str, label_b: str, threshold: float) -> str:
+    out = [f"A = {label_a}", f"B = {label_b}",
+           f"{'test':<8} {'depth':>6} {'ub':>5} {'fa':>3} {'env':<24} {'A t/s':>10} {'B t/s':>10} {'change':>8}  verdict"]
+    for line in lines:
+        d = line.to_json()
+        env = ",".join(f"{k}={v}" for k, v in d["env"].items()) or "-"
+        change = "" if line.change is None else f"{line.change * 100:+.1f}%"
+        out.append(f"{d['test']}{d['n'] or '':<6} {d['depth']!s:>6} {d['ubatch']!s:>5} {_fa(d['fa']):>3} {env:<24} "
+                   f"{_num(line.a):>10} {_num(line.b):>10} {change:>8}  {line.verdict}")
+    bad = flagged(lines)
+    out.append(f"{len(bad)} of {len(lines)} flagged (regression = B slower than A by more than "
+               f"{threshold * 100:g} %)" if bad else f"no regression beyond {threshold * 100:g} %")
+    return "\n".join(out)
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _fa(x) -> str:
+    return "-" if x is None else ("on" if x else "off")

@@ -1,0 +1,147 @@
+"""Check that a model file is a whole GGUF file before any llama.cpp program gets it.
+
+Reads the header (magic, version, key/value metadata, tensor table) and checks that every tensor's
+data lies inside the file, so a download that stopped half way is one clear line rather than a
+crash deep inside llama-bench.  Format: ggml-org/ggml docs/gguf.md.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocforge_build.errors import UsageError
+
+MAGIC = b"GGUF"
+# value type -> struct format of a scalar (8 = string, 9 = array are read by hand)
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+# ggml type -> (elements per block, bytes per block): ggml/include/ggml.h and ggml-common.h
+_TYPE_SIZES = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 36),
+    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110),
+    22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8),
+    29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17),
+}
+# general.file_type -> name (llama.cpp's llama_ftype)
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+              11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+              17: "Q5_K_M", 18: "Q6_K", 32: "BF16", 38: "MXFP4"}
+
+
+class ModelError(UsageError):
+    """The model file is missing, not GGUF, or cut short."""
+
+
+@dataclass(frozen=True)
+class Model:
+    path: Path
+    size: int
+    version: int
+    metadata: dict = field(repr=False)
+    n_tensors: int = 0
+
+    @property
+    def arch(self) -> str:
+        return str(self.metadata.get("general.architecture", "unknown"))
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("general.name") or self.path.stem)
+
+    @property
+    def file_type(self) -> str:
+        ft = self.metadata.get("general.file_type")
+        return FILE_TYPES.get(ft, str(ft)) if ft is not None else "unknown"
+
+    @property
+    def n_ctx_train(self) -> int | None:
+        value = self.metadata.get(f"{self.arch}.context_length")
+        return int(value) if isinstance(value, int) else None
+
+
+class _Reader:
+    def __init__(self, fh, path: Path, size: int):
+        self.fh, self.path, self.size = fh, path, size
+
+    def take(self, n: int) -> bytes:
+        data = self.fh.read(n)
+        if len(data) != n:
+            raise ModelError(f"{self.path} is truncated: its GGUF header ends at byte {self.fh.tell()} "
+                             f"of {self.size}", "download the model again (the file was cut short)")
+        return data
+
+    def scalar(self, fmt: str):
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        n = self.scalar("<Q")
+        if n > self.size:
+            raise ModelError(f"{self.path} is not a valid GGUF file (a string of {n} bytes in its header)")
+        return self.take(n).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int):
+        """A scalar or string value; arrays (token lists, scores) are read past and give None."""
+        if vtype in _SCALARS:
+            return self.scalar(_SCALARS[vtype])
+        if vtype == 8:
+            return self.string()
+        if vtype == 9:
+            itype, count = self.scalar("<I"), self.scalar("<Q")
+            if itype in _SCALARS:  # numeric arrays in one read
+                width = struct.calcsize(_SCALARS[itype])
+                if count * width > self.size:
+                    raise ModelError(f"{self.path} is not a valid GGUF file (an array of {count} items)")
+                self.take(count * width)
+            else:
+                for _ in range(count):
+                    self.value(itype)
+            return None
+        raise ModelError(f"{self.path} is not a valid GGUF file (unknown value type {vtype})")
+
+
+def check(path: str | os.PathLike[str]) -> Model:
+    """The model's header, or ModelError naming what is wrong with the file."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        fh = p.open("rb")
+    except FileNotFoundError:
+        raise ModelError(f"model file {p} does not exist") from None
+    except OSError as exc:
+        raise ModelError(f"model file {p} cannot be read: {exc.strerror}") from None
+    with fh:
+        r = _Reader(fh, p, size)
+        if size < 24 or fh.read(4) != MAGIC:
+            raise ModelError(f"{p} is not a GGUF model (no GGUF magic at its start)",
+                             "llama.cpp reads GGUF files; convert other formats with convert_hf_to_gguf.py")
+        version = r.scalar("<I")
+        if version not in (1, 2, 3):
+            raise ModelError(f"{p} has GGUF version {version}, which this rocforge does not know")
+        wide = "<Q" if version >= 2 else "<I"
+        n_tensors, n_kv = r.scalar(wide), r.scalar(wide)
+        metadata = {}
+        for _ in range(n_kv):
+            key = r.string()
+            metadata[key] = r.value(r.scalar("<I"))
+        tensors = []
+        for _ in range(n_tensors):
+            r.string()
+            dims = [r.scalar(wide) for _ in range(r.scalar("<I"))]
+            ttype, offset = r.scalar("<I"), r.scalar("<Q")
+            tensors.append((dims, ttype, offset))
+        align = metadata.get("general.alignment", 32) or 32
+        start = -(-fh.tell() // align) * align
+    end = start
+    for dims, ttype, offset in tensors:
+        n = 1
+        for d in dims:
+            n *= d
+        block, nbytes = _TYPE_SIZES.get(ttype, (1, 0))
+        end = max(end, start + offset + n // block * nbytes)
+    if end > size:
+        raise ModelError(f"{p} is truncated: its tensors need {end} bytes, the file has {size}",
+                         "download the model again (the file was cut short)")
+    return Model(path=p, size=size, version=version, metadata=metadata, n_tensors=n_tensors)

@@ -1,0 +1,129 @@
+"""A llama.cpp build prefix as the measuring code sees it: its programs, the options its tree
+has (read from each program's --help, since option names differ by era) and its manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import tomllib
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from rocforge_build import paths
+from rocforge_build.errors import UsageError
+
+MANIFEST = "rocforge-manifest.toml"
+# the programs measuring needs, built by verify's reference and by tune
+MEASURE_TARGETS = ("llama-bench", "llama-perplexity", "llama-cli")
+_OPTION_RE = re.compile(r"(?:^|[\s,])(--?[A-Za-z][\w-]*)")
+
+
+class BuildNotUsable(UsageError):
+    """The prefix is not a llama.cpp build, or lacks a program measuring needs."""
+
+
+def options_from_help(text: str) -> frozenset[str]:
+    """Every option spelled in a program's usage text (`-d, --n-depth <n>` gives -d and --n-depth)."""
+    found = set()
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        if stripped.startswith("-"):
+            head = stripped.split("  ")[0]  # the option column, before the description
+            found.update(m.group(1) for m in _OPTION_RE.finditer(" " + head))
+    return frozenset(found)
+
+
+@dataclass
+class LlamaBuild:
+    prefix: Path
+    _help: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, prefix: str | Path) -> LlamaBuild:
+        p = Path(prefix).expanduser().resolve()
+        if not p.is_dir():
+            raise BuildNotUsable(f"build prefix {p} does not exist", "give the prefix `rocforge build` printed")
+        return cls(p)
+
+    def program(self, name: str) -> Path:
+        path = self.prefix / "bin" / name
+        if not path.is_file():
+            raise BuildNotUsable(f"{self.prefix} has no bin/{name}",
+                                 f"rebuild with it: rocforge build ... --build-target {name} (or without --build-target)")
+        return path
+
+    def has(self, name: str) -> bool:
+        return (self.prefix / "bin" / name).is_file()
+
+    @cached_property
+    def manifest(self) -> dict:
+        try:
+            return tomllib.loads((self.prefix / MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+
+    @property
+    def backend(self) -> str:
+        return str(self.manifest.get("backend") or "unknown")
+
+    @property
+    def stamp(self) -> str | None:
+        return self.manifest.get("stamp")
+
+    @property
+    def runtime_env(self) -> dict[str, str]:
+        env = self.manifest.get("runtime_env") or {}
+        return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+
+    @property
+    def gpu(self) -> bool:
+        return self.backend not in ("cpu", "unknown")
+
+    def label(self) -> str:
+        return f"{self.prefix.name} ({self.backend})"
+
+    def help_text(self, program: str) -> str:
+        """`program --help`, cached on disk by the binary's path, size and mtime: starting a GPU
+        build's program initialises its backend, which costs more than the answer is worth."""
+        if program not in self._help:
+            exe = self.program(program)
+            st = exe.stat()
+            key = hashlib.sha256(f"{exe}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+            cached = paths.cache_dir() / "llama-help" / key
+            try:
+                self._help[program] = cached.read_text(encoding="utf-8")
+                return self._help[program]
+            except OSError:
+                pass
+            try:
+                out = subprocess.run([str(exe), "--help"], capture_output=True, text=True,
+                                     timeout=60, errors="replace")
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise BuildNotUsable(f"{self.prefix}/bin/{program} does not start: {exc}") from None
+            self._help[program] = out.stdout + out.stderr
+            try:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                cached.write_text(self._help[program], encoding="utf-8")
+            except OSError:
+                pass
+        return self._help[program]
+
+    def options(self, program: str) -> frozenset[str]:
+        """The options `program --help` lists."""
+        return options_from_help(self.help_text(program))
+
+    def provenance(self) -> dict:
+        """The parts of the manifest a result row carries."""
+        m = self.manifest
+        src = m.get("source", {}) if isinstance(m.get("source"), dict) else {}
+        flags = m.get("flags", {}) if isinstance(m.get("flags"), dict) else {}
+        tool = m.get("toolchain", {}) if isinstance(m.get("toolchain"), dict) else {}
+        return {
+            "prefix": str(self.prefix), "stamp": self.stamp, "backend": self.backend,
+            "recipe": (m.get("recipe") or {}).get("name"), "target": m.get("target"),
+            "source": {k: src.get(k) for k in ("kind", "location", "version", "commit", "identity", "sha256") if src.get(k)},
+            "flags": flags.get("configure", []), "patches": m.get("patches", []),
+            "toolchain": tool, "built_at": m.get("built_at"),
+        }

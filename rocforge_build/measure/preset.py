@@ -1,0 +1,80 @@
+"""A preset: the exact command that runs a model with the build and runtime settings tune chose,
+per context range, with the measured figures that chose them."""
+
+from __future__ import annotations
+
+import shlex
+
+from rocforge_build.errors import UsageError
+from rocforge_build.measure.llama_tools import LlamaBuild
+
+
+def is_igpu(build: LlamaBuild, host: dict) -> bool:
+    kinds = {g.get("kind") for g in host.get("gpus", [])}
+    if kinds:
+        return kinds == {"igpu"}
+    try:
+        from rocforge_build.discover import targets
+
+        target = build.manifest.get("target")
+        return bool(target) and targets.known(target) and targets.get_target(target).kind == "igpu"
+    except Exception:
+        return False
+
+
+def command(build: LlamaBuild, model_path: str, variant: dict, ctx: int, igpu: bool) -> tuple[dict, list[str], list[str]]:
+    """(env, argv, notes) for llama-server (or llama-cli when the build has no server)."""
+    program = "llama-server" if build.has("llama-server") else "llama-cli"
+    opts = build.options(program)
+    notes = []
+    argv = [str(build.program(program)), "-m", model_path, "-c", str(ctx)]
+    if build.gpu:
+        argv += ["-ngl", "99"]
+    fa = variant.get("fa")
+    if fa is not None and "-fa" in opts:
+        if "on|off" in build.help_text(program):
+            argv += ["-fa", "on" if fa else "off"]
+        elif fa:
+            argv += ["-fa"]
+    ub = variant.get("ubatch")
+    if ub:
+        argv += ["-ub", str(ub), "-b", str(max(ub, 2048))]
+    if igpu and build.gpu:
+        if "--no-mmap" in opts:
+            argv.append("--no-mmap")
+            notes.append("--no-mmap: on an iGPU the weights live in the same RAM; mmap'd files load slowly into GPU-visible memory")
+        if "-dio" in opts:
+            argv.append("-dio")
+            notes.append("-dio: direct I/O model loading on an iGPU (the tree has it)")
+    env = {**build.runtime_env, **(variant.get("env") or {})}
+    return env, argv, notes
+
+
+def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
+    ranges = preset["ranges"]
+    if only and only not in ranges:
+        raise UsageError(f"the preset has no range {only!r}", f"ranges: {', '.join(ranges)}")
+    out = []
+    if shell:
+        out += ["#!/bin/sh", f"# rocforge preset for {preset['model']['name']} (sha256 {preset['model']['sha256'][:12]}), "
+                f"tuned {preset['created']}"]
+    for name, r in ranges.items():
+        if only and name != only:
+            continue
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in r["env"].items())
+        cmd = (env + " " if env else "") + shlex.join(r["argv"])
+        figs = ", ".join(f"{f['test']}{f['n']} @ d{f['depth']}: {f['t_s']:.1f} t/s" for f in r["figures"])
+        why = (f"{name} context (depth {r['depth']}): {r['backend']} build {r['prefix']}, "
+               f"{r['variant_label']}; measured {figs}; score {r['score']:.1f} (next best: {r.get('runner_up') or 'none'})")
+        if shell:
+            out += [f"# {why}"] + [f"# {n}" for n in r["notes"]]
+            if only or len(ranges) == 1:
+                out.append(f"exec env {cmd} \"$@\"" if env else f"exec {cmd} \"$@\"")
+            else:
+                out.append(f"{name}() {{ {'env ' + cmd if env else cmd} \"$@\"; }}")
+        else:
+            out += [f"[{name}] {why}"] + [f"  note: {n}" for n in r["notes"]] + [f"  {cmd}", ""]
+    if shell and not only and len(ranges) > 1:
+        first = next(iter(ranges))
+        out.append(f"\"${{ROCFORGE_RANGE:-{first}}}\" \"$@\"")
+    return "\n".join(out).rstrip() + "\n"

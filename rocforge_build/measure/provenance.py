@@ -1,0 +1,69 @@
+"""Where a measurement was taken: host (kernel, CPU, RAM, GPUs, ROCm) and model (name, sha256,
+size, type).  Read once per command and stored with every row."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+from rocforge_build import paths
+from rocforge_build.download import sha256_file
+from rocforge_build.measure.gguf import Model
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def host(root=None) -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), platform.processor() or platform.machine())
+    mem = next((int(line.split()[1]) * 1024 for line in _read("/proc/meminfo").splitlines()
+                if line.startswith("MemTotal:")), None)
+    info = {"kernel": platform.release(), "os": platform.platform(terse=True), "cpu": cpu,
+            "cpus": os.cpu_count(), "ram_bytes": mem, "gpus": [], "rocm": None}
+    try:
+        from rocforge_build.discover import gpus as gpu_mod
+        from rocforge_build.rootfs import Root
+
+        found = gpu_mod.discover(root or Root("/")).gpus
+        info["gpus"] = [{"name": g.marketing_name, "gfx": g.gfx, "kind": g.kind,
+                         "driver": _read("/sys/module/amdgpu/version").strip() or None} for g in found]
+    except Exception as exc:  # detection is provenance, never a reason to stop measuring
+        info["gpus_error"] = f"{type(exc).__name__}: {exc}"
+    rocm = _read("/opt/rocm/.info/version").strip()
+    info["rocm"] = rocm or None
+    return info
+
+
+def model(m: Model) -> dict:
+    return {"path": str(m.path), "name": m.name, "arch": m.arch, "type": m.file_type,
+            "size": m.size, "sha256": model_sha256(m.path), "n_ctx_train": m.n_ctx_train}
+
+
+def model_sha256(path: Path) -> str:
+    """sha256 of a model file, cached by (path, size, mtime): models are large and re-read often."""
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    cache = paths.cache_dir() / "model-sha256.json"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return known[key]
+    digest = sha256_file(path)
+    known[key] = digest
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, cache)
+    except OSError:
+        pass
+    return digest

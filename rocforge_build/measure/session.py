@@ -1,0 +1,75 @@
+"""What every measuring command does first: check the inputs (model, builds, results database)
+before running anything, and gather the provenance every row carries."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from rocforge_build.measure import gguf, provenance
+from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.measure.store import Store
+
+
+@dataclass
+class Session:
+    model: gguf.Model
+    store: Store
+    base: dict  # provenance shared by every row: model, host, model_sha256
+
+
+def open_session(model_path: str, builds: list[LlamaBuild], programs: tuple[str, ...], root=None) -> Session:
+    model = gguf.check(model_path)
+    for b in builds:
+        for program in programs:
+            b.program(program)
+    store = Store()
+    m = provenance.model(model)
+    base = {"model_sha256": m["sha256"], "model": m, "host": provenance.host(root)}
+    return Session(model, store, base)
+
+
+class Progress:
+    """A progress bar on a terminal (rich), one line per finished row otherwise."""
+
+    def __init__(self, total: int, quiet: bool = False):
+        self.quiet = quiet
+        self.bar = None
+        if not quiet and sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self.bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                    TimeElapsedColumn(), transient=True)
+            self.task = self.bar.add_task("bench", total=total)
+            self.bar.start()
+
+    def status(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=text)
+        elif not self.quiet:
+            sys.stderr.write(f"rocforge: {text}\n")
+
+    def advance(self, row: dict) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        elif not self.quiet:
+            sys.stderr.write(f"  {describe(row)}\n")
+
+    def skip(self, n: int) -> None:
+        if self.bar is not None and n > 0:
+            self.bar.advance(self.task, n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def describe(row: dict) -> str:
+    if row.get("test") == "gate":
+        return f"{row.get('prefix')}: gate failed"
+    n = row.get("n_prompt") if row.get("test") == "pp" else row.get("n_gen")
+    what = f"{row.get('test')}{n} @ d{row.get('depth')}"
+    if row.get("status") != "ok":
+        return f"{what}: {row.get('status')}: {row.get('error')}"
+    return f"{what}: {row.get('t_s', 0):.2f} ± {row.get('stddev') or 0:.2f} t/s"

@@ -1,0 +1,90 @@
+"""`rocforge tune`: build (or reuse) the candidate builds, gate them, search the runtime variants
+one dimension at a time, and pick a winner per context range.  The winner is a preset."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from rocforge_build.measure import bench
+from rocforge_build.resources import load_toml, package_data
+
+
+def rules() -> dict:
+    return load_toml(package_data("tune.toml"), "tune settings")
+
+
+def coordinate_search(dims: Sequence[Sequence], score: Callable[[tuple], float],
+                      start: tuple | None = None) -> tuple[tuple, float]:
+    """Vary one dimension at a time from `start`, keep the best, repeat until nothing improves.
+    Finds the cross product's winner when the dimensions' effects do not interact much, with
+    sum(len(d)) evaluations per sweep instead of prod(len(d))."""
+    point = tuple(start) if start else tuple(d[0] for d in dims)
+    best = score(point)
+    improved = True
+    while improved:
+        improved = False
+        for i, values in enumerate(dims):
+            for v in values:
+                cand = point[:i] + (v,) + point[i + 1:]
+                s = score(cand)
+                if s > best:
+                    point, best, improved = cand, s, True
+    return point, best
+
+
+def exhaustive(dims: Sequence[Sequence], score: Callable[[tuple], float]) -> tuple[tuple, float]:
+    return max(((p, score(p)) for p in itertools.product(*dims)), key=lambda x: x[1])
+
+
+def range_score(rows: list[dict], depth: int) -> float:
+    vals = [r["t_s"] for r in rows if r.get("depth") == depth and r.get("status") == "ok" and r.get("t_s")]
+    tests = {r["test"] for r in rows if r.get("depth") == depth and r.get("status") == "ok"}
+    if not vals or tests != {"pp", "tg"}:
+        return -math.inf
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+@dataclass
+class Candidate:
+    build: object  # LlamaBuild
+    gate: str = "skipped"
+    measured: dict = field(default_factory=dict)  # Variant -> rows
+    note: str | None = None
+
+
+def dimensions(backend: str, ubatches: list[int] | None, fas: list[bool] | None,
+               env: dict[str, list[str]] | None, n_ctx: int | None) -> tuple[list[list], list[str]]:
+    data = rules()["search"]
+    ub = ubatches or [u for u in data["ubatch"] if not n_ctx or u <= n_ctx]
+    fa = fas or data["fa"]
+    envs = env if env is not None else {k: v for k, v in data.get("env", {}).get(backend, {}).items()
+                                        if isinstance(v, list)}
+    dims = [list(fa), list(ub)] + [list(v) for v in envs.values()]
+    return dims, list(envs)
+
+
+def to_variant(point: tuple, env_names: list[str]) -> bench.Variant:
+    return bench.Variant(ubatch=point[1], fa=point[0], env=tuple(zip(env_names, point[2:], strict=False)))
+
+
+def search(cand: Candidate, dims: list[list], env_names: list[str], ranges: dict[str, int],
+           measure: Callable[[bench.Variant], list[dict]], *, full: bool = False) -> dict[str, dict]:
+    """Best variant per range for one candidate: {range: {variant, score, rows}}."""
+    def rows_of(point: tuple) -> list[dict]:
+        v = to_variant(point, env_names)
+        if v not in cand.measured:
+            cand.measured[v] = measure(v)
+        return cand.measured[v]
+
+    best = {}
+    for name, depth in ranges.items():
+        def score(point, depth=depth):
+            return range_score(rows_of(point), depth)
+
+        point, s = (exhaustive if full else coordinate_search)(dims, score)
+        v = to_variant(point, env_names)
+        best[name] = {"variant": v, "score": s, "rows": [r for r in cand.measured[v] if r.get("depth") == depth]}
+    return best

@@ -1,0 +1,51 @@
+"""Session fixtures for the slow tests that need a real llama.cpp CPU build (registered in
+conftest.py): the May 2025 tree is built once per test session (CPU backend, `llama-bench` only)
+and shared by tests/test_llama_build.py and tests/test_bundle.py; a tiny random GGUF model to run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from llama_trees import tree
+from tiny_gguf import write as write_gguf
+
+FULL = os.environ.get("ROCFORGE_INTEGRATION_FULL") == "1"
+VERSION = os.environ.get("ROCFORGE_LLAMA_VERSION", "0.3.9")
+TARGETS = () if FULL else ("llama-bench",)
+JOBS = int(os.environ.get("ROCFORGE_TEST_JOBS", "2"))
+
+
+def shared_ccache() -> str:
+    """One compiler cache for all llama builds (a fresh machine starts cold, as CI does)."""
+    return os.environ.get("CCACHE_DIR") or str(Path.home() / ".cache" / "ccache")
+
+
+@pytest.fixture(scope="session")
+def llama_tree(tmp_path_factory):
+    return tree(VERSION, tmp_path_factory.mktemp("llama-full"), full=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama-f16.gguf")
+
+
+def build_llama(llama_tree: Path, backend: str, where: Path):
+    from rocforge_build.build import pipeline
+    from rocforge_build.build.plan import Request
+    from rocforge_build.rootfs import Root
+
+    req = Request("llama-cpp", "gfx1151", backend=backend, source=str(llama_tree),
+                  prefix=str(where / f"llama-{backend}"), jobs=JOBS, build_targets=TARGETS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CCACHE_DIR", shared_ccache())
+        return pipeline.execute(req, Root("/"))
+
+
+@pytest.fixture(scope="session")
+def llama_cpu_build(llama_tree, tmp_path_factory):
+    """The pipeline's Outcome of the session's one CPU build (status "built")."""
+    return build_llama(llama_tree, "cpu", tmp_path_factory.mktemp("llama-cpu"))

@@ -1,0 +1,149 @@
+"""Real builds of the fixture project through a shared remote cache (Debian's redis-server on
+127.0.0.1) and through distcc (distccd on 127.0.0.1 and in a second network namespace)."""
+
+from __future__ import annotations
+
+import filecmp
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+from buildfixtures import RECIPE, project_copy
+from buildservers import distccd, other_host, redis_keys, redis_server, remote_jobs
+
+from rocforge_build import cli, config
+from rocforge_build.build import pipeline
+
+pytestmark = pytest.mark.slow
+SECRET = "pw-Zq8-never-shown"
+SOURCES = ("greet.c", "hello.c", "extra.c")
+
+
+def _machine(monkeypatch, tmp_path: Path, name: str) -> Path:
+    """Another 'machine': its own rocforge cache/data dirs (so another work dir) and its own
+    local ccache directory; the config file (with cache.remote) is shared."""
+    monkeypatch.setenv("ROCFORGE_CACHE_DIR", str(tmp_path / name / "cache"))
+    monkeypatch.setenv("ROCFORGE_DATA_DIR", str(tmp_path / name / "data"))
+    monkeypatch.setenv("CCACHE_DIR", str(tmp_path / name / "ccache"))
+    return tmp_path / name
+
+
+def _build(src: Path, *extra: str) -> int:
+    return cli.main(["build", str(RECIPE), "--target", "gfx1030", "--source", str(src), "-j", "1",
+                     *extra])
+
+
+def _manifest(prefix: Path) -> dict:
+    return tomllib.loads((prefix / "rocforge-manifest.toml").read_text())
+
+
+def test_second_machine_hits_the_remote_and_credentials_stay_secret(tmp_path, monkeypatch, capsys):
+    src = project_copy(tmp_path / "src")
+    with redis_server(tmp_path, password=SECRET) as (port, _):
+        config.set_value("cache.remote", f"redis://:{SECRET}@127.0.0.1:{port}")
+        seen = []
+        for name in ("one", "two"):
+            home = _machine(monkeypatch, tmp_path, name)
+            assert _build(src, "--prefix", str(home / "prefix")) == 0
+            out = capsys.readouterr()
+            seen.append((_manifest(home / "prefix"), out.out + out.err, home))
+        assert redis_keys(port, SECRET) > 0
+    (first, out1, home1), (second, out2, home2) = seen
+    compiles = first["cache"]["misses"]
+    assert compiles == 3  # greet.c, hello.c, extra.c
+    assert (first["cache"]["hits"], first["cache"]["remote_hits"]) == (0, 0)
+    assert (second["cache"]["hits"], second["cache"]["misses"]) == (3, 0)
+    assert second["cache"]["remote_hits"] == 3  # machine two's local cache started empty
+    assert second["cache"]["remote"] == f"redis://127.0.0.1:{port}"
+    assert f"3/3 hits (100 %), 3 from redis://127.0.0.1:{port}" in out2
+    for manifest_file, log in ((home1 / "prefix" / "rocforge-manifest.toml", home1 / "cache"),
+                               (home2 / "prefix" / "rocforge-manifest.toml", home2 / "cache")):
+        assert SECRET not in manifest_file.read_text()
+        for f in log.rglob("*.log"):
+            assert SECRET not in f.read_text(errors="replace"), f
+    assert SECRET not in out1 + out2
+
+
+def test_cache_server_dying_mid_build_degrades_to_local(tmp_path, monkeypatch, capsys):
+    src = project_copy(tmp_path / "src")
+    home = _machine(monkeypatch, tmp_path, "one")
+    real_stream = pipeline._stream
+    with redis_server(tmp_path) as (port, proc):
+        config.set_value("cache.remote", f"redis://127.0.0.1:{port}")
+
+        def stream(argv, env, log, step, on_line=None, cwd=None):
+            def kill_after_first(line):  # the first compile is done: the server goes away
+                if line.startswith("[1/") and proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                if on_line:
+                    on_line(line)
+            return real_stream(argv, env, log, step, kill_after_first, cwd)
+
+        monkeypatch.setattr(pipeline, "_stream", stream)
+        assert _build(src, "--prefix", str(home / "prefix")) == 0
+    err = capsys.readouterr().err
+    m = _manifest(home / "prefix")["cache"]
+    assert m["remote_errors"] >= 1 and m["misses"] == 3
+    assert err.count("stopped answering during the build") == 1
+    assert (home / "prefix" / "bin" / "fixture-hello").is_file()
+
+
+def test_distcc_compiles_remote_and_matches_a_local_build(tmp_path, monkeypatch, capsys):
+    src = project_copy(tmp_path / "src")
+    home = _machine(monkeypatch, tmp_path, "one")
+    with other_host() as (ns, _, theirs), \
+            distccd(tmp_path) as (lo_port, lo_log), \
+            distccd(tmp_path, listen=theirs, allow="10.0.0.0/8", netns=ns) as (ns_port, ns_log), \
+            distccd(tmp_path, listen=theirs, allow="10.0.0.0/8", netns=ns,
+                    other_compiler=True) as (bad_port, bad_log):
+        config.set_value("build.distcc_hosts", [f"127.0.0.1:{lo_port}/2", f"{theirs}:{ns_port}/2",
+                                                f"{theirs}:{bad_port}/2"])
+        assert _build(src, "--prefix", str(home / "dist"), "--distribute", "--no-cache") == 0
+        went_remote = remote_jobs(lo_log, SOURCES) + remote_jobs(ns_log, SOURCES)
+        bad_jobs = remote_jobs(bad_log, SOURCES)
+        probes = remote_jobs(bad_log)  # its compiler check
+        m = _manifest(home / "dist")
+        shutil.copytree(home / "dist", home / "dist-copy", symlinks=True)
+        objects = {o: o.read_bytes() for o in Path(m["flags"]["build"][2]).rglob("*.o")}
+        # the same build without --distribute, in the same work dir (same paths in the objects)
+        assert _build(src, "--prefix", str(home / "dist"), "--no-cache", "--force") == 0
+        assert remote_jobs(lo_log, SOURCES) + remote_jobs(ns_log, SOURCES) == went_remote
+    out = capsys.readouterr()
+    assert len(objects) == 3
+    for o, data in objects.items():
+        assert o.read_bytes() == data, o
+    assert went_remote == 3  # every C file of the fixture was compiled by a distccd
+    assert bad_jobs == 0 and probes == 1  # the other-compiler host saw the cc check (it failed: c++ was not tried), no build job
+    assert any(f"{theirs}:{bad_port}/2" in n and "clang version 15" in n for n in m["notes"])
+    assert "-j" in m["flags"]["build"] and "5" in m["flags"]["build"]  # 1 local + 2 + 2 remote
+    for rel in ("bin/fixture-hello", "bin/fixture-extra", "lib/libgreet.so.1.2.0"):
+        assert filecmp.cmp(home / "dist-copy" / rel, home / "dist" / rel, shallow=False), rel
+    assert "kept local: link steps" in out.err + out.out or any("link steps" in n for n in m["notes"])
+
+
+def test_sccache_counts_go_to_the_manifest(tmp_path, monkeypatch, capsys):
+    """Debian's sccache 0.4 as the launcher (local disk: Debian builds it without Redis)."""
+    import subprocess
+
+    from buildservers import free_port, need
+
+    need("sccache")
+    src = project_copy(tmp_path / "src")
+    home = _machine(monkeypatch, tmp_path, "one")
+    monkeypatch.setenv("SCCACHE_DIR", str(tmp_path / "sccache"))
+    monkeypatch.setenv("SCCACHE_SERVER_PORT", str(free_port()))
+    config.set_value("cache.launcher", "sccache")
+    try:
+        assert _build(src, "--prefix", str(home / "prefix")) == 0
+        first = _manifest(home / "prefix")["cache"]
+        shutil.rmtree(home / "cache" / "work")  # every file compiles again
+        assert _build(src, "--prefix", str(home / "prefix"), "--force") == 0
+        second = _manifest(home / "prefix")["cache"]
+    finally:
+        subprocess.run(["sccache", "--stop-server"], capture_output=True)
+    assert first["launcher"].endswith("sccache")
+    assert (first["hits"], first["misses"]) == (0, 3)
+    assert (second["hits"], second["misses"], second["remote_hits"]) == (3, 0, 0)
+    assert "3/3 hits (100 %)" in capsys.readouterr().err

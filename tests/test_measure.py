@@ -1,0 +1,259 @@
+"""Measuring without builds: model checks, the results store's failure modes, option detection
+from real llama-bench sources, compare, the tune search, and the plot rendered by a real browser.
+The end-to-end runs on real builds are in test_measure_slow.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from llama_trees import sdist
+from tiny_gguf import write as write_gguf
+
+from rocforge_build import cli
+from rocforge_build.measure import compare, plot, tune
+from rocforge_build.measure.llama_tools import options_from_help
+from rocforge_build.measure.store import Store
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", byte_tokens=True)
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len([line for line in err if line.startswith("rocforge: error:")]) == 1, err
+    assert "Traceback" not in "\n".join(err)
+    return next(line for line in err if line.startswith("rocforge: error:"))
+
+
+# -- bad models ---------------------------------------------------------------------------------
+def test_not_gguf_is_one_line(tmp_path, capsys):
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b'{"__metadata__": {}}' + b"\0" * 100)
+    assert cli.main(["bench", str(tmp_path), "--model", str(f)]) == 2
+    assert "is not a GGUF model" in one_error_line(capsys)
+
+
+def test_truncated_gguf_is_one_line(tmp_path, model, capsys):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(model.read_bytes()[: model.stat().st_size // 2])  # a download that stopped half way
+    assert cli.main(["verify", str(tmp_path), "--model", str(cut)]) == 2
+    line = one_error_line(capsys)
+    assert "is truncated" in line and f"the file has {cut.stat().st_size}" in line
+    cut.write_bytes(model.read_bytes()[:40])  # inside the header
+    assert cli.main(["verify", str(tmp_path), "--model", str(cut)]) == 2
+    assert "truncated" in one_error_line(capsys)
+
+
+def test_whole_gguf_reads_its_header(model):
+    from rocforge_build.measure import gguf
+
+    m = gguf.check(model)
+    # tiny_gguf.write: a llama of context 2048 in F16, 2 layers x 9 tensors + 3
+    assert (m.arch, m.n_ctx_train, m.file_type, m.n_tensors) == ("llama", 2048, "F16", 21)
+
+
+def test_build_without_programs_is_one_line(tmp_path, model, capsys):
+    (tmp_path / "bin").mkdir()
+    assert cli.main(["bench", str(tmp_path), "--model", str(model), "--no-gate"]) == 2
+    assert "has no bin/llama-bench" in one_error_line(capsys)
+    (tmp_path / "bin" / "llama-bench").write_text("")
+    assert cli.main(["bench", str(tmp_path), "--model", str(model)]) == 2  # the gate needs perplexity
+    assert "has no bin/llama-perplexity" in one_error_line(capsys)
+    assert cli.main(["bench", str(tmp_path / "nope"), "--model", str(model)]) == 2
+    assert "does not exist" in one_error_line(capsys)
+
+
+# -- option detection from the real usage text of two eras --------------------------------------
+def _usage_text(version: str) -> str:
+    """llama-bench's print_usage lines, as its source of that era prints them."""
+    import re
+
+    with tarfile.open(sdist(version)) as tf:
+        name = next(n for n in tf.getnames() if n.endswith("llama-bench.cpp"))
+        src = tf.extractfile(name).read().decode()
+    body = src[src.index("static void print_usage"):]
+    body = body[: body.index("\n}\n")]
+    return "\n".join(m.group(1) for m in re.finditer(r'printf\("((?:[^"\\]|\\.)*)"', body))
+
+
+def test_depth_option_by_era():
+    # -d/--n-depth came to llama-bench in April 2025: the Sep 2024 tree lacks it, May 2025 has it
+    old, new = options_from_help(_usage_text("0.3.0")), options_from_help(_usage_text("0.3.9"))
+    assert "-d" not in old and "--n-depth" not in old and "-fa" in old and "-ub" in old
+    assert "-d" in new and "--n-depth" in new
+
+
+# -- the results store ----------------------------------------------------------------------------
+def test_locked_database_is_one_line_and_keeps_rows(tmp_path, model, monkeypatch, capsys):
+    # another process writing (WAL lets readers through; a second writer waits, then gives up)
+    db = tmp_path / "r.sqlite3"
+    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(db))
+    with Store() as s:
+        rid = s.start_run("bench")
+        s.add_row(rid, "bench", {"prefix": "/p", "t_s": 1.0})
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    monkeypatch.setenv("ROCFORGE_RESULTS_TIMEOUT", "0.2")
+    prefix = tmp_path / "build"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "llama-bench").write_text("#!/bin/sh\nexit 99\n")  # must never run
+    assert cli.main(["bench", str(prefix), "--model", str(model), "--no-gate"]) == 11
+    assert "is locked by another process" in one_error_line(capsys)
+    assert cli.main(["results", "list"]) == 0  # readers still read
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert cli.main(["results", "export", "--json"]) == 0
+    assert '"t_s": 1.0' in capsys.readouterr().out
+
+
+def test_corrupt_database_is_one_line_and_untouched(tmp_path, monkeypatch, capsys):
+    db = tmp_path / "r.sqlite3"
+    db.write_bytes(b"this is not sqlite" * 100)
+    before = db.read_bytes()
+    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(db))
+    assert cli.main(["results", "list"]) == 11
+    line = one_error_line(capsys)
+    assert "corrupt or not a SQLite file" in line and "leaves it untouched" in line
+    assert db.read_bytes() == before
+
+
+def test_full_disk_is_one_line_and_keeps_rows(tmp_path):
+    # a real write limit (RLIMIT_FSIZE) in a child: SQLite's write fails part way through a run
+    db = tmp_path / "r.sqlite3"
+    code = f"""
+import resource, signal, sys
+sys.path.insert(0, {str(REPO)!r})
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+from rocforge_build import cli
+from rocforge_build.measure.store import Store
+s = Store({str(db)!r})
+rid = s.start_run("bench")
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+try:
+    for i in range(100_000):
+        s.add_row(rid, "bench", {{"prefix": "/p", "i": i, "pad": "x" * 2000}})
+except Exception as exc:
+    sys.exit(cli._fail(exc.message, exc.hint, exc.exit_code))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 10, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines[0].startswith("rocforge: error: cannot write the results database") and len(lines) == 2
+    kept = sqlite3.connect(db).execute("SELECT COUNT(*) FROM rows").fetchone()[0]
+    assert kept > 0  # every row committed before the failure is still there
+
+
+# -- compare ------------------------------------------------------------------------------------
+def _row(test, depth, t_s, status="ok", gate="passed"):
+    return {"test": test, "n_prompt": 512 if test == "pp" else 0, "n_gen": 128 if test == "tg" else 0,
+            "depth": depth, "ubatch": 512, "fa": True, "env": {}, "t_s": t_s, "status": status,
+            "gate": gate, "model_sha256": "m"}
+
+
+def test_compare_flags_more_than_five_percent():
+    a = [_row("pp", 0, 1000.0), _row("tg", 0, 50.0), _row("pp", 4096, 800.0), _row("tg", 4096, 40.0)]
+    b = [_row("pp", 0, 960.0), _row("tg", 0, 47.0), _row("pp", 4096, 900.0), _row("tg", 4096, None, "failed")]
+    verdicts = {(x.key[0], x.key[2]): x.verdict for x in compare.compare(a, b)}
+    # -4 % is within 5 %, -6 % is a regression, +12.5 % is faster, a failed row is flagged
+    assert verdicts == {("pp", 0): "ok", ("tg", 0): "regression", ("pp", 4096): "faster", ("tg", 4096): "failed"}
+    assert len(compare.flagged(compare.compare(a, b))) == 2
+    assert compare.flagged(compare.compare(a, b, threshold=0.10)) == [x for x in compare.compare(a, b, 0.10)
+                                                                        if x.verdict == "failed"]
+
+
+def test_compare_a_build_that_lost_its_gate_is_wrong():
+    a = [_row("pp", 0, 1000.0)]
+    b = [{**_row("pp", 0, None, "gate-failed", "failed"), "test": "gate"}]
+    assert [x.verdict for x in compare.compare(a, b)] == ["wrong"]
+
+
+# -- the tune search ----------------------------------------------------------------------------
+def test_coordinate_search_finds_the_cross_products_winner_with_fewer_runs():
+    # a score where fa and ubatch each matter and interact a little (like pp t/s): fa on is worth
+    # 20 %, ubatch peaks at 1024, and fa on moves the peak nowhere
+    dims = [[True, False], [256, 512, 1024, 2048], ["0", "1"]]
+    calls = []
+
+    def score(p):
+        calls.append(p)
+        fa, ub, lt = p
+        peak = {256: 0.7, 512: 0.9, 1024: 1.0, 2048: 0.85}[ub]
+        return 1000 * peak * (1.2 if fa else 1.0) * (1.1 if lt == "1" else 1.0) + (5 if fa and ub == 2048 else 0)
+
+    best, s = tune.coordinate_search(dims, score)
+    n_search = len(set(calls))
+    calls.clear()
+    full_best, full_s = tune.exhaustive(dims, score)
+    assert (best, s) == (full_best, full_s) == ((True, 1024, "1"), 1000 * 1.2 * 1.1)
+    assert n_search < len(set(calls)) == 16
+
+
+# -- the picture ----------------------------------------------------------------------------------
+def test_plot_renders_in_a_real_browser(tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "chromium missing: install the packages in .ci/apt-packages.txt"
+    rows = []
+    for name, base in (("hip", 1000.0), ("vulkan", 1400.0)):
+        for i, depth in enumerate((0, 4096, 16384)):
+            for test, scale in (("pp", 1.0), ("tg", 0.05)):
+                rows.append({**_row(test, depth, base * scale / (1 + i)), "prefix": f"/b/llama-{name}",
+                             "backend": name})
+    html = tmp_path / "plot.html"
+    html.write_text(plot.page(rows, "depth curves"))
+    png = tmp_path / "plot.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={png}",
+                    "--window-size=1200,900", f"file://{html}"], check=True, capture_output=True, timeout=120,
+                   env={**os.environ, "HOME": str(tmp_path)})
+    counts = _colour_counts(png.read_bytes())
+    # both builds' lines were drawn (their colours, plot.COLORS[0] and [1]) on a white page
+    assert counts.get((0x1F, 0x77, 0xB4), 0) > 200 and counts.get((0xD6, 0x27, 0x28), 0) > 200
+    assert max(counts, key=counts.get) == (255, 255, 255)
+
+
+def _colour_counts(data: bytes) -> dict[tuple[int, int, int], int]:
+    """Pixel colours of an 8-bit RGB/RGBA PNG (what Chromium writes), decoded with the stdlib."""
+    import struct
+    import zlib
+    from collections import Counter
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            width, _h, depth, ctype = struct.unpack(">IIBB", chunk[:10])
+            assert depth == 8 and ctype in (2, 6)
+            bpp = 4 if ctype == 6 else 3
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + n
+    raw, stride, prev, counts = zlib.decompress(idat), width * bpp, bytearray(width * bpp), Counter()
+    for row in range(len(raw) // (stride + 1)):
+        f, line = raw[row * (stride + 1)], bytearray(raw[row * (stride + 1) + 1:(row + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                pa, pb, pc = abs(b - c), abs(a - c), abs(a + b - 2 * c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        counts.update(tuple(line[i:i + 3]) for i in range(0, stride, bpp))
+        prev = line
+    return counts
