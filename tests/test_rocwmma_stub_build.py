@@ -29,7 +29,8 @@ import upstream_trees as up
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not os.environ.get(up.ENV["rocwmma"]),
-    reason=f"{up.ENV['rocwmma']} is not set (a git directory of the real ROCm/rocWMMA)")]
+    reason=f"[optional] {up.ENV['rocwmma']} is not set (a git directory of the real ROCm/rocWMMA; "
+           "`nox -s integration` runs this)")]
 LLAMA = "0.3.9"
 JOBS = os.environ.get("ROCFORGE_TEST_JOBS", "2")
 # rocWMMA's CMakeLists.txt: find_package(ROCM 0.7 CONFIG REQUIRED) and find_package(OpenMP REQUIRED)
