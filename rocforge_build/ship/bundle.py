@@ -589,6 +589,10 @@ def write_archive(tree: Path, out: Path) -> None:
                 proc.run([_zstd(), "-q", "-f", "-T0", str(plain), "-o", str(tmp)])
             finally:
                 plain.unlink(missing_ok=True)
+        # mkstemp's file is 0600: the archive is for sharing, so it gets the umask's mode
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
