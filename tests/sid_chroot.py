@@ -24,12 +24,13 @@ from pathlib import Path
 
 SUITE = "sid"
 # Debian's ROCm as it ships in sid (HIP 6.4.3 / hipcc 7.0.2 / LLVM 21), the build tools, ccache,
-# and rocforge's own dependencies as Debian packages (rocforge runs inside from the checkout).
+# and rocforge's own dependencies as Debian packages (rocforge runs inside from the checkout;
+# `rocforge bundle` rewrites RUNPATHs with patchelf).
 PACKAGES = (
     "hipcc", "clang-21", "llvm-21", "lld-21", "rocm-device-libs-21", "libamdhip64-dev",
     "librocblas-dev", "libhipblas-dev", "cmake", "ninja-build", "g++", "ccache", "git",
     "python3", "python3-requests", "python3-packaging", "python3-rich", "python3-tomlkit",
-    "python3-platformdirs",
+    "python3-platformdirs", "patchelf",
 )
 # the mirror is a pinned snapshot: sid's Release file reads as expired without this
 APT_OPT = 'Acquire::Check-Valid-Until "false"'
@@ -119,10 +120,13 @@ def ensure(log=print, extra: tuple[str, ...] = ()) -> Path:
 
 def run(root: Path, argv: list[str], *, work: Path, binds: dict[str, Path] | None = None,
         env: dict[str, str] | None = None, timeout: float | None = None,
+        hide: list[str] = (),
         ) -> subprocess.CompletedProcess:
     """Run argv inside the chroot with the checkout at /rocforge (read-only), `work` at /work,
     the compiler cache at /ccache and `binds` (inside path -> host path), in a private mount
-    namespace; rocforge is importable (PYTHONPATH) and its data dirs are under /work."""
+    namespace; rocforge is importable (PYTHONPATH) and its data dirs are under /work.
+    `hide`: paths inside the chroot masked for this run only (a file by /dev/null mounted over
+    it, a directory by an empty tmpfs), e.g. the system's ROCm libraries."""
     _check_host()
     checkout = Path(__file__).resolve().parent.parent
     mounts = {SRC: checkout, WORK: work, CCACHE: ccache_dir(), **(binds or {})}
@@ -132,6 +136,11 @@ def run(root: Path, argv: list[str], *, work: Path, binds: dict[str, Path] | Non
         script += [f"mkdir -p {shlex.quote(str(root) + inside)}",
                    f"mount --bind {shlex.quote(str(host))} {shlex.quote(str(root) + inside)}"]
     script.append(f"mount -o remount,bind,ro {shlex.quote(str(root) + SRC)}")
+    for inside in hide:
+        real = os.path.realpath(str(root) + inside)
+        assert real.startswith(str(root) + "/"), f"{inside} leaves the chroot"
+        how = "-t tmpfs none" if os.path.isdir(real) else "--bind /dev/null"
+        script.append(f"mount {how} {shlex.quote(real)}")
     full_env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": f"{WORK}/home", "LANG": "C.UTF-8",
         "PYTHONPATH": SRC, "PYTHONDONTWRITEBYTECODE": "1", "CCACHE_DIR": CCACHE,

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
 import tomllib
@@ -179,7 +180,12 @@ def _hello(dest: Path) -> list[str]:
 @pytest.mark.parametrize("suffix", [".tar.gz", ".tar.zst", ".zip"])
 def test_fixture_bundle_unpacked_by_the_system_tools_runs_anywhere(fixture_build, tmp_path, suffix):
     out = tmp_path / f"fixture{suffix}"
-    bundle.make(str(fixture_build), target="gfx1151", backend=None, out=out, root=Root("/"))
+    old_umask = os.umask(0o022)
+    try:
+        bundle.make(str(fixture_build), target="gfx1151", backend=None, out=out, root=Root("/"))
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644  # readable by others, as `tar -czf` makes it
     where = tmp_path / "unpacked"
     where.mkdir()
     tool = {".tar.gz": ["tar", "xzf", str(out)], ".zip": ["unzip", "-q", str(out)],

@@ -577,7 +577,9 @@ def write_archive(tree: Path, out: Path) -> None:
         if fmt == ".zip":
             _write_zip(tree, tmp)
         elif fmt == ".tar.gz":
-            with tarfile.open(tmp, "w:gz", format=tarfile.PAX_FORMAT) as tf:
+            # gzip's own default level: tarfile's 9 takes twice as long on ROCm's device code
+            # for 0.4 % less (librocblas.so.4.4: 25 vs 55 MB/s, ratio 0.289 vs 0.291)
+            with tarfile.open(tmp, "w:gz", compresslevel=6, format=tarfile.PAX_FORMAT) as tf:
                 tf.add(tree, arcname=tree.name, filter=_tar_filter)
         else:
             plain = tmp.with_suffix(".tar")
@@ -587,6 +589,10 @@ def write_archive(tree: Path, out: Path) -> None:
                 proc.run([_zstd(), "-q", "-f", "-T0", str(plain), "-o", str(tmp)])
             finally:
                 plain.unlink(missing_ok=True)
+        # mkstemp's file is 0600: the archive is for sharing, so it gets the umask's mode
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
