@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 import sys
 
 from rocforge_build import __version__
@@ -68,6 +67,7 @@ def _parser_class():
     or command, and the list of actions when a command's action is missing."""
     import argparse
     import difflib
+    import re
 
     class Parser(argparse.ArgumentParser):
         def _options(self) -> list[str]:
