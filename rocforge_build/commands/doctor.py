@@ -45,14 +45,9 @@ def _user() -> str:
 
 
 def _kernel_version(root: Root) -> str | None:
-    text = None
-    if root.is_file("/proc/version"):
-        text = root.read_text("/proc/version")
-    elif root.is_host:
-        text = os.uname().release
-    if not text:
-        return None
-    m = re.search(r"(\d+\.\d+)(?:\.\d+)?", text)
+    """`6.14` or `6.14.0` of the running kernel, read by host.py (osrelease, /proc/version, uname)."""
+    kernel = host.read_kernel(root)
+    m = re.search(r"(\d+\.\d+)(?:\.\d+)?", kernel.release) if kernel else None
     return m.group(0) if m else None
 
 
