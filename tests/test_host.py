@@ -286,6 +286,22 @@ def test_write_refuses_a_file_it_did_not_make(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.sh", "plan.sh", "root"]
 
 
+def test_write_never_goes_through_a_link_at_a_temporary_name(tmp_path):
+    """The script is staged under a fresh name: a link someone left at a predictable one
+    (`.plan.sh.rocforge-tmp`) is neither followed nor removed."""
+    root = tmp_path / "root"
+    hr.strix_defaults(root)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    (tmp_path / ".plan.sh.rocforge-tmp").symlink_to(victim)
+    assert cli(root, "host", "plan", "--write", str(tmp_path / "plan.sh")).returncode == 0
+    assert victim.read_text() == "keep me\n"
+    assert (tmp_path / ".plan.sh.rocforge-tmp").is_symlink()
+    assert (tmp_path / "plan.sh").read_text().startswith("#!/bin/sh\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".plan.sh.rocforge-tmp", "plan.sh",
+                                                          "root", "victim.txt"]
+
+
 # -- bad input: one line or `unknown` -------------------------------------------------------------
 def test_reserve_larger_than_ram_is_one_line(tmp_path):
     hr.strix_64(tmp_path)

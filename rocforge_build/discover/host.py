@@ -944,11 +944,18 @@ def write_script(path: str, text: str) -> None:
         if not any(line.startswith(MARKER) for line in head.splitlines()[:3]):
             raise UsageError(f"--write {path}: the file exists and was not written by rocforge",
                              "choose another file name; rocforge never overwrites your files")
-    tmp = target.with_name(f".{target.name}.rocforge-tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
+    import tempfile
+
+    tmp = None
+    try:  # a fresh temporary name (O_EXCL): never written through a file or link someone else made
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".rocforge-tmp",
+                                    dir=target.parent)
+        tmp = Path(name)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise UsageError(f"--write {path}: {exc.strerror}", "choose a writable location") from exc
