@@ -29,7 +29,8 @@ _CODE = ("discover/resolver.py", "discover/installs.py", "discover/gpus.py",
          "discover/envscript.py", "discover/envcache.py", "discover/targets.py", "rootfs.py",
          "paths.py", "config.py", "data/defaults.toml", "cli.py", "commands/env.py",
          "data/targets.toml", "data/layouts.toml", "discover/builds.py", "discover/shell.py",
-         "discover/envwarnings.py", "discover/host.py", "data/host.toml")
+         "discover/envwarnings.py", "discover/host.py", "data/host.toml", "discover/binaries.py",
+         "resources.py")
 
 _touched: dict[str, bool] | None = None  # host path -> stamp by content
 
