@@ -58,11 +58,11 @@ def model_sha256(path: Path) -> str:
         return known[key]
     digest = sha256_file(path)
     known[key] = digest
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")  # two benches at once: one tmp each
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
         tmp.write_text(json.dumps(known))
         os.replace(tmp, cache)
     except OSError:
-        pass
+        tmp.unlink(missing_ok=True)
     return digest
