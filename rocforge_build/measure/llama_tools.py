@@ -111,6 +111,15 @@ class LlamaBuild:
         """The options `program --help` lists."""
         return options_from_help(self.help_text(program))
 
+    def fa_args(self, program: str, on: bool) -> list[str]:
+        """Flash attention on or off as `program` spells it: `-fa on|off` in newer trees, a bare
+        `-fa` switch (on; off is its absence) in older ones, nothing when it has no -fa."""
+        if "-fa" not in self.options(program):
+            return []
+        if "on|off" in self.help_text(program):
+            return ["-fa", "on" if on else "off"]
+        return ["-fa"] if on else []
+
     def provenance(self) -> dict:
         """The parts of the manifest a result row carries."""
         m = self.manifest
