@@ -128,6 +128,16 @@ def test_corrupt_database_is_one_line_and_untouched(tmp_path, monkeypatch, capsy
     assert db.read_bytes() == before
 
 
+def test_unopenable_database_is_not_called_corrupt(tmp_path, monkeypatch, capsys):
+    # a directory where the database should be: SQLite cannot open it, but nothing is corrupt
+    db = tmp_path / "r.sqlite3"
+    db.mkdir()
+    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(db))
+    assert cli.main(["results", "list"]) == 11
+    line = one_error_line(capsys)
+    assert "unable to open database file" in line and "corrupt" not in line
+
+
 def test_full_disk_is_one_line_and_keeps_rows(tmp_path):
     # a real write limit (RLIMIT_FSIZE) in a child: SQLite's write fails part way through a run
     db = tmp_path / "r.sqlite3"
