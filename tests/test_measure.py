@@ -55,6 +55,13 @@ def test_truncated_gguf_is_one_line(tmp_path, model, capsys):
     assert "truncated" in one_error_line(capsys)
 
 
+def test_gguf_v1_is_one_line(tmp_path, capsys):
+    v1 = tmp_path / "old.gguf"
+    v1.write_bytes(b"GGUF" + (1).to_bytes(4, "little") + b"\0" * 32)  # 32-bit counts: llama.cpp refuses it
+    assert cli.main(["verify", str(tmp_path), "--model", str(v1)]) == 2
+    assert "GGUF version 1 file" in one_error_line(capsys)
+
+
 def test_whole_gguf_reads_its_header(model):
     from rocforge_build.measure import gguf
 
