@@ -3,6 +3,7 @@ config, cache, data or ROCm environment."""
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -24,7 +25,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 # Skips that are a choice, not a missing tool: the fast loop's slow tests, a re-recording, and
 # tests marked "[optional]" (hardware or tools CI is not promised: nvcc, a GPU).
-_CHOSEN_PREFIXES = ("slow real build", "recorded ")
+SLOW_REASON = "slow real build: run with --run-slow (CI does)"
+_CHOSEN_PREFIXES = (SLOW_REASON, "recorded ")  # "recorded ": tests/test_plans_unchanged.py
 
 
 def _lacking(report) -> str | None:
@@ -43,7 +45,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     reason = _lacking(report)
-    if reason and __import__("os").environ.get("CI") == "true":
+    if reason and os.environ.get("CI") == "true":
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, which must run it: {reason}"
 
@@ -64,7 +66,7 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--run-slow"):
         return
-    skip = pytest.mark.skip(reason="slow real build: run with --run-slow (CI does)")
+    skip = pytest.mark.skip(reason=SLOW_REASON)
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
@@ -85,7 +87,7 @@ def _isolated(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("ROCFORGE_DATA_DIR", str(home / "data"))
     for var in _LEAKY_VARS:
         monkeypatch.delenv(var, raising=False)
-    for key in list(__import__("os").environ):
+    for key in list(os.environ):
         if key.startswith("HSA_OVERRIDE_GFX_VERSION_"):
             monkeypatch.delenv(key, raising=False)
     yield home

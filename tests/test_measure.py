@@ -55,6 +55,13 @@ def test_truncated_gguf_is_one_line(tmp_path, model, capsys):
     assert "truncated" in one_error_line(capsys)
 
 
+def test_gguf_v1_is_one_line(tmp_path, capsys):
+    v1 = tmp_path / "old.gguf"
+    v1.write_bytes(b"GGUF" + (1).to_bytes(4, "little") + b"\0" * 32)  # 32-bit counts: llama.cpp refuses it
+    assert cli.main(["verify", str(tmp_path), "--model", str(v1)]) == 2
+    assert "GGUF version 1 file" in one_error_line(capsys)
+
+
 def test_whole_gguf_reads_its_header(model):
     from rocforge_build.measure import gguf
 
@@ -126,6 +133,16 @@ def test_corrupt_database_is_one_line_and_untouched(tmp_path, monkeypatch, capsy
     line = one_error_line(capsys)
     assert "corrupt or not a SQLite file" in line and "leaves it untouched" in line
     assert db.read_bytes() == before
+
+
+def test_unopenable_database_is_not_called_corrupt(tmp_path, monkeypatch, capsys):
+    # a directory where the database should be: SQLite cannot open it, but nothing is corrupt
+    db = tmp_path / "r.sqlite3"
+    db.mkdir()
+    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(db))
+    assert cli.main(["results", "list"]) == 11
+    line = one_error_line(capsys)
+    assert "unable to open database file" in line and "corrupt" not in line
 
 
 def test_full_disk_is_one_line_and_keeps_rows(tmp_path):

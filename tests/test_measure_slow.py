@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from llama_builds import shared_ccache
 from llama_trees import tree
 from measure_fixtures import WRONG_PATCH, recipe_variant
 from tiny_gguf import write as write_gguf
@@ -38,8 +39,7 @@ def llama_tree(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _shared_ccache(monkeypatch):
-    if "CCACHE_DIR" not in os.environ:
-        monkeypatch.setenv("CCACHE_DIR", str(Path.home() / ".cache" / "ccache"))
+    monkeypatch.setenv("CCACHE_DIR", shared_ccache())
 
 
 def rf(capsys, *argv) -> tuple[int, str, str]:

@@ -73,11 +73,12 @@ def test_cli_table_reads_through_a_pipe_at_80_columns():
     """The newcomer trial: through a pipe names were cut to `gfx11…` and the table ran to 203
     lines.  Now one line per target, names whole; the fixed columns take at most 50 characters
     (the example product, last, is the only column cut, and only on a terminal)."""
+    import os
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-m", "rocforge_build", "targets"], capture_output=True,
-                         text=True, check=True, env={**__import__("os").environ, "COLUMNS": "80"}).stdout
+                         text=True, check=True, env={**os.environ, "COLUMNS": "80"}).stdout
     lines = out.splitlines()
     names = [t.name for t in targets.all_targets()]
     assert len(lines) == len(names) + 2            # header, one per target, the --wide hint

@@ -118,9 +118,12 @@ def check(path: str | os.PathLike[str]) -> Model:
             raise ModelError(f"{p} is not a GGUF model (no GGUF magic at its start)",
                              "llama.cpp reads GGUF files; convert other formats with convert_hf_to_gguf.py")
         version = r.scalar("<I")
-        if version not in (1, 2, 3):
+        if version == 1:  # 32-bit lengths and counts; llama.cpp's gguf.cpp refuses it as well
+            raise ModelError(f"{p} is a GGUF version 1 file, which llama.cpp no longer reads",
+                             "download or convert the model again (GGUF v2 or v3)")
+        if version not in (2, 3):
             raise ModelError(f"{p} has GGUF version {version}, which this rocforge does not know")
-        wide = "<Q" if version >= 2 else "<I"
+        wide = "<Q"
         n_tensors, n_kv = r.scalar(wide), r.scalar(wide)
         metadata = {}
         for _ in range(n_kv):

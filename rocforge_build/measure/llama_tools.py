@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
-import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -14,7 +13,6 @@ from pathlib import Path
 from rocforge_build import paths
 from rocforge_build.errors import UsageError
 
-MANIFEST = "rocforge-manifest.toml"
 # the programs measuring needs, built by verify's reference and by tune
 MEASURE_TARGETS = ("llama-bench", "llama-perplexity", "llama-cli")
 _OPTION_RE = re.compile(r"(?:^|[\s,])(--?[A-Za-z][\w-]*)")
@@ -59,10 +57,9 @@ class LlamaBuild:
 
     @cached_property
     def manifest(self) -> dict:
-        try:
-            return tomllib.loads((self.prefix / MANIFEST).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
+        from rocforge_build.build.plan import read_manifest
+
+        return read_manifest(self.prefix) or {}
 
     @property
     def backend(self) -> str:
@@ -113,6 +110,15 @@ class LlamaBuild:
     def options(self, program: str) -> frozenset[str]:
         """The options `program --help` lists."""
         return options_from_help(self.help_text(program))
+
+    def fa_args(self, program: str, on: bool) -> list[str]:
+        """Flash attention on or off as `program` spells it: `-fa on|off` in newer trees, a bare
+        `-fa` switch (on; off is its absence) in older ones, nothing when it has no -fa."""
+        if "-fa" not in self.options(program):
+            return []
+        if "on|off" in self.help_text(program):
+            return ["-fa", "on" if on else "off"]
+        return ["-fa"] if on else []
 
     def provenance(self) -> dict:
         """The parts of the manifest a result row carries."""

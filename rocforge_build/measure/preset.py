@@ -31,11 +31,8 @@ def command(build: LlamaBuild, model_path: str, variant: dict, ctx: int, igpu: b
     if build.gpu:
         argv += ["-ngl", "99"]
     fa = variant.get("fa")
-    if fa is not None and "-fa" in opts:
-        if "on|off" in build.help_text(program):
-            argv += ["-fa", "on" if fa else "off"]
-        elif fa:
-            argv += ["-fa"]
+    if fa is not None:
+        argv += build.fa_args(program, fa)
     ub = variant.get("ubatch")
     if ub:
         argv += ["-ub", str(ub), "-b", str(max(ub, 2048))]

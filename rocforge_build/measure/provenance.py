@@ -9,27 +9,26 @@ import platform
 from pathlib import Path
 
 from rocforge_build import paths
+from rocforge_build.discover import host as host_facts
 from rocforge_build.download import sha256_file
 from rocforge_build.measure.gguf import Model
+from rocforge_build.rootfs import Root
 
 
 def _read(path: str) -> str:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
+    # the machine the programs run on: /proc and /opt/rocm of "/", even under --rootfs
+    return host_facts.read(Root("/"), path) or ""
 
 
 def host(root=None) -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
                 if line.startswith("model name")), platform.processor() or platform.machine())
-    mem = next((int(line.split()[1]) * 1024 for line in _read("/proc/meminfo").splitlines()
-                if line.startswith("MemTotal:")), None)
+    kib = host_facts.parse_meminfo(_read("/proc/meminfo"))
+    mem = kib * 1024 if kib is not None else None
     info = {"kernel": platform.release(), "os": platform.platform(terse=True), "cpu": cpu,
             "cpus": os.cpu_count(), "ram_bytes": mem, "gpus": [], "rocm": None}
     try:
         from rocforge_build.discover import gpus as gpu_mod
-        from rocforge_build.rootfs import Root
 
         found = gpu_mod.discover(root or Root("/")).gpus
         info["gpus"] = [{"name": g.marketing_name, "gfx": g.gfx, "kind": g.kind,
@@ -59,11 +58,11 @@ def model_sha256(path: Path) -> str:
         return known[key]
     digest = sha256_file(path)
     known[key] = digest
+    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")  # two benches at once: one tmp each
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
         tmp.write_text(json.dumps(known))
         os.replace(tmp, cache)
     except OSError:
-        pass
+        tmp.unlink(missing_ok=True)
     return digest

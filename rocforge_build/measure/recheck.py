@@ -27,7 +27,8 @@ def after_build(prefix: Path, *, threshold: float | None = None, argv: list[str]
     if not default_path().is_file():
         return None
     try:
-        return _recheck(Store(), prefix, threshold, argv)
+        with Store() as store:
+            return _recheck(store, prefix, threshold, argv)
     except RocforgeError as exc:
         sys.stderr.write(f"rocforge: recheck skipped: {exc.message}\n")
         return None
@@ -38,6 +39,8 @@ def _recheck(store, prefix: Path, threshold, argv) -> int | None:
     from rocforge_build.measure.llama_tools import LlamaBuild
     from rocforge_build.measure.session import open_session
 
+    if threshold is None:
+        threshold = compare.DEFAULT_THRESHOLD
     build = LlamaBuild.open(prefix)
     found = earlier_run(store, str(build.prefix), build.stamp)
     if found is None:
@@ -69,10 +72,9 @@ def _recheck(store, prefix: Path, threshold, argv) -> int | None:
 
     out = bench.run([build], spec, vs, store=s.store, run_id=run_id, base=s.base, gate=gate)
     s.store.finish_run(run_id, "done")
-    lines = compare.compare(old, out.rows, threshold if threshold is not None else compare.DEFAULT_THRESHOLD)
+    lines = compare.compare(old, out.rows, threshold)
     if any(r.get("gate") == "failed" for r in out.rows):
         print(f"WRONG: the new build of {build.prefix} fails `rocforge verify` (its output differs from the "
               f"reference); the earlier build passed")
-    print(compare.table(lines, f"run {old_run} (earlier build)", f"run {run_id} (this build)",
-                        threshold if threshold is not None else compare.DEFAULT_THRESHOLD))
+    print(compare.table(lines, f"run {old_run} (earlier build)", f"run {run_id} (this build)", threshold))
     return len(compare.flagged(lines))

@@ -54,7 +54,9 @@ def _translate(exc: sqlite3.Error, path: Path) -> RocforgeError:
     if "full" in text or isinstance(exc, sqlite3.OperationalError) and "disk I/O" in text:
         return DiskFullError(f"cannot write the results database {path}: {text} (every row written "
                              "before this one is kept)", "free disk space, then run again")
-    if "not a database" in text or "malformed" in text or isinstance(exc, sqlite3.DatabaseError):
+    # OperationalError is a DatabaseError too: a read-only file or an unopenable path is not corrupt
+    if "not a database" in text or "malformed" in text or (
+            isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError)):
         return StoreError(f"results database {path} is corrupt or not a SQLite file ({text}); "
                           "rocforge leaves it untouched",
                           f"move it aside (mv {path} {path}.bad) to start a new one, or point "

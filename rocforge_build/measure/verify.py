@@ -103,14 +103,6 @@ def parse_kld(output: str) -> tuple[float, float, float, float]:
     return kld, top, ppl, ppl_ref
 
 
-def _fa_args(build: LlamaBuild, program: str, on: bool) -> list[str]:
-    if "-fa" not in build.options(program):
-        return []
-    if build.help_text(program).find("on|off") >= 0:
-        return ["-fa", "on" if on else "off"]
-    return ["-fa"] if on else []
-
-
 def _perplexity(build: LlamaBuild, args: list[str], env: dict | None = None) -> str:
     exe = build.program("llama-perplexity")
     argv = [str(exe), *args] + (["-ngl", "99"] if build.gpu else [])
@@ -182,11 +174,11 @@ def run_checks(build: LlamaBuild, ref: LlamaBuild, model: Model, ctxs: list[tupl
             if progress:
                 progress(f"reference {ref.label()} at context {ctx}")
             _perplexity(ref, [*common, "-f", str(text), "--kl-divergence-base", str(base),
-                              *_fa_args(ref, "llama-perplexity", fa)])
+                              *ref.fa_args("llama-perplexity", fa)])
             if progress:
                 progress(f"{build.label()} at context {ctx}")
             out = _perplexity(build, [*common, "--kl-divergence-base", str(base), "--kl-divergence",
-                                      *_fa_args(build, "llama-perplexity", fa)], env)
+                                      *build.fa_args("llama-perplexity", fa)], env)
             base.unlink(missing_ok=True)
             kld, top, ppl, ppl_ref = parse_kld(out)
             c = Check(ctx, kld, top, ppl, ppl_ref)
