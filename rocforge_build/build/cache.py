@@ -479,12 +479,13 @@ def cores(root) -> int:
 
 
 def mem_available_mb(root) -> int | None:
+    from rocforge_build.discover.host import parse_meminfo
+
     try:
-        text = root.read_text("/proc/meminfo")
+        kib = parse_meminfo(root.read_text("/proc/meminfo"), "MemAvailable")
     except OSError:
         return None
-    m = re.search(r"^MemAvailable:\s+(\d+)\s*kB", text, re.M)
-    return int(m.group(1)) // 1024 if m else None
+    return kib // 1024 if kib is not None else None
 
 
 def choose_jobs(root, requested: int | None, per_job_mb: int, per_job_reason: str) -> Jobs:
