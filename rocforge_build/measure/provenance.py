@@ -61,9 +61,7 @@ def model_sha256(path: Path) -> str:
     known[key] = digest
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(known))
-        os.replace(tmp, cache)
+        paths.write_whole(cache, json.dumps(known))
     except OSError:
         pass
     return digest
