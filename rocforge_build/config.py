@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import os
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -176,9 +175,7 @@ def _write(doc) -> None:
 
     path = config_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
-    os.replace(tmp, path)
+    paths.write_whole(path, tomlkit.dumps(doc))
 
 
 def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:

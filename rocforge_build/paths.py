@@ -45,3 +45,16 @@ def nightly_prefix() -> Path:
 def builds_prefix() -> Path:
     """Default parent of build install prefixes: `<builds>/<recipe>-<target>-<backend>`."""
     return data_dir() / "builds"
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` whole: into a per-process temporary sibling, then renamed over
+    `path`, so a reader (or a concurrent writer) sees the old file or the new one, never half.
+    The temporary file is removed when the write fails."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

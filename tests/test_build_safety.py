@@ -344,3 +344,21 @@ def test_the_child_group_is_stopped_when_the_step_is_interrupted(tmp_path):
         raise KeyboardInterrupt
     assert child.returncode is not None and pids_running(f"sleep {token}") == []
 
+
+
+def test_build_lock_never_writes_through_a_link(tmp_path):
+    """The lock file is truncated and written: a link put at its name is refused, its target kept."""
+    from rocforge_build.build import lock
+    from rocforge_build.errors import UsageError
+
+    work = tmp_path / "work"
+    victim = tmp_path / "victim"
+    victim.write_text("not rocforge's\n")
+    (tmp_path / "work.lock").symlink_to(victim)
+    with pytest.raises(UsageError, match="build lock"):
+        lock.acquire(tmp_path / "prefix", work)
+    assert victim.read_text() == "not rocforge's\n"
+    (tmp_path / "work.lock").unlink()
+    held = lock.acquire(tmp_path / "prefix", work)  # a plain file: taken, holder written
+    assert "rocforge build" in (tmp_path / "work.lock").read_text()
+    held.release()

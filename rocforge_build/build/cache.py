@@ -430,22 +430,25 @@ def _compiler_ident(compiler: str, host: str | None, environ: Mapping[str, str])
 
 
 def _elf_comment(obj: Path) -> str:
-    """The `.comment` strings of an ELF object (GCC: (Debian 12.2.0-14) 12.2.0 / clang version ...)."""
+    """The `.comment` strings of an ELF object (GCC: (Debian 12.2.0-14) 12.2.0 / clang version ...),
+    its sections read by discover.binaries' section-table reader."""
     import struct
 
-    data = obj.read_bytes()
-    if data[:4] != b"\x7fELF" or data[4] != 2:  # 64-bit only: what every host here builds
+    from rocforge_build.discover.binaries import _sections
+
+    try:
+        with open(obj, "rb") as fh:
+            head = fh.read(64)
+            if len(head) < 52 or head[:4] != b"\x7fELF":
+                return ""
+            sections, _, _ = _sections(fh, head)
+            for name, _typ, off, size, _link in sections:
+                if name == ".comment":
+                    fh.seek(off)
+                    raw = fh.read(min(size, 1 << 20))
+                    return "; ".join(s.decode(errors="replace") for s in raw.split(b"\0") if s)
+    except (OSError, struct.error):
         return ""
-    end = "<" if data[5] == 1 else ">"
-    shoff, = struct.unpack_from(end + "Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from(end + "HHH", data, 0x3A)
-    sections = [struct.unpack_from(end + "IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    names_off = sections[shstrndx][4]
-    for sec in sections:
-        name = data[names_off + sec[0]:data.index(b"\0", names_off + sec[0])].decode()
-        if name == ".comment":
-            raw = data[sec[4]:sec[4] + sec[5]]
-            return "; ".join(s.decode(errors="replace") for s in raw.split(b"\0") if s)
     return ""
 
 
@@ -479,12 +482,13 @@ def cores(root) -> int:
 
 
 def mem_available_mb(root) -> int | None:
+    from rocforge_build.discover.host import parse_meminfo
+
     try:
-        text = root.read_text("/proc/meminfo")
+        kib = parse_meminfo(root.read_text("/proc/meminfo"), "MemAvailable")
     except OSError:
         return None
-    m = re.search(r"^MemAvailable:\s+(\d+)\s*kB", text, re.M)
-    return int(m.group(1)) // 1024 if m else None
+    return kib // 1024 if kib is not None else None
 
 
 def choose_jobs(root, requested: int | None, per_job_mb: int, per_job_reason: str) -> Jobs:

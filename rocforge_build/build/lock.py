@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from rocforge_build.errors import UsageError
+
 
 class Held:
     """A held build lock; `release()` (idempotent) gives it back, as does the end of the process."""
@@ -33,7 +35,12 @@ def acquire(prefix: Path, work: Path) -> Held:
     """Take the lock of `prefix`'s build, waiting (and saying so) while another build holds it."""
     path = work.with_name(work.name + ".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    # O_NOFOLLOW: the file is truncated and written below, never through a link put at its name
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise UsageError(f"cannot open the build lock {path}: {exc.strerror}",
+                         "rocforge makes that file itself; move whatever is there away") from exc
     held = Held(fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

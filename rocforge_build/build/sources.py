@@ -172,9 +172,7 @@ def _remember_ref(url: str, ref: str, sha: str) -> None:
     target = _refs_file()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".refs.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(refs, indent=1, sort_keys=True))
-        os.replace(tmp, target)
+        paths.write_whole(target, json.dumps(refs, indent=1, sort_keys=True))
     except OSError:
         pass  # only the offline fallback is lost
 

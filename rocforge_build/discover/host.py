@@ -52,9 +52,10 @@ def read_int(root: Root, inner: str | PurePosixPath) -> int | None:
     return int(text) if re.fullmatch(r"\d{1,20}", text) else None
 
 
-def parse_meminfo(text: str | None) -> int | None:
-    """MemTotal in KiB (`MemTotal:       24684096 kB`), None when absent or garbage."""
-    m = re.search(r"^MemTotal:\s+(\d+) kB\s*$", text or "", re.M)
+def parse_meminfo(text: str | None, key: str = "MemTotal") -> int | None:
+    """`key` (MemTotal, MemAvailable, ...) in KiB (`MemTotal:       24684096 kB`), None when
+    absent or garbage."""
+    m = re.search(rf"^{re.escape(key)}:\s+(\d+) kB\s*$", text or "", re.M)
     return int(m.group(1)) if m else None
 
 

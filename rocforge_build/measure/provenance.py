@@ -58,11 +58,9 @@ def model_sha256(path: Path) -> str:
         return known[key]
     digest = sha256_file(path)
     known[key] = digest
-    tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")  # two benches at once: one tmp each
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(known))
-        os.replace(tmp, cache)
+        paths.write_whole(cache, json.dumps(known))  # a per-process temporary file
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass  # only the cache is lost
     return digest
