@@ -875,9 +875,8 @@ def unpack(path: Path, into: Path) -> Path:
             if top != name:
                 raise IntegrityError(f"{path.name}: member {m.name!r} is outside the bundle's directory {name}/")
             target = tmp / rel
-            real_parent = os.path.realpath(target.parent if m.kind != "dir" else target)
-            if not (real_parent + os.sep).startswith(os.path.realpath(tmp) + os.sep):
-                raise IntegrityError(f"{path.name}: member {m.name!r} would land outside {into}")
+            # through links already on disk, the member's directory must stay inside
+            extract._inside(path, tmp, target if m.kind == "dir" else target.parent, m.name)
             if m.kind == "dir":
                 target.mkdir(parents=True, exist_ok=True)
             elif m.kind == "link":
@@ -888,6 +887,8 @@ def unpack(path: Path, into: Path) -> Path:
                 with open(target, "xb") as out:
                     shutil.copyfileobj(fh, out)
                 os.chmod(target, (m.mode & 0o755) | 0o600)
+        # a chain of links that each look harmless can still leave once all are in place
+        extract.check_links(path, tmp)
         _, _, bad = verify(tmp / name)
         if bad:
             raise IntegrityError(f"{path.name}: {len(bad)} files do not match {BUNDLE_TOML}: "
