@@ -322,10 +322,9 @@ def minbase_chroot() -> Path:
     import hashlib
 
     if os.geteuid() != 0 or shutil.which("mmdebstrap") is None:
-        why = "needs root and mmdebstrap (.ci/apt-packages.txt) to make and enter a chroot"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(f"SKIPPED LOUDLY: the clean-chroot run of the bundle {why}")
+        # not [optional]: under CI=true conftest.py turns this skip into a failure
+        pytest.skip("SKIPPED LOUDLY: the clean-chroot run of the bundle needs root and mmdebstrap "
+                    "(.ci/apt-packages.txt) to make and enter a chroot")
     key = hashlib.sha256(" ".join(MINBASE).encode()).hexdigest()[:12]
     base = Path(os.environ.get("ROCFORGE_TEST_CHROOTS", Path.home() / ".cache" / "rocforge-test" / "chroots"))
     root = base / f"{MINBASE[0]}-{MINBASE[1]}-{key}"
