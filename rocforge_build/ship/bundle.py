@@ -43,6 +43,7 @@ from pathlib import Path
 
 from rocforge_build import __version__, proc
 from rocforge_build.discover.resolver import Decision
+from rocforge_build.download import sha256_file
 from rocforge_build.errors import (
     BuildError,
     ConfigError,
@@ -502,12 +503,6 @@ def write_launcher(tree: Path, staged: Staged) -> None:
 
 
 # -- bundle.toml ----------------------------------------------------------------------------------
-def sha256_path(path: Path) -> str:
-    from rocforge_build.download import sha256_file
-
-    return sha256_file(path)
-
-
 def _record_files(tree: Path, origin: dict[str, str], staged: Staged) -> None:
     for dirpath, dirnames, filenames in os.walk(tree):
         dirnames.sort()
@@ -518,7 +513,7 @@ def _record_files(tree: Path, origin: dict[str, str], staged: Staged) -> None:
                 staged.files[rel] = {"link": os.readlink(p)}
                 continue
             src = next((o for r, o in origin.items() if rel == r or rel.startswith(r + "/")), "prefix")
-            staged.files[rel] = {"sha256": sha256_path(p), "size": p.stat().st_size, "from": src}
+            staged.files[rel] = {"sha256": sha256_file(p), "size": p.stat().st_size, "from": src}
 
 
 def render_toml(staged: Staged, target: str, manifest: dict) -> str:
@@ -775,7 +770,7 @@ def _entries_dir(path: Path) -> tuple[str, dict, dict[str, dict]]:
             rel = p.relative_to(path).as_posix()
             if rel == BUNDLE_TOML:
                 continue
-            seen[rel] = {"link": os.readlink(p)} if p.is_symlink() else {"sha256": sha256_path(p)}
+            seen[rel] = {"link": os.readlink(p)} if p.is_symlink() else {"sha256": sha256_file(p)}
     return path.name, tomllib.loads((path / BUNDLE_TOML).read_text(encoding="utf-8")), seen
 
 
