@@ -666,6 +666,18 @@ def test_current_that_is_a_real_directory_is_left_alone(site, prefix, capsys, ht
     assert (prefix / "current" / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("force", [False, True])
+def test_version_dir_rocforge_did_not_make_is_left_alone(site, prefix, capsys, http_server, force):
+    mine = prefix / f"therock-{NEW}-gfx1151"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    n = len(http_server.requests)
+    rc, _out, err = install(capsys, prefix, *(["--force"] if force else []))
+    assert rc == 2 and "is not an install rocforge made" in err, err
+    assert not any(p.endswith(".tar.gz") for _m, p, _h in http_server.requests[n:])
+    assert (mine / "notes.txt").read_text() == "mine" and not os.path.lexists(prefix / "current")
+
+
 def test_record_with_wrong_types_breaks_nothing_else(site, prefix, capsys):
     old = _installed_old(capsys, prefix)
     rc, _out, err = install(capsys, prefix)

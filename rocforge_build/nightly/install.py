@@ -168,6 +168,11 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
     final = prefix / name
     with locked(prefix):
         previous = current_name(prefix)
+        if os.path.lexists(final) and (final.is_symlink() or not (final / RECORD).is_file()):
+            # reused, or with --force moved aside and removed, only when rocforge made it
+            raise UsageError(f"{final} exists and is not an install rocforge made (no {RECORD}): "
+                             "rocforge will not use or replace it",
+                             "move it away (it may be yours), then run the install again")
         if final.exists() and not force:
             switch(prefix, name)
             record = read_record(final)

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from rocforge_build import __version__, proc
 from rocforge_build.discover.resolver import Decision
+from rocforge_build.download import sha256_file
 from rocforge_build.errors import (
     BuildError,
     ConfigError,
@@ -502,23 +503,23 @@ def write_launcher(tree: Path, staged: Staged) -> None:
 
 
 # -- bundle.toml ----------------------------------------------------------------------------------
-def sha256_path(path: Path) -> str:
-    from rocforge_build.download import sha256_file
-
-    return sha256_file(path)
-
-
-def _record_files(tree: Path, origin: dict[str, str], staged: Staged) -> None:
+def _tree_entries(tree: Path) -> Iterator[Path]:
+    """Every file and symbolic link under `tree` (links to directories too, not followed), in
+    sorted order: what bundle.toml records, an archive holds and `verify` compares."""
     for dirpath, dirnames, filenames in os.walk(tree):
         dirnames.sort()
         for n in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
-            p = Path(dirpath, n)
-            rel = p.relative_to(tree).as_posix()
-            if p.is_symlink():
-                staged.files[rel] = {"link": os.readlink(p)}
-                continue
-            src = next((o for r, o in origin.items() if rel == r or rel.startswith(r + "/")), "prefix")
-            staged.files[rel] = {"sha256": sha256_path(p), "size": p.stat().st_size, "from": src}
+            yield Path(dirpath, n)
+
+
+def _record_files(tree: Path, origin: dict[str, str], staged: Staged) -> None:
+    for p in _tree_entries(tree):
+        rel = p.relative_to(tree).as_posix()
+        if p.is_symlink():
+            staged.files[rel] = {"link": os.readlink(p)}
+            continue
+        src = next((o for r, o in origin.items() if rel == r or rel.startswith(r + "/")), "prefix")
+        staged.files[rel] = {"sha256": sha256_file(p), "size": p.stat().st_size, "from": src}
 
 
 def render_toml(staged: Staged, target: str, manifest: dict) -> str:
@@ -607,18 +608,15 @@ def _tar_filter(info: tarfile.TarInfo) -> tarfile.TarInfo:
 
 def _write_zip(tree: Path, out: Path) -> None:
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for dirpath, dirnames, filenames in os.walk(tree):
-            dirnames.sort()
-            for n in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
-                p = Path(dirpath, n)
-                arc = f"{tree.name}/{p.relative_to(tree).as_posix()}"
-                if p.is_symlink():  # Info-ZIP's convention: mode S_IFLNK, the target as the data
-                    info = zipfile.ZipInfo(arc)
-                    info.create_system = 3
-                    info.external_attr = (_ZIP_LINK | 0o777) << 16
-                    zf.writestr(info, os.readlink(p))
-                else:
-                    zf.write(p, arc)
+        for p in _tree_entries(tree):
+            arc = f"{tree.name}/{p.relative_to(tree).as_posix()}"
+            if p.is_symlink():  # Info-ZIP's convention: mode S_IFLNK, the target as the data
+                info = zipfile.ZipInfo(arc)
+                info.create_system = 3
+                info.external_attr = (_ZIP_LINK | 0o777) << 16
+                zf.writestr(info, os.readlink(p))
+            else:
+                zf.write(p, arc)
 
 
 @dataclass(frozen=True)
@@ -769,13 +767,11 @@ def _entries_dir(path: Path) -> tuple[str, dict, dict[str, dict]]:
     if not (path / BUNDLE_TOML).is_file():
         raise IntegrityError(f"{path} has no {BUNDLE_TOML}: not an unpacked rocforge bundle")
     seen: dict[str, dict] = {}
-    for dirpath, dirnames, filenames in os.walk(path):
-        for n in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            p = Path(dirpath, n)
-            rel = p.relative_to(path).as_posix()
-            if rel == BUNDLE_TOML:
-                continue
-            seen[rel] = {"link": os.readlink(p)} if p.is_symlink() else {"sha256": sha256_path(p)}
+    for p in _tree_entries(path):
+        rel = p.relative_to(path).as_posix()
+        if rel == BUNDLE_TOML:
+            continue
+        seen[rel] = {"link": os.readlink(p)} if p.is_symlink() else {"sha256": sha256_file(p)}
     return path.name, tomllib.loads((path / BUNDLE_TOML).read_text(encoding="utf-8")), seen
 
 
@@ -875,9 +871,8 @@ def unpack(path: Path, into: Path) -> Path:
             if top != name:
                 raise IntegrityError(f"{path.name}: member {m.name!r} is outside the bundle's directory {name}/")
             target = tmp / rel
-            real_parent = os.path.realpath(target.parent if m.kind != "dir" else target)
-            if not (real_parent + os.sep).startswith(os.path.realpath(tmp) + os.sep):
-                raise IntegrityError(f"{path.name}: member {m.name!r} would land outside {into}")
+            # through links already on disk, the member's directory must stay inside
+            extract._inside(path, tmp, target if m.kind == "dir" else target.parent, m.name)
             if m.kind == "dir":
                 target.mkdir(parents=True, exist_ok=True)
             elif m.kind == "link":
@@ -888,6 +883,8 @@ def unpack(path: Path, into: Path) -> Path:
                 with open(target, "xb") as out:
                     shutil.copyfileobj(fh, out)
                 os.chmod(target, (m.mode & 0o755) | 0o600)
+        # a chain of links that each look harmless can still leave once all are in place
+        extract.check_links(path, tmp)
         _, _, bad = verify(tmp / name)
         if bad:
             raise IntegrityError(f"{path.name}: {len(bad)} files do not match {BUNDLE_TOML}: "
