@@ -404,10 +404,11 @@ def _write_validator(part: Path, headers) -> None:
     etag = headers.get("ETag")
     value = etag if etag and not etag.startswith("W/") else headers.get("Last-Modified")
     path = validator_path(part)
+    _unlink(path)  # never write through whatever is at that name (a link, say)
     if value:
-        path.write_text(json.dumps({"if_range": value}), encoding="utf-8")
-    else:
-        _unlink(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps({"if_range": value}))
 
 
 def _read_validator(part: Path) -> str | None:

@@ -320,3 +320,20 @@ def test_unreachable_host_is_a_network_error(tmp_path):
     assert exc.value.hint
     # the innermost reason, whole (urllib3's wrapping used to push it past a 200-character cut)
     assert exc.value.message.endswith("ConnectionRefusedError: [Errno 111] Connection refused")
+
+
+def test_the_resume_validator_is_never_written_through_a_link(tmp_path):
+    """`<file>.part.validator` is rocforge's own name: whatever sits there (a link to a user's
+    file, say) is removed, never written through."""
+    from rocforge_build import download as dl
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("user data\n")
+    part = tmp_path / "x.tar.gz.part"
+    dl.validator_path(part).symlink_to(victim)
+    dl._write_validator(part, {"ETag": '"abc"'})
+    assert victim.read_text() == "user data\n"
+    assert not dl.validator_path(part).is_symlink()
+    import json
+
+    assert json.loads(dl.validator_path(part).read_text()) == {"if_range": '"abc"'}

@@ -10,6 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from rocforge_build import paths
 from rocforge_build.errors import BuildError, UsageError
 from rocforge_build.proc import CommandFailed
 from rocforge_build.ship import containers
@@ -127,7 +128,7 @@ def _build(args) -> int:
     _engine(steps.stage, "image build (builder and runtime stages)", ctx / "Containerfile", quiet_stdout=q)
     _engine(steps.facts, "export of the builder's facts", ctx / "Containerfile.facts", quiet_stdout=q)
     facts = containers.read_facts(ctx / "facts")
-    containers.write_atomic(ctx / "Containerfile.final", containers.render_final(plan, facts))
+    paths.write_whole(ctx / "Containerfile.final", containers.render_final(plan, facts))
     _engine(steps.final, "env and labels", ctx / "Containerfile.final", quiet_stdout=q)
     _engine(steps.cleanup, "removal of the stage tag", None, quiet_stdout=q)
     summary = {**plan.to_json(), "engine": engine.name, "context": str(ctx),

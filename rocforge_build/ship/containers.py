@@ -525,8 +525,8 @@ def prepare_context(plan: ContainerPlan, ctx: Path) -> None:
         else:
             shutil.copytree(local, ctx / "source", symlinks=True)
     (ctx / "empty").mkdir()
-    write_atomic(ctx / "Containerfile", render(plan))
-    write_atomic(ctx / "Containerfile.facts", render_facts(plan))
+    paths.write_whole(ctx / "Containerfile", render(plan))
+    paths.write_whole(ctx / "Containerfile.facts", render_facts(plan))
 
 
 # What a rocforge wheel is built from (pyproject's packages and force-include folders).
@@ -618,12 +618,6 @@ def wheel_from_installed(dest_dir: Path) -> Path:
         record.append(f"{info_dir}/RECORD,,")
         zf.writestr(f"{info_dir}/RECORD", "\n".join(record) + "\n")
     return out
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 # -- engines ----------------------------------------------------------------------------------------
