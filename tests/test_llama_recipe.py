@@ -127,6 +127,44 @@ def test_patch_applies_to_a_tree_with_a_submodule_gitlink(trees, tmp_path):
     assert patches_mod.apply(pp, work)[0].status == "already upstream"
 
 
+def _guard_status(p):
+    return {r.name: r.status for r in p.patch_status}.get("vulkan-coopmat-glslc-guard.patch")
+
+
+_KHR_DETECT = '} else if (strcmp("VK_KHR_cooperative_matrix", properties.extensionName) == 0 &&'
+
+
+def _guarded(cpp: Path) -> bool:
+    """The device's KHR coopmat detection sits under the glslc-support define (llama.cpp #13696)."""
+    lines = cpp.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip() == _KHR_DETECT)
+    return lines[at - 1].strip() == "#if defined(GGML_VULKAN_COOPMAT_GLSLC_SUPPORT)"
+
+
+def test_vulkan_coopmat_guard_only_before_upstreams_fix(trees, empty_root, tmp_path):
+    # llama.cpp #13044: the May 2025 tree marks a device coopmat-capable from the driver's extension
+    # list alone, so with a glslc that built no coopmat shaders (Debian 12) the scalar matmul runs
+    # with coopmat tile sizes and computes garbage; #13696 (22 May 2025) added the guard, which the
+    # Oct 2026 tree carries.
+    env = {**os.environ, "VULKAN_SDK": str(fake_vulkan_sdk(tmp_path / "sdk", layer_settings=True))}
+    assert _guard_status(plan(trees, "0.3.9", empty_root, "vulkan", environ=env)) == "would apply"
+    assert _guard_status(plan(trees, "0.3.36", empty_root, "vulkan", environ=env)) == "not needed"
+    assert _guard_status(plan(trees, "0.3.9", empty_root, "hip")) == "not needed"
+    vk = Path("ggml/src/ggml-vulkan/ggml-vulkan.cpp")
+    assert _guarded(trees["0.3.36"] / "vendor" / "llama.cpp" / vk)
+    from rocforge_build.build import patches as patches_mod
+    from rocforge_build.build.sources import sync_tree
+
+    work = tmp_path / "patched"
+    sync_tree(trees["0.3.9"] / "vendor" / "llama.cpp", work)
+    assert not _guarded(work / vk)
+    pp = [patches_mod.PatchPlan("guard", recipes.load("llama-cpp").patches_dir /
+                                "vulkan-coopmat-glslc-guard.patch", True, "test")]
+    assert patches_mod.apply(pp, work)[0].status == "applied"
+    assert _guarded(work / vk)
+    assert patches_mod.apply(pp, work)[0].status == "already upstream"
+
+
 def test_default_backend_per_target_and_tree(trees, empty_root):
     req = Request("llama-cpp", "gfx1151", source=str(trees["0.3.36"]))
     p = make_plan(req, empty_root)
@@ -172,9 +210,11 @@ def test_cli_dry_run_json_for_an_old_tree(trees, tmp_path, capsys):
     p = json.loads(capsys.readouterr().out)
     assert "-DLLAMA_HIPBLAS=ON" in p["configure"] and "-DAMDGPU_TARGETS=gfx1030" in p["configure"]
     assert p["source"]["subdir"] == "vendor/llama.cpp"
-    assert p["patches"] == [{"name": "gfx1151-fattn-wmma-stub.patch", "status": "not needed",
-                             "reason": "target gfx1030 is not gfx1151",
-                             "sha256": p["patches"][0]["sha256"]}]
+    assert p["patches"][0] == {"name": "gfx1151-fattn-wmma-stub.patch", "status": "not needed",
+                               "reason": "target gfx1030 is not gfx1151",
+                               "sha256": p["patches"][0]["sha256"]}
+    assert p["patches"][1]["name"] == "vulkan-coopmat-glslc-guard.patch"
+    assert p["patches"][1]["status"] == "not needed" and len(p["patches"]) == 2
     assert p["env"]["CC"] == "<no HIP toolchain>/clang"  # LLAMA_HIPBLAS era: CC = ROCm clang
 
 

@@ -219,6 +219,11 @@ def validate(cond, where: str) -> None:
                 _bad(sub, "a string or a list of strings")
 
 
+def _one_line(text: str) -> str:
+    """A multi-line source excerpt as one line, so a plan's reason stays one line."""
+    return " ".join(text.split())
+
+
 def _bad(where: str, what: str):
     raise ConfigError(f"{where}: must be {what}")
 
@@ -310,8 +315,9 @@ def _test(key: str, value, f: Facts) -> tuple[bool, str]:
     if key == "source_contains":
         for it in items:
             if f.source.contains(it["file"], _text(it["text"], f)):
-                return True, f"{it['file']} mentions {_text(it['text'], f)}"
-        return False, "source does not mention " + " / ".join(_text(i["text"], f) for i in items)
+                return True, f"{it['file']} mentions {_one_line(_text(it['text'], f))}"
+        return False, "source does not mention " + " / ".join(
+            _one_line(_text(i["text"], f)) for i in items)
     if f.host is None:
         return False, f"host facts unknown ({key})"
     if key == "header_contains":
