@@ -1,91 +1,104 @@
 #!/bin/bash
-# Run on the GPU machine (device tool) from a rocforge checkout, with a carried folder D (default .dev/h100) holding:
-#   llama/  vendor/llama.cpp of the llama-cpp-python 0.3.9 sdist, without .git docs models benches media
-#           (tests/ may go too)
-#   debs/   apt-get -oAPT::Architecture=amd64 download glslc libshaderc1 libvulkan-dev libvulkan1
-#           spirv-headers vulkan-tools libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2
-#           libx11-6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0 libwayland-client0 libffi8
-#   whl/    pip download --no-deps tomlkit platformdirs gguf (py3-none-any wheels)
-# and call it with carry [D]:  bash benchmarks/gpu/vulkan_verify.sh
-# Vulkan and CPU builds through rocforge; llama-perplexity CPU vs Vulkan on a random 0.5 B llama in F16,
-# Q8_0 and Q4_0; rocforge verify on Q8_0 and Q4_0; then gated bench, tune, preset; the harness overhead.
-D=${D:-$PWD/.dev/h100}
-T=$D/llama
+# verify -> bench -> tune -> preset for llama.cpp's Vulkan backend on the GPU machine (device tool:
+# an NVIDIA H100, driver 580, no ROCm), in two calls on one warm machine:
+#   PHASE=build   bash benchmarks/gpu/vulkan_verify.sh   (carry [.dev-h100])
+#   PHASE=measure bash benchmarks/gpu/vulkan_verify.sh   (right after; the builds stay in /tmp)
+# The carried folder D (default .dev-h100) holds:
+#   llama.tar.xz  vendor/llama.cpp of the llama-cpp-python 0.3.9 sdist (May 2025), without .git docs
+#                 models benches media
+#   debs/         Debian 12 (bookworm): apt-get -oAPT::Architecture=amd64 download glslc libshaderc1
+#                 libvulkan-dev libvulkan1 spirv-headers vulkan-tools libegl1 libglvnd0 libopengl0
+#                 libgl1 libglx0 libgles2 libx11-6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0
+#                 libwayland-client0 libffi8
+#   debsid/       Debian sid: glslc libshaderc1 (2026.4) libvulkan-dev libvulkan1 (1.4.363)
+#                 spirv-headers, through a temporary apt config
+#   whl/          pip download --no-deps tomlkit platformdirs rich gguf
+# Builds (all through rocforge, same tree): cpu (the reference), vulkan with Debian 12's glslc 2023.2
+# (no coopmat shaders; the recipe's coopmat-guard patch, llama.cpp #13696, is what makes it right on
+# this driver: llama.cpp #13044) and vulkan with sid's glslc 2026.4 (coopmat, coopmat2, int dot).
+D=${D:-$PWD/.dev-h100}
 START=$(date +%s)
-left() { echo $(( 590 - ($(date +%s) - START) )); }
-exec > >(tee -a $OUT/log.txt) 2>&1
+left() { echo $(( 585 - ($(date +%s) - START) )); }
+exec > >(tee -a $OUT/log-${PHASE:-build}.txt) 2>&1
 export PYTHONUNBUFFERED=1
-mkdir -p /tmp/vk
-for f in $D/debs/*.deb; do dpkg -x $f /tmp/vk; done
-for p in libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 libx11-6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0 libwayland-client0 libffi8; do dpkg -x $D/debs/${p}_*.deb /; done
-ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-export LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu
-export VULKAN_SDK=/tmp/vk/usr PATH=$PATH:/tmp/vk/usr/bin
-python3 -m pip install -q --no-index --no-deps --target /tmp/site $D/whl/*.whl
 export PYTHONPATH=$PWD:/tmp/site
 export ROCFORGE_CACHE_DIR=/tmp/rfc ROCFORGE_DATA_DIR=/tmp/rfd ROCFORGE_CONFIG_DIR=/tmp/rfcfg
 RF="python3 -m rocforge_build"
-echo "== host"; nproc; nvidia-smi -L; git log --oneline -1 2>/dev/null; date -u
-B="llama-cpp --target gfx1100 --source $T --build-target llama-bench --build-target llama-perplexity --build-target llama-cli -j8"
+OLD="env VULKAN_SDK=/tmp/vk/usr LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu PATH=/tmp/vk/usr/bin:$PATH"
+NEW="env VULKAN_SDK=/tmp/vksid/usr LD_LIBRARY_PATH=/tmp/vksid/usr/lib/x86_64-linux-gnu PATH=/tmp/vksid/usr/bin:$PATH"
+T=/tmp/llama/llama.cpp
+B="llama-cpp --target gfx1100 --source $T --build-target llama-bench --build-target llama-perplexity --build-target llama-cli"
+VKNEW=/tmp/builds/llama-vulkan-glslc2026
+M=/tmp/m-q4_0.gguf
+
+if [ "${PHASE:-build}" = build ]; then
+  mkdir -p /tmp/vk /tmp/vksid /tmp/llama /tmp/builds
+  for f in $D/debs/*.deb; do dpkg -x $f /tmp/vk; done
+  for f in $D/debsid/*.deb; do dpkg -x $f /tmp/vksid; done
+  for p in libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 libx11-6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0 libwayland-client0 libffi8; do dpkg -x $D/debs/${p}_*.deb /; done
+  ldconfig
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site $D/whl/*.whl
+  tar -C /tmp/llama -xJf $D/llama.tar.xz
+  echo "== host"; nproc; nvidia-smi -L; date -u
+  /tmp/vk/usr/bin/glslc --version 2>/dev/null | head -1; $NEW glslc --version | head -1
+  t0=$(date +%s)
+  $RF build $B --backend cpu -j4 > /tmp/b-cpu.log 2>&1 & P1=$!
+  $OLD $RF build $B --backend vulkan -j6 > /tmp/b-vk.log 2>&1 & P2=$!
+  $NEW $RF build $B --backend vulkan -j6 --prefix $VKNEW > /tmp/b-vknew.log 2>&1 & P3=$!
+  wait $P1; r1=$?; wait $P2; r2=$?; wait $P3; r3=$?
+  echo "builds: cpu rc=$r1 vulkan(glslc 2023.2) rc=$r2 vulkan(glslc 2026.4) rc=$r3, $(( $(date +%s) - t0 )) s"
+  for f in /tmp/b-cpu.log /tmp/b-vk.log /tmp/b-vknew.log; do echo "-- $f"; grep -iE "patch|coopmat|glslc|error|built|fail" $f | head -12; tail -n 2 $f; done
+  CPU=$(python3 -c "from rocforge_build.build.plan import default_prefix as d; print(d('llama-cpp','gfx1100','cpu'))")
+  VK=$(python3 -c "from rocforge_build.build.plan import default_prefix as d; print(d('llama-cpp','gfx1100','vulkan'))")
+  W=$(python3 -c "from pathlib import Path; from rocforge_build.build.plan import work_dir; print(work_dir(Path('$CPU')))")/build
+  echo "CPU=$CPU VK=$VK VKNEW=$VKNEW" | tee /tmp/prefixes
+  ninja -C $W -j16 llama-quantize > /tmp/q-build.log 2>&1 || tail -5 /tmp/q-build.log
+  Q="env LD_LIBRARY_PATH=$W/bin:$CPU/lib $W/bin/llama-quantize"
+  echo "== models"
+  python3 tests/tiny_gguf.py /tmp/m-f16.gguf medium --byte-tokens --ctx 32768 || exit 1
+  for q in Q8_0 Q4_0; do $Q /tmp/m-f16.gguf /tmp/m-${q,,}.gguf $q 16 > /tmp/q-$q.log 2>&1 || tail -5 /tmp/q-$q.log; done
+  ls -la /tmp/*.gguf; echo "left $(left) s"
+  TXT=rocforge_build/data/verify-text.txt
+  ppl() { # label prefix model extra...
+    local lab=$1 pre=$2 m=$3; shift 3
+    $pre/bin/llama-perplexity -m $m -f $TXT -c 512 --chunks 4 -ngl 99 "$@" > /tmp/ppl.out 2> /tmp/ppl.err; local rc=$?
+    echo "PPL $lab $(basename $m) $*: rc=$rc $(grep -ho 'Final estimate: PPL = .*' /tmp/ppl.out /tmp/ppl.err)"
+    grep -h "ggml_vulkan: 0" /tmp/ppl.err | head -1
+  }
+  echo "== llama-perplexity -c 512 --chunks 4"
+  for m in /tmp/m-f16.gguf /tmp/m-q4_0.gguf; do ppl cpu $CPU $m; ppl vk-glslc2023 $VK $m; ppl vk-glslc2026 $VKNEW $m; done
+  echo "== verify (Q4_0)"
+  for v in "vk-glslc2023 $VK" "vk-glslc2026 $VKNEW"; do set -- $v
+    t0=$(date +%s)
+    $RF verify $2 --model $M --reference $CPU --json > $OUT/verify-$1.json; echo "verify $1 rc=$? $(( $(date +%s) - t0 )) s"
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['passed'], [{k: c.get(k) for k in ('ctx','kld_mean','top1','ppl','ppl_ref','passed')} for c in d['checks']])" $OUT/verify-$1.json
+  done
+  echo "done; left $(left) s"
+  exit 0
+fi
+
+# PHASE=measure
+. <(sed 's/ /\n/g' /tmp/prefixes)
+echo "== bench (gated), both Vulkan builds: depths 0/4096/16384, ubatch 512/2048, fa on/off"
 t0=$(date +%s)
-$RF build $B --backend cpu > /tmp/b-cpu.log 2>&1 & P1=$!
-$RF build $B --backend vulkan > /tmp/b-vk.log 2>&1 & P2=$!
-wait $P1; r1=$?; wait $P2; r2=$?
-tail -n 3 /tmp/b-cpu.log /tmp/b-vk.log
-if [ $r1 != 0 ]; then echo "cpu build failed ($r1), again alone"; $RF build ${B/-j8/-j16} --backend cpu 2>&1 | tail -20 || exit 1; fi
-if [ $r2 != 0 ]; then echo "vulkan build failed ($r2), again alone"; $RF build ${B/-j8/-j16} --backend vulkan 2>&1 | tail -20 || exit 1; fi
-echo "builds: $(( $(date +%s) - t0 )) s"
-CPU=$(python3 -c "from rocforge_build.build.plan import default_prefix as d; print(d('llama-cpp','gfx1100','cpu'))")
-VK=$(python3 -c "from rocforge_build.build.plan import default_prefix as d; print(d('llama-cpp','gfx1100','vulkan'))")
-W=$(python3 -c "from pathlib import Path; from rocforge_build.build.plan import work_dir; print(work_dir(Path('$CPU')))")/build
-echo "CPU=$CPU VK=$VK W=$W"; ls $CPU/bin $VK/bin
-ninja -C $W -j16 llama-quantize > /tmp/q-build.log 2>&1 && Q="env LD_LIBRARY_PATH=$W/bin:$CPU/lib:$LD_LIBRARY_PATH $W/bin/llama-quantize"
-if [ -z "$Q" ]; then tail -5 /tmp/q-build.log; $RF build $B --backend cpu --build-target llama-quantize --prefix /tmp/cpuq 2>&1 | tail -3; Q=/tmp/cpuq/bin/llama-quantize; fi
-echo "== models"
-python3 tests/tiny_gguf.py /tmp/m-f16.gguf medium --byte-tokens --ctx 32768 || exit 1
-python3 tests/tiny_gguf.py /tmp/s-f16.gguf small --byte-tokens --ctx 32768
-for q in Q8_0 Q4_0; do $Q /tmp/m-f16.gguf /tmp/m-${q,,}.gguf $q 16 > /tmp/q-$q.log 2>&1 || tail -5 /tmp/q-$q.log; done
-ls -la /tmp/*.gguf; echo "left $(left) s"
-TXT=rocforge_build/data/verify-text.txt
-ppl() { # label prefix model extra...
-  local lab=$1 pre=$2 m=$3; shift 3
-  env LD_LIBRARY_PATH=$pre/lib:$LD_LIBRARY_PATH $pre/bin/llama-perplexity -m $m -f $TXT -c 512 --chunks 4 -ngl 99 "$@" > /tmp/ppl.out 2> /tmp/ppl.err; local rc=$?
-  echo "PPL $lab $(basename $m) $*: rc=$rc $(grep -ho 'Final estimate: PPL = .*' /tmp/ppl.out /tmp/ppl.err)"
-}
-echo "== llama-perplexity -c 512 --chunks 4 (fa off)"
-for m in /tmp/m-f16.gguf /tmp/m-q8_0.gguf /tmp/m-q4_0.gguf /tmp/s-f16.gguf; do ppl cpu $CPU $m; ppl vulkan $VK $m; done
-grep -h "ggml_vulkan: 0" /tmp/ppl.err | head -2
-ppl vulkan $VK /tmp/m-f16.gguf -ctk f32 -ctv f32
-ppl vulkan $VK /tmp/m-q8_0.gguf -ctk f32 -ctv f32
-ppl vulkan $VK /tmp/m-f16.gguf -ngl 0
-ppl vulkan-fa $VK /tmp/m-q8_0.gguf -fa
-echo "left $(left) s"
-echo "== verify (fa on, the default) on Q8_0 and Q4_0"
-for q in q8_0 q4_0; do
-  $RF verify $VK --model /tmp/m-$q.gguf --reference $CPU --json > $OUT/verify-$q.json; echo "verify $q rc=$?"
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['passed'], [{k: c.get(k) for k in ('ctx','kld_mean','top1','ppl','ppl_ref','passed')} for c in d['checks']])" $OUT/verify-$q.json
-done
-M=$(for q in q8_0 q4_0; do python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))['passed'] else 1)" $OUT/verify-$q.json && { echo /tmp/m-$q.gguf; break; }; done)
-echo "model for bench: ${M:-none}; left $(left) s"
-[ -z "$M" ] && M=/tmp/m-q4_0.gguf
-echo "== bench (gated)"
-t0=$(date +%s)
-$RF bench $VK --model $M --reference $CPU --depth 0,4096,16384 --ubatch 512,2048 --fa on,off --reps 3 --timeout 30 --json > $OUT/bench.json; echo "bench rc=$? $(( $(date +%s) - t0 )) s"
+$RF bench $VK $VKNEW --model $M --reference $CPU --depth 0,4096,16384 --ubatch 512,2048 --fa on,off --reps 3 --timeout 60 --json > $OUT/bench.json; echo "bench rc=$? $(( $(date +%s) - t0 )) s"
 python3 - $OUT/bench.json <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
 for r in (rows if isinstance(rows, list) else []):
-    print(r.get("ubatch"), r.get("fa"), r.get("test"), r.get("n_prompt"), r.get("n_gen"), r.get("depth"), r.get("t_s"), r.get("stddev"), r.get("gate"), r.get("status"))
+    print(r.get("prefix", "")[-24:], r.get("ubatch"), r.get("fa"), r.get("test"), r.get("n_prompt"), r.get("n_gen"), r.get("depth"), r.get("t_s"), r.get("stddev"), r.get("gate"), r.get("status"))
 PY
 echo "left $(left) s"
-echo "== tune (fa off: fa on has no GPU kernel here and times out at depth, see bench)"
+echo "== tune (both Vulkan builds are candidates)"
 t0=$(date +%s)
-timeout $(( $(left) - 60 )) $RF tune llama-cpp --target gfx1100 --model $M --backends vulkan --source $T --fa off --reps 3 --json > $OUT/tune.json; echo "tune rc=$? $(( $(date +%s) - t0 )) s"
+timeout $(( $(left) - 150 )) $RF tune llama-cpp --target gfx1100 --model $M --backends vulkan --build $VKNEW --source $T --reps 3 --json > $OUT/tune.json; echo "tune rc=$? $(( $(date +%s) - t0 )) s"
 $RF preset show $M --shell > $OUT/preset.sh; echo "preset rc=$?"; cat $OUT/preset.sh
 $RF preset show $M
+$RF results plot -o $OUT/depth.html > /dev/null 2>&1; ls -la $OUT
 echo "left $(left) s"
-echo "== overhead"
-timeout $(( $(left) - 5 )) python3 benchmarks/bench_measure.py --prefix $VK --model $M --rounds 4 --depth 0,4096 --ubatch 512 --fa off -p 512 -n 128 --reps 5 --json $OUT/overhead.json
+echo "== harness overhead (benchmarks/bench_measure.py)"
+timeout $(( $(left) - 5 )) python3 benchmarks/bench_measure.py --help > /dev/null && \
+  timeout $(( $(left) - 5 )) python3 benchmarks/bench_measure.py --prefix $VKNEW --model $M --rounds 4 --depth 0,4096 --ubatch 512 --fa on -p 512 -n 128 --reps 5 --json $OUT/overhead.json
 $RF results export --json > $OUT/export.json 2>/dev/null
 echo "done; left $(left) s"
