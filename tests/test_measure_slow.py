@@ -149,6 +149,12 @@ def test_verify_bench_tune_preset_and_a_wrong_build(llama_tree, tmp_path, capsys
     t = json.loads(out)
     assert [c["gate"] for c in t["candidates"]] == ["passed", "failed"]
     assert t["preset"]["ranges"]["short"]["prefix"] == str(ref)
+    # --timeout: a run over it is stopped and recorded failed, so that variant cannot win (as flash
+    # attention that falls back to the CPU at depth); here no run can finish in 1 ms
+    code, out, err = rf(capsys, "tune", "llama-cpp", "--target", "gfx1151", "--model", model, "--backends", "cpu",
+                        "--source", llama_tree, "--ubatch", "64", "--fa", "off", *ctx, *BENCH,
+                        "--contexts", "short", "--timeout", "0.001")
+    assert code != 0 and "no variant finished its runs" in err and "no preset was made" in err
 
     # Ctrl-C in the middle of a bench: one line, finished rows kept
     ctrl_c_keeps_finished_rows(ref, model)

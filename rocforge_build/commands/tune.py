@@ -31,6 +31,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("-p", "--n-prompt", type=int, default=512, metavar="N")
     parser.add_argument("-n", "--n-gen", type=int, default=128, metavar="N")
     parser.add_argument("--threads", type=int, metavar="N")
+    parser.add_argument("--timeout", type=float, metavar="S",
+                        help="stop a llama-bench run after S seconds; that variant is recorded as "
+                             "failed and cannot win (e.g. flash attention that falls back to the CPU)")
     parser.add_argument("--ctx", metavar="N,...", help="the gate's contexts (see rocforge verify)")
     parser.add_argument("--exhaustive", action="store_true", help="measure the full cross product instead")
     parser.add_argument("--jobs", "-j", type=int, metavar="N", help="build jobs")
@@ -82,7 +85,8 @@ def run(args) -> int:
     room = (n_ctx or 10 ** 9) - args.n_prompt - args.n_gen
     ranges = {name: max(0, min(int(all_ranges[name]["depth"]), room)) for name in wanted}
     ctx_of = {name: min(int(all_ranges[name]["ctx"]), n_ctx or 10 ** 9) for name in wanted}
-    spec = bench.Spec(model, tuple(sorted(set(ranges.values()))), args.n_prompt, args.n_gen, args.reps, args.threads)
+    spec = bench.Spec(model, tuple(sorted(set(ranges.values()))), args.n_prompt, args.n_gen, args.reps,
+                      args.threads, timeout=args.timeout)
     gate_ctxs = verify.contexts(s.model, bench.int_list(args.ctx, "--ctx") or None)
     run_id = s.store.start_run("tune", args.argv, {"host": s.base["host"], "model": s.base["model"],
                                                    "ranges": ranges, "skipped": skipped})
@@ -152,6 +156,9 @@ def run(args) -> int:
                 print(f"{name}: {r['backend']} {r['prefix']} {r['variant_label']} (score {r['score']:.1f})")
             print(f"preset stored: rocforge preset show {s.model.name}")
     if not preset:
+        if results:  # gated in, but no variant finished its pp and tg runs at a range's depth
+            raise UsageError("no variant finished its runs (failed or over --timeout); no preset was made",
+                             f"see `rocforge results show {run_id}` for the failed runs")
         raise UsageError("no candidate passed the verify gate; no preset was made",
                          "see `rocforge results show` for the failed checks")
     return 0
