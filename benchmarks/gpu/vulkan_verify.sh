@@ -90,10 +90,12 @@ rows = json.load(open(sys.argv[1]))
 for r in (rows if isinstance(rows, list) else []):
     print(r.get("prefix", "")[-24:], r.get("ubatch"), r.get("fa"), r.get("test"), r.get("n_prompt"), r.get("n_gen"), r.get("depth"), r.get("t_s"), r.get("stddev"), r.get("gate"), r.get("status"))
 PY
+echo "== the same pp512/tg128 at depth 0, -ub in the other order (is the first variant slower?)"
+$RF bench $VKNEW --model $M --no-gate --ubatch 2048,512 --fa off --reps 3 --json | python3 -c "import json,sys; [print(r['ubatch'], r['test'], round(r['t_s']), round(r['stddev'])) for r in json.load(sys.stdin) if r.get('t_s')]"
 echo "left $(left) s"
 echo "== tune (both Vulkan builds are candidates)"
 t0=$(date +%s)
-timeout $(( $(left) - 150 )) $OLD $RF tune llama-cpp --target gfx1100 --model $M --backends vulkan --build $VKNEW --source $T --reps 3 --json > $OUT/tune.json; echo "tune rc=$? $(( $(date +%s) - t0 )) s"
+timeout $(( $(left) - 150 )) $OLD $RF tune llama-cpp --target gfx1100 --model $M --backends vulkan --build $VKNEW --source $T --reps 3 --timeout 60 --json > $OUT/tune.json; echo "tune rc=$? $(( $(date +%s) - t0 )) s"
 $RF preset show $M --shell > $OUT/preset.sh; echo "preset rc=$?"; cat $OUT/preset.sh
 $RF preset show $M
 $RF results plot -o $OUT/depth.html > /dev/null 2>&1; ls -la $OUT
