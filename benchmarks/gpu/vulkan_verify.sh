@@ -83,7 +83,7 @@ fi
 . <(sed 's/ /\n/g' /tmp/prefixes)
 echo "== bench (gated), both Vulkan builds: depths 0/4096/16384, ubatch 512/2048, fa on/off"
 t0=$(date +%s)
-$RF bench $VK $VKNEW --model $M --reference $CPU --depth 0,4096,16384 --ubatch 512,2048 --fa on,off --reps 3 --timeout 60 --json > $OUT/bench.json; echo "bench rc=$? $(( $(date +%s) - t0 )) s"
+$RF bench $VK $VKNEW --model $M --reference $CPU --depth 0,4096,16384 --ubatch 512,2048 --fa on,off --reps 3 --timeout 40 --json > $OUT/bench.json; echo "bench rc=$? $(( $(date +%s) - t0 )) s"
 python3 - $OUT/bench.json <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
