@@ -17,7 +17,7 @@ from llama_trees import sdist
 from tiny_gguf import write as write_gguf
 
 from rocforge_build import cli
-from rocforge_build.measure import compare, plot, tune
+from rocforge_build.measure import compare, plot, tune, verify
 from rocforge_build.measure.llama_tools import options_from_help
 from rocforge_build.measure.store import Store
 
@@ -68,6 +68,31 @@ def test_whole_gguf_reads_its_header(model):
     m = gguf.check(model)
     # tiny_gguf.write: a llama of context 2048 in F16, 2 layers x 9 tensors + 3
     assert (m.arch, m.n_ctx_train, m.file_type, m.n_tensors) == ("llama", 2048, "F16", 21)
+
+
+def test_vocabulary_size_read_from_the_token_list(model):
+    from rocforge_build.measure import gguf
+
+    assert gguf.check(model).n_vocab == 1024  # tests/tiny_gguf.py's tiny size: 1024 tokens
+
+
+def test_top1_is_judged_only_against_a_reference_better_than_chance():
+    # Measured on the H100 (2026-11-23): a right Vulkan build against the CPU build, random F16
+    # model of 32,000 tokens, reference PPL 45,391 (chance is 32,000): mean KLD 0.00015, PPL ratio
+    # 0.999, but top-1 agreement 94.5 %: near-ties decided by rounding.  The broken build (no coopmat
+    # guard) had KLD 0.41 and PPL 32000.0; a trained model's PPL is a few units.
+    _, _, limits = verify.rules()
+    right_random = verify.judge(verify.Check(512, 0.00015, 0.9451, 45345.4, 45390.7), limits, 32000)
+    assert right_random.passed and not right_random.failed
+    assert [w.split(" ", 1)[0] for w in right_random.not_judged] == ["top1"]
+    broken_random = verify.judge(verify.Check(512, 0.409, 0.0, 32000.0, 45390.7), limits, 32000)
+    assert not broken_random.passed and broken_random.failed[0].startswith("kld_mean")
+    # a trained model (PPL 7.7 of 128,256 tokens: Llama-3.2-3B in llama.cpp #27506) judges top-1
+    trained = verify.judge(verify.Check(512, 0.001, 0.9451, 7.73, 7.72), limits, 128256)
+    assert not trained.passed and [w.split(" ", 1)[0] for w in trained.failed] == ["top1"]
+    assert not trained.not_judged
+    # unknown vocabulary: every limit applies
+    assert not verify.judge(verify.Check(512, 0.00015, 0.9451, 45345.4, 45390.7), limits, None).passed
 
 
 def test_build_without_programs_is_one_line(tmp_path, model, capsys):

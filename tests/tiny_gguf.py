@@ -13,15 +13,9 @@ SIZES = {"tiny": (1024, 256, 2, 4, 2, 512), "small": (8192, 1024, 4, 8, 4, 2816)
 
 
 def write(out: Path, size: str = "tiny", seed: int = 0, *, byte_tokens: bool = False,
-          n_ctx: int = 2048, output_std: float = 0.02) -> Path:
+          n_ctx: int = 2048) -> Path:
     """`byte_tokens`: the vocabulary starts with SentencePiece's 256 byte tokens <0x00>..<0xFF>, so
-    llama.cpp can tokenize any text (llama-perplexity); without them only bench runs work.
-
-    `output_std`: spread of output.weight.  At 0.02 the logits spread by 0.02 * sqrt(n_embd) (0.9
-    for medium): the next-token distribution is nearly flat, its top token a near-tie, and top-1
-    agreement between two right builds is a coin toss on rounding.  `--confident` (0.1: logits
-    spread ~4.5, as a trained model's do) makes the top token a clear winner, so top-1 agreement
-    measures the build as it does with a real model."""
+    llama.cpp can tokenize any text (llama-perplexity); without them only bench runs work."""
     import gguf
 
     n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff = SIZES[size]
@@ -49,11 +43,11 @@ def write(out: Path, size: str = "tiny", seed: int = 0, *, byte_tokens: bool = F
     w.add_unk_token_id(0)
     rng = np.random.default_rng(seed)
 
-    def tensor(name: str, shape: tuple[int, ...], norm: bool = False, std: float = 0.02) -> None:
+    def tensor(name: str, shape: tuple[int, ...], norm: bool = False) -> None:
         if norm:
             w.add_tensor(name, np.ones(shape, np.float32))
         else:
-            w.add_tensor(name, (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float16))
+            w.add_tensor(name, (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16))
 
     tensor("token_embd.weight", (n_vocab, n_embd))
     for i in range(n_layer):
@@ -68,7 +62,7 @@ def write(out: Path, size: str = "tiny", seed: int = 0, *, byte_tokens: bool = F
         tensor(p + "ffn_up.weight", (n_ff, n_embd))
         tensor(p + "ffn_down.weight", (n_embd, n_ff))
     tensor("output_norm.weight", (n_embd,), norm=True)
-    tensor("output.weight", (n_vocab, n_embd), std=output_std)
+    tensor("output.weight", (n_vocab, n_embd))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -81,5 +75,4 @@ if __name__ == "__main__":
 
     write(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "tiny",
           byte_tokens="--byte-tokens" in sys.argv,
-          n_ctx=int(sys.argv[sys.argv.index("--ctx") + 1]) if "--ctx" in sys.argv else 2048,
-          output_std=0.1 if "--confident" in sys.argv else 0.02)
+          n_ctx=int(sys.argv[sys.argv.index("--ctx") + 1]) if "--ctx" in sys.argv else 2048)

@@ -56,8 +56,7 @@ if [ "${PHASE:-build}" = build ]; then
   ninja -C $W -j16 llama-quantize > /tmp/q-build.log 2>&1 || tail -5 /tmp/q-build.log
   Q="env LD_LIBRARY_PATH=$W/bin:$CPU/lib $W/bin/llama-quantize"
   echo "== models"
-  # --confident: logits spread like a trained model's, so top-1 agreement is not a coin toss (tests/tiny_gguf.py)
-  python3 tests/tiny_gguf.py /tmp/m-f16.gguf medium --byte-tokens --ctx 32768 --confident || exit 1
+  python3 tests/tiny_gguf.py /tmp/m-f16.gguf medium --byte-tokens --ctx 32768 || exit 1
   for q in Q8_0 Q4_0; do $Q /tmp/m-f16.gguf /tmp/m-${q,,}.gguf $q 16 > /tmp/q-$q.log 2>&1 || tail -5 /tmp/q-$q.log; done
   ls -la /tmp/*.gguf; echo "left $(left) s"
   TXT=rocforge_build/data/verify-text.txt

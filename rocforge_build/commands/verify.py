@@ -52,6 +52,8 @@ def run(args) -> int:
                   f"{_f(c['ppl'], 4):>12} {_f(c['ppl_ref'], 4):>12}  {'pass' if c['passed'] else 'FAIL'}")
             for why in c["failed"]:
                 print(f"         {why}")
+            for why in c.get("not_judged", []):
+                print(f"         {why}")
     return 0 if result["passed"] else 1
 
 

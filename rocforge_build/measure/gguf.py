@@ -42,6 +42,7 @@ class Model:
     version: int
     metadata: dict = field(repr=False)
     n_tensors: int = 0
+    array_lengths: dict = field(default_factory=dict, repr=False)  # array keys (read past) -> length
 
     @property
     def arch(self) -> str:
@@ -55,6 +56,10 @@ class Model:
     def file_type(self) -> str:
         ft = self.metadata.get("general.file_type")
         return FILE_TYPES.get(ft, str(ft)) if ft is not None else "unknown"
+
+    @property
+    def n_vocab(self) -> int | None:
+        return self.array_lengths.get("tokenizer.ggml.tokens")
 
     @property
     def n_ctx_train(self) -> int | None:
@@ -90,6 +95,7 @@ class _Reader:
             return self.string()
         if vtype == 9:
             itype, count = self.scalar("<I"), self.scalar("<Q")
+            self.last_count = count
             if itype in _SCALARS:  # numeric arrays in one read
                 width = struct.calcsize(_SCALARS[itype])
                 if count * width > self.size:
@@ -125,10 +131,13 @@ def check(path: str | os.PathLike[str]) -> Model:
             raise ModelError(f"{p} has GGUF version {version}, which this rocforge does not know")
         wide = "<Q"
         n_tensors, n_kv = r.scalar(wide), r.scalar(wide)
-        metadata = {}
+        metadata, lengths = {}, {}
         for _ in range(n_kv):
             key = r.string()
-            metadata[key] = r.value(r.scalar("<I"))
+            vtype = r.scalar("<I")
+            metadata[key] = r.value(vtype)
+            if vtype == 9:
+                lengths[key] = r.last_count
         tensors = []
         for _ in range(n_tensors):
             r.string()
@@ -147,4 +156,5 @@ def check(path: str | os.PathLike[str]) -> Model:
     if end > size:
         raise ModelError(f"{p} is truncated: its tensors need {end} bytes, the file has {size}",
                          "download the model again (the file was cut short)")
-    return Model(path=p, size=size, version=version, metadata=metadata, n_tensors=n_tensors)
+    return Model(path=p, size=size, version=version, metadata=metadata, n_tensors=n_tensors,
+                 array_lengths=lengths)

@@ -35,6 +35,14 @@ class Threshold:
     limit: float
     upper: bool  # True: value must be <= limit
     reason: str
+    # judged only when the reference's PPL is below this share of the vocabulary (None: always)
+    below_chance: float | None = None
+    not_judged_reason: str = ""
+
+    def judged(self, ppl_ref: float, n_vocab: int | None) -> bool:
+        if self.below_chance is None or not n_vocab or ppl_ref is None or math.isnan(ppl_ref):
+            return True
+        return ppl_ref < self.below_chance * n_vocab
 
     def holds(self, value: float) -> bool:
         if value is None or math.isnan(value):
@@ -44,7 +52,8 @@ class Threshold:
 
 def rules() -> tuple[dict, dict, tuple[Threshold, ...]]:
     data = load_toml(package_data("verify.toml"), "verify limits")
-    limits = tuple(Threshold(t["metric"], float(t.get("max", t.get("min"))), "max" in t, t["reason"])
+    limits = tuple(Threshold(t["metric"], float(t.get("max", t.get("min"))), "max" in t, t["reason"],
+                             t.get("judged_below_chance"), t.get("not_judged_reason", ""))
                    for t in data["threshold"])
     return data["contexts"], data["chunks"], limits
 
@@ -62,6 +71,7 @@ class Check:
     ppl_ref: float
     passed: bool = False
     failed: list[str] = field(default_factory=list)
+    not_judged: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         def clean(x):
@@ -69,7 +79,7 @@ class Check:
 
         return {"ctx": self.ctx, "kld_mean": clean(self.kld_mean), "top1": clean(self.top1),
                 "ppl": clean(self.ppl), "ppl_ref": clean(self.ppl_ref), "passed": self.passed,
-                "failed": self.failed}
+                "failed": self.failed, "not_judged": self.not_judged}
 
 
 def contexts(model: Model, requested: list[int] | None) -> list[tuple[str, int]]:
@@ -181,14 +191,22 @@ def run_checks(build: LlamaBuild, ref: LlamaBuild, model: Model, ctxs: list[tupl
                                       *build.fa_args("llama-perplexity", fa)], env)
             base.unlink(missing_ok=True)
             kld, top, ppl, ppl_ref = parse_kld(out)
-            c = Check(ctx, kld, top, ppl, ppl_ref)
-            values = {"kld_mean": kld, "top1": top,
-                      "ppl_ratio": ppl / ppl_ref if ppl_ref and not math.isnan(ppl_ref) else float("nan")}
-            c.failed = [f"{t.metric} {_fmt(values[t.metric])} {'>' if t.upper else '<'} {t.limit}: {t.reason}"
-                        for t in limits if not t.holds(values[t.metric])]
-            c.passed = not c.failed
-            checks.append(c)
+            checks.append(judge(Check(ctx, kld, top, ppl, ppl_ref), limits, model.n_vocab))
     return checks
+
+
+def judge(c: Check, limits: tuple[Threshold, ...], n_vocab: int | None) -> Check:
+    """Apply the limits to one check: which fail, and which do not apply to this reference."""
+    values = {"kld_mean": c.kld_mean, "top1": c.top1,
+              "ppl_ratio": c.ppl / c.ppl_ref if c.ppl_ref and not math.isnan(c.ppl_ref) else float("nan")}
+    for t in limits:
+        if not t.judged(c.ppl_ref, n_vocab):
+            c.not_judged.append(f"{t.metric} {_fmt(values[t.metric])}: {t.not_judged_reason} (reference PPL "
+                                f"{_fmt(c.ppl_ref)}, vocabulary {n_vocab})")
+        elif not t.holds(values[t.metric]):
+            c.failed.append(f"{t.metric} {_fmt(values[t.metric])} {'>' if t.upper else '<'} {t.limit}: {t.reason}")
+    c.passed = not c.failed
+    return c
 
 
 def _fmt(x: float) -> str:
