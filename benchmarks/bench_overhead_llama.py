@@ -1,19 +1,27 @@
 """rocforge's own overhead on a real tree: `rocforge build` vs the hand build it wraps.
 
-    python benchmarks/bench_overhead_llama.py [--rounds 2] [--target ggml]
+    python benchmarks/bench_overhead_llama.py [--rounds 4] [--build-target ggml] [--backend cpu]
+        [-j 2] [--source TREE] [--json OUT]
 
-The May 2025 llama.cpp tree (llama-cpp-python 0.3.9 sdist, tests/llama_trees.py), CPU backend,
-one small target.  Each round, in alternating order:
-  rocforge: `python -m rocforge_build build llama-cpp --backend cpu --build-target T --no-cache
-            --force -j 2` from an empty work dir (so the tree is copied, configured, built);
-  by hand:  `cmake -S <tree> -B <empty dir> -G Ninja <the same -D flags>` + `ninja -j 2 T`.
-Both without a compiler cache (CCACHE_DISABLE=1: the tree's own GGML_CCACHE would use it).  Prints each run, the median ratio, and where rocforge's extra
-seconds went (the manifest's step timings; process start = wall - the manifest's total).
+What it compares, each round in alternating order (rocforge first in odd rounds):
+  rocforge: `python -m rocforge_build build llama-cpp --backend B --source TREE --build-target T
+            --no-cache --force -j J` with its work dir removed first, so the tree is copied,
+            configured and built from nothing, installed, and the manifest written;
+  by hand:  `cmake -S TREE -B <empty dir> -G Ninja <every -D flag of rocforge's plan>` and
+            `ninja -C <dir> -j J T` — the same CMake options (taken from `--dry-run --json`, so
+            the tree's own ccache switch GGML_CCACHE=OFF too), generator, targets and -j, with the
+            same environment plus what rocforge's plan adds to it.
+No compiler cache on either side.  TREE defaults to the May 2025 llama.cpp tree (llama-cpp-python
+0.3.9 sdist, tests/llama_trees.py).  Prints each run (wall, configure, ninja, CPU seconds of all
+child processes, the sum of ninja's per-edge times from .ninja_log), the median ratios, and where
+rocforge's seconds outside configure + ninja went (the manifest's step timings; `process` = wall
+minus the manifest's total: interpreter start, imports, manifest, swap).
 
-Measured (2 shared cores, Nov 2026, `--rounds 2 --target ggml`): rocforge 24.34 / 21.65 s wall,
-by hand 25.22 / 25.74 s (0.90x); CPU seconds 40.2 / 37.0 vs 38.2 / 40.8 (0.98x); rocforge's steps
-besides configure + ninja: process 0.20 s, plan 0.04 s, sync + patches 0.52 s, install 0.01 s.
-An earlier 3-round run under heavier load: 1.42x wall, the same build varying 25-45 s.
+Measured (2 shared cores, load average 2.0-2.3 from other jobs, Nov 2026, `--rounds 6`, ggml,
+-j 2): median wall rocforge 20.91 s vs by hand 21.32 s (0.980x; per-round ratios 1.013, 1.070,
+0.981, 0.924, 1.071, 1.009, median 1.011); CPU seconds 37.22 vs 37.37 (0.996x); rocforge's own
+steps: process 0.24 s, plan 0.06 s, work copy 0.37 s, configure and ninja as by hand, install
+0.01 s — about 0.7 s.  The 16-core Vulkan run: benchmarks/gpu/vulkan_build_overhead.sh.
 """
 
 from __future__ import annotations
@@ -35,68 +43,106 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 
-def main() -> int:
-    from llama_trees import tree
+def _cpu() -> float:
+    """User + system seconds of every finished child process (compilers included)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
+
+def _edges(build_dir: Path) -> float:
+    """The sum of ninja's per-edge wall times (.ninja_log, v5: start and end in ms)."""
+    total = 0
+    for line in (build_dir / ".ninja_log").read_text().splitlines():
+        if not line.startswith("#"):
+            start, end = line.split("\t")[:2]
+            total += int(end) - int(start)
+    return total / 1000
+
+
+def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--target", default="ggml")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--build-target", action="append", dest="targets")
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("-j", "--jobs", type=int, default=2)
+    ap.add_argument("--source", help="a llama.cpp tree (default: the llama-cpp-python 0.3.9 sdist's)")
+    ap.add_argument("--json", help="write every run's figures here")
     a = ap.parse_args()
+    targets = a.targets or ["ggml"]
     tmp = Path(tempfile.mkdtemp(prefix="rocforge-overhead-"))
-    src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
-    # CCACHE_DISABLE: llama.cpp's own GGML_CCACHE (on by default) would put ccache in front of
-    # both builds even with --no-cache; both must compile everything
-    env = {**os.environ, "CCACHE_DISABLE": "1", "ROCFORGE_CONFIG_DIR": str(tmp / "config"),
+    if a.source:
+        src = Path(a.source).resolve()
+    else:
+        from llama_trees import tree
+
+        src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
+    env = {**os.environ, "ROCFORGE_CONFIG_DIR": str(tmp / "config"),
            "ROCFORGE_CACHE_DIR": str(tmp / "cache"), "ROCFORGE_DATA_DIR": str(tmp / "data")}
-    argv = [sys.executable, "-m", "rocforge_build", "build", "llama-cpp", "--target", "gfx1030",
-            "--backend", "cpu", "--source", str(src), "--build-target", a.target, "--no-cache",
-            "-j", "2", "--prefix", str(tmp / "prefix")]
+    argv = [sys.executable, "-m", "rocforge_build", "build", "llama-cpp", "--target", "gfx1100",
+            "--backend", a.backend, "--source", str(src), "--no-cache", "-j", str(a.jobs),
+            "--prefix", str(tmp / "prefix"), *[x for t in targets for x in ("--build-target", t)]]
     plan = json.loads(subprocess.run([*argv, "--dry-run", "--json"], env=env, check=True, cwd=REPO,
                                      capture_output=True, text=True).stdout)
     flags = [f for f in plan["configure"] if f.startswith("-D")]
+    assert plan["compiler_launcher"] is None, plan["compiler_launcher"]
+    hand_env = {**env, **plan["env"]}
+    work = Path(plan["work_dir"])
+    print(f"tree {src}\nflags {' '.join(flags)}\nenv added {plan['env']}\n"
+          f"load average at start {os.getloadavg()}", flush=True)
 
-    def cpu() -> float:  # user + system seconds of every child process (compilers included)
-        r = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return r.ru_utime + r.ru_stime
+    def rocforge() -> dict:
+        shutil.rmtree(work, ignore_errors=True)
+        t, c = time.perf_counter(), _cpu()
+        p = subprocess.run([*argv, "--force"], env=env, cwd=REPO, capture_output=True, text=True)
+        wall, cpu = time.perf_counter() - t, _cpu() - c
+        if p.returncode:
+            sys.exit(f"rocforge build failed:\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+        steps = tomllib.loads((tmp / "prefix" / "rocforge-manifest.toml").read_text())["timings"]
+        steps["process"] = wall - steps["total"]
+        return {"wall": wall, "cpu": cpu, "configure": steps["configure"], "ninja": steps["build"],
+                "edges": _edges(work / "build"), "steps": steps}
 
-    def rocforge() -> float:
-        shutil.rmtree(tmp / "cache" / "work", ignore_errors=True)
-        t = time.perf_counter()
-        subprocess.run([*argv, "--force"], env=env, check=True, cwd=REPO, capture_output=True)
-        return time.perf_counter() - t
-
-    def by_hand() -> float:
+    def by_hand() -> dict:
         b = tmp / "hand-build"
         shutil.rmtree(b, ignore_errors=True)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), _cpu()
         subprocess.run(["cmake", "-S", str(src), "-B", str(b), "-G", "Ninja", *flags], check=True,
-                       capture_output=True, env=env)
-        subprocess.run(["ninja", "-C", str(b), "-j", "2", a.target], check=True, capture_output=True,
-                       env=env)
-        return time.perf_counter() - t
+                       capture_output=True, env=hand_env)
+        t1 = time.perf_counter()
+        subprocess.run(["ninja", "-C", str(b), "-j", str(a.jobs), *targets], check=True,
+                       capture_output=True, env=hand_env)
+        t2 = time.perf_counter()
+        return {"wall": t2 - t, "cpu": _cpu() - c, "configure": t1 - t, "ninja": t2 - t1,
+                "edges": _edges(b)}
 
-    runs: dict[str, list[float]] = {"rocforge": [], "hand": []}
-    cpus: dict[str, list[float]] = {"rocforge": [], "hand": []}
-    steps = []
+    runs: dict[str, list[dict]] = {"rocforge": [], "hand": []}
+    print(f"{'round':5s} {'who':8s} {'wall':>7s} {'config':>7s} {'ninja':>7s} {'CPU':>7s} {'edges':>7s}")
     for i in range(a.rounds):
         order = [("rocforge", rocforge), ("hand", by_hand)]
         for name, fn in (order if i % 2 == 0 else order[::-1]):
-            c = cpu()
-            runs[name].append(fn())
-            cpus[name].append(cpu() - c)
-            print(f"round {i + 1} {name:8s} {runs[name][-1]:7.2f} s wall, {cpus[name][-1]:7.2f} s CPU",
-                  flush=True)
-            if name == "rocforge":
-                m = tomllib.loads((tmp / "prefix" / "rocforge-manifest.toml").read_text())
-                steps.append({**m["timings"], "process": runs[name][-1] - m["timings"]["total"]})
-    r, h = statistics.median(runs["rocforge"]), statistics.median(runs["hand"])
-    print(f"median rocforge {r:.2f} s, by hand {h:.2f} s: {r / h:.3f}x wall")
-    rc, hc = statistics.median(cpus["rocforge"]), statistics.median(cpus["hand"])
-    print(f"median CPU rocforge {rc:.2f} s, by hand {hc:.2f} s: {rc / hc:.3f}x (less sensitive to "
-          "other load on a shared machine than wall time)")
-    keys = sorted({k for s in steps for k in s})
+            r = fn()
+            runs[name].append(r)
+            print(f"{i + 1:5d} {name:8s} {r['wall']:7.2f} {r['configure']:7.2f} {r['ninja']:7.2f} "
+                  f"{r['cpu']:7.2f} {r['edges']:7.2f}", flush=True)
+    print(f"load average at end {os.getloadavg()}")
+
+    def med(who: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[who])
+
+    for key, what in (("wall", "wall seconds"), ("cpu", "CPU seconds of all child processes"),
+                      ("ninja", "ninja wall seconds"), ("edges", "sum of ninja edge seconds")):
+        r, h = med("rocforge", key), med("hand", key)
+        print(f"median {what}: rocforge {r:.2f}, by hand {h:.2f}: {r / h:.3f}x")
+    ratios = [r["wall"] / h["wall"] for r, h in zip(runs["rocforge"], runs["hand"], strict=True)]
+    print("per-round wall ratio: " + ", ".join(f"{x:.3f}" for x in ratios)
+          + f" (median {statistics.median(ratios):.3f})")
+    keys = sorted({k for r in runs["rocforge"] for k in r["steps"]})
     print("rocforge steps (median s): " + ", ".join(
-        f"{k} {statistics.median(s.get(k, 0) for s in steps):.2f}" for k in keys))
+        f"{k} {statistics.median(r['steps'].get(k, 0) for r in runs['rocforge']):.2f}" for k in keys))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"flags": flags, "targets": targets, "jobs": a.jobs,
+                                            "backend": a.backend, "runs": runs}, indent=1))
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

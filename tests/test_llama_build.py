@@ -71,3 +71,32 @@ def test_vulkan_build_runs_llama_bench(llama_tree, tiny_model, tmp_path):
     results = bench(out.prefix, tiny_model, "-ngl", "99")
     assert all(r["avg_ts"] > 0 for r in results)
     assert "Vulkan" in results[0]["backends"]
+
+
+@pytest.mark.slow
+def test_no_cache_build_runs_no_compiler_cache(llama_tree, tmp_path):
+    """`--no-cache` on a real configure of the May 2025 tree with ccache on PATH: the plan's flags
+    (GGML_CCACHE=OFF, no launcher) give compile commands without ccache; the tree's default
+    (GGML_CCACHE ON, ggml/CMakeLists.txt) would have put ccache in front of every one."""
+    from rocforge_build.build.plan import Request, make_plan
+    from rocforge_build.rootfs import Root
+
+    if not shutil.which("ccache"):
+        pytest.fail("ccache missing: install the packages in .ci/apt-packages.txt")
+    src = llama_tree / "vendor" / "llama.cpp"
+    plan = make_plan(Request("llama-cpp", "gfx1030", backend="cpu", source=str(src), no_cache=True,
+                             build_targets=("ggml-base",)), Root("/"))
+    flags = [a for a in plan.configure if a.startswith("-D")]
+    assert "-DGGML_CCACHE=OFF" in flags
+
+    def compiles(build: Path, flags: list[str]) -> list[str]:
+        subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", *flags],
+                       check=True, capture_output=True)
+        out = subprocess.run(["ninja", "-C", str(build), "-t", "commands", "ggml-base"], check=True,
+                             capture_output=True, text=True).stdout.splitlines()
+        return [c for c in out if " -c " in c]
+
+    ours = compiles(tmp_path / "ours", flags)
+    assert ours and not any("ccache" in c for c in ours)
+    default = compiles(tmp_path / "default", [f for f in flags if "GGML_CCACHE" not in f])
+    assert default and all(c.startswith("ccache ") for c in default)

@@ -201,6 +201,38 @@ def test_vulkan_missing_names_the_packages(trees, empty_root, tmp_path):
     assert "libvulkan-dev glslc spirv-headers" in p.toolchain.hint
 
 
+# Each era's own compiler-cache switch, read from the sdists' CMake files: on by default, it puts
+# ccache (or sccache) in front of every compile through RULE_LAUNCH_COMPILE whenever one is on PATH.
+#   0.2.70  CMakeLists.txt:53        option(LLAMA_CCACHE "llama: use ccache if available" ON)
+#   0.3.0   ggml/CMakeLists.txt:72   option(GGML_CCACHE "ggml: use ccache if available" ON)
+#   0.3.9   ggml/CMakeLists.txt:81   the same; 0.3.36 ggml/CMakeLists.txt:125 the same
+#   0.1.85  no such switch
+OWN_CCACHE = {"0.1.85": None, "0.2.70": "LLAMA_CCACHE", "0.3.0": "GGML_CCACHE",
+              "0.3.9": "GGML_CCACHE", "0.3.36": "GGML_CCACHE"}
+
+
+@pytest.mark.parametrize("no_cache", [True, False], ids=["no-cache", "cache"])
+@pytest.mark.parametrize("version", list(ERAS))
+def test_the_trees_own_ccache_switch_is_off(trees, empty_root, tmp_path, version, no_cache):
+    """--no-cache means no launcher at all, and with the cache on the launcher is rocforge's
+    (cache.launcher): the tree's own switch would add ccache in either case."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ccache = bin_dir / "ccache"
+    ccache.write_text("#!/bin/sh\nexec \"$@\"\n")
+    ccache.chmod(0o755)
+    req = Request("llama-cpp", "gfx1030", backend="cpu", source=str(trees[version]),
+                  no_cache=no_cache, environ={"PATH": str(bin_dir), "HOME": str(tmp_path)})
+    d = defines(make_plan(req, empty_root))
+    switch = OWN_CCACHE[version]
+    assert not {"LLAMA_CCACHE", "GGML_CCACHE"} - {switch} & set(d)
+    if switch:
+        assert d[switch] == "OFF"
+    launchers = {k: v for k, v in d.items() if k.endswith("_COMPILER_LAUNCHER")}
+    assert launchers == ({} if no_cache else {"CMAKE_C_COMPILER_LAUNCHER": str(ccache),
+                                              "CMAKE_CXX_COMPILER_LAUNCHER": str(ccache)})
+
+
 def test_cli_dry_run_json_for_an_old_tree(trees, tmp_path, capsys):
     root = tmp_path / "r"
     root.mkdir()

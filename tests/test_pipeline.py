@@ -251,3 +251,17 @@ def test_cli_errors_are_one_line_with_hint(tmp_path, capsys):
     assert rc == 2 and "unknown recipe 'no-such-recipe'" in err and "Traceback" not in err
     rc = cli.main(["build", str(RECIPE), "--target", "gfx9999", "--dry-run"])
     assert rc == 2 and "unknown GPU target" in capsys.readouterr().err
+
+
+def test_build_target_that_installs_nothing_says_so(tmp_path):
+    """A static library target (also an object library, e.g. llama.cpp's build_info) has no
+    program or shared library to copy: one clear error, not a missing-manifest traceback."""
+    src = project_copy(tmp_path / "src")
+    cml = src / "CMakeLists.txt"
+    cml.write_text(cml.read_text() + "\nadd_library(greet-static STATIC greet.c)\n"
+                   'target_compile_definitions(greet-static PRIVATE FIXTURE_GREETING="hi")\n')
+    prefix = tmp_path / "p"
+    with pytest.raises(BuildError) as exc:
+        build(RECIPE, source=str(src), prefix=str(prefix), build_targets=("greet-static",))
+    assert "greet-static (static library): nothing to install" in exc.value.message
+    assert not prefix.exists() and not Path(f"{prefix}.rocforge-new").exists()

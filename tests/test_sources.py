@@ -147,3 +147,29 @@ def test_the_stub_patch_applies_to_a_work_copy_of_the_may_2025_sdist_tree(tmp_pa
     (res,) = patches.apply([patches.PatchPlan(stub.name, stub, True, "test")], work)
     assert res.status == patches.APPLIED
     assert "stubbed for gfx1151" in (work / "ggml/src/ggml-cuda/fattn-wmma-f16.cu").read_text()
+
+
+def test_a_patch_whose_second_file_fails_leaves_the_first_untouched(tmp_path):
+    """`patches.apply` runs `git apply` without a separate `--check` first: git applies a patch
+    atomically (git-apply(1), --reject: "by default fails the whole patch and does not touch the
+    working tree when some of the hunks do not apply"), so a half-applicable patch changes nothing."""
+    from rocforge_build.build import patches
+    from rocforge_build.errors import PatchError
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.txt").write_text("one\ntwo\n")
+    (tree / "b.txt").write_text("three\nfour\n")
+    patch = tmp_path / "two-files.patch"
+    patch.write_text("--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,2 @@\n one\n-two\n+TWO\n"
+                     "--- a/b.txt\n+++ b/b.txt\n@@ -1,2 +1,2 @@\n three\n-FOUR\n+five\n")
+    with pytest.raises(PatchError) as exc:
+        patches.apply([patches.PatchPlan(patch.name, patch, True, "test")], tree)
+    assert "b.txt" in exc.value.message
+    assert (tree / "a.txt").read_text() == "one\ntwo\n"  # the applicable hunk was not applied
+    good = tmp_path / "good.patch"
+    good.write_text("--- a/a.txt\n+++ b/a.txt\n@@ -1,2 +1,2 @@\n one\n-two\n+TWO\n")
+    plans = [patches.PatchPlan(good.name, good, True, "test")]
+    assert patches.apply(plans, tree)[0].status == patches.APPLIED
+    assert (tree / "a.txt").read_text() == "one\nTWO\n"
+    assert patches.apply(plans, tree)[0].status == patches.UPSTREAM  # idempotent

@@ -7,6 +7,9 @@
                       hunk, and every patch applied so far is reversed (the tree is left clean)
 
 `git apply --check` / `--reverse --check` decide (the method of kyuz0/amd-strix-halo-toolboxes);
+when applying, `git apply` itself is the forward check: it is atomic ("git apply by default
+fails the whole patch and does not touch the working tree when some of the hunks do
+not apply": git-apply(1), --reject), so one git call per patch that applies;
 GIT_CEILING_DIRECTORIES keeps git from mistaking an enclosing repository for the tree.
 """
 
@@ -122,15 +125,12 @@ def apply(plans: list[PatchPlan], tree: Path) -> list[PatchResult]:
         if not p.needed:
             results.append(PatchResult(p.name, NOT_NEEDED, p.reason, sha256_file(p.path)))
             continue
-        fwd = _git_apply(tree, p.path, "--check")
+        fwd = _git_apply(tree, p.path)  # atomic: a patch that does not apply touches nothing
         if fwd.returncode == 0:
-            done = _git_apply(tree, p.path)
-            if done.returncode == 0:
-                applied.append(p)
-                results.append(PatchResult(p.name, APPLIED, p.reason, sha256_file(p.path)))
-                continue
-            fwd = done
-        elif _git_apply(tree, p.path, "--check", "--reverse").returncode == 0:
+            applied.append(p)
+            results.append(PatchResult(p.name, APPLIED, p.reason, sha256_file(p.path)))
+            continue
+        if _git_apply(tree, p.path, "--check", "--reverse").returncode == 0:
             results.append(PatchResult(p.name, UPSTREAM, "the reverse applies: the source has it",
                                        sha256_file(p.path)))
             continue

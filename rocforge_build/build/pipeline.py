@@ -354,6 +354,8 @@ def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
             raise BuildError(f"--build-target {name}: no such CMake target; full log: {log.path}")
         todo.append(by_name[name])
     seen: set[str] = set()
+    kinds = {name: by_name[name]["type"] for name in plan.build_targets}
+    copied = 0
     while todo:
         t = todo.pop()
         if t["id"] in seen:
@@ -370,6 +372,7 @@ def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
             out = staging / dest
             out.mkdir(parents=True, exist_ok=True)
             shutil.copy2(real, out / real.name)
+            copied += 1
             log.write(f"install {real} -> {out / real.name}\n")
             for sib in src.parent.iterdir():  # namelink and SONAME links to it
                 if sib.is_symlink() and sib.resolve() == real:
@@ -377,6 +380,12 @@ def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
                     if link.exists() or link.is_symlink():
                         link.unlink()
                     os.symlink(os.readlink(sib), link)
+    if not copied:
+        raise BuildError(
+            "--build-target " + ", ".join(f"{n} ({k.lower().replace('_', ' ')})" for n, k in kinds.items())
+            + ": nothing to install — only programs and shared or module libraries (and the shared "
+            f"libraries they link) are installed from a partial build; full log: {log.path}",
+            "name a program or shared library target, e.g. the one that uses it")
 
 
 def _settled(plan: Plan, req: Request, say) -> bool:

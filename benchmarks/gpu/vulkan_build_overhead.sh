@@ -1,0 +1,44 @@
+#!/bin/bash
+# rocforge's own overhead on the lent 16-core machine: the Vulkan backend of the May 2025 llama.cpp
+# tree (target llama-bench) built through rocforge and by hand with the same flags, alternating,
+# ROUNDS rounds each, a fresh work/build dir every time, no compiler cache (--no-cache, and the
+# plan's GGML_CCACHE=OFF on both sides), -j JOBS; a table of wall seconds and the median ratio
+# (benchmarks/bench_overhead_llama.py does the measuring and says what it compares).
+#
+# Run from a rocforge checkout with a carried folder D (default .dev/h100), the layout of
+# benchmarks/gpu/vulkan_verify.sh:
+#   llama/  vendor/llama.cpp of the llama-cpp-python 0.3.9 sdist (trimmed: no .git docs models ...)
+#   debs/   the Debian Vulkan build/runtime packages listed in vulkan_verify.sh
+#   whl/    pip download --no-deps tomlkit platformdirs (gguf may be there too; unused)
+# and call it with carry [D]:  D=$PWD/<D> bash benchmarks/gpu/vulkan_build_overhead.sh
+# Six builds of ~47-55 s each on 16 cores: about 6 minutes in all; stopped at 500 s whatever
+# happens (each finished run is printed as it ends, and goes to $OUT/build-overhead.json at the end).
+# Locally, for the script's logic only: BACKEND=cpu JOBS=2 ROUNDS=1 TARGET=ggml OUT=/tmp/x D=DIR
+# SITE=/tmp/private-site (where the wheels go; /tmp/site by default).
+D=${D:-$PWD/.dev/h100}
+BACKEND=${BACKEND:-vulkan} JOBS=${JOBS:-16} ROUNDS=${ROUNDS:-3} TARGET=${TARGET:-llama-bench}
+OUT=${OUT:?OUT must name a folder for the results}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/build-overhead.txt") 2>&1
+export PYTHONUNBUFFERED=1
+[ -d "$D/llama" ] || { echo "no llama.cpp tree at $D/llama"; exit 1; }
+if [ "$BACKEND" = vulkan ]; then
+  mkdir -p /tmp/vk
+  for f in "$D"/debs/*.deb; do dpkg -x "$f" /tmp/vk; done
+  for p in libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 libx11-6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0 libwayland-client0 libffi8; do dpkg -x "$D"/debs/${p}_*.deb /; done
+  ldconfig
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  export LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu
+  export VULKAN_SDK=/tmp/vk/usr PATH=$PATH:/tmp/vk/usr/bin
+fi
+SITE=${SITE:-/tmp/site}
+if [ -d "$D/whl" ]; then
+  python3 -m pip install -q --no-index --no-deps --target "$SITE" "$D"/whl/*.whl || exit 1
+fi
+export PYTHONPATH=$PWD:$SITE
+echo "== host"; nproc; uptime; cmake --version | head -1; echo "ninja $(ninja --version)"
+c++ --version | head -1; git log --oneline -1 2>/dev/null; date -u
+echo "compiler caches on PATH: $(command -v ccache sccache | tr '\n' ' ')"
+timeout 500 python3 benchmarks/bench_overhead_llama.py --source "$D/llama" --backend "$BACKEND" \
+  --build-target "$TARGET" -j "$JOBS" --rounds "$ROUNDS" --json "$OUT/build-overhead.json"
+echo "bench rc=$?; $(uptime)"
