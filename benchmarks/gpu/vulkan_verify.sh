@@ -7,6 +7,8 @@
 #           libx11-6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0 libwayland-client0 libffi8
 #   whl/    pip download --no-deps tomlkit platformdirs gguf (py3-none-any wheels)
 # and call it with carry [D]:  bash benchmarks/gpu/vulkan_verify.sh
+# ONLY=overhead: the builds, the models, then only the harness overhead (benchmarks/bench_measure.py)
+# in full: MATRIX (its options; default below), ROUNDS (5), FIT_ROUNDS (3).
 # Vulkan and CPU builds through rocforge; llama-perplexity CPU vs Vulkan on a random 0.5 B llama in F16,
 # Q8_0 and Q4_0; rocforge verify on Q8_0 and Q4_0; then gated bench, tune, preset; the harness overhead.
 D=${D:-$PWD/.dev/h100}
@@ -47,6 +49,7 @@ python3 tests/tiny_gguf.py /tmp/m-f16.gguf medium --byte-tokens --ctx 32768 || e
 python3 tests/tiny_gguf.py /tmp/s-f16.gguf small --byte-tokens --ctx 32768
 for q in Q8_0 Q4_0; do $Q /tmp/m-f16.gguf /tmp/m-${q,,}.gguf $q 16 > /tmp/q-$q.log 2>&1 || tail -5 /tmp/q-$q.log; done
 ls -la /tmp/*.gguf; echo "left $(left) s"
+if [ "$ONLY" != overhead ]; then
 TXT=rocforge_build/data/verify-text.txt
 ppl() { # label prefix model extra...
   local lab=$1 pre=$2 m=$3; shift 3
@@ -85,7 +88,11 @@ timeout $(( $(left) - 60 )) $RF tune llama-cpp --target gfx1100 --model $M --bac
 $RF preset show $M --shell > $OUT/preset.sh; echo "preset rc=$?"; cat $OUT/preset.sh
 $RF preset show $M
 echo "left $(left) s"
+fi
 echo "== overhead"
-timeout $(( $(left) - 5 )) python3 benchmarks/bench_measure.py --prefix $VK --model $M --rounds 4 --depth 0,4096 --ubatch 512 --fa off -p 512 -n 128 --reps 5 --json $OUT/overhead.json
+# fa off: this tree's Vulkan backend has no flash-attention kernel here (see bench above)
+[ "$ONLY" = overhead ] && { M=/tmp/m-q4_0.gguf; [ -f $M ] || M=/tmp/m-f16.gguf; R=${ROUNDS:-5}; F=${FIT_ROUNDS:-3}; } || { R=3; F=0; }
+timeout $(( $(left) - 5 )) python3 benchmarks/bench_measure.py --prefix $VK --model $M --rounds $R --fit-rounds $F \
+  ${MATRIX:---depth 0,4096 --ubatch 512,2048 --fa off -p 512 -n 128 --reps 3} --json $OUT/overhead.json
 $RF results export --json > $OUT/export.json 2>/dev/null
 echo "done; left $(left) s"
