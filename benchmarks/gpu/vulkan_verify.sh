@@ -99,8 +99,8 @@ $RF preset show $M --shell > $OUT/preset.sh; echo "preset rc=$?"; cat $OUT/prese
 $RF preset show $M
 $RF results plot -o $OUT/depth.html > /dev/null 2>&1; ls -la $OUT
 echo "left $(left) s"
-echo "== harness overhead (benchmarks/bench_measure.py)"
-timeout $(( $(left) - 5 )) python3 benchmarks/bench_measure.py --help > /dev/null && \
-  timeout $(( $(left) - 5 )) python3 benchmarks/bench_measure.py --prefix $VKNEW --model $M --rounds 4 --depth 0,4096 --ubatch 512 --fa on -p 512 -n 128 --reps 5 --json $OUT/overhead.json
+echo "== harness overhead (benchmarks/bench_measure.py: rocforge bench --no-gate against the same llama-bench argv by hand)"
+timeout $(( $(left) - 5 )) python3 benchmarks/bench_measure.py --prefix $VKNEW --model $M --rounds ${ROUNDS:-3} --fit-rounds ${FIT_ROUNDS:-0} \
+  --depth 0,4096 --ubatch 512,2048 --fa on,off -p 512 -n 128 --reps 3 --json $OUT/overhead.json
 $RF results export --json > $OUT/export.json 2>/dev/null
 echo "done; left $(left) s"

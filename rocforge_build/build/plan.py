@@ -22,6 +22,7 @@ from rocforge_build import __version__, paths
 from rocforge_build.build import cache, conditions, patches, recipes, sources
 from rocforge_build.build.toolchains import GLSLC_FEATURES, Toolchain, detect, host_identity
 from rocforge_build.discover import targets
+from rocforge_build.discover.builds import read_manifest
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
 from rocforge_build.proc import quote, run
@@ -621,16 +622,6 @@ def _fmt(value, ctx: dict) -> str:
 
 
 # -- is a build needed: the stamp without planning ------------------------------------------------
-
-def read_manifest(prefix: Path) -> dict | None:
-    """The manifest of the build in `prefix` (None when there is none or it is unreadable)."""
-    import tomllib
-
-    try:
-        return tomllib.loads((prefix / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
 
 def quick_stamp(req: Request, root) -> tuple[str, Path]:
     """The stamp over every input, computed without planning, patching or running CMake."""

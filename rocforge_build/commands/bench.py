@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from rocforge_build.errors import UsageError
-from rocforge_build.measure import bench, verify
+from rocforge_build.measure import bench
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.session import Progress, describe, open_session
 
@@ -45,13 +45,16 @@ def run(args) -> int:
     programs = ("llama-bench",) if args.no_gate else ("llama-bench", "llama-perplexity")
     s = open_session(args.model, builds, programs, args.rootfs)
     spec = spec_from(args, s.model)
-    ctxs = verify.contexts(s.model, bench.int_list(args.ctx, "--ctx") or None)
+    ctx = bench.int_list(args.ctx, "--ctx") or None
     run_id = s.store.start_run("bench", args.argv, {"host": s.base["host"], "model": s.base["model"],
                                                     "spec": {"depths": spec.depths, "n_prompt": spec.n_prompt,
                                                              "n_gen": spec.n_gen, "reps": spec.reps}})
     progress = Progress(len(builds) * len(vs) * len(bench.expected(spec, spec.depths)), quiet=args.json)
 
     def gate(build, fa):
+        from rocforge_build.measure import verify  # only gated runs pay for importing it
+
+        ctxs = verify.contexts(s.model, ctx)
         return verify.gate(build, s.model, reference=args.reference, store=s.store, run_id=run_id,
                            base=s.base, ctxs=ctxs, fa=fa, quiet=args.json)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from rocforge_build.discover.envcache import touch
 from rocforge_build.rootfs import Root
@@ -72,6 +72,14 @@ def _rebase(value: str, recorded: str, prefix: PurePosixPath) -> str:
     if recorded and (value == recorded or value.startswith(recorded.rstrip("/") + "/")):
         return str(prefix) + value[len(recorded.rstrip("/")):]
     return value
+
+
+def read_manifest(prefix: Path) -> dict | None:
+    """The manifest of the build in `prefix` (None when there is none or it is unreadable)."""
+    try:
+        return tomllib.loads((prefix / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def read(root: Root, prefix: PurePosixPath) -> Build | None:

@@ -7,6 +7,7 @@ crash deep inside llama-bench.  Format: ggml-org/ggml docs/gguf.md.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from dataclasses import dataclass, field
@@ -67,25 +68,51 @@ class Model:
         return int(value) if isinstance(value, int) else None
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Reader:
-    def __init__(self, fh, path: Path, size: int):
-        self.fh, self.path, self.size = fh, path, size
+    """The header, read from a memory map: a real model's header holds ~150k token strings and as
+    many merges, which one read call each would take a good part of a second to walk."""
+
+    def __init__(self, buf, path: Path, size: int):
+        self.buf, self.path, self.size, self.off = buf, path, size, 0
+
+    def _truncated(self) -> ModelError:
+        return ModelError(f"{self.path} is truncated: its GGUF header runs past the end of the file "
+                          f"({self.size} bytes)", "download the model again (the file was cut short)")
 
     def take(self, n: int) -> bytes:
-        data = self.fh.read(n)
-        if len(data) != n:
-            raise ModelError(f"{self.path} is truncated: its GGUF header ends at byte {self.fh.tell()} "
-                             f"of {self.size}", "download the model again (the file was cut short)")
+        end = self.off + n
+        if end > self.size:
+            raise self._truncated()
+        data, self.off = self.buf[self.off:end], end
         return data
 
     def scalar(self, fmt: str):
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+        s = _STRUCTS[fmt]
+        if self.off + s.size > self.size:
+            raise self._truncated()
+        value = s.unpack_from(self.buf, self.off)[0]
+        self.off += s.size
+        return value
 
     def string(self) -> str:
         n = self.scalar("<Q")
         if n > self.size:
             raise ModelError(f"{self.path} is not a valid GGUF file (a string of {n} bytes in its header)")
         return self.take(n).decode("utf-8", errors="replace")
+
+    def skip_strings(self, count: int) -> None:
+        """Past `count` strings (u64 length + bytes each) without decoding them."""
+        buf, off, size, unpack = self.buf, self.off, self.size, _U64.unpack_from
+        for _ in range(count):
+            if off + 8 > size:
+                raise self._truncated()
+            off += 8 + unpack(buf, off)[0]
+        if off > size:
+            raise self._truncated()
+        self.off = off
 
     def value(self, vtype: int):
         """A scalar or string value; arrays (token lists, scores) are read past and give None."""
@@ -96,16 +123,21 @@ class _Reader:
         if vtype == 9:
             itype, count = self.scalar("<I"), self.scalar("<Q")
             self.last_count = count
-            if itype in _SCALARS:  # numeric arrays in one read
+            if itype in _SCALARS:  # numeric arrays: one jump
                 width = struct.calcsize(_SCALARS[itype])
                 if count * width > self.size:
                     raise ModelError(f"{self.path} is not a valid GGUF file (an array of {count} items)")
                 self.take(count * width)
+            elif itype == 8:
+                self.skip_strings(count)
             else:
                 for _ in range(count):
                     self.value(itype)
             return None
         raise ModelError(f"{self.path} is not a valid GGUF file (unknown value type {vtype})")
+
+
+_STRUCTS = {fmt: struct.Struct(fmt) for fmt in set(_SCALARS.values()) | {"<I", "<Q"}}
 
 
 def check(path: str | os.PathLike[str]) -> Model:
@@ -119,10 +151,16 @@ def check(path: str | os.PathLike[str]) -> Model:
     except OSError as exc:
         raise ModelError(f"model file {p} cannot be read: {exc.strerror}") from None
     with fh:
-        r = _Reader(fh, p, size)
         if size < 24 or fh.read(4) != MAGIC:
             raise ModelError(f"{p} is not a GGUF model (no GGUF magic at its start)",
                              "llama.cpp reads GGUF files; convert other formats with convert_hf_to_gguf.py")
+        try:
+            buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:  # a file that cannot be mapped (a pipe, a special file)
+            raise ModelError(f"model file {p} cannot be read: {exc}") from None
+    with buf:
+        r = _Reader(buf, p, size)
+        r.off = 4
         version = r.scalar("<I")
         if version == 1:  # 32-bit lengths and counts; llama.cpp's gguf.cpp refuses it as well
             raise ModelError(f"{p} is a GGUF version 1 file, which llama.cpp no longer reads",
@@ -145,7 +183,7 @@ def check(path: str | os.PathLike[str]) -> Model:
             ttype, offset = r.scalar("<I"), r.scalar("<Q")
             tensors.append((dims, ttype, offset))
         align = metadata.get("general.alignment", 32) or 32
-        start = -(-fh.tell() // align) * align
+        start = -(-r.off // align) * align
     end = start
     for dims, ttype, offset in tensors:
         n = 1

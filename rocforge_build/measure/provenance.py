@@ -10,7 +10,6 @@ from pathlib import Path
 
 from rocforge_build import paths
 from rocforge_build.discover import host as host_facts
-from rocforge_build.download import sha256_file
 from rocforge_build.measure.gguf import Model
 from rocforge_build.rootfs import Root
 
@@ -21,11 +20,16 @@ def _read(path: str) -> str:
 
 
 def host(root=None) -> dict:
+    # os.uname, not platform.platform() or platform.processor(): on Linux those run `uname -p`,
+    # a process on every bench call
+    u = os.uname()
     cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
-                if line.startswith("model name")), platform.processor() or platform.machine())
+                if line.startswith("model name")), None) or u.machine
     kib = host_facts.parse_meminfo(_read("/proc/meminfo"))
     mem = kib * 1024 if kib is not None else None
-    info = {"kernel": platform.release(), "os": platform.platform(terse=True), "cpu": cpu,
+    libc = "".join(platform.libc_ver())  # glibc's confstr, no file scan when it answers
+    system = f"{u.sysname}-{u.release}-{u.machine}" + (f"-with-{libc}" if libc else "")
+    info = {"kernel": u.release, "os": system, "cpu": cpu,
             "cpus": os.cpu_count(), "ram_bytes": mem, "gpus": [], "rocm": None}
     try:
         from rocforge_build.discover import gpus as gpu_mod
@@ -45,22 +49,40 @@ def model(m: Model) -> dict:
             "size": m.size, "sha256": model_sha256(m.path), "n_ctx_train": m.n_ctx_train}
 
 
+DIGESTS = "model-digests.json"  # in the data dir: {"dev:ino:size:mtime_ns": {"sha256": ..., "path": ...}}
+_KEEP = 64  # digests kept (the most recently computed); a model not among them is hashed again
+
+
+def _file_key(st: os.stat_result) -> str:
+    # device and inode as well as size and mtime: a model replaced by another file of the same size
+    # (a rename over it, a copy with `cp -p`) is a new inode, and is hashed again
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
 def model_sha256(path: Path) -> str:
-    """sha256 of a model file, cached by (path, size, mtime): models are large and re-read often."""
-    st = path.stat()
-    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    cache = paths.cache_dir() / "model-sha256.json"
+    """sha256 of a model file, computed once per (device, inode, size, mtime_ns): a 20-40 GB model
+    takes many seconds to hash, which no bench or verify call should pay again."""
+    key = _file_key(path.stat())
+    cache = paths.data_dir() / DIGESTS
     try:
-        known = json.loads(cache.read_text())
+        known = json.loads(cache.read_text(encoding="utf-8"))
+        if not isinstance(known, dict):
+            known = {}
     except (OSError, ValueError):
         known = {}
-    if key in known:
-        return known[key]
+    hit = known.get(key)
+    if isinstance(hit, dict) and isinstance(hit.get("sha256"), str):
+        return hit["sha256"]
+    from rocforge_build.download import sha256_file  # only here: download pulls in urllib
+
     digest = sha256_file(path)
-    known[key] = digest
+    if _file_key(path.stat()) != key:  # changed while it was read: the digest is of no one file
+        return digest
+    known.pop(key, None)
+    known[key] = {"sha256": digest, "path": str(path.resolve())}
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        paths.write_whole(cache, json.dumps(known))  # a per-process temporary file
+        paths.write_whole(cache, json.dumps(dict(list(known.items())[-_KEEP:]), indent=1))
     except OSError:
         pass  # only the cache is lost
     return digest

@@ -39,8 +39,10 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
 
+            # redrawn once a second, not rich's default 10: its thread would take CPU from a
+            # CPU build's llama-bench all along the run (the elapsed time shows whole seconds)
             self.bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                    TimeElapsedColumn(), transient=True)
+                                    TimeElapsedColumn(), transient=True, refresh_per_second=1)
             self.task = self.bar.add_task("bench", total=total)
             self.bar.start()
 
