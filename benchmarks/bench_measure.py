@@ -18,6 +18,10 @@ by hand in a shell loop, side by side in one process, alternating which goes fir
    -r 1) with 1 and with `--fit-runs` llama-bench runs; the harness time per call and per run is the
    line through the two (medians).
 
+`--no-warmup`: bench's discarded warm-up run (on by default for GPU builds, whose first processes pay
+the driver's pipeline compiles) is an extra llama-bench run by choice, not the harness's cost; step 1
+warms both sides instead.
+
 The rocforge side runs with Python's bytecode cache on (PYTHONPYCACHEPREFIX in a temporary folder,
 PYTHONDONTWRITEBYTECODE dropped) as an installed rocforge has its .pyc files; results go to a
 temporary database (ROCFORGE_RESULTS_DB), the model digest to the data dir as in normal use.
@@ -60,7 +64,7 @@ def held(lock: str | None):
 
 
 def rocforge_argv(a, prefix: str, *, depth: str, ubatch: str, fa: str, p: int, n: int, reps: int) -> list[str]:
-    argv = shlex.split(a.rocforge) + ["bench", prefix, "--model", a.model, "--no-gate", "--json",
+    argv = shlex.split(a.rocforge) + ["bench", prefix, "--model", a.model, "--no-gate", "--no-warmup", "--json",
                                       "--depth", depth, "-p", str(p), "-n", str(n), "--reps", str(reps)]
     argv += ["--ubatch", ubatch] if ubatch else []
     argv += ["--fa", fa] if fa else []

@@ -113,6 +113,18 @@ def test_verify_bench_tune_preset_and_a_wrong_build(llama_tree, tmp_path, capsys
     assert all("llama-bench" in r["error"] for r in failed)
     assert {(r["fa"], r["depth"]) for r in rows if r["status"] == "ok"} == {(False, 0), (True, 0)}
 
+    # the warm-up: a CPU build runs none by default, one discarded run when asked (not a row)
+    def last_run_info() -> dict:
+        row = sqlite3.connect(paths.data_dir() / "results.sqlite3").execute(
+            "SELECT info FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+        return json.loads(row[0])
+
+    for flag, warmed in (([], False), (["--warmup"], True)):
+        code, out, err = rf(capsys, "bench", ref, "--model", model, "--no-gate", *flag, *BENCH, "--json")
+        assert code == 0, err
+        assert len(json.loads(out)) == 2  # pp and tg at depth 0: the warm-up leaves no row
+        assert (str(ref) in last_run_info()["warmup_s"]) is warmed
+
     # tune: the default cpu build (reused, not rebuilt) and the no-sgemm build
     code, out, err = rf(capsys, "tune", "llama-cpp", "--target", "gfx1151", "--model", model, "--backends", "cpu",
                         "--source", llama_tree, "--build", b, "--ubatch", "32,64,128", *ctx, *BENCH, "--json")

@@ -69,7 +69,7 @@ if [ "${PHASE:-build}" = build ]; then
   echo "== llama-perplexity -c 512 --chunks 4"
   for m in /tmp/m-f16.gguf /tmp/m-q4_0.gguf; do ppl cpu $CPU $m; ppl vk-glslc2023 $VK $m; ppl vk-glslc2026 $VKNEW $m; done
   echo "== verify (F16, then Q4_0)"
-  for m in f16 q4_0; do for v in "vk-glslc2023 $VK" "vk-glslc2026 $VKNEW"; do set -- $v
+  for m in ${VERIFY_MODELS:-f16 q4_0}; do for v in "vk-glslc2023 $VK" "vk-glslc2026 $VKNEW"; do set -- $v
     t0=$(date +%s)
     $RF verify $2 --model /tmp/m-$m.gguf --reference $CPU --json > /tmp/verify-$1-$m.json; echo "verify $1 $m rc=$? $(( $(date +%s) - t0 )) s"
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['passed'], [{k: c.get(k) for k in ('ctx','kld_mean','top1','ppl','ppl_ref','passed')} for c in d['checks']])" /tmp/verify-$1-$m.json
@@ -82,7 +82,7 @@ fi
 . <(sed 's/ /\n/g' /tmp/prefixes)
 echo "== bench (gated), both Vulkan builds: depths 0/4096/16384, ubatch 512/2048, fa on/off"
 t0=$(date +%s)
-$RF bench $VK $VKNEW --model $M --reference $CPU --depth 0,4096,16384 --ubatch 512,2048 --fa on,off --reps 3 --timeout 40 --json > $OUT/bench.json; echo "bench rc=$? $(( $(date +%s) - t0 )) s"
+$RF bench $VK $VKNEW --model $M --reference $CPU --depth 0,4096,16384 --ubatch 512,2048 --fa on,off --reps 3 --timeout 25 --json > $OUT/bench.json; echo "bench rc=$? $(( $(date +%s) - t0 )) s"
 python3 - $OUT/bench.json <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
@@ -94,7 +94,7 @@ $RF bench $VKNEW --model $M --no-gate --ubatch 2048,512 --fa off --reps 3 --json
 echo "left $(left) s"
 echo "== tune (both Vulkan builds are candidates)"
 t0=$(date +%s)
-timeout $(( $(left) - 150 )) $OLD $RF tune llama-cpp --target gfx1100 --model $M --backends vulkan --build $VKNEW --source $T --reps 3 --timeout 60 --json > $OUT/tune.json; echo "tune rc=$? $(( $(date +%s) - t0 )) s"
+timeout $(( $(left) - 150 )) $OLD $RF tune llama-cpp --target gfx1100 --model $M --backends vulkan --build $VKNEW --source $T --reps 3 --timeout 15 --json > $OUT/tune.json; echo "tune rc=$? $(( $(date +%s) - t0 )) s"
 $RF preset show $M --shell > $OUT/preset.sh; echo "preset rc=$?"; cat $OUT/preset.sh
 $RF preset show $M
 $RF results plot -o $OUT/depth.html > /dev/null 2>&1; ls -la $OUT

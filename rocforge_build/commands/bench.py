@@ -4,6 +4,7 @@ store as soon as it exists."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from rocforge_build.errors import UsageError
@@ -27,6 +28,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--timeout", type=float, metavar="S",
                         help="stop a llama-bench run after S seconds; what it did not finish is recorded as failed")
     parser.add_argument("--no-gate", action="store_true", help="do not run `rocforge verify` first")
+    parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
+                        help="one discarded llama-bench run per build before its matrix (default: on for "
+                             "GPU builds, whose first runs pay the driver's pipeline compiles)")
     parser.add_argument("--reference", metavar="PREFIX", help="the gate's reference build (see rocforge verify)")
     parser.add_argument("--ctx", metavar="N,...", help="the gate's contexts (see rocforge verify)")
     parser.add_argument("--json", action="store_true", help="the rows as JSON")
@@ -36,7 +40,8 @@ def spec_from(args, model) -> bench.Spec:
     if args.reps < 1 or args.n_prompt < 0 or args.n_gen < 0 or not (args.n_prompt or args.n_gen):
         raise UsageError("--reps must be >= 1 and -p/-n not negative (one of them > 0)")
     depths = tuple(bench.int_list(args.depth, "--depth")) or (0,)
-    return bench.Spec(model, depths, args.n_prompt, args.n_gen, args.reps, args.threads, timeout=args.timeout)
+    return bench.Spec(model, depths, args.n_prompt, args.n_gen, args.reps, args.threads, timeout=args.timeout,
+                      warmup=args.warmup)
 
 
 def run(args) -> int:
@@ -69,7 +74,8 @@ def run(args) -> int:
     finally:
         progress.close()
         s.store.finish_run(run_id, status, None if out is None else
-                           {**(s.store.run_info(run_id) or {}).get("info", {}), "llama_bench_s": round(out.child_s, 4)})
+                           {**(s.store.run_info(run_id) or {}).get("info", {}), "llama_bench_s": round(out.child_s, 4),
+                            "warmup_s": out.warmup_s})
     if args.json:
         print(json.dumps(out.rows, indent=2, default=str))
     else:

@@ -53,6 +53,10 @@ class Spec:
     threads: int | None = None
     extra: tuple[str, ...] = ()
     timeout: float | None = None  # seconds per llama-bench run; over it the run is killed and recorded
+    # one discarded llama-bench run per build before its matrix (None: GPU builds only).  On the H100
+    # the first two llama-bench processes of a fresh Vulkan build ran pp512 at 28-33 k t/s, the same
+    # command later at 77-83 k: the driver's pipeline compiles and clocks, not the variant.
+    warmup: bool | None = None
 
 
 @dataclass
@@ -60,6 +64,7 @@ class Outcome:
     rows: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     child_s: float = 0.0  # wall time inside llama-bench processes (the harness's cost is the rest)
+    warmup_s: dict = field(default_factory=dict)  # prefix -> seconds of its discarded warm-up run
 
     @property
     def failed(self) -> int:
@@ -86,6 +91,21 @@ def argv_for(build: LlamaBuild, spec: Spec, v: Variant, depths: tuple[int, ...])
     if spec.threads:
         argv += ["-t", str(spec.threads)]
     return argv + list(spec.extra)
+
+
+def warm_up(build: LlamaBuild, spec: Spec, v: Variant) -> float:
+    """One short llama-bench run whose figures are thrown away: the first processes of a new build
+    pay one-off costs (the GPU driver compiling and caching its pipelines, clocks ramping up) that
+    would otherwise land on whichever variant happens to run first.  Its failures are the real
+    run's to report.  Returns its wall time."""
+    short = Spec(spec.model, (0,), min(spec.n_prompt, 512), min(spec.n_gen, 16), 1, spec.threads, spec.extra)
+    t0 = time.perf_counter()
+    try:
+        subprocess.run(argv_for(build, short, v, (0,)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env=merged_env({**build.runtime_env, **dict(v.env)}), timeout=spec.timeout or 600)
+    except subprocess.TimeoutExpired:
+        pass
+    return time.perf_counter() - t0
 
 
 def expected(spec: Spec, depths: tuple[int, ...]) -> list[tuple[str, int]]:
@@ -218,6 +238,11 @@ def run(builds: list[LlamaBuild], spec: Spec, vs: list[Variant], *, store, run_i
             depths, note = depths_for(build, spec.depths)
             if note:
                 out.notes.append(f"{build.label()}: {note}")
+            runnable = [v for v in vs if verdicts.get(bool(v.fa), "skipped") != "failed"]
+            if runnable and (spec.warmup if spec.warmup is not None else build.gpu):
+                if progress:
+                    progress.status(f"warming up {build.label()} (one discarded run)")
+                out.warmup_s[str(build.prefix)] = round(warm_up(build, spec, runnable[0]), 3)
             for v in vs:
                 verdict = verdicts.get(bool(v.fa), "skipped")
                 if verdict == "failed":  # wrong with this flash-attention setting: recorded, not run
