@@ -313,3 +313,20 @@ def test_hip_compiles_cache_in_ccache_and_stay_local_under_distcc(tmp_path):
             __import__("time").sleep(0.1)
             time_limit -= 1
         assert remote_jobs(log, ("k.hip",)) == 0 and remote_jobs(log, ("c.c",)) == 1, log.read_text()
+
+
+def test_icecream_without_scheduler_or_daemon_is_left_out(tmp_path):
+    """A scheduler that does not answer, and a real icecc-scheduler (Debian's icecc 1.4) with no
+    local iceccd: nothing is sent anywhere, the plan says why, -j stays local."""
+    from buildservers import free_port, icecream
+
+    closed = free_port()
+    d = cache.icecc_distribution(f"127.0.0.1:{closed}", 0, [], {"ICECC_TEST_SOCKET": str(tmp_path / "no.sock")})
+    assert d.capacity == 0 and d.hosts == []
+    assert d.left_out[0].startswith(f"scheduler 127.0.0.1:{closed}: does not answer")
+    with icecream() as ice:
+        assert cache.icecc_scheduler_hosts(f"127.0.0.1:{ice.port}") == []  # it answers, no daemons yet
+        d = cache.icecc_distribution(f"127.0.0.1:{ice.port}", 0, [],
+                                     {"ICECC_TEST_SOCKET": str(tmp_path / "no.sock")})
+    assert d.capacity == 0 and d.left_out == [
+        "local iceccd: not running (no socket answers), icecc compiles everything here"]

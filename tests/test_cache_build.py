@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 import filecmp
+import json
+import os
+import re
 import shutil
+import subprocess
+import time
 import tomllib
 from pathlib import Path
 
 import pytest
 from buildfixtures import RECIPE, project_copy
-from buildservers import distccd, other_host, redis_keys, redis_server, remote_jobs
+from buildservers import distccd, icecream, other_host, redis_keys, redis_server, remote_jobs
 
 from rocforge_build import cli, config
 from rocforge_build.build import pipeline
@@ -125,8 +130,6 @@ def test_distcc_compiles_remote_and_matches_a_local_build(tmp_path, monkeypatch,
 
 def test_sccache_counts_go_to_the_manifest(tmp_path, monkeypatch, capsys):
     """Debian's sccache 0.4 as the launcher (local disk: Debian builds it without Redis)."""
-    import subprocess
-
     from buildservers import free_port, need
 
     need("sccache")
@@ -147,3 +150,63 @@ def test_sccache_counts_go_to_the_manifest(tmp_path, monkeypatch, capsys):
     assert (first["hits"], first["misses"]) == (0, 3)
     assert (second["hits"], second["misses"], second["remote_hits"]) == (3, 0, 0)
     assert "3/3 hits (100 %)" in capsys.readouterr().err
+
+
+def test_icecream_compiles_remote_with_this_machines_compiler(tmp_path, monkeypatch, capsys):
+    """icecc-scheduler + an iceccd on 127.0.0.1 (this machine, --no-remote: it only hands jobs
+    out) + an iceccd in another network namespace whose own gcc is clang 15.  icecream ships
+    this machine's compiler to it (icecc-create-env), so every compile goes there and the
+    objects are byte for byte those of a local build: the host's compiler never runs."""
+    src = project_copy(tmp_path / "src")
+    home = _machine(monkeypatch, tmp_path, "one")
+    with other_host() as (ns, mine, _), icecream() as ice:
+        local = ice.daemon(None, "127.0.0.1", no_remote=True, jobs=0)
+        remote = ice.daemon("otherbox", mine, netns=ns, jobs=2, other_compiler=True)
+        monkeypatch.setenv("ICECC_TEST_SOCKET", ice.socket(local))
+        config.set_value("build.icecc_scheduler", f"127.0.0.1:{ice.port}")
+        assert _build(src, "--prefix", str(home / "dist"), "--distribute", "--dry-run", "--json") == 0
+        planned = json.loads(capsys.readouterr().out)["distribution"]
+        assert _build(src, "--prefix", str(home / "dist"), "--distribute") == 0
+        for _ in range(50):  # iceccd writes its log in its own time
+            if len(ice.remote_compiles(remote)) >= 3:
+                break
+            time.sleep(0.2)
+        went_remote = sorted(ice.remote_compiles(remote))
+        scheduler_log = ice.log("scheduler").read_text(errors="replace")
+        their_cc = (ice.base / f"{remote}.cc").read_text()
+        # HIP stays here: the real client on a real `-x hip` compile with offload (Debian's
+        # clang 15, HIP headers and device libraries, as tests/test_cache.py's HIP check)
+        kernel = tmp_path / "k.hip"
+        kernel.write_text("#include <hip/hip_runtime.h>\n"
+                          "__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n")
+        hip = subprocess.run(["icecc", "/usr/bin/clang++-15", "-x", "hip", "--offload-arch=gfx1030",
+                              "--rocm-path=/usr",
+                              "--hip-device-lib-path=/usr/lib/x86_64-linux-gnu/amdgcn/bitcode",
+                              "-O2", "-c", str(kernel), "-o", str(tmp_path / "k.o")],
+                             env={**os.environ, "ICECC_DEBUG": "info"}, capture_output=True, text=True)
+        time.sleep(1)
+        assert sorted(ice.remote_compiles(remote)) == went_remote  # no new remote job
+        m = _manifest(home / "dist")
+        shutil.copytree(home / "dist", home / "dist-copy", symlinks=True)
+        objects = {o: o.read_bytes() for o in Path(m["flags"]["build"][2]).rglob("*.o")}
+        # the same build without --distribute or a cache, in the same work dir
+        assert _build(src, "--prefix", str(home / "dist"), "--no-cache", "--force") == 0
+    out = capsys.readouterr()
+    assert "clang version 15" in their_cc  # that host's own gcc really is another compiler
+    assert went_remote == ["extra.c", "greet.c", "hello.c"]  # every C file compiled over there
+    ends = re.findall(r"END \d+ status=(\d+) .* server=(\S+)", scheduler_log)
+    assert ends == [("0", "otherbox")] * 3  # the scheduler's job records agree
+    assert len(objects) == 3
+    for o, data in objects.items():
+        assert o.read_bytes() == data, o
+    for rel in ("bin/fixture-hello", "bin/fixture-extra", "lib/libgreet.so.1.2.0"):
+        assert filecmp.cmp(home / "dist-copy" / rel, home / "dist" / rel, shallow=False), rel
+    assert (m["cache"]["misses"], m["cache"]["hits"]) == (3, 0)  # ccache handed its misses on
+    build = m["flags"]["build"]
+    assert build[build.index("-j") + 1] == "3"  # 1 local + otherbox's 2 slots
+    assert hip.returncode == 0, hip.stderr
+    assert "unsupported -x option: hip; running locally" in hip.stderr
+    assert planned["tool"] == "icecc" and planned["capacity"] == 2
+    assert [h.split(" (")[0] for h in planned["hosts"]] == ["otherbox"]  # not this machine's daemon
+    assert planned["daemon"] == ice.socket(local) and planned["left_out"] == []
+    assert "kept local: link steps" in out.err
