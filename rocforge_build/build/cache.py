@@ -158,8 +158,10 @@ def _hip_note(setup: CacheSetup) -> str:
             "'non-cacheable'; HIP support came with mozilla/sccache#2045, sccache 0.8): HIP "
             "translation units compile every time — install ccache or a newer sccache")
         return "not cached: this sccache predates HIP support (mozilla/sccache#2045)"
-    return ("HIP translation units go through sccache (CMAKE_HIP_COMPILER_LAUNCHER; "
-            "mozilla/sccache#2045); hipcc-driven builds need HIP_CLANG_LAUNCHER")
+    return ("HIP translation units go through sccache (CMAKE_HIP_COMPILER_LAUNCHER): sccache "
+            "caches `clang -x hip` since mozilla/sccache#2045 (checked with sccache 0.16 and "
+            "clang 15 here: the second compile is a HIP hit); hipcc-driven builds need "
+            "HIP_CLANG_LAUNCHER (ROCm/llvm-project#1490, ROCm 7.13+; Debian's hipcc 5.2 has none)")
 
 
 def _sccache_version(exe: str | None) -> tuple[int, ...] | None:
@@ -203,10 +205,22 @@ def _remote(setup: CacheSetup, url: str, remote_only: bool) -> None:
         return
     if scheme == "redis":
         version = _sccache_version(setup.launcher)
-        var = "SCCACHE_REDIS" if version and version < (0, 7) else "SCCACHE_REDIS_ENDPOINT"
-        setup.secret_env[var] = url
-        setup.env[var] = shown
-        setup.reasons[var] = "cache.remote (shown without credentials)"
+        if version and version < (0, 7):
+            setup.secret_env["SCCACHE_REDIS"] = url
+            setup.env["SCCACHE_REDIS"] = shown
+            setup.reasons["SCCACHE_REDIS"] = "cache.remote (shown without credentials)"
+            return
+        # sccache 0.16 with the password in the endpoint URL never authenticates: its server
+        # hangs at start-up while reconnecting and PINGing without AUTH (hundreds of thousands
+        # of NOAUTH-rejected PINGs a minute, checked with redis-server 7.0 --requirepass); with
+        # SCCACHE_REDIS_USERNAME/PASSWORD it sends AUTH and works
+        setup.env["SCCACHE_REDIS_ENDPOINT"] = shown
+        setup.reasons["SCCACHE_REDIS_ENDPOINT"] = "cache.remote (without credentials)"
+        auth = _redis_auth(urlsplit(url))
+        if auth:
+            setup.secret_env["SCCACHE_REDIS_PASSWORD"] = auth[-1]
+            if len(auth) == 2:
+                setup.secret_env["SCCACHE_REDIS_USERNAME"] = auth[0]
     else:
         parts = urlsplit(url)
         setup.env["SCCACHE_BUCKET"] = parts.hostname or ""
@@ -663,12 +677,17 @@ def sccache_stats(cache: CacheSetup) -> dict[str, int]:
 
     out = {"hits": 0, "misses": 0, "remote_hits": 0, "remote_errors": 0, "uncacheable": 0}
     try:
-        st = json.loads(_sccache(cache, "--show-stats", "--stats-format", "json"))["stats"]
+        doc = json.loads(_sccache(cache, "--show-stats", "--stats-format", "json"))
+        st = doc["stats"]
     except (ValueError, KeyError, TypeError):
         return out
     out["hits"] = sum(st.get("cache_hits", {}).get("counts", {}).values())
     out["misses"] = sum(st.get("cache_misses", {}).get("counts", {}).values())
-    out["remote_hits"] = out["hits"] if cache.remote_used else 0
+    # one storage per server (0.16 with no multi-level chain): "redis, name: ..." / "S3, ..." or
+    # "Local disk: ..."; sccache counts no remote hits apart, the storage says where hits came from
+    location = str(doc.get("cache_location", ""))
+    remote = cache.remote_used and not location.lower().startswith("local disk")
+    out["remote_hits"] = out["hits"] if remote else 0
     out["remote_errors"] = st.get("cache_read_errors", 0) + st.get("cache_write_errors", 0)
     out["uncacheable"] = st.get("requests_not_cacheable", 0)
     return out
