@@ -246,3 +246,63 @@ def icecream():
         for proc in reversed(ice.procs):
             _stop(proc)
         shutil.rmtree(base, ignore_errors=True)
+
+
+# -- sccache-dist ---------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def sccache_dist(tmp: Path, dist_exe: Path, *, scheduler_addr: str = "127.0.0.1",
+                 server_addr: str = "127.0.0.1", netns: str | None = None):
+    """sccache-dist's scheduler on scheduler_addr and one build server (the overlay builder:
+    bubblewrap, as root) on server_addr, in `netns` when given; yields the client's sccache
+    config file ([dist] scheduler_url + token) and the server's address."""
+    need("bwrap", root=True)
+    key = subprocess.run([dist_exe, "auth", "generate-jwt-hs256-key"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    sport, port = free_port(), free_port()
+    server = f"{server_addr}:{port}"
+    token = subprocess.run([dist_exe, "auth", "generate-jwt-hs256-server-token", "--secret-key", key,
+                            "--server", server], capture_output=True, text=True, check=True).stdout.strip()
+    (tmp / "scheduler.toml").write_text(
+        f'public_addr = "{scheduler_addr}:{sport}"\n[client_auth]\ntype = "token"\ntoken = "client-tok"\n'
+        f'[server_auth]\ntype = "jwt_hs256"\nsecret_key = "{key}"\n')
+    (tmp / "server.toml").write_text(
+        f'cache_dir = "{tmp / "toolchains"}"\npublic_addr = "{server}"\n'
+        f'scheduler_url = "http://{scheduler_addr}:{sport}"\n'
+        f'[builder]\ntype = "overlay"\nbuild_dir = "{tmp / "build"}"\nbwrap_path = "{shutil.which("bwrap")}"\n'
+        f'[scheduler_auth]\ntype = "jwt_token"\ntoken = "{token}"\n')
+    client = tmp / "client.toml"
+    client.write_text(f'[dist]\nscheduler_url = "http://{scheduler_addr}:{sport}"\ntoolchains = []\n'
+                      f'cache_dir = "{tmp / "client-toolchains"}"\n'
+                      '[dist.auth]\ntype = "token"\ntoken = "client-tok"\n')
+    env = {**os.environ, "RUST_LOG": "info", "SCCACHE_NO_DAEMON": "1"}  # else both fork away
+    with open(tmp / "scheduler.log", "wb") as slog, open(tmp / "server.log", "wb") as vlog:
+        sched = subprocess.Popen([dist_exe, "scheduler", "--config", tmp / "scheduler.toml"],
+                                 env=env, stdout=slog, stderr=subprocess.STDOUT)
+        argv = [str(dist_exe), "server", "--config", str(tmp / "server.toml")]
+        srv = subprocess.Popen(["ip", "netns", "exec", netns, *argv] if netns else argv,
+                               env=env, stdout=vlog, stderr=subprocess.STDOUT)
+        try:
+            _wait(scheduler_addr, sport, sched, "sccache-dist scheduler")
+            end = time.monotonic() + 20  # the server registers with the scheduler
+            while sccache_dist_servers(f"{scheduler_addr}:{sport}") < 1:
+                if srv.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError("sccache-dist server did not register: "
+                                       + (tmp / "server.log").read_text(errors="replace")[-2000:])
+                time.sleep(0.2)
+            yield client, server
+        finally:
+            _stop(srv)
+            _stop(sched)
+
+
+def sccache_dist_servers(scheduler: str) -> int:
+    """Build servers the scheduler knows: its status API (bincode: num_servers as u64 first)."""
+    import urllib.request
+
+    req = urllib.request.Request(f"http://{scheduler}/api/v1/scheduler/status",
+                                 headers={"Authorization": "Bearer client-tok"})
+    try:
+        return int.from_bytes(urllib.request.urlopen(req, timeout=2).read()[:8], "little")
+    except OSError:
+        return 0

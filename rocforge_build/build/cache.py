@@ -336,20 +336,19 @@ def setup_distribution(cfg: Mapping, cache: CacheSetup, *, local_jobs: int, hip:
     answers, takes a job, and compiles with this build's compilers."""
     hosts = list(cfg.get("distcc_hosts", []))
     scheduler = cfg.get("icecc_scheduler", "")
+    link = ("link steps: CMake's link job pool is held to the local job count "
+            "(CMAKE_JOB_POOL_LINK), a link needs the whole tree of objects here")
+    if cache.kind == "sccache":
+        return sccache_dist_distribution(cache, [link])
     if not hosts and not scheduler:
         raise UsageError("--distribute: no hosts configured",
                          "rocforge config set build.distcc_hosts '[\"host1/8\", \"host2/8\"]' "
                          "(or build.icecc_scheduler HOST)")
-    if cache.kind == "sccache":
-        raise UsageError("--distribute goes through ccache's prefix_command; sccache has its own "
-                         "distribution (sccache-dist) which rocforge does not set up",
-                         "rocforge config set cache.launcher ccache")
     tool = "distcc" if hosts else "icecc"
     exe = which(tool, environ.get("PATH"))
     if exe is None:
         raise UsageError(f"--distribute: {tool} is not installed", f"Debian: apt-get install {tool}")
-    local = ["link steps: CMake's link job pool is held to the local job count "
-             "(CMAKE_JOB_POOL_LINK), a link needs the whole tree of objects here"]
+    local = [link]
     if hip and tool == "distcc":
         local.append("HIP compiles (-x hip with offload): distcc runs them locally (\"gcc's -x "
                      "handling is complex; running locally for hip\", checked with distcc 3.4); "
@@ -385,6 +384,31 @@ def setup_distribution(cfg: Mapping, cache: CacheSetup, *, local_jobs: int, hip:
     return dist
 
 
+
+
+def sccache_dist_distribution(cache: CacheSetup, local: list[str]) -> Distribution:
+    """sccache distributes through its own configuration (sccache-dist: `[dist] scheduler_url`
+    and `[dist.auth]` in sccache's config file, SCCACHE_CONF); rocforge asks the sccache server
+    what it sees (`--dist-status`) for the capacity, and sets nothing itself."""
+    import json
+
+    dist = Distribution("sccache-dist", [], 0, local=local)
+    try:
+        status = json.loads(_sccache(cache, "--dist-status"))
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and "SchedulerStatus" in status:
+        url, st = status["SchedulerStatus"]
+        if st.get("num_servers"):
+            dist.hosts.append(f"scheduler {url}: {st['num_servers']} server(s)")
+            dist.capacity = int(st.get("num_cpus", 0))
+        else:
+            dist.left_out.append(f"scheduler {url}: no build server is connected")
+    else:
+        dist.left_out.append("sccache-dist: not configured or not answering (`sccache "
+                             f"--dist-status` says {str(status)[:80]!r}); set [dist] scheduler_url "
+                             "and [dist.auth] in sccache's config")
+    return dist
 
 # icecream 1.4: the scheduler's default port; its text interface (`listcs`) listens on port + 1
 ICECC_SCHEDULER_PORT = 8765
@@ -690,6 +714,7 @@ def sccache_stats(cache: CacheSetup) -> dict[str, int]:
     out["remote_hits"] = out["hits"] if remote else 0
     out["remote_errors"] = st.get("cache_read_errors", 0) + st.get("cache_write_errors", 0)
     out["uncacheable"] = st.get("requests_not_cacheable", 0)
+    out["distributed"] = sum((st.get("dist_compiles") or {}).values())
     return out
 
 
@@ -704,6 +729,8 @@ def summary(cache: CacheSetup, stats: Mapping[str, int]) -> list[str]:
             f"({100 * stats['hits'] / total:.0f} %)")
     if cache.remote and cache.remote_used:
         line += f", {stats['remote_hits']} from {cache.remote}"
+    if stats.get("distributed"):
+        line += f"; {stats['distributed']} compiled on sccache-dist servers"
     lines = [line]
     if stats["remote_errors"]:
         lines.append(f"cache server {cache.remote} stopped answering during the build: "
@@ -716,7 +743,8 @@ def manifest_table(cache: CacheSetup, stats: Mapping[str, int]) -> dict:
     return {"launcher": cache.launcher or "none", "remote": cache.remote or "",
             "remote_status": cache.remote_status, "hits": stats["hits"],
             "misses": stats["misses"], "remote_hits": stats["remote_hits"],
-            "remote_errors": stats["remote_errors"]}
+            "remote_errors": stats["remote_errors"],
+            **({"distributed": stats["distributed"]} if "distributed" in stats else {})}
 
 
 def oom_kills() -> int | None:
@@ -791,7 +819,7 @@ class Parallel:
             notes.append(f"cache server {self.cache.remote} {self.cache.remote_status}: this build "
                          "uses the local cache only")
         if self.distribution:
-            what = "distcc host" if self.distribution.tool == "distcc" else "icecream:"
+            what = {"distcc": "distcc host", "icecc": "icecream:"}.get(self.distribution.tool, "sccache-dist:")
             notes += [f"{what} {h} left out: {why}" for h, _, why in
                       (x.partition(": ") for x in self.distribution.left_out)]
             notes += [f"kept local: {what}" for what in self.distribution.local]
