@@ -14,6 +14,17 @@ Measured on the 2-core Debian 12 host (GCC 12.2, -O3 Release), Nov 2026:
     473 MB  src/llama-model.cpp      465 MB  common/arg.cpp      319 MB  src/llama-sampling.cpp
     318 MB  common/common.cpp        255 MB  ggml-cpu/ops.cpp    248 MB  src/llama-vocab.cpp
     243 MB  llamafile/sgemm.cpp      224 MB  ggml-quants.c       144 MB  src/llama.cpp
+
+`--hip`, Nov 2026, same host, Debian sid chroot (clang 21, HIP 6.4.3), Oct 2026 tree, gfx1151,
+no compiler cache; 53 of the HIP backend's 144 translation units (every mmq and fattn-tile
+instance and the largest others), peak RSS / wall on a loaded 2-core machine:
+    274 MB  mmq-instance-nvfp4.cu  25 s      273 MB  mmq-instance-mxfp4.cu  26 s
+    259 MB  mmvq.cu                27 s      250 MB  binbcast.cu            21 s
+    249 MB  fattn-tile-instance-dkq128-dv128.cu  28 s    248 MB  mmvf.cu    17 s
+    242 MB  mmq-instance-iq2_s.cu (and the other i-quant mmq instances)    15 s
+    214 MB  ggml-cuda.cu            6 s      206 MB  fattn-mma-f16-instance-ncols1_64-ncols2_1.cu
+Cross-checked from the host with `/usr/bin/time -f %M` around the whole chroot run:
+mmq-instance-q4_k.cu 247 MB (241 MB inside), ggml-cuda.cu 220 MB (214 MB inside).
 """
 
 from __future__ import annotations
@@ -30,15 +41,18 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 # --hip: the HIP backend's template instances for gfx1151 (Oct 2026 tree, llama-cpp-python 0.3.36)
-HIP_HEAVY = ("mmq-instance-q4_k.cu", "fattn-tile-instance-dkq576-dv512.cu", "ggml-cuda.cu",
-             "fattn-mma-f16-instance-ncols1_64-ncols2_1.cu", "mmq-instance-iq1_s.cu",
-             "fattn-vec-instance-q8_0-q8_0.cu")
+HIP_HEAVY = ("mmq-instance-", "fattn-tile-instance-", "fattn.cu", "fattn-tile.cu", "mmf.cu",
+             "mmvq.cu", "mmvf.cu", "mmq.cu", "convert.cu", "getrows.cu", "cpy.cu", "binbcast.cu",
+             "softmax.cu", "rope.cu", "unary.cu", "mmid.cu", "topk-moe.cu", "set-rows.cu",
+             "ggml-cuda.cu", "fattn-mma-f16-instance-ncols1_64-ncols2_1.cu",
+             "fattn-vec-instance-q8_0-q8_0.cu")  # a name ending in "-": every file it starts
 # run inside the chroot: each compile_commands.json entry alone, its peak RSS as /usr/bin/time's
 # %M reports it (the largest waited-for descendant's ru_maxrss; the sid chroot has no `time`)
 _MEASURE = r"""
 import json, os, resource, subprocess, sys, time
 cmds = json.load(open("/work/build/compile_commands.json"))
-for name in sys.argv[1:]:
+names = [c["file"].rsplit("/", 1)[-1] for c in cmds if "/ggml-cuda/" in c["file"]]
+for name in [n for w in sys.argv[1:] for n in names if n == w or (w.endswith("-") and n.startswith(w))]:
     e = next(c for c in cmds if c["file"].endswith("/" + name))
     t = time.monotonic()
     pid = os.fork()
