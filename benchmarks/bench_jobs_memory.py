@@ -2,6 +2,7 @@
 behind the llama-cpp recipe's `[[jobs]] memory_mb` (default -j = min(cores, MemAvailable / it)).
 
     python benchmarks/bench_jobs_memory.py [--vulkan]
+    python benchmarks/bench_jobs_memory.py --hip      # as root: Debian sid chroot, clang 21
 
 Configures the May 2025 tree (llama-cpp-python 0.3.9 sdist, tests/llama_trees.py) with the
 recipe's release flags, then compiles the named translation units one at a time, each under
@@ -13,6 +14,17 @@ Measured on the 2-core Debian 12 host (GCC 12.2, -O3 Release), Nov 2026:
     473 MB  src/llama-model.cpp      465 MB  common/arg.cpp      319 MB  src/llama-sampling.cpp
     318 MB  common/common.cpp        255 MB  ggml-cpu/ops.cpp    248 MB  src/llama-vocab.cpp
     243 MB  llamafile/sgemm.cpp      224 MB  ggml-quants.c       144 MB  src/llama.cpp
+
+`--hip`, Nov 2026, same host, Debian sid chroot (clang 21, HIP 6.4.3), Oct 2026 tree, gfx1151,
+no compiler cache; 53 of the HIP backend's 144 translation units (every mmq and fattn-tile
+instance and the largest others), peak RSS / wall on a loaded 2-core machine:
+    274 MB  mmq-instance-nvfp4.cu  25 s      273 MB  mmq-instance-mxfp4.cu  26 s
+    259 MB  mmvq.cu                27 s      250 MB  binbcast.cu            21 s
+    249 MB  fattn-tile-instance-dkq128-dv128.cu  28 s    248 MB  mmvf.cu    17 s
+    242 MB  mmq-instance-iq2_s.cu (and the other i-quant mmq instances)    15 s
+    214 MB  ggml-cuda.cu            6 s      206 MB  fattn-mma-f16-instance-ncols1_64-ncols2_1.cu
+Cross-checked from the host with `/usr/bin/time -f %M` around the whole chroot run:
+mmq-instance-q4_k.cu 247 MB (241 MB inside), ggml-cuda.cu 220 MB (214 MB inside).
 """
 
 from __future__ import annotations
@@ -27,6 +39,64 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+
+# --hip: the HIP backend's template instances for gfx1151 (Oct 2026 tree, llama-cpp-python 0.3.36)
+HIP_HEAVY = ("mmq-instance-", "fattn-tile-instance-", "fattn.cu", "fattn-tile.cu", "mmf.cu",
+             "mmvq.cu", "mmvf.cu", "mmq.cu", "convert.cu", "getrows.cu", "cpy.cu", "binbcast.cu",
+             "softmax.cu", "rope.cu", "unary.cu", "mmid.cu", "topk-moe.cu", "set-rows.cu",
+             "ggml-cuda.cu", "fattn-mma-f16-instance-ncols1_64-ncols2_1.cu",
+             "fattn-vec-instance-q8_0-q8_0.cu")  # a name ending in "-": every file it starts
+# run inside the chroot: each compile_commands.json entry alone, its peak RSS as /usr/bin/time's
+# %M reports it (the largest waited-for descendant's ru_maxrss; the sid chroot has no `time`)
+_MEASURE = r"""
+import json, os, resource, subprocess, sys, time
+cmds = json.load(open("/work/build/compile_commands.json"))
+names = [c["file"].rsplit("/", 1)[-1] for c in cmds if "/ggml-cuda/" in c["file"]]
+for name in [n for w in sys.argv[1:] for n in names if n == w or (w.endswith("-") and n.startswith(w))]:
+    e = next(c for c in cmds if c["file"].endswith("/" + name))
+    t = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(e["directory"])
+        r = subprocess.run(e["command"], shell=True, capture_output=True, text=True)
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        print(json.dumps({"file": name, "peak_rss_mb": rss // 1024, "rc": r.returncode,
+                          "wall_s": round(time.monotonic() - t, 1)}), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+def hip(tmp: Path) -> int:
+    """The Oct 2026 tree configured as `rocforge build llama-cpp --target gfx1151 --backend hip`
+    plans it (its configure flags and toolchain env from --dry-run --json, no compiler cache),
+    inside the Debian sid chroot (tests/sid_chroot.py: clang 21, HIP 6.4); then HIP_HEAVY."""
+    import sid_chroot
+    from llama_trees import tree
+
+    root = sid_chroot.ensure()
+    work = tmp / "work"
+    top = tree("0.3.36", work, full=True)
+    src = f"{sid_chroot.WORK}/{top.name}/vendor/llama.cpp"
+    plan = json.loads(sid_chroot.rocforge(root, "build", "llama-cpp", "--target", "gfx1151",
+                                          "--backend", "hip", "--source", src, "--dry-run",
+                                          "--json", "--no-cache", work=work).stdout)
+    argv = list(plan["configure"])
+    argv[argv.index("-S") + 1] = src
+    argv[argv.index("-B") + 1] = f"{sid_chroot.WORK}/build"
+    argv += ["-DCMAKE_EXPORT_COMPILE_COMMANDS=ON", "-DGGML_CCACHE=OFF"]
+    r = sid_chroot.run(root, argv, work=work, env=plan["env"])
+    if r.returncode:
+        print(r.stdout[-2000:], r.stderr[-3000:])
+        return 1
+    (work / "measure.py").write_text(_MEASURE)
+    r = sid_chroot.run(root, ["python3", f"{sid_chroot.WORK}/measure.py", *HIP_HEAVY], work=work,
+                       env=plan["env"])
+    for line in r.stdout.splitlines():
+        m = json.loads(line)
+        print(f"{m['peak_rss_mb']:6d} MB  {m['wall_s']:7.1f} s  {m['file']}  rc={m['rc']}", flush=True)
+    return r.returncode
+
 
 HEAVY = ("llama-model.cpp", "arg.cpp", "llama-sampling.cpp", "common.cpp", "ops.cpp",
          "llama-vocab.cpp", "sgemm.cpp", "ggml-quants.c", "llama.cpp", "ggml-cpu.c")
@@ -45,8 +115,11 @@ def main() -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--vulkan", action="store_true")
+    ap.add_argument("--hip", action="store_true", help="gfx1151 HIP instances, clang 21 (sid chroot)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rocforge-jobmem-"))
+    if a.hip:
+        return hip(tmp)
     src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
     build = tmp / "build"
     flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"]

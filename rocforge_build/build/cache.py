@@ -158,8 +158,10 @@ def _hip_note(setup: CacheSetup) -> str:
             "'non-cacheable'; HIP support came with mozilla/sccache#2045, sccache 0.8): HIP "
             "translation units compile every time — install ccache or a newer sccache")
         return "not cached: this sccache predates HIP support (mozilla/sccache#2045)"
-    return ("HIP translation units go through sccache (CMAKE_HIP_COMPILER_LAUNCHER; "
-            "mozilla/sccache#2045); hipcc-driven builds need HIP_CLANG_LAUNCHER")
+    return ("HIP translation units go through sccache (CMAKE_HIP_COMPILER_LAUNCHER): sccache "
+            "caches `clang -x hip` since mozilla/sccache#2045 (checked with sccache 0.16 and "
+            "clang 15 here: the second compile is a HIP hit); hipcc-driven builds need "
+            "HIP_CLANG_LAUNCHER (ROCm/llvm-project#1490, ROCm 7.13+; Debian's hipcc 5.2 has none)")
 
 
 def _sccache_version(exe: str | None) -> tuple[int, ...] | None:
@@ -203,10 +205,22 @@ def _remote(setup: CacheSetup, url: str, remote_only: bool) -> None:
         return
     if scheme == "redis":
         version = _sccache_version(setup.launcher)
-        var = "SCCACHE_REDIS" if version and version < (0, 7) else "SCCACHE_REDIS_ENDPOINT"
-        setup.secret_env[var] = url
-        setup.env[var] = shown
-        setup.reasons[var] = "cache.remote (shown without credentials)"
+        if version and version < (0, 7):
+            setup.secret_env["SCCACHE_REDIS"] = url
+            setup.env["SCCACHE_REDIS"] = shown
+            setup.reasons["SCCACHE_REDIS"] = "cache.remote (shown without credentials)"
+            return
+        # sccache 0.16 with the password in the endpoint URL never authenticates: its server
+        # hangs at start-up while reconnecting and PINGing without AUTH (hundreds of thousands
+        # of NOAUTH-rejected PINGs a minute, checked with redis-server 7.0 --requirepass); with
+        # SCCACHE_REDIS_USERNAME/PASSWORD it sends AUTH and works
+        setup.env["SCCACHE_REDIS_ENDPOINT"] = shown
+        setup.reasons["SCCACHE_REDIS_ENDPOINT"] = "cache.remote (without credentials)"
+        auth = _redis_auth(urlsplit(url))
+        if auth:
+            setup.secret_env["SCCACHE_REDIS_PASSWORD"] = auth[-1]
+            if len(auth) == 2:
+                setup.secret_env["SCCACHE_REDIS_USERNAME"] = auth[0]
     else:
         parts = urlsplit(url)
         setup.env["SCCACHE_BUCKET"] = parts.hostname or ""
@@ -308,10 +322,12 @@ class Distribution:
     reasons: dict[str, str] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)  # "host: why"
     local: list[str] = field(default_factory=list)  # what stays on this machine, and why
+    daemon: str = ""  # icecc: where the local iceccd answered
 
     def to_json(self) -> dict:
         return {"tool": self.tool, "hosts": self.hosts, "capacity": self.capacity,
-                "left_out": self.left_out, "local": self.local}
+                "left_out": self.left_out, "local": self.local,
+                **({"daemon": self.daemon} if self.tool == "icecc" else {})}
 
 
 def setup_distribution(cfg: Mapping, cache: CacheSetup, *, local_jobs: int, hip: bool,
@@ -320,31 +336,29 @@ def setup_distribution(cfg: Mapping, cache: CacheSetup, *, local_jobs: int, hip:
     answers, takes a job, and compiles with this build's compilers."""
     hosts = list(cfg.get("distcc_hosts", []))
     scheduler = cfg.get("icecc_scheduler", "")
+    link = ("link steps: CMake's link job pool is held to the local job count "
+            "(CMAKE_JOB_POOL_LINK), a link needs the whole tree of objects here")
+    if cache.kind == "sccache":
+        return sccache_dist_distribution(cache, [link])
     if not hosts and not scheduler:
         raise UsageError("--distribute: no hosts configured",
                          "rocforge config set build.distcc_hosts '[\"host1/8\", \"host2/8\"]' "
                          "(or build.icecc_scheduler HOST)")
-    if cache.kind == "sccache":
-        raise UsageError("--distribute goes through ccache's prefix_command; sccache has its own "
-                         "distribution (sccache-dist) which rocforge does not set up",
-                         "rocforge config set cache.launcher ccache")
     tool = "distcc" if hosts else "icecc"
     exe = which(tool, environ.get("PATH"))
     if exe is None:
         raise UsageError(f"--distribute: {tool} is not installed", f"Debian: apt-get install {tool}")
-    local = ["link steps: CMake's link job pool is held to the local job count "
-             "(CMAKE_JOB_POOL_LINK), a link needs the whole tree of objects here"]
-    if hip:
+    local = [link]
+    if hip and tool == "distcc":
         local.append("HIP compiles (-x hip with offload): distcc runs them locally (\"gcc's -x "
                      "handling is complex; running locally for hip\", checked with distcc 3.4); "
                      "their number is held by the localhost slots")
     if tool == "icecc":
-        dist = Distribution("icecc", [f"scheduler {scheduler}"], int(cfg.get("distribute_jobs", 0))
-                            or local_jobs * 4, local=local)
-        dist.env["USE_SCHEDULER"] = scheduler
-        dist.reasons["USE_SCHEDULER"] = "build.icecc_scheduler"
-        dist.left_out.append("compiler check: icecream ships this machine's compiler to the "
-                             "hosts (icecc-create-env), so versions cannot mix")
+        local.append(("HIP compiles (-x hip with offload): icecc runs them locally (\"unsupported "
+                      "-x option: hip; running locally\", checked with icecc 1.4), and so " if hip
+                      else "icecc runs these locally by itself: ")
+                     + "assembler sources and CMake's Check* probes")
+        dist = icecc_distribution(scheduler, int(cfg.get("distribute_jobs", 0)), local, environ)
     else:
         good, capacity, left_out = [], 0, []
         reference = {c: _compiler_ident(c, None, environ) for c in compilers}
@@ -369,6 +383,136 @@ def setup_distribution(cfg: Mapping, cache: CacheSetup, *, local_jobs: int, hip:
         dist.reasons[prefix_var] = f"ccache hands the compiles it misses to {tool} (prefix_command)"
     return dist
 
+
+
+
+def sccache_dist_distribution(cache: CacheSetup, local: list[str]) -> Distribution:
+    """sccache distributes through its own configuration (sccache-dist: `[dist] scheduler_url`
+    and `[dist.auth]` in sccache's config file, SCCACHE_CONF); rocforge asks the sccache server
+    what it sees (`--dist-status`) for the capacity, and sets nothing itself."""
+    import json
+
+    dist = Distribution("sccache-dist", [], 0, local=local)
+    try:
+        status = json.loads(_sccache(cache, "--dist-status"))
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and "SchedulerStatus" in status:
+        url, st = status["SchedulerStatus"]
+        if st.get("num_servers"):
+            dist.hosts.append(f"scheduler {url}: {st['num_servers']} server(s)")
+            dist.capacity = int(st.get("num_cpus", 0))
+        else:
+            dist.left_out.append(f"scheduler {url}: no build server is connected")
+    else:
+        dist.left_out.append("sccache-dist: not configured or not answering (`sccache "
+                             f"--dist-status` says {str(status)[:80]!r}); set [dist] scheduler_url "
+                             "and [dist.auth] in sccache's config")
+    return dist
+
+# icecream 1.4: the scheduler's default port; its text interface (`listcs`) listens on port + 1
+ICECC_SCHEDULER_PORT = 8765
+_ICECC_HOST_RE = re.compile(r"^ (\S+) \(([^()]*):(\d+)\) \[([^\]]*)\] speed=\S+ jobs=\d+/(\d+)", re.M)
+
+
+@dataclass(frozen=True)
+class IceHost:
+    """One compile server as icecream's scheduler lists it."""
+
+    name: str
+    address: str
+    port: int  # 0: started with --no-remote, takes no jobs from other machines
+    platform: str
+    max_jobs: int
+
+
+def icecc_scheduler_hosts(scheduler: str, timeout: float = PROBE_TIMEOUT) -> list[IceHost]:
+    """The daemons connected to the scheduler at `scheduler` (HOST[:PORT]), from its text
+    interface on PORT + 1 (`listcs`, icecc-scheduler 1.4); OSError when it does not answer."""
+    host, _, port = scheduler.rpartition(":") if scheduler.count(":") == 1 else (scheduler, "", "")
+    port = int(port) if port.isdigit() else ICECC_SCHEDULER_PORT
+    data = b""
+    with socket.create_connection((host, port + 1), timeout=timeout) as s:
+        s.settimeout(timeout)
+        s.sendall(b"listcs\nquit\n")
+        while chunk := s.recv(65536):
+            data += chunk
+            if b"200 Good Bye" in data:
+                break
+    text = data.decode(errors="replace")
+    if not text.startswith("200"):
+        raise OSError(f"{host}:{port + 1} is not an icecream scheduler's text port "
+                      f"(it answered {_printable(data)})")
+    return [IceHost(m[1], m[2], int(m[3]), m[4], int(m[5])) for m in _ICECC_HOST_RE.finditer(text)]
+
+
+def icecc_daemon(environ: Mapping[str, str]) -> str | None:
+    """Where the local iceccd answers, tried in the icecc client's own order (client/main.cpp,
+    icecc 1.4): $ICECC_TEST_SOCKET alone when set, else /var/run/icecc/iceccd.socket,
+    /var/run/iceccd.socket, $HOME/.iceccd.socket, 127.0.0.1:10245."""
+    if environ.get("ICECC_TEST_SOCKET"):
+        sockets = [environ["ICECC_TEST_SOCKET"]]
+    else:
+        sockets = ["/var/run/icecc/iceccd.socket", "/var/run/iceccd.socket"]
+        if environ.get("HOME"):
+            sockets.append(f"{environ['HOME']}/.iceccd.socket")
+    for path in sockets:
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(PROBE_TIMEOUT)
+            s.connect(path)
+            return path
+    if not environ.get("ICECC_TEST_SOCKET"):
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", 10245), timeout=PROBE_TIMEOUT).close()
+            return "127.0.0.1:10245"
+    return None
+
+
+def _is_this_machine(h: IceHost) -> bool:
+    # iceccd's node name defaults to the host name; the scheduler sees a local daemon's loopback
+    return h.address.startswith("127.") or h.address == "::1" or h.name == socket.gethostname()
+
+
+def icecc_distribution(scheduler: str, jobs_override: int, local: list[str],
+                       environ: Mapping[str, str]) -> Distribution:
+    """icecream: the client hands each compile to the local iceccd, which asks the scheduler for
+    a host and ships this machine's compiler there (icecc-create-env: the driver, cc1/cc1plus,
+    as and their libraries, run in a chroot), so a host's own compiler is never used.  Capacity
+    = the job slots of the other hosts the scheduler lists for this machine's platform."""
+    import platform
+
+    dist = Distribution("icecc", [], 0, local=local)
+    daemon = icecc_daemon(environ)
+    try:
+        servers = icecc_scheduler_hosts(scheduler)
+    except OSError as exc:
+        dist.left_out.append(f"scheduler {scheduler}: does not answer ({exc.strerror or exc})")
+        return dist
+    if daemon is None:
+        dist.left_out.append("local iceccd: not running (no socket answers), icecc compiles "
+                             "everything here")
+        return dist
+    if not any(_is_this_machine(h) for h in servers):
+        dist.left_out.append(f"local iceccd: not connected to scheduler {scheduler} (its own "
+                             "setting, ICECC_SCHEDULER_HOST in /etc/icecc/icecc.conf), icecc "
+                             "compiles everything here")
+        return dist
+    arch = platform.machine()
+    for h in servers:
+        if _is_this_machine(h):
+            continue
+        if h.port == 0 or h.max_jobs == 0:
+            dist.left_out.append(f"{h.name} ({h.address}): takes no remote jobs (--no-remote or -m 0)")
+        elif h.platform != arch:
+            dist.left_out.append(f"{h.name} ({h.address}): {h.platform}, this machine's compiler "
+                                 f"is for {arch}")
+        else:
+            dist.hosts.append(f"{h.name} ({h.address}:{h.port}/{h.max_jobs})")
+            dist.capacity += h.max_jobs
+    if jobs_override:
+        dist.capacity = jobs_override
+    dist.daemon = daemon
+    return dist
 
 def _slots(spec: str) -> int:
     m = re.search(r"/(\d+)", spec)
@@ -557,14 +701,20 @@ def sccache_stats(cache: CacheSetup) -> dict[str, int]:
 
     out = {"hits": 0, "misses": 0, "remote_hits": 0, "remote_errors": 0, "uncacheable": 0}
     try:
-        st = json.loads(_sccache(cache, "--show-stats", "--stats-format", "json"))["stats"]
+        doc = json.loads(_sccache(cache, "--show-stats", "--stats-format", "json"))
+        st = doc["stats"]
     except (ValueError, KeyError, TypeError):
         return out
     out["hits"] = sum(st.get("cache_hits", {}).get("counts", {}).values())
     out["misses"] = sum(st.get("cache_misses", {}).get("counts", {}).values())
-    out["remote_hits"] = out["hits"] if cache.remote_used else 0
+    # one storage per server (0.16 with no multi-level chain): "redis, name: ..." / "S3, ..." or
+    # "Local disk: ..."; sccache counts no remote hits apart, the storage says where hits came from
+    location = str(doc.get("cache_location", ""))
+    remote = cache.remote_used and not location.lower().startswith("local disk")
+    out["remote_hits"] = out["hits"] if remote else 0
     out["remote_errors"] = st.get("cache_read_errors", 0) + st.get("cache_write_errors", 0)
     out["uncacheable"] = st.get("requests_not_cacheable", 0)
+    out["distributed"] = sum((st.get("dist_compiles") or {}).values())
     return out
 
 
@@ -579,6 +729,8 @@ def summary(cache: CacheSetup, stats: Mapping[str, int]) -> list[str]:
             f"({100 * stats['hits'] / total:.0f} %)")
     if cache.remote and cache.remote_used:
         line += f", {stats['remote_hits']} from {cache.remote}"
+    if stats.get("distributed"):
+        line += f"; {stats['distributed']} compiled on sccache-dist servers"
     lines = [line]
     if stats["remote_errors"]:
         lines.append(f"cache server {cache.remote} stopped answering during the build: "
@@ -591,7 +743,8 @@ def manifest_table(cache: CacheSetup, stats: Mapping[str, int]) -> dict:
     return {"launcher": cache.launcher or "none", "remote": cache.remote or "",
             "remote_status": cache.remote_status, "hits": stats["hits"],
             "misses": stats["misses"], "remote_hits": stats["remote_hits"],
-            "remote_errors": stats["remote_errors"]}
+            "remote_errors": stats["remote_errors"],
+            **({"distributed": stats["distributed"]} if "distributed" in stats else {})}
 
 
 def oom_kills() -> int | None:
@@ -666,9 +819,9 @@ class Parallel:
             notes.append(f"cache server {self.cache.remote} {self.cache.remote_status}: this build "
                          "uses the local cache only")
         if self.distribution:
-            notes += [f"distcc host {h} left out: {why}" for h, _, why in
-                      (x.partition(": ") for x in self.distribution.left_out)
-                      if self.distribution.tool == "distcc"]
+            what = {"distcc": "distcc host", "icecc": "icecream:"}.get(self.distribution.tool, "sccache-dist:")
+            notes += [f"{what} {h} left out: {why}" for h, _, why in
+                      (x.partition(": ") for x in self.distribution.left_out)]
             notes += [f"kept local: {what}" for what in self.distribution.local]
         return notes
 
@@ -735,6 +888,9 @@ def print_plan(par: Parallel, w) -> None:
     if d:
         w(f"distribute {d.tool}: {', '.join(d.hosts) or 'no host answered'} — {d.capacity} remote "
           f"slots; ninja -j {par.build_jobs}\n")
+        if d.daemon:
+            w(f"  local iceccd at {d.daemon}; the hosts compile with this machine's compiler, "
+              "which icecream ships to them (icecc-create-env)\n")
         for x in d.left_out:
             w(f"  left out {x}\n")
         for x in d.local:
@@ -798,9 +954,14 @@ def doctor_checks(environ: Mapping[str, str] | None = None) -> list[dict]:
     sched = cfg["build"]["icecc_scheduler"]
     if sched:
         try:
-            socket.create_connection((sched, 8765), timeout=PROBE_TIMEOUT).close()
-            status = "answers"
+            servers = icecc_scheduler_hosts(sched)
+            status = (f"answers: {len(servers)} host(s), "
+                      f"{sum(h.max_jobs for h in servers if h.port)} remote job slots"
+                      + "".join(f"; {h.name} ({h.address}) {h.max_jobs} jobs" for h in servers))
         except OSError as exc:
             status = f"does not answer ({exc.strerror or exc})"
-        rows.append({"what": "icecream scheduler", "address": f"{sched}:8765", "status": status})
+        rows.append({"what": "icecream scheduler", "address": sched, "status": status})
+        daemon = icecc_daemon(environ)
+        rows.append({"what": "icecream daemon", "address": daemon or "this machine",
+                     "status": "answers" if daemon else "not running (no iceccd socket answers)"})
     return rows

@@ -34,7 +34,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-recheck", action="store_true",
                         help="after a rebuild, do not re-measure and compare with the prefix's earlier results")
     parser.add_argument("--distribute", action="store_true",
-                        help="spread compiles over build.distcc_hosts (or build.icecc_scheduler)")
+                        help="spread compiles over build.distcc_hosts (or build.icecc_scheduler; "
+                        "with sccache as the launcher: sccache-dist as sccache's own config sets it up)")
 
 
 def run(args) -> int:
