@@ -151,8 +151,9 @@ def test_llama_cpp_oct_2026_hip_gfx1151(sid, work, llama_hip):
     assert not any(a.startswith("-DAMDGPU_TARGETS") for a in configure)
     # the other trap: CMake 4 rejects HIPCXX=hipcc; the LLVM's clang++ compiles HIP
     assert re.fullmatch(r"/usr/lib/llvm-21/bin/clang\+\+", manifest["env"].get("HIPCXX", ""))
-    # no patch: the only llama.cpp patch (the rocWMMA stub) is for the rocwmma backend
-    assert [p["status"] for p in manifest["patches"]] == ["not needed"]
+    # no patch: the rocWMMA stub is for the rocwmma backend, the coopmat guard for vulkan
+    assert {p["name"]: p["status"] for p in manifest["patches"]} == {
+        "gfx1151-fattn-wmma-stub.patch": "not needed", "vulkan-coopmat-glslc-guard.patch": "not needed"}
     lib = out / "lib" / "libggml-hip.so"
     targets = ob.device_targets(lib)
     assert set(targets) == {"hipv4-amdgcn-amd-amdhsa--gfx1151"}, targets
