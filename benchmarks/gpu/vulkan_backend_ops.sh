@@ -15,13 +15,8 @@ START=$(date +%s)
 left() { echo $(( 590 - ($(date +%s) - START) )); }
 exec > >(tee -a $OUT/log.txt) 2>&1
 export PYTHONUNBUFFERED=1
-mkdir -p /tmp/vk
-for f in $D/debs/*.deb; do dpkg -x $f /tmp/vk; done
-for p in libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 libx11-6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0 libwayland-client0 libffi8; do dpkg -x $D/debs/${p}_*.deb /; done
-ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-export LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu
-export VULKAN_SDK=/tmp/vk/usr PATH=$PATH:/tmp/vk/usr/bin
+. "$(dirname "$0")/vulkan_env.sh"
+vulkan_unpack $D/debs; vulkan_use_sdk
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $D/whl/*.whl
 export PYTHONPATH=$PWD:/tmp/site
 export ROCFORGE_CACHE_DIR=/tmp/rfc ROCFORGE_DATA_DIR=/tmp/rfd ROCFORGE_CONFIG_DIR=/tmp/rfcfg

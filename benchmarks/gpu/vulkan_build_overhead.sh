@@ -23,13 +23,8 @@ exec > >(tee -a "$OUT/build-overhead.txt") 2>&1
 export PYTHONUNBUFFERED=1
 [ -d "$D/llama" ] || { echo "no llama.cpp tree at $D/llama"; exit 1; }
 if [ "$BACKEND" = vulkan ]; then
-  mkdir -p /tmp/vk
-  for f in "$D"/debs/*.deb; do dpkg -x "$f" /tmp/vk; done
-  for p in libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 libx11-6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0 libwayland-client0 libffi8; do dpkg -x "$D"/debs/${p}_*.deb /; done
-  ldconfig
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-  export LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu
-  export VULKAN_SDK=/tmp/vk/usr PATH=$PATH:/tmp/vk/usr/bin
+  . "$(dirname "$0")/vulkan_env.sh"
+  vulkan_unpack "$D/debs"; vulkan_use_sdk
 fi
 SITE=${SITE:-/tmp/site}
 if [ -d "$D/whl" ]; then

@@ -12,13 +12,8 @@
 # same flags, then llama-bench -o json pp512/tg128 on a random 1b llama (Q4_0), side by side.
 D=$PWD/.dev/build
 export PYTHONUNBUFFERED=1
-mkdir -p /tmp/vk
-for f in $D/debs/*.deb; do dpkg -x $f /tmp/vk; done
-for p in libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 libx11-6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0 libwayland-client0 libffi8; do dpkg -x $D/debs/${p}_*.deb /; done
-ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-export LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu
-export VULKAN_SDK=/tmp/vk/usr
+. "$(dirname "$0")/vulkan_env.sh"
+vulkan_unpack $D/debs; vulkan_use_sdk
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $D/whl/*.whl
 export PYTHONPATH=$D/rocforge:/tmp/site
 export ROCFORGE_CACHE_DIR=/tmp/rfc ROCFORGE_DATA_DIR=/tmp/rfd ROCFORGE_CONFIG_DIR=/tmp/rfcfg

@@ -34,10 +34,8 @@ M=${M:-/tmp/m-f16.gguf}
 
 if [ "${PHASE:-build}" = build ]; then
   mkdir -p /tmp/vk /tmp/vksid /tmp/llama /tmp/builds
-  for f in $D/debs/*.deb; do dpkg -x $f /tmp/vk; done
+  . "$(dirname "$0")/vulkan_env.sh"; vulkan_unpack $D/debs
   for f in $D/debsid/*.deb; do dpkg -x $f /tmp/vksid; done
-  for p in libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 libx11-6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0 libwayland-client0 libffi8; do dpkg -x $D/debs/${p}_*.deb /; done
-  ldconfig
   python3 -m pip install -q --no-index --no-deps --target /tmp/site $D/whl/*.whl
   tar -C /tmp/llama -xJf $D/llama.tar.xz
   echo "== host"; nproc; nvidia-smi -L; date -u
