@@ -126,7 +126,7 @@ def run(args) -> int:
                                                                        rows.append(r), progress.advance(r)))
                 return rows
 
-            if b.gpu:  # its first runs pay the driver's pipeline compiles (see bench.Spec.warmup)
+            if bench.wants_warmup(spec, b):  # the driver's pipeline compiles (see bench.Spec.warmup)
                 progress.status(f"warming up {b.label()} (one discarded run)")
                 bench.warm_up(b, spec, tune.to_variant(tuple(d[0] for d in dims), env_names))
             best = tune.search(cand, dims, env_names, {k: d if d in depths else 0 for k, d in ranges.items()},

@@ -93,6 +93,10 @@ def argv_for(build: LlamaBuild, spec: Spec, v: Variant, depths: tuple[int, ...])
     return argv + list(spec.extra)
 
 
+def wants_warmup(spec: Spec, build: LlamaBuild) -> bool:
+    return spec.warmup if spec.warmup is not None else build.gpu
+
+
 def warm_up(build: LlamaBuild, spec: Spec, v: Variant) -> float:
     """One short llama-bench run whose figures are thrown away: the first processes of a new build
     pay one-off costs (the GPU driver compiling and caching its pipelines, clocks ramping up) that
@@ -239,7 +243,7 @@ def run(builds: list[LlamaBuild], spec: Spec, vs: list[Variant], *, store, run_i
             if note:
                 out.notes.append(f"{build.label()}: {note}")
             runnable = [v for v in vs if verdicts.get(bool(v.fa), "skipped") != "failed"]
-            if runnable and (spec.warmup if spec.warmup is not None else build.gpu):
+            if runnable and wants_warmup(spec, build):
                 if progress:
                     progress.status(f"warming up {build.label()} (one discarded run)")
                 out.warmup_s[str(build.prefix)] = round(warm_up(build, spec, runnable[0]), 3)
