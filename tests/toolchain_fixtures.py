@@ -23,9 +23,12 @@ def fake_vulkan_sdk(base: Path, *, layer_settings: bool) -> Path:
     (base / "lib" / "libvulkan.so").write_text("")
     (base / "bin").mkdir()
     glslc = base / "bin" / "glslc"
-    glslc.write_text('#!/bin/sh\nfor a; do case "$a" in *.comp) f="$a";; esac; done\n'
-                     'grep -qE "cooperative_matrix|integer_dot|bfloat16" "$f" && '
-                     '{ echo "extension not supported" >&2; exit 1; }\nexit 0\n')
+    # glslc -c compiles each input on its own: <input>.spv for each that compiles, exit 1 if any failed
+    glslc.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "shaderc 2023.2-1"; exit 0; }\n'  # Debian 12's
+                     'rc=0\nfor f; do case "$f" in *.comp)\n'
+                     '  if grep -qE "cooperative_matrix|integer_dot|bfloat16" "$f"; then\n'
+                     '    echo "$f:2: error: extension not supported" >&2; rc=1\n'
+                     '  else : > "$f.spv"; fi;; esac; done\nexit $rc\n')
     glslc.chmod(glslc.stat().st_mode | stat.S_IEXEC)
     return base
 
