@@ -403,8 +403,8 @@ def _extract(archive: Path, dest: Path, *, strip: bool = True) -> None:
 
 def _first_copy(src: Path, dst: Path) -> bool:
     """An empty work copy is made by `cp -a` (C speed, reflinks where the filesystem has them:
-    about half the time of a file-by-file copy on llama.cpp's 1,600 files); the walk after it
-    only stats, and removes what the copy must not have (.rocforge-complete, nested _SKIP dirs)."""
+    about half the time of a file-by-file copy on llama.cpp's 1,600 files); `_trimmed` then
+    removes what the copy must not have (.rocforge-complete, nested _SKIP entries)."""
     entries = [str(p) for p in src.iterdir() if p.name not in _SKIP and p.name != ".rocforge-complete"]
     dst.mkdir(parents=True)
     if not entries or not shutil.which("cp"):
@@ -413,11 +413,32 @@ def _first_copy(src: Path, dst: Path) -> bool:
     return res.returncode == 0  # else the walk below copies what is missing
 
 
+def _trimmed(dst: Path) -> int:
+    """After a whole-tree `cp -a`: drop the entries a work copy must not have, count the files.
+    Names only, no stat per file: the copy itself was complete (cp exited 0)."""
+    files = 0
+    for dirpath, dirnames, filenames in os.walk(dst):
+        for d in [d for d in dirnames if d in _SKIP]:
+            dirnames.remove(d)
+            full = os.path.join(dirpath, d)
+            if os.path.islink(full):
+                os.unlink(full)
+            else:
+                shutil.rmtree(full, ignore_errors=True)
+        for name in filenames:
+            if name == ".rocforge-complete" or name in _SKIP:
+                os.unlink(os.path.join(dirpath, name))
+            else:
+                files += 1
+    return files
+
+
 def sync_tree(src: Path, dst: Path) -> int:
     """Make `dst` a copy of `src`, copying only files whose size or mtime differ (so unchanged
     files keep their timestamps and ninja rebuilds only what changed).  Returns files copied."""
+    if not dst.exists() and _first_copy(src, dst):
+        return _trimmed(dst)
     copied = 0
-    first = not dst.exists() and _first_copy(src, dst)
     dst.mkdir(parents=True, exist_ok=True)
     wanted: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(src):
@@ -432,15 +453,13 @@ def sync_tree(src: Path, dst: Path) -> int:
             s = Path(dirpath) / name
             d = out_dir / name
             wanted.add(os.path.normpath(os.path.join(rel, name)))
-            if first:  # `cp -a` made it: count it as copied, check it like any other
-                copied += 1
             if s.is_symlink():
                 if d.is_symlink() and os.readlink(d) == os.readlink(s):
                     continue
                 if d.exists() or d.is_symlink():
                     d.unlink()
                 os.symlink(os.readlink(s), d)
-                copied += not first
+                copied += 1
                 continue
             st = s.stat()
             try:
@@ -451,7 +470,7 @@ def sync_tree(src: Path, dst: Path) -> int:
             except FileNotFoundError:
                 pass
             shutil.copy2(s, d)
-            copied += not first
+            copied += 1
     for dirpath, dirnames, filenames in os.walk(dst, topdown=False):
         rel = os.path.relpath(dirpath, dst)
         for name in filenames:
