@@ -8,7 +8,8 @@ What it compares, each round in alternating order (rocforge first in odd rounds)
             --no-cache --force -j J` with its work dir removed first, so the tree is copied,
             configured and built from nothing, installed, and the manifest written;
   by hand:  `cmake -S TREE -B <empty dir> -G Ninja <every -D flag of rocforge's plan>` and
-            `ninja -C <dir> -j J T` — the same CMake options (taken from `--dry-run --json`, so
+            `ninja -C <dir> -j J T` on the same source (TREE, or a copy with the plan's patches
+            applied once before the rounds) — the same CMake options (taken from `--dry-run --json`, so
             the tree's own ccache switch GGML_CCACHE=OFF too), generator, targets and -j, with the
             same environment plus what rocforge's plan adds to it.
 No compiler cache on either side.  TREE defaults to the May 2025 llama.cpp tree (llama-cpp-python
@@ -59,6 +60,23 @@ def _edges(build_dir: Path) -> float:
     return total / 1000
 
 
+def _patched_once(src: Path, plan: dict, where: Path) -> Path:
+    """The source the hand build compiles: the tree itself, or — when rocforge's plan applies
+    patches to it (the Vulkan coopmat guard on the May 2025 tree) — a copy with those patches
+    applied once, before any round, as someone building by hand would: both sides then compile
+    the same source.  rocforge's own copy and patch stay inside its timed build."""
+    wanted = [p["name"] for p in plan["patches"] if p["status"] == "would apply"]
+    if not wanted:
+        return src
+    shutil.copytree(src, where, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    recipe_patches = Path(plan["recipe_file"]).resolve().parent.parent / "patches" / plan["recipe"]
+    for name in wanted:
+        subprocess.run(["git", "apply", str(recipe_patches / name)], cwd=where, check=True,
+                       env={**os.environ, "GIT_CEILING_DIRECTORIES": str(where.parent)})
+    print(f"hand build source: {where} (patched once: {', '.join(wanted)})")
+    return where
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=4)
@@ -87,6 +105,7 @@ def main() -> int:
     assert plan["compiler_launcher"] is None, plan["compiler_launcher"]
     hand_env = {**env, **plan["env"]}
     work = Path(plan["work_dir"])
+    hand_src = _patched_once(src, plan, tmp / "hand-src")
     print(f"tree {src}\nflags {' '.join(flags)}\nenv added {plan['env']}\n"
           f"load average at start {os.getloadavg()}", flush=True)
 
@@ -106,7 +125,7 @@ def main() -> int:
         b = tmp / "hand-build"
         shutil.rmtree(b, ignore_errors=True)
         t, c = time.perf_counter(), _cpu()
-        subprocess.run(["cmake", "-S", str(src), "-B", str(b), "-G", "Ninja", *flags], check=True,
+        subprocess.run(["cmake", "-S", str(hand_src), "-B", str(b), "-G", "Ninja", *flags], check=True,
                        capture_output=True, env=hand_env)
         t1 = time.perf_counter()
         subprocess.run(["ninja", "-C", str(b), "-j", str(a.jobs), *targets], check=True,

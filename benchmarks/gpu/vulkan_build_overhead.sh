@@ -7,7 +7,8 @@
 #
 # Run from a rocforge checkout with a carried folder D (default .dev/h100), the layout of
 # benchmarks/gpu/vulkan_verify.sh:
-#   llama/  vendor/llama.cpp of the llama-cpp-python 0.3.9 sdist (trimmed: no .git docs models ...)
+#   llama/  vendor/llama.cpp of the llama-cpp-python 0.3.9 sdist (trimmed: no .git docs models ...),
+#           or llama.tar.xz holding it as llama/
 #   debs/   the Debian Vulkan build/runtime packages listed in vulkan_verify.sh
 #   whl/    pip download --no-deps tomlkit platformdirs (gguf may be there too; unused)
 # and call it with carry [D]:  D=$PWD/<D> bash benchmarks/gpu/vulkan_build_overhead.sh
@@ -21,7 +22,11 @@ OUT=${OUT:?OUT must name a folder for the results}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/build-overhead.txt") 2>&1
 export PYTHONUNBUFFERED=1
-[ -d "$D/llama" ] || { echo "no llama.cpp tree at $D/llama"; exit 1; }
+LLAMA=$D/llama
+if [ ! -d "$LLAMA" ] && [ -f "$D/llama.tar.xz" ]; then  # the tree as a tarball (llama/ inside)
+  LLAMA=/tmp/src/llama; mkdir -p /tmp/src; [ -d $LLAMA ] || tar -xJf "$D/llama.tar.xz" -C /tmp/src
+fi
+[ -d "$LLAMA" ] || { echo "no llama.cpp tree at $D/llama (or $D/llama.tar.xz)"; exit 1; }
 if [ "$BACKEND" = vulkan ]; then
   . "$(dirname "$0")/vulkan_env.sh"
   vulkan_unpack "$D/debs"; vulkan_use_sdk
@@ -34,6 +39,7 @@ export PYTHONPATH=$PWD:$SITE
 echo "== host"; nproc; uptime; cmake --version | head -1; echo "ninja $(ninja --version)"
 c++ --version | head -1; git log --oneline -1 2>/dev/null; date -u
 echo "compiler caches on PATH: $(command -v ccache sccache | tr '\n' ' ')"
-timeout 500 python3 benchmarks/bench_overhead_llama.py --source "$D/llama" --backend "$BACKEND" \
+echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE-unset}; imports: $(python3 -X importtime -c 'import rocforge_build.build.pipeline' 2>&1 | tail -1)"
+timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/bench_overhead_llama.py --source "$LLAMA" --backend "$BACKEND" \
   --build-target "$TARGET" -j "$JOBS" --rounds "$ROUNDS" --json "$OUT/build-overhead.json"
 echo "bench rc=$?; $(uptime)"
