@@ -16,7 +16,8 @@
 #   apt-get download icecc libarchive13 libcap-ng0 liblzo2-2 libzstd1 libnettle8 libacl1 liblzma5 \
 #     liblz4-1 libbz2-1.0 zlib1g libxml2 libicu72 file libmagic1 libmagic-mgc
 # unpacked into /tmp/ic and run through wrappers that set LD_LIBRARY_PATH for icecream alone;
-# icecc looks for /usr/bin/icecc-create-env, which is put there only if absent; ipr/ (iproute2 and
+# iceccd runs /usr/bin/icecc --build-native, which runs /usr/bin/icecc-create-env: both are put
+# there (the wrapper, the script) only if absent; ipr/ (iproute2 and
 # its libraries, Debian 12) when the machine has no `ip`.
 # Locally, for the logic only (icecc from Debian on PATH, no D/icecc): PY=<venv python> CORES=1 NS="1 2" JOBS_LOCAL=1
 # TARGET=ggml-base OUT=/tmp/x D=.dev/h100 bash benchmarks/icecream/scale.sh
@@ -31,17 +32,22 @@ say() { echo "$*" | tee -a "$OUTF"; }
 R=/tmp/ic
 if [ -d "$D/icecc" ]; then
   mkdir -p $R /tmp/icbin
-  for f in "$D"/icecc/*.deb; do dpkg -x "$f" $R; done
+  # file + libmagic apart: Debian 12's libmagic on icecream's library path would break the host's
+  # own `file` (magic version 544 vs 545), which icecc-create-env runs on every binary it packs
+  for f in "$D"/icecc/*.deb; do
+    case "$(basename "$f")" in file_*|libmagic*) dpkg -x "$f" /tmp/icfile ;; *) dpkg -x "$f" $R ;; esac
+  done
   LIBS=$R/usr/lib/x86_64-linux-gnu:$R/lib/x86_64-linux-gnu
   for t in usr/bin/icecc usr/sbin/iceccd usr/sbin/icecc-scheduler; do
     printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$LIBS" "$R/$t" > /tmp/icbin/$(basename $t)
   done
   if ! command -v file >/dev/null; then
-    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s MAGIC=%s exec %s "$@"\n' "$LIBS" "$R/usr/lib/file/magic.mgc" \
-      "$R/usr/bin/file" > /tmp/icbin/file
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s MAGIC=%s exec %s "$@"\n' /tmp/icfile/usr/lib/x86_64-linux-gnu \
+      /tmp/icfile/usr/lib/file/magic.mgc /tmp/icfile/usr/bin/file > /tmp/icbin/file
   fi
   chmod +x /tmp/icbin/*
   [ -e /usr/bin/icecc-create-env ] || cp $R/usr/bin/icecc-create-env /usr/bin/
+  [ -e /usr/bin/icecc ] || cp /tmp/icbin/icecc /usr/bin/icecc  # iceccd runs `/usr/bin/icecc --build-native`
   export PATH=/tmp/icbin:$PATH
 fi
 if ! command -v ip >/dev/null && [ -d "$D/ipr" ]; then  # iproute2 from Debian 12, for `ip netns`
@@ -65,7 +71,7 @@ timed() { local t0=$(date +%s%N); "$@" > /tmp/build.log 2>&1; local rc=$?; local
 last=$(( ${NS##* } * CORES - 1 ))
 
 conf /tmp/b
-say "local -j${JOBS_LOCAL:-$CORES} (taskset 0-$((CORES - 1))): $(timed taskset -c 0-$((CORES - 1)) ninja -C /tmp/b -j ${JOBS_LOCAL:-$CORES} $TARGET)"
+[ -n "${SKIP_LOCAL:-}" ] || say "local -j${JOBS_LOCAL:-$CORES} (taskset 0-$((CORES - 1))): $(timed taskset -c 0-$((CORES - 1)) ninja -C /tmp/b -j ${JOBS_LOCAL:-$CORES} $TARGET)"
 
 # each compile daemon is another host: a network namespace joined by a veth pair (10.214.(100+i).2),
 # since icecc treats a daemon the scheduler knows as 127.0.0.1 as the client's own machine
@@ -95,8 +101,14 @@ for n in $NS; do
   export ICECC_TEST_SOCKET=$B/client.sock
   for t in $(seq 1 40); do [ "$(listcs | grep -c '^ ')" -ge $((n + 1)) ] && break; sleep 0.5; done
   listcs | grep '^ ' >> "$OUTF"
-  warm=""; for k in $(seq 1 $((n * CORES))); do icecc g++ -O2 -c /tmp/warm.cpp -o /tmp/warm$k.o & warm="$warm $!"; done
+  warm=""; for k in $(seq 1 $((n * CORES))); do
+    ICECC_DEBUG=debug ICECC_LOGFILE=$B/warm$n-$k.log icecc g++ -O2 -c /tmp/warm.cpp -o /tmp/warm$k.o & warm="$warm $!"; done
   for p in $warm; do wait $p; done
+  nwarm=0; for i in $(seq 0 $((n - 1))); do nwarm=$((nwarm + $(grep -c "remote compile for file" $B/d$i.log))); done
+  if [ $nwarm = 0 ]; then  # nothing went out: say why (the client's debug log of one warm-up compile)
+    say "warm-up: no compile reached a daemon; client log of one:"; tail -40 $B/warm$n-1.log | tee -a "$OUTF"
+    say "daemon 0 log:"; tail -40 $B/d0.log | tee -a "$OUTF"; say "client daemon log:"; tail -30 $B/client.log | tee -a "$OUTF"
+  fi
   for i in $(seq 0 $((n - 1))); do cp $B/d$i.log $B/d$i.warm; done
   conf /tmp/b -DCMAKE_C_COMPILER_LAUNCHER=$ICECC -DCMAKE_CXX_COMPILER_LAUNCHER=$ICECC
   r=$(timed ninja -C /tmp/b -j $((CORES * n)) $TARGET)
@@ -122,4 +134,5 @@ for n in $NS; do
 done
 kill $SCHED; wait $SCHED 2>/dev/null
 for i in $(seq 0 $(( ${NS##* } - 1 ))); do ip netns del rfic$i; done
+[ -n "${OUT:-}" ] && tar -czf "$OUT/icecream-logs.tar.gz" -C $B --exclude="./env*" . 2>/dev/null
 cat "$OUTF"
