@@ -103,6 +103,26 @@ def test_sync_tree_copies_only_changes(tmp_path):
     assert (dst / "y").read_text() == "22" and os.readlink(dst / "link") == "y"
 
 
+def test_first_copy_leaves_out_what_a_work_copy_must_not_have(tmp_path):
+    """The first copy is one `cp -a`; a submodule's .git, __pycache__ and the fetch marker are
+    then dropped at any depth, and the count is of the files the work copy holds."""
+    src, dst = tmp_path / "a", tmp_path / "b"
+    for d in ("sub/.git/objects", "pkg/__pycache__", "keep"):
+        (src / d).mkdir(parents=True)
+    (src / "sub" / ".git" / "objects" / "o").write_text("x")
+    (src / "pkg" / "__pycache__" / "m.pyc").write_text("x")
+    (src / "pkg" / "m.py").write_text("x")
+    (src / "keep" / ".git").write_text("gitdir: ../../.git/modules/keep\n")  # a submodule's gitlink
+    (src / ".rocforge-complete").write_text("")
+    (src / "top.c").write_text("x")
+    os.symlink("keep", src / "keep-link")  # a link to a directory is copied as a link
+    assert sources.sync_tree(src, dst) == 2  # pkg/m.py, top.c
+    got = sorted(str(p.relative_to(dst)) for p in dst.rglob("*"))
+    assert got == ["keep", "keep-link", "pkg", "pkg/m.py", "sub", "top.c"]
+    assert os.readlink(dst / "keep-link") == "keep"
+    assert sources.sync_tree(src, dst) == 0  # the next sync finds nothing to copy
+
+
 def test_a_fetch_is_announced_once_and_later_plans_work_offline(tmp_path, capsys):
     """The newcomer trial: `--dry-run` silently downloaded 300 MB.  A plan reads the source's
     build files, so the first one fetches - and says so on stderr; the second finds the cached
