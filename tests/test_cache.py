@@ -382,3 +382,22 @@ def test_sccache_redis_password_goes_in_its_own_variable(tmp_path):
     assert setup.env["SCCACHE_REDIS_ENDPOINT"] == f"redis://127.0.0.1:{port}"
     assert setup.secret_env == {"SCCACHE_REDIS_PASSWORD": "pw-77"}
     assert "pw-77" not in json.dumps(setup.to_json()) + json.dumps(setup.env)
+
+
+def test_hip_sccache_server_config_keeps_the_cache_and_drops_dist(tmp_path):
+    """The HIP compiles' own sccache server reads the user's config less [dist]: its cache
+    settings stay (so HIP objects land in the same store), the scheduler does not."""
+    import tomllib
+
+    conf = tmp_path / "config"
+    conf.write_text('[cache.redis]\nendpoint = "redis://cache.lan:6379"\n\n'
+                    '[dist]\nscheduler_url = "http://sched.lan:10600"\ntoolchains = []\n'
+                    '[dist.auth]\ntype = "token"\ntoken = "secret-tok"\n')
+    text = cache._without_dist(cache._sccache_config({"SCCACHE_CONF": str(conf)}))
+    assert tomllib.loads(text) == {"cache": {"redis": {"endpoint": "redis://cache.lan:6379"}}}
+    assert "secret-tok" not in text
+    # no config file: an empty one (sccache's defaults, local disk)
+    assert cache._without_dist(cache._sccache_config({"HOME": str(tmp_path / "nobody")})) == ""
+    # sccache's own default place: $XDG_CONFIG_HOME/sccache/config, else ~/.config/sccache/config
+    assert cache._sccache_config({"HOME": "/home/u"}) == Path("/home/u/.config/sccache/config")
+    assert cache._sccache_config({"XDG_CONFIG_HOME": "/x", "HOME": "/home/u"}) == Path("/x/sccache/config")

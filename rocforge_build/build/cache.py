@@ -323,6 +323,10 @@ class Distribution:
     left_out: list[str] = field(default_factory=list)  # "host: why"
     local: list[str] = field(default_factory=list)  # what stays on this machine, and why
     daemon: str = ""  # icecc: where the local iceccd answered
+    # sccache-dist with HIP: the variables of a second sccache server, without [dist], that HIP
+    # compiles go to (CMAKE_HIP_COMPILER_LAUNCHER), and the config file it reads (path, text)
+    hip_server: dict[str, str] = field(default_factory=dict)
+    hip_conf: tuple[str, str] | None = None
 
     def to_json(self) -> dict:
         return {"tool": self.tool, "hosts": self.hosts, "capacity": self.capacity,
@@ -331,7 +335,8 @@ class Distribution:
 
 
 def setup_distribution(cfg: Mapping, cache: CacheSetup, *, local_jobs: int, hip: bool,
-                       compilers: list[str], environ: Mapping[str, str]) -> Distribution:
+                       compilers: list[str], environ: Mapping[str, str],
+                       work: Path | None = None) -> Distribution:
     """distcc hosts from `build.distcc_hosts` (or icecream's scheduler), each checked: it
     answers, takes a job, and compiles with this build's compilers."""
     hosts = list(cfg.get("distcc_hosts", []))
@@ -339,7 +344,7 @@ def setup_distribution(cfg: Mapping, cache: CacheSetup, *, local_jobs: int, hip:
     link = ("link steps: CMake's link job pool is held to the local job count "
             "(CMAKE_JOB_POOL_LINK), a link needs the whole tree of objects here")
     if cache.kind == "sccache":
-        return sccache_dist_distribution(cache, [link])
+        return sccache_dist_distribution(cache, [link], hip=hip, work=work, environ=environ)
     if not hosts and not scheduler:
         raise UsageError("--distribute: no hosts configured",
                          "rocforge config set build.distcc_hosts '[\"host1/8\", \"host2/8\"]' "
@@ -386,12 +391,47 @@ def setup_distribution(cfg: Mapping, cache: CacheSetup, *, local_jobs: int, hip:
 
 
 
-def sccache_dist_distribution(cache: CacheSetup, local: list[str]) -> Distribution:
+SCCACHE_PORT = 4226  # sccache's default server port (SCCACHE_SERVER_PORT)
+SCCACHE_DIST_HIP = (
+    "HIP compiles (-x hip with offload): sccache-dist 0.16 sends them to the build server, whose "
+    "toolchain package is the compiler alone, without the ROCm device libraries, and the compile "
+    "fails there (\"cannot find ROCm device library\", checked with sccache 0.16 and clang 15); "
+    "so they go to a second sccache server here, on port {port}, reading {conf}: your sccache "
+    "config without its [dist] table. They are still cached, in the same store")
+
+
+def _sccache_config(environ: Mapping[str, str]) -> Path:
+    """sccache's config file: SCCACHE_CONF, else $XDG_CONFIG_HOME/sccache/config."""
+    if environ.get("SCCACHE_CONF"):
+        return Path(environ["SCCACHE_CONF"])
+    base = environ.get("XDG_CONFIG_HOME") or str(Path(environ.get("HOME", "~")).expanduser() / ".config")
+    return Path(base) / "sccache" / "config"
+
+
+def _without_dist(config: Path) -> str:
+    """The user's sccache config as TOML text, less its [dist] table (cache settings kept)."""
+    import tomllib
+
+    import tomlkit
+
+    try:
+        doc = tomllib.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    doc.pop("dist", None)
+    return tomlkit.dumps(doc)
+
+
+def sccache_dist_distribution(cache: CacheSetup, local: list[str], *, hip: bool = False,
+                              work: Path | None = None,
+                              environ: Mapping[str, str] | None = None) -> Distribution:
     """sccache distributes through its own configuration (sccache-dist: `[dist] scheduler_url`
     and `[dist.auth]` in sccache's config file, SCCACHE_CONF); rocforge asks the sccache server
-    what it sees (`--dist-status`) for the capacity, and sets nothing itself."""
+    what it sees (`--dist-status`) for the capacity.  HIP compiles cannot go out (SCCACHE_DIST_HIP):
+    they get a second, local-only sccache server."""
     import json
 
+    environ = dict(os.environ if environ is None else environ)
     dist = Distribution("sccache-dist", [], 0, local=local)
     try:
         status = json.loads(_sccache(cache, "--dist-status"))
@@ -399,6 +439,12 @@ def sccache_dist_distribution(cache: CacheSetup, local: list[str]) -> Distributi
         status = None
     if isinstance(status, dict) and "SchedulerStatus" in status:
         url, st = status["SchedulerStatus"]
+        if hip and work is not None:  # a scheduler answers: sccache would send HIP compiles out
+            port = int(environ.get("SCCACHE_SERVER_PORT") or SCCACHE_PORT) + 1
+            conf = work / "sccache-hip.conf"
+            dist.hip_server = {"SCCACHE_CONF": str(conf), "SCCACHE_SERVER_PORT": str(port)}
+            dist.hip_conf = (str(conf), _without_dist(_sccache_config(environ)))
+            dist.local.append(SCCACHE_DIST_HIP.format(port=port, conf=conf))
         if st.get("num_servers"):
             dist.hosts.append(f"scheduler {url}: {st['num_servers']} server(s)")
             dist.capacity = int(st.get("num_cpus", 0))
@@ -685,15 +731,15 @@ def read_stats(path: Path) -> dict[str, int]:
     return out
 
 
-def _sccache(cache: CacheSetup, *args: str) -> str:
+def _sccache(cache: CacheSetup, *args: str, env: Mapping[str, str] | None = None) -> str:
     try:
         return subprocess.run([cache.launcher, *args], capture_output=True, text=True, timeout=30,
-                              env={**os.environ, **cache.env, **cache.secret_env}).stdout
+                              env={**os.environ, **cache.env, **cache.secret_env, **(env or {})}).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
 
 
-def sccache_stats(cache: CacheSetup) -> dict[str, int]:
+def sccache_stats(cache: CacheSetup, env: Mapping[str, str] | None = None) -> dict[str, int]:
     """This build's counts from the sccache server (zeroed before the build; a server shared
     with other builds at the same time counts theirs too). With a remote store sccache keeps no
     local tier, so its hits are remote hits."""
@@ -701,7 +747,7 @@ def sccache_stats(cache: CacheSetup) -> dict[str, int]:
 
     out = {"hits": 0, "misses": 0, "remote_hits": 0, "remote_errors": 0, "uncacheable": 0}
     try:
-        doc = json.loads(_sccache(cache, "--show-stats", "--stats-format", "json"))
+        doc = json.loads(_sccache(cache, "--show-stats", "--stats-format", "json", env=env))
         st = doc["stats"]
     except (ValueError, KeyError, TypeError):
         return out
@@ -802,6 +848,15 @@ class Parallel:
         return self.distribution.env.get("DISTCC_LAUNCHER") if self.distribution else None
 
     @property
+    def hip_launcher(self) -> str | None:
+        """CMAKE_HIP_COMPILER_LAUNCHER: the launcher, or, when HIP compiles need a server of
+        their own (sccache-dist), the launcher run through env with that server's variables."""
+        d = self.distribution
+        if d is None or not d.hip_server or not self.cache.launcher:
+            return self.launcher
+        return ";".join(["env", *(f"{k}={v}" for k, v in d.hip_server.items()), self.cache.launcher])
+
+    @property
     def env(self) -> dict[str, str]:
         out = dict(self.cache.env)
         if self.distribution:
@@ -854,7 +909,7 @@ def for_plan(rules: list, facts, *, root, requested_jobs: int | None, no_cache: 
         return par
     compilers = [environ.get("CC", "cc"), environ.get("CXX", "c++")]
     dist = setup_distribution(cfg["build"], setup, local_jobs=jobs.jobs, hip=kind == "hip",
-                              compilers=compilers, environ=environ)
+                              compilers=compilers, environ=environ, work=work)
     if setup.launcher is None:  # --no-cache: distcc itself is the launcher
         dist.env["DISTCC_LAUNCHER"] = which(dist.tool, environ.get("PATH")) or dist.tool
     par.distribution = dist
@@ -912,8 +967,15 @@ def during_build(plan, say):
         return
     log = stats_log(plan.work)
     log.unlink(missing_ok=True)
+    hip_env = par.distribution.hip_server if par.distribution else {}
+    if par.distribution and par.distribution.hip_conf:
+        path, text = par.distribution.hip_conf
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text, encoding="utf-8")
     if par.cache.kind == "sccache":
         _sccache(par.cache, "--zero-stats")
+        if hip_env:
+            _sccache(par.cache, "--zero-stats", env=hip_env)
     kills = oom_kills()
     try:
         yield
@@ -925,6 +987,9 @@ def during_build(plan, say):
     finally:
         if par.cache.kind in ("ccache", "sccache"):
             par.stats = read_stats(log) if par.cache.kind == "ccache" else sccache_stats(par.cache)
+            if par.cache.kind == "sccache" and hip_env:  # the HIP compiles' own server
+                for k, v in sccache_stats(par.cache, env=hip_env).items():
+                    par.stats[k] = par.stats.get(k, 0) + v
             for line in summary(par.cache, par.stats):
                 say(f"  {line}")
 

@@ -196,7 +196,8 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
     ctx.update(jobs=str(par.jobs.jobs), tensile_cpu_threads=str(par.jobs.tensile_threads))
     notes += par.notes
     build_targets = tuple(req.build_targets) or recipe.build_targets
-    options = _options(recipe, req, facts, ctx, toolchain, be.toolchain, launcher) + par.options
+    options = _options(recipe, req, facts, ctx, toolchain, be.toolchain, launcher,
+                       par.hip_launcher) + par.options
     env, env_reasons, runtime_env, export_env = _environment(
         recipe, facts, ctx, toolchain, be.toolchain, par, environ, deps)
     venv = _private_venv(recipe, fetched, work, env, env_reasons, environ)
@@ -281,7 +282,8 @@ def _placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, target: str,
 
 
 def _options(recipe: recipes.Recipe, req: Request, facts: conditions.Facts, ctx: dict,
-             toolchain: Toolchain, kind: str, launcher: str | None) -> list[dict]:
+             toolchain: Toolchain, kind: str, launcher: str | None,
+             hip_launcher: str | None = None) -> list[dict]:
     """The -D options ({name, value, reason, because}): the recipe's rules (a later rule of the
     same name wins), what the toolchain implies, the compiler launcher, partial-build RPATH."""
     chosen: dict[str, dict] = {}
@@ -304,9 +306,12 @@ def _options(recipe: recipes.Recipe, req: Request, facts: conditions.Facts, ctx:
     langs = ["C", "CXX"] + (["HIP"] if kind == "hip" else [])
     if launcher:
         for lang in langs:
+            value = hip_launcher or launcher if lang == "HIP" else launcher
             chosen[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = {
-                "name": f"CMAKE_{lang}_COMPILER_LAUNCHER", "value": launcher,
-                "reason": "compiler cache (disable with --no-cache)", "because": "found on PATH"}
+                "name": f"CMAKE_{lang}_COMPILER_LAUNCHER", "value": value,
+                "reason": "compiler cache (disable with --no-cache)" if value == launcher else
+                "compiler cache, on a local-only sccache server: sccache-dist cannot compile HIP "
+                "(see the plan's note)", "because": "found on PATH"}
     if req.build_targets:
         chosen["CMAKE_BUILD_WITH_INSTALL_RPATH"] = {
             "name": "CMAKE_BUILD_WITH_INSTALL_RPATH", "value": "ON", "because": "--build-target",
