@@ -25,16 +25,31 @@ instance and the largest others), peak RSS / wall on a loaded 2-core machine:
     214 MB  ggml-cuda.cu            6 s      206 MB  fattn-mma-f16-instance-ncols1_64-ncols2_1.cu
 Cross-checked from the host with `/usr/bin/time -f %M` around the whole chroot run:
 mmq-instance-q4_k.cu 247 MB (241 MB inside), ggml-cuda.cu 220 MB (214 MB inside).
+
+`--tensile --tensile-src DIR --logic DIR`: rocBLAS's kernel generator, TensileCreateLibrary, on one
+architecture's logic files with --jobs N, its process tree sampled from /proc (each process's
+VmHWM, and the peak of their summed VmRSS).  Inputs: a ROCm/Tensile checkout (its develop head of
+March 2025, ROCm 6.5 staging; rocBLAS 6.4.4's tensile_tag commit is not in that snapshot) and the
+logic files of Debian sid's rocblas_6.4.4.orig.tar.gz (library/src/blas3/Tensile/Logic/asm_full/),
+fetched through a temporary apt config; a Python with pyyaml, msgpack and joblib (--python).
+Debian 12's clang 15 stands in for amdclang (it has gfx1100, not gfx1151).  Measured Nov 2026 on
+the 2-core host, navi31 (gfx1100, 40 logic files, 46 MB, 6,699 kernels), --jobs 2,
+--generate-sources-and-exit (the kernel generation; the assembler runs seen were ~70 MB each):
+    637 MB  the main process        398 MB  worker 1        382 MB  worker 2
+    1,353 MB  peak of the tree's sum; 644 s
+so a Tensile job is ~400 MB on top of a ~640 MB main process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,16 +125,107 @@ def peak(cmd: str, cwd: str) -> tuple[int, str, int]:
     return rss // 1024, wall, r.returncode
 
 
+def _tree_rss(root: int) -> dict[int, tuple[int, int]]:
+    """{pid: (VmRSS kB, VmHWM kB)} of `root` and every process below it, from /proc."""
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            parent[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        tree.add(pid)
+        todo += [c for c, pp in parent.items() if pp == pid and c not in tree]
+    out = {}
+    for pid in tree:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        rss = re.search(r"VmRSS:\s+(\d+)", status)
+        hwm = re.search(r"VmHWM:\s+(\d+)", status)
+        if rss and hwm:
+            out[pid] = (int(rss.group(1)), int(hwm.group(1)))
+    return out
+
+
+def tensile(a) -> int:
+    """TensileCreateLibrary (rocBLAS's kernel generator) on one architecture's logic files with
+    --jobs N, its process tree sampled from /proc every 0.25 s: each process's peak RSS (VmHWM)
+    and the peak of their sum.  The joblib workers' peaks are the per-job figure."""
+    import threading
+
+    tc = Path(tempfile.mkdtemp(prefix="rocforge-tensile-tc-"))
+    for name, target in (("amdclang++", a.clangxx), ("amdclang", a.clang),  # the names
+                         ("clang-offload-bundler", a.bundler)):  # Tensile accepts on Linux
+        (tc / name).symlink_to(target)
+    out = Path(tempfile.mkdtemp(prefix="rocforge-tensile-out-"))
+    argv = [a.python, str(Path(a.tensile_src) / "Tensile" / "bin" / "TensileCreateLibrary"),
+            f"--cxx-compiler={tc / 'amdclang++'}", f"--c-compiler={tc / 'amdclang'}",
+            f"--assembler={tc / 'amdclang++'}", f"--offload-bundler={tc / 'clang-offload-bundler'}",
+            f"--architecture={a.arch}", "--code-object-version=V5", "--library-format=msgpack",
+            "--merge-files", "--separate-architectures", "--lazy-library-loading",
+            *(["--generate-sources-and-exit"] if a.sources_only else []),
+            f"--jobs={a.jobs}", a.logic, str(out), "HIP"]
+    env = {**os.environ, "PYTHONPATH": a.tensile_src, "PATH": f"{tc}:{os.environ['PATH']}"}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peaks: dict[int, tuple[int, str]] = {}
+    total = [0]
+
+    def sample() -> None:
+        while proc.poll() is None:
+            now = _tree_rss(proc.pid)
+            total[0] = max(total[0], sum(r for r, _ in now.values()))
+            for pid, (_, hwm) in now.items():
+                if hwm > peaks.get(pid, (0, ""))[0]:
+                    try:
+                        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+                    except OSError:
+                        cmd = "?"
+                    peaks[pid] = (hwm, cmd)
+            time.sleep(0.25)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    log = proc.communicate()[0]
+    t.join()
+    wall = time.monotonic() - t0
+    print(log[-1500:])
+    print(f"TensileCreateLibrary --architecture={a.arch} --jobs={a.jobs} on {a.logic}: rc={proc.returncode}, "
+          f"{wall:.0f} s; peak of the tree's summed RSS {total[0] // 1024} MB")
+    for pid, (kb, cmd) in sorted(peaks.items(), key=lambda x: -x[1][0])[:8]:
+        role = "the main process" if pid == proc.pid else Path(cmd).name
+        print(f"  {kb // 1024:6d} MB  pid {pid}  {role}")
+    return proc.returncode
+
+
 def main() -> int:
     from llama_trees import tree
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--vulkan", action="store_true")
     ap.add_argument("--hip", action="store_true", help="gfx1151 HIP instances, clang 21 (sid chroot)")
+    ap.add_argument("--tensile", action="store_true", help="TensileCreateLibrary's workers")
+    ap.add_argument("--tensile-src", help="a Tensile checkout (ROCm/Tensile)")
+    ap.add_argument("--logic", help="one architecture's rocBLAS logic directory")
+    ap.add_argument("--arch", default="gfx1100")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--python", default=sys.executable, help="a Python with pyyaml, msgpack, joblib")
+    ap.add_argument("--clang", default="/usr/bin/clang-15")
+    ap.add_argument("--clangxx", default="/usr/bin/clang++-15")
+    ap.add_argument("--bundler", default="/usr/lib/llvm-15/bin/clang-offload-bundler")
+    ap.add_argument("--sources-only", action="store_true", help="--generate-sources-and-exit")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rocforge-jobmem-"))
     if a.hip:
         return hip(tmp)
+    if a.tensile:
+        return tensile(a)
     src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
     build = tmp / "build"
     flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"]
