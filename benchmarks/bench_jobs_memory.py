@@ -15,6 +15,9 @@ Measured on the 2-core Debian 12 host (GCC 12.2, -O3 Release), Nov 2026:
     318 MB  common/common.cpp        255 MB  ggml-cpu/ops.cpp    248 MB  src/llama-vocab.cpp
     243 MB  llamafile/sgemm.cpp      224 MB  ggml-quants.c       144 MB  src/llama.cpp
 
+`--vulkan`, same host and tree, Debian 12's glslc 2023.2 (the shader header it generates):
+    1001 MB  ggml-vulkan.cpp  57 s   (the CPU units as above, within 2 MB)
+
 `--hip`, Nov 2026, same host, Debian sid chroot (clang 21, HIP 6.4.3), Oct 2026 tree, gfx1151,
 no compiler cache; 53 of the HIP backend's 144 translation units (every mmq and fattn-tile
 instance and the largest others), peak RSS / wall on a loaded 2-core machine:
