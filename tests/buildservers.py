@@ -35,6 +35,21 @@ def need(*programs: str, root: bool = False) -> None:
         pytest.skip("needs root (network namespaces, distccd --user)")
 
 
+HIP_BITCODE = Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")  # Debian's rocm-device-libs (hipcc's)
+
+
+def hip_compile(tmp: Path, obj: Path) -> list[str]:
+    """A real HIP compile with offload: Debian's clang 15, HIP headers and device libraries, one
+    small kernel written into `tmp`; the argv (no launcher) that compiles it to `obj`."""
+    need("clang++-15")
+    if not (HIP_BITCODE / "ocml.bc").is_file() or not Path("/usr/include/hip/hip_runtime.h").is_file():
+        pytest.skip("needs Debian's HIP headers and device libraries (apt-get install hipcc)")
+    kernel = tmp / "k.hip"
+    kernel.write_text("#include <hip/hip_runtime.h>\n__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n")
+    return ["clang++-15", "-x", "hip", "--offload-arch=gfx1030", "--rocm-path=/usr",
+            f"--hip-device-lib-path={HIP_BITCODE}", "-O2", "-c", str(kernel), "-o", str(obj)]
+
+
 def _wait(host: str, port: int, proc: subprocess.Popen, what: str, timeout: float = 10) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

