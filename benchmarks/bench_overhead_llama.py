@@ -22,7 +22,10 @@ Measured (2 shared cores, load average 2.0-2.3 from other jobs, Nov 2026, `--rou
 -j 2): median wall rocforge 20.91 s vs by hand 21.32 s (0.980x; per-round ratios 1.013, 1.070,
 0.981, 0.924, 1.071, 1.009, median 1.011); CPU seconds 37.22 vs 37.37 (0.996x); rocforge's own
 steps: process 0.24 s, plan 0.06 s, work copy 0.37 s, configure and ninja as by hand, install
-0.01 s — about 0.7 s.  The 16-core Vulkan run: benchmarks/gpu/vulkan_build_overhead.sh.
+0.01 s — about 0.7 s.  The 16-core Vulkan run (benchmarks/gpu/vulkan_build_overhead.sh, H100
+machine, 12 rounds in three calls, Nov 2026): median wall 59.5 vs 58.4 s (1.019x; per-round median
+1.026, rounds 0.89-1.20 on a loaded host), ninja 0.996x; rocforge's fixed cost ~1.27 s + 0.17 s of
+configure (the CMake file-API reply).
 """
 
 from __future__ import annotations
