@@ -37,7 +37,7 @@ def hostile_values(mark: Path) -> dict[str, str]:
         "T_QUOTES": f"it's \"q\" \\' ; touch {mark} #",
         "T_BACKSLASH": f"a\\\\b\\'$HOME\\ ;touch {mark}",
         "T_FISH": f"(touch {mark}) $HOME %s % ;touch {mark}",
-        "T_GLOB": f"* ? [a] ~ ${{HOME}} !! &",
+        "T_GLOB": "* ? [a] ~ ${HOME} !! &",
     }
 
 
