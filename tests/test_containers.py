@@ -137,7 +137,7 @@ def test_recipe_path_base_and_runtime_base(tmp_path):
     assert st["builder"][0] == ("FROM", "localhost/my-tools:1 AS builder")
     assert st["runtime"][0] == ("FROM", "debian:bookworm-slim AS runtime")
     assert "apt-get" not in text
-    assert ("rocforge build /opt/rocforge/recipe/recipes/mine.toml --target gfx1151 --backend cpu "
+    assert ("rocforge build /opt/rocforge/recipe/recipes/hello.toml --target gfx1151 --backend cpu "
             "--prefix /opt/rocforge/builds/hello-gfx1151-cpu") in text
     assert "/opt/rocforge/builds/hello-gfx1151-cpu/" in text
     assert containers.stage_tag("me/hello:1") == "me/hello:1-stage"
@@ -331,7 +331,7 @@ def test_context_holds_wheels_recipe_and_containerfiles(tmp_path, monkeypatch):
     (ctx / "stale").mkdir(parents=True)
     containers.prepare_context(plan, ctx)
     assert calls == [ctx / "wheels"]
-    assert (ctx / "recipe/recipes/r.toml").read_text() == MINIMAL
+    assert (ctx / "recipe/recipes/hello.toml").read_text() == MINIMAL  # by its recipe name
     assert (ctx / "recipe/patches/hello/fix.patch").is_file()  # <recipe dir>/../patches/<name>
     assert (ctx / "source/sub/main.c").is_file()
     text = (ctx / "Containerfile").read_text()

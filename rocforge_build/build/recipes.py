@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rocforge_build import resources
+from rocforge_build import refs, resources, shellsafe
 from rocforge_build.build import conditions
 from rocforge_build.errors import ConfigError, UsageError
 
@@ -203,6 +203,18 @@ class Recipe:
         }
 
 
+def _env_entry(item: dict, where: str) -> None:
+    """An `[[env]]` name reaches shell scripts (`rocforge env`, the bundle launcher, image ENV
+    lines) at every stage: it must be a plain name, and its value one line, checked here before
+    anything else reads the recipe."""
+    if "name" in item:
+        shellsafe.check_env(item["name"], None, f"{where}.name", ConfigError)
+    problem = isinstance(item.get("value"), str) and shellsafe.env_value_problem(item["value"])
+    if problem:
+        raise ConfigError(f"{where}.value: {problem}",
+                          "environment values cannot carry a line break or NUL byte safely")
+
+
 def _check_keys(table: dict, schema_key: str, where: str) -> None:
     schema = _SCHEMA[schema_key]
     for key, value in table.items():
@@ -240,6 +252,8 @@ def parse(text: str, path: Path) -> Recipe:
                           "pin the tarball: sha256sum FILE")
     if src.get("git") and not src.get("ref"):
         raise ConfigError(f"{where}: source.ref: required with `git` (a tag or commit)")
+    if isinstance(src.get("ref"), str):  # it becomes a git argument: never an option
+        refs.check_git_ref(src["ref"], f"recipe {name} ({path}): source.ref", ConfigError)
     for i, probe in enumerate(src.get("version", [])):
         _check_keys(probe, "source.version", f"{where}: source.version[{i}]")
     source = Source(
@@ -273,6 +287,8 @@ def parse(text: str, path: Path) -> Recipe:
             iwhere = f"{where}: {kind}[{i}]"
             if not isinstance(item, dict):
                 raise ConfigError(f"{iwhere}: must be a table ([[{kind}]])")
+            if kind == "env":
+                _env_entry(item, f"recipe {name} ({path}): env[{i}]")
             label_key = item.get("name") or item.get("file") or item.get("backend")
             if label_key:
                 iwhere = f"{where}: {kind}[{i}] ({label_key})"

@@ -25,6 +25,7 @@ from rocforge_build import paths
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import IntegrityError, NetworkError, UsageError
 from rocforge_build.proc import CommandFailed, run
+from rocforge_build.refs import check_git_ref
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".tar", ".tar.zst")
@@ -76,6 +77,8 @@ def _is_tarball(name: str) -> bool:
 
 def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> SourceSpec:
     """The source to use: `--source` beats `--ref` beats the recipe's default."""
+    if ref is not None:  # it becomes a git argument: a ref such as `--upload-pack=CMD` never may
+        check_git_ref(ref)
     rs = recipe.source
     git_extra = {"sparse": rs.sparse, "submodules": rs.submodules}
     if source:

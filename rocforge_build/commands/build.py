@@ -9,6 +9,7 @@ import sys
 from rocforge_build.build import pipeline
 from rocforge_build.build.plan import Request, make_plan, print_plan
 from rocforge_build.errors import UsageError
+from rocforge_build.refs import check_git_ref
 
 
 def add_arguments(parser) -> None:
@@ -43,6 +44,8 @@ def run(args) -> int:
         raise UsageError("--json goes with --dry-run", "rocforge build ... --dry-run --json")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
+    if args.ref is not None:  # before anything is fetched or written (sources.spec_for again)
+        check_git_ref(args.ref)
     req = Request(
         recipe=args.recipe, target=args.target, backend=args.backend, ref=args.ref,
         source=args.source, prefix=args.prefix, jobs=args.jobs, force=args.force,

@@ -41,7 +41,9 @@ def run(args) -> int:
         envcache.start_recording()  # the GTT file joins the stamps the cache is checked against
         note = host.env_note(args.rootfs, res.gpus)
         recorded = {**recorded, **envcache.stop_recording()}
-        output += f"# {note}\n" if note else ""
+        from rocforge_build.shellsafe import comment
+
+        output += comment(note) + "\n" if note else ""
     if getattr(args, "argv", None) is not None:
         envcache.store(args.argv, output, recorded)
     sys.stdout.write(output)

@@ -4,7 +4,8 @@ Scripts compute path lists when they are sourced: an entry already in the list s
 is, a missing one goes in front, so sourcing twice changes nothing and the user's entries are
 kept (the same rule as `resolver.prepend_list`, which gives json/dotenv their final strings).
 Every value is single-quoted, so any path (spaces, quotes, `$`, backslashes) round-trips.
-Reasons become comments.  Stdlib only: this runs on every shell start-up.
+Reasons become one-line comments; names and values pass `shellsafe.check_env` first (a build
+manifest the resolver read may have been edited).  Stdlib only: this runs on every shell start-up.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from rocforge_build.discover import envwarnings
 from rocforge_build.discover.resolver import PATH_VARS, Resolution
 from rocforge_build.errors import UsageError
+from rocforge_build.shellsafe import check_env, comment, fish_quote, sh_quote
 
 SHELLS = ("bash", "zsh", "fish", "json", "dotenv")
 _ORDER = ("ROCM_PATH", "HIP_PATH", "HIP_PLATFORM", "HIP_CLANG_PATH", "HIP_DEVICE_LIB_PATH",
@@ -25,20 +27,6 @@ def ordered_vars(res: Resolution) -> list[str]:
     return keys
 
 
-def sh_quote(value: str) -> str:
-    """POSIX single quotes (bash, zsh): only `'` needs care."""
-    return "'" + value.replace("'", "'\\''") + "'"
-
-
-def fish_quote(value: str) -> str:
-    """fish single quotes: `\\` and `'` are the only escapes."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _comment(text: str) -> str:
-    return "# " + " ".join(str(text).split())
-
-
 def _reason(res: Resolution, key: str) -> str | None:
     d = res.decision(key)
     return d.reason if d else None
@@ -46,12 +34,12 @@ def _reason(res: Resolution, key: str) -> str | None:
 
 def _header(res: Resolution, shell: str) -> list[str]:
     inst = res.rocm
-    lines = [_comment(f"rocforge env --shell {shell}: ROCm {inst.path} ({inst.layout} "
+    lines = [comment(f"rocforge env --shell {shell}: ROCm {inst.path} ({inst.layout} "
                       f"{inst.version or 'version unknown'}), target {res.target or 'none'}")]
     for key in ("rocm", "target", "builds"):
         reason = _reason(res, key)
         if reason:
-            lines.append(_comment(f"{key}: {reason}"))
+            lines.append(comment(f"{key}: {reason}"))
     return lines
 
 
@@ -59,10 +47,10 @@ def _warnings(res: Resolution) -> list[str]:
     return envwarnings.as_comments(res.warnings)
 
 
-def _check_value(key: str, value: str) -> None:
-    if "\n" in value or "\0" in value:
-        raise UsageError(f"{key} would contain a newline or NUL byte: {value!r}",
-                         "rename the directory; environment values cannot carry it safely")
+def _check_value(key: str, value: str | None) -> None:
+    """The last check before a name and value are printed: whatever reached the resolution
+    (a ROCm path, a build's export) must be a plain name and a one-line value."""
+    check_env(key, value, "rocforge env would print")
 
 
 class _Syntax:
@@ -92,7 +80,7 @@ def _render_script(res: Resolution, shell: str, syntax: _Syntax) -> str:
     for key in ordered_vars(res):
         reason = _reason(res, key)
         if reason:
-            out.append(_comment(f"{key}: {reason}"))
+            out.append(comment(f"{key}: {reason}"))
         if key in res.prepend:
             for entry in reversed(res.prepend[key]):
                 _check_value(key, entry)
@@ -102,6 +90,7 @@ def _render_script(res: Resolution, shell: str, syntax: _Syntax) -> str:
             continue
         value = res.env[key]
         if value is None:
+            _check_value(key, None)
             out.append(syntax.unset(key))
         else:
             _check_value(key, value)
@@ -121,6 +110,8 @@ def render_fish(res: Resolution) -> str:
 def render_json(res: Resolution) -> str:
     import json
 
+    for key in ordered_vars(res):
+        _check_value(key, None)
     return json.dumps({k: res.env[k] for k in ordered_vars(res)}, indent=2) + "\n"
 
 
@@ -131,7 +122,8 @@ def render_dotenv(res: Resolution) -> str:
     for key in ordered_vars(res):
         value = res.env[key]
         if value is None:
-            out.append(_comment(f"unset {key}: {_reason(res, key) or ''}"))
+            _check_value(key, None)
+            out.append(comment(f"unset {key}: {_reason(res, key) or ''}"))
             continue
         _check_value(key, value)
         out.append(f"{key}={value}")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import sys
 
+from rocforge_build.shellsafe import one_line
+
 COMMENT = "# warning: "
 
 
 def as_comments(warnings) -> list[str]:
-    return [COMMENT + " ".join(str(w).split()) for w in warnings]
+    return [COMMENT + one_line(w) for w in warnings]
 
 
 def to_stderr(warnings) -> None:

@@ -23,6 +23,7 @@ from pathlib import PurePosixPath
 from rocforge_build.errors import DetectionError, UsageError
 from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root
+from rocforge_build.shellsafe import comment
 
 GIB = 1 << 30
 STATUSES = ("ok", "warn", "fail", "unknown")
@@ -789,8 +790,8 @@ def _boot_commands(root: Root, boot: str, add: list[str], remove: list[str], key
             if new != kc.split():
                 cmds.append(f"echo {shlex.quote(' '.join(new))} | sudo tee /etc/kernel/cmdline")
         return tuple(cmds)
-    return tuple(f"# add to the kernel command line by hand: {w}" for w in add) + \
-        tuple(f"# remove from the kernel command line by hand: {w}" for w in remove)
+    return tuple(comment(f"add to the kernel command line by hand: {w}") for w in add) + \
+        tuple(comment(f"remove from the kernel command line by hand: {w}") for w in remove)
 
 
 def _initramfs(fam: str) -> str:
@@ -912,20 +913,26 @@ def _firmware_steps(root: Root, h: Host, fam: str) -> list[Step]:
 MARKER = "# rocforge host plan:"
 
 
+def _commented(command: str) -> str:
+    """An optional step's command, commented out line by line: a line break inside it (a quoted
+    word read from the system's files) must not start a live line."""
+    return "\n".join(ln if ln.startswith("#") else "# " + ln for ln in command.split("\n"))
+
+
 def render_script(p: Plan) -> str:
     lines = ["#!/bin/sh", f"{MARKER} review every line before running it; rocforge changes nothing itself.",
              "set -eu"]
     if p.pages_limit:
-        lines.append(f"# {p.module}.pages_limit={p.pages_limit} ({p.gtt_gib} GiB x 262144), boot loader: "
-                     f"{p.bootloader}")
+        lines.append(comment(f"{p.module}.pages_limit={p.pages_limit} ({p.gtt_gib} GiB x 262144), "
+                             f"boot loader: {p.bootloader}"))
     for s in p.steps:
         lines.append("")
-        lines.append(f"# {s.id}{' (optional, commented out)' if s.optional else ''}: {s.why}")
+        lines.append(comment(f"{s.id}{' (optional, commented out)' if s.optional else ''}: {s.why}"))
         for c in s.commands:
-            lines.append("# " + c if s.optional and not c.startswith("#") else c)
+            lines.append(_commented(c) if s.optional else c)
     if p.notes:
         lines.append("")
-        lines += [f"# note: {n}" for n in p.notes]
+        lines += [comment(f"note: {n}") for n in p.notes]
     return "\n".join(lines) + "\n"
 
 

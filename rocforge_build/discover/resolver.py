@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from rocforge_build import shellsafe
 from rocforge_build.discover import builds as builds_mod
 from rocforge_build.discover import gpus as gpus_mod
 from rocforge_build.discover import installs as installs_mod
@@ -471,6 +472,10 @@ def _build_decisions(root: Root, target: str | None, decisions: list[Decision],
                 decisions[old] = decision
     for b in used:
         for key, value in b.export_env.items():
+            problem = shellsafe.env_name_problem(key) or shellsafe.env_value_problem(value)
+            if problem:  # an edited or hostile manifest: never printed into a script
+                warnings.append(f"{b.describe()} exports {problem}: ignored")
+                continue
             if key in _RESERVED:
                 warnings.append(f"{b.describe()} exports {key}, which the resolver decides: ignored")
                 continue

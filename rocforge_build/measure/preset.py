@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import shlex
 
-from rocforge_build.errors import UsageError
+from rocforge_build import shellsafe
+from rocforge_build.errors import ConfigError, UsageError
 from rocforge_build.measure.llama_tools import LlamaBuild
 
 
@@ -47,24 +48,39 @@ def command(build: LlamaBuild, model_path: str, variant: dict, ctx: int, igpu: b
     return env, argv, notes
 
 
+def _checked(preset: dict) -> None:
+    """A preset is read back from the results store (a file a user can edit or be handed): its
+    range names become shell function names and its env names `env NAME=value` words, so both
+    must be plain names and every value one line before a script is printed."""
+    where = f"the preset for {preset['model']['name']!r} (results store)"
+    for name, r in preset["ranges"].items():
+        if shellsafe.env_name_problem(name):
+            raise ConfigError(f"{where}: range {name!r} is not a plain name",
+                              "range names are letters, digits and '_' (short, long)")
+        for k, v in r["env"].items():
+            shellsafe.check_env(k, str(v), f"{where}: range {name}: env", ConfigError)
+
+
 def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
     ranges = preset["ranges"]
     if only and only not in ranges:
         raise UsageError(f"the preset has no range {only!r}", f"ranges: {', '.join(ranges)}")
+    _checked(preset)
     out = []
     if shell:
-        out += ["#!/bin/sh", f"# rocforge preset for {preset['model']['name']} (sha256 {preset['model']['sha256'][:12]}), "
-                f"tuned {preset['created']}"]
+        out += ["#!/bin/sh", shellsafe.comment(
+            f"rocforge preset for {preset['model']['name']} (sha256 "
+            f"{preset['model']['sha256'][:12]}), tuned {preset['created']}")]
     for name, r in ranges.items():
         if only and name != only:
             continue
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in r["env"].items())
+        env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in r["env"].items())
         cmd = (env + " " if env else "") + shlex.join(r["argv"])
         figs = ", ".join(f"{f['test']}{f['n']} @ d{f['depth']}: {f['t_s']:.1f} t/s" for f in r["figures"])
         why = (f"{name} context (depth {r['depth']}): {r['backend']} build {r['prefix']}, "
                f"{r['variant_label']}; measured {figs}; score {r['score']:.1f} (next best: {r.get('runner_up') or 'none'})")
         if shell:
-            out += [f"# {why}"] + [f"# {n}" for n in r["notes"]]
+            out += [shellsafe.comment(why)] + [shellsafe.comment(n) for n in r["notes"]]
             if only or len(ranges) == 1:
                 out.append(f"exec env {cmd} \"$@\"" if env else f"exec {cmd} \"$@\"")
             else:

@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build import __version__, proc
+from rocforge_build import __version__, proc, shellsafe
 from rocforge_build.discover.resolver import Decision
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import (
@@ -440,8 +440,9 @@ def launcher_env(manifest: dict, prefix: Path) -> tuple[dict[str, str], dict[str
     recorded = str(manifest.get("prefix") or prefix)
     env: dict[str, str] = {}
     for table in ("export_env", "runtime_env"):  # runtime_env wins, as in the images
-        for k, v in (manifest.get(table) or {}).items():
-            env[str(k)] = str(v)
+        # the manifest is a file on disk (editable, or handed over): its names become shell code
+        env.update(shellsafe.check_env_table(manifest.get(table), f"{prefix / MANIFEST}: {table}",
+                                             ConfigError))
     kept, left = {}, {}
     for k, v in sorted(env.items()):
         parts = v.split(":") if k in _PATH_LISTS else [v]
@@ -463,9 +464,9 @@ def launcher_env(manifest: dict, prefix: Path) -> tuple[dict[str, str], dict[str
 
 
 def _sh_value(value: str) -> str:
-    """Double-quoted for sh, with only `${here}` expanded."""
-    body = value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`").replace("$", "\\$")
-    return '"' + body.replace("\\${here}", "${here}") + '"'
+    """Single-quoted for sh, with only `${here}` (the bundle's directory) expanded."""
+    quoted = '"${here}"'.join(shellsafe.sh_quote(p) if p else "" for p in value.split("${here}"))
+    return quoted or "''"
 
 
 def write_launcher(tree: Path, staged: Staged) -> None:
@@ -478,16 +479,19 @@ def write_launcher(tree: Path, staged: Staged) -> None:
         'export PATH="${here}/bin${PATH:+:$PATH}"',
     ]
     for k, v in staged.env.items():
+        shellsafe.check_env(k, v, f"{staged.name}/{LAUNCHER}", ConfigError)
         if k == "PATH":
             lines.append(f'export PATH={_sh_value(v)}":$PATH"')
         else:
             lines.append(f"export {k}={_sh_value(v)}")
     for k, v in staged.env_left_out.items():
-        lines.append(f"# left out: {k}={v} (a path on the build machine)")
+        lines.append(shellsafe.comment(f"left out: {k}={v} (a path on the build machine)"))
     for d in staged.decisions:
         if d.key == "HSA_OVERRIDE_GFX_VERSION":
-            lines.append(f"# {d.reason}")
-            lines.append(f': "${{HSA_OVERRIDE_GFX_VERSION:={d.value}}}"; export HSA_OVERRIDE_GFX_VERSION')
+            lines.append(shellsafe.comment(d.reason))
+            lines.append('[ -n "${HSA_OVERRIDE_GFX_VERSION-}" ] || '
+                         f"HSA_OVERRIDE_GFX_VERSION={shellsafe.sh_quote(str(d.value))}; "
+                         "export HSA_OVERRIDE_GFX_VERSION")
     lines += [
         'if [ $# -eq 0 ]; then',
         '    echo "usage: $0 PROGRAM [ARGS...]; programs:" $(ls "${here}/bin" 2>/dev/null) >&2',

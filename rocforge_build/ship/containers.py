@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path, PurePosixPath
 
-from rocforge_build import __version__, paths, proc
+from rocforge_build import __version__, paths, proc, refs, shellsafe
 from rocforge_build.discover import targets
 from rocforge_build.discover.resolver import Decision
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
@@ -75,7 +75,13 @@ class RecipeRef:
     def arg(self) -> str:
         if self.path is None:
             return self.name
-        return str(DATA_IN_IMAGE / "recipe" / "recipes" / self.path.name)
+        return str(DATA_IN_IMAGE / "recipe" / "recipes" / self.file_name)
+
+    @property
+    def file_name(self) -> str:
+        """The recipe file's name in the image: its (plain, validated) recipe name, never the
+        host file's name, which may hold spaces, quotes or a newline."""
+        return f"{self.name}.toml"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,6 +263,7 @@ def plan(
     base: str | None = None, runtime_base: str | None = None, tag: str | None = None,
     source: str | None = None, ref: str | None = None, root=None,
 ) -> ContainerPlan:
+    check_flags(base=base, runtime_base=runtime_base, tag=tag, ref=ref, source=source)
     tgt = targets.get_target(target)  # UsageError with a suggestion for unknown names
     loaded, recipe_ref_ = recipe_ref(recipe)
     decisions = []
@@ -319,6 +326,23 @@ def plan(
     return result
 
 
+def check_flags(*, base: str | None = None, runtime_base: str | None = None, tag: str | None = None,
+                ref: str | None = None, source: str | None = None) -> None:
+    """Every user string that reaches a Containerfile, checked before anything is read, fetched
+    or written: image references by their grammar, the ref by git's, and `--source` (a word of
+    the builder's RUN line) must not hold a line break or control character."""
+    for flag, value in (("--base", base), ("--runtime-base", runtime_base)):
+        if value is not None:
+            refs.check_image_ref(value, flag)
+    if tag is not None:
+        refs.check_image_ref(tag, "--tag", digest=False)
+    if ref is not None:
+        refs.check_git_ref(ref)
+    if source is not None and any(not c.isprintable() for c in source):
+        raise UsageError(f"--source {source!r} contains a line break or control character",
+                         "give a path or URL without one (rename or link the directory)")
+
+
 # -- render -------------------------------------------------------------------------------------------
 def _sub(text: str, values: dict[str, str], where: str) -> str:
     try:
@@ -327,7 +351,12 @@ def _sub(text: str, values: dict[str, str], where: str) -> str:
         raise ConfigError(f"{where}: bad template field {exc}", "fields are ${name}; write $$ for a literal $") from exc
 
 
-def _env_quote(value: str) -> str:
+def _env_quote(value: str, where: str = "Containerfile value") -> str:
+    """A double-quoted ENV/LABEL value: `\\`, `"` and `$` escaped; a line break would end the
+    instruction and start another (Containerfile lines have no quoting across lines): refused."""
+    problem = shellsafe.env_value_problem(value)
+    if problem:
+        raise ConfigError(f"{where}: {problem}", "a Containerfile value must be one line")
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
 
 
@@ -337,9 +366,12 @@ def runtime_env(plan: ContainerPlan, env: dict[str, str], manifest: dict | None 
 
     Empty values are left out: an image starts without the variable, which is what unset means."""
     result = {k: v for k, v in env.items() if v != ""}
-    recipe_env = (manifest or {}).get("runtime_env")
-    if isinstance(recipe_env, dict):
-        result.update({str(k): str(v) for k, v in recipe_env.items() if str(v) != ""})
+    recipe_env = shellsafe.check_env_table((manifest or {}).get("runtime_env"),
+                                           "the build's rocforge-manifest.toml: runtime_env",
+                                           ConfigError)
+    result.update({k: v for k, v in recipe_env.items() if v != ""})
+    for k, v in result.items():
+        shellsafe.check_env(k, v, "the builder's env", ConfigError)
     path = result.get("PATH") or DEFAULT_PATH
     bindir = str(plan.prefix / "bin")
     if bindir not in path.split(":"):
@@ -350,7 +382,7 @@ def runtime_env(plan: ContainerPlan, env: dict[str, str], manifest: dict | None 
 
 def env_lines(plan: ContainerPlan, facts: Facts) -> str:
     env = runtime_env(plan, facts.env, facts.manifest)
-    body = " \\\n    ".join(f"{k}={_env_quote(v)}" for k, v in env.items())
+    body = " \\\n    ".join(f"{k}={_env_quote(v, f'ENV {k}')}" for k, v in env.items())
     return ("# from the builder's `rocforge env --shell dotenv` and the recipe's runtime env\nENV " + body)
 
 
@@ -393,7 +425,7 @@ def labels(plan: ContainerPlan, manifest: dict | None) -> dict[str, str]:
 
 
 def _label_body(found: dict[str, str]) -> str:
-    return " \\\n      ".join(f"{k}={_env_quote(v)}" for k, v in found.items())
+    return " \\\n      ".join(f"{k}={_env_quote(v, f'LABEL {k}')}" for k, v in found.items())
 
 
 def label_lines(plan: ContainerPlan, facts: Facts) -> str:
@@ -512,7 +544,7 @@ def prepare_context(plan: ContainerPlan, ctx: Path) -> None:
     recipe_dir = ctx / "recipe"
     (recipe_dir / "recipes").mkdir(parents=True)
     if plan.recipe.path is not None:  # the recipes loader's layout: recipes/X.toml, patches/NAME/
-        shutil.copy2(plan.recipe.path, recipe_dir / "recipes" / plan.recipe.path.name)
+        shutil.copy2(plan.recipe.path, recipe_dir / "recipes" / plan.recipe.file_name)
         if plan.recipe.patches is not None:
             shutil.copytree(plan.recipe.patches, recipe_dir / "patches" / plan.recipe.name, symlinks=True)
     else:

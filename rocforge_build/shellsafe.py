@@ -1,0 +1,83 @@
+"""Data that reaches a script rocforge writes: one place that says which environment names and
+values can be emitted, how each shell quotes, and how any text becomes a one-line comment.
+
+Recipes, build manifests, presets and bundles are data a user may have edited or been handed;
+every emitter (`rocforge env`, the bundle `run` launcher, Containerfile ENV lines, `preset show
+--shell`, `host plan`) goes through these helpers, so a name such as `X;touch f` or a value with
+a newline can never become shell code or a line of its own.  Stdlib only, and light: `rocforge
+env` imports it on every shell start-up.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rocforge_build.errors import UsageError
+
+# POSIX.1-2017 XBD 8.1: names of environment variables "consist solely of uppercase letters,
+# digits, and the <underscore> ... and do not begin with a digit"; lower case is allowed by
+# every shell (bash, zsh, fish all take [A-Za-z_][A-Za-z0-9_]*), so that is the rule here.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+NAME_HINT = "an environment variable name is letters, digits and '_', not starting with a digit"
+
+
+def env_name_problem(name: object) -> str | None:
+    """Why `name` cannot be an environment variable name, or None when it can."""
+    if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+        return f"{name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+    return None
+
+
+def env_value_problem(value: object) -> str | None:
+    """Why `value` cannot be emitted as one variable's value (dotenv and Containerfile lines end
+    at a newline; a NUL ends a C string), or None when it can."""
+    if not isinstance(value, str):
+        return f"{value!r} is not a string"
+    if any(c in value for c in "\n\r\0"):
+        return f"{value!r} contains a newline, carriage return or NUL byte"
+    return None
+
+
+def check_env(name: object, value: object, where: str, error=UsageError) -> None:
+    """Raise `error` (naming `where`: the file and key) unless `name=value` can be emitted."""
+    problem = env_name_problem(name)
+    if problem:
+        raise error(f"{where}: {problem}", NAME_HINT)
+    if value is not None:
+        problem = env_value_problem(value)
+        if problem:
+            raise error(f"{where}: {name}: {problem}",
+                        "environment values cannot carry a line break or NUL byte safely")
+
+
+def check_env_table(table: object, where: str, error=UsageError) -> dict[str, str]:
+    """A `{name: value}` table read from a file, checked entry by entry (values as strings)."""
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise error(f"{where}: must be a table of NAME = \"value\"")
+    for k, v in table.items():
+        check_env(k, str(v), f"{where}.{k}" if env_name_problem(k) is None else where, error)
+    return {k: str(v) for k, v in table.items()}
+
+
+def sh_quote(value: str) -> str:
+    """POSIX single quotes (sh, bash, zsh): nothing inside is special but `'` itself."""
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def fish_quote(value: str) -> str:
+    """fish single quotes: `\\` and `'` are the only escapes."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def one_line(text: object) -> str:
+    """`text` on one line: every run of whitespace or unprintable characters (newline, CR, NUL,
+    escape, U+2028 ...) becomes one space, so it cannot end a comment or a script line."""
+    printable = "".join(c if c.isprintable() else " " for c in str(text))
+    return " ".join(printable.split())
+
+
+def comment(text: object, lead: str = "# ") -> str:
+    """A comment line for sh, bash, zsh, fish, dotenv and Containerfiles alike."""
+    return lead + one_line(text)
