@@ -222,7 +222,7 @@ class Store:
         if not isinstance(value, kind):
             raise StoreError(f"results database {self.path}: {what} does not hold a JSON "
                              f"{'object' if kind is dict else 'list'}; rocforge leaves it untouched",
-                             f"repair or delete that row with the sqlite3 program, or point "
+                             "repair or delete that row with the sqlite3 program, or point "
                              "ROCFORGE_RESULTS_DB at another file")
         return value
 
