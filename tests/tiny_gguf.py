@@ -70,6 +70,27 @@ def write(out: Path, size: str = "tiny", seed: int = 0, *, byte_tokens: bool = F
     return out
 
 
+# -- raw bytes, for damaged and hostile headers the gguf package would not write ------------------
+UINT32, INT32, FLOAT32, STRING, ARRAY = 4, 5, 6, 8, 9  # GGUF value types (ggml docs/gguf.md)
+
+
+def gguf_string(text: str | bytes) -> bytes:
+    data = text.encode() if isinstance(text, str) else text
+    return len(data).to_bytes(8, "little") + data
+
+
+def raw(kvs: list[tuple[str, int, bytes]], *, n_tensors: int = 0, n_kv: int | None = None,
+        tail: bytes = b"") -> bytes:
+    """A GGUF v3 file: header counts (n_kv defaults to len(kvs)), then each (key, value type,
+    value bytes as written), then `tail` (tensor table, data).  Nothing is checked: the point is
+    to write what a hostile or damaged file holds."""
+    out = b"GGUF" + (3).to_bytes(4, "little") + n_tensors.to_bytes(8, "little")
+    out += (len(kvs) if n_kv is None else n_kv).to_bytes(8, "little")
+    for key, vtype, value in kvs:
+        out += gguf_string(key) + vtype.to_bytes(4, "little") + value
+    return out + tail
+
+
 if __name__ == "__main__":
     import sys
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from rocforge_build import argtypes
 from rocforge_build.errors import UsageError
 from rocforge_build.measure import bench
 from rocforge_build.measure.llama_tools import LlamaBuild
@@ -16,41 +17,42 @@ from rocforge_build.measure.session import Progress, describe, open_session
 def add_arguments(parser) -> None:
     parser.add_argument("prefixes", nargs="+", metavar="PREFIX", help="builds to measure (install prefixes)")
     parser.add_argument("--model", required=True, metavar="GGUF")
-    parser.add_argument("--depth", default="0", metavar="N,...", help="KV depths (llama-bench -d; default 0)")
-    parser.add_argument("--ubatch", metavar="N,...", help="micro-batch sizes (-ub; default: the tree's)")
+    parser.add_argument("--depth", default="0", type=argtypes.int_list(0), metavar="N,...", help="KV depths (llama-bench -d; default 0)")
+    parser.add_argument("--ubatch", type=argtypes.int_list(1), metavar="N,...", help="micro-batch sizes (-ub; default: the tree's)")
     parser.add_argument("--fa", metavar="on,off", help="flash attention values (default: the tree's)")
     parser.add_argument("--env", action="append", default=[], metavar="VAR=a,b",
                         help="runtime environment values to try (repeatable)")
-    parser.add_argument("--reps", type=int, default=3, metavar="N", help="repetitions (-r; default 3)")
-    parser.add_argument("-p", "--n-prompt", type=int, default=512, metavar="N", help="prompt tokens (pp test)")
-    parser.add_argument("-n", "--n-gen", type=int, default=128, metavar="N", help="generated tokens (tg test)")
-    parser.add_argument("--threads", type=int, metavar="N", help="CPU threads (-t)")
-    parser.add_argument("--timeout", type=float, metavar="S",
+    parser.add_argument("--reps", type=argtypes.positive_int, default=3, metavar="N", help="repetitions (-r; default 3)")
+    parser.add_argument("-p", "--n-prompt", type=argtypes.non_negative_int, default=512, metavar="N", help="prompt tokens (pp test)")
+    parser.add_argument("-n", "--n-gen", type=argtypes.non_negative_int, default=128, metavar="N", help="generated tokens (tg test)")
+    parser.add_argument("--threads", type=argtypes.positive_int, metavar="N", help="CPU threads (-t)")
+    parser.add_argument("--timeout", type=argtypes.positive_seconds, metavar="S",
                         help="stop a llama-bench run after S seconds; what it did not finish is recorded as failed")
     parser.add_argument("--no-gate", action="store_true", help="do not run `rocforge verify` first")
     parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                         help="one discarded llama-bench run per build before its matrix (default: on for "
                              "GPU builds, whose first runs pay the driver's pipeline compiles)")
     parser.add_argument("--reference", metavar="PREFIX", help="the gate's reference build (see rocforge verify)")
-    parser.add_argument("--ctx", metavar="N,...", help="the gate's contexts (see rocforge verify)")
+    parser.add_argument("--ctx", type=argtypes.int_list(1), metavar="N,...", help="the gate's contexts (see rocforge verify)")
     parser.add_argument("--json", action="store_true", help="the rows as JSON")
 
 
 def spec_from(args, model) -> bench.Spec:
-    if args.reps < 1 or args.n_prompt < 0 or args.n_gen < 0 or not (args.n_prompt or args.n_gen):
-        raise UsageError("--reps must be >= 1 and -p/-n not negative (one of them > 0)")
-    depths = tuple(bench.int_list(args.depth, "--depth")) or (0,)
+    if not (args.n_prompt or args.n_gen):
+        raise UsageError("-p/--n-prompt and -n/--n-gen are both 0: there is nothing to measure",
+                         "give one of them a number of tokens above 0")
+    depths = tuple(args.depth) or (0,)
     return bench.Spec(model, depths, args.n_prompt, args.n_gen, args.reps, args.threads, timeout=args.timeout,
                       warmup=args.warmup)
 
 
 def run(args) -> int:
     builds = [LlamaBuild.open(p) for p in args.prefixes]
-    vs = bench.variants(bench.int_list(args.ubatch, "--ubatch"), bench.fa_list(args.fa), bench.env_pairs(args.env))
+    vs = bench.variants(args.ubatch or [], bench.fa_list(args.fa), bench.env_pairs(args.env))
     programs = ("llama-bench",) if args.no_gate else ("llama-bench", "llama-perplexity")
     s = open_session(args.model, builds, programs, args.rootfs)
     spec = spec_from(args, s.model)
-    ctx = bench.int_list(args.ctx, "--ctx") or None
+    ctx = args.ctx or None
     run_id = s.store.start_run("bench", args.argv, {"host": s.base["host"], "model": s.base["model"],
                                                     "spec": {"depths": spec.depths, "n_prompt": spec.n_prompt,
                                                              "n_gen": spec.n_gen, "reps": spec.reps}})

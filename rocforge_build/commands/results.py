@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from rocforge_build import argtypes
 from rocforge_build.errors import UsageError
 from rocforge_build.measure import compare as cmp
 from rocforge_build.measure.store import Store
@@ -20,21 +21,21 @@ def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     sub.add_parser("list", help="the runs").add_argument("--json", action="store_true")
     show = sub.add_parser("show", help="one run's rows (default: the last run)")
-    show.add_argument("run", nargs="?", type=int, metavar="RUN")
+    show.add_argument("run", nargs="?", type=argtypes.run_id, metavar="RUN")
     show.add_argument("--json", action="store_true")
     exp = sub.add_parser("export", help="rows as JSON or CSV")
     fmt = exp.add_mutually_exclusive_group(required=True)
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--csv", action="store_true")
-    exp.add_argument("--run", type=int, metavar="RUN")
+    exp.add_argument("--run", type=argtypes.run_id, metavar="RUN")
     exp.add_argument("--prefix", metavar="PREFIX")
     c = sub.add_parser("compare", help="flag regressions of B against A")
     c.add_argument("a", metavar="A", help="run number, or a build prefix (its latest bench run)")
     c.add_argument("b", metavar="B")
-    c.add_argument("--threshold", type=float, default=cmp.DEFAULT_THRESHOLD * 100, metavar="PERCENT")
+    c.add_argument("--threshold", type=argtypes.non_negative_number, default=cmp.DEFAULT_THRESHOLD * 100, metavar="PERCENT")
     c.add_argument("--json", action="store_true")
     p = sub.add_parser("plot", help="depth curves as a self-contained HTML/SVG file")
-    p.add_argument("--run", type=int, action="append", metavar="RUN", help="runs to plot (default: the last bench run)")
+    p.add_argument("--run", type=argtypes.run_id, action="append", metavar="RUN", help="runs to plot (default: the last bench run)")
     p.add_argument("--prefix", action="append", metavar="PREFIX", help="only these builds")
     p.add_argument("-o", "--output", required=True, metavar="FILE.html")
 
@@ -112,17 +113,16 @@ def _compare(store: Store, args) -> int:
 
 
 def _plot(store: Store, args) -> int:
+    from rocforge_build import replace
     from rocforge_build.measure import plot
 
+    out = Path(args.output)
+    replace.check_own_file(out, "-o", plot.made_by_rocforge)  # before any work
     runs = args.run or [_last_run(store, ("bench", "tune"))]
     prefixes = {str(Path(p).expanduser().resolve()) for p in args.prefix or []}
     rows = [r.data | {"status": r.status} for run in runs for r in store.rows(run_id=run, kind="bench")
             if not prefixes or r.prefix in prefixes]
     text = plot.page(rows, f"rocforge results: run {', '.join(map(str, runs))}")
-    out = Path(args.output)
-    try:
-        out.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {out}: {exc.strerror}") from None
+    replace.write_own_file(out, text, "-o", plot.made_by_rocforge)
     print(out)
     return 0

@@ -8,6 +8,7 @@ import json
 import math
 import sys
 
+from rocforge_build import argtypes
 from rocforge_build.errors import RocforgeError, UsageError
 from rocforge_build.measure import bench, tune, verify
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS, LlamaBuild
@@ -24,19 +25,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--source", metavar="PATH|URL", help="build this source (see rocforge build)")
     parser.add_argument("--ref", metavar="REF")
     parser.add_argument("--contexts", default="short,long", metavar="short,long", help="context ranges to pick winners for")
-    parser.add_argument("--ubatch", metavar="N,...", help="micro-batch values searched (default: data/tune.toml)")
+    parser.add_argument("--ubatch", type=argtypes.int_list(1), metavar="N,...", help="micro-batch values searched (default: data/tune.toml)")
     parser.add_argument("--fa", metavar="on,off")
     parser.add_argument("--env", action="append", metavar="VAR=a,b", help="env values searched (default per backend)")
-    parser.add_argument("--reps", type=int, default=3, metavar="N")
-    parser.add_argument("-p", "--n-prompt", type=int, default=512, metavar="N")
-    parser.add_argument("-n", "--n-gen", type=int, default=128, metavar="N")
-    parser.add_argument("--threads", type=int, metavar="N")
-    parser.add_argument("--timeout", type=float, metavar="S",
+    parser.add_argument("--reps", type=argtypes.positive_int, default=3, metavar="N")
+    parser.add_argument("-p", "--n-prompt", type=argtypes.non_negative_int, default=512, metavar="N")
+    parser.add_argument("-n", "--n-gen", type=argtypes.non_negative_int, default=128, metavar="N")
+    parser.add_argument("--threads", type=argtypes.positive_int, metavar="N")
+    parser.add_argument("--timeout", type=argtypes.positive_seconds, metavar="S",
                         help="stop a llama-bench run after S seconds; that variant is recorded as "
                              "failed and cannot win (e.g. flash attention that falls back to the CPU)")
-    parser.add_argument("--ctx", metavar="N,...", help="the gate's contexts (see rocforge verify)")
+    parser.add_argument("--ctx", type=argtypes.int_list(1), metavar="N,...", help="the gate's contexts (see rocforge verify)")
     parser.add_argument("--exhaustive", action="store_true", help="measure the full cross product instead")
-    parser.add_argument("--jobs", "-j", type=int, metavar="N", help="build jobs")
+    parser.add_argument("--jobs", "-j", type=argtypes.positive_int, metavar="N", help="build jobs")
     parser.add_argument("--json", action="store_true")
 
 
@@ -71,6 +72,9 @@ def candidates(args, say) -> tuple[list[LlamaBuild], list[dict]]:
 
 def run(args) -> int:
     say = (lambda text: None) if args.json else (lambda text: sys.stderr.write(f"rocforge: tune: {text}\n"))
+    if not (args.n_prompt or args.n_gen):
+        raise UsageError("-p/--n-prompt and -n/--n-gen are both 0: there is nothing to measure",
+                         "give one of them a number of tokens above 0")
     wanted = [c.strip() for c in args.contexts.split(",") if c.strip()]
     all_ranges = tune.rules()["ranges"]
     bad = [c for c in wanted if c not in all_ranges]
@@ -87,7 +91,7 @@ def run(args) -> int:
     ctx_of = {name: min(int(all_ranges[name]["ctx"]), n_ctx or 10 ** 9) for name in wanted}
     spec = bench.Spec(model, tuple(sorted(set(ranges.values()))), args.n_prompt, args.n_gen, args.reps,
                       args.threads, timeout=args.timeout)
-    gate_ctxs = verify.contexts(s.model, bench.int_list(args.ctx, "--ctx") or None)
+    gate_ctxs = verify.contexts(s.model, args.ctx or None)
     run_id = s.store.start_run("tune", args.argv, {"host": s.base["host"], "model": s.base["model"],
                                                    "ranges": ranges, "skipped": skipped})
     progress = Progress(0, quiet=args.json)
@@ -115,7 +119,7 @@ def run(args) -> int:
             depths, note = bench.depths_for(b, spec.depths)
             if note:
                 cand.note = note
-            dims, env_names = tune.dimensions(b.backend, bench.int_list(args.ubatch, "--ubatch") or None,
+            dims, env_names = tune.dimensions(b.backend, args.ubatch or None,
                                               passing,
                                               bench.env_pairs(args.env) if args.env else None, n_ctx)
 

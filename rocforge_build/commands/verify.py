@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from rocforge_build import argtypes
 from rocforge_build.measure import bench, verify
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.session import open_session
@@ -16,7 +17,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, metavar="GGUF", help="the model to run")
     parser.add_argument("--reference", metavar="PREFIX",
                         help="reference build (default: the cpu backend of the same recipe and source, built when absent)")
-    parser.add_argument("--ctx", metavar="N,...", help="contexts to check (default: a short and a long one, bounded by the model)")
+    parser.add_argument("--ctx", type=argtypes.int_list(1), metavar="N,...", help="contexts to check (default: a short and a long one, bounded by the model)")
     parser.add_argument("--text", metavar="FILE", help="text to evaluate (default: the one rocforge ships)")
     parser.add_argument("--fa", choices=("on", "off"), default="on",
                         help="flash attention in both runs (default on: the path long contexts take)")
@@ -27,7 +28,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     build = LlamaBuild.open(args.prefix)
-    ctx = bench.int_list(args.ctx, "--ctx") or None
+    ctx = args.ctx or None
     env = {k: v[0] for k, v in bench.env_pairs(args.env).items()}
     ref_given = LlamaBuild.open(args.reference) if args.reference else None
     s = open_session(args.model, [build] + ([ref_given] if ref_given else []), ("llama-perplexity",), args.rootfs)

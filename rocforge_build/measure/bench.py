@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import subprocess
 import tempfile
@@ -117,12 +118,38 @@ def expected(spec: Spec, depths: tuple[int, ...]) -> list[tuple[str, int]]:
     return [(t, d) for d in depths for t in tests]
 
 
+class BadResult(ValueError):
+    """A llama-bench JSON result line without a field the row needs, or with a value of the wrong
+    kind (null, a string, NaN): its message names the field."""
+
+
+def _field(result: dict, name: str, *, whole: bool, default=None):
+    """A number from llama-bench's result: whole and >= 0 for counts, finite and >= 0 for rates.
+    `default` None: the field must be there."""
+    value = result.get(name, default)
+    if name not in result and default is None:
+        raise BadResult(f"llama-bench printed a result without {name}")
+    ok_type = int if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, ok_type) or value < 0 or (
+            isinstance(value, float) and not math.isfinite(value)):
+        kind = "a whole number" if whole else "a number"
+        raise BadResult(f"llama-bench printed a result whose {name} is {json.dumps(value)[:40]}, "
+                        f"not {kind} >= 0")
+    return value
+
+
 def row_from(result: dict, base: dict) -> dict:
-    n_prompt, n_gen = int(result.get("n_prompt", 0)), int(result.get("n_gen", 0))
+    """The store's row for one llama-bench result; BadResult when a field it needs is missing,
+    null or not a number (rocforge records that instead of a made-up figure)."""
+    n_prompt = _field(result, "n_prompt", whole=True, default=0)
+    n_gen = _field(result, "n_gen", whole=True, default=0)
+    depth = _field(result, "n_depth", whole=True, default=0)  # absent before llama-bench had -d
+    t_s = _field(result, "avg_ts", whole=False)
+    stddev = _field(result, "stddev_ts", whole=False) if result.get("stddev_ts") is not None else None
     return {**base, "test": "tg" if n_gen and not n_prompt else "pp", "n_prompt": n_prompt,
-            "n_gen": n_gen, "depth": int(result.get("n_depth", 0)), "ubatch": result.get("n_ubatch"),
-            "fa": bool(result.get("flash_attn")), "t_s": result.get("avg_ts"),
-            "stddev": result.get("stddev_ts"), "status": "ok", "error": None,
+            "n_gen": n_gen, "depth": depth, "ubatch": result.get("n_ubatch"),
+            "fa": bool(result.get("flash_attn")), "t_s": t_s,
+            "stddev": stddev, "status": "ok", "error": None,
             "llama_bench": {k: result.get(k) for k in ("build_commit", "build_number", "backends",
                                                         "gpu_info", "cpu_info", "n_batch", "n_threads",
                                                         "n_gpu_layers", "type_k", "type_v", "samples_ts")}}
@@ -135,6 +162,7 @@ def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: t
     base = {**base, "ubatch": v.ubatch, "fa": v.fa, "env": dict(v.env), "argv": quote(argv)}
     want = expected(spec, depths)
     got: list[dict] = []
+    unreadable: list[str] = []  # why result lines could not be used (first one is reported)
     env = merged_env({**build.runtime_env, **dict(v.env)})
     with tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
@@ -150,9 +178,14 @@ def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: t
                     continue
                 try:
                     result = json.loads(line)
-                except ValueError:
+                    row = row_from(result, base) if isinstance(result, dict) else None
+                except BadResult as exc:
+                    unreadable.append(str(exc))
                     continue
-                row = row_from(result, base)
+                except (ValueError, RecursionError):
+                    continue
+                if row is None:
+                    continue
                 got.append(row)
                 on_row(row)
             rc = proc.wait()
@@ -172,9 +205,9 @@ def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: t
             timer.cancel()
         err.seek(0)
         stderr = err.read()
-    if rc != 0:
+    if rc != 0 or unreadable:
         reason = (f"timed out after {spec.timeout:g} s (llama-bench was stopped; rows it finished are kept)"
-                  if timed_out else _failure(rc, stderr))
+                  if timed_out else _failure(rc, stderr) if rc != 0 else unreadable[0])
         done = {(r["test"], r["depth"]) for r in got}
         for test, depth in want:
             if (test, depth) not in done:
@@ -281,20 +314,6 @@ def env_pairs(items: list[str]) -> dict[str, list[str]]:
             raise UsageError(f"--env {item!r} is not VAR=a,b", "e.g. --env ROCBLAS_USE_HIPBLASLT=0,1")
         envs[name] = values.split(",")
     return envs
-
-
-def int_list(text: str | None, what: str) -> list[int]:
-    from rocforge_build.errors import UsageError
-
-    if not text:
-        return []
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"{what} {text!r} is not a comma-separated list of numbers") from None
-    if any(v < 0 for v in values):
-        raise UsageError(f"{what} {text!r} has a negative number")
-    return values
 
 
 def fa_list(text: str | None) -> list[bool | None]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,11 @@ FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9:
 class ModelError(UsageError):
     """The model file is missing, not GGUF, or cut short."""
 
+
+# Limits of ggml's own reader (ggml/src/gguf.cpp, gguf_init_from_file_impl): a tensor has at most
+# GGML_MAX_DIMS = 4 dimensions, `general.alignment` is a u32 power of 2, and an array's items are
+# never arrays ("invalid GGUF type"), so a crafted file cannot make rocforge recurse at all.
+MAX_DIMS = 4
 
 @dataclass(frozen=True)
 class Model:
@@ -114,6 +120,20 @@ class _Reader:
             raise self._truncated()
         self.off = off
 
+    def invalid(self, what: str) -> ModelError:
+        return ModelError(f"{self.path} is not a valid GGUF file ({what})",
+                          "download the model again, or convert it again with llama.cpp's tools")
+
+    def count(self, what: str, item_bytes: int) -> int:
+        """A u64 count of items of at least `item_bytes` each, refused when they could not fit
+        in the rest of the file (so no loop runs 2**64 times over a few bytes)."""
+        n = self.scalar("<Q")
+        if n * item_bytes > self.size - self.off:
+            raise ModelError(f"{self.path} is truncated or not a valid GGUF file: its header counts "
+                             f"{n} {what}, more than the {self.size - self.off} bytes left could hold",
+                             "download the model again (the file was cut short or damaged)")
+        return n
+
     def value(self, vtype: int):
         """A scalar or string value; arrays (token lists, scores) are read past and give None."""
         if vtype in _SCALARS:
@@ -121,42 +141,70 @@ class _Reader:
         if vtype == 8:
             return self.string()
         if vtype == 9:
-            itype, count = self.scalar("<I"), self.scalar("<Q")
+            itype = self.scalar("<I")
+            if itype == 9:
+                raise self.invalid("an array of arrays, which llama.cpp's reader refuses")
+            if itype not in _SCALARS and itype != 8:
+                raise self.invalid(f"an array of unknown value type {itype}")
+            width = _STRUCTS[_SCALARS[itype]].size if itype in _SCALARS else 8  # a string: >= 8
+            count = self.count("array items", width)
             self.last_count = count
-            if itype in _SCALARS:  # numeric arrays: one jump
-                width = struct.calcsize(_SCALARS[itype])
-                if count * width > self.size:
-                    raise ModelError(f"{self.path} is not a valid GGUF file (an array of {count} items)")
-                self.take(count * width)
-            elif itype == 8:
+            if itype == 8:
                 self.skip_strings(count)
-            else:
-                for _ in range(count):
-                    self.value(itype)
+            else:  # numeric arrays: one jump
+                self.take(count * width)
             return None
-        raise ModelError(f"{self.path} is not a valid GGUF file (unknown value type {vtype})")
+        raise self.invalid(f"unknown value type {vtype}")
 
 
 _STRUCTS = {fmt: struct.Struct(fmt) for fmt in set(_SCALARS.values()) | {"<I", "<Q"}}
 
 
-def check(path: str | os.PathLike[str]) -> Model:
-    """The model's header, or ModelError naming what is wrong with the file."""
-    p = Path(path)
+def _open_regular(p: Path) -> int:
+    """A read-only descriptor of the model, refused unless it is a regular file.  Opened with
+    O_NONBLOCK and checked with fstat on that descriptor: a FIFO at the path (or one swapped in
+    after a look) is never waited on, a directory or a device never read as a model."""
     try:
-        size = p.stat().st_size
-        fh = p.open("rb")
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ModelError(f"model file {p} does not exist") from None
     except OSError as exc:
         raise ModelError(f"model file {p} cannot be read: {exc.strerror}") from None
-    with fh:
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a device or special file")
+        raise ModelError(f"model file {p} is {kind}, not a regular file", "give the .gguf file itself")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _alignment(r: _Reader, metadata: dict, types: dict) -> int:
+    """`general.alignment`: a u32 power of 2 (docs/gguf.md; ggml's gguf.cpp refuses anything
+    else), 32 when absent."""
+    if "general.alignment" not in metadata:
+        return 32
+    value, vtype = metadata["general.alignment"], types["general.alignment"]
+    if vtype != 4:  # GGUF_TYPE_UINT32
+        raise r.invalid(f"general.alignment is of GGUF type {vtype}, not uint32")
+    if value <= 0 or value & (value - 1):
+        raise r.invalid(f"general.alignment {value} is not a power of 2")
+    return value
+
+
+def check(path: str | os.PathLike[str]) -> Model:
+    """The model's header, or ModelError naming what is wrong with the file."""
+    p = Path(path)
+    fd = _open_regular(p)
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fd).st_size
         if size < 24 or fh.read(4) != MAGIC:
             raise ModelError(f"{p} is not a GGUF model (no GGUF magic at its start)",
                              "llama.cpp reads GGUF files; convert other formats with convert_hf_to_gguf.py")
         try:
             buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as exc:  # a file that cannot be mapped (a pipe, a special file)
+        except (OSError, ValueError) as exc:  # a file that cannot be mapped
             raise ModelError(f"model file {p} cannot be read: {exc}") from None
     with buf:
         r = _Reader(buf, p, size)
@@ -168,21 +216,28 @@ def check(path: str | os.PathLike[str]) -> Model:
         if version not in (2, 3):
             raise ModelError(f"{p} has GGUF version {version}, which this rocforge does not know")
         wide = "<Q"
-        n_tensors, n_kv = r.scalar(wide), r.scalar(wide)
-        metadata, lengths = {}, {}
+        # a tensor-table entry is >= 8 + 4 + 4 + 8 bytes (name, n_dims, type, offset), a
+        # key/value >= 8 + 4 + 1 (key, type, a one-byte value)
+        n_tensors = r.count("tensors", 24)
+        n_kv = r.count("key/value pairs", 13)
+        metadata, lengths, types = {}, {}, {}
         for _ in range(n_kv):
             key = r.string()
             vtype = r.scalar("<I")
             metadata[key] = r.value(vtype)
+            types[key] = vtype
             if vtype == 9:
                 lengths[key] = r.last_count
         tensors = []
         for _ in range(n_tensors):
             r.string()
-            dims = [r.scalar(wide) for _ in range(r.scalar("<I"))]
+            n_dims = r.scalar("<I")
+            if n_dims > MAX_DIMS:
+                raise r.invalid(f"a tensor of {n_dims} dimensions; ggml has at most {MAX_DIMS}")
+            dims = [r.scalar(wide) for _ in range(n_dims)]
             ttype, offset = r.scalar("<I"), r.scalar("<Q")
             tensors.append((dims, ttype, offset))
-        align = metadata.get("general.alignment", 32) or 32
+        align = _alignment(r, metadata, types)
         start = -(-r.off // align) * align
     end = start
     for dims, ttype, offset in tensors:

@@ -9,6 +9,14 @@ from collections import defaultdict
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
 W, H, ML, MR, MT, MB = 560, 340, 70, 20, 30, 50
+# the page's second line: how `results plot -o` knows a file it may overwrite (an HTML comment)
+MARKER = "<!-- made by rocforge results plot; rocforge overwrites only files with this line -->"
+
+
+def made_by_rocforge(head: bytes) -> bool:
+    """Whether a file's first bytes are a page this module wrote (the marker on line 1 or 2)."""
+    lines = head.decode("utf-8", errors="replace").splitlines()[:2]
+    return MARKER in lines
 
 
 def series(rows: list[dict]) -> dict[str, dict[str, list[tuple[int, float]]]]:
@@ -84,7 +92,7 @@ def page(rows: list[dict], title: str) -> str:
     charts = "\n".join(svg(f"{test} t/s vs depth", lines, colors) for test, lines in sorted(data.items()))
     legend = "\n".join(f'<li><span style="color:{colors[label]}">&#9632;</span> {html.escape(label)}</li>'
                        for label in all_labels)
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+    return (f"<!DOCTYPE html>\n{MARKER}\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             "<style>body{font-family:'DejaVu Sans',sans-serif;margin:16px} svg{margin:8px} "
             "ul{list-style:none;padding:0}</style></head><body>"
             f"<h2>{html.escape(title)}</h2>\n{charts}\n<ul>{legend}</ul>\n"

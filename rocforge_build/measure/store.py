@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build import paths
-from rocforge_build.errors import DiskFullError, RocforgeError
+from rocforge_build.errors import ConfigError, DiskFullError, RocforgeError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -31,6 +31,13 @@ CREATE TABLE IF NOT EXISTS presets (
 """
 
 
+# PRAGMA application_id (sqlite.org/pragma.html#pragma_application_id): marks a database as made by
+# rocforge, so the store never writes to a SQLite file of someone else's at ROCFORGE_RESULTS_DB
+APPLICATION_ID = int.from_bytes(b"RFrs", "big")
+OWN_NAMES = {"runs", "rows", "rows_prefix", "presets"}  # what SCHEMA makes
+_MAX_INT = 2 ** 63 - 1  # SQLite INTEGER: 64-bit signed
+
+
 class StoreError(RocforgeError):
     """The results database cannot be used (locked, corrupt, unwritable)."""
 
@@ -40,6 +47,19 @@ class StoreError(RocforgeError):
 def default_path() -> Path:
     override = os.environ.get("ROCFORGE_RESULTS_DB")
     return Path(override) if override else paths.data_dir() / "results.sqlite3"
+
+
+def _timeout() -> float:
+    """ROCFORGE_RESULTS_TIMEOUT: seconds to wait for a locked database (default 10)."""
+    text = os.environ.get("ROCFORGE_RESULTS_TIMEOUT", "10")
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:  # also nan and inf
+        raise ConfigError(f"ROCFORGE_RESULTS_TIMEOUT={text!r} is not a number of seconds from 0 to "
+                         "86400", "unset it (the default is 10 s) or give e.g. 30")
+    return value
 
 
 def now() -> str:
@@ -84,12 +104,12 @@ class Row:
 class Store:
     def __init__(self, path: Path | None = None, *, timeout: float | None = None):
         self.path = Path(path or default_path())
-        if timeout is None:
-            timeout = float(os.environ.get("ROCFORGE_RESULTS_TIMEOUT", "10"))
+        timeout = _timeout() if timeout is None else timeout
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
             self.db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            self._claim()
             self.db.execute("PRAGMA journal_mode = WAL")
             # WAL + NORMAL: a committed row survives rocforge or llama-bench crashing (not a power cut);
             # no fsync per row, so the harness stays out of the measured time
@@ -99,6 +119,24 @@ class Store:
             raise _translate(exc, self.path) from None
         except OSError as exc:
             raise StoreError(f"results database {self.path} cannot be opened: {exc.strerror}") from None
+
+    def _claim(self) -> None:
+        """Refuse a SQLite file that is not rocforge's before anything is written to it (no table,
+        no WAL switch); stamp a new, empty one as rocforge's (PRAGMA application_id)."""
+        app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
+        names = {n for (n,) in self.db.execute(
+            "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchall()}
+        if app_id == APPLICATION_ID or (app_id == 0 and names == OWN_NAMES):
+            return  # rocforge's (the second: made before the stamp existed)
+        if app_id == 0 and not names:
+            self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")  # new and empty
+            return
+        self.db.close()
+        what = (f"its application id is {app_id:#x}" if app_id else
+                f"it holds {', '.join(sorted(names - OWN_NAMES) or sorted(names))}")
+        raise StoreError(f"results database {self.path} is a SQLite database that rocforge did not "
+                         f"make ({what}); rocforge leaves it untouched",
+                         "point ROCFORGE_RESULTS_DB at another file (or unset it)")
 
     def close(self) -> None:
         self.db.close()
@@ -145,19 +183,24 @@ class Store:
     def runs(self) -> list[dict]:
         cur = self._exec("SELECT r.id, r.kind, r.started, r.finished, r.status, r.argv, "
                          "(SELECT COUNT(*) FROM rows WHERE run_id = r.id) FROM runs r ORDER BY r.id")
-        return [{"id": i, "kind": k, "started": s, "finished": f, "status": st, "argv": json.loads(a or "[]"),
-                 "rows": n} for i, k, s, f, st, a, n in cur.fetchall()]
+        return [{"id": i, "kind": k, "started": s, "finished": f, "status": st,
+                 "argv": self._argv(a, i), "rows": n} for i, k, s, f, st, a, n in cur.fetchall()]
 
     def run_info(self, run_id: int) -> dict | None:
+        if not 0 <= run_id <= _MAX_INT:  # no row can have it; SQLite would refuse the number
+            return None
         row = self._exec("SELECT kind, started, finished, status, argv, info FROM runs WHERE id = ?",
                          (run_id,)).fetchone()
         if row is None:
             return None
         kind, started, finished, status, argv, info = row
         return {"id": run_id, "kind": kind, "started": started, "finished": finished, "status": status,
-                "argv": json.loads(argv or "[]"), "info": json.loads(info or "{}")}
+                "argv": self._argv(argv, run_id),
+                "info": self._decode(info or "{}", dict, f"run {run_id}'s info (table runs)")}
 
     def rows(self, *, run_id: int | None = None, prefix: str | None = None, kind: str | None = None) -> Iterator[Row]:
+        if run_id is not None and not 0 <= run_id <= _MAX_INT:
+            return  # no row can have it; SQLite would refuse the number
         where, params = [], []
         for col, value in (("run_id", run_id), ("prefix", prefix), ("kind", kind)):
             if value is not None:
@@ -167,16 +210,34 @@ class Store:
         if where:
             sql += " WHERE " + " AND ".join(where)
         for r in self._exec(sql + " ORDER BY id", tuple(params)).fetchall():
-            yield Row(*r[:8], data=json.loads(r[8]))
+            yield Row(*r[:8], data=self._decode(r[8], dict, f"row {r[0]} of run {r[1]} (table rows)"))
+
+    def _decode(self, text, kind: type, what: str):
+        """A JSON column, or one line naming the row whose text is not the JSON rocforge wrote
+        (edited by hand, written by another program); rocforge leaves the row as it is."""
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError, RecursionError):
+            value = None
+        if not isinstance(value, kind):
+            raise StoreError(f"results database {self.path}: {what} does not hold a JSON "
+                             f"{'object' if kind is dict else 'list'}; rocforge leaves it untouched",
+                             "repair or delete that row with the sqlite3 program, or point "
+                             "ROCFORGE_RESULTS_DB at another file")
+        return value
+
+    def _argv(self, text, run_id: int) -> list[str]:
+        argv = self._decode(text or "[]", list, f"run {run_id}'s argv (table runs)")
+        return [str(a) for a in argv]
 
     def last_run_of(self, prefix: str, kind: str = "bench") -> int | None:
         row = self._exec("SELECT MAX(run_id) FROM rows WHERE prefix = ? AND kind = ?", (prefix, kind)).fetchone()
         return row[0] if row and row[0] is not None else None
 
     def preset(self, model: str) -> dict | None:
-        row = self._exec("SELECT data FROM presets WHERE model = ? OR model_sha256 = ? ORDER BY id DESC LIMIT 1",
-                         (model, model)).fetchone()
-        return json.loads(row[0]) if row else None
+        row = self._exec("SELECT id, data FROM presets WHERE model = ? OR model_sha256 = ? "
+                         "ORDER BY id DESC LIMIT 1", (model, model)).fetchone()
+        return self._decode(row[1], dict, f"preset {row[0]} (table presets)") if row else None
 
     def preset_models(self) -> list[str]:
         return [m for (m,) in self._exec("SELECT DISTINCT model FROM presets ORDER BY model").fetchall()]
