@@ -17,8 +17,13 @@ What stays out and which directories carry per-GPU kernel files are rules with r
 target table's `override_with` target when the target's own are missing (the choice `rocforge env`
 makes with HSA_OVERRIDE_GFX_VERSION; the launcher makes it too).
 
-Never lose data: `--out` replaces only a bundle rocforge made, written beside it and renamed into
-place; `unpack` refuses members that would land outside its directory and an existing tree.
+Never lose data: `--out` replaces only a regular file that is a bundle rocforge made (never a
+link, a FIFO or anything else), written beside it and renamed into place.  Reading a bundle, an
+archive or an unpacked folder, goes through one set of rules (`_Folder`, `parse_bundle_toml`)
+for `check` and `unpack` alike: one top folder named as bundle.toml's plain `name`, each path
+once, nothing written below a file or through a link, every link resolving inside the bundle's
+own folder; anything else, a damaged stream or bundle.toml included, is one IntegrityError.
+`unpack` stages into a directory of a fixed name inside --into and never over an existing tree.
 """
 
 from __future__ import annotations
