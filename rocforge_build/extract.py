@@ -59,14 +59,65 @@ def _refuse(archive: Path, name: str, why: str) -> IntegrityError:
     )
 
 
-def _clean_name(archive: Path, raw: str) -> str | None:
-    """Member name relative to the destination ("" for the root itself), or refuse it."""
+def member_parts(raw: str) -> list[str]:
+    """A member name's path components ([] for the root itself); ValueError(why) for an absolute
+    path or one with `..` (shared with the bundle reader, which words its own refusal)."""
     if raw.startswith("/") or raw.startswith("\\") or (len(raw) > 1 and raw[1] == ":"):
-        raise _refuse(archive, raw, "absolute path")
+        raise ValueError("absolute path")
     parts = [p for p in raw.replace("\\", "/").split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise _refuse(archive, raw, "path with '..'")
-    return "/".join(parts)
+        raise ValueError("path with '..'")
+    return parts
+
+
+def _clean_name(archive: Path, raw: str) -> str | None:
+    """Member name relative to the destination ("" for the root itself), or refuse it."""
+    try:
+        return "/".join(member_parts(raw))
+    except ValueError as exc:
+        raise _refuse(archive, raw, str(exc)) from exc
+
+
+class NotRegularFile(OSError):
+    """`open_regular` met something that is not a regular file (its kind in `kind`)."""
+
+    def __init__(self, path, kind: str):
+        super().__init__(f"{path} is {kind}, not a regular file")
+        self.kind = kind
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular st_mode is, in words."""
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def open_regular(path: Path | str, *, follow: bool = True):
+    """Open `path` for reading only if it is a regular file.  O_NONBLOCK keeps a FIFO from
+    blocking the open (a FIFO with no writer would hang a plain open() forever); with
+    follow=False a symbolic link is refused (O_NOFOLLOW).  NotRegularFile otherwise."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise NotRegularFile(path, "a symbolic link") from exc
+        if exc.errno == errno.ENXIO:  # a socket
+            raise NotRegularFile(path, "a socket") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(path, file_kind(st.st_mode))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _check_link(archive: Path, name: str, target: str) -> None:
@@ -209,7 +260,8 @@ RESERVE_FRACTION = 0.01
 RESERVE_MAX = 256 << 20
 
 
-def _room_for(archive: Path, dest: Path, name: str, size: int, probe) -> int:
+def _room_for(archive: Path, dest: Path, name: str, size: int, probe,
+              elsewhere: str = "install elsewhere with --prefix") -> int:
     """Bytes that may be written from here (members' declared sizes count against it), or
     DiskFullError when `size` does not fit: a zero bomb stops before the disk is full."""
     avail, total = probe(dest)
@@ -220,8 +272,8 @@ def _room_for(archive: Path, dest: Path, name: str, size: int, probe) -> int:
             f"{human_size(max(avail, 0))} is free where it unpacks (rocforge keeps "
             f"{human_size(avail - room)} spare); stopped before filling the disk, the partial "
             "tree was removed",
-            f"free space on {dest.parent} (`df -h {dest.parent}`) or install elsewhere with "
-            "--prefix; an archive that unpacks to far more than its size may be hostile",
+            f"free space on {dest.parent} (`df -h {dest.parent}`) or {elsewhere}; an archive "
+            "that unpacks to far more than its size may be hostile",
         )
     return room
 
@@ -306,16 +358,22 @@ class _GzipStream(io.RawIOBase):
 def _open_archive(archive: Path):
     """(tar opened for streaming, drain) where drain() reads the compressed stream to its end
     so that its integrity check (gzip CRC32/ISIZE, xz/bz2 checks) runs."""
-    with open(archive, "rb") as raw:
-        gz = raw.read(2) == b"\x1f\x8b"
-        raw.seek(0)
-        if gz:
-            stream = io.BufferedReader(_GzipStream(raw), 1 << 16)
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
-                yield tar, lambda: _drain(stream)
-        else:
-            with tarfile.open(fileobj=raw, mode="r|*") as tar:
-                yield tar, lambda: _drain(tar.fileobj)
+    with open_regular(archive) as raw, open_tar_stream(raw) as opened:
+        yield opened
+
+
+@contextlib.contextmanager
+def open_tar_stream(raw):
+    """`_open_archive` on an open binary file (the bundle reader opens its archive itself)."""
+    gz = raw.read(2) == b"\x1f\x8b"
+    raw.seek(0)
+    if gz:
+        stream = io.BufferedReader(_GzipStream(raw), 1 << 16)
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            yield tar, lambda: _drain(stream)
+    else:
+        with tarfile.open(fileobj=raw, mode="r|*") as tar:
+            yield tar, lambda: _drain(tar.fileobj)
 
 
 def _drain(stream) -> None:

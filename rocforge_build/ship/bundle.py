@@ -17,15 +17,22 @@ What stays out and which directories carry per-GPU kernel files are rules with r
 target table's `override_with` target when the target's own are missing (the choice `rocforge env`
 makes with HSA_OVERRIDE_GFX_VERSION; the launcher makes it too).
 
-Never lose data: `--out` replaces only a bundle rocforge made, written beside it and renamed into
-place; `unpack` refuses members that would land outside its directory and an existing tree.
+Never lose data: `--out` replaces only a regular file that is a bundle rocforge made (never a
+link, a FIFO or anything else), written beside it and renamed into place.  Reading a bundle, an
+archive or an unpacked folder, goes through one set of rules (`_Folder`, `parse_bundle_toml`)
+for `check` and `unpack` alike: one top folder named as bundle.toml's plain `name`, each path
+once, nothing written below a file or through a link, every link resolving inside the bundle's
+own folder; anything else, a damaged stream or bundle.toml included, is one IntegrityError.
+`unpack` stages into a directory of a fixed name inside --into and never over an existing tree.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import io
+import lzma
 import os
 import re
 import shlex
@@ -37,6 +44,7 @@ import tempfile
 import time
 import tomllib
 import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +55,7 @@ from rocforge_build.download import sha256_file
 from rocforge_build.errors import (
     BuildError,
     ConfigError,
+    DiskFullError,
     IntegrityError,
     RocforgeError,
     ToolchainError,
@@ -623,83 +632,385 @@ def _write_zip(tree: Path, out: Path) -> None:
                 zf.write(p, arc)
 
 
+# -- reading a bundle: the rules `check` (archive or folder) and `unpack` share -------------------
+_MAX_TOML = 64 << 20  # bundle.toml of a ROCm bundle of 3,000 files is under 1 MB
+_MAX_LINK = 4096  # PATH_MAX: no link target on Linux is longer
+_MAX_HOPS = 40  # Linux's MAXSYMLINKS: more links in one lookup is ELOOP
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_DAMAGED_HINT = ("the bundle is damaged or hostile: do not unpack it by hand; make it again from "
+                 "the build (rocforge bundle PREFIX --target GFX --out FILE)")
+# what a damaged archive raises while it is read (never a write: those are the caller's)
+_DAMAGE = (tarfile.TarError, EOFError, zlib.error, zipfile.BadZipFile, lzma.LZMAError, OSError,
+           RuntimeError, NotImplementedError, ValueError)
+
+
+def _refuse(where: str, name: str, why: str) -> IntegrityError:
+    return IntegrityError(f"{where}: refusing {name!r}: {why}", _DAMAGED_HINT)
+
+
+def _damaged(where: str, fmt: str, exc: BaseException | str) -> IntegrityError:
+    from rocforge_build import extract
+
+    why = exc if isinstance(exc, str) else extract._reason(exc)
+    return IntegrityError(f"{where} is truncated or not a readable {fmt} archive ({why})", _DAMAGED_HINT)
+
+
+def _plain_name(where: str, name: str, what: str) -> None:
+    """A bundle's folder name is one plain path component: it names a directory under --into."""
+    if (name in ("", ".", "..") or "/" in name or "\\" in name or _CONTROL.search(name)
+            or not _utf8(name) or len(name.encode("utf-8", "surrogateescape")) > 255):
+        raise IntegrityError(f"{where}: {what} {name!r} is not a plain folder name "
+                             "(one path component, no '/', '..' or control characters)", _DAMAGED_HINT)
+
+
+def _utf8(text: str) -> bool:
+    """False for a name with bytes that are not UTF-8 (os and tarfile keep them as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class _Folder:
+    """The entries of one bundle folder as they come (an archive's members, or a directory's
+    entries), held to the rules every reader applies: each path once; nothing below a file or
+    through a link; every link resolving inside the folder itself, never through its parent (a
+    bundle is moved and renamed freely, and `unpack` stages it beside other things)."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.kinds: dict[str, str] = {"": "dir"}
+        self.links: dict[str, str] = {}
+
+    def add(self, rel: str, kind: str, link: str = "", shown: str | None = None) -> None:
+        shown = shown or rel
+        if not _utf8(rel):
+            raise _refuse(self.where, shown, "the name is not UTF-8; rocforge makes no such bundle")
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            parent = "/".join(parts[:i])
+            have = self.kinds.setdefault(parent, "dir")
+            if have == "link":
+                raise _refuse(self.where, shown, f"it would be written through the link {parent}")
+            if have != "dir":
+                raise _refuse(self.where, shown, f"it lies below the file {parent}")
+        have = self.kinds.get(rel)
+        if have is not None and not have == kind == "dir":
+            raise _refuse(self.where, shown, f"the path comes twice (a {have}, then a {kind}); "
+                          "rocforge writes each path once")
+        self.kinds[rel] = kind
+        if kind == "link":
+            self.links[rel] = link
+            self._resolve(rel, shown)  # the links so far; all of them again in finish()
+
+    def finish(self) -> None:
+        """Every link again, now that all are known: one that looked harmless can leave the folder
+        once a later link is in place (`p -> q/q/../../../x` before `q -> .`)."""
+        for rel in self.links:
+            self._resolve(rel, rel)
+
+    def _resolve(self, rel: str, shown: str) -> None:
+        target = self.links[rel]
+        if not target or target.startswith("/") or "\0" in target:
+            raise _refuse(self.where, shown, f"a link to {target!r}: absolute or empty")
+        if len(target) > _MAX_LINK or not _utf8(target):
+            raise _refuse(self.where, shown, "a link target that no rocforge bundle has")
+        hops = [0]
+        self._walk(rel.split("/")[:-1], target, shown, target, hops)
+
+    def _walk(self, at: list[str], target: str, shown: str, first: str, hops: list[int]) -> list[str]:
+        """Resolve `target` from the folder `at` as the kernel would (following the bundle's own
+        links, at most _MAX_HOPS of them in all); refuse as soon as it climbs above the folder."""
+        cur = list(at)
+        for part in target.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not cur:
+                    raise _refuse(self.where, shown, f"the link -> {first!r} resolves outside the "
+                                  "bundle's folder")
+                cur.pop()
+                continue
+            cur.append(part)
+            here = "/".join(cur)
+            if here in self.links:
+                hops[0] += 1
+                if hops[0] > _MAX_HOPS:
+                    raise _refuse(self.where, shown, "too many levels of links (a loop)")
+                cur = self._walk(cur[:-1], self.links[here], shown, first, hops)
+        return cur
+
+
 @dataclass(frozen=True)
 class Member:
     name: str  # as in the archive
     kind: str  # "file" | "dir" | "link"
     link: str = ""
     mode: int = 0o644
+    size: int = 0
 
 
-def _members(path: Path) -> Iterator[tuple[Member, io.BufferedIOBase | None]]:
+class _Guarded:
+    """A member's data: a damaged stream (a bad deflate block or CRC, an archive cut short) ends
+    as an IntegrityError naming the archive, not as a crash in whoever is reading."""
+
+    def __init__(self, fh, where: str, fmt: str):
+        self._fh, self._where, self._fmt = fh, where, fmt
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            return self._fh.read(n)
+        except _DAMAGE as exc:
+            raise _damaged(self._where, self._fmt, exc) from exc
+
+
+def _open_archive(path: Path):
+    """The archive, opened only if it is a regular file (a FIFO would block the read forever)."""
+    from rocforge_build import extract
+
+    try:
+        return extract.open_regular(path)
+    except extract.NotRegularFile as exc:
+        raise UsageError(f"{path} is {exc.kind}, not a bundle archive",
+                         "give the bundle file (.tar.gz, .tar.zst, .zip) or its unpacked folder") from exc
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.strerror})") from exc
+
+
+def _members(path: Path) -> Iterator[tuple[Member, _Guarded | None]]:
     """Every member of a bundle archive with a reader for files (stream order)."""
     fmt = archive_format(path)
-    if fmt == ".zip":
-        try:
-            with zipfile.ZipFile(path) as zf:
-                for info in zf.infolist():
-                    mode = info.external_attr >> 16
-                    if stat.S_ISLNK(mode):
-                        yield Member(info.filename, "link", zf.read(info).decode()), None
-                    elif info.is_dir():
-                        yield Member(info.filename.rstrip("/"), "dir"), None
-                    else:
-                        with zf.open(info) as fh:
-                            yield Member(info.filename, "file", mode=mode & 0o777 or 0o644), fh
-        except zipfile.BadZipFile as exc:
-            raise IntegrityError(f"{path.name} is not a readable zip ({exc})") from exc
-        return
-    child = None
-    try:
-        if fmt == ".tar.zst":
-            child = subprocess.Popen([_zstd(), "-dc", str(path)], stdout=subprocess.PIPE)
-            tf = tarfile.open(fileobj=child.stdout, mode="r|")
+    zstd = _zstd() if fmt == ".tar.zst" else None
+    with _open_archive(path) as raw:
+        if fmt == ".zip":
+            yield from _zip_members(raw, path.name)
+        elif zstd is not None:
+            yield from _zst_members(raw, path.name, zstd)
         else:
-            tf = tarfile.open(path, "r|gz")
-        with tf:
-            for m in tf:
-                if m.issym():
-                    yield Member(m.name, "link", m.linkname), None
-                elif m.isdir():
-                    yield Member(m.name, "dir", mode=m.mode), None
-                elif m.isreg():
-                    yield Member(m.name, "file", mode=m.mode), tf.extractfile(m)
-                else:
-                    raise IntegrityError(f"{path.name}: member {m.name!r} is neither file, directory nor "
-                                         "symbolic link; rocforge makes no such bundle")
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise IntegrityError(f"{path.name} is truncated or not a {fmt} archive ({exc})") from exc
+            from rocforge_build import extract
+
+            try:
+                with extract.open_tar_stream(raw) as (tf, drain):
+                    yield from _tar_members(tf, path.name, fmt)
+                    drain()  # to the end: the gzip CRC32 and length are checked there
+            except _DAMAGE as exc:
+                raise _damaged(path.name, fmt, exc) from exc
+
+
+def _tar_members(tf: tarfile.TarFile, where: str, fmt: str) -> Iterator[tuple[Member, _Guarded | None]]:
+    for m in tf:
+        if m.issym():
+            yield Member(m.name, "link", m.linkname), None
+        elif m.isdir():
+            yield Member(m.name, "dir", mode=m.mode), None
+        elif m.isreg():
+            yield Member(m.name, "file", mode=m.mode, size=m.size), _Guarded(tf.extractfile(m), where, fmt)
+        else:
+            raise _refuse(where, m.name, "neither file, directory nor symbolic link; rocforge makes "
+                          "no such bundle")
+
+
+def _zst_members(raw, where: str, zstd: str) -> Iterator[tuple[Member, _Guarded | None]]:
+    """A .tar.zst through the zstd program; its verdict (a cut frame, a bad checksum) counts."""
+    from rocforge_build import extract
+
+    child = subprocess.Popen([zstd, "-d", "-c", "-q"], stdin=raw, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+
+    def ended() -> str | None:
+        child.stdout.close()
+        err = child.stderr.read().decode("utf-8", "replace").strip()
+        child.stderr.close()
+        return (err.splitlines() or ["zstd failed"])[-1] if child.wait() != 0 else None
+
+    try:
+        try:
+            with tarfile.open(fileobj=child.stdout, mode="r|") as tf:
+                yield from _tar_members(tf, where, ".tar.zst")
+            extract._drain(child.stdout)
+        except _DAMAGE as exc:
+            raise _damaged(where, ".tar.zst", ended() or exc) from exc
+        failed = ended()
+        if failed:
+            raise _damaged(where, ".tar.zst", failed)
     finally:
-        if child is not None:
-            child.stdout.close()
-            child.wait()
+        if child.returncode is None:  # the reader stopped early: zstd ends on the closed pipe
+            ended()
 
 
-def _split(name: str) -> tuple[str, str]:
-    top, _, rel = name.strip("/").partition("/")
-    return top, rel
+def _zip_members(raw, where: str) -> Iterator[tuple[Member, _Guarded | None]]:
+    try:
+        with zipfile.ZipFile(raw) as zf:
+            for info in zf.infolist():
+                mode = info.external_attr >> 16
+                kind = stat.S_IFMT(mode)
+                if kind == stat.S_IFLNK:  # Info-ZIP's convention: the target is the data
+                    if info.file_size > _MAX_LINK:
+                        raise _refuse(where, info.filename, "a link target longer than PATH_MAX")
+                    try:
+                        target = zf.read(info).decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise _refuse(where, info.filename, "a link target that is not UTF-8") from exc
+                    yield Member(info.filename, "link", target), None
+                elif kind == stat.S_IFDIR or info.is_dir():
+                    yield Member(info.filename.rstrip("/"), "dir"), None
+                elif kind in (0, stat.S_IFREG):
+                    with zf.open(info) as fh:
+                        yield (Member(info.filename, "file", mode=mode & 0o777 or 0o644, size=info.file_size),
+                               _Guarded(fh, where, ".zip"))
+                else:
+                    raise _refuse(where, info.filename, "neither file, directory nor symbolic link; "
+                                  "rocforge makes no such bundle")
+    except _DAMAGE as exc:
+        raise _damaged(where, ".zip", exc) from exc
+
+
+def _read_capped(fh, limit: int, where: str) -> bytes:
+    data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise IntegrityError(f"{where} is over {limit >> 20} MB: no rocforge bundle has one that large",
+                             _DAMAGED_HINT)
+    return data
+
+
+_META_TEXT = ("rocforge", "made_at", "recipe", "target", "backend", "gpu", "gpu_meaning", "glibc", "launcher")
+
+
+def parse_bundle_toml(data: bytes, where: str) -> dict:
+    """bundle.toml, held to what rocforge writes: UTF-8 TOML, `[bundle]` made by rocforge with a
+    plain `name`, every `[[file]]` a `path` with a `sha256` or a `link`.  IntegrityError names
+    the first thing wrong (later code trusts these types)."""
+    try:
+        info = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise IntegrityError(f"{where} is not UTF-8 text (byte {exc.start})", _DAMAGED_HINT) from exc
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
+        raise IntegrityError(f"{where} is not valid TOML ({exc})", _DAMAGED_HINT) from exc
+    meta = info.get("bundle")
+    if not isinstance(meta, dict) or meta.get("made_by") != "rocforge":
+        raise IntegrityError(f"{where} has no [bundle] made_by = \"rocforge\": not a rocforge bundle",
+                             "rocforge checks and unpacks only the bundles it makes")
+    if not isinstance(meta.get("name"), str):
+        raise IntegrityError(f"{where}: [bundle] name is missing or not a string", _DAMAGED_HINT)
+    _plain_name(where, meta["name"], "[bundle] name")
+    for key in _META_TEXT:
+        if key in meta and not isinstance(meta[key], str):
+            raise IntegrityError(f"{where}: [bundle] {key} is not a string", _DAMAGED_HINT)
+    kernels = meta.get("kernel_targets", [])
+    if not isinstance(kernels, list) or not all(isinstance(k, str) for k in kernels):
+        raise IntegrityError(f"{where}: [bundle] kernel_targets is not a list of strings", _DAMAGED_HINT)
+    _check_file_list(info.get("file", []), where)
+    return info
+
+
+def _check_file_list(files, where: str) -> None:
+    if not isinstance(files, list):
+        raise IntegrityError(f"{where}: `file` is not a list of [[file]] tables", _DAMAGED_HINT)
+    paths: set[str] = set()
+    for i, f in enumerate(files, 1):
+        if not isinstance(f, dict) or not isinstance(f.get("path"), str):
+            raise IntegrityError(f"{where}: [[file]] {i} has no `path` (a string)", _DAMAGED_HINT)
+        kinds = [k for k in ("sha256", "link") if k in f]
+        if len(kinds) != 1 or not isinstance(f[kinds[0]], str):
+            raise IntegrityError(f"{where}: [[file]] {f['path']!r} needs one of `sha256` or `link` "
+                                 "(a string)", _DAMAGED_HINT)
+        if f["path"] in paths:
+            raise IntegrityError(f"{where}: [[file]] {f['path']!r} is listed twice", _DAMAGED_HINT)
+        paths.add(f["path"])
+
+
+def _scan_archive(path: Path, on_member) -> tuple[str, dict]:
+    """Every member through the folder rules (one top folder, named as bundle.toml's `name`),
+    handed to `on_member(top, rel, member, reader)` once it passed; (top, bundle.toml)."""
+    from rocforge_build import extract
+
+    where = path.name
+    folder = _Folder(where)
+    top: str | None = None
+    info: dict | None = None
+    for m, fh in _members(path):
+        try:
+            parts = extract.member_parts(m.name)
+        except ValueError as exc:
+            raise _refuse(where, m.name, str(exc)) from exc
+        if not parts:
+            continue
+        if top is None:
+            _plain_name(where, parts[0], "the top folder")
+            top = parts[0]
+        elif parts[0] != top:
+            raise _refuse(where, m.name, f"it is outside the bundle's folder {top}/ (a bundle has one)")
+        rel = "/".join(parts[1:])
+        if not rel:
+            if m.kind != "dir":
+                raise _refuse(where, m.name, "the bundle's folder must be a directory")
+            continue
+        folder.add(rel, m.kind, m.link, shown=m.name)
+        if m.kind == "file" and rel == BUNDLE_TOML:
+            data = _read_capped(fh, _MAX_TOML, f"{where}: {top}/{BUNDLE_TOML}")
+            info = parse_bundle_toml(data, f"{where}: {top}/{BUNDLE_TOML}")
+            if info["bundle"]["name"] != top:
+                raise IntegrityError(f"{where}: [bundle] name {info['bundle']['name']!r} is not the "
+                                     f"archive's top folder {top!r}", _DAMAGED_HINT)
+            fh = io.BytesIO(data)
+        on_member(top, rel, m, fh)
+    folder.finish()
+    if top is None or info is None:
+        raise IntegrityError(f"{where} is not a rocforge bundle (no single top folder with {BUNDLE_TOML})",
+                             "rocforge checks and unpacks only the bundles it makes")
+    return top, info
+
+
+def _hash_regular(path: str) -> str:
+    """sha256 of a regular file, opened without following a link or blocking on a FIFO."""
+    h = hashlib.sha256()
+    with _open_entry(path) as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _open_entry(path: str):
+    from rocforge_build import extract
+
+    try:
+        return extract.open_regular(path, follow=False)
+    except extract.NotRegularFile as exc:  # it changed since it was listed
+        raise IntegrityError(f"{path} is {exc.kind}, not the file it was a moment ago",
+                             "something is changing the folder while it is checked") from exc
 
 
 def read_bundle_toml(path: Path) -> dict | None:
-    """The bundle.toml of an archive (None when it has none: not a rocforge bundle)."""
+    """The bundle.toml of an archive (None when it has none, or none rocforge made)."""
     try:
         for m, fh in _members(path):
-            top, rel = _split(m.name)
-            if rel == BUNDLE_TOML and fh is not None:
-                data = tomllib.loads(fh.read().decode("utf-8"))
-                return data if data.get("bundle", {}).get("made_by") == "rocforge" else None
-    except (IntegrityError, UnicodeError, tomllib.TOMLDecodeError, ToolchainError):
+            parts = m.name.strip("/").split("/")
+            if len(parts) == 2 and parts[1] == BUNDLE_TOML and fh is not None:
+                return parse_bundle_toml(_read_capped(fh, _MAX_TOML, path.name), path.name)
+    except RocforgeError:
         return None
     return None
 
 
 # -- make -----------------------------------------------------------------------------------------
 def guard_out(out: Path) -> None:
-    """--out replaces only a bundle rocforge made."""
+    """--out replaces only a bundle rocforge made: a regular file, never through a link."""
     archive_format(out)
+    if os.path.islink(out):
+        raise UsageError(f"--out {out} is a symbolic link: not writing through it or replacing it",
+                         "give the path of the file itself, or another --out")
     if out.is_dir():
         raise UsageError(f"--out {out} is a directory", "give a file name, e.g. --out llama.tar.gz")
-    if os.path.lexists(out) and read_bundle_toml(out) is None:
+    if not os.path.lexists(out):
+        return
+    from rocforge_build import extract
+
+    mode = os.lstat(out).st_mode
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"--out {out} is {extract.file_kind(mode)}: not replacing it",
+                         "move it away or choose another --out")
+    if read_bundle_toml(out) is None:
         raise UsageError(f"--out {out} exists and is not a bundle rocforge made: not overwriting it",
                          "move it away or choose another --out")
 
@@ -740,49 +1051,66 @@ class CheckResult:
                 "runs_here": self.runs_here, "bundle": self.info.get("bundle", {})}
 
 
-def _hash_stream(fh) -> str:
-    h = hashlib.sha256()
-    for block in iter(lambda: fh.read(1 << 20), b""):
-        h.update(block)
-    return h.hexdigest()
-
-
 def _entries_archive(path: Path) -> tuple[str, dict, dict[str, dict]]:
-    tops: set[str] = set()
     seen: dict[str, dict] = {}
-    toml_text = None
-    for m, fh in _members(path):
-        top, rel = _split(m.name)
-        tops.add(top)
-        if not rel or m.kind == "dir":
-            continue
+
+    def record(top: str, rel: str, m: Member, fh) -> None:
         if m.kind == "link":
             seen[rel] = {"link": m.link}
-        elif rel == BUNDLE_TOML:
-            toml_text = fh.read().decode("utf-8")
-        else:
-            seen[rel] = {"sha256": _hash_stream(fh)}
-    if len(tops) != 1 or toml_text is None:
-        raise IntegrityError(f"{path.name} is not a rocforge bundle (no single top directory with {BUNDLE_TOML})")
-    return tops.pop(), tomllib.loads(toml_text), seen
+        elif m.kind == "file" and rel != BUNDLE_TOML:
+            h = hashlib.sha256()
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+            seen[rel] = {"sha256": h.hexdigest()}
+
+    top, info = _scan_archive(path, record)
+    return top, info, seen
 
 
 def _entries_dir(path: Path) -> tuple[str, dict, dict[str, dict]]:
-    if not (path / BUNDLE_TOML).is_file():
+    """An unpacked bundle through the same folder rules as an archive; a FIFO, socket or device
+    in it is refused from lstat, never opened (a FIFO's open would wait forever)."""
+    from rocforge_build import extract
+
+    where = str(path)
+    toml_path = path / BUNDLE_TOML
+    if not os.path.lexists(toml_path):
         raise IntegrityError(f"{path} has no {BUNDLE_TOML}: not an unpacked rocforge bundle")
+    try:
+        with extract.open_regular(toml_path, follow=False) as fh:
+            info = parse_bundle_toml(_read_capped(fh, _MAX_TOML, str(toml_path)), str(toml_path))
+    except extract.NotRegularFile as exc:
+        raise _refuse(where, BUNDLE_TOML, f"it is {exc.kind}, not a file") from exc
+    folder = _Folder(where)
     seen: dict[str, dict] = {}
-    for p in _tree_entries(path):
-        rel = p.relative_to(path).as_posix()
-        if rel == BUNDLE_TOML:
-            continue
-        seen[rel] = {"link": os.readlink(p)} if p.is_symlink() else {"sha256": sha256_file(p)}
-    return path.name, tomllib.loads((path / BUNDLE_TOML).read_text(encoding="utf-8")), seen
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        for n in sorted(dirnames + filenames):
+            full = os.path.join(dirpath, n)
+            rel = os.path.relpath(full, path).replace(os.sep, "/")
+            mode = os.lstat(full).st_mode
+            if stat.S_ISLNK(mode):
+                target = os.readlink(full)
+                folder.add(rel, "link", target)
+                seen[rel] = {"link": target}
+            elif stat.S_ISDIR(mode):
+                folder.add(rel, "dir")
+            elif stat.S_ISREG(mode):
+                folder.add(rel, "file")
+                if rel != BUNDLE_TOML:
+                    seen[rel] = {"sha256": _hash_regular(full)}
+            else:
+                raise _refuse(where, rel, f"it is {extract.file_kind(mode)}, not a file, directory or "
+                              "link; rocforge makes no such bundle (not opened)")
+    folder.finish()
+    return path.name, info, seen
 
 
 def verify(path: Path) -> tuple[str, dict, list[str]]:
-    """Every file's sha256 (and every link) against bundle.toml: (name, bundle.toml, problems)."""
+    """Every file's sha256 (and every link) against bundle.toml: (name, bundle.toml, problems).
+    An archive and an unpacked folder go through the same rules (`_Folder`)."""
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):
         raise UsageError(f"{path}: no such file or directory")
     name, info, seen = _entries_dir(path) if path.is_dir() else _entries_archive(path)
     listed = {f["path"]: f for f in info.get("file", [])}
@@ -850,50 +1178,80 @@ def where_it_runs(meta: dict, root) -> tuple[list[str], bool]:
 
 
 # -- unpack ---------------------------------------------------------------------------------------
+def _prepare_into(into: Path) -> None:
+    if os.path.lexists(into) and not into.is_dir():
+        raise UsageError(f"--into {into} is not a directory", "give a directory (it is made if missing)")
+    try:
+        into.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--into {into} cannot be made ({exc.strerror})",
+                         "give a directory you can write to") from exc
+
+
+class _Unpacker:
+    """Writes the members `_scan_archive` passed into a staging directory: a fresh tree in which
+    no path comes twice and no parent is a link, so nothing can be written through one; files
+    are made with O_EXCL|O_NOFOLLOW, and the declared sizes are held against the free space."""
+
+    def __init__(self, archive: Path, into: Path, tmp: Path):
+        self.archive, self.into, self.tmp = archive, into, tmp
+        self.budget: int | None = None
+
+    def __call__(self, top: str, rel: str, m: Member, fh) -> None:
+        from rocforge_build import extract
+
+        folder = self.tmp / top
+        if not folder.exists():
+            if os.path.lexists(self.into / top):
+                raise UsageError(f"{self.into / top} exists: not unpacking over it",
+                                 "remove it or unpack elsewhere (--into)")
+            folder.mkdir()
+        target = folder / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if m.kind == "dir":
+            target.mkdir(exist_ok=True)
+        elif m.kind == "link":
+            os.symlink(m.link, target)
+        else:
+            if m.size and (self.budget is None or m.size > self.budget):
+                self.budget = extract._room_for(self.archive, self.tmp, f"{top}/{rel}", m.size,
+                                                extract.filesystem_space, "unpack elsewhere with --into")
+            self.budget = None if self.budget is None else self.budget - m.size
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            os.fchmod(fd, (m.mode & 0o755) | 0o600)
+            with os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(fh, out)
+
+
 def unpack(path: Path, into: Path) -> Path:
-    """Unpack a bundle archive into `into/<name>` (refused if that exists), verified afterwards;
-    every member must land inside, links included."""
+    """Unpack a bundle archive into `into/<name>` (refused if that exists), verified afterwards:
+    every member through the rules `check` applies, written into a staging directory of a fixed
+    name inside `into` and renamed into place only when the whole tree checks."""
     from rocforge_build import extract
 
     path, into = Path(path), Path(into)
-    info = read_bundle_toml(path)
-    if info is None:
-        raise IntegrityError(f"{path.name} is not a rocforge bundle (no {BUNDLE_TOML} made by rocforge)")
-    name = info["bundle"]["name"]
-    dest = into / name
-    if os.path.lexists(dest):
-        raise UsageError(f"{dest} exists: not unpacking over it", "remove it or unpack elsewhere (--into)")
-    into.mkdir(parents=True, exist_ok=True)
-    with extract.staging(into, prefix=f".{name}.unpack-") as tmp:
-        regular: set[str] = set()
-        for m, fh in _members(path):
-            ti = tarfile.TarInfo(m.name)
-            ti.type = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "link": tarfile.SYMTYPE}[m.kind]
-            ti.linkname = m.link
-            rel = extract.check_member(path, ti, regular)
-            top, _ = _split(rel)
-            if top != name:
-                raise IntegrityError(f"{path.name}: member {m.name!r} is outside the bundle's directory {name}/")
-            target = tmp / rel
-            # through links already on disk, the member's directory must stay inside
-            extract._inside(path, tmp, target if m.kind == "dir" else target.parent, m.name)
-            if m.kind == "dir":
-                target.mkdir(parents=True, exist_ok=True)
-            elif m.kind == "link":
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.symlink(m.link, target)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with open(target, "xb") as out:
-                    shutil.copyfileobj(fh, out)
-                os.chmod(target, (m.mode & 0o755) | 0o600)
-        # a chain of links that each look harmless can still leave once all are in place
-        extract.check_links(path, tmp)
-        _, _, bad = verify(tmp / name)
-        if bad:
-            raise IntegrityError(f"{path.name}: {len(bad)} files do not match {BUNDLE_TOML}: "
-                                 + "; ".join(bad[:5]), "the archive is damaged: make it again")
-        os.rename(tmp / name, dest)
+    if not os.path.lexists(path):
+        raise UsageError(f"{path}: no such file or directory")
+    archive_format(path)
+    _prepare_into(into)
+    try:
+        with extract.staging(into, prefix=".rocforge-unpack-") as tmp:
+            top, _ = _scan_archive(path, _Unpacker(path, into, tmp))
+            _, _, bad = verify(tmp / top)
+            if bad:
+                raise IntegrityError(f"{path.name}: {len(bad)} files do not match {BUNDLE_TOML}: "
+                                     + "; ".join(bad[:5]), "the archive is damaged: make it again")
+            dest = into / top
+            if os.path.lexists(dest):
+                raise UsageError(f"{dest} exists: not unpacking over it", "remove it or unpack elsewhere (--into)")
+            os.rename(tmp / top, dest)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"no space left while unpacking {path.name} into {into}; the partial "
+                                "tree was removed", f"free space there (`df -h {into}`) or unpack "
+                                "elsewhere with --into") from exc
+        raise UsageError(f"cannot unpack into {into}: {exc.strerror} ({exc.filename})",
+                         "give a directory you can write to (--into)") from exc
     return dest
 
 
