@@ -101,7 +101,8 @@ def test_config_set_refuses_out_of_range(capsys, key, value):
     path = config.config_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("# mine\n")
-    rc, _out, err = _cli(capsys, "config", "set", key, value)
+    # `--`: a value such as -inf is not an option (a user types the same)
+    rc, _out, err = _cli(capsys, "config", "set", "--", key, value)
     line = _error_line(err)
     assert rc == 2 and key in line, err
     for words in NUMERIC[key][0]:

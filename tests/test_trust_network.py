@@ -14,7 +14,7 @@ from rocforge_build import cli
 from rocforge_build import download as dl
 from rocforge_build.errors import IntegrityError, NetworkError
 
-DEADLINE = 2.0
+DEADLINE = 1.0  # short: a fast test; the defaults are 6 h and 5 min
 # the bound an ended fetch must meet: the deadline, plus one socket wait's rounding, the
 # CLI's own start-up and a loaded 2-core CI machine's scheduling
 MARGIN = 1.5
@@ -41,14 +41,14 @@ def set_config(capsys, *pairs: tuple[str, str]) -> None:
 
 @pytest.fixture
 def fast_limits(capsys):
-    """Both deadlines at 2 s; the min-rate check at 10 bytes/s over 0.5 s, so the trickles
+    """Both deadlines at 1 s; the min-rate check at 10 bytes/s over 0.5 s, so the trickles
     below (20 bytes/s) stay above it and only the deadline can end them."""
     set_config(capsys, ("download.deadline", str(DEADLINE)),
                ("download.listing_deadline", str(DEADLINE)),
                ("download.min_rate", "10"), ("download.rate_window", "0.5"))
 
 
-# (fault, what it plays): every one would hold a fetch far past 2 s
+# (fault, what it plays): every one would hold a fetch far past 1 s
 SLOW_SERVERS = [
     ({"trickle": 0.05}, "20 bytes/s, above download.min_rate: never dropped for slowness"),
     ({"trickle": 3.0}, "a byte every 3 s: each read waits longer than the whole deadline"),
