@@ -4,6 +4,9 @@
 Keys are dotted (`nightly.sources.cdn.url`). A key must exist in the defaults (with the same
 type), except under an *open* table (`nightly.sources`) where a new entry may be added with
 the fields its siblings have. Unknown keys are errors with a "did you mean" suggestion.
+Every value is checked in `_check` (its type, and for a number its range from BOUNDS: finite,
+no nan/inf) when set with `rocforge config set` and whenever the user's file is read: a
+hand-edited out-of-range value is one ConfigError (exit 2) naming the key, the range and the file.
 """
 
 from __future__ import annotations
