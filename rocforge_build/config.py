@@ -245,8 +245,8 @@ class Bound:
 
     def text(self) -> str:
         kind = "an integer" if self.integer else "a finite number"
-        rng = f"{'>' if self.strict else '>='} {self.least:g}"
-        return kind + " " + rng + (f" and <= {self.most:g}" if self.most is not None else "")
+        rng = f"{'more than' if self.strict else 'at least'} {self.least:g}"
+        return kind + " " + rng + (f" and at most {self.most:g}" if self.most is not None else "")
 
 
 _DAY = 86400.0

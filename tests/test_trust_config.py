@@ -18,30 +18,30 @@ from rocforge_build.resources import package_data
 # key: (range words the error must show, values inside, values outside)
 NUMERIC = {
     # free space asked for is archive x (1 + ratio): 0 = no room for unpacking, negative nonsense
-    "nightly.extract_ratio": ([">= 0"], ["0", "3.5"], ["-1", "-0.5", "nan", "inf"]),
+    "nightly.extract_ratio": (["at least 0"], ["0", "3.5"], ["-1", "-0.5", "nan", "inf"]),
     # how many versions `prune` keeps: a count
-    "nightly.keep": (["integer", ">= 0"], ["0", "7"], ["-1", "2.5", "nan"]),
+    "nightly.keep": (["integer", "at least 0"], ["0", "7"], ["-1", "2.5", "nan"]),
     # tries per file: at least the first one
-    "download.attempts": (["integer", ">= 1"], ["1", "9"], ["0", "-3", "1.5", "inf"]),
+    "download.attempts": (["integer", "at least 1"], ["1", "9"], ["0", "-3", "1.5", "inf"]),
     # seconds; 0 would fail every connection at once; a socket timeout past a day is no timeout
-    "download.connect_timeout": (["> 0", "<= 86400"], ["0.5", "86400"],
+    "download.connect_timeout": (["more than 0", "at most 86400"], ["0.5", "86400"],
                                  ["0", "-1", "nan", "inf", "86401"]),
-    "download.read_timeout": (["> 0", "<= 86400"], ["1", "60.0"],
+    "download.read_timeout": (["more than 0", "at most 86400"], ["1", "60.0"],
                               ["0", "-5", "nan", "-inf", "1e9"]),
     # bytes/s; 0 turns the rate check off (README)
-    "download.min_rate": ([">= 0"], ["0", "1", "1e6"], ["-1", "-0.001", "nan", "inf"]),
+    "download.min_rate": (["at least 0"], ["0", "1", "1e6"], ["-1", "-0.001", "nan", "inf"]),
     # seconds the rate is averaged over: 0 would divide by zero
-    "download.rate_window": (["> 0", "<= 86400"], ["0.5", "30"], ["0", "-30", "nan", "inf"]),
+    "download.rate_window": (["more than 0", "at most 86400"], ["0.5", "30"], ["0", "-30", "nan", "inf"]),
     # seconds for a whole download: 0 ends every fetch at once; at most a week
-    "download.deadline": (["> 0", "<= 604800"], ["2", "604800"],
+    "download.deadline": (["more than 0", "at most 604800"], ["2", "604800"],
                           ["0", "-1", "nan", "inf", "604801"]),
-    "download.listing_deadline": (["> 0", "<= 86400"], ["2", "300"],
+    "download.listing_deadline": (["more than 0", "at most 86400"], ["2", "300"],
                                   ["0", "-1", "nan", "inf", "86401"]),
     # byte counts: a cap of 0 bytes refuses every file
-    "download.max_listing_bytes": (["integer", ">= 1"], ["1", "1048576"], ["0", "-1", "1.5"]),
-    "download.max_unsized_bytes": (["integer", ">= 1"], ["1", "68719476736"], ["0", "-1", "2e9"]),
+    "download.max_listing_bytes": (["integer", "at least 1"], ["1", "1048576"], ["0", "-1", "1.5"]),
+    "download.max_unsized_bytes": (["integer", "at least 1"], ["1", "68719476736"], ["0", "-1", "2e9"]),
     # remote job slots added to -j; 0 = the scheduler's count
-    "build.distribute_jobs": (["integer", ">= 0"], ["0", "16"], ["-1", "0.5", "nan"]),
+    "build.distribute_jobs": (["integer", "at least 0"], ["0", "16"], ["-1", "0.5", "nan"]),
 }
 
 # (key, value) of the wrong type for booleans, strings and lists
@@ -155,4 +155,4 @@ def test_the_issue_case_min_rate_minus_one(capsys):
     """`download.min_rate -1` was accepted: a negative rate means nothing (0 turns it off)."""
     rc, _out, err = _cli(capsys, "config", "set", "download.min_rate", "-1")
     line = _error_line(err)
-    assert rc == 2 and "download.min_rate must be a finite number >= 0, got -1" in line
+    assert rc == 2 and "download.min_rate must be a finite number at least 0, got -1" in line
