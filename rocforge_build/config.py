@@ -4,13 +4,18 @@
 Keys are dotted (`nightly.sources.cdn.url`). A key must exist in the defaults (with the same
 type), except under an *open* table (`nightly.sources`) where a new entry may be added with
 the fields its siblings have. Unknown keys are errors with a "did you mean" suggestion.
+Every value is checked in `_check` (its type, and for a number its range from BOUNDS: finite,
+no nan/inf) when set with `rocforge config set` and whenever the user's file is read: a
+hand-edited out-of-range value is one ConfigError (exit 2) naming the key, the range and the file.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+import math
 import tomllib
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -221,8 +226,52 @@ def _schema_default(key: str) -> Any:
     return _MISSING
 
 
-# keys whose value has a lower bound (a negative count or ratio means nothing)
-MINIMUM = {"nightly.extract_ratio": 0, "nightly.keep": 0}
+@dataclass(frozen=True)
+class Bound:
+    """The allowed range of a numeric key: what the README promises for it."""
+
+    least: float
+    strict: bool = False  # `> least` (a zero would divide, or stop everything at once)
+    integer: bool = False
+    most: float | None = None  # socket timeouts past a few years overflow time_t
+
+    def allows(self, value: Any) -> bool:
+        if self.integer and not isinstance(value, int):
+            return False
+        if not math.isfinite(value):
+            return False
+        low_ok = value > self.least if self.strict else value >= self.least
+        return low_ok and (self.most is None or value <= self.most)
+
+    def text(self) -> str:
+        kind = "an integer" if self.integer else "a finite number"
+        rng = f"{'more than' if self.strict else 'at least'} {self.least:g}"
+        return kind + " " + rng + (f" and at most {self.most:g}" if self.most is not None else "")
+
+
+_DAY = 86400.0
+# Every numeric key of data/defaults.toml and its range, checked here only (`config set`, a
+# hand-edited config file, and download.policy_from_config all come through `_check`).
+BOUNDS: dict[str, Bound] = {
+    "nightly.extract_ratio": Bound(0),
+    "nightly.keep": Bound(0, integer=True),
+    "download.attempts": Bound(1, integer=True),
+    "download.connect_timeout": Bound(0, strict=True, most=_DAY),
+    "download.read_timeout": Bound(0, strict=True, most=_DAY),
+    "download.min_rate": Bound(0),  # 0 turns the rate check off
+    "download.rate_window": Bound(0, strict=True, most=_DAY),
+    "download.deadline": Bound(0, strict=True, most=7 * _DAY),
+    "download.listing_deadline": Bound(0, strict=True, most=_DAY),
+    "download.max_listing_bytes": Bound(1, integer=True),
+    "download.max_unsized_bytes": Bound(1, integer=True),
+    "build.distribute_jobs": Bound(0, integer=True),
+}
+_ANY_NUMBER = Bound(float("-inf"))  # a numeric key nobody bounded yet: still finite
+
+
+def check_value(key: str, value: Any, *, source: str) -> None:
+    """Raise a ConfigError unless `value` is a valid value of `key` (type, then range)."""
+    _check(key, value, source=source)
 
 
 def _check(key: str, value: Any, *, source: str) -> None:
@@ -236,9 +285,12 @@ def _check(key: str, value: Any, *, source: str) -> None:
             f"{key} must be {_type_name(want)}, got {_type_name(value)} {value!r} (from {source})",
             f"e.g. rocforge config set {key} {_example(want)}",
         )
-    if key in MINIMUM and value < MINIMUM[key]:
-        raise ConfigError(f"{key} must be at least {MINIMUM[key]}, got {value!r} (from {source})",
-                          f"e.g. rocforge config set {key} {want!r}")
+    if isinstance(want, (int, float)) and not isinstance(want, bool):
+        bound = BOUNDS.get(key, _ANY_NUMBER)
+        if not bound.allows(value):
+            raise ConfigError(f"{key} must be {bound.text()}, got {value!r} (from {source})",
+                              f"e.g. rocforge config set {key} {want!r}, or rocforge config "
+                              f"unset {key}")
 
 
 def _same_type(want: Any, value: Any) -> bool:

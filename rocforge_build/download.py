@@ -13,8 +13,19 @@
   (`Retry-After` honoured, capped), saying so on stderr; never on other 4xx, and never when
   the host name does not resolve (offline: one line at once).
 - A connection slower than `min_rate` bytes/s over `rate_window` seconds (or silent for
-  `read_timeout`) is dropped and retried (resuming): a trickling server cannot hold an install
-  forever.  `policy_from_config` reads these from the `[download]` config table.
+  `read_timeout`) is dropped and retried (resuming).  Whatever the pace, the whole fetch (every
+  try and wait) ends at `deadline` seconds (`listing_deadline` for a listing or `.sha256`): a
+  trickle just above `min_rate`, or a byte every few seconds, cannot hold an install forever.
+  Every socket read waits at most until the deadline.  `policy_from_config` reads these from
+  the `[download]` config table (ranges checked in config.py); with no policy given, the
+  configuration's is used.
+- Size caps: a download is never read past the size its server announces or its listing
+  declares (a disagreement between the two is refused before reading); one with neither stops
+  at `max_unsized_bytes`; a listing or `.sha256` stops at `max_listing_bytes` (exit 6).
+- Redirects are followed here, not by requests: at most MAX_REDIRECTS, and only to http(s): a
+  server's `Location: file:///...` (or ftp:, data:, javascript:) is refused in one line, exit 6
+  (the server's answer is at fault, as with an HTTP 404).  The URL given by the user or the
+  configuration must be http(s) or file: (exit 2 otherwise).
 - The sha256 is always computed (and returned); verified when given. The size is checked against
   `expected_size` and the server's own length.  A mismatch deletes the file; if the bytes came
   partly from a resumed `.part` the whole file is fetched once more before giving up.
@@ -39,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocforge_build.errors import ConfigError, DiskFullError, IntegrityError, NetworkError
+from rocforge_build.errors import DiskFullError, IntegrityError, NetworkError, UsageError
 
 CHUNK = 1 << 20  # file reads and hashing
 NET_CHUNK = 1 << 17  # network reads: small enough that a dropped stream loses little
@@ -47,6 +58,9 @@ USER_AGENT = "rocforge (+https://github.com/rocforge)"
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 # S3 and CloudFront answer 403 for a missing key when listing is not allowed
 _MISSING_STATUS = frozenset({403, 404, 410})
+_REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 10  # curl's --max-redirs default is 50, browsers stop near 20: a mirror needs 1-2
+_FETCHED_SCHEMES = ("http", "https")
 
 
 class HttpStatusError(NetworkError):
@@ -79,6 +93,10 @@ class RetryPolicy:
     read_timeout: float = 60.0  # no byte at all for this long: a stall
     min_rate: float = 1024.0  # bytes/s, averaged over rate_window; 0 turns the check off
     rate_window: float = 30.0
+    deadline: float = 21600.0  # seconds for a whole download, tries and waits included
+    listing_deadline: float = 300.0  # the same for a listing page or a `.sha256`
+    max_listing_bytes: int = 32 << 20
+    max_unsized_bytes: int = 64 << 30  # a download whose size nobody declares
     notify: Callable[[str], None] | None = _say  # told about each retry; None: silent
 
     def delay(self, attempt: int, retry_after: str | None = None) -> float:
@@ -90,25 +108,59 @@ class RetryPolicy:
         return min(self.backoff * (2 ** attempt), self.max_delay)
 
 
-DEFAULT_POLICY = RetryPolicy()
+DEFAULT_POLICY = RetryPolicy()  # the defaults of data/defaults.toml [download]
 _sleep: Callable[[float], None] = time.sleep  # tests replace it
 
 
+_INT_KEYS = ("attempts", "max_listing_bytes", "max_unsized_bytes")
+_FLOAT_KEYS = ("connect_timeout", "read_timeout", "min_rate", "rate_window", "deadline",
+               "listing_deadline")
+
+
 def policy_from_config(cfg: dict, notify: Callable[[str], None] | None = None) -> RetryPolicy:
-    """The `[download]` table of the configuration as a RetryPolicy (keys checked here)."""
+    """The `[download]` table of the configuration as a RetryPolicy; each key's type and range
+    is checked by config.check_value, the one place that knows them."""
+    from rocforge_build import config
+
     table = cfg.get("download", {})
-    values = {}
-    for key, least in (("attempts", 1), ("connect_timeout", 0.1), ("read_timeout", 0.1),
-                       ("min_rate", 0), ("rate_window", 0.1)):
-        if key not in table:
-            continue
-        value = table[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < least:
-            raise ConfigError(f"download.{key} is {value!r}; it must be a number of at least "
-                              f"{least}", f"rocforge config set download.{key} VALUE, or "
-                              f"rocforge config unset download.{key}")
-        values[key] = int(value) if key == "attempts" else float(value)
+    values: dict = {}
+    for key in (*_INT_KEYS, *_FLOAT_KEYS):
+        if key in table:
+            config.check_value(f"download.{key}", table[key], source="the [download] table")
+            values[key] = int(table[key]) if key in _INT_KEYS else float(table[key])
     return RetryPolicy(**values, **({"notify": notify} if notify else {}))
+
+
+def _policy(policy: RetryPolicy | None) -> RetryPolicy:
+    """The policy given, else the configuration's (so every caller honours `[download]`)."""
+    if policy is not None:
+        return policy
+    from rocforge_build import config
+
+    return policy_from_config(config.effective())
+
+
+@dataclass(frozen=True)
+class _Deadline:
+    """When a whole fetch must have ended, and the configuration key that set the limit."""
+
+    at: float
+    seconds: float
+    key: str
+
+    @classmethod
+    def start(cls, seconds: float, key: str) -> _Deadline:
+        return cls(time.monotonic() + seconds, seconds, key)
+
+    def left(self) -> float:
+        return self.at - time.monotonic()
+
+    def timeout(self, seconds: float) -> float:
+        """`seconds`, shortened so that a wait ends by the deadline."""
+        return max(0.01, min(seconds, self.left()))
+
+    def words(self) -> str:
+        return f"the {self.seconds:g} s limit ({self.key})"
 
 
 class _Retry(Exception):
@@ -137,7 +189,8 @@ def download(
 ) -> DownloadResult:
     """Fetch `url` to `dest`; see the module docstring for the guarantees."""
     dest = Path(dest)
-    policy = policy or DEFAULT_POLICY
+    _check_scheme(url)
+    policy = _policy(policy)
     want = sha256.lower().strip() if sha256 else None
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.is_file() and (want or expected_size is not None):
@@ -150,8 +203,10 @@ def download(
     if not resume:
         _discard_part(part)
     attempts_total = 0
+    deadline = _Deadline.start(policy.deadline, "download.deadline")
     for fresh_retry in (False, True):
-        result, attempts = _fetch_to_part(url, part, expected_size, progress, session, policy)
+        result, attempts = _fetch_to_part(url, part, expected_size, progress, session, policy,
+                                          deadline)
         attempts_total += attempts
         problem = _integrity_problem(result, want, expected_size)
         if problem is None:
@@ -172,34 +227,26 @@ def download(
 
 def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
              missing_ok: bool = False, max_bytes: int | None = None) -> str | None:
-    """A small text resource (a listing page, a `.sha256` file) with the same retry policy.
+    """A small text resource (a listing page, a `.sha256` file) with the same retry policy,
+    within `policy.listing_deadline` and read up to `max_bytes` (at most
+    `policy.max_listing_bytes`): a larger answer is a NetworkError, what was read is dropped.
 
     file:// URLs ending in `/` read the directory's `index.html` (a local mirror of a CDN page).
     With `missing_ok`, a 404/403/410 (or a missing local file) returns None instead of raising.
-    With `max_bytes`, reading stops there and a larger answer is an IntegrityError.
     """
-    policy = policy or DEFAULT_POLICY
+    _check_scheme(url)
+    policy = _policy(policy)
+    cap, cap_key = policy.max_listing_bytes, "download.max_listing_bytes"
+    if max_bytes is not None and max_bytes < cap:
+        cap, cap_key = max_bytes, None
     if url.startswith("file:"):
-        path = _file_url_path(url)
-        if path.is_dir():
-            path = path / "index.html"
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(max_bytes + 1 if max_bytes else -1)
-            _check_cap(url, data, max_bytes)
-            return data.decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            if missing_ok:
-                return None
-            raise NetworkError(f"{path} does not exist", "check the file:// URL or mirror path") from None
-        except OSError as exc:
-            raise NetworkError(f"cannot read {path}: {exc.strerror}", None) from exc
+        return _read_local_text(url, cap, cap_key, missing_ok)
     sess = session or _session()
+    deadline = _Deadline.start(policy.listing_deadline, "download.listing_deadline")
     _MISS = object()
 
     def once():
-        resp = sess.get(url, timeout=(policy.connect_timeout, policy.read_timeout),
-                        stream=max_bytes is not None)
+        resp = _get(sess, url, policy, deadline)
         with resp:
             if resp.status_code in _MISSING_STATUS and missing_ok:
                 return _MISS
@@ -207,32 +254,109 @@ def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
                 raise _Retry(f"HTTP {resp.status_code}", resp.headers.get("Retry-After"))
             if resp.status_code >= 400:
                 raise _status_error(url, resp.status_code)
-            if max_bytes is None:
-                resp.encoding = resp.encoding or "utf-8"
-                return resp.text
-            data = b""
-            for chunk in resp.iter_content(8192):
+            declared = _declared_length(resp)
+            if declared is not None and declared > cap:
+                raise _too_big(url, cap, cap_key, f"it announces {declared} bytes")
+            data = bytearray()
+            for chunk in _paced(_chunks(resp, policy, deadline), policy, deadline):
                 data += chunk
-                if len(data) > max_bytes:
-                    break
-            _check_cap(url, data, max_bytes)
-            return data.decode(resp.encoding or "utf-8", errors="replace")
+                if len(data) > cap:
+                    raise _too_big(url, cap, cap_key, "it sent more")
+            return bytes(data).decode(resp.encoding or "utf-8", errors="replace")
 
-    ok, value, _attempts = _with_retries(policy, once, _name(url))
+    ok, value, attempts, expired = _with_retries(policy, once, _name(url), deadline)
     if ok:
         return None if value is _MISS else value
     raise NetworkError(
-        f"could not fetch {url} after {policy.attempts} attempts: {value}",
+        f"could not fetch {url}: "
+        + (f"stopped at {deadline.words()} after " if expired else "failed after ")
+        + f"{_tries(attempts)}: {value}",
         "check your network connection or proxy; if the host moved, point rocforge at the new "
-        "one with `rocforge config set` or `--index URL`",
+        "one with `rocforge config set` or `--index URL`"
+        + (f"; a slow link may raise the limit: rocforge config set {deadline.key} SECONDS"
+           if expired else ""),
     )
 
 
-def _check_cap(url: str, data: bytes, max_bytes: int | None) -> None:
-    if max_bytes is not None and len(data) > max_bytes:
-        raise IntegrityError(f"{url} is larger than {max_bytes} bytes: not the small text "
-                             "file expected there (stopped reading)",
-                             "the mirror serves something else at that name; report it")
+def _read_local_text(url: str, cap: int, cap_key: str | None, missing_ok: bool) -> str | None:
+    """get_text of a file:// URL (a directory: its index.html), with the same cap."""
+    path = _file_url_path(url)
+    if path.is_dir():
+        path = path / "index.html"
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(cap + 1)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise NetworkError(f"{path} does not exist", "check the file:// URL or mirror path") from None
+    except OSError as exc:
+        raise NetworkError(f"cannot read {path}: {exc.strerror}", None) from exc
+    if len(data) > cap:
+        raise _too_big(url, cap, cap_key, "the file is larger")
+    return data.decode("utf-8", errors="replace")
+
+
+def _too_big(url: str, cap: int, cap_key: str | None, why: str) -> NetworkError:
+    """A listing or checksum file past its cap: a server streaming forever, or something else
+    published at that name."""
+    where = f" ({cap_key})" if cap_key else ""
+    return NetworkError(f"{url} is larger than {cap} bytes{where}: {why}; not the small text "
+                        "file expected there (stopped reading)",
+                        "the server streams something else at that name; report it to the "
+                        "mirror" + (f", or raise the cap: rocforge config set {cap_key} BYTES"
+                                    if cap_key else ""))
+
+
+def _tries(n: int) -> str:
+    return f"{n} attempt" + ("" if n == 1 else "s")
+
+
+def _declared_length(resp) -> int | None:
+    length = resp.headers.get("Content-Length")
+    return int(length) if length and length.isdigit() else None
+
+
+def _check_scheme(url: str) -> None:
+    """The URL given (command line or configuration) must be one rocforge can fetch."""
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme not in (*_FETCHED_SCHEMES, "file"):
+        raise UsageError(f"cannot fetch {_shown(url)}: only http://, https:// and file:// URLs "
+                         "are supported", "give the mirror's http(s) address or a file:// path")
+
+
+def _shown(text: str) -> str:
+    """A server's or user's string, safe on one terminal line (control characters escaped)."""
+    text = text if len(text) <= 200 else text[:200] + "..."
+    return ascii(text)
+
+
+def _get(sess, url: str, policy: RetryPolicy, deadline: _Deadline, *, headers=None,
+         method: str = "get"):
+    """GET (or HEAD) `url`, streaming, following redirects here rather than in requests: at most
+    MAX_REDIRECTS, only to http(s) (requests would follow 30, and hand a `file:` or `ftp:`
+    Location to whatever adapter it has), each hop's timeouts ending by the deadline."""
+    first = url
+    for _ in range(MAX_REDIRECTS + 1):
+        timeout = (deadline.timeout(policy.connect_timeout),
+                   deadline.timeout(policy.read_timeout))
+        resp = getattr(sess, method)(url, headers=headers or {}, stream=True,
+                                     allow_redirects=False, timeout=timeout)
+        location = resp.headers.get("Location")
+        if resp.status_code not in _REDIRECT_STATUS or location is None:
+            return resp
+        resp.close()
+        target = urllib.parse.urljoin(url, location.strip())
+        scheme = urllib.parse.urlsplit(target).scheme.lower()
+        if scheme not in _FETCHED_SCHEMES:
+            raise NetworkError(
+                f"{first} redirects to {_shown(target)}: only http and https redirects are "
+                "followed (refused)",
+                "the server (or something between) sends rocforge elsewhere; check the URL, "
+                "or use a mirror that serves the files over http(s)")
+        url = target
+    raise NetworkError(f"{first}: more than {MAX_REDIRECTS} redirects (stopped)",
+                       "the server redirects in a loop; check the URL")
 
 
 def validator_path(part: Path) -> Path:
@@ -247,35 +371,36 @@ def _discard_part(part: Path) -> None:
 
 def remote_size(url: str, *, session=None, policy: RetryPolicy | None = None) -> int | None:
     """The size of a remote file (HEAD, redirects followed), or None when the server won't say."""
-    policy = policy or DEFAULT_POLICY
+    _check_scheme(url)
+    policy = _policy(policy)
     if url.startswith("file:"):
         try:
             return _file_url_path(url).stat().st_size
         except OSError:
             return None
     sess = session or _session()
+    deadline = _Deadline.start(policy.listing_deadline, "download.listing_deadline")
     try:
-        resp = sess.head(url, allow_redirects=True,
-                         timeout=(policy.connect_timeout, policy.read_timeout))
-    except _requests_errors():
-        return None
-    length = resp.headers.get("Content-Length")
-    if resp.status_code == 200 and length and length.isdigit():
-        return int(length)
-    return None
+        with _get(sess, url, policy, deadline, method="head") as resp:
+            length = _declared_length(resp)
+            return length if resp.status_code == 200 else None
+    except (*_requests_errors(), NetworkError):
+        return None  # the download itself says what is wrong
 
 
 # -- internals -------------------------------------------------------------------------------------
 
-def _with_retries(policy: RetryPolicy, attempt_once, what: str = "download"):
+def _with_retries(policy: RetryPolicy, attempt_once, what: str, deadline: _Deadline):
     """Call `attempt_once` until it returns, retrying `_Retry` and connection errors with the
-    policy's backoff (and saying so through `policy.notify`).  Returns (True, result, attempts)
-    or (False, last failure text, attempts); final errors (4xx, RocforgeError, a host name that
-    does not resolve) propagate at once."""
+    policy's backoff (and saying so through `policy.notify`), never past the deadline.  Returns
+    (True, result, attempts, False) or (False, last failure text, attempts, expired); final
+    errors (4xx, RocforgeError, a host name that does not resolve) propagate at once."""
     last = ""
     for attempt in range(policy.attempts):
+        if deadline.left() <= 0:
+            return False, last or "no answer", attempt, True
         try:
-            return True, attempt_once(), attempt + 1
+            return True, attempt_once(), attempt + 1, False
         except _Retry as exc:
             last, retry_after = exc.reason, exc.retry_after
         except _requests_errors() as exc:
@@ -287,13 +412,17 @@ def _with_retries(policy: RetryPolicy, attempt_once, what: str = "download"):
                     "connection or proxy, or point rocforge at a mirror (`--index URL`)",
                 ) from None
             last, retry_after = _describe(exc), None
+        if deadline.left() <= 0:
+            return False, last, attempt + 1, True
         if attempt + 1 < policy.attempts:
             delay = policy.delay(attempt, retry_after)
+            if delay >= deadline.left():  # waiting would end past the deadline: stop now
+                return False, last, attempt + 1, True
             if policy.notify:
                 policy.notify(f"{what}: {last}; retrying in {delay:.1f} s "
                               f"(attempt {attempt + 2} of {policy.attempts})")
             _sleep(delay)
-    return False, last, policy.attempts
+    return False, last, policy.attempts, False
 
 
 def _unresolved_host(exc: BaseException) -> str | None:
@@ -324,25 +453,29 @@ class _Fetched:
     resumed_from: int
 
 
-def _fetch_to_part(url, part, expected_size, progress, session, policy):
+def _fetch_to_part(url, part, expected_size, progress, session, policy, deadline):
     if url.startswith("file:"):
         return _copy_local(url, part, progress), 1
     sess = session or _session()
-    ok, value, attempts = _with_retries(
-        policy, lambda: _http_once(url, part, expected_size, progress, sess, policy), _name(url))
+    ok, value, attempts, expired = _with_retries(
+        policy, lambda: _http_once(url, part, expected_size, progress, sess, policy, deadline),
+        _name(url), deadline)
     if ok:
         return value, attempts
     last = value
     have = part.stat().st_size if part.exists() else 0
     kept = f"; {have} bytes kept in {part} for the next try" if have else ""
+    how = f"stopped at {deadline.words()} after" if expired else "failed after"
     raise NetworkError(
-        f"download of {_name(url)} failed after {policy.attempts} attempts: {last}{kept}",
+        f"download of {_name(url)} {how} {_tries(attempts)}: {last}{kept}",
         "check your network connection or proxy and run the same command again: it resumes "
-        "where it stopped",
+        "where it stopped"
+        + (f"; a slow link may raise the limit: rocforge config set {deadline.key} SECONDS"
+           if expired else ""),
     )
 
 
-def _http_once(url, part, expected_size, progress, sess, policy) -> _Fetched:
+def _http_once(url, part, expected_size, progress, sess, policy, deadline) -> _Fetched:
     have = part.stat().st_size if part.exists() else 0
     validator = _read_validator(part) if have else None
     if have and (validator is None or (expected_size is not None and have > expected_size)):
@@ -354,8 +487,7 @@ def _http_once(url, part, expected_size, progress, sess, policy) -> _Fetched:
     if have:
         headers["Range"] = f"bytes={have}-"
         headers["If-Range"] = validator
-    resp = sess.get(url, headers=headers, stream=True,
-                    timeout=(policy.connect_timeout, policy.read_timeout))
+    resp = _get(sess, url, policy, deadline, headers=headers)
     with resp:
         status = resp.status_code
         if status == 416 and have:
@@ -376,26 +508,50 @@ def _http_once(url, part, expected_size, progress, sess, policy) -> _Fetched:
                 _discard_part(part)
                 raise _Retry("server answered a different range; starting over")
             total = _content_range_total(resp.headers.get("Content-Range"))
+            _refuse_other_size(url, part, total, expected_size)
             _hash_into(part, hasher)
             mode = "ab"
         else:  # 200: whole body (a server that ignores Range, or a changed file, starts over)
             have = 0
-            length = resp.headers.get("Content-Length")
-            total = int(length) if length and length.isdigit() else None
+            total = _declared_length(resp)
+            _refuse_other_size(url, part, total, expected_size)
             mode = "wb"
             _write_validator(part, resp.headers)
         size = have
-        limit = total if total is not None else expected_size
-        bar = _Progress(_name(url), total or expected_size, size, progress)
+        declared = total if total is not None else expected_size
+        # nobody says how large: read one byte past the cap to know it was passed
+        limit = declared if declared is not None else policy.max_unsized_bytes + 1
+        bar = _Progress(_name(url), declared, size, progress)
         try:
             with open(part, mode) as fh:
-                size += _pump(_paced(_chunks(resp), policy), fh, part, hasher, bar,
-                              None if limit is None else limit - have)
+                size += _pump(_paced(_chunks(resp, policy, deadline), policy, deadline), fh,
+                              part, hasher, bar, limit - have)
         finally:
             bar.close()
+        if declared is None and size > policy.max_unsized_bytes:
+            _discard_part(part)
+            raise NetworkError(
+                f"{_name(url)}: the server announced no size and sent more than "
+                f"{policy.max_unsized_bytes} bytes (download.max_unsized_bytes); the partial "
+                "file was deleted",
+                "a server streaming without end, or a larger file than expected: check the URL, "
+                "or raise the cap: rocforge config set download.max_unsized_bytes BYTES")
         if total is not None and size < total:
             raise _Retry(f"connection closed after {size} of {total} bytes")
         return _Fetched(hasher.hexdigest(), size, total, have)
+
+
+def _refuse_other_size(url: str, part: Path, total: int | None,
+                       expected_size: int | None) -> None:
+    """The server's file is not the size the listing gave: not the file listed (replaced, or
+    another at that name).  Refused before reading a byte of it, the old part dropped."""
+    if total is not None and expected_size is not None and total != expected_size:
+        _discard_part(part)
+        raise IntegrityError(
+            f"{_name(url)}: the server announces {total} bytes, expected {expected_size} (the "
+            "listing's size); nothing was kept",
+            "the published file may have been replaced since it was listed: list again and "
+            "retry, or check the URL and size you gave")
 
 
 def _write_validator(part: Path, headers) -> None:
@@ -419,11 +575,14 @@ def _read_validator(part: Path) -> str | None:
     return value if isinstance(value, str) and value.isprintable() else None
 
 
-def _paced(chunks, policy: RetryPolicy):
+def _paced(chunks, policy: RetryPolicy, deadline: _Deadline):
     """Pass chunks through; a stream slower than `policy.min_rate` bytes/s over the last
-    `policy.rate_window` seconds is dropped (and retried, resuming after what arrived)."""
+    `policy.rate_window` seconds is dropped (and retried, resuming after what arrived), and one
+    still going at the deadline ends there (however fast: `_with_retries` then stops)."""
     if not policy.min_rate:
-        yield from chunks
+        for chunk in chunks:
+            yield chunk
+            _check_deadline(deadline)
         return
     window = policy.rate_window
     start = time.monotonic()
@@ -432,6 +591,7 @@ def _paced(chunks, policy: RetryPolicy):
     for chunk in chunks:
         got += len(chunk)
         yield chunk
+        _check_deadline(deadline)
         now = time.monotonic()
         marks.append((now, got))
         while len(marks) > 1 and marks[1][0] <= now - window:
@@ -443,18 +603,36 @@ def _paced(chunks, policy: RetryPolicy):
                          f"{now - t0:.0f} s, below download.min_rate {policy.min_rate:.0f}")
 
 
-def _chunks(resp):
+def _check_deadline(deadline: _Deadline) -> None:
+    if deadline.left() <= 0:
+        raise _Retry(f"still receiving at {deadline.words()}")
+
+
+def _chunks(resp, policy: RetryPolicy, deadline: _Deadline):
     """Body chunks as they arrive: `read1` hands over whatever the socket had, so a stream that
-    drops keeps (and later resumes after) nearly every byte received."""
+    drops keeps (and later resumes after) nearly every byte received.  Before each read the
+    socket's timeout is shortened to end by the deadline: a server sending a byte every few
+    seconds is not waited for past it."""
     read1 = getattr(resp.raw, "read1", None)
     if read1 is None:  # urllib3 < 2
         yield from resp.iter_content(NET_CHUNK)
         return
+    sock = _socket_of(resp)
     while True:
+        if sock is not None:
+            sock.settimeout(deadline.timeout(policy.read_timeout))
         chunk = read1(NET_CHUNK, decode_content=True)
         if not chunk:
             return
         yield chunk
+
+
+def _socket_of(resp):
+    """The socket under a streaming requests response (urllib3 2), or None where the layout
+    differs: the timeout given to the request (already ending by the deadline) then holds."""
+    conn = getattr(resp.raw, "_connection", None)
+    sock = getattr(conn, "sock", None)
+    return sock if hasattr(sock, "settimeout") else None
 
 
 def _copy_local(url: str, part: Path, progress: bool) -> _Fetched:

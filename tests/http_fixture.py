@@ -7,6 +7,8 @@ tests/conftest.py loads this module as a plugin, so every test can ask for `http
         http_server.fail("/files/a.tar.gz", drop_after=1000)   # next GET sends 1000 bytes, then closes
         http_server.fail("/files/a.tar.gz", status=500)        # next GET answers 500
         http_server.fail("/files/a.tar.gz", trickle=0.5)       # next GET: one byte every 0.5 s
+        http_server.fail("/files/a.tar.gz", endless=True)      # next GET: a body that never ends
+        http_server.fail("/x", status=302, headers={"Location": "file:///etc/passwd"})
         http_server.requests                                   # [(method, path, headers), ...]
 
 Files are served as a static file server does: a strong `ETag` (a hash of the bytes) and a
@@ -49,6 +51,9 @@ class Fault:
     headers: dict = field(default_factory=dict)  # extra headers (e.g. Retry-After)
     delay: float = 0.0  # seconds to wait before answering
     trickle: float | None = None  # send the body one byte at a time, this many seconds apart
+    # answer 200 with a chunked body (no Content-Length) that never ends: 64 KiB blocks, or
+    # one byte every `trickle` seconds; stops when the client hangs up (or after 60 s)
+    endless: bool = False
 
 
 Handler = Callable[[dict, dict], tuple[int, dict, bytes]]
@@ -159,6 +164,9 @@ class LocalHttpServer:
         if fault.status is not None:
             self._respond(h, fault.status, {"Content-Length": "0", **fault.headers}, b"", head)
             return
+        if fault.endless and not head:
+            self._stream_forever(h, fault.trickle)
+            return
         if path in self.handlers:
             status, extra, body = self.handlers[path](urllib.parse.parse_qs(parsed.query), headers)
             self._respond(h, status, {"Content-Length": str(len(body)), **extra}, body, head)
@@ -211,6 +219,25 @@ class LocalHttpServer:
             h.close_connection = True
             return
         self._respond(h, status, extra, out, head)
+
+    @staticmethod
+    def _stream_forever(h, trickle: float | None, limit_s: float = 60.0) -> None:
+        """What a broken or hostile server does: a body without end (the 60 s bound only keeps
+        a test's server thread from outliving the test run)."""
+        h.send_response(200)
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        block = b"z" if trickle is not None else b"z" * 65536
+        end = time.monotonic() + limit_s
+        try:
+            while time.monotonic() < end:
+                h.wfile.write(b"%x\r\n%s\r\n" % (len(block), block))
+                h.wfile.flush()
+                if trickle is not None:
+                    time.sleep(trickle)
+        except OSError:  # the client gave up
+            pass
+        h.close_connection = True
 
     @staticmethod
     def _respond(h, status: int, headers: dict, body: bytes, head: bool) -> None:

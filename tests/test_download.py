@@ -207,8 +207,13 @@ def test_reading_stops_at_the_advertised_size(tmp_path):
 
 
 def test_checksum_file_is_read_with_a_cap(http_server):
+    """4 MiB where a checksum line is expected: refused at the announced length (exit 6, as
+    every listing past its cap), and also when the server announces no length."""
     url = http_server.add("/a.tar.gz.sha256", b"0" * (4 << 20))
-    with pytest.raises(IntegrityError, match="larger than 65536 bytes"):
+    with pytest.raises(NetworkError, match="larger than 65536 bytes: it announces 4194304"):
+        dl.get_text(url, missing_ok=True, max_bytes=65536)
+    http_server.fail("/a.tar.gz.sha256", endless=True)
+    with pytest.raises(NetworkError, match="larger than 65536 bytes: it sent more"):
         dl.get_text(url, missing_ok=True, max_bytes=65536)
 
 
