@@ -48,7 +48,7 @@ def _header(res: Resolution, shell: str) -> list[str]:
     inst = res.rocm
     lines = [_comment(f"rocforge env --shell {shell}: ROCm {inst.path} ({inst.layout} "
                       f"{inst.version or 'version unknown'}), target {res.target or 'none'}")]
-    for key in ("rocm", "target", "builds"):
+    for key in ("rocm", "target", "builds", "builds on PATH", "builds not on PATH"):
         reason = _reason(res, key)
         if reason:
             lines.append(_comment(f"{key}: {reason}"))
