@@ -174,3 +174,47 @@ def test_use_lists_and_doctor_shows_the_decision(tmp_path):
     assert "llama-cpp  llama-cpp-gfx1151-cpu  (chosen 20" in cli(tmp_path, "use").stdout
     doctor = cli(tmp_path, "doctor", env={"COLUMNS": "400"})
     assert "builds on PATH" in doctor.stdout and "chosen with `rocforge use`" in doctor.stdout
+
+
+GOOD = "   1  5.1234 ± 0.1234  -0.00012 ± 0.00034  0.00123 ± 0.00002  0.123 ± 0.012 %  99.123 ± 0.123 %"
+BAD = "   1  3024.0 ± 9.0  6.37 ± 0.1  4.5 ± 0.1  50.0 ± 1.0 %  3.0 ± 0.5 %"  # #27506's garbage
+
+
+def perplexity_program(prefix, line: str) -> None:
+    """bin/llama-perplexity as a real program: `--help` prints usage without -fa, a run prints
+    the cumulative result line llama.cpp's KL-divergence mode ends with."""
+    exe = prefix / "bin" / "llama-perplexity"
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text(f'#!/bin/sh\nif [ "$1" = --help ]; then echo "usage: -m FILE"; exit 0; fi\n'
+                   f"echo '{line}'\n")
+    exe.chmod(0o755)
+
+
+def test_verify_records_its_verdict_for_env(tmp_path, monkeypatch):
+    """`verify.verify` (what `rocforge verify`, bench's and tune's gate run) records the verdict
+    `rocforge env` reads: a pass puts the build on PATH; a later fail takes it off."""
+    from pathlib import Path
+
+    from tiny_gguf import write as write_gguf
+
+    from rocforge_build.measure import gguf, verify
+    from rocforge_build.measure.llama_tools import LlamaBuild
+
+    env_root = tmp_path / "root"
+    fr.make_strix_halo(env_root)
+    monkeypatch.setenv("ROCFORGE_DATA_DIR", str(env_root / "data"))  # `rocforge env` sees /data
+    host = Path("/")  # `verify` runs on the host: the builds as host paths
+    ref = make_build(host, "llama-cpp", "gfx1151", "cpu", files=("bin/llama-cli",))
+    build = make_build(host, "llama-cpp", "gfx1151", "vulkan", files=("bin/llama-cli",))
+    perplexity_program(ref, GOOD)
+    perplexity_program(build, GOOD)
+    model = gguf.check(write_gguf(tmp_path / "tiny.gguf", byte_tokens=True))
+    assert "/builds/" not in env_json(env_root)["PATH"]
+    result = verify.verify(LlamaBuild.open(build), LlamaBuild.open(ref), model, [("short", 64)])
+    assert result["passed"]
+    assert [e for e in env_json(env_root)["PATH"].split(":") if "/builds/" in e] == [
+        "/data/builds/llama-cpp-gfx1151-vulkan/bin"]
+    perplexity_program(build, BAD)
+    assert not verify.verify(LlamaBuild.open(build), LlamaBuild.open(ref), model,
+                             [("short", 64)])["passed"]
+    assert "/builds/" not in env_json(env_root)["PATH"]
