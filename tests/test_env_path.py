@@ -218,3 +218,36 @@ def test_verify_records_its_verdict_for_env(tmp_path, monkeypatch):
     assert not verify.verify(LlamaBuild.open(build), LlamaBuild.open(ref), model,
                              [("short", 64)])["passed"]
     assert "/builds/" not in env_json(env_root)["PATH"]
+
+
+def test_use_with_a_read_only_data_dir_is_one_line(tmp_path):
+    """A data dir rocforge cannot write (here: a file where the directory should be): one line
+    naming it and ROCFORGE_DATA_DIR, exit 2, the build untouched."""
+    fr.make_strix_halo(tmp_path)
+    built = two_llama_builds(tmp_path)
+    data = tmp_path / str(paths.data_dir()).lstrip("/")
+    blocker = data / "use.toml"
+    blocker.mkdir()  # the choice file's name is taken by a directory: the rename must fail
+    out = cli(tmp_path, "use", str(built["cpu"]))
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines[0].startswith("rocforge: error: cannot record the choice")
+    assert "ROCFORGE_DATA_DIR" in out.stderr and "Traceback" not in out.stderr
+    assert blocker.is_dir() and (built["cpu"] / "rocforge-manifest.toml").is_file()
+
+
+def test_a_hostile_recipe_name_stays_data_in_the_choice_file(tmp_path):
+    """A manifest's recipe name written into use.toml cannot add TOML keys or tables, and the
+    env script sourced by real bash runs nothing from it."""
+    fr.make_strix_halo(tmp_path)
+    marker = tmp_path / "ran"  # `cd` alone goes to HOME, the test's directory: no '/' needed
+    name = 'x"]\\nprefix = "p"\n[choices.y] $(cd;touch ran)'
+    prefix = make_build(tmp_path, name.replace("\n", " "), "gfx1151", files=("bin/tool",))
+    assert cli(tmp_path, "use", str(prefix)).returncode == 0
+    table = tomllib.loads(next(tmp_path.rglob("use.toml")).read_text())["choices"]
+    assert list(table) == [name.replace("\n", " ")] and table[list(table)[0]]["prefix"] == prefix.name
+    start = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    text = cli(tmp_path, "env", "--shell", "bash", env=start).stdout
+    got = sourced_once("bash", text, start, tmp_path)
+    assert got["PATH"].split(":")[0] == inner(f"{prefix.name}/bin")
+    assert not marker.exists()

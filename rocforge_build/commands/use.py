@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rocforge_build.errors import UsageError
+from rocforge_build.errors import ConfigError, UsageError
 
 
 def add_arguments(parser) -> None:
@@ -35,6 +35,19 @@ def _build_name(prefix: str, rootfs) -> tuple[str, str]:
     return recipe["name"], path.resolve().name
 
 
+def _write(current: dict, rootfs) -> Path:
+    """Record the choices; a data dir that cannot be written is one line naming it."""
+    from rocforge_build.discover import choices
+
+    try:
+        return choices.write_chosen(current, rootfs)
+    except OSError as exc:
+        where = exc.filename or rootfs.host(choices.data_dir(rootfs))
+        raise ConfigError(f"cannot record the choice in {where}: {exc.strerror or exc}",
+                          "make rocforge's data dir writable, or move it with "
+                          "ROCFORGE_DATA_DIR") from None
+
+
 def run(args) -> int:
     from rocforge_build.discover import choices
 
@@ -45,7 +58,7 @@ def run(args) -> int:
         if current.pop(args.clear, None) is None:
             print(f"no build of {args.clear} was chosen; nothing to forget")
             return 0
-        choices.write_chosen(current, args.rootfs)
+        _write(current, args.rootfs)
         print(f"forgot the choice for {args.clear}: `rocforge env` puts its newest verified "
               "build on PATH")
         return 0
@@ -58,6 +71,6 @@ def run(args) -> int:
         return 0
     recipe, name = _build_name(args.prefix, args.rootfs)
     current[recipe] = (name, choices.now())
-    path = choices.write_chosen(current, args.rootfs)
+    path = _write(current, args.rootfs)
     print(f"{recipe}: `rocforge env` now puts {name}/bin on PATH (recorded in {path})")
     return 0
