@@ -17,6 +17,7 @@ from rocforge_build.errors import RocforgeError
 COMMANDS: dict[str, tuple[str, str]] = {
     "targets": ("rocforge_build.commands.targets", "list the GPU targets rocforge knows"),
     "env": ("rocforge_build.commands.env", "print the environment for the resolved ROCm stack"),
+    "use": ("rocforge_build.commands.use", "choose the build of a recipe that `rocforge env` puts on PATH"),
     "doctor": ("rocforge_build.commands.doctor", "show GPUs, ROCm installs and every decision"),
     "nightly": ("rocforge_build.commands.nightly", "list, install and switch TheRock nightlies"),
     "config": ("rocforge_build.commands.config", "read and change rocforge's configuration"),

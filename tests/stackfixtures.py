@@ -80,7 +80,8 @@ def stack_recipes(dest: Path, monorepo_path: Path | None = None, aotriton_path: 
 def make_build(root: Path, recipe: str, target: str, backend: str = "hip", *,
                version: str | None = None, export_env: dict[str, str] | None = None,
                export_reasons: dict[str, str] | None = None, outputs: tuple[str, ...] = (),
-               files: tuple[str, ...] = (), recorded_prefix: str | None = None) -> Path:
+               files: tuple[str, ...] = (), recorded_prefix: str | None = None,
+               built_at: str = "2026-11-20T23:00:00Z") -> Path:
     """A build prefix as `rocforge build` leaves it, at the builds directory's path inside `root`:
     the files, and `rocforge-manifest.toml` with the keys pipeline.write_manifest writes.
     `recorded_prefix` is where the build ran (values under it are re-based by the resolver);
@@ -125,7 +126,7 @@ def make_build(root: Path, recipe: str, target: str, backend: str = "hip", *,
     doc["export_env_reasons"] = export_reasons or {k: f"{recipe} exports {k}" for k in exported}
     doc["dependencies"] = []
     doc["timings"] = {"total": 1.0}
-    doc["built_at"] = "2026-11-20T23:00:00Z"
+    doc["built_at"] = built_at
     (prefix / "rocforge-manifest.toml").write_text(tomlkit.dumps(doc))
     return prefix
 

@@ -42,8 +42,9 @@ def test_strix_halo_with_stack_builds(tmp_path):
     assert data["HIPBLASLT_TENSILE_LIBPATH"] == f"{lt}/lib/hipblaslt/library"
     assert data["AOTRITON_INSTALLED_PREFIX"] == aot
     assert data["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == "1"
-    # built libraries first (sorted by prefix name), then the ROCm's
-    assert data["LD_LIBRARY_PATH"].split(":")[:4] == [f"{aot}/lib", f"{lt}/lib", f"{blas}/lib", "/opt/rocm/lib"]
+    # no build on LD_LIBRARY_PATH (each runs from its RUNPATH): the ROCm's libraries only
+    assert data["LD_LIBRARY_PATH"].split(":")[0] == "/opt/rocm/lib"
+    assert "/builds/" not in data["LD_LIBRARY_PATH"]
     assert data["CMAKE_PREFIX_PATH"].split(":")[:3] == [aot, lt, blas]
     assert "llama-cpp-gfx1100" not in out.stdout.split("# builds:")[1].split("used for gfx1151:")[1].split(";")[0]
     assert "not for this target: llama-cpp" in out.stdout
@@ -65,7 +66,7 @@ def test_target_picks_the_builds(tmp_path):
         data = env_json(tmp_path, "--target", target)
         assert data["ROCBLAS_TENSILE_LIBPATH"] == f"{builds_inner(f'rocblas-{target}-hip')}/lib/rocblas/library"
         other = "gfx1100" if target == "gfx1151" else "gfx1151"
-        assert other not in data["LD_LIBRARY_PATH"] and other not in data["CMAKE_PREFIX_PATH"]
+        assert "/builds/" not in data["LD_LIBRARY_PATH"] and other not in data["CMAKE_PREFIX_PATH"]
     # gfx1100 is not experimental in the recipe's table: its build recorded no flag
     assert "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL" not in env_json(tmp_path, "--target", "gfx1100")
 

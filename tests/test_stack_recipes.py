@@ -185,7 +185,8 @@ def test_aotriton_venv_submodules_ninja_install_and_version_table(tmp_path, reci
     inner = "/home/u/.local/share/rocforge/builds/aotriton-gfx1151-hip"
     assert env["AOTRITON_INSTALLED_PREFIX"] == inner
     assert env["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == "1"
-    assert env["LD_LIBRARY_PATH"].split(":")[0] == f"{inner}/lib"
+    assert inner not in env["LD_LIBRARY_PATH"]  # builds run from their RUNPATH
+    assert env["CMAKE_PREFIX_PATH"].split(":")[0] == inner
 
 
 @pytest.mark.parametrize(("minor", "target", "experimental"), [

@@ -35,6 +35,8 @@ class Build:
     outputs: tuple[str, ...] = ()  # expected files (globs) relative to the prefix
     missing: tuple[str, ...] = ()  # expected files no longer there
     lib_dir: PurePosixPath | None = None
+    bin_dir: PurePosixPath | None = None  # what `rocforge env` may put on PATH
+    stamp: str | None = None  # the manifest's build stamp (a rebuild changes it)
 
     def describe(self) -> str:
         what = f"{self.recipe} {self.version}" if self.version else self.recipe
@@ -111,6 +113,8 @@ def read(root: Root, prefix: PurePosixPath) -> Build | None:
                 missing.append(out)
     lib = prefix / "lib"
     _watch(root, lib)
+    bin_dir = prefix / "bin"
+    _watch(root, bin_dir)
     source = data.get("source", {}) if isinstance(data.get("source"), dict) else {}
     return Build(
         prefix=prefix, recipe=str(recipe["name"]), target=target,
@@ -119,6 +123,8 @@ def read(root: Root, prefix: PurePosixPath) -> Build | None:
         export_env={str(k): _rebase(str(v), recorded, prefix) for k, v in exported.items()},
         export_reasons={str(k): str(v) for k, v in reasons.items()} if isinstance(reasons, dict) else {},
         outputs=outputs, missing=tuple(missing), lib_dir=lib if root.is_dir(lib) else None,
+        bin_dir=bin_dir if root.is_dir(bin_dir) else None,
+        stamp=str(data["stamp"]) if isinstance(data.get("stamp"), str) else None,
     )
 
 

@@ -9,7 +9,8 @@ CRC-32: a cut or damaged entry is a miss.  `lookup` (called by the CLI before ar
 imported) returns the stored output only when the key matches, the output is whole and every
 stamp is unchanged; otherwise the full run happens and refreshes the entry.  A new install
 under /opt, a `rocforge nightly use` (the `current` link), a kernel library added to rocBLAS, a
-changed sysfs node or another ROCM_PATH all invalidate it.
+changed sysfs node, another ROCM_PATH, a `rocforge use` choice (data dir use.toml) or a
+verify verdict (data dir verified/) all invalidate it.
 
 Read side: `os`, `sys` and `zlib` only.  `ROCFORGE_NO_CACHE=1` bypasses it.
 """
@@ -30,7 +31,7 @@ _CODE = ("discover/resolver.py", "discover/installs.py", "discover/gpus.py",
          "paths.py", "config.py", "data/defaults.toml", "cli.py", "commands/env.py",
          "data/targets.toml", "data/layouts.toml", "discover/builds.py", "discover/shell.py",
          "discover/envwarnings.py", "discover/host.py", "data/host.toml", "discover/binaries.py",
-         "resources.py", "shellsafe.py")
+         "resources.py", "shellsafe.py", "discover/choices.py")
 
 _touched: dict[str, bool] | None = None  # host path -> stamp by content
 

@@ -36,7 +36,7 @@ def _header(res: Resolution, shell: str) -> list[str]:
     inst = res.rocm
     lines = [comment(f"rocforge env --shell {shell}: ROCm {inst.path} ({inst.layout} "
                       f"{inst.version or 'version unknown'}), target {res.target or 'none'}")]
-    for key in ("rocm", "target", "builds"):
+    for key in ("rocm", "target", "builds", "builds on PATH", "builds not on PATH"):
         reason = _reason(res, key)
         if reason:
             lines.append(comment(f"{key}: {reason}"))

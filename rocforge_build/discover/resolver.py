@@ -17,10 +17,14 @@ Rules (each names its evidence in the reason):
   (lemonade-sdk/llamacpp-rocm #10: it fails when the arch's library is missing) — the ROCm's,
   or a hipBLASLt rocforge built for the target.
 - Builds (`builds.py`): a prefix rocforge built for the effective target whose expected outputs
-  are all still there goes in front of LD_LIBRARY_PATH and CMAKE_PREFIX_PATH, and its recipe's
+  are all still there goes in front of CMAKE_PREFIX_PATH, and its recipe's
   exported variables are set (ROCBLAS_TENSILE_LIBPATH, HIPBLASLT_TENSILE_LIBPATH,
   AOTRITON_INSTALLED_PREFIX, TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL where the recipe's version
   table says so).  Builds for other targets, or with missing outputs, are left out with a reason.
+  No build goes on LD_LIBRARY_PATH: each runs from its RUNPATH ($ORIGIN/../lib), and a list of
+  prefixes would let one build's libggml-base/-cpu serve another's libggml.  PATH gets at most
+  one build per recipe (`choices.py`): the one chosen with `rocforge use`, else the newest that
+  passed `rocforge verify`; the others are named in a decision.
 
 Stdlib only: `rocforge env` runs this on every shell start-up.
 """
@@ -453,19 +457,23 @@ def _build_decisions(root: Root, target: str | None, decisions: list[Decision],
         else:
             used.append(b)
     summary = (f"used for {target}: " + (", ".join(b.describe() for b in used) or "none")
-               + (f"; not for this target: {', '.join(skipped)}" if skipped else ""))
+               + (f"; not for this target: {', '.join(skipped)}" if skipped else "")
+               + ("; none goes on LD_LIBRARY_PATH: each build loads its own libraries through "
+                  "its RUNPATH" if used else ""))
     decisions.append(Decision("builds", [str(b.prefix) for b in used], summary))
     if not used:
         return used
-    lists = {"LD_LIBRARY_PATH": tuple(str(b.lib_dir) for b in used if b.lib_dir is not None),
+    on_path = _path_builds(root, target, used, decisions)
+    lists = {"PATH": tuple(str(b.bin_dir) for b, _ in on_path),
              "CMAKE_PREFIX_PATH": tuple(str(b.prefix) for b in used)}
     for var, entries in lists.items():
         if entries:
             prepend[var] = entries + tuple(e for e in prepend.get(var, ()) if e not in entries)
             old = next((i for i, d in enumerate(decisions) if d.key == var), None)
             then = f"; then the ROCm's: {decisions[old].reason}" if old is not None else ""
-            decision = Decision(var, ":".join(prepend[var]),
-                                f"rocforge builds for {target} first{then}")
+            first = (", ".join(f"{b.prefix.name} ({why})" for b, why in on_path)
+                     if var == "PATH" else f"rocforge builds for {target}")
+            decision = Decision(var, ":".join(prepend[var]), f"{first} first{then}")
             if old is None:
                 decisions.append(decision)
             else:
@@ -487,6 +495,51 @@ def _build_decisions(root: Root, target: str | None, decisions: list[Decision],
             why = b.export_reasons.get(key, "exported by the recipe")
             decisions.append(Decision(key, value, f"{b.describe()}: {why}"))
     return used
+
+
+def _path_builds(root: Root, target: str | None, used: list[builds_mod.Build],
+                 decisions: list[Decision]) -> list[tuple[builds_mod.Build, str]]:
+    """At most one build per recipe on PATH, with why: the one chosen with `rocforge use`, else
+    the newest that passed `rocforge verify`.  Two builds of one recipe carry the same program
+    names (llama-cli of the cpu build and of the vulkan build), so more than one would only
+    shadow each other; the rest are named in a decision so the user knows they exist."""
+    from rocforge_build.discover import choices
+
+    chosen = choices.chosen(root)
+    groups: dict[str, list[builds_mod.Build]] = {}
+    for b in used:
+        if b.bin_dir is not None:
+            groups.setdefault(b.recipe, []).append(b)
+    picked: list[tuple[builds_mod.Build, str]] = []
+    notes: list[str] = []
+    for recipe, group in groups.items():
+        pick, why = None, ""
+        if recipe in chosen:
+            name, at = chosen[recipe]
+            pick = next((b for b in group if b.prefix.name == name), None)
+            if pick is not None:
+                why = f"chosen with `rocforge use` on {at[:10] or 'an unknown date'}"
+            else:
+                notes.append(f"the `rocforge use` choice for {recipe}, {name}, is not a usable "
+                             f"build for {target}")
+        if pick is None:
+            passed = [(b, d) for b in group if (d := choices.verified(root, b.prefix.name, b.stamp))]
+            if passed:
+                pick, date = max(passed, key=lambda bd: (bd[0].built_at or "", bd[1]))
+                why = f"newest build of {recipe} that passed verify ({date[:10]})"
+        if pick is not None:
+            picked.append((pick, why))
+    if picked:
+        decisions.append(Decision("builds on PATH", [str(b.bin_dir) for b, _ in picked],
+                                  "; ".join(f"{b.prefix} — {why}" for b, why in picked)))
+    rest = [b for group in groups.values() for b in group if b not in [p for p, _ in picked]]
+    if rest or notes:
+        decisions.append(Decision(
+            "builds not on PATH", [str(b.prefix) for b in rest],
+            "; ".join(notes + ([", ".join(b.prefix.name for b in rest) + " (run them by path, or "
+                                "put one on PATH with `rocforge use PREFIX`; `rocforge verify` "
+                                "passing puts the newest on PATH)"] if rest else []))))
+    return picked
 
 
 def _toolchain_decisions(inst: RocmInstall, decisions: list[Decision],

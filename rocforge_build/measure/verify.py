@@ -224,6 +224,11 @@ def verify(build: LlamaBuild, ref: LlamaBuild, model: Model, ctxs: list[tuple[st
         row = {**(base or {}), "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
                "reference_stamp": ref.stamp, "build": build.provenance(), **result}
         store.add_row(run_id, "verify", row, status="passed" if result["passed"] else "failed")
+    from rocforge_build.discover import choices
+
+    # the verdict `rocforge env` reads (it must not open the results store on shell start-up)
+    choices.record_verify(build.prefix, build.stamp, result["passed"],
+                          model=str(model.path), reference=str(ref.prefix))
     return result
 
 
