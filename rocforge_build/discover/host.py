@@ -443,7 +443,10 @@ def _kernel_checks(h: Host) -> list[Check]:
             f"install kernel {rule['min']} or later (Ubuntu 24.04: the OEM kernel >= {rule['ubuntu_oem']} "
             f"or HWE >= {rule['ubuntu_hwe']}); until then amdgpu.cwsr_enable=0 is the known workaround "
             f"({f['cwsr']['source']})")
-        out.append(Check("kernel.floor", "ok" if ok else "fail", evidence,
+        # a warning, not a blocker: the missing fixes make compute *may* fail (AMD's words), the
+        # cwsr workaround exists, and ROCm runs on such kernels for many; "fail" is for what
+        # cannot work (firmware.mes)
+        out.append(Check("kernel.floor", "ok" if ok else "warn", evidence,
                          f"{gfx}: {rule['why']} ({rule['source']})", fix))
     cw = f["cwsr"]
     values = param_values(h.cmdline or [], cw["param"])
@@ -661,15 +664,25 @@ def checks(root: Root, gpus) -> list[Check]:
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "unknown": "dim"}
 
 
+def blockers(found: list[Check]) -> list[str]:
+    """The checks at "fail", as `rocforge doctor` problems: "fail" means ROCm is not usable here
+    (a kernel without the KFD fixes, MES firmware that hangs); what only costs speed or memory is
+    a "warn" and never blocks."""
+    return [f"{c.id}: {c.found}: {c.message}" + (f"; fix: {c.fix}" if c.fix else "")
+            for c in found if c.status == "fail"]
+
+
 def text_lines(found: list[Check]) -> list[str]:
     """`rocforge doctor`'s host section as rich-markup lines (doctor prints them)."""
+    from rich.markup import escape as esc  # found/message/fix are data: a `[` is not markup
+
     out = ["[bold]Host[/]" if found else "[bold]Host[/]: no host checks apply (no AMD GPU found)"]
     for c in found:
-        out.append(f"[{_STYLE[c.status]}]{c.status:>7}[/] {c.id}: {c.found}")
+        out.append(f"[{_STYLE[c.status]}]{c.status:>7}[/] {c.id}: {esc(c.found)}")
         if c.status != "ok":
-            out.append(f"          {c.message}")
+            out.append(f"          {esc(c.message)}")
             if c.fix:
-                out.append(f"          fix: {c.fix}")
+                out.append(f"          fix: {esc(c.fix)}")
     return out
 
 
