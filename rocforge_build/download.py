@@ -810,11 +810,19 @@ def human_size(n: int | None) -> str:
 
 
 class _Progress:
-    """A rich bar on a terminal (and when asked for); silent otherwise."""
+    """When asked for: a rich bar on a terminal, a plain line every interval otherwise."""
 
     def __init__(self, label: str, total: int | None, done: int, enabled: bool):
         self._bar = None
-        if not enabled or not sys.stderr.isatty():
+        self._beat = None
+        if enabled and not sys.stderr.isatty():  # a log or pipe: a plain line every interval
+            from rocforge_build.progress import Heartbeat
+
+            self._done = done
+            self._beat = Heartbeat(f"download {label}", count=human_size).start()
+            self._beat.update(done, total)
+            return
+        if not enabled:
             return
         from rich.console import Console
         from rich.progress import (
@@ -837,11 +845,17 @@ class _Progress:
     def advance(self, n: int) -> None:
         if self._bar is not None:
             self._bar.advance(self._task, n)
+        if self._beat is not None:
+            self._done += n
+            self._beat.update(self._done)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+        if self._beat is not None:
+            self._beat.stop()
+            self._beat = None
 
 
 def free_bytes(path: Path) -> int:

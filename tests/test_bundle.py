@@ -19,6 +19,7 @@ import tarfile
 import tomllib
 from pathlib import Path
 
+import needs
 import pytest
 from buildfixtures import recipe_copy, tarball
 from fixtures_roots import RX7900XTX, STRIX_HALO, make_gpus
@@ -90,6 +91,7 @@ def _rocm_like(tmp_path: Path) -> tuple[Path, Path]:
     """A prefix whose program needs librocblas, libhipblaslt and libamdhip64 from a ROCm lib dir
     (found through LD_LIBRARY_PATH, as the build's env gives it); the kernel directories hold
     empty files under the real Debian names."""
+    needs.require("patchelf")  # every test that uses it bundles: patchelf rewrites RUNPATHs
     rocm = tmp_path / "rocm" / "lib"
     _lib(rocm / "libamd_comgr.so.3", "libamd_comgr.so.3")  # dlopen()ed by HIP: the hip-comgr rule
     _lib(rocm / "libamdhip64.so.7.1.0", "libamdhip64.so.7")  # as packaged: soname link -> versioned file
@@ -164,6 +166,7 @@ def test_check_says_which_gpus_run_it(tmp_path, capsys):
 # -- the fixture project, built by the pipeline ---------------------------------------------------
 @pytest.fixture(scope="module")
 def fixture_build(tmp_path_factory):
+    needs.require("patchelf")  # the tests that use it bundle it
     t = tmp_path_factory.mktemp("fixture-bundle")
     req = Request(recipe=str(recipe_copy(t / "r")), target="gfx1151", source=str(tarball(t / "fx.tar.gz")),
                   jobs=2, prefix=str(t / "prefix"))
@@ -179,6 +182,7 @@ def _hello(dest: Path) -> list[str]:
 
 @pytest.mark.parametrize("suffix", [".tar.gz", ".tar.zst", ".zip"])
 def test_fixture_bundle_unpacked_by_the_system_tools_runs_anywhere(fixture_build, tmp_path, suffix):
+    needs.require(*{".tar.zst": ["zstd"], ".zip": ["unzip"]}.get(suffix, []))
     out = tmp_path / f"fixture{suffix}"
     old_umask = os.umask(0o022)
     try:
@@ -232,6 +236,7 @@ def test_out_never_replaces_a_file_rocforge_did_not_make(fixture_build, tmp_path
     assert "built for gfx1151, not gfx1100" in capsys.readouterr().err
 
 
+@needs.needs("patchelf")
 def test_recipe_names_the_build_rocforge_made(tmp_path, capsys):
     t = tmp_path
     recipe = recipe_copy(t / "r")
@@ -389,6 +394,7 @@ def test_llama_cpu_bundle_runs_llama_bench_elsewhere_and_in_a_clean_chroot(llama
     assert hello.stdout.splitlines() == ["patched by rocforge", "HELLO", "accel: on", "fixture 1.2.0"], hello.stderr
 
 
+@needs.needs("patchelf")
 def test_rocm_found_as_rocforge_env_finds_it(tmp_path, monkeypatch):
     """A HIP program finds ROCm through `rocforge env`'s LD_LIBRARY_PATH, not its manifest: the
     bundle's ldd runs with the same env, so ROCm's libraries come along."""

@@ -113,3 +113,66 @@ def test_rich_tables(tmp_path):
     for text in ("GPUs (from kfd)", "gfx1300", "ROCm installs", "Library coverage per target",
                  "Decisions", "not in rocforge's target table", "not usable"):
         assert text in out.stdout, text
+
+
+# -- tables never cut a path or a version ---------------------------------------------------------
+# TheRock's layout of 2026 nightlies: /opt/rocm/core-10.1, bitcode under lib/llvm/amdgcn/bitcode
+LONG_PATH = "/opt/rocm/core-10.1/lib/llvm/amdgcn/bitcode"
+LONG_VERSION = "10.1.0a20261102"
+
+
+def _long_tree(root):
+    fr.make_strix_halo(root, version=LONG_VERSION)
+    fr.make_therock_tree(root, version=LONG_VERSION, inner="/opt/rocm/core-10.1")
+
+
+def test_piped_tables_keep_paths_and_versions_whole(tmp_path):
+    """COLUMNS=80 and stdout a pipe (a real subprocess): rich would fit the 7-column ROCm table into
+    80 columns by cutting cells with "…"; doctor prints plain lines there instead."""
+    from test_env import cli_subprocess
+
+    _long_tree(tmp_path)
+    out = cli_subprocess(tmp_path, "doctor", env={"COLUMNS": "80"})
+    assert "Traceback" not in out.stderr
+    assert LONG_PATH in out.stdout and LONG_VERSION in out.stdout and "/opt/rocm/core-10.1" in out.stdout
+    assert "…" not in out.stdout
+    assert "version: " + LONG_VERSION in out.stdout  # plain `column: value` lines
+
+
+def test_terminal_at_80_columns_keeps_them_whole(tmp_path):
+    """On a real terminal (a pty of 80 columns) too wide a table falls back to plain lines."""
+    import fcntl
+    import os
+    import pty
+    import re
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from test_env import REPO, _base_env
+
+    _long_tree(tmp_path)
+    parent, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {**_base_env(), "COLUMNS": "80", "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-m", "rocforge_build", "--root", str(tmp_path), "doctor"],
+                            cwd=REPO, env=env, stdin=child, stdout=child, stderr=child)
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            data = os.read(parent, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(parent)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode("utf-8", "replace"))
+    text = text.replace("\r\n", "\n")
+    assert "Traceback" not in text and "…" not in text
+    assert LONG_PATH in text and LONG_VERSION in text
+    assert "GPUs (from kfd)" in text  # the narrow GPU table still fits and is drawn as a table
+    assert "┃" in text or "│" in text

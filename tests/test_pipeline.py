@@ -265,3 +265,55 @@ def test_build_target_that_installs_nothing_says_so(tmp_path):
         build(RECIPE, source=str(src), prefix=str(prefix), build_targets=("greet-static",))
     assert "greet-static (static library): nothing to install" in exc.value.message
     assert not prefix.exists() and not Path(f"{prefix}.rocforge-new").exists()
+
+
+def test_progress_lines_when_stderr_is_a_pipe_and_long_lines_stay_whole(tmp_path):
+    """A real fixture build with stderr to a pipe (no terminal: no rich bar) and
+    ROCFORGE_PROGRESS_INTERVAL=0.1: plain `rocforge: STEP [n/N] Ns elapsed` lines appear, the
+    build's with ninja's counts.  Each compile of the project is slowed by 0.3 s (a CC wrapper;
+    CMake's own probe compiles are not) so the build step outlives a few intervals.  The final
+    `installed ...` line, longer than 80 columns through its long prefix, stays one line."""
+    import re
+    import sys
+
+    from test_env import REPO, _base_env
+
+    slow_cc = tmp_path / "bin" / "slow-cc"
+    slow_cc.parent.mkdir()
+    slow_cc.write_text('#!/bin/sh\ncase "$*" in *CMakeScratch*|*CMakeTmp*|*CompilerId*) ;; '
+                       '*" -c "*) sleep 0.3 ;; esac\nexec cc "$@"\n')
+    slow_cc.chmod(0o755)
+    prefix = tmp_path / ("a-prefix-whose-path-is-long-" * 4 + "end")
+    env = {**_base_env(), "ROCFORGE_PROGRESS_INTERVAL": "0.1", "CC": str(slow_cc)}
+    env.pop("COLUMNS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rocforge_build", "build", str(RECIPE), "--target", "gfx1151",
+         "--source", str(tarball(tmp_path / "fx.tar.gz")), "--prefix", str(prefix), "--jobs", "1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    beats = [m for line in lines if (m := re.fullmatch(
+        r"rocforge: (\w[\w ]*?)(?: \[(\d+)/(\d+)\])? (\d+)s elapsed(?:: .*)?", line))]
+    assert {m.group(1) for m in beats} >= {"configure", "build"}, proc.stderr
+    counted = [m for m in beats if m.group(1) == "build" and m.group(2)]
+    assert counted and all(1 <= int(m.group(2)) <= int(m.group(3)) for m in counted), proc.stderr
+    installed = [line for line in lines if line.startswith("installed ")]
+    assert installed and len(installed[0]) > 80
+    assert installed[0] == (f"installed {prefix} in " + installed[0].split(" in ", 1)[1])
+    assert installed[0].endswith(f"(manifest {prefix}/rocforge-manifest.toml)")
+
+
+def test_progress_interval_that_is_not_a_number_is_one_line(tmp_path):
+    import sys
+
+    from test_env import REPO, _base_env
+
+    env = {**_base_env(), "ROCFORGE_PROGRESS_INTERVAL": "nan"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rocforge_build", "build", str(RECIPE), "--target", "gfx1151",
+         "--source", str(tarball(tmp_path / "fx.tar.gz")), "--prefix", str(tmp_path / "p")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert [x for x in proc.stderr.splitlines() if x.startswith("rocforge: error:")] == [
+        "rocforge: error: ROCFORGE_PROGRESS_INTERVAL='nan' is not a number of seconds > 0"]
+    assert not (tmp_path / "p").exists()

@@ -38,6 +38,7 @@ from rocforge_build.build.plan import (
 from rocforge_build.build.toolchains import host_info
 from rocforge_build.errors import BuildError, ToolchainError
 from rocforge_build.proc import merged_env, quote, reaped, spawn, which
+from rocforge_build.progress import Heartbeat
 
 _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
 _UNUSED_RE = re.compile(r"Manually-specified variables were not used by the project:\s*\n((?:\s+\S+\n?)+)")
@@ -201,7 +202,7 @@ def _configure(run: _Run) -> None:
     query.parent.mkdir(parents=True, exist_ok=True)
     query.touch()
     run.say("  configure ...")
-    out = _stream(plan.configure, env, run.log, "configure")
+    out = _stream(plan.configure, env, run.log, "configure", quiet=run.quiet)
     _check_unused(out, plan, run.log)
     marker.write_text(configure_key)
 
@@ -236,7 +237,7 @@ def _install(run: _Run, staging: Path) -> None:
         _install_artifacts(plan, staging, run.log)
     else:
         _stream(["cmake", "--install", str(plan.build_dir), "--prefix", str(staging)], plan.env,
-                run.log, "install")
+                run.log, "install", quiet=run.quiet)
 
 
 def _smoke(run: _Run, staging: Path) -> None:
@@ -249,7 +250,7 @@ def _smoke(run: _Run, staging: Path) -> None:
             continue
         if not exe.exists():
             raise BuildError(f"smoke test: {argv[0]} was not installed; full log: {plan.log}")
-        _stream([str(exe), *argv[1:]], {**plan.runtime_env}, run.log, "smoke test")
+        _stream([str(exe), *argv[1:]], {**plan.runtime_env}, run.log, "smoke test", quiet=run.quiet)
 
 
 def _make_venv(run: _Run) -> None:
@@ -269,7 +270,7 @@ def _make_venv(run: _Run) -> None:
                          "in the source", "fix the recipe's [venv] requirements for this source")
     run.say(f"  venv {venv['path']} ...")
     for argv in venv["commands"]:
-        _stream(argv, {"VIRTUAL_ENV": None, "PYTHONHOME": None}, run.log, "venv")
+        _stream(argv, {"VIRTUAL_ENV": None, "PYTHONHOME": None}, run.log, "venv", quiet=run.quiet)
     marker.write_text(key)
 
 
@@ -324,13 +325,14 @@ def _build(plan: Plan, env: dict, log: _Log, console, quiet: bool) -> None:
                   transient=True) as progress:
         task = progress.add_task("", total=None)
 
-        def on_line(line: str) -> None:
+        def on_line(line: str, beat: Heartbeat) -> None:
             m = _NINJA_RE.match(line)
             if m:
                 progress.update(task, completed=int(m.group(1)), total=int(m.group(2)),
                                 description=m.group(3)[-60:])
+                beat.update(int(m.group(1)), int(m.group(2)), m.group(3)[-120:])
 
-        _stream(plan.build, env, log, "build", on_line)
+        _stream(plan.build, env, log, "build", on_line, quiet=quiet)
 
 
 def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
@@ -443,8 +445,10 @@ def write_manifest(plan: Plan, where: Path) -> Path:
 # -- helpers --------------------------------------------------------------------------------------
 
 def _stream(argv: list[str], env: Mapping[str, str | None], log: _Log, step: str,
-            on_line: Callable[[str], None] | None = None, cwd: Path | None = None) -> str:
-    """Run a step, every line into the log; builds on proc (same env merge, quoting, lookup)."""
+            on_line: Callable[[str, Heartbeat], None] | None = None, cwd: Path | None = None,
+            quiet: bool = False) -> str:
+    """Run a step, every line into the log; builds on proc (same env merge, quoting, lookup).
+    When stderr is not a terminal a plain progress line says the step is alive (progress.py)."""
     full_env = merged_env(env)
     if which(argv[0], full_env.get("PATH")) is None:
         raise ToolchainError(f"required program {argv[0]!r} was not found on PATH",
@@ -455,14 +459,14 @@ def _stream(argv: list[str], env: Mapping[str, str | None], log: _Log, step: str
                  text=True, errors="replace", bufsize=1)
     assert proc.stdout is not None
     out: list[str] = []
-    with reaped(proc):  # an interrupted build stops ninja and the compilers with it
+    with reaped(proc), Heartbeat(step, enabled=not quiet) as beat:  # reaped: an interrupted build stops ninja
         for line in proc.stdout:
             log.write(line)
             out.append(line)
             tail.append(line.rstrip("\n"))
             del tail[:-25]
             if on_line:
-                on_line(line.rstrip("\n"))
+                on_line(line.rstrip("\n"), beat)
         rc = proc.wait()
     if rc != 0:
         raise BuildError(
@@ -472,6 +476,8 @@ def _stream(argv: list[str], env: Mapping[str, str | None], log: _Log, step: str
 
 
 def _console():
+    """stderr; soft wrap, so a line to a file or pipe (`2> build.log`) stays one line whatever
+    its length (rich would hard-wrap it at 80 columns there)."""
     from rich.console import Console
 
-    return Console(stderr=True)
+    return Console(stderr=True, soft_wrap=True)

@@ -93,6 +93,28 @@ def system_checks(root: Root, res: resolver.Resolution) -> tuple[list[str], list
 
 
 # -- output ---------------------------------------------------------------------------------------
+def show_table(console, title: str, columns: tuple[str, ...], rows: list[list[str]]) -> None:
+    """A rich table on a terminal wide enough for every cell, else plain lines (title, then one
+    `column: value; ...` line per row): rich fits a table to the width by cutting cells with an
+    ellipsis, and a cut path or version (`/opt/rocm/core-10.1/lib/llvm/amdgcn/bitcode`,
+    `10.1.0a20261102`) is a wrong answer, worst when piped (80 columns)."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*r)
+    natural = console.measure(t, options=console.options.update_width(1 << 20)).maximum
+    if console.is_terminal and natural <= console.width:
+        console.print(t)
+        return
+    console.print(f"[bold]{title}[/]", highlight=False)
+    for r in rows:
+        cells = [f"{c}: {v}" if c else v for c, v in zip(columns, r, strict=True) if v]
+        console.print("  " + "; ".join(cells), highlight=False)
+
+
 def _interesting_targets(res: resolver.Resolution) -> list[str]:
     names: list[str] = []
     for g in res.gpus:
@@ -131,9 +153,9 @@ def stack_blockers(res: resolver.Resolution) -> list[str]:
 def run(args) -> int:
     res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
     sys_warnings, sys_blockers = system_checks(args.rootfs, res)
-    host_checks = host.checks(args.rootfs, res.gpus)  # host readiness: reported, not blocking
+    host_checks = host.checks(args.rootfs, res.gpus)  # a host check at "fail" blocks; "warn" does not
     # the resolver's own blockers: e.g. the main GPU not served by this ROCm
-    blockers = [*stack_blockers(res), *res.blockers, *sys_blockers]
+    blockers = [*stack_blockers(res), *res.blockers, *sys_blockers, *host.blockers(host_checks)]
     warnings = [*res.warnings, *sys_warnings, *known_bad.doctor_warnings(res)]
     usable = not blockers
     if args.json:
@@ -148,65 +170,59 @@ def run(args) -> int:
         return 0 if usable else 1
 
     from rich.console import Console
-    from rich.table import Table
+    from rich.markup import escape as esc
 
-    console = Console()
+    # soft wrap: a line longer than the screen is left to the terminal (or the pipe) whole,
+    # never broken by rich at 80 columns
+    console = Console(soft_wrap=True)
     yes = "[green]yes[/]"
     no = "[red]no[/]"
 
-    t = Table(title=f"GPUs (from {res.gpu_source})" if res.gpus else "GPUs (none detected)")
-    for col in ("#", "node", "target", "kind", "CUs", "device", "known", "used"):
-        t.add_column(col)
+    rows = []
     for i, g in enumerate(res.gpus):
         used = yes if i in res.selected else ("[dim]-[/]" if g.source == "--target" else no)
-        t.add_row(str(g.index) if g.index >= 0 else "-", "-" if g.node is None else str(g.node),
-                  g.gfx, g.kind, str(g.compute_units or "-"),
-                  f"0x{g.device_id:04x}" if g.device_id else "-",
-                  yes if g.known else "[yellow]no[/]", used)
+        rows.append([str(g.index) if g.index >= 0 else "-", "-" if g.node is None else str(g.node),
+                     esc(g.gfx), esc(g.kind), str(g.compute_units or "-"),
+                     f"0x{g.device_id:04x}" if g.device_id else "-",
+                     yes if g.known else "[yellow]no[/]", used])
     if not res.gpus:
-        t.add_row("-", "-", "none detected", "", "", "", "", "")
-    console.print(t)
+        rows.append(["-", "-", "none detected", "", "", "", "", ""])
+    show_table(console, f"GPUs (from {esc(res.gpu_source)})" if res.gpus else "GPUs (none detected)",
+               ("#", "node", "target", "kind", "CUs", "device", "known", "used"), rows)
 
-    t = Table(title="ROCm installs")
-    for col in ("", "path", "layout", "version", "compiler", "device bitcode", "found as"):
-        t.add_column(col)
+    rows = []
     for inst in res.installs:
         chosen = "[green]*[/]" if res.rocm is not None and inst.path == res.rocm.path else ""
-        t.add_row(chosen, str(inst.path), inst.layout, inst.version or "?",
-                  str(inst.compiler_dir or "-"), str(inst.bitcode_dir or "-"),
-                  ", ".join(inst.sources))
+        rows.append([chosen, esc(str(inst.path)), esc(inst.layout), esc(inst.version or "?"),
+                     esc(str(inst.compiler_dir or "-")), esc(str(inst.bitcode_dir or "-")),
+                     esc(", ".join(inst.sources))])
     if not res.installs:
-        t.add_row("", "none found", "", "", "", "", "")
-    console.print(t)
+        rows.append(["", "none found", "", "", "", "", ""])
+    show_table(console, "ROCm installs",
+               ("", "path", "layout", "version", "compiler", "device bitcode", "found as"), rows)
 
-    rows = coverage_rows(res)
-    if rows:
-        t = Table(title="Library coverage per target")
-        for col in ("install", "target", "rocBLAS", "hipBLASLt", "bitcode", "dist_info", "kernels"):
-            t.add_column(col)
-        for r in rows:
-            t.add_row(r["install"], r["target"], *(yes if r[k] else no for k in
-                      ("rocblas", "hipblaslt", "bitcode", "dist_info", "kernels")))
-        console.print(t)
+    cov = coverage_rows(res)
+    if cov:
+        show_table(console, "Library coverage per target",
+                   ("install", "target", "rocBLAS", "hipBLASLt", "bitcode", "dist_info", "kernels"),
+                   [[esc(r["install"]), esc(r["target"]),
+                     *(yes if r[k] else no for k in ("rocblas", "hipblaslt", "bitcode", "dist_info", "kernels"))]
+                    for r in cov])
 
-    t = Table(title="Decisions")
-    for col in ("key", "value", "reason"):
-        t.add_column(col)
-    for d in res.decisions:
-        value = "[dim]unset[/]" if d.value is None else str(d.value)
-        t.add_row(d.key, value, d.reason)
-    console.print(t)
+    show_table(console, "Decisions", ("key", "value", "reason"),
+               [[esc(d.key), "[dim]unset[/]" if d.value is None else esc(str(d.value)), esc(d.reason)]
+                for d in res.decisions])
 
     for line in host.text_lines(host_checks):
         console.print(line, highlight=False)
     for row in cache.doctor_checks():  # configured cache server / distcc hosts (build/cache.py)
-        console.print(f"{row['what']} {row['address']}: {row['status']}", highlight=False)
+        console.print(esc(f"{row['what']} {row['address']}: {row['status']}"), highlight=False)
     for w in warnings:
-        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False)
     for b in blockers:
-        console.print(f"[red]problem:[/] {b}", highlight=False)
+        console.print(f"[red]problem:[/] {esc(b)}", highlight=False)
     if usable:
-        console.print(f"[green]usable:[/] ROCm {res.rocm.path} for {res.target or 'building'}; "
+        console.print(f"[green]usable:[/] ROCm {esc(str(res.rocm.path))} for {res.target or 'building'}; "
                       "`eval \"$(rocforge env)\"` sets it up", highlight=False)
     else:
         console.print("[red]not usable:[/] see the problems above", highlight=False)

@@ -94,7 +94,7 @@ def run(args) -> int:
     gate_ctxs = verify.contexts(s.model, args.ctx or None)
     run_id = s.store.start_run("tune", args.argv, {"host": s.base["host"], "model": s.base["model"],
                                                    "ranges": ranges, "skipped": skipped})
-    progress = Progress(0, quiet=args.json)
+    progress = Progress(0, quiet=args.json, step="tune")
     results, cands = [], []
     status = "failed"
     try:

@@ -12,6 +12,7 @@ rocforge never changes the host: `plan()` returns commands for a person to revie
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -26,6 +27,7 @@ from rocforge_build.rootfs import Root
 from rocforge_build.shellsafe import comment
 
 GIB = 1 << 30
+MIB = 1 << 20
 STATUSES = ("ok", "warn", "fail", "unknown")
 _MAX_READ = 1 << 20
 
@@ -442,7 +444,10 @@ def _kernel_checks(h: Host) -> list[Check]:
             f"install kernel {rule['min']} or later (Ubuntu 24.04: the OEM kernel >= {rule['ubuntu_oem']} "
             f"or HWE >= {rule['ubuntu_hwe']}); until then amdgpu.cwsr_enable=0 is the known workaround "
             f"({f['cwsr']['source']})")
-        out.append(Check("kernel.floor", "ok" if ok else "fail", evidence,
+        # a warning, not a blocker: the missing fixes make compute *may* fail (AMD's words), the
+        # cwsr workaround exists, and ROCm runs on such kernels for many; "fail" is for what
+        # cannot work (firmware.mes)
+        out.append(Check("kernel.floor", "ok" if ok else "warn", evidence,
                          f"{gfx}: {rule['why']} ({rule['source']})", fix))
     cw = f["cwsr"]
     values = param_values(h.cmdline or [], cw["param"])
@@ -488,16 +493,50 @@ def _firmware_check(root: Root, h: Host) -> list[Check]:
                   "(or `sudo rocforge doctor`)")]
 
 
-def target_gib(mem_total_kib: int, reserve_gib: float) -> int:
-    """Whole GiB of GTT for this RAM: MemTotal minus the reserve, rounded down."""
-    total = mem_total_kib / (1 << 20)
-    if not reserve_gib >= 0 or reserve_gib == float("inf"):  # negative, nan, inf
-        raise UsageError(f"--reserve {reserve_gib:g} is not a size in GiB", "give the GiB to keep for the CPU, e.g. 4")
-    if total - reserve_gib < 1:
-        raise UsageError(
-            f"--reserve {reserve_gib:g} GiB leaves no GPU memory: this machine has {total:.1f} GiB "
-            "of RAM (MemTotal in /proc/meminfo)", "give a smaller --reserve")
-    return int(total - reserve_gib)
+def uma_freed(card: CardMemory | None) -> int:
+    """Bytes the OS gets back once the BIOS UMA carve-out is lowered to its minimum (0 when it is
+    already small or unreadable).  The carve-out is not in MemTotal, so a GTT sized from today's
+    MemTotal would leave that RAM unused after the firmware-setup step the plan asks for."""
+    u = facts()["uma"]
+    vram = card.vram_total if card else None
+    if vram is None or vram <= u["warn_above_gib"] * GIB:
+        return 0
+    return max(0, vram - u["recommended_mib"] * MIB)
+
+
+def ram_basis(mem_total_kib: int, freed: int) -> tuple[float, str]:
+    """(GiB of RAM the GTT is sized from, where that figure comes from): MemTotal, plus what the
+    UMA step frees when the plan has one."""
+    total = mem_total_kib / (1 << 20) + freed / GIB
+    if not freed:
+        return total, f"{total:.1f} GiB of RAM (MemTotal in /proc/meminfo)"
+    u = facts()["uma"]
+    return total, (f"{total:.1f} GiB of RAM once the UMA carve-out is at its "
+                   f"{u['recommended_mib']} MB minimum (MemTotal in /proc/meminfo "
+                   f"{mem_total_kib / (1 << 20):.1f} GiB + {freed / GIB:.1f} GiB freed from "
+                   "mem_info_vram_total)")
+
+
+def check_reserve(reserve_gib: float, mem_total_kib: int | None, freed: int = 0) -> None:
+    """`--reserve` must be a finite size >= 0 and leave at least 1 GiB of the RAM for the GPU:
+    nan, inf or a negative number would turn into a nonsense pages_limit."""
+    if mem_total_kib is None:
+        where, total = "this machine's RAM (MemTotal in /proc/meminfo is unreadable)", None
+    else:
+        total, where = ram_basis(mem_total_kib, freed)
+    if not math.isfinite(reserve_gib) or reserve_gib < 0:
+        raise UsageError(f"--reserve {reserve_gib:g} is not a size in GiB: give a finite number "
+                         f"from 0 to below {where}", "give the GiB to keep for the CPU, e.g. 4")
+    if total is not None and total - reserve_gib < 1:
+        raise UsageError(f"--reserve {reserve_gib:g} GiB leaves no GPU memory: this machine has "
+                         f"{where}", "give a smaller --reserve")
+
+
+def target_gib(mem_total_kib: int, reserve_gib: float, freed: int = 0) -> int:
+    """Whole GiB of GTT: the RAM (after the UMA step, see `uma_freed`) minus the reserve, rounded
+    down."""
+    check_reserve(reserve_gib, mem_total_kib, freed)
+    return int(ram_basis(mem_total_kib, freed)[0] - reserve_gib)
 
 
 def _memory_checks(root: Root, h: Host) -> list[Check]:
@@ -522,7 +561,7 @@ def _memory_checks(root: Root, h: Host) -> list[Check]:
             found += f", but TTM caps GPU allocations at {gib(gtt)}"
         share = gtt / ram
         try:
-            want = target_gib(h.mem_total_kib, m["default_reserve_gib"])
+            want = target_gib(h.mem_total_kib, m["default_reserve_gib"], uma_freed(card))
         except UsageError:
             want = None
         if share < m["low_fraction"] and want:
@@ -531,7 +570,10 @@ def _memory_checks(root: Root, h: Host) -> list[Check]:
                 f"the GPU can use only {gib(gtt)}: GTT is at the kernel default of ~50 % of RAM "
                 f"({m['source']})",
                 f"{h.module or 'ttm'}.pages_limit={want * m['pages_per_gib']} ({want} GiB x "
-                f"{m['pages_per_gib']}); `rocforge host plan` prints the change for this boot loader"))
+                f"{m['pages_per_gib']}"
+                + ("; sized for the RAM after the UMA carve-out is lowered, see memory.uma"
+                   if uma_freed(card) else "")
+                + "); `rocforge host plan` prints the change for this boot loader"))
         else:
             out.append(Check("memory.gtt", "ok", found, "GTT is raised above the kernel default"))
     words = h.cmdline or []
@@ -623,15 +665,25 @@ def checks(root: Root, gpus) -> list[Check]:
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "unknown": "dim"}
 
 
+def blockers(found: list[Check]) -> list[str]:
+    """The checks at "fail", as `rocforge doctor` problems: "fail" means ROCm is not usable here
+    (a kernel without the KFD fixes, MES firmware that hangs); what only costs speed or memory is
+    a "warn" and never blocks."""
+    return [f"{c.id}: {c.found}: {c.message}" + (f"; fix: {c.fix}" if c.fix else "")
+            for c in found if c.status == "fail"]
+
+
 def text_lines(found: list[Check]) -> list[str]:
     """`rocforge doctor`'s host section as rich-markup lines (doctor prints them)."""
+    from rich.markup import escape as esc  # found/message/fix are data: a `[` is not markup
+
     out = ["[bold]Host[/]" if found else "[bold]Host[/]: no host checks apply (no AMD GPU found)"]
     for c in found:
-        out.append(f"[{_STYLE[c.status]}]{c.status:>7}[/] {c.id}: {c.found}")
+        out.append(f"[{_STYLE[c.status]}]{c.status:>7}[/] {c.id}: {esc(c.found)}")
         if c.status != "ok":
-            out.append(f"          {c.message}")
+            out.append(f"          {esc(c.message)}")
             if c.fix:
-                out.append(f"          fix: {c.fix}")
+                out.append(f"          fix: {esc(c.fix)}")
     return out
 
 
@@ -692,10 +744,12 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     ram_gib: float | None = None
     reserve_gib: float | None = None
+    gtt_ram_gib: float | None = None  # the RAM the GTT is sized from (after the UMA step)
 
     def to_json(self) -> dict:
         return {"pages_limit": self.pages_limit, "gtt_gib": self.gtt_gib, "module": self.module,
                 "bootloader": self.bootloader, "ram_gib": self.ram_gib, "reserve_gib": self.reserve_gib,
+                "gtt_ram_gib": self.gtt_ram_gib,
                 "kernel_args": {"add": list(self.add), "remove": list(self.remove)},
                 "steps": [s.to_json() for s in self.steps], "notes": list(self.notes)}
 
@@ -814,11 +868,16 @@ def plan(root: Root, gpus, reserve_gib: float | None = None) -> Plan:
     remove: list[str] = []
     pages = want = None
     module = h.module
+    freed = uma_freed(h.card) if h.has_apu else 0
+    if reserve_gib is not None:  # checked even where no GTT is planned: a bad flag is never ignored
+        check_reserve(reserve_gib, h.mem_total_kib, freed)
     if h.has_apu:
         if h.mem_total_kib is None:
             raise DetectionError("cannot read MemTotal from /proc/meminfo",
                                  "the GTT size is computed from it; check that /proc is mounted")
-        want = target_gib(h.mem_total_kib, reserve)
+        want = target_gib(h.mem_total_kib, reserve, freed)
+        if freed:
+            steps.append(_uma_step(h.card))
         pages = want * m["pages_per_gib"]
         module = module or "ttm"
         target = f"{module}.pages_limit={pages}"
@@ -835,15 +894,11 @@ def plan(root: Root, gpus, reserve_gib: float | None = None) -> Plan:
         if (not counts and not live_ok) or remove:
             add.append(target)
         if add or remove:
-            steps.append(Step(
-                "kernel-args",
-                f"GTT = {want} GiB ({h.mem_total_kib / (1 << 20):.1f} GiB RAM - {reserve:g} GiB reserve) "
-                f"= {want} x {m['pages_per_gib']} = {pages} pages of 4 KiB for {module} "
-                f"({m['source']}); {m['gttsize_param']} removed ({m['gttsize_source']})"
-                if any(param_key(w) == m["gttsize_param"] for w in remove) else
-                f"GTT = {want} GiB ({h.mem_total_kib / (1 << 20):.1f} GiB RAM - {reserve:g} GiB reserve) "
-                f"= {want} x {m['pages_per_gib']} = {pages} pages of 4 KiB for {module} ({m['source']})",
-                _boot_commands(root, boot, add, remove, {param_key(w) for w in remove})))
+            why = _gtt_why(h.mem_total_kib, freed, reserve, want, pages, module)
+            if any(param_key(w) == m["gttsize_param"] for w in remove):
+                why += f"; {m['gttsize_param']} removed ({m['gttsize_source']})"
+            steps.append(Step("kernel-args", why,
+                              _boot_commands(root, boot, add, remove, {param_key(w) for w in remove})))
             conf = m["modprobe_file"].format(module=module)
             steps.append(Step(
                 "modprobe",
@@ -874,7 +929,9 @@ def plan(root: Root, gpus, reserve_gib: float | None = None) -> Plan:
     steps += _firmware_steps(root, h, fam)
     notes += [f"{c.found}: {c.fix}" for c in _kernel_checks(h) if c.status != "ok" and c.fix]
     if steps and any(not s.optional for s in steps):
-        notes.append("reboot for kernel arguments and firmware to take effect; rocforge changed nothing")
+        notes.append("reboot for kernel arguments and firmware to take effect"
+                     + (" (and enter the firmware setup on the way, for the UMA step)" if freed else "")
+                     + "; rocforge changed nothing")
     if not h.gfx:
         notes.insert(0, "no AMD GPU found (KFD topology): nothing to plan")
     elif not h.has_apu:
@@ -882,7 +939,31 @@ def plan(root: Root, gpus, reserve_gib: float | None = None) -> Plan:
     return Plan(pages, want, module if h.has_apu else h.module, boot, tuple(add), tuple(remove),
                 tuple(steps), tuple(notes),
                 round(h.mem_total_kib / (1 << 20), 2) if h.mem_total_kib else None,
-                reserve if h.has_apu else None)
+                reserve if h.has_apu else None,
+                round(ram_basis(h.mem_total_kib, freed)[0], 2) if h.has_apu else None)
+
+
+def _gtt_why(mem_total_kib: int, freed: int, reserve: float, want: int, pages: int, module: str) -> str:
+    """The arithmetic of the GTT size, with the RAM it starts from (see `ram_basis`)."""
+    m = facts()["memory"]
+    total, where = ram_basis(mem_total_kib, freed)
+    why = (f"GTT = {want} GiB ({total:.1f} GiB RAM - {reserve:g} GiB reserve) = {want} x "
+           f"{m['pages_per_gib']} = {pages} pages of 4 KiB for {module} ({m['source']})")
+    if freed:
+        why += (f"; the RAM is {where}: sized for the machine after the firmware-setup step, "
+                "since today's MemTotal lacks the carve-out")
+    return why
+
+
+def _uma_step(card: CardMemory) -> Step:
+    """The firmware-setup (BIOS/UEFI) step: no command can do it, so the script says it in a
+    comment, with the carve-out found and the source."""
+    u = facts()["uma"]
+    return Step("firmware-setup",
+                f"the BIOS UMA carve-out holds {gib(card.vram_total)} of RAM as VRAM "
+                f"({card.card}/device/mem_info_vram_total), RAM that neither the CPU nor the GTT can "
+                f"use ({u['step_source']})",
+                ("# " + u["step"].format(mib=u["recommended_mib"]),))
 
 
 def _firmware_steps(root: Root, h: Host, fam: str) -> list[Step]:

@@ -32,9 +32,15 @@ def open_session(model_path: str, builds: list[LlamaBuild], programs: tuple[str,
 class Progress:
     """A progress bar on a terminal (rich), one line per finished row otherwise."""
 
-    def __init__(self, total: int, quiet: bool = False):
+    def __init__(self, total: int, quiet: bool = False, step: str = "bench"):
+        from rocforge_build.progress import Heartbeat
+
         self.quiet = quiet
         self.bar = None
+        self.done, self.total = 0, total
+        # not a terminal: besides a line per row, a plain line every interval (a row can take minutes)
+        self.beat = Heartbeat(step, enabled=not quiet).start()
+        self.beat.update(0, total or None)
         if not quiet and sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
@@ -47,22 +53,28 @@ class Progress:
             self.bar.start()
 
     def status(self, text: str) -> None:
+        self.beat.update(detail=text)
         if self.bar is not None:
             self.bar.update(self.task, description=text)
         elif not self.quiet:
             sys.stderr.write(f"rocforge: {text}\n")
 
     def advance(self, row: dict) -> None:
+        self.done += 1
+        self.beat.update(self.done)
         if self.bar is not None:
             self.bar.advance(self.task)
         elif not self.quiet:
             sys.stderr.write(f"  {describe(row)}\n")
 
     def skip(self, n: int) -> None:
+        self.done += max(n, 0)
+        self.beat.update(self.done)
         if self.bar is not None and n > 0:
             self.bar.advance(self.task, n)
 
     def close(self) -> None:
+        self.beat.stop()
         if self.bar is not None:
             self.bar.stop()
 

@@ -1,0 +1,33 @@
+"""Tests that need a program beyond the README's developer set-up (python, bash, zsh, fish): on
+a machine without it they skip with a "lacks TOOL" reason.  tests/conftest.py lists those skips
+under NOT RUN and fails them under CI=true, where .ci/apt-packages.txt installs everything."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+WHERE = "Debian packages in .ci/apt-packages.txt"
+
+
+def lacking(*tools: str) -> list[str]:
+    """The tools (program names) not on PATH."""
+    return [t for t in tools if shutil.which(t) is None]
+
+
+def reason(missing: list[str]) -> str:
+    return f"lacks {', '.join(missing)} ({WHERE})"
+
+
+def needs(*tools: str):
+    """A mark: the test runs only where every tool is on PATH, else it skips saying which lack."""
+    missing = lacking(*tools)
+    return pytest.mark.skipif(bool(missing), reason=reason(missing))
+
+
+def require(*tools: str) -> None:
+    """The same, inside a test or fixture (for a parameter or a fixture that needs the tool)."""
+    missing = lacking(*tools)
+    if missing:
+        pytest.skip(reason(missing))
