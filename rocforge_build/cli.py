@@ -31,7 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("rocforge_build.commands.bench", "measure llama.cpp builds (gated by verify) into the results store"),
     "results": ("rocforge_build.commands.results", "list, show, export, compare and plot stored results"),
     "tune": ("rocforge_build.commands.tune", "build, gate and measure candidates; store the winner as a preset"),
-    "preset": ("rocforge_build.commands.preset", "show the tuned command for a model"),
+    "preset": ("rocforge_build.commands.preset", "show, list, pick and export the tuned commands for a model"),
+    "serve": ("rocforge_build.commands.serve", "serve a model with its tuned, verified preset (llama-server)"),
     "bundle": ("rocforge_build.commands.bundle", "pack a build into a relocatable archive; check one"),
 }
 

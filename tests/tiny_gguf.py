@@ -13,9 +13,12 @@ SIZES = {"tiny": (1024, 256, 2, 4, 2, 512), "small": (8192, 1024, 4, 8, 4, 2816)
 
 
 def write(out: Path, size: str = "tiny", seed: int = 0, *, byte_tokens: bool = False,
-          n_ctx: int = 2048) -> Path:
+          n_ctx: int = 2048, sharp: float | None = None) -> Path:
     """`byte_tokens`: the vocabulary starts with SentencePiece's 256 byte tokens <0x00>..<0xFF>, so
-    llama.cpp can tokenize any text (llama-perplexity); without them only bench runs work."""
+    llama.cpp can tokenize any text (llama-perplexity); without them only bench runs work.
+    `sharp`: the output norm's weights (1 otherwise) scale every logit by it, so a random model is
+    sure of itself and wrong: most text tokens land far below llama-perplexity's -16
+    log-probability clamp of the KL base."""
     import gguf
 
     n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff = SIZES[size]
@@ -61,7 +64,10 @@ def write(out: Path, size: str = "tiny", seed: int = 0, *, byte_tokens: bool = F
         tensor(p + "ffn_gate.weight", (n_ff, n_embd))
         tensor(p + "ffn_up.weight", (n_ff, n_embd))
         tensor(p + "ffn_down.weight", (n_embd, n_ff))
-    tensor("output_norm.weight", (n_embd,), norm=True)
+    if sharp:
+        w.add_tensor("output_norm.weight", np.full((n_embd,), sharp, np.float32))
+    else:
+        tensor("output_norm.weight", (n_embd,), norm=True)
     tensor("output.weight", (n_vocab, n_embd))
     w.write_header_to_file()
     w.write_kv_data_to_file()

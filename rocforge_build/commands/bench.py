@@ -61,9 +61,9 @@ def run(args) -> int:
     def gate(build, fa):
         from rocforge_build.measure import verify  # only gated runs pay for importing it
 
-        ctxs = verify.contexts(s.model, ctx)
+        coverage = verify.plan(s.model, gpu=build.gpu, ctx=ctx)
         return verify.gate(build, s.model, reference=args.reference, store=s.store, run_id=run_id,
-                           base=s.base, ctxs=ctxs, fa=fa, quiet=args.json)
+                           base=s.base, coverage=coverage, fa=fa, quiet=args.json)
 
     status, out = "failed", None
     try:

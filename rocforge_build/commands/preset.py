@@ -1,5 +1,6 @@
-"""`rocforge preset show MODEL [--shell]`: the command `rocforge tune` chose for a model, with the
-figures that chose it."""
+"""`rocforge preset show|history|use|export|list`: the commands `rocforge tune` chose for a model,
+with the figures that chose them.  Every tune adds a version; the newest is in use unless
+`preset use` chose another."""
 
 from __future__ import annotations
 
@@ -7,18 +8,52 @@ import json
 from pathlib import Path
 
 from rocforge_build.errors import UsageError
-from rocforge_build.measure.preset import render
+from rocforge_build.measure.preset import export, render
 from rocforge_build.measure.store import Store
 
 
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    show = sub.add_parser("show", help="print a model's preset")
+    show = sub.add_parser("show", help="print the preset in use for a model",
+                          description="print the preset in use for a model")
     show.add_argument("model", metavar="MODEL", help="model name, GGUF path or sha256")
     show.add_argument("--shell", action="store_true", help="as a shell script")
     show.add_argument("--range", metavar="NAME", help="only this context range (short, long)")
-    show.add_argument("--json", action="store_true")
-    sub.add_parser("list", help="models with a preset")
+    show.add_argument("--version", type=int, metavar="N", help="this version instead of the one in use")
+    show.add_argument("--json", action="store_true", help="the preset as JSON")
+    hist = sub.add_parser("history", help="every version of a model's preset",
+                          description="every version of a model's preset, oldest first")
+    hist.add_argument("model", metavar="MODEL", help="model name, GGUF path or sha256")
+    hist.add_argument("--json", action="store_true", help="as JSON")
+    use = sub.add_parser("use", help="use an earlier (or later) version of a model's preset",
+                         description="use an earlier (or later) version of a model's preset")
+    use.add_argument("model", metavar="MODEL", help="model name, GGUF path or sha256")
+    use.add_argument("version", type=int, metavar="VERSION", help="a version from `preset history`")
+    exp = sub.add_parser("export", help="the preset's command for llama-swap, systemd or a shell",
+                         description="the preset's command for llama-swap, systemd or a shell")
+    exp.add_argument("model", metavar="MODEL", help="model name, GGUF path or sha256")
+    exp.add_argument("--format", required=True, choices=("llama-swap", "systemd", "shell"),
+                     help="llama-swap: a models: entry; systemd: a service unit; shell: a script")
+    exp.add_argument("--range", default="auto", choices=("short", "long", "auto"),
+                     help="which range (auto: the longest context)")
+    exp.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="listen address (systemd)")
+    exp.add_argument("--port", type=int, default=8080, metavar="N", help="port (systemd; llama-swap uses ${PORT})")
+    sub.add_parser("list", help="models with a preset", description="models with a preset")
+
+
+def _key(store: Store, key: str) -> str:
+    """A model name or sha256 as given, or the sha256 of a GGUF path."""
+    if store.preset_history(key) or not Path(key).is_file():
+        return key
+    from rocforge_build.measure import gguf, provenance
+
+    return provenance.model_sha256(gguf.check(key).path)
+
+
+def _missing(store: Store, key: str) -> UsageError:
+    known = store.preset_models()
+    return UsageError(f"no preset for {key!r}", "run `rocforge tune` for it first"
+                      + (f"; presets exist for: {', '.join(known)}" if known else ""))
 
 
 def run(args) -> int:
@@ -27,17 +62,37 @@ def run(args) -> int:
             for m in store.preset_models():
                 print(m)
             return 0
-        key = args.model
-        preset = store.preset(key)
-        if preset is None and Path(key).is_file():
-            from rocforge_build.measure import gguf, provenance
-
-            preset = store.preset(provenance.model_sha256(gguf.check(key).path))
+        key = _key(store, args.model)
+        if args.action == "history":
+            history = store.preset_history(key)
+            if not history:
+                raise _missing(store, args.model)
+            in_use = store.preset(key)["version"]
+            if args.json:
+                print(json.dumps([{**h, "in_use": h["version"] == in_use} for h in history], indent=2))
+                return 0
+            for h in history:
+                d = h["data"]
+                picks = "; ".join(f"{n}: {r['backend']} {r['variant_label']} ({r['score']:.1f})"
+                                  for n, r in d["ranges"].items())
+                mark = "*" if h["version"] == in_use else " "
+                how = "exhaustive" if d.get("exhaustive") else "search"
+                print(f"{mark} version {h['version']}  {h['created']}  run {h['run_id']}  {how}  {picks}")
+            return 0
+        if args.action == "use":
+            pick = store.use_preset(key, args.version)
+            print(f"{pick['model']}: preset version {pick['version']} (tuned {pick['created']}) is in use")
+            return 0
+        if getattr(args, "version", None) is not None and args.action == "show":
+            preset = next((h["data"] | {"version": h["version"]} for h in store.preset_history(key)
+                           if h["version"] == args.version), None)
+        else:
+            preset = store.preset(key)
         if preset is None:
-            known = store.preset_models()
-            raise UsageError(f"no preset for {key!r}", "run `rocforge tune` for it first"
-                             + (f"; presets exist for: {', '.join(known)}" if known else ""))
-    if args.json:
+            raise _missing(store, args.model)
+    if args.action == "export":
+        print(export(preset, args.format, args.range, args.host, args.port), end="")
+    elif args.json:
         print(json.dumps(preset, indent=2))
     else:
         print(render(preset, shell=args.shell, only=args.range), end="")

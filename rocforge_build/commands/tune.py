@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 
 from rocforge_build import argtypes
 from rocforge_build.errors import RocforgeError, UsageError
@@ -91,17 +92,18 @@ def run(args) -> int:
     ctx_of = {name: min(int(all_ranges[name]["ctx"]), n_ctx or 10 ** 9) for name in wanted}
     spec = bench.Spec(model, tuple(sorted(set(ranges.values()))), args.n_prompt, args.n_gen, args.reps,
                       args.threads, timeout=args.timeout)
-    gate_ctxs = verify.contexts(s.model, args.ctx or None)
     run_id = s.store.start_run("tune", args.argv, {"host": s.base["host"], "model": s.base["model"],
                                                    "ranges": ranges, "skipped": skipped})
     progress = Progress(0, quiet=args.json, step="tune")
     results, cands = [], []
+    started = time.monotonic()
     status = "failed"
     try:
         for b in builds:
             fas = bench.fa_list(args.fa) if args.fa else tune.rules()["search"]["fa"]
             gates = {bool(fa): verify.gate(b, s.model, reference=None, store=s.store, run_id=run_id, base=s.base,
-                                           ctxs=gate_ctxs, fa=bool(fa), quiet=args.json)[0] for fa in fas}
+                                           coverage=verify.plan(s.model, gpu=b.gpu, ctx=args.ctx or None),
+                                           fa=bool(fa), quiet=args.json)[0] for fa in fas}
             passing = [fa for fa, v in gates.items() if v == "passed"]
             verdict = "passed" if passing else "failed"
             cand = tune.Candidate(b, verdict)
@@ -136,22 +138,25 @@ def run(args) -> int:
             best = tune.search(cand, dims, env_names, {k: d if d in depths else 0 for k, d in ranges.items()},
                                measure, full=args.exhaustive)
             full = math.prod(len(d) for d in dims)
+            cand.remeasure = measure
             results.append((cand, best, full))
         status = "done"
+        searched = time.monotonic() - started
+        settled = settle_all(results, ranges, searched, say)
+        preset = choose(results, settled, ranges, ctx_of, s, args, say)
     except KeyboardInterrupt:
         status = "interrupted"
         raise bench.Interrupted(f"interrupted: the rows measured so far are kept (run {run_id})") from None
     finally:
         progress.close()
         s.store.finish_run(run_id, status)
-    preset = choose(results, ranges, ctx_of, s, args)
     summary = {"run": run_id, "skipped": skipped,
                "candidates": [{"prefix": str(c.build.prefix), "backend": c.build.backend, "gate": c.gate,
                                "measured": len(c.measured), "note": c.note,
                                "cross_product": next((f for cc, _, f in results if cc is c), 0)} for c in cands],
                "preset": preset}
     if preset:
-        s.store.add_preset(s.model.name, s.base["model_sha256"], run_id, preset)
+        preset["version"] = s.store.add_preset(s.model.name, s.base["model_sha256"], run_id, preset)
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
@@ -161,7 +166,11 @@ def run(args) -> int:
         if preset:
             for name, r in preset["ranges"].items():
                 print(f"{name}: {r['backend']} {r['prefix']} {r['variant_label']} (score {r['score']:.1f})")
-            print(f"preset stored: rocforge preset show {s.model.name}")
+                if r.get("settled"):
+                    print(f"  {r['settled']}")
+                for rej in r.get("rejected", []):
+                    print(f"  not stored: {rej['variant_label']} ({rej['prefix']}): {rej['reason']}")
+            print(f"preset stored as version {preset['version']}: rocforge preset show {s.model.name}")
     if not preset:
         if results:  # gated in, but no variant finished its pp and tg runs at a range's depth
             raise UsageError("no variant finished its runs (failed or over --timeout); no preset was made",
@@ -171,32 +180,76 @@ def run(args) -> int:
     return 0
 
 
-def choose(results, ranges, ctx_of, s, args) -> dict | None:
+def settle_all(results, ranges: dict[str, int], searched_s: float, say) -> dict[str, dict]:
+    """Per range, every measured variant ranked, the two leaders measured again until they are
+    told apart beyond the noise between repetitions (or the budget ends)."""
+    cands = [c for c, _, _ in results]
+    rules = tune.rules()
+    default = dict(rules["search"].get("default", {}))
+    deadline = time.monotonic() + rules["settle"]["budget_share"] * searched_s
+    out = {}
+    for name, depth in ranges.items():
+        def remeasure(cand, v):
+            say(f"repeating {cand.build.label()} {v.label()} to tell the leaders apart")
+            return cand.remeasure(v)
+
+        out[name] = tune.settle(cands, depth, remeasure, default, rounds=int(rules["settle"]["rounds"]),
+                                deadline=deadline, clock=time.monotonic)
+    return out
+
+
+def choose(results, settled, ranges, ctx_of, s, args, say) -> dict | None:
+    """Each range's winner: the best-ranked variant that also passes verify at exactly the shape
+    the preset will run (its context, micro-batch, flash attention, env and offload); a variant
+    that fails is never stored, and the preset names it."""
     if not results:
         return None
     out = {}
     for name, depth in ranges.items():
-        ranked = sorted(((best[name]["score"], cand, best[name]) for cand, best, _ in results
-                         if best[name]["score"] > -math.inf), key=lambda x: -x[0])
-        if not ranked:
-            continue
-        score, cand, b = ranked[0]
-        v = b["variant"]
-        env, argv, notes = command(cand.build, str(s.model.path), v.to_json(), ctx_of[name],
-                                   is_igpu(cand.build, s.base["host"]))
-        out[name] = {
-            "prefix": str(cand.build.prefix), "backend": cand.build.backend, "stamp": cand.build.stamp,
-            "depth": b["rows"][0]["depth"] if b["rows"] else depth, "ctx": ctx_of[name],
-            "variant": v.to_json(), "variant_label": v.label(), "score": score,
-            "figures": [{"test": r["test"], "n": r["n_prompt"] if r["test"] == "pp" else r["n_gen"],
-                         "depth": r["depth"], "t_s": r["t_s"], "stddev": r["stddev"]} for r in b["rows"]],
-            "runner_up": (f"{ranked[1][1].build.label()} {ranked[1][2]['variant'].label()} "
-                          f"score {ranked[1][0]:.1f}") if len(ranked) > 1 else None,
-            "env": env, "argv": argv, "notes": notes,
-        }
+        ranked = settled[name]["ranked"]
+        rejected = []
+        for score, cand, v in ranked:
+            shape = verify.Shape(ctx_of[name], v.ubatch or 512, bool(v.fa), 99 if cand.build.gpu else None)
+            say(f"verifying {cand.build.label()} {v.label()} at the {name} range's own shape ({shape.label()})")
+            check = verify.verify_shape(cand.build, s.model, shape, reference=None, env=dict(v.env),
+                                        quiet=args.json)
+            if check["passed"]:
+                out[name] = entry(cand, v, score, depth, ctx_of[name], ranked, s, check)
+                out[name]["settled"] = settled[name]["note"]
+                out[name]["rejected"] = rejected
+                break
+            why = "; ".join(check["checks"][0]["failed"])[:300]
+            rejected.append({"prefix": str(cand.build.prefix), "variant_label": v.label(),
+                             "shape": shape.to_json(), "reason": f"failed verify at {shape.label()}: {why}"})
+            say(f"{cand.build.label()} {v.label()} is wrong at {shape.label()}: not stored")
+        else:
+            if rejected:
+                say(f"{name}: every measured variant failed verify at the range's shape")
     if not out:
         return None
     from rocforge_build.measure.store import now
 
     return {"model": {"name": s.model.name, "sha256": s.base["model_sha256"], "path": str(s.model.path)},
-            "created": now(), "ranges": out, "reason": tune.rules()["score"]["reason"]}
+            "created": now(), "ranges": out, "reason": tune.rules()["score"]["reason"],
+            "exhaustive": bool(args.exhaustive)}
+
+
+def entry(cand, v, score, depth, ctx, ranked, s, check) -> dict:
+    rows = [r for r in cand.measured[v] if r.get("depth") == depth] or \
+        [r for r in cand.measured[v] if r.get("depth") == 0]
+    env, argv, notes = command(cand.build, str(s.model.path), v.to_json(), ctx,
+                               is_igpu(cand.build, s.base["host"]))
+    runner = next(((sc, c, w) for sc, c, w in ranked if (c, w) != (cand, v)), None)
+    return {
+        "prefix": str(cand.build.prefix), "backend": cand.build.backend, "stamp": cand.build.stamp,
+        "depth": rows[0]["depth"] if rows else depth, "ctx": ctx,
+        "variant": v.to_json(), "variant_label": v.label(), "score": score,
+        "repetitions": len(cand.samples.get(v, [None])),
+        "figures": [{"test": r["test"], "n": r["n_prompt"] if r["test"] == "pp" else r["n_gen"],
+                     "depth": r["depth"], "t_s": r["t_s"], "stddev": r["stddev"]} for r in rows],
+        "runner_up": (f"{runner[1].build.label()} {runner[2].label()} score {runner[0]:.1f}") if runner else None,
+        "verified": {"shape": check["checks"][0] and {k: check["checks"][0][k] for k in ("ctx", "ubatch", "fa", "ngl")},
+                     "kld_mean": check["checks"][0]["kld_mean"], "top1": check["checks"][0]["top1"],
+                     "reference": check["reference"]},
+        "env": env, "argv": argv, "notes": notes,
+    }

@@ -1,5 +1,7 @@
 """`rocforge verify PREFIX --model GGUF`: compare a build's logits with a reference build of the
-same source (llama.cpp's KL-divergence mode) at a short and a long context; exit 1 when it fails."""
+same source (llama.cpp's KL-divergence mode) at the shapes that run — contexts up to the model's
+training context, the micro-batches tune may choose, flash attention on and off, full and partial
+offload — and exit 1 when any check fails."""
 
 from __future__ import annotations
 
@@ -17,10 +19,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, metavar="GGUF", help="the model to run")
     parser.add_argument("--reference", metavar="PREFIX",
                         help="reference build (default: the cpu backend of the same recipe and source, built when absent)")
-    parser.add_argument("--ctx", type=argtypes.int_list(1), metavar="N,...", help="contexts to check (default: a short and a long one, bounded by the model)")
-    parser.add_argument("--text", metavar="FILE", help="text to evaluate (default: the one rocforge ships)")
-    parser.add_argument("--fa", choices=("on", "off"), default="on",
-                        help="flash attention in both runs (default on: the path long contexts take)")
+    parser.add_argument("--ctx", type=argtypes.int_list(1), metavar="N,...",
+                        help="contexts to check (default: 512 up to the model's training context, capped at 32768)")
+    parser.add_argument("--max-ctx", type=argtypes.at_least(1), metavar="N",
+                        help="check no context longer than N")
+    parser.add_argument("--quick", action="store_true", help="the shortest context's checks only (seconds, not minutes)")
+    parser.add_argument("--text", metavar="FILE", help="text to evaluate (default: the one rocforge ships, "
+                        "Pride and Prejudice, public domain)")
+    parser.add_argument("--fa", choices=("on", "off"),
+                        help="check this flash-attention setting only (default: both)")
     parser.add_argument("--env", action="append", default=[], metavar="VAR=VALUE",
                         help="runtime environment for the build's run (repeatable)")
     parser.add_argument("--json", action="store_true", help="the result as JSON")
@@ -32,13 +39,14 @@ def run(args) -> int:
     env = {k: v[0] for k, v in bench.env_pairs(args.env).items()}
     ref_given = LlamaBuild.open(args.reference) if args.reference else None
     s = open_session(args.model, [build] + ([ref_given] if ref_given else []), ("llama-perplexity",), args.rootfs)
+    coverage = verify.plan(s.model, gpu=build.gpu, ctx=ctx, max_ctx=args.max_ctx, quick=args.quick,
+                           fa=None if args.fa is None else [args.fa == "on"])
     ref = verify.reference_for(build, args.reference, quiet=args.json)
     run_id = s.store.start_run("verify", args.argv, {"host": s.base["host"], "model": s.base["model"]})
     say = None if args.json else (lambda text: sys.stderr.write(f"rocforge: verify: {text}\n"))
     try:
-        result = verify.verify(build, ref, s.model, verify.contexts(s.model, ctx), store=s.store,
-                               run_id=run_id, base=s.base, text=args.text,
-                               fa=args.fa == "on", env=env, progress=say)
+        result = verify.verify(build, ref, s.model, coverage, store=s.store, run_id=run_id, base=s.base,
+                               text=args.text, env=env, progress=say)
     except BaseException:
         s.store.finish_run(run_id, "failed")
         raise
@@ -46,16 +54,32 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"{build.prefix} against {ref.prefix}: {'PASSED' if result['passed'] else 'FAILED'}")
-        print(f"  {'ctx':>6} {'mean KLD':>12} {'top-1':>8} {'PPL':>12} {'PPL ref':>12}  verdict")
-        for c in result["checks"]:
-            print(f"  {c['ctx']:>6} {_f(c['kld_mean'], 6):>12} {_f(c['top1'] and c['top1'] * 100, 2):>7}% "
-                  f"{_f(c['ppl'], 4):>12} {_f(c['ppl_ref'], 4):>12}  {'pass' if c['passed'] else 'FAIL'}")
-            for why in c["failed"]:
-                print(f"         {why}")
-            for why in c.get("not_judged", []):
-                print(f"         {why}")
+        report(build, ref, result)
     return 0 if result["passed"] else 1
+
+
+def report(build, ref, result: dict) -> None:
+    print(f"{build.prefix} against {ref.prefix}: {'PASSED' if result['passed'] else 'FAILED'}")
+    cov = result["coverage"]
+    ctxs = sorted({s["ctx"] for s in cov["shapes"]})
+    print(f"  covered: contexts {', '.join(map(str, ctxs))}; micro-batches "
+          f"{', '.join(str(u) for u in sorted({s['ubatch'] for s in cov['shapes']}))}; flash attention "
+          f"{' and '.join(sorted({'on' if s['fa'] else 'off' for s in cov['shapes']}, reverse=True))}"
+          + ("; -ngl " + ", ".join(str(n) for n in sorted({s['ngl'] for s in cov['shapes']}, reverse=True))
+             if any(s["ngl"] is not None for s in cov["shapes"]) else ""))
+    if cov["bounds"]:
+        print(f"  bounded by: {'; '.join(cov['bounds'])}")
+    print(f"  {'ctx':>6} {'ub':>5} {'fa':>3} {'ngl':>4} {'mean KLD':>12} {'top-1':>8} {'PPL':>12} "
+          f"{'PPL ref':>12}  verdict")
+    for c in result["checks"]:
+        ngl = "-" if c["ngl"] is None else str(c["ngl"])
+        print(f"  {c['ctx']:>6} {c['ubatch']:>5} {'on' if c['fa'] else 'off':>3} {ngl:>4} "
+              f"{_f(c['kld_mean'], 6):>12} {_f(c['top1'] and c['top1'] * 100, 2):>7}% "
+              f"{_f(c['ppl'], 4):>12} {_f(c['ppl_ref'], 4):>12}  {'pass' if c['passed'] else 'FAIL'}")
+        for why in c["failed"]:
+            print(f"         {why}")
+        for why in c.get("not_judged", []):
+            print(f"         {why}")
 
 
 def _f(x, digits: int) -> str:

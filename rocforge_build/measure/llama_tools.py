@@ -13,8 +13,8 @@ from pathlib import Path
 from rocforge_build import paths
 from rocforge_build.errors import UsageError
 
-# the programs measuring needs, built by verify's reference and by tune
-MEASURE_TARGETS = ("llama-bench", "llama-perplexity", "llama-cli")
+# the programs measuring needs, built by verify's reference and by tune (llama-server: what serve runs)
+MEASURE_TARGETS = ("llama-bench", "llama-perplexity", "llama-cli", "llama-server")
 _OPTION_RE = re.compile(r"(?:^|[\s,])(--?[A-Za-z][\w-]*)")
 
 

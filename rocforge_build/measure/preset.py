@@ -3,6 +3,7 @@ per context range, with the measured figures that chose them."""
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from rocforge_build import shellsafe
@@ -91,3 +92,63 @@ def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
         first = next(iter(ranges))
         out.append(f"\"${{ROCFORGE_RANGE:-{first}}}\" \"$@\"")
     return "\n".join(out).rstrip() + "\n"
+
+
+_POSIX_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _checked_env(env: dict) -> dict:
+    """Preset env names come from recipes, the store and --env: a name that is not a POSIX name
+    could be read as code by whatever consumes the export."""
+    bad = [k for k in env if not _POSIX_NAME.match(str(k))]
+    if bad:
+        raise UsageError(f"the preset's environment has a name that is not a variable name: {bad[0]!r}",
+                         "tune again; names are letters, digits and _ and do not start with a digit")
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _systemd_quote(arg: str) -> str:
+    """One ExecStart=/Environment= word: double-quoted with C escapes; `%` (specifiers) and `$`
+    (variable expansion) doubled so that they reach the program as they are (systemd.service(5),
+    "Command lines"; systemd.unit(5), "Specifiers")."""
+    out = arg.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return '"' + out.replace("%", "%%").replace("$", "$$") + '"'
+
+
+def export(preset: dict, fmt: str, wanted: str, host: str, port: int) -> str:
+    """The preset's llama-server command for another tool: a llama-swap `models:` entry, a systemd
+    service unit, or the shell script `preset show --shell` prints."""
+    import json
+
+    from rocforge_build.measure.serve import pick_range
+
+    name, why = pick_range(preset, wanted)
+    r = preset["ranges"][name]
+    if fmt == "shell":
+        return render(preset, shell=True, only=name)
+    env = _checked_env(r["env"])
+    model = preset["model"]["name"]
+    head = (f"rocforge preset for {_one_line(model)} (version {preset.get('version')}, range {name}: "
+            f"{_one_line(why)}): {r['backend']} {_one_line(r['variant_label'])}")
+    if fmt == "llama-swap":
+        if any("${" in w for w in [*r["argv"], *env.values()]):
+            raise UsageError("the preset's command holds '${', which llama-swap would read as a macro",
+                             "use --format shell or systemd")
+        lines = [f"# {head}", "models:", f"  {json.dumps(model)}:",
+                 f"    cmd: {json.dumps(shlex.join(r['argv']) + ' --port ${PORT}')}"]
+        if env:
+            lines.append("    env:")
+            lines += [f"      - {json.dumps(f'{k}={v}')}" for k, v in env.items()]
+        lines += ['    proxy: "http://127.0.0.1:${PORT}"', '    checkEndpoint: "/health"']
+        return "\n".join(lines) + "\n"
+    argv = [*r["argv"], "--host", host, "--port", str(port)]
+    lines = [f"# {head}", "[Unit]", f"Description={_systemd_quote(_one_line('llama-server ' + model))[1:-1]}",
+             "After=network-online.target", "", "[Service]"]
+    lines += [f"Environment={_systemd_quote(f'{k}={v}')}" for k, v in env.items()]
+    lines += ["ExecStart=" + " ".join(_systemd_quote(a) for a in argv), "Restart=on-failure", "",
+              "[Install]", "WantedBy=default.target"]
+    return "\n".join(lines) + "\n"

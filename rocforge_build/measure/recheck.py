@@ -63,11 +63,10 @@ def _recheck(store, prefix: Path, threshold, argv) -> int | None:
                      f"verifying and measuring the new one the same way\n")
     run_id = s.store.start_run("recheck", argv or [], {"host": s.base["host"], "model": s.base["model"],
                                                         "compared_with": old_run})
-    ctxs = verify.contexts(s.model, sorted({c["ctx"] for r in s.store.rows(prefix=str(build.prefix), kind="verify")
-                                            for c in r.data.get("checks", [])}) or None)
 
     def gate(b, fa):
-        return verify.gate(b, s.model, reference=None, store=s.store, run_id=run_id, base=s.base, ctxs=ctxs,
+        return verify.gate(b, s.model, reference=None, store=s.store, run_id=run_id, base=s.base,
+                           coverage=verify.plan(s.model, gpu=b.gpu),
                            fa=fa, quiet=True)
 
     out = bench.run([build], spec, vs, store=s.store, run_id=run_id, base=s.base, gate=gate)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build import paths
-from rocforge_build.errors import ConfigError, DiskFullError, RocforgeError
+from rocforge_build.errors import ConfigError, DiskFullError, RocforgeError, UsageError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -28,13 +28,15 @@ CREATE INDEX IF NOT EXISTS rows_prefix ON rows(prefix, kind);
 CREATE TABLE IF NOT EXISTS presets (
     id INTEGER PRIMARY KEY, model TEXT NOT NULL, model_sha256 TEXT, run_id INTEGER,
     created TEXT NOT NULL, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS preset_choice (
+    model_sha256 TEXT PRIMARY KEY, preset_id INTEGER NOT NULL REFERENCES presets(id), chosen TEXT NOT NULL);
 """
 
 
 # PRAGMA application_id (sqlite.org/pragma.html#pragma_application_id): marks a database as made by
 # rocforge, so the store never writes to a SQLite file of someone else's at ROCFORGE_RESULTS_DB
 APPLICATION_ID = int.from_bytes(b"RFrs", "big")
-OWN_NAMES = {"runs", "rows", "rows_prefix", "presets"}  # what SCHEMA makes
+OWN_NAMES = {"runs", "rows", "rows_prefix", "presets"}  # what SCHEMA made before the stamp
 _MAX_INT = 2 ** 63 - 1  # SQLite INTEGER: 64-bit signed
 
 
@@ -234,10 +236,33 @@ class Store:
         row = self._exec("SELECT MAX(run_id) FROM rows WHERE prefix = ? AND kind = ?", (prefix, kind)).fetchone()
         return row[0] if row and row[0] is not None else None
 
+    def preset_history(self, model: str) -> list[dict]:
+        """Every version of a model's preset (name or sha256), oldest first; each is a tune's."""
+        rows = self._exec("SELECT id, model, model_sha256, run_id, created, data FROM presets "
+                          "WHERE model = ? OR model_sha256 = ? ORDER BY id", (model, model)).fetchall()
+        return [{"version": i, "model": m, "model_sha256": sha, "run_id": run, "created": c,
+                 "data": self._decode(d, dict, f"preset {i} (table presets)")}
+                for i, m, sha, run, c, d in rows]
+
     def preset(self, model: str) -> dict | None:
-        row = self._exec("SELECT id, data FROM presets WHERE model = ? OR model_sha256 = ? "
-                         "ORDER BY id DESC LIMIT 1", (model, model)).fetchone()
-        return self._decode(row[1], dict, f"preset {row[0]} (table presets)") if row else None
+        """The version in use: the one `preset use` chose, else the newest."""
+        history = self.preset_history(model)
+        if not history:
+            return None
+        chosen = self._exec("SELECT preset_id FROM preset_choice WHERE model_sha256 = ?",
+                            (history[-1]["model_sha256"],)).fetchone()
+        pick = next((h for h in history if chosen and h["version"] == chosen[0]), history[-1])
+        return {**pick["data"], "version": pick["version"], "in_use": "chosen" if chosen else "newest"}
+
+    def use_preset(self, model: str, version: int) -> dict:
+        history = self.preset_history(model)
+        pick = next((h for h in history if h["version"] == version), None)
+        if pick is None:
+            raise UsageError(f"{model} has no preset version {version}",
+                             "versions: " + (", ".join(str(h["version"]) for h in history) or "none"))
+        self._exec("INSERT OR REPLACE INTO preset_choice (model_sha256, preset_id, chosen) VALUES (?, ?, ?)",
+                   (pick["model_sha256"], version, now()))
+        return pick
 
     def preset_models(self) -> list[str]:
         return [m for (m,) in self._exec("SELECT DISTINCT model FROM presets ORDER BY model").fetchall()]

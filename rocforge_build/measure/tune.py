@@ -52,6 +52,8 @@ class Candidate:
     build: object  # LlamaBuild
     gate: str = "skipped"
     measured: dict = field(default_factory=dict)  # Variant -> rows
+    samples: dict = field(default_factory=dict)  # Variant -> [rows, ...]: the search's and settling's
+    remeasure: Callable | None = None  # Variant -> rows: one more llama-bench run of it
     note: str | None = None
 
 
@@ -88,3 +90,66 @@ def search(cand: Candidate, dims: list[list], env_names: list[str], ranges: dict
         v = to_variant(point, env_names)
         best[name] = {"variant": v, "score": s, "rows": [r for r in cand.measured[v] if r.get("depth") == depth]}
     return best
+
+
+def range_scores(cand: Candidate, v: bench.Variant, depth: int) -> list[float]:
+    """The range's score of every measurement of `v` (the search's and each settling repeat)."""
+    return [s for rows in cand.samples.get(v, [cand.measured[v]]) if (s := range_score(rows, depth)) > -math.inf]
+
+
+def ranking(cands: list[Candidate], depth: int) -> list[tuple[float, Candidate, bench.Variant]]:
+    """Every measured variant of every candidate, best first, by the mean of its scores at `depth`:
+    each variant was measured at every range's depth, whichever range's search asked for it."""
+    out = []
+    for c in cands:
+        for v in c.measured:
+            scores = range_scores(c, v, depth)
+            if scores:
+                out.append((sum(scores) / len(scores), c, v))
+    return sorted(out, key=lambda x: -x[0])
+
+
+def distance(v: bench.Variant, default: dict) -> int:
+    """How many settings of `v` differ from the recipe's defaults."""
+    env_default = default.get("env", {})
+    d = int(v.fa != default.get("fa")) + int(v.ubatch != default.get("ubatch"))
+    return d + sum(1 for k, val in v.env if env_default.get(k, val) != val)
+
+
+def spread(scores: list[float]) -> float:
+    return max(scores) - min(scores) if len(scores) > 1 else math.inf
+
+
+def settle(cands: list[Candidate], depth: int, remeasure: Callable[[Candidate, bench.Variant], list[dict]],
+           default: dict, *, rounds: int, deadline: float, clock: Callable[[], float]) -> dict:
+    """Decide between the two leaders at `depth` by measuring both again, alternately, until the
+    leader's advantage exceeds the spread between either one's repetitions, or `rounds` or the
+    deadline ends it.  Within noise, the one closer to the defaults wins, and the note says so."""
+    for _ in range(rounds + 1):
+        ranked = ranking(cands, depth)
+        if len(ranked) < 2:
+            break
+        (sa, ca, va), (sb, cb, vb) = ranked[:2]
+        noise = max(spread(range_scores(ca, va, depth)), spread(range_scores(cb, vb, depth)))
+        if sa - sb > noise or clock() >= deadline:
+            break
+        for c, v in ((ca, va), (cb, vb)):
+            if clock() < deadline:
+                c.samples.setdefault(v, [c.measured[v]]).append(remeasure(c, v))
+    ranked = ranking(cands, depth)
+    if len(ranked) < 2:
+        return {"ranked": ranked, "note": None}
+    (sa, ca, va), (sb, cb, vb) = ranked[:2]
+    noise = max(spread(range_scores(ca, va, depth)), spread(range_scores(cb, vb, depth)))
+    if noise == math.inf:
+        return {"ranked": ranked, "note": f"ahead by {100 * (sa / sb - 1):.1f} % on one measurement "
+                                          "each: no time was left to repeat them"}
+    if sa - sb > noise:
+        return {"ranked": ranked, "note": f"ahead by {sa - sb:.1f} (score), beyond the {noise:.1f} "
+                                          "spread between repetitions"}
+    tie = f"the top two ({sa:.1f} and {sb:.1f}) are within the {noise:.1f} spread between repetitions"
+    if distance(vb, default) < distance(va, default):
+        ranked[0], ranked[1] = ranked[1], ranked[0]
+        return {"ranked": ranked, "note": f"{tie}: {vb.label()} was kept, the closer to the recipe's "
+                                          "defaults"}
+    return {"ranked": ranked, "note": f"{tie}: the leader is as close to the recipe's defaults"}

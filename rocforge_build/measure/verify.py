@@ -1,14 +1,17 @@
 """`rocforge verify`: is a build's output right?  Its llama-perplexity logits are compared with a
 reference build of the same source (default: the `cpu` backend, built by rocforge when absent)
-through llama.cpp's KL-divergence mode, at a short and a long context.  Pass/fail limits are data
-(data/verify.toml) with their reasons."""
+through llama.cpp's KL-divergence mode, at the shapes that run: contexts up to the model's
+training context, the micro-batch sizes tune may choose, flash attention on and off, and for GPU
+builds full and partial offload, as a covering design (data/verify.toml says why each).  Pass/fail
+limits are data with their reasons."""
 
 from __future__ import annotations
 
+import hashlib
+import lzma
 import math
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,11 +21,13 @@ from rocforge_build.measure.gguf import Model
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS, BuildNotUsable, LlamaBuild
 from rocforge_build.resources import load_toml, package_data
 
-TEXT = "verify-text.txt"
 _NUM = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf|-nan|-inf))"
 # one chunk line of --kl-divergence: chunk, PPL ± u, ln(PPL/PPL_base) ± u, KLD ± u, dp RMS ± u %, same top ± u %
 _CHUNK_RE = re.compile(rf"^\s*(\d+)\s+{_NUM}\s*±\s*{_NUM}\s+{_NUM}\s*±\s*{_NUM}\s+{_NUM}\s*±\s*{_NUM}"
                        rf"\s+{_NUM}\s*±\s*{_NUM}\s*%\s+{_NUM}\s*±\s*{_NUM}\s*%")
+# what llama-perplexity prints of its own logits (the reference's run that writes the KL base)
+_FINAL_RE = re.compile(rf"Final estimate: PPL = {_NUM}")
+_TOO_SHORT_RE = re.compile(r"tokenizes to only (\d+) tokens")
 
 
 class VerifyError(UsageError):
@@ -50,16 +55,159 @@ class Threshold:
         return value <= self.limit if self.upper else value >= self.limit
 
 
-def rules() -> tuple[dict, dict, tuple[Threshold, ...]]:
-    data = load_toml(package_data("verify.toml"), "verify limits")
-    limits = tuple(Threshold(t["metric"], float(t.get("max", t.get("min"))), "max" in t, t["reason"],
-                             t.get("judged_below_chance"), t.get("not_judged_reason", ""))
-                   for t in data["threshold"])
-    return data["contexts"], data["chunks"], limits
+def _data() -> dict:
+    return load_toml(package_data("verify.toml"), "verify limits")
+
+
+UNQUANTIZED = ("F32", "F16", "BF16")
+
+
+def rules(file_type: str | None = None) -> tuple[dict, dict, tuple[Threshold, ...]]:
+    """(coverage, chunks, limits) from data/verify.toml; a quantized model's limits are its own
+    (`[quantized]`: the CPU reference rounds activations where a GPU backend may not)."""
+    data = _data()
+    quantized = data.get("quantized", {}) if file_type and file_type not in UNQUANTIZED else {}
+    limits = []
+    for t in data["threshold"]:
+        limit, reason = float(t.get("max", t.get("min"))), t["reason"]
+        if t["metric"] in quantized:
+            limit, reason = float(quantized[t["metric"]]), f"{file_type} model: {quantized['reason']}"
+        limits.append(Threshold(t["metric"], limit, "max" in t, reason, t.get("judged_below_chance"),
+                                t.get("not_judged_reason", "")))
+    return data["coverage"], data["chunks"], tuple(limits)
+
+
+def chunks_for(ctx: int) -> int:
+    table = _data()["chunks"]
+    return int(table.get(str(ctx), table["default"]))
 
 
 def text_file() -> Path:
-    return package_data(TEXT)
+    """The shipped text, unpacked once into the cache (llama-perplexity reads a plain file); the
+    unpacked copy is checked against the sha256 the data file states."""
+    info = _data()["text"]
+    out = paths.cache_dir() / "verify" / f"text-{info['sha256'][:16]}.txt"
+    if out.is_file() and out.stat().st_size > 0:
+        return out
+    raw = lzma.decompress(package_data(info["file"]).read_bytes())
+    if hashlib.sha256(raw).hexdigest() != info["sha256"]:
+        raise VerifyError(f"the shipped verify text {info['file']} is damaged (sha256 differs)",
+                          "reinstall rocforge")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".part")
+    tmp.write_bytes(raw)
+    tmp.replace(out)
+    return out
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    """One check's shape: the context, the micro-batch, flash attention and the layers offloaded
+    (None: a CPU build, nothing to offload)."""
+
+    ctx: int
+    ubatch: int
+    fa: bool
+    ngl: int | None = None
+
+    def label(self) -> str:
+        ngl = "" if self.ngl is None else f" ngl={self.ngl}"
+        return f"ctx={self.ctx} ub={self.ubatch} fa={'on' if self.fa else 'off'}{ngl}"
+
+    def to_json(self) -> dict:
+        return {"ctx": self.ctx, "ubatch": self.ubatch, "fa": self.fa, "ngl": self.ngl}
+
+
+@dataclass
+class Coverage:
+    """The checks a verify runs, and what bounded them (said to the user)."""
+
+    shapes: list[Shape]
+    bounds: list[str] = field(default_factory=list)
+
+    def contexts(self) -> list[int]:
+        return sorted({s.ctx for s in self.shapes})
+
+    def to_json(self) -> dict:
+        return {"shapes": [s.to_json() for s in self.shapes], "bounds": self.bounds}
+
+
+def covering(dims: list[list]) -> list[tuple]:
+    """Rows in which every value of every dimension appears at least once, the first row taking
+    each dimension's first value: max(len) rows instead of the product.  Row i takes value
+    i mod len of each dimension, so the first values meet in row 0."""
+    n = max(len(d) for d in dims)
+    rows = []
+    for i in range(n):
+        row = tuple(d[i % len(d)] for d in dims)
+        if row not in rows:
+            rows.append(row)
+    return rows
+
+
+def search_ubatches() -> list[int]:
+    """The smallest and the largest micro-batch tune searches."""
+    from rocforge_build.measure import tune
+
+    ub = [int(u) for u in tune.rules()["search"]["ubatch"]]
+    return sorted({min(ub), max(ub)}, reverse=True)
+
+
+def n_layers(model: Model) -> int | None:
+    value = model.metadata.get(f"{model.arch}.block_count")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def plan(model: Model, *, gpu: bool, ctx: list[int] | None = None, max_ctx: int | None = None,
+         quick: bool = False, ubatch: list[int] | None = None, fa: list[bool] | None = None) -> Coverage:
+    """The default coverage (or the one asked for): contexts from short up to the model's training
+    context (capped), the micro-batches tune may choose, flash attention on and off, full and
+    partial offload for GPU builds; the longest context meets the largest micro-batch and flash
+    attention on in the first check."""
+    cov, _, _ = rules()
+    bounds = []
+    cap = int(cov["max_ctx"])
+    if max_ctx:
+        cap = min(cap, max_ctx)
+        bounds.append(f"--max-ctx {max_ctx}")
+    if model.n_ctx_train and model.n_ctx_train < cap:
+        cap = model.n_ctx_train
+        bounds.append(f"the model's training context ({model.n_ctx_train})")
+    wanted = sorted(set(ctx), reverse=True) if ctx else sorted(
+        {int(c) for c in cov["contexts"]}, reverse=True)
+    ctxs = sorted({min(c, cap) for c in wanted}, reverse=True)
+    if quick:
+        ctxs = ctxs[-int(cov.get("quick_contexts", 1)):]
+        bounds.append("--quick: the shortest context only")
+    ubs = sorted(set(ubatch or search_ubatches()), reverse=True)
+    fas = list(dict.fromkeys(fa if fa is not None else [True, False]))
+    layers = n_layers(model)
+    ngls: list[int | None] = [None]
+    if gpu:
+        ngls = [99] + ([max(1, layers // 2)] if layers and layers > 1 else [])
+    shapes = [Shape(*row) for row in covering([ctxs, ubs, fas, ngls])]
+    return Coverage(shapes, bounds)
+
+
+def bound_by_text(coverage: Coverage, n_tokens: int) -> Coverage:
+    """llama-perplexity needs two contexts of tokens: longer contexts than the text allows come down
+    to the longest that fits (the covering design is kept: only the context values change)."""
+    fit = n_tokens // 2
+    if fit < 16:
+        raise VerifyError(f"the verify text has only {n_tokens} tokens", "give a longer --text FILE")
+    shapes, seen = [], set()
+    for s in coverage.shapes:
+        c = min(s.ctx, _floor_pow2(fit))
+        new = Shape(c, s.ubatch, s.fa, s.ngl)
+        if new not in seen:
+            seen.add(new)
+            shapes.append(new)
+    return Coverage(shapes, coverage.bounds + [f"the text's length ({n_tokens} tokens: contexts up to "
+                                               f"{_floor_pow2(fit)})"])
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
 
 
 @dataclass
@@ -69,34 +217,31 @@ class Check:
     top1: float
     ppl: float
     ppl_ref: float
+    ubatch: int | None = None
+    fa: bool | None = None
+    ngl: int | None = None
     passed: bool = False
     failed: list[str] = field(default_factory=list)
     not_judged: list[str] = field(default_factory=list)
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.ctx, self.ubatch or 0, bool(self.fa), self.ngl)
 
     def to_json(self) -> dict:
         def clean(x):
             return None if x is None or math.isnan(x) or math.isinf(x) else round(x, 6)
 
-        return {"ctx": self.ctx, "kld_mean": clean(self.kld_mean), "top1": clean(self.top1),
+        return {"ctx": self.ctx, "ubatch": self.ubatch, "fa": self.fa, "ngl": self.ngl,
+                "kld_mean": clean(self.kld_mean), "top1": clean(self.top1),
                 "ppl": clean(self.ppl), "ppl_ref": clean(self.ppl_ref), "passed": self.passed,
                 "failed": self.failed, "not_judged": self.not_judged}
 
 
-def contexts(model: Model, requested: list[int] | None) -> list[tuple[str, int]]:
-    defaults, _, _ = rules()
-    wanted = [("custom", c) for c in requested] if requested else list(defaults.items())
-    bound = model.n_ctx_train or max(c for _, c in wanted)
-    out, seen = [], set()
-    for name, c in wanted:
-        c = min(int(c), bound)
-        if c not in seen:
-            seen.add(c)
-            out.append((name, c))
-    return out
-
-
-def parse_kld(output: str) -> tuple[float, float, float, float]:
-    """(kld_mean, top1, ppl, ppl_ref) from the last chunk line (cumulative figures)."""
+def parse_kld(output: str) -> tuple[float, float, float]:
+    """(kld_mean, top1, ppl) from the last chunk line (cumulative figures).  The line's
+    ln(PPL/PPL_base) is not used: the base's log-probabilities are clamped at -16, so a PPL derived
+    from it is not the reference's own (a sharp model's came out 6x too low)."""
     last = None
     for line in output.splitlines():
         m = _CHUNK_RE.match(line)
@@ -105,17 +250,21 @@ def parse_kld(output: str) -> tuple[float, float, float, float]:
     if last is None:
         raise VerifyError("llama-perplexity --kl-divergence printed no result line")
     f = [float(x) for x in last.groups()[1:]]
-    ppl, ln_ratio, kld, top = f[0], f[2], f[4], f[8] / 100.0
-    try:
-        ppl_ref = ppl / math.exp(ln_ratio)
-    except OverflowError:
-        ppl_ref = float("nan")
-    return kld, top, ppl, ppl_ref
+    return f[4], f[8] / 100.0, f[0]
 
 
-def _perplexity(build: LlamaBuild, args: list[str], env: dict | None = None) -> str:
+def parse_final_ppl(output: str) -> float:
+    """The PPL a plain llama-perplexity run prints of its own logits."""
+    found = _FINAL_RE.findall(output)
+    if not found:
+        raise VerifyError("llama-perplexity printed no final PPL estimate")
+    return float(found[-1])
+
+
+def _perplexity(build: LlamaBuild, args: list[str], env: dict | None = None,
+                ngl: int | None = None) -> str:
     exe = build.program("llama-perplexity")
-    argv = [str(exe), *args] + (["-ngl", "99"] if build.gpu else [])
+    argv = [str(exe), *args] + (["-ngl", str(99 if ngl is None else ngl)] if build.gpu else [])
     from rocforge_build.proc import merged_env
 
     try:
@@ -125,15 +274,19 @@ def _perplexity(build: LlamaBuild, args: list[str], env: dict | None = None) -> 
         raise VerifyError(f"{exe} ran over an hour and was stopped") from None
     text = out.stdout + out.stderr
     if out.returncode != 0:
-        need = re.search(r"you need at least (\d+) tokens", text)
-        if need:
-            raise VerifyError(f"the verify text is too short for context {args[args.index('-c') + 1]}: "
-                              f"llama-perplexity needs {need.group(1)} tokens",
-                              "give a smaller --ctx (or a longer --text FILE)")
+        short = _TOO_SHORT_RE.search(text)
+        if short:
+            raise TextTooShort(int(short.group(1)))
         last = [line for line in text.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
         how = f"signal {-out.returncode}" if out.returncode < 0 else f"exit code {out.returncode}"
         raise VerifyError(f"{exe} failed ({how}): {last[0][:200]}")
     return text
+
+
+class TextTooShort(VerifyError):
+    def __init__(self, n_tokens: int):
+        super().__init__(f"the verify text tokenizes to only {n_tokens} tokens")
+        self.n_tokens = n_tokens
 
 
 def reference_for(build: LlamaBuild, reference: str | None, *, quiet: bool = False) -> LlamaBuild:
@@ -163,36 +316,106 @@ def reference_for(build: LlamaBuild, reference: str | None, *, quiet: bool = Fal
     return LlamaBuild.open(out.prefix)
 
 
-def run_checks(build: LlamaBuild, ref: LlamaBuild, model: Model, ctxs: list[tuple[str, int]], *,
-               text: Path | None = None, workdir: Path | None = None, fa: bool = True,
-               env: dict | None = None, progress=None) -> list[Check]:
-    """Each context: the reference writes its log-probabilities, the build is compared with them."""
-    _, chunks, limits = rules()
-    text = Path(text or text_file())
+REFS_KEPT = 6  # reference bases kept in the cache: one per context of the default coverage, twice
+
+
+def _refs_dir() -> Path:
+    d = paths.cache_dir() / "verify" / "refs"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _ref_key(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool) -> str:
+    """What the reference's log-probabilities depend on: its binary, the model, the text, the
+    context, the chunk count and flash attention (the files' sizes and mtimes stand for their
+    contents)."""
+    exe = ref.program("llama-perplexity")
+    parts = [str(ref.prefix), ref.stamp or "", ctx, chunks_for(ctx), fa]
+    for f in (exe, model.path, text):
+        st = Path(f).stat()
+        parts += [str(f), st.st_size, st.st_mtime_ns]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+def reference_base(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool,
+                   progress=None) -> tuple[Path, float]:
+    """The reference's log-probabilities at `ctx` (llama-perplexity --kl-divergence-base) and the
+    PPL it computed of its own, unclamped logits (what the build's PPL is compared with).  The
+    reference runs with the check's flash-attention setting: like is compared with like (the CPU
+    backend's own flash attention, F16 accumulation, differs from its plain attention by a mean
+    KLD of 0.0064 at 8192 tokens of SmolLM2-135M Q4_1, more than the limit).  Kept in the cache:
+    every check at a shape, every candidate of a tune and every later verify against the same
+    reference share one reference run."""
+    import json
+
+    d = _refs_dir()
+    key = _ref_key(ref, model, text, ctx, fa)
+    base, meta = d / f"{key}.kld", d / f"{key}.json"
+    try:
+        ppl = float(json.loads(meta.read_text(encoding="utf-8"))["ppl"])
+        if base.is_file():
+            base.touch()
+            return base, ppl
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if progress:
+        progress(f"reference {ref.label()} at context {ctx}, flash attention {'on' if fa else 'off'}")
+    part = d / f"{key}.kld.part"
+    out = _perplexity(ref, ["-m", str(model.path), "-c", str(ctx), "--chunks", str(chunks_for(ctx)),
+                            "-f", str(text), "--kl-divergence-base", str(part),
+                            *ref.fa_args("llama-perplexity", fa)])
+    ppl = parse_final_ppl(out)
+    part.replace(base)
+    meta.write_text(json.dumps({"ppl": ppl, "ctx": ctx, "fa": fa, "reference": str(ref.prefix)}),
+                    encoding="utf-8")
+    _prune_refs(d)
+    return base, ppl
+
+
+def _prune_refs(d: Path) -> None:
+    bases = sorted(d.glob("*.kld"), key=lambda f: f.stat().st_mtime, reverse=True)
+    for old in bases[REFS_KEPT:]:
+        old.unlink(missing_ok=True)
+        old.with_suffix(".json").unlink(missing_ok=True)
+
+
+def run_checks(build: LlamaBuild, ref: LlamaBuild, model: Model, coverage: Coverage, *,
+               text: Path | None = None, env: dict | None = None,
+               progress=None) -> tuple[list[Check], Coverage]:
+    """Each shape: the build against the reference's base at that context.  The references come
+    first (longest context first), so a text too short for a context bounds the coverage before
+    any build run."""
+    _, _, limits = rules(model.file_type)
+    text = Path(text) if text else text_file()
     if not text.is_file():
         raise UsageError(f"verify text {text} does not exist")
     build.program("llama-perplexity")
     ref.program("llama-perplexity")
-    base_dir = workdir or paths.cache_dir() / "verify"
-    base_dir.mkdir(parents=True, exist_ok=True)
-    checks = []
-    with tempfile.TemporaryDirectory(dir=base_dir) as tmp:
-        for name, ctx in ctxs:
-            n = int(chunks.get(name, min(chunks.values())))
-            base = Path(tmp) / f"ref-{ctx}.kld"
-            common = ["-m", str(model.path), "-c", str(ctx), "--chunks", str(n)]
-            if progress:
-                progress(f"reference {ref.label()} at context {ctx}")
-            _perplexity(ref, [*common, "-f", str(text), "--kl-divergence-base", str(base),
-                              *ref.fa_args("llama-perplexity", fa)])
-            if progress:
-                progress(f"{build.label()} at context {ctx}")
-            out = _perplexity(build, [*common, "--kl-divergence-base", str(base), "--kl-divergence",
-                                      *build.fa_args("llama-perplexity", fa)], env)
-            base.unlink(missing_ok=True)
-            kld, top, ppl, ppl_ref = parse_kld(out)
-            checks.append(judge(Check(ctx, kld, top, ppl, ppl_ref), limits, model.n_vocab))
-    return checks
+    refs = {}
+    for ctx, fa in sorted({(s.ctx, s.fa) for s in coverage.shapes}, reverse=True):
+        try:
+            refs[ctx, fa] = reference_base(ref, model, text, ctx, fa, progress)
+        except TextTooShort as short:
+            coverage = bound_by_text(coverage, short.n_tokens)
+            return run_checks(build, ref, model, coverage, text=text, env=env, progress=progress)
+    checks = [check_shape(build, model, shape, refs[shape.ctx, shape.fa], limits, env, progress)
+              for shape in coverage.shapes]
+    return checks, coverage
+
+
+def check_shape(build: LlamaBuild, model: Model, shape: Shape, ref: tuple[Path, float],
+                limits: tuple[Threshold, ...], env: dict | None, progress=None) -> Check:
+    base, ppl_ref = ref
+    if progress:
+        progress(f"{build.label()} at {shape.label()}")
+    args = ["-m", str(model.path), "-c", str(shape.ctx), "--chunks", str(chunks_for(shape.ctx)),
+            "--kl-divergence-base", str(base), "--kl-divergence",
+            "-ub", str(shape.ubatch), "-b", str(max(shape.ubatch, 2048)),
+            *build.fa_args("llama-perplexity", shape.fa)]
+    out = _perplexity(build, args, env, shape.ngl)
+    kld, top, ppl = parse_kld(out)
+    check = Check(shape.ctx, kld, top, ppl, ppl_ref, shape.ubatch, shape.fa, shape.ngl)
+    return judge(check, limits, model.n_vocab)
 
 
 def judge(c: Check, limits: tuple[Threshold, ...], n_vocab: int | None) -> Check:
@@ -213,17 +436,35 @@ def _fmt(x: float) -> str:
     return "nan" if x is None or math.isnan(x) else f"{x:.6g}"
 
 
-def verify(build: LlamaBuild, ref: LlamaBuild, model: Model, ctxs: list[tuple[str, int]], *,
+def verify(build: LlamaBuild, ref: LlamaBuild, model: Model, coverage: Coverage, *,
            store=None, run_id: int | None = None, base: dict | None = None, text: Path | None = None,
-           fa: bool = True, env: dict | None = None, progress=None) -> dict:
-    """Run the checks and record them (one verify row); the dict is `rocforge verify --json`."""
-    checks = run_checks(build, ref, model, ctxs, text=text, fa=fa, env=env, progress=progress)
-    result = {"passed": all(c.passed for c in checks), "reference": str(ref.prefix), "fa": fa, "env": env or {},
+           env: dict | None = None, progress=None, attribute: bool = False, record: bool = True) -> dict:
+    """Run the checks and record them (one verify row); the dict is `rocforge verify --json`.
+    With `attribute`, each failed shape is checked again with flash attention flipped, so that a
+    build wrong on one attention path only is still usable on the other (`verdicts`).  `record`:
+    the verdict `rocforge env` reads (a check of one shape alone is not a verify of the build)."""
+    checks, coverage = run_checks(build, ref, model, coverage, text=text, env=env, progress=progress)
+    if attribute and any(not c.passed for c in checks):
+        _, _, limits = rules(model.file_type)
+        have = {c.shape for c in checks}
+        for c in [c for c in checks if not c.passed]:
+            flipped = Shape(c.ctx, c.ubatch or 0, not c.fa, c.ngl)
+            if flipped not in have:
+                have.add(flipped)
+                refb = reference_base(ref, model, Path(text) if text else text_file(), c.ctx,
+                                      not c.fa, progress)
+                checks.append(check_shape(build, model, flipped, refb, limits, env, progress))
+    failed = [c.to_json() for c in checks if not c.passed]
+    result = {"passed": not failed, "reference": str(ref.prefix), "env": env or {},
+              "coverage": coverage.to_json(), "verdicts": verdicts(checks),
+              "failed_checks": [{k: c[k] for k in ("ctx", "ubatch", "fa", "ngl")} for c in failed],
               "checks": [c.to_json() for c in checks]}
     if store is not None:
         row = {**(base or {}), "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
                "reference_stamp": ref.stamp, "build": build.provenance(), **result}
         store.add_row(run_id, "verify", row, status="passed" if result["passed"] else "failed")
+    if not record:
+        return result
     from rocforge_build.discover import choices
 
     # the verdict `rocforge env` reads (it must not open the results store on shell start-up)
@@ -232,22 +473,49 @@ def verify(build: LlamaBuild, ref: LlamaBuild, model: Model, ctxs: list[tuple[st
     return result
 
 
+def verdicts(checks: list[Check]) -> dict[str, str]:
+    """Per flash-attention setting: "passed" when no check with it failed and every failed check
+    (with the other setting) passed with this one at the same shape; else "failed"."""
+    out = {}
+    for fa in (True, False):
+        mine = [c for c in checks if bool(c.fa) == fa]
+        others_failed = [c for c in checks if bool(c.fa) != fa and not c.passed]
+        cleared = all(any(m.passed and (m.ctx, m.ubatch, m.ngl) == (o.ctx, o.ubatch, o.ngl) for m in mine)
+                      for o in others_failed)
+        out["on" if fa else "off"] = "passed" if mine and all(m.passed for m in mine) and cleared else "failed"
+    return out
+
+
 def gate(build: LlamaBuild, model: Model, *, reference: str | None, store, run_id: int, base: dict,
-         ctxs: list[tuple[str, int]], fa: bool = True, quiet: bool = False,
+         coverage: Coverage, fa: bool = True, quiet: bool = False,
          progress=None) -> tuple[str, dict | None]:
-    """'passed' / 'failed' for bench and tune, with flash attention on or off (a build can be right
-    with one and wrong with the other).  A verify of the same build (stamp), model, reference and
-    flash-attention setting already in the store is reused; the reference passes by definition."""
+    """'passed' / 'failed' for bench and tune with flash attention on or off: one default verify
+    per build (every shape of the coverage), its failures attributed to an attention path where
+    they follow it.  A verify of the same build (stamp), model, reference and shapes already in the
+    store is reused; the reference passes by definition."""
     ref = reference_for(build, reference, quiet=quiet)
     if ref.prefix == build.prefix:
         return "passed", {"passed": True, "reference": str(ref.prefix), "checks": [], "note": "the reference"}
+    key = "on" if fa else "off"
     sha = base.get("model_sha256")
-    wanted = [c for _, c in ctxs]
+    wanted = coverage.to_json()["shapes"]
     for row in reversed(list(store.rows(prefix=str(build.prefix), kind="verify"))):
         d = row.data
         if (d.get("stamp") == build.stamp and d.get("model_sha256") == sha and build.stamp
-                and d.get("reference_stamp") == ref.stamp and d.get("fa", True) == fa
-                and [c["ctx"] for c in d.get("checks", [])] == wanted):
-            return ("passed" if d.get("passed") else "failed"), {**d, "reused": row.id}
-    result = verify(build, ref, model, ctxs, store=store, run_id=run_id, base=base, fa=fa, progress=progress)
-    return ("passed" if result["passed"] else "failed"), result
+                and d.get("reference_stamp") == ref.stamp and d.get("verdicts")
+                and (d.get("coverage") or {}).get("requested") == wanted):
+            return d["verdicts"].get(key, "failed"), {**d, "reused": row.id}
+    result = verify(build, ref, model, coverage, store=None, progress=progress, attribute=True)
+    result["coverage"]["requested"] = wanted
+    row = {**base, "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
+           "reference_stamp": ref.stamp, "build": build.provenance(), **result}
+    store.add_row(run_id, "verify", row, status="passed" if result["passed"] else "failed")
+    return result["verdicts"][key], result
+
+
+def verify_shape(build: LlamaBuild, model: Model, shape: Shape, *, reference: str | None,
+                 env: dict | None = None, quiet: bool = False, progress=None) -> dict:
+    """One check at exactly the shape a preset will run (tune's winner, before it is stored)."""
+    ref = reference_for(build, reference, quiet=quiet)
+    return verify(build, ref, model, Coverage([shape], ["the preset's own shape"]), env=env,
+                  progress=progress, record=False)

@@ -1,0 +1,81 @@
+"""`rocforge serve MODEL`: run the tuned, verified preset's llama-server (see measure/serve.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rocforge_build.errors import UsageError
+from rocforge_build.measure import serve
+from rocforge_build.proc import quote
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", metavar="MODEL", help="model name, GGUF path or sha256 with a preset")
+    parser.add_argument("--range", default="auto", choices=("short", "long", "auto"),
+                        help="which context range's preset to serve (auto: the longest context)")
+    parser.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=8080, metavar="N", help="port (default 8080)")
+    parser.add_argument("--wait", type=_seconds, default=600.0, metavar="S",
+                        help="how long to wait for the model to load (default 600)")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+
+
+def _port(text: str) -> int:
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return n
+
+
+def _seconds(text: str) -> float:
+    import argparse
+    import math
+
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return x
+
+
+def run(args) -> int:
+    from rocforge_build.measure.store import Store
+
+    with Store() as store:
+        preset = store.preset(args.model)
+        model_path = args.model if Path(args.model).is_file() else None
+        if preset is None and model_path:
+            from rocforge_build.measure import gguf, provenance
+
+            preset = store.preset(provenance.model_sha256(gguf.check(model_path).path))
+        if preset is None:
+            raise UsageError(f"no preset for {args.model!r}", "run `rocforge tune` for it first")
+        name, _ = serve.pick_range(preset, args.range)
+        problem = serve.still_proven(preset["ranges"][name], store, preset["model"]["sha256"])
+    if problem:
+        r = preset["ranges"][name]
+        raise UsageError(problem, f"verify it again: rocforge verify {r['prefix']} --model {preset['model']['path']}")
+    p = serve.plan(preset, model_path or preset["model"]["path"], args.range, args.host, args.port)
+    env = " ".join(f"{k}={quote([v])}" for k, v in p.env.items())
+    line = (f"env {env} " if env else "") + quote(p.argv)
+    if args.dry_run:
+        print(f"# rocforge serve: preset version {preset.get('version')}, range {p.range} ({p.why})")
+        for note in p.notes:
+            print(f"# {' '.join(note.split())}")
+        print(line)
+        return 0
+    sys.stderr.write(f"rocforge: serve: starting {p.range} preset (version {preset.get('version')}): {line}\n")
+
+    def ready():
+        print(f"serving {preset['model']['name']} at {p.url} (Ctrl-C stops it)", flush=True)
+
+    code = serve.run(p, args.host, args.port, wait_s=args.wait, on_ready=ready)
+    return 0 if code in (0, -15) else 9

@@ -1,0 +1,120 @@
+"""verify at the shapes that run, for real (slow; CI runs it): the May 2025 tree's CPU backend, the
+trained SmolLM2-135M-Instruct (trained context 8192, tests/trained_model.py), the shipped text.
+
+- The CPU build verified against itself passes with checks up to 8192 tokens.
+- One build made wrong on purpose in three ways (tests/data/patches/llama-cpp-wrong/
+  wrong-on-demand.patch; ROCFORGE_TEST_WRONG picks the fault at run time, so one build serves all
+  three): wrong only past 5000 tokens (RoPE positions), only in 256-token micro-batches (RMS norm),
+  only with flash attention (its output scaled).  Each fails a default verify, and the JSON and
+  the exit code name exactly the checks that fail.  The old coverage (512 and 4096 tokens, one
+  micro-batch, flash attention on) would have passed the first two.
+- A sharp random model (most text tokens far below llama-perplexity's -16 clamp of the KL base)
+  passes against itself: its PPL ratio was 6.1 when the reference's PPL came from the clamped base.
+
+CI cost (2 cores): the builds share the session's ccache (one ops.cpp for the wrong build); each
+check at 8192 tokens is one llama-perplexity pass of the model (~1.5-2 min), the reference's bases
+are computed once (verify's cache) and shared by every verify here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from llama_builds import shared_ccache
+from llama_trees import tree
+from measure_fixtures import recipe_variant
+from tiny_gguf import write as write_gguf
+from trained_model import smollm2
+
+from rocforge_build import cli
+from rocforge_build.measure.llama_tools import MEASURE_TARGETS
+
+JOBS = os.environ.get("ROCFORGE_TEST_JOBS", "2")
+WRONG = Path(__file__).resolve().parent / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """(reference cpu build, the wrong-on-demand build) of the May 2025 tree."""
+    where = tmp_path_factory.mktemp("verify-shapes")
+    src = tree("0.3.9", where / "src", full=True)
+    targets = [a for t in MEASURE_TARGETS for a in ("--build-target", t)]
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CCACHE_DIR", shared_ccache())
+        for name, recipe in (("cpu", "llama-cpp"), ("wrong", str(recipe_variant(where / "rw", patch=WRONG)))):
+            prefix = where / name
+            code = cli.main(["build", recipe, "--target", "gfx1151", "--backend", "cpu", "--source", str(src),
+                             *targets, "-j", JOBS, "--prefix", str(prefix)])
+            assert code == 0
+            out[name] = prefix
+    return out["cpu"], out["wrong"]
+
+
+def verify(capsys, build, ref, model, *extra) -> tuple[int, dict]:
+    code = cli.main(["verify", str(build), "--model", str(model), "--reference", str(ref), "--json", *extra])
+    out = capsys.readouterr()
+    return code, json.loads(out.out)
+
+
+def shapes(checks) -> set[tuple]:
+    return {(c["ctx"], c["ubatch"], c["fa"], c["ngl"]) for c in checks}
+
+
+# the default coverage for a CPU build of a model trained at 8192 (the covering design: every
+# context of 512/2048/8192, both searched micro-batches 256/2048, flash attention on and off; the
+# longest context with the largest micro-batch and flash attention on)
+DEFAULT = {(8192, 2048, True, None), (2048, 256, False, None), (512, 2048, True, None)}
+
+
+@pytest.mark.slow
+def test_trained_model_passes_against_itself_up_to_its_context(builds, capsys):
+    cpu, _ = builds
+    code, v = verify(capsys, cpu, cpu, smollm2())
+    assert code == 0 and v["passed"], v
+    assert shapes(v["checks"]) == DEFAULT
+    assert "the model's training context (8192)" in v["coverage"]["bounds"]
+    for c in v["checks"]:
+        # a trained model: the reference's PPL on Pride and Prejudice is that of a real model
+        assert 5 < c["ppl_ref"] < 60 and c["top1"] > 0.95 and abs(c["ppl"] / c["ppl_ref"] - 1) < 0.01
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, failing", [
+    # RoPE positions >= 5000 wrong: only the 8192 check scores tokens that far (4096..8191)
+    ("past-5000", {(8192, 2048, True, None)}),
+    # RMS norm wrong in 256-token graphs: only the check that runs micro-batches of 256
+    ("ubatch-256", {(2048, 256, False, None)}),
+    # flash attention's output 1.25x: every check with flash attention on
+    ("flash-attn", {(8192, 2048, True, None), (512, 2048, True, None)}),
+])
+def test_wrong_builds_fail_a_default_verify_at_their_shape(builds, capsys, fault, failing):
+    cpu, wrong = builds
+    code, v = verify(capsys, wrong, cpu, smollm2(), "--env", f"ROCFORGE_TEST_WRONG={fault}")
+    assert code == 1 and not v["passed"]
+    assert shapes(v["failed_checks"]) == failing
+    assert {s for s in shapes(v["checks"]) if s not in failing} == DEFAULT - failing
+    for c in v["checks"]:
+        assert c["passed"] == ((c["ctx"], c["ubatch"], c["fa"], c["ngl"]) not in failing)
+
+
+@pytest.mark.slow
+def test_the_wrong_build_with_no_fault_passes(builds, capsys):
+    cpu, wrong = builds
+    code, v = verify(capsys, wrong, cpu, smollm2(), "--quick")
+    assert code == 0 and v["passed"] and shapes(v["checks"]) == {(512, 2048, True, None), (512, 256, False, None)}
+
+
+@pytest.mark.slow
+def test_sharp_model_passes_against_itself(builds, tmp_path, capsys):
+    cpu, _ = builds
+    model = write_gguf(tmp_path / "sharp.gguf", byte_tokens=True, sharp=300.0)
+    code, v = verify(capsys, cpu, cpu, model, "--ctx", "512")
+    assert code == 0, v
+    for c in v["checks"]:
+        # the reference's own PPL is far above e^16 (most tokens below the -16 clamp), and the
+        # build's equals it: like is compared with like
+        assert c["ppl_ref"] > 1e8 and abs(c["ppl"] / c["ppl_ref"] - 1) < 0.01
