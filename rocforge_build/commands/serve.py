@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rocforge_build import argtypes
 from rocforge_build.errors import UsageError
 from rocforge_build.measure import serve
 from rocforge_build.proc import quote
@@ -15,35 +16,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--range", default="auto", choices=("short", "long", "auto"),
                         help="which context range's preset to serve (auto: the longest context)")
     parser.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=8080, metavar="N", help="port (default 8080)")
-    parser.add_argument("--wait", type=_seconds, default=600.0, metavar="S",
+    parser.add_argument("--port", type=argtypes.at_least(1, 65535), default=8080, metavar="N", help="port (default 8080)")
+    parser.add_argument("--wait", type=argtypes.positive_seconds, default=600.0, metavar="S",
                         help="how long to wait for the model to load (default 600)")
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
-
-
-def _port(text: str) -> int:
-    import argparse
-
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if not 1 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
-    return n
-
-
-def _seconds(text: str) -> float:
-    import argparse
-    import math
-
-    try:
-        x = float(text)
-    except ValueError:
-        x = math.nan
-    if not (math.isfinite(x) and x > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
-    return x
 
 
 def run(args) -> int:
