@@ -185,7 +185,11 @@ def perplexity_program(prefix, line: str) -> None:
     the cumulative result line llama.cpp's KL-divergence mode ends with."""
     exe = prefix / "bin" / "llama-perplexity"
     exe.parent.mkdir(parents=True, exist_ok=True)
-    exe.write_text(f'#!/bin/sh\nif [ "$1" = --help ]; then echo "usage: -m FILE"; exit 0; fi\n'
+    # the reference's run (--kl-divergence-base FILE alone) writes FILE and its own PPL
+    exe.write_text('#!/bin/sh\nif [ "$1" = --help ]; then echo "usage: -m FILE"; exit 0; fi\n'
+                   'case " $* " in *" --kl-divergence "*) ;; *)\n'
+                   '  while [ $# -gt 0 ]; do [ "$1" = --kl-divergence-base ] && : > "$2"; shift; done\n'
+                   '  echo "Final estimate: PPL = 5.1240 +/- 0.1"; exit 0;; esac\n'
                    f"echo '{line}'\n")
     exe.chmod(0o755)
 
@@ -210,13 +214,13 @@ def test_verify_records_its_verdict_for_env(tmp_path, monkeypatch):
     perplexity_program(build, GOOD)
     model = gguf.check(write_gguf(tmp_path / "tiny.gguf", byte_tokens=True))
     assert "/builds/" not in env_json(env_root)["PATH"]
-    result = verify.verify(LlamaBuild.open(build), LlamaBuild.open(ref), model, [("short", 64)])
+    one = verify.Coverage([verify.Shape(64, 64, False)])
+    result = verify.verify(LlamaBuild.open(build), LlamaBuild.open(ref), model, one)
     assert result["passed"]
     assert [e for e in env_json(env_root)["PATH"].split(":") if "/builds/" in e] == [
         "/data/builds/llama-cpp-gfx1151-vulkan/bin"]
     perplexity_program(build, BAD)
-    assert not verify.verify(LlamaBuild.open(build), LlamaBuild.open(ref), model,
-                             [("short", 64)])["passed"]
+    assert not verify.verify(LlamaBuild.open(build), LlamaBuild.open(ref), model, one)["passed"]
     assert "/builds/" not in env_json(env_root)["PATH"]
 
 
