@@ -75,7 +75,9 @@ def test_verify_bench_tune_preset_and_a_wrong_build(llama_tree, tmp_path, capsys
     code, out, err = rf(capsys, "verify", b, "--model", model, *ctx, "--json")
     assert code == 0, err
     v = json.loads(out)
-    assert v["passed"] and v["reference"] == str(ref) and [c["ctx"] for c in v["checks"]] == [256, 1024]
+    # --ctx 256,1024: the covering design's two checks, the longer with -ub 2048 and flash attention on
+    assert v["passed"] and v["reference"] == str(ref)
+    assert [(c["ctx"], c["ubatch"], c["fa"]) for c in v["checks"]] == [(1024, 2048, True), (256, 256, False)]
     assert all(c["kld_mean"] < 0.005 and c["top1"] > 0.95 for c in v["checks"])
     assert (ref / "rocforge-manifest.toml").stat().st_mtime_ns == ref_manifest  # not rebuilt
 
@@ -135,15 +137,14 @@ def test_verify_bench_tune_preset_and_a_wrong_build(llama_tree, tmp_path, capsys
     assert set(t["preset"]["ranges"]) == {"short", "long"}
     assert (ref / "rocforge-manifest.toml").stat().st_mtime_ns == ref_manifest
     for r in t["preset"]["ranges"].values():
-        assert r["prefix"] in (str(ref), str(b)) and r["figures"] and r["argv"][0].endswith("llama-cli")
+        assert r["prefix"] in (str(ref), str(b)) and r["figures"] and r["argv"][0].endswith("llama-server")
+        # verified at its own shape before it was stored: the range's context, its -ub and fa
+        assert r["verified"]["shape"]["ctx"] == r["ctx"] and r["verified"]["shape"]["ubatch"] == r["variant"]["ubatch"]
     code, out, _ = rf(capsys, "preset", "show", "tiny", "--shell")
     assert code == 0 and out.startswith("#!/bin/sh")
     script = tmp_path / "preset.sh"
     script.write_text(out)
-    run = subprocess.run(["sh", str(script), "-n", "4", "-p", "hello", "-no-cnv", "-t", JOBS],
-                         capture_output=True, text=True, errors="replace",  # a random model prints random bytes
-                         timeout=300, env={**os.environ, "ROCFORGE_RANGE": "long"})
-    assert run.returncode == 0, run.stderr[-2000:]  # the preset's command really runs the model
+    served_by_the_preset(script, tmp_path)
 
     # the wrong build replaces b: the rebuild's automatic recheck catches it
     wrong = recipe_variant(tmp_path / "rc", options={"GGML_LLAMAFILE": False}, patch=WRONG_PATCH)
@@ -170,6 +171,32 @@ def test_verify_bench_tune_preset_and_a_wrong_build(llama_tree, tmp_path, capsys
 
     # Ctrl-C in the middle of a bench: one line, finished rows kept
     ctrl_c_keeps_finished_rows(ref, model)
+
+
+def served_by_the_preset(script: Path, tmp_path: Path) -> None:
+    """The preset's script really runs the model: its llama-server (given a port) loads it and
+    answers /health with 200; then the script's process group is stopped."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(["sh", str(script), "--host", "127.0.0.1", "--port", str(port), "-t", JOBS],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "ROCFORGE_RANGE": "long"})
+    try:
+        deadline, status = time.monotonic() + 120, None
+        while time.monotonic() < deadline and proc.poll() is None and status != 200:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    status = r.status
+            except OSError:
+                time.sleep(0.3)
+        assert status == 200, proc.poll()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 def ctrl_c_keeps_finished_rows(prefix: Path, model: Path) -> None:

@@ -118,3 +118,52 @@ def test_sharp_model_passes_against_itself(builds, tmp_path, capsys):
         # the reference's own PPL is far above e^16 (most tokens below the -16 clamp), and the
         # build's equals it: like is compared with like
         assert c["ppl_ref"] > 1e8 and abs(c["ppl"] / c["ppl_ref"] - 1) < 0.01
+
+
+@pytest.mark.slow
+def test_serve_the_trained_model_from_a_cpu_build(builds, tmp_path):
+    """`rocforge serve` runs the preset's llama-server on 127.0.0.1, which answers a completion;
+    Ctrl-C stops it.  The preset is the command tune would store for this build (measure.preset),
+    put in the store directly: this test is about serving, test_measure_slow.py about tuning."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    from rocforge_build.measure import gguf, preset, provenance
+    from rocforge_build.measure.llama_tools import LlamaBuild
+    from rocforge_build.measure.store import Store
+
+    cpu, _ = builds
+    model = gguf.check(smollm2())
+    build = LlamaBuild.open(cpu)
+    env, argv, notes = preset.command(build, str(model.path), {"ubatch": 512, "fa": True}, 2048, False)
+    assert argv[0].endswith("bin/llama-server")
+    sha = provenance.model_sha256(model.path)
+    entry = {"prefix": str(cpu), "backend": "cpu", "stamp": build.stamp, "depth": 0, "ctx": 2048,
+             "variant": {"ubatch": 512, "fa": True}, "variant_label": "ub=512 fa=1", "score": 1.0,
+             "figures": [], "runner_up": None, "env": env, "argv": argv, "notes": notes}
+    with Store() as s:
+        s.add_preset(model.name, sha, None, {"model": {"name": model.name, "sha256": sha, "path": str(model.path)},
+                                             "created": "test", "ranges": {"short": entry}})
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", str(model.path), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        assert f"http://127.0.0.1:{port}" in proc.stdout.readline()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", method="POST",
+                                     data=json.dumps({"prompt": "The capital of France is", "n_predict": 8,
+                                                      "temperature": 0}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            answer = json.loads(r.read())
+        # a trained model completes the sentence; 8 tokens of text came back
+        assert answer["content"].strip() and answer.get("tokens_predicted", 8) == 8
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0  # the server went with it
