@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rocforge_build.errors import RocforgeError
+from rocforge_build.measure import roofline
 from rocforge_build.measure.gguf import Model
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.proc import merged_env, quote
@@ -118,6 +119,14 @@ def expected(spec: Spec, depths: tuple[int, ...]) -> list[tuple[str, int]]:
 
 
 def row_from(result: dict, base: dict) -> dict:
+    """A results-store row from one llama-bench JSON result and the run's provenance, with its
+    `ceiling`: how close it came to the device's bandwidth (tg) or GEMM peak (pp)."""
+    row = _row_from(result, base)
+    found = roofline.ceiling(row)
+    return {**row, "ceiling": found} if found is not None else row
+
+
+def _row_from(result: dict, base: dict) -> dict:
     n_prompt, n_gen = int(result.get("n_prompt", 0)), int(result.get("n_gen", 0))
     return {**base, "test": "tg" if n_gen and not n_prompt else "pp", "n_prompt": n_prompt,
             "n_gen": n_gen, "depth": int(result.get("n_depth", 0)), "ubatch": result.get("n_ubatch"),
