@@ -49,7 +49,7 @@ def test_dense_model_bytes_and_parameters_per_token(tiny):
     assert cost.note.startswith("dense")
 
 
-def _moe(path: Path, *, counts: bool = True) -> Path:
+def _moe(path: Path, *, counts: bool = True, tied: bool = False) -> Path:
     """A llama-shaped mixture of experts in F16: 8 experts, 2 used per token, n_embd 64, expert
     n_ff 32, a router, one attention matrix, an output matrix, vocabulary 100."""
     import gguf as gguf_writer
@@ -66,7 +66,8 @@ def _moe(path: Path, *, counts: bool = True) -> Path:
     w.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((8, 32, 64), f16))
     w.add_tensor("blk.0.ffn_up_exps.weight", np.zeros((8, 32, 64), f16))
     w.add_tensor("blk.0.ffn_down_exps.weight", np.zeros((8, 64, 32), f16))
-    w.add_tensor("output.weight", np.zeros((100, 64), f16))
+    if not tied:
+        w.add_tensor("output.weight", np.zeros((100, 64), f16))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -83,6 +84,10 @@ def test_moe_reads_only_the_experts_a_token_uses(tmp_path):
     # parameters: experts 3 x 8 x 2,048 x 2/8 = 12,288; attn_q 4,096, router 512, output 6,400
     assert cost.parameters == 23_296
     assert "2 of 8 experts" in cost.note
+    # tied embeddings: no output.weight, token_embd (100 x 64 x 2 = 12,800) is the output matrix,
+    # read whole instead of one 128-byte row: 47,744 - 12,800 - 128 + 12,800 = 47,616
+    tied = gguf.check(_moe(tmp_path / "tied.gguf", tied=True)).per_token()
+    assert (tied.bytes, tied.parameters) == (47_616, 23_296) and "tied" in tied.note
     whole = gguf.check(_moe(tmp_path / "counted-whole.gguf", counts=False)).per_token()
     assert whole.bytes is None and "expert_count" in whole.note  # never a dense guess
 
@@ -154,6 +159,8 @@ def test_measured_copy_bandwidth_beats_the_specified_peak(tmp_path, capsys, monk
     assert c["bandwidth_source"] == f"measured: rocforge kernels bench memcpy on {saved['measured']}"
     assert c["tg_pct_of_bandwidth"] == round(100 * 12.8 * 4e9 / (saved["memcpy_gbs"] * 1e9), 1)
     assert c["gemm_source"].startswith("specified")  # rocforge's own GEMM is no ceiling
+    assert cli.main(["kernels", "bench", "--out", str(kernels), "--only", "memcpy", "--iters", "1"]) == 0
+    assert f"memcpy bandwidth saved in {roofline.measured_path()}" in capsys.readouterr().out
 
 
 def test_a_hand_edited_measurement_is_not_believed():
@@ -223,6 +230,9 @@ def test_bench_results_and_plot_carry_the_figures(tmp_path, tiny, capsys, monkey
     assert table["tg"]["ceiling_tg_pct_of_bandwidth"] == "50.0"
     assert table["tg"]["ceiling_bandwidth_source"] == "specified peak of gfx1151 (data/targets.toml)"
     assert table["pp"]["ceiling_pp_pct_of_gemm_peak"] == "20.0"
+    assert cli.main(["results", "compare", "1", "1"]) == 0  # the run against itself: no change
+    out = capsys.readouterr().out
+    assert "44303.40   44303.40    +0.0%   50.0%   50.0%  ok" in out and "20.0%   20.0%  ok" in out
     page = tmp_path / "plot.html"
     assert cli.main(["results", "plot", "-o", str(page)]) == 0
     text = page.read_text()

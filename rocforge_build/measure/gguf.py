@@ -103,8 +103,10 @@ def per_token(m: Model) -> PerToken:
 
     Every tensor is read whole, except:
     - `token_embd.weight` is a row lookup (ggml_get_rows in llama.cpp's build_inp_embd), one row a
-      token, kept in host memory by llama.cpp; it is read whole only when the model has no
-      `output.weight` and llama.cpp uses it as the output matrix (tied embeddings);
+      token, and stays in host memory at any -ngl (llama.cpp src/llama-model.cpp, `dev_input`:
+      "there is very little benefit to offloading the input layer, so always keep it on the
+      CPU"); it is read whole only when the model has no `output.weight` and llama.cpp loads it
+      a second time as the output matrix (tied embeddings, TENSOR_DUPLICATED);
     - expert tensors (`*_exps`) of a mixture-of-experts model: a token goes through
       `{arch}.expert_used_count` of `{arch}.expert_count` experts, so that share of them.
     Parameters count matrices only (2-D and up: the norms' elementwise weights are no GEMM)."""

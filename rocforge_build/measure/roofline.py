@@ -55,11 +55,11 @@ def _read_measured() -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def record_copy(target: str, gbs: float, *, device: str | None, iters: int) -> None:
+def record_copy(target: str, gbs: float, *, device: str | None, iters: int):
     """Keep the memcpy bandwidth `rocforge kernels bench` measured for `target`, so bench rows
     can use it as their ceiling: a measured figure is what this device reaches, a specified peak
-    only what the vendor prints.  Written whole (never half a file); an unwritable data dir only
-    loses the figure."""
+    only what the vendor prints.  Written whole (never half a file); returns the file, or None
+    when the data dir is unwritable (only the figure is lost)."""
     known = _read_measured()
     known[target] = {"memcpy_gbs": round(gbs, 1), "measured": time.strftime("%Y-%m-%d"),
                      "device": device, "iters": iters}
@@ -67,7 +67,8 @@ def record_copy(target: str, gbs: float, *, device: str | None, iters: int) -> N
         measured_path().parent.mkdir(parents=True, exist_ok=True)
         paths.write_whole(measured_path(), json.dumps(known, indent=1, sort_keys=True) + "\n")
     except OSError:
-        pass
+        return None
+    return measured_path()
 
 
 def measured_copy(target: str) -> tuple[float, str] | None:
