@@ -249,3 +249,19 @@ def test_rows_stored_before_the_ceiling_still_plot_and_show(tmp_path, capsys, mo
     assert cli.main(["results", "show"]) == 0
     assert "tg128 @ d0: 50.00 ± 0.10 t/s\n" in capsys.readouterr().out
     assert "50.0 t/s at depth 0</title>" in plot.page([old], "old")
+
+
+def test_an_empty_embedding_table_is_counted_not_a_crash(tmp_path):
+    # a hostile or broken header: token_embd with no rows (64 x 0) must not divide by zero
+    import gguf as gguf_writer
+
+    path = tmp_path / "empty-embd.gguf"
+    w = gguf_writer.GGUFWriter(str(path), "llama")
+    w.add_tensor("token_embd.weight", np.zeros((0, 64), np.float16))
+    w.add_tensor("output.weight", np.zeros((100, 64), np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    cost = gguf.check(path).per_token()
+    assert (cost.bytes, cost.parameters) == (100 * 64 * 2, 100 * 64)  # the output matrix only

@@ -132,7 +132,7 @@ def per_token(m: Model) -> PerToken:
     for t in m.tensors:
         part = share if t.name.endswith(EXPERT_SUFFIX) else 1.0
         if t.name == "token_embd.weight" and not tied:
-            rows = t.dims[-1] if len(t.dims) > 1 else 1
+            rows = max(t.dims[-1], 1) if len(t.dims) > 1 else 1  # an empty table: no row
             nbytes += t.nbytes / rows  # one row, for the lookup
             continue
         nbytes += t.nbytes * part
