@@ -65,11 +65,28 @@ def run(args) -> int:
         raise UsageError("--iters must be at least 1")
     report = runner.bench(args.target, out=args.out, iters=args.iters, quick=args.quick,
                          only=args.only, workdir=args.workdir)
+    saved = _remember_copy(report, quick=args.quick)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
         return 0 if report.passed else 1
     _print_report(report)
+    if saved:
+        print(f"memcpy bandwidth saved in {saved}: `rocforge bench` rows for {report.target} show "
+              "generation as a share of it")
     return 0 if report.passed else 1
+
+
+def _remember_copy(report, *, quick: bool):
+    """Save the memcpy GB/s for `rocforge bench`'s ceilings (measure/roofline.py); the file, or
+    None.  Not from --quick: its small copies measure start-up costs, not the memory's
+    bandwidth; nor from a memcpy whose result was wrong."""
+    from rocforge_build.measure import roofline
+
+    memcpy = next((r for r in report.results if r.kernel == "memcpy"), None)
+    if quick or memcpy is None or not memcpy.passed or not memcpy.gbs:
+        return None
+    return roofline.record_copy(report.target, memcpy.gbs, device=report.device.get("device"),
+                                iters=report.iters)
 
 
 def _fmt(value: float | None, spec: str) -> str:

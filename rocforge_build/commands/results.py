@@ -12,9 +12,13 @@ from rocforge_build.errors import UsageError
 from rocforge_build.measure import compare as cmp
 from rocforge_build.measure.store import Store
 
+# a bench row's `ceiling` (measure/roofline.py), flattened into CSV columns `ceiling_<key>`
+CEILING_FIELDS = ("tg_pct_of_bandwidth", "bandwidth_gbs", "bandwidth_source", "pp_pct_of_gemm_peak",
+                  "gemm_peak_tflops", "gemm_source", "model_bytes_per_token", "active_parameters",
+                  "device", "why_none")
 CSV_FIELDS = ("id", "run", "kind", "status", "created", "prefix", "backend", "stamp", "gate", "test",
               "n_prompt", "n_gen", "depth", "ubatch", "fa", "env", "t_s", "stddev", "error", "passed",
-              "reference", "model_sha256")
+              "reference", "model_sha256") + tuple(f"ceiling_{k}" for k in CEILING_FIELDS)
 
 
 def add_arguments(parser) -> None:
@@ -96,7 +100,8 @@ def _export(store: Store, args) -> int:
     w = csv.DictWriter(sys.stdout, fieldnames=CSV_FIELDS, extrasaction="ignore")
     w.writeheader()
     for r in rows:
-        w.writerow({**r, "env": json.dumps(r.get("env")) if r.get("env") else ""})
+        ceiling = {f"ceiling_{k}": v for k, v in (r.get("ceiling") or {}).items()}
+        w.writerow({**r, **ceiling, "env": json.dumps(r.get("env")) if r.get("env") else ""})
     return 0
 
 

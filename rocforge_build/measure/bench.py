@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rocforge_build.errors import RocforgeError
+from rocforge_build.measure import roofline
 from rocforge_build.measure.gguf import Model
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.proc import merged_env, quote
@@ -139,8 +140,16 @@ def _field(result: dict, name: str, *, whole: bool, default=None):
 
 
 def row_from(result: dict, base: dict) -> dict:
-    """The store's row for one llama-bench result; BadResult when a field it needs is missing,
-    null or not a number (rocforge records that instead of a made-up figure)."""
+    """A results-store row from one llama-bench JSON result and the run's provenance, with its
+    `ceiling`: how close it came to the device's bandwidth (tg) or GEMM peak (pp).  BadResult when a
+    field it needs is missing, null or not a number (rocforge records that instead of a made-up
+    figure)."""
+    row = _row_from(result, base)
+    found = roofline.ceiling(row)
+    return {**row, "ceiling": found} if found is not None else row
+
+
+def _row_from(result: dict, base: dict) -> dict:
     n_prompt = _field(result, "n_prompt", whole=True, default=0)
     n_gen = _field(result, "n_gen", whole=True, default=0)
     depth = _field(result, "n_depth", whole=True, default=0)  # absent before llama-bench had -d

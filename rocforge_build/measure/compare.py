@@ -19,12 +19,15 @@ class Line:
     b: float | None
     change: float | None  # b / a - 1
     verdict: str  # "ok" | "regression" | "faster" | "failed" | "wrong" | "only in A" | "only in B"
+    a_pct: float | None = None  # % of the device's ceiling (measure/roofline.py), where known
+    b_pct: float | None = None
 
     def to_json(self) -> dict:
         test, n, depth, ubatch, fa, env = self.key[:6]
         return {"test": test, "n": n, "depth": depth, "ubatch": ubatch, "fa": fa, "env": json.loads(env),
                 "a_t_s": self.a, "b_t_s": self.b,
-                "change": None if self.change is None else round(self.change, 4), "verdict": self.verdict}
+                "change": None if self.change is None else round(self.change, 4), "verdict": self.verdict,
+                "a_pct_of_ceiling": self.a_pct, "b_pct_of_ceiling": self.b_pct}
 
 
 def key(row: dict) -> tuple:
@@ -57,8 +60,14 @@ def compare(rows_a: list[dict], rows_b: list[dict], threshold: float = DEFAULT_T
             verdict = "faster"
         else:
             verdict = "ok"
-        out.append(Line(k, ta, tb, change, verdict))
+        out.append(Line(k, ta, tb, change, verdict, _pct(ra) if ta else None, _pct(rb) if tb else None))
     return out
+
+
+def _pct(row: dict | None) -> float | None:
+    """The row's share of its ceiling: bandwidth for tg, GEMM peak for pp."""
+    c = (row or {}).get("ceiling") or {}
+    return c.get("tg_pct_of_bandwidth") if row.get("test") == "tg" else c.get("pp_pct_of_gemm_peak")
 
 
 def flagged(lines: list[Line]) -> list[Line]:
@@ -91,14 +100,19 @@ def resolve(store, spec: str) -> tuple[str, list[dict]]:
 
 def table(lines: list[Line], label_a: str, label_b: str, threshold: float) -> str:
     out = [f"A = {label_a}", f"B = {label_b}",
-           f"{'test':<8} {'depth':>6} {'ub':>5} {'fa':>3} {'env':<24} {'A t/s':>10} {'B t/s':>10} {'change':>8}  verdict"]
+           f"{'test':<8} {'depth':>6} {'ub':>5} {'fa':>3} {'env':<24} {'A t/s':>10} {'B t/s':>10} {'change':>8} "
+           f"{'A %ceil':>7} {'B %ceil':>7}  verdict"]
     for line in lines:
         d = line.to_json()
         env = ",".join(f"{k}={v}" for k, v in d["env"].items()) or "-"
         change = "" if line.change is None else f"{line.change * 100:+.1f}%"
         out.append(f"{d['test']}{d['n'] or '':<6} {d['depth']!s:>6} {d['ubatch']!s:>5} {_fa(d['fa']):>3} {env:<24} "
-                   f"{_num(line.a):>10} {_num(line.b):>10} {change:>8}  {line.verdict}")
+                   f"{_num(line.a):>10} {_num(line.b):>10} {change:>8} {_share(line.a_pct):>7} {_share(line.b_pct):>7}  "
+                   f"{line.verdict}")
     bad = flagged(lines)
+    if any(x.a_pct is not None or x.b_pct is not None for x in lines):
+        out.append("%ceil: generation as % of the memory bandwidth, prompt processing as % of the FP16 "
+                   "GEMM peak (rocforge results export --json names each figure's source)")
     out.append(f"{len(bad)} of {len(lines)} flagged (regression = B slower than A by more than "
                f"{threshold * 100:g} %)" if bad else f"no regression beyond {threshold * 100:g} %")
     return "\n".join(out)
@@ -106,6 +120,10 @@ def table(lines: list[Line], label_a: str, label_b: str, threshold: float) -> st
 
 def _num(x) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+def _share(x) -> str:
+    return "-" if x is None else f"{x:.1f}%"
 
 
 def _fa(x) -> str:

@@ -42,6 +42,29 @@ class ModelError(UsageError):
 # never arrays ("invalid GGUF type"), so a crafted file cannot make rocforge recurse at all.
 MAX_DIMS = 4
 
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dims: tuple[int, ...]  # GGUF order: dims[0] is the row length (ne0)
+    nbytes: int | None  # None: a ggml type this table does not know
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for d in self.dims:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class PerToken:
+    """What one token costs in weights: the basis of the bandwidth and GEMM ceilings."""
+    bytes: int | None  # weight bytes read per generated token
+    parameters: int | None  # matrix parameters multiplied per token (FLOP ~ 2x this)
+    note: str  # how it was counted, or why it cannot be
+
+
 @dataclass(frozen=True)
 class Model:
     path: Path
@@ -50,6 +73,7 @@ class Model:
     metadata: dict = field(repr=False)
     n_tensors: int = 0
     array_lengths: dict = field(default_factory=dict, repr=False)  # array keys (read past) -> length
+    tensors: tuple[Tensor, ...] = field(default=(), repr=False)
 
     @property
     def arch(self) -> str:
@@ -72,6 +96,57 @@ class Model:
     def n_ctx_train(self) -> int | None:
         value = self.metadata.get(f"{self.arch}.context_length")
         return int(value) if isinstance(value, int) else None
+
+    def per_token(self) -> PerToken:
+        """Weight bytes and matrix parameters one token goes through (see `per_token`)."""
+        return per_token(self)
+
+
+EXPERT_SUFFIX = "_exps.weight"  # llama.cpp's merged expert tensors: blk.N.ffn_{gate,up,down}_exps
+
+
+def per_token(m: Model) -> PerToken:
+    """Weights a token reads and multiplies, counted from the tensor table.
+
+    Every tensor is read whole, except:
+    - `token_embd.weight` is a row lookup (ggml_get_rows in llama.cpp's build_inp_embd), one row a
+      token, and stays in host memory at any -ngl (llama.cpp src/llama-model.cpp, `dev_input`:
+      "there is very little benefit to offloading the input layer, so always keep it on the
+      CPU"); it is read whole only when the model has no `output.weight` and llama.cpp loads it
+      a second time as the output matrix (tied embeddings, TENSOR_DUPLICATED);
+    - expert tensors (`*_exps`) of a mixture-of-experts model: a token goes through
+      `{arch}.expert_used_count` of `{arch}.expert_count` experts, so that share of them.
+    Parameters count matrices only (2-D and up: the norms' elementwise weights are no GEMM)."""
+    names = {t.name for t in m.tensors}
+    if not m.tensors:
+        return PerToken(None, None, "the model has no tensors")
+    if any(t.nbytes is None for t in m.tensors):
+        unknown = next(t.name for t in m.tensors if t.nbytes is None)
+        return PerToken(None, None, f"tensor {unknown} has a ggml type rocforge does not know")
+    experts = [t for t in m.tensors if t.name.endswith(EXPERT_SUFFIX)]
+    share = 1.0
+    how = "dense: every weight once per token"
+    if experts:
+        n_expert = m.metadata.get(f"{m.arch}.expert_count")
+        n_used = m.metadata.get(f"{m.arch}.expert_used_count")
+        if not (isinstance(n_expert, int) and isinstance(n_used, int) and 0 < n_used <= n_expert):
+            return PerToken(None, None, f"a mixture of experts without a usable {m.arch}.expert_count "
+                                        f"/ {m.arch}.expert_used_count: the share of experts read is not known")
+        share = n_used / n_expert
+        how = f"mixture of experts: {n_used} of {n_expert} experts per token"
+    tied = "output.weight" not in names
+    nbytes = params = 0.0
+    for t in m.tensors:
+        part = share if t.name.endswith(EXPERT_SUFFIX) else 1.0
+        if t.name == "token_embd.weight" and not tied:
+            rows = max(t.dims[-1], 1) if len(t.dims) > 1 else 1  # an empty table: no row
+            nbytes += t.nbytes / rows  # one row, for the lookup
+            continue
+        nbytes += t.nbytes * part
+        if len(t.dims) >= 2:
+            params += t.elements * part
+    return PerToken(round(nbytes), round(params), how + ("; token_embd is the output matrix (tied)"
+                                                         if tied else ""))
 
 
 _U64 = struct.Struct("<Q")
@@ -230,24 +305,26 @@ def check(path: str | os.PathLike[str]) -> Model:
                 lengths[key] = r.last_count
         tensors = []
         for _ in range(n_tensors):
-            r.string()
+            name = r.string()
             n_dims = r.scalar("<I")
             if n_dims > MAX_DIMS:
                 raise r.invalid(f"a tensor of {n_dims} dimensions; ggml has at most {MAX_DIMS}")
             dims = [r.scalar(wide) for _ in range(n_dims)]
             ttype, offset = r.scalar("<I"), r.scalar("<Q")
-            tensors.append((dims, ttype, offset))
+            tensors.append((name, dims, ttype, offset))
         align = _alignment(r, metadata, types)
         start = -(-r.off // align) * align
     end = start
-    for dims, ttype, offset in tensors:
+    table = []
+    for name, dims, ttype, offset in tensors:
         n = 1
         for d in dims:
             n *= d
         block, nbytes = _TYPE_SIZES.get(ttype, (1, 0))
         end = max(end, start + offset + n // block * nbytes)
+        table.append(Tensor(name, tuple(dims), n // block * nbytes if ttype in _TYPE_SIZES else None))
     if end > size:
         raise ModelError(f"{p} is truncated: its tensors need {end} bytes, the file has {size}",
                          "download the model again (the file was cut short)")
     return Model(path=p, size=size, version=version, metadata=metadata, n_tensors=n_tensors,
-                 array_lengths=lengths)
+                 array_lengths=lengths, tensors=tuple(table))

@@ -45,8 +45,13 @@ def host(root=None) -> dict:
 
 
 def model(m: Model) -> dict:
+    """The model a row measured; with its weights per token, the basis of the row's ceiling
+    (measure/roofline.py)."""
+    cost = m.per_token()
     return {"path": str(m.path), "name": m.name, "arch": m.arch, "type": m.file_type,
-            "size": m.size, "sha256": model_sha256(m.path), "n_ctx_train": m.n_ctx_train}
+            "size": m.size, "sha256": model_sha256(m.path), "n_ctx_train": m.n_ctx_train,
+            "bytes_per_token": cost.bytes, "active_parameters": cost.parameters,
+            "per_token_note": cost.note}
 
 
 DIGESTS = "model-digests.json"  # in the data dir: {"dev:ino:size:mtime_ns": {"sha256": ..., "path": ...}}

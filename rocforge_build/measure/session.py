@@ -86,4 +86,7 @@ def describe(row: dict) -> str:
     what = f"{row.get('test')}{n} @ d{row.get('depth')}"
     if row.get("status") != "ok":
         return f"{what}: {row.get('status')}: {row.get('error')}"
-    return f"{what}: {row.get('t_s', 0):.2f} ± {row.get('stddev') or 0:.2f} t/s"
+    from rocforge_build.measure.roofline import note
+
+    share = note(row)
+    return f"{what}: {row.get('t_s', 0):.2f} ± {row.get('stddev') or 0:.2f} t/s" + (f" ({share})" if share else "")
