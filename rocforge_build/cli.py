@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("rocforge_build.commands.tune", "build, gate and measure candidates; store the winner as a preset"),
     "preset": ("rocforge_build.commands.preset", "show the tuned command for a model"),
     "bundle": ("rocforge_build.commands.bundle", "pack a build into a relocatable archive; check one"),
+    "upgrade": ("rocforge_build.commands.upgrade", "rebuild a build with new inputs; swap it in only if every gate passes"),
+    "rollback": ("rocforge_build.commands.rollback", "put back the build `rocforge upgrade` replaced"),
 }
 
 _GLOBAL_WITH_VALUE = {"--root"}

@@ -103,8 +103,10 @@ def recover(dest: Path, marker: str) -> str | None:
     return done
 
 
-def swap(new: Path, dest: Path, marker: str) -> None:
-    """Put the tree `new` in place of `dest` (replaced as a whole; see the module's docstring)."""
+def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
+    """Put the tree `new` in place of `dest` (replaced as a whole; see the module's docstring).
+    `keep`: the replaced tree is renamed there instead of deleted (`rocforge upgrade` keeps it
+    for `rocforge rollback`); the caller has cleared that name (`retire`)."""
     new, dest = Path(new), Path(dest)
     recover(dest, marker)
     old, deleting = sibling(dest, OLD), sibling(dest, DELETING)
@@ -123,7 +125,84 @@ def swap(new: Path, dest: Path, marker: str) -> None:
                     os.replace(old, dest)
                 raise
             if moved:
-                os.replace(old, deleting)
+                os.replace(old, deleting if keep is None else keep)
     finally:
-        if moved:  # also when that signal is on its way out (a second one leaves it to recover)
+        if moved and keep is None:  # also when that signal is on its way out (a second one leaves it to recover)
             shutil.rmtree(deleting, ignore_errors=True)
+
+
+def retire(tree: Path, marker: str, what: str) -> None:
+    """Delete a whole tree rocforge made (it holds `marker`): renamed to a `.deleting` sibling
+    first, so a cut-off delete never leaves a half tree under the name.  Anything else at that
+    name is refused (one line), never deleted."""
+    tree = Path(tree)
+    if not os.path.lexists(tree):
+        return
+    if os.path.islink(tree) or not os.path.isdir(tree) or not _marked(tree, marker):
+        raise UsageError(f"{tree} is in the way of {what} and rocforge did not make it (no "
+                         f"{marker})", f"move {tree} elsewhere, then run the command again")
+    gone = sibling(tree, ".deleting")
+    shutil.rmtree(gone, ignore_errors=True)
+    os.replace(tree, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+# -- single files rocforge writes for the user (results plot -o, ...) ------------------------------
+HEAD_BYTES = 4096  # how much of an existing file is read to find rocforge's marker
+
+
+def check_own_file(path: Path, option: str, made_by_rocforge) -> None:
+    """Refuse (UsageError, one line) an output file rocforge may not overwrite: a symbolic link
+    (dangling or not: never written through), a directory, a FIFO or device (never opened), or a
+    regular file whose first bytes do not satisfy `made_by_rocforge(head: bytes)`.  A name that
+    does not exist yet is fine."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"{option} {path} cannot be read: {exc.strerror}") from exc
+    if stat.S_ISLNK(st.st_mode):
+        raise UsageError(f"{option} {path} is a symbolic link; rocforge does not write through links",
+                         f"give the file it points to, or a new name, as {option}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise UsageError(f"{option} {path} is {kind}", f"give a new file name as {option}")
+    try:  # O_NOFOLLOW|O_NONBLOCK: whatever was swapped in since the lstat is not followed or waited on
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            head = os.read(fd, HEAD_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise UsageError(f"{option} {path} cannot be read: {exc.strerror}") from exc
+    if not made_by_rocforge(head):
+        raise UsageError(f"{option} {path} exists and rocforge did not make it: not overwriting it",
+                         f"move it away or give another {option}")
+
+
+def write_own_file(path: Path, text: str, option: str, made_by_rocforge) -> None:
+    """Write `text` to `path` after `check_own_file`: into a fresh temporary sibling (O_EXCL, so
+    never through someone else's file or link), then renamed over `path`, so the old file stays
+    whole until the new one is complete.  Mode 0666 less the umask, as a plain write gives."""
+    import tempfile
+
+    path = Path(path)
+    check_own_file(path, option, made_by_rocforge)
+    tmp = None
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".rocforge-tmp",
+                                    dir=path.parent)
+        tmp = Path(name)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise UsageError(f"cannot write {option} {path}: {exc.strerror}",
+                         f"give a {option} in a writable directory") from exc
