@@ -144,7 +144,7 @@ def run_gate(argv: list[str], candidate: Path, name: str = "run") -> Gate:
     """The user's command with ROCFORGE_PREFIX=candidate; git bisect run's exit codes."""
     env = {**os.environ, "ROCFORGE_PREFIX": str(candidate)}
     try:
-        rc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+        rc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=_stderr_fd(),
                             check=False).returncode
     except OSError as exc:
         return Gate(name, "fail", f"{shlex.join(argv)} could not start: {exc.strerror}")
@@ -152,12 +152,20 @@ def run_gate(argv: list[str], candidate: Path, name: str = "run") -> Gate:
     return Gate(name, verdict, f"{shlex.join(argv)} exited {rc}", {"exit_code": rc})
 
 
+def _stderr_fd() -> int:
+    """Where a child's output goes: rocforge's stderr (stdout carries --json)."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a non-file (an embedding caller)
+        return 2
+
+
 def rocforge_cli(args: list[str], root: str | None) -> tuple[int, str]:
     """Another rocforge command through its command line (its internals may change), stdout
     captured, stderr passed through."""
     argv = [sys.executable, "-m", "rocforge_build"] + (["--root", root] if root else []) + args
     proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=sys.stderr.fileno(), text=True, check=False)
+                          stderr=_stderr_fd(), text=True, check=False)
     return proc.returncode, proc.stdout
 
 

@@ -38,11 +38,11 @@ def run(args) -> int:
     from rocforge_build.build import upgrade
     from rocforge_build.measure.store import Store
 
-    prefix, manifest = upgrade.existing_build(args.prefix)
+    pct = upgrade.threshold(args.threshold)  # every flag is checked before the prefix is read
     if args.ref is not None:
         check_git_ref(args.ref)
     argv = upgrade.run_argv(args.run) if args.run is not None else None
-    pct = upgrade.threshold(args.threshold)
+    prefix, manifest = upgrade.existing_build(args.prefix)
     model = _model(args.model)
     req = upgrade.request_for(prefix, manifest, ref=args.ref, source=args.source,
                               environ=_environ(args), jobs=args.jobs)
