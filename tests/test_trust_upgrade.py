@@ -99,3 +99,46 @@ def test_model_that_is_not_a_file_refused(build, tmp_path):
     h, prefix = build
     res = rocforge("upgrade", str(prefix), "--model", str(tmp_path / "absent.gguf"))
     assert "--model" in one_error(res)
+
+
+def test_bisect_refs_starting_with_a_dash_refused(tmp_path):
+    h = history(tmp_path)
+    marker = tmp_path / "pwned"
+    for flag in ("--good", "--bad"):
+        other = "--bad" if flag == "--good" else "--good"
+        res = rocforge("bisect", str(h.recipe), "--target", "gfx1151",
+                       f"{flag}=--upload-pack=touch {marker}", other, "v1.2.0", "--run", "true")
+        assert "is not a git ref" in one_error(res)
+    assert not marker.exists()
+    assert not (Path(os.environ["ROCFORGE_CACHE_DIR"]) / "bisect").exists()
+
+
+def test_bisect_good_after_bad_refused(tmp_path):
+    h = history(tmp_path)
+    res = rocforge("bisect", str(h.recipe), "--target", "gfx1151", "--good",
+                   h.commits["docs3"], "--bad", h.base, "--run", "true")
+    assert "not an ancestor" in one_error(res)
+
+
+def test_bisect_report_never_written_through_a_link_or_over_a_users_file(tmp_path):
+    h = history(tmp_path)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    link = tmp_path / "issue.md"
+    link.symlink_to(victim)
+    base = ["bisect", str(h.recipe), "--target", "gfx1151", "--good", h.base, "--bad",
+            h.commits["docs3"], "--run", "true"]
+    assert "symbolic link" in one_error(rocforge(*base, "--report", str(link)))
+    assert "rocforge did not make it" in one_error(rocforge(*base, "--report", str(victim)))
+    assert victim.read_text() == "mine\n" and link.is_symlink()
+    assert not (Path(os.environ["ROCFORGE_CACHE_DIR"]) / "bisect").exists()  # nothing was built
+
+
+@pytest.mark.parametrize("extra", [["--run", "true", "--threshold", "nan"],
+                                   ["--bench", "m.gguf"], ["--run", "true", "--metric", "pp512"],
+                                   ["--run", "$(touch pwned)"]])
+def test_bisect_flag_combinations_refused(tmp_path, extra):
+    res = rocforge("bisect", "fixture", "--target", "gfx1151", "--good", "a", "--bad", "b",
+                   *extra, cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert not (tmp_path / "pwned").exists()

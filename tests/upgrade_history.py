@@ -12,8 +12,8 @@ from pathlib import Path
 
 from buildfixtures import git, git_repo, recipe_copy
 
-SLEEP_S = 0.4  # what the slow commit adds to every run of fixture-hello
-SLOW_LIMIT_S = 0.2  # the timing checker's limit: well above the fast program, below SLEEP_S
+SLEEP_S = 0.12  # what the slow commit adds to every run of fixture-hello
+SLOW_LIMIT_S = 0.06  # the timing checker's limit: far above the fast program (~2 ms), below SLEEP_S
 
 
 @dataclass
