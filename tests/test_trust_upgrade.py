@@ -142,3 +142,14 @@ def test_bisect_flag_combinations_refused(tmp_path, extra):
                    *extra, cwd=tmp_path)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert not (tmp_path / "pwned").exists()
+
+
+def test_bisect_source_and_report_directory_refused(tmp_path):
+    h = history(tmp_path)
+    marker = tmp_path / "pwned"
+    base = ["bisect", str(h.recipe), "--target", "gfx1151", "--good", h.base, "--bad",
+            h.commits["docs3"], "--run", "true"]
+    one_error(rocforge(*base, f"--source=--upload-pack=touch {marker}", cwd=tmp_path))
+    res = rocforge(*base, "--report", str(tmp_path / "absent" / "issue.md"))
+    assert "does not exist" in one_error(res)
+    assert not marker.exists() and not (tmp_path / "absent").exists()

@@ -58,6 +58,9 @@ def run(args) -> int:
         from rocforge_build import replace
 
         replace.check_own_file(Path(args.report), "--report", _ours)
+        if not Path(args.report).absolute().parent.is_dir():
+            raise UsageError(f"--report {args.report}: its directory does not exist",
+                             "give a file in an existing directory")
     recipe = recipes.load(args.recipe)
     location = bisect.git_location(recipe, args.source, args.good)
     commits, subjects = bisect.candidates(location, args.good, args.bad)
