@@ -77,3 +77,25 @@ def test_upgrade_exit_125_is_cannot_test_and_refuses(tmp_path, capsys):
     assert rc == 1 and report["gates"][-1]["verdict"] == "cannot test"
     assert report["gates"][-1]["figures"] == {"exit_code": 125}
     assert tree_hashes(prefix) == original
+
+
+def test_bench_gate_pairs_rows_by_shape_and_fails_beyond_the_threshold():
+    # rows as `rocforge bench --json` prints them (prefix, test, tokens, depth, ubatch, fa, t_s)
+    from rocforge_build.build.upgrade import compare_rows
+
+    cur, cand = Path("/b/cur"), Path("/b/cand")
+
+    def row(prefix, test, t_s, status="ok"):
+        return {"prefix": str(prefix), "test": test, "n_prompt": 512 if test == "pp" else 0,
+                "n_gen": 128 if test == "tg" else 0, "depth": 0, "ubatch": None, "fa": True,
+                "t_s": t_s, "status": status}
+
+    rows = [row(cur, "pp", 1000.0), row(cur, "tg", 50.0), row(cand, "pp", 970.0),
+            row(cand, "tg", 44.0)]
+    gate = compare_rows(rows, cur, cand, 5.0)
+    assert gate.verdict == "fail" and "tg128@d0" in gate.detail and "pp512" not in gate.detail
+    assert gate.figures["pp512@d0 fa1"]["change_pct"] == -3.0
+    assert compare_rows(rows, cur, cand, 15.0).verdict == "pass"
+    # a failed row of the candidate is no figure: nothing to compare is a failure, not a pass
+    failed = [row(cur, "pp", 1000.0), row(cand, "pp", 0.0, status="failed")]
+    assert compare_rows(failed, cur, cand, 5.0).verdict == "fail"
