@@ -34,6 +34,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "preset": ("rocforge_build.commands.preset", "show, list, pick and export the tuned commands for a model"),
     "serve": ("rocforge_build.commands.serve", "serve a model with its tuned, verified preset (llama-server)"),
     "bundle": ("rocforge_build.commands.bundle", "pack a build into a relocatable archive; check one"),
+    "upgrade": ("rocforge_build.commands.upgrade", "rebuild a build with new inputs; swap it in only if every gate passes"),
+    "rollback": ("rocforge_build.commands.rollback", "put back the build `rocforge upgrade` replaced"),
+    "bisect": ("rocforge_build.commands.bisect", "find the first bad commit between a good and a bad ref"),
 }
 
 _GLOBAL_WITH_VALUE = {"--root"}

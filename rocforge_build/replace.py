@@ -103,8 +103,10 @@ def recover(dest: Path, marker: str) -> str | None:
     return done
 
 
-def swap(new: Path, dest: Path, marker: str) -> None:
-    """Put the tree `new` in place of `dest` (replaced as a whole; see the module's docstring)."""
+def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
+    """Put the tree `new` in place of `dest` (replaced as a whole; see the module's docstring).
+    `keep`: the replaced tree is renamed there instead of deleted (`rocforge upgrade` keeps it
+    for `rocforge rollback`); the caller has cleared that name (`retire`)."""
     new, dest = Path(new), Path(dest)
     recover(dest, marker)
     old, deleting = sibling(dest, OLD), sibling(dest, DELETING)
@@ -123,10 +125,26 @@ def swap(new: Path, dest: Path, marker: str) -> None:
                     os.replace(old, dest)
                 raise
             if moved:
-                os.replace(old, deleting)
+                os.replace(old, deleting if keep is None else keep)
     finally:
-        if moved:  # also when that signal is on its way out (a second one leaves it to recover)
+        if moved and keep is None:  # also when that signal is on its way out (a second one leaves it to recover)
             shutil.rmtree(deleting, ignore_errors=True)
+
+
+def retire(tree: Path, marker: str, what: str) -> None:
+    """Delete a whole tree rocforge made (it holds `marker`): renamed to a `.deleting` sibling
+    first, so a cut-off delete never leaves a half tree under the name.  Anything else at that
+    name is refused (one line), never deleted."""
+    tree = Path(tree)
+    if not os.path.lexists(tree):
+        return
+    if os.path.islink(tree) or not os.path.isdir(tree) or not _marked(tree, marker):
+        raise UsageError(f"{tree} is in the way of {what} and rocforge did not make it (no "
+                         f"{marker})", f"move {tree} elsewhere, then run the command again")
+    gone = sibling(tree, ".deleting")
+    shutil.rmtree(gone, ignore_errors=True)
+    os.replace(tree, gone)
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 # -- single files rocforge writes for the user (results plot -o, ...) ------------------------------

@@ -772,3 +772,43 @@ def test_offline_fails_fast_with_a_warning_per_source(capsys, monkeypatch):
         "https://pip.rocforge-test.invalid/v2/{family}/")
     rc, _out, err = run(capsys, "nightly", "pip", "--target", "gfx1151")
     assert rc == 6 and "cannot resolve the host name" in err and slept == [], err
+
+
+def test_gate_installs_beside_and_switches_when_no_build_used_the_current_one(
+        site, prefix, capsys, tmp_path):
+    # a real rocforge build in the builds directory, made with the host compilers: it was not
+    # built against the current nightly, so the gate leaves it alone and has nothing to refuse
+    from buildfixtures import RECIPE, project_copy
+    from upgrade_history import tree_hashes
+
+    from rocforge_build import paths
+
+    rc, _, err = install(capsys, prefix, "--version", OLD)
+    assert rc == 0, err
+    src = project_copy(tmp_path / "src")
+    assert cli.main(["build", str(RECIPE), "--target", "gfx1151", "--source", str(src),
+                     "--no-recheck"]) == 0
+    capsys.readouterr()
+    build = next(p for p in paths.builds_prefix().iterdir())
+    before = tree_hashes(build)
+    rc, out, err = install(capsys, prefix, "--gate", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["switched"] and doc["builds"] == [] and doc["previous"] == f"therock-{OLD}-gfx1151"
+    assert os.readlink(prefix / "current") == f"therock-{NEW}-gfx1151"
+    assert (prefix / f"therock-{OLD}-gfx1151").is_dir() and tree_hashes(build) == before
+
+
+@pytest.mark.parametrize("extra", [["--gate", "--run", "$(touch {marker})"],
+                                   ["--gate", "--run", ""], ["--gate", "--threshold", "nan"],
+                                   ["--gate", "--model", "{absent}"], ["--model", "{absent}"],
+                                   ["--run", "true"], ["--gate", "--dry-run"]])
+def test_gate_flags_refused_before_anything_is_downloaded(site, prefix, capsys, tmp_path, extra):
+    marker = tmp_path / "pwned"
+    extra = [e.format(marker=marker, absent=tmp_path / "absent.gguf") for e in extra]
+    try:
+        rc, _out, err = install(capsys, prefix, *extra)
+    except SystemExit as exc:  # argparse's refusal (a value its type function refused)
+        rc, (_out, err) = exc.code, capsys.readouterr()
+    assert rc == 2 and err.count("rocforge: error:") + err.count("error: argument") == 1, err
+    assert not marker.exists() and not prefix.exists()  # nothing listed, fetched or made

@@ -85,8 +85,13 @@ class _Run:
         self.timings[step] = time.monotonic() - t
 
 
-def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
-    """Build the request (its dependencies first) unless its prefix is already current."""
+def execute(req: Request, root, *, quiet: bool = False,
+            gate: Callable[[Plan, Path], None] | None = None, keep: Path | None = None) -> Outcome:
+    """Build the request (its dependencies first) unless its prefix is already current.
+
+    `gate(plan, staging)` runs after the smoke test, on the complete staged install, before the
+    swap: when it raises, the staged install is deleted and the prefix stays as it was
+    (`rocforge upgrade`).  `keep`: the replaced install is kept there (`replace.swap`)."""
     t0 = time.monotonic()
     if not req.force:
         _, prefix, current = quick_check(req, root)
@@ -138,7 +143,11 @@ def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
         timings["total"] = time.monotonic() - t0
         plan.timings = {k: round(v, 3) for k, v in timings.items()}
         write_manifest(plan, staging)
-        replace.swap(staging, plan.prefix, MANIFEST)
+        if gate is not None:
+            gate(plan, staging)
+        if keep is not None:
+            replace.retire(keep, MANIFEST, f"keeping the replaced build of {plan.prefix}")
+        replace.swap(staging, plan.prefix, MANIFEST, keep=keep)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -469,9 +478,11 @@ def _stream(argv: list[str], env: Mapping[str, str | None], log: _Log, step: str
                 on_line(line.rstrip("\n"), beat)
         rc = proc.wait()
     if rc != 0:
-        raise BuildError(
+        failed = BuildError(
             f"{step} failed (exit code {rc}); full log: {log.path}\n" + "\n".join(tail[-15:]),
             f"read the log: less {log.path}")
+        failed.step = step  # which gate of `rocforge upgrade` failed (build, smoke test, ...)
+        raise failed
     return "".join(out)
 
 

@@ -6,7 +6,7 @@ import json
 import re
 import sys
 
-from rocforge_build import config
+from rocforge_build import argtypes, config
 from rocforge_build.errors import NetworkError, UsageError
 from rocforge_build.nightly import listing
 
@@ -41,6 +41,15 @@ def add_arguments(parser) -> None:
     p.add_argument("--dry-run", action="store_true", help="show the choice, download nothing")
     p.add_argument("--json", action="store_true", help="print the install record as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--gate", action="store_true",
+                   help="install beside the others; switch `current` only if every rocforge build "
+                   "made against the current nightly passes `rocforge upgrade` onto the new one")
+    p.add_argument("--model", metavar="GGUF", help="with --gate: verify and bench each build "
+                   "(see `rocforge upgrade --model`)")
+    p.add_argument("--run", metavar="CMD", help="with --gate: a gate command for each build "
+                   "(see `rocforge upgrade --run`)")
+    p.add_argument("--threshold", type=argtypes.non_negative_number, metavar="PCT",
+                   help="with --gate --model: a figure this many percent slower fails (default 5)")
 
     p = sub.add_parser("installed", help="installed nightlies; * marks current")
     p.add_argument("--prefix", metavar="DIR")
@@ -183,6 +192,7 @@ def _install(args, cfg) -> int:
     if args.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", args.sha256.strip()):
         raise UsageError(f"--sha256 {args.sha256!r} is not a sha256 (64 hexadecimal digits)",
                          "copy the whole digest, e.g. from `sha256sum FILE`")
+    gate = _gate_inputs(args)  # checked before anything is listed or downloaded
     groups, target = _groups(args, need=True)
     entries = _entries(args, cfg)
     skipped: dict[str, str] = {}
@@ -224,9 +234,11 @@ def _install(args, cfg) -> int:
     # SIGTERM cleans up like Ctrl-C: the CLI's handler (rocforge_build.signals) covers it
     result = install.install(
         layers, prefix, cfg=cfg, progress=not args.no_progress and not args.json,
-        sha256=args.sha256, force=args.force)
+        sha256=args.sha256, force=args.force, switch_current=not args.gate)
     for note in result.notes:
         print(note, file=sys.stderr)
+    if args.gate:
+        return _gated(args, prefix, result, gate)
     if args.json:
         print(json.dumps({"path": _shown(args, result.path), "previous": result.previous,
                           "reused": result.reused, "record": result.record}, indent=2))
@@ -248,6 +260,60 @@ def _install(args, cfg) -> int:
           + (f" (was {result.previous}; roll back: rocforge nightly use {result.previous})"
              if result.previous and result.previous != result.path.name else ""))
     return 0
+
+
+def _gate_inputs(args) -> dict:
+    """--gate's own flags, checked (one line each) before the listing is read."""
+    if not args.gate:
+        if args.model or args.run or args.threshold is not None:
+            raise UsageError("--model, --run and --threshold go with --gate")
+        return {}
+    from pathlib import Path
+
+    from rocforge_build.build import upgrade
+
+    if args.dry_run:
+        raise UsageError("--gate builds and tests; --dry-run shows the choice only",
+                         "drop one of them")
+    pct = upgrade.threshold(args.threshold)
+    argv = upgrade.run_argv(args.run) if args.run is not None else None
+    model = None
+    if args.model is not None:
+        if not Path(args.model).is_file():
+            raise UsageError(f"--model {args.model}: no such file", "give a GGUF model file")
+        model = str(Path(args.model).resolve())
+    return {"run": argv, "model": model, "pct": pct}
+
+
+def _gated(args, prefix, result, gate: dict) -> int:
+    """Upgrade the builds made against the current nightly onto the new one; switch or not."""
+    from rocforge_build.nightly import gate as gating
+
+    previous = result.previous
+    rnd = gating.gated_round(prefix, result.path, previous, args.rootfs, run=gate["run"],
+                             model=gate["model"], pct=gate["pct"],
+                             root_arg=None if args.rootfs.is_host else args.root,
+                             quiet=args.json)
+    if args.json:
+        print(json.dumps({"path": _shown(args, result.path), **rnd.to_json()}, indent=2))
+        return 0 if rnd.switched else 1
+    print(f"installed {_shown(args, result.path)} beside {previous or 'nothing'}")
+    for out in rnd.outcomes:
+        bad = [g for g in out.gates if g.verdict != "pass"]
+        print(f"  {out.prefix}: {out.status}" + (f" (gate {bad[0].name}: {bad[0].verdict}, "
+                                                  f"{bad[0].detail})" if bad else ""))
+    if not rnd.outcomes:
+        print(f"  no rocforge build was made against {previous or 'a current nightly'}: "
+              "nothing to gate")
+    for p in rnd.rolled_back:
+        print(f"  rolled back {p} (upgraded in this round before the failure)")
+    if rnd.switched:
+        print(f"  current -> {result.path.name}"
+              + (f" (roll back: rocforge nightly use {previous})" if previous else ""))
+        return 0
+    print(f"  current stays {previous}: `rocforge nightly use {result.path.name}` switches "
+          "anyway")
+    return 1
 
 
 def _installed(args, cfg) -> int:

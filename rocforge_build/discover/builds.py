@@ -136,7 +136,8 @@ def find_builds(root: Root) -> list[Build]:
         return []
     found = []
     for name in sorted(root.listdir(base)):
-        if name.startswith(".") or name.endswith((".rocforge-new", ".rocforge-old", ".rocforge-destdir")):
+        if name.startswith(".") or name.endswith((".rocforge-new", ".rocforge-old", ".rocforge-destdir",
+                                                  ".rocforge-previous")):
             continue
         if root.is_dir(base / name):
             build = read(root, base / name)

@@ -159,8 +159,10 @@ def published_checksum(entry: Nightly, suffixes: list[str], *, session=None) -> 
 
 def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = True,
             session=None, force: bool = False, sha256: str | None = None,
-            log: Callable[[str], None] | None = None) -> InstallResult:
-    """Install `layers` (base first, each extracted over the previous) as one version dir."""
+            log: Callable[[str], None] | None = None, switch_current: bool = True
+            ) -> InstallResult:
+    """Install `layers` (base first, each extracted over the previous) as one version dir.
+    `switch_current=False` (`nightly install --gate`): installed beside, `current` unchanged."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     ncfg = cfg["nightly"]
     policy = download.policy_from_config(cfg, log)
@@ -174,10 +176,12 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
                              "rocforge will not use or replace it",
                              "move it away (it may be yours), then run the install again")
         if final.exists() and not force:
-            switch(prefix, name)
+            if switch_current:
+                switch(prefix, name)
             record = read_record(final)
             return InstallResult(final, record, previous, reused=True,
-                                 notes=[f"{name} was already installed; `current` points at it"])
+                                 notes=[f"{name} was already installed" + (
+                                     "; `current` points at it" if switch_current else "")])
         sizes = [e.size if e.size is not None
                  else download.remote_size(e.url, session=session, policy=policy)
                  for e in layers]
@@ -225,7 +229,8 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
                 raise
         if trash is not None:
             extract.remove_tree(trash)
-        switch(prefix, name)
+        if switch_current:
+            switch(prefix, name)
         if not ncfg.get("keep_archives"):
             for _e, res, _h, _v in fetched:
                 res.path.unlink(missing_ok=True)

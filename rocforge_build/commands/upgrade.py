@@ -1,0 +1,109 @@
+"""`rocforge upgrade PREFIX [--ref REF | --source S | --rocm PATH | --nightly VERSION]
+[--model GGUF] [--run CMD] [--threshold PCT] [--json]`: rebuild a build with changed inputs, gate
+the candidate (smoke test, --run, verify and bench against the current build) and swap it in only
+when every gate passes; otherwise the build stays as it was and the command exits 1."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from rocforge_build import argtypes
+from rocforge_build.errors import UsageError
+from rocforge_build.refs import check_git_ref
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("prefix", metavar="PREFIX", help="the build to upgrade (its install prefix)")
+    change = parser.add_mutually_exclusive_group()
+    change.add_argument("--ref", metavar="REF", help="build this git tag, branch or commit")
+    change.add_argument("--source", metavar="PATH|URL", help="build this tree, tarball or git URL")
+    change.add_argument("--rocm", metavar="PATH", help="build against the ROCm at PATH")
+    change.add_argument("--nightly", metavar="VERSION",
+                        help="build against this installed TheRock nightly (`nightly installed`)")
+    parser.add_argument("--run", metavar="CMD",
+                        help="a gate: run CMD (split into words, no shell) with ROCFORGE_PREFIX set "
+                        "to the candidate; exit 0 passes, 125 cannot test, anything else fails")
+    parser.add_argument("--model", metavar="GGUF", help="gates: `rocforge verify` against the "
+                        "current build and a side-by-side `rocforge bench`")
+    parser.add_argument("--threshold", type=argtypes.non_negative_number, metavar="PCT",
+                        help="with --model: a figure this many percent slower fails (default 5)")
+    parser.add_argument("--jobs", "-j", type=argtypes.positive_int, metavar="N",
+                        help="parallel build jobs (default: the plan's choice)")
+    parser.add_argument("--json", action="store_true", help="the report as JSON")
+
+
+def run(args) -> int:
+    from rocforge_build.build import upgrade
+    from rocforge_build.measure.store import Store
+
+    pct = upgrade.threshold(args.threshold)  # every flag is checked before the prefix is read
+    if args.ref is not None:
+        check_git_ref(args.ref)
+    argv = upgrade.run_argv(args.run) if args.run is not None else None
+    prefix, manifest = upgrade.existing_build(args.prefix)
+    model = _model(args.model)
+    req = upgrade.request_for(prefix, manifest, ref=args.ref, source=args.source,
+                              environ=_environ(args), jobs=args.jobs)
+    with Store() as store:  # a store that cannot be written is found before anything is built
+        run_id = store.start_run("upgrade", args.argv, {"prefix": str(prefix)})
+        try:
+            out = upgrade.upgrade(prefix, req, args.rootfs, run=argv, model=model, pct=pct,
+                                  root_arg=None if args.rootfs.is_host else args.root,
+                                  quiet=args.json)
+        except BaseException:
+            store.finish_run(run_id, "failed")
+            raise
+        store.add_row(run_id, "upgrade", {"prefix": str(prefix), "stamp": out.after.get("stamp"),
+                                          **out.to_json()},
+                      status="ok" if out.passed else "failed")
+        store.finish_run(run_id, out.status)
+    if args.json:
+        print(json.dumps({**out.to_json(), "run": run_id}, indent=2))
+    else:
+        print_report(out)
+    return 0 if out.passed else 1
+
+
+def _model(model: str | None) -> str | None:
+    if model is None:
+        return None
+    if not Path(model).is_file():
+        raise UsageError(f"--model {model}: no such file", "give a GGUF model file")
+    return str(Path(model).resolve())
+
+
+def _environ(args) -> dict | None:
+    """--rocm / --nightly: the build's environment with ROCM_PATH pointing at that ROCm."""
+    rocm = args.rocm
+    if args.nightly is not None:
+        from rocforge_build import config
+        from rocforge_build.nightly import install
+
+        rocm = str(install.find(config.nightly_prefix(), args.nightly).path)
+    if rocm is None:
+        return None
+    if not Path(rocm).is_dir():
+        raise UsageError(f"--rocm {rocm} is not a directory", "give the root of a ROCm install")
+    return {**os.environ, "ROCM_PATH": str(Path(rocm).resolve())}
+
+
+def print_report(out) -> None:
+    word = {"upgraded": "UPGRADED", "refused": "REFUSED (the build is unchanged)",
+            "up to date": "nothing to do: the build already has these inputs"}[out.status]
+    print(f"upgrade {out.prefix}: {word}")
+    for side, s in (("from", out.before), ("to", out.after)):
+        if s and out.status == "upgraded":
+            print(f"  {side:4} {s.get('version') or '-'} {(s.get('commit') or '')[:12]} "
+                  f"{s.get('source') or ''}" + (f" (ROCm {s['rocm']})" if s.get("rocm") else ""))
+    if out.gates:
+        print(f"  {'gate':8} {'verdict':12} detail")
+        for g in out.gates:
+            print(f"  {g.name:8} {g.verdict:12} {g.detail}")
+            for label, f in g.figures.items() if g.name == "bench" else ():
+                print(f"           {label}: {f['current']:.2f} -> {f['candidate']:.2f} t/s "
+                      f"({f['change_pct']:+.1f}%)")
+    if out.previous:
+        print(f"  the replaced build is kept at {out.previous}; `rocforge rollback {out.prefix}` "
+              "puts it back")
