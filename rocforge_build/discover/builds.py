@@ -56,17 +56,22 @@ def _watch(root: Root, inner: PurePosixPath) -> None:
     touch(root.host(inner))
 
 
-def builds_dir(root: Root) -> PurePosixPath:
-    """The builds directory as an inner path (a data dir inside `--root` maps into it)."""
-    from rocforge_build import paths
-
-    host = paths.builds_prefix()
+def as_inner(root: Root, host) -> PurePosixPath:
+    """A host path of rocforge's own (data dir, builds) as an inner path: a directory inside
+    `--root` maps into it, one outside stays as it is."""
     if root.is_host:
         return PurePosixPath(host)
     try:
         return root.inner(host)
     except ValueError:
         return PurePosixPath(host)
+
+
+def builds_dir(root: Root) -> PurePosixPath:
+    """The builds directory as an inner path (a data dir inside `--root` maps into it)."""
+    from rocforge_build import paths
+
+    return as_inner(root, paths.builds_prefix())
 
 
 def _rebase(value: str, recorded: str, prefix: PurePosixPath) -> str:

@@ -31,14 +31,9 @@ VERIFIED_DIR = "verified"
 def data_dir(root: Root) -> PurePosixPath:
     """rocforge's data directory as an inner path (inside `--root` when it lies there)."""
     from rocforge_build import paths
+    from rocforge_build.discover.builds import as_inner
 
-    host = paths.data_dir()
-    if root.is_host:
-        return PurePosixPath(host)
-    try:
-        return root.inner(host)
-    except ValueError:
-        return PurePosixPath(host)
+    return as_inner(root, paths.data_dir())
 
 
 def _read_toml(root: Root, inner: PurePosixPath) -> dict:
