@@ -16,6 +16,10 @@ Formats and where they come from:
   apt-cache from deb.debian.org) turned into a status stanza; Ubuntu's linux-firmware stanza
   written by hand in the same layout (Ubuntu's archive is not reachable from here).
 - pacman: `/var/lib/pacman/local/<name>-<version>/desc` (`%NAME%` / `%VERSION%` blocks).
+- sysfs firmware: amdgpu_ucode.c's `device/fw_version/<name>_fw_version` files (mode 0444,
+  `0x%08x\n`) and `device/vbios_version` (`%s\n`); `/sys/class/iommu/ivhd0`, the AMD IOMMU
+  unit's link into its PCI device (amd_iommu registers `ivhd%d`).
+- `/etc/tuned/active_profile`: the profile name and a newline, as tuned-adm writes it.
 - `/etc/os-release`, `/etc/default/grub`: the distributions' stock files (Debian 12's is copied
   from this machine; the others written from the distributions' defaults).
 """
@@ -295,7 +299,8 @@ def make_host(root: Path, *, os: str = "ubuntu", kernel: str = "6.17.0-19-generi
               modules: tuple[str, ...] = ("ttm",), apu: bool = True, mes: int | None = None,
               dpkg: dict[str, str] | None = None, pacman: dict[str, str] | None = None,
               grub: str | None = None, tuned: str | None = None, icds: tuple[str, ...] = (),
-              loader_entries: dict[str, str] | None = None) -> Path:
+              loader_entries: dict[str, str] | None = None, fw_sysfs: dict[str, int] | None = None,
+              vbios: str | None = None, iommu_units: tuple[str, ...] | None = None) -> Path:
     """One machine: GPUs (KFD), /proc, sysfs, /etc.  `pages_limit` defaults to the kernel's own
     default, MemTotal pages / 2; the GTT follows it (`pages_limit x 4096`) unless given."""
     if apu:
@@ -318,6 +323,14 @@ def make_host(root: Path, *, os: str = "ubuntu", kernel: str = "6.17.0-19-generi
     else:
         make_card(root, card=0, render=128, device=0x744C, gtt=(mem_total_kib // 2) * 1024,
                   vram=24 * GIB)
+    for name, version in (fw_sysfs or {}).items():
+        _w(root / "sys" / PCI / "fw_version" / f"{name}_fw_version", f"0x{version:08x}\n", 0o444)
+    if vbios is not None:
+        _w(root / "sys" / PCI / "vbios_version", vbios + "\n", 0o444)
+    if iommu_units is not None:
+        (root / "sys/class/iommu").mkdir(parents=True, exist_ok=True)
+        for unit in iommu_units:
+            _link(root / "sys/class/iommu" / unit, f"../../devices/pci0000:00/0000:00:00.2/iommu/{unit}")
     if mes is not None:
         _w(root / "sys/kernel/debug/dri/1/amdgpu_firmware_info", FIRMWARE_INFO.format(mes=mes))
         _w(root / "sys/kernel/debug/dri/1/name", f"amdgpu dev={BDF} unique={BDF}\n")

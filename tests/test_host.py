@@ -528,3 +528,91 @@ def test_debugfs_without_root_is_unknown(tmp_path, monkeypatch):
     monkeypatch.setattr(host.os, "listdir", denied)
     assert host.read_mes(Root(tmp_path), None) == (None, "/sys/kernel/debug/dri is not readable "
                                                          "(debugfs needs root)")
+
+
+# -- the host fingerprint every measured row carries ----------------------------------------------
+def _fingerprint(root):
+    from rocforge_build.discover import gpus
+
+    r = Root(root)
+    return host.fingerprint(r, gpus.discover(r).gpus)
+
+
+def test_fingerprint_fields_from_debugfs_cmdline_tuned_and_sysfs(tmp_path):
+    # read as root: debugfs amdgpu_firmware_info (MES 0x83, hr.FIRMWARE_INFO's Strix Halo lines),
+    # amd_iommu=off on the command line, TuneD's profile, GTT raised to 121 GiB, 512 MiB carve-out
+    cmdline = ("BOOT_IMAGE=(hd0,gpt2)/vmlinuz-6.18.4-200.fc43.x86_64 root=UUID=4f1c ro rhgb quiet "
+               "ttm.pages_limit=31719424 amd_iommu=off")
+    hr.make_host(tmp_path, os="fedora", kernel="6.18.4-200.fc43.x86_64", cmdline=cmdline,
+                 pages_limit=31719424, vram=512 * hr.MIB, mes=0x83, tuned="accelerator-performance",
+                 iommu_units=())
+    fp = _fingerprint(tmp_path)
+    # every non-zero "firmware version" of hr.FIRMWARE_INFO (0 = not loaded), SMC's word
+    # 0x0a640200 as the kernel prints the SMU version (100.2.0), and the VBIOS line
+    assert fp["firmware"] == {
+        "me": "0x1f", "pfp": "0x2c", "rlc": "0x11530505", "mec": "0x1f", "imu": "0xb352300",
+        "asd": "0x21000104", "ta_hdcp": "0x1700004a", "ta_dtm": "0x1200001a", "smc": "0xa640200",
+        "smu": "100.2.0", "sdma0": "0x11", "vcn": "0x911801b", "dmcub": "0x9003500", "toc": "0x0b",
+        "mes_kiq": "0x6f", "mes": "0x83", "vpe": "0x17", "vbios": "113-STRXLGEN-001"}
+    assert fp["cmdline"] == cmdline
+    assert fp["tuned_profile"] == "accelerator-performance"
+    assert fp["iommu"] == "off"  # amd_iommu=off, and /sys/class/iommu lists no unit
+    assert fp["gtt_bytes"] == 31719424 * 4096 == 121 * hr.GIB
+    assert fp["vram_bytes"] == 512 * hr.MIB
+    assert fp["firmware_packages"] is None  # the loaded MES is known: no package fallback read
+
+
+def test_fingerprint_as_a_user_reads_sysfs_firmware_and_the_package_only_without_mes(tmp_path):
+    # no debugfs (a user): amdgpu's world-readable fw_version files; the IOMMU on (ivhd0 in sysfs)
+    user = tmp_path / "user"
+    hr.make_host(user, fw_sysfs={"mes": 0x80, "mes_kiq": 0x6f, "smc": 0x0A640200, "vcn": 0},
+                 vbios="113-STRXLGEN-001", tuned="", iommu_units=("ivhd0",),
+                 dpkg={"linux-firmware": "20240318.git3b128b60-0ubuntu2.21"})
+    fp = _fingerprint(user)
+    assert fp["firmware"] == {"mes": "0x80", "mes_kiq": "0x6f", "smc": "0xa640200", "smu": "100.2.0",
+                              "vbios": "113-STRXLGEN-001"}
+    assert fp["tuned_profile"] == "" and fp["iommu"] == "on"
+    assert fp["firmware_packages"] is None
+    # nothing tells the MES version: the firmware package is recorded as the evidence
+    pkg = tmp_path / "pkg"
+    hr.strix_bad_firmware_arch(pkg)
+    fp = _fingerprint(pkg)
+    assert fp["firmware"] is None and fp["firmware_packages"] == {"linux-firmware-amdgpu": "20251125-2"}
+    assert fp["tuned_profile"] is None and fp["iommu"] is None
+
+
+def test_fingerprint_never_fails_on_an_empty_or_unreadable_root(tmp_path):
+    assert _fingerprint(tmp_path) == dict.fromkeys(
+        ("cmdline", "firmware", "firmware_packages", "tuned_profile", "iommu", "gtt_bytes", "vram_bytes"))
+    # directories where files belong (open() fails with EISDIR), and garbage in sysfs files
+    hr.make_host(tmp_path, fw_sysfs={"mes": 0x83})
+    for f in ("proc/cmdline", "etc/tuned/active_profile"):
+        (tmp_path / f).unlink(missing_ok=True)
+        (tmp_path / f).mkdir(parents=True)
+    (tmp_path / "sys" / hr.PCI / "fw_version/mes_fw_version").chmod(0o644)
+    (tmp_path / "sys" / hr.PCI / "fw_version/mes_fw_version").write_text("\x00\xffgarbage\n")
+    (tmp_path / "sys" / hr.PCI / "mem_info_vram_total").write_text("-1\n")
+    fp = _fingerprint(tmp_path)
+    assert fp["cmdline"] is None and fp["tuned_profile"] is None and fp["iommu"] is None
+    assert fp["firmware"] is None and fp["vram_bytes"] is None
+    assert fp["gtt_bytes"] == (hr.STRIX_128_KIB // 4 // 2) * 4096  # the default pages_limit x 4 KiB
+
+
+def test_doctor_lists_a_known_bad_firmware_as_a_blocker_with_its_source(tmp_path):
+    hr.strix_bad_firmware(tmp_path)  # gfx1151, debugfs MES 0x83, kernel 6.18.4 (meets the floor)
+    out = cli(tmp_path, "doctor", "--json")
+    data = json.loads(out.stdout)
+    bad = [b for b in data["blockers"] if b.startswith("known bad:")]
+    assert bad == ["known bad: firmware mes 0x83 on gfx1151: MES firmware 0x83 (linux-firmware "
+                   "20251125) hangs or page-faults ROCm on Strix Halo; MES 0x80 (linux-firmware "
+                   "20251111) works (ROCm/legacy-rocm-build #5724, #5991; "
+                   "kyuz0/amd-strix-halo-toolboxes docs/troubleshooting-firmware.md)"]
+    assert not [w for w in data["warnings"] if w.startswith("known bad:")]  # 6.18.4 is no old kernel
+    assert out.returncode == 1 and not data["usable"]
+    text = cli(tmp_path, "doctor")
+    assert "problem: known bad: firmware mes 0x83 on gfx1151" in " ".join(text.stdout.split())
+    # MES 0x80 (the good firmware) on the same machine: no match
+    good = tmp_path / "good"
+    hr.make_host(good, os="fedora", kernel="6.18.4-200.fc43.x86_64", mes=0x80)
+    assert not [b for b in json.loads(cli(good, "doctor", "--json").stdout)["blockers"]
+                if b.startswith("known bad:")]

@@ -221,6 +221,77 @@ def test_compare_a_build_that_lost_its_gate_is_wrong():
     assert [x.verdict for x in compare.compare(a, b)] == ["wrong"]
 
 
+def _host(**changes):
+    """A row's host as provenance.host writes it (a Strix Halo with the good firmware)."""
+    return {"kernel": "6.18.4-200.fc43.x86_64", "os": "Linux-6.18.4-200.fc43.x86_64-x86_64-with-glibc2.42",
+            "cpu": "AMD RYZEN AI MAX+ 395 w/ Radeon 8060S", "cpus": 32, "ram_bytes": 134914318336,
+            "gpus": [{"name": "AMD Radeon 8060S", "gfx": "gfx1151", "kind": "igpu", "driver": None}],
+            "rocm": "10.1.0a20261101", "cmdline": "BOOT_IMAGE=/vmlinuz ro quiet ttm.pages_limit=31719424",
+            "firmware": {"mes": "0x80", "smc": "0xa640200", "smu": "100.2.0"}, "firmware_packages": None,
+            "tuned_profile": "accelerator-performance", "iommu": "on", "gtt_bytes": 121 << 30,
+            "vram_bytes": 512 << 20, **changes}
+
+
+def test_results_compare_shows_what_differs_between_the_hosts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(tmp_path / "r.sqlite3"))
+    b_host = _host(kernel="6.19.0-100.fc43.x86_64", rocm="10.1.0a20261110",
+                   cmdline="BOOT_IMAGE=/vmlinuz ro ttm.pages_limit=31719424 amd_iommu=off",
+                   firmware={"mes": "0x83", "smc": "0xa640200", "smu": "100.2.0"}, iommu="off")
+    with Store() as s:
+        for host, t_s in ((_host(), 1000.0), (b_host, 700.0)):
+            rid = s.start_run("bench", ["rocforge", "bench"], {"host": host})
+            s.add_row(rid, "bench", {**_row("pp", 0, t_s), "host": host, "prefix": "/builds/llama",
+                                     "backend": "hip", "stamp": "3f2a"})
+            s.finish_run(rid, "done")
+    assert cli.main(["results", "compare", "1", "2"]) == 1  # -30 %: a regression
+    out = capsys.readouterr().out
+    section = out[out.index("host and stack differences:"):].splitlines()
+    assert section == ["host and stack differences:",
+                       "  cmdline: + amd_iommu=off - quiet",
+                       "  firmware.mes 0x80 -> 0x83",
+                       "  iommu on -> off",
+                       "  kernel 6.18.4-200.fc43.x86_64 -> 6.19.0-100.fc43.x86_64",
+                       "  rocm 10.1.0a20261101 -> 10.1.0a20261110"]
+    assert cli.main(["results", "compare", "1", "2", "--json"]) == 1
+    import json
+
+    diffs = json.loads(capsys.readouterr().out)["host_differences"]
+    assert [(d["key"], d["a"], d["b"]) for d in diffs][1:] == [
+        ("firmware.mes", "0x80", "0x83"), ("iommu", "on", "off"),
+        ("kernel", "6.18.4-200.fc43.x86_64", "6.19.0-100.fc43.x86_64"),
+        ("rocm", "10.1.0a20261101", "10.1.0a20261110")]
+    # the same host and stack twice: said so
+    assert cli.main(["results", "compare", "1", "1"]) == 0
+    assert "host and stack differences: none" in capsys.readouterr().out
+
+
+def test_bench_warns_of_a_known_bad_host_before_measuring(tmp_path, model):
+    import host_roots as hr
+    from test_env import cli as cli_in
+
+    root = tmp_path / "root"
+    hr.strix_bad_firmware(root)  # gfx1151 with MES 0x83 in debugfs, kernel 6.18.4
+    prefix = tmp_path / "build"
+    (prefix / "bin").mkdir(parents=True)
+    ran = tmp_path / "llama-bench-ran"
+    bench = prefix / "bin" / "llama-bench"
+    bench.write_text(f"#!/bin/sh\necho \"$@\" >> '{ran}'\nexit 1\n")
+    bench.chmod(0o755)
+    out = cli_in(root, "bench", str(prefix), "--model", str(model), "--no-gate",
+                 env={"ROCFORGE_RESULTS_DB": str(tmp_path / "r.sqlite3")})
+    warnings = [line for line in out.stderr.splitlines() if line.startswith("rocforge: warning: known bad")]
+    assert warnings == ["rocforge: warning: known bad: firmware mes 0x83 on gfx1151: MES firmware 0x83 "
+                        "(linux-firmware 20251125) hangs or page-faults ROCm on Strix Halo; MES 0x80 "
+                        "(linux-firmware 20251111) works (ROCm/legacy-rocm-build #5724, #5991; "
+                        "kyuz0/amd-strix-halo-toolboxes docs/troubleshooting-firmware.md)"]
+    assert out.stderr.splitlines()[0] == warnings[0]  # before anything was measured
+    assert ran.exists()  # a warning, not a refusal: llama-bench ran (and failed, as this one does)
+    with Store(tmp_path / "r.sqlite3") as s:
+        host = next(s.rows()).data["host"]
+    assert host["firmware"]["mes"] == "0x83" and host["gpus"][0]["gfx"] == "gfx1151"
+    assert host["kernel"] == "6.18.4-200.fc43.x86_64"  # the root's kernel, like its GPUs
+
+
 # -- the tune search ----------------------------------------------------------------------------
 def test_coordinate_search_finds_the_cross_products_winner_with_fewer_runs():
     # a score where fa and ubatch each matter and interact a little (like pp t/s): fa on is worth

@@ -92,6 +92,15 @@ def system_checks(root: Root, res: resolver.Resolution) -> tuple[list[str], list
     return warnings, blockers
 
 
+def host_fingerprint(root: Root, res: resolver.Resolution) -> dict:
+    """The fields of a measurement's host (measure/provenance.host) that the known-bad list
+    matches, read from the same files: kernel, the detected GPUs, firmware, command line."""
+    kernel = host.read_kernel(root)
+    gpus = [g for g in res.gpus if g.source != "--target"]
+    return {**host.fingerprint(root, gpus), "kernel": kernel.release if kernel else None,
+            "gpus": [{"gfx": g.gfx} for g in gpus]}
+
+
 # -- output ---------------------------------------------------------------------------------------
 def show_table(console, title: str, columns: tuple[str, ...], rows: list[list[str]]) -> None:
     """A rich table on a terminal wide enough for every cell, else plain lines (title, then one
@@ -155,8 +164,11 @@ def run(args) -> int:
     sys_warnings, sys_blockers = system_checks(args.rootfs, res)
     host_checks = host.checks(args.rootfs, res.gpus)  # a host check at "fail" blocks; "warn" does not
     # the resolver's own blockers: e.g. the main GPU not served by this ROCm
-    blockers = [*stack_blockers(res), *res.blockers, *sys_blockers, *host.blockers(host_checks)]
-    warnings = [*res.warnings, *sys_warnings, *known_bad.doctor_warnings(res)]
+    bad_host = known_bad.host_matches(host_fingerprint(args.rootfs, res))
+    blockers = [*stack_blockers(res), *res.blockers, *sys_blockers, *host.blockers(host_checks),
+                *(m.text for m in bad_host if m.severity == "blocker")]
+    warnings = [*res.warnings, *sys_warnings, *known_bad.doctor_warnings(res),
+                *(m.text for m in bad_host if m.severity == "warning")]
     usable = not blockers
     if args.json:
         data = res.to_json()

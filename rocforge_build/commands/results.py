@@ -109,11 +109,15 @@ def _compare(store: Store, args) -> int:
     label_a, a = cmp.resolve(store, args.a)
     label_b, b = cmp.resolve(store, args.b)
     lines = cmp.compare(a, b, args.threshold / 100)
+    diffs = cmp.host_differences(a, b)
     if args.json:
         print(json.dumps({"a": label_a, "b": label_b, "threshold": args.threshold / 100,
-                          "lines": [x.to_json() for x in lines], "flagged": len(cmp.flagged(lines))}, indent=2))
+                          "lines": [x.to_json() for x in lines], "flagged": len(cmp.flagged(lines)),
+                          "host_differences": [{"key": k, "a": va, "b": vb, "text": cmp.difference_line(k, va, vb)}
+                                               for k, va, vb in diffs]}, indent=2, default=str))
     else:
         print(cmp.table(lines, label_a, label_b, args.threshold / 100))
+        print(cmp.differences_text(diffs))
     return 1 if cmp.flagged(lines) else 0
 
 

@@ -236,32 +236,101 @@ def modprobe_pages_limits(root: Root) -> list[tuple[str, str, int]]:
     return out
 
 
-# -- firmware --------------------------------------------------------------------------------------
+# -- firmware ---------------------------------------------------------------------------------------
+# one line of debugfs `amdgpu_firmware_info` (amdgpu_debugfs_firmware_info):
+# `MES feature version: 1, firmware version: 0x00000083`, `TA XGMI feature version: 0x00000000, ...`,
+# `SMC feature version: 0, program: 10, firmware version: 0x0a640200 (100.2.0)`
+_FW_LINE = re.compile(r"^\s*([A-Z][A-Z0-9_ ]*?) feature version: [^,\n]+,(?: program: \d+,)?"
+                      r" firmware version: 0x([0-9a-fA-F]{1,8})\b", re.M)
+
+
+def _fw_versions(pairs) -> dict[str, str]:
+    """`{name: "0x83"}` for (name, version) pairs; 0 means "not loaded" and is left out.  The
+    SMU version is derived from SMC's word as the kernel prints it (program.major.minor.debug
+    bytes: 0x0a640200 -> 100.2.0)."""
+    out: dict[str, str] = {}
+    for name, value in pairs:
+        if value:
+            out[name] = f"0x{value:02x}"
+    if "smc" in out:
+        v = int(out["smc"], 16)
+        out["smu"] = f"{(v >> 16) & 0xff}.{(v >> 8) & 0xff}.{v & 0xff}"
+    return out
+
+
+def parse_firmware_versions(text: str) -> dict[str, str]:
+    """Every loaded firmware of debugfs `amdgpu_firmware_info` by lower-case name (`mes`,
+    `mes_kiq`, `smc`, `ta_xgmi`, ...), plus `smu` and `vbios`."""
+    out = _fw_versions((m.group(1).strip().lower().replace(" ", "_"), int(m.group(2), 16))
+                       for m in _FW_LINE.finditer(text))
+    m = re.search(r"^\s*VBIOS version: (\S+)", text, re.M)
+    if m:
+        out["vbios"] = m.group(1)
+    return out
+
+
 def parse_firmware_info(text: str) -> int | None:
     """MES firmware version from debugfs `amdgpu_firmware_info`
     (`MES feature version: 1, firmware version: 0x00000083`)."""
-    m = re.search(r"^\s*MES feature version: \d+, firmware version: 0x([0-9a-fA-F]+)", text, re.M)
-    return int(m.group(1), 16) if m else None
+    mes = parse_firmware_versions(text).get("mes")
+    return int(mes, 16) if mes else None
+
+
+def debugfs_firmware(root: Root) -> tuple[list[tuple[str, dict[str, str]]], str | None]:
+    """([(dri minor, versions)] of every readable `amdgpu_firmware_info`, None) or ([], why not)
+    when debugfs cannot be listed (it needs root)."""
+    base = facts()["firmware"]["debugfs"]
+    try:
+        names = sorted(os.listdir(root.host(base)))
+    except PermissionError:
+        return [], f"{base} is not readable (debugfs needs root)"
+    except OSError:
+        return [], f"{base} is not there (debugfs not mounted, or no root)"
+    found = []
+    for n in names:
+        text = read(root, f"{base}/{n}/amdgpu_firmware_info")
+        if text is not None:
+            found.append((n, parse_firmware_versions(text)))
+    return found, None
+
+
+def sysfs_firmware(root: Root, card: CardMemory) -> dict[str, str]:
+    """The card's `device/fw_version/<name>_fw_version` files (amdgpu_ucode.c, mode 0444, so
+    readable without root; `0x%08x`) and `device/vbios_version`."""
+    dev = PurePosixPath(card.card, "device")
+    pairs = []
+    for name in root.listdir(dev / "fw_version"):
+        m = re.fullmatch(r"([a-z0-9_]+)_fw_version", name)
+        text = (read(root, dev / "fw_version" / name) or "").strip() if m else ""
+        if m and re.fullmatch(r"0x[0-9a-fA-F]{1,8}", text):
+            pairs.append((m.group(1), int(text, 16)))
+    out = _fw_versions(pairs)
+    vbios = (read(root, dev / "vbios_version") or "").strip()
+    if vbios and vbios.isprintable():
+        out["vbios"] = vbios
+    return out
+
+
+def card_firmware(root: Root, card: CardMemory | None) -> dict[str, str] | None:
+    """Firmware versions of one card: sysfs (any user) completed by debugfs (root); None when
+    neither is readable."""
+    out = sysfs_firmware(root, card) if card else {}
+    found, _ = debugfs_firmware(root)
+    wanted = card.card.rsplit("card", 1)[1] if card else None
+    pick = [v for n, v in found if n == wanted] or ([found[0][1]] if len(found) == 1 else [])
+    for key, value in (pick[0] if pick else {}).items():
+        out.setdefault(key, value)
+    return out or None
 
 
 def read_mes(root: Root, card: CardMemory | None) -> tuple[int | None, str]:
     """(MES version, evidence); None with the reason when debugfs cannot be read."""
     base = facts()["firmware"]["debugfs"]
-    try:
-        names = sorted(os.listdir(root.host(base)))
-    except PermissionError:
-        return None, f"{base} is not readable (debugfs needs root)"
-    except OSError:
-        return None, f"{base} is not there (debugfs not mounted, or no root)"
+    listed, why = debugfs_firmware(root)
+    if why:
+        return None, why
     wanted = card.card.rsplit("card", 1)[1] if card else None
-    found = []
-    for n in names:
-        text = read(root, f"{base}/{n}/amdgpu_firmware_info")
-        if text is None:
-            continue
-        mes = parse_firmware_info(text)
-        if mes is not None:
-            found.append((n, mes))
+    found = [(n, int(v["mes"], 16)) for n, v in listed if "mes" in v]
     pick = [f for f in found if f[0] == wanted] or (found if len({m for _, m in found}) == 1 else [])
     if not pick:
         return None, (f"no MES line in {base}/*/amdgpu_firmware_info" if not found else
@@ -409,6 +478,47 @@ def gather(root: Root, gpus) -> Host:
         os=os_release(root),
         gpus=tuple(gpus),
     )
+
+
+def tuned_profile(root: Root) -> str | None:
+    """TuneD's active profile (`/etc/tuned/active_profile`, '' when none is active), None when
+    the file cannot be read."""
+    text = read(root, "/etc/tuned/active_profile")
+    return None if text is None else text.strip()
+
+
+def iommu_mode(root: Root, words: list[str] | None) -> str | None:
+    """'off' (amd_iommu=off or iommu=off), 'pt' (iommu=pt: passthrough), else 'on' when an
+    IOMMU unit is registered in /sys/class/iommu and 'off' when that class lists none; None
+    when neither the command line nor sysfs tells."""
+    for key, value in ((param_key(w), w.split("=", 1)[1] if "=" in w else "") for w in reversed(words or [])):
+        if (key, value) in (("amd_iommu", "off"), ("iommu", "off"), ("iommu", "0")):
+            return "off"
+        if (key, value) == ("iommu", "pt"):
+            return "pt"
+    if not root.is_dir("/sys/class/iommu"):
+        return None
+    return "on" if root.listdir("/sys/class/iommu") else "off"
+
+
+def fingerprint(root: Root, gpus) -> dict:
+    """What a measurement's host adds beside kernel, CPU, RAM, GPUs and ROCm: the kernel command
+    line, the loaded firmware, the TuneD profile, the IOMMU mode and the GPU memory (GTT, the
+    VRAM carve-out).  Every field unreadable is None: this never fails a measurement."""
+    cmd = read(root, "/proc/cmdline")
+    words = parse_cmdline(cmd) if cmd is not None else None
+    cards = drm_cards(root)
+    card = apu_card(root, gpus) or (cards[0] if cards else None)
+    firmware = card_firmware(root, card)
+    packages = None
+    if not (firmware or {}).get("mes"):  # the loaded MES tells; the package is the fallback evidence
+        pk = firmware_packages(root, os_release(root))
+        packages = {name: version for name, version in pk[1]} if pk and pk[1] else None
+    return {"cmdline": cmd.strip() if cmd is not None else None,
+            "firmware": firmware, "firmware_packages": packages,
+            "tuned_profile": tuned_profile(root), "iommu": iommu_mode(root, words),
+            "gtt_bytes": card.gtt_total if card else None,
+            "vram_bytes": card.vram_total if card else None}
 
 
 def gib(n_bytes: int) -> str:
@@ -625,7 +735,7 @@ def _tuned_check(root: Root, h: Host) -> list[Check]:
     if not h.has_apu:
         return []
     t = facts()["tuned"]
-    active = read(root, "/etc/tuned/active_profile")
+    active = tuned_profile(root)
     if active is None:
         if root.is_dir("/etc/tuned"):
             return [Check("tuned.profile", "unknown", "/etc/tuned/active_profile unreadable",
@@ -633,7 +743,7 @@ def _tuned_check(root: Root, h: Host) -> list[Check]:
         return [Check("tuned.profile", "warn", "TuneD not installed (no /etc/tuned)",
                       f"TuneD {t['profile']}: {t['gain']} ({t['source']})",
                       f"install tuned, then `sudo tuned-adm profile {t['profile']}`")]
-    name = active.strip() or "(none)"
+    name = active or "(none)"
     if t["profile"] in name.split():
         return [Check("tuned.profile", "ok", f"TuneD profile {name}", f"{t['gain']} ({t['source']})")]
     return [Check("tuned.profile", "warn", f"TuneD profile {name}",
@@ -909,7 +1019,7 @@ def plan(root: Root, gpus, reserve_gib: float | None = None) -> Plan:
         else:
             notes.append(f"{module}.pages_limit is already {pages} ({want} GiB): nothing to change")
         t = f["tuned"]
-        active = (read(root, "/etc/tuned/active_profile") or "").split()
+        active = (tuned_profile(root) or "").split()
         if t["profile"] not in active:
             cmds = []
             if not root.is_dir("/etc/tuned"):

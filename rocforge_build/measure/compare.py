@@ -128,3 +128,61 @@ def _share(x) -> str:
 
 def _fa(x) -> str:
     return "-" if x is None else ("on" if x else "off")
+
+
+# -- host and stack differences ------------------------------------------------------------------
+_STACK = ("backend", "stamp")  # per-build fields of the rows, beside the host's rocm
+
+
+def _flat(value, key: str = "") -> dict[str, object]:
+    """`{"firmware": {"mes": "0x83"}}` -> `{"firmware.mes": "0x83"}`; lists by index
+    (`gpus.0.gfx`)."""
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = ((str(i), v) for i, v in enumerate(value))
+    else:
+        return {key: value}
+    out: dict[str, object] = {}
+    for k, v in items:
+        out.update(_flat(v, f"{key}.{k}" if key else str(k)))
+    return out
+
+
+def stack_of(rows: list[dict]) -> dict[str, object]:
+    """The host (the first row's: one run reads it once) and the builds' backend and stamp."""
+    host = next((r.get("host") for r in rows if isinstance(r.get("host"), dict)), {}) or {}
+    out = {k: v for k, v in _flat(host).items() if k != "cmdline"}
+    out["cmdline"] = host.get("cmdline")
+    for field in _STACK:
+        values = sorted({str(r[field]) for r in rows if r.get(field) is not None})
+        out[field] = ", ".join(values) if values else None
+    return out
+
+
+def host_differences(rows_a: list[dict], rows_b: list[dict]) -> list[tuple[str, object, object]]:
+    """(key, A's value, B's value) for every host and stack field that differs, in key order;
+    the kernel command line as words added and removed."""
+    a, b = stack_of(rows_a), stack_of(rows_b)
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def difference_line(key: str, a, b) -> str:
+    """`kernel 6.18.4 -> 6.19.0`, `cmdline: + amd_iommu=off - quiet`."""
+    if key == "cmdline" and isinstance(a, str) and isinstance(b, str):
+        from rocforge_build.discover.host import parse_cmdline
+
+        wa, wb = parse_cmdline(a), parse_cmdline(b)
+        changes = [f"+ {w}" for w in wb if w not in wa] + [f"- {w}" for w in wa if w not in wb]
+        return "cmdline: " + (" ".join(changes) or "same words, another order")
+    return f"{key} {_show(a)} -> {_show(b)}"
+
+
+def _show(value) -> str:
+    return "(none)" if value is None else str(value)
+
+
+def differences_text(diffs: list[tuple[str, object, object]]) -> str:
+    if not diffs:
+        return "host and stack differences: none"
+    return "\n".join(["host and stack differences:"] + [f"  {difference_line(*d)}" for d in diffs])

@@ -20,8 +20,12 @@ def _read(path: str) -> str:
 
 
 def host(root=None) -> dict:
+    """Today's host: kernel, os, CPU, RAM, GPUs, ROCm, and the fingerprint (command line,
+    firmware, TuneD profile, IOMMU, GTT and VRAM carve-out) that explains why two runs of the
+    same build differ.  Nothing here fails: an unreadable fact is None."""
     # os.uname, not platform.platform() or platform.processor(): on Linux those run `uname -p`,
     # a process on every bench call
+    root = root or Root("/")
     u = os.uname()
     cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
                 if line.startswith("model name")), None) or u.machine
@@ -29,19 +33,33 @@ def host(root=None) -> dict:
     mem = kib * 1024 if kib is not None else None
     libc = "".join(platform.libc_ver())  # glibc's confstr, no file scan when it answers
     system = f"{u.sysname}-{u.release}-{u.machine}" + (f"-with-{libc}" if libc else "")
-    info = {"kernel": u.release, "os": system, "cpu": cpu,
+    # the kernel of the root the GPUs and the fingerprint are read from (the same as uname on
+    # this machine); a root without /proc (a container's file system) runs on this kernel
+    kernel = host_facts.read_kernel(root)
+    info = {"kernel": kernel.release if kernel else u.release, "os": system, "cpu": cpu,
             "cpus": os.cpu_count(), "ram_bytes": mem, "gpus": [], "rocm": None}
+    found = []
     try:
         from rocforge_build.discover import gpus as gpu_mod
 
-        found = gpu_mod.discover(root or Root("/")).gpus
+        found = gpu_mod.discover(root).gpus
         info["gpus"] = [{"name": g.marketing_name, "gfx": g.gfx, "kind": g.kind,
                          "driver": _read("/sys/module/amdgpu/version").strip() or None} for g in found]
     except Exception as exc:  # detection is provenance, never a reason to stop measuring
         info["gpus_error"] = f"{type(exc).__name__}: {exc}"
     rocm = _read("/opt/rocm/.info/version").strip()
     info["rocm"] = rocm or None
+    try:
+        info.update(host_facts.fingerprint(root, found))
+    except Exception as exc:  # the readers return None; this is for what they did not foresee
+        info.update(dict.fromkeys(FINGERPRINT))
+        info["fingerprint_error"] = f"{type(exc).__name__}: {exc}"
     return info
+
+
+# the fields host_facts.fingerprint adds to every row's host
+FINGERPRINT = ("cmdline", "firmware", "firmware_packages", "tuned_profile", "iommu", "gtt_bytes",
+               "vram_bytes")
 
 
 def model(m: Model) -> dict:

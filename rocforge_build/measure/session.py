@@ -1,5 +1,7 @@
 """What every measuring command does first: check the inputs (model, builds, results database)
-before running anything, and gather the provenance every row carries."""
+before running anything, gather the provenance every row carries, and warn (one line each) when
+that host fingerprint matches a known-bad state (nightly/known_bad.warn_before_measuring, which
+serve calls too)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from dataclasses import dataclass
 from rocforge_build.measure import gguf, provenance
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.store import Store
+from rocforge_build.nightly import known_bad
 
 
 @dataclass
@@ -26,6 +29,7 @@ def open_session(model_path: str, builds: list[LlamaBuild], programs: tuple[str,
     store = Store()
     m = provenance.model(model)
     base = {"model_sha256": m["sha256"], "model": m, "host": provenance.host(root)}
+    known_bad.warn_before_measuring(base["host"])
     return Session(model, store, base)
 
 
