@@ -164,7 +164,10 @@ def run(args) -> int:
     sys_warnings, sys_blockers = system_checks(args.rootfs, res)
     host_checks = host.checks(args.rootfs, res.gpus)  # a host check at "fail" blocks; "warn" does not
     # the resolver's own blockers: e.g. the main GPU not served by this ROCm
-    bad_host = known_bad.host_matches(host_fingerprint(args.rootfs, res))
+    # known-bad host states, less those the host section above already reports (with their fix)
+    reported = {c.id for c in host_checks if c.status != "ok"}
+    bad_host = [m for m in known_bad.host_matches(host_fingerprint(args.rootfs, res))
+                if m.doctor_check not in reported]
     blockers = [*stack_blockers(res), *res.blockers, *sys_blockers, *host.blockers(host_checks),
                 *(m.text for m in bad_host if m.severity == "blocker")]
     warnings = [*res.warnings, *sys_warnings, *known_bad.doctor_warnings(res),

@@ -48,6 +48,10 @@ def run(args) -> int:
             print(f"# {' '.join(note.split())}")
         print(line)
         return 0
+    from rocforge_build.measure import provenance
+    from rocforge_build.nightly import known_bad
+
+    known_bad.warn_before_measuring(provenance.host(args.rootfs))  # a known-bad host, said first
     sys.stderr.write(f"rocforge: serve: starting {p.range} preset (version {preset.get('version')}): {line}\n")
 
     def ready():

@@ -81,7 +81,7 @@ def doctor_warnings(res) -> list[str]:
 
 # -- host states, matched against a fingerprint ----------------------------------------------------
 _HOST_KEYS = {"targets", "kernel_below", "ubuntu_hwe", "ubuntu_oem", "firmware", "firmware_snapshot",
-              "cmdline", "severity", "symptom", "evidence"}
+              "cmdline", "severity", "symptom", "evidence", "doctor_check"}
 _CONDITIONS = {"kernel_below", "firmware", "cmdline"}
 
 
@@ -95,6 +95,7 @@ class KnownBadHost:
     severity: str
     symptom: str
     evidence: str
+    doctor_check: str | None = None  # doctor's host check that already reports it (host.toml)
 
     def found(self, fp: dict) -> str | None:
         """What of the fingerprint matches every condition ("firmware mes 0x83"), None when
@@ -157,7 +158,7 @@ def host_table() -> tuple[KnownBadHost, ...]:
                                 tuple(str(s) for s in entry.get("firmware_snapshot", ())),
                                 tuple(str(w) for w in entry.get("cmdline", ())),
                                 str(entry.get("severity", "warning")), str(entry["symptom"]),
-                                str(entry["evidence"])))
+                                str(entry["evidence"]), entry.get("doctor_check")))
     return tuple(out)
 
 
@@ -165,6 +166,7 @@ def host_table() -> tuple[KnownBadHost, ...]:
 class Match:
     severity: str  # "warning" | "blocker"
     text: str  # one line: what matched, on which GPU, the symptom and its public source
+    doctor_check: str | None = None  # the doctor host check that reports the same state
 
     def to_json(self) -> dict:
         return {"severity": self.severity, "text": self.text}
@@ -184,7 +186,8 @@ def host_matches(fp: dict) -> list[Match]:
         found = bad.found(fp)
         if found is not None:
             where = f" on {', '.join(gfxs)}" if gfxs else ""
-            out.append(Match(bad.severity, f"known bad: {found}{where}: {bad.symptom} ({bad.evidence})"))
+            out.append(Match(bad.severity, f"known bad: {found}{where}: {bad.symptom} ({bad.evidence})",
+                             bad.doctor_check))
     return out
 
 
