@@ -40,3 +40,80 @@ def test_container_run_dry_run_tls_error_is_one_network_line(http_server, no_sle
     assert "internal error" not in err
     lines = error_lines(err)
     assert len(lines) == 1 and "SSL" in lines[0], err
+
+
+# -- 11: a read-only HOME, cache, data or config directory -------------------------------------
+
+_RO_SCRIPT = r"""
+set -u
+mount -t tmpfs -o ro,size=64k tmpfs "$RO" || exit 99
+cd "$RO"
+i=0
+for args in "$@"; do
+    i=$((i + 1))
+    eval "set -- $args"
+    "$PY" -m rocforge_build "$@" >"$OUTDIR/$i.out" 2>"$OUTDIR/$i.err"
+    echo $? >"$OUTDIR/$i.rc"
+done
+"""
+
+
+def run_on_read_only_home(tmp_path, commands: list[list[str]], env_extra: dict) -> list[tuple]:
+    """Run each rocforge command with HOME on a real read-only tmpfs, mounted in a private
+    user and mount namespace (`unshare -rm`: works for root, whom chmod 0555 does not stop,
+    and for an unprivileged user alike; the mount vanishes with the namespace)."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ro, outdir = tmp_path / "ro-home", tmp_path / "out"
+    ro.mkdir()
+    outdir.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ROCFORGE_", "XDG_"))}
+    env.update(HOME=str(ro), RO=str(ro), OUTDIR=str(outdir), PY=sys.executable,
+               PYTHONPATH=str(Path(__file__).resolve().parent.parent), **env_extra)
+    res = subprocess.run(["unshare", "-rm", "sh", "-c", _RO_SCRIPT, "sh",
+                          *[shlex.join(c) for c in commands]], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert not any(ro.iterdir())  # outside the namespace: nothing was written where HOME was
+    return [(int((outdir / f"{i}.rc").read_text()), (outdir / f"{i}.err").read_text())
+            for i in range(1, len(commands) + 1)]
+
+
+def test_read_only_home_names_the_directory_and_its_variable(tmp_path):
+    tb = tarball(tmp_path / "fixture-1.2.0.tar.gz")
+    build = ["build", str(RECIPE), "--target", "gfx1030", "--source", str(tb),
+             "--prefix", str(tmp_path / "prefix")]
+    results = run_on_read_only_home(tmp_path, [
+        [*build, "--dry-run"],
+        build,
+        ["config", "set", "download.attempts", "3"],
+    ], {})
+    expected = [("cache", "ROCFORGE_CACHE_DIR"), ("cache", "ROCFORGE_CACHE_DIR"),
+                ("config", "ROCFORGE_CONFIG_DIR")]
+    for (rc, err), (kind, var) in zip(results, expected, strict=True):
+        assert rc == 2, err
+        assert "internal error" not in err and "Traceback" not in err
+        lines = error_lines(err)
+        assert len(lines) == 1, err
+        assert f"the {kind} directory {tmp_path / 'ro-home'}" in lines[0] and var in lines[0]
+        assert "Read-only file system" in lines[0]
+    assert not (tmp_path / "prefix").exists()
+
+
+def test_read_only_data_dir_override_is_named(tmp_path):
+    """A ROCFORGE_DATA_DIR on the read-only mount (cache and config writable elsewhere)."""
+    ro = tmp_path / "ro-home"
+    results = run_on_read_only_home(tmp_path, [
+        ["build", str(RECIPE), "--target", "gfx1030", "--source", str(project_copy(tmp_path / "s"))],
+    ], {"ROCFORGE_DATA_DIR": str(ro / "data"), "ROCFORGE_CACHE_DIR": str(tmp_path / "cache"),
+        "ROCFORGE_CONFIG_DIR": str(tmp_path / "config")})
+    rc, err = results[0]
+    assert rc == 2, err
+    lines = error_lines(err)
+    assert len(lines) == 1 and f"the data directory {ro / 'data'}" in lines[0], err
+    assert "ROCFORGE_DATA_DIR" in lines[0]
