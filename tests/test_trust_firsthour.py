@@ -117,3 +117,51 @@ def test_read_only_data_dir_override_is_named(tmp_path):
     lines = error_lines(err)
     assert len(lines) == 1 and f"the data directory {ro / 'data'}" in lines[0], err
     assert "ROCFORGE_DATA_DIR" in lines[0]
+
+
+# -- 13: preflight before fetching; a dry run exits as the build would -------------------------
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "build"])
+def test_no_rocm_stops_before_any_download(http_server, tmp_path, capsys, dry):
+    """llama-cpp's default backend for gfx1151 is HIP; on a root without any ROCm the build
+    (and its dry run) stops with exit 5 before the source is asked for."""
+    url = http_server.add("/llama.cpp.tar.gz", tarball(tmp_path / "t.tar.gz").read_bytes())
+    empty = tmp_path / "root"
+    empty.mkdir()
+    argv = ["--root", str(empty), "build", "llama-cpp", "--target", "gfx1151", "--source", url]
+    rc = main(argv + (["--dry-run"] if dry else []))
+    err = capsys.readouterr().err
+    assert rc == 5, err
+    assert len(error_lines(err)) == 1 and "no ROCm toolchain found for gfx1151" in err
+    assert http_server.requests == []  # not a single request, not even a HEAD
+
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "build"])
+def test_foreign_prefix_refused_before_any_download(http_server, tmp_path, capsys, dry):
+    url = http_server.add("/fixture-1.2.0.tar.gz", tarball(tmp_path / "t.tar.gz").read_bytes())
+    prefix = tmp_path / "mine"
+    prefix.mkdir()
+    (prefix / "notes.txt").write_text("the user's own file\n")
+    argv = ["build", str(RECIPE), "--target", "gfx1030", "--source", url, "--prefix", str(prefix)]
+    rc = main(argv + (["--dry-run"] if dry else []))
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert len(error_lines(err)) == 1 and "refusing to replace --prefix" in err
+    assert http_server.requests == []
+    assert (prefix / "notes.txt").read_text() == "the user's own file\n"
+
+
+def test_dry_run_and_build_exit_alike_on_missing_toolchain_after_fetch(tmp_path, capsys):
+    """A backend whose toolchain is missing, found out with a local source (no download to
+    spare): the dry run no longer prints a plan with "toolchain MISSING" and exits 0."""
+    src = project_copy(tmp_path / "src")
+    empty = tmp_path / "root"
+    empty.mkdir()
+    codes = []
+    for extra in (["--dry-run"], []):
+        codes.append(main(["--root", str(empty), "build", str(RECIPE), "--target", "gfx1151",
+                           "--backend", "hip", "--source", str(src),
+                           "--prefix", str(tmp_path / "p"), *extra]))
+    err = capsys.readouterr().err
+    assert codes == [5, 5], err
+    assert not (tmp_path / "p").exists()

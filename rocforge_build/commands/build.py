@@ -50,11 +50,12 @@ def run(args) -> int:
     )
     if args.dry_run:
         plan = make_plan(req, args.rootfs)
-        pipeline.check(plan)  # the build's own checks: a dry run exits as the build would
         if args.json:
             print(json.dumps(plan.to_json(), indent=2, default=str))
         else:
             print_plan(plan)
+        sys.stdout.flush()
+        pipeline.check(plan)  # the build's own checks: a dry run exits as the build would
         return 0
     outcome = pipeline.execute(req, args.rootfs)
     if outcome.status == "up to date":
