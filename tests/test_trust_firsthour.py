@@ -165,3 +165,111 @@ def test_dry_run_and_build_exit_alike_on_missing_toolchain_after_fetch(tmp_path,
     err = capsys.readouterr().err
     assert codes == [5, 5], err
     assert not (tmp_path / "p").exists()
+
+
+# -- 12: a --source or --root that holds nothing to build ---------------------------------------
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "build"])
+@pytest.mark.parametrize("shape", ["missing", "empty", "no-cmakelists"])
+def test_source_with_nothing_to_build_is_refused_before_a_plan(tmp_path, capsys, shape, dry):
+    src = tmp_path / "src"
+    if shape == "empty":
+        src.mkdir()
+    elif shape == "no-cmakelists":
+        project_copy(src)
+        (src / "CMakeLists.txt").unlink()
+    argv = ["build", str(RECIPE), "--target", "gfx1030", "--source", str(src),
+            "--prefix", str(tmp_path / "p")]
+    rc = main(argv + (["--dry-run"] if dry else []))
+    out, err = capsys.readouterr()
+    assert rc == 2, err
+    assert out == ""  # no plan
+    lines = error_lines(err)
+    assert len(lines) == 1 and f"--source {src}" in lines[0], err
+    assert ("no such file or directory" if shape == "missing" else "holds no CMakeLists.txt") \
+        in lines[0]
+    assert not (tmp_path / "p").exists()
+
+
+def test_source_tarball_without_a_project_is_refused(tmp_path, capsys):
+    """A tarball that unpacks to a tree without CMakeLists.txt: exit 2 before any plan."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "README").write_text("not a project\n")
+    tb = tarball(tmp_path / "docs.tar.gz", docs)
+    rc = main(["build", str(RECIPE), "--target", "gfx1030", "--source", str(tb), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "", err
+    assert len(error_lines(err)) == 1 and "holds no CMakeLists.txt" in err
+
+
+@pytest.mark.parametrize("command", [["build", str(RECIPE), "--target", "gfx1030", "--dry-run"],
+                                     ["kernels", "build"], ["tune", "llama-cpp", "--model", "m"]])
+def test_missing_root_is_refused_with_exit_2(tmp_path, capsys, command):
+    rc = main(["--root", str(tmp_path / "nowhere"), *command])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(error_lines(err)) == 1 and "is not a directory" in err, err
+
+
+# -- 18: consistent flags and right hints -------------------------------------------------------
+
+def test_build_target_defaults_to_the_detected_gpu(tmp_path, capsys):
+    import json
+
+    from fixtures_roots import make_strix_halo
+
+    root = tmp_path / "root"
+    make_strix_halo(root)  # a gfx1151 iGPU in sysfs, in the kernel's format
+    rc = main(["--root", str(root), "build", str(RECIPE), "--source",
+               str(project_copy(tmp_path / "src")), "--backend", "cpu", "--dry-run", "--json"])
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["target"] == "gfx1151"
+
+
+@pytest.mark.parametrize("command", [
+    ["build", str(RECIPE), "--dry-run"],
+    ["tune", "llama-cpp", "--model", "m.gguf"],
+    ["container", "run", "llama-cpp", "--backend", "hip", "--engine", "docker", "--dry-run",
+     "--", "true"],
+], ids=["build", "tune", "container"])
+def test_no_target_and_no_gpu_lists_the_choices(tmp_path, capsys, command):
+    root = tmp_path / "root"
+    root.mkdir()
+    rc = main(["--root", str(root), *command])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert error_lines(err) == ["rocforge: error: no GPU target was given and none was detected"]
+    hint = next(line for line in err.splitlines() if line.startswith("rocforge: hint:"))
+    for known in ("gfx900", "gfx90a", "gfx1030", "gfx1100", "gfx1151", "gfx1201"):
+        assert f" {known}," in hint or hint.endswith(f" {known}"), hint
+
+
+def test_container_target_defaults_to_the_detected_gpu(tmp_path, capsys):
+    from fixtures_roots import make_strix_halo
+
+    root = tmp_path / "root"
+    make_strix_halo(root)
+    rc = main(["--root", str(root), "container", "run", "llama-cpp", "--backend", "hip",
+               "--engine", "docker", "--dry-run", "--", "true"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "localhost/rocforge/llama-cpp:gfx1151-hip" in out
+
+
+def test_build_rocm_selects_that_rocm(tmp_path, capsys):
+    import json
+
+    from fixtures_roots import make_strix_halo, make_therock_tree
+
+    root = tmp_path / "root"
+    make_strix_halo(root)  # TheRock 7.9 at /opt/rocm
+    make_therock_tree(root, "7.10.0rc20251020", ("gfx1151",), inner="/opt/therock-b")
+    src = str(project_copy(tmp_path / "src"))
+    plans = {}
+    for rocm in (None, "/opt/therock-b"):
+        argv = ["--root", str(root), "build", str(RECIPE), "--target", "gfx1151", "--backend",
+                "hip", "--source", src, "--dry-run", "--json"]
+        main(argv + (["--rocm", rocm] if rocm else []))
+        plans[rocm] = json.loads(capsys.readouterr().out)["toolchain"]
+    assert plans[None]["rocm_path"] == "/opt/rocm"
+    assert plans["/opt/therock-b"]["rocm_path"] == "/opt/therock-b"
+    assert plans["/opt/therock-b"]["env"]["ROCM_PATH"].endswith("/opt/therock-b")

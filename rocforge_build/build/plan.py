@@ -47,6 +47,7 @@ class Request:
     distribute: bool = False
     build_targets: tuple[str, ...] = ()
     environ: Mapping[str, str] | None = None
+    rocm: str | None = None  # --rocm: the ROCm installation to build with
 
 
 @dataclass
@@ -455,7 +456,7 @@ def _prepare(req: Request, root, *, preflight: bool = True):
     def facts_for(backend: str) -> conditions.Facts:
         kind = recipe.backends[backend].toolchain
         if kind not in toolchains:
-            toolchains[kind] = detect(kind, root, tgt.name, environ)
+            toolchains[kind] = detect(kind, root, tgt.name, environ, rocm=req.rocm)
         tc = toolchains[kind]
         return conditions.Facts(
             target=tgt.name, families=tgt.therock_groups, backend=backend,
@@ -587,7 +588,8 @@ def _dependency_requests(recipe: recipes.Recipe, req: Request, facts: conditions
             raise ConfigError(f"recipe {recipe.name}: dependency cycle "
                               f"{' -> '.join((*stack, recipe.name, name))}")
         dep = Request(recipe=ref, target=req.target, backend=rule.get("backend"), jobs=req.jobs,
-                      no_cache=req.no_cache, distribute=req.distribute, environ=req.environ)
+                      no_cache=req.no_cache, distribute=req.distribute, environ=req.environ,
+                      rocm=req.rocm)
         out.append((rule, dep, why))
     return out
 

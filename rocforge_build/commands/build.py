@@ -8,12 +8,17 @@ import sys
 
 from rocforge_build.build import pipeline
 from rocforge_build.build.plan import Request, make_plan, print_plan
+from rocforge_build.commands import target_or_detected
 from rocforge_build.errors import UsageError
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", metavar="RECIPE", help="recipe name (see `rocforge recipes`) or a .toml file")
-    parser.add_argument("--target", required=True, metavar="GFX", help="GPU target, e.g. gfx1151")
+    parser.add_argument("--target", metavar="GFX",
+                        help="GPU target, e.g. gfx1151 (default: the detected GPU)")
+    parser.add_argument("--rocm", metavar="PATH",
+                        help="the ROCm installation to build with (default: the resolved one, "
+                        "as `rocforge env` resolves it)")
     parser.add_argument("--backend", metavar="B", help="backend (default: the recipe's choice for the target)")
     parser.add_argument("--ref", metavar="REF", help="build this git tag/branch/commit of the recipe's git source")
     parser.add_argument("--source", metavar="PATH|URL",
@@ -44,7 +49,8 @@ def run(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
     req = Request(
-        recipe=args.recipe, target=args.target, backend=args.backend, ref=args.ref,
+        recipe=args.recipe, target=target_or_detected(args, args.rocm), backend=args.backend,
+        ref=args.ref, rocm=args.rocm,
         source=args.source, prefix=args.prefix, jobs=args.jobs, force=args.force,
         no_cache=args.no_cache, distribute=args.distribute, build_targets=tuple(args.build_target),
     )
