@@ -273,3 +273,37 @@ def test_build_rocm_selects_that_rocm(tmp_path, capsys):
     assert plans[None]["rocm_path"] == "/opt/rocm"
     assert plans["/opt/therock-b"]["rocm_path"] == "/opt/therock-b"
     assert plans["/opt/therock-b"]["env"]["ROCM_PATH"].endswith("/opt/therock-b")
+
+
+def test_kernels_extra_hint_works_from_a_checkout(tmp_path):
+    """This test runs from a checkout: the hint installs the checkout, editable, with the extra
+    (`pip install 'rocforge[kernels]'` would ask the package index for rocforge instead)."""
+    from pathlib import Path
+
+    from rocforge_build.kernels.runner import extra_install_hint
+
+    checkout = Path(__file__).resolve().parent.parent
+    assert (checkout / "pyproject.toml").is_file()
+    assert extra_install_hint("kernels") == f"pip install -e '{checkout}[kernels]'"
+
+
+def test_nightly_pip_offline_hint_names_only_its_own_flags(http_server, no_sleep, tmp_path,
+                                                           capsys):
+    """The probe of the per-family index fails (the server answers 500 every time): the hint
+    must not suggest `--index`, which `nightly pip` does not have."""
+    import os
+
+    index = http_server.url("/whl/{family}/")
+    for _ in range(10):
+        http_server.fail("/whl/gfx1151/", status=500)
+        http_server.fail("/whl/gfx115X-all/", status=500)
+    cfg = tmp_path / "cfg"
+    os.environ["ROCFORGE_CONFIG_DIR"] = str(cfg)
+    assert main(["config", "set", "nightly.pip.family_index", index]) == 0
+    assert main(["config", "set", "download.attempts", "1"]) == 0
+    capsys.readouterr()
+    rc = main(["nightly", "pip", "--target", "gfx1151"])
+    err = capsys.readouterr().err
+    assert rc == 6, err
+    assert len(error_lines(err)) == 1 and "--index" not in err.replace("--index-url", "")
+    assert "--no-probe" in err
