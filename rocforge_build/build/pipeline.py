@@ -30,6 +30,7 @@ from rocforge_build.build.plan import (
     Request,
     destdir,
     make_plan,
+    preflight,
     quick_check,
     read_manifest,
     source_version,
@@ -87,6 +88,7 @@ class _Run:
 def execute(req: Request, root, *, quiet: bool = False) -> Outcome:
     """Build the request (its dependencies first) unless its prefix is already current."""
     t0 = time.monotonic()
+    preflight(req, root)  # before the source is downloaded or unpacked
     if not req.force:
         _, prefix, current = quick_check(req, root)
         if current and not replace.interrupted(prefix):  # else recover under the lock below

@@ -442,16 +442,9 @@ def _with_deps(stamp: str, dep_stamps: list[str]) -> str:
 
 # -- what the steps start from: recipe, source, backend, toolchain, dependencies ------------------
 
-def _prepare(req: Request, root, *, preflight: bool = True):
-    """Recipe, target, fetched source, backend choice, toolchain and facts: the shared start of
-    a plan and of the no-op check (the fetch is a cache hit after the first build).  With
-    `preflight`, a build that cannot run here stops before the source is fetched."""
-    recipe = recipes.load(req.recipe)
-    tgt = targets.get_target(req.target)
-    environ = dict(os.environ if req.environ is None else req.environ)
-    spec = sources.spec_for(recipe, ref=req.ref, source=req.source)
-    toolchains: dict[str, Toolchain] = {}
-    known: dict[str, conditions.SourceFacts] = {}
+def _facts_maker(recipe, tgt, root, environ, req: Request, toolchains: dict, known: dict):
+    """facts_for(backend): the facts a backend is judged by (its toolchain detected once);
+    the source's facts once `known["source"]` is set (before the fetch: unknown)."""
 
     def facts_for(backend: str) -> conditions.Facts:
         kind = recipe.backends[backend].toolchain
@@ -466,8 +459,33 @@ def _prepare(req: Request, root, *, preflight: bool = True):
             toolchain_found=tc.missing is None, rocblas_hipblaslt=tc.rocblas_hipblaslt,
         )
 
-    if preflight and spec.kind != "local":  # a local tree: nothing to download or unpack
-        _preflight(recipe, req, facts_for, toolchains)
+    return facts_for
+
+
+def preflight(req: Request, root) -> None:
+    """What `rocforge build` (and its dry run) checks before the source is downloaded or
+    unpacked: see `_preflight`.  A local tree is read in place: nothing to spare, no check."""
+    recipe = recipes.load(req.recipe)
+    tgt = targets.get_target(req.target)
+    spec = sources.spec_for(recipe, ref=req.ref, source=req.source)
+    if spec.kind == "local":
+        return
+    environ = dict(os.environ if req.environ is None else req.environ)
+    toolchains: dict[str, Toolchain] = {}
+    _preflight(recipe, req, _facts_maker(recipe, tgt, root, environ, req, toolchains, {}),
+               toolchains)
+
+
+def _prepare(req: Request, root):
+    """Recipe, target, fetched source, backend choice, toolchain and facts: the shared start of
+    a plan and of the no-op check (the fetch is a cache hit after the first build)."""
+    recipe = recipes.load(req.recipe)
+    tgt = targets.get_target(req.target)
+    environ = dict(os.environ if req.environ is None else req.environ)
+    spec = sources.spec_for(recipe, ref=req.ref, source=req.source)
+    toolchains: dict[str, Toolchain] = {}
+    known: dict[str, conditions.SourceFacts] = {}
+    facts_for = _facts_maker(recipe, tgt, root, environ, req, toolchains, known)
     identity = sources.identify(spec)
     fetched = sources.fetch(spec, identity)
     known["source"] = conditions.SourceFacts(fetched.tree, source_version(recipe, fetched))
@@ -525,15 +543,7 @@ def _preflight(recipe: recipes.Recipe, req: Request,
     possible = _possible_backends(recipe, req, facts_for)
     if not possible:
         return  # an unknown --backend: _choose_backend says so with its suggestions
-    missing = []
-    for backend in possible:
-        facts_for(backend)
-        tc = toolchains[recipe.backends[backend].toolchain]
-        if tc.missing:
-            missing.append(tc)
-    if len(missing) == len(possible):
-        missing[0].require()
-    if len(possible) == 1:
+    if len(possible) == 1:  # the plan's order: the recipe's stops, then the toolchain
         facts = facts_for(possible[0])
         for rule in recipe.of("stop"):
             holds, why = (conditions.explain(rule.when, facts) if _source_free(rule.when)
@@ -542,6 +552,14 @@ def _preflight(recipe: recipes.Recipe, req: Request,
                 hint = rule.get("hint")
                 raise ToolchainError(f"{rule.get('message')} ({why})",
                                      hint.replace("{target}", facts.target) if hint else None)
+    missing = []
+    for backend in possible:
+        facts_for(backend)
+        tc = toolchains[recipe.backends[backend].toolchain]
+        if tc.missing:
+            missing.append(tc)
+    if len(missing) == len(possible):
+        missing[0].require()
 
 
 def _choose_backend(recipe: recipes.Recipe, req: Request,

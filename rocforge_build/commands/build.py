@@ -7,7 +7,7 @@ import json
 import sys
 
 from rocforge_build.build import pipeline
-from rocforge_build.build.plan import Request, make_plan, print_plan
+from rocforge_build.build.plan import Request, make_plan, preflight, print_plan
 from rocforge_build.commands import target_or_detected
 from rocforge_build.errors import UsageError
 
@@ -55,6 +55,7 @@ def run(args) -> int:
         no_cache=args.no_cache, distribute=args.distribute, build_targets=tuple(args.build_target),
     )
     if args.dry_run:
+        preflight(req, args.rootfs)  # as the build does: before any download
         plan = make_plan(req, args.rootfs)
         if args.json:
             print(json.dumps(plan.to_json(), indent=2, default=str))

@@ -89,14 +89,14 @@ def _print_decisions(decisions, out=None) -> None:
 
 
 def _build(args) -> int:
+    engine, why = containers.detect_engine(args.engine)  # before the source is read
+    if not args.dry_run:
+        containers.check_engine(engine, building=True)  # before anything is fetched or built
     plan = containers.plan(
         args.recipe, target=args.target, backend=args.backend, variant=args.variant,
         base=args.base, runtime_base=args.runtime_base, tag=args.tag, source=args.source, ref=args.ref,
         root=args.rootfs,
     )
-    engine, why = containers.detect_engine(args.engine)
-    if not args.dry_run:
-        containers.check_engine(engine, building=True)  # before anything is built
     ctx = containers.context_dir(plan)
     steps = containers.build_commands(engine, ctx, plan.tag)
     decisions = (*plan.decisions, why)

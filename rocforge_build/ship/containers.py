@@ -248,7 +248,7 @@ def default_backend(recipe: str, *, target: str, source: str | None, ref: str | 
     sys.stderr.write("rocforge: choosing the default backend as `rocforge build` does (it reads the "
                      "source's build files; a cache hit after the first fetch)\n")
     req = build_plan.Request(recipe=recipe, target=target, source=source, ref=ref)
-    backend, reason = build_plan._prepare(req, root, preflight=False)[4:6]  # builds in the image
+    backend, reason = build_plan._prepare(req, root)[4:6]
     return Decision("backend", backend, reason)
 
 
