@@ -186,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:  # the last guard: a bug, reported without a traceback
+        from rocforge_build.paths import unwritable
+
+        refused = unwritable(exc) if isinstance(exc, OSError) else None
+        if refused is not None:  # a read-only HOME/cache/data/config: the user's to fix
+            return _fail(refused.message, refused.hint, refused.exit_code)
         if os.environ.get("ROCFORGE_DEBUG"):
             raise
         return _fail(

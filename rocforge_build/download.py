@@ -440,8 +440,10 @@ def _unresolved_host(exc: BaseException) -> str | None:
         if type(e).__name__ == "NameResolutionError" or isinstance(e, socket.gaierror):
             host = getattr(getattr(e, "conn", None), "host", None)
             return host or "?"
-        stack += [e.__cause__, e.__context__, getattr(e, "reason", None),
-                  *[a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]]
+        # `reason` is a str on some errors (ssl.SSLError: 'WRONG_VERSION_NUMBER'): only
+        # exceptions are followed
+        stack += [c for c in (e.__cause__, e.__context__, getattr(e, "reason", None),
+                              *getattr(e, "args", ())) if isinstance(c, BaseException)]
     return None
 
 

@@ -6,10 +6,14 @@ ROCFORGE_DATA_DIR override them (tests, CI, shared machines).
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 APP = "rocforge"
+# errors that say "this place cannot be written": permission (EPERM too: immutable files,
+# unprivileged users) and a read-only file system
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def _dir(env: str, kind: str) -> Path:
@@ -45,6 +49,56 @@ def nightly_prefix() -> Path:
 def builds_prefix() -> Path:
     """Default parent of build install prefixes: `<builds>/<recipe>-<target>-<backend>`."""
     return data_dir() / "builds"
+
+
+def _where() -> tuple[tuple[str, str, Path], ...]:
+    """(kind, variable that moves it, directory) for each of rocforge's own directories."""
+    return (("cache", "ROCFORGE_CACHE_DIR", cache_dir()), ("data", "ROCFORGE_DATA_DIR", data_dir()),
+            ("config", "ROCFORGE_CONFIG_DIR", config_dir()))
+
+
+def unwritable(exc: OSError):
+    """The one-line error for a write refused in (or on the way to) rocforge's cache, data or
+    config directory — a read-only or foreign HOME — naming the directory and the variable
+    that moves it; None for any other error (a bug stays a bug).  Every command writes through
+    these directories, so the CLI maps the failure here, once, whichever step met it first."""
+    if exc.errno not in _UNWRITABLE:
+        return None
+    names = [Path(os.fsdecode(n)).absolute() for n in (exc.filename, exc.filename2)
+             if isinstance(n, (str, bytes, os.PathLike))]
+    dirs = _where()
+    # inside a directory first (most specific), then an ancestor being created (~/.cache)
+    hits = ([(kind, var, d) for kind, var, d in dirs for n in names if n == d or d in n.parents]
+            or [(kind, var, d) for kind, var, d in dirs for n in names
+                if n in d.parents and n != Path(n.anchor)])
+    if not hits:
+        return None
+    from rocforge_build.errors import ConfigError
+
+    kind, var, d = hits[0]
+    return ConfigError(
+        f"the {kind} directory {d} cannot be written ({exc.strerror}: {names[0]}); "
+        f"set {var} to a writable directory",
+        f"e.g. export {var}=/var/tmp/rocforge-{kind} (HOME, XDG_{kind.upper()}_HOME and "
+        f"{var} decide where it is)")
+
+
+def check_writable(directory: Path, flag: str) -> None:
+    """Refuse, before any work starts, a directory this process could not create or write in
+    (its nearest existing ancestor is asked, nothing is created): a build must not compile for
+    an hour and then fail to install.  `access()` answers EROFS for root too."""
+    probe = Path(directory).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if os.access(probe, os.W_OK | os.X_OK):
+        return
+    code = errno.EROFS if os.statvfs(probe).f_flag & os.ST_RDONLY else errno.EACCES
+    exc = OSError(code, os.strerror(code), str(probe))
+    from rocforge_build.errors import UsageError
+
+    raise unwritable(exc) or UsageError(
+        f"{flag} {directory}: {probe} cannot be written ({exc.strerror})",
+        "choose a directory you can write")
 
 
 def write_whole(path: Path, text: str) -> None:

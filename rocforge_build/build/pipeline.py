@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build import __version__, replace
+from rocforge_build import __version__, paths, replace
 from rocforge_build.build import cache, lock, patches, sources
 from rocforge_build.build.plan import (
     BUILD_ENV,
@@ -30,6 +30,7 @@ from rocforge_build.build.plan import (
     Request,
     destdir,
     make_plan,
+    preflight,
     quick_check,
     read_manifest,
     source_version,
@@ -93,6 +94,7 @@ def execute(req: Request, root, *, quiet: bool = False,
     swap: when it raises, the staged install is deleted and the prefix stays as it was
     (`rocforge upgrade`).  `keep`: the replaced install is kept there (`replace.swap`)."""
     t0 = time.monotonic()
+    preflight(req, root)  # before the source is downloaded or unpacked
     if not req.force:
         _, prefix, current = quick_check(req, root)
         if current and not replace.interrupted(prefix):  # else recover under the lock below
@@ -103,8 +105,7 @@ def execute(req: Request, root, *, quiet: bool = False,
 
     t = time.monotonic()
     plan = make_plan(req, root, check_patches=False)
-    replace.check_replaceable(plan.prefix, MANIFEST, "--prefix", path_list=True)
-    _require(plan)
+    check(plan)
     timings["plan+fetch"] = time.monotonic() - t
     _dependencies(plan, root, quiet, say)
     held = lock.acquire(plan.prefix, plan.work)  # released at the end (finally below)
@@ -159,6 +160,16 @@ def execute(req: Request, root, *, quiet: bool = False,
 
 
 # -- the steps ------------------------------------------------------------------------------------
+
+def check(plan: Plan) -> None:
+    """What must hold for the plan to run here, before any step: the prefix is rocforge's to
+    replace, the toolchains are there, the prefix and work areas can be written.  A dry run
+    makes the same checks, so it exits as the build would."""
+    replace.check_replaceable(plan.prefix, MANIFEST, "--prefix", path_list=True)
+    _require(plan)
+    paths.check_writable(plan.prefix.parent, "--prefix")
+    paths.check_writable(plan.work, "the work directory")
+
 
 def _require(plan: Plan) -> None:
     """Everything a build and its dependencies need, checked before any of them starts."""

@@ -47,6 +47,7 @@ class Request:
     distribute: bool = False
     build_targets: tuple[str, ...] = ()
     environ: Mapping[str, str] | None = None
+    rocm: str | None = None  # --rocm: the ROCm installation to build with
 
 
 @dataclass
@@ -441,6 +442,40 @@ def _with_deps(stamp: str, dep_stamps: list[str]) -> str:
 
 # -- what the steps start from: recipe, source, backend, toolchain, dependencies ------------------
 
+def _facts_maker(recipe, tgt, root, environ, req: Request, toolchains: dict, known: dict):
+    """facts_for(backend): the facts a backend is judged by (its toolchain detected once);
+    the source's facts once `known["source"]` is set (before the fetch: unknown)."""
+
+    def facts_for(backend: str) -> conditions.Facts:
+        kind = recipe.backends[backend].toolchain
+        if kind not in toolchains:
+            toolchains[kind] = detect(kind, root, tgt.name, environ, rocm=req.rocm)
+        tc = toolchains[kind]
+        return conditions.Facts(
+            target=tgt.name, families=tgt.therock_groups, backend=backend,
+            rocm_version=tc.rocm_version, source=known.get("source"),
+            host=conditions.HostFacts(include_dirs=tc.include_dirs, path=tc.path,
+                                      probe_glslc=tc.probe_glslc),
+            toolchain_found=tc.missing is None, rocblas_hipblaslt=tc.rocblas_hipblaslt,
+        )
+
+    return facts_for
+
+
+def preflight(req: Request, root) -> None:
+    """What `rocforge build` (and its dry run) checks before the source is downloaded or
+    unpacked: see `_preflight`.  A local tree is read in place: nothing to spare, no check."""
+    recipe = recipes.load(req.recipe)
+    tgt = targets.get_target(req.target)
+    spec = sources.spec_for(recipe, ref=req.ref, source=req.source)
+    if spec.kind == "local":
+        return
+    environ = dict(os.environ if req.environ is None else req.environ)
+    toolchains: dict[str, Toolchain] = {}
+    _preflight(recipe, req, _facts_maker(recipe, tgt, root, environ, req, toolchains, {}),
+               toolchains)
+
+
 def _prepare(req: Request, root):
     """Recipe, target, fetched source, backend choice, toolchain and facts: the shared start of
     a plan and of the no-op check (the fetch is a cache hit after the first build)."""
@@ -448,30 +483,83 @@ def _prepare(req: Request, root):
     tgt = targets.get_target(req.target)
     environ = dict(os.environ if req.environ is None else req.environ)
     spec = sources.spec_for(recipe, ref=req.ref, source=req.source)
+    toolchains: dict[str, Toolchain] = {}
+    known: dict[str, conditions.SourceFacts] = {}
+    facts_for = _facts_maker(recipe, tgt, root, environ, req, toolchains, known)
     identity = sources.identify(spec)
     fetched = sources.fetch(spec, identity)
-    source_facts = conditions.SourceFacts(fetched.tree, source_version(recipe, fetched))
-    toolchains: dict[str, Toolchain] = {}
-
-    def facts_for(backend: str) -> conditions.Facts:
-        kind = recipe.backends[backend].toolchain
-        if kind not in toolchains:
-            toolchains[kind] = detect(kind, root, tgt.name, environ)
-        tc = toolchains[kind]
-        return conditions.Facts(
-            target=tgt.name, families=tgt.therock_groups, backend=backend,
-            rocm_version=tc.rocm_version, source=source_facts,
-            host=conditions.HostFacts(include_dirs=tc.include_dirs, path=tc.path,
-                                      probe_glslc=tc.probe_glslc),
-            toolchain_found=tc.missing is None, rocblas_hipblaslt=tc.rocblas_hipblaslt,
-        )
-
+    known["source"] = conditions.SourceFacts(fetched.tree, source_version(recipe, fetched))
     backend, backend_reason = _choose_backend(recipe, req, facts_for)
     facts = facts_for(backend)
     toolchain = toolchains[recipe.backends[backend].toolchain]
     prefix = (Path(req.prefix).expanduser().resolve() if req.prefix
               else default_prefix(recipe.name, tgt.name, backend))
     return recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix
+
+
+_SOURCE_KEYS = {"source_version", "cmake_option", "file", "source_contains"}
+
+
+def _source_free(cond) -> bool:
+    """Whether a condition can be decided before the source is fetched."""
+    if not cond:
+        return True
+    for key, value in cond.items():
+        if key in _SOURCE_KEYS:
+            return False
+        if key == "not" and not _source_free(value):
+            return False
+        if key in ("any", "all") and not all(_source_free(c) for c in value):
+            return False
+    return True
+
+
+def _possible_backends(recipe: recipes.Recipe, req: Request,
+                       facts_for: Callable[[str], conditions.Facts]) -> list[str]:
+    """The backends the plan may choose, known before the source is: --backend, else the
+    `[[default]]` rules up to the first that holds whatever the source says."""
+    if req.backend:
+        return [req.backend] if req.backend in recipe.backends else []
+    out = []
+    for rule in recipe.of("default"):
+        backend = rule.get("backend")
+        if not _source_free(rule.when):
+            out.append(backend)
+        elif conditions.evaluate(rule.when, facts_for(backend)):
+            return list(dict.fromkeys([*out, backend]))
+    return list(dict.fromkeys([*out, next(iter(recipe.backends))]))
+
+
+def _preflight(recipe: recipes.Recipe, req: Request,
+               facts_for: Callable[[str], conditions.Facts], toolchains: dict) -> None:
+    """Before the source is fetched (a download of tens of MB): a user prefix rocforge may not
+    replace, no toolchain for any backend the plan could choose, or a `[[stop]]` that holds
+    whatever the source says — each stops here, as it would after the fetch."""
+    if req.prefix:
+        from rocforge_build import replace
+
+        replace.check_replaceable(Path(req.prefix).expanduser().resolve(), MANIFEST, "--prefix",
+                                  path_list=True)
+    possible = _possible_backends(recipe, req, facts_for)
+    if not possible:
+        return  # an unknown --backend: _choose_backend says so with its suggestions
+    if len(possible) == 1:  # the plan's order: the recipe's stops, then the toolchain
+        facts = facts_for(possible[0])
+        for rule in recipe.of("stop"):
+            holds, why = (conditions.explain(rule.when, facts) if _source_free(rule.when)
+                          else (False, ""))
+            if holds:
+                hint = rule.get("hint")
+                raise ToolchainError(f"{rule.get('message')} ({why})",
+                                     hint.replace("{target}", facts.target) if hint else None)
+    missing = []
+    for backend in possible:
+        facts_for(backend)
+        tc = toolchains[recipe.backends[backend].toolchain]
+        if tc.missing:
+            missing.append(tc)
+    if len(missing) == len(possible):
+        missing[0].require()
 
 
 def _choose_backend(recipe: recipes.Recipe, req: Request,
@@ -518,7 +606,8 @@ def _dependency_requests(recipe: recipes.Recipe, req: Request, facts: conditions
             raise ConfigError(f"recipe {recipe.name}: dependency cycle "
                               f"{' -> '.join((*stack, recipe.name, name))}")
         dep = Request(recipe=ref, target=req.target, backend=rule.get("backend"), jobs=req.jobs,
-                      no_cache=req.no_cache, distribute=req.distribute, environ=req.environ)
+                      no_cache=req.no_cache, distribute=req.distribute, environ=req.environ,
+                      rocm=req.rocm)
         out.append((rule, dep, why))
     return out
 

@@ -105,6 +105,7 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
         if ref:  # a local git repository at a given ref
             return SourceSpec("git", str(path), ref=ref, subdir=rs.subdir, **git_extra)
         sub = rs.subdir if rs.subdir and (path / rs.subdir).is_dir() else None
+        require_project(path / sub if sub else path, f"--source {source}")
         return SourceSpec("local", str(path), subdir=sub)
     if ref:
         if not rs.git:
@@ -236,10 +237,21 @@ def _trees_dir() -> Path:
     return paths.cache_dir() / "sources" / "trees"
 
 
+def require_project(tree: Path, what: str) -> None:
+    """Every recipe configures with CMake: a tree without CMakeLists.txt (an empty directory,
+    the wrong level of a checkout) is refused before any plan, not in CMake or as a patch
+    that does not apply."""
+    if not (tree / "CMakeLists.txt").is_file():
+        raise UsageError(f"{what}: {tree} holds no CMakeLists.txt, so there is nothing the "
+                         "recipe can build", "give the project's top directory, the one "
+                         "with CMakeLists.txt")
+
+
 def _finish(spec: SourceSpec, identity: str, root: Path, commit: str | None = None) -> Fetched:
     tree = root / spec.subdir if spec.subdir else root
     if not tree.is_dir():
         raise UsageError(f"source {spec.location} has no directory {spec.subdir!r}")
+    require_project(tree, f"source {spec.location}")
     return Fetched(spec, identity, root, tree, commit)
 
 

@@ -115,23 +115,24 @@ def host_info(environ: Mapping[str, str]) -> dict[str, str]:
     return info
 
 
-def detect(kind: str, root, target: str, environ: Mapping[str, str] | None = None) -> Toolchain:
+def detect(kind: str, root, target: str, environ: Mapping[str, str] | None = None, *,
+           rocm: str | None = None) -> Toolchain:
     environ = dict(os.environ if environ is None else environ)
     if kind == "hip":
-        return _hip(root, target, environ)
+        return _hip(root, target, environ, rocm)
     if kind == "vulkan":
         return _vulkan(root, environ)
     return Toolchain("host", path=environ.get("PATH"), include_dirs=(root.host("/usr/include"),))
 
 
-def _hip(root, target: str, environ: dict[str, str]) -> Toolchain:
+def _hip(root, target: str, environ: dict[str, str], rocm: str | None = None) -> Toolchain:
     how = (f"install a TheRock nightly for it: `rocforge nightly install --target {target}`, "
            "then run the build again (or point ROCM_PATH at an existing ROCm)")
     try:
         from rocforge_build.discover import resolver
     except ImportError:
         return Toolchain("hip", missing="no ROCm resolver in this rocforge build", hint=how)
-    res = resolver.resolve(root, target=target, environ=environ)
+    res = resolver.resolve(root, target=target, rocm=rocm, environ=environ)
     if res.rocm is None:
         return Toolchain("hip", missing=f"no ROCm toolchain found for {target}", hint=how)
     if res.rocm.bitcode_dir is not None and target not in res.rocm.coverage.bitcode:

@@ -7,14 +7,19 @@ import json
 import sys
 
 from rocforge_build.build import pipeline
-from rocforge_build.build.plan import Request, make_plan, print_plan
+from rocforge_build.build.plan import Request, make_plan, preflight, print_plan
+from rocforge_build.commands import target_or_detected
 from rocforge_build.errors import UsageError
 from rocforge_build.refs import check_git_ref
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", metavar="RECIPE", help="recipe name (see `rocforge recipes`) or a .toml file")
-    parser.add_argument("--target", required=True, metavar="GFX", help="GPU target, e.g. gfx1151")
+    parser.add_argument("--target", metavar="GFX",
+                        help="GPU target, e.g. gfx1151 (default: the detected GPU)")
+    parser.add_argument("--rocm", metavar="PATH",
+                        help="the ROCm installation to build with (default: the resolved one, "
+                        "as `rocforge env` resolves it)")
     parser.add_argument("--backend", metavar="B", help="backend (default: the recipe's choice for the target)")
     parser.add_argument("--ref", metavar="REF", help="build this git tag/branch/commit of the recipe's git source")
     parser.add_argument("--source", metavar="PATH|URL",
@@ -47,16 +52,20 @@ def run(args) -> int:
     if args.ref is not None:  # before anything is fetched or written (sources.spec_for again)
         check_git_ref(args.ref)
     req = Request(
-        recipe=args.recipe, target=args.target, backend=args.backend, ref=args.ref,
+        recipe=args.recipe, target=target_or_detected(args, args.rocm), backend=args.backend,
+        ref=args.ref, rocm=args.rocm,
         source=args.source, prefix=args.prefix, jobs=args.jobs, force=args.force,
         no_cache=args.no_cache, distribute=args.distribute, build_targets=tuple(args.build_target),
     )
     if args.dry_run:
+        preflight(req, args.rootfs)  # as the build does: before any download
         plan = make_plan(req, args.rootfs)
         if args.json:
             print(json.dumps(plan.to_json(), indent=2, default=str))
         else:
             print_plan(plan)
+        sys.stdout.flush()
+        pipeline.check(plan)  # the build's own checks: a dry run exits as the build would
         return 0
     outcome = pipeline.execute(req, args.rootfs)
     if outcome.status == "up to date":

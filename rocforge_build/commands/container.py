@@ -18,7 +18,7 @@ from rocforge_build.ship import containers
 
 def _common(p) -> None:
     p.add_argument("recipe", metavar="RECIPE", help="recipe name, or path to a recipe .toml file")
-    p.add_argument("--target", required=True, metavar="GFX", help="GPU target, e.g. gfx1151")
+    p.add_argument("--target", metavar="GFX", help="GPU target, e.g. gfx1151 (default: the detected GPU)")
     p.add_argument("--backend", metavar="B",
                    help="a backend of the recipe (rocforge recipe NAME); its toolchain picks the builder "
                    "variant (default: the recipe's choice for the target, as `rocforge build` makes it)")
@@ -75,6 +75,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    if args.action != "closure":
+        from rocforge_build.commands import target_or_detected
+
+        args.target = target_or_detected(args)
     return {"build": _build, "run": _run, "closure": _closure}[args.action](args)
 
 
@@ -85,14 +89,14 @@ def _print_decisions(decisions, out=None) -> None:
 
 
 def _build(args) -> int:
+    engine, why = containers.detect_engine(args.engine)  # before the source is read
+    if not args.dry_run:
+        containers.check_engine(engine, building=True)  # before anything is fetched or built
     plan = containers.plan(
         args.recipe, target=args.target, backend=args.backend, variant=args.variant,
         base=args.base, runtime_base=args.runtime_base, tag=args.tag, source=args.source, ref=args.ref,
         root=args.rootfs,
     )
-    engine, why = containers.detect_engine(args.engine)
-    if not args.dry_run:
-        containers.check_engine(engine, building=True)  # before anything is built
     ctx = containers.context_dir(plan)
     steps = containers.build_commands(engine, ctx, plan.tag)
     decisions = (*plan.decisions, why)

@@ -368,7 +368,12 @@ def _pip(args, cfg) -> int:
     route = args.route or pip_cfg["route"]
     exists = None if args.no_probe else (
         lambda url: download.get_text(url, missing_ok=True) is not None)
-    index, req, reason = listing.pip_plan(target, route, pip_cfg, exists)
+    try:
+        index, req, reason = listing.pip_plan(target, route, pip_cfg, exists)
+    except NetworkError as exc:  # the download hint names --index, which `nightly pip` lacks
+        raise NetworkError(exc.message, "check your network connection or proxy; --no-probe "
+                           "prints the command without asking the index, or set "
+                           "nightly.pip.family_index with `rocforge config set`") from exc
     argv = [sys.executable, "-m", "pip", "install", "--pre", "--index-url", index, req]
     if args.json:
         print(json.dumps({"target": target, "route": route, "index": index, "requirement": req,

@@ -19,7 +19,7 @@ from rocforge_build.measure.session import Progress, open_session
 
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", metavar="RECIPE", help="recipe name or .toml file (llama-cpp)")
-    parser.add_argument("--target", required=True, metavar="GFX")
+    parser.add_argument("--target", metavar="GFX", help="GPU target (default: the detected GPU)")
     parser.add_argument("--model", required=True, metavar="GGUF")
     parser.add_argument("--backends", metavar="B,...", help="candidate backends (default: every one the source and toolchain allow)")
     parser.add_argument("--build", action="append", default=[], metavar="PREFIX", help="also an existing build (repeatable)")
@@ -72,6 +72,9 @@ def candidates(args, say) -> tuple[list[LlamaBuild], list[dict]]:
 
 
 def run(args) -> int:
+    from rocforge_build.commands import target_or_detected
+
+    args.target = target_or_detected(args)
     say = (lambda text: None) if args.json else (lambda text: sys.stderr.write(f"rocforge: tune: {text}\n"))
     if not (args.n_prompt or args.n_gen):
         raise UsageError("-p/--n-prompt and -n/--n-gen are both 0: there is nothing to measure",

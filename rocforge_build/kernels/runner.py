@@ -283,6 +283,18 @@ def build(root: Root, target: str | None = None, *, rocm: str | None = None,
             shutil.rmtree(work, ignore_errors=True)
 
 
+def extra_install_hint(extra: str) -> str:
+    """How to install one of rocforge's extras, in a form that works where this rocforge runs:
+    from a source checkout (pyproject.toml beside the package) the checkout itself, editable —
+    `pip install 'rocforge[...]'` would look for rocforge on the package index instead."""
+    import shlex
+
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "rocforge_build").is_dir():
+        return f"pip install -e {shlex.quote(f'{checkout}[{extra}]')}"
+    return f"pip install 'rocforge[{extra}]'"
+
+
 def _pick_target(root: Root, target: str | None, rocm: str | None,
                  environ: Mapping[str, str] | None) -> str:
     if target:
@@ -428,7 +440,7 @@ def bench(target: str | None = None, *, out: str | os.PathLike[str] | None = Non
         import numpy as np
     except ImportError as exc:
         raise ToolchainError("`rocforge kernels bench` checks results with NumPy, which is not "
-                             "installed", "pip install 'rocforge[kernels]' (or numpy)") from exc
+                             "installed", f"{extra_install_hint('kernels')} (or pip install numpy)") from exc
     from rocforge_build.kernels import reference as ref
 
     build_info = load_build(target, out)

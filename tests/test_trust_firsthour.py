@@ -1,0 +1,309 @@
+"""The first hour: the traps a new user met (issue 25, items 11-14 and 18), each tried for real.
+
+Real files, a real read-only mount for the home/cache/data/config directories, a real HTTP
+server on 127.0.0.1 (tests/http_fixture.py) that records every request, fake sysfs roots in the
+kernel's formats (tests/fixtures_roots.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+from buildfixtures import RECIPE, project_copy, tarball
+
+from rocforge_build import download
+from rocforge_build.cli import main
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("rocforge: error:")]
+
+
+@pytest.fixture
+def no_sleep(monkeypatch):
+    """Download retries without their backoff waits (the retries themselves still happen)."""
+    monkeypatch.setattr(download, "_sleep", lambda seconds: None)
+
+
+# -- 14: a download error whose cause carries a str `reason` -----------------------------------
+
+def test_container_run_dry_run_tls_error_is_one_network_line(http_server, no_sleep, tmp_path,
+                                                             capsys):
+    """`container run --dry-run` without --backend reads the source to choose the backend; an
+    https:// URL answered by a plain-HTTP server fails the TLS handshake with an ssl.SSLError
+    whose `reason` is a str ('WRONG_VERSION_NUMBER') — which used to end in an internal error."""
+    url = http_server.add("/llama.cpp.tar.gz", tarball(tmp_path / "t.tar.gz").read_bytes())
+    https = url.replace("http://", "https://", 1)
+    rc = main(["container", "run", "llama-cpp", "--target", "gfx1151", "--engine", "docker",
+               "--source", https, "--dry-run", "--", "true"])
+    err = capsys.readouterr().err
+    assert rc == 6, err
+    assert "internal error" not in err
+    lines = error_lines(err)
+    assert len(lines) == 1 and "SSL" in lines[0], err
+
+
+# -- 11: a read-only HOME, cache, data or config directory -------------------------------------
+
+_RO_SCRIPT = r"""
+set -u
+mount -t tmpfs -o ro,size=64k tmpfs "$RO" || exit 99
+cd "$RO"
+i=0
+for args in "$@"; do
+    i=$((i + 1))
+    eval "set -- $args"
+    "$PY" -m rocforge_build "$@" >"$OUTDIR/$i.out" 2>"$OUTDIR/$i.err"
+    echo $? >"$OUTDIR/$i.rc"
+done
+"""
+
+
+def run_on_read_only_home(tmp_path, commands: list[list[str]], env_extra: dict) -> list[tuple]:
+    """Run each rocforge command with HOME on a real read-only tmpfs, mounted in a private
+    user and mount namespace (`unshare -rm`: works for root, whom chmod 0555 does not stop,
+    and for an unprivileged user alike; the mount vanishes with the namespace)."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ro, outdir = tmp_path / "ro-home", tmp_path / "out"
+    ro.mkdir()
+    outdir.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("ROCFORGE_", "XDG_"))}
+    env.update(HOME=str(ro), RO=str(ro), OUTDIR=str(outdir), PY=sys.executable,
+               PYTHONPATH=str(Path(__file__).resolve().parent.parent), **env_extra)
+    res = subprocess.run(["unshare", "-rm", "sh", "-c", _RO_SCRIPT, "sh",
+                          *[shlex.join(c) for c in commands]], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert not any(ro.iterdir())  # outside the namespace: nothing was written where HOME was
+    return [(int((outdir / f"{i}.rc").read_text()), (outdir / f"{i}.err").read_text())
+            for i in range(1, len(commands) + 1)]
+
+
+def test_read_only_home_names_the_directory_and_its_variable(tmp_path):
+    tb = tarball(tmp_path / "fixture-1.2.0.tar.gz")
+    build = ["build", str(RECIPE), "--target", "gfx1030", "--source", str(tb),
+             "--prefix", str(tmp_path / "prefix")]
+    results = run_on_read_only_home(tmp_path, [
+        [*build, "--dry-run"],
+        build,
+        ["config", "set", "download.attempts", "3"],
+    ], {})
+    expected = [("cache", "ROCFORGE_CACHE_DIR"), ("cache", "ROCFORGE_CACHE_DIR"),
+                ("config", "ROCFORGE_CONFIG_DIR")]
+    for (rc, err), (kind, var) in zip(results, expected, strict=True):
+        assert rc == 2, err
+        assert "internal error" not in err and "Traceback" not in err
+        lines = error_lines(err)
+        assert len(lines) == 1, err
+        assert f"the {kind} directory {tmp_path / 'ro-home'}" in lines[0] and var in lines[0]
+        assert "Read-only file system" in lines[0]
+    assert not (tmp_path / "prefix").exists()
+
+
+def test_read_only_data_dir_override_is_named(tmp_path):
+    """A ROCFORGE_DATA_DIR on the read-only mount (cache and config writable elsewhere)."""
+    ro = tmp_path / "ro-home"
+    results = run_on_read_only_home(tmp_path, [
+        ["build", str(RECIPE), "--target", "gfx1030", "--source", str(project_copy(tmp_path / "s"))],
+    ], {"ROCFORGE_DATA_DIR": str(ro / "data"), "ROCFORGE_CACHE_DIR": str(tmp_path / "cache"),
+        "ROCFORGE_CONFIG_DIR": str(tmp_path / "config")})
+    rc, err = results[0]
+    assert rc == 2, err
+    lines = error_lines(err)
+    assert len(lines) == 1 and f"the data directory {ro / 'data'}" in lines[0], err
+    assert "ROCFORGE_DATA_DIR" in lines[0]
+
+
+# -- 13: preflight before fetching; a dry run exits as the build would -------------------------
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "build"])
+def test_no_rocm_stops_before_any_download(http_server, tmp_path, capsys, dry):
+    """llama-cpp's default backend for gfx1151 is HIP; on a root without any ROCm the build
+    (and its dry run) stops with exit 5 before the source is asked for."""
+    url = http_server.add("/llama.cpp.tar.gz", tarball(tmp_path / "t.tar.gz").read_bytes())
+    empty = tmp_path / "root"
+    empty.mkdir()
+    argv = ["--root", str(empty), "build", "llama-cpp", "--target", "gfx1151", "--source", url]
+    rc = main(argv + (["--dry-run"] if dry else []))
+    err = capsys.readouterr().err
+    assert rc == 5, err
+    assert len(error_lines(err)) == 1 and "no ROCm toolchain found for gfx1151" in err
+    assert http_server.requests == []  # not a single request, not even a HEAD
+
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "build"])
+def test_foreign_prefix_refused_before_any_download(http_server, tmp_path, capsys, dry):
+    url = http_server.add("/fixture-1.2.0.tar.gz", tarball(tmp_path / "t.tar.gz").read_bytes())
+    prefix = tmp_path / "mine"
+    prefix.mkdir()
+    (prefix / "notes.txt").write_text("the user's own file\n")
+    argv = ["build", str(RECIPE), "--target", "gfx1030", "--source", url, "--prefix", str(prefix)]
+    rc = main(argv + (["--dry-run"] if dry else []))
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert len(error_lines(err)) == 1 and "refusing to replace --prefix" in err
+    assert http_server.requests == []
+    assert (prefix / "notes.txt").read_text() == "the user's own file\n"
+
+
+def test_dry_run_and_build_exit_alike_on_missing_toolchain_after_fetch(tmp_path, capsys):
+    """A backend whose toolchain is missing, found out with a local source (no download to
+    spare): the dry run no longer prints a plan with "toolchain MISSING" and exits 0."""
+    src = project_copy(tmp_path / "src")
+    empty = tmp_path / "root"
+    empty.mkdir()
+    codes = []
+    for extra in (["--dry-run"], []):
+        codes.append(main(["--root", str(empty), "build", str(RECIPE), "--target", "gfx1151",
+                           "--backend", "hip", "--source", str(src),
+                           "--prefix", str(tmp_path / "p"), *extra]))
+    err = capsys.readouterr().err
+    assert codes == [5, 5], err
+    assert not (tmp_path / "p").exists()
+
+
+# -- 12: a --source or --root that holds nothing to build ---------------------------------------
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "build"])
+@pytest.mark.parametrize("shape", ["missing", "empty", "no-cmakelists"])
+def test_source_with_nothing_to_build_is_refused_before_a_plan(tmp_path, capsys, shape, dry):
+    src = tmp_path / "src"
+    if shape == "empty":
+        src.mkdir()
+    elif shape == "no-cmakelists":
+        project_copy(src)
+        (src / "CMakeLists.txt").unlink()
+    argv = ["build", str(RECIPE), "--target", "gfx1030", "--source", str(src),
+            "--prefix", str(tmp_path / "p")]
+    rc = main(argv + (["--dry-run"] if dry else []))
+    out, err = capsys.readouterr()
+    assert rc == 2, err
+    assert out == ""  # no plan
+    lines = error_lines(err)
+    assert len(lines) == 1 and f"--source {src}" in lines[0], err
+    assert ("no such file or directory" if shape == "missing" else "holds no CMakeLists.txt") \
+        in lines[0]
+    assert not (tmp_path / "p").exists()
+
+
+def test_source_tarball_without_a_project_is_refused(tmp_path, capsys):
+    """A tarball that unpacks to a tree without CMakeLists.txt: exit 2 before any plan."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "README").write_text("not a project\n")
+    tb = tarball(tmp_path / "docs.tar.gz", docs)
+    rc = main(["build", str(RECIPE), "--target", "gfx1030", "--source", str(tb), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "", err
+    assert len(error_lines(err)) == 1 and "holds no CMakeLists.txt" in err
+
+
+@pytest.mark.parametrize("command", [["build", str(RECIPE), "--target", "gfx1030", "--dry-run"],
+                                     ["kernels", "build"], ["tune", "llama-cpp", "--model", "m"]])
+def test_missing_root_is_refused_with_exit_2(tmp_path, capsys, command):
+    rc = main(["--root", str(tmp_path / "nowhere"), *command])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(error_lines(err)) == 1 and "is not a directory" in err, err
+
+
+# -- 18: consistent flags and right hints -------------------------------------------------------
+
+def test_build_target_defaults_to_the_detected_gpu(tmp_path, capsys):
+    import json
+
+    from fixtures_roots import make_strix_halo
+
+    root = tmp_path / "root"
+    make_strix_halo(root)  # a gfx1151 iGPU in sysfs, in the kernel's format
+    rc = main(["--root", str(root), "build", str(RECIPE), "--source",
+               str(project_copy(tmp_path / "src")), "--backend", "cpu", "--dry-run", "--json"])
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["target"] == "gfx1151"
+
+
+@pytest.mark.parametrize("command", [
+    ["build", str(RECIPE), "--dry-run"],
+    ["tune", "llama-cpp", "--model", "m.gguf"],
+    ["container", "run", "llama-cpp", "--backend", "hip", "--engine", "docker", "--dry-run",
+     "--", "true"],
+], ids=["build", "tune", "container"])
+def test_no_target_and_no_gpu_lists_the_choices(tmp_path, capsys, command):
+    root = tmp_path / "root"
+    root.mkdir()
+    rc = main(["--root", str(root), *command])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert error_lines(err) == ["rocforge: error: no GPU target was given and none was detected"]
+    hint = next(line for line in err.splitlines() if line.startswith("rocforge: hint:"))
+    for known in ("gfx900", "gfx90a", "gfx1030", "gfx1100", "gfx1151", "gfx1201"):
+        assert f" {known}," in hint or hint.endswith(f" {known}"), hint
+
+
+def test_container_target_defaults_to_the_detected_gpu(tmp_path, capsys):
+    from fixtures_roots import make_strix_halo
+
+    root = tmp_path / "root"
+    make_strix_halo(root)
+    rc = main(["--root", str(root), "container", "run", "llama-cpp", "--backend", "hip",
+               "--engine", "docker", "--dry-run", "--", "true"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "localhost/rocforge/llama-cpp:gfx1151-hip" in out
+
+
+def test_build_rocm_selects_that_rocm(tmp_path, capsys):
+    import json
+
+    from fixtures_roots import make_strix_halo, make_therock_tree
+
+    root = tmp_path / "root"
+    make_strix_halo(root)  # TheRock 7.9 at /opt/rocm
+    make_therock_tree(root, "7.10.0rc20251020", ("gfx1151",), inner="/opt/therock-b")
+    src = str(project_copy(tmp_path / "src"))
+    plans = {}
+    for rocm in (None, "/opt/therock-b"):
+        argv = ["--root", str(root), "build", str(RECIPE), "--target", "gfx1151", "--backend",
+                "hip", "--source", src, "--dry-run", "--json"]
+        main(argv + (["--rocm", rocm] if rocm else []))
+        plans[rocm] = json.loads(capsys.readouterr().out)["toolchain"]
+    assert plans[None]["rocm_path"] == "/opt/rocm"
+    assert plans["/opt/therock-b"]["rocm_path"] == "/opt/therock-b"
+    assert plans["/opt/therock-b"]["env"]["ROCM_PATH"].endswith("/opt/therock-b")
+
+
+def test_kernels_extra_hint_works_from_a_checkout(tmp_path):
+    """This test runs from a checkout: the hint installs the checkout, editable, with the extra
+    (`pip install 'rocforge[kernels]'` would ask the package index for rocforge instead)."""
+    from pathlib import Path
+
+    from rocforge_build.kernels.runner import extra_install_hint
+
+    checkout = Path(__file__).resolve().parent.parent
+    assert (checkout / "pyproject.toml").is_file()
+    assert extra_install_hint("kernels") == f"pip install -e '{checkout}[kernels]'"
+
+
+def test_nightly_pip_offline_hint_names_only_its_own_flags(http_server, no_sleep, tmp_path,
+                                                           capsys):
+    """The probe of the per-family index fails (the server answers 500 every time): the hint
+    must not suggest `--index`, which `nightly pip` does not have."""
+    import os
+
+    index = http_server.url("/whl/{family}/")
+    for _ in range(10):
+        http_server.fail("/whl/gfx1151/", status=500)
+        http_server.fail("/whl/gfx115X-all/", status=500)
+    cfg = tmp_path / "cfg"
+    os.environ["ROCFORGE_CONFIG_DIR"] = str(cfg)
+    assert main(["config", "set", "nightly.pip.family_index", index]) == 0
+    assert main(["config", "set", "download.attempts", "1"]) == 0
+    capsys.readouterr()
+    rc = main(["nightly", "pip", "--target", "gfx1151"])
+    err = capsys.readouterr().err
+    assert rc == 6, err
+    assert len(error_lines(err)) == 1 and "--index" not in err.replace("--index-url", "")
+    assert "--no-probe" in err
