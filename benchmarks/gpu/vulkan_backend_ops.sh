@@ -62,7 +62,7 @@ if [ -n "$FAILED" ]; then
 fi
 echo "env that fixes the failed ops: ${GOOD:-none}; left $(left) s"
 wait $PM; cat /tmp/model.done; ls -la /tmp/*.gguf
-TXT=rocforge_build/data/verify-text.txt
+TXT=$(python3 -c "from rocforge_build.measure.verify import text_file; print(text_file())")  # the shipped text, unpacked
 ppl() { local lab=$1 pre=$2 m=$3; shift 3
   env $lab LD_LIBRARY_PATH=$pre/lib:$LD_LIBRARY_PATH $pre/bin/llama-perplexity -m $m -f $TXT -c 512 --chunks 4 -ngl 99 "$@" > /tmp/ppl.out 2> /tmp/ppl.err; local rc=$?
   echo "PPL [$lab] $pre $(basename $m) $*: rc=$rc $(grep -ho 'Final estimate: PPL = .*' /tmp/ppl.out /tmp/ppl.err) $(grep -h '^\[1\]' /tmp/ppl.out /tmp/ppl.err | head -1)"

@@ -57,7 +57,7 @@ if [ "${PHASE:-build}" = build ]; then
   python3 tests/tiny_gguf.py /tmp/m-f16.gguf medium --byte-tokens --ctx 32768 || exit 1
   for q in Q8_0 Q4_0; do $Q /tmp/m-f16.gguf /tmp/m-${q,,}.gguf $q 16 > /tmp/q-$q.log 2>&1 || tail -5 /tmp/q-$q.log; done
   ls -la /tmp/*.gguf; echo "left $(left) s"
-  TXT=rocforge_build/data/verify-text.txt
+  TXT=$(python3 -c "from rocforge_build.measure.verify import text_file; print(text_file())")  # the shipped text, unpacked
   ppl() { # label prefix model extra...
     local lab=$1 pre=$2 m=$3; shift 3
     $pre/bin/llama-perplexity -m $m -f $TXT -c 512 --chunks 4 -ngl 99 "$@" > /tmp/ppl.out 2> /tmp/ppl.err; local rc=$?
