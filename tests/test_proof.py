@@ -151,6 +151,81 @@ def test_a_tie_within_the_noise_goes_to_the_defaults():
     assert out["ranked"][0][2] == near and "closer to the recipe's defaults" in out["note"]
 
 
+def test_the_default_search_starts_at_the_defaults_and_the_next_range_where_the_last_ended():
+    # fa off wins everywhere; the micro-batch peaks at 1024 at depth 0 and at 2048 at depth 4096.
+    # From the defaults (fa on, ub 512): fa swept (2 runs), then ub on the fa-off plane (3 more),
+    # then fa again at 1024 (1 more); the long range starts at (off, 1024) and adds nothing new but
+    # 2048's fa-on point: 7 of 8 at most, and the first run is what the user runs anyway.
+    peak = {0: {256: 0.7, 512: 0.9, 1024: 1.0, 2048: 0.95}, 4096: {256: 0.6, 512: 0.8, 1024: 0.9, 2048: 1.0}}
+    order = []
+
+    def measure(v):
+        order.append(v)
+        return [r for d in (0, 4096) for r in rows(*(2 * [100 * peak[d][v.ubatch] * (0.5 if v.fa else 1)]), d)]
+
+    cand = tune.Candidate(object())
+    dims = [[True, False], [256, 512, 1024, 2048]]
+    best = tune.search(cand, dims, [], {"short": 0, "long": 4096}, measure)
+    assert order[0] == bench.Variant(512, True)
+    assert (best["short"]["variant"], best["long"]["variant"]) == (bench.Variant(1024, False), bench.Variant(2048, False))
+    assert len(order) == len(set(order)) < 8  # nothing measured twice, fewer than the cross product
+
+
+def test_screening_uses_one_repetition_never_more_than_asked(model8k):
+    assert tune.screening(bench.Spec(model8k, reps=3)).reps == 1
+    assert tune.screening(bench.Spec(model8k, reps=1)).reps == 1
+
+
+def bench_stub(tmp_path: Path, script: str):
+    exe = tmp_path / "llama-bench"
+    exe.write_text("#!/bin/sh\n" + script)
+    exe.chmod(0o755)
+
+    class Build:
+        gpu = False
+        runtime_env: dict = {}
+
+        def program(self, name):
+            return exe
+    return Build()
+
+
+def test_the_race_stops_a_slow_run_and_keeps_what_it_finished(tmp_path, model8k):
+    # llama-bench prints depth 0's rows first, then hangs at depth (as flash attention falling back
+    # to the CPU did on the H100): the race stops it at 2 x the fastest run (0.6 s), not after the
+    # user's 60 s, and its depth-0 rows still give it a short-range score
+    build = bench_stub(tmp_path, """
+echo '{"n_prompt": 512, "n_gen": 0, "n_depth": 0, "avg_ts": 900.0, "stddev_ts": 1.0}'
+echo '{"n_prompt": 0, "n_gen": 128, "n_depth": 0, "avg_ts": 90.0, "stddev_ts": 1.0}'
+exec sleep 60
+""")
+    race = tune.Race(factor=2.0, floor_s=0.1, fastest=0.6)
+    spec = race.spec(tune.screening(bench.Spec(model8k, depths=(0, 4096), timeout=60)))
+    assert spec.timeout == pytest.approx(1.2) and spec.reps == 1
+    t0, clock = time.monotonic(), []
+    got = bench.run_variant(build, spec, bench.Variant(512, True), {}, (0, 4096), lambda r: None, clock=clock)
+    assert time.monotonic() - t0 < 10
+    race.record(clock[-1], got, spec)
+    assert race.stopped == 1 and race.fastest == 0.6  # a stopped run is no one's pace
+    assert tune.range_score(got, 0) == pytest.approx((900 * 90) ** 0.5)
+    assert tune.range_score(got, 4096) == float("-inf")
+    failed = [r for r in got if r["status"] == "failed"]
+    assert {r["depth"] for r in failed} == {4096} and "2x the fastest variant's run (0.6 s)" in failed[0]["error"]
+
+
+def test_the_race_waits_for_a_complete_run_and_never_loosens_the_users_timeout(model8k):
+    race = tune.Race(factor=2.0, floor_s=3.0)
+    spec = bench.Spec(model8k, timeout=15)
+    assert race.spec(spec) is spec  # no complete run yet: the user's --timeout alone
+    race.record(4.0, rows(10, 10), spec)
+    assert race.spec(spec).timeout == 8.0
+    race.record(0.5, rows(10, 10), spec)
+    assert race.spec(spec).timeout == 3.0  # the floor: process start and model load are not a pace
+    assert race.spec(bench.Spec(model8k, timeout=2)).timeout == 2  # the user's tighter limit stays
+    race.record(0.1, rows(10, 10) + [{"test": "tg", "depth": 4096, "status": "failed", "error": "x"}], spec)
+    assert race.fastest == 0.5  # an incomplete run sets no pace
+
+
 # -- presets: a history, chosen versions, exports -----------------------------------------------
 def preset(model="m", score=1.0, env=None, argv=None):
     return {"model": {"name": model, "sha256": "ab" * 32, "path": "/m/m.gguf"}, "created": "now",

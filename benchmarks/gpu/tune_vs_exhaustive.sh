@@ -34,7 +34,11 @@ M=/tmp/m.gguf
 TB=/tmp/tb   # tune JSONs and times.tsv: survive between calls on a warm machine
 # One candidate: --backends vulkan builds (here: reuses) the vulkan build; naming the same prefix
 # again with --build would make it a second candidate and measure every variant twice.
-TUNE="tune llama-cpp --target gfx1100 --model $M --backends vulkan --source $T --reps 3 --timeout ${TUNE_TIMEOUT:-15} --json"
+# MODEL_CTX: the model's training context (the long range's ctx; its depth is that less -p and -n).
+# GATE_CTX: the verify gate's contexts (tune --ctx); the winners are verified at their own shapes
+# regardless.  Both only bound what the cold caches cost (the CPU reference runs), not the pairs.
+MODEL_CTX=${MODEL_CTX:-8192}
+TUNE="tune llama-cpp --target gfx1100 --model $M --backends vulkan --source $T --reps 3 --timeout ${TUNE_TIMEOUT:-15} --json ${GATE_CTX:+--ctx $GATE_CTX}"
 
 one_tune() {  # LABEL EXTRA...: one timed tune, its JSON in $TB/LABEL.json, a line in times.tsv
   local lab=$1; shift
@@ -56,7 +60,7 @@ if [ "${PHASE:-build}" = build ]; then
   tar -C /tmp/llama -xJf $D/llama.tar.xz
   rm -rf /tmp/rfcode && cp -r $D/rf /tmp/rfcode
   echo "== host"; nproc; nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; date -u
-  python3 tests/tiny_gguf.py $M medium --byte-tokens --ctx 8192 || exit 1
+  python3 tests/tiny_gguf.py $M medium --byte-tokens --ctx $MODEL_CTX || exit 1
   ls -la $M
   cd /tmp
   t0=$(date +%s)

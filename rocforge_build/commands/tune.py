@@ -128,11 +128,20 @@ def run(args) -> int:
                                               passing,
                                               bench.env_pairs(args.env) if args.env else None, n_ctx)
 
-            def measure(v, b=b, base=base, depths=depths):
+            race = None if args.exhaustive else tune.Race.from_rules()
+            cand.race = race
+
+            def measure(v, b=b, base=base, depths=depths, race=race, settling=False):
+                """The search's runs are screenings raced against the fastest (not --exhaustive);
+                settling's repeats use the full --reps and the user's --timeout."""
+                run_spec = spec if settling or race is None else race.spec(tune.screening(spec))
                 progress.status(f"{b.label()} {v.label()}")
-                rows = []
-                bench.run_variant(b, spec, v, base, depths, lambda r: (s.store.add_row(run_id, "bench", r, status=r["status"]),
-                                                                       rows.append(r), progress.advance(r)))
+                rows, clock = [], []
+                bench.run_variant(b, run_spec, v, base, depths,
+                                  lambda r: (s.store.add_row(run_id, "bench", r, status=r["status"]),
+                                             rows.append(r), progress.advance(r)), clock=clock)
+                if race is not None and not settling and clock:
+                    race.record(clock[-1], rows, run_spec)
                 return rows
 
             if bench.wants_warmup(spec, b):  # the driver's pipeline compiles (see bench.Spec.warmup)
@@ -141,7 +150,7 @@ def run(args) -> int:
             best = tune.search(cand, dims, env_names, {k: d if d in depths else 0 for k, d in ranges.items()},
                                measure, full=args.exhaustive)
             full = math.prod(len(d) for d in dims)
-            cand.remeasure = measure
+            cand.remeasure = lambda v, measure=measure: measure(v, settling=True)
             results.append((cand, best, full))
         status = "done"
         searched = time.monotonic() - started
@@ -156,6 +165,8 @@ def run(args) -> int:
     summary = {"run": run_id, "skipped": skipped,
                "candidates": [{"prefix": str(c.build.prefix), "backend": c.build.backend, "gate": c.gate,
                                "measured": len(c.measured), "note": c.note,
+                               "screen_reps": None if args.exhaustive else tune.screening(spec).reps,
+                               "stopped_by_race": c.race.stopped if c.race else 0,
                                "cross_product": next((f for cc, _, f in results if cc is c), 0)} for c in cands],
                "preset": preset}
     if preset:
@@ -164,8 +175,10 @@ def run(args) -> int:
         print(json.dumps(summary, indent=2, default=str))
     else:
         for c in summary["candidates"]:
+            how = (f"; each measured first with {c['screen_reps']} repetition(s), the leaders again "
+                   f"with {args.reps}; {c['stopped_by_race']} stopped by the race" if c["screen_reps"] else "")
             print(f"{c['prefix']} ({c['backend']}): gate {c['gate']}, {c['measured']} variants measured "
-                  f"(full cross product: {c['cross_product']})")
+                  f"(full cross product: {c['cross_product']}{how})")
         if preset:
             for name, r in preset["ranges"].items():
                 print(f"{name}: {r['backend']} {r['prefix']} {r['variant_label']} (score {r['score']:.1f})")
@@ -238,7 +251,9 @@ def choose(results, settled, ranges, ctx_of, s, args, say) -> dict | None:
 
 
 def entry(cand, v, score, depth, ctx, ranked, s, check) -> dict:
-    rows = [r for r in cand.measured[v] if r.get("depth") == depth] or \
+    latest = cand.samples.get(v, [cand.measured[v]])[-1]  # settling's full-repetition run, where it ran
+    rows = [r for r in latest if r.get("depth") == depth and r.get("status") == "ok"] or \
+        [r for r in cand.measured[v] if r.get("depth") == depth] or \
         [r for r in cand.measured[v] if r.get("depth") == 0]
     env, argv, notes = command(cand.build, str(s.model.path), v.to_json(), ctx,
                                is_igpu(cand.build, s.base["host"]))

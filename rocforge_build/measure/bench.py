@@ -55,6 +55,7 @@ class Spec:
     threads: int | None = None
     extra: tuple[str, ...] = ()
     timeout: float | None = None  # seconds per llama-bench run; over it the run is killed and recorded
+    stop_reason: str | None = None  # why `timeout` is what it is, where tune's race set it (the failed rows say)
     # one discarded llama-bench run per build before its matrix (None: GPU builds only).  On the H100
     # the first two llama-bench processes of a fresh Vulkan build ran pp512 at 28-33 k t/s, the same
     # command later at 77-83 k: the driver's pipeline compiles and clocks, not the variant.
@@ -215,7 +216,8 @@ def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: t
         err.seek(0)
         stderr = err.read()
     if rc != 0 or unreadable:
-        reason = (f"timed out after {spec.timeout:g} s (llama-bench was stopped; rows it finished are kept)"
+        reason = ((spec.stop_reason or f"timed out after {spec.timeout:g} s")
+                  + " (llama-bench was stopped; rows it finished are kept)"
                   if timed_out else _failure(rc, stderr) if rc != 0 else unreadable[0])
         done = {(r["test"], r["depth"]) for r in got}
         for test, depth in want:

@@ -3,6 +3,7 @@ one dimension at a time, and pick a winner per context range.  The winner is a p
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -54,6 +55,7 @@ class Candidate:
     measured: dict = field(default_factory=dict)  # Variant -> rows
     samples: dict = field(default_factory=dict)  # Variant -> [rows, ...]: the search's and settling's
     remeasure: Callable | None = None  # Variant -> rows: one more llama-bench run of it
+    race: Race | None = None  # the default search's stopwatch (None: --exhaustive)
     note: str | None = None
 
 
@@ -72,9 +74,61 @@ def to_variant(point: tuple, env_names: list[str]) -> bench.Variant:
     return bench.Variant(ubatch=point[1], fa=point[0], env=tuple(zip(env_names, point[2:], strict=False)))
 
 
+@dataclass
+class Race:
+    """The default search's stopwatch: a screening run that has already taken `factor` times the
+    fastest complete screening run of the same build is stopped (data/tune.toml [screen] says why
+    that cannot cost the pick).  --exhaustive runs no race."""
+    factor: float
+    floor_s: float
+    fastest: float | None = None
+    stopped: int = 0
+
+    @classmethod
+    def from_rules(cls) -> Race:
+        screen = rules()["screen"]
+        return cls(float(screen["race"]), float(screen["floor_s"]))
+
+    def spec(self, spec: bench.Spec) -> bench.Spec:
+        """`spec` with the race's limit where it is tighter than the user's --timeout."""
+        if self.fastest is None:
+            return spec
+        cut = max(self.floor_s, self.factor * self.fastest)
+        if spec.timeout is not None and spec.timeout <= cut:
+            return spec
+        return dataclasses.replace(spec, timeout=cut, stop_reason=(
+            f"stopped after {cut:.1f} s, {self.factor:g}x the fastest variant's run ({self.fastest:.1f} s): "
+            "it cannot win"))
+
+    def record(self, seconds: float, rows: list[dict], spec: bench.Spec) -> None:
+        if rows and all(r.get("status") == "ok" for r in rows):
+            self.fastest = seconds if self.fastest is None else min(self.fastest, seconds)
+        elif spec.stop_reason and any(r.get("error", "") and spec.stop_reason in r["error"] for r in rows):
+            self.stopped += 1
+
+
+def screening(spec: bench.Spec) -> bench.Spec:
+    """The default search's first look at a variant: data/tune.toml [screen] reps (never more than
+    the user's --reps); the leaders are measured again with the full --reps when settling."""
+    return dataclasses.replace(spec, reps=min(spec.reps, int(rules()["screen"]["reps"])))
+
+
+def start_point(dims: list[list], env_names: list[str]) -> tuple:
+    """Where the coordinate search starts: the recipe's defaults (data/tune.toml [search.default]),
+    where the searched values hold them, else each dimension's first value.  From the defaults one
+    sweep of each dimension measures what a user would otherwise run, and the search moves only
+    where a variant beats it."""
+    default = rules()["search"].get("default", {})
+    env_default = default.get("env", {})
+    wanted = [default.get("fa"), default.get("ubatch")] + [env_default.get(n) for n in env_names]
+    return tuple(w if w in d else d[0] for w, d in zip(wanted, dims, strict=False))
+
+
 def search(cand: Candidate, dims: list[list], env_names: list[str], ranges: dict[str, int],
            measure: Callable[[bench.Variant], list[dict]], *, full: bool = False) -> dict[str, dict]:
-    """Best variant per range for one candidate: {range: {variant, score, rows}}."""
+    """Best variant per range for one candidate: {range: {variant, score, rows}}.  Each range's
+    coordinate search starts where the last one ended (the first at the defaults): every variant
+    is measured at every range's depth, so its path so far costs nothing again."""
     def rows_of(point: tuple) -> list[dict]:
         v = to_variant(point, env_names)
         if v not in cand.measured:
@@ -82,11 +136,12 @@ def search(cand: Candidate, dims: list[list], env_names: list[str], ranges: dict
         return cand.measured[v]
 
     best = {}
+    point = start_point(dims, env_names)
     for name, depth in ranges.items():
-        def score(point, depth=depth):
-            return range_score(rows_of(point), depth)
+        def score(p, depth=depth):
+            return range_score(rows_of(p), depth)
 
-        point, s = (exhaustive if full else coordinate_search)(dims, score)
+        point, s = exhaustive(dims, score) if full else coordinate_search(dims, score, start=point)
         v = to_variant(point, env_names)
         best[name] = {"variant": v, "score": s, "rows": [r for r in cand.measured[v] if r.get("depth") == depth]}
     return best
