@@ -6,6 +6,7 @@ page with its help, and help text cannot break the Markdown around it."""
 from __future__ import annotations
 
 import argparse
+import html
 import importlib.util
 import re
 from pathlib import Path
@@ -67,7 +68,8 @@ def test_every_subcommand_and_option_is_documented(gen, pages):
                 if action.help and action.help is not argparse.SUPPRESS:
                     words = re.sub(r"%\([a-z_]+\)s", "", action.help).split()[:4]
                     plain = " ".join(words).replace("`", "")
-                    assert plain[:20] in re.sub(r"[`\\]", "", page), (name, path, action.dest)
+                    assert plain[:20] in html.unescape(re.sub(r"[`\\]", "", page)), (
+                        name, path, action.dest)
 
 
 def test_known_options_with_their_help(pages):
@@ -88,8 +90,8 @@ def test_help_text_is_escaped_not_interpreted(gen):
     parser.add_argument("--out", metavar="FILE", default="x.tar",
                         help="writes <prefix>/a_b_c | [link](x) *not bold*, `code *kept*` (default %(default)s)")
     text = "\n".join(gen._section(parser, 1))
-    assert "writes \\<prefix\\>/a\\_b\\_c \\| \\[link\\](x) \\*not bold\\*, `code *kept*` (default x.tar)" in text
-    assert "a \\*demo\\* for \\<gfx\\>" in text
+    assert "writes &lt;prefix&gt;/a\\_b\\_c \\| \\[link\\](x) \\*not bold\\*, `code *kept*` (default x.tar)" in text
+    assert "a \\*demo\\* for &lt;gfx&gt;" in text
     assert "```text\nrocforge demo [-h] [--out FILE]\n```" in text
 
 

@@ -38,7 +38,7 @@ def _subcommands(parser: argparse.ArgumentParser):
                 yield name, helps.get(name) or child.description or "", child
 
 
-_SPECIAL = re.compile(r"([\\*_<>\[\]|#])")
+_SPECIAL = re.compile(r"([\\*_\[\]|#])")  # backslash-escapable; < and > become entities
 
 
 def _text(s: str) -> str:
@@ -46,7 +46,8 @@ def _text(s: str) -> str:
     (emphasis, HTML, links, table bars) escaped, so help is shown exactly as --help prints it."""
     parts = re.split(r"(`[^`]*`)", s)
     return "".join(p if p.startswith("`") and p.endswith("`") and len(p) > 1
-                   else _SPECIAL.sub(r"\\\1", p) for p in parts)
+                   else _SPECIAL.sub(r"\\\1", p).replace("<", "&lt;").replace(">", "&gt;")
+                   for p in parts)
 
 
 def _usage(parser: argparse.ArgumentParser) -> str:
