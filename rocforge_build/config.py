@@ -228,7 +228,8 @@ def _schema_default(key: str) -> Any:
 
 @dataclass(frozen=True)
 class Bound:
-    """The allowed range of a numeric key: what the README promises for it."""
+    """The allowed range of a numeric key: what the reliability promises say of it
+    (docs/concepts/reliability.md)."""
 
     least: float
     strict: bool = False  # `> least` (a zero would divide, or stop everything at once)

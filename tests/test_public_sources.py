@@ -13,7 +13,7 @@ PRIVATE = re.compile(r"\bseed\s*0\d\d\b|\bbrief section\b|\bthe (field )?brief\b
 
 
 def _user_facing() -> list[Path]:
-    roots = ["rocforge_build", "recipes", "patches", "containers"]
+    roots = ["rocforge_build", "recipes", "patches", "containers", "docs"]
     files = [p for r in roots for p in (REPO / r).rglob("*") if p.is_file()
              and p.suffix in {".py", ".toml", ".patch", ".md", ".txt", ".j2", ".sh", ""}
              and "__pycache__" not in p.parts]

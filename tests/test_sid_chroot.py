@@ -13,8 +13,8 @@ environment variable from the user (slow; CI runs them as root).
   gfx1151 files) with HSA_OVERRIDE_GFX_VERSION=11.0.0 in the launcher, and `llama-bench --help`
   starting through the launcher with the system's copies of those libraries masked.
 
-Measured wall times (2 cores) are in README.md ("Compiled for real").  The compiler cache for the
-chroot lives next to it (sid_chroot.ccache_dir()), so a warm CI machine reuses it.
+Measured wall times (2 cores) are in docs/measurements/builds.md ("Debian sid's ROCm in a
+chroot").  The compiler cache for the chroot lives next to it (sid_chroot.ccache_dir()), so a warm CI machine reuses it.
 """
 
 from __future__ import annotations

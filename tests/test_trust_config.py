@@ -2,8 +2,9 @@
 through `rocforge config set` and from a hand-edited config.toml: one error line naming the key
 and the range, exit 2, the file left as it was.  Booleans, strings and lists are typed.
 
-The ranges below are the evidence, written here from what each key means (README "Nightly
-ROCm" reliability promises and the comments of data/defaults.toml), not read from config.py.
+The ranges below are the evidence, written here from what each key means (the reliability
+promises in docs/concepts/reliability.md and the comments of data/defaults.toml), not read from
+config.py.
 """
 
 from __future__ import annotations
