@@ -15,7 +15,7 @@ import pytest
 from buildfixtures import git_repo
 from nightly_toolchains import compiling_tarball, rocm_recipe
 from therock_tarballs import Mirror
-from upgrade_history import output_checker
+from upgrade_history import output_checker, tree_hashes
 
 from rocforge_build import cli, config, download, paths
 from rocforge_build.discover.builds import read_manifest
@@ -115,3 +115,47 @@ def test_bisect_nightlies_refuses_a_version_no_source_serves(site, tmp_path, cap
     assert rc == 2 and err.count("rocforge: error:") == 1 and "7.10.0a20991231" in err
     assert not fetched(server, GOOD1) and not config.nightly_prefix().exists()
     assert not (paths.cache_dir() / "bisect").exists()
+
+
+def test_gate_regates_builds_refuses_a_miscompiling_nightly_and_switches_on_a_good_one(
+        site, tmp_path, capsys):
+    # a build in the builds directory made against `current` (GOOD1); `nightly install --gate`
+    # upgrades it onto the new nightly and runs the output checker on the candidate
+    _server, recipe = site
+    prefix = config.nightly_prefix()
+    install = ("nightly", "install", "--target", "gfx1151", "--no-progress")
+    rc, _out, err = run(capsys, *install, "--version", GOOD1)
+    assert rc == 0, err
+    assert cli.main(["build", str(recipe), "--target", "gfx1151", "--backend", "hip", "--rocm",
+                     str(prefix / "current"), "--no-recheck"]) == 0
+    capsys.readouterr()
+    build = next(p for p in paths.builds_prefix().iterdir())
+    assert "HELLO" in hello(build)
+    before = tree_hashes(build)
+    check = str(output_checker(tmp_path))
+    # the miscompiling nightly: the run gate fails, the build and `current` stay as they were
+    rc, out, err = run(capsys, *install, "--version", WRONG1, "--gate", "--run", check, "--json")
+    doc = json.loads(out)
+    assert rc == 1 and not doc["switched"] and doc["previous"] == f"therock-{GOOD1}-gfx1151"
+    assert doc["failed_build"] == str(build) and doc["failed_gate"] == "run"
+    assert [(g["gate"], g["verdict"]) for g in doc["builds"][0]["gates"]] == [
+        ("build", "pass"), ("smoke", "pass"), ("run", "fail")]
+    assert os.readlink(prefix / "current") == f"therock-{GOOD1}-gfx1151"
+    assert (prefix / f"therock-{WRONG1}-gfx1151").is_dir()  # installed beside, not current
+    assert tree_hashes(build) == before
+    # the same refusal in words: the build and the gate are named, and how to switch anyway
+    rc, out, _err = run(capsys, *install, "--version", WRONG1, "--gate", "--run", check)
+    assert rc == 1 and f"{build}: refused (gate run: fail" in out
+    assert f"current stays therock-{GOOD1}-gfx1151" in out and tree_hashes(build) == before
+    # a nightly that compiles right passes every gate: the build is upgraded onto it (built by
+    # its compiler), the old build kept for rollback, and `current` switches
+    rc, out, err = run(capsys, *install, "--version", GOOD2, "--gate", "--run", check, "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["switched"] and doc["failed_build"] is None, err
+    assert [o["status"] for o in doc["builds"]] == ["upgraded"]
+    assert os.readlink(prefix / "current") == f"therock-{GOOD2}-gfx1151"
+    m = read_manifest(build)
+    assert os.path.realpath(m["toolchain"]["rocm_path"]) == str(
+        (prefix / f"therock-{GOOD2}-gfx1151").resolve())
+    assert "HELLO" in hello(build) and tree_hashes(build) != before
+    assert tree_hashes(build.with_name(build.name + ".rocforge-previous")) == before
