@@ -99,6 +99,8 @@ def run(args) -> int:
         bisect.check_version_files(location, [good, *candidates])
         commits = candidates
         source_of = {v: (bisect.version_source(location, v), None) for v in [good, *commits]}
+        for where, _ in source_of.values():  # each one a tarball rocforge can fetch, checked now
+            _tarball_spec(recipe, where)
         subjects = {v: source_of[v][0] for v in commits}
         names = {v: f"v-{v}" for v in [good, *commits]}
         what = f"versions after {good} up to {commits[-1]}"
@@ -167,6 +169,15 @@ def run(args) -> int:
     else:
         _print(axis, result)
     return 0 if result.first_bad else 1
+
+
+def _tarball_spec(recipe, where: str) -> None:
+    from rocforge_build.build import sources
+
+    spec = sources.spec_for(recipe, source=where)
+    if spec.kind != "tarball":
+        raise UsageError(f"--versions: {where} is a {spec.kind} source, not a tarball",
+                         "give --source a tarball URL or file holding {version}")
 
 
 def _fixed_source(recipe, source: str | None) -> tuple[str | None, str | None]:
