@@ -36,7 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bundle": ("rocforge_build.commands.bundle", "pack a build into a relocatable archive; check one"),
     "upgrade": ("rocforge_build.commands.upgrade", "rebuild a build with new inputs; swap it in only if every gate passes"),
     "rollback": ("rocforge_build.commands.rollback", "put back the build `rocforge upgrade` replaced"),
-    "bisect": ("rocforge_build.commands.bisect", "find the first bad commit between a good and a bad ref"),
+    "bisect": ("rocforge_build.commands.bisect", "find the first bad commit, release or nightly between a good and a bad one"),
 }
 
 _GLOBAL_WITH_VALUE = {"--root"}

@@ -153,3 +153,41 @@ def test_bisect_source_and_report_directory_refused(tmp_path):
     res = rocforge(*base, "--report", str(tmp_path / "absent" / "issue.md"))
     assert "does not exist" in one_error(res)
     assert not marker.exists() and not (tmp_path / "absent").exists()
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--versions", ""], "is not a version"),
+    (["--versions", "1.0"], "at least two"),
+    (["--versions", "1.0,1.0"], "more than once"),
+    (["--versions", "1.0,../../etc"], "is not a version"),
+    (["--versions", "1.0,-rf"], "is not a version"),
+    (["--versions", "1.0,1 1"], "is not a version"),
+    (["--versions", "1.0,1.1", "--good", "2.0"], "is not in --versions"),
+    (["--versions", "1.0,1.1", "--good", "1.1", "--bad", "1.0"], "does not come before"),
+    (["--versions", "1.0,1.1", "--source", "{tmp}/fixture.tar.gz"], "holding {version}"),
+    (["--versions", "1.0,1.1", "--source", "{tmp}/f-{version}-{os}.tar.gz"], "holding {version}"),
+    (["--versions", "1.0,1.1", "--source", "{tmp}/absent-{version}.tar.gz"], "is not a file"),
+    (["--versions", "1.0,1.1"], "has a git source"),
+    (["--versions", "1.0,1.1", "--source", "http://127.0.0.1:9/f-{version}.zip"],
+     "not a tarball URL"),
+    (["--versions", "1.0,1.1", "--source", "http://127.0.0.1:9/f-{version}.git"],
+     "is a git source, not a tarball"),
+    (["--nightlies", "7.10.0a20251021,7.10.0a20251101,7.10.0a20251101"], "more than once"),
+    (["--nightlies", "7.10.0a20251021,7.10.0a20251101", "--backend", "cpu"], "not a ROCm one"),
+    ([], "needs --good REF and --bad REF"),
+])
+def test_bisect_versions_and_nightlies_bad_inputs_refused(tmp_path, extra, words):
+    # the fixture recipe's source is git; nothing is fetched, listed or built for any of these
+    from buildfixtures import RECIPE
+
+    extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
+    res = rocforge("bisect", str(RECIPE), "--target", "gfx1151", *extra, "--run", "true")
+    assert words in one_error(res)
+    assert not (Path(os.environ["ROCFORGE_CACHE_DIR"]) / "bisect").exists()
+
+
+def test_bisect_versions_and_nightlies_together_refused(tmp_path):
+    res = rocforge("bisect", "fixture", "--target", "gfx1151", "--versions", "1,2",
+                   "--nightlies", "1,2", "--run", "true", cwd=tmp_path)
+    assert res.returncode == 2 and "not allowed with" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -99,3 +99,97 @@ def test_bench_gate_pairs_rows_by_shape_and_fails_beyond_the_threshold():
     # a failed row of the candidate is no figure: nothing to compare is a failure, not a pass
     failed = [row(cur, "pp", 1000.0), row(cand, "pp", 0.0, status="failed")]
     assert compare_rows(failed, cur, cand, 5.0).verdict == "fail"
+
+
+# llama-bench as its `-o jsonl` prints results (n_prompt, n_gen, n_depth, n_ubatch, flash_attn,
+# avg_ts), from its own arguments; its --help lists -d, so bench passes depths.  The figure is
+# 1000 t/s pp and 50 t/s tg, 800 and 40 (20 % slower) at the micro-batch SLOW_UB.
+LLAMA_BENCH = r"""#!/bin/sh
+case "$1" in --help) printf 'usage: llama-bench [options]\n  -d, --n-depth <n>   depths\n'; exit 0;; esac
+P=512 N=128 D=0 U=512 F=0
+while [ $# -gt 0 ]; do
+  case "$1" in -p) P=$2; shift;; -n) N=$2; shift;; -d) D=$2; shift;; -ub) U=$2; shift;;
+               -fa) F=$2; shift;; esac
+  shift
+done
+PP=1000 TG=50
+[ "$U" = "SLOW_UB" ] && PP=800 TG=40
+for d in $(echo "$D" | tr , ' '); do
+  [ "$P" -gt 0 ] && echo "{\"n_prompt\": $P, \"n_gen\": 0, \"n_depth\": $d, \"n_ubatch\": $U, \"flash_attn\": $F, \"avg_ts\": $PP, \"stddev_ts\": 1.0}"
+  [ "$N" -gt 0 ] && echo "{\"n_prompt\": 0, \"n_gen\": $N, \"n_depth\": $d, \"n_ubatch\": $U, \"flash_attn\": $F, \"avg_ts\": $TG, \"stddev_ts\": 0.1}"
+done
+exit 0
+"""
+
+
+def bench_build(prefix: Path, slow_ubatch: int | None) -> Path:
+    (prefix / "bin").mkdir(parents=True)
+    exe = prefix / "bin" / "llama-bench"
+    exe.write_text(LLAMA_BENCH.replace("SLOW_UB", str(slow_ubatch or "none")))
+    exe.chmod(0o755)
+    return prefix
+
+
+def test_bench_gate_compares_at_the_models_preset_shapes(tmp_path):
+    # current and candidate are as fast at the default shape; the candidate is 20 % slower at
+    # micro-batch 256, the long range's tuned shape: only the preset's shapes show it
+    from tiny_gguf import write as write_gguf
+
+    from rocforge_build.build.upgrade import bench_gate
+    from rocforge_build.measure import provenance
+    from rocforge_build.measure.store import Store
+
+    model = write_gguf(tmp_path / "tiny.gguf", byte_tokens=True)
+    cur = bench_build(tmp_path / "current", None)
+    cand = bench_build(tmp_path / "candidate", 256)
+    gate = bench_gate(cur, cand, str(model), 5.0, None)
+    assert gate.verdict == "pass" and set(gate.figures) == {"pp512@d0 ub512 fa0",
+                                                            "tg128@d0 ub512 fa0"}
+
+    def entry(depth, ubatch, fa):
+        return {"prefix": str(cur), "backend": "cpu", "stamp": "s", "depth": depth, "ctx": 8192,
+                "variant": {"ubatch": ubatch, "fa": fa}, "variant_label": f"ub={ubatch}",
+                "score": 1.0, "figures": [], "runner_up": None, "env": {}, "argv": [],
+                "notes": []}
+
+    sha = provenance.model_sha256(model)
+    with Store() as s:
+        version = s.add_preset(model.name, sha, None, {
+            "model": {"name": model.name, "sha256": sha, "path": str(model)}, "created": "t",
+            "ranges": {"short": entry(0, 512, True), "long": entry(4096, 256, True)}})
+    gate = bench_gate(cur, cand, str(model), 5.0, None)
+    assert gate.verdict == "fail"
+    assert gate.figures["pp512@d4096 ub256 fa1"] == {"current": 1000.0, "candidate": 800.0,
+                                                     "change_pct": -20.0}
+    assert gate.figures["tg128@d4096 ub256 fa1"]["change_pct"] == -20.0
+    assert gate.figures["pp512@d0 ub512 fa1"]["change_pct"] == 0.0  # the short range: as fast
+    assert "pp512@d4096 ub256 fa1 1000.00 -> 800.00" in gate.detail
+    assert f"preset version {version}'s ranges long, short" in gate.detail
+    # within a threshold above the regression, the same figures pass
+    assert bench_gate(cur, cand, str(model), 25.0, None).verdict == "pass"
+
+
+def test_preset_shapes_take_only_what_tune_writes(tmp_path):
+    # a store edited by hand: shapes that are not whole numbers / booleans never reach bench
+    from tiny_gguf import write as write_gguf
+
+    from rocforge_build.build.upgrade import preset_shapes, shape_args
+    from rocforge_build.measure import provenance
+    from rocforge_build.measure.store import Store
+
+    model = write_gguf(tmp_path / "tiny.gguf", byte_tokens=True)
+    assert preset_shapes(str(model)) == ([], None)  # no preset: the default shape only
+    sha = provenance.model_sha256(model)
+    bad = [{"depth": "0; touch x", "variant": {"ubatch": 512, "fa": True}},
+           {"depth": 0, "variant": {"ubatch": -1, "fa": True}},
+           {"depth": 0, "variant": {"ubatch": 512, "fa": "on"}},
+           {"depth": True, "variant": {}}, {"depth": 0, "variant": "ub=512"}]
+    ranges = {f"r{i}": r for i, r in enumerate(bad)}
+    ranges["good"] = {"depth": 2048, "variant": {"ubatch": None, "fa": False}}
+    ranges["same"] = {"depth": 2048, "variant": {"fa": False}}
+    with Store() as s:
+        s.add_preset(model.name, sha, None, {"model": {"name": model.name, "sha256": sha},
+                                             "ranges": ranges})
+    shapes, _version = preset_shapes(str(model))
+    assert shapes == [{"depth": 2048, "ubatch": None, "fa": False, "ranges": ["good", "same"]}]
+    assert shape_args(shapes[0]) == ["--depth", "2048", "--fa", "off"]

@@ -1,4 +1,10 @@
-"""`rocforge bisect`: find the first bad first-parent commit between a good and a bad ref.
+"""`rocforge bisect`: find the first bad candidate between a good and a bad one.
+
+Three axes: the first-parent commits of a git source (`--good REF --bad REF`); the released
+versions of a tarball or sdist source (`--versions V1,V2,...`, each version's tarball from a URL
+or path template); and TheRock nightlies for one fixed source (`--nightlies V1,V2,...`, each step
+built against that nightly's ROCm, installed beside the others on first use).  The search, the
+cached builds, the skips and the bound below are the same on every axis.
 
 The candidates are `git rev-list --first-parent GOOD..BAD` (oldest first; BAD is the last).  BAD is
 built and tested first (a bisect whose bad ref tests good would name a wrong commit), then a binary
@@ -14,10 +20,12 @@ whose build fails, is skipped and its nearest untested neighbour is tried instea
 from __future__ import annotations
 
 import math
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 from rocforge_build import paths
 from rocforge_build.build import sources
@@ -106,6 +114,93 @@ def candidates(location: str, good: str, bad: str) -> tuple[list[str], dict[str,
     return shas, subjects
 
 
+# -- the versions axis ----------------------------------------------------------------------------
+
+# A version becomes part of a URL, a file name and a cache directory name: letters, digits and
+# `._+~-`, starting with a letter or digit, never `..` (PEP 440 versions and TheRock's all fit).
+VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+~-]{0,99}")
+_TARBALL_NAME = re.compile(r"(?P<name>.+?)-(?P<version>\d[^/]*?)"
+                           r"(?P<ext>\.tar\.gz|\.tgz|\.tar\.xz|\.tar\.bz2|\.tar\.zst|\.tar)$")
+PYPI_FILES = "files.pythonhosted.org"
+
+
+def version_list(text: str, option: str) -> list[str]:
+    """`V1,V2,...` in the order given (oldest first): each a version, no repeats, at least two."""
+    items = [v.strip() for v in text.split(",")]
+    for v in items:
+        if not VERSION_RE.fullmatch(v) or ".." in v:
+            raise UsageError(f"{option}: {v!r} is not a version (letters, digits and ._+~- "
+                             "only, starting with a letter or digit)",
+                             f"give {option} a comma-separated list, oldest first, e.g. "
+                             f"{option} 0.3.7,0.3.8,0.3.9")
+    repeated = sorted({v for v in items if items.count(v) > 1})
+    if repeated:
+        raise UsageError(f"{option} names {', '.join(repeated)} more than once")
+    if len(items) < 2:
+        raise UsageError(f"{option} needs at least two versions: a good one and a later bad one")
+    return items
+
+
+def version_span(items: list[str], good: str | None, bad: str | None,
+                 option: str) -> tuple[str, list[str]]:
+    """(the good version, the candidates after it up to the bad one): good defaults to the first
+    version, bad to the last; both must be in the list, good before bad."""
+    for value, flag in ((good, "--good"), (bad, "--bad")):
+        if value is not None and value not in items:
+            raise UsageError(f"{flag} {value!r} is not in {option}",
+                             f"name one of {', '.join(items)}")
+    g = items.index(good) if good is not None else 0
+    b = items.index(bad) if bad is not None else len(items) - 1
+    if b <= g:
+        raise UsageError(f"--good {items[g]} does not come before --bad {items[b]} in {option}",
+                         f"{option} lists versions oldest first")
+    return items[g], items[g + 1:b + 1]
+
+
+def version_template(recipe, source: str | None) -> str:
+    """Where each version's tarball is: `--source` with `{version}` in it, else the recipe's
+    tarball URL with its version replaced (a PyPI file URL becomes PyPI's predictable source URL,
+    https://docs.pypi.org/api/#predictable-urls, since its own path is a hash)."""
+    if source is not None:
+        rest = source.replace("{version}", "")
+        if "{version}" not in source or "{" in rest or "}" in rest:
+            raise UsageError(f"--source {source!r}: with --versions it is a template holding "
+                             "{version} (and no other braces)",
+                             "e.g. --source 'https://example.org/proj-{version}.tar.gz'")
+        return source
+    url = recipe.source.url
+    if not url:
+        raise UsageError(f"recipe {recipe.name} has a git source: bisect its commits with --good "
+                         "and --bad, or give --source a tarball template holding {version}")
+    parsed = urlparse(url)
+    name = parsed.path.rsplit("/", 1)[-1]
+    m = _TARBALL_NAME.fullmatch(name)
+    if not m:
+        raise UsageError(f"recipe {recipe.name}'s tarball {name} has no version in its name",
+                         "give --source a template holding {version}")
+    if parsed.netloc == PYPI_FILES:
+        project = m.group("name")
+        return (f"https://{PYPI_FILES}/packages/source/{project[0]}/{project}/"
+                f"{project}-{{version}}{m.group('ext')}")
+    return url[:len(url) - len(name)] + f"{m.group('name')}-{{version}}{m.group('ext')}"
+
+
+def version_source(template: str, version: str) -> str:
+    return template.replace("{version}", version)
+
+
+def check_version_files(template: str, versions: list[str]) -> None:
+    """A template naming local files: every version's file exists (found now, not mid-search)."""
+    if urlparse(template).scheme in ("http", "https"):
+        return
+    for v in versions:
+        where = version_source(template, v)
+        path = Path(urlparse(where).path if where.startswith("file:") else where).expanduser()
+        if not path.is_file():
+            raise UsageError(f"--versions {v}: {where} is not a file",
+                             "every version in the list needs its tarball")
+
+
 def max_builds(n: int) -> int:
     return math.ceil(math.log2(n)) + 1 if n > 1 else 1
 
@@ -120,7 +215,7 @@ def search(commits: list[str], test: Callable[[str], Step]) -> tuple[list[Step],
     last = test(commits[-1])
     steps.append(last)
     if last.verdict != "bad":
-        raise UsageError(f"--bad {commits[-1][:12]} does not test bad ({last.verdict}: "
+        raise UsageError(f"--bad {short(commits[-1])} does not test bad ({last.verdict}: "
                          f"{last.detail})", "give a --bad ref that shows the problem")
     lo, hi = -1, len(commits) - 1  # lo: last known good (-1: --good), hi: first known bad
     skipped: set[int] = set()
@@ -151,8 +246,15 @@ def _pick(lo: int, hi: int, skipped: set[int]) -> int | None:
 
 # -- one step -------------------------------------------------------------------------------------
 
-def step_prefix(recipe: str, target: str, backend: str | None, sha: str) -> Path:
-    return paths.cache_dir() / "bisect" / f"{recipe}-{target}-{backend or 'default'}" / sha[:12]
+def step_prefix(recipe: str, target: str, backend: str | None, name: str) -> Path:
+    """A step's cached build: `name` is the commit's first 12 digits, `v-VERSION` or
+    `nightly-VERSION`."""
+    return paths.cache_dir() / "bisect" / f"{recipe}-{target}-{backend or 'default'}" / name
+
+
+def short(ref: str) -> str:
+    """A commit shortened to 12 digits; a version as it is."""
+    return ref[:12] if re.fullmatch(r"[0-9a-f]{40}", ref) else ref
 
 
 def build_step(req: Request, root) -> tuple[bool, str | None]:

@@ -5,7 +5,8 @@ The candidate is built by the ordinary pipeline into the prefix's staging siblin
 for the prefix it will live at: install paths, stamp and work dir are the prefix's own, and the
 compiler cache and the incremental build make it cheap).  After the recipe's smoke test the
 pipeline hands the staged install to `gates`: the user's `--run` command, then with `--model`
-`rocforge verify` against the current build and a side-by-side `rocforge bench`.  Verify and bench
+`rocforge verify` against the current build and a side-by-side `rocforge bench` (the default shape
+and each range of the model's preset, if it has one).  Verify and bench
 are used through their command line only (`--json`, exit 0/1), so their internals can change.
 A failed gate raises `Refused` inside the pipeline, which deletes the staged install: the prefix
 is not touched.  When all pass, `replace.swap` puts the candidate in place and keeps the replaced
@@ -181,14 +182,65 @@ def verify_gate(candidate: Path, model: str, reference: Path, root: str | None) 
 
 
 def bench_gate(current: Path, candidate: Path, model: str, pct: float, root: str | None) -> Gate:
-    """Both builds in one `rocforge bench` run (side by side: same host state); a figure of the
-    candidate more than `pct` percent below the current build's fails."""
-    rc, out = rocforge_cli(["bench", str(current), str(candidate), "--model", model, "--no-gate",
-                            "--json"], root)
-    rows = _json(out)
-    if rc != 0 or not isinstance(rows, list):
-        return Gate("bench", "fail", f"`rocforge bench` exited {rc}")
-    return compare_rows(rows, current, candidate, pct)
+    """Both builds in one `rocforge bench` run per shape (side by side: same host state): the
+    default shape, then each range of the model's preset at its ubatch, flash attention and depth
+    (the operating points `rocforge serve` will use); a figure of the candidate more than `pct`
+    percent below the current build's fails."""
+    shapes, version = preset_shapes(model)
+    rows: list = []
+    for names, extra in [("the default shape", [])] + [(s["ranges"], shape_args(s)) for s in shapes]:
+        rc, out = rocforge_cli(["bench", str(current), str(candidate), "--model", model,
+                                "--no-gate", "--json", *extra], root)
+        got = _json(out)
+        if rc != 0 or not isinstance(got, list):
+            where = names if names == "the default shape" else (
+                f"preset version {version} range {', '.join(names)} ({' '.join(extra)})")
+            return Gate("bench", "fail", f"`rocforge bench` exited {rc} at {where}")
+        rows += got
+    gate = compare_rows(rows, current, candidate, pct)
+    if shapes:
+        gate.detail += (f" (the default shape and preset version {version}'s ranges "
+                        + ", ".join(n for s in shapes for n in s["ranges"]) + ")")
+    return gate
+
+
+def preset_shapes(model: str) -> tuple[list[dict], int | None]:
+    """The shapes of the model's preset in use (`rocforge preset show`): each distinct (depth,
+    ubatch, flash attention) with the ranges that use it; none without a preset."""
+    from rocforge_build.measure import provenance
+    from rocforge_build.measure.store import Store
+
+    with Store() as store:
+        preset = store.preset(provenance.model_sha256(Path(model)))
+    ranges = preset.get("ranges") if isinstance(preset, dict) else None
+    if not isinstance(ranges, dict):
+        return [], None
+    shapes: dict[tuple, dict] = {}
+    for name, r in sorted(ranges.items()):
+        variant = r.get("variant") if isinstance(r, dict) else None
+        if not isinstance(variant, dict):
+            continue
+        depth, ubatch, fa = r.get("depth", 0), variant.get("ubatch"), variant.get("fa")
+        if not (_whole(depth, 0) and (ubatch is None or _whole(ubatch, 1))
+                and (fa is None or isinstance(fa, bool))):
+            continue  # not what `rocforge tune` writes: no shape to bench
+        shapes.setdefault((depth, ubatch, fa), {"depth": depth, "ubatch": ubatch, "fa": fa,
+                                                "ranges": []})["ranges"].append(str(name))
+    return list(shapes.values()), preset.get("version")
+
+
+def _whole(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def shape_args(shape: dict) -> list[str]:
+    """`rocforge bench` flags for one preset shape."""
+    args = ["--depth", str(shape["depth"])]
+    if shape["ubatch"] is not None:
+        args += ["--ubatch", str(shape["ubatch"])]
+    if shape["fa"] is not None:
+        args += ["--fa", "on" if shape["fa"] else "off"]
+    return args
 
 
 def compare_rows(rows: list, current: Path, candidate: Path, pct: float) -> Gate:

@@ -1,10 +1,12 @@
-"""`rocforge bisect RECIPE --target GFX --good REF --bad REF [--source GIT] [--backend B]
+"""`rocforge bisect RECIPE --target GFX (--good REF --bad REF [--source GIT] |
+--versions V1,V2,... [--source TEMPLATE] | --nightlies V1,V2,... [--source S]) [--backend B]
 (--run CMD | --verify GGUF | --bench GGUF --metric pp512|tg128 [--threshold PCT]) [--json]
-[--report FILE.md]`: the first bad first-parent commit, each step a cached build."""
+[--report FILE.md]`: the first bad commit, version or nightly, each step a cached build."""
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shlex
 import sys
@@ -19,9 +21,20 @@ REPORT_MARK = "<!-- written by rocforge bisect"
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", metavar="RECIPE", help="recipe name or .toml file")
     parser.add_argument("--target", required=True, metavar="GFX", help="GPU target, e.g. gfx1151")
-    parser.add_argument("--good", required=True, metavar="REF", help="a ref that works")
-    parser.add_argument("--bad", required=True, metavar="REF", help="a later ref that does not")
-    parser.add_argument("--source", metavar="GIT", help="the git repository (default: the recipe's)")
+    parser.add_argument("--good", metavar="REF|VERSION", help="a ref that works (with "
+                        "--versions/--nightlies: a version in the list; default the first)")
+    parser.add_argument("--bad", metavar="REF|VERSION", help="a later ref that does not (with "
+                        "--versions/--nightlies: a version in the list; default the last)")
+    axis = parser.add_mutually_exclusive_group()
+    axis.add_argument("--versions", metavar="V1,V2,...", help="bisect released versions of a "
+                      "tarball or sdist source, oldest first (see --source)")
+    axis.add_argument("--nightlies", metavar="V1,V2,...", help="bisect TheRock nightlies, oldest "
+                      "first: a fixed source built against each one's ROCm (installed beside "
+                      "the others, `current` unchanged)")
+    parser.add_argument("--source", metavar="S", help="git: the repository (default: the "
+                        "recipe's); --versions: a tarball URL or path holding {version} (default: "
+                        "the recipe's tarball URL with its version replaced); --nightlies: the "
+                        "fixed source (default: the recipe's)")
     parser.add_argument("--backend", metavar="B", help="backend (default: the recipe's choice)")
     test = parser.add_mutually_exclusive_group(required=True)
     test.add_argument("--run", metavar="CMD", help="test each step with CMD (split into words, no "
@@ -43,10 +56,21 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from rocforge_build.build import bisect, recipes, upgrade
     from rocforge_build.build.plan import Request
-    from rocforge_build.refs import check_git_ref
 
-    check_git_ref(args.good, "--good")
-    check_git_ref(args.bad, "--bad")
+    axis = "versions" if args.versions is not None else (
+        "nightlies" if args.nightlies is not None else "git")
+    if axis == "git":
+        from rocforge_build.refs import check_git_ref
+
+        if args.good is None or args.bad is None:
+            raise UsageError("bisect needs --good REF and --bad REF (or --versions / --nightlies "
+                             "with a list of versions)")
+        check_git_ref(args.good, "--good")
+        check_git_ref(args.bad, "--bad")
+    else:
+        option = f"--{axis}"
+        listed = bisect.version_list(getattr(args, axis), option)
+        good, candidates = bisect.version_span(listed, args.good, args.bad, option)
     if args.bench and not args.metric:
         raise UsageError("--bench needs --metric pp512 or tg128")
     if (args.metric or args.threshold is not None) and not args.bench:
@@ -62,55 +86,143 @@ def run(args) -> int:
             raise UsageError(f"--report {args.report}: its directory does not exist",
                              "give a file in an existing directory")
     recipe = recipes.load(args.recipe)
-    location = bisect.git_location(recipe, args.source, args.good)
-    commits, subjects = bisect.candidates(location, args.good, args.bad)
+    environ = {}  # per candidate: the build's environment (the nightly axis's ROCM_PATH)
+    if axis == "git":
+        location = bisect.git_location(recipe, args.source, args.good)
+        commits, subjects = bisect.candidates(location, args.good, args.bad)
+        good = sources_sha(location, args.good)
+        names = {c: c[:12] for c in [good, *commits]}
+        source_of = {c: (args.source, c) for c in [good, *commits]}
+        what = f"first-parent commits after {args.good} up to {args.bad}"
+    elif axis == "versions":
+        location = bisect.version_template(recipe, args.source)
+        bisect.check_version_files(location, [good, *candidates])
+        commits = candidates
+        source_of = {v: (bisect.version_source(location, v), None) for v in [good, *commits]}
+        for where, _ in source_of.values():  # each one a tarball rocforge can fetch, checked now
+            _tarball_spec(recipe, where)
+        subjects = {v: source_of[v][0] for v in commits}
+        names = {v: f"v-{v}" for v in [good, *commits]}
+        what = f"versions after {good} up to {commits[-1]}"
+    else:
+        _rocm_backend(recipe, args.backend)
+        source, ref = _fixed_source(recipe, args.source)
+        location = source or recipe.name
+        nightlies = _nightlies(args, [good, *candidates])
+        commits = candidates
+        source_of = {v: (source, ref) for v in [good, *commits]}
+        names = {v: f"nightly-{v}" for v in [good, *commits]}
+        subjects = {v: nightlies.describe(v) for v in commits}
+        what = f"TheRock nightlies after {good} up to {commits[-1]}, source {location}"
     root_arg = None if args.rootfs.is_host else args.root
     say = (lambda text: None) if args.json else (
         lambda text: sys.stderr.write(f"rocforge: bisect: {text}\n"))
-    say(f"{len(commits)} first-parent commits after {args.good} up to {args.bad}; at most "
-        f"{bisect.max_builds(len(commits))} builds without skips")
-    source = args.source
+    say(f"{len(commits)} {what}; at most {bisect.max_builds(len(commits))} builds without skips")
 
-    def request(sha: str) -> Request:
-        prefix = bisect.step_prefix(recipe.name, args.target, args.backend, sha)
-        return Request(recipe=args.recipe, target=args.target, backend=args.backend, ref=sha,
-                       source=source, prefix=str(prefix), jobs=args.jobs)
+    def request(key: str) -> Request:
+        prefix = bisect.step_prefix(recipe.name, args.target, args.backend, names[key])
+        if axis == "nightlies":
+            environ[key] = {**os.environ, "ROCM_PATH": str(nightlies.tree(key))}
+        source, ref = source_of[key]
+        return Request(recipe=args.recipe, target=args.target, backend=args.backend, ref=ref,
+                       source=source, prefix=str(prefix), jobs=args.jobs,
+                       environ=environ.get(key))
+
+    def build(key: str) -> tuple[bool, str | None]:
+        req = request(key)
+        built, failed = bisect.build_step(req, args.rootfs)
+        if not failed and axis == "nightlies":
+            _check_uses_rocm(Path(req.prefix), environ[key]["ROCM_PATH"])
+        return built, failed
 
     if argv:
         check = bisect.run_test(argv)
     elif args.verify:
         check = bisect.verify_test(model, root_arg)
     else:
-        base = request(sources_sha(location, args.good))
-        built, failed = bisect.build_step(base, args.rootfs)
+        built, failed = build(good)
         if failed:
-            raise UsageError(f"--good {args.good} does not build: {failed}")
-        baseline = bisect.bench_figure(Path(base.prefix), model, args.metric, root_arg)
+            raise UsageError(f"--good {args.good or good} does not build: {failed}")
+        baseline = bisect.bench_figure(Path(request(good).prefix), model, args.metric, root_arg)
         if not baseline:
-            raise UsageError(f"--good {args.good} gave no {args.metric} figure",
+            raise UsageError(f"--good {args.good or good} gave no {args.metric} figure",
                              "check the model with `rocforge bench` on that build")
         check = bisect.bench_test(model, args.metric, baseline, pct, root_arg)
 
-    def test(sha: str) -> bisect.Step:
-        req = request(sha)
-        built, failed = bisect.build_step(req, args.rootfs)
-        step = (bisect.Step(sha, "skip", f"build failed: {failed}") if failed
-                else check(Path(req.prefix)))
-        step.ref, step.built, step.prefix = sha, built or bool(failed), req.prefix
-        say(f"{sha[:12]} {step.verdict}: {step.detail}  ({subjects.get(sha, '')})")
+    def test(key: str) -> bisect.Step:
+        built, failed = build(key)
+        prefix = request(key).prefix
+        step = (bisect.Step(key, "skip", f"build failed: {failed}") if failed
+                else check(Path(prefix)))
+        step.ref, step.built, step.prefix = key, built or bool(failed), prefix
+        say(f"{bisect.short(key)} {step.verdict}: {step.detail}  ({subjects.get(key, '')})")
         return step
 
     steps, index, suspects = bisect.search(commits, test)
     result = bisect.Result(commits, subjects, steps, commits[index] if index is not None else None,
                            suspects)
-    doc = _json(args, location, result)
+    doc = _json(args, axis, location, good, result)
     if args.report:
-        _write_report(args, location, result, doc)
+        _write_report(args, axis, location, good, result, doc)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        _print(result)
+        _print(axis, result)
     return 0 if result.first_bad else 1
+
+
+def _tarball_spec(recipe, where: str) -> None:
+    from rocforge_build.build import sources
+
+    spec = sources.spec_for(recipe, source=where)
+    if spec.kind != "tarball":
+        raise UsageError(f"--versions: {where} is a {spec.kind} source, not a tarball",
+                         "give --source a tarball URL or file holding {version}")
+
+
+def _fixed_source(recipe, source: str | None) -> tuple[str | None, str | None]:
+    """The nightly axis's one source: a git source pinned to one commit now (every step builds
+    the same tree), anything else as given."""
+    from rocforge_build.build import sources
+
+    spec = sources.spec_for(recipe, source=source)
+    if spec.kind == "git":
+        return source, sources_sha(spec.location, spec.ref or "HEAD")
+    return source, None
+
+
+def _nightlies(args, versions: list[str]):
+    """Each version's tree: installed, or found in the configured sources (checked now)."""
+    from rocforge_build import config
+    from rocforge_build.discover import targets
+    from rocforge_build.nightly import axis
+
+    target = targets.get_target(args.target).name
+    cfg = config.effective()
+    return axis.plan(versions, target, cfg, config.nightly_prefix(cfg))
+
+
+def _rocm_backend(recipe, backend: str | None) -> None:
+    """--nightlies with a --backend that does not build with ROCm: refused before anything."""
+    be = recipe.backends.get(backend) if backend is not None else None
+    if be is not None and be.toolchain != "hip":
+        raise UsageError(f"--nightlies: backend {backend} builds with the {be.toolchain} "
+                         "toolchain, not a ROCm one", "give --backend a backend whose toolchain "
+                         "is hip")
+
+
+def _check_uses_rocm(prefix: Path, rocm: str) -> None:
+    """A nightly step's build must have been made with that nightly's ROCm: a backend of the
+    host toolchain would make every step the same build."""
+    from rocforge_build.discover.builds import read_manifest
+
+    tc = (read_manifest(prefix) or {}).get("toolchain")
+    used = tc.get("rocm_path") if isinstance(tc, dict) else None
+    if not isinstance(used, str) or os.path.realpath(used) != os.path.realpath(rocm):
+        kind = tc.get("kind") if isinstance(tc, dict) else None
+        raise UsageError(f"--nightlies: the build at {prefix} does not use the nightly's ROCm "
+                         f"(its toolchain is {kind or 'unknown'}), so every step would be the "
+                         "same build", "give --backend a backend whose toolchain is hip")
 
 
 def sources_sha(location: str, ref: str) -> str:
@@ -131,13 +243,29 @@ def _ours(head: bytes) -> bool:
     return head.startswith(REPORT_MARK.encode())
 
 
-def _json(args, location: str, r) -> dict:
-    return {"recipe": args.recipe, "target": args.target, "backend": args.backend,
-            "source": location, "good": args.good, "bad": args.bad,
+WORDS = {"git": ("commit", "first-parent commits"), "versions": ("version", "versions"),
+         "nightlies": ("nightly", "TheRock nightlies")}
+
+
+def _json(args, axis: str, location: str, good: str, r) -> dict:
+    return {"recipe": args.recipe, "target": args.target, "backend": args.backend, "axis": axis,
+            "source": location, "good": args.good if axis == "git" else good,
+            "bad": args.bad if axis == "git" else r.candidates[-1],
             "candidates": len(r.candidates), "first_bad": r.first_bad,
             "first_bad_subject": r.subjects.get(r.first_bad) if r.first_bad else None,
             "suspects": r.suspects, "builds": r.builds, "steps": [s.to_json() for s in r.steps],
             "test": _test_words(args)}
+
+
+def _axis_words(args, axis: str, good: str, r) -> str:
+    """The command line's candidate part, as given (the report's reproduction)."""
+    if axis == "git":
+        return (f"--good {shlex.quote(args.good)} --bad {shlex.quote(args.bad)}"
+                + (f" --source {shlex.quote(args.source)}" if args.source else ""))
+    listed = getattr(args, axis)
+    return (f"--{axis} {shlex.quote(listed)} --good {shlex.quote(good)} --bad "
+            f"{shlex.quote(r.candidates[-1])}"
+            + (f" --source {shlex.quote(args.source)}" if args.source else ""))
 
 
 def _test_words(args) -> str:
@@ -149,19 +277,22 @@ def _test_words(args) -> str:
             + (f" --threshold {args.threshold:g}" if args.threshold is not None else ""))
 
 
-def _print(r) -> None:
+def _print(axis: str, r) -> None:
+    from rocforge_build.build.bisect import short
+
     for s in r.steps:
-        print(f"  {s.ref[:12]}  {s.verdict:5}  {s.detail}  {r.subjects.get(s.ref, '')}")
+        print(f"  {short(s.ref)}  {s.verdict:5}  {s.detail}  {r.subjects.get(s.ref, '')}")
     if r.first_bad:
-        print(f"first bad commit: {r.first_bad} {r.subjects.get(r.first_bad, '')}")
+        print(f"first bad {WORDS[axis][0]}: {r.first_bad} {r.subjects.get(r.first_bad, '')}")
     else:
-        print("skipped steps leave several suspects: " + ", ".join(c[:12] for c in r.suspects))
+        print("skipped steps leave several suspects: " + ", ".join(short(c) for c in r.suspects))
     print(f"{r.builds} builds for {len(r.candidates)} candidates")
 
 
-def _write_report(args, location: str, r, doc: dict) -> None:
+def _write_report(args, axis: str, location: str, good: str, r, doc: dict) -> None:
     """A pre-filled upstream issue: what regressed, where, on what, and how to reproduce it."""
     from rocforge_build import replace
+    from rocforge_build.build.bisect import short
     from rocforge_build.measure import provenance
 
     try:
@@ -170,13 +301,17 @@ def _write_report(args, location: str, r, doc: dict) -> None:
         host = {"error": f"host details unreadable: {type(exc).__name__}"}
     manifest = _step_manifest(r)
     toolchain = manifest.get("toolchain", {}) if isinstance(manifest.get("toolchain"), dict) else {}
-    title = (f"Regression in {r.first_bad[:12]}: {r.subjects.get(r.first_bad, '')}" if r.first_bad
-             else f"Regression between {args.good} and {args.bad}")
+    word, plural = WORDS[axis]
+    bad = args.bad if axis == "git" else r.candidates[-1]
+    shown_good = args.good if axis == "git" else good
+    title = (f"Regression in {short(r.first_bad)}: {r.subjects.get(r.first_bad, '')}"
+             if r.first_bad else f"Regression between {shown_good} and {bad}")
+    where = {"git": "Repository", "versions": "Tarballs", "nightlies": "Source"}[axis]
     lines = [f"{REPORT_MARK}; edit freely, rocforge may overwrite this file -->", "",
              f"# {title}", "",
-             f"First bad commit: `{r.first_bad or 'one of ' + ', '.join(r.suspects)}`  ",
-             f"Good: `{args.good}`, bad: `{args.bad}` ({len(r.candidates)} first-parent commits, "
-             f"{r.builds} builds)  ", f"Repository: {location}", "",
+             f"First bad {word}: `{r.first_bad or 'one of ' + ', '.join(r.suspects)}`  ",
+             f"Good: `{shown_good}`, bad: `{bad}` ({len(r.candidates)} {plural}, "
+             f"{r.builds} builds)  ", f"{where}: {location}", "",
              "## Hardware and host", "", f"- target: {args.target}",
              f"- platform: {platform.platform()}"]
     lines += [f"- {k}: {json.dumps(v, default=str)}" for k, v in sorted(host.items())]
@@ -185,11 +320,11 @@ def _write_report(args, location: str, r, doc: dict) -> None:
     lines += [f"- backend: {manifest.get('backend', args.backend or 'default')}", "",
               "## How it was found", "", "```sh",
               f"rocforge bisect {shlex.quote(args.recipe)} --target {args.target} "
-              f"--good {shlex.quote(args.good)} --bad {shlex.quote(args.bad)}"
-              + (f" --source {shlex.quote(args.source)}" if args.source else "")
+              f"{_axis_words(args, axis, good, r)}"
               + (f" --backend {args.backend}" if args.backend else "") + f" {_test_words(args)}",
-              "```", "", "| commit | verdict | detail | subject |", "|---|---|---|---|"]
-    lines += [f"| `{s.ref[:12]}` | {s.verdict} | {s.detail.replace('|', '/')} | "
+              "```", "", f"| {word} | verdict | detail | {'subject' if axis == 'git' else 'what'} |",
+              "|---|---|---|---|"]
+    lines += [f"| `{short(s.ref)}` | {s.verdict} | {s.detail.replace('|', '/')} | "
               f"{r.subjects.get(s.ref, '').replace('|', '/')} |" for s in r.steps]
     flags = manifest.get("flags", {}) if isinstance(manifest.get("flags"), dict) else {}
     if flags.get("configure"):
