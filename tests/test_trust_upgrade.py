@@ -136,7 +136,10 @@ def test_bisect_report_never_written_through_a_link_or_over_a_users_file(tmp_pat
 
 @pytest.mark.parametrize("extra", [["--run", "true", "--threshold", "nan"],
                                    ["--bench", "m.gguf"], ["--run", "true", "--metric", "pp512"],
-                                   ["--run", "$(touch pwned)"]])
+                                   ["--run", "$(touch pwned)"],
+                                   ["--run", "true", "--reference", "/nonexistent"],
+                                   ["--verify", "m.gguf", "--reference", "/nonexistent"],
+                                   ["--verify", "m.gguf", "--reference", "/"]])
 def test_bisect_flag_combinations_refused(tmp_path, extra):
     res = rocforge("bisect", "fixture", "--target", "gfx1151", "--good", "a", "--bad", "b",
                    *extra, cwd=tmp_path)

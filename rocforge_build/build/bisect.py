@@ -277,11 +277,16 @@ def run_test(argv: list[str]) -> Callable[[Path], Step]:
     return test
 
 
-def verify_test(model: str, root: str | None) -> Callable[[Path], Step]:
+def verify_test(model: str, reference: Path, root: str | None) -> Callable[[Path], Step]:
+    """Each step against one fixed reference (the good ref's build unless --reference): verify's own
+    default, the CPU build of the step's own commit, is the step itself when the bisect builds the
+    CPU backend, and a commit that breaks the CPU path would pass against itself."""
     def test(prefix: Path) -> Step:
-        rc, _ = rocforge_cli(["verify", str(prefix), "--model", model, "--json"], root)
+        rc, _ = rocforge_cli(["verify", str(prefix), "--model", model, "--reference", str(reference),
+                              "--json"], root)
         verdict = {0: "good", 1: "bad"}.get(rc, "skip")
-        return Step("", verdict, f"`rocforge verify` exited {rc}", {"exit_code": rc})
+        return Step("", verdict, f"`rocforge verify` against {reference.name} exited {rc}",
+                    {"exit_code": rc})
     return test
 
 

@@ -42,6 +42,9 @@ def add_arguments(parser) -> None:
     test.add_argument("--verify", metavar="GGUF", help="test each step with `rocforge verify`")
     test.add_argument("--bench", metavar="GGUF", help="test each step with `rocforge bench` "
                       "against the good ref's figure (--metric, --threshold)")
+    parser.add_argument("--reference", metavar="PREFIX",
+                        help="with --verify: the build every step is compared with (default: the "
+                        "good ref's build, built first)")
     parser.add_argument("--metric", choices=("pp512", "tg128"), help="with --bench: the figure")
     parser.add_argument("--threshold", type=argtypes.non_negative_number, metavar="PCT",
                         help="with --bench: slower than the good ref by more than PCT percent "
@@ -71,6 +74,12 @@ def run(args) -> int:
         option = f"--{axis}"
         listed = bisect.version_list(getattr(args, axis), option)
         good, candidates = bisect.version_span(listed, args.good, args.bad, option)
+    if args.reference is not None:
+        if not args.verify:
+            raise UsageError("--reference goes with --verify")
+        from rocforge_build.measure.llama_tools import LlamaBuild
+
+        LlamaBuild.open(args.reference).program("llama-perplexity")  # one line when it is not one
     if args.bench and not args.metric:
         raise UsageError("--bench needs --metric pp512 or tg128")
     if (args.metric or args.threshold is not None) and not args.bench:
@@ -119,6 +128,9 @@ def run(args) -> int:
         lambda text: sys.stderr.write(f"rocforge: bisect: {text}\n"))
     say(f"{len(commits)} {what}; at most {bisect.max_builds(len(commits))} builds without skips")
 
+    # what the test runs, and no more (a whole llama.cpp tree is every example and tool)
+    programs = ("llama-perplexity",) if args.verify else ("llama-bench",) if args.bench else ()
+
     def request(key: str) -> Request:
         prefix = bisect.step_prefix(recipe.name, args.target, args.backend, names[key])
         if axis == "nightlies":
@@ -126,7 +138,7 @@ def run(args) -> int:
         source, ref = source_of[key]
         return Request(recipe=args.recipe, target=args.target, backend=args.backend, ref=ref,
                        source=source, prefix=str(prefix), jobs=args.jobs,
-                       environ=environ.get(key))
+                       environ=environ.get(key), build_targets=programs)
 
     def build(key: str) -> tuple[bool, str | None]:
         req = request(key)
@@ -137,17 +149,20 @@ def run(args) -> int:
 
     if argv:
         check = bisect.run_test(argv)
-    elif args.verify:
-        check = bisect.verify_test(model, root_arg)
-    else:
+    elif args.verify and args.reference:
+        check = bisect.verify_test(model, Path(args.reference).absolute(), root_arg)
+    else:  # the good ref's build is the reference (--verify) or the baseline (--bench)
         built, failed = build(good)
         if failed:
             raise UsageError(f"--good {args.good or good} does not build: {failed}")
-        baseline = bisect.bench_figure(Path(request(good).prefix), model, args.metric, root_arg)
-        if not baseline:
-            raise UsageError(f"--good {args.good or good} gave no {args.metric} figure",
-                             "check the model with `rocforge bench` on that build")
-        check = bisect.bench_test(model, args.metric, baseline, pct, root_arg)
+        if args.verify:
+            check = bisect.verify_test(model, Path(request(good).prefix), root_arg)
+        else:
+            baseline = bisect.bench_figure(Path(request(good).prefix), model, args.metric, root_arg)
+            if not baseline:
+                raise UsageError(f"--good {args.good or good} gave no {args.metric} figure",
+                                 "check the model with `rocforge bench` on that build")
+            check = bisect.bench_test(model, args.metric, baseline, pct, root_arg)
 
     def test(key: str) -> bisect.Step:
         built, failed = build(key)
@@ -272,7 +287,8 @@ def _test_words(args) -> str:
     if args.run:
         return f"--run {shlex.quote(args.run)}"
     if args.verify:
-        return f"--verify {shlex.quote(args.verify)}"
+        return f"--verify {shlex.quote(args.verify)}" + (
+            f" --reference {shlex.quote(args.reference)}" if args.reference else "")
     return (f"--bench {shlex.quote(args.bench)} --metric {args.metric}"
             + (f" --threshold {args.threshold:g}" if args.threshold is not None else ""))
 

@@ -1,0 +1,81 @@
+"""`rocforge bisect --verify` on a real llama.cpp history (slow; CI runs it): the May 2025 tree made
+into a local git repository of four first-parent commits, the third of which makes the CPU backend
+wrong (tests/data/patches/llama-cpp-wrong/wrong-on-demand.patch, its flash-attention fault: the
+attention output scaled by 1.25 when ROCFORGE_TEST_WRONG=flash-attn).  The right answer is that
+third commit, by construction; the oracle is verify against the good commit's build, and the CPU
+backend is bisected — the case where verify's own default reference (the CPU build of the step's
+own commit) would be the step itself and pass every commit.
+
+Named to run after test_verify_shapes.py: every step builds llama-perplexity only, with the flags
+those builds used, so the session's ccache already holds every object but the patched ops.cpp.
+CI cost (2 cores): measured in the test's docstring below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from llama_builds import shared_ccache
+from llama_trees import tree
+from tiny_gguf import write as write_gguf
+
+from rocforge_build import cli
+
+JOBS = os.environ.get("ROCFORGE_TEST_JOBS", "2")
+WRONG = Path(__file__).resolve().parent / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org",
+           "GIT_AUTHOR_DATE": "2025-05-01T00:00:00Z", "GIT_COMMITTER_DATE": "2025-05-01T00:00:00Z"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
+def history(where: Path) -> tuple[Path, list[str]]:
+    """good (the tree as released), harmless, WRONG, harmless: the commits, oldest first."""
+    repo = tree("0.3.9", where / "sdist", full=True) / "vendor" / "llama.cpp"
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "the May 2025 tree (llama-cpp-python 0.3.9)")
+    commits = [git(repo, "rev-parse", "HEAD")]
+    for subject, change in (("docs: a harmless change", "README.md"),
+                            ("ggml-cpu: attention output scaled (wrong on demand)", None),
+                            ("docs: another harmless change", "README.md")):
+        if change:
+            with open(repo / change, "a") as f:
+                f.write(f"\n{subject}\n")
+        else:
+            git(repo, "apply", str(WRONG))
+        git(repo, "commit", "-qam", subject)
+        commits.append(git(repo, "rev-parse", "HEAD"))
+    return repo, commits
+
+
+@pytest.mark.slow
+def test_bisect_with_verify_names_the_commit_that_makes_the_cpu_backend_wrong(tmp_path_factory, capsys,
+                                                                            monkeypatch):
+    """Measured on the 2-core machine after test_verify_shapes.py had filled the ccache: see the
+    note in the test run's output (pytest --durations)."""
+    where = tmp_path_factory.mktemp("bisect-llama")
+    repo, (good, harmless, wrong, bad) = history(where)
+    model = write_gguf(where / "m.gguf", byte_tokens=True)  # a random llama trained (it says) at 2048
+    monkeypatch.setenv("CCACHE_DIR", shared_ccache())
+    monkeypatch.setenv("ROCFORGE_TEST_WRONG", "flash-attn")
+    code = cli.main(["bisect", "llama-cpp", "--target", "gfx1151", "--backend", "cpu", "--source", str(repo),
+                     "--good", good, "--bad", bad, "--verify", str(model), "-j", JOBS, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc
+    assert doc["first_bad"] == wrong
+    verdicts = {s["ref"]: s["verdict"] for s in doc["steps"]}
+    # bad first (a bisect whose bad ref tests good names nothing), then the middle: 3 candidates
+    assert verdicts == {bad: "bad", wrong: "bad", harmless: "good"}
+    # every step a llama-perplexity-only build of its own, the reference (the good commit) apart
+    prefixes = {s["prefix"] for s in doc["steps"]}
+    assert len(prefixes) == 3 and all((Path(p) / "bin" / "llama-perplexity").is_file() for p in prefixes)
+    assert not any((Path(p) / "bin" / "llama-server").exists() for p in prefixes)
