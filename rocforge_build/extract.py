@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build.download import human_size
-from rocforge_build.errors import DiskFullError, IntegrityError
+from rocforge_build.errors import DiskFullError, IntegrityError, reason
 
 
 @dataclass(frozen=True)
@@ -387,7 +387,7 @@ def _reason(exc: BaseException) -> str:
         return "gzip CRC32 does not match the data"
     if "incorrect length check" in text:
         return "gzip length does not match the data"
-    return text or type(exc).__name__
+    return reason(exc) if text else "the archive's data is damaged (no details given)"
 
 
 def _make_room(path: Path, m: tarfile.TarInfo) -> None:

@@ -167,7 +167,9 @@ def _write_report(args, location: str, r, doc: dict) -> None:
     try:
         host = provenance.host(args.rootfs)
     except Exception as exc:  # the report is still useful without it; say what happened
-        host = {"error": f"host details unreadable: {type(exc).__name__}"}
+        from rocforge_build.errors import reason
+
+        host = {"error": f"host details unreadable: {reason(exc)}"}
     manifest = _step_manifest(r)
     toolchain = manifest.get("toolchain", {}) if isinstance(manifest.get("toolchain"), dict) else {}
     title = (f"Regression in {r.first_bad[:12]}: {r.subjects.get(r.first_bad, '')}" if r.first_bad

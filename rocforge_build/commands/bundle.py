@@ -113,8 +113,9 @@ def _check(args, path: Path) -> int:
         raise IntegrityError(f"{path}: {len(result.bad)} of {files} files do not match bundle.toml{more}",
                              "the bundle is damaged or was changed after it was made")
     print(f"{path}: {result.name}, {files} files, every sha256 matches")
-    print(f"  {meta.get('recipe')} ({meta.get('backend')}) for {meta.get('target')}; "
-          f"made by rocforge {meta.get('rocforge')} at {meta.get('made_at')}")
+    said = {k: meta.get(k) or "unknown" for k in ("recipe", "backend", "target", "rocforge", "made_at")}
+    print(f"  {said['recipe']} ({said['backend']}) for {said['target']}; "
+          f"made by rocforge {said['rocforge']} at {said['made_at']}")
     for line in result.runs:
         print(f"  {line}")
     sys.stdout.flush()

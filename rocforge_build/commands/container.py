@@ -85,7 +85,7 @@ def run(args) -> int:
 def _print_decisions(decisions, out=None) -> None:
     out = out or sys.stdout
     for d in decisions:
-        out.write(f"  {d.key:<13} {d.value}\n  {'':<13} ({d.reason})\n")
+        out.write(f"  {d.key:<13} {d.text()}\n  {'':<13} ({d.reason})\n")
 
 
 def _build(args) -> int:

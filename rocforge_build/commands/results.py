@@ -82,6 +82,7 @@ def _show(store: Store, args) -> int:
     if args.json:
         print(json.dumps({**info, "rows": rows}, indent=2, default=str))
         return 0
+    from rocforge_build.measure.bench import Variant
     from rocforge_build.measure.session import describe
 
     print(f"run {run_id}: {info['kind']} {info['status']} ({info['started']} - {info['finished'] or '...'})")
@@ -91,7 +92,7 @@ def _show(store: Store, args) -> int:
             checks = ", ".join(f"ctx {c['ctx']}: KLD {c['kld_mean']} top-1 {c['top1']}" for c in r.get("checks", []))
             print(f"  verify {r['prefix']}: {'passed' if r.get('passed') else 'FAILED'} ({checks})")
         else:
-            print(f"  {r['prefix']} ub={r.get('ubatch')} fa={r.get('fa')} env={r.get('env') or {}}  {describe(r)}")
+            print(f"  {r['prefix']} {Variant.of_row(r).label()}  {describe(r)}")
     return 0
 
 

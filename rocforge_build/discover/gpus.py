@@ -246,7 +246,9 @@ def discover_rocminfo(program: str) -> Discovery:
     try:
         result = proc.run([program], check=False, timeout=20)
     except (RocforgeError, OSError) as exc:
-        return Discovery((), "rocminfo", (f"rocminfo could not run: {exc}",))
+        from rocforge_build.errors import reason
+
+        return Discovery((), "rocminfo", (f"rocminfo could not run: {reason(exc)}",))
     except Exception as exc:  # subprocess.TimeoutExpired and friends
         return Discovery((), "rocminfo", (f"rocminfo did not finish: {exc}",))
     gpus = parse_rocminfo(result.stdout or "")
