@@ -344,7 +344,7 @@ class _GzipStream(io.RawIOBase):
                 self._done = True
                 return
             if rest[:2] != b"\x1f\x8b":
-                raise zlib.error(f"data after the end of the gzip stream ({rest[:8]!r}...)")
+                raise zlib.error(f"data after the end of the gzip stream (bytes {rest[:8].hex(' ')} ...)")
             self._z = zlib.decompressobj(31)  # a further gzip member (RFC 1952 allows several)
             self._buf = self._z.decompress(rest, self.OUT)
             return

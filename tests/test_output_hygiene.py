@@ -115,3 +115,37 @@ def test_the_recipe_vulkan_patch_reason_names_no_code():
     item = rule.when["source_contains"]
     assert "\n" in item["text"]  # the recipe looks for a multi-line excerpt
     assert item["means"] and "strcmp" not in item["means"]
+
+
+def test_bytes_after_a_gzip_stream_are_shown_as_hex(tmp_path):
+    """The refusal used to quote Python's bytes repr (b'hello')."""
+    import io
+    import tarfile
+
+    from rocforge_build import extract
+    from rocforge_build.errors import IntegrityError
+
+    archive = tmp_path / "a.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("a/file")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    archive.write_bytes(archive.read_bytes() + b"hello")
+    with pytest.raises(IntegrityError) as exc, extract.staging(tmp_path) as stage:
+        extract.safe_extract(archive, stage)
+    assert "data after the end of the gzip stream (bytes 68 65 6c 6c 6f ...)" in exc.value.message
+    assert "b'" not in exc.value.message
+
+
+def test_an_unknown_toolchain_lists_the_known_ones_as_words(tmp_path):
+    from pathlib import Path
+
+    from rocforge_build.build import recipes
+    from rocforge_build.errors import ConfigError
+
+    fixture = Path(__file__).resolve().parent / "data" / "recipes" / "fixture.toml"
+    bad = tmp_path / "fixture.toml"
+    bad.write_text(fixture.read_text().replace('toolchain = "hip"', 'toolchain = "cuda"', 1))
+    with pytest.raises(ConfigError) as exc:
+        recipes.load_file(bad)
+    assert exc.value.message.endswith("'cuda' is not one of hip, vulkan, host")
