@@ -64,9 +64,23 @@ def _key(action) -> str:
     return max(action.option_strings, key=len) if action.option_strings else action.dest
 
 
+PARSERS = dict(_parsers())  # built once: each command module is imported once
+
+
+def _with_subcommands(parsers: dict) -> dict:
+    """The parsers and every subcommand parser below them (`nightly install`, ...)."""
+    out = {}
+    for path, parser in parsers.items():
+        out[path] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) and path:
+                out.update(_with_subcommands({(*path, n): p for n, p in action.choices.items()}))
+    return out
+
+
 def _arguments():
     seen = []
-    for path, parser in _parsers():
+    for path, parser in PARSERS.items():
         for item in _walk(parser, path):
             if item[0] == "arg" and path == () and item[2].dest == "command":
                 continue
@@ -138,10 +152,13 @@ def test_one_option_spelling_one_metavar():
     assert mixed == {}
 
 
-@pytest.mark.parametrize("path", [p for p, _ in _parsers()], ids=lambda p: " ".join(p) or "top")
+ALL_PARSERS = _with_subcommands(PARSERS)
+
+
+@pytest.mark.parametrize("path", list(ALL_PARSERS), ids=lambda p: " ".join(p) or "top")
 def test_every_help_renders(path):
     """argparse formats help lazily: a stray % in a help string only fails when a person asks."""
-    parser = dict(_parsers())[path]
+    parser = ALL_PARSERS[path]
     text = parser.format_help()
     assert text.startswith(f"usage: rocforge{' ' if path else ''}{' '.join(path)}")
 
