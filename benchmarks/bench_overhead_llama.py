@@ -72,7 +72,7 @@ def _patched_once(src: Path, plan: dict, where: Path) -> Path:
     if not wanted:
         return src
     shutil.copytree(src, where, symlinks=True, ignore=shutil.ignore_patterns(".git"))
-    recipe_patches = Path(plan["recipe_file"]).resolve().parent.parent / "patches" / plan["recipe"]
+    recipe_patches = Path(plan["recipe_path"]).resolve().parent.parent / "patches" / plan["recipe"]
     for name in wanted:
         subprocess.run(["git", "apply", str(recipe_patches / name)], cwd=where, check=True,
                        env={**os.environ, "GIT_CEILING_DIRECTORIES": str(where.parent)})

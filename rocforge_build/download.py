@@ -784,7 +784,10 @@ def _requests_errors() -> tuple[type[BaseException], ...]:
 
 def _describe(exc: BaseException) -> str:
     """What went wrong, short and whole: the innermost cause's words (urllib3 nests the real
-    reason several layers deep), never cut mid-word."""
+    reason several layers deep), never cut mid-word; an OS error by its words, not its errno or
+    class ("Connection refused", not "ConnectionRefusedError: [Errno 111] ...")."""
+    from rocforge_build.errors import reason
+
     inner = exc
     while True:
         nxt = getattr(inner, "reason", None) or (inner.args[0] if inner.args and isinstance(
@@ -792,13 +795,13 @@ def _describe(exc: BaseException) -> str:
         if not isinstance(nxt, BaseException) or nxt is inner:
             break
         inner = nxt
-    text = " ".join(str(inner).split())
+    text = reason(inner)
     # urllib3 prefixes "<connection object at 0x...>: " to the OS error
     if text.startswith("<") and ">: " in text:
         text = text.split(">: ", 1)[1]
     if len(text) > 300:
         text = text[:300].rsplit(" ", 1)[0] + " ..."
-    return f"{type(inner).__name__}: {text}" if text else type(inner).__name__
+    return text
 
 
 def human_size(n: int | None) -> str:

@@ -78,3 +78,19 @@ class DiskFullError(RocforgeError):
     """No space left (checked before, or hit while writing a download or an extraction)."""
 
     exit_code = 10
+
+
+def reason(exc: BaseException, *, name_file: bool = False) -> str:
+    """An exception in a person's words: an OSError's own text (its strerror; with name_file,
+    where the message does not name the path already, "No such file or directory: /x"), never
+    "[Errno 2] ..."; a KeyError's key without quotes; never a class name."""
+    import re
+
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if name_file and exc.filename else exc.strerror
+    if isinstance(exc, KeyError) and exc.args:
+        return str(exc.args[0])
+    if isinstance(exc, RocforgeError):
+        return exc.message
+    text = " ".join(re.sub(r"\[Errno -?\d+\] ", "", str(exc)).split())
+    return text or "no details given"

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build.download import human_size
-from rocforge_build.errors import DiskFullError, IntegrityError
+from rocforge_build.errors import DiskFullError, IntegrityError, reason
 
 
 @dataclass(frozen=True)
@@ -344,7 +344,7 @@ class _GzipStream(io.RawIOBase):
                 self._done = True
                 return
             if rest[:2] != b"\x1f\x8b":
-                raise zlib.error(f"data after the end of the gzip stream ({rest[:8]!r}...)")
+                raise zlib.error(f"data after the end of the gzip stream (bytes {rest[:8].hex(' ')} ...)")
             self._z = zlib.decompressobj(31)  # a further gzip member (RFC 1952 allows several)
             self._buf = self._z.decompress(rest, self.OUT)
             return
@@ -387,7 +387,7 @@ def _reason(exc: BaseException) -> str:
         return "gzip CRC32 does not match the data"
     if "incorrect length check" in text:
         return "gzip length does not match the data"
-    return text or type(exc).__name__
+    return reason(exc) if text else "the archive's data is damaged (no details given)"
 
 
 def _make_room(path: Path, m: tarfile.TarInfo) -> None:

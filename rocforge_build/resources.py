@@ -9,7 +9,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from rocforge_build.errors import ConfigError
+from rocforge_build.errors import ConfigError, reason
 
 PACKAGE_DIR = Path(__file__).resolve().parent  # rocforge_build/
 
@@ -44,5 +44,5 @@ def load_toml(path: Path, what: str) -> dict:
     try:
         return tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{what} {path} is unreadable: {exc}",
+        raise ConfigError(f"{what} {path} is unreadable: {reason(exc)}",
                           "restore the file from the rocforge sources (reinstall rocforge)") from exc

@@ -277,6 +277,18 @@ def test_run_command_rootless_podman_and_buildah(tmp_path):
     assert rp.commands[2] == ("buildah", "rm", "$CTR")
 
 
+def test_cli_run_names_a_group_missing_from_etc_group_without_none(tmp_path, capsys):
+    """A GPU group that /etc/group lacks is passed by name; the printed decision says the name
+    (it used to say `render=None`)."""
+    make_system(tmp_path, groups={"video": ()})  # video 44; no render group
+    assert main(["--root", str(tmp_path), "container", "run", "llama-cpp", "--target", "gfx1151",
+                 "--backend", "hip", "--engine", "docker", "--dry-run", "--", "true"]) == 0
+    out = capsys.readouterr().out
+    assert "--group-add 44 --group-add render " in out
+    assert re.search(r"^  groups +video=44,render$", out, re.M), out
+    assert "None" not in out
+
+
 def test_run_without_gpu_devices_leaves_them_out(tmp_path):
     make_system(tmp_path, kfd=False)
     rp = containers.run_plan(containers.get_engine("docker"), "img", ["x"], rootfs=Root(tmp_path), rootless=False)

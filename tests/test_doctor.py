@@ -176,3 +176,22 @@ def test_terminal_at_80_columns_keeps_them_whole(tmp_path):
     assert LONG_PATH in text and LONG_VERSION in text
     assert "GPUs (from kfd)" in text  # the narrow GPU table still fits and is drawn as a table
     assert "┃" in text or "│" in text
+
+
+def test_no_gpu_with_builds_says_why_none_is_used(tmp_path):
+    """No GPU and no --target: the builds row used to read `[]` and "used for None"; it says
+    that nothing is used, why, and which builds were found (plain lines: a pipe at 80 columns)."""
+    from stackfixtures import make_build
+    from test_env import cli_subprocess
+
+    fr.make_debian_usr(tmp_path)
+    inner = "/" + make_build(tmp_path, "llama-cpp", "gfx1100", files=("bin/llama-cli",)).relative_to(tmp_path).as_posix()
+    out = cli_subprocess(tmp_path, "doctor", env={"COLUMNS": "80"})
+    assert "Traceback" not in out.stderr
+    assert (f"  key: builds; value: none; reason: none used: no GPU target (give --target); "
+            f"found: llama-cpp at {inner} (built for gfx1100)") in out.stdout.splitlines()
+    for python in ("None", "[]", "True", "False"):
+        assert python not in out.stdout, python
+    # JSON keeps the data: an empty list
+    code, data = doctor(tmp_path)
+    assert next(d for d in data["decisions"] if d["key"] == "builds")["value"] == []

@@ -324,7 +324,8 @@ def test_unreachable_host_is_a_network_error(tmp_path):
                     policy=dl.RetryPolicy(attempts=2))
     assert exc.value.hint
     # the innermost reason, whole (urllib3's wrapping used to push it past a 200-character cut)
-    assert exc.value.message.endswith("ConnectionRefusedError: [Errno 111] Connection refused")
+    assert exc.value.message.endswith(": Connection refused")
+    assert "Errno" not in exc.value.message and "ConnectionRefusedError" not in exc.value.message
 
 
 def test_the_resume_validator_is_never_written_through_a_link(tmp_path):

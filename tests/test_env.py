@@ -109,6 +109,23 @@ def test_igpu_dgpu_json_values(tmp_path):
     }
 
 
+def test_json_flag_is_the_json_shell(tmp_path):
+    """`rocforge env --json` (every other command's spelling) prints what `--shell json` does;
+    with another --shell it is one clear usage error."""
+    fr.make_igpu_dgpu(tmp_path)
+    env = {"LD_LIBRARY_PATH": "/home/u/lib", "ROCFORGE_NO_CACHE": "1"}
+    flag = cli(tmp_path, "env", "--json", env=env)
+    shell = cli(tmp_path, "env", "--shell", "json", env=env)
+    assert flag.returncode == 0, flag.stderr
+    assert json.loads(flag.stdout)["ROCR_VISIBLE_DEVICES"] == "1"  # the dGPU, as above
+    assert flag.stdout == shell.stdout
+    both = cli(tmp_path, "env", "--json", "--shell", "json", env=env)
+    assert both.returncode == 0 and both.stdout == shell.stdout
+    clash = cli(tmp_path, "env", "--json", "--shell", "bash", env=env)
+    assert clash.returncode == 2 and clash.stdout == ""
+    assert clash.stderr.splitlines()[0] == "rocforge: error: --json and --shell bash ask for two formats"
+
+
 def test_debian_fish_values(tmp_path):
     """Debian bookworm's packages under /usr (hipcc 5.2.3, the perl one, with clang-15): ROCm is
     /usr; hipcc runs $HIP_CLANG_PATH/clang++-15, which exists only in /usr/bin; the device

@@ -222,6 +222,9 @@ def test_bench_results_and_plot_carry_the_figures(tmp_path, tiny, capsys, monkey
     assert cli.main(["results", "show"]) == 0
     shown = capsys.readouterr().out
     assert "(50 % of 256 GB/s specified)" in shown and "(20 % of 59.4 FP16 TFLOPS specified)" in shown
+    # the variant as bench names it (it read `ub=512 fa=False env={}`)
+    assert f"  {prefix} ub=512 fa=0  tg128 @ d0" in shown
+    assert "None" not in shown and "{}" not in shown
     assert cli.main(["results", "export", "--json"]) == 0
     exported = {r["test"]: r for r in json.loads(capsys.readouterr().out)}
     assert exported["tg"]["ceiling"] == rows["tg"]["ceiling"]

@@ -10,7 +10,9 @@ A condition is a TOML table; every key must hold (AND); a list value means any o
     source_version = ">=0.3,<0.3.10"           the source's version (recipe `[source.version]`)
     cmake_option = "GGML_HIP"                  the source's CMake files declare this option/cache var
     file = "ggml/src/ggml-cuda/fattn-wmma-f16.cu"   the source tree has this file
-    source_contains = { file = "...", text = "..." }  a source file contains a text
+    source_contains = { file = "...", text = "...", means = "..." }  a source file contains a
+                                               text; `means` says what that code is, for the
+                                               plan's reason (else a short one-line text is quoted)
     header_contains = { header = "vulkan/vulkan_core.h", text = "VkLayerSettingEXT" }
                                                a header in the toolchain's include dirs has a text
     tool = "glslc"                             a program is found (toolchain env PATH first)
@@ -208,8 +210,10 @@ def validate(cond, where: str) -> None:
                 _bad(sub, "true or false")
         elif key == "source_contains":
             for item in _as_list(value):
-                if not (isinstance(item, Mapping) and set(item) == {"file", "text"}):
-                    _bad(sub, "a table {file = ..., text = ...}")
+                if not (isinstance(item, Mapping) and {"file", "text"} <= set(item)
+                        <= {"file", "text", "means"}
+                        and all(isinstance(v, str) for v in item.values())):
+                    _bad(sub, "a table {file = ..., text = ...} (and optionally means = ...)")
         elif key == "header_contains":
             for item in _as_list(value):
                 if not (isinstance(item, Mapping) and set(item) == {"header", "text"}):
@@ -219,9 +223,18 @@ def validate(cond, where: str) -> None:
                 _bad(sub, "a string or a list of strings")
 
 
-def _one_line(text: str) -> str:
-    """A multi-line source excerpt as one line, so a plan's reason stays one line."""
-    return " ".join(text.split())
+_QUOTE_MAX = 60  # a longer or multi-line text is code a person should not have to read
+
+
+def _looked_for(item: Mapping, f) -> str:
+    """What a source_contains item looks for, as a plan's reason says it: its `means`, a short
+    one-line text in backquotes, else only that the recipe names code there."""
+    if item.get("means"):
+        return str(item["means"])
+    text = _text(item["text"], f)
+    if "\n" not in text.strip() and len(text) <= _QUOTE_MAX:
+        return f"`{text.strip()}`"
+    return "the code the recipe names"
 
 
 def _bad(where: str, what: str):
@@ -315,9 +328,9 @@ def _test(key: str, value, f: Facts) -> tuple[bool, str]:
     if key == "source_contains":
         for it in items:
             if f.source.contains(it["file"], _text(it["text"], f)):
-                return True, f"{it['file']} mentions {_one_line(_text(it['text'], f))}"
-        return False, "source does not mention " + " / ".join(
-            _one_line(_text(i["text"], f)) for i in items)
+                return True, f"{it['file']} has {_looked_for(it, f)}"
+        return False, "source does not have " + " / ".join(
+            f"{_looked_for(i, f)} in {i['file']}" for i in items)
     if f.host is None:
         return False, f"host facts unknown ({key})"
     if key == "header_contains":

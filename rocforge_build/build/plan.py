@@ -96,7 +96,7 @@ class Plan:
     def to_json(self) -> dict:
         return {
             "recipe": self.recipe.name,
-            "recipe_file": str(self.recipe.path),
+            "recipe_path": str(self.recipe.path),
             "target": self.target,
             "backend": self.backend,
             "backend_reason": self.backend_reason,

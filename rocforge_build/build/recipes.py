@@ -273,7 +273,7 @@ def parse(text: str, path: Path) -> Recipe:
             raise ConfigError(f"{bwhere}: must be a table")
         _check_keys(b, "backends.*", bwhere)
         if b["toolchain"] not in TOOLCHAINS:
-            raise ConfigError(f"{bwhere}.toolchain: {b['toolchain']!r} is not one of {TOOLCHAINS}")
+            raise ConfigError(f"{bwhere}.toolchain: {b['toolchain']!r} is not one of {', '.join(TOOLCHAINS)}")
         if "when" in b:
             conditions.validate(b["when"], f"{bwhere}.when")
         backends[bname] = Backend(bname, b["toolchain"], b.get("description", ""), b.get("when"),

@@ -16,7 +16,7 @@ from rocforge_build.measure.session import Progress, describe, open_session
 
 def add_arguments(parser) -> None:
     parser.add_argument("prefixes", nargs="+", metavar="PREFIX", help="builds to measure (install prefixes)")
-    parser.add_argument("--model", required=True, metavar="GGUF")
+    parser.add_argument("--model", required=True, metavar="GGUF", help="the model file to run")
     parser.add_argument("--depth", default="0", type=argtypes.int_list(0), metavar="N,...", help="KV depths (llama-bench -d; default 0)")
     parser.add_argument("--ubatch", type=argtypes.int_list(1), metavar="N,...", help="micro-batch sizes (-ub; default: the tree's)")
     parser.add_argument("--fa", metavar="on,off", help="flash attention values (default: the tree's)")

@@ -49,7 +49,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threshold", type=argtypes.non_negative_number, metavar="PCT",
                         help="with --bench: slower than the good ref by more than PCT percent "
                         "is bad (default 5)")
-    parser.add_argument("--jobs", "-j", type=argtypes.positive_int, metavar="N")
+    parser.add_argument("--jobs", "-j", type=argtypes.positive_int, metavar="N", help="parallel build jobs (default: the plan's choice)")
     parser.add_argument("--json", action="store_true", help="first_bad, builds and steps as JSON")
     parser.add_argument("--report", metavar="FILE.md",
                         help="write a pre-filled upstream issue (never over a file rocforge did "
@@ -314,7 +314,9 @@ def _write_report(args, axis: str, location: str, good: str, r, doc: dict) -> No
     try:
         host = provenance.host(args.rootfs)
     except Exception as exc:  # the report is still useful without it; say what happened
-        host = {"error": f"host details unreadable: {type(exc).__name__}"}
+        from rocforge_build.errors import reason
+
+        host = {"error": f"host details unreadable: {reason(exc)}"}
     manifest = _step_manifest(r)
     toolchain = manifest.get("toolchain", {}) if isinstance(manifest.get("toolchain"), dict) else {}
     word, plural = WORDS[axis]

@@ -24,7 +24,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ref", metavar="REF", help="build this git tag/branch/commit of the recipe's git source")
     parser.add_argument("--source", metavar="PATH|URL",
                         help="a local tree, tarball file, tarball URL or git URL (offline mirror)")
-    parser.add_argument("--prefix", metavar="DIR", help="install prefix (default: data dir builds/RECIPE-TARGET-BACKEND)")
+    parser.add_argument("--prefix", metavar="PREFIX", help="install prefix (default: data dir builds/RECIPE-TARGET-BACKEND)")
     parser.add_argument("--jobs", "-j", type=int, metavar="N",
                         help="parallel build jobs (default: min(cores, available memory / the "
                              "recipe's per-job memory); the plan says why)")

@@ -12,16 +12,56 @@ from rocforge_build.errors import IntegrityError, UsageError
 _ACTIONS = ("check", "unpack")
 
 
+_ACTION_HELP = {
+    "check": ("verify a bundle's files against bundle.toml and say on which GPUs here it runs",
+              "FILE|DIR", "a bundle archive, or the folder `bundle unpack` made"),
+    "unpack": ("unpack a bundle safely (no links or paths out of DIR) and verify it",
+               "FILE", "a bundle archive (.tar.gz, .tar.zst or .zip)"),
+}
+
+
+def action_parser(parent, action: str):
+    """The parser `rocforge bundle ACTION --help` prints: `check` and `unpack` arrive as the
+    first word of PREFIX|RECIPE (a bundle is made from any prefix, so they cannot be argparse
+    subcommands beside it); their help lists only what they take."""
+    summary, metavar, file_help = _ACTION_HELP[action]
+    p = type(parent)(prog=f"{parent.prog} {action}", description=summary)
+    p.add_argument("file", metavar=metavar, help=file_help)
+    if action == "unpack":
+        p.add_argument("--into", metavar="DIR", default=".",
+                       help="the directory that gets the bundle's folder (default: .)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def _own_help(parser) -> None:
+    """`-h/--help` after `check` or `unpack` prints that action's help, not the pack form's."""
+    import argparse
+
+    class ActionHelp(argparse._HelpAction):
+        def __call__(self, parser, namespace, values, option_string=None):
+            what = getattr(namespace, "what", None) or []
+            if what and what[0] in _ACTIONS:
+                action_parser(parser, what[0]).print_help()
+                parser.exit()
+            super().__call__(parser, namespace, values, option_string)
+
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            action.__class__ = ActionHelp
+
+
 def add_arguments(parser) -> None:
     parser.usage = ("rocforge bundle PREFIX|RECIPE --target GFX [--backend B] --out FILE.tar.gz|.tar.zst|.zip\n"
-                    "       rocforge bundle check FILE|DIR\n"
-                    "       rocforge bundle unpack FILE [--into DIR]")
+                    "       rocforge bundle check FILE|DIR [--json]\n"
+                    "       rocforge bundle unpack FILE [--into DIR] [--json]")
     parser.description = (
         "Pack a build into one archive that runs from any directory on a machine with only the "
         "kernel driver: the prefix, its library closure (without glibc and the GPU drivers), RUNPATHs "
         "rewritten to $ORIGIN, rocBLAS/hipBLASLt/kpack kernel files trimmed to the target, a `run` "
         "launcher with the build's run-time env, the manifest, and bundle.toml (every file's sha256). "
-        "`check` verifies the hashes and says on which GPUs here it runs; `unpack` unpacks safely.")
+        "`check` verifies the hashes and says on which GPUs here it runs; `unpack` unpacks safely "
+        "(`rocforge bundle check --help`, `rocforge bundle unpack --help`).")
     parser.add_argument("what", nargs="+", metavar="PREFIX|RECIPE",
                         help="an install prefix or a recipe (the build rocforge made); or `check FILE`, "
                         "`unpack FILE`")
@@ -33,6 +73,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--into", type=Path, metavar="DIR", default=Path("."),
                         help="unpack: the directory that gets the bundle's folder (default: .)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    _own_help(parser)
 
 
 def run(args) -> int:
@@ -72,8 +113,9 @@ def _check(args, path: Path) -> int:
         raise IntegrityError(f"{path}: {len(result.bad)} of {files} files do not match bundle.toml{more}",
                              "the bundle is damaged or was changed after it was made")
     print(f"{path}: {result.name}, {files} files, every sha256 matches")
-    print(f"  {meta.get('recipe')} ({meta.get('backend')}) for {meta.get('target')}; "
-          f"made by rocforge {meta.get('rocforge')} at {meta.get('made_at')}")
+    said = {k: meta.get(k) or "unknown" for k in ("recipe", "backend", "target", "rocforge", "made_at")}
+    print(f"  {said['recipe']} ({said['backend']}) for {said['target']}; "
+          f"made by rocforge {said['rocforge']} at {said['made_at']}")
     for line in result.runs:
         print(f"  {line}")
     sys.stdout.flush()

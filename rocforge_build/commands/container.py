@@ -25,7 +25,7 @@ def _common(p) -> None:
     p.add_argument("--variant", metavar="NAME", help="builder variant from containers/variants.toml")
     p.add_argument("--engine", choices=sorted(containers.engines_data().get("engine", {})),
                    help="container engine (default: the first of podman, buildah, docker on PATH)")
-    p.add_argument("--tag", metavar="T", help="image name (default localhost/rocforge/RECIPE:TARGET-BACKEND)")
+    p.add_argument("--tag", metavar="IMAGE", help="image name (default localhost/rocforge/RECIPE:TARGET-BACKEND)")
     p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--source", metavar="PATH|URL",
@@ -67,7 +67,7 @@ def add_arguments(parser) -> None:
     c = sub.add_parser("closure", help="stage the shared-library closure of a prefix (builder stage)",
                        description="Copy the shared-library closure of every ELF file below PREFIX into DIR, "
                        "preserving paths and links (ldd, plus the rules in containers/closure.toml).")
-    c.add_argument("prefix", metavar="PREFIX", type=Path)
+    c.add_argument("prefix", metavar="PREFIX", type=Path, help="the install prefix whose ELF files are followed")
     c.add_argument("--out", required=True, type=Path, metavar="DIR", help="staging directory (replaced)")
     c.add_argument("--env-file", type=Path, metavar="FILE", help="dotenv file whose variables ldd runs with")
     c.add_argument("--report", type=Path, metavar="FILE", help="also write the report as JSON to FILE")
@@ -85,7 +85,7 @@ def run(args) -> int:
 def _print_decisions(decisions, out=None) -> None:
     out = out or sys.stdout
     for d in decisions:
-        out.write(f"  {d.key:<13} {d.value}\n  {'':<13} ({d.reason})\n")
+        out.write(f"  {d.key:<13} {d.text()}\n  {'':<13} ({d.reason})\n")
 
 
 def _build(args) -> int:

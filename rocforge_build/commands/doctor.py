@@ -225,7 +225,7 @@ def run(args) -> int:
                     for r in cov])
 
     show_table(console, "Decisions", ("key", "value", "reason"),
-               [[esc(d.key), "[dim]unset[/]" if d.value is None else esc(str(d.value)), esc(d.reason)]
+               [[esc(d.key), "[dim]unset[/]" if d.value is None else esc(d.text()), esc(d.reason)]
                 for d in res.decisions])
 
     for line in host.text_lines(host_checks):

@@ -1,4 +1,4 @@
-"""`rocforge env [--shell bash|zsh|fish|json|dotenv] [--target GFX] [--rocm PATH]`.
+"""`rocforge env [--shell bash|zsh|fish|json|dotenv | --json] [--target GFX] [--rocm PATH]`.
 
 Prints the environment for the resolved ROCm stack; `eval "$(rocforge env)"` in a shell
 start-up file, or `rocforge env > rocm.sh`.  Kept import-light: no rich, no requests.
@@ -16,14 +16,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shell", choices=SHELLS, default=None,
                         help="output format (default: the shell that runs rocforge - its parent "
                         "process - if bash, zsh or fish; else $SHELL; else bash)")
+    parser.add_argument("--json", action="store_true", help="the same as --shell json")
     parser.add_argument("--target", metavar="GFX", help="resolve for this gfx target")
     parser.add_argument("--rocm", metavar="PATH", help="use this ROCm install (inside --root)")
 
 
 def run(args) -> int:
     from rocforge_build.discover import envcache, envscript, envwarnings, resolver
-    from rocforge_build.errors import NoRocmError
+    from rocforge_build.errors import NoRocmError, UsageError
 
+    if args.json:
+        if args.shell not in (None, "json"):
+            raise UsageError(f"--json and --shell {args.shell} ask for two formats", "give one of them")
+        args.shell = "json"
     envcache.start_recording()
     try:
         res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)

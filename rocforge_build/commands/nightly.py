@@ -10,6 +10,8 @@ from rocforge_build import argtypes, config
 from rocforge_build.errors import NetworkError, UsageError
 from rocforge_build.nightly import listing
 
+_PREFIX_HELP = "where the nightlies are installed (default: nightly.prefix or the data dir)"
+
 
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -19,24 +21,24 @@ def add_arguments(parser) -> None:
         if family:
             p.add_argument("--family", metavar="GROUP",
                            help="a TheRock group instead of a target (gfx110X-all, multiarch, ...)")
-        p.add_argument("--platform", help="tarball platform (default: nightly.platform, linux)")
+        p.add_argument("--platform", metavar="PLATFORM", help="tarball platform (default: nightly.platform, linux)")
         p.add_argument("--index", metavar="URL", action="append", default=[],
                        help="read this listing instead of the configured sources (repeatable): "
                        "a CDN index page, an S3 bucket URL or a file:// mirror")
 
     p = sub.add_parser("list", help="nightlies serving a target, newest first")
     selection(p)
-    p.add_argument("--limit", type=int, default=None, help="show at most N (default 30; all with --json)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="show at most N (default 30; all with --json)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("install", help="download, verify and unpack a nightly; point current at it")
     selection(p)
-    p.add_argument("--version", default="latest", help="a version from `nightly list` (default latest)")
-    p.add_argument("--prefix", metavar="DIR", help="install prefix (default: nightly.prefix or the data dir)")
+    p.add_argument("--version", default="latest", metavar="VERSION", help="a version from `nightly list` (default latest)")
+    p.add_argument("--prefix", metavar="PREFIX", help=_PREFIX_HELP)
     p.add_argument("--layer", nargs="?", const="auto", metavar="BASE",
                    help="install BASE first and the target's package on top, same version "
                    "(no value: the target's fallback target, e.g. gfx110X for gfx1151)")
-    p.add_argument("--sha256", help="expected sha256 of the (top) tarball")
+    p.add_argument("--sha256", metavar="SHA256", help="expected sha256 of the (top) tarball")
     p.add_argument("--force", action="store_true", help="reinstall even if the version is there")
     p.add_argument("--dry-run", action="store_true", help="show the choice, download nothing")
     p.add_argument("--json", action="store_true", help="print the install record as JSON")
@@ -52,16 +54,16 @@ def add_arguments(parser) -> None:
                    help="with --gate --model: a figure this many percent slower fails (default 5)")
 
     p = sub.add_parser("installed", help="installed nightlies; * marks current")
-    p.add_argument("--prefix", metavar="DIR")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--prefix", metavar="PREFIX", help=_PREFIX_HELP)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("use", help="point current at an installed version (roll back / forward)")
-    p.add_argument("version", help="a version or version directory from `nightly installed`")
-    p.add_argument("--prefix", metavar="DIR")
+    p.add_argument("version", metavar="VERSION", help="a version or version directory from `nightly installed`")
+    p.add_argument("--prefix", metavar="PREFIX", help=_PREFIX_HELP)
 
     p = sub.add_parser("prune", help="remove old installs and leftovers of interrupted runs")
-    p.add_argument("--keep", type=int, default=None, help="installs to keep (default nightly.keep)")
-    p.add_argument("--prefix", metavar="DIR")
+    p.add_argument("--keep", type=int, default=None, metavar="N", help="installs to keep (default nightly.keep)")
+    p.add_argument("--prefix", metavar="PREFIX", help=_PREFIX_HELP)
 
     p = sub.add_parser("pip", help="the Python wheel route: print (or run) the pip command")
     p.add_argument("--target", metavar="GFX", help="GPU target (default: the detected GPU)")
@@ -70,7 +72,7 @@ def add_arguments(parser) -> None:
     p.add_argument("--no-probe", action="store_true",
                    help="do not check which per-family index exists")
     p.add_argument("--install", action="store_true", help="run it with this Python")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def run(args) -> int:

@@ -18,8 +18,8 @@ def add_arguments(parser) -> None:
                           description="print the preset in use for a model")
     show.add_argument("model", metavar="MODEL", help="model name, GGUF path or sha256")
     show.add_argument("--shell", action="store_true", help="as a shell script")
-    show.add_argument("--range", metavar="NAME", help="only this context range (short, long)")
-    show.add_argument("--version", type=int, metavar="N", help="this version instead of the one in use")
+    show.add_argument("--range", metavar="RANGE", help="only this context range (short, long)")
+    show.add_argument("--version", type=int, metavar="VERSION", help="this version instead of the one in use")
     show.add_argument("--json", action="store_true", help="the preset as JSON")
     hist = sub.add_parser("history", help="every version of a model's preset",
                           description="every version of a model's preset, oldest first")

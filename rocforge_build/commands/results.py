@@ -23,25 +23,29 @@ CSV_FIELDS = ("id", "run", "kind", "status", "created", "prefix", "backend", "st
 
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    sub.add_parser("list", help="the runs").add_argument("--json", action="store_true")
+    sub.add_parser("list", help="the runs").add_argument("--json", action="store_true", help="machine-readable output")
     show = sub.add_parser("show", help="one run's rows (default: the last run)")
-    show.add_argument("run", nargs="?", type=argtypes.run_id, metavar="RUN")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("run", nargs="?", type=argtypes.run_id, metavar="RUN",
+                      help="a run number from `results list` (default: the last run)")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
     exp = sub.add_parser("export", help="rows as JSON or CSV")
     fmt = exp.add_mutually_exclusive_group(required=True)
-    fmt.add_argument("--json", action="store_true")
-    fmt.add_argument("--csv", action="store_true")
-    exp.add_argument("--run", type=argtypes.run_id, metavar="RUN")
-    exp.add_argument("--prefix", metavar="PREFIX")
-    c = sub.add_parser("compare", help="flag regressions of B against A")
-    c.add_argument("a", metavar="A", help="run number, or a build prefix (its latest bench run)")
-    c.add_argument("b", metavar="B")
-    c.add_argument("--threshold", type=argtypes.non_negative_number, default=cmp.DEFAULT_THRESHOLD * 100, metavar="PERCENT")
-    c.add_argument("--json", action="store_true")
+    fmt.add_argument("--json", action="store_true", help="a JSON list of rows")
+    fmt.add_argument("--csv", action="store_true", help="CSV, one row per line (a row's ceiling as ceiling_* columns)")
+    exp.add_argument("--run", type=argtypes.run_id, metavar="RUN", help="only this run's rows (default: every run)")
+    exp.add_argument("--prefix", metavar="PREFIX", help="only this build's rows")
+    c = sub.add_parser("compare", help="flag regressions of NEW against BASE")
+    runs = "a run number, a build prefix (its latest bench run) or PREFIX@RUN"
+    c.add_argument("a", metavar="BASE", help=f"the baseline: {runs}")
+    c.add_argument("b", metavar="NEW", help=f"what is compared with it: {runs}")
+    c.add_argument("--threshold", type=argtypes.non_negative_number, default=cmp.DEFAULT_THRESHOLD * 100,
+                   metavar="PCT", help="a figure this many percent slower is a regression "
+                   f"(default {cmp.DEFAULT_THRESHOLD * 100:g})")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("plot", help="depth curves as a self-contained HTML/SVG file")
     p.add_argument("--run", type=argtypes.run_id, action="append", metavar="RUN", help="runs to plot (default: the last bench run)")
     p.add_argument("--prefix", action="append", metavar="PREFIX", help="only these builds")
-    p.add_argument("-o", "--output", required=True, metavar="FILE.html")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.html", help="the HTML file to write")
 
 
 def run(args) -> int:
@@ -78,6 +82,7 @@ def _show(store: Store, args) -> int:
     if args.json:
         print(json.dumps({**info, "rows": rows}, indent=2, default=str))
         return 0
+    from rocforge_build.measure.bench import Variant
     from rocforge_build.measure.session import describe
 
     print(f"run {run_id}: {info['kind']} {info['status']} ({info['started']} - {info['finished'] or '...'})")
@@ -87,7 +92,7 @@ def _show(store: Store, args) -> int:
             checks = ", ".join(f"ctx {c['ctx']}: KLD {c['kld_mean']} top-1 {c['top1']}" for c in r.get("checks", []))
             print(f"  verify {r['prefix']}: {'passed' if r.get('passed') else 'FAILED'} ({checks})")
         else:
-            print(f"  {r['prefix']} ub={r.get('ubatch')} fa={r.get('fa')} env={r.get('env') or {}}  {describe(r)}")
+            print(f"  {r['prefix']} {Variant.of_row(r).label()}  {describe(r)}")
     return 0
 
 

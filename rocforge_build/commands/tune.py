@@ -20,26 +20,26 @@ from rocforge_build.measure.session import Progress, open_session
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", metavar="RECIPE", help="recipe name or .toml file (llama-cpp)")
     parser.add_argument("--target", metavar="GFX", help="GPU target (default: the detected GPU)")
-    parser.add_argument("--model", required=True, metavar="GGUF")
+    parser.add_argument("--model", required=True, metavar="GGUF", help="the model file to tune for")
     parser.add_argument("--backends", metavar="B,...", help="candidate backends (default: every one the source and toolchain allow)")
     parser.add_argument("--build", action="append", default=[], metavar="PREFIX", help="also an existing build (repeatable)")
     parser.add_argument("--source", metavar="PATH|URL", help="build this source (see rocforge build)")
-    parser.add_argument("--ref", metavar="REF")
+    parser.add_argument("--ref", metavar="REF", help="build this git tag, branch or commit of the recipe's source")
     parser.add_argument("--contexts", default="short,long", metavar="short,long", help="context ranges to pick winners for")
     parser.add_argument("--ubatch", type=argtypes.int_list(1), metavar="N,...", help="micro-batch values searched (default: data/tune.toml)")
-    parser.add_argument("--fa", metavar="on,off")
+    parser.add_argument("--fa", metavar="on,off", help="flash attention values searched (default: data/tune.toml)")
     parser.add_argument("--env", action="append", metavar="VAR=a,b", help="env values searched (default per backend)")
-    parser.add_argument("--reps", type=argtypes.positive_int, default=3, metavar="N")
-    parser.add_argument("-p", "--n-prompt", type=argtypes.non_negative_int, default=512, metavar="N")
-    parser.add_argument("-n", "--n-gen", type=argtypes.non_negative_int, default=128, metavar="N")
-    parser.add_argument("--threads", type=argtypes.positive_int, metavar="N")
+    parser.add_argument("--reps", type=argtypes.positive_int, default=3, metavar="N", help="repetitions (-r; default 3)")
+    parser.add_argument("-p", "--n-prompt", type=argtypes.non_negative_int, default=512, metavar="N", help="prompt tokens (pp test; default 512)")
+    parser.add_argument("-n", "--n-gen", type=argtypes.non_negative_int, default=128, metavar="N", help="generated tokens (tg test; default 128)")
+    parser.add_argument("--threads", type=argtypes.positive_int, metavar="N", help="CPU threads (-t)")
     parser.add_argument("--timeout", type=argtypes.positive_seconds, metavar="S",
                         help="stop a llama-bench run after S seconds; that variant is recorded as "
                              "failed and cannot win (e.g. flash attention that falls back to the CPU)")
     parser.add_argument("--ctx", type=argtypes.int_list(1), metavar="N,...", help="the gate's contexts (see rocforge verify)")
     parser.add_argument("--exhaustive", action="store_true", help="measure the full cross product instead")
     parser.add_argument("--jobs", "-j", type=argtypes.positive_int, metavar="N", help="build jobs")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="the candidates, rows and winners as JSON")
 
 
 def candidates(args, say) -> tuple[list[LlamaBuild], list[dict]]:

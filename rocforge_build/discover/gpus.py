@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from rocforge_build import errors
 from rocforge_build.discover import targets
 from rocforge_build.discover.envcache import touch
 from rocforge_build.errors import DetectionError
@@ -146,7 +147,7 @@ def discover_kfd(root: Root) -> Discovery | None:
         entries = os.listdir(root.host(KFD_NODES))
     except OSError as exc:
         raise DetectionError(
-            f"cannot read {KFD_NODES}: {exc.strerror or exc}",
+            f"cannot read {KFD_NODES}: {errors.reason(exc)}",
             "run as a user who can read /sys, or give the right --root",
         ) from exc
     nodes = sorted(int(e) for e in entries if e.isdigit())
@@ -163,7 +164,7 @@ def discover_kfd(root: Root) -> Discovery | None:
                             "(outside this container's device cgroup?)")
             continue
         except (OSError, UnicodeDecodeError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc)
+            reason = errors.reason(exc)
             raise DetectionError(
                 f"cannot read {path}: {reason}",
                 "the KFD topology is unreadable; check the amdgpu driver or the --root",
@@ -246,7 +247,7 @@ def discover_rocminfo(program: str) -> Discovery:
     try:
         result = proc.run([program], check=False, timeout=20)
     except (RocforgeError, OSError) as exc:
-        return Discovery((), "rocminfo", (f"rocminfo could not run: {exc}",))
+        return Discovery((), "rocminfo", (f"rocminfo could not run: {errors.reason(exc)}",))
     except Exception as exc:  # subprocess.TimeoutExpired and friends
         return Discovery((), "rocminfo", (f"rocminfo did not finish: {exc}",))
     gpus = parse_rocminfo(result.stdout or "")

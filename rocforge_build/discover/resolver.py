@@ -62,6 +62,17 @@ class Decision:
             value = str(value)
         return {"key": self.key, "value": value, "reason": self.reason}
 
+    def text(self) -> str:
+        """The value as a person reads it: no Python None, [] or True."""
+        value = self.value
+        if value is None:
+            return "unset"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return ", ".join(str(v) for v in value) or "none"
+        return str(value)
+
 
 @dataclass(frozen=True)
 class Resolution:
@@ -456,10 +467,13 @@ def _build_decisions(root: Root, target: str | None, decisions: list[Decision],
                             "--force`")
         else:
             used.append(b)
-    summary = (f"used for {target}: " + (", ".join(b.describe() for b in used) or "none")
-               + (f"; not for this target: {', '.join(skipped)}" if skipped else "")
-               + ("; none goes on LD_LIBRARY_PATH: each build loads its own libraries through "
-                  "its RUNPATH" if used else ""))
+    if target:
+        summary = (f"used for {target}: " + (", ".join(b.describe() for b in used) or "none")
+                   + (f"; not for this target: {', '.join(skipped)}" if skipped else ""))
+    else:  # no GPU here and no --target: nothing to match a build's target against
+        summary = "none used: no GPU target (give --target)" + (f"; found: {', '.join(skipped)}" if skipped else "")
+    summary += ("; none goes on LD_LIBRARY_PATH: each build loads its own libraries through "
+                "its RUNPATH" if used else "")
     decisions.append(Decision("builds", [str(b.prefix) for b in used], summary))
     if not used:
         return used

@@ -44,6 +44,12 @@ class Variant:
     def to_json(self) -> dict:
         return {"ubatch": self.ubatch, "fa": self.fa, "env": dict(self.env)}
 
+    @classmethod
+    def of_row(cls, row: dict) -> Variant:
+        """The variant a stored row was measured with (its label for people)."""
+        env = row.get("env") if isinstance(row.get("env"), dict) else {}
+        return cls(row.get("ubatch"), row.get("fa"), tuple((str(k), str(v)) for k, v in env.items()))
+
 
 @dataclass
 class Spec:

@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build.errors import UsageError
+from rocforge_build.errors import UsageError, reason
 
 MAGIC = b"GGUF"
 # value type -> struct format of a scalar (8 = string, 9 = array are read by hand)
@@ -280,7 +280,7 @@ def check(path: str | os.PathLike[str]) -> Model:
         try:
             buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:  # a file that cannot be mapped
-            raise ModelError(f"model file {p} cannot be read: {exc}") from None
+            raise ModelError(f"model file {p} cannot be read: {reason(exc)}") from None
     with buf:
         r = _Reader(buf, p, size)
         r.off = 4

@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from rocforge_build import paths
-from rocforge_build.errors import UsageError
+from rocforge_build.errors import UsageError, reason
 
 # the programs measuring needs, built by verify's reference and by tune (llama-server: what serve runs)
 MEASURE_TARGETS = ("llama-bench", "llama-perplexity", "llama-cli", "llama-server")
@@ -99,7 +99,7 @@ class LlamaBuild:
                 out = subprocess.run([str(exe), "--help"], capture_output=True, text=True,
                                      timeout=60, errors="replace")
             except (OSError, subprocess.TimeoutExpired) as exc:
-                raise BuildNotUsable(f"{self.prefix}/bin/{program} does not start: {exc}") from None
+                raise BuildNotUsable(f"{self.prefix}/bin/{program} does not start: {reason(exc)}") from None
             self._help[program] = out.stdout + out.stderr
             try:
                 cached.parent.mkdir(parents=True, exist_ok=True)

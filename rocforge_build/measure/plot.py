@@ -35,9 +35,10 @@ def series(rows: list[dict]) -> dict[str, dict[str, list[tuple[int, float, str]]
 
 
 def _label(r: dict) -> str:
-    env = " ".join(f"{k}={v}" for k, v in (r.get("env") or {}).items())
-    return (f"{r.get('prefix', '').rstrip('/').rsplit('/', 1)[-1]} ({r.get('backend')}) "
-            f"ub={r.get('ubatch')} fa={'on' if r.get('fa') else 'off'}" + (f" {env}" if env else ""))
+    from rocforge_build.measure.bench import Variant
+
+    return (f"{(r.get('prefix') or '').rstrip('/').rsplit('/', 1)[-1]} ({r.get('backend') or 'unknown'}) "
+            + Variant.of_row(r).label())
 
 
 def ceilings(rows: list[dict]) -> dict[str, str]:

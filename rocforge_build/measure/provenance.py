@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rocforge_build import paths
 from rocforge_build.discover import host as host_facts
+from rocforge_build.errors import reason
 from rocforge_build.measure.gguf import Model
 from rocforge_build.rootfs import Root
 
@@ -46,14 +47,14 @@ def host(root=None) -> dict:
         info["gpus"] = [{"name": g.marketing_name, "gfx": g.gfx, "kind": g.kind,
                          "driver": _read("/sys/module/amdgpu/version").strip() or None} for g in found]
     except Exception as exc:  # detection is provenance, never a reason to stop measuring
-        info["gpus_error"] = f"{type(exc).__name__}: {exc}"
+        info["gpus_error"] = reason(exc)
     rocm = _read("/opt/rocm/.info/version").strip()
     info["rocm"] = rocm or None
     try:
         info.update(host_facts.fingerprint(root, found))
     except Exception as exc:  # the readers return None; this is for what they did not foresee
         info.update(dict.fromkeys(FINGERPRINT))
-        info["fingerprint_error"] = f"{type(exc).__name__}: {exc}"
+        info["fingerprint_error"] = reason(exc)
     return info
 
 

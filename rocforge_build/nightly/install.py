@@ -334,7 +334,10 @@ def read_record_checked(path: Path) -> tuple[dict, str | None]:
     try:
         raw = tomllib.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        return {}, f"{RECORD} cannot be read ({type(exc).__name__})"
+        from rocforge_build.errors import reason
+
+        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else reason(exc)
+        return {}, f"{RECORD} cannot be read ({why})"
     record = {k: v for k, v in raw.items() if _typed(v, _RECORD_TYPES.get(k))}
     bad = sorted(k for k in raw if k in _RECORD_TYPES and k not in record)
     layers = raw.get("layers", [])

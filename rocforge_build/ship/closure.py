@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from rocforge_build import proc, replace
-from rocforge_build.errors import BuildError, ConfigError, ToolchainError
+from rocforge_build.errors import BuildError, ConfigError, ToolchainError, reason
 from rocforge_build.resources import containers_dir, load_toml
 
 _ELF_MAGIC = b"\x7fELF"
@@ -384,7 +384,7 @@ def main_closure(prefix: Path, out: Path, *, env_file: Path | None, report: Path
         try:
             env = parse_dotenv(env_file.read_text(encoding="utf-8"))
         except OSError as exc:
-            raise ConfigError(f"cannot read {env_file}: {exc}") from exc
+            raise ConfigError(f"cannot read {env_file}: {reason(exc)}") from exc
     closure = compute([prefix], env=env)
     summary = stage(closure, out)
     result = {**closure.to_json(), **summary, "out": str(out)}

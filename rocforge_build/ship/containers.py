@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from rocforge_build import __version__, paths, proc, refs, shellsafe
 from rocforge_build.discover import targets
 from rocforge_build.discover.resolver import Decision
-from rocforge_build.errors import ConfigError, ToolchainError, UsageError
+from rocforge_build.errors import ConfigError, ToolchainError, UsageError, reason
 from rocforge_build.resources import PACKAGE_DIR, containers_dir, load_toml
 
 # Where rocforge keeps its things inside the builder (ROCFORGE_DATA_DIR there).
@@ -204,7 +204,7 @@ def template_text(name: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc}", "restore it from the rocforge sources") from exc
+        raise ConfigError(f"cannot read {path}: {reason(exc)}", "restore it from the rocforge sources") from exc
 
 
 def _suggest(word: str, choices) -> str:
@@ -226,7 +226,7 @@ def get_variant(name: str) -> Variant:
             packages=tuple(raw["packages"]), rocm=raw["rocm"], runtime=raw["runtime"],
         )
     except KeyError as exc:
-        raise ConfigError(f"containers/variants.toml: variant {name} lacks key {exc}") from exc
+        raise ConfigError(f"containers/variants.toml: variant {name} lacks key {reason(exc)}") from exc
 
 
 def toolchain_defaults() -> dict[str, str]:
@@ -348,7 +348,7 @@ def _sub(text: str, values: dict[str, str], where: str) -> str:
     try:
         return string.Template(text).substitute(values)
     except (KeyError, ValueError) as exc:
-        raise ConfigError(f"{where}: bad template field {exc}", "fields are ${name}; write $$ for a literal $") from exc
+        raise ConfigError(f"{where}: bad template field {reason(exc)}", "fields are ${name}; write $$ for a literal $") from exc
 
 
 def _env_quote(value: str, where: str = "Containerfile value") -> str:
@@ -799,7 +799,7 @@ def run_plan(
             else:
                 flags += ["--group-add", str(gid)]
         decisions.append(Decision(
-            "groups", ",".join(f"{n}={g}" for n, g in gids.items()),
+            "groups", ",".join(n if g is None else f"{n}={g}" for n, g in gids.items()),
             f"numeric GIDs from /etc/group ({mode} {engine.name}): the device nodes belong to the host's "
             "groups, and a slim image has no /etc/group to resolve names",
         ))
