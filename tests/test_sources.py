@@ -103,6 +103,26 @@ def test_sync_tree_copies_only_changes(tmp_path):
     assert (dst / "y").read_text() == "22" and os.readlink(dst / "link") == "y"
 
 
+def test_a_replaced_file_is_newer_than_objects_built_before_it_even_with_an_older_commit_time(tmp_path):
+    # git archive stamps files with their commit's time, in whole seconds: a commit made a second
+    # before the last build gives its files an mtime older than that build's objects, though newer
+    # than the files they replace.  ninja (mtime order) would keep the stale object: the flake in
+    # tests/test_upgrade.py where a broken commit passed the upgrade's gate.
+    src, dst = tmp_path / "a", tmp_path / "b"
+    src.mkdir()
+    (src / "greet.c").write_text("toupper")
+    os.utime(src / "greet.c", (1_000_000_000, 1_000_000_000))
+    sources.sync_tree(src, dst)
+    obj = tmp_path / "greet.o"
+    obj.write_text("object")
+    os.utime(obj, (1_000_000_002, 1_000_000_002))  # built two seconds after the first commit
+    (src / "greet.c").write_text("tolower")
+    os.utime(src / "greet.c", (1_000_000_001, 1_000_000_001))  # committed before that build
+    assert sources.sync_tree(src, dst) == 1
+    assert (dst / "greet.c").read_text() == "tolower"
+    assert (dst / "greet.c").stat().st_mtime_ns > obj.stat().st_mtime_ns
+
+
 def test_first_copy_leaves_out_what_a_work_copy_must_not_have(tmp_path):
     """The first copy is one `cp -a`; a submodule's .git, __pycache__ and the fetch marker are
     then dropped at any depth, and the count is of the files the work copy holds."""

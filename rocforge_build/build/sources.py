@@ -453,8 +453,10 @@ def _same_bytes(a: Path, b: Path) -> bool:
     with its commit's time (one-second steps; a rebased series shares one), so a same-size edit
     committed in the same second looks unchanged.  And a file going back to an older commit gets
     an older mtime than the objects built from the newer one, which ninja (mtime order) would
-    keep.  So equal stats are confirmed by content, and a replaced file whose source is not newer
-    gets the current time (`rocforge bisect` and `upgrade --ref` move between commits)."""
+    keep.  So equal stats are confirmed by content, and every replaced file gets the current time:
+    its commit time, even when newer than the file it replaces, can be older than the objects built
+    from that file (a commit made a second before the last build: `rocforge bisect` and `upgrade
+    --ref` move between commits, and a stale object passed a broken commit's gate)."""
     with open(a, "rb") as fa, open(b, "rb") as fb:
         while True:
             x, y = fa.read(1 << 20), fb.read(1 << 20)
@@ -493,19 +495,16 @@ def sync_tree(src: Path, dst: Path) -> int:
                 copied += 1
                 continue
             st = s.stat()
-            replaced = None
             try:
                 dt = d.lstat()
                 if (dt.st_size == st.st_size and dt.st_mtime_ns == st.st_mtime_ns
                         and not d.is_symlink() and _same_bytes(s, d)):
                     continue
-                replaced = dt.st_mtime_ns
                 d.unlink()
             except FileNotFoundError:
                 pass
             shutil.copy2(s, d)
-            if replaced is not None and st.st_mtime_ns <= replaced:
-                os.utime(d)  # see _same_bytes: ninja must see the new content as newer
+            os.utime(d)  # see _same_bytes: newer than anything built before this sync
             copied += 1
     for dirpath, dirnames, filenames in os.walk(dst, topdown=False):
         rel = os.path.relpath(dirpath, dst)
