@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "upgrade": ("rocforge_build.commands.upgrade", "rebuild a build with new inputs; swap it in only if every gate passes"),
     "rollback": ("rocforge_build.commands.rollback", "put back the build `rocforge upgrade` replaced"),
     "bisect": ("rocforge_build.commands.bisect", "find the first bad commit between a good and a bad ref"),
+    "cache": ("rocforge_build.commands.cache", "list and clean rocforge's caches: sources, work dirs, compiler cache, references"),
 }
 
 _GLOBAL_WITH_VALUE = {"--root"}
