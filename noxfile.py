@@ -38,9 +38,14 @@ def bench(session: nox.Session) -> None:
     """Benchmarks: each script in benchmarks/ prints ratios measured side by side in one run."""
     session.install("-e", ".[test]")
     import pathlib
+    import time
 
+    took = []
     for script in sorted(pathlib.Path("benchmarks").glob("bench_*.py")):
+        start = time.monotonic()
         session.run("python", str(script), *session.posargs)
+        took.append(f"{script.name} {time.monotonic() - start:.0f} s")
+    session.log("bench times: " + ", ".join(took))
 
 
 @nox.session

@@ -5,7 +5,7 @@ PATH, and says so) against a Strix Halo fixture root (KFD sysfs + 2025 TheRock t
 three commands so machine load hits all alike: bare python, `rocforge env` answered from its
 validated cache (what every shell start-up after the first pays), and `rocforge env` with
 ROCFORGE_NO_CACHE=1 (full discovery and resolution).  Prints medians, minimums and ratios to
-bare python; the bar is <= 2x for the cached path.
+bare python; the bars (issue 24) are <= 1.5x for the cached path and <= 3x without the cache.
 
     python benchmarks/bench_env.py [--runs N] [--importtime]
 """
@@ -88,7 +88,7 @@ def main() -> int:
             ratio = "" if k == "bare" else (f"   ratio median {med[k] / med['bare']:5.2f}x"
                                             f"  min {low[k] / low['bare']:5.2f}x")
             print(f"  {label:38s} median {med[k] * 1000:7.1f} ms  min {low[k] * 1000:7.1f} ms{ratio}")
-        print("  bar: cached path <= 2x bare python")
+        print("  bars: cached path <= 1.5x bare python, no cache <= 3x")
 
         if args.importtime:
             out = subprocess.run([python, "-X", "importtime", *(

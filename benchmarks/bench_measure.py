@@ -1,9 +1,13 @@
 """The harness's own cost: `rocforge bench --no-gate` against the same llama-bench command lines run
 by hand in a shell loop, side by side in one process, alternating which goes first each round.
 
-    PYTHONPATH=. python benchmarks/bench_measure.py --prefix BUILD --model MODEL.gguf \\
+    PYTHONPATH=. python benchmarks/bench_measure.py [--prefix BUILD] [--model MODEL.gguf] \\
         [--depth 0,512] [--ubatch 256,512] [--fa on,off] [-p 256] [-n 16] [--reps 3] \\
         [--rounds 5] [--fit-rounds 3] [--lock /tmp/rocforge-heavy.lock] [--json FILE]
+
+With no --prefix: the first llama.cpp build rocforge made (`<data dir>/builds/llama-cpp-*` with
+bin/llama-bench); none there: skipped with one line, exit 0 (`nox -s bench` on a fresh clone).  With
+no --model: a tiny random-weight GGUF (tests/tiny_gguf.py), which measures the harness, not a model.
 
 1. A warm-up `rocforge bench` call (the model's sha256 is computed and cached, the page cache and a
    GPU's shader cache are filled; not counted).  The command lines it ran are read back from its
@@ -45,6 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from rocforge_build import paths  # noqa: E402
 from rocforge_build.measure.llama_tools import LlamaBuild  # noqa: E402
 from rocforge_build.measure.store import Store  # noqa: E402
 
@@ -61,6 +66,15 @@ def held(lock: str | None):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def default_prefix() -> str | None:
+    """The first llama.cpp build rocforge made that has llama-bench, or None."""
+    base = paths.builds_prefix()
+    for d in sorted(base.glob("llama-cpp-*")) if base.is_dir() else ():
+        if (d / "rocforge-manifest.toml").is_file() and (d / "bin" / "llama-bench").is_file():
+            return str(d)
+    return None
 
 
 def rocforge_argv(a, prefix: str, *, depth: str, ubatch: str, fa: str, p: int, n: int, reps: int) -> list[str]:
@@ -114,8 +128,9 @@ def by_hand(script: Path, env: dict[str, str]) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prefix", required=True, help="the llama.cpp build (a rocforge install prefix)")
-    ap.add_argument("--model", required=True, help="the GGUF model")
+    ap.add_argument("--prefix", help="the llama.cpp build (a rocforge install prefix; default: the "
+                    "first llama-cpp build in rocforge's builds dir, else skipped)")
+    ap.add_argument("--model", help="the GGUF model (default: a tiny random-weight one)")
     ap.add_argument("--depth", default="0,512")
     ap.add_argument("--ubatch", default="256,512")
     ap.add_argument("--fa", default="on,off")
@@ -131,12 +146,25 @@ def main() -> int:
                     help="how to start rocforge (default: this Python, -m rocforge_build)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures here")
     a = ap.parse_args()
-    a.model = str(Path(a.model).resolve())
+    if a.prefix is None:
+        a.prefix = default_prefix()
+        if a.prefix is None:
+            print(f"bench_measure: skipped: no llama.cpp build in {paths.builds_prefix()} (give "
+                  "--prefix BUILD; `rocforge build llama-cpp --backend cpu` makes one)")
+            return 0
+        print(f"bench_measure: the llama.cpp build {a.prefix} (no --prefix given)")
     prefix = str(Path(a.prefix).resolve())
     build = LlamaBuild.open(prefix)
 
     with tempfile.TemporaryDirectory(prefix="bench-measure-") as tmp_name:
         tmp = Path(tmp_name)
+        if a.model is None:
+            sys.path.insert(0, str(REPO / "tests"))
+            import tiny_gguf
+
+            a.model = str(tiny_gguf.write(tmp / "tiny.gguf"))
+            print(f"bench_measure: a tiny random-weight model {a.model} (no --model given)")
+        a.model = str(Path(a.model).resolve())
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env.update(ROCFORGE_RESULTS_DB=str(tmp / "results.sqlite3"), PYTHONPYCACHEPREFIX=str(tmp / "pyc"))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

@@ -1,0 +1,109 @@
+"""`rocforge cache list [--json]` and `rocforge cache clean [--older-than DAYS] [--sources|--work|
+--failed|...] [--dry-run] [--json]`: what rocforge keeps in its cache dir, and removing it
+(build/cleanup.py says what is never touched, and why)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from rocforge_build import argtypes
+
+# flag -> the categories it selects (`--work` is every work dir, `--failed` only failed ones)
+FLAGS = {
+    "sources": ("sources", "source trees, git mirrors and downloaded tarballs"),
+    "work": ("work failed", "build work dirs (source copy, build dir, log), failed ones included"),
+    "failed": ("failed", "only the work dirs whose last build did not install"),
+    "bisect": ("bisect", "the builds `rocforge bisect` made of each commit"),
+    "containers": ("containers", "the build contexts of `rocforge container`"),
+    "verify": ("verify", "verify's reference outputs (verify/refs) and model texts"),
+    "llama-help": ("llama-help", "the cached `--help` texts of llama.cpp programs"),
+    "env": ("env", "`rocforge env`'s cached answers (made again on the next call)"),
+    "ccache": ("ccache", "ask ccache to evict its entries older than --older-than (never by "
+                         "default: the compiler cache is shared with your other builds)"),
+}
+
+
+def add_arguments(parser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ls = sub.add_parser("list", help="every entry of the cache with its size and age",
+                        description="every entry of rocforge's cache dir and the compiler cache "
+                        "its builds use, with size, age (days since anything in it last changed) "
+                        "and whether `rocforge cache clean` may remove it")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    cl = sub.add_parser("clean", help="remove cache entries rocforge made (never a build prefix)",
+                        description="remove what rocforge made in its cache dir: by default every "
+                        "category but the compiler cache; never a build prefix, a symbolic "
+                        "link's target, a name rocforge does not make, or a work dir in use")
+    cl.add_argument("--older-than", type=argtypes.non_negative_number, metavar="DAYS",
+                    help="only entries unchanged for more than DAYS days (a number >= 0)")
+    for flag, (_, text) in FLAGS.items():
+        cl.add_argument(f"--{flag}", action="store_true", help=text)
+    cl.add_argument("--dry-run", action="store_true",
+                    help="say what would be removed and remove nothing")
+    cl.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args) -> int:
+    from rocforge_build.build import cleanup
+
+    base, entries = cleanup.scan()
+    now = time.time()
+    if args.action == "list":
+        return _list(base, entries, now, args.json)
+    chosen = {c for flag, (cats, _) in FLAGS.items()
+              if getattr(args, flag.replace("-", "_")) for c in cats.split()}
+    if not chosen:
+        chosen = set(cleanup.CATEGORIES) - {"ccache"}
+    done = cleanup.clean(entries, chosen, args.older_than, dry_run=args.dry_run, now=now)
+    ccache = (cleanup.evict_ccache(args.older_than, args.dry_run) if "ccache" in chosen
+              else None)
+    failed = [r for r in done if not r.done and "could not be removed" in r.why]
+    failed += [ccache] if ccache is not None and not ccache[0] and args.older_than is not None \
+        else []
+    freed = sum(r.entry.size for r in done if r.done)
+    if args.json:
+        print(json.dumps({
+            "cache_dir": str(base), "dry_run": args.dry_run, "older_than_days": args.older_than,
+            "categories": sorted(chosen), "freed_bytes": freed,
+            "entries": [{**r.entry.to_json(now), "removed": r.done and not args.dry_run,
+                         "outcome": r.why} for r in done],
+            "ccache": None if ccache is None else {"done": ccache[0], "outcome": ccache[1]},
+        }, indent=2))
+    else:
+        for r in done:
+            verb = ("would remove" if args.dry_run else "removed") if r.done else "kept"
+            tail = "" if r.done else f": {r.why}"
+            print(f"{verb:12} {r.entry.category:10} {_size(r.entry.size):>9}  {r.entry.path}{tail}")
+        if ccache is not None:
+            print(f"{'ccache':12} {ccache[1]}")
+        what = "would free" if args.dry_run else "freed"
+        print(f"{what} {_size(freed)} in {base}"
+              + ("" if done else " (nothing matched)"))
+    return 1 if failed else 0
+
+
+def _list(base, entries, now: float, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"cache_dir": str(base),
+                          "entries": [e.to_json(now) for e in entries]}, indent=2))
+        return 0
+    if not entries:
+        print(f"nothing cached yet in {base}")
+        return 0
+    totals: dict[str, int] = {}
+    for e in entries:
+        totals[e.category] = totals.get(e.category, 0) + e.size
+        note = f"  {e.detail}" if e.detail else ""
+        kept = f"  [kept: {e.kept}]" if e.kept else ""
+        print(f"{e.category:10} {_size(e.size):>9} {e.age_days(now):7.1f} d  {e.path}{note}{kept}")
+    print(f"cache dir {base}: " + ", ".join(f"{c} {_size(s)}" for c, s in totals.items()))
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
