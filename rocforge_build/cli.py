@@ -72,6 +72,8 @@ def _parser_class():
     """argparse's parser, plus what Python 3.11's lacks: "did you mean" for a misspelled option
     or command, and the list of actions when a command's action is missing."""
     import argparse
+    import difflib
+    import re
 
     class Parser(argparse.ArgumentParser):
         def _options(self) -> list[str]:
@@ -87,9 +89,6 @@ def _parser_class():
                         None)
 
         def error(self, message: str):
-            import difflib
-            import re
-
             hints = []
             known = set(self._options()) | {"--root", "--version", "--help"}
             for token in _ARGV:
@@ -139,38 +138,6 @@ def build_parser(selected: str | None) -> argparse.ArgumentParser:  # noqa: F821
     return parser
 
 
-def _plain_env(argv: list[str]):
-    """The parsed arguments of a plain `rocforge [--root R] env [--shell S] [--target T] [--rocm P]`
-    without argparse (whose import, with gettext, locale and shutil, is most of a shell
-    start-up's cost when env's cache misses); None for anything else (--help, an abbreviation, a
-    bad or missing value), which argparse then parses and reports as always."""
-    from types import SimpleNamespace
-
-    from rocforge_build.discover.envscript import SHELLS
-
-    args = SimpleNamespace(command="env", root=os.environ.get("ROCFORGE_ROOT", "/"),
-                           shell=None, target=None, rocm=None)
-    seen_env, i = False, 0
-    while i < len(argv):
-        name, eq, value = argv[i].partition("=")
-        if not seen_env and argv[i] == "env":
-            seen_env = True
-            i += 1
-            continue
-        if name not in (("--shell", "--target", "--rocm") if seen_env else ("--root",)):
-            return None
-        if not eq:
-            i += 1
-            if i >= len(argv) or argv[i].startswith("-"):
-                return None
-            value = argv[i]
-        setattr(args, name[2:], value)
-        i += 1
-    if not seen_env or (args.shell is not None and args.shell not in SHELLS):
-        return None
-    return args
-
-
 def _fail(message: str, hint: str | None, code: int) -> int:
     sys.stderr.write(f"rocforge: error: {message}\n")
     if hint:
@@ -192,14 +159,12 @@ def main(argv: list[str] | None = None) -> int:
             envwarnings.to_stderr(envwarnings.from_script(cached))
             return 0
     try:
-        args = _plain_env(argv) if selected == "env" else None
-        if args is None:
-            parser = build_parser(selected)
-            _ARGV[:] = argv
-            args = parser.parse_args(argv)
-            if not args.command:
-                parser.print_help()
-                return 2
+        parser = build_parser(selected)
+        _ARGV[:] = argv
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return 2
         from rocforge_build.rootfs import Root
 
         if not os.path.isdir(args.root):
