@@ -40,9 +40,11 @@ def git(repo: Path, *args: str) -> str:
 def history(where: Path) -> tuple[Path, list[str]]:
     """good (the tree as released), harmless, WRONG, harmless: the commits, oldest first."""
     repo = tree("0.3.9", where / "sdist", full=True) / "vendor" / "llama.cpp"
-    git(repo, "init", "-q")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "the May 2025 tree (llama-cpp-python 0.3.9)")
+    if not (repo / ".git").exists():  # the 0.3.9 sdist carries llama.cpp's own .git (8733e0c)
+        git(repo, "init", "-q")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", "the May 2025 tree (llama-cpp-python 0.3.9)")
+    assert not git(repo, "status", "--porcelain")  # the good commit is the tree as released
     commits = [git(repo, "rev-parse", "HEAD")]
     for subject, change in (("docs: a harmless change", "README.md"),
                             ("ggml-cpu: attention output scaled (wrong on demand)", None),
