@@ -213,3 +213,16 @@ def test_a_patch_whose_second_file_fails_leaves_the_first_untouched(tmp_path):
     assert patches.apply(plans, tree)[0].status == patches.APPLIED
     assert (tree / "a.txt").read_text() == "one\nTWO\n"
     assert patches.apply(plans, tree)[0].status == patches.UPSTREAM  # idempotent
+
+
+def test_a_git_source_of_a_recipe_with_a_tarball_is_the_project_itself(tmp_path):
+    # llama-cpp's subdir (vendor/llama.cpp) is the llama-cpp-python sdist's layout; a git source is
+    # llama.cpp's own repository (as the recipe's `git` with --ref is), the project at its top.
+    # A monorepo recipe (rocwmma: git only, sparse) keeps its subdir.
+    llama = recipes.load("llama-cpp")
+    repo = git_repo(tmp_path / "llama.cpp")
+    for source in (str(repo), "https://example.org/llama.cpp.git", "git+ssh://example.org/llama.cpp"):
+        assert sources.spec_for(llama, ref="HEAD", source=source).subdir is None
+    assert sources.spec_for(llama).subdir == "vendor/llama.cpp"  # the sdist
+    rocwmma = recipes.load("rocwmma")
+    assert sources.spec_for(rocwmma, ref="develop", source=str(repo)).subdir == "projects/rocwmma"

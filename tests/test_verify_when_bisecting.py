@@ -40,11 +40,12 @@ def git(repo: Path, *args: str) -> str:
 def history(where: Path) -> tuple[Path, list[str]]:
     """good (the tree as released), harmless, WRONG, harmless: the commits, oldest first."""
     repo = tree("0.3.9", where / "sdist", full=True) / "vendor" / "llama.cpp"
-    if not (repo / ".git").exists():  # the 0.3.9 sdist carries llama.cpp's own .git (8733e0c)
-        git(repo, "init", "-q")
-        git(repo, "add", "-A")
-        git(repo, "commit", "-qm", "the May 2025 tree (llama-cpp-python 0.3.9)")
-    assert not git(repo, "status", "--porcelain")  # the good commit is the tree as released
+    # the sdist carries llama.cpp's submodule gitlink (.git: "gitdir: ../../.git/modules/...",
+    # a detached HEAD): a history of our own instead, on a branch a clone sees
+    (repo / ".git").unlink(missing_ok=True)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "the May 2025 tree (llama-cpp-python 0.3.9)")
     commits = [git(repo, "rev-parse", "HEAD")]
     for subject, change in (("docs: a harmless change", "README.md"),
                             ("ggml-cpu: attention output scaled (wrong on demand)", None),
@@ -71,8 +72,9 @@ def test_bisect_with_verify_names_the_commit_that_makes_the_cpu_backend_wrong(tm
     monkeypatch.setenv("ROCFORGE_TEST_WRONG", "flash-attn")
     code = cli.main(["bisect", "llama-cpp", "--target", "gfx1151", "--backend", "cpu", "--source", str(repo),
                      "--good", good, "--bad", bad, "--verify", str(model), "-j", JOBS, "--json"])
-    doc = json.loads(capsys.readouterr().out)
-    assert code == 0, doc
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    doc = json.loads(out.out)
     assert doc["first_bad"] == wrong
     verdicts = {s["ref"]: s["verdict"] for s in doc["steps"]}
     # bad first (a bisect whose bad ref tests good names nothing), then the middle: 3 candidates

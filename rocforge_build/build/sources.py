@@ -75,6 +75,14 @@ def _is_tarball(name: str) -> bool:
     return name.lower().endswith(_TAR_SUFFIXES)
 
 
+def _git_subdir(rs) -> str | None:
+    """Where the project lives in a git source: the recipe's `subdir` where git is how the recipe
+    gets its source (a sparse monorepo, or git alone); where it also has a tarball `url`, the subdir
+    describes that tarball (llama-cpp: the llama-cpp-python sdist's vendor/llama.cpp), and a git
+    source is the project itself (llama.cpp), as the recipe's own `git` with --ref already is."""
+    return rs.subdir if rs.sparse or not rs.url else None
+
+
 def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> SourceSpec:
     """The source to use: `--source` beats `--ref` beats the recipe's default."""
     if ref is not None:  # it becomes a git argument: a ref such as `--upload-pack=CMD` never may
@@ -90,10 +98,10 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
                                      "give a tarball URL, a git URL ending in .git, or a local path")
                 sha = rs.sha256 if source == rs.url else None
                 return SourceSpec("tarball", source, sha256=sha, subdir=rs.subdir)
-            return SourceSpec("git", source, ref=ref or rs.ref, subdir=rs.subdir, **git_extra)
+            return SourceSpec("git", source, ref=ref or rs.ref, subdir=_git_subdir(rs), **git_extra)
         if parsed.scheme in ("git", "ssh") or source.startswith("git+"):
-            return SourceSpec("git", source.removeprefix("git+"), ref=ref or rs.ref, subdir=rs.subdir,
-                              **git_extra)
+            return SourceSpec("git", source.removeprefix("git+"), ref=ref or rs.ref,
+                              subdir=_git_subdir(rs), **git_extra)
         path = Path(unquote(parsed.path) if parsed.scheme == "file" else source).expanduser()
         if not path.exists():
             raise UsageError(f"--source {source}: no such file or directory")
@@ -103,7 +111,7 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
                 raise UsageError(f"--source {source}: a file source must be a tarball")
             return SourceSpec("tarball", str(path), subdir=rs.subdir)
         if ref:  # a local git repository at a given ref
-            return SourceSpec("git", str(path), ref=ref, subdir=rs.subdir, **git_extra)
+            return SourceSpec("git", str(path), ref=ref, subdir=_git_subdir(rs), **git_extra)
         sub = rs.subdir if rs.subdir and (path / rs.subdir).is_dir() else None
         require_project(path / sub if sub else path, f"--source {source}")
         return SourceSpec("local", str(path), subdir=sub)
