@@ -221,10 +221,10 @@ def _run(args) -> int:
 
 def _gpu_memory(rootfs) -> tuple:
     """On an APU, the GPU memory the container will see: the host's GTT (same kernel)."""
-    from rocforge_build.discover import gpus, host
+    from rocforge_build.discover import gpus, host_checks
     from rocforge_build.discover.resolver import Decision
 
-    note = host.gpu_memory_note(rootfs, gpus.discover(rootfs).gpus)
+    note = host_checks.gpu_memory_note(rootfs, gpus.discover(rootfs).gpus)
     return (Decision("gpu_memory", note, "a container shares the host's kernel, so its GPU memory "
                      "is the host's GTT; `rocforge host plan` prints the change that raises it"),) if note else ()
 

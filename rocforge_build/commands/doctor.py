@@ -10,7 +10,7 @@ import re
 import tomllib
 
 from rocforge_build.build import cache
-from rocforge_build.discover import host, resolver
+from rocforge_build.discover import host, host_checks, resolver
 from rocforge_build.nightly import known_bad
 from rocforge_build.resources import package_data
 from rocforge_build.rootfs import Root
@@ -162,20 +162,20 @@ def stack_blockers(res: resolver.Resolution) -> list[str]:
 def run(args) -> int:
     res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
     sys_warnings, sys_blockers = system_checks(args.rootfs, res)
-    host_checks = host.checks(args.rootfs, res.gpus)  # a host check at "fail" blocks; "warn" does not
+    host_found = host_checks.checks(args.rootfs, res.gpus)  # a host check at "fail" blocks; "warn" does not
     # the resolver's own blockers: e.g. the main GPU not served by this ROCm
     # known-bad host states, less those the host section above already reports (with their fix)
-    reported = {c.id for c in host_checks if c.status != "ok"}
+    reported = {c.id for c in host_found if c.status != "ok"}
     bad_host = [m for m in known_bad.host_matches(host_fingerprint(args.rootfs, res))
                 if m.doctor_check not in reported]
-    blockers = [*stack_blockers(res), *res.blockers, *sys_blockers, *host.blockers(host_checks),
+    blockers = [*stack_blockers(res), *res.blockers, *sys_blockers, *host_checks.blockers(host_found),
                 *(m.text for m in bad_host if m.severity == "blocker")]
     warnings = [*res.warnings, *sys_warnings, *known_bad.doctor_warnings(res),
                 *(m.text for m in bad_host if m.severity == "warning")]
     usable = not blockers
     if args.json:
         data = res.to_json()
-        data["host"] = [c.to_json() for c in host_checks]
+        data["host"] = [c.to_json() for c in host_found]
         data["coverage"] = coverage_rows(res)
         data["warnings"] = warnings  # one list: the resolver's and the system checks'
         data["blockers"] = blockers  # empty exactly when usable
@@ -228,7 +228,7 @@ def run(args) -> int:
                [[esc(d.key), "[dim]unset[/]" if d.value is None else esc(str(d.value)), esc(d.reason)]
                 for d in res.decisions])
 
-    for line in host.text_lines(host_checks):
+    for line in host_checks.text_lines(host_found):
         console.print(line, highlight=False)
     for row in cache.doctor_checks():  # configured cache server / distcc hosts (build/cache.py)
         console.print(esc(f"{row['what']} {row['address']}: {row['status']}"), highlight=False)

@@ -30,8 +30,9 @@ _CODE = ("discover/resolver.py", "discover/installs.py", "discover/gpus.py",
          "discover/envscript.py", "discover/envcache.py", "discover/targets.py", "rootfs.py",
          "paths.py", "config.py", "data/defaults.toml", "cli.py", "commands/env.py",
          "data/targets.toml", "data/layouts.toml", "discover/builds.py", "discover/shell.py",
-         "discover/envwarnings.py", "discover/host.py", "data/host.toml", "discover/binaries.py",
-         "resources.py", "shellsafe.py", "discover/choices.py")
+         "discover/envwarnings.py", "discover/host.py", "discover/host_checks.py",
+         "data/host.toml", "discover/binaries.py", "resources.py", "shellsafe.py",
+         "discover/choices.py")
 
 _touched: dict[str, bool] | None = None  # host path -> stamp by content
 
