@@ -199,51 +199,14 @@ def plan(root: Root, gpus, reserve_gib: float | None = None) -> Plan:
             steps.append(_uma_step(h.card))
         pages = want * m["pages_per_gib"]
         module = module or "ttm"
-        target = f"{module}.pages_limit={pages}"
-        words = list(h.cmdline or []) + _configured_words(root, boot)
-        keys = {"ttm.pages_limit", "amdttm.pages_limit", m["gttsize_param"]}
-        for w in dict.fromkeys(words):
-            k = param_key(w)
-            if k == m["gttsize_param"].replace("-", "_") or (k in keys and w != target):
-                remove.append(w)
-        if h.kernel is not None and any(meets_floor(h.kernel, r)[0] for g, r in f["kernel"].items() if g in h.gfx):
-            remove += [w for w in dict.fromkeys(words) if param_key(w) == "amdgpu.cwsr_enable" and w.endswith("=0")]
-        counts = [w for w in words if w == target]
-        live_ok = h.pages_limit == pages
-        if (not counts and not live_ok) or remove:
-            add.append(target)
+        add, remove = _gtt_args(root, h, boot, pages, module)
         if add or remove:
             why = _gtt_why(h.mem_total_kib, freed, reserve, want, pages, module)
-            if any(param_key(w) == m["gttsize_param"] for w in remove):
-                why += f"; {m['gttsize_param']} removed ({m['gttsize_source']})"
-            steps.append(Step("kernel-args", why,
-                              _boot_commands(root, boot, add, remove, {param_key(w) for w in remove})))
-            conf = m["modprobe_file"].format(module=module)
-            steps.append(Step(
-                "modprobe",
-                f"alternative to the kernel argument: a modprobe.d file ({m['modprobe_source']}); "
-                "use one or the other",
-                (f"echo {shlex.quote(f'options {module} pages_limit={pages}')} | sudo tee {conf}",
-                 _initramfs(fam)), optional=True))
+            steps += _gtt_steps(root, boot, fam, add, remove, why, pages, module)
         else:
             notes.append(f"{module}.pages_limit is already {pages} ({want} GiB): nothing to change")
-        t = f["tuned"]
-        active = (tuned_profile(root) or "").split()
-        if t["profile"] not in active:
-            cmds = []
-            if not root.is_dir("/etc/tuned"):
-                cmds.append({"fedora": "sudo dnf install tuned", "arch": "sudo pacman -S tuned"}.get(
-                    fam, "sudo apt install tuned"))
-                cmds.append("sudo systemctl enable --now tuned")
-            cmds.append(f"sudo tuned-adm profile {t['profile']}")
-            steps.append(Step("tuned", f"{t['gain']} ({t['source']})", tuple(cmds)))
-        io = f["iommu"]
-        if io["arg"] not in (h.cmdline or []):
-            whole = boot in ("grub", "systemd-boot")  # these rewrite whole lines: keep the change above
-            steps.append(Step("iommu", f"trade-off, not a default: {io['gain']}; but it {io['cost']}",
-                              _boot_commands(root, boot, [*add, io["arg"]] if whole else [io["arg"]],
-                                             remove if whole else [], {param_key(w) for w in remove}
-                                             if whole else set()), optional=True))
+        steps += _tuned_step(root, fam)
+        steps += _iommu_step(root, h, boot, add, remove)
         notes.append(f"llama.cpp on this iGPU: {f['llama_igpu']['advice']} ({f['llama_igpu']['source']})")
     steps += _firmware_steps(root, h, fam)
     notes += [f"{c.found}: {c.fix}" for c in kernel_checks(h) if c.status != "ok" and c.fix]
@@ -260,6 +223,76 @@ def plan(root: Root, gpus, reserve_gib: float | None = None) -> Plan:
                 round(h.mem_total_kib / (1 << 20), 2) if h.mem_total_kib else None,
                 reserve if h.has_apu else None,
                 round(ram_basis(h.mem_total_kib, freed)[0], 2) if h.has_apu else None)
+
+
+def _gtt_args(root: Root, h: Host, boot: str, pages: int, module: str) -> tuple[list[str], list[str]]:
+    """(kernel arguments to add, to remove) for the GTT: every other pages_limit and the
+    deprecated gttsize go, as does cwsr_enable=0 on a kernel that no longer needs it; the
+    target pages_limit is added unless it is already configured or live with nothing removed."""
+    f = facts()
+    m = f["memory"]
+    add: list[str] = []
+    remove: list[str] = []
+    target = f"{module}.pages_limit={pages}"
+    words = list(h.cmdline or []) + _configured_words(root, boot)
+    keys = {"ttm.pages_limit", "amdttm.pages_limit", m["gttsize_param"]}
+    for w in dict.fromkeys(words):
+        k = param_key(w)
+        if k == m["gttsize_param"].replace("-", "_") or (k in keys and w != target):
+            remove.append(w)
+    if h.kernel is not None and any(meets_floor(h.kernel, r)[0] for g, r in f["kernel"].items() if g in h.gfx):
+        remove += [w for w in dict.fromkeys(words) if param_key(w) == "amdgpu.cwsr_enable" and w.endswith("=0")]
+    counts = [w for w in words if w == target]
+    live_ok = h.pages_limit == pages
+    if (not counts and not live_ok) or remove:
+        add.append(target)
+    return add, remove
+
+
+def _gtt_steps(root: Root, boot: str, fam: str, add: list[str], remove: list[str], why: str,
+               pages: int, module: str) -> list[Step]:
+    """The kernel-argument change for this boot loader, and the modprobe.d file as the
+    commented-out alternative (one or the other, never both)."""
+    m = facts()["memory"]
+    if any(param_key(w) == m["gttsize_param"] for w in remove):
+        why += f"; {m['gttsize_param']} removed ({m['gttsize_source']})"
+    conf = m["modprobe_file"].format(module=module)
+    return [Step("kernel-args", why,
+                 _boot_commands(root, boot, add, remove, {param_key(w) for w in remove})),
+            Step("modprobe",
+                 f"alternative to the kernel argument: a modprobe.d file ({m['modprobe_source']}); "
+                 "use one or the other",
+                 (f"echo {shlex.quote(f'options {module} pages_limit={pages}')} | sudo tee {conf}",
+                  _initramfs(fam)), optional=True)]
+
+
+def _tuned_step(root: Root, fam: str) -> list[Step]:
+    """TuneD's recommended profile, installing TuneD first where it is missing; none when the
+    profile is already active."""
+    t = facts()["tuned"]
+    active = (tuned_profile(root) or "").split()
+    if t["profile"] in active:
+        return []
+    cmds = []
+    if not root.is_dir("/etc/tuned"):
+        cmds.append({"fedora": "sudo dnf install tuned", "arch": "sudo pacman -S tuned"}.get(
+            fam, "sudo apt install tuned"))
+        cmds.append("sudo systemctl enable --now tuned")
+    cmds.append(f"sudo tuned-adm profile {t['profile']}")
+    return [Step("tuned", f"{t['gain']} ({t['source']})", tuple(cmds))]
+
+
+def _iommu_step(root: Root, h: Host, boot: str, add: list[str], remove: list[str]) -> list[Step]:
+    """The IOMMU argument as an optional trade-off; where the boot loader's commands rewrite
+    whole lines, it carries the GTT change too so running it does not undo that step."""
+    io = facts()["iommu"]
+    if io["arg"] in (h.cmdline or []):
+        return []
+    whole = boot in ("grub", "systemd-boot")  # these rewrite whole lines: keep the change above
+    return [Step("iommu", f"trade-off, not a default: {io['gain']}; but it {io['cost']}",
+                 _boot_commands(root, boot, [*add, io["arg"]] if whole else [io["arg"]],
+                                remove if whole else [], {param_key(w) for w in remove}
+                                if whole else set()), optional=True)]
 
 
 def _gtt_why(mem_total_kib: int, freed: int, reserve: float, want: int, pages: int, module: str) -> str:
