@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build import __version__, paths
-from rocforge_build.build import cache, conditions, patches, recipes, sources
+from rocforge_build.build import conditions, patches, recipes, sources
+from rocforge_build.build.parallel import Parallel, for_plan
+from rocforge_build.build.parallel import print_plan as print_parallel
 from rocforge_build.build.toolchains import GLSLC_FEATURES, Toolchain, detect, host_identity
 from rocforge_build.discover import targets
 from rocforge_build.discover.builds import read_manifest
@@ -79,7 +81,7 @@ class Plan:
     outputs: list[dict] = field(default_factory=list)  # {path, reason, because}
     export_env: dict[str, str] = field(default_factory=dict)  # what `rocforge env` exports
     venv: dict | None = None  # {path, requirements, packages, commands, reason}
-    parallel: cache.Parallel | None = None  # compiler cache, distribution, -j (build/cache.py)
+    parallel: Parallel | None = None  # compiler cache, distribution, -j (build/parallel.py)
 
     @property
     def src_dir(self) -> Path:
@@ -190,7 +192,7 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
     notes = _backend_and_stops(recipe, backend, facts, tgt.name, toolchain)
     work = work_dir(prefix)
     ctx = _placeholders(recipe, fetched, tgt.name, backend, prefix, toolchain, work)
-    par = cache.for_plan(recipe.of("jobs"), facts, root=root, requested_jobs=req.jobs,
+    par = for_plan(recipe.of("jobs"), facts, root=root, requested_jobs=req.jobs,
                          no_cache=req.no_cache, distribute=req.distribute, kind=be.toolchain,
                          work=work, environ=environ)
     launcher = par.launcher
@@ -321,10 +323,10 @@ def _options(recipe: recipes.Recipe, req: Request, facts: conditions.Facts, ctx:
 
 
 def _environment(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict, toolchain: Toolchain,
-                 kind: str, par: cache.Parallel, environ: Mapping[str, str],
+                 kind: str, par: Parallel, environ: Mapping[str, str],
                  deps: list[Dependency]) -> tuple[dict, dict, dict, dict]:
     """(build env, reasons, runtime env, export env): the toolchain's variables, the compiler
-    cache's and distribution's (build/cache.py), the recipe's `[[env]]` rules by stage,
+    cache's and distribution's (build/parallel.py), the recipe's `[[env]]` rules by stage,
     dependencies' prefixes in front."""
     env: dict[str, str] = dict(toolchain.env)
     env_reasons = {k: f"{kind} toolchain" for k in toolchain.env}
@@ -779,7 +781,7 @@ def print_plan(plan: Plan, out=None) -> None:
         for argv in plan.venv["commands"]:
             w(f"  {quote(argv)}\n")
     if plan.parallel:
-        cache.print_plan(plan.parallel, w)
+        print_parallel(plan.parallel, w)
     w(f"configure  {quote(plan.configure)}\nbuild      {quote(plan.build)}\n")
     w(f"install    {' '.join(plan.install)}\n")
     for s in plan.smoke:

@@ -74,7 +74,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     # a private virtual environment in the build directory with the source's Python requirements
     "venv": {"requirements": ((list,), False), "packages": ((list,), False), "reason": ((str,), True)},
     # peak memory of one build job (the heaviest translation units), for the default -j
-    # (build/cache.py: min(cores, MemAvailable / memory_mb)); a later rule that holds wins
+    # (build/jobs.py: min(cores, MemAvailable / memory_mb)); a later rule that holds wins
     "jobs": {"memory_mb": ((int,), True), "when": ((dict,), False), "reason": ((str,), True)},
 }
 

@@ -9,7 +9,7 @@ import os
 import re
 import tomllib
 
-from rocforge_build.build import cache
+from rocforge_build.build import parallel
 from rocforge_build.discover import host, host_checks, resolver
 from rocforge_build.nightly import known_bad
 from rocforge_build.resources import package_data
@@ -180,7 +180,7 @@ def run(args) -> int:
         data["warnings"] = warnings  # one list: the resolver's and the system checks'
         data["blockers"] = blockers  # empty exactly when usable
         data["usable"] = usable
-        data["build_servers"] = cache.doctor_checks()
+        data["build_servers"] = parallel.doctor_checks()
         print(json.dumps(data, indent=2))
         return 0 if usable else 1
 
@@ -230,7 +230,7 @@ def run(args) -> int:
 
     for line in host_checks.text_lines(host_found):
         console.print(line, highlight=False)
-    for row in cache.doctor_checks():  # configured cache server / distcc hosts (build/cache.py)
+    for row in parallel.doctor_checks():  # configured cache server / distcc hosts (build/parallel.py)
         console.print(esc(f"{row['what']} {row['address']}: {row['status']}"), highlight=False)
     for w in warnings:
         console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False)
