@@ -155,7 +155,7 @@ def _shown(args, path) -> str:
 
 
 def _mb(size) -> str:
-    from rocforge_build.nightly.install import human_size
+    from rocforge_build.progress import human_size
 
     return human_size(size)
 
