@@ -38,7 +38,7 @@ def read(package: str) -> tuple[dict[str, int], int]:
 
 
 def main() -> int:
-    from rocforge_build.ship import bundle
+    from rocforge_build.ship import bundle_rules
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", action="append", default=[])
@@ -49,10 +49,10 @@ def main() -> int:
     libs = sum(o for _, o in data.values())
     print(f"{'target':<9} {'kernel dirs':>24} {'ratio':>7}   {'with the .so files':>26} {'ratio':>7}  kept targets")
     for target in args.target or ["gfx1151", "gfx1100", "gfx90a"]:
-        keep_targets, _ = bundle.kernel_targets(target, dirs)
+        keep_targets, _ = bundle_rules.kernel_targets(target, dirs)
         kept = 0
         for k, _ in data.values():
-            names, _ = bundle.trim_names(list(k), keep_targets)
+            names, _ = bundle_rules.trim_names(list(k), keep_targets)
             kept += sum(k[n] for n in names)
         print(f"{target:<9} {kept / 2**20:9.1f} / {all_k / 2**20:7.1f} MiB {kept / all_k:7.1%}   "
               f"{(kept + libs) / 2**20:9.1f} / {(all_k + libs) / 2**20:7.1f} MiB {(kept + libs) / (all_k + libs):7.1%}"

@@ -252,7 +252,7 @@ class Bound:
 
 _DAY = 86400.0
 # Every numeric key of data/defaults.toml and its range, checked here only (`config set`, a
-# hand-edited config file, and download.policy_from_config all come through `_check`).
+# hand-edited config file, and download_policy.policy_from_config all come through `_check`).
 BOUNDS: dict[str, Bound] = {
     "nightly.extract_ratio": Bound(0),
     "nightly.keep": Bound(0, integer=True),

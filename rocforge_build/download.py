@@ -16,8 +16,9 @@
   `read_timeout`) is dropped and retried (resuming).  Whatever the pace, the whole fetch (every
   try and wait) ends at `deadline` seconds (`listing_deadline` for a listing or `.sha256`): a
   trickle just above `min_rate`, or a byte every few seconds, cannot hold an install forever.
-  Every socket read waits at most until the deadline.  `policy_from_config` reads these from
-  the `[download]` config table (ranges checked in config.py); with no policy given, the
+  Every socket read waits at most until the deadline.  `download_policy.py` holds the policy,
+  the deadline and the retry loop; its `policy_from_config` reads these from the `[download]`
+  config table (ranges checked in config.py); with no policy given, the
   configuration's is used.
 - Size caps: a download is never read past the size its server announces or its listing
   declares (a disagreement between the two is refused before reading); one with neither stops
@@ -29,7 +30,7 @@
 - The sha256 is always computed (and returned); verified when given. The size is checked against
   `expected_size` and the server's own length.  A mismatch deletes the file; if the bytes came
   partly from a resumed `.part` the whole file is fetched once more before giving up.
-- A rich progress bar only when asked for and stderr is a terminal.
+- A rich progress bar only when asked for and stderr is a terminal (`progress.DownloadProgress`).
 - Running out of disk deletes the partial file and raises `DiskFullError` (nothing half-written).
 
 `requests` and `rich` are imported lazily: importing this module costs nothing.
@@ -42,15 +43,22 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rocforge_build.download_policy import (
+    Deadline,
+    Retry,
+    RetryPolicy,
+    policy_or_config,
+    requests_errors,
+    with_retries,
+)
 from rocforge_build.errors import DiskFullError, IntegrityError, NetworkError, UsageError
+from rocforge_build.progress import DownloadProgress
 
 CHUNK = 1 << 20  # file reads and hashing
 NET_CHUNK = 1 << 17  # network reads: small enough that a dropped stream loses little
@@ -80,96 +88,6 @@ class DownloadResult:
     attempts: int = 1
 
 
-def _say(message: str) -> None:
-    print(f"rocforge: {message}", file=sys.stderr, flush=True)
-
-
-@dataclass
-class RetryPolicy:
-    attempts: int = 5
-    backoff: float = 0.5  # first delay, doubled each time
-    max_delay: float = 30.0
-    connect_timeout: float = 15.0
-    read_timeout: float = 60.0  # no byte at all for this long: a stall
-    min_rate: float = 1024.0  # bytes/s, averaged over rate_window; 0 turns the check off
-    rate_window: float = 30.0
-    deadline: float = 21600.0  # seconds for a whole download, tries and waits included
-    listing_deadline: float = 300.0  # the same for a listing page or a `.sha256`
-    max_listing_bytes: int = 32 << 20
-    max_unsized_bytes: int = 64 << 30  # a download whose size nobody declares
-    notify: Callable[[str], None] | None = _say  # told about each retry; None: silent
-
-    def delay(self, attempt: int, retry_after: str | None = None) -> float:
-        if retry_after:
-            try:
-                return min(float(retry_after), self.max_delay)
-            except ValueError:
-                pass
-        return min(self.backoff * (2 ** attempt), self.max_delay)
-
-
-DEFAULT_POLICY = RetryPolicy()  # the defaults of data/defaults.toml [download]
-_sleep: Callable[[float], None] = time.sleep  # tests replace it
-
-
-_INT_KEYS = ("attempts", "max_listing_bytes", "max_unsized_bytes")
-_FLOAT_KEYS = ("connect_timeout", "read_timeout", "min_rate", "rate_window", "deadline",
-               "listing_deadline")
-
-
-def policy_from_config(cfg: dict, notify: Callable[[str], None] | None = None) -> RetryPolicy:
-    """The `[download]` table of the configuration as a RetryPolicy; each key's type and range
-    is checked by config.check_value, the one place that knows them."""
-    from rocforge_build import config
-
-    table = cfg.get("download", {})
-    values: dict = {}
-    for key in (*_INT_KEYS, *_FLOAT_KEYS):
-        if key in table:
-            config.check_value(f"download.{key}", table[key], source="the [download] table")
-            values[key] = int(table[key]) if key in _INT_KEYS else float(table[key])
-    return RetryPolicy(**values, **({"notify": notify} if notify else {}))
-
-
-def _policy(policy: RetryPolicy | None) -> RetryPolicy:
-    """The policy given, else the configuration's (so every caller honours `[download]`)."""
-    if policy is not None:
-        return policy
-    from rocforge_build import config
-
-    return policy_from_config(config.effective())
-
-
-@dataclass(frozen=True)
-class _Deadline:
-    """When a whole fetch must have ended, and the configuration key that set the limit."""
-
-    at: float
-    seconds: float
-    key: str
-
-    @classmethod
-    def start(cls, seconds: float, key: str) -> _Deadline:
-        return cls(time.monotonic() + seconds, seconds, key)
-
-    def left(self) -> float:
-        return self.at - time.monotonic()
-
-    def timeout(self, seconds: float) -> float:
-        """`seconds`, shortened so that a wait ends by the deadline."""
-        return max(0.01, min(seconds, self.left()))
-
-    def words(self) -> str:
-        return f"the {self.seconds:g} s limit ({self.key})"
-
-
-class _Retry(Exception):
-    def __init__(self, reason: str, retry_after: str | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after = retry_after
-
-
 # -- public API ------------------------------------------------------------------------------------
 
 def part_path(dest: Path) -> Path:
@@ -190,7 +108,7 @@ def download(
     """Fetch `url` to `dest`; see the module docstring for the guarantees."""
     dest = Path(dest)
     _check_scheme(url)
-    policy = _policy(policy)
+    policy = policy_or_config(policy)
     want = sha256.lower().strip() if sha256 else None
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.is_file() and (want or expected_size is not None):
@@ -203,7 +121,7 @@ def download(
     if not resume:
         _discard_part(part)
     attempts_total = 0
-    deadline = _Deadline.start(policy.deadline, "download.deadline")
+    deadline = Deadline.start(policy.deadline, "download.deadline")
     for fresh_retry in (False, True):
         result, attempts = _fetch_to_part(url, part, expected_size, progress, session, policy,
                                           deadline)
@@ -235,14 +153,14 @@ def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
     With `missing_ok`, a 404/403/410 (or a missing local file) returns None instead of raising.
     """
     _check_scheme(url)
-    policy = _policy(policy)
+    policy = policy_or_config(policy)
     cap, cap_key = policy.max_listing_bytes, "download.max_listing_bytes"
     if max_bytes is not None and max_bytes < cap:
         cap, cap_key = max_bytes, None
     if url.startswith("file:"):
         return _read_local_text(url, cap, cap_key, missing_ok)
     sess = session or _session()
-    deadline = _Deadline.start(policy.listing_deadline, "download.listing_deadline")
+    deadline = Deadline.start(policy.listing_deadline, "download.listing_deadline")
     _MISS = object()
 
     def once():
@@ -251,7 +169,7 @@ def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
             if resp.status_code in _MISSING_STATUS and missing_ok:
                 return _MISS
             if resp.status_code in RETRY_STATUS:
-                raise _Retry(f"HTTP {resp.status_code}", resp.headers.get("Retry-After"))
+                raise Retry(f"HTTP {resp.status_code}", resp.headers.get("Retry-After"))
             if resp.status_code >= 400:
                 raise _status_error(url, resp.status_code)
             declared = _declared_length(resp)
@@ -264,7 +182,7 @@ def get_text(url: str, *, session=None, policy: RetryPolicy | None = None,
                     raise _too_big(url, cap, cap_key, "it sent more")
             return bytes(data).decode(resp.encoding or "utf-8", errors="replace")
 
-    ok, value, attempts, expired = _with_retries(policy, once, _name(url), deadline)
+    ok, value, attempts, expired = with_retries(policy, once, _name(url), deadline)
     if ok:
         return None if value is _MISS else value
     raise NetworkError(
@@ -331,7 +249,7 @@ def _shown(text: str) -> str:
     return ascii(text)
 
 
-def _get(sess, url: str, policy: RetryPolicy, deadline: _Deadline, *, headers=None,
+def _get(sess, url: str, policy: RetryPolicy, deadline: Deadline, *, headers=None,
          method: str = "get"):
     """GET (or HEAD) `url`, streaming, following redirects here rather than in requests: at most
     MAX_REDIRECTS, only to http(s) (requests would follow 30, and hand a `file:` or `ftp:`
@@ -372,80 +290,23 @@ def _discard_part(part: Path) -> None:
 def remote_size(url: str, *, session=None, policy: RetryPolicy | None = None) -> int | None:
     """The size of a remote file (HEAD, redirects followed), or None when the server won't say."""
     _check_scheme(url)
-    policy = _policy(policy)
+    policy = policy_or_config(policy)
     if url.startswith("file:"):
         try:
             return _file_url_path(url).stat().st_size
         except OSError:
             return None
     sess = session or _session()
-    deadline = _Deadline.start(policy.listing_deadline, "download.listing_deadline")
+    deadline = Deadline.start(policy.listing_deadline, "download.listing_deadline")
     try:
         with _get(sess, url, policy, deadline, method="head") as resp:
             length = _declared_length(resp)
             return length if resp.status_code == 200 else None
-    except (*_requests_errors(), NetworkError):
+    except (*requests_errors(), NetworkError):
         return None  # the download itself says what is wrong
 
 
 # -- internals -------------------------------------------------------------------------------------
-
-def _with_retries(policy: RetryPolicy, attempt_once, what: str, deadline: _Deadline):
-    """Call `attempt_once` until it returns, retrying `_Retry` and connection errors with the
-    policy's backoff (and saying so through `policy.notify`), never past the deadline.  Returns
-    (True, result, attempts, False) or (False, last failure text, attempts, expired); final
-    errors (4xx, RocforgeError, a host name that does not resolve) propagate at once."""
-    last = ""
-    for attempt in range(policy.attempts):
-        if deadline.left() <= 0:
-            return False, last or "no answer", attempt, True
-        try:
-            return True, attempt_once(), attempt + 1, False
-        except _Retry as exc:
-            last, retry_after = exc.reason, exc.retry_after
-        except _requests_errors() as exc:
-            unresolved = _unresolved_host(exc)
-            if unresolved is not None:
-                raise NetworkError(
-                    f"cannot resolve the host name {unresolved!r}: {_describe(exc)}",
-                    "you may be offline, or DNS does not know the host: check your network "
-                    "connection or proxy, or point rocforge at a mirror (`--index URL`)",
-                ) from None
-            last, retry_after = _describe(exc), None
-        if deadline.left() <= 0:
-            return False, last, attempt + 1, True
-        if attempt + 1 < policy.attempts:
-            delay = policy.delay(attempt, retry_after)
-            if delay >= deadline.left():  # waiting would end past the deadline: stop now
-                return False, last, attempt + 1, True
-            if policy.notify:
-                policy.notify(f"{what}: {last}; retrying in {delay:.1f} s "
-                              f"(attempt {attempt + 2} of {policy.attempts})")
-            _sleep(delay)
-    return False, last, policy.attempts, False
-
-
-def _unresolved_host(exc: BaseException) -> str | None:
-    """The host name when `exc` is (caused by) a DNS lookup failure, which retrying within
-    seconds does not cure; None otherwise."""
-    import socket
-
-    seen = set()
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if type(e).__name__ == "NameResolutionError" or isinstance(e, socket.gaierror):
-            host = getattr(getattr(e, "conn", None), "host", None)
-            return host or "?"
-        # `reason` is a str on some errors (ssl.SSLError: 'WRONG_VERSION_NUMBER'): only
-        # exceptions are followed
-        stack += [c for c in (e.__cause__, e.__context__, getattr(e, "reason", None),
-                              *getattr(e, "args", ())) if isinstance(c, BaseException)]
-    return None
-
 
 @dataclass
 class _Fetched:
@@ -459,7 +320,7 @@ def _fetch_to_part(url, part, expected_size, progress, session, policy, deadline
     if url.startswith("file:"):
         return _copy_local(url, part, progress), 1
     sess = session or _session()
-    ok, value, attempts, expired = _with_retries(
+    ok, value, attempts, expired = with_retries(
         policy, lambda: _http_once(url, part, expected_size, progress, sess, policy, deadline),
         _name(url), deadline)
     if ok:
@@ -498,9 +359,9 @@ def _http_once(url, part, expected_size, progress, sess, policy, deadline) -> _F
                 size, digest = _hash_file(part)
                 return _Fetched(digest, size, total, have)
             _discard_part(part)
-            raise _Retry("HTTP 416: stale partial file discarded")
+            raise Retry("HTTP 416: stale partial file discarded")
         if status in RETRY_STATUS:
-            raise _Retry(f"HTTP {status}", resp.headers.get("Retry-After"))
+            raise Retry(f"HTTP {status}", resp.headers.get("Retry-After"))
         if status >= 400:
             raise _status_error(url, status)
         hasher = hashlib.sha256()
@@ -508,7 +369,7 @@ def _http_once(url, part, expected_size, progress, sess, policy, deadline) -> _F
             start = _content_range_start(resp.headers.get("Content-Range"))
             if start != have:
                 _discard_part(part)
-                raise _Retry("server answered a different range; starting over")
+                raise Retry("server answered a different range; starting over")
             total = _content_range_total(resp.headers.get("Content-Range"))
             _refuse_other_size(url, part, total, expected_size)
             _hash_into(part, hasher)
@@ -523,7 +384,7 @@ def _http_once(url, part, expected_size, progress, sess, policy, deadline) -> _F
         declared = total if total is not None else expected_size
         # nobody says how large: read one byte past the cap to know it was passed
         limit = declared if declared is not None else policy.max_unsized_bytes + 1
-        bar = _Progress(_name(url), declared, size, progress)
+        bar = DownloadProgress(_name(url), declared, size, progress)
         try:
             with open(part, mode) as fh:
                 size += _pump(_paced(_chunks(resp, policy, deadline), policy, deadline), fh,
@@ -539,7 +400,7 @@ def _http_once(url, part, expected_size, progress, sess, policy, deadline) -> _F
                 "a server streaming without end, or a larger file than expected: check the URL, "
                 "or raise the cap: rocforge config set download.max_unsized_bytes BYTES")
         if total is not None and size < total:
-            raise _Retry(f"connection closed after {size} of {total} bytes")
+            raise Retry(f"connection closed after {size} of {total} bytes")
         return _Fetched(hasher.hexdigest(), size, total, have)
 
 
@@ -577,10 +438,10 @@ def _read_validator(part: Path) -> str | None:
     return value if isinstance(value, str) and value.isprintable() else None
 
 
-def _paced(chunks, policy: RetryPolicy, deadline: _Deadline):
+def _paced(chunks, policy: RetryPolicy, deadline: Deadline):
     """Pass chunks through; a stream slower than `policy.min_rate` bytes/s over the last
     `policy.rate_window` seconds is dropped (and retried, resuming after what arrived), and one
-    still going at the deadline ends there (however fast: `_with_retries` then stops)."""
+    still going at the deadline ends there (however fast: `with_retries` then stops)."""
     if not policy.min_rate:
         for chunk in chunks:
             yield chunk
@@ -601,16 +462,16 @@ def _paced(chunks, policy: RetryPolicy, deadline: _Deadline):
         t0, n0 = marks[0]
         if now - start >= window and now - t0 >= window * 0.5 and \
                 (got - n0) / (now - t0) < policy.min_rate:
-            raise _Retry(f"too slow: {(got - n0) / (now - t0):.0f} bytes/s over the last "
+            raise Retry(f"too slow: {(got - n0) / (now - t0):.0f} bytes/s over the last "
                          f"{now - t0:.0f} s, below download.min_rate {policy.min_rate:.0f}")
 
 
-def _check_deadline(deadline: _Deadline) -> None:
+def _check_deadline(deadline: Deadline) -> None:
     if deadline.left() <= 0:
-        raise _Retry(f"still receiving at {deadline.words()}")
+        raise Retry(f"still receiving at {deadline.words()}")
 
 
-def _chunks(resp, policy: RetryPolicy, deadline: _Deadline):
+def _chunks(resp, policy: RetryPolicy, deadline: Deadline):
     """Body chunks as they arrive: `read1` hands over whatever the socket had, so a stream that
     drops keeps (and later resumes after) nearly every byte received.  Before each read the
     socket's timeout is shortened to end by the deadline: a server sending a byte every few
@@ -648,7 +509,7 @@ def _copy_local(url: str, part: Path, progress: bool) -> _Fetched:
     except OSError as exc:
         raise NetworkError(f"cannot read {src}: {exc.strerror}", None) from exc
     hasher = hashlib.sha256()
-    bar = _Progress(src.name, total, 0, progress)
+    bar = DownloadProgress(src.name, total, 0, progress)
     try:
         with fin, open(part, "wb") as fh:
             size = _pump(iter(lambda: fin.read(CHUNK), b""), fh, part, hasher, bar)
@@ -769,98 +630,6 @@ def _session():
     sess = requests.Session()
     sess.headers["User-Agent"] = USER_AGENT
     return sess
-
-
-def _requests_errors() -> tuple[type[BaseException], ...]:
-    import http.client
-
-    import requests
-    import urllib3
-
-    return (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
-            requests.exceptions.ContentDecodingError, urllib3.exceptions.HTTPError,
-            http.client.HTTPException, ConnectionError, TimeoutError)
-
-
-def _describe(exc: BaseException) -> str:
-    """What went wrong, short and whole: the innermost cause's words (urllib3 nests the real
-    reason several layers deep), never cut mid-word; an OS error by its words, not its errno or
-    class ("Connection refused", not "ConnectionRefusedError: [Errno 111] ...")."""
-    from rocforge_build.errors import reason
-
-    inner = exc
-    while True:
-        nxt = getattr(inner, "reason", None) or (inner.args[0] if inner.args and isinstance(
-            inner.args[0], BaseException) else None) or inner.__cause__
-        if not isinstance(nxt, BaseException) or nxt is inner:
-            break
-        inner = nxt
-    text = reason(inner)
-    # urllib3 prefixes "<connection object at 0x...>: " to the OS error
-    if text.startswith("<") and ">: " in text:
-        text = text.split(">: ", 1)[1]
-    if len(text) > 300:
-        text = text[:300].rsplit(" ", 1)[0] + " ..."
-    return text
-
-
-def human_size(n: int | None) -> str:
-    """Bytes in decimal units, as `df -H` and download pages show them."""
-    if n is None:
-        return "-"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-class _Progress:
-    """When asked for: a rich bar on a terminal, a plain line every interval otherwise."""
-
-    def __init__(self, label: str, total: int | None, done: int, enabled: bool):
-        self._bar = None
-        self._beat = None
-        if enabled and not sys.stderr.isatty():  # a log or pipe: a plain line every interval
-            from rocforge_build.progress import Heartbeat
-
-            self._done = done
-            self._beat = Heartbeat(f"download {label}", count=human_size).start()
-            self._beat.update(done, total)
-            return
-        if not enabled:
-            return
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
-
-        self._bar = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-            TransferSpeedColumn(), TimeRemainingColumn(),
-            console=Console(stderr=True), transient=False,
-        )
-        self._bar.start()
-        self._task = self._bar.add_task(label, total=total, completed=done)
-
-    def advance(self, n: int) -> None:
-        if self._bar is not None:
-            self._bar.advance(self._task, n)
-        if self._beat is not None:
-            self._done += n
-            self._beat.update(self._done)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
-        if self._beat is not None:
-            self._beat.stop()
-            self._beat = None
 
 
 def free_bytes(path: Path) -> int:

@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocforge_build.download import human_size
 from rocforge_build.errors import DiskFullError, IntegrityError, reason
+from rocforge_build.progress import human_size
 
 
 @dataclass(frozen=True)

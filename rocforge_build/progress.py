@@ -108,3 +108,60 @@ def _isatty(stream) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError, OSError):
         return False
+
+
+def human_size(n: int | None) -> str:
+    """Bytes in decimal units, as `df -H` and download pages show them."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+class DownloadProgress:
+    """When asked for: a rich bar on a terminal, a plain line every interval otherwise."""
+
+    def __init__(self, label: str, total: int | None, done: int, enabled: bool):
+        self._bar = None
+        self._beat = None
+        if enabled and not sys.stderr.isatty():  # a log or pipe: a plain line every interval
+            self._done = done
+            self._beat = Heartbeat(f"download {label}", count=human_size).start()
+            self._beat.update(done, total)
+            return
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self._bar = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+            TransferSpeedColumn(), TimeRemainingColumn(),
+            console=Console(stderr=True), transient=False,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(label, total=total, completed=done)
+
+    def advance(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task, n)
+        if self._beat is not None:
+            self._done += n
+            self._beat.update(self._done)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+        if self._beat is not None:
+            self._beat.stop()
+            self._beat = None

@@ -30,7 +30,7 @@ from rocforge_build.build.plan import Request
 from rocforge_build.cli import main
 from rocforge_build.errors import IntegrityError, UsageError
 from rocforge_build.rootfs import Root
-from rocforge_build.ship import bundle
+from rocforge_build.ship import bundle, bundle_archive, bundle_check, bundle_rules, bundle_unpack
 
 LISTS = Path(__file__).resolve().parent / "data" / "kernel-dirs"
 
@@ -49,16 +49,16 @@ def kernel_list(package: str) -> dict[str, int]:
 
 # -- kernel directories: the real Debian sid file names -------------------------------------------
 def test_gfx_tokens_in_real_kernel_file_names():
-    assert bundle.gfx_tokens("Kernels.so-000-gfx1100.hsaco") == ["gfx1100"]
+    assert bundle_rules.gfx_tokens("Kernels.so-000-gfx1100.hsaco") == ["gfx1100"]
     # the xnack feature suffix belongs to gfx90a (librocblas4 ships both variants)
-    assert bundle.gfx_tokens("TensileLibrary_Type_HH_Contraction_l_Ailk_Bjlk_Cijk_Dijk_fallback_gfx90a-xnack+.hsaco") == ["gfx90a"]
-    assert bundle.gfx_tokens("TensileLibrary_lazy_gfx1151.dat") == ["gfx1151"]
-    assert bundle.gfx_tokens("hipblasltExtOpLibrary.dat") == []
+    assert bundle_rules.gfx_tokens("TensileLibrary_Type_HH_Contraction_l_Ailk_Bjlk_Cijk_Dijk_fallback_gfx90a-xnack+.hsaco") == ["gfx90a"]
+    assert bundle_rules.gfx_tokens("TensileLibrary_lazy_gfx1151.dat") == ["gfx1151"]
+    assert bundle_rules.gfx_tokens("hipblasltExtOpLibrary.dat") == []
     # TheRock kernel packs: per architecture or per family (ROCm/rocm-kpack)
-    assert bundle.gfx_tokens("blas_lib_gfx110X.kpack") == ["gfx110X"]
-    assert bundle.token_serves("gfx110X", "gfx1100") and not bundle.token_serves("gfx110X", "gfx1151")
-    assert bundle.token_serves("gfx115X", "gfx1151") and not bundle.token_serves("gfx1100", "gfx1101")
-    assert bundle.token_serves("gfx11-generic", "gfx1151")  # the target table's `generic`
+    assert bundle_rules.gfx_tokens("blas_lib_gfx110X.kpack") == ["gfx110X"]
+    assert bundle_rules.token_serves("gfx110X", "gfx1100") and not bundle_rules.token_serves("gfx110X", "gfx1151")
+    assert bundle_rules.token_serves("gfx115X", "gfx1151") and not bundle_rules.token_serves("gfx1100", "gfx1101")
+    assert bundle_rules.token_serves("gfx11-generic", "gfx1151")  # the target table's `generic`
 
 
 def test_trimming_debian_sid_rocblas_and_hipblaslt_for_gfx1151():
@@ -68,22 +68,22 @@ def test_trimming_debian_sid_rocblas_and_hipblaslt_for_gfx1151():
     # target, 95 naming gfx1100 and 95 naming gfx1151.
     assert (len(rocblas), len(hipblaslt)) == (1349, 1467)
     dirs = {"lib/rocblas/4.4.1/library": list(rocblas), "lib/hipblaslt/library": list(hipblaslt)}
-    keep_targets, decision = bundle.kernel_targets("gfx1151", dirs)
+    keep_targets, decision = bundle_rules.kernel_targets("gfx1151", dirs)
     # rocBLAS has no gfx1151 kernels: gfx1151's override target (gfx1100, target table) is kept too
     assert keep_targets == ("gfx1151", "gfx1100")
     assert decision.key == "HSA_OVERRIDE_GFX_VERSION" and decision.value == "11.0.0"
     assert "lib/rocblas/4.4.1/library" in decision.reason
-    keep, drop = bundle.trim_names(list(rocblas), keep_targets)
+    keep, drop = bundle_rules.trim_names(list(rocblas), keep_targets)
     assert len(keep) == 50 + 92 and len(drop) == 1349 - 142
     assert "TensileLibrary_lazy_gfx1100.dat" in keep and "Kernels.so-000-gfx1100.hsaco" in keep
     assert "TensileLibrary_Type_BB_HPA_Contraction_l_Ailk_Bjlk_Cijk_Dijk_fallback.dat" in keep
     assert not any("gfx1101" in n or "gfx90a" in n for n in keep)
-    keep, drop = bundle.trim_names(list(hipblaslt), keep_targets)
+    keep, drop = bundle_rules.trim_names(list(hipblaslt), keep_targets)
     assert len(keep) == 3 + 95 + 95
     assert {"TensileLibrary_lazy_gfx1151.dat", "extop_gfx1151.co", "hipblasltExtOpLibrary.dat"} <= set(keep)
     # a GPU whose own files are everywhere: nothing else kept, no override
-    assert bundle.kernel_targets("gfx1100", dirs) == (("gfx1100",), None)
-    assert len(bundle.trim_names(list(hipblaslt), ("gfx1100",))[0]) == 3 + 95
+    assert bundle_rules.kernel_targets("gfx1100", dirs) == (("gfx1100",), None)
+    assert len(bundle_rules.trim_names(list(hipblaslt), ("gfx1100",))[0]) == 3 + 95
 
 
 # -- a ROCm-like closure, made with gcc: libraries outside the prefix, kernel dirs beside them ----
@@ -119,7 +119,7 @@ def test_rocm_like_bundle_trims_kernels_keeps_dlopened_and_runs_elsewhere(tmp_pa
     out = tmp_path / "gemm.tar.gz"
     result = bundle.make(str(prefix), target="gfx1151", backend=None, out=out, root=Root("/"))
     assert result["gpu"] == "gfx1151"
-    dest = bundle.unpack(out, tmp_path / "elsewhere")
+    dest = bundle_unpack.unpack(out, tmp_path / "elsewhere")
     shutil.rmtree(rocm)  # the build machine's ROCm is gone: the bundle must carry what it needs
     lib = dest / "lib"
     assert (lib / "libamd_comgr.so.3").is_file()  # not in any DT_NEEDED: came by the closure rule
@@ -201,7 +201,7 @@ def test_fixture_bundle_unpacked_by_the_system_tools_runs_anywhere(fixture_build
     dest.rename(moved)  # any directory name, anywhere
     assert _hello(moved) == ["patched by rocforge", "HELLO", "accel: on", "fixture 1.2.0"]
     assert (moved / "lib" / "libgreet.so.1").is_symlink()
-    name, info, bad = bundle.verify(moved)
+    name, info, bad = bundle_check.verify(moved)
     assert bad == [] and info["bundle"]["gpu"] == "none"
     assert {f["path"] for f in info["file"]} >= {"bin/fixture-hello", "lib/libgreet.so.1.2.0", "run",
                                                   "rocforge-manifest.toml"}
@@ -210,11 +210,11 @@ def test_fixture_bundle_unpacked_by_the_system_tools_runs_anywhere(fixture_build
 def test_check_finds_changed_missing_and_extra_files(fixture_build, tmp_path, capsys):
     out = tmp_path / "f.tar.gz"
     bundle.make(str(fixture_build), target="gfx1151", backend=None, out=out, root=Root("/"))
-    dest = bundle.unpack(out, tmp_path / "u")
+    dest = bundle_unpack.unpack(out, tmp_path / "u")
     (dest / "bin" / "fixture-extra").write_bytes(b"changed")
     (dest / "lib" / "libgreet.so.1.2.0").unlink()
     (dest / "stray").write_text("x")
-    _, _, bad = bundle.verify(dest)
+    _, _, bad = bundle_check.verify(dest)
     assert bad == ["sha256 mismatch: bin/fixture-extra", "missing: lib/libgreet.so.1.2.0",
                    "not listed in bundle.toml: stray"]
     assert main(["bundle", "check", str(dest)]) == IntegrityError.exit_code
@@ -272,7 +272,7 @@ def test_unpack_lands_nothing_outside(tmp_path, member):
     archive = _hostile(tmp_path / "h.tar.gz", member, b"boom")
     into = tmp_path / "into"
     with pytest.raises(IntegrityError):
-        bundle.unpack(archive, into)
+        bundle_unpack.unpack(archive, into)
     assert not (tmp_path / "escaped").exists() and not (into / "other").exists()
     assert not (into / "b").exists() and os.listdir(into) == []
 
@@ -281,7 +281,7 @@ def test_unpack_refuses_a_link_that_leaves(tmp_path):
     link = tarfile.TarInfo("b/lib/evil")
     link.type, link.linkname = tarfile.SYMTYPE, "../../../etc"
     with pytest.raises(IntegrityError, match="resolves outside the bundle.s folder"):
-        bundle.unpack(_hostile(tmp_path / "l.tar.gz", link), tmp_path / "into")
+        bundle_unpack.unpack(_hostile(tmp_path / "l.tar.gz", link), tmp_path / "into")
 
 
 def test_unpack_refuses_links_that_leave_only_together(tmp_path):
@@ -297,7 +297,7 @@ def test_unpack_refuses_links_that_leave_only_together(tmp_path):
             tf.addfile(link)
     into = tmp_path / "into"
     with pytest.raises(IntegrityError, match="resolves outside the bundle.s folder"):
-        bundle.unpack(tmp_path / "c.tar.gz", into)
+        bundle_unpack.unpack(tmp_path / "c.tar.gz", into)
     assert os.listdir(into) == []
 
 
@@ -314,7 +314,7 @@ def test_usage_errors(tmp_path, capsys):
     assert main(["bundle", str(tmp_path), "--target", "gfx1151"]) == 2
     assert "needs --target and --out" in capsys.readouterr().err
     with pytest.raises(UsageError, match="unknown bundle format"):
-        bundle.archive_format(tmp_path / "x.rar")
+        bundle_archive.archive_format(tmp_path / "x.rar")
 
 
 # -- slow: llama.cpp's CPU build bundled, run from elsewhere and in a clean Debian chroot ---------
@@ -359,7 +359,7 @@ def test_llama_cpu_bundle_runs_llama_bench_elsewhere_and_in_a_clean_chroot(llama
     assert result["gpu"] == "none"
     bundled = {os.path.basename(f) for f in os.listdir(tmp_path)}
     assert bundled == {"llama.tar.zst"}
-    dest = bundle.unpack(out, tmp_path / "elsewhere")
+    dest = bundle_unpack.unpack(out, tmp_path / "elsewhere")
     libs = set(os.listdir(dest / "lib"))
     # the C++ and OpenMP run-times come along (ldd found them); glibc stays the system's
     assert {"libstdc++.so.6", "libgomp.so.1", "libgcc_s.so.1"} <= libs and "libc.so.6" not in libs
@@ -385,7 +385,7 @@ def test_llama_cpu_bundle_runs_llama_bench_elsewhere_and_in_a_clean_chroot(llama
     assert {(r["n_prompt"], r["n_gen"]) for r in inside} == {(16, 0), (0, 4)}
     assert all(r["avg_ts"] > 0 for r in inside)
     # the fixture project's bundle too (its own libgreet through the soname links)
-    fixture = bundle.unpack(bundle.make(str(fixture_build), target="gfx1151", backend=None,
+    fixture = bundle_unpack.unpack(bundle.make(str(fixture_build), target="gfx1151", backend=None,
                                         out=tmp_path / "fixture.zip", root=Root("/"))["out"], root / "srv")
     hello = subprocess.run(["unshare", "--mount", "--fork", "sh", "-c",
                             f'mount -t proc proc "$1/proc" && exec {chroot} "$@"', "sh",
@@ -412,7 +412,7 @@ def test_rocm_found_as_rocforge_env_finds_it(tmp_path, monkeypatch):
     result = bundle.make(str(prefix), target="gfx1151", backend=None, out=tmp_path / "h.tar.gz", root=Root("/"))
     ldd_env = next(d for d in result["decisions"] if d["key"] == "ldd_env")
     assert str(rocm / "lib") in ldd_env["value"]
-    dest = bundle.unpack(tmp_path / "h.tar.gz", tmp_path / "u")
+    dest = bundle_unpack.unpack(tmp_path / "h.tar.gz", tmp_path / "u")
     monkeypatch.delenv("ROCM_PATH")
     run = subprocess.run([str(dest / "run"), "hipinfo"], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert run.stdout == "hip 7\n", run.stderr

@@ -1,5 +1,6 @@
-"""build/cache.py: remote cache URLs against real servers (redis-server, an HTTP server, distccd
-on loopback and in another network namespace), credentials, -j from --root meminfo."""
+"""build/cache.py, distributed.py, jobs.py: remote cache URLs against real servers (redis-server,
+an HTTP server, distccd on loopback and in another network namespace), credentials, -j from
+--root meminfo."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from buildfixtures import RECIPE, project_copy
 from buildservers import distccd, other_host, redis_server
 
 from rocforge_build import cli, config
-from rocforge_build.build import cache
+from rocforge_build.build import cache, distributed, jobs
 from rocforge_build.build.plan import Request, make_plan
 from rocforge_build.rootfs import Root
 
@@ -153,17 +154,17 @@ def test_stats_log_counts_from_real_ccache(tmp_path, monkeypatch):
 def test_jobs_from_a_16gb_and_a_128gb_root(tmp_path):
     small = meminfo_root(tmp_path / "small", total_gb=16, available_gb=12, cpus=32)
     big = meminfo_root(tmp_path / "big", total_gb=128, available_gb=120, cpus=32)
-    assert cache.mem_available_mb(small) == 12 * 1024 and cache.cores(small) == 32
+    assert jobs.mem_available_mb(small) == 12 * 1024 and jobs.cores(small) == 32
     # llama.cpp's heaviest TU peaks at 473 MB (recipe: 512 MB a job): 12288 / 512 = 24 < 32
-    j = cache.choose_jobs(small, None, 512, "llama")
+    j = jobs.choose_jobs(small, None, 512, "llama")
     assert j.jobs == 24 and "memory is the limit" in j.reason and "12288 MB" in j.reason
-    assert cache.choose_jobs(big, None, 512, "llama").jobs == 32
+    assert jobs.choose_jobs(big, None, 512, "llama").jobs == 32
     # a 2 GB job (Tensile-sized): 6 on the 16 GB box; Tensile threads as spack: min(16, jobs)
-    j = cache.choose_jobs(small, None, 2048, "rocblas")
+    j = jobs.choose_jobs(small, None, 2048, "rocblas")
     assert (j.jobs, j.tensile_threads) == (6, 6)
-    j = cache.choose_jobs(big, None, 2048, "rocblas")
+    j = jobs.choose_jobs(big, None, 2048, "rocblas")
     assert (j.jobs, j.tensile_threads) == (32, 16)
-    assert cache.choose_jobs(small, 40, 2048, "x").jobs == 40  # --jobs wins
+    assert jobs.choose_jobs(small, 40, 2048, "x").jobs == 40  # --jobs wins
 
 
 def test_plan_shows_jobs_figure_and_why(tmp_path):
@@ -180,7 +181,7 @@ def test_plan_shows_jobs_figure_and_why(tmp_path):
 # -- distcc hosts, checked for real ---------------------------------------------------------------
 
 def _ref():
-    return {c: cache._compiler_ident(c, None, {"PATH": "/usr/bin:/bin"}) for c in ("cc", "c++")}
+    return {c: distributed.compiler_ident(c, None, {"PATH": "/usr/bin:/bin"}) for c in ("cc", "c++")}
 
 
 def test_distcc_hosts_good_refusing_silent_and_other_compiler(tmp_path, monkeypatch):
@@ -188,22 +189,22 @@ def test_distcc_hosts_good_refusing_silent_and_other_compiler(tmp_path, monkeypa
     ref = _ref()
     assert ref["cc"].startswith("GCC:")
     with distccd(tmp_path) as (port, _):
-        assert cache.check_host(f"127.0.0.1:{port}/2", ["cc", "c++"], ref, env) is None
+        assert distributed.check_host(f"127.0.0.1:{port}/2", ["cc", "c++"], ref, env) is None
     with distccd(tmp_path, allow="10.9.9.9") as (port, _):  # answers TCP, refuses our jobs
-        why = cache.check_host(f"127.0.0.1:{port}/2", ["cc"], ref, env)
+        why = distributed.check_host(f"127.0.0.1:{port}/2", ["cc"], ref, env)
         assert why.startswith("refused or failed a test compile")
-    monkeypatch.setattr(cache, "PROBE_TIMEOUT", 0.5)
+    monkeypatch.setattr(distributed, "PROBE_TIMEOUT", 0.5)
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(1)
     try:
-        why = cache.check_host(f"127.0.0.1:{silent.getsockname()[1]}", ["cc"], ref, env)
+        why = distributed.check_host(f"127.0.0.1:{silent.getsockname()[1]}", ["cc"], ref, env)
         assert why.startswith("refused or failed")  # distcc's own I/O timeout ended it
     finally:
         silent.close()
     with other_host() as (ns, _, theirs), distccd(tmp_path, listen=theirs, allow="10.0.0.0/8",
                                                   netns=ns, other_compiler=True) as (port, _):
-        why = cache.check_host(f"{theirs}:{port}/2", ["cc"], ref, env)
+        why = distributed.check_host(f"{theirs}:{port}/2", ["cc"], ref, env)
         assert "clang version 15" in why and "GCC" in why and "must not mix" in why
 
 
@@ -238,10 +239,10 @@ def test_a_compiler_killed_by_signal_9_names_the_jobs_setting(tmp_path):
         time.sleep(0.02)
     err = gcc.communicate()[1]
     assert killed and gcc.returncode != 0, err
-    jobs = cache.Jobs(16, 16, 12288, 512, "min(16 cores, ...)", 16)
-    line = cache.explain_oom(f"build failed (exit code 1)\n{err}", None, jobs)
+    sixteen = jobs.Jobs(16, 16, 12288, 512, "min(16 cores, ...)", 16)
+    line = jobs.explain_oom(f"build failed (exit code 1)\n{err}", None, sixteen)
     assert line is not None and "--jobs 8" in line and "-j 16" in line
-    assert cache.explain_oom("error: expected ';' before '}' token", None, jobs) is None
+    assert jobs.explain_oom("error: expected ';' before '}' token", None, sixteen) is None
 
 
 # -- doctor ---------------------------------------------------------------------------------------
@@ -315,12 +316,12 @@ def test_icecream_without_scheduler_or_daemon_is_left_out(tmp_path):
     from buildservers import free_port, icecream
 
     closed = free_port()
-    d = cache.icecc_distribution(f"127.0.0.1:{closed}", 0, [], {"ICECC_TEST_SOCKET": str(tmp_path / "no.sock")})
+    d = distributed.icecc_distribution(f"127.0.0.1:{closed}", 0, [], {"ICECC_TEST_SOCKET": str(tmp_path / "no.sock")})
     assert d.capacity == 0 and d.hosts == []
     assert d.left_out[0].startswith(f"scheduler 127.0.0.1:{closed}: does not answer")
     with icecream() as ice:
-        assert cache.icecc_scheduler_hosts(f"127.0.0.1:{ice.port}") == []  # it answers, no daemons yet
-        d = cache.icecc_distribution(f"127.0.0.1:{ice.port}", 0, [],
+        assert distributed.icecc_scheduler_hosts(f"127.0.0.1:{ice.port}") == []  # it answers, no daemons yet
+        d = distributed.icecc_distribution(f"127.0.0.1:{ice.port}", 0, [],
                                      {"ICECC_TEST_SOCKET": str(tmp_path / "no.sock")})
     assert d.capacity == 0 and d.left_out == [
         "local iceccd: not running (no socket answers), icecc compiles everything here"]
@@ -381,11 +382,11 @@ def test_hip_sccache_server_config_keeps_the_cache_and_drops_dist(tmp_path):
     conf.write_text('[cache.redis]\nendpoint = "redis://cache.lan:6379"\n\n'
                     '[dist]\nscheduler_url = "http://sched.lan:10600"\ntoolchains = []\n'
                     '[dist.auth]\ntype = "token"\ntoken = "secret-tok"\n')
-    text = cache._without_dist(cache._sccache_config({"SCCACHE_CONF": str(conf)}))
+    text = distributed._without_dist(distributed._sccache_config({"SCCACHE_CONF": str(conf)}))
     assert tomllib.loads(text) == {"cache": {"redis": {"endpoint": "redis://cache.lan:6379"}}}
     assert "secret-tok" not in text
     # no config file: an empty one (sccache's defaults, local disk)
-    assert cache._without_dist(cache._sccache_config({"HOME": str(tmp_path / "nobody")})) == ""
+    assert distributed._without_dist(distributed._sccache_config({"HOME": str(tmp_path / "nobody")})) == ""
     # sccache's own default place: $XDG_CONFIG_HOME/sccache/config, else ~/.config/sccache/config
-    assert cache._sccache_config({"HOME": "/home/u"}) == Path("/home/u/.config/sccache/config")
-    assert cache._sccache_config({"XDG_CONFIG_HOME": "/x", "HOME": "/home/u"}) == Path("/x/sccache/config")
+    assert distributed._sccache_config({"HOME": "/home/u"}) == Path("/home/u/.config/sccache/config")
+    assert distributed._sccache_config({"XDG_CONFIG_HOME": "/x", "HOME": "/home/u"}) == Path("/x/sccache/config")

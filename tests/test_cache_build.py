@@ -363,7 +363,7 @@ def test_sccache_dist_keeps_hip_compiles_on_a_local_server(tmp_path, monkeypatch
     toolchain package is the compiler alone: clang there cannot find the ROCm device libraries and
     the compile fails.  rocforge's HIP launcher (a second sccache server whose config has no
     [dist]) compiles it here: it succeeds, is cached, and its object is the plain compile's."""
-    from rocforge_build.build import cache
+    from rocforge_build.build import cache, distributed, parallel
 
     obj = tmp_path / "k.o"
     hip = hip_compile(tmp_path, obj)
@@ -381,11 +381,11 @@ def test_sccache_dist_keeps_hip_compiles_on_a_local_server(tmp_path, monkeypatch
         env = dict(os.environ)
         setup = cache.setup_cache({"launcher": "sccache"}, no_cache=False, hip=True, work=tmp_path,
                                   environ={"PATH": str(exe.parent)})
-        dist = cache.sccache_dist_distribution(setup, [], hip=True, work=tmp_path / "work", environ=env)
-        launcher = cache.Parallel(setup, None, 1, dist).hip_launcher.split(";")  # as CMake runs it
+        dist = distributed.sccache_dist_distribution(setup, [], hip=True, work=tmp_path / "work", environ=env)
+        launcher = parallel.Parallel(setup, None, 1, dist).hip_launcher.split(";")  # as CMake runs it
         conf, text = dist.hip_conf
         Path(conf).parent.mkdir(parents=True)
-        Path(conf).write_text(text)  # what the build step writes (cache.during_build)
+        Path(conf).write_text(text)  # what the build step writes (parallel.during_build)
         hip_env = {**env, **dist.hip_server}
         try:
             sent = subprocess.run([str(exe), *hip], env=env, capture_output=True, text=True)

@@ -19,7 +19,7 @@ from fixtures_roots import make_system
 from rocforge_build.cli import main
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
 from rocforge_build.rootfs import Root
-from rocforge_build.ship import containers
+from rocforge_build.ship import container_context, container_engines, containers
 
 INSTRUCTIONS = {"FROM", "RUN", "COPY", "ENV", "LABEL", "WORKDIR", "ARG", "CMD", "ENTRYPOINT", "USER"}
 
@@ -230,18 +230,18 @@ def _fake_programs(tmp_path, monkeypatch, *names) -> None:
 
 def test_engine_detection_order(tmp_path, monkeypatch):
     _fake_programs(tmp_path, monkeypatch, "docker", "buildah")
-    engine, why = containers.detect_engine()
+    engine, why = container_engines.detect_engine()
     assert engine.name == "buildah" and "podman, buildah, docker" in why.reason
     _fake_programs(tmp_path, monkeypatch, "podman")
-    assert containers.detect_engine()[0].name == "podman"
-    assert containers.detect_engine("docker")[0].name == "docker"
+    assert container_engines.detect_engine()[0].name == "podman"
+    assert container_engines.detect_engine("docker")[0].name == "docker"
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(ToolchainError, match="no container engine"):
-        containers.detect_engine()
+        container_engines.detect_engine()
 
 
 def test_build_commands(tmp_path):
-    steps = containers.build_commands(containers.get_engine("podman"), tmp_path, "localhost/rocforge/x:gfx1151-hip")
+    steps = container_engines.build_commands(container_engines.get_engine("podman"), tmp_path, "localhost/rocforge/x:gfx1151-hip")
     assert steps.stage == ["podman", "build", "--layers", "-f", f"{tmp_path}/Containerfile", "--target", "runtime",
                            "-t", "localhost/rocforge/x:gfx1151-hip-stage", str(tmp_path)]
     assert steps.facts[-3:] == ["--output", f"type=local,dest={tmp_path}/facts", f"{tmp_path}/empty"]
@@ -251,7 +251,7 @@ def test_build_commands(tmp_path):
 
 def test_run_command_docker_uses_numeric_gids(tmp_path):
     make_system(tmp_path)  # /etc/group: render 44, video 105; /dev/kfd, /dev/dri
-    rp = containers.run_plan(containers.get_engine("docker"), "img", ["llama-cli", "--version"],
+    rp = container_engines.run_plan(container_engines.get_engine("docker"), "img", ["llama-cli", "--version"],
                              rootfs=Root(tmp_path), rootless=False)
     (cmd,) = rp.commands
     assert list(cmd) == ["docker", "run", "--rm", "--device", "/dev/kfd", "--device", "/dev/dri",
@@ -263,14 +263,14 @@ def test_run_command_docker_uses_numeric_gids(tmp_path):
 
 def test_run_command_rootless_podman_and_buildah(tmp_path):
     make_system(tmp_path, groups={"video": ()})
-    rp = containers.run_plan(containers.get_engine("podman"), "img", ["sh"], rootfs=Root(tmp_path),
+    rp = container_engines.run_plan(container_engines.get_engine("podman"), "img", ["sh"], rootfs=Root(tmp_path),
                              rootless=True, interactive=True)
     assert rp.commands[0][:4] == ("podman", "run", "--rm", "-it")
     assert ("--group-add", "keep-groups") in zip(rp.commands[0], rp.commands[0][1:], strict=False)
-    rp = containers.run_plan(containers.get_engine("podman"), "img", ["sh"], rootfs=Root(tmp_path), rootless=False)
+    rp = container_engines.run_plan(container_engines.get_engine("podman"), "img", ["sh"], rootfs=Root(tmp_path), rootless=False)
     assert "render" in rp.commands[0]  # not in /etc/group: the name, with a warning
     assert any("render is not in /etc/group" in w for w in rp.warnings)
-    rp = containers.run_plan(containers.get_engine("buildah"), "img", ["sh", "-c", "x"], rootfs=Root(tmp_path))
+    rp = container_engines.run_plan(container_engines.get_engine("buildah"), "img", ["sh", "-c", "x"], rootfs=Root(tmp_path))
     assert rp.commands[0] == ("buildah", "from", "--device", "/dev/kfd", "--device", "/dev/dri",
                               "--security-opt", "seccomp=unconfined", "img")
     assert rp.commands[1] == ("buildah", "run", "$CTR", "--", "sh", "-c", "x")
@@ -291,7 +291,7 @@ def test_cli_run_names_a_group_missing_from_etc_group_without_none(tmp_path, cap
 
 def test_run_without_gpu_devices_leaves_them_out(tmp_path):
     make_system(tmp_path, kfd=False)
-    rp = containers.run_plan(containers.get_engine("docker"), "img", ["x"], rootfs=Root(tmp_path), rootless=False)
+    rp = container_engines.run_plan(container_engines.get_engine("docker"), "img", ["x"], rootfs=Root(tmp_path), rootless=False)
     assert "--device" not in rp.commands[0]
     assert any("/dev/kfd, /dev/dri not found" in w for w in rp.warnings)
 
@@ -328,7 +328,7 @@ def test_cli_build_dry_run(capsys):
 def test_context_holds_wheels_recipe_and_containerfiles(tmp_path, monkeypatch):
     """prepare_context with pip stubbed out (the real wheel build runs in the slow test)."""
     calls = []
-    monkeypatch.setattr(containers, "build_wheels", lambda dest: calls.append(dest))
+    monkeypatch.setattr(container_context, "build_wheels", lambda dest: calls.append(dest))
     recipe = tmp_path / "recipes/r.toml"
     recipe.parent.mkdir()
     recipe.write_text(MINIMAL)
@@ -341,7 +341,7 @@ def test_context_holds_wheels_recipe_and_containerfiles(tmp_path, monkeypatch):
     assert plan.source_arg == "/opt/rocforge/source"
     ctx = tmp_path / "ctx"
     (ctx / "stale").mkdir(parents=True)
-    containers.prepare_context(plan, ctx)
+    container_context.prepare_context(plan, ctx)
     assert calls == [ctx / "wheels"]
     assert (ctx / "recipe/recipes/hello.toml").read_text() == MINIMAL  # by its recipe name
     assert (ctx / "recipe/patches/hello/fix.patch").is_file()  # <recipe dir>/../patches/<name>
@@ -554,8 +554,8 @@ def test_docker_without_daemon_or_buildx_is_one_line_before_anything_is_built(tm
 
 
 def test_daemonless_engines_need_no_check():
-    assert containers.engine_problems(containers.get_engine("buildah"), building=True) == []
-    assert containers.engine_problems(containers.get_engine("podman"), building=True) == []
+    assert container_engines.engine_problems(container_engines.get_engine("buildah"), building=True) == []
+    assert container_engines.engine_problems(container_engines.get_engine("podman"), building=True) == []
 
 
 # -- an installed rocforge (`pip install .`, not editable) puts itself into the image --------------
@@ -578,7 +578,8 @@ def test_installed_rocforge_ships_its_own_wheel(tmp_path):
     ctx = tmp_path / "ctx"
     made = subprocess.run([str(a / "bin/python"), "-c", (
         "import sys; from pathlib import Path; from rocforge_build.ship import containers as c; "
-        f"p = c.plan({str(HELLO)!r}, target='gfx1151', backend='cpu'); c.prepare_context(p, Path({str(ctx)!r}))")],
+        "from rocforge_build.ship import container_context as cc; "
+        f"p = c.plan({str(HELLO)!r}, target='gfx1151', backend='cpu'); cc.prepare_context(p, Path({str(ctx)!r}))")],
         capture_output=True, text=True, env=env, cwd=tmp_path)
     assert made.returncode == 0, made.stdout + made.stderr
     shutil.copytree(ctx / "wheels", wheels)

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from rocforge_build import download as dl
+from rocforge_build import download_policy
 from rocforge_build.errors import IntegrityError, NetworkError
 
 DATA = os.urandom(3 * 1024 * 1024 + 123)
@@ -19,7 +20,7 @@ SHA = hashlib.sha256(DATA).hexdigest()
 @pytest.fixture(autouse=True)
 def _no_sleep(monkeypatch):
     slept: list[float] = []
-    monkeypatch.setattr(dl, "_sleep", slept.append)
+    monkeypatch.setattr(download_policy, "_sleep", slept.append)
     return slept
 
 
@@ -48,7 +49,7 @@ def test_interrupted_part_survives_and_next_call_resumes(http_server, tmp_path):
     url = http_server.add("/a.tar.gz", DATA)
     for _ in range(2):
         http_server.fail("/a.tar.gz", drop_after=500_000)
-    policy = dl.RetryPolicy(attempts=2)
+    policy = download_policy.RetryPolicy(attempts=2)
     with pytest.raises(NetworkError) as exc:
         dl.download(url, tmp_path / "a.tar.gz", progress=False, policy=policy)
     assert "bytes kept" in exc.value.message and "resumes" in exc.value.hint
@@ -87,7 +88,7 @@ def test_retries_exhausted_is_a_network_error(http_server, tmp_path):
     for _ in range(3):
         http_server.fail("/a.tar.gz", status=502)
     with pytest.raises(NetworkError, match="after 3 attempts: HTTP 502"):
-        dl.download(url, tmp_path / "a.tar.gz", progress=False, policy=dl.RetryPolicy(attempts=3))
+        dl.download(url, tmp_path / "a.tar.gz", progress=False, policy=download_policy.RetryPolicy(attempts=3))
     assert not (tmp_path / "a.tar.gz").exists()
 
 
@@ -124,7 +125,7 @@ def test_replaced_file_is_never_spliced_onto_an_old_part(http_server, tmp_path, 
     for _ in range(2):
         http_server.fail("/a.tar.gz", drop_after=1_000_000)
     with pytest.raises(NetworkError):
-        dl.download(url, tmp_path / "a.tar.gz", progress=False, policy=dl.RetryPolicy(attempts=2))
+        dl.download(url, tmp_path / "a.tar.gz", progress=False, policy=download_policy.RetryPolicy(attempts=2))
     assert (tmp_path / "a.tar.gz.part").stat().st_size > 1_000_000
     new = os.urandom(len(DATA))
     http_server.add("/a.tar.gz", new)  # replaced on the server
@@ -160,7 +161,7 @@ def test_trickling_server_is_dropped_and_the_retry_is_said(http_server, tmp_path
     url = http_server.add("/a.tar.gz", DATA[:4000])
     for _ in range(2):
         http_server.fail("/a.tar.gz", trickle=0.05)
-    policy = dl.RetryPolicy(attempts=2, min_rate=1000, rate_window=1.0)
+    policy = download_policy.RetryPolicy(attempts=2, min_rate=1000, rate_window=1.0)
     with pytest.raises(NetworkError, match="too slow") as exc:
         dl.download(url, tmp_path / "a.tar.gz", progress=False, policy=policy)
     assert "bytes kept" in exc.value.message
@@ -227,12 +228,12 @@ def test_dns_failure_fails_at_once(tmp_path, _no_sleep, capsys):
 
 
 def test_policy_from_config_checks_its_keys():
-    policy = dl.policy_from_config({"download": {"min_rate": 10, "rate_window": 2}})
+    policy = download_policy.policy_from_config({"download": {"min_rate": 10, "rate_window": 2}})
     assert policy.min_rate == 10.0 and policy.rate_window == 2.0 and policy.attempts == 5
     from rocforge_build.errors import ConfigError
 
     with pytest.raises(ConfigError, match="download.attempts"):
-        dl.policy_from_config({"download": {"attempts": 0}})
+        download_policy.policy_from_config({"download": {"attempts": 0}})
 
 
 def test_expected_size_mismatch(http_server, tmp_path):
@@ -321,7 +322,7 @@ def test_unreachable_host_is_a_network_error(tmp_path):
     s.close()  # nothing listens there now
     with pytest.raises(NetworkError, match="failed after 2 attempts") as exc:
         dl.download(f"http://127.0.0.1:{port}/x.tar.gz", tmp_path / "x", progress=False,
-                    policy=dl.RetryPolicy(attempts=2))
+                    policy=download_policy.RetryPolicy(attempts=2))
     assert exc.value.hint
     # the innermost reason, whole (urllib3's wrapping used to push it past a 200-character cut)
     assert exc.value.message.endswith(": Connection refused")

@@ -21,7 +21,7 @@ import host_roots as hr
 import pytest
 from test_env import cli
 
-from rocforge_build.discover import host
+from rocforge_build.discover import host, host_plan
 from rocforge_build.rootfs import Root
 
 DATA = Path(__file__).resolve().parent / "data" / "host"
@@ -266,7 +266,7 @@ def test_grub_script_really_rewrites_the_line(tmp_path):
     assert 'GRUB_CMDLINE_LINUX_DEFAULT="quiet ttm.pages_limit=31719424"\n' in text
     assert (tmp_path / "etc/default/grub.rocforge.bak").exists()  # the user's file kept
     # applying the result again plans nothing more for the command line
-    assert host.grub_lines(text)[0] == ("GRUB_CMDLINE_LINUX_DEFAULT", "quiet ttm.pages_limit=31719424")
+    assert host_plan.grub_lines(text)[0] == ("GRUB_CMDLINE_LINUX_DEFAULT", "quiet ttm.pages_limit=31719424")
 
 
 def test_systemd_boot_entry_is_rewritten(tmp_path):

@@ -6,7 +6,7 @@ import fixtures_roots as fr
 import pytest
 
 from rocforge_build import paths
-from rocforge_build.discover import installs
+from rocforge_build.discover import installs, rocm_version
 from rocforge_build.errors import NoRocmError
 from rocforge_build.rootfs import Root
 
@@ -172,7 +172,7 @@ def test_empty_root_has_no_installs(tmp_path):
 
 
 def test_version_order():
-    k = installs.version_key
+    k = rocm_version.version_key
     assert k("7.10.0a20251021") < k("7.10.0a20251101") < k("7.10.0") < k("7.11.0rc1")
     assert k("6.4.1") < k("7.9.0rc20250812") and k(None) < k("5.2.3")
     assert k("7.10.0.dev0+abc") < k("7.10.0")

@@ -12,7 +12,7 @@ import tarfile
 import pytest
 from therock_tarballs import Mirror, hostile, make_tarball
 
-from rocforge_build import cli, download, extract
+from rocforge_build import cli, download, download_policy, extract
 from rocforge_build.nightly import install as nightly_install
 
 OLD, NEW = "7.10.0a20251021", "7.10.0a20251101"
@@ -20,7 +20,7 @@ OLD, NEW = "7.10.0a20251021", "7.10.0a20251101"
 
 @pytest.fixture(autouse=True)
 def _fast_retries(monkeypatch):
-    monkeypatch.setattr(download, "_sleep", lambda s: None)
+    monkeypatch.setattr(download_policy, "_sleep", lambda s: None)
 
 
 MTIME = {OLD: 1761030000.0, NEW: 1761980000.0}
@@ -757,7 +757,7 @@ def test_sha256_validation_and_wording(site, prefix, capsys, http_server, monkey
 
 def test_offline_fails_fast_with_a_warning_per_source(capsys, monkeypatch):
     slept = []
-    monkeypatch.setattr(download, "_sleep", slept.append)
+    monkeypatch.setattr(download_policy, "_sleep", slept.append)
     used = ("repo-nightly", "cdn", "cdn-multiarch")  # the default `nightly.use`, in order
     for name in used:
         run(capsys, "config", "set", f"nightly.sources.{name}.url",

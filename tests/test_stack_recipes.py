@@ -19,7 +19,8 @@ from stackfixtures import REPO, allow_file_submodules, aotriton_repo, monorepo, 
 
 from rocforge_build import cli, paths
 from rocforge_build.build import pipeline
-from rocforge_build.build.plan import Request, make_plan, print_plan
+from rocforge_build.build.plan import Request, make_plan
+from rocforge_build.build.plan_text import print_plan
 from rocforge_build.errors import BuildError, NetworkError, ToolchainError
 from rocforge_build.rootfs import Root
 

@@ -6,7 +6,7 @@ from pathlib import PurePosixPath
 
 import fixtures_roots as fr
 
-from rocforge_build.discover import binaries, installs, resolver
+from rocforge_build.discover import binaries, resolver, rocm_version
 from rocforge_build.rootfs import Root
 
 
@@ -54,6 +54,6 @@ def test_native_core_install_without_the_gfx1151_pack(tmp_path):
 
 
 def test_versions_are_major_agnostic():
-    key = installs.version_key
+    key = rocm_version.version_key
     assert key("10.1.0a20261020") > key("10.0.0") > key("7.14.0") > key("7.14.0a20260612")
     assert key("10.1.0a20261020") < key("10.1.0")

@@ -23,7 +23,7 @@ from rocforge_build import paths, shellsafe
 from rocforge_build.cli import main
 from rocforge_build.errors import ConfigError
 from rocforge_build.rootfs import Root
-from rocforge_build.ship import bundle, containers
+from rocforge_build.ship import bundle, bundle_unpack, containers
 from rocforge_build.ship.closure import parse_dotenv
 
 SHELLS = ("bash", "zsh", "fish")
@@ -169,7 +169,7 @@ def test_bundle_launcher_keeps_hostile_values_as_data(tmp_path, sh):
     prefix = _script_prefix(tmp_path, good)
     out = tmp_path / "b.tar.gz"
     bundle.make(str(prefix), target="gfx1100", backend=None, out=out, root=Root("/"))
-    dest = bundle.unpack(out, tmp_path / "u")
+    dest = bundle_unpack.unpack(out, tmp_path / "u")
     run = subprocess.run([sh, str(dest / "run"), "show", *good], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin"}, timeout=30)
     assert run.returncode == 0, run.stderr

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from buildfixtures import RECIPE, project_copy, tarball
 
-from rocforge_build import download
+from rocforge_build import download_policy
 from rocforge_build.cli import main
 
 
@@ -21,7 +21,7 @@ def error_lines(err: str) -> list[str]:
 @pytest.fixture
 def no_sleep(monkeypatch):
     """Download retries without their backoff waits (the retries themselves still happen)."""
-    monkeypatch.setattr(download, "_sleep", lambda seconds: None)
+    monkeypatch.setattr(download_policy, "_sleep", lambda seconds: None)
 
 
 # -- 14: a download error whose cause carries a str `reason` -----------------------------------

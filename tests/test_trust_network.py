@@ -10,7 +10,7 @@ import time
 import pytest
 from therock_tarballs import Mirror, make_tarball
 
-from rocforge_build import cli
+from rocforge_build import cli, download_policy
 from rocforge_build import download as dl
 from rocforge_build.errors import IntegrityError, NetworkError
 
@@ -170,7 +170,7 @@ def test_download_without_a_size_stops_at_the_cap(http_server, tmp_path):
     """No Content-Length, no size from a listing, a body without end: read up to the cap (here
     1 MiB) plus one byte, then refused and the partial file deleted."""
     http_server.fail("/forever.tar.gz", endless=True)
-    policy = dl.RetryPolicy(attempts=1, max_unsized_bytes=1 << 20, notify=None)
+    policy = download_policy.RetryPolicy(attempts=1, max_unsized_bytes=1 << 20, notify=None)
     with pytest.raises(NetworkError, match="download.max_unsized_bytes"):
         dl.download(http_server.url("/forever.tar.gz"), tmp_path / "f.tar.gz", progress=False,
                     policy=policy)

@@ -266,8 +266,26 @@ def _text(text: str, f: Facts) -> str:
     return text.replace("{target}", f.target).replace("{TARGET}", f.target.upper())
 
 
+_COMBINATORS = ("not", "any", "all")
+_PLAN_KEYS = ("target", "family", "backend", "toolchain_found", "rocblas_hipblaslt", "rocm",
+              "source_version")
+_SOURCE_KEYS = ("cmake_option", "file", "source_contains")
+
+
 def _test(key: str, value, f: Facts) -> tuple[bool, str]:
-    items = _as_list(value)
+    """One condition key against the facts, by where its facts come from: combinators, facts
+    every plan has, facts of the fetched source, facts of the host."""
+    if key in _COMBINATORS:
+        return _test_combinator(key, value, f)
+    if key in _PLAN_KEYS:
+        return _test_plan(key, value, f)
+    if key in _SOURCE_KEYS:
+        return _test_source(key, _as_list(value), f)
+    return _test_host(key, _as_list(value), f)
+
+
+def _test_combinator(key: str, value, f: Facts) -> tuple[bool, str]:
+    """not / any / all: the reason is the one of the condition that decided."""
     if key == "not":
         ok, why = explain(value, f)
         return (not ok), (f"not ({why})")
@@ -279,12 +297,17 @@ def _test(key: str, value, f: Facts) -> tuple[bool, str]:
                 return True, why
             reasons.append(why)
         return False, " and ".join(reasons)
-    if key == "all":
-        for c in value:
-            ok, why = explain(c, f)
-            if not ok:
-                return False, why
-        return True, "all held"
+    for c in value:
+        ok, why = explain(c, f)
+        if not ok:
+            return False, why
+    return True, "all held"
+
+
+def _test_plan(key: str, value, f: Facts) -> tuple[bool, str]:
+    """Keys every plan can answer before fetching: target, family, backend, toolchain, ROCm
+    and source versions (an unknown version never matches)."""
+    items = _as_list(value)
     if key == "target":
         ok = f.target is not None and any(fnmatch.fnmatchcase(f.target, p) for p in items)
         return ok, f"target {f.target} {'is' if ok else 'is not'} {' / '.join(items)}"
@@ -308,13 +331,16 @@ def _test(key: str, value, f: Facts) -> tuple[bool, str]:
             return False, f"ROCm version unknown (wanted {value})"
         ok = v in _spec(value, "rocm")
         return ok, f"ROCm {v} {'matches' if ok else 'does not match'} {value}"
-    if key == "source_version":
-        v = _version(f.source.version if f.source else None)
-        if v is None:
-            return False, f"source version unknown (wanted {value})"
-        ok = _spec(value, "source_version").contains(v, prereleases=True)
-        return ok, f"source version {v} {'matches' if ok else 'does not match'} {value}"
-    if f.source is None and key in ("cmake_option", "file", "source_contains"):
+    v = _version(f.source.version if f.source else None)
+    if v is None:
+        return False, f"source version unknown (wanted {value})"
+    ok = _spec(value, "source_version").contains(v, prereleases=True)
+    return ok, f"source version {v} {'matches' if ok else 'does not match'} {value}"
+
+
+def _test_source(key: str, items: list, f: Facts) -> tuple[bool, str]:
+    """Keys read from the fetched source tree: false (with why) until it is fetched."""
+    if f.source is None:
         return False, f"source not fetched yet ({key} unknown)"
     if key == "cmake_option":
         opts = f.source.cmake_options
@@ -325,12 +351,16 @@ def _test(key: str, value, f: Facts) -> tuple[bool, str]:
     if key == "file":
         hit = [p for p in items if f.source.has_file(p)]
         return (bool(hit), f"source has {hit[0]}" if hit else f"source has no {' / '.join(items)}")
-    if key == "source_contains":
-        for it in items:
-            if f.source.contains(it["file"], _text(it["text"], f)):
-                return True, f"{it['file']} has {_looked_for(it, f)}"
-        return False, "source does not have " + " / ".join(
-            f"{_looked_for(i, f)} in {i['file']}" for i in items)
+    for it in items:
+        if f.source.contains(it["file"], _text(it["text"], f)):
+            return True, f"{it['file']} has {_looked_for(it, f)}"
+    return False, "source does not have " + " / ".join(
+        f"{_looked_for(i, f)} in {i['file']}" for i in items)
+
+
+def _test_host(key: str, items: list, f: Facts) -> tuple[bool, str]:
+    """Keys read from the host: installed headers, tools, ROCm files, pkg-config modules,
+    glslc extensions; false (with why) when host facts are unknown."""
     if f.host is None:
         return False, f"host facts unknown ({key})"
     if key == "header_contains":

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build import __version__, paths, replace
-from rocforge_build.build import cache, lock, patches, sources
+from rocforge_build.build import cache, lock, parallel, patches, sources
 from rocforge_build.build.plan import (
     BUILD_ENV,
     MANIFEST,
@@ -134,7 +134,7 @@ def execute(req: Request, root, *, quiet: bool = False,
                 _make_venv(run)
         with run.timed("configure"):
             _configure(run)
-        with run.timed("build"), cache.during_build(plan, say):
+        with run.timed("build"), parallel.during_build(plan, say):
             _build_into(run, staging)
         with run.timed("install"):
             _install(run, staging)
@@ -232,7 +232,7 @@ def _build_into(run: _Run, staging: Path) -> None:
     plan = run.plan
     if staging.exists():
         shutil.rmtree(staging)
-    env = {**plan.env, **cache.secret_env(plan.parallel)}  # credentials: never in logs/manifests
+    env = {**plan.env, **parallel.secret_env(plan.parallel)}  # credentials: never in logs/manifests
     if plan.recipe.install != "ninja":
         _build(plan, env, run.log, run.console, run.quiet)
         return

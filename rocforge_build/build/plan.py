@@ -14,18 +14,20 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build import __version__, paths
-from rocforge_build.build import cache, conditions, patches, recipes, sources
-from rocforge_build.build.toolchains import GLSLC_FEATURES, Toolchain, detect, host_identity
+from rocforge_build.build import conditions, patches, recipes, sources
+from rocforge_build.build.backend_choice import check_before_fetch, choose_backend, facts_maker
+from rocforge_build.build.parallel import Parallel, for_plan
+from rocforge_build.build.toolchains import GLSLC_FEATURES, Toolchain, host_identity
 from rocforge_build.discover import targets
 from rocforge_build.discover.builds import read_manifest
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
-from rocforge_build.proc import quote, run
+from rocforge_build.proc import run
 
 MANIFEST = "rocforge-manifest.toml"
 # the user's environment that changes what CMake builds (part of the stamp)
@@ -79,7 +81,7 @@ class Plan:
     outputs: list[dict] = field(default_factory=list)  # {path, reason, because}
     export_env: dict[str, str] = field(default_factory=dict)  # what `rocforge env` exports
     venv: dict | None = None  # {path, requirements, packages, commands, reason}
-    parallel: cache.Parallel | None = None  # compiler cache, distribution, -j (build/cache.py)
+    parallel: Parallel | None = None  # compiler cache, distribution, -j (build/parallel.py)
 
     @property
     def src_dir(self) -> Path:
@@ -190,7 +192,7 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
     notes = _backend_and_stops(recipe, backend, facts, tgt.name, toolchain)
     work = work_dir(prefix)
     ctx = _placeholders(recipe, fetched, tgt.name, backend, prefix, toolchain, work)
-    par = cache.for_plan(recipe.of("jobs"), facts, root=root, requested_jobs=req.jobs,
+    par = for_plan(recipe.of("jobs"), facts, root=root, requested_jobs=req.jobs,
                          no_cache=req.no_cache, distribute=req.distribute, kind=be.toolchain,
                          work=work, environ=environ)
     launcher = par.launcher
@@ -321,10 +323,10 @@ def _options(recipe: recipes.Recipe, req: Request, facts: conditions.Facts, ctx:
 
 
 def _environment(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict, toolchain: Toolchain,
-                 kind: str, par: cache.Parallel, environ: Mapping[str, str],
+                 kind: str, par: Parallel, environ: Mapping[str, str],
                  deps: list[Dependency]) -> tuple[dict, dict, dict, dict]:
     """(build env, reasons, runtime env, export env): the toolchain's variables, the compiler
-    cache's and distribution's (build/cache.py), the recipe's `[[env]]` rules by stage,
+    cache's and distribution's (build/parallel.py), the recipe's `[[env]]` rules by stage,
     dependencies' prefixes in front."""
     env: dict[str, str] = dict(toolchain.env)
     env_reasons = {k: f"{kind} toolchain" for k in toolchain.env}
@@ -442,29 +444,10 @@ def _with_deps(stamp: str, dep_stamps: list[str]) -> str:
 
 # -- what the steps start from: recipe, source, backend, toolchain, dependencies ------------------
 
-def _facts_maker(recipe, tgt, root, environ, req: Request, toolchains: dict, known: dict):
-    """facts_for(backend): the facts a backend is judged by (its toolchain detected once);
-    the source's facts once `known["source"]` is set (before the fetch: unknown)."""
-
-    def facts_for(backend: str) -> conditions.Facts:
-        kind = recipe.backends[backend].toolchain
-        if kind not in toolchains:
-            toolchains[kind] = detect(kind, root, tgt.name, environ, rocm=req.rocm)
-        tc = toolchains[kind]
-        return conditions.Facts(
-            target=tgt.name, families=tgt.therock_groups, backend=backend,
-            rocm_version=tc.rocm_version, source=known.get("source"),
-            host=conditions.HostFacts(include_dirs=tc.include_dirs, path=tc.path,
-                                      probe_glslc=tc.probe_glslc),
-            toolchain_found=tc.missing is None, rocblas_hipblaslt=tc.rocblas_hipblaslt,
-        )
-
-    return facts_for
-
-
 def preflight(req: Request, root) -> None:
     """What `rocforge build` (and its dry run) checks before the source is downloaded or
-    unpacked: see `_preflight`.  A local tree is read in place: nothing to spare, no check."""
+    unpacked: a user prefix rocforge may not replace, then `check_before_fetch`.  A local tree
+    is read in place: nothing to spare, no check."""
     recipe = recipes.load(req.recipe)
     tgt = targets.get_target(req.target)
     spec = sources.spec_for(recipe, ref=req.ref, source=req.source)
@@ -472,8 +455,13 @@ def preflight(req: Request, root) -> None:
         return
     environ = dict(os.environ if req.environ is None else req.environ)
     toolchains: dict[str, Toolchain] = {}
-    _preflight(recipe, req, _facts_maker(recipe, tgt, root, environ, req, toolchains, {}),
-               toolchains)
+    if req.prefix:
+        from rocforge_build import replace
+
+        replace.check_replaceable(Path(req.prefix).expanduser().resolve(), MANIFEST, "--prefix",
+                                  path_list=True)
+    check_before_fetch(recipe, req, facts_maker(recipe, tgt, root, environ, req, toolchains, {}),
+                       toolchains)
 
 
 def _prepare(req: Request, root):
@@ -485,100 +473,16 @@ def _prepare(req: Request, root):
     spec = sources.spec_for(recipe, ref=req.ref, source=req.source)
     toolchains: dict[str, Toolchain] = {}
     known: dict[str, conditions.SourceFacts] = {}
-    facts_for = _facts_maker(recipe, tgt, root, environ, req, toolchains, known)
+    facts_for = facts_maker(recipe, tgt, root, environ, req, toolchains, known)
     identity = sources.identify(spec)
     fetched = sources.fetch(spec, identity)
     known["source"] = conditions.SourceFacts(fetched.tree, source_version(recipe, fetched))
-    backend, backend_reason = _choose_backend(recipe, req, facts_for)
+    backend, backend_reason = choose_backend(recipe, req, facts_for)
     facts = facts_for(backend)
     toolchain = toolchains[recipe.backends[backend].toolchain]
     prefix = (Path(req.prefix).expanduser().resolve() if req.prefix
               else default_prefix(recipe.name, tgt.name, backend))
     return recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix
-
-
-_SOURCE_KEYS = {"source_version", "cmake_option", "file", "source_contains"}
-
-
-def _source_free(cond) -> bool:
-    """Whether a condition can be decided before the source is fetched."""
-    if not cond:
-        return True
-    for key, value in cond.items():
-        if key in _SOURCE_KEYS:
-            return False
-        if key == "not" and not _source_free(value):
-            return False
-        if key in ("any", "all") and not all(_source_free(c) for c in value):
-            return False
-    return True
-
-
-def _possible_backends(recipe: recipes.Recipe, req: Request,
-                       facts_for: Callable[[str], conditions.Facts]) -> list[str]:
-    """The backends the plan may choose, known before the source is: --backend, else the
-    `[[default]]` rules up to the first that holds whatever the source says."""
-    if req.backend:
-        return [req.backend] if req.backend in recipe.backends else []
-    out = []
-    for rule in recipe.of("default"):
-        backend = rule.get("backend")
-        if not _source_free(rule.when):
-            out.append(backend)
-        elif conditions.evaluate(rule.when, facts_for(backend)):
-            return list(dict.fromkeys([*out, backend]))
-    return list(dict.fromkeys([*out, next(iter(recipe.backends))]))
-
-
-def _preflight(recipe: recipes.Recipe, req: Request,
-               facts_for: Callable[[str], conditions.Facts], toolchains: dict) -> None:
-    """Before the source is fetched (a download of tens of MB): a user prefix rocforge may not
-    replace, no toolchain for any backend the plan could choose, or a `[[stop]]` that holds
-    whatever the source says — each stops here, as it would after the fetch."""
-    if req.prefix:
-        from rocforge_build import replace
-
-        replace.check_replaceable(Path(req.prefix).expanduser().resolve(), MANIFEST, "--prefix",
-                                  path_list=True)
-    possible = _possible_backends(recipe, req, facts_for)
-    if not possible:
-        return  # an unknown --backend: _choose_backend says so with its suggestions
-    if len(possible) == 1:  # the plan's order: the recipe's stops, then the toolchain
-        facts = facts_for(possible[0])
-        for rule in recipe.of("stop"):
-            holds, why = (conditions.explain(rule.when, facts) if _source_free(rule.when)
-                          else (False, ""))
-            if holds:
-                hint = rule.get("hint")
-                raise ToolchainError(f"{rule.get('message')} ({why})",
-                                     hint.replace("{target}", facts.target) if hint else None)
-    missing = []
-    for backend in possible:
-        facts_for(backend)
-        tc = toolchains[recipe.backends[backend].toolchain]
-        if tc.missing:
-            missing.append(tc)
-    if len(missing) == len(possible):
-        missing[0].require()
-
-
-def _choose_backend(recipe: recipes.Recipe, req: Request,
-                    facts_for: Callable[[str], conditions.Facts]) -> tuple[str, str]:
-    """--backend, else the first `[[default]]` whose `when` holds — evaluated with the facts
-    (toolchain headers included) of the backend it proposes."""
-    if req.backend:
-        if req.backend not in recipe.backends:
-            import difflib
-
-            close = difflib.get_close_matches(req.backend, recipe.backends, n=1)
-            hint = f"did you mean {close[0]}?" if close else "backends: " + ", ".join(recipe.backends)
-            raise UsageError(f"recipe {recipe.name} has no backend {req.backend!r}", hint)
-        return req.backend, "asked for with --backend"
-    for rule in recipe.of("default"):
-        if conditions.evaluate(rule.when, facts_for(rule.get("backend"))):
-            return rule.get("backend"), rule.get("reason")
-    first = next(iter(recipe.backends))
-    return first, "the recipe's first backend"
 
 
 def default_prefix(recipe: str, target: str, backend: str) -> Path:
@@ -743,55 +647,3 @@ def quick_check(req: Request, root, stack: tuple[str, ...] = ()) -> tuple[str, P
     stamp = _with_deps(stamp, dep_stamps)
     old = read_manifest(prefix)
     return stamp, prefix, current and bool(old) and old.get("stamp") == stamp
-
-
-# -- for people -----------------------------------------------------------------------------------
-
-def print_plan(plan: Plan, out=None) -> None:
-    """Human-readable plan: every decision with its reason."""
-    w = (out or sys.stdout).write  # looked up per call: sys.stdout may have been replaced
-    w(f"recipe   {plan.recipe.name} ({plan.recipe.path})\n")
-    w(f"target   {plan.target}\nbackend  {plan.backend} — {plan.backend_reason}\n")
-    w(f"source   {plan.source.spec.kind} {plan.source.spec.location} @ {plan.source.identity}\n")
-    w(f"prefix   {plan.prefix}\n")
-    if plan.toolchain.missing:
-        w(f"toolchain MISSING: {plan.toolchain.missing}\n  hint: {plan.toolchain.hint}\n")
-    w("options\n")
-    for o in plan.options:
-        w(f"  -D{o['name']}={o['value']}\n      {o['reason']} [{o['because']}]\n")
-    _print_env(w, "env", plan.env, plan.env_reasons)
-    _print_env(w, "runtime env (recorded in the manifest)", plan.runtime_env, plan.env_reasons)
-    w("patches\n")
-    for p in plan.patch_status:
-        w(f"  {p.name}: {p.status} — {p.reason}\n")
-        if p.detail:
-            w("    " + p.detail.replace("\n", "\n    ") + "\n")
-    for n in plan.notes:
-        w(f"note: {n}\n")
-    for d in plan.dependencies:
-        used = " (existing build, used as it is)" if d.built else ""
-        w(f"depends  {d.recipe} ({d.backend}) -> {d.prefix}{used}\n"
-          f"      {d.reason} [{d.because}]\n")
-        for var, sub in d.prepend.items():
-            w(f"      {var} += {d.prefix if sub in ('', '.') else d.prefix / sub}\n")
-    if plan.venv:
-        w(f"venv     {plan.venv['path']} — {plan.venv['reason']}\n")
-        for argv in plan.venv["commands"]:
-            w(f"  {quote(argv)}\n")
-    if plan.parallel:
-        cache.print_plan(plan.parallel, w)
-    w(f"configure  {quote(plan.configure)}\nbuild      {quote(plan.build)}\n")
-    w(f"install    {' '.join(plan.install)}\n")
-    for s in plan.smoke:
-        w(f"smoke      {quote(s)}\n")
-    for o in plan.outputs:
-        w(f"expects    {o['path']} — {o['reason']}\n")
-    _print_env(w, "exported by `rocforge env` (recorded in the manifest)", plan.export_env,
-               plan.env_reasons)
-
-
-def _print_env(w, title: str, env: dict[str, str], reasons: dict[str, str]) -> None:
-    if env:
-        w(f"{title}\n")
-        for k, v in env.items():
-            w(f"  {k}={v}  ({reasons.get(k, '')})\n")

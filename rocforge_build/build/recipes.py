@@ -74,7 +74,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     # a private virtual environment in the build directory with the source's Python requirements
     "venv": {"requirements": ((list,), False), "packages": ((list,), False), "reason": ((str,), True)},
     # peak memory of one build job (the heaviest translation units), for the default -j
-    # (build/cache.py: min(cores, MemAvailable / memory_mb)); a later rule that holds wins
+    # (build/jobs.py: min(cores, MemAvailable / memory_mb)); a later rule that holds wins
     "jobs": {"memory_mb": ((int,), True), "when": ((dict,), False), "reason": ((str,), True)},
 }
 
@@ -243,7 +243,30 @@ def parse(text: str, path: Path) -> Recipe:
     _check_keys(raw, "", where)
     _check_keys(raw["recipe"], "recipe", f"{where}: recipe")
     _plain(name, f"recipe ({path}): recipe.name")
-    src = raw["source"]
+    source = _parse_source(raw["source"], name, path, where)
+    backends = _parse_backends(raw["backends"], where)
+    rules = _parse_rules(raw, backends, name, path, where)
+    build = raw.get("build", {})
+    _check_keys(build, "build", f"{where}: build")
+    if build.get("install", "cmake") not in ("cmake", "ninja"):
+        raise ConfigError(f"{where}: build.install: must be \"cmake\" (cmake --install after the "
+                          "build) or \"ninja\" (the build step is `ninja install`, into DESTDIR)")
+    venv = raw.get("venv")
+    if venv is not None:
+        _check_keys(venv, "venv", f"{where}: venv")
+        for key in ("requirements", "packages"):
+            if not all(isinstance(v, str) for v in venv.get(key, [])):
+                raise ConfigError(f"{where}: venv.{key}: must be a list of strings")
+    return Recipe(
+        name=name, path=path, description=raw["recipe"].get("description", ""), source=source,
+        backends=backends, rules=tuple(rules), build_targets=tuple(build.get("targets", [])),
+        text=text, venv=venv, install=build.get("install", "cmake"),
+    )
+
+
+def _parse_source(src: dict, name: str, path: Path, where: str) -> Source:
+    """The [source] table: a pinned git ref or a checksummed tarball, since a build must be
+    reproducible and its ref becomes a git argument."""
     _check_keys(src, "source", f"{where}: source")
     if not (src.get("git") or src.get("url")):
         raise ConfigError(f"{where}: source: needs `git` (+ `ref`) or `url` (+ `sha256`)")
@@ -265,8 +288,14 @@ def parse(text: str, path: Path) -> Recipe:
         raise ConfigError(f"{where}: source.sparse / source.submodules need a `git` source")
     if not all(isinstance(p, str) and p and not p.startswith("/") for p in source.sparse):
         raise ConfigError(f"{where}: source.sparse: must be a list of relative directory paths")
+    return source
+
+
+def _parse_backends(table: dict, where: str) -> dict[str, Backend]:
+    """The [backends.*] tables: each names a known toolchain and a valid `when`, so a plan
+    never meets an unknown toolchain; a recipe needs at least one."""
     backends: dict[str, Backend] = {}
-    for bname, b in raw["backends"].items():
+    for bname, b in table.items():
         bwhere = f"{where}: backends.{bname}"
         _plain(bname, f"{where}: backends")
         if not isinstance(b, dict):
@@ -280,6 +309,13 @@ def parse(text: str, path: Path) -> Recipe:
                                   b.get("unavailable"), b.get("hint"))
     if not backends:
         raise ConfigError(f"{where}: backends: declare at least one backend")
+    return backends
+
+
+def _parse_rules(raw: dict, backends: dict[str, Backend], name: str, path: Path,
+                 where: str) -> list[Rule]:
+    """The [[default]], [[option]], [[env]], ... arrays of tables, checked here so that a bad
+    rule fails at load time with its place named, not half-way through a build."""
     rules: list[Rule] = []
     for kind in ("default", "option", "env", "patch", "stop", "note", "smoke", "depends", "output",
                  "jobs"):
@@ -293,44 +329,36 @@ def parse(text: str, path: Path) -> Recipe:
             if label_key:
                 iwhere = f"{where}: {kind}[{i}] ({label_key})"
             _check_keys(item, kind, iwhere)
-            if "when" in item:
-                conditions.validate(item["when"], f"{iwhere}.when")
-            if kind == "default" and item["backend"] not in backends:
-                raise ConfigError(f"{iwhere}.backend: {item['backend']!r} is not a declared backend")
-            if kind == "env" and item.get("stage", "configure") not in ("configure", "build", "runtime",
-                                                                        "export"):
-                raise ConfigError(f"{iwhere}.stage: must be configure, build, runtime or export")
-            if kind in ("depends", "patch"):
-                _plain(item["recipe" if kind == "depends" else "file"],
-                       f"{iwhere}.{'recipe' if kind == 'depends' else 'file'}")
-            for key in ("value", "path"):  # what plan fills in: option/env values, output paths
-                for v in item.get(key, []) if isinstance(item.get(key), list) else [item.get(key)]:
-                    if kind in ("option", "env", "output") and isinstance(v, str):
-                        placeholders(v, f"{iwhere}.{key}")
-            if kind == "depends" and item["recipe"] == name:
-                raise ConfigError(f"{iwhere}.recipe: a recipe cannot depend on itself")
-            if kind == "patch" and not (path.parent.parent / "patches" / name / item["file"]).is_file():
-                raise ConfigError(f"{iwhere}.file: {item['file']} not found in "
-                                  f"{path.parent.parent / 'patches' / name}")
-            if kind == "smoke" and not all(isinstance(a, str) for a in item["run"]):
-                raise ConfigError(f"{iwhere}.run: must be a list of strings")
+            _check_rule(kind, item, backends, name, path, iwhere)
             rules.append(Rule(kind, item, item.get("when")))
-    build = raw.get("build", {})
-    _check_keys(build, "build", f"{where}: build")
-    if build.get("install", "cmake") not in ("cmake", "ninja"):
-        raise ConfigError(f"{where}: build.install: must be \"cmake\" (cmake --install after the "
-                          "build) or \"ninja\" (the build step is `ninja install`, into DESTDIR)")
-    venv = raw.get("venv")
-    if venv is not None:
-        _check_keys(venv, "venv", f"{where}: venv")
-        for key in ("requirements", "packages"):
-            if not all(isinstance(v, str) for v in venv.get(key, [])):
-                raise ConfigError(f"{where}: venv.{key}: must be a list of strings")
-    return Recipe(
-        name=name, path=path, description=raw["recipe"].get("description", ""), source=source,
-        backends=backends, rules=tuple(rules), build_targets=tuple(build.get("targets", [])),
-        text=text, venv=venv, install=build.get("install", "cmake"),
-    )
+    return rules
+
+
+def _check_rule(kind: str, item: dict, backends: dict[str, Backend], name: str, path: Path,
+                iwhere: str) -> None:
+    """The checks one rule's kind calls for beyond its key schema: conditions, names that become
+    paths, placeholders, self-dependency, patch files present, smoke commands as argv lists."""
+    if "when" in item:
+        conditions.validate(item["when"], f"{iwhere}.when")
+    if kind == "default" and item["backend"] not in backends:
+        raise ConfigError(f"{iwhere}.backend: {item['backend']!r} is not a declared backend")
+    if kind == "env" and item.get("stage", "configure") not in ("configure", "build", "runtime",
+                                                                "export"):
+        raise ConfigError(f"{iwhere}.stage: must be configure, build, runtime or export")
+    if kind in ("depends", "patch"):
+        _plain(item["recipe" if kind == "depends" else "file"],
+               f"{iwhere}.{'recipe' if kind == 'depends' else 'file'}")
+    for key in ("value", "path"):  # what plan fills in: option/env values, output paths
+        for v in item.get(key, []) if isinstance(item.get(key), list) else [item.get(key)]:
+            if kind in ("option", "env", "output") and isinstance(v, str):
+                placeholders(v, f"{iwhere}.{key}")
+    if kind == "depends" and item["recipe"] == name:
+        raise ConfigError(f"{iwhere}.recipe: a recipe cannot depend on itself")
+    if kind == "patch" and not (path.parent.parent / "patches" / name / item["file"]).is_file():
+        raise ConfigError(f"{iwhere}.file: {item['file']} not found in "
+                          f"{path.parent.parent / 'patches' / name}")
+    if kind == "smoke" and not all(isinstance(a, str) for a in item["run"]):
+        raise ConfigError(f"{iwhere}.run: must be a list of strings")
 
 
 def load_file(path: Path) -> Recipe:

@@ -7,7 +7,8 @@ import json
 import sys
 
 from rocforge_build.build import pipeline
-from rocforge_build.build.plan import Request, make_plan, preflight, print_plan
+from rocforge_build.build.plan import Request, make_plan, preflight
+from rocforge_build.build.plan_text import print_plan
 from rocforge_build.commands import target_or_detected
 from rocforge_build.errors import UsageError
 from rocforge_build.refs import check_git_ref

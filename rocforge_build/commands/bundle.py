@@ -98,9 +98,9 @@ def run(args) -> int:
 
 
 def _check(args, path: Path) -> int:
-    from rocforge_build.ship import bundle
+    from rocforge_build.ship import bundle_check
 
-    result = bundle.check(path, args.rootfs)
+    result = bundle_check.check(path, args.rootfs)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
         return 0 if not result.bad else IntegrityError.exit_code
@@ -123,9 +123,9 @@ def _check(args, path: Path) -> int:
 
 
 def _unpack(args, path: Path) -> int:
-    from rocforge_build.ship import bundle
+    from rocforge_build.ship import bundle, bundle_unpack
 
-    dest = bundle.unpack(path, args.into)
+    dest = bundle_unpack.unpack(path, args.into)
     if args.json:
         print(json.dumps({"unpacked": str(dest)}))
     else:

@@ -13,7 +13,7 @@ from pathlib import Path
 from rocforge_build import paths
 from rocforge_build.errors import BuildError, UsageError
 from rocforge_build.proc import CommandFailed
-from rocforge_build.ship import containers
+from rocforge_build.ship import container_context, container_engines, containers
 
 
 def _common(p) -> None:
@@ -89,16 +89,16 @@ def _print_decisions(decisions, out=None) -> None:
 
 
 def _build(args) -> int:
-    engine, why = containers.detect_engine(args.engine)  # before the source is read
+    engine, why = container_engines.detect_engine(args.engine)  # before the source is read
     if not args.dry_run:
-        containers.check_engine(engine, building=True)  # before anything is fetched or built
+        container_engines.check_engine(engine, building=True)  # before anything is fetched or built
     plan = containers.plan(
         args.recipe, target=args.target, backend=args.backend, variant=args.variant,
         base=args.base, runtime_base=args.runtime_base, tag=args.tag, source=args.source, ref=args.ref,
         root=args.rootfs,
     )
-    ctx = containers.context_dir(plan)
-    steps = containers.build_commands(engine, ctx, plan.tag)
+    ctx = container_context.context_dir(plan)
+    steps = container_engines.build_commands(engine, ctx, plan.tag)
     decisions = (*plan.decisions, why)
     if args.dry_run:
         text = containers.render(plan)
@@ -110,7 +110,7 @@ def _build(args) -> int:
             return 0
         print(f"# {ctx / 'Containerfile'}")
         print(text)
-        for problem in containers.engine_problems(engine, building=True):
+        for problem in container_engines.engine_problems(engine, building=True):
             print(f"# warning: {problem}")
         print("# decisions")
         _print_decisions(decisions)
@@ -127,7 +127,7 @@ def _build(args) -> int:
     out.write(f"rocforge: building {plan.tag} with {engine.name} in {ctx}\n")
     _print_decisions(decisions, out)
     out.flush()
-    containers.prepare_context(plan, ctx)
+    container_context.prepare_context(plan, ctx)
     q = args.json
     _engine(steps.stage, "image build (builder and runtime stages)", ctx / "Containerfile", quiet_stdout=q)
     _engine(steps.facts, "export of the builder's facts", ctx / "Containerfile.facts", quiet_stdout=q)
@@ -191,10 +191,10 @@ def _run(args) -> int:
         raise UsageError("no command given", "put the command after --, e.g. -- llama-cli --version")
     plan = containers.plan(args.recipe, target=args.target, backend=args.backend, variant=args.variant,
                            tag=args.tag, source=args.source, ref=args.ref, root=args.rootfs)
-    engine, why = containers.detect_engine(args.engine)
+    engine, why = container_engines.detect_engine(args.engine)
     if not args.dry_run:
-        containers.check_engine(engine, building=False)
-    rp = containers.run_plan(engine, plan.tag, list(args.cmd), rootfs=args.rootfs,
+        container_engines.check_engine(engine, building=False)
+    rp = container_engines.run_plan(engine, plan.tag, list(args.cmd), rootfs=args.rootfs,
                              interactive=sys.stdin.isatty() and sys.stdout.isatty())
     why = (why, *_gpu_memory(args.rootfs))
     if args.dry_run:
@@ -216,15 +216,15 @@ def _run(args) -> int:
         return 0
     for w in rp.warnings:
         sys.stderr.write(f"rocforge: warning: {w}\n")
-    return containers.execute_run(rp)
+    return container_engines.execute_run(rp)
 
 
 def _gpu_memory(rootfs) -> tuple:
     """On an APU, the GPU memory the container will see: the host's GTT (same kernel)."""
-    from rocforge_build.discover import gpus, host
+    from rocforge_build.discover import gpus, host_checks
     from rocforge_build.discover.resolver import Decision
 
-    note = host.gpu_memory_note(rootfs, gpus.discover(rootfs).gpus)
+    note = host_checks.gpu_memory_note(rootfs, gpus.discover(rootfs).gpus)
     return (Decision("gpu_memory", note, "a container shares the host's kernel, so its GPU memory "
                      "is the host's GTT; `rocforge host plan` prints the change that raises it"),) if note else ()
 

@@ -9,8 +9,8 @@ import os
 import re
 import tomllib
 
-from rocforge_build.build import cache
-from rocforge_build.discover import host, resolver
+from rocforge_build.build import parallel
+from rocforge_build.discover import host, host_checks, resolver
 from rocforge_build.nightly import known_bad
 from rocforge_build.resources import package_data
 from rocforge_build.rootfs import Root
@@ -161,26 +161,16 @@ def stack_blockers(res: resolver.Resolution) -> list[str]:
 
 def run(args) -> int:
     res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
-    sys_warnings, sys_blockers = system_checks(args.rootfs, res)
-    host_checks = host.checks(args.rootfs, res.gpus)  # a host check at "fail" blocks; "warn" does not
-    # the resolver's own blockers: e.g. the main GPU not served by this ROCm
-    # known-bad host states, less those the host section above already reports (with their fix)
-    reported = {c.id for c in host_checks if c.status != "ok"}
-    bad_host = [m for m in known_bad.host_matches(host_fingerprint(args.rootfs, res))
-                if m.doctor_check not in reported]
-    blockers = [*stack_blockers(res), *res.blockers, *sys_blockers, *host.blockers(host_checks),
-                *(m.text for m in bad_host if m.severity == "blocker")]
-    warnings = [*res.warnings, *sys_warnings, *known_bad.doctor_warnings(res),
-                *(m.text for m in bad_host if m.severity == "warning")]
+    host_found, warnings, blockers = _findings(args.rootfs, res)
     usable = not blockers
     if args.json:
         data = res.to_json()
-        data["host"] = [c.to_json() for c in host_checks]
+        data["host"] = [c.to_json() for c in host_found]
         data["coverage"] = coverage_rows(res)
         data["warnings"] = warnings  # one list: the resolver's and the system checks'
         data["blockers"] = blockers  # empty exactly when usable
         data["usable"] = usable
-        data["build_servers"] = cache.doctor_checks()
+        data["build_servers"] = parallel.doctor_checks()
         print(json.dumps(data, indent=2))
         return 0 if usable else 1
 
@@ -190,6 +180,44 @@ def run(args) -> int:
     # soft wrap: a line longer than the screen is left to the terminal (or the pipe) whole,
     # never broken by rich at 80 columns
     console = Console(soft_wrap=True)
+    _print_tables(console, res)
+    for line in host_checks.text_lines(host_found):
+        console.print(line, highlight=False)
+    for row in parallel.doctor_checks():  # configured cache server / distcc hosts (build/parallel.py)
+        console.print(esc(f"{row['what']} {row['address']}: {row['status']}"), highlight=False)
+    for w in warnings:
+        console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False)
+    for b in blockers:
+        console.print(f"[red]problem:[/] {esc(b)}", highlight=False)
+    if usable:
+        console.print(f"[green]usable:[/] ROCm {esc(str(res.rocm.path))} for {res.target or 'building'}; "
+                      "`eval \"$(rocforge env)\"` sets it up", highlight=False)
+    else:
+        console.print("[red]not usable:[/] see the problems above", highlight=False)
+    return 0 if usable else 1
+
+
+def _findings(rootfs: Root, res: resolver.Resolution) -> tuple[list, list[str], list[str]]:
+    """(host checks, warnings, blockers) from every source doctor asks: the resolver, the system
+    checks, the host checks and the known-bad list; the JSON and the text report the same."""
+    sys_warnings, sys_blockers = system_checks(rootfs, res)
+    host_found = host_checks.checks(rootfs, res.gpus)  # a host check at "fail" blocks; "warn" does not
+    # the resolver's own blockers: e.g. the main GPU not served by this ROCm
+    # known-bad host states, less those the host section above already reports (with their fix)
+    reported = {c.id for c in host_found if c.status != "ok"}
+    bad_host = [m for m in known_bad.host_matches(host_fingerprint(rootfs, res))
+                if m.doctor_check not in reported]
+    blockers = [*stack_blockers(res), *res.blockers, *sys_blockers, *host_checks.blockers(host_found),
+                *(m.text for m in bad_host if m.severity == "blocker")]
+    warnings = [*res.warnings, *sys_warnings, *known_bad.doctor_warnings(res),
+                *(m.text for m in bad_host if m.severity == "warning")]
+    return host_found, warnings, blockers
+
+
+def _print_tables(console, res: resolver.Resolution) -> None:
+    """The text report's tables: GPUs, ROCm installs, library coverage per target, decisions."""
+    from rich.markup import escape as esc
+
     yes = "[green]yes[/]"
     no = "[red]no[/]"
 
@@ -227,19 +255,3 @@ def run(args) -> int:
     show_table(console, "Decisions", ("key", "value", "reason"),
                [[esc(d.key), "[dim]unset[/]" if d.value is None else esc(d.text()), esc(d.reason)]
                 for d in res.decisions])
-
-    for line in host.text_lines(host_checks):
-        console.print(line, highlight=False)
-    for row in cache.doctor_checks():  # configured cache server / distcc hosts (build/cache.py)
-        console.print(esc(f"{row['what']} {row['address']}: {row['status']}"), highlight=False)
-    for w in warnings:
-        console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False)
-    for b in blockers:
-        console.print(f"[red]problem:[/] {esc(b)}", highlight=False)
-    if usable:
-        console.print(f"[green]usable:[/] ROCm {esc(str(res.rocm.path))} for {res.target or 'building'}; "
-                      "`eval \"$(rocforge env)\"` sets it up", highlight=False)
-    else:
-        console.print("[red]not usable:[/] see the problems above", highlight=False)
-    return 0 if usable else 1
-

@@ -19,13 +19,13 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from rocforge_build.discover import gpus, host
+    from rocforge_build.discover import gpus, host_plan
 
     found = gpus.discover(args.rootfs)
-    p = host.plan(args.rootfs, found.gpus, args.reserve)
-    script = host.render_script(p)
+    p = host_plan.plan(args.rootfs, found.gpus, args.reserve)
+    script = host_plan.render_script(p)
     if args.write:
-        host.write_script(args.write, script)
+        host_plan.write_script(args.write, script)
     if args.json:
         print(json.dumps(p.to_json(), indent=2))
     elif args.write:

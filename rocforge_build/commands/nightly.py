@@ -157,7 +157,7 @@ def _shown(args, path) -> str:
 
 
 def _mb(size) -> str:
-    from rocforge_build.nightly.install import human_size
+    from rocforge_build.progress import human_size
 
     return human_size(size)
 
@@ -188,7 +188,7 @@ def _list(args, cfg) -> int:
 
 
 def _install(args, cfg) -> int:
-    from rocforge_build.discover import installs as installs_mod
+    from rocforge_build.discover.rocm_version import version_key
     from rocforge_build.nightly import install, known_bad
 
     if args.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", args.sha256.strip()):
@@ -213,7 +213,7 @@ def _install(args, cfg) -> int:
         entries = keep
     layers, reason = listing.layer_plan(entries, target, groups, args.version, args.layer)
     newer = [why for v, why in skipped.items()
-             if installs_mod.version_key(v) > installs_mod.version_key(layers[-1].version)]
+             if version_key(v) > version_key(layers[-1].version)]
     if newer:
         reason += "; skipped " + "; ".join(newer)
     pinned = known_bad.find(layers[-1].version, target, layers[-1].family)

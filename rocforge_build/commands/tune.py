@@ -76,14 +76,7 @@ def run(args) -> int:
 
     args.target = target_or_detected(args)
     say = (lambda text: None) if args.json else (lambda text: sys.stderr.write(f"rocforge: tune: {text}\n"))
-    if not (args.n_prompt or args.n_gen):
-        raise UsageError("-p/--n-prompt and -n/--n-gen are both 0: there is nothing to measure",
-                         "give one of them a number of tokens above 0")
-    wanted = [c.strip() for c in args.contexts.split(",") if c.strip()]
-    all_ranges = tune.rules()["ranges"]
-    bad = [c for c in wanted if c not in all_ranges]
-    if bad or not wanted:
-        raise UsageError(f"--contexts {args.contexts!r}: known ranges are {', '.join(all_ranges)}")
+    wanted, all_ranges = _wanted_ranges(args)
     from rocforge_build.measure import gguf
 
     model = gguf.check(args.model)  # a bad model is reported before anything is built
@@ -103,55 +96,10 @@ def run(args) -> int:
     status = "failed"
     try:
         for b in builds:
-            fas = bench.fa_list(args.fa) if args.fa else tune.rules()["search"]["fa"]
-            gates = {bool(fa): verify.gate(b, s.model, reference=None, store=s.store, run_id=run_id, base=s.base,
-                                           coverage=verify.plan(s.model, gpu=b.gpu, ctx=args.ctx or None),
-                                           fa=bool(fa), quiet=args.json)[0] for fa in fas}
-            passing = [fa for fa, v in gates.items() if v == "passed"]
-            verdict = "passed" if passing else "failed"
-            cand = tune.Candidate(b, verdict)
+            cand, outcome = _tune_build(b, s, spec, run_id, ranges, n_ctx, progress, args, say)
             cands.append(cand)
-            base = {**s.base, "prefix": str(b.prefix), "backend": b.backend, "stamp": b.stamp,
-                    "build": b.provenance(), "gate": verdict}
-            for fa, v in gates.items():
-                if v != "passed":
-                    s.store.add_row(run_id, "bench", {**base, "gate": "failed", "fa": fa, "test": "gate",
-                                                      "status": "gate-failed"}, status="gate-failed")
-                    say(f"{b.label()} failed the verify gate with flash attention {'on' if fa else 'off'}: "
-                        "those variants never win")
-            if not passing:
-                continue
-            depths, note = bench.depths_for(b, spec.depths)
-            if note:
-                cand.note = note
-            dims, env_names = tune.dimensions(b.backend, args.ubatch or None,
-                                              passing,
-                                              bench.env_pairs(args.env) if args.env else None, n_ctx)
-
-            race = None if args.exhaustive else tune.Race.from_rules()
-            cand.race = race
-
-            def measure(v, b=b, base=base, depths=depths, race=race, settling=False):
-                """The search's runs are screenings raced against the fastest (not --exhaustive);
-                settling's repeats use the full --reps and the user's --timeout."""
-                run_spec = spec if settling or race is None else race.spec(tune.screening(spec))
-                progress.status(f"{b.label()} {v.label()}")
-                rows, clock = [], []
-                bench.run_variant(b, run_spec, v, base, depths,
-                                  lambda r: (s.store.add_row(run_id, "bench", r, status=r["status"]),
-                                             rows.append(r), progress.advance(r)), clock=clock)
-                if race is not None and not settling and clock:
-                    race.record(clock[-1], rows, run_spec)
-                return rows
-
-            if bench.wants_warmup(spec, b):  # the driver's pipeline compiles (see bench.Spec.warmup)
-                progress.status(f"warming up {b.label()} (one discarded run)")
-                bench.warm_up(b, spec, tune.to_variant(tuple(d[0] for d in dims), env_names))
-            best = tune.search(cand, dims, env_names, {k: d if d in depths else 0 for k, d in ranges.items()},
-                               measure, full=args.exhaustive)
-            full = math.prod(len(d) for d in dims)
-            cand.remeasure = lambda v, measure=measure: measure(v, settling=True)
-            results.append((cand, best, full))
+            if outcome is not None:
+                results.append(outcome)
         status = "done"
         searched = time.monotonic() - started
         settled = settle_all(results, ranges, searched, say)
@@ -174,19 +122,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
-        for c in summary["candidates"]:
-            how = (f"; each measured first with {c['screen_reps']} repetition(s), the leaders again "
-                   f"with {args.reps}; {c['stopped_by_race']} stopped by the race" if c["screen_reps"] else "")
-            print(f"{c['prefix']} ({c['backend']}): gate {c['gate']}, {c['measured']} variants measured "
-                  f"(full cross product: {c['cross_product']}{how})")
-        if preset:
-            for name, r in preset["ranges"].items():
-                print(f"{name}: {r['backend']} {r['prefix']} {r['variant_label']} (score {r['score']:.1f})")
-                if r.get("settled"):
-                    print(f"  {r['settled']}")
-                for rej in r.get("rejected", []):
-                    print(f"  not stored: {rej['variant_label']} ({rej['prefix']}): {rej['reason']}")
-            print(f"preset stored as version {preset['version']}: rocforge preset show {s.model.name}")
+        _print_summary(summary, preset, s.model.name, args.reps)
     if not preset:
         if results:  # gated in, but no variant finished its pp and tg runs at a range's depth
             raise UsageError("no variant finished its runs (failed or over --timeout); no preset was made",
@@ -194,6 +130,91 @@ def run(args) -> int:
         raise UsageError("no candidate passed the verify gate; no preset was made",
                          "see `rocforge results show` for the failed checks")
     return 0
+
+
+def _wanted_ranges(args) -> tuple[list[str], dict]:
+    """The context ranges asked for (and every range data/tune.toml knows), checked before
+    anything is built: a typo or nothing to measure is one line, not an hour of builds."""
+    if not (args.n_prompt or args.n_gen):
+        raise UsageError("-p/--n-prompt and -n/--n-gen are both 0: there is nothing to measure",
+                         "give one of them a number of tokens above 0")
+    wanted = [c.strip() for c in args.contexts.split(",") if c.strip()]
+    all_ranges = tune.rules()["ranges"]
+    bad = [c for c in wanted if c not in all_ranges]
+    if bad or not wanted:
+        raise UsageError(f"--contexts {args.contexts!r}: known ranges are {', '.join(all_ranges)}")
+    return wanted, all_ranges
+
+
+def _tune_build(b, s, spec, run_id, ranges: dict[str, int], n_ctx, progress, args, say):
+    """One candidate build: the verify gate per flash-attention setting (a failed one is
+    recorded and never wins), then the search over its variants.  Returns (candidate,
+    (candidate, best, cross-product size) or None when no setting passed the gate)."""
+    fas = bench.fa_list(args.fa) if args.fa else tune.rules()["search"]["fa"]
+    gates = {bool(fa): verify.gate(b, s.model, reference=None, store=s.store, run_id=run_id, base=s.base,
+                                   coverage=verify.plan(s.model, gpu=b.gpu, ctx=args.ctx or None),
+                                   fa=bool(fa), quiet=args.json)[0] for fa in fas}
+    passing = [fa for fa, v in gates.items() if v == "passed"]
+    verdict = "passed" if passing else "failed"
+    cand = tune.Candidate(b, verdict)
+    base = {**s.base, "prefix": str(b.prefix), "backend": b.backend, "stamp": b.stamp,
+            "build": b.provenance(), "gate": verdict}
+    for fa, v in gates.items():
+        if v != "passed":
+            s.store.add_row(run_id, "bench", {**base, "gate": "failed", "fa": fa, "test": "gate",
+                                              "status": "gate-failed"}, status="gate-failed")
+            say(f"{b.label()} failed the verify gate with flash attention {'on' if fa else 'off'}: "
+                "those variants never win")
+    if not passing:
+        return cand, None
+    depths, note = bench.depths_for(b, spec.depths)
+    if note:
+        cand.note = note
+    dims, env_names = tune.dimensions(b.backend, args.ubatch or None,
+                                      passing,
+                                      bench.env_pairs(args.env) if args.env else None, n_ctx)
+
+    race = None if args.exhaustive else tune.Race.from_rules()
+    cand.race = race
+
+    def measure(v, b=b, base=base, depths=depths, race=race, settling=False):
+        """The search's runs are screenings raced against the fastest (not --exhaustive);
+        settling's repeats use the full --reps and the user's --timeout."""
+        run_spec = spec if settling or race is None else race.spec(tune.screening(spec))
+        progress.status(f"{b.label()} {v.label()}")
+        rows, clock = [], []
+        bench.run_variant(b, run_spec, v, base, depths,
+                          lambda r: (s.store.add_row(run_id, "bench", r, status=r["status"]),
+                                     rows.append(r), progress.advance(r)), clock=clock)
+        if race is not None and not settling and clock:
+            race.record(clock[-1], rows, run_spec)
+        return rows
+
+    if bench.wants_warmup(spec, b):  # the driver's pipeline compiles (see bench.Spec.warmup)
+        progress.status(f"warming up {b.label()} (one discarded run)")
+        bench.warm_up(b, spec, tune.to_variant(tuple(d[0] for d in dims), env_names))
+    best = tune.search(cand, dims, env_names, {k: d if d in depths else 0 for k, d in ranges.items()},
+                       measure, full=args.exhaustive)
+    full = math.prod(len(d) for d in dims)
+    cand.remeasure = lambda v, measure=measure: measure(v, settling=True)
+    return cand, (cand, best, full)
+
+
+def _print_summary(summary: dict, preset: dict | None, model_name: str, reps: int) -> None:
+    """The summary for people: each candidate's gate and search, then each range's winner."""
+    for c in summary["candidates"]:
+        how = (f"; each measured first with {c['screen_reps']} repetition(s), the leaders again "
+               f"with {reps}; {c['stopped_by_race']} stopped by the race" if c["screen_reps"] else "")
+        print(f"{c['prefix']} ({c['backend']}): gate {c['gate']}, {c['measured']} variants measured "
+              f"(full cross product: {c['cross_product']}{how})")
+    if preset:
+        for name, r in preset["ranges"].items():
+            print(f"{name}: {r['backend']} {r['prefix']} {r['variant_label']} (score {r['score']:.1f})")
+            if r.get("settled"):
+                print(f"  {r['settled']}")
+            for rej in r.get("rejected", []):
+                print(f"  not stored: {rej['variant_label']} ({rej['prefix']}): {rej['reason']}")
+        print(f"preset stored as version {preset['version']}: rocforge preset show {model_name}")
 
 
 def settle_all(results, ranges: dict[str, int], searched_s: float, say) -> dict[str, dict]:

@@ -23,6 +23,8 @@ from pathlib import PurePosixPath
 
 from rocforge_build.discover import binaries
 from rocforge_build.discover.envcache import touch
+from rocforge_build.discover.rocm_version import install_version
+from rocforge_build.discover.watched_reads import all_dirs, first, glob, read, watch
 from rocforge_build.errors import ConfigError, NoRocmError, UsageError
 from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root
@@ -36,7 +38,6 @@ _LAYOUT_KEYS = {
 _TENSILE_RE = re.compile(r"^TensileLibrary.*?_(gfx[0-9]+[0-9a-f]*)(?=[^0-9a-z]|$)")
 _ARCH_DIR_RE = re.compile(r"^gfx[0-9]+[0-9a-f]*$")
 _ISA_RE = re.compile(r"^oclc_isa_version_([0-9]+[0-9a-f]*)\.bc$")
-_VERSION_RE = re.compile(r"\d+\.\d+(?:\.\d+)?(?:(?:a|rc|\.dev)\d*(?:\+[0-9a-f]+)?)?")
 HIPCXX_NAMES = ("clang++", "amdclang++")
 
 
@@ -203,169 +204,6 @@ def _s(p: PurePosixPath | None) -> str | None:
     return None if p is None else str(p)
 
 
-# -- small readers ------------------------------------------------------------------------------
-def _watch(root: Root, inner: PurePosixPath) -> None:
-    """Record `inner` for the env cache: the path as named (a link is stamped itself) and the
-    file it resolves to."""
-    touch(os.path.join(root.base, str(inner).lstrip("/")))
-    touch(root.host(inner))
-
-
-def _read(root: Root, inner: PurePosixPath, limit: int = 1 << 20) -> str | None:
-    _watch(root, inner)
-    try:
-        with open(root.host(inner), encoding="utf-8", errors="replace") as fh:
-            return fh.read(limit)
-    except OSError:
-        return None
-
-
-def _glob(root: Root, base: PurePosixPath, pattern: str) -> list[PurePosixPath]:
-    """Existing inner paths for a relative pattern (globs allowed); newest-looking last."""
-    if not any(c in pattern for c in "*?["):
-        p = base / pattern
-        _watch(root, p)
-        return [p] if root.exists(p) else []
-    static = []
-    for part in pattern.split("/"):
-        if any(c in part for c in "*?["):
-            break
-        static.append(part)
-    _watch(root, base.joinpath(*static))
-    found = root.glob(base, pattern)
-    return sorted(found, key=lambda p: _natural(str(p)))
-
-
-def _natural(text: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
-
-
-def _first(root: Root, base: PurePosixPath, patterns, want_dir: bool = True):
-    for pattern in patterns:
-        hits = [h for h in _glob(root, base, pattern) if not want_dir or root.is_dir(h)]
-        if hits:
-            return hits[-1]
-    return None
-
-
-def _all(root: Root, base: PurePosixPath, patterns) -> tuple[PurePosixPath, ...]:
-    out: list[PurePosixPath] = []
-    for pattern in patterns:
-        for hit in _glob(root, base, pattern):
-            if root.is_dir(hit) and hit not in out:
-                out.append(hit)
-    return tuple(out)
-
-
-# -- version sources ----------------------------------------------------------------------------
-def _v_install_toml(root: Root, base: PurePosixPath) -> str | None:
-    text = _read(root, base / "rocforge-install.toml")
-    if text is None:
-        return None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
-        return None
-    value = data.get("version")
-    return str(value) if value else None
-
-
-def _v_info_version(root: Root, base: PurePosixPath) -> str | None:
-    text = _read(root, base / ".info" / "version")
-    if not text:
-        return None
-    m = _VERSION_RE.search(text)
-    return m.group(0) if m else None
-
-
-def _v_header(root: Root, base: PurePosixPath, names, prefix: str) -> str | None:
-    for name in names:
-        text = _read(root, base / name)
-        if not text:
-            continue
-        parts = []
-        for part in ("MAJOR", "MINOR", "PATCH"):
-            m = re.search(rf"#define\s+{prefix}_VERSION_{part}\s+(\d+)", text)
-            if not m:
-                break
-            parts.append(m.group(1))
-        if len(parts) >= 2:
-            if prefix == "HIP" and len(parts) == 3 and len(parts[2]) > 3:
-                parts = parts[:2]  # HIP_VERSION_PATCH is a build number, not a ROCm patch level
-            return ".".join(parts)
-    return None
-
-
-def _v_rocm_version_h(root: Root, base: PurePosixPath) -> str | None:
-    return _v_header(root, base, ("include/rocm-core/rocm_version.h", "include/rocm_version.h"), "ROCM")
-
-
-def _v_hip_version_h(root: Root, base: PurePosixPath) -> str | None:
-    return _v_header(root, base, ("include/hip/hip_version.h",), "HIP")
-
-
-def _v_dpkg(package: str):
-    def reader(root: Root, base: PurePosixPath) -> str | None:
-        text = _read(root, PurePosixPath("/var/lib/dpkg/status"), limit=64 << 20)
-        if not text:
-            return None
-        # `package` is a regular expression over package names (libamdhip64-[0-9]+).
-        m = re.search(rf"^Package: (?:{package})\n(?:(?!\n\n).)*?^Status: install ok installed\n"
-                      rf"(?:(?!\n\n).)*?^Version: (?:\d+:)?(\d[\d.]*)", text, re.M | re.S)
-        return m.group(1) if m else None
-    return reader
-
-
-def _v_dist_info_metadata(root: Root, base: PurePosixPath) -> str | None:
-    site = base.parent
-    for hit in _glob(root, site, "rocm_sdk_core-*.dist-info"):
-        m = re.match(r"rocm_sdk_core-(.+)\.dist-info$", hit.name)
-        if m:
-            return m.group(1)
-    return None
-
-
-def _v_dir_name(root: Root, base: PurePosixPath) -> str | None:
-    """`/opt/rocm/core-7.14` (TheRock native packages: build_package.py installs to
-    /opt/rocm/core-<major>.<minor>), `/opt/rocm-6.4.1`: the version in the directory name."""
-    m = re.search(r"(?:core|rocm)-(\d+\.\d+(?:\.\d+)?)$", root.resolve(base).name)
-    return m.group(1) if m else None
-
-
-_VERSION_READERS = {
-    "dir_name": _v_dir_name,
-    "install_toml": _v_install_toml,
-    "info_version": _v_info_version,
-    "rocm_version_h": _v_rocm_version_h,
-    "hip_version_h": _v_hip_version_h,
-    "dist_info_metadata": _v_dist_info_metadata,
-}
-
-
-def _version(root: Root, base: PurePosixPath, layout: Layout) -> str | None:
-    for source in layout.version_from:
-        reader = _v_dpkg(source[5:]) if source.startswith("dpkg:") else _VERSION_READERS[source]
-        value = reader(root, base)
-        if value:
-            return value
-    return None
-
-
-def version_key(version: str | None) -> tuple:
-    """Order versions: 7.10.0a20251021 < 7.10.0; unknown sorts first."""
-    if not version:
-        return (-1,)
-    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(.*)", version)
-    if not m:
-        return (-1,)
-    major, minor, patch = int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
-    rest = m.group(4)
-    pre = re.match(r"(a|rc|\.dev)(\d*)", rest)
-    if pre:
-        return (major, minor, patch, 0, int(pre.group(2) or 0))
-    return (major, minor, patch, 1, 0)
-
-
 # -- coverage -----------------------------------------------------------------------------------
 def gfx_sorted(names) -> tuple[str, ...]:
     from rocforge_build.discover.targets import gfx_version
@@ -382,13 +220,13 @@ def gfx_sorted(names) -> tuple[str, ...]:
 def _tensile_targets(root: Root, dirs: tuple[PurePosixPath, ...]) -> tuple[str, ...]:
     found: set[str] = set()
     for d in dirs:
-        _watch(root, d)
+        watch(root, d)
         for name in root.listdir(d):
             m = _TENSILE_RE.match(name)
             if m:
                 found.add(m.group(1))
             elif _ARCH_DIR_RE.match(name) and root.is_dir(d / name):
-                _watch(root, d / name)
+                watch(root, d / name)
                 if any(n.startswith("TensileLibrary") for n in root.listdir(d / name)):
                     found.add(name)
     return gfx_sorted(found)
@@ -401,17 +239,17 @@ def tensile_targets(root: Root, dirs: tuple[PurePosixPath, ...]) -> tuple[str, .
 
 def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
               bitcode_dir: PurePosixPath | None) -> Coverage:
-    rocblas_dirs = tuple(d for b in bases for d in _all(root, b, layout.rocblas_dirs))
-    hipblaslt_dirs = tuple(d for b in bases for d in _all(root, b, layout.hipblaslt_dirs))
+    rocblas_dirs = tuple(d for b in bases for d in all_dirs(root, b, layout.rocblas_dirs))
+    hipblaslt_dirs = tuple(d for b in bases for d in all_dirs(root, b, layout.hipblaslt_dirs))
     bitcode = ()
     if bitcode_dir is not None:
-        _watch(root, bitcode_dir)
+        watch(root, bitcode_dir)
         bitcode = gfx_sorted(f"gfx{m.group(1)}" for n in root.listdir(bitcode_dir)
                              if (m := _ISA_RE.match(n)))
     dist: list[str] = []
     has_dist = False
     for b in bases:
-        text = _read(root, b / "share" / "therock" / "dist_info.json")
+        text = read(root, b / "share" / "therock" / "dist_info.json")
         if text is None:
             continue
         try:
@@ -423,10 +261,10 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
         items = value if isinstance(value, list) else re.split(r"[;,\s]+", str(value or ""))
         dist.extend(i for i in items if isinstance(i, str) and i.startswith("gfx"))
     runtime = binaries.runtime_isas(
-        root, [h for b in bases for pat in layout.runtime_libs for h in _glob(root, b, pat)])
+        root, [h for b in bases for pat in layout.runtime_libs for h in glob(root, b, pat)])
     rocblas_lib, rocblas_needed = None, None
     for b in bases:
-        for hit in (h for pat in layout.rocblas_libs for h in _glob(root, b, pat)):
+        for hit in (h for pat in layout.rocblas_libs for h in glob(root, b, pat)):
             info = binaries.read_elf(root.host(hit))
             if info is not None:
                 rocblas_lib, rocblas_needed = str(hit), info.needed
@@ -435,7 +273,7 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
             break
     kpack: list[tuple[str, str]] = []
     for b in bases:
-        for hit in _glob(root, b, ".kpack/*.kpack"):
+        for hit in glob(root, b, ".kpack/*.kpack"):
             pack = binaries.read_kpack(root, hit)
             if pack is not None:
                 kpack.extend((g, str(hit)) for g in pack.arches)
@@ -461,7 +299,7 @@ def _layout_of(root: Root, path: PurePosixPath, allowed: tuple[str, ...]) -> Lay
         if not layout.markers:
             return layout
         for marker in layout.markers:
-            if _glob(root, path, marker):
+            if glob(root, path, marker):
                 return layout
     return None
 
@@ -470,7 +308,7 @@ def _hipcxx(root: Root, compiler_dir: PurePosixPath | None) -> PurePosixPath | N
     if compiler_dir is None:
         return None
     for name in HIPCXX_NAMES:
-        _watch(root, compiler_dir / name)
+        watch(root, compiler_dir / name)
         if root.exists(compiler_dir / name):
             return compiler_dir / name
     return None
@@ -494,7 +332,7 @@ def _bitcode_and_llvm(root: Root, path: PurePosixPath, layout: Layout,
     want = hipcc.llvm_major if hipcc is not None else None
     hits: list[PurePosixPath] = []
     for pattern in layout.bitcode_dirs:
-        hits += [h for h in _glob(root, path, pattern) if root.is_dir(h) and h not in hits]
+        hits += [h for h in glob(root, path, pattern) if root.is_dir(h) and h not in hits]
         if hits and not any(_llvm_of(h) is not None for h in hits):
             break  # an unversioned directory (bookworm's multiarch one): first pattern wins
     if not hits:
@@ -514,13 +352,13 @@ def _compiler_dir(root: Root, path: PurePosixPath, layout: Layout,
     if owner is not None:
         versioned = False
         for pattern in layout.compiler_dirs:
-            for hit in _glob(root, path, pattern):
+            for hit in glob(root, path, pattern):
                 versioned = versioned or _llvm_of(hit) is not None
                 if root.is_dir(hit) and _llvm_of(hit) == owner:
                     return hit
         if versioned:
             return None  # the owning LLVM is not installed; another LLVM is no substitute
-    return _first(root, path, layout.compiler_dirs)
+    return first(root, path, layout.compiler_dirs)
 
 
 def _hip_clang_path(root: Root, path: PurePosixPath, layout: Layout, hipcc: binaries.Hipcc | None,
@@ -530,18 +368,18 @@ def _hip_clang_path(root: Root, path: PurePosixPath, layout: Layout, hipcc: bina
     if hipcc is not None:
         same_llvm = compiler_dir is not None and hipcc.llvm_major in (None, _llvm_of(compiler_dir))
         for d in (*hipcc.default_dirs, *([compiler_dir] if same_llvm else [])):
-            _watch(root, d / hipcc.calls)
+            watch(root, d / hipcc.calls)
             if root.exists(d / hipcc.calls):
                 return d, f"{hipcc.evidence}; {d / hipcc.calls} exists"
         problems.append(f"{hipcc.evidence}, but no {hipcc.calls} exists there: hipcc cannot "
                         "compile until that LLVM is installed")
         return None, ""
     if layout.hip_clang_from_hipcc:
-        _watch(root, path / "bin" / "hipcc")
+        watch(root, path / "bin" / "hipcc")
         if not root.exists(path / "bin" / "hipcc"):
             return None, ""  # no hipcc: no compiler variable for it
     if layout.hip_clang_dirs:
-        return _first(root, path, layout.hip_clang_dirs), ""
+        return first(root, path, layout.hip_clang_dirs), ""
     return compiler_dir, ""
 
 
@@ -551,7 +389,7 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     """What the tree at inner `path` is; None when it is no ROCm tree."""
     path = PurePosixPath("/", str(path))
     real = root.resolve(path)
-    _watch(root, path)
+    watch(root, path)
     if not root.is_dir(path):
         return None
     if allowed is None:
@@ -562,7 +400,7 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     problems: list[str] = []
     hipcc = binaries.read_hipcc(root, path) if layout.hip_clang_from_hipcc else None
     if hipcc is not None:
-        _watch(root, hipcc.path)
+        watch(root, hipcc.path)
     bitcode_dir, owner = _bitcode_and_llvm(root, path, layout, hipcc)
     compiler_dir = _compiler_dir(root, path, layout, owner)
     if layout.hip_clang_from_hipcc and hipcc is None and bitcode_dir is None:
@@ -577,7 +415,7 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     if layout.name in ("therock", "pip"):
         for name in ("amdclang++", "amdclang"):
             link = path / "bin" / name
-            _watch(root, link)
+            watch(root, link)
             if root.is_symlink(link) and not root.exists(link):
                 problems.append(f"{link} is a broken link (TheRock trees before Mar 2026); "
                                 f"using {compiler_dir}")
@@ -591,20 +429,20 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
                         f"HIP_DEVICE_LIB_PATH must point at {bitcode_dir}")
     bases = [path, *extra_bases]
     family = None
-    meta = _read(root, path / "rocforge-install.toml")
+    meta = read(root, path / "rocforge-install.toml")
     if meta:
         try:
             family = tomllib.loads(meta).get("family")
         except tomllib.TOMLDecodeError:
             problems.append("rocforge-install.toml is not valid TOML")
     return RocmInstall(
-        path=path, real_path=real, version=_version(root, path, layout), layout=layout.name,
+        path=path, real_path=real, version=install_version(root, path, layout), layout=layout.name,
         compiler_dir=compiler_dir, bitcode_dir=bitcode_dir,
         coverage=_coverage(root, bases, layout, bitcode_dir),
         hip_clang_path=hip_clang,
-        bin_dirs=tuple(d for b in bases for d in _all(root, b, layout.bin_dirs)),
-        lib_dirs=tuple(d for b in bases for d in _all(root, b, layout.lib_dirs)),
-        pkgconfig_dirs=tuple(d for b in bases for d in _all(root, b, layout.pkgconfig_dirs)),
+        bin_dirs=tuple(d for b in bases for d in all_dirs(root, b, layout.bin_dirs)),
+        lib_dirs=tuple(d for b in bases for d in all_dirs(root, b, layout.lib_dirs)),
+        pkgconfig_dirs=tuple(d for b in bases for d in all_dirs(root, b, layout.pkgconfig_dirs)),
         cmake_prefix=layout.cmake_prefix, sources=sources, problems=tuple(problems),
         nightly_current=nightly_current, family=family,
         extra={"hipcxx": hipcxx, "hip_clang_why": hip_clang_why,
@@ -637,10 +475,10 @@ def _pip_installs(root: Root) -> list[RocmInstall]:
     out: list[RocmInstall] = []
     for site in _site_dirs():
         site_inner = root.inner(site) if not root.is_host else PurePosixPath(site)
-        for core in _glob(root, site_inner, "_rocm_sdk_core*"):
+        for core in glob(root, site_inner, "_rocm_sdk_core*"):
             if not root.is_dir(core):
                 continue
-            libs = tuple(p for p in _glob(root, site_inner, "_rocm_sdk_libraries_*") if root.is_dir(p))
+            libs = tuple(p for p in glob(root, site_inner, "_rocm_sdk_libraries_*") if root.is_dir(p))
             inst = inspect(root, core, allowed=("pip",), sources=("pip rocm-sdk",), extra_bases=libs)
             if inst is not None:
                 out.append(inst)
@@ -654,7 +492,7 @@ def _candidates(root: Root, environ: Mapping[str, str]) -> list[tuple[PurePosixP
         cands.append((PurePosixPath("/", rocm_path), "$ROCM_PATH", False))
     prefix = _nightly_prefix(root)
     if prefix is not None:
-        _watch(root, prefix)
+        watch(root, prefix)
     if prefix is not None and root.is_dir(prefix):
         cands.append((prefix / "current", "rocforge nightly (current)", True))
         for name in root.listdir(prefix):
@@ -664,12 +502,12 @@ def _candidates(root: Root, environ: Mapping[str, str]) -> list[tuple[PurePosixP
     # /opt/rocm/core-X alternatives links to it, and /opt/rocm/{bin,lib,...} links into it
     # (build_tools/packaging/linux/template/scripts/amdrocm-core-postinst.j2): /opt/rocm itself
     # is then a link farm, not an install of its own.
-    native = [h for h in _glob(root, PurePosixPath("/opt/rocm"), "core*") if root.is_dir(h)]
+    native = [h for h in glob(root, PurePosixPath("/opt/rocm"), "core*") if root.is_dir(h)]
     for hit in native:
         cands.append((hit, "/opt/rocm/core-*", False))
     if not native:
         cands.append((PurePosixPath("/opt/rocm"), "/opt/rocm", False))
-    for hit in _glob(root, PurePosixPath("/opt"), "rocm-*"):
+    for hit in glob(root, PurePosixPath("/opt"), "rocm-*"):
         cands.append((hit, "/opt/rocm-*", False))
     cands.append((PurePosixPath("/usr"), "distro /usr", False))
     return cands
@@ -681,7 +519,7 @@ def _extras_for(root: Root, real: PurePosixPath) -> tuple[PurePosixPath, ...]:
     if not m:
         return ()
     extra = PurePosixPath(f"/opt/rocm/extras-{m.group(1)}")
-    _watch(root, extra)
+    watch(root, extra)
     return (extra,) if root.is_dir(extra) else ()
 
 

@@ -40,7 +40,7 @@ from rocforge_build import shellsafe
 from rocforge_build.discover import builds as builds_mod
 from rocforge_build.discover import gpus as gpus_mod
 from rocforge_build.discover import installs as installs_mod
-from rocforge_build.discover import targets
+from rocforge_build.discover import rocm_version, targets
 from rocforge_build.discover.gpus import Gpu
 from rocforge_build.discover.installs import RocmInstall
 from rocforge_build.errors import NoRocmError
@@ -181,7 +181,7 @@ def _support(inst: RocmInstall, gfx: str) -> tuple[int, str, str | None]:
 def _rank_key(inst: RocmInstall, gfx: str | None) -> tuple:
     level = _support(inst, gfx)[0] if gfx else 0
     rank = installs_mod.layouts()[inst.layout].rank
-    return (level, inst.nightly_current, installs_mod.version_key(inst.version), -rank)
+    return (level, inst.nightly_current, rocm_version.version_key(inst.version), -rank)
 
 
 def _choose_install(found: list[RocmInstall], gfx: str | None, environ: Mapping[str, str],
@@ -237,98 +237,139 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
     found = installs_mod.find_installs(root, rocm=rocm, environ=env_in)
 
     # The GPU the environment is for: --target, else the preferred detected GPU.
-    related: list[Gpu] = []
-    if wanted:
-        related = [g for g in detected if g.gfx == wanted]
-        via_override = [g for g in detected if g.known and g.target.override_with == wanted]
-        anchor = wanted
-    else:
-        via_override = []
-        anchor = min(detected, key=_gpu_order).gfx if detected else None
-
+    anchor = wanted or (min(detected, key=_gpu_order).gfx if detected else None)
     inst, why = _choose_install(found, anchor, env_in, rocm, warnings)
     decisions.append(Decision("rocm", None if inst is None else str(inst.path), why))
     for unknown in sorted({g.gfx for g in detected if not g.known}):
         warnings.append(f"{unknown} is not in rocforge's target table (newer than this "
                         "rocforge?): no override fallback or family is known for it")
 
-    selected: list[Gpu] = []
-    effective: str | None = None
-    override: str | None = None
     gpu_list: list[Gpu] = list(detected)
-
     if wanted:
-        if related:
-            selected = related
-            effective = wanted
-            decisions.append(Decision("target", wanted, f"--target {wanted}: "
-                                      f"{len(related)} matching GPU(s) in this machine"))
-        elif via_override:
-            selected = via_override
-            effective = wanted
-            override = targets.get_target(wanted).hsa_version
-            names = ", ".join(sorted({g.gfx for g in via_override}))
-            decisions.append(Decision("target", wanted, f"--target {wanted} on {names}: the "
-                                      f"target table names {wanted} as their override target"))
-        else:
-            effective = wanted
-            gpu_list.append(gpus_mod.virtual_gpu(wanted))
-            where = ", ".join(g.gfx for g in detected) or "no GPU detected"
-            decisions.append(Decision("target", wanted, f"--target {wanted} (this machine: "
-                                      f"{where}); environment is for building {wanted}"))
-            if detected:
-                warnings.append(f"--target {wanted} matches no GPU here ({where}); programs "
-                                f"built for {wanted} will not run on this machine")
-        if inst is not None:
-            ok, why_k = inst.coverage.kernels_for(wanted)
-            if not ok:
-                warnings.append(f"{inst.path}: {why_k}")
-    elif detected and inst is not None:
-        levels = {g.index: _support(inst, g.gfx) for g in detected}
-        native = [g for g in detected if levels[g.index][0] == 2]
-        by_override = [g for g in detected if levels[g.index][0] == 1]
-        if native:
-            best = min(native, key=_gpu_order)
-            selected = native
-            effective = best.gfx
-            decisions.append(Decision("target", effective,
-                                      f"{best.describe()}: {levels[best.index][1]}"))
-        elif by_override:
-            best = min(by_override, key=_gpu_order)
-            effective = levels[best.index][2]
-            override = targets.get_target(effective).hsa_version
-            selected = [g for g in by_override if levels[g.index][2] == effective]
-            decisions.append(Decision("target", effective,
-                                      f"{best.describe()}: {levels[best.index][1]}; running "
-                                      f"{effective} kernels through HSA_OVERRIDE_GFX_VERSION"))
-        else:
-            best = min(detected, key=_gpu_order)
-            selected = detected
-            effective = best.gfx
-            decisions.append(Decision("target", effective,
-                                      f"{best.describe()}: {levels[best.index][1]}; no "
-                                      "compatible kernels either — nothing to fall back on"))
-            warnings.append(f"{inst.path} carries no kernels for {best.gfx}: "
-                            + install_hint(best.gfx))
-    elif detected:
-        best = min(detected, key=_gpu_order)
-        selected = detected
-        effective = best.gfx
-        decisions.append(Decision("target", effective, f"{best.describe()} (no ROCm install "
-                                  "to check its kernels against)"))
+        selected, effective, override = _target_wanted(wanted, detected, inst, gpu_list,
+                                                       decisions, warnings)
     else:
-        decisions.append(Decision("target", None, "no GPU detected ("
-                                  + ("KFD topology has no GPU node" if discovery.source == "kfd"
-                                     else "no KFD topology under /sys/class/kfd"
-                                     + ("" if root.is_host else " in this --root"))
-                                  + ") and no --target given"))
+        selected, effective, override = _target_detected(root, detected, inst, discovery.source,
+                                                         decisions, warnings)
 
     env: dict[str, str | None] = {}
     prepend: dict[str, tuple[str, ...]] = {}
     if inst is not None:
         _toolchain_decisions(inst, decisions, env, prepend)
+    blockers = _mask_gpus(inst, wanted, detected, selected, env, env_in, decisions, warnings)
+    _override_decisions(inst, detected, selected, effective, override, env, env_in,
+                        decisions, warnings)
 
-    # GPU masking.
+    used: list[builds_mod.Build] = []
+    if inst is not None:
+        used = _build_decisions(root, effective, decisions, env, prepend, warnings)
+    built_lt = [b for b in used if effective in installs_mod.tensile_targets(
+        root, (b.prefix / "lib" / "hipblaslt" / "library",))]
+    if inst is not None and effective:
+        _hipblaslt_decision(inst, effective, built_lt, env, env_in, decisions, warnings)
+
+    for var, entries in prepend.items():
+        env[var] = prepend_list(env_in.get(var), entries)
+
+    if inst is not None:
+        warnings.extend(f"{inst.path}: {p}" for p in inst.problems
+                        if any(k in p for k in ("broken link", "no device bitcode", "no clang++",
+                                                "cannot compile", "compiler (lib/llvm-")))
+
+    index_of = {id(g): i for i, g in enumerate(gpu_list)}
+    return Resolution(
+        gpus=tuple(gpu_list), target=effective, rocm=inst, env=env, decisions=decisions,
+        warnings=warnings, installs=tuple(found),
+        selected=tuple(index_of[id(g)] for g in selected if id(g) in index_of),
+        prepend=prepend, root=root, gpu_source=discovery.source, builds=tuple(used),
+        blockers=tuple(blockers),
+    )
+
+
+def _target_wanted(wanted: str, detected: list[Gpu], inst: RocmInstall | None,
+                   gpu_list: list[Gpu], decisions: list[Decision],
+                   warnings: list[str]) -> tuple[list[Gpu], str, str | None]:
+    """`--target` given: the GPUs it names (directly, or as their override target), else a
+    virtual GPU so the environment can still build for it.  Returns (selected GPUs, effective
+    target, HSA override version or None)."""
+    related = [g for g in detected if g.gfx == wanted]
+    via_override = [g for g in detected if g.known and g.target.override_with == wanted]
+    selected: list[Gpu] = []
+    override: str | None = None
+    if related:
+        selected = related
+        decisions.append(Decision("target", wanted, f"--target {wanted}: "
+                                  f"{len(related)} matching GPU(s) in this machine"))
+    elif via_override:
+        selected = via_override
+        override = targets.get_target(wanted).hsa_version
+        names = ", ".join(sorted({g.gfx for g in via_override}))
+        decisions.append(Decision("target", wanted, f"--target {wanted} on {names}: the "
+                                  f"target table names {wanted} as their override target"))
+    else:
+        gpu_list.append(gpus_mod.virtual_gpu(wanted))
+        where = ", ".join(g.gfx for g in detected) or "no GPU detected"
+        decisions.append(Decision("target", wanted, f"--target {wanted} (this machine: "
+                                  f"{where}); environment is for building {wanted}"))
+        if detected:
+            warnings.append(f"--target {wanted} matches no GPU here ({where}); programs "
+                            f"built for {wanted} will not run on this machine")
+    if inst is not None:
+        ok, why_k = inst.coverage.kernels_for(wanted)
+        if not ok:
+            warnings.append(f"{inst.path}: {why_k}")
+    return selected, wanted, override
+
+
+def _target_detected(root: Root, detected: list[Gpu], inst: RocmInstall | None, source: str,
+                     decisions: list[Decision],
+                     warnings: list[str]) -> tuple[list[Gpu], str | None, str | None]:
+    """No `--target`: the preferred detected GPU the install serves natively, else one it serves
+    through its override target, else the preferred GPU with a warning.  Returns (selected GPUs,
+    effective target, HSA override version or None)."""
+    if not detected:
+        decisions.append(Decision("target", None, "no GPU detected ("
+                                  + ("KFD topology has no GPU node" if source == "kfd"
+                                     else "no KFD topology under /sys/class/kfd"
+                                     + ("" if root.is_host else " in this --root"))
+                                  + ") and no --target given"))
+        return [], None, None
+    if inst is None:
+        best = min(detected, key=_gpu_order)
+        decisions.append(Decision("target", best.gfx, f"{best.describe()} (no ROCm install "
+                                  "to check its kernels against)"))
+        return detected, best.gfx, None
+    levels = {g.index: _support(inst, g.gfx) for g in detected}
+    native = [g for g in detected if levels[g.index][0] == 2]
+    by_override = [g for g in detected if levels[g.index][0] == 1]
+    if native:
+        best = min(native, key=_gpu_order)
+        decisions.append(Decision("target", best.gfx,
+                                  f"{best.describe()}: {levels[best.index][1]}"))
+        return native, best.gfx, None
+    if by_override:
+        best = min(by_override, key=_gpu_order)
+        effective = levels[best.index][2]
+        override = targets.get_target(effective).hsa_version
+        selected = [g for g in by_override if levels[g.index][2] == effective]
+        decisions.append(Decision("target", effective,
+                                  f"{best.describe()}: {levels[best.index][1]}; running "
+                                  f"{effective} kernels through HSA_OVERRIDE_GFX_VERSION"))
+        return selected, effective, override
+    best = min(detected, key=_gpu_order)
+    decisions.append(Decision("target", best.gfx,
+                              f"{best.describe()}: {levels[best.index][1]}; no "
+                              "compatible kernels either — nothing to fall back on"))
+    warnings.append(f"{inst.path} carries no kernels for {best.gfx}: "
+                    + install_hint(best.gfx))
+    return detected, best.gfx, None
+
+
+def _mask_gpus(inst: RocmInstall | None, wanted: str | None, detected: list[Gpu],
+               selected: list[Gpu], env: dict[str, str | None], env_in: Mapping[str, str],
+               decisions: list[Decision], warnings: list[str]) -> list[str]:
+    """ROCR_VISIBLE_DEVICES hides the GPUs not selected (an unsupported GPU visible to ROCm can
+    crash apps); returns the blockers: a main dGPU left unserved while only the iGPU is."""
     igpus = [g for g in detected if g.is_igpu]
     dgpus = [g for g in detected if not g.is_igpu]
     if igpus and dgpus:
@@ -356,8 +397,15 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
         user = env_in.get("ROCR_VISIBLE_DEVICES")
         if user is not None and user != value:
             warnings.append(f"ROCR_VISIBLE_DEVICES={user} in the environment replaced by {value}")
+    return blockers
 
-    # HSA_OVERRIDE_GFX_VERSION: set, or unset whatever the environment carries.
+
+def _override_decisions(inst: RocmInstall | None, detected: list[Gpu], selected: list[Gpu],
+                        effective: str | None, override: str | None,
+                        env: dict[str, str | None], env_in: Mapping[str, str],
+                        decisions: list[Decision], warnings: list[str]) -> None:
+    """HSA_OVERRIDE_GFX_VERSION: set when the target was chosen through its override, else
+    unset with whatever stale (per-node) override the environment carries."""
     stale = {k: v for k, v in env_in.items() if k == OVERRIDE or k.startswith(OVERRIDE + "_")}
     if override:
         gpu_names = ", ".join(sorted({g.gfx for g in selected})) or "the GPU"
@@ -372,75 +420,56 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
                 env[k] = None
                 warnings.append(f"{k}={stale[k]} in the environment unset (per-node override "
                                 "would win over the decided one)")
+        return
+    if detected or stale:
+        why_none = ("the libraries carry kernels for the GPU itself"
+                    if effective and inst and inst.coverage.kernels_for(effective)[0]
+                    else "no compatible target's kernels to point at")
+        env[OVERRIDE] = None
+        decisions.append(Decision(OVERRIDE, None, f"not needed: {why_none}"))
+    for k, v in stale.items():
+        env[k] = None
+        warnings.append(f"stale {k}={v} in the environment is unset: {effective or 'the GPU'} "
+                        "needs no override here, and a stale override crashes ROCm on "
+                        "native targets (kyuz0/amd-strix-halo-toolboxes #115)")
+
+
+def _hipblaslt_decision(inst: RocmInstall, effective: str, built_lt: list[builds_mod.Build],
+                        env: dict[str, str | None], env_in: Mapping[str, str],
+                        decisions: list[Decision], warnings: list[str]) -> None:
+    """ROCBLAS_USE_HIPBLASLT=1 only when a hipBLASLt (the ROCm's or one rocforge built) has
+    kernels for the target; otherwise unset, since rocBLAS fails to load a missing library."""
+    links_lt, why_lt = inst.coverage.rocblas_uses_hipblaslt()
+    if links_lt is False and not built_lt:
+        env["ROCBLAS_USE_HIPBLASLT"] = None
+        decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", None,
+                                  f"{why_lt}: the variable would do nothing (Debian's "
+                                  "changelog: \"Disable hipBLASlt support until it is packaged\")"
+                                  if inst.layout == "debian" else f"{why_lt}: it would do nothing"))
+        if env_in.get("ROCBLAS_USE_HIPBLASLT") not in (None, "", "0"):
+            warnings.append(f"ROCBLAS_USE_HIPBLASLT={env_in['ROCBLAS_USE_HIPBLASLT']} in the "
+                            f"environment is unset: {why_lt}")
+    elif inst.coverage.has_hipblaslt and inst.coverage.hipblaslt_for(effective):
+        env["ROCBLAS_USE_HIPBLASLT"] = "1"
+        decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", "1",
+                                  f"hipBLASLt has TensileLibrary files for {effective}: rocBLAS "
+                                  "routes GEMMs through it (lhl/strix-halo-testing: hgemm 6.1 -> 28.7 TFLOPS on gfx1151)"))
+    elif built_lt:
+        env["ROCBLAS_USE_HIPBLASLT"] = "1"
+        decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", "1",
+                                  f"the hipBLASLt rocforge built at {built_lt[0].prefix} has "
+                                  f"TensileLibrary files for {effective}: rocBLAS routes GEMMs "
+                                  "through it (lhl/strix-halo-testing: hgemm 6.1 -> 28.7 TFLOPS on gfx1151)"))
     else:
-        if detected or stale:
-            why_none = ("the libraries carry kernels for the GPU itself"
-                        if effective and inst and inst.coverage.kernels_for(effective)[0]
-                        else "no compatible target's kernels to point at")
-            env[OVERRIDE] = None
-            decisions.append(Decision(OVERRIDE, None, f"not needed: {why_none}"))
-        for k, v in stale.items():
-            env[k] = None
-            warnings.append(f"stale {k}={v} in the environment is unset: {effective or 'the GPU'} "
-                            "needs no override here, and a stale override crashes ROCm on "
-                            "native targets (kyuz0/amd-strix-halo-toolboxes #115)")
-
-    used: list[builds_mod.Build] = []
-    if inst is not None:
-        used = _build_decisions(root, effective, decisions, env, prepend, warnings)
-    built_lt = [b for b in used if effective in installs_mod.tensile_targets(
-        root, (b.prefix / "lib" / "hipblaslt" / "library",))]
-
-    # ROCBLAS_USE_HIPBLASLT.
-    if inst is not None and effective:
-        links_lt, why_lt = inst.coverage.rocblas_uses_hipblaslt()
-        if links_lt is False and not built_lt:
-            env["ROCBLAS_USE_HIPBLASLT"] = None
-            decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", None,
-                                      f"{why_lt}: the variable would do nothing (Debian's "
-                                      "changelog: \"Disable hipBLASlt support until it is packaged\")"
-                                      if inst.layout == "debian" else f"{why_lt}: it would do nothing"))
-            if env_in.get("ROCBLAS_USE_HIPBLASLT") not in (None, "", "0"):
-                warnings.append(f"ROCBLAS_USE_HIPBLASLT={env_in['ROCBLAS_USE_HIPBLASLT']} in the "
-                                f"environment is unset: {why_lt}")
-        elif inst.coverage.has_hipblaslt and inst.coverage.hipblaslt_for(effective):
-            env["ROCBLAS_USE_HIPBLASLT"] = "1"
-            decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", "1",
-                                      f"hipBLASLt has TensileLibrary files for {effective}: rocBLAS "
-                                      "routes GEMMs through it (lhl/strix-halo-testing: hgemm 6.1 -> 28.7 TFLOPS on gfx1151)"))
-        elif built_lt:
-            env["ROCBLAS_USE_HIPBLASLT"] = "1"
-            decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", "1",
-                                      f"the hipBLASLt rocforge built at {built_lt[0].prefix} has "
-                                      f"TensileLibrary files for {effective}: rocBLAS routes GEMMs "
-                                      "through it (lhl/strix-halo-testing: hgemm 6.1 -> 28.7 TFLOPS on gfx1151)"))
-        else:
-            why_no = ("no hipBLASLt installed" if not inst.coverage.has_hipblaslt
-                      else f"hipBLASLt has no TensileLibrary files for {effective}")
-            env["ROCBLAS_USE_HIPBLASLT"] = None
-            decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", None,
-                                      f"{why_no}; rocBLAS would fail to load it "
-                                      "(lemonade-sdk/llamacpp-rocm #10)"))
-            if env_in.get("ROCBLAS_USE_HIPBLASLT") not in (None, "", "0"):
-                warnings.append(f"ROCBLAS_USE_HIPBLASLT={env_in['ROCBLAS_USE_HIPBLASLT']} in the "
-                                f"environment is unset: {why_no}")
-
-    for var, entries in prepend.items():
-        env[var] = prepend_list(env_in.get(var), entries)
-
-    if inst is not None:
-        warnings.extend(f"{inst.path}: {p}" for p in inst.problems
-                        if any(k in p for k in ("broken link", "no device bitcode", "no clang++",
-                                                "cannot compile", "compiler (lib/llvm-")))
-
-    index_of = {id(g): i for i, g in enumerate(gpu_list)}
-    return Resolution(
-        gpus=tuple(gpu_list), target=effective, rocm=inst, env=env, decisions=decisions,
-        warnings=warnings, installs=tuple(found),
-        selected=tuple(index_of[id(g)] for g in selected if id(g) in index_of),
-        prepend=prepend, root=root, gpu_source=discovery.source, builds=tuple(used),
-        blockers=tuple(blockers),
-    )
+        why_no = ("no hipBLASLt installed" if not inst.coverage.has_hipblaslt
+                  else f"hipBLASLt has no TensileLibrary files for {effective}")
+        env["ROCBLAS_USE_HIPBLASLT"] = None
+        decisions.append(Decision("ROCBLAS_USE_HIPBLASLT", None,
+                                  f"{why_no}; rocBLAS would fail to load it "
+                                  "(lemonade-sdk/llamacpp-rocm #10)"))
+        if env_in.get("ROCBLAS_USE_HIPBLASLT") not in (None, "", "0"):
+            warnings.append(f"ROCBLAS_USE_HIPBLASLT={env_in['ROCBLAS_USE_HIPBLASLT']} in the "
+                            f"environment is unset: {why_no}")
 
 
 # Variables the resolver itself decides: a build's recipe cannot export them.

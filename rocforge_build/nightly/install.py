@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rocforge_build import config, download, extract
-from rocforge_build.download import human_size
+from rocforge_build import config, download, download_policy, extract
 from rocforge_build.errors import IntegrityError, RocforgeError, UsageError
 from rocforge_build.nightly.listing import Nightly
+from rocforge_build.progress import human_size
 
 RECORD = "rocforge-install.toml"
 CURRENT = "current"
@@ -165,7 +165,7 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
     `switch_current=False` (`nightly install --gate`): installed beside, `current` unchanged."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     ncfg = cfg["nightly"]
-    policy = download.policy_from_config(cfg, log)
+    policy = download_policy.policy_from_config(cfg, log)
     name = version_dir_name(layers)
     final = prefix / name
     with locked(prefix):

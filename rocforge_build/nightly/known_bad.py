@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from rocforge_build.discover import host as host_facts
-from rocforge_build.discover.installs import version_key
+from rocforge_build.discover.rocm_version import version_key
 from rocforge_build.errors import ConfigError
 from rocforge_build.resources import load_toml, package_data
 

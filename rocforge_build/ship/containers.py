@@ -15,6 +15,9 @@ A build is three engine builds over one context directory, all files kept there:
      the manifest as OCI labels -> the image.
 Only the first one walks the builder (expensive on vfs storage); the other two touch the small
 runtime image alone.
+
+This module plans and renders; the build context (rocforge's wheels, the recipe) is
+`container_context.py`, the engines and their commands `container_engines.py`.
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import os
-import shutil
 import string
 import sys
 import tomllib
@@ -31,11 +32,11 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path, PurePosixPath
 
-from rocforge_build import __version__, paths, proc, refs, shellsafe
+from rocforge_build import __version__, refs, shellsafe
 from rocforge_build.discover import targets
 from rocforge_build.discover.resolver import Decision
-from rocforge_build.errors import ConfigError, ToolchainError, UsageError, reason
-from rocforge_build.resources import PACKAGE_DIR, containers_dir, load_toml
+from rocforge_build.errors import ConfigError, UsageError, reason
+from rocforge_build.resources import containers_dir, load_toml
 
 # Where rocforge keeps its things inside the builder (ROCFORGE_DATA_DIR there).
 DATA_IN_IMAGE = PurePosixPath("/opt/rocforge")
@@ -150,35 +151,6 @@ class Facts:
     closure: dict | None = None
 
 
-@dataclass(frozen=True)
-class Engine:
-    name: str
-    build: tuple[str, ...]
-    run_style: str
-    run: tuple[str, ...]
-    rmi: tuple[str, ...] = ()
-    from_: tuple[str, ...] = ()
-    rm: tuple[str, ...] = ()
-    groups: str = "numeric"
-    rootless_groups: str = "numeric"
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    engine: str
-    commands: tuple[tuple[str, ...], ...]  # for "from" engines: from, run (CTR placeholder), rm
-    decisions: tuple[Decision, ...] = ()
-    warnings: tuple[str, ...] = ()
-
-    def to_json(self) -> dict:
-        return {
-            "engine": self.engine,
-            "commands": [list(c) for c in self.commands],
-            "decisions": [d.to_json() for d in self.decisions],
-            "warnings": list(self.warnings),
-        }
-
-
 # -- data -------------------------------------------------------------------------------------------
 def _load(name: str) -> dict:
     return load_toml(containers_dir() / name, "container data")
@@ -207,7 +179,7 @@ def template_text(name: str) -> str:
         raise ConfigError(f"cannot read {path}: {reason(exc)}", "restore it from the rocforge sources") from exc
 
 
-def _suggest(word: str, choices) -> str:
+def suggest(word: str, choices) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f"did you mean {close[0]!r}? " if close else ""
 
@@ -217,7 +189,7 @@ def get_variant(name: str) -> Variant:
     if name not in table:
         raise UsageError(
             f"unknown container variant {name!r}",
-            f"{_suggest(name, table)}known variants: {', '.join(sorted(table))} (containers/variants.toml)",
+            f"{suggest(name, table)}known variants: {', '.join(sorted(table))} (containers/variants.toml)",
         )
     raw = table[name]
     try:
@@ -276,7 +248,7 @@ def plan(
     if backend not in loaded.backends:
         raise UsageError(
             f"recipe {loaded.name} has no backend {backend!r}",
-            f"{_suggest(backend, loaded.backends)}its backends: {', '.join(loaded.backends)}",
+            f"{suggest(backend, loaded.backends)}its backends: {', '.join(loaded.backends)}",
         )
     toolchain = loaded.backends[backend].toolchain
     if variant is None:
@@ -520,313 +492,3 @@ def read_facts(directory: Path) -> Facts:
     if report.is_file():
         closure = json.loads(report.read_text(encoding="utf-8"))
     return Facts(env=parse_dotenv(env_file.read_text(encoding="utf-8")), manifest=manifest, closure=closure)
-
-
-# -- context --------------------------------------------------------------------------------------
-def source_tree() -> Path | None:
-    """The rocforge source checkout this rocforge runs from (also an editable install), or None
-    for an installed rocforge (its wheel is then rebuilt from the installed files)."""
-    top = PACKAGE_DIR.parent
-    return top if (top / "pyproject.toml").is_file() else None
-
-
-def context_dir(plan: ContainerPlan) -> Path:
-    return paths.cache_dir() / "containers" / f"{plan.recipe.name}-{plan.target}-{plan.backend}"
-
-
-def prepare_context(plan: ContainerPlan, ctx: Path) -> None:
-    """Fill the build context: rocforge's wheels, the recipe file, the first-pass Containerfile."""
-    if ctx.exists():
-        shutil.rmtree(ctx)
-    wheels = ctx / "wheels"
-    wheels.mkdir(parents=True)
-    build_wheels(wheels)
-    recipe_dir = ctx / "recipe"
-    (recipe_dir / "recipes").mkdir(parents=True)
-    if plan.recipe.path is not None:  # the recipes loader's layout: recipes/X.toml, patches/NAME/
-        shutil.copy2(plan.recipe.path, recipe_dir / "recipes" / plan.recipe.file_name)
-        if plan.recipe.patches is not None:
-            shutil.copytree(plan.recipe.patches, recipe_dir / "patches" / plan.recipe.name, symlinks=True)
-    else:
-        (recipe_dir / "README").write_text(f"recipe {plan.recipe.name} ships with rocforge\n", encoding="utf-8")
-    local = plan.local_source
-    if local is not None:
-        if local.is_file():
-            (ctx / "source").mkdir()
-            shutil.copy2(local, ctx / "source" / local.name)
-        else:
-            shutil.copytree(local, ctx / "source", symlinks=True)
-    (ctx / "empty").mkdir()
-    paths.write_whole(ctx / "Containerfile", render(plan))
-    paths.write_whole(ctx / "Containerfile.facts", render_facts(plan))
-
-
-# What a rocforge wheel is built from (pyproject's packages and force-include folders).
-_WHEEL_SOURCES = ("pyproject.toml", "README.md", "rocforge_build")
-_DATA_FOLDERS = ("recipes", "patches", "containers")
-
-
-def build_wheels(dest: Path) -> None:
-    """Wheels of this rocforge and its dependencies into `dest` (pip; the builder installs offline).
-
-    From a source checkout the wheel is built from a clean copy of the sources: no caches, no local
-    clutter, and a data folder that does not exist yet is packaged empty rather than failing the
-    build.  An installed rocforge (`pip install .`, a wheel) has no sources: its wheel is made
-    again from the installed files its RECORD lists (`wheel_from_installed`)."""
-    import tempfile
-
-    top = source_tree()
-    with tempfile.TemporaryDirectory(prefix="rocforge-src-") as tmp:
-        if top is None:
-            what = str(wheel_from_installed(Path(tmp)))
-        else:
-            src = Path(tmp) / "rocforge"
-            src.mkdir()
-            ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_data")
-            for name in (*_WHEEL_SOURCES, *_DATA_FOLDERS):
-                path = top / name
-                if path.is_dir():
-                    shutil.copytree(path, src / name, ignore=ignore)
-                elif path.is_file():
-                    shutil.copy2(path, src / name)
-                elif name in _DATA_FOLDERS:
-                    (src / name).mkdir()
-                    (src / name / "README").write_text("empty in this rocforge\n", encoding="utf-8")
-            what = str(src)
-        proc.run(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(dest), what],
-            hint="pip must be able to build rocforge and fetch its dependencies on this machine",
-        )
-
-
-# Files of an installed distribution that are the installer's, not the wheel's (PEP 376/610/627).
-_INSTALLER_FILES = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
-
-
-def wheel_from_installed(dest_dir: Path) -> Path:
-    """The wheel of the installed rocforge this code runs from, rebuilt from the files its RECORD
-    lists (each checked against the recorded sha256: a changed install is refused)."""
-    import base64
-    import hashlib
-    import zipfile
-    from importlib import metadata
-
-    try:
-        dist = metadata.distribution("rocforge")
-    except metadata.PackageNotFoundError as exc:
-        raise ToolchainError("rocforge runs neither from a source checkout nor from an installed "
-                             "distribution, so it cannot put itself into the image",
-                             "install it (pip install .) or run from a git checkout") from exc
-    files = dist.files
-    pkg = Path(dist.locate_file("rocforge_build")).resolve()
-    if not files or pkg != PACKAGE_DIR:
-        raise ToolchainError(f"the installed rocforge distribution ({pkg}) is not the one running "
-                             f"({PACKAGE_DIR}), or has no RECORD",
-                             "reinstall rocforge (pip install --force-reinstall .)")
-    info_dir = next(f.parts[0] for f in files if f.parts[0].endswith(".dist-info"))
-    wheel_meta = Path(dist.locate_file(f"{info_dir}/WHEEL")).read_text(encoding="utf-8")
-    tag = next((ln.split(":", 1)[1].strip() for ln in wheel_meta.splitlines() if ln.startswith("Tag:")),
-               "py3-none-any")
-    name = info_dir[: -len(".dist-info")]  # <name>-<version>
-    out = dest_dir / f"{name}-{tag}.whl"
-    record = []
-
-    def digest(data: bytes) -> str:
-        return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for f in sorted(files, key=str):
-            rel = f.as_posix()
-            if rel.startswith("..") or "__pycache__" in f.parts or rel.endswith(".pyc"):
-                continue  # console scripts (the installer writes them again) and byte code
-            if f.parts[0] == info_dir and f.name in _INSTALLER_FILES:
-                continue
-            data = Path(dist.locate_file(f)).read_bytes()
-            if f.hash is not None and digest(data) != f"{f.hash.mode}={f.hash.value}":
-                raise ToolchainError(f"the installed rocforge file {rel} differs from its RECORD entry",
-                                     "reinstall rocforge (pip install --force-reinstall .)")
-            zf.writestr(rel, data)
-            record.append(f"{rel},{digest(data)},{len(data)}")
-        record.append(f"{info_dir}/RECORD,,")
-        zf.writestr(f"{info_dir}/RECORD", "\n".join(record) + "\n")
-    return out
-
-
-# -- engines ----------------------------------------------------------------------------------------
-def get_engine(name: str) -> Engine:
-    table = engines_data().get("engine", {})
-    if name not in table:
-        raise UsageError(f"unknown container engine {name!r}", f"{_suggest(name, table)}use one of: {', '.join(table)}")
-    raw = table[name]
-    return Engine(
-        name=name, build=tuple(raw["build"]), run_style=raw["run_style"], run=tuple(raw["run"]),
-        rmi=tuple(raw["rmi"]), from_=tuple(raw.get("from", ())), rm=tuple(raw.get("rm", ())),
-        groups=raw.get("groups", "numeric"), rootless_groups=raw.get("rootless_groups", "numeric"),
-    )
-
-
-def detect_engine(name: str | None = None) -> tuple[Engine, Decision]:
-    if name:
-        return get_engine(name), Decision("engine", name, "given with --engine")
-    order = engines_data().get("order", [])
-    for candidate in order:
-        if proc.which(candidate):
-            return get_engine(candidate), Decision("engine", candidate, f"first of {', '.join(order)} found on PATH")
-    raise ToolchainError(
-        f"no container engine found (looked for {', '.join(order)} on PATH)",
-        "install podman (apt-get install podman) or buildah, or pass --engine",
-    )
-
-
-def engine_problems(engine: Engine, *, building: bool) -> list[str]:
-    """What keeps `engine` from running rocforge's Containerfiles here, one line each (empty: none).
-
-    Docker builds them only with BuildKit (the buildx plugin): the legacy builder knows neither
-    `RUN --mount=type=cache` nor `--output type=local` (docs.docker.com, "BuildKit"; Docker 23+
-    `docker build` is buildx).  A docker client also needs a reachable daemon."""
-    if engine.name != "docker":
-        return []
-    import subprocess
-
-    def ask(argv: list[str]):
-        try:
-            return proc.run(argv, check=False, timeout=30)
-        except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(argv, 124, "no answer in 30 s")
-
-    problems = []
-    if building and ask(["docker", "buildx", "version"]).returncode != 0:
-        problems.append("docker has no buildx (BuildKit), which the Containerfile needs for "
-                        "`RUN --mount=type=cache` and `--output type=local`")
-    res = ask(["docker", "version", "--format", "{{.Server.Version}}"])
-    if res.returncode != 0:
-        host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-        first = next((ln.strip() for ln in (res.stdout or "").splitlines() if ln.strip()), "")
-        problems.append(f"docker cannot reach its daemon at {host}" + (f" ({first[:160]})" if first else ""))
-    return problems
-
-
-def check_engine(engine: Engine, *, building: bool) -> None:
-    """One clear line before anything is built, naming the fix."""
-    problems = engine_problems(engine, building=building)
-    if problems:
-        others = [n for n in engines_data().get("order", []) if n != engine.name and proc.which(n)]
-        use = (f"or use {' or '.join(others)} (found here: --engine {others[0]})" if others
-               else "or install podman or buildah (apt-get install podman buildah), which need no daemon")
-        fixes = []
-        if any("buildx" in p for p in problems):
-            fixes.append("install the buildx plugin (Debian 13+: docker-buildx; Docker's apt repository: "
-                         "docker-buildx-plugin)")
-        if any("daemon" in p for p in problems):
-            fixes.append("start the daemon (systemctl start docker) or point DOCKER_HOST at a running one")
-        raise ToolchainError("; ".join(problems), f"{'; '.join(fixes)}; {use}")
-
-
-@dataclass(frozen=True)
-class BuildSteps:
-    """The engine commands of `rocforge container build`, in order."""
-
-    stage: list[str]  # the multi-stage build, tagged as the stage image
-    facts: list[str]  # export /opt/rocforge/facts of the stage image to ctx/facts
-    final: list[str]  # the stage image + ENV + LABEL, tagged as the image
-    cleanup: list[str]  # untag the stage image (its layers stay shared with the image)
-
-    def all(self) -> list[list[str]]:
-        return [self.stage, self.facts, self.final, self.cleanup]
-
-
-def build_commands(engine: Engine, ctx: Path, tag: str) -> BuildSteps:
-    small = str(ctx / "empty")  # the context of the two small builds: they copy nothing from it
-    return BuildSteps(
-        stage=[*engine.build, "-f", str(ctx / "Containerfile"), "--target", "runtime",
-               "-t", stage_tag(tag), str(ctx)],
-        facts=[*engine.build, "-f", str(ctx / "Containerfile.facts"),
-               "--output", f"type=local,dest={ctx / 'facts'}", small],
-        final=[*engine.build, "-f", str(ctx / "Containerfile.final"), "-t", tag, small],
-        cleanup=[*engine.rmi, stage_tag(tag)],
-    )
-
-
-def group_ids(rootfs, names) -> dict[str, int | None]:
-    """Numeric GIDs of groups from the root's /etc/group (None when the group is not there)."""
-    found: dict[str, int | None] = dict.fromkeys(names)
-    try:
-        text = rootfs.read_text("/etc/group")
-    except OSError:
-        return found
-    for line in text.splitlines():
-        parts = line.split(":")
-        if len(parts) >= 3 and parts[0] in found and parts[2].isdigit():
-            found[parts[0]] = int(parts[2])
-    return found
-
-
-def run_plan(
-    engine: Engine, image: str, command: list[str], *, rootfs, rootless: bool | None = None,
-    interactive: bool = False,
-) -> RunPlan:
-    gpu = engines_data().get("gpu", {})
-    decisions: list[Decision] = []
-    warnings: list[str] = []
-    if rootless is None:
-        rootless = os.geteuid() != 0
-    style = engine.rootless_groups if rootless else engine.groups
-    flags: list[str] = []
-    missing = []
-    for dev in gpu.get("devices", []):
-        if rootfs.exists(dev):
-            flags += ["--device", dev]
-        else:
-            missing.append(dev)
-    if missing:
-        warnings.append(f"{', '.join(missing)} not found here: left out, the container will not see a GPU")
-        decisions.append(Decision("devices", "without " + ", ".join(missing),
-                                  "an engine refuses a --device that does not exist; CPU work still runs"))
-    mode = "rootless" if rootless else "rootful"
-    if style == "keep-groups":
-        flags += ["--group-add", "keep-groups"]
-        decisions.append(Decision(
-            "groups", "keep-groups",
-            f"{engine.name} is {mode}: host GIDs cannot be mapped into its user namespace, so the "
-            "caller's own supplementary groups (video, render) are kept",
-        ))
-    elif style == "numeric":
-        gids = group_ids(rootfs, gpu.get("groups", []))
-        for name, gid in gids.items():
-            if gid is None:
-                flags += ["--group-add", name]
-                warnings.append(f"group {name} is not in /etc/group: passing the name, which the image must know")
-            else:
-                flags += ["--group-add", str(gid)]
-        decisions.append(Decision(
-            "groups", ",".join(n if g is None else f"{n}={g}" for n, g in gids.items()),
-            f"numeric GIDs from /etc/group ({mode} {engine.name}): the device nodes belong to the host's "
-            "groups, and a slim image has no /etc/group to resolve names",
-        ))
-    else:
-        decisions.append(Decision("groups", "none", f"{engine.name} runs the command as root in the container"))
-    for opt in gpu.get("security_opt", []):
-        flags += ["--security-opt", opt]
-    if engine.run_style == "from":
-        cmds = (
-            (*engine.from_, *flags, image),
-            (*engine.run, "$CTR", "--", *command),
-            (*engine.rm, "$CTR"),
-        )
-    else:
-        tty = ["-it"] if interactive else []
-        cmds = ((*engine.run, *tty, *flags, image, *command),)
-    return RunPlan(engine=engine.name, commands=cmds, decisions=tuple(decisions), warnings=tuple(warnings))
-
-
-def execute_run(run: RunPlan) -> int:
-    """Run the planned command, streaming its output; returns its exit code."""
-    if len(run.commands) == 1:
-        return proc.run(list(run.commands[0]), capture=False, check=False).returncode
-    created = proc.run(list(run.commands[0])).stdout.strip().splitlines()
-    ctr = created[-1].strip() if created else ""
-    try:
-        argv = [ctr if a == "$CTR" else a for a in run.commands[1]]
-        return proc.run(argv, capture=False, check=False).returncode
-    finally:
-        proc.run([ctr if a == "$CTR" else a for a in run.commands[2]], check=False)

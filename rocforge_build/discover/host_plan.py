@@ -1,0 +1,402 @@
+"""The host plan: the commands that fix what the host checks (`host_checks.py`) found, for this
+machine's boot loader and distribution, as a script for a person to review.  rocforge never
+changes the host: `plan()` only returns commands, and `write_script` never writes over a file
+rocforge did not write.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from rocforge_build.discover.host import (
+    SYSTEMD_BOOT_DIRS,
+    CardMemory,
+    Host,
+    bootloader,
+    facts,
+    family,
+    firmware_packages,
+    gather,
+    gib,
+    meets_floor,
+    param_key,
+    parse_cmdline,
+    read,
+    tuned_profile,
+)
+from rocforge_build.discover.host_checks import (
+    check_reserve,
+    firmware_check,
+    kernel_checks,
+    ram_basis,
+    target_gib,
+    uma_freed,
+)
+from rocforge_build.errors import DetectionError, UsageError
+from rocforge_build.rootfs import Root
+from rocforge_build.shellsafe import comment
+
+
+@dataclass(frozen=True)
+class Step:
+    id: str
+    why: str
+    commands: tuple[str, ...]
+    optional: bool = False  # printed commented out: an alternative or a trade-off
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "why": self.why, "commands": list(self.commands), "optional": self.optional}
+
+
+@dataclass(frozen=True)
+class Plan:
+    pages_limit: int | None
+    gtt_gib: int | None
+    module: str | None
+    bootloader: str
+    add: tuple[str, ...]
+    remove: tuple[str, ...]
+    steps: tuple[Step, ...]
+    notes: tuple[str, ...] = field(default=())
+    ram_gib: float | None = None
+    reserve_gib: float | None = None
+    gtt_ram_gib: float | None = None  # the RAM the GTT is sized from (after the UMA step)
+
+    def to_json(self) -> dict:
+        return {"pages_limit": self.pages_limit, "gtt_gib": self.gtt_gib, "module": self.module,
+                "bootloader": self.bootloader, "ram_gib": self.ram_gib, "reserve_gib": self.reserve_gib,
+                "gtt_ram_gib": self.gtt_ram_gib,
+                "kernel_args": {"add": list(self.add), "remove": list(self.remove)},
+                "steps": [s.to_json() for s in self.steps], "notes": list(self.notes)}
+
+
+def _configured_words(root: Root, boot: str) -> list[str]:
+    """Words of the boot loader's own configuration (what the next boot will use)."""
+    words: list[str] = []
+    if boot == "grub":
+        for _, value in grub_lines(read(root, "/etc/default/grub") or ""):
+            words += value.split()
+    elif boot == "systemd-boot":
+        for _, text in systemd_boot_entries(root):
+            for line in text.splitlines():
+                if line.startswith("options"):
+                    words += line.split()[1:]
+    return words
+
+
+def grub_lines(text: str) -> list[tuple[str, str]]:
+    """(variable, value) of GRUB_CMDLINE_LINUX(_DEFAULT) lines, shell-unquoted."""
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^(GRUB_CMDLINE_LINUX(?:_DEFAULT)?)=(.*)$", line)
+        if m:
+            try:
+                value = " ".join(shlex.split(m.group(2)))
+            except ValueError:
+                value = m.group(2).strip("\"'")
+            out.append((m.group(1), " ".join(parse_cmdline(value))))
+    return out
+
+
+def systemd_boot_entries(root: Root) -> list[tuple[str, str]]:
+    out = []
+    for d in SYSTEMD_BOOT_DIRS:
+        for n in root.listdir(d):
+            if n.endswith(".conf"):
+                text = read(root, f"{d}/{n}")
+                if text is not None:
+                    out.append((f"{d}/{n}", text))
+    return out
+
+
+def _rewrite(words: list[str], remove: set[str], keys: set[str], add: list[str]) -> list[str]:
+    kept = [w for w in words if w not in remove and param_key(w) not in keys]
+    return kept + [a for a in add if a not in kept]
+
+
+def _sed_line(path: str, var_regex: str, new_line: str) -> str:
+    repl = new_line.replace("\\", "\\\\").replace("&", "\\&").replace("|", "\\|")
+    return f"sudo sed -i.rocforge.bak {shlex.quote(f's|^{var_regex}.*|{repl}|')} {shlex.quote(path)}"
+
+
+def _boot_commands(root: Root, boot: str, add: list[str], remove: list[str], keys: set[str]) -> tuple[str, ...]:
+    rm = set(remove)
+    if boot == "grubby":
+        parts = ["sudo grubby --update-kernel=ALL"]
+        if remove:
+            parts.append(f"--remove-args={shlex.quote(' '.join(remove))}")
+        if add:
+            parts.append(f"--args={shlex.quote(' '.join(add))}")
+        return (" ".join(parts),)
+    if boot == "kernelstub":
+        return tuple([f"sudo kernelstub -d {shlex.quote(w)}" for w in remove] +
+                     [f"sudo kernelstub -a {shlex.quote(w)}" for w in add])
+    if boot == "grub":
+        text = read(root, "/etc/default/grub") or ""
+        lines = dict(grub_lines(text))
+        cmds = []
+        for var in ("GRUB_CMDLINE_LINUX", "GRUB_CMDLINE_LINUX_DEFAULT"):
+            if var not in lines:
+                continue
+            new = _rewrite(lines[var].split(), rm, keys, add if var == "GRUB_CMDLINE_LINUX_DEFAULT" else [])
+            if new != lines[var].split():
+                cmds.append(_sed_line("/etc/default/grub", f"{var}=", f'{var}="{" ".join(new)}"'))
+        if "GRUB_CMDLINE_LINUX_DEFAULT" not in lines and add:
+            line = f'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT {" ".join(add)}"'
+            cmds.append(f"echo {shlex.quote(line)} | sudo tee -a /etc/default/grub")
+        return (*cmds, "sudo update-grub")
+    if boot == "systemd-boot":
+        cmds = []
+        for path, text in systemd_boot_entries(root):
+            for line in text.splitlines():
+                if line.startswith("options"):
+                    words = line.split()[1:]
+                    new = _rewrite(words, rm, keys, add)
+                    if new != words:
+                        cmds.append(_sed_line(path, "options[[:space:]]", "options " + " ".join(new)))
+        kc = read(root, "/etc/kernel/cmdline")
+        if kc is not None:
+            new = _rewrite(kc.split(), rm, keys, add)
+            if new != kc.split():
+                cmds.append(f"echo {shlex.quote(' '.join(new))} | sudo tee /etc/kernel/cmdline")
+        return tuple(cmds)
+    return tuple(comment(f"add to the kernel command line by hand: {w}") for w in add) + \
+        tuple(comment(f"remove from the kernel command line by hand: {w}") for w in remove)
+
+
+def _initramfs(fam: str) -> str:
+    return {"debian": "sudo update-initramfs -u", "pop": "sudo update-initramfs -u",
+            "fedora": "sudo dracut -f", "arch": "sudo mkinitcpio -P"}.get(
+        fam, "# regenerate the initramfs with your distribution's tool")
+
+
+def plan(root: Root, gpus, reserve_gib: float | None = None) -> Plan:
+    f = facts()
+    m = f["memory"]
+    h = gather(root, gpus)
+    osr = h.os
+    fam = family(osr)
+    boot = bootloader(root, osr)
+    reserve = m["default_reserve_gib"] if reserve_gib is None else reserve_gib
+    steps: list[Step] = []
+    notes: list[str] = []
+    add: list[str] = []
+    remove: list[str] = []
+    pages = want = None
+    module = h.module
+    freed = uma_freed(h.card) if h.has_apu else 0
+    if reserve_gib is not None:  # checked even where no GTT is planned: a bad flag is never ignored
+        check_reserve(reserve_gib, h.mem_total_kib, freed)
+    if h.has_apu:
+        if h.mem_total_kib is None:
+            raise DetectionError("cannot read MemTotal from /proc/meminfo",
+                                 "the GTT size is computed from it; check that /proc is mounted")
+        want = target_gib(h.mem_total_kib, reserve, freed)
+        if freed:
+            steps.append(_uma_step(h.card))
+        pages = want * m["pages_per_gib"]
+        module = module or "ttm"
+        add, remove = _gtt_args(root, h, boot, pages, module)
+        if add or remove:
+            why = _gtt_why(h.mem_total_kib, freed, reserve, want, pages, module)
+            steps += _gtt_steps(root, boot, fam, add, remove, why, pages, module)
+        else:
+            notes.append(f"{module}.pages_limit is already {pages} ({want} GiB): nothing to change")
+        steps += _tuned_step(root, fam)
+        steps += _iommu_step(root, h, boot, add, remove)
+        notes.append(f"llama.cpp on this iGPU: {f['llama_igpu']['advice']} ({f['llama_igpu']['source']})")
+    steps += _firmware_steps(root, h, fam)
+    notes += [f"{c.found}: {c.fix}" for c in kernel_checks(h) if c.status != "ok" and c.fix]
+    if steps and any(not s.optional for s in steps):
+        notes.append("reboot for kernel arguments and firmware to take effect"
+                     + (" (and enter the firmware setup on the way, for the UMA step)" if freed else "")
+                     + "; rocforge changed nothing")
+    if not h.gfx:
+        notes.insert(0, "no AMD GPU found (KFD topology): nothing to plan")
+    elif not h.has_apu:
+        notes.insert(0, "no APU found: the GTT settings do not apply (a discrete GPU has its own VRAM)")
+    return Plan(pages, want, module if h.has_apu else h.module, boot, tuple(add), tuple(remove),
+                tuple(steps), tuple(notes),
+                round(h.mem_total_kib / (1 << 20), 2) if h.mem_total_kib else None,
+                reserve if h.has_apu else None,
+                round(ram_basis(h.mem_total_kib, freed)[0], 2) if h.has_apu else None)
+
+
+def _gtt_args(root: Root, h: Host, boot: str, pages: int, module: str) -> tuple[list[str], list[str]]:
+    """(kernel arguments to add, to remove) for the GTT: every other pages_limit and the
+    deprecated gttsize go, as does cwsr_enable=0 on a kernel that no longer needs it; the
+    target pages_limit is added unless it is already configured or live with nothing removed."""
+    f = facts()
+    m = f["memory"]
+    add: list[str] = []
+    remove: list[str] = []
+    target = f"{module}.pages_limit={pages}"
+    words = list(h.cmdline or []) + _configured_words(root, boot)
+    keys = {"ttm.pages_limit", "amdttm.pages_limit", m["gttsize_param"]}
+    for w in dict.fromkeys(words):
+        k = param_key(w)
+        if k == m["gttsize_param"].replace("-", "_") or (k in keys and w != target):
+            remove.append(w)
+    if h.kernel is not None and any(meets_floor(h.kernel, r)[0] for g, r in f["kernel"].items() if g in h.gfx):
+        remove += [w for w in dict.fromkeys(words) if param_key(w) == "amdgpu.cwsr_enable" and w.endswith("=0")]
+    counts = [w for w in words if w == target]
+    live_ok = h.pages_limit == pages
+    if (not counts and not live_ok) or remove:
+        add.append(target)
+    return add, remove
+
+
+def _gtt_steps(root: Root, boot: str, fam: str, add: list[str], remove: list[str], why: str,
+               pages: int, module: str) -> list[Step]:
+    """The kernel-argument change for this boot loader, and the modprobe.d file as the
+    commented-out alternative (one or the other, never both)."""
+    m = facts()["memory"]
+    if any(param_key(w) == m["gttsize_param"] for w in remove):
+        why += f"; {m['gttsize_param']} removed ({m['gttsize_source']})"
+    conf = m["modprobe_file"].format(module=module)
+    return [Step("kernel-args", why,
+                 _boot_commands(root, boot, add, remove, {param_key(w) for w in remove})),
+            Step("modprobe",
+                 f"alternative to the kernel argument: a modprobe.d file ({m['modprobe_source']}); "
+                 "use one or the other",
+                 (f"echo {shlex.quote(f'options {module} pages_limit={pages}')} | sudo tee {conf}",
+                  _initramfs(fam)), optional=True)]
+
+
+def _tuned_step(root: Root, fam: str) -> list[Step]:
+    """TuneD's recommended profile, installing TuneD first where it is missing; none when the
+    profile is already active."""
+    t = facts()["tuned"]
+    active = (tuned_profile(root) or "").split()
+    if t["profile"] in active:
+        return []
+    cmds = []
+    if not root.is_dir("/etc/tuned"):
+        cmds.append({"fedora": "sudo dnf install tuned", "arch": "sudo pacman -S tuned"}.get(
+            fam, "sudo apt install tuned"))
+        cmds.append("sudo systemctl enable --now tuned")
+    cmds.append(f"sudo tuned-adm profile {t['profile']}")
+    return [Step("tuned", f"{t['gain']} ({t['source']})", tuple(cmds))]
+
+
+def _iommu_step(root: Root, h: Host, boot: str, add: list[str], remove: list[str]) -> list[Step]:
+    """The IOMMU argument as an optional trade-off; where the boot loader's commands rewrite
+    whole lines, it carries the GTT change too so running it does not undo that step."""
+    io = facts()["iommu"]
+    if io["arg"] in (h.cmdline or []):
+        return []
+    whole = boot in ("grub", "systemd-boot")  # these rewrite whole lines: keep the change above
+    return [Step("iommu", f"trade-off, not a default: {io['gain']}; but it {io['cost']}",
+                 _boot_commands(root, boot, [*add, io["arg"]] if whole else [io["arg"]],
+                                remove if whole else [], {param_key(w) for w in remove}
+                                if whole else set()), optional=True)]
+
+
+def _gtt_why(mem_total_kib: int, freed: int, reserve: float, want: int, pages: int, module: str) -> str:
+    """The arithmetic of the GTT size, with the RAM it starts from (see `ram_basis`)."""
+    m = facts()["memory"]
+    total, where = ram_basis(mem_total_kib, freed)
+    why = (f"GTT = {want} GiB ({total:.1f} GiB RAM - {reserve:g} GiB reserve) = {want} x "
+           f"{m['pages_per_gib']} = {pages} pages of 4 KiB for {module} ({m['source']})")
+    if freed:
+        why += (f"; the RAM is {where}: sized for the machine after the firmware-setup step, "
+                "since today's MemTotal lacks the carve-out")
+    return why
+
+
+def _uma_step(card: CardMemory) -> Step:
+    """The firmware-setup (BIOS/UEFI) step: no command can do it, so the script says it in a
+    comment, with the carve-out found and the source."""
+    u = facts()["uma"]
+    return Step("firmware-setup",
+                f"the BIOS UMA carve-out holds {gib(card.vram_total)} of RAM as VRAM "
+                f"({card.card}/device/mem_info_vram_total), RAM that neither the CPU nor the GTT can "
+                f"use ({u['step_source']})",
+                ("# " + u["step"].format(mib=u["recommended_mib"]),))
+
+
+def _firmware_steps(root: Root, h: Host, fam: str) -> list[Step]:
+    fw = facts()["firmware"]
+    failing = [c for c in firmware_check(root, h) if c.status == "fail"]
+    if not failing:
+        return []
+    why = f"{failing[0].found}: {failing[0].message}"
+    if fam == "fedora":
+        return [Step("firmware-rollback", f"{why}; {fw['fedora_rollback_source']}", tuple(fw["fedora_rollback"]))]
+    good = fw["good_snapshot"]
+    if fam in ("debian", "pop"):
+        pk = firmware_packages(root, h.os)
+        names = [n for n, _ in (pk[1] if pk else [])] or fw["dpkg"][:1]
+        cmds = []
+        for n in names:
+            cmds += [f"apt-cache policy {n}  # pick a version older than {fw['bad_snapshots'][0]}",
+                     f"sudo apt install {n}=VERSION", f"sudo apt-mark hold {n}"]
+        return [Step("firmware-rollback", why, (*cmds, "sudo update-initramfs -u"))]
+    if fam == "arch":
+        return [Step("firmware-rollback", why, (
+            f"sudo pacman -U /var/cache/pacman/pkg/linux-firmware-amdgpu-{good}-*.pkg.tar.zst",
+            "sudo mkinitcpio -P"))]
+    return [Step("firmware-rollback", why, (f"# install linux-firmware {good} with your package manager",))]
+
+
+# -- the script --------------------------------------------------------------------------------------
+MARKER = "# rocforge host plan:"
+
+
+def _commented(command: str) -> str:
+    """An optional step's command, commented out line by line: a line break inside it (a quoted
+    word read from the system's files) must not start a live line."""
+    return "\n".join(ln if ln.startswith("#") else "# " + ln for ln in command.split("\n"))
+
+
+def render_script(p: Plan) -> str:
+    lines = ["#!/bin/sh", f"{MARKER} review every line before running it; rocforge changes nothing itself.",
+             "set -eu"]
+    if p.pages_limit:
+        lines.append(comment(f"{p.module}.pages_limit={p.pages_limit} ({p.gtt_gib} GiB x 262144), "
+                             f"boot loader: {p.bootloader}"))
+    for s in p.steps:
+        lines.append("")
+        lines.append(comment(f"{s.id}{' (optional, commented out)' if s.optional else ''}: {s.why}"))
+        for c in s.commands:
+            lines.append(_commented(c) if s.optional else c)
+    if p.notes:
+        lines.append("")
+        lines += [comment(f"note: {n}") for n in p.notes]
+    return "\n".join(lines) + "\n"
+
+
+def write_script(path: str, text: str) -> None:
+    """Write the script; never over a file rocforge did not write."""
+    from pathlib import Path
+
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"--write {path} is a directory", "give a file name")
+    if target.exists() or target.is_symlink():
+        try:
+            head = target.read_text(encoding="utf-8", errors="replace")[:4096]
+        except OSError as exc:
+            raise UsageError(f"--write {path}: cannot read the existing file ({exc.strerror})",
+                             "choose another file name") from exc
+        if not any(line.startswith(MARKER) for line in head.splitlines()[:3]):
+            raise UsageError(f"--write {path}: the file exists and was not written by rocforge",
+                             "choose another file name; rocforge never overwrites your files")
+    import tempfile
+
+    tmp = None
+    try:  # a fresh temporary name (O_EXCL): never written through a file or link someone else made
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".rocforge-tmp",
+                                    dir=target.parent)
+        tmp = Path(name)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    except OSError as exc:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise UsageError(f"--write {path}: {exc.strerror}", "choose a writable location") from exc
