@@ -44,7 +44,7 @@ def history(where: Path) -> tuple[Path, list[str]]:
     # a detached HEAD): a history of our own instead, on a branch a clone sees
     (repo / ".git").unlink(missing_ok=True)
     git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
+    git(repo, "add", "-A", "--force")  # every file the sdist has (llama.cpp's .gitignore drops common/cmake/)
     git(repo, "commit", "-qm", "the May 2025 tree (llama-cpp-python 0.3.9)")
     commits = [git(repo, "rev-parse", "HEAD")]
     for subject, change in (("docs: a harmless change", "README.md"),

@@ -12,7 +12,7 @@ search over the rest: with no skips at most ceil(log2 n) + 1 builds for n candid
 also measures GOOD, its baseline).  Each step is an ordinary pipeline build into its own prefix
 under the cache dir, named by commit: a second bisect over the same range finds those builds up to
 date (the plan's stamp), and the compiler cache makes the new ones cheap; the step's work dir is
-removed after the build (the install is what the test needs).  A step whose test exits 125, or
+removed after a build that installs (the install is what the test needs; a failed one keeps its log).  A step whose test exits 125, or
 whose build fails, is skipped and its nearest untested neighbour is tried instead, as
 `git bisect run` does.
 """
@@ -263,10 +263,9 @@ def build_step(req: Request, root) -> tuple[bool, str | None]:
 
     try:
         out = pipeline.execute(req, root, quiet=True)
-    except BuildError as exc:
+    except BuildError as exc:  # the work dir stays: the message names its log (`rocforge cache clean --failed`)
         return True, exc.message.splitlines()[0]
-    finally:
-        shutil.rmtree(work_dir(Path(req.prefix)), ignore_errors=True)
+    shutil.rmtree(work_dir(Path(req.prefix)), ignore_errors=True)
     return out.status == "built", None
 
 
