@@ -17,7 +17,7 @@ from nightly_toolchains import compiling_tarball, rocm_recipe
 from therock_tarballs import Mirror
 from upgrade_history import output_checker, tree_hashes
 
-from rocforge_build import cli, config, download, paths
+from rocforge_build import cli, config, download_policy, paths
 from rocforge_build.discover.builds import read_manifest
 
 # oldest first; the two later ones miscompile (their clang drops -DFIXTURE_LOUD)
@@ -29,7 +29,7 @@ MTIME = dict(zip(NIGHTLIES, (1761030000.0, 1761980000.0, 1762590000.0, 176319000
 
 @pytest.fixture(autouse=True)
 def _fast_retries(monkeypatch):
-    monkeypatch.setattr(download, "_sleep", lambda s: None)
+    monkeypatch.setattr(download_policy, "_sleep", lambda s: None)
 
 
 @pytest.fixture(scope="module")

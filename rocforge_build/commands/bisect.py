@@ -10,6 +10,7 @@ import os
 import platform
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build import argtypes
@@ -60,8 +61,70 @@ def run(args) -> int:
     from rocforge_build.build import bisect, recipes, upgrade
     from rocforge_build.build.plan import Request
 
+    axis, good, listed = _checked(args)
+    pct = upgrade.threshold(args.threshold)
+    argv = upgrade.run_argv(args.run) if args.run is not None else None
+    model = _model(args.verify or args.bench)
+    recipe = recipes.load(args.recipe)
+    ax = _candidates(args, axis, recipe, good, listed)
+    environ = {}  # per candidate: the build's environment (the nightly axis's ROCM_PATH)
+    root_arg = None if args.rootfs.is_host else args.root
+    say = (lambda text: None) if args.json else (
+        lambda text: sys.stderr.write(f"rocforge: bisect: {text}\n"))
+    say(f"{len(ax.commits)} {ax.what}; at most {bisect.max_builds(len(ax.commits))} builds without skips")
+
+    # what the test runs, and no more (a whole llama.cpp tree is every example and tool)
+    programs = ("llama-perplexity",) if args.verify else ("llama-bench",) if args.bench else ()
+
+    def request(key: str) -> Request:
+        prefix = bisect.step_prefix(recipe.name, args.target, args.backend, ax.names[key])
+        if axis == "nightlies":
+            environ[key] = {**os.environ, "ROCM_PATH": str(ax.nightlies.tree(key))}
+        source, ref = ax.source_of[key]
+        return Request(recipe=args.recipe, target=args.target, backend=args.backend, ref=ref,
+                       source=source, prefix=str(prefix), jobs=args.jobs,
+                       environ=environ.get(key), build_targets=programs)
+
+    def build(key: str) -> tuple[bool, str | None]:
+        req = request(key)
+        built, failed = bisect.build_step(req, args.rootfs)
+        if not failed and axis == "nightlies":
+            _check_uses_rocm(Path(req.prefix), environ[key]["ROCM_PATH"])
+        return built, failed
+
+    check = _oracle(args, ax.good, argv, model, pct, root_arg, build,
+                    lambda key: Path(request(key).prefix))
+
+    def test(key: str) -> bisect.Step:
+        built, failed = build(key)
+        prefix = request(key).prefix
+        step = (bisect.Step(key, "skip", f"build failed: {failed}") if failed
+                else check(Path(prefix)))
+        step.ref, step.built, step.prefix = key, built or bool(failed), prefix
+        say(f"{bisect.short(key)} {step.verdict}: {step.detail}  ({ax.subjects.get(key, '')})")
+        return step
+
+    steps, index, suspects = bisect.search(ax.commits, test)
+    result = bisect.Result(ax.commits, ax.subjects, steps,
+                           ax.commits[index] if index is not None else None, suspects)
+    doc = _json(args, axis, ax.location, ax.good, result)
+    if args.report:
+        _write_report(args, axis, ax.location, ax.good, result, doc)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        _print(axis, result)
+    return 0 if result.first_bad else 1
+
+
+def _checked(args) -> tuple[str, str | None, list[str] | None]:
+    """Every flag checked before anything is fetched or built: (axis, the good version and the
+    candidates after it for --versions/--nightlies, else None)."""
+    from rocforge_build.build import bisect
+
     axis = "versions" if args.versions is not None else (
         "nightlies" if args.nightlies is not None else "git")
+    good = candidates = None
     if axis == "git":
         from rocforge_build.refs import check_git_ref
 
@@ -84,9 +147,6 @@ def run(args) -> int:
         raise UsageError("--bench needs --metric pp512 or tg128")
     if (args.metric or args.threshold is not None) and not args.bench:
         raise UsageError("--metric and --threshold go with --bench")
-    pct = upgrade.threshold(args.threshold)
-    argv = upgrade.run_argv(args.run) if args.run is not None else None
-    model = _model(args.verify or args.bench)
     if args.report:
         from rocforge_build import replace
 
@@ -94,96 +154,69 @@ def run(args) -> int:
         if not Path(args.report).absolute().parent.is_dir():
             raise UsageError(f"--report {args.report}: its directory does not exist",
                              "give a file in an existing directory")
-    recipe = recipes.load(args.recipe)
-    environ = {}  # per candidate: the build's environment (the nightly axis's ROCM_PATH)
+    return axis, good, candidates
+
+
+@dataclass
+class _Axis:
+    """The candidates of one bisect: what each is called, where its source comes from."""
+    location: str
+    good: str
+    commits: list[str]
+    subjects: dict[str, str]
+    names: dict[str, str]  # candidate -> its step prefix's name
+    source_of: dict[str, tuple]  # candidate -> (--source, --ref) of its build
+    what: str
+    nightlies: object = None
+
+
+def _candidates(args, axis: str, recipe, good: str | None, listed: list[str] | None) -> _Axis:
+    from rocforge_build.build import bisect
+
     if axis == "git":
         location = bisect.git_location(recipe, args.source, args.good)
         commits, subjects = bisect.candidates(location, args.good, args.bad)
         good = sources_sha(location, args.good)
-        names = {c: c[:12] for c in [good, *commits]}
-        source_of = {c: (args.source, c) for c in [good, *commits]}
-        what = f"first-parent commits after {args.good} up to {args.bad}"
-    elif axis == "versions":
+        return _Axis(location, good, commits, subjects, {c: c[:12] for c in [good, *commits]},
+                     {c: (args.source, c) for c in [good, *commits]},
+                     f"first-parent commits after {args.good} up to {args.bad}")
+    if axis == "versions":
         location = bisect.version_template(recipe, args.source)
-        bisect.check_version_files(location, [good, *candidates])
-        commits = candidates
-        source_of = {v: (bisect.version_source(location, v), None) for v in [good, *commits]}
+        bisect.check_version_files(location, [good, *listed])
+        source_of = {v: (bisect.version_source(location, v), None) for v in [good, *listed]}
         for where, _ in source_of.values():  # each one a tarball rocforge can fetch, checked now
             _tarball_spec(recipe, where)
-        subjects = {v: source_of[v][0] for v in commits}
-        names = {v: f"v-{v}" for v in [good, *commits]}
-        what = f"versions after {good} up to {commits[-1]}"
-    else:
-        _rocm_backend(recipe, args.backend)
-        source, ref = _fixed_source(recipe, args.source)
-        location = source or recipe.name
-        nightlies = _nightlies(args, [good, *candidates])
-        commits = candidates
-        source_of = {v: (source, ref) for v in [good, *commits]}
-        names = {v: f"nightly-{v}" for v in [good, *commits]}
-        subjects = {v: nightlies.describe(v) for v in commits}
-        what = f"TheRock nightlies after {good} up to {commits[-1]}, source {location}"
-    root_arg = None if args.rootfs.is_host else args.root
-    say = (lambda text: None) if args.json else (
-        lambda text: sys.stderr.write(f"rocforge: bisect: {text}\n"))
-    say(f"{len(commits)} {what}; at most {bisect.max_builds(len(commits))} builds without skips")
+        return _Axis(location, good, listed, {v: source_of[v][0] for v in listed},
+                     {v: f"v-{v}" for v in [good, *listed]}, source_of,
+                     f"versions after {good} up to {listed[-1]}")
+    _rocm_backend(recipe, args.backend)
+    source, ref = _fixed_source(recipe, args.source)
+    location = source or recipe.name
+    nightlies = _nightlies(args, [good, *listed])
+    return _Axis(location, good, listed, {v: nightlies.describe(v) for v in listed},
+                 {v: f"nightly-{v}" for v in [good, *listed]}, {v: (source, ref) for v in [good, *listed]},
+                 f"TheRock nightlies after {good} up to {listed[-1]}, source {location}", nightlies)
 
-    # what the test runs, and no more (a whole llama.cpp tree is every example and tool)
-    programs = ("llama-perplexity",) if args.verify else ("llama-bench",) if args.bench else ()
 
-    def request(key: str) -> Request:
-        prefix = bisect.step_prefix(recipe.name, args.target, args.backend, names[key])
-        if axis == "nightlies":
-            environ[key] = {**os.environ, "ROCM_PATH": str(nightlies.tree(key))}
-        source, ref = source_of[key]
-        return Request(recipe=args.recipe, target=args.target, backend=args.backend, ref=ref,
-                       source=source, prefix=str(prefix), jobs=args.jobs,
-                       environ=environ.get(key), build_targets=programs)
-
-    def build(key: str) -> tuple[bool, str | None]:
-        req = request(key)
-        built, failed = bisect.build_step(req, args.rootfs)
-        if not failed and axis == "nightlies":
-            _check_uses_rocm(Path(req.prefix), environ[key]["ROCM_PATH"])
-        return built, failed
+def _oracle(args, good: str, argv, model, pct: float, root_arg, build, prefix_of):
+    """The test each step's build gets: --run's program; --verify against --reference or the good
+    ref's build; --bench against the good ref's figure."""
+    from rocforge_build.build import bisect
 
     if argv:
-        check = bisect.run_test(argv)
-    elif args.verify and args.reference:
-        check = bisect.verify_test(model, Path(args.reference).absolute(), root_arg)
-    else:  # the good ref's build is the reference (--verify) or the baseline (--bench)
-        built, failed = build(good)
-        if failed:
-            raise UsageError(f"--good {args.good or good} does not build: {failed}")
-        if args.verify:
-            check = bisect.verify_test(model, Path(request(good).prefix), root_arg)
-        else:
-            baseline = bisect.bench_figure(Path(request(good).prefix), model, args.metric, root_arg)
-            if not baseline:
-                raise UsageError(f"--good {args.good or good} gave no {args.metric} figure",
-                                 "check the model with `rocforge bench` on that build")
-            check = bisect.bench_test(model, args.metric, baseline, pct, root_arg)
-
-    def test(key: str) -> bisect.Step:
-        built, failed = build(key)
-        prefix = request(key).prefix
-        step = (bisect.Step(key, "skip", f"build failed: {failed}") if failed
-                else check(Path(prefix)))
-        step.ref, step.built, step.prefix = key, built or bool(failed), prefix
-        say(f"{bisect.short(key)} {step.verdict}: {step.detail}  ({subjects.get(key, '')})")
-        return step
-
-    steps, index, suspects = bisect.search(commits, test)
-    result = bisect.Result(commits, subjects, steps, commits[index] if index is not None else None,
-                           suspects)
-    doc = _json(args, axis, location, good, result)
-    if args.report:
-        _write_report(args, axis, location, good, result, doc)
-    if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        _print(axis, result)
-    return 0 if result.first_bad else 1
+        return bisect.run_test(argv)
+    if args.verify and args.reference:
+        return bisect.verify_test(model, Path(args.reference).absolute(), root_arg)
+    built, failed = build(good)  # the good ref's build is the reference or the baseline
+    if failed:
+        raise UsageError(f"--good {args.good or good} does not build: {failed}")
+    if args.verify:
+        return bisect.verify_test(model, prefix_of(good), root_arg)
+    baseline = bisect.bench_figure(prefix_of(good), model, args.metric, root_arg)
+    if not baseline:
+        raise UsageError(f"--good {args.good or good} gave no {args.metric} figure",
+                         "check the model with `rocforge bench` on that build")
+    return bisect.bench_test(model, args.metric, baseline, pct, root_arg)
 
 
 def _tarball_spec(recipe, where: str) -> None:
