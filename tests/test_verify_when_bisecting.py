@@ -8,7 +8,8 @@ own commit) would be the step itself and pass every commit.
 
 Named to run after test_verify_shapes.py: every step builds llama-perplexity only, with the flags
 those builds used, so the session's ccache already holds every object but the patched ops.cpp.
-CI cost (2 cores): measured in the test's docstring below.
+CI cost (2 cores, 2026-11-25): 198 s with the ccache warm — 4 llama-perplexity builds (the good
+reference, then bad, harmless, wrong: ceil(log2 3) + 1 steps) and 2 verify checks per step.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 from llama_builds import shared_ccache
 from llama_trees import tree
-from tiny_gguf import write as write_gguf
+from trained_model import smollm2
 
 from rocforge_build import cli
 
@@ -60,14 +61,31 @@ def history(where: Path) -> tuple[Path, list[str]]:
     return repo, commits
 
 
+def trained_at_2048(out: Path) -> Path:
+    """SmolLM2-135M-Instruct (tests/trained_model.py) whose metadata says it was trained at 2048
+    tokens (8192 really): the same weights, so verify's default coverage stops at 2048 tokens (two
+    checks a step, seconds each, rather than minutes at 8192).  A random model would not do: near
+    chance, a wrong attention output hardly moves its KL divergence."""
+    import shutil
+
+    import gguf
+
+    shutil.copyfile(smollm2(), out)
+    reader = gguf.GGUFReader(out, "r+")
+    field = reader.fields["llama.context_length"]
+    assert int(field.parts[-1][0]) == 8192
+    field.parts[-1][0] = 2048
+    del reader  # the memory map writes back
+    assert int(gguf.GGUFReader(out).fields["llama.context_length"].parts[-1][0]) == 2048
+    return out
+
+
 @pytest.mark.slow
 def test_bisect_with_verify_names_the_commit_that_makes_the_cpu_backend_wrong(tmp_path_factory, capsys,
                                                                             monkeypatch):
-    """Measured on the 2-core machine after test_verify_shapes.py had filled the ccache: see the
-    note in the test run's output (pytest --durations)."""
     where = tmp_path_factory.mktemp("bisect-llama")
     repo, (good, harmless, wrong, bad) = history(where)
-    model = write_gguf(where / "m.gguf", byte_tokens=True)  # a random llama trained (it says) at 2048
+    model = trained_at_2048(where / "smollm2-ctx2048.gguf")
     monkeypatch.setenv("CCACHE_DIR", shared_ccache())
     monkeypatch.setenv("ROCFORGE_TEST_WRONG", "flash-attn")
     code = cli.main(["bisect", "llama-cpp", "--target", "gfx1151", "--backend", "cpu", "--source", str(repo),
