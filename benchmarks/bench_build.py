@@ -43,8 +43,8 @@ def main() -> int:
     os.environ["ROCFORGE_CACHE_DIR"] = str(tmp / "cache")
     os.environ["ROCFORGE_DATA_DIR"] = str(tmp / "data")
     os.environ["ROCFORGE_CONFIG_DIR"] = str(tmp / "config")
-    from rocforge_build.build import pipeline
-    from rocforge_build.build.plan import Request, make_plan
+    from rocforge_build.forge import pipeline
+    from rocforge_build.forge.plan import Request, make_plan
     from rocforge_build.rootfs import Root
 
     root = Root("/")

@@ -34,8 +34,8 @@ def tiny_model(tmp_path_factory):
 
 
 def build_llama(llama_tree: Path, backend: str, where: Path):
-    from rocforge_build.build import pipeline
-    from rocforge_build.build.plan import Request
+    from rocforge_build.forge import pipeline
+    from rocforge_build.forge.plan import Request
     from rocforge_build.rootfs import Root
 
     req = Request("llama-cpp", "gfx1151", backend=backend, source=str(llama_tree),

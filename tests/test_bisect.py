@@ -8,7 +8,7 @@ import json
 from upgrade_history import history, output_checker, timing_checker
 
 from rocforge_build import cli
-from rocforge_build.build.bisect import max_builds
+from rocforge_build.forge.bisect import max_builds
 
 
 def bisect(h, good, bad, check, capsys, *extra):

@@ -21,8 +21,8 @@ import pytest
 from buildfixtures import RECIPE, project_copy, tarball
 
 from rocforge_build import cli
-from rocforge_build.build import pipeline
-from rocforge_build.build.plan import Request
+from rocforge_build.forge import pipeline
+from rocforge_build.forge.plan import Request
 from rocforge_build.rootfs import Root
 
 REPO = Path(__file__).resolve().parents[1]
@@ -348,8 +348,8 @@ def test_the_child_group_is_stopped_when_the_step_is_interrupted(tmp_path):
 
 def test_build_lock_never_writes_through_a_link(tmp_path):
     """The lock file is truncated and written: a link put at its name is refused, its target kept."""
-    from rocforge_build.build import lock
     from rocforge_build.errors import UsageError
+    from rocforge_build.forge import lock
 
     work = tmp_path / "work"
     victim = tmp_path / "victim"

@@ -25,10 +25,10 @@ from buildfixtures import recipe_copy, tarball
 from fixtures_roots import RX7900XTX, STRIX_HALO, make_gpus
 from test_closure import _exe, _lib
 
-from rocforge_build.build import pipeline
-from rocforge_build.build.plan import Request
 from rocforge_build.cli import main
 from rocforge_build.errors import IntegrityError, UsageError
+from rocforge_build.forge import pipeline
+from rocforge_build.forge.plan import Request
 from rocforge_build.rootfs import Root
 from rocforge_build.ship import bundle, bundle_archive, bundle_check, bundle_rules, bundle_unpack
 

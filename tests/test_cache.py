@@ -1,4 +1,4 @@
-"""build/cache.py, distributed.py, jobs.py: remote cache URLs against real servers (redis-server,
+"""forge/cache.py, distributed.py, jobs.py: remote cache URLs against real servers (redis-server,
 an HTTP server, distccd on loopback and in another network namespace), credentials, -j from
 --root meminfo."""
 
@@ -13,8 +13,8 @@ from buildfixtures import RECIPE, project_copy
 from buildservers import distccd, other_host, redis_server
 
 from rocforge_build import cli, config
-from rocforge_build.build import cache, distributed, jobs
-from rocforge_build.build.plan import Request, make_plan
+from rocforge_build.forge import cache, distributed, jobs
+from rocforge_build.forge.plan import Request, make_plan
 from rocforge_build.rootfs import Root
 
 HOST_MEMINFO = Path("/proc/meminfo")

@@ -30,7 +30,7 @@ from buildservers import (
 )
 
 from rocforge_build import cli, config
-from rocforge_build.build import pipeline
+from rocforge_build.forge import pipeline
 
 pytestmark = pytest.mark.slow
 SECRET = "pw-Zq8-never-shown"
@@ -363,7 +363,7 @@ def test_sccache_dist_keeps_hip_compiles_on_a_local_server(tmp_path, monkeypatch
     toolchain package is the compiler alone: clang there cannot find the ROCm device libraries and
     the compile fails.  rocforge's HIP launcher (a second sccache server whose config has no
     [dist]) compiles it here: it succeeds, is cached, and its object is the plain compile's."""
-    from rocforge_build.build import cache, distributed, parallel
+    from rocforge_build.forge import cache, distributed, parallel
 
     obj = tmp_path / "k.o"
     hip = hip_compile(tmp_path, obj)

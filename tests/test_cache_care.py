@@ -16,7 +16,7 @@ import pytest
 from buildfixtures import RECIPE, project_copy
 
 from rocforge_build import cli
-from rocforge_build.build.plan import work_dir
+from rocforge_build.forge.plan import work_dir
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -184,10 +184,10 @@ def test_a_work_dir_whose_build_holds_its_lock_is_never_removed(tmp_path, capsys
     (work / "build").mkdir(parents=True)
     (work / "build" / "obj.o").write_text("o")
     ready = tmp_path / "ready"
-    # a real process holding the build lock, as a running build does (build/lock.py)
+    # a real process holding the build lock, as a running build does (forge/lock.py)
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time, pathlib; from rocforge_build.build import lock; "
+         "import sys, time, pathlib; from rocforge_build.forge import lock; "
          "h = lock.acquire(pathlib.Path('/p'), pathlib.Path(sys.argv[1])); "
          "pathlib.Path(sys.argv[2]).touch(); time.sleep(60)", str(work), str(ready)],
         env={**os.environ, "PYTHONPATH": str(REPO)})

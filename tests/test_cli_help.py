@@ -26,7 +26,7 @@ KINDS = {
           "--n-gen", "--max-ctx", "--port", "--depth", "--ubatch", "--ctx"},  # a whole number
     "S": {"--timeout", "--wait"},  # seconds
     "PCT": {"--threshold"},  # a percentage
-    "VERSION": {"--version", "--nightly", "version"},  # a version (nightly, preset)
+    "VERSION": {"--version", "--nightly", "version", "--versions", "--nightlies"},  # a version (nightly, preset, release)
 }
 # one option spelling, several kinds of value (each use is still one of the names above or
 # says its format): --out is a directory or an archive, --run a command or a run number, ...

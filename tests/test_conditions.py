@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rocforge_build.build import conditions as c
 from rocforge_build.errors import ConfigError
+from rocforge_build.forge import conditions as c
 
 
 @pytest.fixture

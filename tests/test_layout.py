@@ -3,7 +3,7 @@
 - No function (or method) over 80 lines, counted as `end_lineno - lineno + 1` (decorators
   excluded, docstring included): past that a function does several things in a row, and its
   steps want names of their own, each with the reason it exists.
-- No module over 700 lines: a module that long holds more than one concern (build/cache.py,
+- No module over 700 lines: a module that long holds more than one concern (forge/cache.py,
   discover/host.py, ship/bundle.py, ship/containers.py and download.py were split along their
   own seams into modules of 60-650 lines), and the margin over ~600 leaves room to grow before
   the next split is due.

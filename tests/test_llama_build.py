@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from llama_builds import JOBS, build_llama
 
-from rocforge_build.build import pipeline
 from rocforge_build.errors import ToolchainError
+from rocforge_build.forge import pipeline
 
 
 def bench(prefix: Path, model: Path, *extra: str) -> list[dict]:
@@ -78,7 +78,7 @@ def test_no_cache_build_runs_no_compiler_cache(llama_tree, tmp_path):
     """`--no-cache` on a real configure of the May 2025 tree with ccache on PATH: the plan's flags
     (GGML_CCACHE=OFF, no launcher) give compile commands without ccache; the tree's default
     (GGML_CCACHE ON, ggml/CMakeLists.txt) would have put ccache in front of every one."""
-    from rocforge_build.build.plan import Request, make_plan
+    from rocforge_build.forge.plan import Request, make_plan
     from rocforge_build.rootfs import Root
 
     if not shutil.which("ccache"):

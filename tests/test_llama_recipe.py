@@ -13,9 +13,9 @@ from llama_trees import ERAS, tree
 from toolchain_fixtures import fake_vulkan_sdk, therock_root
 
 from rocforge_build import cli
-from rocforge_build.build import conditions, recipes
-from rocforge_build.build.plan import Request, make_plan
 from rocforge_build.errors import ToolchainError, UsageError
+from rocforge_build.forge import conditions, recipes
+from rocforge_build.forge.plan import Request, make_plan
 from rocforge_build.rootfs import Root
 
 # CMake's own variables and those read by CMake modules (not declared by the tree itself)
@@ -100,10 +100,10 @@ def test_gfx1151_stub_patch_only_where_the_build_would_fail(trees, empty_root, t
         assert "no ggml/src/ggml-cuda/fattn-wmma-f16.cu" in p.patch_status[0].reason or \
             "not rocwmma" in p.patch_status[0].reason
     # once patched, the same patch reads as already upstream (idempotent)
-    from rocforge_build.build import patches as patches_mod
+    from rocforge_build.forge import patches as patches_mod
 
     work = tmp_path / "patched"
-    from rocforge_build.build.sources import sync_tree
+    from rocforge_build.forge.sources import sync_tree
 
     sync_tree(trees["0.3.9"] / "vendor" / "llama.cpp", work)
     pp = [patches_mod.PatchPlan("stub", recipes.load("llama-cpp").patches_dir /
@@ -115,8 +115,8 @@ def test_gfx1151_stub_patch_only_where_the_build_would_fail(trees, empty_root, t
 def test_patch_applies_to_a_tree_with_a_submodule_gitlink(trees, tmp_path):
     # the llama-cpp-python sdists carry vendor/llama.cpp/.git, a gitlink file to
     # ../../.git/modules/vendor/llama.cpp that does not exist in the sdist; git apply stopped at it
-    from rocforge_build.build import patches as patches_mod
-    from rocforge_build.build.sources import sync_tree
+    from rocforge_build.forge import patches as patches_mod
+    from rocforge_build.forge.sources import sync_tree
 
     work = tmp_path / "patched"
     sync_tree(trees["0.3.9"] / "vendor" / "llama.cpp", work)
@@ -152,8 +152,8 @@ def test_vulkan_coopmat_guard_only_before_upstreams_fix(trees, empty_root, tmp_p
     assert _guard_status(plan(trees, "0.3.9", empty_root, "hip")) == "not needed"
     vk = Path("ggml/src/ggml-vulkan/ggml-vulkan.cpp")
     assert _guarded(trees["0.3.36"] / "vendor" / "llama.cpp" / vk)
-    from rocforge_build.build import patches as patches_mod
-    from rocforge_build.build.sources import sync_tree
+    from rocforge_build.forge import patches as patches_mod
+    from rocforge_build.forge.sources import sync_tree
 
     work = tmp_path / "patched"
     sync_tree(trees["0.3.9"] / "vendor" / "llama.cpp", work)

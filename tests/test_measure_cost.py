@@ -176,7 +176,7 @@ def test_host_provenance_starts_no_process(monkeypatch):
 
 def test_bench_command_imports_neither_gate_nor_planner():
     code = ("import sys; import rocforge_build.commands.bench, rocforge_build.measure.session; "
-            "bad = [m for m in ('rocforge_build.measure.verify', 'rocforge_build.build.plan', "
+            "bad = [m for m in ('rocforge_build.measure.verify', 'rocforge_build.forge.plan', "
             "'rocforge_build.download', 'urllib.request', 'rich') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from rocforge_build.build import conditions as c
 from rocforge_build.cli import main
 from rocforge_build.discover.resolver import Decision
 from rocforge_build.errors import reason
+from rocforge_build.forge import conditions as c
 
 INTERNALS = ("None", "[]", "True", "False", "Errno", "Error:", "Traceback")
 
@@ -108,7 +108,7 @@ def test_plan_reasons_do_not_paste_source_code(tmp_path):
 
 
 def test_the_recipe_vulkan_patch_reason_names_no_code():
-    from rocforge_build.build import recipes
+    from rocforge_build.forge import recipes
 
     rule = next(r for r in recipes.load("llama-cpp").of("patch")
                 if r.data["file"] == "vulkan-coopmat-glslc-guard.patch")
@@ -140,8 +140,8 @@ def test_bytes_after_a_gzip_stream_are_shown_as_hex(tmp_path):
 def test_an_unknown_toolchain_lists_the_known_ones_as_words(tmp_path):
     from pathlib import Path
 
-    from rocforge_build.build import recipes
     from rocforge_build.errors import ConfigError
+    from rocforge_build.forge import recipes
 
     fixture = Path(__file__).resolve().parent / "data" / "recipes" / "fixture.toml"
     bad = tmp_path / "fixture.toml"

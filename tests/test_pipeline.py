@@ -12,9 +12,9 @@ import pytest
 from buildfixtures import RECIPE, git, git_repo, project_copy, recipe_copy, tarball
 
 from rocforge_build import cli
-from rocforge_build.build import pipeline
-from rocforge_build.build.plan import Request, make_plan
 from rocforge_build.errors import BuildError, ConfigError, PatchError, ToolchainError, UsageError
+from rocforge_build.forge import pipeline
+from rocforge_build.forge.plan import Request, make_plan
 from rocforge_build.rootfs import Root
 
 ROOT = Root("/")

@@ -26,8 +26,8 @@ from llama_trees import tree
 from stackfixtures import REPO, monorepo, stack_recipes
 from toolchain_fixtures import fake_vulkan_sdk, therock_root
 
-from rocforge_build.build.plan import Request, make_plan
-from rocforge_build.build.plan_text import print_plan
+from rocforge_build.forge.plan import Request, make_plan
+from rocforge_build.forge.plan_text import print_plan
 from rocforge_build.rootfs import Root
 
 RECORDED = Path(__file__).resolve().parent / "data" / "plans" / "recorded.json"

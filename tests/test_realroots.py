@@ -200,7 +200,7 @@ def test_llama_plan_on_sid_does_not_claim_rocblas_use_hipblaslt(machine, tmp_pat
     `rocforge build llama-cpp --target gfx1151` records no ROCBLAS_USE_HIPBLASLT and says why."""
     from llama_trees import tree
 
-    from rocforge_build.build.plan import Request, make_plan
+    from rocforge_build.forge.plan import Request, make_plan
 
     root = machine("sid", fr.RX7900XTX)
     hip_h = root / "usr/include/hip/hip_runtime.h"  # trimmed to its name: the recipe greps it

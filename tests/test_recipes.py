@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from buildfixtures import RECIPE
 
-from rocforge_build.build import recipes
 from rocforge_build.errors import ConfigError, UsageError
+from rocforge_build.forge import recipes
 
 MINIMAL = """
 [recipe]

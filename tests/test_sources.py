@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from buildfixtures import PROJECT, RECIPE, git, git_repo, recipe_copy, tarball
 
-from rocforge_build.build import pipeline, recipes, sources
-from rocforge_build.build.plan import Request, make_plan
 from rocforge_build.errors import IntegrityError, UsageError
+from rocforge_build.forge import pipeline, recipes, sources
+from rocforge_build.forge.plan import Request, make_plan
 from rocforge_build.rootfs import Root
 
 
@@ -176,7 +176,7 @@ def test_the_stub_patch_applies_to_a_work_copy_of_the_may_2025_sdist_tree(tmp_pa
     not carry it, or `git apply` there stops with "fatal: not a git repository"."""
     from llama_trees import tree
 
-    from rocforge_build.build import patches
+    from rocforge_build.forge import patches
 
     src = tree("0.3.9", tmp_path / "trees", full=True) / "vendor" / "llama.cpp"
     assert (src / ".git").read_text().startswith("gitdir: ../../.git/modules/")
@@ -193,8 +193,8 @@ def test_a_patch_whose_second_file_fails_leaves_the_first_untouched(tmp_path):
     """`patches.apply` runs `git apply` without a separate `--check` first: git applies a patch
     atomically (git-apply(1), --reject: "by default fails the whole patch and does not touch the
     working tree when some of the hunks do not apply"), so a half-applicable patch changes nothing."""
-    from rocforge_build.build import patches
     from rocforge_build.errors import PatchError
+    from rocforge_build.forge import patches
 
     tree = tmp_path / "tree"
     tree.mkdir()

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from buildfixtures import git
 
-from rocforge_build.build import conditions as c
-from rocforge_build.build import pipeline, recipes
-from rocforge_build.build.plan import Request, make_plan
 from rocforge_build.errors import BuildError, ConfigError
+from rocforge_build.forge import conditions as c
+from rocforge_build.forge import pipeline, recipes
+from rocforge_build.forge.plan import Request, make_plan
 from rocforge_build.rootfs import Root
 
 HEAD = """

@@ -18,10 +18,10 @@ from buildfixtures import git
 from stackfixtures import REPO, allow_file_submodules, aotriton_repo, monorepo, stack_recipes
 
 from rocforge_build import cli, paths
-from rocforge_build.build import pipeline
-from rocforge_build.build.plan import Request, make_plan
-from rocforge_build.build.plan_text import print_plan
 from rocforge_build.errors import BuildError, NetworkError, ToolchainError
+from rocforge_build.forge import pipeline
+from rocforge_build.forge.plan import Request, make_plan
+from rocforge_build.forge.plan_text import print_plan
 from rocforge_build.rootfs import Root
 
 GFX = re.compile(r"gfx[0-9][0-9a-zA-Z]*")
@@ -42,7 +42,7 @@ def recipes_dir(tmp_path, upstream, monkeypatch):
 def dry_run(root: Path, recipe: Path, target: str, capsys) -> dict:
     """The plan as `build --dry-run --json` prints it, made by the library: without a toolchain
     the CLI's dry run stops (exit 5, as the build would) before the plan."""
-    from rocforge_build.build.plan import Request, make_plan
+    from rocforge_build.forge.plan import Request, make_plan
 
     plan = make_plan(Request(str(recipe), target), Root(root))
     return json.loads(json.dumps(plan.to_json(), indent=2, default=str))
@@ -337,7 +337,7 @@ def test_llama_rocwmma_uses_the_existing_rocwmma_build_and_the_stub(tmp_path, re
     because those headers lack ROCWMMA_ARCH_GFX1151."""
     from llama_trees import tree
 
-    from rocforge_build.build.plan import quick_check
+    from rocforge_build.forge.plan import quick_check
 
     llama = tree("0.3.9", tmp_path / "llama")
     shutil.copy(REPO / "recipes" / "llama-cpp.toml", recipes_dir / "llama-cpp.toml")

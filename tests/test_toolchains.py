@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rocforge_build.build.toolchains import GLSLC_FEATURES, Toolchain
+from rocforge_build.forge.toolchains import GLSLC_FEATURES, Toolchain
 
 # compiles with every glslc llama.cpp supports (16-bit storage is core SPIR-V since Vulkan 1.1)
 CONTROL = "GL_EXT_shader_16bit_storage"

@@ -81,7 +81,7 @@ def test_upgrade_exit_125_is_cannot_test_and_refuses(tmp_path, capsys):
 
 def test_bench_gate_pairs_rows_by_shape_and_fails_beyond_the_threshold():
     # rows as `rocforge bench --json` prints them (prefix, test, tokens, depth, ubatch, fa, t_s)
-    from rocforge_build.build.upgrade import compare_rows
+    from rocforge_build.forge.upgrade import compare_rows
 
     cur, cand = Path("/b/cur"), Path("/b/cand")
 
@@ -135,7 +135,7 @@ def test_bench_gate_compares_at_the_models_preset_shapes(tmp_path):
     # micro-batch 256, the long range's tuned shape: only the preset's shapes show it
     from tiny_gguf import write as write_gguf
 
-    from rocforge_build.build.upgrade import bench_gate
+    from rocforge_build.forge.upgrade import bench_gate
     from rocforge_build.measure import provenance
     from rocforge_build.measure.store import Store
 
@@ -173,7 +173,7 @@ def test_preset_shapes_take_only_what_tune_writes(tmp_path):
     # a store edited by hand: shapes that are not whole numbers / booleans never reach bench
     from tiny_gguf import write as write_gguf
 
-    from rocforge_build.build.upgrade import preset_shapes, shape_args
+    from rocforge_build.forge.upgrade import preset_shapes, shape_args
     from rocforge_build.measure import provenance
     from rocforge_build.measure.store import Store
 

@@ -17,8 +17,8 @@ import fixtures_roots as fr
 import pytest
 import upstream_trees as up
 
-from rocforge_build.build import recipes
-from rocforge_build.build.plan import Request, make_plan
+from rocforge_build.forge import recipes
+from rocforge_build.forge.plan import Request, make_plan
 from rocforge_build.rootfs import Root
 
 pytestmark = pytest.mark.slow

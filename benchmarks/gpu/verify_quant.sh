@@ -60,8 +60,8 @@ export PATH=/tmp/z/usr/bin:$PATH
 cd /tmp
 cat /tmp/m/model.zst.a? | LD_LIBRARY_PATH=/tmp/z/usr/lib/x86_64-linux-gnu zstd -d -q -o /tmp/m/m-q4_1.gguf || exit 1
 sha256sum /tmp/m/m-q4_1.gguf
-CPU=$(python3 -c "from rocforge_build.build.plan import default_prefix as d; print(d('llama-cpp','gfx1100','cpu'))")
-VK=$(python3 -c "from rocforge_build.build.plan import default_prefix as d; print(d('llama-cpp','gfx1100','vulkan'))")
+CPU=$(python3 -c "from rocforge_build.forge.plan import default_prefix as d; print(d('llama-cpp','gfx1100','cpu'))")
+VK=$(python3 -c "from rocforge_build.forge.plan import default_prefix as d; print(d('llama-cpp','gfx1100','vulkan'))")
 Q="$CPU/bin/llama-quantize"
 $Q --allow-requantize /tmp/m/m-q4_1.gguf /tmp/m/m-f16.gguf F16 16 > /tmp/q.log 2>&1 || tail -3 /tmp/q.log
 for q in Q8_0 Q4_0; do $Q /tmp/m/m-f16.gguf /tmp/m/m-${q,,}.gguf $q 16 > /tmp/q.log 2>&1 || tail -3 /tmp/q.log; done

@@ -31,9 +31,9 @@ wait $P1; r1=$?; wait $P2; r2=$?; wait $P3; r3=$?
 echo "builds rc $r1 $r2 $r3: $(( $(date +%s) - t0 )) s"
 [ $r1 != 0 ] && { tail -20 /tmp/b-cpu.log; exit 1; }
 [ $r2 != 0 ] && { tail -20 /tmp/b-vk.log; exit 1; }
-CPU=$(python3 -c "from rocforge_build.build.plan import default_prefix as d; print(d('llama-cpp','gfx1100','cpu'))")
-VK=$(python3 -c "from rocforge_build.build.plan import default_prefix as d; print(d('llama-cpp','gfx1100','vulkan'))")
-W=$(python3 -c "from pathlib import Path; from rocforge_build.build.plan import work_dir; print(work_dir(Path('$CPU')))")/build
+CPU=$(python3 -c "from rocforge_build.forge.plan import default_prefix as d; print(d('llama-cpp','gfx1100','cpu'))")
+VK=$(python3 -c "from rocforge_build.forge.plan import default_prefix as d; print(d('llama-cpp','gfx1100','vulkan'))")
+W=$(python3 -c "from pathlib import Path; from rocforge_build.forge.plan import work_dir; print(work_dir(Path('$CPU')))")/build
 g++ /tmp/tbo.o -o /tmp/tbo -L$VK/lib -lggml -lggml-base -Wl,-rpath,$VK/lib -pthread || exit 1
 (ninja -C $W -j4 llama-quantize > /tmp/q-build.log 2>&1; python3 tests/tiny_gguf.py /tmp/m-f16.gguf medium --byte-tokens --ctx 32768 && env LD_LIBRARY_PATH=$W/bin:$CPU/lib $W/bin/llama-quantize /tmp/m-f16.gguf /tmp/m-q8_0.gguf Q8_0 8 > /tmp/q.log 2>&1; echo "model rc $?" > /tmp/model.done) & PM=$!
 echo "== test-backend-ops -b Vulkan0 (against the CPU backend), ops of a llama forward pass"

@@ -47,9 +47,9 @@ if [ "${PHASE:-build}" = build ]; then
   wait $P1; r1=$?; wait $P2; r2=$?; wait $P3; r3=$?
   echo "builds: cpu rc=$r1 vulkan(glslc 2023.2) rc=$r2 vulkan(glslc 2026.4) rc=$r3, $(( $(date +%s) - t0 )) s"
   for f in /tmp/b-cpu.log /tmp/b-vk.log /tmp/b-vknew.log; do echo "-- $f"; grep -iE "patch|coopmat|glslc|error|built|fail" $f | head -12; tail -n 2 $f; done
-  CPU=$(python3 -c "from rocforge_build.build.plan import default_prefix as d; print(d('llama-cpp','gfx1100','cpu'))")
-  VK=$(python3 -c "from rocforge_build.build.plan import default_prefix as d; print(d('llama-cpp','gfx1100','vulkan'))")
-  W=$(python3 -c "from pathlib import Path; from rocforge_build.build.plan import work_dir; print(work_dir(Path('$CPU')))")/build
+  CPU=$(python3 -c "from rocforge_build.forge.plan import default_prefix as d; print(d('llama-cpp','gfx1100','cpu'))")
+  VK=$(python3 -c "from rocforge_build.forge.plan import default_prefix as d; print(d('llama-cpp','gfx1100','vulkan'))")
+  W=$(python3 -c "from pathlib import Path; from rocforge_build.forge.plan import work_dir; print(work_dir(Path('$CPU')))")/build
   echo "CPU=$CPU VK=$VK VKNEW=$VKNEW" | tee /tmp/prefixes
   ninja -C $W -j16 llama-quantize > /tmp/q-build.log 2>&1 || tail -5 /tmp/q-build.log
   Q="env LD_LIBRARY_PATH=$W/bin:$CPU/lib $W/bin/llama-quantize"

@@ -22,17 +22,17 @@ REPORT_MARK = "<!-- written by rocforge bisect"
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", metavar="RECIPE", help="recipe name or .toml file")
     parser.add_argument("--target", required=True, metavar="GFX", help="GPU target, e.g. gfx1151")
-    parser.add_argument("--good", metavar="REF|VERSION", help="a ref that works (with "
+    parser.add_argument("--good", metavar="REF", help="a ref that works (with "
                         "--versions/--nightlies: a version in the list; default the first)")
-    parser.add_argument("--bad", metavar="REF|VERSION", help="a later ref that does not (with "
+    parser.add_argument("--bad", metavar="REF", help="a later ref that does not (with "
                         "--versions/--nightlies: a version in the list; default the last)")
     axis = parser.add_mutually_exclusive_group()
-    axis.add_argument("--versions", metavar="V1,V2,...", help="bisect released versions of a "
+    axis.add_argument("--versions", metavar="VERSION,...", help="bisect released versions of a "
                       "tarball or sdist source, oldest first (see --source)")
-    axis.add_argument("--nightlies", metavar="V1,V2,...", help="bisect TheRock nightlies, oldest "
+    axis.add_argument("--nightlies", metavar="VERSION,...", help="bisect TheRock nightlies, oldest "
                       "first: a fixed source built against each one's ROCm (installed beside "
                       "the others, `current` unchanged)")
-    parser.add_argument("--source", metavar="S", help="git: the repository (default: the "
+    parser.add_argument("--source", metavar="PATH|URL", help="git: the repository (default: the "
                         "recipe's); --versions: a tarball URL or path holding {version} (default: "
                         "the recipe's tarball URL with its version replaced); --nightlies: the "
                         "fixed source (default: the recipe's)")
@@ -58,8 +58,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from rocforge_build.build import bisect, recipes, upgrade
-    from rocforge_build.build.plan import Request
+    from rocforge_build.forge import bisect, recipes, upgrade
+    from rocforge_build.forge.plan import Request
 
     axis, good, listed = _checked(args)
     pct = upgrade.threshold(args.threshold)
@@ -120,7 +120,7 @@ def run(args) -> int:
 def _checked(args) -> tuple[str, str | None, list[str] | None]:
     """Every flag checked before anything is fetched or built: (axis, the good version and the
     candidates after it for --versions/--nightlies, else None)."""
-    from rocforge_build.build import bisect
+    from rocforge_build.forge import bisect
 
     axis = "versions" if args.versions is not None else (
         "nightlies" if args.nightlies is not None else "git")
@@ -171,7 +171,7 @@ class _Axis:
 
 
 def _candidates(args, axis: str, recipe, good: str | None, listed: list[str] | None) -> _Axis:
-    from rocforge_build.build import bisect
+    from rocforge_build.forge import bisect
 
     if axis == "git":
         location = bisect.git_location(recipe, args.source, args.good)
@@ -201,7 +201,7 @@ def _candidates(args, axis: str, recipe, good: str | None, listed: list[str] | N
 def _oracle(args, good: str, argv, model, pct: float, root_arg, build, prefix_of):
     """The test each step's build gets: --run's program; --verify against --reference or the good
     ref's build; --bench against the good ref's figure."""
-    from rocforge_build.build import bisect
+    from rocforge_build.forge import bisect
 
     if argv:
         return bisect.run_test(argv)
@@ -220,7 +220,7 @@ def _oracle(args, good: str, argv, model, pct: float, root_arg, build, prefix_of
 
 
 def _tarball_spec(recipe, where: str) -> None:
-    from rocforge_build.build import sources
+    from rocforge_build.forge import sources
 
     spec = sources.spec_for(recipe, source=where)
     if spec.kind != "tarball":
@@ -231,7 +231,7 @@ def _tarball_spec(recipe, where: str) -> None:
 def _fixed_source(recipe, source: str | None) -> tuple[str | None, str | None]:
     """The nightly axis's one source: a git source pinned to one commit now (every step builds
     the same tree), anything else as given."""
-    from rocforge_build.build import sources
+    from rocforge_build.forge import sources
 
     spec = sources.spec_for(recipe, source=source)
     if spec.kind == "git":
@@ -274,7 +274,7 @@ def _check_uses_rocm(prefix: Path, rocm: str) -> None:
 
 
 def sources_sha(location: str, ref: str) -> str:
-    from rocforge_build.build import sources
+    from rocforge_build.forge import sources
 
     return sources._git_resolve(location, ref)
 
@@ -327,7 +327,7 @@ def _test_words(args) -> str:
 
 
 def _print(axis: str, r) -> None:
-    from rocforge_build.build.bisect import short
+    from rocforge_build.forge.bisect import short
 
     for s in r.steps:
         print(f"  {short(s.ref)}  {s.verdict:5}  {s.detail}  {r.subjects.get(s.ref, '')}")
@@ -341,7 +341,7 @@ def _print(axis: str, r) -> None:
 def _write_report(args, axis: str, location: str, good: str, r, doc: dict) -> None:
     """A pre-filled upstream issue: what regressed, where, on what, and how to reproduce it."""
     from rocforge_build import replace
-    from rocforge_build.build.bisect import short
+    from rocforge_build.forge.bisect import short
     from rocforge_build.measure import provenance
 
     try:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import sys
 
-from rocforge_build.build import pipeline
-from rocforge_build.build.plan import Request, make_plan, preflight
-from rocforge_build.build.plan_text import print_plan
 from rocforge_build.commands import target_or_detected
 from rocforge_build.errors import UsageError
+from rocforge_build.forge import pipeline
+from rocforge_build.forge.plan import Request, make_plan, preflight
+from rocforge_build.forge.plan_text import print_plan
 from rocforge_build.refs import check_git_ref
 
 

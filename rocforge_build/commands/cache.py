@@ -1,6 +1,6 @@
 """`rocforge cache list [--json]` and `rocforge cache clean [--older-than DAYS] [--sources|--work|
 --failed|...] [--dry-run] [--json]`: what rocforge keeps in its cache dir, and removing it
-(build/cleanup.py says what is never touched, and why)."""
+(forge/cleanup.py says what is never touched, and why)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from rocforge_build.build import cleanup
+    from rocforge_build.forge import cleanup
 
     base, entries = cleanup.scan()
     now = time.time()

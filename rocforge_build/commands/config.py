@@ -66,9 +66,9 @@ def _show(value, key: str = "") -> str:
 
 
 def _secret(key: str, value):
-    """A URL's credentials are never printed (build/cache.py reads them from the file)."""
+    """A URL's credentials are never printed (forge/cache.py reads them from the file)."""
     if key == "cache.remote" and isinstance(value, str):
-        from rocforge_build.build.cache import redact
+        from rocforge_build.forge.cache import redact
 
         return redact(value)
     return value

@@ -9,8 +9,8 @@ import os
 import re
 import tomllib
 
-from rocforge_build.build import parallel
 from rocforge_build.discover import host, host_checks, resolver
+from rocforge_build.forge import parallel
 from rocforge_build.nightly import known_bad
 from rocforge_build.resources import package_data
 from rocforge_build.rootfs import Root
@@ -183,7 +183,7 @@ def run(args) -> int:
     _print_tables(console, res)
     for line in host_checks.text_lines(host_found):
         console.print(line, highlight=False)
-    for row in parallel.doctor_checks():  # configured cache server / distcc hosts (build/parallel.py)
+    for row in parallel.doctor_checks():  # configured cache server / distcc hosts (forge/parallel.py)
         console.print(esc(f"{row['what']} {row['address']}: {row['status']}"), highlight=False)
     for w in warnings:
         console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False)

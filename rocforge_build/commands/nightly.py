@@ -272,7 +272,7 @@ def _gate_inputs(args) -> dict:
         return {}
     from pathlib import Path
 
-    from rocforge_build.build import upgrade
+    from rocforge_build.forge import upgrade
 
     if args.dry_run:
         raise UsageError("--gate builds and tests; --dry-run shows the choice only",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from rocforge_build.build import recipes
+from rocforge_build.forge import recipes
 
 
 def add_arguments(parser) -> None:

@@ -43,8 +43,8 @@ def add_arguments(parser) -> None:
 
 
 def candidates(args, say) -> tuple[list[LlamaBuild], list[dict]]:
-    from rocforge_build.build import pipeline, recipes
-    from rocforge_build.build.plan import Request, make_plan
+    from rocforge_build.forge import pipeline, recipes
+    from rocforge_build.forge.plan import Request, make_plan
 
     recipe = recipes.load(args.recipe)
     names = [b for b in (args.backends.split(",") if args.backends else recipe.backends) if b]

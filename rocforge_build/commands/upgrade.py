@@ -35,7 +35,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from rocforge_build.build import upgrade
+    from rocforge_build.forge import upgrade
     from rocforge_build.measure.store import Store
 
     pct = upgrade.threshold(args.threshold)  # every flag is checked before the prefix is read

@@ -298,8 +298,8 @@ def reference_for(build: LlamaBuild, reference: str | None, *, quiet: bool = Fal
     if not m:
         raise BuildNotUsable(f"{build.prefix} has no rocforge manifest, so its source is unknown",
                              "give --reference PREFIX (a CPU build of the same llama.cpp source)")
-    from rocforge_build.build import pipeline, recipes
-    from rocforge_build.build.plan import Request
+    from rocforge_build.forge import pipeline, recipes
+    from rocforge_build.forge.plan import Request
     from rocforge_build.rootfs import Root
 
     recipe = recipes.load(m["recipe"]["name"])

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build import paths
-from rocforge_build.build import upgrade
 from rocforge_build.discover.builds import read_manifest
+from rocforge_build.forge import upgrade
 
 
 @dataclass

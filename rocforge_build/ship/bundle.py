@@ -101,8 +101,8 @@ def find_source(spec: str, *, target: str, backend: str | None, root) -> Source:
         if backend and manifest.get("backend") != backend:
             raise UsageError(f"{path} is the {manifest.get('backend')} build, not {backend}")
         return Source(path.resolve(), manifest, (Decision("prefix", str(path.resolve()), "given as PREFIX"),))
-    from rocforge_build.build import recipes
     from rocforge_build.discover.builds import find_builds
+    from rocforge_build.forge import recipes
 
     recipe = recipes.load(spec)  # unknown names fail here, with a suggestion
     found = [b for b in find_builds(root) if b.recipe == recipe.name and b.target == tgt.name]

@@ -208,7 +208,7 @@ def toolchain_defaults() -> dict[str, str]:
 # -- recipes ----------------------------------------------------------------------------------------
 def recipe_ref(recipe: str):
     """RECIPE as `rocforge build` takes it (name or .toml path): the loaded recipe and its ref."""
-    from rocforge_build.build import recipes
+    from rocforge_build.forge import recipes
 
     loaded = recipes.load(recipe)  # validated: unknown names and keys fail here, with suggestions
     packaged = recipes.available().get(loaded.name)
@@ -221,7 +221,7 @@ def default_backend(recipe: str, *, target: str, source: str | None, ref: str | 
     """The backend `rocforge build` chooses without --backend: the same function on the same facts
     (the recipe's `[[default]]` rules over the source's build files and this machine's toolchains),
     so the same reason is printed.  It reads the source, as `rocforge build --dry-run` does."""
-    from rocforge_build.build import plan as build_plan
+    from rocforge_build.forge import plan as build_plan
 
     sys.stderr.write("rocforge: choosing the default backend as `rocforge build` does (it reads the "
                      "source's build files; a cache hit after the first fetch)\n")

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build import __version__, paths
-from rocforge_build.build import conditions, patches, recipes, sources
-from rocforge_build.build.backend_choice import check_before_fetch, choose_backend, facts_maker
-from rocforge_build.build.parallel import Parallel, for_plan
-from rocforge_build.build.toolchains import GLSLC_FEATURES, Toolchain, host_identity
 from rocforge_build.discover import targets
 from rocforge_build.discover.builds import read_manifest
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
+from rocforge_build.forge import conditions, patches, recipes, sources
+from rocforge_build.forge.backend_choice import check_before_fetch, choose_backend, facts_maker
+from rocforge_build.forge.parallel import Parallel, for_plan
+from rocforge_build.forge.toolchains import GLSLC_FEATURES, Toolchain, host_identity
 from rocforge_build.proc import run
 
 MANIFEST = "rocforge-manifest.toml"
@@ -81,7 +81,7 @@ class Plan:
     outputs: list[dict] = field(default_factory=list)  # {path, reason, because}
     export_env: dict[str, str] = field(default_factory=dict)  # what `rocforge env` exports
     venv: dict | None = None  # {path, requirements, packages, commands, reason}
-    parallel: Parallel | None = None  # compiler cache, distribution, -j (build/parallel.py)
+    parallel: Parallel | None = None  # compiler cache, distribution, -j (forge/parallel.py)
 
     @property
     def src_dir(self) -> Path:
@@ -326,7 +326,7 @@ def _environment(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict, too
                  kind: str, par: Parallel, environ: Mapping[str, str],
                  deps: list[Dependency]) -> tuple[dict, dict, dict, dict]:
     """(build env, reasons, runtime env, export env): the toolchain's variables, the compiler
-    cache's and distribution's (build/parallel.py), the recipe's `[[env]]` rules by stage,
+    cache's and distribution's (forge/parallel.py), the recipe's `[[env]]` rules by stage,
     dependencies' prefixes in front."""
     env: dict[str, str] = dict(toolchain.env)
     env_reasons = {k: f"{kind} toolchain" for k in toolchain.env}

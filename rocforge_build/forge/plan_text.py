@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from rocforge_build.build.parallel import print_plan as print_parallel
-from rocforge_build.build.plan import Plan
+from rocforge_build.forge.parallel import print_plan as print_parallel
+from rocforge_build.forge.plan import Plan
 from rocforge_build.proc import quote
 
 

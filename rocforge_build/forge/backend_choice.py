@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from rocforge_build.build import conditions, recipes
-from rocforge_build.build.toolchains import detect
 from rocforge_build.errors import ToolchainError, UsageError
+from rocforge_build.forge import conditions, recipes
+from rocforge_build.forge.toolchains import detect
 
 if TYPE_CHECKING:
-    from rocforge_build.build.plan import Request
+    from rocforge_build.forge.plan import Request
 
 
 def facts_maker(recipe, tgt, root, environ, req: Request, toolchains: dict, known: dict):

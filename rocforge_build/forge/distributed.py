@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build.build.cache import PROBE_TIMEOUT, CacheSetup, printable, run_sccache
 from rocforge_build.errors import UsageError
+from rocforge_build.forge.cache import PROBE_TIMEOUT, CacheSetup, printable, run_sccache
 from rocforge_build.proc import which
 
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build import __version__, paths, replace
-from rocforge_build.build import cache, lock, parallel, patches, sources
-from rocforge_build.build.plan import (
+from rocforge_build.errors import BuildError, ToolchainError
+from rocforge_build.forge import cache, lock, parallel, patches, sources
+from rocforge_build.forge.plan import (
     BUILD_ENV,
     MANIFEST,
     Plan,
@@ -36,8 +37,7 @@ from rocforge_build.build.plan import (
     source_version,
     staging_dir,
 )
-from rocforge_build.build.toolchains import host_info
-from rocforge_build.errors import BuildError, ToolchainError
+from rocforge_build.forge.toolchains import host_info
 from rocforge_build.proc import merged_env, quote, reaped, spawn, which
 from rocforge_build.progress import Heartbeat
 

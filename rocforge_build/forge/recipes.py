@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from rocforge_build import refs, resources, shellsafe
-from rocforge_build.build import conditions
 from rocforge_build.errors import ConfigError, UsageError
+from rocforge_build.forge import conditions
 
 TOOLCHAINS = ("hip", "vulkan", "host")
 
@@ -74,7 +74,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     # a private virtual environment in the build directory with the source's Python requirements
     "venv": {"requirements": ((list,), False), "packages": ((list,), False), "reason": ((str,), True)},
     # peak memory of one build job (the heaviest translation units), for the default -j
-    # (build/jobs.py: min(cores, MemAvailable / memory_mb)); a later rule that holds wins
+    # (forge/jobs.py: min(cores, MemAvailable / memory_mb)); a later rule that holds wins
     "jobs": {"memory_mb": ((int,), True), "when": ((dict,), False), "reason": ((str,), True)},
 }
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build import replace
-from rocforge_build.build.plan import MANIFEST, Plan, Request, work_dir
 from rocforge_build.discover.builds import read_manifest
 from rocforge_build.errors import BuildError, RocforgeError, UsageError
+from rocforge_build.forge.plan import MANIFEST, Plan, Request, work_dir
 
 PREVIOUS = ".rocforge-previous"  # the replaced build, kept for `rocforge rollback`
 SKIP_EXIT = 125  # git bisect run: "this revision cannot be tested"
@@ -94,7 +94,7 @@ def request_for(prefix: Path, manifest: dict, *, ref: str | None = None,
     """The build's request (recipe, target, backend, source from its manifest) with only the
     given inputs changed; with no new source, the exact source it was built from (the same
     commit, tarball or tree), so a toolchain change is tested alone."""
-    from rocforge_build.build import recipes
+    from rocforge_build.forge import recipes
 
     recipe = recipes.load(recipe_ref(manifest))
     src = manifest.get("source", {})
@@ -324,7 +324,7 @@ def upgrade(prefix: Path, req: Request, rootfs, *, run: list[str] | None = None,
             model: str | None = None, pct: float = 5.0, root_arg: str | None = None,
             quiet: bool = False) -> Outcome:
     """Build the candidate into the staging sibling, gate it, swap it in only if all pass."""
-    from rocforge_build.build import pipeline
+    from rocforge_build.forge import pipeline
 
     before = summary(read_manifest(prefix))
     keep = replace.sibling(prefix, PREVIOUS)
@@ -366,7 +366,7 @@ def upgrade(prefix: Path, req: Request, rootfs, *, run: list[str] | None = None,
 def rollback(prefix: Path) -> tuple[dict, dict]:
     """Swap the kept build back in; the build it replaces is kept in turn (a second rollback
     goes forward again).  Under the prefix's build lock: no build runs while it happens."""
-    from rocforge_build.build import lock
+    from rocforge_build.forge import lock
 
     keep = replace.sibling(prefix, PREVIOUS)
     previous = read_manifest(keep) if keep.is_dir() and not keep.is_symlink() else None

@@ -7,7 +7,7 @@ A name rocforge does not make is shown as "other" and never touched.  An entry i
 its reason, when it is a symbolic link (never followed: sizes come from lstat, removal is
 shutil.rmtree's fd-based walk), holds or is a build prefix (a `rocforge-manifest.toml`, a
 configured data or nightly directory placed inside the cache), is another mounted file system,
-cannot be read whole, or is a work dir whose build holds its lock (build/lock.py: the lock is held
+cannot be read whole, or is a work dir whose build holds its lock (forge/lock.py: the lock is held
 while the dir is removed, so no build starts in it meanwhile).
 
 The compiler cache (ccache's or sccache's directory) is not rocforge's: it is listed, and cleaned
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build import paths
-from rocforge_build.build import lock
+from rocforge_build.forge import lock
 
 DAY = 86400.0
 MANIFESTS = ("rocforge-manifest.toml", "rocforge-kernels.json")
@@ -235,7 +235,7 @@ def _sccache_dir() -> Path:
 
 
 def compiler_caches(guard: list[Path]) -> list[Entry]:
-    """The local directories of the compiler launchers rocforge's builds use (build/cache.py:
+    """The local directories of the compiler launchers rocforge's builds use (forge/cache.py:
     ccache or sccache from PATH, each with its own default directory: rocforge sets neither)."""
     out = []
     for tool, where in (("ccache", _ccache_dir()), ("sccache", _sccache_dir())):

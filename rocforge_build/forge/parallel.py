@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from rocforge_build.build.cache import (
+from rocforge_build.errors import BuildError, UsageError
+from rocforge_build.forge.cache import (
     CCACHE_SCHEMES,
     CacheSetup,
     probe,
@@ -25,7 +26,7 @@ from rocforge_build.build.cache import (
     stats_log,
     summary,
 )
-from rocforge_build.build.distributed import (
+from rocforge_build.forge.distributed import (
     Distribution,
     check_host,
     compiler_ident,
@@ -33,8 +34,7 @@ from rocforge_build.build.distributed import (
     icecc_scheduler_hosts,
     setup_distribution,
 )
-from rocforge_build.build.jobs import DEFAULT_JOB_MB, Jobs, choose_jobs, explain_oom, oom_kills
-from rocforge_build.errors import BuildError, UsageError
+from rocforge_build.forge.jobs import DEFAULT_JOB_MB, Jobs, choose_jobs, explain_oom, oom_kills
 from rocforge_build.proc import which
 
 
@@ -99,7 +99,7 @@ def for_plan(rules: list, facts, *, root, requested_jobs: int | None, no_cache: 
              cfg: Mapping | None = None) -> Parallel:
     """The cache, the jobs and the distribution of one build; `rules` are the recipe's `[[jobs]]`."""
     from rocforge_build import config
-    from rocforge_build.build import conditions
+    from rocforge_build.forge import conditions
 
     cfg = cfg if cfg is not None else config.effective()
     per_job, per_job_reason = DEFAULT_JOB_MB, "no per-job memory figure in the recipe: 1 GB assumed"

@@ -28,10 +28,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from rocforge_build import paths
-from rocforge_build.build import sources
-from rocforge_build.build.plan import Request, work_dir
-from rocforge_build.build.upgrade import Gate, rocforge_cli, run_gate
 from rocforge_build.errors import BuildError, UsageError
+from rocforge_build.forge import sources
+from rocforge_build.forge.plan import Request, work_dir
+from rocforge_build.forge.upgrade import Gate, rocforge_cli, run_gate
 from rocforge_build.proc import CommandFailed, run
 from rocforge_build.refs import check_git_ref
 
@@ -259,7 +259,7 @@ def short(ref: str) -> str:
 
 def build_step(req: Request, root) -> tuple[bool, str | None]:
     """Build one step (up to date when an earlier bisect built it); (built, failure or None)."""
-    from rocforge_build.build import pipeline
+    from rocforge_build.forge import pipeline
 
     try:
         out = pipeline.execute(req, root, quiet=True)

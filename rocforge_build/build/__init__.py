@@ -1,1 +1,0 @@
-"""Builds from recipes: recipes, conditions, sources, patches, toolchains, plan, pipeline."""
