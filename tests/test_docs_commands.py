@@ -80,7 +80,7 @@ def test_known_options_with_their_help(pages):
     for action in ("list", "install", "installed", "use", "prune", "pip"):
         assert f"## `rocforge nightly {action}`" in nightly
     assert "- `--gate`: install beside the others" in nightly
-    assert "- `--keep KEEP`: installs to keep (default nightly.keep)" in nightly
+    assert "- `--keep N`: installs to keep (default nightly.keep)" in nightly
     # the global option is explained once, on the index
     assert "--root DIR" in pages["reference/commands/index.md"]
 
