@@ -513,6 +513,18 @@ def gate(build: LlamaBuild, model: Model, *, reference: str | None, store, run_i
     return result["verdicts"][key], result
 
 
+def command_line(prefix, model_path, shape: dict, env: dict | None = None) -> str:
+    """The `rocforge verify` command whose first check is exactly `shape` with `env` (plan() puts
+    the given context, micro-batch and flash attention in row 0 with full offload, -ngl 99)."""
+    from rocforge_build.proc import quote
+
+    argv = ["rocforge", "verify", str(prefix), "--model", str(model_path), "--ctx", str(shape["ctx"]),
+            "--ubatch", str(shape["ubatch"]), "--fa", "on" if shape["fa"] else "off"]
+    for k, v in sorted((env or {}).items()):
+        argv += ["--env", f"{k}={v}"]
+    return quote(argv)
+
+
 def verify_shape(build: LlamaBuild, model: Model, shape: Shape, *, reference: str | None,
                  env: dict | None = None, quiet: bool = False, progress=None) -> dict:
     """One check at exactly the shape a preset will run (tune's winner, before it is stored)."""
