@@ -347,6 +347,83 @@ def test_serve_refuses_a_build_changed_since_it_was_verified(tmp_path, capsys):
     assert "rebuilt since the preset was verified" in err and "rocforge verify" in err
 
 
+# the preset's range was verified at ctx=4096 ub=512 fa=on (a CPU build: ngl None) with GGML_X=1
+SHAPE = {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": None}
+
+
+def rebuilt_preset(tmp_path: Path, model) -> tuple[Path, str, str]:
+    """A stored preset whose build has been rebuilt since (its stamp is not the preset's): (prefix,
+    the build's stamp now, the model's sha256)."""
+    from rocforge_build.discover.builds import read_manifest
+
+    prefix = fake_build(tmp_path)
+    p = preset(argv=[str(prefix / "bin/llama-server"), "-m", str(model.path), "-c", "4096"])
+    sha = p["model"]["sha256"]
+    p["model"]["path"] = str(model.path)
+    r = p["ranges"]["short"]
+    r.update(prefix=str(prefix), stamp="an-older-stamp", variant={"ubatch": 512, "fa": True, "env": {"GGML_X": "1"}},
+             verified={"shape": SHAPE, "kld_mean": 0.001, "top1": 0.99, "reference": "/ref"})
+    with Store() as s:
+        s.add_preset("m", sha, 1, p)
+    return prefix, read_manifest(prefix)["stamp"], sha
+
+
+def verify_row(prefix, stamp, sha, shapes, *, env=None, failed=()) -> dict:
+    checks = [{"ctx": c, "ubatch": u, "fa": fa, "ngl": ngl, "passed": (c, u, fa, ngl) not in failed}
+              for c, u, fa, ngl in shapes]
+    return {"prefix": str(prefix), "stamp": stamp, "model_sha256": sha, "env": env or {},
+            "passed": all(c["passed"] for c in checks), "checks": checks}
+
+
+EXACT = (4096, 512, True, None)
+
+
+@pytest.mark.parametrize("case", ["quick", "other ubatch", "other fa", "other env", "no env", "failed elsewhere",
+                                  "older stamp", "other model"])
+def test_serve_wants_a_verify_of_the_rebuilt_build_at_the_presets_shape(tmp_path, capsys, model8k, case):
+    prefix, stamp, sha = rebuilt_preset(tmp_path, model8k)
+    env = {"GGML_X": "1"}
+    # each row below passed every check it ran, but none proves the preset's shape with its env
+    row = {
+        # `verify --quick`: the shortest context only (verify.plan), 512 tokens, not the preset's 4096
+        "quick": verify_row(prefix, stamp, sha, [(512, 2048, True, None), (512, 256, False, None)], env=env),
+        "other ubatch": verify_row(prefix, stamp, sha, [(4096, 2048, True, None)], env=env),
+        "other fa": verify_row(prefix, stamp, sha, [(4096, 512, False, None)], env=env),
+        "other env": verify_row(prefix, stamp, sha, [EXACT], env={"GGML_X": "0"}),
+        "no env": verify_row(prefix, stamp, sha, [EXACT]),
+        # the shape passed, another check of the same verify failed: the build is wrong somewhere
+        "failed elsewhere": verify_row(prefix, stamp, sha, [EXACT, (512, 256, True, None)], env=env,
+                                       failed={(512, 256, True, None)}),
+        "older stamp": verify_row(prefix, "an-older-stamp", sha, [EXACT], env=env),
+        "other model": verify_row(prefix, stamp, "cd" * 32, [EXACT], env=env),
+    }[case]
+    with Store() as s:
+        s.add_row(s.start_run("verify"), "verify", row, status="passed" if row["passed"] else "failed")
+    assert cli.main(["serve", "m", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "has not passed verify with this model at the preset's shape (ctx=4096 ub=512 fa=on with GGML_X=1)" in err
+    assert (f"hint: verify it at that shape: rocforge verify {prefix} --model {model8k.path} --ctx 4096 "
+            "--ubatch 512 --fa on --env GGML_X=1") in err
+
+
+def test_serve_accepts_the_rebuilt_build_once_verified_at_the_presets_shape(tmp_path, capsys, model8k):
+    prefix, stamp, sha = rebuilt_preset(tmp_path, model8k)
+    assert cli.main(["serve", "m", "--dry-run"]) == 2
+    hint = capsys.readouterr().err.split("verify it at that shape: ")[1].strip()
+    # the command the refusal gives, read by verify's own parser, checks exactly the preset's shape
+    # first (verify.plan: the given context, micro-batch and flash attention meet in row 0)
+    args = cli.build_parser("verify").parse_args(hint.split()[1:])
+    cov = verify.plan(model8k, gpu=False, ctx=args.ctx, ubatch=args.ubatch, fa=[args.fa == "on"])
+    assert cov.shapes == [verify.Shape(*EXACT)]
+    assert {k: v[0] for k, v in bench.env_pairs(args.env).items()} == {"GGML_X": "1"}
+    # the row that command writes when it passes: serve runs the preset again
+    with Store() as s:
+        s.add_row(s.start_run("verify"), "verify", verify_row(prefix, stamp, sha, [EXACT], env={"GGML_X": "1"}),
+                  status="passed")
+    assert cli.main(["serve", "m", "--dry-run"]) == 0
+    assert f"{prefix}/bin/llama-server -m {model8k.path} -c 4096 --host 127.0.0.1 --port 8080" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flag", [["--port", "0"], ["--port", "70000"], ["--wait", "nan"], ["--wait", "-1"]])
 def test_serve_flags_are_checked(flag, capsys):
     with pytest.raises(SystemExit) as exc:

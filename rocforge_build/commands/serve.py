@@ -35,10 +35,10 @@ def run(args) -> int:
         if preset is None:
             raise UsageError(f"no preset for {args.model!r}", "run `rocforge tune` for it first")
         name, _ = serve.pick_range(preset, args.range)
-        problem = serve.still_proven(preset["ranges"][name], store, preset["model"]["sha256"])
+        problem = serve.still_proven(preset["ranges"][name], store, preset["model"]["sha256"],
+                                     model_path or preset["model"]["path"])
     if problem:
-        r = preset["ranges"][name]
-        raise UsageError(problem, f"verify it again: rocforge verify {r['prefix']} --model {preset['model']['path']}")
+        raise UsageError(*problem)
     p = serve.plan(preset, model_path or preset["model"]["path"], args.range, args.host, args.port)
     env = " ".join(f"{k}={quote([v])}" for k, v in p.env.items())
     line = (f"env {env} " if env else "") + quote(p.argv)
