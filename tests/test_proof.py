@@ -236,20 +236,63 @@ def preset(model="m", score=1.0, env=None, argv=None):
                                  "notes": []}}}
 
 
-def test_presets_are_a_history_and_use_picks_a_version(capsys):
+def test_presets_are_a_history_per_model_and_use_picks_a_version(capsys):
     with Store() as s:
         v1 = s.add_preset("m", "ab" * 32, 1, preset(score=1.0))
-        v2 = s.add_preset("m", "ab" * 32, 2, preset(score=2.0))
+        assert s.add_preset("other", "cd" * 32, 2, preset(model="other")) == 1  # the other model's own 1
+        v2 = s.add_preset("m", "ab" * 32, 3, preset(score=2.0))
+    assert (v1, v2) == (1, 2)  # m's own numbers, whatever was stored between them
     assert cli.main(["preset", "history", "m", "--json"]) == 0
     hist = json.loads(capsys.readouterr().out)
-    assert [h["version"] for h in hist] == [v1, v2] and [h["in_use"] for h in hist] == [False, True]
-    assert cli.main(["preset", "use", "m", str(v1)]) == 0
-    capsys.readouterr()
+    assert [(h["version"], h["run_id"], h["in_use"]) for h in hist] == [(1, 1, False), (2, 3, True)]
+    assert cli.main(["preset", "use", "m", "1"]) == 0
+    assert "m (sha256 abababababab): preset version 1" in capsys.readouterr().out
     assert cli.main(["preset", "show", "m", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["version"] == v1 and shown["ranges"]["short"]["score"] == 1.0
-    assert cli.main(["preset", "use", "m", "999"]) == 2
-    assert "no preset version 999" in capsys.readouterr().err
+    assert (shown["version"], shown["in_use"], shown["ranges"]["short"]["score"]) == (1, "chosen", 1.0)
+    assert cli.main(["preset", "show", "other", "--json"]) == 0  # m's choice is m's alone
+    assert json.loads(capsys.readouterr().out)["in_use"] == "newest"
+    assert cli.main(["preset", "use", "m", "3"]) == 2  # 3 is a row of the table, not a version of m
+    assert "m has no preset version 3" in capsys.readouterr().err
+
+
+def test_two_models_sharing_a_name_have_their_own_histories(tmp_path, capsys):
+    from rocforge_build.measure import provenance
+
+    paths = []
+    for quant, seed in (("q4", 0), ("q8", 1)):
+        (tmp_path / quant).mkdir()
+        paths.append(write_gguf(tmp_path / quant / "model.gguf", seed=seed))
+    # one name (as two quantizations of one model share general.name), two files
+    assert gguf.check(paths[0]).name == gguf.check(paths[1]).name == "model"
+    q4, q8 = (provenance.model_sha256(p) for p in paths)
+    with Store() as s:
+        for sha, path, score, version in ((q4, paths[0], 4.0, 1), (q8, paths[1], 8.0, 1), (q8, paths[1], 8.5, 2)):
+            p = preset("model", score=score)
+            p["model"].update(sha256=sha, path=str(path))
+            assert s.add_preset("model", sha, None, p) == version
+    for argv in (["preset", "show", "model"], ["preset", "history", "model"], ["preset", "use", "model", "1"],
+                 ["preset", "export", "model", "--format", "shell"], ["serve", "model", "--dry-run"]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"rocforge: error: 'model' names 2 models with presets: {q4[:12]} ({paths[0]}), "
+                       f"{q8[:12]} ({paths[1]})",
+                       "rocforge: hint: pick one: pass its GGUF path or its sha256 (the first 12 hex digits "
+                       "are enough)"], argv
+    # the path, the sha256 or its first 12 hex digits pick one history
+    assert cli.main(["preset", "show", str(paths[0]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ranges"]["short"]["score"] == 4.0
+    assert cli.main(["preset", "history", q8[:12], "--json"]) == 0
+    assert [(h["version"], h["data"]["ranges"]["short"]["score"]) for h in json.loads(capsys.readouterr().out)] == [
+        (1, 8.0), (2, 8.5)]
+    assert cli.main(["preset", "use", q8, "1"]) == 0
+    capsys.readouterr()
+    for path, score in ((paths[1], 8.0), (paths[0], 4.0)):  # q8's choice leaves q4's newest in use
+        assert cli.main(["preset", "show", str(path), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["ranges"]["short"]["score"] == score
+    assert cli.main(["preset", "list"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"model  sha256 {q4[:12]}  1 version(s)  {paths[0]}",
+                                                    f"model  sha256 {q8[:12]}  2 version(s)  {paths[1]}"]
 
 
 def test_export_quotes_for_systemd_and_llama_swap(capsys):
