@@ -65,6 +65,37 @@ def test_a_short_text_bounds_the_contexts(model8k):
         verify.bound_by_text(cov, 20)
 
 
+def report_lines(capsys, coverage: verify.Coverage) -> list[str]:
+    from types import SimpleNamespace
+
+    from rocforge_build.commands.verify import report
+
+    checks = [verify.Check(s.ctx, 0.001, 0.99, 10.0, 10.0, s.ubatch, s.fa, s.ngl, passed=True).to_json()
+              for s in coverage.shapes]
+    report(SimpleNamespace(prefix="/b"), SimpleNamespace(prefix="/ref"),
+           {"passed": True, "coverage": coverage.to_json(), "checks": checks})
+    return capsys.readouterr().out.splitlines()
+
+
+def test_verify_says_what_it_covered_and_what_bounded_it(model8k, capsys):
+    # a GPU build, --max-ctx 4096: the contexts 32768 and 8192 come down to 4096 (the model's 8192
+    # bounds nothing below 4096); half of the 2 layers is the partial offload
+    lines = report_lines(capsys, verify.plan(model8k, gpu=True, max_ctx=4096))
+    assert lines[:3] == ["/b against /ref: PASSED",
+                         "  covered: contexts 512, 2048, 4096; micro-batches 256, 2048; flash attention on "
+                         "and off; -ngl 99, 1",
+                         "  bounded by: --max-ctx 4096"]
+    # a CPU build (no -ngl), bounded by the model's training context and then by a 5000-token text
+    cov = verify.bound_by_text(verify.plan(model8k, gpu=False), 5000)
+    assert report_lines(capsys, cov)[1:3] == [
+        "  covered: contexts 512, 2048; micro-batches 256, 2048; flash attention on and off",
+        "  bounded by: the model's training context (8192); the text's length (5000 tokens: contexts up to 2048)"]
+    # nothing bounded it: no such line
+    lines = report_lines(capsys, verify.Coverage([verify.Shape(512, 256, False)]))
+    assert lines[1] == "  covered: contexts 512; micro-batches 256; flash attention off"
+    assert not any("bounded by" in line for line in lines)
+
+
 def test_shipped_text_is_pride_and_prejudice_long_enough_for_32768():
     text = verify.text_file().read_text(encoding="utf-8")
     assert text.startswith("PRIDE AND PREJUDICE") and "It is a truth universally acknowledged" in text
@@ -311,6 +342,78 @@ def test_export_quotes_for_systemd_and_llama_swap(capsys):
     env_line = next(line for line in swap.splitlines() if line.strip().startswith("- "))
     assert json.loads(env_line.strip()[2:]) == f"GGML_X={hostile}"
     assert json.loads(lines["cmd"].split(":", 1)[1]).endswith("--port ${PORT}")
+
+
+DUMP_ARGV = r'''#!{python}
+import json, os, sys
+json.dump({"argv": sys.argv[1:], "GGML_X": os.environ.get("GGML_X")}, open(os.environ["ARGV_OUT"], "w"))
+'''
+
+
+def test_export_shell_runs_exactly_the_presets_command(tmp_path, capsys):
+    exe = tmp_path / "bin" / "llama-server"  # writes the argv and env it was started with
+    exe.parent.mkdir()
+    exe.write_text(DUMP_ARGV.replace("{python}", sys.executable))
+    exe.chmod(0o755)
+    hostile = "a b$HOME%i\"q'`id`;$(id)"
+    argv = [str(exe), "-m", "/m/my model.gguf", "-c", "4096", "--alias", "it's $USER"]
+    with Store() as s:
+        s.add_preset("m", "ab" * 32, 1, preset(env={"GGML_X": hostile}, argv=argv))
+    assert cli.main(["preset", "export", "m", "--format", "shell"]) == 0
+    script = tmp_path / "m.sh"
+    script.write_text(capsys.readouterr().out)
+    script.chmod(0o755)
+    out = tmp_path / "argv.json"
+    # run by bash, by its own #!/bin/sh, and sourced by bash: each time exactly the preset's argv
+    # (then the caller's arguments) and env, nothing expanded
+    extra = ["--port", "9", "--log-prefix", "a b"]
+    for how in (["bash", str(script), *extra], [str(script), *extra],
+                ["bash", "-c", 'source "$0" "$@"', str(script), *extra]):
+        out.unlink(missing_ok=True)
+        subprocess.run(how, env={**os.environ, "ARGV_OUT": str(out)}, check=True, timeout=60)
+        assert json.loads(out.read_text()) == {"argv": argv[1:] + extra, "GGML_X": hostile}, how
+
+
+HELP = """usage: llama-server [options]
+  -fa,   --flash-attn [on|off|auto]       set Flash Attention use
+  --no-mmap                               do not memory-map model (slower load but may reduce pageouts)
+"""
+DIO = "  -dio,  --direct-io                      use DirectIO if available\n"
+
+
+@pytest.mark.parametrize("host, backend, tree_help, added", [
+    # Strix Halo (an APU: host facts say igpu), a HIP build of a tree with both flags: both added
+    ("strix", "hip", HELP + DIO, ["--no-mmap", "-dio"]),
+    # an older tree without -dio: only what it has
+    ("strix", "hip", HELP, ["--no-mmap"]),
+    # an iGPU beside a dGPU (Raphael + RX 7900 XTX): the server may run on the dGPU, nothing added
+    ("igpu+dgpu", "hip", HELP + DIO, []),
+    # a CPU build on the APU offloads nothing to GPU memory: nothing added
+    ("strix", "cpu", HELP + DIO, []),
+])
+def test_an_apu_preset_loads_without_mmap_where_the_tree_can(tmp_path, host, backend, tree_help, added):
+    import fixtures_roots as fr
+    from stackfixtures import make_build
+
+    from rocforge_build.measure import preset as preset_mod
+    from rocforge_build.measure import provenance
+    from rocforge_build.measure.llama_tools import LlamaBuild
+    from rocforge_build.rootfs import Root
+
+    root = tmp_path / "root"
+    (fr.make_strix_halo if host == "strix" else fr.make_igpu_dgpu)(root)
+    facts = provenance.host(Root(str(root)))  # what tune passes: the host facts of every row
+    prefix = make_build(tmp_path / "builds", "llama-cpp", "gfx1151", backend)
+    server = prefix / "bin" / "llama-server"  # answers --help as the tree's llama-server would
+    server.parent.mkdir(parents=True, exist_ok=True)
+    server.write_text(f"#!/bin/sh\ncat <<'EOF'\n{tree_help}EOF\n")
+    server.chmod(0o755)
+    build = LlamaBuild.open(prefix)
+    env, argv, notes = preset_mod.command(build, "/m/m.gguf", {"ubatch": 512, "fa": True}, 4096,
+                                          preset_mod.is_igpu(build, facts))
+    base = [str(server), "-m", "/m/m.gguf", "-c", "4096"] + (["-ngl", "99"] if backend != "cpu" else [])
+    assert argv == base + ["-fa", "on", "-ub", "512", "-b", "2048"] + added
+    assert [n.split(":")[0] for n in notes] == added
 
 
 def test_export_refuses_a_hostile_env_name(capsys):
