@@ -82,11 +82,17 @@ def chunks_for(ctx: int) -> int:
     return int(table.get(str(ctx), table["default"]))
 
 
+def cache_dir() -> Path:
+    """verify's cache: the shipped text unpacked, and the reference's bases (refs/).  One function,
+    so that the slow tests can share it between tests that are otherwise isolated."""
+    return paths.cache_dir() / "verify"
+
+
 def text_file() -> Path:
     """The shipped text, unpacked once into the cache (llama-perplexity reads a plain file); the
     unpacked copy is checked against the sha256 the data file states."""
     info = _data()["text"]
-    out = paths.cache_dir() / "verify" / f"text-{info['sha256'][:16]}.txt"
+    out = cache_dir() / f"text-{info['sha256'][:16]}.txt"
     if out.is_file() and out.stat().st_size > 0:
         return out
     raw = lzma.decompress(package_data(info["file"]).read_bytes())
@@ -320,7 +326,7 @@ REFS_KEPT = 6  # reference bases kept in the cache: one per context of the defau
 
 
 def _refs_dir() -> Path:
-    d = paths.cache_dir() / "verify" / "refs"
+    d = cache_dir() / "refs"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
