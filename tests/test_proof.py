@@ -65,6 +65,37 @@ def test_a_short_text_bounds_the_contexts(model8k):
         verify.bound_by_text(cov, 20)
 
 
+def report_lines(capsys, coverage: verify.Coverage) -> list[str]:
+    from types import SimpleNamespace
+
+    from rocforge_build.commands.verify import report
+
+    checks = [verify.Check(s.ctx, 0.001, 0.99, 10.0, 10.0, s.ubatch, s.fa, s.ngl, passed=True).to_json()
+              for s in coverage.shapes]
+    report(SimpleNamespace(prefix="/b"), SimpleNamespace(prefix="/ref"),
+           {"passed": True, "coverage": coverage.to_json(), "checks": checks})
+    return capsys.readouterr().out.splitlines()
+
+
+def test_verify_says_what_it_covered_and_what_bounded_it(model8k, capsys):
+    # a GPU build, --max-ctx 4096: the contexts 32768 and 8192 come down to 4096 (the model's 8192
+    # bounds nothing below 4096); half of the 2 layers is the partial offload
+    lines = report_lines(capsys, verify.plan(model8k, gpu=True, max_ctx=4096))
+    assert lines[:3] == ["/b against /ref: PASSED",
+                         "  covered: contexts 512, 2048, 4096; micro-batches 256, 2048; flash attention on "
+                         "and off; -ngl 99, 1",
+                         "  bounded by: --max-ctx 4096"]
+    # a CPU build (no -ngl), bounded by the model's training context and then by a 5000-token text
+    cov = verify.bound_by_text(verify.plan(model8k, gpu=False), 5000)
+    assert report_lines(capsys, cov)[1:3] == [
+        "  covered: contexts 512, 2048; micro-batches 256, 2048; flash attention on and off",
+        "  bounded by: the model's training context (8192); the text's length (5000 tokens: contexts up to 2048)"]
+    # nothing bounded it: no such line
+    lines = report_lines(capsys, verify.Coverage([verify.Shape(512, 256, False)]))
+    assert lines[1] == "  covered: contexts 512; micro-batches 256; flash attention off"
+    assert not any("bounded by" in line for line in lines)
+
+
 def test_shipped_text_is_pride_and_prejudice_long_enough_for_32768():
     text = verify.text_file().read_text(encoding="utf-8")
     assert text.startswith("PRIDE AND PREJUDICE") and "It is a truth universally acknowledged" in text
@@ -236,20 +267,63 @@ def preset(model="m", score=1.0, env=None, argv=None):
                                  "notes": []}}}
 
 
-def test_presets_are_a_history_and_use_picks_a_version(capsys):
+def test_presets_are_a_history_per_model_and_use_picks_a_version(capsys):
     with Store() as s:
         v1 = s.add_preset("m", "ab" * 32, 1, preset(score=1.0))
-        v2 = s.add_preset("m", "ab" * 32, 2, preset(score=2.0))
+        assert s.add_preset("other", "cd" * 32, 2, preset(model="other")) == 1  # the other model's own 1
+        v2 = s.add_preset("m", "ab" * 32, 3, preset(score=2.0))
+    assert (v1, v2) == (1, 2)  # m's own numbers, whatever was stored between them
     assert cli.main(["preset", "history", "m", "--json"]) == 0
     hist = json.loads(capsys.readouterr().out)
-    assert [h["version"] for h in hist] == [v1, v2] and [h["in_use"] for h in hist] == [False, True]
-    assert cli.main(["preset", "use", "m", str(v1)]) == 0
-    capsys.readouterr()
+    assert [(h["version"], h["run_id"], h["in_use"]) for h in hist] == [(1, 1, False), (2, 3, True)]
+    assert cli.main(["preset", "use", "m", "1"]) == 0
+    assert "m (sha256 abababababab): preset version 1" in capsys.readouterr().out
     assert cli.main(["preset", "show", "m", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["version"] == v1 and shown["ranges"]["short"]["score"] == 1.0
-    assert cli.main(["preset", "use", "m", "999"]) == 2
-    assert "no preset version 999" in capsys.readouterr().err
+    assert (shown["version"], shown["in_use"], shown["ranges"]["short"]["score"]) == (1, "chosen", 1.0)
+    assert cli.main(["preset", "show", "other", "--json"]) == 0  # m's choice is m's alone
+    assert json.loads(capsys.readouterr().out)["in_use"] == "newest"
+    assert cli.main(["preset", "use", "m", "3"]) == 2  # 3 is a row of the table, not a version of m
+    assert "m has no preset version 3" in capsys.readouterr().err
+
+
+def test_two_models_sharing_a_name_have_their_own_histories(tmp_path, capsys):
+    from rocforge_build.measure import provenance
+
+    paths = []
+    for quant, seed in (("q4", 0), ("q8", 1)):
+        (tmp_path / quant).mkdir()
+        paths.append(write_gguf(tmp_path / quant / "model.gguf", seed=seed))
+    # one name (as two quantizations of one model share general.name), two files
+    assert gguf.check(paths[0]).name == gguf.check(paths[1]).name == "model"
+    q4, q8 = (provenance.model_sha256(p) for p in paths)
+    with Store() as s:
+        for sha, path, score, version in ((q4, paths[0], 4.0, 1), (q8, paths[1], 8.0, 1), (q8, paths[1], 8.5, 2)):
+            p = preset("model", score=score)
+            p["model"].update(sha256=sha, path=str(path))
+            assert s.add_preset("model", sha, None, p) == version
+    for argv in (["preset", "show", "model"], ["preset", "history", "model"], ["preset", "use", "model", "1"],
+                 ["preset", "export", "model", "--format", "shell"], ["serve", "model", "--dry-run"]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"rocforge: error: 'model' names 2 models with presets: {q4[:12]} ({paths[0]}), "
+                       f"{q8[:12]} ({paths[1]})",
+                       "rocforge: hint: pick one: pass its GGUF path or its sha256 (the first 12 hex digits "
+                       "are enough)"], argv
+    # the path, the sha256 or its first 12 hex digits pick one history
+    assert cli.main(["preset", "show", str(paths[0]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ranges"]["short"]["score"] == 4.0
+    assert cli.main(["preset", "history", q8[:12], "--json"]) == 0
+    assert [(h["version"], h["data"]["ranges"]["short"]["score"]) for h in json.loads(capsys.readouterr().out)] == [
+        (1, 8.0), (2, 8.5)]
+    assert cli.main(["preset", "use", q8, "1"]) == 0
+    capsys.readouterr()
+    for path, score in ((paths[1], 8.0), (paths[0], 4.0)):  # q8's choice leaves q4's newest in use
+        assert cli.main(["preset", "show", str(path), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["ranges"]["short"]["score"] == score
+    assert cli.main(["preset", "list"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"model  sha256 {q4[:12]}  1 version(s)  {paths[0]}",
+                                                    f"model  sha256 {q8[:12]}  2 version(s)  {paths[1]}"]
 
 
 def test_export_quotes_for_systemd_and_llama_swap(capsys):
@@ -268,6 +342,78 @@ def test_export_quotes_for_systemd_and_llama_swap(capsys):
     env_line = next(line for line in swap.splitlines() if line.strip().startswith("- "))
     assert json.loads(env_line.strip()[2:]) == f"GGML_X={hostile}"
     assert json.loads(lines["cmd"].split(":", 1)[1]).endswith("--port ${PORT}")
+
+
+DUMP_ARGV = r'''#!{python}
+import json, os, sys
+json.dump({"argv": sys.argv[1:], "GGML_X": os.environ.get("GGML_X")}, open(os.environ["ARGV_OUT"], "w"))
+'''
+
+
+def test_export_shell_runs_exactly_the_presets_command(tmp_path, capsys):
+    exe = tmp_path / "bin" / "llama-server"  # writes the argv and env it was started with
+    exe.parent.mkdir()
+    exe.write_text(DUMP_ARGV.replace("{python}", sys.executable))
+    exe.chmod(0o755)
+    hostile = "a b$HOME%i\"q'`id`;$(id)"
+    argv = [str(exe), "-m", "/m/my model.gguf", "-c", "4096", "--alias", "it's $USER"]
+    with Store() as s:
+        s.add_preset("m", "ab" * 32, 1, preset(env={"GGML_X": hostile}, argv=argv))
+    assert cli.main(["preset", "export", "m", "--format", "shell"]) == 0
+    script = tmp_path / "m.sh"
+    script.write_text(capsys.readouterr().out)
+    script.chmod(0o755)
+    out = tmp_path / "argv.json"
+    # run by bash, by its own #!/bin/sh, and sourced by bash: each time exactly the preset's argv
+    # (then the caller's arguments) and env, nothing expanded
+    extra = ["--port", "9", "--log-prefix", "a b"]
+    for how in (["bash", str(script), *extra], [str(script), *extra],
+                ["bash", "-c", 'source "$0" "$@"', str(script), *extra]):
+        out.unlink(missing_ok=True)
+        subprocess.run(how, env={**os.environ, "ARGV_OUT": str(out)}, check=True, timeout=60)
+        assert json.loads(out.read_text()) == {"argv": argv[1:] + extra, "GGML_X": hostile}, how
+
+
+HELP = """usage: llama-server [options]
+  -fa,   --flash-attn [on|off|auto]       set Flash Attention use
+  --no-mmap                               do not memory-map model (slower load but may reduce pageouts)
+"""
+DIO = "  -dio,  --direct-io                      use DirectIO if available\n"
+
+
+@pytest.mark.parametrize("host, backend, tree_help, added", [
+    # Strix Halo (an APU: host facts say igpu), a HIP build of a tree with both flags: both added
+    ("strix", "hip", HELP + DIO, ["--no-mmap", "-dio"]),
+    # an older tree without -dio: only what it has
+    ("strix", "hip", HELP, ["--no-mmap"]),
+    # an iGPU beside a dGPU (Raphael + RX 7900 XTX): the server may run on the dGPU, nothing added
+    ("igpu+dgpu", "hip", HELP + DIO, []),
+    # a CPU build on the APU offloads nothing to GPU memory: nothing added
+    ("strix", "cpu", HELP + DIO, []),
+])
+def test_an_apu_preset_loads_without_mmap_where_the_tree_can(tmp_path, host, backend, tree_help, added):
+    import fixtures_roots as fr
+    from stackfixtures import make_build
+
+    from rocforge_build.measure import preset as preset_mod
+    from rocforge_build.measure import provenance
+    from rocforge_build.measure.llama_tools import LlamaBuild
+    from rocforge_build.rootfs import Root
+
+    root = tmp_path / "root"
+    (fr.make_strix_halo if host == "strix" else fr.make_igpu_dgpu)(root)
+    facts = provenance.host(Root(str(root)))  # what tune passes: the host facts of every row
+    prefix = make_build(tmp_path / "builds", "llama-cpp", "gfx1151", backend)
+    server = prefix / "bin" / "llama-server"  # answers --help as the tree's llama-server would
+    server.parent.mkdir(parents=True, exist_ok=True)
+    server.write_text(f"#!/bin/sh\ncat <<'EOF'\n{tree_help}EOF\n")
+    server.chmod(0o755)
+    build = LlamaBuild.open(prefix)
+    env, argv, notes = preset_mod.command(build, "/m/m.gguf", {"ubatch": 512, "fa": True}, 4096,
+                                          preset_mod.is_igpu(build, facts))
+    base = [str(server), "-m", "/m/m.gguf", "-c", "4096"] + (["-ngl", "99"] if backend != "cpu" else [])
+    assert argv == base + ["-fa", "on", "-ub", "512", "-b", "2048"] + added
+    assert [n.split(":")[0] for n in notes] == added
 
 
 def test_export_refuses_a_hostile_env_name(capsys):
@@ -345,6 +491,83 @@ def test_serve_refuses_a_build_changed_since_it_was_verified(tmp_path, capsys):
     assert cli.main(["serve", "m", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "rebuilt since the preset was verified" in err and "rocforge verify" in err
+
+
+# the preset's range was verified at ctx=4096 ub=512 fa=on (a CPU build: ngl None) with GGML_X=1
+SHAPE = {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": None}
+
+
+def rebuilt_preset(tmp_path: Path, model) -> tuple[Path, str, str]:
+    """A stored preset whose build has been rebuilt since (its stamp is not the preset's): (prefix,
+    the build's stamp now, the model's sha256)."""
+    from rocforge_build.discover.builds import read_manifest
+
+    prefix = fake_build(tmp_path)
+    p = preset(argv=[str(prefix / "bin/llama-server"), "-m", str(model.path), "-c", "4096"])
+    sha = p["model"]["sha256"]
+    p["model"]["path"] = str(model.path)
+    r = p["ranges"]["short"]
+    r.update(prefix=str(prefix), stamp="an-older-stamp", variant={"ubatch": 512, "fa": True, "env": {"GGML_X": "1"}},
+             verified={"shape": SHAPE, "kld_mean": 0.001, "top1": 0.99, "reference": "/ref"})
+    with Store() as s:
+        s.add_preset("m", sha, 1, p)
+    return prefix, read_manifest(prefix)["stamp"], sha
+
+
+def verify_row(prefix, stamp, sha, shapes, *, env=None, failed=()) -> dict:
+    checks = [{"ctx": c, "ubatch": u, "fa": fa, "ngl": ngl, "passed": (c, u, fa, ngl) not in failed}
+              for c, u, fa, ngl in shapes]
+    return {"prefix": str(prefix), "stamp": stamp, "model_sha256": sha, "env": env or {},
+            "passed": all(c["passed"] for c in checks), "checks": checks}
+
+
+EXACT = (4096, 512, True, None)
+
+
+@pytest.mark.parametrize("case", ["quick", "other ubatch", "other fa", "other env", "no env", "failed elsewhere",
+                                  "older stamp", "other model"])
+def test_serve_wants_a_verify_of_the_rebuilt_build_at_the_presets_shape(tmp_path, capsys, model8k, case):
+    prefix, stamp, sha = rebuilt_preset(tmp_path, model8k)
+    env = {"GGML_X": "1"}
+    # each row below passed every check it ran, but none proves the preset's shape with its env
+    row = {
+        # `verify --quick`: the shortest context only (verify.plan), 512 tokens, not the preset's 4096
+        "quick": verify_row(prefix, stamp, sha, [(512, 2048, True, None), (512, 256, False, None)], env=env),
+        "other ubatch": verify_row(prefix, stamp, sha, [(4096, 2048, True, None)], env=env),
+        "other fa": verify_row(prefix, stamp, sha, [(4096, 512, False, None)], env=env),
+        "other env": verify_row(prefix, stamp, sha, [EXACT], env={"GGML_X": "0"}),
+        "no env": verify_row(prefix, stamp, sha, [EXACT]),
+        # the shape passed, another check of the same verify failed: the build is wrong somewhere
+        "failed elsewhere": verify_row(prefix, stamp, sha, [EXACT, (512, 256, True, None)], env=env,
+                                       failed={(512, 256, True, None)}),
+        "older stamp": verify_row(prefix, "an-older-stamp", sha, [EXACT], env=env),
+        "other model": verify_row(prefix, stamp, "cd" * 32, [EXACT], env=env),
+    }[case]
+    with Store() as s:
+        s.add_row(s.start_run("verify"), "verify", row, status="passed" if row["passed"] else "failed")
+    assert cli.main(["serve", "m", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "has not passed verify with this model at the preset's shape (ctx=4096 ub=512 fa=on with GGML_X=1)" in err
+    assert (f"hint: verify it at that shape: rocforge verify {prefix} --model {model8k.path} --ctx 4096 "
+            "--ubatch 512 --fa on --env GGML_X=1") in err
+
+
+def test_serve_accepts_the_rebuilt_build_once_verified_at_the_presets_shape(tmp_path, capsys, model8k):
+    prefix, stamp, sha = rebuilt_preset(tmp_path, model8k)
+    assert cli.main(["serve", "m", "--dry-run"]) == 2
+    hint = capsys.readouterr().err.split("verify it at that shape: ")[1].strip()
+    # the command the refusal gives, read by verify's own parser, checks exactly the preset's shape
+    # first (verify.plan: the given context, micro-batch and flash attention meet in row 0)
+    args = cli.build_parser("verify").parse_args(hint.split()[1:])
+    cov = verify.plan(model8k, gpu=False, ctx=args.ctx, ubatch=args.ubatch, fa=[args.fa == "on"])
+    assert cov.shapes == [verify.Shape(*EXACT)]
+    assert {k: v[0] for k, v in bench.env_pairs(args.env).items()} == {"GGML_X": "1"}
+    # the row that command writes when it passes: serve runs the preset again
+    with Store() as s:
+        s.add_row(s.start_run("verify"), "verify", verify_row(prefix, stamp, sha, [EXACT], env={"GGML_X": "1"}),
+                  status="passed")
+    assert cli.main(["serve", "m", "--dry-run"]) == 0
+    assert f"{prefix}/bin/llama-server -m {model8k.path} -c 4096 --host 127.0.0.1 --port 8080" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flag", [["--port", "0"], ["--port", "70000"], ["--wait", "nan"], ["--wait", "-1"]])

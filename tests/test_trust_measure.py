@@ -19,7 +19,7 @@ from tiny_gguf import ARRAY, FLOAT32, INT32, STRING, UINT32, gguf_string, raw
 from tiny_gguf import write as write_gguf
 
 from rocforge_build import cli
-from rocforge_build.measure.store import Store
+from rocforge_build.measure.store import APPLICATION_ID, SCHEMA_VERSION, Store
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +139,64 @@ CREATE TABLE presets (id INTEGER PRIMARY KEY, model TEXT NOT NULL, model_sha256 
 INSERT INTO runs VALUES (1, 'bench', '2025-01-01T00:00:00Z', NULL, 'done', '["bench"]', '{}');
 """)
     con.close()
-    code, out, err = run(capsys, "results", "list")
-    assert code == 0, err
-    assert "bench" in out and "done" in out
+    for _ in range(2):  # and again, once this rocforge has added its tables (preset_choice)
+        code, out, err = run(capsys, "results", "list")
+        assert code == 0, err
+        assert "bench" in out and "done" in out
+    con = sqlite3.connect(db)
+    assert con.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID  # claimed: stamped
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    con.close()
+
+
+OLD_PRESETS = f"""
+PRAGMA application_id = {APPLICATION_ID};
+CREATE TABLE runs (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, started TEXT NOT NULL, finished TEXT,
+    status TEXT NOT NULL, argv TEXT, info TEXT);
+CREATE TABLE rows (id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id),
+    kind TEXT NOT NULL, prefix TEXT, stamp TEXT, model_sha256 TEXT, status TEXT NOT NULL,
+    created TEXT NOT NULL, data TEXT NOT NULL);
+CREATE INDEX rows_prefix ON rows(prefix, kind);
+CREATE TABLE presets (id INTEGER PRIMARY KEY, model TEXT NOT NULL, model_sha256 TEXT,
+    run_id INTEGER, created TEXT NOT NULL, data TEXT NOT NULL);
+CREATE TABLE preset_choice (model_sha256 TEXT PRIMARY KEY, preset_id INTEGER NOT NULL
+    REFERENCES presets(id), chosen TEXT NOT NULL);
+INSERT INTO presets VALUES (1, 'm', '{"a" * 64}', 1, 't1', '{{"n": 1}}');
+INSERT INTO presets VALUES (2, 'm', '{"b" * 64}', 2, 't2', '{{"n": 2}}');
+INSERT INTO presets VALUES (3, 'm', '{"a" * 64}', 3, 't3', '{{"n": 3}}');
+INSERT INTO presets VALUES (4, 'm', '{"a" * 64}', 4, 't4', '{{"n": 4}}');
+INSERT INTO preset_choice VALUES ('{"a" * 64}', 3, 't5');
+"""
+
+
+def test_presets_of_the_shared_numbering_are_numbered_per_model_once(db):
+    # schema 0 (user_version 0): versions were the table's row ids, shared by every model, and
+    # `preset use` recorded the row id; two quantizations shared the name 'm'
+    con = sqlite3.connect(db, isolation_level=None)
+    con.executescript(OLD_PRESETS)
+    con.close()
+    for _ in range(2):  # the second open finds schema 1 and changes nothing
+        with Store() as s:
+            a = s.preset_history("a" * 64)
+            assert [(h["version"], h["data"]["n"]) for h in a] == [(1, 1), (2, 3), (3, 4)]
+            assert [(h["version"], h["data"]["n"]) for h in s.preset_history("b" * 12)] == [(1, 2)]
+            # the choice of row 3 is still that row: a's version 2 now
+            assert {k: s.preset("a" * 64)[k] for k in ("n", "version", "in_use")} == {
+                "n": 3, "version": 2, "in_use": "chosen"}
+    with Store() as s:
+        assert s.add_preset("m", "a" * 64, 5, {"n": 5}) == 4 and s.add_preset("m", "c" * 64, 6, {}) == 1
+    assert sqlite3.connect(db).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+
+
+def test_a_store_of_a_newer_schema_is_refused_and_untouched(db, capsys):
+    con = sqlite3.connect(db, isolation_level=None)
+    con.executescript(OLD_PRESETS + f"PRAGMA user_version = {SCHEMA_VERSION + 1};")
+    con.close()
+    before = digest(db)
+    code, _, err = run(capsys, "preset", "show", "m")
+    line = one_error(err)
+    assert code == 11 and f"written by a newer rocforge (schema version {SCHEMA_VERSION + 1}" in line
+    assert digest(db) == before
 
 
 @pytest.mark.parametrize("column,value,argv,named", [
@@ -158,7 +213,7 @@ def test_row_with_invalid_json_is_named_in_one_line(db, capsys, column, value, a
         for t_s in (1.0, 2.0):
             s.add_row(rid, "bench", {"prefix": "/p", "test": "pp", "n_prompt": 512, "depth": 0,
                                      "t_s": t_s})
-        s.add_preset("m", None, rid, {"ranges": {}})
+        s.add_preset("m", "ab" * 32, rid, {"ranges": {}})
     table, col = column.split(".")
     con = sqlite3.connect(db, isolation_level=None)
     con.execute(f"UPDATE {table} SET {col} = ? WHERE id = ?", (value, 2 if table == "rows" else 1))

@@ -14,7 +14,17 @@ trained SmolLM2-135M-Instruct (trained context 8192, tests/trained_model.py), th
 
 CI cost (2 cores): the builds share the session's ccache (one ops.cpp for the wrong build); each
 check at 8192 tokens is one llama-perplexity pass of the model (~1.5-2 min), the reference's bases
-are computed once (verify's cache) and shared by every verify here.
+are computed once (verify's cache) and shared by every verify here.  They can be: conftest's
+autouse `_isolated` gives every test a fresh ROCFORGE_CACHE_DIR, which alone would make each test
+compute the CPU reference's runs again (minutes each); `_shared_verify_cache` below points verify's
+own cache (`verify.cache_dir()`: the unpacked text and refs/) at one directory for the module, and
+leaves the rest of every test's isolation (config, cache, data dirs) as conftest made it.  It
+replaces a function, not an environment variable, so it does not depend on running after
+`_isolated` (it asks for it all the same: the order is then pytest's, not a guess).  The bases'
+cache key is the reference's binary, the model, the text file (the shared unpacked copy: its path
+and mtime stay the same), the context, the chunks and flash attention, so a test asking for a base
+another test computed finds it; the five contexts x flash-attention settings of the trained model
+fit the 6 kept (verify.REFS_KEPT), the sharp model's two come last.
 """
 
 from __future__ import annotations
@@ -31,10 +41,22 @@ from tiny_gguf import write as write_gguf
 from trained_model import smollm2
 
 from rocforge_build import cli
+from rocforge_build.measure import verify as verify_mod
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS
 
 JOBS = os.environ.get("ROCFORGE_TEST_JOBS", "2")
 WRONG = Path(__file__).resolve().parent / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
+
+
+@pytest.fixture(scope="module")
+def verify_cache(tmp_path_factory) -> Path:
+    """verify's cache for every test of this module (see the module's docstring)."""
+    return tmp_path_factory.mktemp("verify-cache")
+
+
+@pytest.fixture(autouse=True)
+def _shared_verify_cache(_isolated, verify_cache, monkeypatch):
+    monkeypatch.setattr(verify_mod, "cache_dir", lambda: verify_cache)
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,15 @@
 """`rocforge preset show|history|use|export|list`: the commands `rocforge tune` chose for a model,
-with the figures that chose them.  Every tune adds a version; the newest is in use unless
-`preset use` chose another."""
+with the figures that chose them.  A preset history is one model file's (its sha256): every tune
+of it adds a version, numbered 1, 2, 3... for that model; the newest is in use unless `preset use`
+chose another.  A name two models share (two quantizations) is refused: the GGUF path or the sha256
+picks one."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from rocforge_build.errors import UsageError
-from rocforge_build.measure.preset import export, render
+from rocforge_build.measure.preset import export, model_key, render
 from rocforge_build.measure.store import Store
 
 
@@ -16,22 +17,22 @@ def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     show = sub.add_parser("show", help="print the preset in use for a model",
                           description="print the preset in use for a model")
-    show.add_argument("model", metavar="MODEL", help="model name, GGUF path or sha256")
+    show.add_argument("model", metavar="MODEL", help="GGUF path, sha256 (its first 12 hex digits do) or model name")
     show.add_argument("--shell", action="store_true", help="as a shell script")
     show.add_argument("--range", metavar="RANGE", help="only this context range (short, long)")
     show.add_argument("--version", type=int, metavar="VERSION", help="this version instead of the one in use")
     show.add_argument("--json", action="store_true", help="the preset as JSON")
     hist = sub.add_parser("history", help="every version of a model's preset",
                           description="every version of a model's preset, oldest first")
-    hist.add_argument("model", metavar="MODEL", help="model name, GGUF path or sha256")
+    hist.add_argument("model", metavar="MODEL", help="GGUF path, sha256 (its first 12 hex digits do) or model name")
     hist.add_argument("--json", action="store_true", help="as JSON")
     use = sub.add_parser("use", help="use an earlier (or later) version of a model's preset",
                          description="use an earlier (or later) version of a model's preset")
-    use.add_argument("model", metavar="MODEL", help="model name, GGUF path or sha256")
+    use.add_argument("model", metavar="MODEL", help="GGUF path, sha256 (its first 12 hex digits do) or model name")
     use.add_argument("version", type=int, metavar="VERSION", help="a version from `preset history`")
     exp = sub.add_parser("export", help="the preset's command for llama-swap, systemd or a shell",
                          description="the preset's command for llama-swap, systemd or a shell")
-    exp.add_argument("model", metavar="MODEL", help="model name, GGUF path or sha256")
+    exp.add_argument("model", metavar="MODEL", help="GGUF path, sha256 (its first 12 hex digits do) or model name")
     exp.add_argument("--format", required=True, choices=("llama-swap", "systemd", "shell"),
                      help="llama-swap: a models: entry; systemd: a service unit; shell: a script")
     exp.add_argument("--range", default="auto", choices=("short", "long", "auto"),
@@ -41,17 +42,8 @@ def add_arguments(parser) -> None:
     sub.add_parser("list", help="models with a preset", description="models with a preset")
 
 
-def _key(store: Store, key: str) -> str:
-    """A model name or sha256 as given, or the sha256 of a GGUF path."""
-    if store.preset_history(key) or not Path(key).is_file():
-        return key
-    from rocforge_build.measure import gguf, provenance
-
-    return provenance.model_sha256(gguf.check(key).path)
-
-
 def _missing(store: Store, key: str) -> UsageError:
-    known = store.preset_models()
+    known = [f"{m['name']} ({(m['sha256'] or '')[:12]})" for m in store.preset_models()]
     return UsageError(f"no preset for {key!r}", "run `rocforge tune` for it first"
                       + (f"; presets exist for: {', '.join(known)}" if known else ""))
 
@@ -60,9 +52,10 @@ def run(args) -> int:
     with Store() as store:
         if args.action == "list":
             for m in store.preset_models():
-                print(m)
+                print(f"{m['name']}  sha256 {(m['sha256'] or '-')[:12]}  {m['versions']} version(s)  "
+                      f"{m['path'] or ''}".rstrip())
             return 0
-        key = _key(store, args.model)
+        key = model_key(args.model)
         if args.action == "history":
             history = store.preset_history(key)
             if not history:
@@ -81,7 +74,8 @@ def run(args) -> int:
             return 0
         if args.action == "use":
             pick = store.use_preset(key, args.version)
-            print(f"{pick['model']}: preset version {pick['version']} (tuned {pick['created']}) is in use")
+            print(f"{pick['model']} (sha256 {(pick['model_sha256'] or '-')[:12]}): preset version "
+                  f"{pick['version']} (tuned {pick['created']}) is in use")
             return 0
         if getattr(args, "version", None) is not None and args.action == "show":
             preset = next((h["data"] | {"version": h["version"]} for h in store.preset_history(key)

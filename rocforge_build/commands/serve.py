@@ -12,7 +12,7 @@ from rocforge_build.proc import quote
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("model", metavar="MODEL", help="model name, GGUF path or sha256 with a preset")
+    parser.add_argument("model", metavar="MODEL", help="GGUF path, sha256 (its first 12 hex digits do) or model name with a preset")
     parser.add_argument("--range", default="auto", choices=("short", "long", "auto"),
                         help="which context range's preset to serve (auto: the longest context)")
     parser.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="address to listen on (default 127.0.0.1)")
@@ -23,22 +23,19 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from rocforge_build.measure.preset import model_key
     from rocforge_build.measure.store import Store
 
     with Store() as store:
-        preset = store.preset(args.model)
         model_path = args.model if Path(args.model).is_file() else None
-        if preset is None and model_path:
-            from rocforge_build.measure import gguf, provenance
-
-            preset = store.preset(provenance.model_sha256(gguf.check(model_path).path))
+        preset = store.preset(model_key(args.model))
         if preset is None:
             raise UsageError(f"no preset for {args.model!r}", "run `rocforge tune` for it first")
         name, _ = serve.pick_range(preset, args.range)
-        problem = serve.still_proven(preset["ranges"][name], store, preset["model"]["sha256"])
+        problem = serve.still_proven(preset["ranges"][name], store, preset["model"]["sha256"],
+                                     model_path or preset["model"]["path"])
     if problem:
-        r = preset["ranges"][name]
-        raise UsageError(problem, f"verify it again: rocforge verify {r['prefix']} --model {preset['model']['path']}")
+        raise UsageError(*problem)
     p = serve.plan(preset, model_path or preset["model"]["path"], args.range, args.host, args.port)
     env = " ".join(f"{k}={quote([v])}" for k, v in p.env.items())
     line = (f"env {env} " if env else "") + quote(p.argv)

@@ -94,6 +94,7 @@ def run(args) -> int:
     results, cands = [], []
     started = time.monotonic()
     status = "failed"
+    preset, rejected = None, []
     try:
         for b in builds:
             cand, outcome = _tune_build(b, s, spec, run_id, ranges, n_ctx, progress, args, say)
@@ -103,7 +104,7 @@ def run(args) -> int:
         status = "done"
         searched = time.monotonic() - started
         settled = settle_all(results, ranges, searched, say)
-        preset = choose(results, settled, ranges, ctx_of, s, args, say)
+        preset, rejected = choose(results, settled, ranges, ctx_of, s, args, say)
     except KeyboardInterrupt:
         status = "interrupted"
         raise bench.Interrupted(f"interrupted: the rows measured so far are kept (run {run_id})") from None
@@ -116,20 +117,38 @@ def run(args) -> int:
                                "screen_reps": None if args.exhaustive else tune.screening(spec).reps,
                                "stopped_by_race": c.race.stopped if c.race else 0,
                                "cross_product": next((f for cc, _, f in results if cc is c), 0)} for c in cands],
-               "preset": preset}
+               "rejected": rejected, "preset": preset}
     if preset:
         preset["version"] = s.store.add_preset(s.model.name, s.base["model_sha256"], run_id, preset)
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
-        _print_summary(summary, preset, s.model.name, args.reps)
+        _print_summary(summary, list(ranges), s.model.path, args.reps)
     if not preset:
-        if results:  # gated in, but no variant finished its pp and tg runs at a range's depth
-            raise UsageError("no variant finished its runs (failed or over --timeout); no preset was made",
-                             f"see `rocforge results show {run_id}` for the failed runs")
-        raise UsageError("no candidate passed the verify gate; no preset was made",
-                         "see `rocforge results show` for the failed checks")
+        raise nothing_stored(results, rejected, list(ranges), run_id, s.model.path)
     return 0
+
+
+def nothing_stored(results, rejected: list[dict], ranges: list[str], run_id: int, model_path) -> UsageError:
+    """Why no preset was made, in one line: no candidate passed the gate; or, per range, no variant
+    finished its runs, or every ranked variant failed verify at the range's own shape (named)."""
+    if not results:
+        return UsageError("no candidate passed the verify gate; no preset was made",
+                          "see `rocforge results show` for the failed checks")
+    refused = [n for n in ranges if any(r["range"] == n for r in rejected)]
+    if not refused:  # gated in, but no variant finished its pp and tg runs at a range's depth
+        return UsageError("no variant finished its runs (failed or over --timeout); no preset was made",
+                          f"see `rocforge results show {run_id}` for the failed runs")
+    names = "; ".join(f"{r['range']}: {r['variant_label']} of {r['prefix']} at "
+                      f"{verify.Shape(**r['shape']).label()}" for r in rejected)
+    unfinished = [n for n in ranges if n not in refused]
+    why = (f"every ranked variant failed verify at its range's own shape ({names})" if not unfinished else
+           f"{', '.join(unfinished)}: no variant finished its runs (failed or over --timeout); "
+           f"{', '.join(refused)}: every ranked variant failed verify at the range's own shape ({names})")
+    first = rejected[0]
+    return UsageError(f"no preset was made: {why}",
+                      "why each failed is under `rejected` (--json) or 'not stored' above; the first in "
+                      f"full: {verify.command_line(first['prefix'], model_path, first['shape'], first['env'])}")
 
 
 def _wanted_ranges(args) -> tuple[list[str], dict]:
@@ -200,21 +219,32 @@ def _tune_build(b, s, spec, run_id, ranges: dict[str, int], n_ctx, progress, arg
     return cand, (cand, best, full)
 
 
-def _print_summary(summary: dict, preset: dict | None, model_name: str, reps: int) -> None:
-    """The summary for people: each candidate's gate and search, then each range's winner."""
+def _print_summary(summary: dict, ranges: list[str], model_path, reps: int) -> None:
+    """The summary for people: each candidate's gate and search, then each range's winner and the
+    variants refused at the range's shape (whether or not a winner was stored)."""
+    from rocforge_build.proc import quote
+
     for c in summary["candidates"]:
         how = (f"; each measured first with {c['screen_reps']} repetition(s), the leaders again "
                f"with {reps}; {c['stopped_by_race']} stopped by the race" if c["screen_reps"] else "")
         print(f"{c['prefix']} ({c['backend']}): gate {c['gate']}, {c['measured']} variants measured "
               f"(full cross product: {c['cross_product']}{how})")
-    if preset:
-        for name, r in preset["ranges"].items():
+    preset = summary["preset"]
+    for name in ranges:
+        r = (preset or {}).get("ranges", {}).get(name)
+        refused = [rej for rej in summary["rejected"] if rej["range"] == name]
+        if r:
             print(f"{name}: {r['backend']} {r['prefix']} {r['variant_label']} (score {r['score']:.1f})")
             if r.get("settled"):
                 print(f"  {r['settled']}")
-            for rej in r.get("rejected", []):
-                print(f"  not stored: {rej['variant_label']} ({rej['prefix']}): {rej['reason']}")
-        print(f"preset stored as version {preset['version']}: rocforge preset show {model_name}")
+        elif refused:
+            print(f"{name}: nothing stored: every ranked variant failed verify at the range's shape")
+        else:
+            print(f"{name}: nothing stored: no variant finished its runs")
+        for rej in refused:
+            print(f"  not stored: {rej['variant_label']} ({rej['prefix']}): {rej['reason']}")
+    if preset:
+        print(f"preset stored as version {preset['version']}: rocforge preset show {quote([str(model_path)])}")
 
 
 def settle_all(results, ranges: dict[str, int], searched_s: float, say) -> dict[str, dict]:
@@ -235,40 +265,55 @@ def settle_all(results, ranges: dict[str, int], searched_s: float, say) -> dict[
     return out
 
 
-def choose(results, settled, ranges, ctx_of, s, args, say) -> dict | None:
+def choose(results, settled, ranges, ctx_of, s, args, say) -> tuple[dict | None, list[dict]]:
     """Each range's winner: the best-ranked variant that also passes verify at exactly the shape
-    the preset will run (its context, micro-batch, flash attention, env and offload); a variant
-    that fails is never stored, and the preset names it."""
+    the preset will run (its context, micro-batch, flash attention, env and offload).  Returns
+    (the preset, or None when no range has a winner; every variant refused, with its range): a
+    variant that fails is never stored, and the output names it whether or not a preset is."""
     if not results:
-        return None
-    out = {}
+        return None, []
+    out, rejected = {}, []
     for name, depth in ranges.items():
-        ranked = settled[name]["ranked"]
-        rejected = []
-        for score, cand, v in ranked:
-            shape = verify.Shape(ctx_of[name], v.ubatch or 512, bool(v.fa), 99 if cand.build.gpu else None)
-            say(f"verifying {cand.build.label()} {v.label()} at the {name} range's own shape ({shape.label()})")
-            check = verify.verify_shape(cand.build, s.model, shape, reference=None, env=dict(v.env),
-                                        quiet=args.json)
-            if check["passed"]:
-                out[name] = entry(cand, v, score, depth, ctx_of[name], ranked, s, check)
-                out[name]["settled"] = settled[name]["note"]
-                out[name]["rejected"] = rejected
-                break
-            why = "; ".join(check["checks"][0]["failed"])[:300]
-            rejected.append({"prefix": str(cand.build.prefix), "variant_label": v.label(),
-                             "shape": shape.to_json(), "reason": f"failed verify at {shape.label()}: {why}"})
-            say(f"{cand.build.label()} {v.label()} is wrong at {shape.label()}: not stored")
-        else:
-            if rejected:
-                say(f"{name}: every measured variant failed verify at the range's shape")
+        won, refused = _first_verified(name, settled[name]["ranked"], ctx_of[name], s, args, say)
+        rejected += refused
+        if won is None:
+            if refused:
+                say(f"{name}: every measured variant failed verify at the range's shape: nothing stored")
+            continue
+        score, cand, v, check = won
+        out[name] = entry(cand, v, score, depth, ctx_of[name], settled[name]["ranked"], s, check)
+        out[name]["settled"] = settled[name]["note"]
+        out[name]["rejected"] = refused
     if not out:
-        return None
+        return None, rejected
     from rocforge_build.measure.store import now
 
     return {"model": {"name": s.model.name, "sha256": s.base["model_sha256"], "path": str(s.model.path)},
             "created": now(), "ranges": out, "reason": tune.rules()["score"]["reason"],
-            "exhaustive": bool(args.exhaustive)}
+            "exhaustive": bool(args.exhaustive)}, rejected
+
+
+def _first_verified(name: str, ranked, ctx: int, s, args, say) -> tuple[tuple | None, list[dict]]:
+    """The first of `ranked` that passes verify at the range's own shape, as (score, candidate,
+    variant, check), or None; and the ones before it that failed there (a check that could not
+    run at the shape is a failure too)."""
+    rejected = []
+    for score, cand, v in ranked:
+        shape = verify.Shape(ctx, v.ubatch or 512, bool(v.fa), 99 if cand.build.gpu else None)
+        say(f"verifying {cand.build.label()} {v.label()} at the {name} range's own shape ({shape.label()})")
+        try:
+            check = verify.verify_shape(cand.build, s.model, shape, reference=None, env=dict(v.env),
+                                        quiet=args.json)
+        except verify.VerifyError as exc:
+            check = {"passed": False, "checks": [{"failed": [exc.message]}]}
+        if check["passed"]:
+            return (score, cand, v, check), rejected
+        why = "; ".join(check["checks"][0]["failed"])[:300]
+        rejected.append({"range": name, "prefix": str(cand.build.prefix), "variant_label": v.label(),
+                         "shape": shape.to_json(), "env": dict(v.env),
+                         "reason": f"failed verify at {shape.label()}: {why}"})
+        say(f"{cand.build.label()} {v.label()} is wrong at {shape.label()}: not stored")
+    return None, rejected
 
 
 def entry(cand, v, score, depth, ctx, ranked, s, check) -> dict:

@@ -23,6 +23,8 @@ def add_arguments(parser) -> None:
                         help="contexts to check (default: 512 up to the model's training context, capped at 32768)")
     parser.add_argument("--max-ctx", type=argtypes.at_least(1), metavar="N",
                         help="check no context longer than N")
+    parser.add_argument("--ubatch", type=argtypes.int_list(1), metavar="N,...",
+                        help="micro-batches to check (default: the smallest and largest tune searches)")
     parser.add_argument("--quick", action="store_true", help="the shortest context's checks only (seconds, not minutes)")
     parser.add_argument("--text", metavar="FILE", help="text to evaluate (default: the one rocforge ships, "
                         "Pride and Prejudice, public domain)")
@@ -40,7 +42,7 @@ def run(args) -> int:
     ref_given = LlamaBuild.open(args.reference) if args.reference else None
     s = open_session(args.model, [build] + ([ref_given] if ref_given else []), ("llama-perplexity",), args.rootfs)
     coverage = verify.plan(s.model, gpu=build.gpu, ctx=ctx, max_ctx=args.max_ctx, quick=args.quick,
-                           fa=None if args.fa is None else [args.fa == "on"])
+                           ubatch=args.ubatch or None, fa=None if args.fa is None else [args.fa == "on"])
     ref = verify.reference_for(build, args.reference, quiet=args.json)
     run_id = s.store.start_run("verify", args.argv, {"host": s.base["host"], "model": s.base["model"]})
     say = None if args.json else (lambda text: sys.stderr.write(f"rocforge: verify: {text}\n"))

@@ -11,6 +11,19 @@ from rocforge_build.errors import ConfigError, UsageError
 from rocforge_build.measure.llama_tools import LlamaBuild
 
 
+def model_key(text: str) -> str:
+    """What a MODEL argument names a preset history by: a GGUF file's sha256 (the file is the model,
+    whatever its name says), else the text as given (a sha256, 12 or more of its first hex digits,
+    or a model name: the store's `resolve`)."""
+    from pathlib import Path
+
+    if not Path(text).is_file():
+        return text
+    from rocforge_build.measure import gguf, provenance
+
+    return provenance.model_sha256(gguf.check(text).path)
+
+
 def is_igpu(build: LlamaBuild, host: dict) -> bool:
     kinds = {g.get("kind") for g in host.get("gpus", [])}
     if kinds:

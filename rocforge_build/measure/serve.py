@@ -1,6 +1,7 @@
 """`rocforge serve`: run what tune proved — the preset's build's llama-server with the preset's
 flags and environment — wait until it answers `/health`, and stop it whole on Ctrl-C.  A preset
-whose build changed since it was verified is refused until the new build passes verify."""
+whose build changed since it was verified is refused until a verify of the new build covers the
+range's verified shape (`covers`)."""
 
 from __future__ import annotations
 
@@ -39,18 +40,58 @@ def pick_range(preset: dict, wanted: str) -> tuple[str, str]:
     return name, f"auto: the range with the longest context ({ranges[name]['ctx']} tokens)"
 
 
-def still_proven(r: dict, store, model_sha: str) -> str | None:
-    """None when the build is the one tune verified (same stamp), or a later build of the prefix
-    passed verify with this model; else why serving it would be unproven."""
+def verified_shape(r: dict, build: LlamaBuild) -> tuple[dict, dict]:
+    """(shape, env) a range was verified at before it was stored: tune's `verified.shape` (the
+    range's context, its -ub, flash attention and -ngl) and the variant's env, which verify runs
+    the build with on top of its runtime env.  A range stored without `verified` is taken at the
+    shape tune would have checked: its context, -ub (llama.cpp's default 512), flash attention,
+    -ngl 99 on a GPU build."""
+    variant = r.get("variant") if isinstance(r.get("variant"), dict) else {}
+    shape = (r.get("verified") or {}).get("shape") if isinstance(r.get("verified"), dict) else None
+    if not isinstance(shape, dict):
+        shape = {"ctx": r["ctx"], "ubatch": variant.get("ubatch") or 512, "fa": bool(variant.get("fa")),
+                 "ngl": 99 if build.gpu else None}
+    env = variant.get("env") if isinstance(variant.get("env"), dict) else {}
+    return shape, {str(k): str(v) for k, v in env.items()}
+
+
+def covers(d: dict, stamp: str | None, model_sha: str, shape: dict, env: dict) -> bool:
+    """Whether a verify row proves a build at a preset's shape: the build's current stamp and this
+    model, every check passed (not one right shape of a build wrong elsewhere), run with the same
+    env (`--env`), and among its checks exactly the preset's context, micro-batch, flash attention
+    and offload.  Exactly: a fault can show at one context or one micro-batch only (RoPE past 5000
+    tokens, RMS norm in 256-token batches: tests/test_verify_shapes.py), so a check at another
+    shape, or a `--quick` one at the shortest context, says nothing of the preset's."""
+    if not stamp or d.get("stamp") != stamp or d.get("model_sha256") != model_sha or d.get("passed") is not True:
+        return False
+    row_env = d.get("env") if isinstance(d.get("env"), dict) else {}
+    if {str(k): str(v) for k, v in row_env.items()} != env:
+        return False
+    want = (shape.get("ctx"), shape.get("ubatch"), bool(shape.get("fa")), shape.get("ngl"))
+    return any(isinstance(c, dict) and c.get("passed") is True
+               and (c.get("ctx"), c.get("ubatch"), bool(c.get("fa")), c.get("ngl")) == want
+               for c in d.get("checks") or [])
+
+
+def still_proven(r: dict, store, model_sha: str, model_path: str) -> tuple[str, str] | None:
+    """None when the build is the one tune verified (same stamp), or a verify of the build as it is
+    now, with this model, covers the range's verified shape (`covers`); else (why serving it would
+    be unproven, the `rocforge verify` command that would prove it)."""
+    from rocforge_build.measure import verify
+
     build = LlamaBuild.open(r["prefix"])
     if build.stamp == r.get("stamp"):
         return None
+    shape, env = verified_shape(r, build)
     for row in reversed(list(store.rows(prefix=str(build.prefix), kind="verify"))):
-        d = row.data
-        if d.get("stamp") == build.stamp and d.get("model_sha256") == model_sha and d.get("passed"):
+        if covers(row.data, build.stamp, model_sha, shape, env):
             return None
+    label = verify.Shape(shape["ctx"], shape["ubatch"], bool(shape["fa"]), shape["ngl"]).label()
+    with_env = " with " + " ".join(f"{k}={v}" for k, v in sorted(env.items())) if env else ""
     return (f"{build.prefix} was rebuilt since the preset was verified (stamp {str(r.get('stamp'))[:12]} -> "
-            f"{str(build.stamp)[:12]}) and the new build has not passed verify with this model")
+            f"{str(build.stamp)[:12]}) and the new build has not passed verify with this model at the "
+            f"preset's shape ({label}{with_env})",
+            f"verify it at that shape: {verify.command_line(build.prefix, model_path, shape, env)}")
 
 
 def plan(preset: dict, model_path: str, wanted: str, host: str, port: int) -> Plan:

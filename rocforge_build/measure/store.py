@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ CREATE TABLE IF NOT EXISTS rows (
 CREATE INDEX IF NOT EXISTS rows_prefix ON rows(prefix, kind);
 CREATE TABLE IF NOT EXISTS presets (
     id INTEGER PRIMARY KEY, model TEXT NOT NULL, model_sha256 TEXT, run_id INTEGER,
-    created TEXT NOT NULL, data TEXT NOT NULL);
+    created TEXT NOT NULL, data TEXT NOT NULL, model_version INTEGER);
 CREATE TABLE IF NOT EXISTS preset_choice (
     model_sha256 TEXT PRIMARY KEY, preset_id INTEGER NOT NULL REFERENCES presets(id), chosen TEXT NOT NULL);
 """
@@ -37,6 +38,14 @@ CREATE TABLE IF NOT EXISTS preset_choice (
 # rocforge, so the store never writes to a SQLite file of someone else's at ROCFORGE_RESULTS_DB
 APPLICATION_ID = int.from_bytes(b"RFrs", "big")
 OWN_NAMES = {"runs", "rows", "rows_prefix", "presets"}  # what SCHEMA made before the stamp
+# PRAGMA user_version: the schema's version, raised by each change that existing rows must follow
+# (_migrate).  0: presets numbered by the table's row id, shared by every model; 1: a preset
+# history per model, keyed by its sha256, numbered 1, 2, 3... (presets.model_version).
+SCHEMA_VERSION = 1
+# the key of a preset history: the model's sha256 (a row stored without one, by a test or an early
+# rocforge, keeps its name as its key)
+_HISTORY = "COALESCE(model_sha256, model)"
+_SHA_PREFIX = re.compile(r"[0-9a-f]{12,64}")
 _MAX_INT = 2 ** 63 - 1  # SQLite INTEGER: 64-bit signed
 
 
@@ -112,11 +121,13 @@ class Store:
             self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
             self.db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             self._claim()
+            self._not_newer()
             self.db.execute("PRAGMA journal_mode = WAL")
             # WAL + NORMAL: a committed row survives rocforge or llama-bench crashing (not a power cut);
             # no fsync per row, so the harness stays out of the measured time
             self.db.execute("PRAGMA synchronous = NORMAL")
             self.db.executescript(SCHEMA)
+            self._migrate()
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from None
         except OSError as exc:
@@ -128,10 +139,12 @@ class Store:
         app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
         names = {n for (n,) in self.db.execute(
             "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchall()}
-        if app_id == APPLICATION_ID or (app_id == 0 and names == OWN_NAMES):
-            return  # rocforge's (the second: made before the stamp existed)
-        if app_id == 0 and not names:
-            self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")  # new and empty
+        if app_id == APPLICATION_ID:
+            return
+        if app_id == 0 and (names == OWN_NAMES or not names):
+            # new and empty, or made by rocforge before the stamp existed: stamped now, so that the
+            # tables SCHEMA adds below (preset_choice) do not make it look like someone else's
+            self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             return
         self.db.close()
         what = (f"its application id is {app_id:#x}" if app_id else
@@ -139,6 +152,37 @@ class Store:
         raise StoreError(f"results database {self.path} is a SQLite database that rocforge did not "
                          f"make ({what}); rocforge leaves it untouched",
                          "point ROCFORGE_RESULTS_DB at another file (or unset it)")
+
+    def _not_newer(self) -> None:
+        """Refuse, untouched, a database a newer rocforge changed past the schema this one knows."""
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            self.db.close()
+            raise StoreError(f"results database {self.path} was written by a newer rocforge (schema "
+                             f"version {version}; this one knows up to {SCHEMA_VERSION}); rocforge "
+                             "leaves it untouched",
+                             "upgrade rocforge, or point ROCFORGE_RESULTS_DB at another file")
+
+    def _migrate(self) -> None:
+        """Bring an older schema's rows to SCHEMA_VERSION in one transaction (the write lock held:
+        two rocforges opening the old file at once migrate it once).  0 -> 1: presets gain
+        model_version, each model's history numbered 1, 2, 3... in the order it was stored."""
+        if self.db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            if self.db.execute("PRAGMA user_version").fetchone()[0] < 1:
+                if "model_version" not in {c[1] for c in self.db.execute("PRAGMA table_info(presets)")}:
+                    self.db.execute("ALTER TABLE presets ADD COLUMN model_version INTEGER")
+                self.db.execute("UPDATE presets SET model_version = (SELECT COUNT(*) FROM presets p WHERE "
+                                "COALESCE(p.model_sha256, p.model) = COALESCE(presets.model_sha256, presets.model) "
+                                "AND p.id <= presets.id)")
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self.db.execute("COMMIT")
+        except BaseException:
+            if self.db.in_transaction:  # not when BEGIN itself failed (a locked database)
+                self.db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         self.db.close()
@@ -176,10 +220,16 @@ class Store:
              now(), json.dumps(data, default=str)))
         return int(cur.lastrowid)
 
-    def add_preset(self, model: str, sha: str | None, run_id: int | None, data: dict) -> int:
-        cur = self._exec("INSERT INTO presets (model, model_sha256, run_id, created, data) VALUES (?, ?, ?, ?, ?)",
-                         (model, sha, run_id, now(), json.dumps(data, default=str)))
-        return int(cur.lastrowid)
+    def add_preset(self, model: str, sha: str, run_id: int | None, data: dict) -> int:
+        """Store a new version of the model's preset; returns its version, the model's own 1, 2, 3...
+        (one statement: two tunes finishing at once cannot take the same number)."""
+        if not sha:
+            raise ValueError("a preset history is keyed by its model's sha256")
+        cur = self._exec("INSERT INTO presets (model, model_sha256, run_id, created, data, model_version) "
+                         "SELECT ?, ?, ?, ?, ?, COALESCE(MAX(model_version), 0) + 1 FROM presets "
+                         "WHERE model_sha256 = ?",
+                         (model, sha, run_id, now(), json.dumps(data, default=str), sha))
+        return int(self._exec("SELECT model_version FROM presets WHERE id = ?", (cur.lastrowid,)).fetchone()[0])
 
     # -- reading -----------------------------------------------------------------------------------
     def runs(self) -> list[dict]:
@@ -236,33 +286,78 @@ class Store:
         row = self._exec("SELECT MAX(run_id) FROM rows WHERE prefix = ? AND kind = ?", (prefix, kind)).fetchone()
         return row[0] if row and row[0] is not None else None
 
+    def _histories(self, key: str) -> list[str]:
+        """The preset histories `key` names: a model's sha256 names its own; else every model whose
+        name is `key` or whose sha256 starts with it (12 hex digits or more)."""
+        low = key.lower()
+        if self._exec("SELECT 1 FROM presets WHERE model_sha256 = ? LIMIT 1", (low,)).fetchone():
+            return [low]
+        prefix = low if _SHA_PREFIX.fullmatch(low) else None
+        rows = self._exec(f"SELECT {_HISTORY}, MIN(id) FROM presets WHERE model = ? "
+                          "OR (? IS NOT NULL AND substr(model_sha256, 1, length(?)) = ?) "
+                          f"GROUP BY {_HISTORY} ORDER BY MIN(id)", (key, prefix, prefix, prefix)).fetchall()
+        return [k for k, _ in rows]
+
+    def resolve(self, key: str) -> str | None:
+        """The one preset history a MODEL argument names, None when it names none.  A name two
+        models share (two quantizations of one model have one general.name) is refused, listing
+        them: their histories are apart, and which to use is the user's to say."""
+        keys = self._histories(key)
+        if len(keys) < 2:
+            return keys[0] if keys else None
+        known = {m["sha256"] or m["name"]: m for m in self.preset_models()}
+        listing = ", ".join(f"{k[:12]} ({known[k]['path'] or 'path unknown'})" for k in keys)
+        raise UsageError(f"{key!r} names {len(keys)} models with presets: {listing}",
+                         "pick one: pass its GGUF path or its sha256 (the first 12 hex digits are enough)")
+
+    def _history(self, k: str) -> list[dict]:
+        rows = self._exec("SELECT id, model, model_sha256, run_id, created, data, model_version FROM presets "
+                          f"WHERE {_HISTORY} = ? ORDER BY model_version, id", (k,)).fetchall()
+        return [{"id": i, "version": v, "model": m, "model_sha256": sha, "run_id": run, "created": c,
+                 "data": self._decode(d, dict, f"preset {i} (table presets: {m} version {v})")}
+                for i, m, sha, run, c, d, v in rows]
+
     def preset_history(self, model: str) -> list[dict]:
-        """Every version of a model's preset (name or sha256), oldest first; each is a tune's."""
-        rows = self._exec("SELECT id, model, model_sha256, run_id, created, data FROM presets "
-                          "WHERE model = ? OR model_sha256 = ? ORDER BY id", (model, model)).fetchall()
-        return [{"version": i, "model": m, "model_sha256": sha, "run_id": run, "created": c,
-                 "data": self._decode(d, dict, f"preset {i} (table presets)")}
-                for i, m, sha, run, c, d in rows]
+        """Every version of one model's preset (a name, a sha256 or its prefix: `resolve`), oldest
+        first; each is a tune's, numbered 1, 2, 3... for that model."""
+        k = self.resolve(model)
+        return [] if k is None else [{x: h[x] for x in h if x != "id"} for h in self._history(k)]
 
     def preset(self, model: str) -> dict | None:
         """The version in use: the one `preset use` chose, else the newest."""
-        history = self.preset_history(model)
+        k = self.resolve(model)
+        history = self._history(k) if k is not None else []
         if not history:
             return None
-        chosen = self._exec("SELECT preset_id FROM preset_choice WHERE model_sha256 = ?",
-                            (history[-1]["model_sha256"],)).fetchone()
-        pick = next((h for h in history if chosen and h["version"] == chosen[0]), history[-1])
-        return {**pick["data"], "version": pick["version"], "in_use": "chosen" if chosen else "newest"}
+        chosen = self._exec("SELECT preset_id FROM preset_choice WHERE model_sha256 = ?", (k,)).fetchone()
+        pick = next((h for h in history if chosen and h["id"] == chosen[0]), None)
+        return {**(pick or history[-1])["data"], "version": (pick or history[-1])["version"],
+                "in_use": "chosen" if pick else "newest"}
 
     def use_preset(self, model: str, version: int) -> dict:
-        history = self.preset_history(model)
+        k = self.resolve(model)
+        history = self._history(k) if k is not None else []
         pick = next((h for h in history if h["version"] == version), None)
         if pick is None:
             raise UsageError(f"{model} has no preset version {version}",
                              "versions: " + (", ".join(str(h["version"]) for h in history) or "none"))
+        # preset_choice.model_sha256 holds the history's key (the sha256; the name for a row without one)
         self._exec("INSERT OR REPLACE INTO preset_choice (model_sha256, preset_id, chosen) VALUES (?, ?, ?)",
-                   (pick["model_sha256"], version, now()))
-        return pick
+                   (k, pick["id"], now()))
+        return {x: pick[x] for x in pick if x != "id"}
 
-    def preset_models(self) -> list[str]:
-        return [m for (m,) in self._exec("SELECT DISTINCT model FROM presets ORDER BY model").fetchall()]
+    def preset_models(self) -> list[dict]:
+        """One entry per preset history, by name, then in the order first tuned: the model's name,
+        sha256 and path (the newest version's) and how many versions it has."""
+        rows = self._exec(f"SELECT model, model_sha256, data, n FROM presets JOIN (SELECT {_HISTORY} AS k, "
+                          "MAX(id) AS newest, MIN(id) AS first, COUNT(*) AS n FROM presets GROUP BY k) "
+                          "ON id = newest ORDER BY model, first").fetchall()
+        out = []
+        for name, sha, data, n in rows:
+            try:
+                path = (json.loads(data).get("model") or {}).get("path")
+            except (ValueError, AttributeError, TypeError, RecursionError):
+                path = None  # a hand-edited row: `preset show` names it; a listing still lists it
+            out.append({"name": name, "sha256": sha, "path": path if isinstance(path, str) else None,
+                        "versions": n})
+        return out

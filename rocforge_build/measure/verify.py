@@ -82,11 +82,17 @@ def chunks_for(ctx: int) -> int:
     return int(table.get(str(ctx), table["default"]))
 
 
+def cache_dir() -> Path:
+    """verify's cache: the shipped text unpacked, and the reference's bases (refs/).  One function,
+    so that the slow tests can share it between tests that are otherwise isolated."""
+    return paths.cache_dir() / "verify"
+
+
 def text_file() -> Path:
     """The shipped text, unpacked once into the cache (llama-perplexity reads a plain file); the
     unpacked copy is checked against the sha256 the data file states."""
     info = _data()["text"]
-    out = paths.cache_dir() / "verify" / f"text-{info['sha256'][:16]}.txt"
+    out = cache_dir() / f"text-{info['sha256'][:16]}.txt"
     if out.is_file() and out.stat().st_size > 0:
         return out
     raw = lzma.decompress(package_data(info["file"]).read_bytes())
@@ -320,7 +326,7 @@ REFS_KEPT = 6  # reference bases kept in the cache: one per context of the defau
 
 
 def _refs_dir() -> Path:
-    d = paths.cache_dir() / "verify" / "refs"
+    d = cache_dir() / "refs"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -511,6 +517,18 @@ def gate(build: LlamaBuild, model: Model, *, reference: str | None, store, run_i
            "reference_stamp": ref.stamp, "build": build.provenance(), **result}
     store.add_row(run_id, "verify", row, status="passed" if result["passed"] else "failed")
     return result["verdicts"][key], result
+
+
+def command_line(prefix, model_path, shape: dict, env: dict | None = None) -> str:
+    """The `rocforge verify` command whose first check is exactly `shape` with `env` (plan() puts
+    the given context, micro-batch and flash attention in row 0 with full offload, -ngl 99)."""
+    from rocforge_build.proc import quote
+
+    argv = ["rocforge", "verify", str(prefix), "--model", str(model_path), "--ctx", str(shape["ctx"]),
+            "--ubatch", str(shape["ubatch"]), "--fa", "on" if shape["fa"] else "off"]
+    for k, v in sorted((env or {}).items()):
+        argv += ["--env", f"{k}={v}"]
+    return quote(argv)
 
 
 def verify_shape(build: LlamaBuild, model: Model, shape: Shape, *, reference: str | None,
