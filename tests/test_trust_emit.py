@@ -363,6 +363,44 @@ def test_host_plan_script_runs_no_word_of_the_command_line(tmp_path):
     assert "apt install tuned" in (tmp_path / "sudo.log").read_text()  # the live steps did run
 
 
+@pytest.mark.parametrize("kind", ["fifo", "dangling-link", "link-to-user-file", "user-file"])
+def test_host_plan_write_never_opens_or_replaces_what_it_did_not_write(tmp_path, kind):
+    """`--write` at a FIFO (which a read would wait on forever), a link (dangling, or to the
+    user's own file) or the user's own file: refused in a real process within seconds, one line,
+    exit 2, and the name is left exactly as it was."""
+    root = tmp_path / "root"
+    hr.strix_defaults(root)
+    target, mine = tmp_path / "plan.sh", tmp_path / "mine.sh"
+    mine.write_text("my own script\n")
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "dangling-link":
+        target.symlink_to(tmp_path / "nowhere.sh")
+    elif kind == "link-to-user-file":
+        target.symlink_to(mine)
+    else:
+        target.write_text("#!/bin/sh\n# my plan, not rocforge's\necho hi\n")
+    before = os.lstat(target)
+    out = cli_subprocess(root, "host", "plan", "--write", str(target))  # 60 s timeout: no hang
+    assert out.returncode == 2, out.stderr
+    assert f"--write {target}" in one_error_line(out.stderr)
+    after = os.lstat(target)
+    assert (after.st_mode, after.st_ino, after.st_mtime_ns) == (
+        before.st_mode, before.st_ino, before.st_mtime_ns)
+    assert mine.read_text() == "my own script\n" and not (tmp_path / "nowhere.sh").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.sh", "plan.sh", "root"]
+
+
+def test_host_plan_write_replaces_its_own_script_as_0755(tmp_path):
+    root = tmp_path / "root"
+    hr.strix_defaults(root)
+    script = tmp_path / "plan.sh"
+    for _ in range(2):  # new, then its own file replaced
+        out = cli(root, "host", "plan", "--write", str(script))
+        assert out.returncode == 0, out.stderr
+        assert script.stat().st_mode & 0o777 == 0o755
+
+
 def test_env_is_still_importable_cheaply():
     """shellsafe sits on `rocforge env`'s start-up path: stdlib only."""
     code = ("import sys, rocforge_build.shellsafe; "
