@@ -42,19 +42,44 @@ def config_file() -> Path:
 
 
 def _read(path: Path) -> str | None:
-    """The config file's text (None when there is none); anything unreadable is one ConfigError."""
+    """The config file's text (None when there is none); anything unreadable is one ConfigError.
+    Opened without waiting (O_NONBLOCK: a FIFO at that name would otherwise hang every command,
+    `rocforge env` in each new shell too) and read only when it is a regular file; a link to one
+    is followed (dotfile managers link config files)."""
+    import errno
+    import os
+    import stat
+
     try:
-        return path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    except IsADirectoryError as exc:
-        raise ConfigError(f"config file {path} is a directory, not a file",
-                          f"remove or rename {path}; `rocforge config set` creates the file") from exc
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # what opening a socket answers
+            raise _not_regular(path) from exc
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"config file {path} is a directory, not a file",
+                              f"remove or rename {path}; `rocforge config set` creates the file")
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path)
+        with os.fdopen(fd, encoding="utf-8", closefd=False) as fh:  # as Path.read_text reads
+            return fh.read()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}); TOML files "
                           "are UTF-8", f"fix or delete {path}") from exc
+    finally:
+        os.close(fd)
+
+
+def _not_regular(path: Path) -> ConfigError:
+    return ConfigError(f"config file {path} is not a regular file (a FIFO, socket or device): "
+                       "rocforge does not read from it",
+                       f"remove or rename {path}; `rocforge config set` creates the file")
 
 
 def _load_doc():

@@ -157,3 +157,49 @@ def test_the_issue_case_min_rate_minus_one(capsys):
     rc, _out, err = _cli(capsys, "config", "set", "download.min_rate", "-1")
     line = _error_line(err)
     assert rc == 2 and "download.min_rate must be a finite number at least 0, got -1" in line
+
+
+# -- a config.toml that is not a regular file -------------------------------------------------------
+@pytest.mark.parametrize("kind", ["fifo", "socket"])
+@pytest.mark.parametrize("args", [("env",), ("env", "--shell", "bash"), ("config", "list")])
+def test_a_fifo_config_file_is_refused_not_waited_on(tmp_path, args, kind):
+    """config.toml is a FIFO (nobody writes to it): every command used to wait on it forever,
+    `rocforge env` in each new shell too.  In a real process: one line naming the file, exit 2,
+    within seconds, and the FIFO (or socket) is left as it was."""
+    import os
+    import socket
+    import stat
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fifo = config.config_file()
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(fifo)
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(fifo))
+    root = tmp_path / "root"
+    root.mkdir()
+    out = subprocess.run([sys.executable, "-m", "rocforge_build", "--root", str(root), *args],
+                         cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "ROCFORGE_NO_CACHE": "1"})
+    assert out.returncode == 2, out.stderr
+    line = _error_line(out.stderr)
+    assert f"config file {fifo} is not a regular file" in line
+    assert out.stdout == "" and stat.S_IFMT(os.lstat(fifo).st_mode) == (
+        stat.S_IFIFO if kind == "fifo" else stat.S_IFSOCK)
+    if kind == "socket":
+        sock.close()
+
+
+def test_a_linked_config_file_is_still_read(capsys, tmp_path):
+    """A dotfile manager's link to a regular file is followed (only what it points to matters)."""
+    real = tmp_path / "dotfiles-config.toml"
+    real.write_text("[nightly]\nkeep = 5\n")
+    path = config.config_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(real)
+    rc, out, _ = _cli(capsys, "config", "get", "nightly.keep")
+    assert rc == 0 and out.strip() == "5"
