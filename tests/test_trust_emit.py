@@ -296,6 +296,70 @@ def test_build_ref_never_becomes_a_git_option(tmp_path):
     assert not mark.exists()
 
 
+# -- container closure --report / --env-file: the user's files are never replaced or waited on ------
+def _closure_prefix(tmp_path: Path) -> Path:
+    import shutil
+
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    shutil.copy2(shutil.which("ls"), prefix / "bin/ls")
+    return prefix
+
+
+@pytest.mark.parametrize("kind", ["user-file", "user-json", "link-to-user-file", "dangling-link",
+                                  "fifo"])
+def test_closure_report_never_replaces_what_it_did_not_write(tmp_path, kind):
+    """--report at the user's own file (JSON too), a link (to the user's file, or dangling) or a
+    FIFO: refused before any work in a real process (no hang), one line, exit 2, the name left as
+    it was, nothing staged at --out."""
+    prefix, report, mine = _closure_prefix(tmp_path), tmp_path / "closure.json", tmp_path / "mine"
+    mine.write_text("my notes\n")
+    if kind == "user-file":
+        report.write_text("my notes\n")
+    elif kind == "user-json":
+        report.write_text(json.dumps({"roots": ["mine"]}))
+    elif kind == "link-to-user-file":
+        report.symlink_to(mine)
+    elif kind == "dangling-link":
+        report.symlink_to(tmp_path / "nowhere.json")
+    else:
+        os.mkfifo(report)
+    before = os.lstat(report)
+    out = cli_subprocess("/", "container", "closure", str(prefix), "--out",
+                         str(tmp_path / "stage"), "--report", str(report))
+    assert out.returncode == 2, out.stderr
+    assert f"--report {report}" in one_error_line(out.stderr)
+    after = os.lstat(report)
+    assert (after.st_mode, after.st_ino, after.st_mtime_ns) == (
+        before.st_mode, before.st_ino, before.st_mtime_ns)
+    assert mine.read_text() == "my notes\n" and not (tmp_path / "nowhere.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["closure.json", "mine", "prefix"]
+
+
+def test_closure_report_replaces_its_own_report(tmp_path):
+    """Its own report is replaced: one written before the `written_by` key (json.dumps of the
+    closure, indent 2, as earlier versions wrote it), then the one it just wrote."""
+    prefix, report = _closure_prefix(tmp_path), tmp_path / "closure.json"
+    report.write_text(json.dumps({"roots": [str(prefix)], "elf_files": 1, "entries": []},
+                                 indent=2) + "\n")
+    for _ in range(2):
+        out = cli("/", "container", "closure", str(prefix), "--out", str(tmp_path / "stage"),
+                  "--report", str(report))
+        assert out.returncode == 0, out.stderr
+        data = json.loads(report.read_text())
+        assert data["written_by"] == "rocforge container closure" and data["elf_files"] == 1
+
+
+def test_closure_env_file_that_is_a_fifo_is_not_waited_on(tmp_path):
+    prefix, env_file = _closure_prefix(tmp_path), tmp_path / "build.env"
+    os.mkfifo(env_file)
+    out = cli_subprocess("/", "container", "closure", str(prefix), "--out",
+                         str(tmp_path / "stage"), "--env-file", str(env_file))
+    assert out.returncode == 2, out.stderr
+    assert f"--env-file {env_file} is a FIFO, not a regular file" in one_error_line(out.stderr)
+    assert not (tmp_path / "stage").exists()
+
+
 # -- preset show --shell: a preset read back from the results store ---------------------------------
 def _preset(env: dict, notes: list[str], range_name: str = "short",
             prefix: str = "/p") -> dict:
