@@ -28,7 +28,8 @@ def add_arguments(parser) -> None:
 
     p = sub.add_parser("list", help="nightlies serving a target, newest first")
     selection(p)
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="show at most N (default 30; all with --json)")
+    p.add_argument("--limit", type=argtypes.non_negative_int, default=None, metavar="N",
+                   help="show at most N (default 30; 0 or --json: all)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("install", help="download, verify and unpack a nightly; point current at it")
