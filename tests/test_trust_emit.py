@@ -145,6 +145,134 @@ def test_recipe_source_ref_never_becomes_a_git_option(tmp_path):
     assert out.returncode == 2 and "source.ref" in one_error_line(out.stderr)
 
 
+# -- recipe source.git: never a transport that runs a program (ext::) ------------------------------
+def _ext_allowing_git(tmp_path: Path) -> dict[str, str]:
+    """The environment of a user whose git config allows every transport, ext:: included."""
+    config = tmp_path / "gitconfig"
+    config.write_text('[protocol]\n\tallow = always\n[protocol "ext"]\n\tallow = always\n'
+                      '[protocol "file"]\n\tallow = always\n')
+    return {"GIT_CONFIG_GLOBAL": str(config), "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(tmp_path)}
+
+
+def test_the_users_git_config_really_runs_ext_urls(tmp_path):
+    """The premise of the attacks below: with this config, git itself runs an ext:: command."""
+    mark = tmp_path / "MARK"
+    subprocess.run(["git", "ls-remote", f"ext::sh -c touch% {mark}"], capture_output=True,
+                   env={**os.environ, **_ext_allowing_git(tmp_path)}, timeout=60)
+    assert mark.exists()
+
+
+@pytest.mark.parametrize("url", ["ext::sh -c touch% {m}", "EXT::sh -c touch% {m}", "fd::17",
+                                 "--upload-pack=touch {m}", "foo://x/y", "ftp://h/x.git",
+                                 "ssh://-oProxyCommand=touch% {m}/x", "-oProxyCommand=touch:x"])
+def test_recipe_git_url_that_runs_a_helper_is_refused_at_load(tmp_path, url):
+    mark = tmp_path / "MARK"
+    recipe = tmp_path / "bad.toml"
+    recipe.write_text(RECIPE.replace('git = "file:///x.git"',
+                                     f"git = '{url.format(m=mark)}'"))
+    out = cli_subprocess(tmp_path, "build", str(recipe), "--target", "gfx1151", "--dry-run",
+                         env=_ext_allowing_git(tmp_path))
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    line = one_error_line(out.stderr)
+    assert f"recipe hello ({recipe}): source.git" in line and "not a git URL" in line, line
+    assert not mark.exists()
+
+
+@pytest.mark.parametrize("url", ["https://github.com/ggml-org/llama.cpp.git", "HTTP://h/x",
+                                 "ssh://git@h/x.git", "git+ssh://h/x", "git://h/x",
+                                 "file:///srv/x.git", "git@github.com:o/r.git", "h:o/r",
+                                 "/srv/x.git", "./x", "../x:y"])
+def test_recipe_git_urls_git_fetches_from_are_accepted(tmp_path, url):
+    recipe = tmp_path / "ok.toml"
+    recipe.write_text(RECIPE.replace('git = "file:///x.git"', f"git = '{url}'"))
+    out = cli(tmp_path, "recipe", "show", str(recipe))
+    assert out.returncode == 0, out.stderr
+
+
+def test_every_git_rocforge_runs_refuses_ext_whatever_the_config(tmp_path, monkeypatch):
+    """GIT_ALLOW_PROTOCOL reaches git through proc.run: an ext:: URL from anywhere (a manifest, a
+    submodule) is refused by git itself, the command never runs."""
+    from rocforge_build import proc
+
+    mark = tmp_path / "MARK"
+    for k, v in _ext_allowing_git(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("GIT_ALLOW_PROTOCOL", "ext:https")  # the user's own is replaced too
+    got = proc.run(["git", "ls-remote", f"ext::sh -c touch% {mark}"], check=False, timeout=60)
+    assert got.returncode != 0 and "transport 'ext' not allowed" in got.stdout
+    assert not mark.exists()
+    env = proc.run(["git", "var", "GIT_EDITOR"], env={"GIT_EDITOR": "true"}).stdout  # any git
+    assert env.strip() == "true"
+
+
+def test_a_submodule_with_an_ext_url_never_runs(tmp_path):
+    """A recipe's git source (a real repository, fetched by file://) whose .gitmodules names an
+    ext:: URL; the user's git config allows ext.  `build --dry-run` fetches the source and checks
+    out its submodules: git refuses the transport, the command never runs, one line, exit 6."""
+    mark = tmp_path / "MARK"
+    repo = tmp_path / "repo"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / "CMakeLists.txt").write_text("project(hello C)\n")
+    (repo / ".gitmodules").write_text(
+        f'[submodule "evil"]\n\tpath = evil\n\turl = ext::sh -c touch% {mark}\n')
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "update-index", "--add", "--cacheinfo",
+                    f"160000,{'1' * 40},evil"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+    recipe = tmp_path / "sub.toml"
+    recipe.write_text(RECIPE.replace('git = "file:///x.git"', f'git = "{repo.as_uri()}"')
+                      .replace('ref = "main"', 'ref = "main"\nsubmodules = true'))
+    out = cli_subprocess(tmp_path, "build", str(recipe), "--target", "gfx1151", "--dry-run",
+                         env=_ext_allowing_git(tmp_path))
+    assert out.returncode == 6, out.stderr
+    assert "git checkout of" in one_error_line(out.stderr)
+    assert "transport 'ext' not allowed" in out.stderr
+    assert not mark.exists()
+
+
+@pytest.mark.parametrize("file_allowed", [True, False])
+def test_file_submodules_follow_the_users_git_config(tmp_path, monkeypatch, file_allowed):
+    """GIT_ALLOW_PROTOCOL lists file for the top-level fetch, but a submodule's file:// URL comes
+    from the fetched repository: it is checked out only where the user's config says
+    protocol.file.allow = always, as git itself decides (its default refuses it, CVE-2022-39253)."""
+    from rocforge_build.errors import NetworkError
+    from rocforge_build.forge import sources
+
+    def make(repo: Path, files: dict[str, str], sub: Path | None = None) -> str:
+        git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org",
+               "-c", "protocol.file.allow=always"]
+        subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+        for name, text in files.items():
+            (repo / name).write_text(text)
+        if sub is not None:
+            subprocess.run([*git, "submodule", "add", "-q", sub.as_uri(), "lib"], check=True,
+                           capture_output=True)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+        return subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    sub = tmp_path / "sub"
+    make(sub, {"secret.txt": "local data\n"})
+    top = tmp_path / "top"
+    commit = make(top, {"CMakeLists.txt": "project(x C)\n"}, sub)
+    config = tmp_path / "gitconfig"
+    config.write_text('[protocol "file"]\n\tallow = always\n' if file_allowed else "")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    spec = sources.SourceSpec("git", top.as_uri(), ref="main", submodules=True)
+    dest = tmp_path / "tree"
+    if file_allowed:
+        sources._git_checkout(spec, commit, dest)
+        assert (dest / "lib" / "secret.txt").read_text() == "local data\n"
+    else:
+        with pytest.raises(NetworkError, match="git checkout of") as err:
+            sources._git_checkout(spec, commit, dest)
+        assert "transport 'file' not allowed" in str(err.value.hint)
+        assert not dest.exists()
+
+
 # -- the bundle `run` launcher: a manifest's runtime_env --------------------------------------------
 def _script_prefix(tmp_path: Path, runtime_env: dict[str, str]) -> Path:
     """A prefix whose program prints one variable (no ELF: no closure to copy), with a manifest

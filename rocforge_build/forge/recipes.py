@@ -277,6 +277,8 @@ def _parse_source(src: dict, name: str, path: Path, where: str) -> Source:
         raise ConfigError(f"{where}: source.ref: required with `git` (a tag or commit)")
     if isinstance(src.get("ref"), str):  # it becomes a git argument: never an option
         refs.check_git_ref(src["ref"], f"recipe {name} ({path}): source.ref", ConfigError)
+    if isinstance(src.get("git"), str):  # never a transport that runs a program (ext::)
+        refs.check_git_url(src["git"], f"recipe {name} ({path}): source.git", ConfigError)
     for i, probe in enumerate(src.get("version", [])):
         _check_keys(probe, "source.version", f"{where}: source.version[{i}]")
     source = Source(

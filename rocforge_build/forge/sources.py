@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlparse
 from rocforge_build import paths
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import IntegrityError, NetworkError, UsageError
-from rocforge_build.proc import CommandFailed, run
+from rocforge_build.proc import GIT_ALLOW_PROTOCOL, CommandFailed, run
 from rocforge_build.refs import check_git_ref
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -364,8 +364,7 @@ def _git_checkout(spec: SourceSpec, commit: str, dest: Path) -> None:
         try:
             git("checkout", "-q", "--detach", commit, timeout=3600)
             if spec.submodules:
-                git("submodule", "update", "-q", "--init", "--recursive", "--depth", "1",
-                    timeout=3600)
+                _submodules(tmp, env)
         except CommandFailed as exc:
             raise NetworkError(f"git checkout of {commit} from {spec.location} failed",
                                exc.output.strip()[-400:] or None) from exc
@@ -379,6 +378,19 @@ def _git_checkout(spec: SourceSpec, commit: str, dest: Path) -> None:
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _submodules(tree: Path, env: dict) -> None:
+    """Check out the submodules (shallow).  Their URLs come from the fetched repository, not the
+    user: file:// only where the user's git config allows it for submodules (protocol.file.allow
+    = always; git's default refuses it since CVE-2022-39253), never a helper such as ext::."""
+    allowed = run(["git", "-C", tree, "config", "--get", "protocol.file.allow"], env=env,
+                  check=False).stdout.strip() == "always"
+    protocols = GIT_ALLOW_PROTOCOL.split(":")
+    sub_env = {**env, "GIT_ALLOW_PROTOCOL": ":".join(
+        p for p in protocols if p != "file" or allowed)}
+    run(["git", "-C", tree, "submodule", "update", "-q", "--init", "--recursive", "--depth", "1"],
+        env=sub_env, timeout=3600)
 
 
 def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
