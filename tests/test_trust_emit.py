@@ -231,6 +231,19 @@ def test_a_submodule_with_an_ext_url_never_runs(tmp_path):
     assert not mark.exists()
 
 
+@pytest.mark.parametrize("source", ["git+ext::sh -c touch% {m}", "git+fd::17",
+                                    "git+--upload-pack=touch% {m}"])
+def test_build_source_never_names_a_helper_transport(tmp_path, source):
+    mark = tmp_path / "MARK"
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(RECIPE)
+    out = cli_subprocess(tmp_path, "build", str(recipe), "--target", "gfx1151", "--source",
+                         source.format(m=mark), "--dry-run", env=_ext_allowing_git(tmp_path))
+    assert out.returncode == 2, out.stderr
+    assert "--source" in one_error_line(out.stderr) and "not a git URL" in out.stderr
+    assert not mark.exists()
+
+
 @pytest.mark.parametrize("file_allowed", [True, False])
 def test_file_submodules_follow_the_users_git_config(tmp_path, monkeypatch, file_allowed):
     """GIT_ALLOW_PROTOCOL lists file for the top-level fetch, but a submodule's file:// URL comes

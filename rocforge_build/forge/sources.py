@@ -25,7 +25,7 @@ from rocforge_build import paths
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import IntegrityError, NetworkError, UsageError
 from rocforge_build.proc import GIT_ALLOW_PROTOCOL, CommandFailed, run
-from rocforge_build.refs import check_git_ref
+from rocforge_build.refs import check_git_ref, check_git_url
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".tar", ".tar.zst")
@@ -100,8 +100,9 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
                 return SourceSpec("tarball", source, sha256=sha, subdir=rs.subdir)
             return SourceSpec("git", source, ref=ref or rs.ref, subdir=_git_subdir(rs), **git_extra)
         if parsed.scheme in ("git", "ssh") or source.startswith("git+"):
-            return SourceSpec("git", source.removeprefix("git+"), ref=ref or rs.ref,
-                              subdir=_git_subdir(rs), **git_extra)
+            url = source.removeprefix("git+")  # git+ext::CMD would be ext::CMD: never
+            check_git_url(url, "--source")
+            return SourceSpec("git", url, ref=ref or rs.ref, subdir=_git_subdir(rs), **git_extra)
         path = Path(unquote(parsed.path) if parsed.scheme == "file" else source).expanduser()
         if not path.exists():
             raise UsageError(f"--source {source}: no such file or directory")
