@@ -119,6 +119,36 @@ def test_read_only_data_dir_override_is_named(tmp_path):
     assert "ROCFORGE_DATA_DIR" in lines[0]
 
 
+@pytest.mark.parametrize("where", ["data", ""])
+def test_results_store_in_a_read_only_data_dir_is_named(tmp_path, where):
+    """`results list` with ROCFORGE_DATA_DIR on the read-only mount (not yet there: the store
+    would create it; or there, but read-only): the one line of the other commands, naming the
+    directory and ROCFORGE_DATA_DIR, exit 2 (it was exit 11, "cannot be opened: Read-only file
+    system" or "unable to open database file", naming neither)."""
+    ro = tmp_path / "ro-home"
+    data = ro / where if where else ro
+    [(rc, err)] = run_on_read_only_home(tmp_path, [["results", "list"]], {
+        "ROCFORGE_DATA_DIR": str(data), "ROCFORGE_CACHE_DIR": str(tmp_path / "cache"),
+        "ROCFORGE_CONFIG_DIR": str(tmp_path / "config")})
+    assert rc == 2, err
+    assert "internal error" not in err and "Traceback" not in err
+    lines = error_lines(err)
+    assert len(lines) == 1 and f"the data directory {data} cannot be written" in lines[0], err
+    assert "ROCFORGE_DATA_DIR" in lines[0] and "Read-only file system" in lines[0]
+
+
+def test_results_db_override_in_a_read_only_dir_names_its_variable(tmp_path):
+    ro = tmp_path / "ro-home"
+    [(rc, err)] = run_on_read_only_home(tmp_path, [["results", "list"]], {
+        "ROCFORGE_RESULTS_DB": str(ro / "r.sqlite3"), "ROCFORGE_DATA_DIR": str(tmp_path / "data"),
+        "ROCFORGE_CACHE_DIR": str(tmp_path / "cache"),
+        "ROCFORGE_CONFIG_DIR": str(tmp_path / "config")})
+    assert rc == 11, err
+    lines = error_lines(err)
+    assert len(lines) == 1 and f"{ro} cannot be written (Read-only file system)" in lines[0], err
+    assert "ROCFORGE_RESULTS_DB" in err
+
+
 # -- 13: preflight before fetching; a dry run exits as the build would -------------------------
 
 @pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "build"])
