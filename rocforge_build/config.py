@@ -251,6 +251,11 @@ def _schema_default(key: str) -> Any:
     return _MISSING
 
 
+# TOML 1.0.0, Integer: "Arbitrary 64-bit signed integers ... should be accepted and handled
+# losslessly"; a larger one is an error in other readers (and in tomlkit round trips)
+TOML_MAX_INT = 2 ** 63 - 1
+
+
 @dataclass(frozen=True)
 class Bound:
     """The allowed range of a numeric key: what the reliability promises say of it
@@ -261,18 +266,29 @@ class Bound:
     integer: bool = False
     most: float | None = None  # socket timeouts past a few years overflow time_t
 
+    @property
+    def limit(self) -> float | None:
+        """The largest value: `most`, and for an integer key at most TOML's largest integer."""
+        return min(self.most, TOML_MAX_INT) if self.integer and self.most is not None else (
+            TOML_MAX_INT if self.integer else self.most)
+
     def allows(self, value: Any) -> bool:
         if self.integer and not isinstance(value, int):
+            return False
+        if isinstance(value, int) and abs(value) > TOML_MAX_INT:  # any numeric key
             return False
         if not math.isfinite(value):
             return False
         low_ok = value > self.least if self.strict else value >= self.least
-        return low_ok and (self.most is None or value <= self.most)
+        return low_ok and (self.limit is None or value <= self.limit)
 
     def text(self) -> str:
         kind = "an integer" if self.integer else "a finite number"
         rng = f"{'more than' if self.strict else 'at least'} {self.least:g}"
-        return kind + " " + rng + (f" and at most {self.most:g}" if self.most is not None else "")
+        most = self.limit
+        return kind + " " + rng + (
+            "" if most is None else f" and at most {most}" if isinstance(most, int)
+            else f" and at most {most:g}")
 
 
 _DAY = 86400.0
@@ -313,6 +329,11 @@ def _check(key: str, value: Any, *, source: str) -> None:
         )
     if isinstance(want, (int, float)) and not isinstance(want, bool):
         bound = BOUNDS.get(key, _ANY_NUMBER)
+        if isinstance(value, int) and abs(value) > TOML_MAX_INT:
+            raise ConfigError(f"{key} must be {bound.text()}, got {value!r} (from {source}): "
+                              f"TOML integers are 64-bit, at most {TOML_MAX_INT}",
+                              f"e.g. rocforge config set {key} {want!r}, or rocforge config "
+                              f"unset {key}")
         if not bound.allows(value):
             raise ConfigError(f"{key} must be {bound.text()}, got {value!r} (from {source})",
                               f"e.g. rocforge config set {key} {want!r}, or rocforge config "

@@ -21,7 +21,7 @@ NUMERIC = {
     # free space asked for is archive x (1 + ratio): 0 = no room for unpacking, negative nonsense
     "nightly.extract_ratio": (["at least 0"], ["0", "3.5"], ["-1", "-0.5", "nan", "inf"]),
     # how many versions `prune` keeps: a count
-    "nightly.keep": (["integer", "at least 0"], ["0", "7"], ["-1", "2.5", "nan"]),
+    "nightly.keep": (["integer", "at least 0"], ["0", "7"], ["-1", "2.5", "nan", str(2 ** 63)]),
     # tries per file: at least the first one
     "download.attempts": (["integer", "at least 1"], ["1", "9"], ["0", "-3", "1.5", "inf"]),
     # seconds; 0 would fail every connection at once; a socket timeout past a day is no timeout
@@ -30,7 +30,8 @@ NUMERIC = {
     "download.read_timeout": (["more than 0", "at most 86400"], ["1", "60.0"],
                               ["0", "-5", "nan", "-inf", "1e9"]),
     # bytes/s; 0 turns the rate check off (README)
-    "download.min_rate": (["at least 0"], ["0", "1", "1e6"], ["-1", "-0.001", "nan", "inf"]),
+    "download.min_rate": (["at least 0"], ["0", "1", "1e6"],
+                          ["-1", "-0.001", "nan", "inf", str(10 ** 30)]),
     # seconds the rate is averaged over: 0 would divide by zero
     "download.rate_window": (["more than 0", "at most 86400"], ["0.5", "30"], ["0", "-30", "nan", "inf"]),
     # seconds for a whole download: 0 ends every fetch at once; at most a week
@@ -39,10 +40,16 @@ NUMERIC = {
     "download.listing_deadline": (["more than 0", "at most 86400"], ["2", "300"],
                                   ["0", "-1", "nan", "inf", "86401"]),
     # byte counts: a cap of 0 bytes refuses every file
-    "download.max_listing_bytes": (["integer", "at least 1"], ["1", "1048576"], ["0", "-1", "1.5"]),
-    "download.max_unsized_bytes": (["integer", "at least 1"], ["1", "68719476736"], ["0", "-1", "2e9"]),
+    # and TOML integers are signed 64-bit (toml.io/en/v1.0.0#integer): no more than 2**63 - 1
+    "download.max_listing_bytes": (["integer", "at least 1", "at most 9223372036854775807"],
+                                   ["1", "1048576", "9223372036854775807"],
+                                   ["0", "-1", "1.5", "9223372036854775808",
+                                    "99999999999999999999999999"]),
+    "download.max_unsized_bytes": (["integer", "at least 1", "at most 9223372036854775807"],
+                                   ["1", "68719476736"], ["0", "-1", "2e9", str(2 ** 64)]),
     # remote job slots added to -j; 0 = the scheduler's count
-    "build.distribute_jobs": (["integer", "at least 0"], ["0", "16"], ["-1", "0.5", "nan"]),
+    "build.distribute_jobs": (["integer", "at least 0"], ["0", "16"],
+                              ["-1", "0.5", "nan", str(10 ** 30)]),
 }
 
 # (key, value) of the wrong type for booleans, strings and lists
