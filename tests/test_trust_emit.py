@@ -606,6 +606,21 @@ def test_host_plan_write_replaces_its_own_script_as_0755(tmp_path):
         assert script.stat().st_mode & 0o777 == 0o755
 
 
+def test_nightly_pip_reason_stays_one_comment(tmp_path, capsys, monkeypatch):
+    """`nightly pip` prints the reason for its choice (text from the config and the target table)
+    as a comment above the command: a reason with a line break cannot add a line sh would run."""
+    from rocforge_build.nightly import listing
+
+    mark = tmp_path / "MARK"
+    monkeypatch.setattr(listing, "pip_plan", lambda *a, **k: (
+        "https://example.invalid/v2/x/", "rocm[libraries]", f"why\ntouch {mark}\r\n# x"))
+    assert main(["nightly", "pip", "--target", "gfx1151", "--no-probe"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0] == f"# why touch {mark} # x", lines
+    run = subprocess.run(["sh", "-c", lines[0]], capture_output=True, timeout=30)
+    assert run.returncode == 0 and not mark.exists()
+
+
 def test_env_is_still_importable_cheaply():
     """shellsafe sits on `rocforge env`'s start-up path: stdlib only."""
     code = ("import sys, rocforge_build.shellsafe; "

@@ -359,7 +359,7 @@ def _prune(args, cfg) -> int:
 
 
 def _pip(args, cfg) -> int:
-    from rocforge_build import download, proc
+    from rocforge_build import download, proc, shellsafe
 
     target = args.target or _detected_target(args)
     if not target:
@@ -382,7 +382,7 @@ def _pip(args, cfg) -> int:
         print(json.dumps({"target": target, "route": route, "index": index, "requirement": req,
                           "reason": reason, "argv": argv}, indent=2))
     else:
-        print(f"# {reason}")
+        print(shellsafe.comment(reason))  # from the config: one comment line, never a command
         print(proc.quote(argv))
     if args.install:
         proc.run(argv, capture=False)
