@@ -221,6 +221,26 @@ def test_source_with_nothing_to_build_is_refused_before_a_plan(tmp_path, capsys,
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.parametrize("what", ["recipe", "source"])
+def test_a_fifo_recipe_or_source_is_named_as_not_a_regular_file(tmp_path, what):
+    """A FIFO given as the recipe file or as --source: said to be a FIFO (it was "does not exist"
+    and "holds no CMakeLists.txt"), one line, exit 2, in a real process that never waits on it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fifo = tmp_path / ("r.toml" if what == "recipe" else "src")
+    os.mkfifo(fifo)
+    argv = ([str(fifo)] if what == "recipe" else [str(RECIPE), "--source", str(fifo)])
+    out = subprocess.run([sys.executable, "-m", "rocforge_build", "build", *argv, "--target",
+                          "gfx1030", "--dry-run"], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).parents[1], stdin=subprocess.DEVNULL)
+    assert out.returncode == 2, out.stderr
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and f"{fifo} is a FIFO, not a regular file" in lines[0], out.stderr
+
+
 def test_source_tarball_without_a_project_is_refused(tmp_path, capsys):
     """A tarball that unpacks to a tree without CMakeLists.txt: exit 2 before any plan."""
     docs = tmp_path / "docs"

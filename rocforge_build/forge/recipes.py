@@ -380,8 +380,13 @@ def load(name_or_path: str) -> Recipe:
     """A packaged recipe by name, or a recipe file by path (anything ending in .toml)."""
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         p = Path(name_or_path)
-        if not p.is_file():
+        if not p.exists():
             raise UsageError(f"recipe file {name_or_path} does not exist")
+        if not p.is_file():  # a FIFO would hang the read, a directory cannot be read
+            from rocforge_build.extract import file_kind
+
+            raise UsageError(f"recipe file {name_or_path} is {file_kind(p.stat().st_mode)}, "
+                             "not a regular file", "give the recipe's .toml file")
         return load_file(p)
     table = available()
     if name_or_path not in table:

@@ -107,6 +107,11 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
         if not path.exists():
             raise UsageError(f"--source {source}: no such file or directory")
         path = path.resolve()
+        if not (path.is_file() or path.is_dir()):  # a FIFO, socket or device
+            from rocforge_build.extract import file_kind
+
+            raise UsageError(f"--source {source} is {file_kind(path.stat().st_mode)}, not a "
+                             "regular file or directory", "give a source tree, a tarball or a URL")
         if path.is_file():
             if not _is_tarball(path.name):
                 raise UsageError(f"--source {source}: a file source must be a tarball")
