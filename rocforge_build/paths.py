@@ -104,7 +104,7 @@ def check_writable(directory: Path, flag: str) -> None:
     from rocforge_build.errors import UsageError
 
     raise unwritable(exc) or UsageError(
-        f"{flag} {directory}: {probe} cannot be written ({exc.strerror})",
+        f"{flag} {directory}: {exc.filename} cannot be written ({exc.strerror})",
         "choose a directory you can write")
 
 

@@ -119,6 +119,21 @@ def test_read_only_data_dir_override_is_named(tmp_path):
     assert "ROCFORGE_DATA_DIR" in lines[0]
 
 
+def test_read_only_prefix_outside_rocforges_directories_is_named(tmp_path):
+    """A --prefix on the read-only mount (rocforge's own directories writable elsewhere): one
+    line naming the flag and the directory that cannot be written, exit 2, before any build."""
+    ro = tmp_path / "ro-home"
+    [(rc, err)] = run_on_read_only_home(tmp_path, [
+        ["build", str(RECIPE), "--target", "gfx1030", "--source", str(project_copy(tmp_path / "s")),
+         "--prefix", str(ro / "prefix")],
+    ], {"ROCFORGE_DATA_DIR": str(tmp_path / "data"), "ROCFORGE_CACHE_DIR": str(tmp_path / "cache"),
+        "ROCFORGE_CONFIG_DIR": str(tmp_path / "config")})
+    assert rc == 2, err
+    lines = error_lines(err)
+    assert len(lines) == 1, err
+    assert lines[0] == f"rocforge: error: --prefix {ro}: {ro} cannot be written (Read-only file system)"
+
+
 @pytest.mark.parametrize("where", ["data", ""])
 def test_results_store_in_a_read_only_data_dir_is_named(tmp_path, where):
     """`results list` with ROCFORGE_DATA_DIR on the read-only mount (not yet there: the store
