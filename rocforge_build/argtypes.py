@@ -45,8 +45,14 @@ def at_least(minimum: int, maximum: int | None = None):
 
 positive_int = at_least(1)
 non_negative_int = at_least(0)
-# a run number of the results store: 1 .. SQLite's largest INTEGER
+# a run number (or a preset's version) of the results store: 1 .. SQLite's largest INTEGER
 run_id = at_least(1, SQLITE_MAX_INT)
+# a TCP port: 16 bits, 0 is "any free port", not one a server can be reached at (RFC 9293 3.1)
+port = at_least(1, 65535)
+# parallel build jobs: 4096 is past the hardware threads of any one machine with the remote slots
+# of a distributed build added; a larger -j only fills the process table
+JOBS_MAX = 4096
+jobs = at_least(1, JOBS_MAX)
 
 
 def positive_seconds(text: str) -> float:

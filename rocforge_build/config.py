@@ -42,19 +42,44 @@ def config_file() -> Path:
 
 
 def _read(path: Path) -> str | None:
-    """The config file's text (None when there is none); anything unreadable is one ConfigError."""
+    """The config file's text (None when there is none); anything unreadable is one ConfigError.
+    Opened without waiting (O_NONBLOCK: a FIFO at that name would otherwise hang every command,
+    `rocforge env` in each new shell too) and read only when it is a regular file; a link to one
+    is followed (dotfile managers link config files)."""
+    import errno
+    import os
+    import stat
+
     try:
-        return path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    except IsADirectoryError as exc:
-        raise ConfigError(f"config file {path} is a directory, not a file",
-                          f"remove or rename {path}; `rocforge config set` creates the file") from exc
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # what opening a socket answers
+            raise _not_regular(path) from exc
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"config file {path} is a directory, not a file",
+                              f"remove or rename {path}; `rocforge config set` creates the file")
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path)
+        with os.fdopen(fd, encoding="utf-8", closefd=False) as fh:  # as Path.read_text reads
+            return fh.read()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}); TOML files "
                           "are UTF-8", f"fix or delete {path}") from exc
+    finally:
+        os.close(fd)
+
+
+def _not_regular(path: Path) -> ConfigError:
+    return ConfigError(f"config file {path} is not a regular file (a FIFO, socket or device): "
+                       "rocforge does not read from it",
+                       f"remove or rename {path}; `rocforge config set` creates the file")
 
 
 def _load_doc():
@@ -226,6 +251,11 @@ def _schema_default(key: str) -> Any:
     return _MISSING
 
 
+# TOML 1.0.0, Integer: "Arbitrary 64-bit signed integers ... should be accepted and handled
+# losslessly"; a larger one is an error in other readers (and in tomlkit round trips)
+TOML_MAX_INT = 2 ** 63 - 1
+
+
 @dataclass(frozen=True)
 class Bound:
     """The allowed range of a numeric key: what the reliability promises say of it
@@ -236,18 +266,29 @@ class Bound:
     integer: bool = False
     most: float | None = None  # socket timeouts past a few years overflow time_t
 
+    @property
+    def limit(self) -> float | None:
+        """The largest value: `most`, and for an integer key at most TOML's largest integer."""
+        return min(self.most, TOML_MAX_INT) if self.integer and self.most is not None else (
+            TOML_MAX_INT if self.integer else self.most)
+
     def allows(self, value: Any) -> bool:
         if self.integer and not isinstance(value, int):
+            return False
+        if isinstance(value, int) and abs(value) > TOML_MAX_INT:  # any numeric key
             return False
         if not math.isfinite(value):
             return False
         low_ok = value > self.least if self.strict else value >= self.least
-        return low_ok and (self.most is None or value <= self.most)
+        return low_ok and (self.limit is None or value <= self.limit)
 
     def text(self) -> str:
         kind = "an integer" if self.integer else "a finite number"
         rng = f"{'more than' if self.strict else 'at least'} {self.least:g}"
-        return kind + " " + rng + (f" and at most {self.most:g}" if self.most is not None else "")
+        most = self.limit
+        return kind + " " + rng + (
+            "" if most is None else f" and at most {most}" if isinstance(most, int)
+            else f" and at most {most:g}")
 
 
 _DAY = 86400.0
@@ -288,6 +329,11 @@ def _check(key: str, value: Any, *, source: str) -> None:
         )
     if isinstance(want, (int, float)) and not isinstance(want, bool):
         bound = BOUNDS.get(key, _ANY_NUMBER)
+        if isinstance(value, int) and abs(value) > TOML_MAX_INT:
+            raise ConfigError(f"{key} must be {bound.text()}, got {value!r} (from {source}): "
+                              f"TOML integers are 64-bit, at most {TOML_MAX_INT}",
+                              f"e.g. rocforge config set {key} {want!r}, or rocforge config "
+                              f"unset {key}")
         if not bound.allows(value):
             raise ConfigError(f"{key} must be {bound.text()}, got {value!r} (from {source})",
                               f"e.g. rocforge config set {key} {want!r}, or rocforge config "

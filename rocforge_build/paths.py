@@ -83,21 +83,28 @@ def unwritable(exc: OSError):
         f"{var} decide where it is)")
 
 
-def check_writable(directory: Path, flag: str) -> None:
-    """Refuse, before any work starts, a directory this process could not create or write in
-    (its nearest existing ancestor is asked, nothing is created): a build must not compile for
-    an hour and then fail to install.  `access()` answers EROFS for root too."""
+def write_refusal(directory: Path) -> OSError | None:
+    """The error creating or writing a file in `directory` would meet (its nearest existing
+    ancestor is asked, nothing is created), or None.  `access()` answers EROFS for root too."""
     probe = Path(directory).absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if os.access(probe, os.W_OK | os.X_OK):
-        return
+        return None
     code = errno.EROFS if os.statvfs(probe).f_flag & os.ST_RDONLY else errno.EACCES
-    exc = OSError(code, os.strerror(code), str(probe))
+    return OSError(code, os.strerror(code), str(probe))
+
+
+def check_writable(directory: Path, flag: str) -> None:
+    """Refuse, before any work starts, a directory this process could not create or write in:
+    a build must not compile for an hour and then fail to install."""
+    exc = write_refusal(directory)
+    if exc is None:
+        return
     from rocforge_build.errors import UsageError
 
     raise unwritable(exc) or UsageError(
-        f"{flag} {directory}: {probe} cannot be written ({exc.strerror})",
+        f"{flag} {directory}: {exc.filename} cannot be written ({exc.strerror})",
         "choose a directory you can write")
 
 

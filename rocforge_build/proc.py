@@ -49,6 +49,18 @@ def merged_env(env: Mapping[str, str | None] | None, base: Mapping[str, str] | N
     return result
 
 
+# The transports every git rocforge runs may use (git(1), GIT_ALLOW_PROTOCOL: the listed ones
+# are allowed, every other one refused, whatever the user's git config says).  Others hand the URL
+# to a helper program: `ext::CMD` runs CMD, so a config with protocol.ext.allow=always would let
+# a recipe's or a submodule's URL run a command.
+GIT_ALLOW_PROTOCOL = "https:http:ssh:git:file"
+
+
+def git_env(env: Mapping[str, str | None] | None) -> dict[str, str | None]:
+    """`env` for a git command: GIT_ALLOW_PROTOCOL set, unless the caller narrows it itself."""
+    return {"GIT_ALLOW_PROTOCOL": GIT_ALLOW_PROTOCOL, **(env or {})}
+
+
 def which(program: str, path: str | None = None) -> str | None:
     return shutil.which(program, path=path)
 
@@ -69,7 +81,7 @@ def run(
     `group`: a build step (compiler driver): its own process group, stopped whole when
     rocforge is interrupted (see `reaped`); it gets no terminal input."""
     args = [os.fspath(a) for a in argv]
-    full_env = merged_env(env)
+    full_env = merged_env(git_env(env) if os.path.basename(args[0]) == "git" else env)
     if os.path.sep not in args[0] and which(args[0], full_env.get("PATH")) is None:
         raise ToolchainError(f"required program {args[0]!r} was not found on PATH", hint)
     if group:

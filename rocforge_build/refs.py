@@ -49,6 +49,49 @@ def check_git_ref(ref: str, where: str = "--ref", error=UsageError) -> str:
     return ref
 
 
+# `git help git-fetch`, GIT URLS: scheme://..., the scp-like [user@]host:path (no '/' before the
+# first ':'), a local path, and `<transport>::<address>` or an unknown scheme, which runs the
+# remote helper git-remote-<transport>: `ext::` runs any command it is given (git's protocol.allow
+# calls ext "known-dangerous").  A recipe may name only the transports below.
+GIT_SCHEMES = ("https", "http", "ssh", "git", "file", "git+ssh", "ssh+git")  # the last two: ssh
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+GIT_URL_HINT = ("a git URL: https://, http://, ssh://, git:// or file://, the scp-like "
+                "user@host:path, or a local path")
+
+
+def git_url_problem(url: object) -> str | None:
+    """Why `url` is not a git URL rocforge fetches from, or None."""
+    if not isinstance(url, str) or not url:
+        return "is empty"
+    if any(ord(c) < 0x20 or c == "\x7f" for c in url):
+        return "contains a control character"
+    if url.startswith("-"):
+        return "starts with '-' (git would read it as an option)"
+    m = _SCHEME.match(url)
+    if m:
+        scheme = m.group(1).lower()
+        if scheme not in GIT_SCHEMES:
+            return f"uses the {scheme}:// transport, which git hands to a helper program"
+        host = url[m.end():].split("/", 1)[0].rpartition("@")[2]
+        return "names a host starting with '-'" if host.startswith("-") else None
+    head = url.split("/", 1)[0]
+    if "::" in head:
+        transport = head.partition("::")[0]
+        return (f"uses the {transport}:: transport, which runs a helper program"
+                + (" (ext:: runs any command it is given)" if transport.lower() == "ext" else ""))
+    if ":" in head and head.rpartition("@")[2].startswith("-"):
+        return "names a host starting with '-'"
+    return None  # scp-like user@host:path, or a local path
+
+
+def check_git_url(url: str, where: str, error=UsageError) -> str:
+    problem = git_url_problem(url)
+    if problem:
+        raise error(f"{where} {url!r} is not a git URL rocforge fetches from: it {problem}",
+                    GIT_URL_HINT)
+    return url
+
+
 # The image reference grammar of github.com/distribution/reference (regexp.go, reference.go):
 #   reference := name [ ":" tag ] [ "@" digest ];  name := [domain "/"] path-component ["/" ...]
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"

@@ -182,10 +182,12 @@ def check_own_file(path: Path, option: str, made_by_rocforge) -> None:
                          f"move it away or give another {option}")
 
 
-def write_own_file(path: Path, text: str, option: str, made_by_rocforge) -> None:
+def write_own_file(path: Path, text: str, option: str, made_by_rocforge,
+                   mode: int | None = None) -> None:
     """Write `text` to `path` after `check_own_file`: into a fresh temporary sibling (O_EXCL, so
     never through someone else's file or link), then renamed over `path`, so the old file stays
-    whole until the new one is complete.  Mode 0666 less the umask, as a plain write gives."""
+    whole until the new one is complete.  Mode 0666 less the umask, as a plain write gives, or
+    exactly `mode` (a script: 0755)."""
     import tempfile
 
     path = Path(path)
@@ -195,9 +197,11 @@ def write_own_file(path: Path, text: str, option: str, made_by_rocforge) -> None
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".rocforge-tmp",
                                     dir=path.parent)
         tmp = Path(name)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, path)

@@ -310,7 +310,7 @@ def test_write_refuses_a_file_it_did_not_make(tmp_path):
     mine = tmp_path / "notes.sh"
     mine.write_text("my own notes\n")
     out = cli(root, "host", "plan", "--write", str(mine))
-    assert out.returncode == 2 and "was not written by rocforge" in out.stderr
+    assert out.returncode == 2 and "rocforge did not make it" in out.stderr
     assert mine.read_text() == "my own notes\n"
     script = tmp_path / "plan.sh"
     assert cli(root, "host", "plan", "--write", str(script)).returncode == 0

@@ -196,6 +196,21 @@ def test_cli_list_json_follows_a_hosting_move_with_config_set(cdn, http_server, 
     assert rc == 0 and "6.5.0rc20250610" in out and "7.10" not in out
 
 
+def test_cli_list_limit_0_is_all_and_n_is_the_first_n(cdn, capsys):
+    """--limit N shows the newest N; 0 shows all (as --json does); a negative N is refused while
+    parsing (it used to drop the last entry)."""
+    full = json.loads(_cli(capsys, "nightly", "list", "--index", cdn.url, "--target", "gfx1151",
+                           "--json")[1])
+    assert len(full) > 1
+    for limit, want in (("0", full), ("1", full[:1]), (str(10 ** 24), full)):
+        rc, out, err = _cli(capsys, "nightly", "list", "--index", cdn.url, "--target", "gfx1151",
+                            "--json", "--limit", limit)
+        assert rc == 0 and json.loads(out) == want, err
+    rc, out, _ = _cli(capsys, "nightly", "list", "--index", cdn.url, "--target", "gfx1151",
+                      "--limit", "0")
+    assert rc == 0 and all(e["version"] in out for e in full)
+
+
 def test_cli_index_overrides_and_dead_source_is_skipped(cdn, http_server, capsys):
     dead = http_server.url("/gone/")
     http_server.fail("/gone/", status=404)

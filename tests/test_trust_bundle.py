@@ -18,6 +18,7 @@ import hashlib
 import io
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -493,3 +494,56 @@ def test_a_link_named_bundle_toml_in_a_folder_is_not_followed(sandbox, capsys):
     (sandbox / "work" / "elsewhere.toml").write_bytes(toml_for("b", {}, {}))
     (folder / "bundle.toml").symlink_to(sandbox / "work" / "elsewhere.toml")
     assert "is a symbolic link, not a file" in check_fails(folder, capsys)
+
+
+# -- `rocforge bundle PREFIX`: special files inside the prefix -------------------------------------
+def _show_prefix(where: Path) -> Path:
+    """A prefix `rocforge build` could have made: a script (no ELF, no closure) and a manifest."""
+    prefix = where / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "show").write_bytes(RUN)
+    (prefix / "bin" / "show").chmod(0o755)
+    (prefix / "rocforge-manifest.toml").write_text(
+        f'prefix = "{prefix}"\ntarget = "gfx1151"\nbackend = "cpu"\n[recipe]\nname = "show"\n')
+    return prefix
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket", "manifest-fifo"])
+def test_a_special_file_in_the_prefix_is_refused_before_any_copy(sandbox, kind):
+    """A FIFO (shutil.copytree ended in exit 70, "internal error"), a socket, or a FIFO in the
+    manifest's place: one line naming the file, exit 2, no hang, no bundle and no work left."""
+    import socket
+
+    prefix = _show_prefix(sandbox / "work")
+    special = prefix / {"fifo": "share/pipe", "socket": "run.sock",
+                        "manifest-fifo": "rocforge-manifest.toml"}[kind]
+    special.parent.mkdir(exist_ok=True)
+    sock = None
+    if kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(special))
+    else:
+        special.unlink(missing_ok=True)
+        os.mkfifo(special)
+    out = sandbox / "work" / "b.tar.gz"
+    before = snapshot(sandbox)
+    try:
+        res = _cli("bundle", str(prefix), "--target", "gfx1151", "--out", str(out))
+    finally:
+        if sock is not None:
+            sock.close()
+    line = one_line(res.stderr, res.returncode, 2)
+    assert f"{special} is a {'socket' if kind == 'socket' else 'FIFO'}, not a regular file" in line
+    assert snapshot(sandbox) == before and not out.exists()
+
+
+def test_a_device_in_the_prefix_is_refused(sandbox):
+    """A character device (/dev/zero's numbers) would be copied as its endless contents."""
+    prefix = _show_prefix(sandbox / "work")
+    try:
+        os.mknod(prefix / "zero", 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+    except PermissionError:
+        pytest.skip("mknod needs CAP_MKNOD")
+    res = _cli("bundle", str(prefix), "--target", "gfx1151", "--out", str(sandbox / "b.tar.gz"))
+    assert f"{prefix / 'zero'} is a character device" in one_line(res.stderr, res.returncode, 2)
+    assert not (sandbox / "b.tar.gz").exists()

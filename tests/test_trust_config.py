@@ -21,7 +21,7 @@ NUMERIC = {
     # free space asked for is archive x (1 + ratio): 0 = no room for unpacking, negative nonsense
     "nightly.extract_ratio": (["at least 0"], ["0", "3.5"], ["-1", "-0.5", "nan", "inf"]),
     # how many versions `prune` keeps: a count
-    "nightly.keep": (["integer", "at least 0"], ["0", "7"], ["-1", "2.5", "nan"]),
+    "nightly.keep": (["integer", "at least 0"], ["0", "7"], ["-1", "2.5", "nan", str(2 ** 63)]),
     # tries per file: at least the first one
     "download.attempts": (["integer", "at least 1"], ["1", "9"], ["0", "-3", "1.5", "inf"]),
     # seconds; 0 would fail every connection at once; a socket timeout past a day is no timeout
@@ -30,7 +30,8 @@ NUMERIC = {
     "download.read_timeout": (["more than 0", "at most 86400"], ["1", "60.0"],
                               ["0", "-5", "nan", "-inf", "1e9"]),
     # bytes/s; 0 turns the rate check off (README)
-    "download.min_rate": (["at least 0"], ["0", "1", "1e6"], ["-1", "-0.001", "nan", "inf"]),
+    "download.min_rate": (["at least 0"], ["0", "1", "1e6"],
+                          ["-1", "-0.001", "nan", "inf", str(10 ** 30)]),
     # seconds the rate is averaged over: 0 would divide by zero
     "download.rate_window": (["more than 0", "at most 86400"], ["0.5", "30"], ["0", "-30", "nan", "inf"]),
     # seconds for a whole download: 0 ends every fetch at once; at most a week
@@ -39,10 +40,16 @@ NUMERIC = {
     "download.listing_deadline": (["more than 0", "at most 86400"], ["2", "300"],
                                   ["0", "-1", "nan", "inf", "86401"]),
     # byte counts: a cap of 0 bytes refuses every file
-    "download.max_listing_bytes": (["integer", "at least 1"], ["1", "1048576"], ["0", "-1", "1.5"]),
-    "download.max_unsized_bytes": (["integer", "at least 1"], ["1", "68719476736"], ["0", "-1", "2e9"]),
+    # and TOML integers are signed 64-bit (toml.io/en/v1.0.0#integer): no more than 2**63 - 1
+    "download.max_listing_bytes": (["integer", "at least 1", "at most 9223372036854775807"],
+                                   ["1", "1048576", "9223372036854775807"],
+                                   ["0", "-1", "1.5", "9223372036854775808",
+                                    "99999999999999999999999999"]),
+    "download.max_unsized_bytes": (["integer", "at least 1", "at most 9223372036854775807"],
+                                   ["1", "68719476736"], ["0", "-1", "2e9", str(2 ** 64)]),
     # remote job slots added to -j; 0 = the scheduler's count
-    "build.distribute_jobs": (["integer", "at least 0"], ["0", "16"], ["-1", "0.5", "nan"]),
+    "build.distribute_jobs": (["integer", "at least 0"], ["0", "16"],
+                              ["-1", "0.5", "nan", str(10 ** 30)]),
 }
 
 # (key, value) of the wrong type for booleans, strings and lists
@@ -157,3 +164,49 @@ def test_the_issue_case_min_rate_minus_one(capsys):
     rc, _out, err = _cli(capsys, "config", "set", "download.min_rate", "-1")
     line = _error_line(err)
     assert rc == 2 and "download.min_rate must be a finite number at least 0, got -1" in line
+
+
+# -- a config.toml that is not a regular file -------------------------------------------------------
+@pytest.mark.parametrize("kind", ["fifo", "socket"])
+@pytest.mark.parametrize("args", [("env",), ("env", "--shell", "bash"), ("config", "list")])
+def test_a_fifo_config_file_is_refused_not_waited_on(tmp_path, args, kind):
+    """config.toml is a FIFO (nobody writes to it): every command used to wait on it forever,
+    `rocforge env` in each new shell too.  In a real process: one line naming the file, exit 2,
+    within seconds, and the FIFO (or socket) is left as it was."""
+    import os
+    import socket
+    import stat
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fifo = config.config_file()
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(fifo)
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(fifo))
+    root = tmp_path / "root"
+    root.mkdir()
+    out = subprocess.run([sys.executable, "-m", "rocforge_build", "--root", str(root), *args],
+                         cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "ROCFORGE_NO_CACHE": "1"})
+    assert out.returncode == 2, out.stderr
+    line = _error_line(out.stderr)
+    assert f"config file {fifo} is not a regular file" in line
+    assert out.stdout == "" and stat.S_IFMT(os.lstat(fifo).st_mode) == (
+        stat.S_IFIFO if kind == "fifo" else stat.S_IFSOCK)
+    if kind == "socket":
+        sock.close()
+
+
+def test_a_linked_config_file_is_still_read(capsys, tmp_path):
+    """A dotfile manager's link to a regular file is followed (only what it points to matters)."""
+    real = tmp_path / "dotfiles-config.toml"
+    real.write_text("[nightly]\nkeep = 5\n")
+    path = config.config_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(real)
+    rc, out, _ = _cli(capsys, "config", "get", "nightly.keep")
+    assert rc == 0 and out.strip() == "5"

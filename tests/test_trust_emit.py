@@ -145,6 +145,147 @@ def test_recipe_source_ref_never_becomes_a_git_option(tmp_path):
     assert out.returncode == 2 and "source.ref" in one_error_line(out.stderr)
 
 
+# -- recipe source.git: never a transport that runs a program (ext::) ------------------------------
+def _ext_allowing_git(tmp_path: Path) -> dict[str, str]:
+    """The environment of a user whose git config allows every transport, ext:: included."""
+    config = tmp_path / "gitconfig"
+    config.write_text('[protocol]\n\tallow = always\n[protocol "ext"]\n\tallow = always\n'
+                      '[protocol "file"]\n\tallow = always\n')
+    return {"GIT_CONFIG_GLOBAL": str(config), "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(tmp_path)}
+
+
+def test_the_users_git_config_really_runs_ext_urls(tmp_path):
+    """The premise of the attacks below: with this config, git itself runs an ext:: command."""
+    mark = tmp_path / "MARK"
+    subprocess.run(["git", "ls-remote", f"ext::sh -c touch% {mark}"], capture_output=True,
+                   env={**os.environ, **_ext_allowing_git(tmp_path)}, timeout=60)
+    assert mark.exists()
+
+
+@pytest.mark.parametrize("url", ["ext::sh -c touch% {m}", "EXT::sh -c touch% {m}", "fd::17",
+                                 "--upload-pack=touch {m}", "foo://x/y", "ftp://h/x.git",
+                                 "ssh://-oProxyCommand=touch% {m}/x", "-oProxyCommand=touch:x"])
+def test_recipe_git_url_that_runs_a_helper_is_refused_at_load(tmp_path, url):
+    mark = tmp_path / "MARK"
+    recipe = tmp_path / "bad.toml"
+    recipe.write_text(RECIPE.replace('git = "file:///x.git"',
+                                     f"git = '{url.format(m=mark)}'"))
+    out = cli_subprocess(tmp_path, "build", str(recipe), "--target", "gfx1151", "--dry-run",
+                         env=_ext_allowing_git(tmp_path))
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    line = one_error_line(out.stderr)
+    assert f"recipe hello ({recipe}): source.git" in line and "not a git URL" in line, line
+    assert not mark.exists()
+
+
+@pytest.mark.parametrize("url", ["https://github.com/ggml-org/llama.cpp.git", "HTTP://h/x",
+                                 "ssh://git@h/x.git", "git+ssh://h/x", "git://h/x",
+                                 "file:///srv/x.git", "git@github.com:o/r.git", "h:o/r",
+                                 "/srv/x.git", "./x", "../x:y"])
+def test_recipe_git_urls_git_fetches_from_are_accepted(tmp_path, url):
+    recipe = tmp_path / "ok.toml"
+    recipe.write_text(RECIPE.replace('git = "file:///x.git"', f"git = '{url}'"))
+    out = cli(tmp_path, "recipe", "show", str(recipe))
+    assert out.returncode == 0, out.stderr
+
+
+def test_every_git_rocforge_runs_refuses_ext_whatever_the_config(tmp_path, monkeypatch):
+    """GIT_ALLOW_PROTOCOL reaches git through proc.run: an ext:: URL from anywhere (a manifest, a
+    submodule) is refused by git itself, the command never runs."""
+    from rocforge_build import proc
+
+    mark = tmp_path / "MARK"
+    for k, v in _ext_allowing_git(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("GIT_ALLOW_PROTOCOL", "ext:https")  # the user's own is replaced too
+    got = proc.run(["git", "ls-remote", f"ext::sh -c touch% {mark}"], check=False, timeout=60)
+    assert got.returncode != 0 and "transport 'ext' not allowed" in got.stdout
+    assert not mark.exists()
+    env = proc.run(["git", "var", "GIT_EDITOR"], env={"GIT_EDITOR": "true"}).stdout  # any git
+    assert env.strip() == "true"
+
+
+def test_a_submodule_with_an_ext_url_never_runs(tmp_path):
+    """A recipe's git source (a real repository, fetched by file://) whose .gitmodules names an
+    ext:: URL; the user's git config allows ext.  `build --dry-run` fetches the source and checks
+    out its submodules: git refuses the transport, the command never runs, one line, exit 6."""
+    mark = tmp_path / "MARK"
+    repo = tmp_path / "repo"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    (repo / "CMakeLists.txt").write_text("project(hello C)\n")
+    (repo / ".gitmodules").write_text(
+        f'[submodule "evil"]\n\tpath = evil\n\turl = ext::sh -c touch% {mark}\n')
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "update-index", "--add", "--cacheinfo",
+                    f"160000,{'1' * 40},evil"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+    recipe = tmp_path / "sub.toml"
+    recipe.write_text(RECIPE.replace('git = "file:///x.git"', f'git = "{repo.as_uri()}"')
+                      .replace('ref = "main"', 'ref = "main"\nsubmodules = true'))
+    out = cli_subprocess(tmp_path, "build", str(recipe), "--target", "gfx1151", "--dry-run",
+                         env=_ext_allowing_git(tmp_path))
+    assert out.returncode == 6, out.stderr
+    assert "git checkout of" in one_error_line(out.stderr)
+    assert "transport 'ext' not allowed" in out.stderr
+    assert not mark.exists()
+
+
+@pytest.mark.parametrize("source", ["git+ext::sh -c touch% {m}", "git+fd::17",
+                                    "git+--upload-pack=touch% {m}"])
+def test_build_source_never_names_a_helper_transport(tmp_path, source):
+    mark = tmp_path / "MARK"
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(RECIPE)
+    out = cli_subprocess(tmp_path, "build", str(recipe), "--target", "gfx1151", "--source",
+                         source.format(m=mark), "--dry-run", env=_ext_allowing_git(tmp_path))
+    assert out.returncode == 2, out.stderr
+    assert "--source" in one_error_line(out.stderr) and "not a git URL" in out.stderr
+    assert not mark.exists()
+
+
+@pytest.mark.parametrize("file_allowed", [True, False])
+def test_file_submodules_follow_the_users_git_config(tmp_path, monkeypatch, file_allowed):
+    """GIT_ALLOW_PROTOCOL lists file for the top-level fetch, but a submodule's file:// URL comes
+    from the fetched repository: it is checked out only where the user's config says
+    protocol.file.allow = always, as git itself decides (its default refuses it, CVE-2022-39253)."""
+    from rocforge_build.errors import NetworkError
+    from rocforge_build.forge import sources
+
+    def make(repo: Path, files: dict[str, str], sub: Path | None = None) -> str:
+        git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org",
+               "-c", "protocol.file.allow=always"]
+        subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+        for name, text in files.items():
+            (repo / name).write_text(text)
+        if sub is not None:
+            subprocess.run([*git, "submodule", "add", "-q", sub.as_uri(), "lib"], check=True,
+                           capture_output=True)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+        return subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    sub = tmp_path / "sub"
+    make(sub, {"secret.txt": "local data\n"})
+    top = tmp_path / "top"
+    commit = make(top, {"CMakeLists.txt": "project(x C)\n"}, sub)
+    config = tmp_path / "gitconfig"
+    config.write_text('[protocol "file"]\n\tallow = always\n' if file_allowed else "")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    spec = sources.SourceSpec("git", top.as_uri(), ref="main", submodules=True)
+    dest = tmp_path / "tree"
+    if file_allowed:
+        sources._git_checkout(spec, commit, dest)
+        assert (dest / "lib" / "secret.txt").read_text() == "local data\n"
+    else:
+        with pytest.raises(NetworkError, match="git checkout of") as err:
+            sources._git_checkout(spec, commit, dest)
+        assert "transport 'file' not allowed" in str(err.value.hint)
+        assert not dest.exists()
+
+
 # -- the bundle `run` launcher: a manifest's runtime_env --------------------------------------------
 def _script_prefix(tmp_path: Path, runtime_env: dict[str, str]) -> Path:
     """A prefix whose program prints one variable (no ELF: no closure to copy), with a manifest
@@ -296,6 +437,70 @@ def test_build_ref_never_becomes_a_git_option(tmp_path):
     assert not mark.exists()
 
 
+# -- container closure --report / --env-file: the user's files are never replaced or waited on ------
+def _closure_prefix(tmp_path: Path) -> Path:
+    import shutil
+
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    shutil.copy2(shutil.which("ls"), prefix / "bin/ls")
+    return prefix
+
+
+@pytest.mark.parametrize("kind", ["user-file", "user-json", "link-to-user-file", "dangling-link",
+                                  "fifo"])
+def test_closure_report_never_replaces_what_it_did_not_write(tmp_path, kind):
+    """--report at the user's own file (JSON too), a link (to the user's file, or dangling) or a
+    FIFO: refused before any work in a real process (no hang), one line, exit 2, the name left as
+    it was, nothing staged at --out."""
+    prefix, report, mine = _closure_prefix(tmp_path), tmp_path / "closure.json", tmp_path / "mine"
+    mine.write_text("my notes\n")
+    if kind == "user-file":
+        report.write_text("my notes\n")
+    elif kind == "user-json":
+        report.write_text(json.dumps({"roots": ["mine"]}))
+    elif kind == "link-to-user-file":
+        report.symlink_to(mine)
+    elif kind == "dangling-link":
+        report.symlink_to(tmp_path / "nowhere.json")
+    else:
+        os.mkfifo(report)
+    before = os.lstat(report)
+    out = cli_subprocess("/", "container", "closure", str(prefix), "--out",
+                         str(tmp_path / "stage"), "--report", str(report))
+    assert out.returncode == 2, out.stderr
+    assert f"--report {report}" in one_error_line(out.stderr)
+    after = os.lstat(report)
+    assert (after.st_mode, after.st_ino, after.st_mtime_ns) == (
+        before.st_mode, before.st_ino, before.st_mtime_ns)
+    assert mine.read_text() == "my notes\n" and not (tmp_path / "nowhere.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["closure.json", "mine", "prefix"]
+
+
+def test_closure_report_replaces_its_own_report(tmp_path):
+    """Its own report is replaced: one written before the `written_by` key (json.dumps of the
+    closure, indent 2, as earlier versions wrote it), then the one it just wrote."""
+    prefix, report = _closure_prefix(tmp_path), tmp_path / "closure.json"
+    report.write_text(json.dumps({"roots": [str(prefix)], "elf_files": 1, "entries": []},
+                                 indent=2) + "\n")
+    for _ in range(2):
+        out = cli("/", "container", "closure", str(prefix), "--out", str(tmp_path / "stage"),
+                  "--report", str(report))
+        assert out.returncode == 0, out.stderr
+        data = json.loads(report.read_text())
+        assert data["written_by"] == "rocforge container closure" and data["elf_files"] == 1
+
+
+def test_closure_env_file_that_is_a_fifo_is_not_waited_on(tmp_path):
+    prefix, env_file = _closure_prefix(tmp_path), tmp_path / "build.env"
+    os.mkfifo(env_file)
+    out = cli_subprocess("/", "container", "closure", str(prefix), "--out",
+                         str(tmp_path / "stage"), "--env-file", str(env_file))
+    assert out.returncode == 2, out.stderr
+    assert f"--env-file {env_file} is a FIFO, not a regular file" in one_error_line(out.stderr)
+    assert not (tmp_path / "stage").exists()
+
+
 # -- preset show --shell: a preset read back from the results store ---------------------------------
 def _preset(env: dict, notes: list[str], range_name: str = "short",
             prefix: str = "/p") -> dict:
@@ -361,6 +566,59 @@ def test_host_plan_script_runs_no_word_of_the_command_line(tmp_path):
     assert run.returncode == 0, run.stderr
     assert not mark.exists()
     assert "apt install tuned" in (tmp_path / "sudo.log").read_text()  # the live steps did run
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dangling-link", "link-to-user-file", "user-file"])
+def test_host_plan_write_never_opens_or_replaces_what_it_did_not_write(tmp_path, kind):
+    """`--write` at a FIFO (which a read would wait on forever), a link (dangling, or to the
+    user's own file) or the user's own file: refused in a real process within seconds, one line,
+    exit 2, and the name is left exactly as it was."""
+    root = tmp_path / "root"
+    hr.strix_defaults(root)
+    target, mine = tmp_path / "plan.sh", tmp_path / "mine.sh"
+    mine.write_text("my own script\n")
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "dangling-link":
+        target.symlink_to(tmp_path / "nowhere.sh")
+    elif kind == "link-to-user-file":
+        target.symlink_to(mine)
+    else:
+        target.write_text("#!/bin/sh\n# my plan, not rocforge's\necho hi\n")
+    before = os.lstat(target)
+    out = cli_subprocess(root, "host", "plan", "--write", str(target))  # 60 s timeout: no hang
+    assert out.returncode == 2, out.stderr
+    assert f"--write {target}" in one_error_line(out.stderr)
+    after = os.lstat(target)
+    assert (after.st_mode, after.st_ino, after.st_mtime_ns) == (
+        before.st_mode, before.st_ino, before.st_mtime_ns)
+    assert mine.read_text() == "my own script\n" and not (tmp_path / "nowhere.sh").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.sh", "plan.sh", "root"]
+
+
+def test_host_plan_write_replaces_its_own_script_as_0755(tmp_path):
+    root = tmp_path / "root"
+    hr.strix_defaults(root)
+    script = tmp_path / "plan.sh"
+    for _ in range(2):  # new, then its own file replaced
+        out = cli(root, "host", "plan", "--write", str(script))
+        assert out.returncode == 0, out.stderr
+        assert script.stat().st_mode & 0o777 == 0o755
+
+
+def test_nightly_pip_reason_stays_one_comment(tmp_path, capsys, monkeypatch):
+    """`nightly pip` prints the reason for its choice (text from the config and the target table)
+    as a comment above the command: a reason with a line break cannot add a line sh would run."""
+    from rocforge_build.nightly import listing
+
+    mark = tmp_path / "MARK"
+    monkeypatch.setattr(listing, "pip_plan", lambda *a, **k: (
+        "https://example.invalid/v2/x/", "rocm[libraries]", f"why\ntouch {mark}\r\n# x"))
+    assert main(["nightly", "pip", "--target", "gfx1151", "--no-probe"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0] == f"# why touch {mark} # x", lines
+    run = subprocess.run(["sh", "-c", lines[0]], capture_output=True, timeout=30)
+    assert run.returncode == 0 and not mark.exists()
 
 
 def test_env_is_still_importable_cheaply():

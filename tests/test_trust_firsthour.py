@@ -119,6 +119,51 @@ def test_read_only_data_dir_override_is_named(tmp_path):
     assert "ROCFORGE_DATA_DIR" in lines[0]
 
 
+def test_read_only_prefix_outside_rocforges_directories_is_named(tmp_path):
+    """A --prefix on the read-only mount (rocforge's own directories writable elsewhere): one
+    line naming the flag and the directory that cannot be written, exit 2, before any build."""
+    ro = tmp_path / "ro-home"
+    [(rc, err)] = run_on_read_only_home(tmp_path, [
+        ["build", str(RECIPE), "--target", "gfx1030", "--source", str(project_copy(tmp_path / "s")),
+         "--prefix", str(ro / "prefix")],
+    ], {"ROCFORGE_DATA_DIR": str(tmp_path / "data"), "ROCFORGE_CACHE_DIR": str(tmp_path / "cache"),
+        "ROCFORGE_CONFIG_DIR": str(tmp_path / "config")})
+    assert rc == 2, err
+    lines = error_lines(err)
+    assert len(lines) == 1, err
+    assert lines[0] == f"rocforge: error: --prefix {ro}: {ro} cannot be written (Read-only file system)"
+
+
+@pytest.mark.parametrize("where", ["data", ""])
+def test_results_store_in_a_read_only_data_dir_is_named(tmp_path, where):
+    """`results list` with ROCFORGE_DATA_DIR on the read-only mount (not yet there: the store
+    would create it; or there, but read-only): the one line of the other commands, naming the
+    directory and ROCFORGE_DATA_DIR, exit 2 (it was exit 11, "cannot be opened: Read-only file
+    system" or "unable to open database file", naming neither)."""
+    ro = tmp_path / "ro-home"
+    data = ro / where if where else ro
+    [(rc, err)] = run_on_read_only_home(tmp_path, [["results", "list"]], {
+        "ROCFORGE_DATA_DIR": str(data), "ROCFORGE_CACHE_DIR": str(tmp_path / "cache"),
+        "ROCFORGE_CONFIG_DIR": str(tmp_path / "config")})
+    assert rc == 2, err
+    assert "internal error" not in err and "Traceback" not in err
+    lines = error_lines(err)
+    assert len(lines) == 1 and f"the data directory {data} cannot be written" in lines[0], err
+    assert "ROCFORGE_DATA_DIR" in lines[0] and "Read-only file system" in lines[0]
+
+
+def test_results_db_override_in_a_read_only_dir_names_its_variable(tmp_path):
+    ro = tmp_path / "ro-home"
+    [(rc, err)] = run_on_read_only_home(tmp_path, [["results", "list"]], {
+        "ROCFORGE_RESULTS_DB": str(ro / "r.sqlite3"), "ROCFORGE_DATA_DIR": str(tmp_path / "data"),
+        "ROCFORGE_CACHE_DIR": str(tmp_path / "cache"),
+        "ROCFORGE_CONFIG_DIR": str(tmp_path / "config")})
+    assert rc == 11, err
+    lines = error_lines(err)
+    assert len(lines) == 1 and f"{ro} cannot be written (Read-only file system)" in lines[0], err
+    assert "ROCFORGE_RESULTS_DB" in err
+
+
 # -- 13: preflight before fetching; a dry run exits as the build would -------------------------
 
 @pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "build"])
@@ -189,6 +234,26 @@ def test_source_with_nothing_to_build_is_refused_before_a_plan(tmp_path, capsys,
     assert ("no such file or directory" if shape == "missing" else "holds no CMakeLists.txt") \
         in lines[0]
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("what", ["recipe", "source"])
+def test_a_fifo_recipe_or_source_is_named_as_not_a_regular_file(tmp_path, what):
+    """A FIFO given as the recipe file or as --source: said to be a FIFO (it was "does not exist"
+    and "holds no CMakeLists.txt"), one line, exit 2, in a real process that never waits on it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fifo = tmp_path / ("r.toml" if what == "recipe" else "src")
+    os.mkfifo(fifo)
+    argv = ([str(fifo)] if what == "recipe" else [str(RECIPE), "--source", str(fifo)])
+    out = subprocess.run([sys.executable, "-m", "rocforge_build", "build", *argv, "--target",
+                          "gfx1030", "--dry-run"], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).parents[1], stdin=subprocess.DEVNULL)
+    assert out.returncode == 2, out.stderr
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and f"{fifo} is a FIFO, not a regular file" in lines[0], out.stderr
 
 
 def test_source_tarball_without_a_project_is_refused(tmp_path, capsys):

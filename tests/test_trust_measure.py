@@ -265,6 +265,13 @@ BAD_FLAGS = [
     ("verify", "--ctx", "512,0"),
     ("compare", "--threshold", "-1"), ("compare", "--threshold", "nan"),
     ("compare", "--threshold", "inf"),
+    # the docs promise a port 1-65535; versions and limits are counts; jobs and iterations bounded
+    ("export", "--port", "-5"), ("export", "--port", "0"), ("export", "--port", "65536"),
+    ("export", "--port", str(10 ** 24)), ("show", "--version", str(10 ** 23)),
+    ("show", "--version", "0"), ("nightly", "--limit", "-1"), ("build", "--jobs", "0"),
+    ("build", "--jobs", "4097"), ("build", "--jobs", str(10 ** 24)), ("tune", "--jobs", "4097"),
+    ("kernels", "--iters", "0"), ("kernels", "--iters", "100001"),
+    ("kernels", "--iters", str(2 ** 31)),
 ]
 
 
@@ -272,7 +279,11 @@ def _argv_for(command: str, prefix: Path, model: Path) -> list:
     return {"bench": ["bench", prefix, "--model", model, "--no-gate"],
             "tune": ["tune", "llama-cpp", "--target", "gfx1100", "--model", model],
             "verify": ["verify", prefix, "--model", model, "--reference", prefix],
-            "compare": ["results", "compare", "1", "2"]}[command]
+            "compare": ["results", "compare", "1", "2"],
+            "export": ["preset", "export", "m", "--format", "systemd"],
+            "show": ["preset", "show", "m"], "nightly": ["nightly", "list", "--target", "gfx1100"],
+            "build": ["build", "llama-cpp", "--target", "gfx1100", "--dry-run"],
+            "kernels": ["kernels", "bench", "--target", "gfx1100"]}[command]
 
 
 @pytest.mark.parametrize("command,flag,value", BAD_FLAGS)

@@ -50,7 +50,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threshold", type=argtypes.non_negative_number, metavar="PCT",
                         help="with --bench: slower than the good ref by more than PCT percent "
                         "is bad (default 5)")
-    parser.add_argument("--jobs", "-j", type=argtypes.positive_int, metavar="N", help="parallel build jobs (default: the plan's choice)")
+    parser.add_argument("--jobs", "-j", type=argtypes.jobs, metavar="N", help="parallel build jobs (default: the plan's choice)")
     parser.add_argument("--json", action="store_true", help="first_bad, builds and steps as JSON")
     parser.add_argument("--report", metavar="FILE.md",
                         help="write a pre-filled upstream issue (never over a file rocforge did "

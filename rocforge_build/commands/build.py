@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from rocforge_build import argtypes
 from rocforge_build.commands import target_or_detected
 from rocforge_build.errors import UsageError
 from rocforge_build.forge import pipeline
@@ -26,7 +27,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--source", metavar="PATH|URL",
                         help="a local tree, tarball file, tarball URL or git URL (offline mirror)")
     parser.add_argument("--prefix", metavar="PREFIX", help="install prefix (default: data dir builds/RECIPE-TARGET-BACKEND)")
-    parser.add_argument("--jobs", "-j", type=int, metavar="N",
+    parser.add_argument("--jobs", "-j", type=argtypes.jobs, metavar="N",
                         help="parallel build jobs (default: min(cores, available memory / the "
                              "recipe's per-job memory); the plan says why)")
     parser.add_argument("--build-target", action="append", default=[], metavar="NAME",
@@ -48,8 +49,6 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run", "rocforge build ... --dry-run --json")
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError("--jobs must be at least 1")
     if args.ref is not None:  # before anything is fetched or written (sources.spec_for again)
         check_git_ref(args.ref)
     req = Request(

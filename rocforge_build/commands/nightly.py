@@ -28,7 +28,8 @@ def add_arguments(parser) -> None:
 
     p = sub.add_parser("list", help="nightlies serving a target, newest first")
     selection(p)
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="show at most N (default 30; all with --json)")
+    p.add_argument("--limit", type=argtypes.non_negative_int, default=None, metavar="N",
+                   help="show at most N (default 30; 0 or --json: all)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("install", help="download, verify and unpack a nightly; point current at it")
@@ -358,7 +359,7 @@ def _prune(args, cfg) -> int:
 
 
 def _pip(args, cfg) -> int:
-    from rocforge_build import download, proc
+    from rocforge_build import download, proc, shellsafe
 
     target = args.target or _detected_target(args)
     if not target:
@@ -381,7 +382,7 @@ def _pip(args, cfg) -> int:
         print(json.dumps({"target": target, "route": route, "index": index, "requirement": req,
                           "reason": reason, "argv": argv}, indent=2))
     else:
-        print(f"# {reason}")
+        print(shellsafe.comment(reason))  # from the config: one comment line, never a command
         print(proc.quote(argv))
     if args.install:
         proc.run(argv, capture=False)

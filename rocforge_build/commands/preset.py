@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from rocforge_build import argtypes
 from rocforge_build.errors import UsageError
 from rocforge_build.measure.preset import export, model_key, render
 from rocforge_build.measure.store import Store
@@ -20,7 +21,8 @@ def add_arguments(parser) -> None:
     show.add_argument("model", metavar="MODEL", help="GGUF path, sha256 (its first 12 hex digits do) or model name")
     show.add_argument("--shell", action="store_true", help="as a shell script")
     show.add_argument("--range", metavar="RANGE", help="only this context range (short, long)")
-    show.add_argument("--version", type=int, metavar="VERSION", help="this version instead of the one in use")
+    show.add_argument("--version", type=argtypes.run_id, metavar="VERSION",
+                      help="this version instead of the one in use")
     show.add_argument("--json", action="store_true", help="the preset as JSON")
     hist = sub.add_parser("history", help="every version of a model's preset",
                           description="every version of a model's preset, oldest first")
@@ -29,7 +31,8 @@ def add_arguments(parser) -> None:
     use = sub.add_parser("use", help="use an earlier (or later) version of a model's preset",
                          description="use an earlier (or later) version of a model's preset")
     use.add_argument("model", metavar="MODEL", help="GGUF path, sha256 (its first 12 hex digits do) or model name")
-    use.add_argument("version", type=int, metavar="VERSION", help="a version from `preset history`")
+    use.add_argument("version", type=argtypes.run_id, metavar="VERSION",
+                     help="a version from `preset history`")
     exp = sub.add_parser("export", help="the preset's command for llama-swap, systemd or a shell",
                          description="the preset's command for llama-swap, systemd or a shell")
     exp.add_argument("model", metavar="MODEL", help="GGUF path, sha256 (its first 12 hex digits do) or model name")
@@ -38,7 +41,8 @@ def add_arguments(parser) -> None:
     exp.add_argument("--range", default="auto", choices=("short", "long", "auto"),
                      help="which range (auto: the longest context)")
     exp.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="listen address (systemd)")
-    exp.add_argument("--port", type=int, default=8080, metavar="N", help="port (systemd; llama-swap uses ${PORT})")
+    exp.add_argument("--port", type=argtypes.port, default=8080, metavar="N",
+                     help="port, 1-65535 (systemd; llama-swap uses ${PORT})")
     sub.add_parser("list", help="models with a preset", description="models with a preset")
 
 

@@ -38,7 +38,7 @@ def add_arguments(parser) -> None:
                              "failed and cannot win (e.g. flash attention that falls back to the CPU)")
     parser.add_argument("--ctx", type=argtypes.int_list(1), metavar="N,...", help="the gate's contexts (see rocforge verify)")
     parser.add_argument("--exhaustive", action="store_true", help="measure the full cross product instead")
-    parser.add_argument("--jobs", "-j", type=argtypes.positive_int, metavar="N", help="build jobs")
+    parser.add_argument("--jobs", "-j", type=argtypes.jobs, metavar="N", help="build jobs")
     parser.add_argument("--json", action="store_true", help="the candidates, rows and winners as JSON")
 
 

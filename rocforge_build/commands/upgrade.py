@@ -29,7 +29,7 @@ def add_arguments(parser) -> None:
                         "current build and a side-by-side `rocforge bench`")
     parser.add_argument("--threshold", type=argtypes.non_negative_number, metavar="PCT",
                         help="with --model: a figure this many percent slower fails (default 5)")
-    parser.add_argument("--jobs", "-j", type=argtypes.positive_int, metavar="N",
+    parser.add_argument("--jobs", "-j", type=argtypes.jobs, metavar="N",
                         help="parallel build jobs (default: the plan's choice)")
     parser.add_argument("--json", action="store_true", help="the report as JSON")
 

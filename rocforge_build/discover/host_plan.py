@@ -6,7 +6,6 @@ rocforge did not write.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from rocforge_build.discover.host_checks import (
     target_gib,
     uma_freed,
 )
-from rocforge_build.errors import DetectionError, UsageError
+from rocforge_build.errors import DetectionError
 from rocforge_build.rootfs import Root
 from rocforge_build.shellsafe import comment
 
@@ -369,34 +368,17 @@ def render_script(p: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def made_by_rocforge(head: bytes) -> bool:
+    """Whether a file's first bytes are a script `render_script` wrote (its marker line)."""
+    lines = head.decode("utf-8", errors="replace").splitlines()[:3]
+    return any(line.startswith(MARKER) for line in lines)
+
+
 def write_script(path: str, text: str) -> None:
-    """Write the script; never over a file rocforge did not write."""
+    """Write the script (mode 0755); never over a file rocforge did not write, never through a
+    link, never opening a FIFO or device (`replace.write_own_file`)."""
     from pathlib import Path
 
-    target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"--write {path} is a directory", "give a file name")
-    if target.exists() or target.is_symlink():
-        try:
-            head = target.read_text(encoding="utf-8", errors="replace")[:4096]
-        except OSError as exc:
-            raise UsageError(f"--write {path}: cannot read the existing file ({exc.strerror})",
-                             "choose another file name") from exc
-        if not any(line.startswith(MARKER) for line in head.splitlines()[:3]):
-            raise UsageError(f"--write {path}: the file exists and was not written by rocforge",
-                             "choose another file name; rocforge never overwrites your files")
-    import tempfile
+    from rocforge_build import replace
 
-    tmp = None
-    try:  # a fresh temporary name (O_EXCL): never written through a file or link someone else made
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".rocforge-tmp",
-                                    dir=target.parent)
-        tmp = Path(name)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-    except OSError as exc:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-        raise UsageError(f"--write {path}: {exc.strerror}", "choose a writable location") from exc
+    replace.write_own_file(Path(path), text, "--write", made_by_rocforge, mode=0o755)

@@ -277,6 +277,8 @@ def _parse_source(src: dict, name: str, path: Path, where: str) -> Source:
         raise ConfigError(f"{where}: source.ref: required with `git` (a tag or commit)")
     if isinstance(src.get("ref"), str):  # it becomes a git argument: never an option
         refs.check_git_ref(src["ref"], f"recipe {name} ({path}): source.ref", ConfigError)
+    if isinstance(src.get("git"), str):  # never a transport that runs a program (ext::)
+        refs.check_git_url(src["git"], f"recipe {name} ({path}): source.git", ConfigError)
     for i, probe in enumerate(src.get("version", [])):
         _check_keys(probe, "source.version", f"{where}: source.version[{i}]")
     source = Source(
@@ -378,8 +380,13 @@ def load(name_or_path: str) -> Recipe:
     """A packaged recipe by name, or a recipe file by path (anything ending in .toml)."""
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         p = Path(name_or_path)
-        if not p.is_file():
+        if not p.exists():
             raise UsageError(f"recipe file {name_or_path} does not exist")
+        if not p.is_file():  # a FIFO would hang the read, a directory cannot be read
+            from rocforge_build.extract import file_kind
+
+            raise UsageError(f"recipe file {name_or_path} is {file_kind(p.stat().st_mode)}, "
+                             "not a regular file", "give the recipe's .toml file")
         return load_file(p)
     table = available()
     if name_or_path not in table:

@@ -24,8 +24,8 @@ from urllib.parse import unquote, urlparse
 from rocforge_build import paths
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import IntegrityError, NetworkError, UsageError
-from rocforge_build.proc import CommandFailed, run
-from rocforge_build.refs import check_git_ref
+from rocforge_build.proc import GIT_ALLOW_PROTOCOL, CommandFailed, run
+from rocforge_build.refs import check_git_ref, check_git_url
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".tar", ".tar.zst")
@@ -100,12 +100,18 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
                 return SourceSpec("tarball", source, sha256=sha, subdir=rs.subdir)
             return SourceSpec("git", source, ref=ref or rs.ref, subdir=_git_subdir(rs), **git_extra)
         if parsed.scheme in ("git", "ssh") or source.startswith("git+"):
-            return SourceSpec("git", source.removeprefix("git+"), ref=ref or rs.ref,
-                              subdir=_git_subdir(rs), **git_extra)
+            url = source.removeprefix("git+")  # git+ext::CMD would be ext::CMD: never
+            check_git_url(url, "--source")
+            return SourceSpec("git", url, ref=ref or rs.ref, subdir=_git_subdir(rs), **git_extra)
         path = Path(unquote(parsed.path) if parsed.scheme == "file" else source).expanduser()
         if not path.exists():
             raise UsageError(f"--source {source}: no such file or directory")
         path = path.resolve()
+        if not (path.is_file() or path.is_dir()):  # a FIFO, socket or device
+            from rocforge_build.extract import file_kind
+
+            raise UsageError(f"--source {source} is {file_kind(path.stat().st_mode)}, not a "
+                             "regular file or directory", "give a source tree, a tarball or a URL")
         if path.is_file():
             if not _is_tarball(path.name):
                 raise UsageError(f"--source {source}: a file source must be a tarball")
@@ -364,8 +370,7 @@ def _git_checkout(spec: SourceSpec, commit: str, dest: Path) -> None:
         try:
             git("checkout", "-q", "--detach", commit, timeout=3600)
             if spec.submodules:
-                git("submodule", "update", "-q", "--init", "--recursive", "--depth", "1",
-                    timeout=3600)
+                _submodules(tmp, env)
         except CommandFailed as exc:
             raise NetworkError(f"git checkout of {commit} from {spec.location} failed",
                                exc.output.strip()[-400:] or None) from exc
@@ -379,6 +384,19 @@ def _git_checkout(spec: SourceSpec, commit: str, dest: Path) -> None:
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _submodules(tree: Path, env: dict) -> None:
+    """Check out the submodules (shallow).  Their URLs come from the fetched repository, not the
+    user: file:// only where the user's git config allows it for submodules (protocol.file.allow
+    = always; git's default refuses it since CVE-2022-39253), never a helper such as ext::."""
+    allowed = run(["git", "-C", tree, "config", "--get", "protocol.file.allow"], env=env,
+                  check=False).stdout.strip() == "always"
+    protocols = GIT_ALLOW_PROTOCOL.split(":")
+    sub_env = {**env, "GIT_ALLOW_PROTOCOL": ":".join(
+        p for p in protocols if p != "file" or allowed)}
+    run(["git", "-C", tree, "submodule", "update", "-q", "--init", "--recursive", "--depth", "1"],
+        env=sub_env, timeout=3600)
 
 
 def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:

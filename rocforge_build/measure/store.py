@@ -95,6 +95,18 @@ def _translate(exc: sqlite3.Error, path: Path) -> RocforgeError:
     return StoreError(f"results database {path}: {text}")
 
 
+def _unwritable(path: Path) -> RocforgeError | None:
+    """Where the database's directory cannot be written (a read-only data directory): the one
+    line `paths.unwritable` gives for rocforge's own directories (naming the variable that moves
+    it), else one naming the directory and ROCFORGE_RESULTS_DB; None where it can be written."""
+    exc = paths.write_refusal(path.parent)
+    if exc is None:
+        return None
+    return paths.unwritable(exc) or StoreError(
+        f"results database {path} cannot be opened: {exc.filename} cannot be written "
+        f"({exc.strerror})", "point ROCFORGE_RESULTS_DB at a file in a writable directory")
+
+
 @dataclass
 class Row:
     id: int
@@ -129,9 +141,10 @@ class Store:
             self.db.executescript(SCHEMA)
             self._migrate()
         except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from None
+            raise _unwritable(self.path) or _translate(exc, self.path) from None
         except OSError as exc:
-            raise StoreError(f"results database {self.path} cannot be opened: {exc.strerror}") from None
+            raise paths.unwritable(exc) or StoreError(
+                f"results database {self.path} cannot be opened: {exc.strerror}") from None
 
     def _claim(self) -> None:
         """Refuse a SQLite file that is not rocforge's before anything is written to it (no table,

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build import __version__, proc, shellsafe
+from rocforge_build import __version__, extract, proc, shellsafe
 from rocforge_build.discover.resolver import Decision
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import (
@@ -78,7 +78,13 @@ class Source:
 
 def _read_manifest(prefix: Path) -> dict:
     try:
-        return tomllib.loads((prefix / MANIFEST).read_text(encoding="utf-8"))
+        with extract.open_regular(prefix / MANIFEST) as fh:  # a FIFO is never waited on
+            return tomllib.loads(fh.read().decode("utf-8"))
+    except extract.NotRegularFile as exc:
+        raise UsageError(f"{prefix / MANIFEST} is {exc.kind}, not a regular file",
+                         "give an install prefix `rocforge build` made, or a recipe name") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{prefix / MANIFEST} is not UTF-8 text (byte {exc.start})") from exc
     except OSError as exc:
         raise UsageError(f"{prefix} has no readable {MANIFEST} ({exc.strerror})",
                          "give an install prefix `rocforge build` made, or a recipe name") from exc
@@ -187,9 +193,12 @@ def stage(src: Source, target: str, work: Path, root, rules: Rules | None = None
     name = f"{m.get('recipe', {}).get('name', 'build')}-{target}-{m.get('backend', 'default')}"
     tree = work / name
     staged = Staged(tree=tree, name=name, decisions=list(src.decisions))
-    for rel in _links_leaving(src.prefix):
-        raise UsageError(f"{src.prefix / rel} is a link that leaves the prefix",
-                         "a bundle holds only what is inside it; replace the link by the file")
+    for rel, kind in _not_bundled(src.prefix):
+        if kind == "link":
+            raise UsageError(f"{src.prefix / rel} is a link that leaves the prefix",
+                             "a bundle holds only what is inside it; replace the link by the file")
+        raise UsageError(f"{src.prefix / rel} is {kind}, not a regular file: a bundle holds only "
+                         "files, directories and links", "move it out of the prefix")
     libdir = _lib_dir(src.prefix)
     ldd_env, why = _ldd_env(m, target, root)
     if why is not None:
@@ -254,16 +263,25 @@ def _copy_library(src: Path, dest_dir: Path) -> list[str]:
     raise UsageError(f"too many levels of symbolic links at {src}")
 
 
-def _links_leaving(tree: Path) -> Iterator[str]:
+def _not_bundled(tree: Path) -> Iterator[tuple[str, str]]:
+    """(path relative to `tree`, what it is) for each entry a bundle cannot hold: "link" for a
+    link that leaves the tree, else the kind of a special file (a FIFO would hang the copy, a
+    device would be copied as its endless contents)."""
     for dirpath, dirnames, filenames in os.walk(tree):
         for n in dirnames + filenames:
             p = Path(dirpath, n)
-            if p.is_symlink():
+            try:
+                mode = os.lstat(p).st_mode
+            except OSError:
+                continue  # gone since it was listed
+            rel = os.path.relpath(p, tree)
+            if stat.S_ISLNK(mode):
                 target = os.readlink(p)
-                rel = os.path.relpath(p, tree)
                 inside = os.path.normpath(os.path.join(os.path.dirname(rel), target))
                 if target.startswith("/") or inside == ".." or inside.startswith("../"):
-                    yield rel
+                    yield rel, "link"
+            elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                yield rel, extract.file_kind(mode)
 
 
 def _gpu_kind(clos: closure_mod.Closure, target: str) -> str:

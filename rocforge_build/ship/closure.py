@@ -374,25 +374,53 @@ def parse_dotenv(text: str) -> dict[str, str]:
     return env
 
 
+REPORT_BY = "rocforge container closure"  # the report's first key says who wrote it
+
+
+def report_made_by_rocforge(head: bytes) -> bool:
+    """Whether a file's first bytes are a closure report rocforge wrote: its `written_by` key, or
+    (reports written before that key) json.dumps's layout of `Closure.to_json` with its keys."""
+    text = head.decode("utf-8", errors="replace")
+    if text.startswith('{\n  "written_by": ' + json.dumps(REPORT_BY)):
+        return True
+    return text.startswith('{\n  "roots": [') and '\n  "elf_files": ' in text
+
+
+def _read_env_file(env_file: Path) -> dict[str, str]:
+    """The dotenv file --env-file names, read only when it is a regular file (a FIFO is never
+    waited on)."""
+    from rocforge_build import extract
+
+    try:
+        with extract.open_regular(env_file) as fh:
+            text = fh.read().decode("utf-8")
+    except extract.NotRegularFile as exc:
+        raise ConfigError(f"--env-file {env_file} is {exc.kind}, not a regular file",
+                          "give the file `rocforge env --shell dotenv` wrote") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read {env_file}: {reason(exc)}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--env-file {env_file} is not UTF-8 text (byte {exc.start})",
+                          "give the file `rocforge env --shell dotenv` wrote") from exc
+    return parse_dotenv(text)
+
+
 def main_closure(prefix: Path, out: Path, *, env_file: Path | None, report: Path | None) -> dict:
-    """What `rocforge container closure` does: compute, stage, write the report."""
+    """What `rocforge container closure` does: compute, stage, write the report (only over a
+    report rocforge wrote: `replace.write_own_file`)."""
     if proc.which("ldd") is None:
         raise ToolchainError("ldd was not found", "install libc-bin in the builder")
     replace.check_replaceable(out, MARKER, "--out")  # before any work (stage() checks again)
-    env = None
-    if env_file is not None:
-        try:
-            env = parse_dotenv(env_file.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"cannot read {env_file}: {reason(exc)}") from exc
+    if report is not None:
+        replace.check_own_file(report, "--report", report_made_by_rocforge)
+    env = _read_env_file(env_file) if env_file is not None else None
     closure = compute([prefix], env=env)
     summary = stage(closure, out)
     result = {**closure.to_json(), **summary, "out": str(out)}
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
-        tmp = report.with_name(report.name + ".partial")
-        tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(report)
+        replace.write_own_file(report, json.dumps({"written_by": REPORT_BY, **result}, indent=2)
+                               + "\n", "--report", report_made_by_rocforge)
     return result
 
 
