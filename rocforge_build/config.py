@@ -205,6 +205,8 @@ def _write(doc) -> None:
 
     path = config_file()
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():  # a dotfile manager's link: change the file it points to, keep the link
+        path = path.resolve()
     paths.write_whole(path, tomlkit.dumps(doc))
 
 

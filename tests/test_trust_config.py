@@ -210,3 +210,19 @@ def test_a_linked_config_file_is_still_read(capsys, tmp_path):
     path.symlink_to(real)
     rc, out, _ = _cli(capsys, "config", "get", "nightly.keep")
     assert rc == 0 and out.strip() == "5"
+
+
+def test_config_set_through_a_dotfile_link_keeps_the_link(capsys, tmp_path):
+    """`config set` changes the file a dotfile manager's link points to; the link stays a link
+    (replacing it with a plain file would cut the user's config off their dotfiles)."""
+    real = tmp_path / "dotfiles" / "config.toml"
+    real.parent.mkdir()
+    real.write_text("# mine\n[nightly]\nkeep = 5\n")
+    path = config.config_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(real)
+    rc, _, _ = _cli(capsys, "config", "set", "nightly.keep", "7")
+    assert rc == 0
+    assert path.is_symlink() and path.resolve() == real.resolve()
+    assert real.read_text() == "# mine\n[nightly]\nkeep = 7\n"
+    assert sorted(p.name for p in real.parent.iterdir()) == ["config.toml"]  # no temporary left
