@@ -147,3 +147,34 @@ def test_plain_env_command_lines_skip_argparse_with_its_answers(argv, monkeypatc
     slow = cli.build_parser("env").parse_args(argv)
     for name in ("command", "root", "shell", "json", "target", "rocm"):
         assert getattr(fast, name) == getattr(slow, name), (argv, name)
+
+
+def test_default_cache_dir_matches_platformdirs(monkeypatch):
+    import platformdirs
+
+    monkeypatch.delenv("ROCFORGE_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    expected = os.path.join(platformdirs.user_cache_dir("rocforge", appauthor=False), "env")
+    assert os.path.dirname(envcache._cache_file("k", os.environ)) == expected
+
+
+def test_code_stamps_cover_every_module_a_full_run_imports(tmp_path):
+    """A change to any rocforge module that shapes the output invalidates the cache: every module
+    a full `rocforge env` imports (in a fresh interpreter) is in envcache._CODE, except package
+    markers and the error/signal plumbing that never reaches the output."""
+    fr.make_strix_halo(tmp_path)
+    code = ("import sys, io, contextlib; from rocforge_build.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main(['--root', sys.argv[1], 'env', '--shell', 'bash'])\n"
+            "print('\\n'.join(m.__file__ for n, m in sys.modules.items()\n"
+            "                 if n.startswith('rocforge_build') and getattr(m, '__file__', None)))")
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=repo, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "ROCFORGE_NO_CACHE": "1"})
+    assert out.returncode == 0, out.stderr
+    pkg = Path(envcache._PKG)
+    used = {Path(f).relative_to(pkg).as_posix() for f in out.stdout.split()}
+    exempt = {"errors.py", "signals.py"}
+    missing = sorted(f for f in used - set(envcache._CODE) - exempt
+                     if not f.endswith("__init__.py"))
+    assert "discover/resolver.py" in used and not missing, missing
