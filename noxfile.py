@@ -75,7 +75,8 @@ def kernels(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Real llama.cpp builds through rocforge, every program: CPU and Vulkan of the May 2025 tree,
     CPU of the Oct 2026 tree (its Vulkan backend must stop early on Debian 12's headers).
-    ~40 min on 2 cores; CI runs only the llama-bench subset of the May 2025 tree (README)."""
+    ~40 min on 2 cores; CI runs only the llama-bench subset of the May 2025 tree (docs/developing.md,
+    "Slow tests and their CI budget")."""
     session.install("-e", ".[test]")
     for version in ("0.3.9", "0.3.36"):
         session.run("pytest", "tests/test_llama_build.py", "--run-slow", "-v", *session.posargs,

@@ -8,7 +8,9 @@ Configures the May 2025 tree (llama-cpp-python 0.3.9 sdist, tests/llama_trees.py
 recipe's release flags, then compiles the named translation units one at a time, each under
 `/usr/bin/time -v`, with the exact command of compile_commands.json (no compiler cache), and
 prints peak RSS and wall time.  `--vulkan` also generates the shaders header and measures
-ggml-vulkan.cpp (several minutes on 2 cores).
+ggml-vulkan.cpp (several minutes on 2 cores).  Needs GNU time at /usr/bin/time, cmake, ninja, a C
+and C++ compiler (and glslc for --vulkan) and the sdist (`pip download`, tests/llama_trees.py);
+without them it says which is missing in one line and exits 0 (`nox -s bench` on a fresh clone).
 
 Measured on the 2-core Debian 12 host (GCC 12.2, -O3 Release), Nov 2026:
     473 MB  src/llama-model.cpp      465 MB  common/arg.cpp      319 MB  src/llama-sampling.cpp
@@ -49,6 +51,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -229,7 +232,19 @@ def main() -> int:
         return hip(tmp)
     if a.tensile:
         return tensile(a)
-    src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
+    missing = [t for t in ("cmake", "ninja", "cc", "c++", *(("glslc",) if a.vulkan else ()))
+               if shutil.which(t) is None]
+    if not os.access("/usr/bin/time", os.X_OK):
+        missing.insert(0, "/usr/bin/time (GNU time; Debian: apt-get install time)")
+    if missing:
+        print(f"bench_jobs_memory: skipped: needs {', '.join(missing)}")
+        return 0
+    try:
+        src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
+    except subprocess.CalledProcessError:
+        print("bench_jobs_memory: skipped: the llama-cpp-python 0.3.9 sdist could not be "
+              "downloaded (pip download; no network?)")
+        return 0
     build = tmp / "build"
     flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"]
     if a.vulkan:

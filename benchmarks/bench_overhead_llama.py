@@ -90,13 +90,22 @@ def main() -> int:
     ap.add_argument("--json", help="write every run's figures here")
     a = ap.parse_args()
     targets = a.targets or ["ggml"]
+    missing = [t for t in ("cmake", "ninja", "cc", "c++") if shutil.which(t) is None]
+    if missing:
+        print(f"bench_overhead_llama: skipped: needs {', '.join(missing)} (not on PATH)")
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="rocforge-overhead-"))
     if a.source:
         src = Path(a.source).resolve()
     else:
         from llama_trees import tree
 
-        src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
+        try:
+            src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
+        except subprocess.CalledProcessError:
+            print("bench_overhead_llama: skipped: the llama-cpp-python 0.3.9 sdist could not be "
+                  "downloaded (pip download; no network?); --source TREE uses a tree you have")
+            return 0
     env = {**os.environ, "ROCFORGE_CONFIG_DIR": str(tmp / "config"),
            "ROCFORGE_CACHE_DIR": str(tmp / "cache"), "ROCFORGE_DATA_DIR": str(tmp / "data")}
     argv = [sys.executable, "-m", "rocforge_build", "build", "llama-cpp", "--target", "gfx1100",

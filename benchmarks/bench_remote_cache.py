@@ -2,6 +2,10 @@
 
     python benchmarks/bench_remote_cache.py [--target llama-bench]
 
+Needs redis-server, ccache, cmake and ninja on PATH, and the sdist (downloaded once with
+`pip download`, tests/llama_trees.py); without them it says which is missing in one line and
+exits 0 (`nox -s bench` on a fresh clone).
+
 A real redis-server (Debian) on 127.0.0.1; `rocforge build llama-cpp --backend cpu` of the May
 2025 tree (llama-cpp-python 0.3.9 sdist, tests/llama_trees.py), each machine with its own
 rocforge cache/data dirs (so its own work dir) and its own empty local ccache dir, both with
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,8 +39,17 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="llama-bench")
     a = ap.parse_args()
+    missing = [t for t in ("redis-server", "ccache", "cmake", "ninja") if shutil.which(t) is None]
+    if missing:
+        print(f"bench_remote_cache: skipped: needs {', '.join(missing)} (not on PATH)")
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="rocforge-remote-bench-"))
-    src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
+    try:
+        src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
+    except subprocess.CalledProcessError:
+        print("bench_remote_cache: skipped: the llama-cpp-python 0.3.9 sdist could not be "
+              "downloaded (pip download; no network?)")
+        return 0
     port = free_port()
     redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save",
                               "", "--appendonly", "no", "--dir", str(tmp)],

@@ -7,7 +7,6 @@ Commands are a table (name -> module, help).  Only the chosen command's module i
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -72,8 +71,6 @@ def _parser_class():
     """argparse's parser, plus what Python 3.11's lacks: "did you mean" for a misspelled option
     or command, and the list of actions when a command's action is missing."""
     import argparse
-    import difflib
-    import re
 
     class Parser(argparse.ArgumentParser):
         def _options(self) -> list[str]:
@@ -89,6 +86,9 @@ def _parser_class():
                         None)
 
         def error(self, message: str):
+            import difflib
+            import re
+
             hints = []
             known = set(self._options()) | {"--root", "--version", "--help"}
             for token in _ARGV:
@@ -134,8 +134,34 @@ def build_parser(selected: str | None) -> argparse.ArgumentParser:  # noqa: F821
             continue
         sp = sub.add_parser(name, help=help_text, description=help_text)
         if name == selected:
+            import importlib
+
             importlib.import_module(module).add_arguments(sp)
     return parser
+
+
+def _plain_env_args(argv: list[str]):
+    """The arguments of a plain `rocforge [--root R] env [--shell S] [--target GFX] [--rocm
+    PATH]` read without argparse, whose import and set-up are most of what an uncached `rocforge
+    env` pays for itself; None for anything else (--json, --help, an abbreviation, a --shell
+    that is not one of its choices, a value that looks like an option), which argparse reads
+    and words the errors of, as for every other command."""
+    from rocforge_build.discover.envcache import plain_env
+
+    got = plain_env(argv, os.environ)
+    if got is None:
+        return None
+    root, opts = got
+    from rocforge_build.discover.envscript import SHELLS
+
+    if opts["--shell"] is not None and opts["--shell"] not in SHELLS:
+        return None
+    if any(v is not None and v.startswith("-") for v in (root, *opts.values())):
+        return None
+    from types import SimpleNamespace
+
+    return SimpleNamespace(command="env", root=root, shell=opts["--shell"], json=False,
+                           target=opts["--target"], rocm=opts["--rocm"])
 
 
 def _fail(message: str, hint: str | None, code: int) -> int:
@@ -159,12 +185,14 @@ def main(argv: list[str] | None = None) -> int:
             envwarnings.to_stderr(envwarnings.from_script(cached))
             return 0
     try:
-        parser = build_parser(selected)
-        _ARGV[:] = argv
-        args = parser.parse_args(argv)
-        if not args.command:
-            parser.print_help()
-            return 2
+        args = _plain_env_args(argv) if selected == "env" else None
+        if args is None:
+            parser = build_parser(selected)
+            _ARGV[:] = argv
+            args = parser.parse_args(argv)
+            if not args.command:
+                parser.print_help()
+                return 2
         from rocforge_build.rootfs import Root
 
         if not os.path.isdir(args.root):
@@ -174,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
 
         signals.install()  # SIGTERM/SIGHUP: the same clean-up as Ctrl-C
         args.argv = argv
+        import importlib
+
         module = importlib.import_module(COMMANDS[args.command][0])
         return int(module.run(args) or 0)
     except RocforgeError as exc:

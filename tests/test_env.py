@@ -173,8 +173,9 @@ def test_default_shell_from_SHELL_when_the_parent_is_no_shell(tmp_path):
 ])
 def test_the_calling_shell_wins_over_SHELL(tmp_path, shell, line, login):
     """The newcomer trial: `rocforge env | source` in fish emitted bash because $SHELL (the login
-    shell) was bash.  Each line is what the README tells users to type; the shell that runs it
-    must end up with ROCM_PATH set, twice (the second answer comes from the env cache)."""
+    shell) was bash.  Each line is what README.md and docs/guides/strix-halo.md tell users to
+    type; the shell that runs it must end up with ROCM_PATH set, twice (the second answer comes
+    from the env cache)."""
     if shutil.which(shell) is None:
         pytest.fail(f"{shell} is not installed (see .ci/apt-packages.txt)")
     fr.make_strix_halo(tmp_path)

@@ -125,6 +125,30 @@ def test_only_plain_env_command_lines_are_cacheable():
         assert envcache._parse(argv, env) is None
 
 
+PLAIN = [["env"], ["--root", "/r", "env"], ["--root=/r", "env", "--shell=fish"],
+         ["env", "--shell", "json", "--target", "gfx1151", "--rocm", "/opt/x"],
+         ["env", "--target=", "--shell", "zsh", "--shell", "bash"],
+         ["env", "--rocm", "/a b", "--target", "x"]]
+ARGPARSES = [["env", "--json"], ["env", "--shell", "tcsh"], ["env", "--sh", "bash"],
+             ["env", "--target", "-x"], ["env", "--rocm", "--target"], ["env", "--help"],
+             ["--version", "env"], ["env", "--", "x"], ["env", "--root", "/r"], ["env", "env"]]
+
+
+@pytest.mark.parametrize("argv", PLAIN + ARGPARSES)
+def test_plain_env_command_lines_skip_argparse_with_its_answers(argv, monkeypatch):
+    """An uncached `rocforge env` reads a plain command line without argparse (start-up cost),
+    with every field the command uses as argparse gives it; anything else (--json, --help, an
+    abbreviation, an error) is still argparse's to read and word."""
+    monkeypatch.setenv("ROCFORGE_ROOT", "/from-env")
+    fast = cli._plain_env_args(argv)
+    if argv in ARGPARSES:
+        assert fast is None
+        return
+    slow = cli.build_parser("env").parse_args(argv)
+    for name in ("command", "root", "shell", "json", "target", "rocm"):
+        assert getattr(fast, name) == getattr(slow, name), (argv, name)
+
+
 def test_default_cache_dir_matches_platformdirs(monkeypatch):
     import platformdirs
 

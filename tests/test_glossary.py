@@ -101,3 +101,43 @@ def test_one_name_for_the_recipe_file(outputs):
     assert "recipe_path" in outputs["container build"] and outputs["container build"]["recipe_path"] is None
     assert outputs["recipe show"]["path"].endswith("recipes/llama-cpp.toml")
     assert {r["name"]: r["path"] for r in outputs["recipes"]}["llama-cpp"] == outputs["recipe show"]["path"]
+
+
+def test_cache_upgrade_and_bisect_keys_are_in_the_glossary(tmp_path, capsys, monkeypatch):
+    """Real --json outputs on the fixture project's git history (tests/upgrade_history.py): an
+    upgrade the user's checker refuses, a bisect, and the cache they leave behind (listed, and
+    cleaned with --dry-run: nothing is removed, the compiler cache included)."""
+    from upgrade_history import history, output_checker
+
+    from rocforge_build import cli as rf
+
+    monkeypatch.setenv("CCACHE_DIR", str(tmp_path / "ccache"))  # never the user's
+    monkeypatch.setenv("SCCACHE_DIR", str(tmp_path / "sccache"))
+    h, check = history(tmp_path), output_checker(tmp_path)
+    prefix = tmp_path / "prefix"
+
+    def out(*argv: str, rc: int = 0):
+        capsys.readouterr()
+        assert rf.main(list(argv)) == rc
+        return json.loads(capsys.readouterr().out)
+
+    assert rf.main(["build", str(h.recipe), "--target", "gfx1151", "--prefix", str(prefix),
+                    "--no-recheck"]) == 0
+    got = {
+        "upgrade": out("upgrade", str(prefix), "--ref", h.commits["break"], "--run", str(check),
+                       "--json", rc=1),
+        "bisect": out("bisect", str(h.recipe), "--target", "gfx1151", "--good", h.commits["docs2"],
+                      "--bad", h.commits["docs3"], "--run", str(check), "--json"),
+        "cache list": out("cache", "list", "--json"),
+        "cache clean": out("cache", "clean", "--dry-run", "--work", "--bisect", "--sources",
+                           "--ccache", "--json"),
+    }
+    assert got["upgrade"]["status"] == "refused" and got["bisect"]["first_bad"] == h.commits["break"]
+    assert {e["category"] for e in got["cache list"]["entries"]} >= {"bisect", "sources"}
+    assert got["cache clean"]["entries"] and got["cache clean"]["ccache"] is not None
+    names = documented()
+    missing = {c: sorted(keys_of(d) - names) for c, d in got.items() if keys_of(d) - names}
+    assert missing == {}
+    # the keys inside a gate's and a step's figures (a data map elsewhere): --run's exit status
+    assert got["upgrade"]["gates"][-1]["figures"] == {"exit_code": 1}
+    assert {k for s in got["bisect"]["steps"] for k in s["figures"]} == {"exit_code"} <= names

@@ -292,6 +292,53 @@ def test_bench_warns_of_a_known_bad_host_before_measuring(tmp_path, model):
     assert host["kernel"] == "6.18.4-200.fc43.x86_64"  # the root's kernel, like its GPUs
 
 
+KNOWN_BAD_MES = ("rocforge: warning: known bad: firmware mes 0x83 on gfx1151: MES firmware 0x83 "
+                 "(linux-firmware 20251125) hangs or page-faults ROCm on Strix Halo")
+
+
+def test_tune_and_serve_warn_of_a_known_bad_host_first(tmp_path, model, monkeypatch):
+    """tune (through the measuring session, like bench and verify) and serve (before it starts
+    llama-server) say the known-bad host state as their first line, and still go on: tune to its
+    verify gate (a stub here, which fails the build: its reference would be a real llama.cpp
+    build), serve to starting llama-server (a fake that fails at once)."""
+    import host_roots as hr
+    from stackfixtures import make_build
+    from test_env import cli as cli_in
+    from test_proof import preset
+
+    from rocforge_build.measure import verify
+
+    gated = []
+    monkeypatch.setattr(verify, "gate", lambda build, *a, **k: gated.append(build.prefix) or "failed")
+
+    root = tmp_path / "root"
+    hr.strix_bad_firmware(root)
+    env = {"ROCFORGE_RESULTS_DB": str(tmp_path / "r.sqlite3")}
+    prefix = make_build(tmp_path / "builds", "llama-cpp", "gfx1151", "cpu")
+    ran = tmp_path / "ran"
+    for program in ("llama-bench", "llama-perplexity", "llama-server"):  # each fails at once
+        exe = prefix / "bin" / program
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        exe.write_text(f"#!/bin/sh\necho {program} >> '{ran}'\nexit 1\n")
+        exe.chmod(0o755)
+    out = cli_in(root, "tune", "llama-cpp", "--target", "gfx1151", "--model", str(model),
+                 "--backends", ",", "--build", str(prefix), env=env)
+    assert out.stderr.splitlines()[0].startswith(KNOWN_BAD_MES), out.stderr
+    assert gated == [prefix, prefix]  # a warning, not a refusal: the gate ran (fa on and off)
+
+    from rocforge_build.discover.builds import read_manifest
+    from rocforge_build.measure.store import Store
+
+    p = preset(argv=[str(prefix / "bin/llama-server"), "-m", str(model), "-c", "4096"])
+    p["ranges"]["short"]["prefix"] = str(prefix)
+    p["ranges"]["short"]["stamp"] = read_manifest(prefix).get("stamp")
+    with Store(tmp_path / "r.sqlite3") as s:
+        s.add_preset("m", "ab" * 32, 1, p)
+    out = cli_in(root, "serve", "m", "--port", "1", "--wait", "5", env=env)
+    assert out.stderr.splitlines()[0].startswith(KNOWN_BAD_MES), out.stderr
+    assert "llama-server" in ran.read_text()  # and the server was started (and failed)
+
+
 # -- the tune search ----------------------------------------------------------------------------
 def test_coordinate_search_finds_the_cross_products_winner_with_fewer_runs():
     # a score where fa and ubatch each matter and interact a little (like pp t/s): fa on is worth

@@ -281,7 +281,8 @@ def test_llama_hip_bundle_gfx1151_carries_rocm_and_gfx1100_rocblas_files(sid, wo
     own = sid_chroot.run(sid, [f"{llama_hip}/bin/llama-bench", "--help"], work=work, hide=hide)
     assert own.returncode != 0 and "error while loading shared libraries" in own.stderr, own.stderr
 
-    # sizes for README: the bundle vs the prefix + the all-targets system files it came from
+    # sizes for docs/measurements/bundles.md ("A real HIP bundle"): the bundle vs the prefix + the
+    # all-targets system files it came from
     mib = 1 << 20
     libs = sum(os.path.getsize(sid / h.lstrip("/")) for h in hide[:-1])
     full = sum(p.stat().st_size for p in rocblas_dir.iterdir())

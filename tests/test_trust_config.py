@@ -29,7 +29,7 @@ NUMERIC = {
                                  ["0", "-1", "nan", "inf", "86401"]),
     "download.read_timeout": (["more than 0", "at most 86400"], ["1", "60.0"],
                               ["0", "-5", "nan", "-inf", "1e9"]),
-    # bytes/s; 0 turns the rate check off (README)
+    # bytes/s; 0 turns the rate check off (docs/concepts/reliability.md)
     "download.min_rate": (["at least 0"], ["0", "1", "1e6"],
                           ["-1", "-0.001", "nan", "inf", str(10 ** 30)]),
     # seconds the rate is averaged over: 0 would divide by zero

@@ -103,7 +103,9 @@ def test_bench_gate_pairs_rows_by_shape_and_fails_beyond_the_threshold():
 
 # llama-bench as its `-o jsonl` prints results (n_prompt, n_gen, n_depth, n_ubatch, flash_attn,
 # avg_ts), from its own arguments; its --help lists -d, so bench passes depths.  The figure is
-# 1000 t/s pp and 50 t/s tg, 800 and 40 (20 % slower) at the micro-batch SLOW_UB.
+# 1000 t/s pp and 50 t/s tg, 800 and 40 (20 % slower) at the micro-batch SLOW_UB or with
+# ROCFORGE_FAKE_KNOB=SLOW_KNOB in its environment.  Each run appends its micro-batch and that
+# variable to llama-bench.log beside it: what reached it.
 LLAMA_BENCH = r"""#!/bin/sh
 case "$1" in --help) printf 'usage: llama-bench [options]\n  -d, --n-depth <n>   depths\n'; exit 0;; esac
 P=512 N=128 D=0 U=512 F=0
@@ -112,8 +114,10 @@ while [ $# -gt 0 ]; do
                -fa) F=$2; shift;; esac
   shift
 done
+echo "ub=$U ROCFORGE_FAKE_KNOB=${ROCFORGE_FAKE_KNOB-unset}" >> "$0.log"
 PP=1000 TG=50
 [ "$U" = "SLOW_UB" ] && PP=800 TG=40
+[ "${ROCFORGE_FAKE_KNOB-}" = "SLOW_KNOB" ] && PP=800 TG=40
 for d in $(echo "$D" | tr , ' '); do
   [ "$P" -gt 0 ] && echo "{\"n_prompt\": $P, \"n_gen\": 0, \"n_depth\": $d, \"n_ubatch\": $U, \"flash_attn\": $F, \"avg_ts\": $PP, \"stddev_ts\": 1.0}"
   [ "$N" -gt 0 ] && echo "{\"n_prompt\": 0, \"n_gen\": $N, \"n_depth\": $d, \"n_ubatch\": $U, \"flash_attn\": $F, \"avg_ts\": $TG, \"stddev_ts\": 0.1}"
@@ -122,10 +126,11 @@ exit 0
 """
 
 
-def bench_build(prefix: Path, slow_ubatch: int | None) -> Path:
+def bench_build(prefix: Path, slow_ubatch: int | None, slow_knob: str | None = None) -> Path:
     (prefix / "bin").mkdir(parents=True)
     exe = prefix / "bin" / "llama-bench"
-    exe.write_text(LLAMA_BENCH.replace("SLOW_UB", str(slow_ubatch or "none")))
+    exe.write_text(LLAMA_BENCH.replace("SLOW_UB", str(slow_ubatch or "none"))
+                   .replace("SLOW_KNOB", slow_knob or "none"))
     exe.chmod(0o755)
     return prefix
 
@@ -191,5 +196,48 @@ def test_preset_shapes_take_only_what_tune_writes(tmp_path):
         s.add_preset(model.name, sha, None, {"model": {"name": model.name, "sha256": sha},
                                              "ranges": ranges})
     shapes, _version = preset_shapes(str(model))
-    assert shapes == [{"depth": 2048, "ubatch": None, "fa": False, "ranges": ["good", "same"]}]
+    assert shapes == [{"depth": 2048, "ubatch": None, "fa": False, "env": {},
+                       "ranges": ["good", "same"]}]
     assert shape_args(shapes[0]) == ["--depth", "2048", "--fa", "off"]
+
+
+def test_bench_gate_benches_each_range_with_its_environment(tmp_path, monkeypatch):
+    # two ranges at the same depth, micro-batch and flash attention, one with a runtime
+    # environment variable set: the candidate is 20 % slower only with it set.  The gate benches
+    # them as two shapes, passes the variable to both builds' llama-bench, and sees the regression
+    from tiny_gguf import write as write_gguf
+
+    from rocforge_build.forge.upgrade import bench_gate, preset_shapes, shape_args
+    from rocforge_build.measure import provenance
+    from rocforge_build.measure.store import Store
+
+    monkeypatch.delenv("ROCFORGE_FAKE_KNOB", raising=False)
+    model = write_gguf(tmp_path / "tiny.gguf", byte_tokens=True)
+    cur = bench_build(tmp_path / "current", None)
+    cand = bench_build(tmp_path / "candidate", None, slow_knob="on")
+
+    def entry(env):
+        return {"depth": 0, "variant": {"ubatch": 512, "fa": True, "env": env}}
+
+    sha = provenance.model_sha256(model)
+    with Store() as s:
+        version = s.add_preset(model.name, sha, None, {
+            "model": {"name": model.name, "sha256": sha}, "ranges": {
+                "short": entry({}), "long": entry({"ROCFORGE_FAKE_KNOB": "on"}),
+                "longer": entry({"ROCFORGE_FAKE_KNOB": "on"}),
+                "listed": entry({"ROCFORGE_FAKE_KNOB": "on,off"}),  # not one value: not benched
+                "named": entry({"NOT A NAME": "1"})}})
+    shapes, _version = preset_shapes(str(model))
+    assert [(s["env"], s["ranges"]) for s in shapes] == [
+        ({"ROCFORGE_FAKE_KNOB": "on"}, ["long", "longer"]), ({}, ["short"])]
+    assert shape_args(shapes[0])[-2:] == ["--env", "ROCFORGE_FAKE_KNOB=on"]
+    gate = bench_gate(cur, cand, str(model), 5.0, None)
+    assert gate.verdict == "fail", gate.detail
+    knob = "pp512@d0 ub512 fa1 ROCFORGE_FAKE_KNOB=on"
+    assert gate.figures[knob] == {"current": 1000.0, "candidate": 800.0, "change_pct": -20.0}
+    assert gate.figures["pp512@d0 ub512 fa1"]["change_pct"] == 0.0  # the short range: as fast
+    assert f"preset version {version}'s ranges long, longer, short" in gate.detail
+    for prefix in (cur, cand):  # the variable reached both sides, and only at its range's shape
+        runs = (prefix / "bin" / "llama-bench.log").read_text().splitlines()
+        assert runs.count("ub=512 ROCFORGE_FAKE_KNOB=on") == 1
+        assert runs.count("ub=512 ROCFORGE_FAKE_KNOB=unset") == 2  # default shape, short

@@ -9,7 +9,7 @@ import numpy as np
 
 # n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff
 SIZES = {"tiny": (1024, 256, 2, 4, 2, 512), "small": (8192, 1024, 4, 8, 4, 2816),
-         "medium": (32000, 2048, 8, 16, 8, 5632)}  # ~0.5 B parameters: GPU runs (README figures)
+         "medium": (32000, 2048, 8, 16, 8, 5632)}  # ~0.5 B parameters: GPU runs (docs/measurements/measuring.md)
 
 
 def write(out: Path, size: str = "tiny", seed: int = 0, *, byte_tokens: bool = False,

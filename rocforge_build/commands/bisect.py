@@ -1,7 +1,8 @@
-"""`rocforge bisect RECIPE --target GFX (--good REF --bad REF [--source GIT] |
---versions V1,V2,... [--source TEMPLATE] | --nightlies V1,V2,... [--source S]) [--backend B]
-(--run CMD | --verify GGUF | --bench GGUF --metric pp512|tg128 [--threshold PCT]) [--json]
-[--report FILE.md]`: the first bad commit, version or nightly, each step a cached build."""
+"""`rocforge bisect RECIPE --target GFX (--good REF --bad REF [--source PATH|URL] |
+--versions V1,V2,... [--source TEMPLATE] | --nightlies V1,V2,... [--source PATH|URL])
+[--backend B] (--run CMD | --verify GGUF [--reference PREFIX] | --bench GGUF --metric
+pp512|tg128 [--threshold PCT]) [--json] [--report FILE.md]`: the first bad commit, version or
+nightly, each step a cached build."""
 
 from __future__ import annotations
 
@@ -71,7 +72,11 @@ def run(args) -> int:
     root_arg = None if args.rootfs.is_host else args.root
     say = (lambda text: None) if args.json else (
         lambda text: sys.stderr.write(f"rocforge: bisect: {text}\n"))
-    say(f"{len(ax.commits)} {ax.what}; at most {bisect.max_builds(len(ax.commits))} builds without skips")
+    reference = "" if args.run or args.reference else (
+        ", and the good ref's build first (the reference)" if args.verify
+        else ", and the good ref's build first (the baseline)")
+    say(f"{len(ax.commits)} {ax.what}; at most {bisect.max_builds(len(ax.commits))} builds "
+        f"without skips{reference}")
 
     # what the test runs, and no more (a whole llama.cpp tree is every example and tool)
     programs = ("llama-perplexity",) if args.verify else ("llama-bench",) if args.bench else ()

@@ -125,7 +125,7 @@ def _entries(args, cfg) -> list[listing.Nightly]:
                                "(each is named above)", exc.hint) from exc
         raise
     finally:
-        if len(sources) > 1:  # README: a warning for each source skipped
+        if len(sources) > 1:  # docs/concepts/nightlies.md: a warning for each source skipped
             for e in errors:
                 print(f"rocforge: warning: source skipped: {e}", file=sys.stderr)
 

@@ -1,4 +1,4 @@
-"""`rocforge upgrade PREFIX [--ref REF | --source S | --rocm PATH | --nightly VERSION]
+"""`rocforge upgrade PREFIX [--ref REF | --source PATH|URL | --rocm PATH | --nightly VERSION]
 [--model GGUF] [--run CMD] [--threshold PCT] [--json]`: rebuild a build with changed inputs, gate
 the candidate (smoke test, --run, verify and bench against the current build) and swap it in only
 when every gate passes; otherwise the build stays as it was and the command exits 1."""

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from rocforge_build.discover.envcache import touch
 from rocforge_build.rootfs import Root
 
-MANIFEST = "rocforge-manifest.toml"  # build.plan.MANIFEST (not imported: `rocforge env` stays cheap)
+MANIFEST = "rocforge-manifest.toml"  # forge.plan.MANIFEST (not imported: `rocforge env` stays cheap)
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,20 @@ def _hex(text: str) -> str:
 
 def _parse(argv: list[str], environ) -> tuple | None:
     """(root, shell, target, rocm) for a plain `rocforge [--root R] env [...]`, else None."""
+    got = plain_env(argv, environ)
+    if got is None:
+        return None
+    root, opts = got
+    from rocforge_build.discover.shell import calling_shell
+
+    shell = opts["--shell"] or calling_shell(environ)  # the answer depends on who is asking
+    return os.path.abspath(root), shell, opts["--target"], opts["--rocm"]
+
+
+def plain_env(argv: list[str], environ) -> tuple[str, dict] | None:
+    """(root as given, {--shell, --target, --rocm: value or None}) for a plain
+    `rocforge [--root R] env [--shell S] [--target GFX] [--rocm PATH]` (each `--opt V` or
+    `--opt=V`), else None: --json, --help, abbreviations and anything else are argparse's."""
     root = environ.get("ROCFORGE_ROOT", "/")
     opts = {"--shell": None, "--target": None, "--rocm": None}
     i, seen_env = 0, False
@@ -116,10 +130,7 @@ def _parse(argv: list[str], environ) -> tuple | None:
         i += 1
     if not seen_env:
         return None
-    from rocforge_build.discover.shell import calling_shell
-
-    shell = opts["--shell"] or calling_shell(environ)  # the answer depends on who is asking
-    return os.path.abspath(root), shell, opts["--target"], opts["--rocm"]
+    return root, opts
 
 
 def _cache_file(key: str, environ) -> str:

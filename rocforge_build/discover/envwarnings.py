@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import sys
 
-from rocforge_build.shellsafe import one_line
-
 COMMENT = "# warning: "
 
 
 def as_comments(warnings) -> list[str]:
+    from rocforge_build.shellsafe import one_line  # not on the cached path, which only prints
+
     return [COMMENT + one_line(w) for w in warnings]
 
 

@@ -8,8 +8,9 @@ cached builds, the skips and the bound below are the same on every axis.
 
 The candidates are `git rev-list --first-parent GOOD..BAD` (oldest first; BAD is the last).  BAD is
 built and tested first (a bisect whose bad ref tests good would name a wrong commit), then a binary
-search over the rest: with no skips at most ceil(log2 n) + 1 builds for n candidates (`--bench`
-also measures GOOD, its baseline).  Each step is an ordinary pipeline build into its own prefix
+search over the rest: with no skips at most ceil(log2 n) + 1 builds for n candidates, and one
+more, GOOD's, for `--bench` (its baseline) and for `--verify` without `--reference` (the fixed
+reference every step is compared with).  Each step is an ordinary pipeline build into its own prefix
 under the cache dir, named by commit: a second bisect over the same range finds those builds up to
 date (the plan's stamp), and the compiler cache makes the new ones cheap; the step's work dir is
 removed after a build that installs (the install is what the test needs; a failed one keeps its log).  A step whose test exits 125, or

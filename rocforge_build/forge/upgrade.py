@@ -6,8 +6,8 @@ for the prefix it will live at: install paths, stamp and work dir are the prefix
 compiler cache and the incremental build make it cheap).  After the recipe's smoke test the
 pipeline hands the staged install to `gates`: the user's `--run` command, then with `--model`
 `rocforge verify` against the current build and a side-by-side `rocforge bench` (the default shape
-and each range of the model's preset, if it has one).  Verify and bench
-are used through their command line only (`--json`, exit 0/1), so their internals can change.
+and each range of the model's preset, if it has one, with the range's environment).  Verify and
+bench are used through their command line only (`--json`, exit 0/1), so their internals can change.
 A failed gate raises `Refused` inside the pipeline, which deletes the staged install: the prefix
 is not touched.  When all pass, `replace.swap` puts the candidate in place and keeps the replaced
 tree at `<prefix>.rocforge-previous` for `rollback`, which is the same swap the other way.
@@ -183,8 +183,8 @@ def verify_gate(candidate: Path, model: str, reference: Path, root: str | None) 
 
 def bench_gate(current: Path, candidate: Path, model: str, pct: float, root: str | None) -> Gate:
     """Both builds in one `rocforge bench` run per shape (side by side: same host state): the
-    default shape, then each range of the model's preset at its ubatch, flash attention and depth
-    (the operating points `rocforge serve` will use); a figure of the candidate more than `pct`
+    default shape, then each range of the model's preset at its ubatch, flash attention, depth
+    and environment (the operating points `rocforge serve` will use); a figure of the candidate more than `pct`
     percent below the current build's fails."""
     shapes, version = preset_shapes(model)
     rows: list = []
@@ -206,7 +206,7 @@ def bench_gate(current: Path, candidate: Path, model: str, pct: float, root: str
 
 def preset_shapes(model: str) -> tuple[list[dict], int | None]:
     """The shapes of the model's preset in use (`rocforge preset show`): each distinct (depth,
-    ubatch, flash attention) with the ranges that use it; none without a preset."""
+    ubatch, flash attention, environment) with the ranges that use it; none without a preset."""
     from rocforge_build.measure import provenance
     from rocforge_build.measure.store import Store
 
@@ -221,16 +221,38 @@ def preset_shapes(model: str) -> tuple[list[dict], int | None]:
         if not isinstance(variant, dict):
             continue
         depth, ubatch, fa = r.get("depth", 0), variant.get("ubatch"), variant.get("fa")
+        env = _env(variant.get("env"))
         if not (_whole(depth, 0) and (ubatch is None or _whole(ubatch, 1))
-                and (fa is None or isinstance(fa, bool))):
+                and (fa is None or isinstance(fa, bool)) and env is not None):
             continue  # not what `rocforge tune` writes: no shape to bench
-        shapes.setdefault((depth, ubatch, fa), {"depth": depth, "ubatch": ubatch, "fa": fa,
-                                                "ranges": []})["ranges"].append(str(name))
+        shapes.setdefault((depth, ubatch, fa, tuple(sorted(env.items()))), {
+            "depth": depth, "ubatch": ubatch, "fa": fa, "env": env, "ranges": []}
+        )["ranges"].append(str(name))
     return list(shapes.values()), preset.get("version")
 
 
 def _whole(value, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _env(env) -> dict[str, str] | None:
+    """A range's runtime environment (its variant's, as `rocforge tune` tried it; bench adds each
+    build's own runtime environment itself) as `rocforge bench --env` can pass it: plain names,
+    one value each with no ',' (bench's list separator) and no line break; None if it is not."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        return None
+    out = {}
+    for name, value in env.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if not (isinstance(name, str) and name and name.replace("_", "").isalnum()
+                and name.isascii() and not name[0].isdigit() and isinstance(value, str)
+                and "," not in value and "\n" not in value and "\r" not in value):
+            return None
+        out[name] = value
+    return out
 
 
 def shape_args(shape: dict) -> list[str]:
@@ -240,6 +262,8 @@ def shape_args(shape: dict) -> list[str]:
         args += ["--ubatch", str(shape["ubatch"])]
     if shape["fa"] is not None:
         args += ["--fa", "on" if shape["fa"] else "off"]
+    for name, value in sorted(shape.get("env", {}).items()):
+        args += ["--env", f"{name}={value}"]
     return args
 
 

@@ -57,7 +57,7 @@ class LlamaBuild:
 
     @cached_property
     def manifest(self) -> dict:
-        # from discover.builds, not build.plan: bench would import the whole planner for it
+        # from discover.builds, not forge.plan: bench would import the whole planner for it
         from rocforge_build.discover.builds import read_manifest
 
         return read_manifest(self.prefix) or {}

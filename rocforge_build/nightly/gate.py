@@ -4,7 +4,7 @@ build made against the current one still passes its gates when rebuilt against t
 The new nightly is installed beside the others (`install(..., switch_current=False)`).  Each
 build whose manifest records the current nightly as its ROCm (`toolchain.rocm_path`, through the
 `current` link or the version directory it points at) is upgraded with `ROCM_PATH` set to the
-new tree (`build.upgrade`: smoke test, `--run`, `--model` verify and bench).  The first refusal
+new tree (`forge.upgrade`: smoke test, `--run`, `--model` verify and bench).  The first refusal
 stops the round: the builds already upgraded in it are rolled back (`upgrade.rollback`: the
 build swapped back byte for byte), `current` stays, and the report names the build and the gate.
 When all pass, `current` is switched (`install.use`).
