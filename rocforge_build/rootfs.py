@@ -8,10 +8,27 @@ test fixture resolves to the fixture's own `/opt/rocm-6.4.1`, never the host's.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path, PurePosixPath
 
 _MAX_LINKS = 40
+
+
+def open_regular(path: str | os.PathLike[str], mode: str = "rb", **kw):
+    """open() for reading a file of an inspected root, refusing what is not a regular file
+    without waiting on it: a FIFO (or a device) put where sysfs, /proc or a ROCm install has a
+    file would block a plain open() forever, and `rocforge env` runs at every shell start-up.
+    Raises OSError like open() does."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        return os.fdopen(fd, mode, **kw)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class Root:
@@ -88,7 +105,8 @@ class Root:
         return self._join(self.resolve(p.parent) / p.name).is_symlink()
 
     def read_text(self, inner: str | os.PathLike[str]) -> str:
-        return self.host(inner).read_text(encoding="utf-8", errors="replace")
+        with open_regular(self.host(inner), "r", encoding="utf-8", errors="replace") as fh:
+            return fh.read()
 
     def listdir(self, inner: str | os.PathLike[str]) -> list[str]:
         """Sorted names in an inner directory; empty when it is missing or unreadable."""

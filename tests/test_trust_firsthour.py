@@ -372,3 +372,55 @@ def test_nightly_pip_offline_hint_names_only_its_own_flags(http_server, no_sleep
     assert rc == 6, err
     assert len(error_lines(err)) == 1 and "--index" not in err.replace("--index-url", "")
     assert "--no-probe" in err
+
+
+@pytest.mark.parametrize("inner", ["proc/meminfo", "proc/cmdline", "etc/os-release",
+                                   "sys/class/kfd/kfd/topology/nodes/1/name"])
+def test_a_fifo_in_the_inspected_root_is_never_waited_on(tmp_path, inner):
+    """A FIFO where the host's /proc, /etc or sysfs has a file (a hand-made --root, a container
+    filesystem): every read of discovery opened it and waited forever, `rocforge env` at each
+    shell start-up too.  Real processes, cold and then from the env cache: each answers within
+    seconds, and the FIFO is left as it was."""
+    import os
+    import stat
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import host_roots as hr
+
+    root = hr.strix_defaults(tmp_path / "root")
+    target = root / inner
+    assert target.is_file()  # the real host has a file there
+    target.unlink()
+    os.mkfifo(target)
+    # this host has no ROCm: env says so (exit 4), doctor finds it not usable (1), host plan plans
+    # (0) — except without MemTotal, which the GTT size is computed from (3, one line)
+    plan = 3 if inner == "proc/meminfo" else 0
+    for cmd, code in ((["env"], 4), (["env"], 4), (["doctor"], 1), (["host", "plan"], plan)):
+        out = subprocess.run([sys.executable, "-m", "rocforge_build", "--root", str(root), *cmd],
+                             cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=60)
+        assert out.returncode == code, out.stderr
+        assert "Traceback" not in out.stderr and "internal error" not in out.stderr
+    assert stat.S_ISFIFO(os.lstat(target).st_mode)
+
+
+def test_a_fifo_for_a_gpus_kfd_properties_is_one_detection_line(tmp_path):
+    """The one file discovery cannot do without: a FIFO for a KFD node's properties is exit 3 with
+    one line naming it, not a wait."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import host_roots as hr
+
+    root = hr.strix_defaults(tmp_path / "root")
+    props = root / "sys/class/kfd/kfd/topology/nodes/1/properties"
+    props.unlink()
+    os.mkfifo(props)
+    out = subprocess.run([sys.executable, "-m", "rocforge_build", "--root", str(root), "env"],
+                         cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3 and out.stdout == ""
+    assert out.stderr.splitlines()[0] == ("rocforge: error: cannot read /sys/class/kfd/kfd/topology/nodes/1/"
+                                          "properties: not a regular file")

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from rocforge_build.rootfs import Root
+from rocforge_build.rootfs import Root, open_regular
 
 # ROCr's ISA registry names every agent ISA it can run as `amdgcn-amd-amdhsa--gfxNNNN`
 # (ROCR-Runtime src/core/runtime/isa.cpp); a GPU whose ISA is not in that table is not
@@ -65,7 +65,7 @@ def _sections(fh, head: bytes):
 def read_elf(path) -> ElfInfo | None:
     """NEEDED/SONAME and the data sections of an ELF file; None when it is no readable ELF."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             head = fh.read(64)
             if len(head) < 52 or head[:4] != b"\x7fELF":
                 return None
@@ -161,7 +161,7 @@ def read_hipcc(root: Root, base: PurePosixPath) -> Hipcc | None:
     if not root.is_file(hipcc):
         return None
     try:
-        with open(root.host(hipcc), "rb") as fh:
+        with open_regular(root.host(hipcc)) as fh:
             head = fh.read(4)
     except OSError:
         return None
@@ -178,7 +178,10 @@ def read_hipcc(root: Root, base: PurePosixPath) -> Hipcc | None:
     for script in (base / "bin" / "hipcc.pl", hipcc):
         if not root.is_file(script):
             continue
-        text = root.host(script).read_text(encoding="utf-8", errors="replace")
+        try:
+            text = root.read_text(script)
+        except OSError:
+            continue
         m = _PERL_CALL_RE.search(text)
         if m:
             return Hipcc(hipcc, "perl", m.group(1), tuple(base / d for d in _PERL_DEFAULTS),
@@ -271,7 +274,7 @@ def read_kpack(root: Root, inner: PurePosixPath) -> KernelPack | None:
     named = (m.group("gfx").lower(),) if m else ()
     group = m.group("group") if m else inner.stem
     try:
-        with open(root.host(inner), "rb") as fh:
+        with open_regular(root.host(inner)) as fh:
             head = fh.read(16)
             if len(head) == 16 and head[:4] == KPACK_MAGIC:
                 _, toc_offset = struct.unpack("<IQ", head[4:])

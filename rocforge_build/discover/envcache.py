@@ -60,8 +60,13 @@ def stop_recording() -> dict[str, bool]:
 def _stamp(path: str, content: bool) -> str:
     if content:
         try:
-            with open(path, "rb") as fh:
-                return "c" + fh.read(65536).hex()
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO never blocks
+            try:
+                if (os.fstat(fd).st_mode & 0o170000) != 0o100000:
+                    return "n"  # not a regular file: never read
+                return "c" + os.read(fd, 65536).hex()
+            finally:
+                os.close(fd)
         except OSError as exc:
             return f"e{exc.errno}"
     try:

@@ -24,7 +24,7 @@ from rocforge_build import errors
 from rocforge_build.discover import targets
 from rocforge_build.discover.envcache import touch
 from rocforge_build.errors import DetectionError
-from rocforge_build.rootfs import Root
+from rocforge_build.rootfs import Root, open_regular
 
 KFD_NODES = PurePosixPath("/sys/class/kfd/kfd/topology/nodes")
 AMD_VENDOR_ID = 0x1002
@@ -157,7 +157,8 @@ def discover_kfd(root: Root) -> Discovery | None:
         path = KFD_NODES / str(node) / "properties"
         touch(root.host(path), content=True)
         try:
-            text = root.host(path).read_text(encoding="ascii")
+            with open_regular(root.host(path), "r", encoding="ascii") as fh:
+                text = fh.read()
         except PermissionError:
             # amdkfd answers EPERM for GPUs outside the device cgroup (containers).
             warnings.append(f"{path}: permission denied; GPU on KFD node {node} skipped "
@@ -178,7 +179,8 @@ def discover_kfd(root: Root) -> Discovery | None:
         name = None
         touch(root.host(KFD_NODES / str(node) / "name"), content=True)
         try:
-            name = root.host(KFD_NODES / str(node) / "name").read_text(encoding="ascii").strip()
+            with open_regular(root.host(KFD_NODES / str(node) / "name"), "r", encoding="ascii") as fh:
+                name = fh.read().strip()
         except (OSError, UnicodeDecodeError):
             pass
         gpus.append(_kfd_gpu(len(gpus), node, props, None if name in ("", "ip discovery") else name))

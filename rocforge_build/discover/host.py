@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import PurePosixPath
 
 from rocforge_build.resources import load_toml, package_data
-from rocforge_build.rootfs import Root
+from rocforge_build.rootfs import Root, open_regular
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -37,7 +37,7 @@ def facts() -> dict:
 def read(root: Root, inner: str | PurePosixPath) -> str | None:
     """A small text file of the root, or None when missing or unreadable (no root for debugfs)."""
     try:
-        with open(root.host(inner), "rb") as f:
+        with open_regular(root.host(inner)) as f:
             return f.read(_MAX_READ).decode("utf-8", errors="replace")
     except (OSError, ValueError):
         return None

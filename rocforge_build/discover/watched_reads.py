@@ -11,7 +11,7 @@ import re
 from pathlib import PurePosixPath
 
 from rocforge_build.discover.envcache import touch
-from rocforge_build.rootfs import Root
+from rocforge_build.rootfs import Root, open_regular
 
 
 def watch(root: Root, inner: PurePosixPath) -> None:
@@ -24,7 +24,7 @@ def watch(root: Root, inner: PurePosixPath) -> None:
 def read(root: Root, inner: PurePosixPath, limit: int = 1 << 20) -> str | None:
     watch(root, inner)
     try:
-        with open(root.host(inner), encoding="utf-8", errors="replace") as fh:
+        with open_regular(root.host(inner), "r", encoding="utf-8", errors="replace") as fh:
             return fh.read(limit)
     except OSError:
         return None
