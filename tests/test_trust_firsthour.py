@@ -244,7 +244,7 @@ def test_no_target_and_no_gpu_lists_the_choices(tmp_path, capsys, command):
         assert f" {known}," in hint or hint.endswith(f" {known}"), hint
 
 
-def test_container_target_defaults_to_the_detected_gpu(tmp_path, capsys):
+def test_container_target_defaults_to_the_detected_gpu(tmp_path, capsys, docker_ok):
     from fixtures_roots import make_strix_halo
 
     root = tmp_path / "root"
