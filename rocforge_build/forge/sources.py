@@ -25,6 +25,7 @@ from rocforge_build import paths
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import IntegrityError, NetworkError, UsageError
 from rocforge_build.proc import CommandFailed, run
+from rocforge_build.progress import Heartbeat
 from rocforge_build.refs import check_git_ref
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -289,13 +290,13 @@ def fetch(spec: SourceSpec, identity: str | None = None, *, progress: bool = Tru
         dest = _trees_dir() / f"{identity[:20]}-{shape[:8]}"
         if not (dest / ".rocforge-complete").is_file():
             _announce(spec, identity)
-            _git_checkout(spec, identity, dest)
+            _git_checkout(spec, identity, dest, progress)
         return _finish(spec, identity, dest, identity)
     if spec.kind == "git":
         if not (dest / ".rocforge-complete").is_file():
             if not _mirror_has(spec.location, identity):
                 _announce(spec, identity)
-            _git_export(spec.location, identity, dest)
+            _git_export(spec.location, identity, dest, progress)
         return _finish(spec, identity, dest, identity)
     # tarball
     if identity and (dest / ".rocforge-complete").is_file():
@@ -313,28 +314,35 @@ def _mirror_has(url: str, commit: str) -> bool:
                                    check=False).returncode == 0
 
 
-def _git_export(url: str, commit: str, dest: Path) -> None:
+def _git_export(url: str, commit: str, dest: Path, progress: bool = True) -> None:
+    """The commit's tree from the bare mirror (fetched into it first when missing).  Not on a
+    terminal, a line every interval: `git URL [step/3] ELAPSED: fetch|archive|unpack ...`."""
     mirror = _mirror(url)
     if not mirror.is_dir():
         mirror.parent.mkdir(parents=True, exist_ok=True)
         run(["git", "init", "-q", "--bare", mirror])
-    have = run(["git", "-C", mirror, "cat-file", "-e", f"{commit}^{{commit}}"], check=False)
-    if have.returncode != 0:
-        got = run(["git", "-C", mirror, "fetch", "-q", "--depth", "1", url, commit],
-                  check=False, timeout=3600)
-        if got.returncode != 0:  # servers that refuse a sha want: fetch everything
-            try:
-                run(["git", "-C", mirror, "fetch", "-q", "--tags", url, "+refs/heads/*:refs/heads/*"],
-                    timeout=3600)
-            except CommandFailed as exc:
-                raise NetworkError(f"git fetch {url} failed", exc.output.strip()[-400:] or None) from exc
-    with tempfile.TemporaryDirectory(dir=mirror.parent) as tmp:
-        tarball = Path(tmp) / "src.tar"
-        run(["git", "-C", mirror, "archive", "--format=tar", "-o", tarball, commit])
-        _extract(tarball, dest, strip=False)
+    with Heartbeat(f"git {url}", enabled=progress) as beat:
+        have = run(["git", "-C", mirror, "cat-file", "-e", f"{commit}^{{commit}}"], check=False)
+        if have.returncode != 0:
+            beat.update(1, 3, f"git fetch --depth 1 {commit[:12]}")
+            got = run(["git", "-C", mirror, "fetch", "-q", "--depth", "1", url, commit],
+                      check=False, timeout=3600)
+            if got.returncode != 0:  # servers that refuse a sha want: fetch everything
+                beat.update(detail="git fetch --tags (every branch: the server refuses a commit want)")
+                try:
+                    run(["git", "-C", mirror, "fetch", "-q", "--tags", url, "+refs/heads/*:refs/heads/*"],
+                        timeout=3600)
+                except CommandFailed as exc:
+                    raise NetworkError(f"git fetch {url} failed", exc.output.strip()[-400:] or None) from exc
+        with tempfile.TemporaryDirectory(dir=mirror.parent) as tmp:
+            tarball = Path(tmp) / "src.tar"
+            beat.update(2, 3, f"git archive {commit[:12]}")
+            run(["git", "-C", mirror, "archive", "--format=tar", "-o", tarball, commit])
+            beat.update(3, 3, f"unpacking into {dest}")
+            _extract(tarball, dest, strip=False)
 
 
-def _git_checkout(spec: SourceSpec, commit: str, dest: Path) -> None:
+def _git_checkout(spec: SourceSpec, commit: str, dest: Path, progress: bool = True) -> None:
     """A shallow (depth 1), blob-less partial clone of one commit with a sparse (cone) checkout of
     `spec.sparse` — a monorepo such as ROCm/rocm-libraries downloads only those directories —
     and, with `spec.submodules`, shallow submodules.  Built in a temporary sibling and renamed
@@ -346,29 +354,26 @@ def _git_checkout(spec: SourceSpec, commit: str, dest: Path) -> None:
     def git(*args, timeout: float | None = None):
         return run(["git", "-C", tmp, *args], env=env, timeout=timeout)
 
+    steps = 2 + bool(spec.submodules)  # fetch, checkout, submodules: [n/N] of the progress line
     try:
         git("init", "-q")
         git("remote", "add", "origin", spec.location)
-        fetch = ["fetch", "-q", "--depth", "1", "--filter=blob:none", "origin"]
-        wants = [commit] + ([spec.ref] if spec.ref and spec.ref != commit else [])
-        for i, want in enumerate(wants):  # servers that refuse a sha want get the ref name
+        with Heartbeat(f"git {spec.location}", enabled=progress) as beat:
+            beat.update(1, steps, f"git fetch --depth 1 --filter=blob:none {spec.ref or commit[:12]}")
+            _checkout_fetch(git, spec, commit)
+            if spec.sparse:
+                git("sparse-checkout", "set", "--cone", *spec.sparse)
             try:
-                git(*fetch, want, timeout=3600)
-                break
+                beat.update(2, steps, f"git checkout {commit[:12]}"
+                            + (f" (sparse: {', '.join(spec.sparse)})" if spec.sparse else ""))
+                git("checkout", "-q", "--detach", commit, timeout=3600)
+                if spec.submodules:
+                    beat.update(3, steps, "git submodule update --init --recursive --depth 1")
+                    git("submodule", "update", "-q", "--init", "--recursive", "--depth", "1",
+                        timeout=3600)
             except CommandFailed as exc:
-                if i == len(wants) - 1:
-                    raise NetworkError(f"git fetch {spec.location} {spec.ref or commit} failed",
-                                       exc.output.strip()[-400:] or None) from exc
-        if spec.sparse:
-            git("sparse-checkout", "set", "--cone", *spec.sparse)
-        try:
-            git("checkout", "-q", "--detach", commit, timeout=3600)
-            if spec.submodules:
-                git("submodule", "update", "-q", "--init", "--recursive", "--depth", "1",
-                    timeout=3600)
-        except CommandFailed as exc:
-            raise NetworkError(f"git checkout of {commit} from {spec.location} failed",
-                               exc.output.strip()[-400:] or None) from exc
+                raise NetworkError(f"git checkout of {commit} from {spec.location} failed",
+                                   exc.output.strip()[-400:] or None) from exc
         missing = [p for p in spec.sparse if not (tmp / p).is_dir()]
         if missing:
             raise UsageError(f"{spec.location} @ {commit[:12]} has no {', '.join(missing)}",
@@ -379,6 +384,20 @@ def _git_checkout(spec: SourceSpec, commit: str, dest: Path) -> None:
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _checkout_fetch(git, spec: SourceSpec, commit: str) -> None:
+    """Shallow, blob-less: the commit, or its ref name where the server refuses a sha want."""
+    fetch = ["fetch", "-q", "--depth", "1", "--filter=blob:none", "origin"]
+    wants = [commit] + ([spec.ref] if spec.ref and spec.ref != commit else [])
+    for i, want in enumerate(wants):
+        try:
+            git(*fetch, want, timeout=3600)
+            return
+        except CommandFailed as exc:
+            if i == len(wants) - 1:
+                raise NetworkError(f"git fetch {spec.location} {spec.ref or commit} failed",
+                                   exc.output.strip()[-400:] or None) from exc
 
 
 def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
