@@ -11,6 +11,7 @@ from pathlib import Path
 import fixtures_roots as fr
 import host_roots as hr
 import pytest
+from buildfixtures import RECIPE
 from fake_engines import fake_docker
 from stackfixtures import make_build
 from test_env import cli
@@ -75,6 +76,10 @@ def outputs(tmp_path_factory):
                                "--backend", "hip", "--engine", "docker", "--dry-run", "--json", "--", "true",
                                env={"PATH": f"{docker}:/usr/bin:/bin"}),
         "build --dry-run": [case["json"] for case in json.loads(PLANS.read_text()).values()],
+        # a remote source not in the cache: nothing is downloaded (no server listens there)
+        "build --dry-run, not fetched": _json(strix, "build", str(RECIPE), "--target", "gfx1151",
+                                              "--source", "http://127.0.0.1:9/fixture.tar.gz",
+                                              "--dry-run", "--json"),
     }
 
 

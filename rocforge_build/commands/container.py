@@ -111,7 +111,7 @@ def _build(args) -> int:
         plan = containers.plan(
             args.recipe, target=args.target, backend=args.backend, variant=args.variant,
             base=args.base, runtime_base=args.runtime_base, tag=args.tag, source=args.source,
-            ref=args.ref, root=args.rootfs,
+            ref=args.ref, root=args.rootfs, dry_run=args.dry_run,
         )
     ctx = container_context.context_dir(plan)
     steps = container_engines.build_commands(engine, ctx, plan.tag)
@@ -217,7 +217,8 @@ def _run(args) -> int:
     if not args.cmd:
         raise UsageError("no command given", "put the command after --, e.g. -- llama-cli --version")
     plan = containers.plan(args.recipe, target=args.target, backend=args.backend, variant=args.variant,
-                           tag=args.tag, source=args.source, ref=args.ref, root=args.rootfs)
+                           tag=args.tag, source=args.source, ref=args.ref, root=args.rootfs,
+                           dry_run=args.dry_run)
     engine, why = container_engines.detect_engine(args.engine)
     # the real run's check; a dry run raises it once its plan is printed (the same exit code)
     refused = container_engines.engine_error(engine, building=False)

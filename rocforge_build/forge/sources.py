@@ -58,10 +58,13 @@ class SourceSpec:
 @dataclass(frozen=True)
 class Fetched:
     spec: SourceSpec
-    identity: str  # commit / sha256 / tree hash
+    identity: str  # commit / sha256 / tree hash ("" when only the download tells)
     root: Path  # the fetched top directory (pristine)
     tree: Path  # the CMake project (root / subdir)
     commit: str | None = None
+    # False: a dry run's stand-in for a remote source that is not in the cache (nothing is
+    # downloaded; root and tree are where the fetch will put it)
+    read: bool = True
 
     def to_json(self) -> dict:
         d = self.spec.to_json()
@@ -69,6 +72,8 @@ class Fetched:
         if self.commit:
             d["commit"] = self.commit
         d["tree"] = str(self.tree)
+        if not self.read:
+            d["fetched"] = False
         return d
 
 
@@ -240,6 +245,71 @@ def identify(spec: SourceSpec) -> str:
     return ""  # a remote tarball without a pin: known only after the download
 
 
+# -- what a dry run may read: never a download ---------------------------------------------------
+
+def is_remote(spec: SourceSpec) -> bool:
+    """Whether reading the source asks a server: a tarball URL, a git URL other than a local
+    path or file:// (a local repository is read in place, as a local tree is)."""
+    if spec.kind == "local":
+        return False
+    scheme = urlparse(spec.location).scheme
+    if spec.kind == "tarball":
+        return scheme not in ("", "file")
+    return not (scheme == "file" or (scheme == "" and Path(spec.location).exists()))
+
+
+def is_pinned(recipe, spec: SourceSpec) -> bool:
+    """The recipe's own tarball, by its url and sha256: its tree is known before the download."""
+    rs = recipe.source
+    return spec.kind == "tarball" and bool(rs.url and rs.sha256) and spec.location == rs.url \
+        and spec.sha256 == rs.sha256
+
+
+def without_download(spec: SourceSpec) -> Fetched:
+    """The source as a dry run may read it: a local one (read, as the build will), a remote one
+    already in the source cache, else a stand-in (`read=False`) — the plan then leaves what depends
+    on the source's contents to after the fetch.  Never a request to a server (not even `git
+    ls-remote`: a named git ref is taken as it resolved at the last fetch, and said so)."""
+    if not is_remote(spec):
+        return fetch(spec)
+    if spec.kind == "tarball":
+        sha = spec.sha256
+        if sha and (_trees_dir() / sha[:20] / ".rocforge-complete").is_file():
+            return _finish(spec, sha, _trees_dir() / sha[:20])
+        if sha and _downloaded(spec) is not None:  # downloaded, not unpacked: unpack, no network
+            return fetch(spec, sha, progress=False)
+        return _stand_in(spec, sha or "")
+    ref = spec.ref or "HEAD"
+    commit = ref if _SHA_RE.match(ref) else _remembered_refs().get(f"{spec.location} {ref}")
+    if not isinstance(commit, str) or not _SHA_RE.match(commit):
+        return _stand_in(spec, "")
+    if commit != ref:
+        sys.stderr.write(f"rocforge: not asking {spec.location} what {ref} is now (no download): "
+                         f"{ref} = {commit[:12]}, as the last fetch found it; a build asks\n")
+    if spec.checkout:
+        shape = hashlib.sha256(json.dumps([sorted(spec.sparse), spec.submodules]).encode()).hexdigest()
+        if (_trees_dir() / f"{commit[:20]}-{shape[:8]}" / ".rocforge-complete").is_file():
+            return fetch(spec, commit)
+        return _stand_in(spec, commit)
+    if (_trees_dir() / commit[:20] / ".rocforge-complete").is_file() or _mirror_has(spec.location, commit):
+        return fetch(spec, commit)  # from the cache or the local mirror: no network
+    return _stand_in(spec, commit)
+
+
+def _downloaded(spec: SourceSpec) -> Path | None:
+    """A pinned tarball already complete in the downloads cache (checked against its sha256)."""
+    name = Path(unquote(urlparse(spec.location).path)).name or "source.tar.gz"
+    dest = paths.cache_dir() / "downloads" / f"{spec.sha256[:16]}-{name}"
+    return dest if dest.is_file() and sha256_file(dest) == spec.sha256 else None
+
+
+def _stand_in(spec: SourceSpec, identity: str) -> Fetched:
+    """What a plan says of a source it did not read: where the fetch will put it."""
+    root = _trees_dir() / (identity[:20] if identity else "unfetched")
+    return Fetched(spec, identity, root, root / spec.subdir if spec.subdir else root,
+                   identity if spec.kind == "git" and identity else None, read=False)
+
+
 # -- fetching -----------------------------------------------------------------------------------
 
 def _trees_dir() -> Path:
@@ -265,11 +335,11 @@ def _finish(spec: SourceSpec, identity: str, root: Path, commit: str | None = No
 
 
 def _announce(spec: SourceSpec, identity: str) -> None:
-    """Say what is fetched before it is: a plan (`--dry-run`) reads the source's build files, so
-    an uncached llama.cpp costs a download of its tree; the cache makes later plans offline."""
+    """Say what is fetched before it is: a build reads the source's build files, so an uncached
+    llama.cpp costs a download of its tree; the cache makes later plans and builds offline."""
     what = spec.location + (f" @ {spec.ref or identity[:12]}" if spec.kind == "git" else "")
     sys.stderr.write(f"rocforge: fetching {what} into {paths.cache_dir() / 'sources'} "
-                     "(plans and builds read the source; later runs use this copy)\n")
+                     "(builds read the source; later runs use this copy)\n")
 
 
 def fetch(spec: SourceSpec, identity: str | None = None, *, progress: bool = True) -> Fetched:
