@@ -327,6 +327,33 @@ def test_dry_run_of_a_backend_the_source_decides(http_server, tmp_path, capsys):
         in plan["after_fetch"]
 
 
+def test_a_candidate_backend_without_its_toolchain_is_left_to_the_fetch(http_server, tmp_path,
+                                                                        capsys):
+    """A default of hip where the tree declares FIXTURE_HIP, else cpu, on a root without ROCm:
+    whether the build stops (no HIP toolchain) depends on the source.  The dry run plans hip,
+    lists the missing toolchain for after the fetch and exits 0 with no request; the build
+    fetches, chooses hip (the fixture declares FIXTURE_HIP) and exits 5."""
+    from buildfixtures import recipe_copy
+
+    recipe = recipe_copy(tmp_path / "r", **{
+        'backend = "accel"\nwhen = { target = "gfx1151", cmake_option = "FIXTURE_ACCEL" }':
+        'backend = "hip"\nwhen = { target = "gfx1151", cmake_option = "FIXTURE_HIP" }'})
+    url = http_server.add("/fixture.tar.gz", tarball(tmp_path / "f.tar.gz").read_bytes())
+    empty = tmp_path / "root"
+    empty.mkdir()
+    argv = ["--root", str(empty), "build", str(recipe), "--target", "gfx1151", "--source", url,
+            "--prefix", str(tmp_path / "p")]
+    assert main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "  toolchain hip MISSING, the build stops: " in out
+    assert "      the source makes the backend hip\n" in out
+    assert "should the source make it cpu, `--backend cpu --dry-run` shows that one" in out
+    assert http_server.requests == []
+    assert main(argv) == 5
+    assert "no ROCm toolchain found for gfx1151" in capsys.readouterr().err
+    assert http_server.requests  # fetched first: only the source could tell
+
+
 @pytest.mark.parametrize("recipe", ["llama-cpp", str(RECIPE)], ids=["llama-cpp", "fixture"])
 def test_container_run_dry_run_downloads_nothing(http_server, tmp_path, capsys, docker_ok, recipe):
     """`container run --dry-run` without --backend chose the backend by reading the source: the

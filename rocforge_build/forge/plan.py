@@ -240,6 +240,10 @@ def _backend_and_stops(recipe: recipes.Recipe, backend: str, facts: conditions.F
     if ok is None:  # the source decides whether it has the backend
         pending.append({"rule": "backend", "name": backend, "when": why,
                         **({"message": be.unavailable} if be.unavailable else {})})
+    elif not ok and others:  # the source may choose another backend: not the build's error yet
+        pending.append({"rule": "refused", "name": backend, "when": f"the source makes the backend "
+                        f"{backend} ({why})",
+                        **({"message": be.unavailable} if be.unavailable else {})})
     elif not ok:
         raise UsageError(
             f"backend {backend} is not available for this source: {why}"

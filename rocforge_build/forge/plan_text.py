@@ -61,6 +61,8 @@ def print_plan(plan: Plan, out=None) -> None:
 _LABELS = {
     "backend": lambda e: f"backend {e['name']} exists in this source"
     + (f" (else: {e['message']})" if e.get("message") else ""),
+    "refused": lambda e: f"backend {e['name']} is not available, the build stops"
+    + (f": {e['message']}" if e.get("message") else ""),
     "stop": lambda e: f"stop: {e['name']}",
     "toolchain": lambda e: f"toolchain {e['name']} MISSING, the build stops: {e['message']}",
     "note": lambda e: f"note: {e['name']}",
