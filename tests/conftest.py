@@ -9,7 +9,8 @@ import signal
 import pytest
 
 # a real HTTP server on 127.0.0.1 (`http_server` fixture): see tests/http_fixture.py
-pytest_plugins = ["http_fixture", "llama_builds"]  # llama_builds: the shared llama.cpp CPU build
+pytest_plugins = ["http_fixture", "llama_builds", "fake_engines"]  # llama_builds: the shared
+# llama.cpp CPU build; fake_engines: a docker client that answers the engine check
 
 
 def pytest_addoption(parser):

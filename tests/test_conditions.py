@@ -83,7 +83,7 @@ def test_evaluate(facts, cond, expected):
 
 def test_unknown_facts_are_false_with_a_reason():
     f = c.Facts(target="gfx1151")
-    assert c.explain({"cmake_option": "X"}, f) == (False, "source not fetched yet (cmake_option unknown)")
+    assert c.explain({"cmake_option": "X"}, f) == (False, "the source declares X")
     assert c.explain({"rocm": ">=6"}, f) == (False, "ROCm version unknown (wanted >=6)")
     assert c.explain({"header_contains": {"header": "a.h", "text": "b"}}, f)[0] is False
 
@@ -120,3 +120,32 @@ def test_rocblas_hipblaslt_is_known_or_false_both_ways():
     assert c.evaluate({"not": {"rocblas_hipblaslt": False}}, unknown)
     with pytest.raises(ConfigError):
         c.validate({"rocblas_hipblaslt": "no"}, "x")
+
+
+# -- before the source is read: three-valued (a dry run downloads nothing) ------------------------
+
+def test_judge_leaves_to_the_source_only_what_it_decides():
+    f = c.Facts(target="gfx1100", backend="hip", rocm_version="6.0.2", toolchain_found=True)
+    # a key that is false decides whatever the source says; one that is true leaves the rest open
+    assert c.judge({"target": "gfx1151", "cmake_option": "X"}, f) == (False, "target gfx1100 is not gfx1151")
+    assert c.judge({"cmake_option": "X", "target": "gfx1151"}, f)[0] is False
+    assert c.judge({"target": "gfx11*", "cmake_option": ["X", "Y"]}, f) == (None, "the source declares X / Y")
+    assert c.judge({"rocm": "<6.1", "file": "a/b.c"}, f) == (None, "the source has a/b.c")
+    item = {"file": "ggml/CMakeLists.txt", "text": "VERSION_LESS 6.1"}
+    assert c.judge({"source_contains": item}, f) == (None, "ggml/CMakeLists.txt has `VERSION_LESS 6.1`")
+    # not keeps unknown unknown (explain used to turn `not` of an unread source into true)
+    assert c.judge({"not": {"cmake_option": "X"}}, f) == (None, "not (the source declares X)")
+    assert c.explain({"not": {"cmake_option": "X"}}, f)[0] is False
+    # any: a true alternative decides, else the open ones remain; all: a false one decides
+    assert c.judge({"any": [{"cmake_option": "X"}, {"backend": "hip"}]}, f)[0] is True
+    assert c.judge({"any": [{"cmake_option": "X"}, {"backend": "cpu"}]}, f) == (None, "the source declares X")
+    assert c.judge({"all": [{"cmake_option": "X"}, {"backend": "cpu"}]}, f)[0] is False
+    assert c.judge({"target": "gfx1100"}, f) == (True, "target gfx1100 is gfx1100")
+
+
+def test_pinned_version_decides_source_version_before_the_fetch():
+    f = c.Facts(target="gfx1151", pinned_version="0.3.36")
+    assert c.judge({"source_version": "==0.3.36"}, f) == (
+        True, "source version 0.3.36 (the recipe's pinned source) matches ==0.3.36")
+    assert c.judge({"source_version": "<0.3"}, f)[0] is False
+    assert c.judge({"source_version": ">=1"}, c.Facts())[0] is None  # no pin: the source tells

@@ -277,7 +277,7 @@ def test_run_command_rootless_podman_and_buildah(tmp_path):
     assert rp.commands[2] == ("buildah", "rm", "$CTR")
 
 
-def test_cli_run_names_a_group_missing_from_etc_group_without_none(tmp_path, capsys):
+def test_cli_run_names_a_group_missing_from_etc_group_without_none(tmp_path, capsys, docker_ok):
     """A GPU group that /etc/group lacks is passed by name; the printed decision says the name
     (it used to say `render=None`)."""
     make_system(tmp_path, groups={"video": ()})  # video 44; no render group
@@ -296,7 +296,7 @@ def test_run_without_gpu_devices_leaves_them_out(tmp_path):
     assert any("/dev/kfd, /dev/dri not found" in w for w in rp.warnings)
 
 
-def test_cli_run_dry_run_takes_the_command_after_dashes(tmp_path, capsys):
+def test_cli_run_dry_run_takes_the_command_after_dashes(tmp_path, capsys, docker_ok):
     make_system(tmp_path)
     rc = main(["--root", str(tmp_path), "container", "run", "llama-cpp", "--target", "gfx1151", "--backend",
                "hip", "--engine", "docker", "--dry-run", "--", "llama-cli", "-m", "/models/x.gguf", "--version"])
@@ -547,10 +547,68 @@ def test_docker_without_daemon_or_buildx_is_one_line_before_anything_is_built(tm
                  "--engine", "docker", "--", "true"]) == ToolchainError.exit_code
     err = capsys.readouterr().err
     assert "daemon" in err and "buildx" not in err.splitlines()[0]
-    # --dry-run shows the problem and still prints the plan
+    # --dry-run prints the plan with the problem, then exits as the build would
     assert main(["container", "build", str(HELLO), "--target", "gfx1151", "--backend", "cpu",
-                 "--engine", "docker", "--dry-run"]) == 0
-    assert "# warning: docker cannot reach its daemon" in capsys.readouterr().out
+                 "--engine", "docker", "--dry-run"]) == ToolchainError.exit_code
+    assert "# docker cannot build here: docker cannot reach its daemon" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("action", ["build", "run"])
+@pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
+def test_engine_dry_run_exits_as_the_real_run(tmp_path, monkeypatch, capsys, action, json_out):
+    """A docker without buildx and without a daemon (a fake client on PATH): the real run stops
+    with exit 5 before anything is built; its dry run makes the same check, prints its plan with
+    the problem, and exits 5 too (it used to skip the check and exit 0)."""
+    from fake_engines import calls, fake_docker
+
+    bindir = fake_docker(tmp_path / "bin", buildx=False, daemon=False)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    argv = ["container", action, str(HELLO), "--target", "gfx1151", "--backend", "cpu",
+            "--engine", "docker", *(["--", "true"] if action == "run" else [])]
+    codes = {}
+    for dry in (True, False):
+        extra = ["--dry-run", *(["--json"] if json_out else [])] if dry else []
+        at = argv.index("--") if "--" in argv else len(argv)
+        codes[dry] = main([*argv[:at], *extra, *argv[at:]])
+        out, err = capsys.readouterr()
+        lines = [ln for ln in err.splitlines() if ln.startswith("rocforge: error:")]
+        assert len(lines) == 1 and "docker cannot reach its daemon" in lines[0], err
+        assert ("docker has no buildx" in lines[0]) == (action == "build")
+        if dry:  # the plan is printed first
+            if json_out:
+                assert "docker cannot reach its daemon" in json.loads(out)["engine_problems"][-1]
+            else:
+                assert f"# docker cannot {action} here: " in out
+                assert ("localhost/rocforge/container-hello:gfx1151-cpu" in out)
+        else:
+            assert out == ""
+    assert codes == {True: ToolchainError.exit_code, False: ToolchainError.exit_code}
+    asked = calls(bindir)
+    assert all(c.startswith(("buildx version", "version --format")) for c in asked), asked
+    assert not (Path(os.environ["ROCFORGE_CACHE_DIR"]) / "containers").exists()  # nothing prepared
+
+
+def test_engine_check_comes_before_a_planning_error(tmp_path, monkeypatch, capsys):
+    """The real `container build` checks the engine before it plans; a dry run whose plan also
+    fails (an unknown backend, exit 2) exits with the engine's error, as the build does."""
+    from fake_engines import fake_docker
+
+    monkeypatch.setenv("PATH", f"{fake_docker(tmp_path / 'bin', daemon=False)}:/usr/bin:/bin")
+    for extra in (["--dry-run"], []):
+        rc = main(["container", "build", str(HELLO), "--target", "gfx1151", "--backend", "nope",
+                   "--engine", "docker", *extra])
+        assert rc == ToolchainError.exit_code, capsys.readouterr().err
+
+
+def test_engine_dry_run_with_a_working_engine_exits_0(tmp_path, capsys, docker_ok):
+    from fake_engines import calls
+
+    for action in ("build", "run"):
+        assert main(["container", action, str(HELLO), "--target", "gfx1151", "--backend", "cpu",
+                     "--engine", "docker", "--dry-run", "--", "true"][: None if action == "run" else -2]) == 0
+        assert "cannot" not in capsys.readouterr().out
+    asked = calls(docker_ok)
+    assert asked and all(c.startswith(("buildx version", "version --format")) for c in asked), asked
 
 
 def test_daemonless_engines_need_no_check():

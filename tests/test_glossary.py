@@ -11,6 +11,8 @@ from pathlib import Path
 import fixtures_roots as fr
 import host_roots as hr
 import pytest
+from buildfixtures import RECIPE
+from fake_engines import fake_docker
 from stackfixtures import make_build
 from test_env import cli
 
@@ -46,8 +48,8 @@ def keys_of(data, found: set[str] | None = None) -> set[str]:
     return found
 
 
-def _json(root, *args):
-    out = cli(root, *args)
+def _json(root, *args, env=None):
+    out = cli(root, *args, env=env)
     assert out.returncode in (0, 1), out.stderr
     return json.loads(out.stdout)
 
@@ -60,6 +62,7 @@ def outputs(tmp_path_factory):
     fr.make_strix_halo(strix)
     make_build(strix, "llama-cpp", "gfx1151", files=("bin/llama-cli",))
     host = hr.strix_defaults(tmp_path_factory.mktemp("host"))
+    docker = fake_docker(tmp_path_factory.mktemp("docker"))  # the dry run checks the engine
     return {
         "targets": _json(strix, "targets", "--json"),
         "doctor": _json(strix, "doctor", "--json"),
@@ -70,8 +73,13 @@ def outputs(tmp_path_factory):
         "container build": _json(strix, "container", "build", "llama-cpp", "--target", "gfx1151",
                                  "--backend", "vulkan", "--engine", "podman", "--dry-run", "--json"),
         "container run": _json(strix, "container", "run", "llama-cpp", "--target", "gfx1151",
-                               "--backend", "hip", "--engine", "docker", "--dry-run", "--json", "--", "true"),
+                               "--backend", "hip", "--engine", "docker", "--dry-run", "--json", "--", "true",
+                               env={"PATH": f"{docker}:/usr/bin:/bin"}),
         "build --dry-run": [case["json"] for case in json.loads(PLANS.read_text()).values()],
+        # a remote source not in the cache: nothing is downloaded (no server listens there)
+        "build --dry-run, not fetched": _json(strix, "build", str(RECIPE), "--target", "gfx1151",
+                                              "--source", "http://127.0.0.1:9/fixture.tar.gz",
+                                              "--dry-run", "--json"),
     }
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import fixtures_roots as fr
 import host_roots as hr
 import pytest
+from fake_engines import fake_docker
 from test_env import cli
 
 from rocforge_build.discover import host, host_plan
@@ -461,10 +462,12 @@ def test_empty_root_has_no_checks_and_no_plan(tmp_path):
 
 
 # -- container run and env say the same ------------------------------------------------------------
-def test_container_run_plan_names_the_gpu_memory(tmp_path):
+def test_container_run_plan_names_the_gpu_memory(tmp_path, tmp_path_factory):
     hr.strix_defaults(tmp_path)
+    docker = fake_docker(tmp_path_factory.mktemp("docker"))  # the dry run checks the engine
     out = cli(tmp_path, "container", "run", "llama-cpp", "--target", "gfx1151", "--backend", "hip",
-              "--engine", "docker", "--dry-run", "--json", "--", "llama-cli", "--version")
+              "--engine", "docker", "--dry-run", "--json", "--", "llama-cli", "--version",
+              env={"PATH": f"{docker}:/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     d = {x["key"]: x for x in json.loads(out.stdout)["decisions"]}
     assert d["gpu_memory"]["value"] == ("GPU memory: GTT 62.8 GiB of 125.6 GiB RAM (the kernel default, "

@@ -298,3 +298,21 @@ def test_too_old_rocm_for_the_tree_stops(trees, tmp_path):
     p = make_plan(Request("llama-cpp", "gfx1151", backend="hip",
                                             source=str(trees["0.3.9"]), environ=env), root)
     assert "CMAKE_HIP_FLAGS" not in defines(p)  # ROCm 6: no ROCm 7 workaround
+
+
+def test_the_pinned_version_and_its_hip_floor_are_the_sdists(trees):
+    """The recipe's source-free HIP stop rests on two facts of the pinned sdist: its version
+    (`pinned_version`) and its ggml-hip's floor.  Both read here from the real file, whose
+    sha256 is the recipe's pin."""
+    import hashlib
+
+    from llama_trees import sdist
+
+    recipe = recipes.load("llama-cpp")
+    assert hashlib.sha256(sdist("0.3.36").read_bytes()).hexdigest() == recipe.source.sha256
+    assert recipe.source.pinned_version == "0.3.36"
+    assert "Version: 0.3.36" in (trees["0.3.36"] / "PKG-INFO").read_text()
+    hip = trees["0.3.36"] / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-hip" / "CMakeLists.txt"
+    assert "if (${hip_VERSION} VERSION_LESS 6.1)" in hip.read_text()
+    stop = [r for r in recipe.of("stop") if r.when.get("source_version") == "==0.3.36"]
+    assert len(stop) == 1 and stop[0].when["rocm"] == "<6.1"

@@ -812,3 +812,28 @@ def test_gate_flags_refused_before_anything_is_downloaded(site, prefix, capsys, 
         rc, (_out, err) = exc.code, capsys.readouterr()
     assert rc == 2 and err.count("rocforge: error:") + err.count("error: argument") == 1, err
     assert not marker.exists() and not prefix.exists()  # nothing listed, fetched or made
+
+
+def test_unpack_shows_its_layer_and_files_when_not_on_a_terminal(site, prefix, capsys, monkeypatch):
+    """Issue 25 item 19: a nightly's unpack (minutes for a real one) prints a plain line every
+    interval — `unpack [layer/layers] ELAPSED: NAME: FILES files, SIZE written` — slowed down
+    here to 20 ms a member so that 0.1 s lines come."""
+    import re
+    import time
+
+    monkeypatch.setenv("ROCFORGE_PROGRESS_INTERVAL", "0.1")
+    real = extract.safe_extract
+
+    def slow(archive, dest, on_member=None):
+        def hook(member):
+            time.sleep(0.02)
+            on_member(member)
+        return real(archive, dest, on_member=hook)
+
+    monkeypatch.setattr(extract, "safe_extract", slow)
+    rc, _, err = run(capsys, "nightly", "install", "--target", "gfx1151", "--prefix", str(prefix))
+    assert rc == 0, err
+    line = re.compile(r"rocforge: unpack \[1/1\] \d+s elapsed: (\S+): (\d+) files, .+ written")
+    beats = [m for ln in err.splitlines() if (m := line.fullmatch(ln))]
+    assert beats, err
+    assert beats[-1][1].startswith("therock-dist-linux-gfx1151-") and int(beats[-1][2]) > 0

@@ -226,3 +226,38 @@ def test_a_git_source_of_a_recipe_with_a_tarball_is_the_project_itself(tmp_path)
     assert sources.spec_for(llama).subdir == "vendor/llama.cpp"  # the sdist
     rocwmma = recipes.load("rocwmma")
     assert sources.spec_for(rocwmma, ref="develop", source=str(repo)).subdir == "projects/rocwmma"
+
+
+# -- a dry run never downloads: a remote git source --------------------------------------------------
+
+def test_dry_run_of_a_remote_git_source_asks_no_server(http_server, tmp_path, capsys):
+    """A git URL on 127.0.0.1 (the server would log `GET /repo.git/info/refs`): not in the cache,
+    the dry run asks nothing, not even `git ls-remote`, and plans without it.  Once the cache has
+    the commit a ref last resolved to (a bare mirror, as a build's fetch leaves it), the dry run
+    plans from it in full, says which commit the ref was taken as, and still asks nothing."""
+    import json
+    import subprocess
+
+    from rocforge_build.cli import main
+
+    url = http_server.url("/repo.git")
+    argv = ["build", str(RECIPE), "--target", "gfx1030", "--source", url, "--ref", "v1.2.0",
+            "--dry-run", "--json"]
+    assert main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["source"]["fetched"] is False and plan["source"]["kind"] == "git"
+    assert http_server.requests == []
+    # what a build's fetch leaves: the mirror with the commit, and the ref it resolved to
+    repo = git_repo(tmp_path / "repo")
+    commit = git("rev-parse", "v1.2.0^{commit}", cwd=repo)
+    mirror = sources._mirror(url)
+    mirror.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(mirror)], check=True)
+    sources._remember_ref(url, "v1.2.0", commit)
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    plan = json.loads(out)
+    assert "fetched" not in plan["source"] and plan["source"]["identity"] == commit
+    assert "after_fetch" not in plan and plan["patches"][0]["status"] == "would apply"
+    assert f"v1.2.0 = {commit[:12]}, as the last fetch found it" in err
+    assert http_server.requests == []

@@ -26,15 +26,15 @@ def no_sleep(monkeypatch):
 
 # -- 14: a download error whose cause carries a str `reason` -----------------------------------
 
-def test_container_run_dry_run_tls_error_is_one_network_line(http_server, no_sleep, tmp_path,
-                                                             capsys):
-    """`container run --dry-run` without --backend reads the source to choose the backend; an
-    https:// URL answered by a plain-HTTP server fails the TLS handshake with an ssl.SSLError
+def test_container_run_tls_error_is_one_network_line(http_server, no_sleep, tmp_path, capsys):
+    """`container run` without --backend reads the source where the recipe's default needs it
+    (the fixture's gfx1151 default depends on FIXTURE_ACCEL; a dry run would download nothing);
+    an https:// URL answered by a plain-HTTP server fails the TLS handshake with an ssl.SSLError
     whose `reason` is a str ('WRONG_VERSION_NUMBER') — which used to end in an internal error."""
-    url = http_server.add("/llama.cpp.tar.gz", tarball(tmp_path / "t.tar.gz").read_bytes())
+    url = http_server.add("/fixture.tar.gz", tarball(tmp_path / "t.tar.gz").read_bytes())
     https = url.replace("http://", "https://", 1)
-    rc = main(["container", "run", "llama-cpp", "--target", "gfx1151", "--engine", "docker",
-               "--source", https, "--dry-run", "--", "true"])
+    rc = main(["container", "run", str(RECIPE), "--target", "gfx1151", "--engine", "docker",
+               "--source", https, "--", "true"])
     err = capsys.readouterr().err
     assert rc == 6, err
     assert "internal error" not in err
@@ -212,6 +212,210 @@ def test_dry_run_and_build_exit_alike_on_missing_toolchain_after_fetch(tmp_path,
     assert not (tmp_path / "p").exists()
 
 
+# -- 13: a dry run never downloads -----------------------------------------------------------------
+
+def _llama_like(dest, hip_floor: str | None = "6.1", version: str = "0.3.36"):
+    """A tarball shaped like a llama-cpp-python sdist (PKG-INFO, vendor/llama.cpp with the HIP
+    switch and, where `hip_floor`, ggml-hip's `VERSION_LESS` stop, as 0.3.36's own)."""
+    tree = dest.with_suffix(".d")
+    inner = tree / "vendor" / "llama.cpp"
+    (inner / "ggml" / "src" / "ggml-hip").mkdir(parents=True)
+    (tree / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nName: llama_cpp_python\nVersion: {version}\n")
+    (inner / "CMakeLists.txt").write_text('option(GGML_HIP "HIP" OFF)\nadd_subdirectory(ggml)\n')
+    stop = (f"if (${{hip_VERSION}} VERSION_LESS {hip_floor})\n    message(FATAL_ERROR \"At least "
+            f"ROCM/HIP V{hip_floor} is required\")\nendif()\n") if hip_floor else ""
+    (inner / "ggml" / "src" / "ggml-hip" / "CMakeLists.txt").write_text(
+        "set(CMAKE_HIP_ARCHITECTURES ${AMDGPU_TARGETS})\n" + stop)
+    return tarball(dest, tree)
+
+
+def _pinned_recipe(tmp_path, url: str, sha: str):
+    """The packaged llama-cpp recipe with its pinned default source served on 127.0.0.1."""
+    import re
+
+    from measure_fixtures import recipe_variant
+
+    recipe = recipe_variant(tmp_path / "pinned")
+    text = recipe.read_text()
+    text = re.sub(r'^url = ".*"$', f'url = "{url}"', text, count=1, flags=re.M)
+    text = re.sub(r'^sha256 = ".*"$', f'sha256 = "{sha}"', text, count=1, flags=re.M)
+    recipe.write_text(text)
+    return recipe
+
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "build"])
+def test_hip_too_old_for_the_pinned_source_stops_before_any_download(http_server, tmp_path,
+                                                                     capsys, dry):
+    """ROCm 6.0.2 and the recipe's pinned default source (llama-cpp-python 0.3.36, whose
+    ggml-hip stops below HIP 6.1): the recipe's `pinned_version` decides the stop before the
+    download, so the build and its dry run exit 5 without a single request."""
+    import hashlib
+
+    from toolchain_fixtures import therock_root
+
+    data = _llama_like(tmp_path / "llama.tar.gz").read_bytes()
+    url = http_server.add("/llama_cpp_python-0.3.36.tar.gz", data)
+    recipe = _pinned_recipe(tmp_path, url, hashlib.sha256(data).hexdigest())
+    root = therock_root(tmp_path, version="6.0.2")
+    rc = main(["--root", str(root.base), "build", str(recipe), "--target", "gfx1151",
+               "--prefix", str(tmp_path / "p"), *(["--dry-run"] if dry else [])])
+    out, err = capsys.readouterr()
+    assert rc == 5, err
+    assert len(error_lines(err)) == 1 and "needs HIP >= 6.1" in err
+    assert "source version 0.3.36 (the recipe's pinned source) matches ==0.3.36" in err
+    assert http_server.requests == []
+    assert out == ""
+
+
+def test_a_pinned_version_the_tarball_contradicts_is_a_recipe_error(http_server, tmp_path, capsys):
+    """The recipe's pinned_version decided conditions before the download; a tarball that says
+    another version makes the recipe wrong: exit 2 naming both, after the one download."""
+    import hashlib
+
+    from toolchain_fixtures import therock_root
+
+    data = _llama_like(tmp_path / "llama.tar.gz").read_bytes()
+    url = http_server.add("/llama_cpp_python-0.3.36.tar.gz", data)
+    recipe = _pinned_recipe(tmp_path, url, hashlib.sha256(data).hexdigest())
+    recipe.write_text(recipe.read_text().replace('pinned_version = "0.3.36"', 'pinned_version = "0.3.35"'))
+    root = therock_root(tmp_path)  # ROCm 7.9: no stop
+    rc = main(["--root", str(root.base), "build", str(recipe), "--target", "gfx1151",
+               "--prefix", str(tmp_path / "p")])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    line = error_lines(err)[0]
+    assert "source.pinned_version is 0.3.35, but the pinned tarball" in line and "says 0.3.36" in line
+    assert len(http_server.requests) == 1
+
+
+def test_hip_too_old_for_another_source_is_known_only_after_the_fetch(http_server, tmp_path,
+                                                                      capsys):
+    """The same ROCm 6.0.2 and a tarball URL rocforge knows nothing of: whether its ggml-hip stops
+    below HIP 6.1 is in the source.  The build fetches it (one GET) and stops, exit 5; its dry run
+    downloads nothing, says which condition decides after the fetch, and exits 0."""
+    from toolchain_fixtures import therock_root
+
+    url = http_server.add("/llama.cpp.tar.gz", _llama_like(tmp_path / "l.tar.gz").read_bytes())
+    root = therock_root(tmp_path, version="6.0.2")
+    argv = ["--root", str(root.base), "build", "llama-cpp", "--target", "gfx1151", "--source", url,
+            "--prefix", str(tmp_path / "p")]
+    assert main([*argv, "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert http_server.requests == []
+    assert "(not fetched: a dry run downloads nothing)" in out and "fetching" not in err
+    after = out[out.index("decided after the fetch"):]
+    assert ("stop: this llama.cpp needs HIP >= 6.1 (ggml-hip/CMakeLists.txt stops below it) but "
+            "the ROCm found is older\n") in after
+    assert "      if ggml/src/ggml-hip/CMakeLists.txt has `VERSION_LESS 6.1`\n" in after
+    assert "if the source's version matches ==0.3.36" in after  # the pinned source's stop
+    assert main([*argv, "--dry-run", "--json"]) == 0
+    import json
+
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["source"]["fetched"] is False and plan["source"]["identity"] == ""
+    stops = [e for e in plan["after_fetch"] if e["rule"] == "stop"]
+    assert any("VERSION_LESS 6.1" in e["when"] and "rocforge nightly install" in e["hint"] for e in stops)
+    assert http_server.requests == []
+    assert main(argv) == 5  # the build: fetched, then stopped by the source's own check
+    err = capsys.readouterr().err
+    assert "needs HIP >= 6.1" in error_lines(err)[0]
+    assert {m for m, _, _ in http_server.requests} == {"GET"}
+    assert not (tmp_path / "p").exists()
+
+
+def test_source_dependent_stop_after_the_fetch_and_a_cached_source_plans_in_full(
+        http_server, tmp_path, capsys):
+    """The fixture recipe (its source pinned to a tarball on 127.0.0.1) stops a tree that has
+    STOP-ME.  Not cached: the dry run cannot know, says so and exits 0, with no request; the build
+    downloads it (once) and stops, exit 5.  Now cached: the dry run reads it as the build does and
+    exits 5 too, without a request."""
+    import hashlib
+
+    from buildfixtures import recipe_copy
+
+    src = project_copy(tmp_path / "src")
+    (src / "STOP-ME").write_text("")
+    data = tarball(tmp_path / "s.tar.gz", src).read_bytes()
+    url = http_server.add("/fixture-1.2.0.tar.gz", data)
+    recipe = recipe_copy(tmp_path / "r", **{'git = "file:///nonexistent/fixture.git"':
+                                            f'url = "{url}"\nsha256 = "{hashlib.sha256(data).hexdigest()}"'})
+    argv = ["build", str(recipe), "--target", "gfx1030", "--prefix", str(tmp_path / "p")]
+    assert main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "stop: this fixture tree is marked unbuildable\n      if the source has STOP-ME\n" \
+           "      hint: remove STOP-ME\n" in out
+    assert "greeting.patch: decided after the fetch" in out
+    assert http_server.requests == []
+    assert main(argv) == 5
+    assert "marked unbuildable" in capsys.readouterr().err
+    assert [p for _, p, _ in http_server.requests] == ["/fixture-1.2.0.tar.gz"]
+    assert main([*argv, "--dry-run"]) == 5  # cached now: read, and the same stop
+    out, err = capsys.readouterr()
+    assert "marked unbuildable" in err and "decided after the fetch" not in out
+    assert len(http_server.requests) == 1
+
+
+def test_dry_run_of_a_backend_the_source_decides(http_server, tmp_path, capsys):
+    """The fixture's gfx1151 default is `accel` where the tree declares FIXTURE_ACCEL, else `cpu`:
+    without the source the dry run plans accel and says cpu is the other way, no request."""
+    import json
+
+    url = http_server.add("/fixture.tar.gz", tarball(tmp_path / "f.tar.gz").read_bytes())
+    rc = main(["build", str(RECIPE), "--target", "gfx1151", "--source", url, "--dry-run", "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert rc == 0 and http_server.requests == []
+    assert plan["backend"] == "accel" and plan["backend_alternatives"] == ["cpu"]
+    assert ("if the source declares FIXTURE_ACCEL (decided after the fetch); otherwise cpu "
+            "(everything else)") in plan["backend_reason"]
+    assert {"rule": "backend", "name": "accel", "when": "the source declares FIXTURE_ACCEL / "
+            "FIXTURE_OLDACCEL", "message": "this fixture tree predates the accel switch"} \
+        in plan["after_fetch"]
+
+
+def test_a_candidate_backend_without_its_toolchain_is_left_to_the_fetch(http_server, tmp_path,
+                                                                        capsys):
+    """A default of hip where the tree declares FIXTURE_HIP, else cpu, on a root without ROCm:
+    whether the build stops (no HIP toolchain) depends on the source.  The dry run plans hip,
+    lists the missing toolchain for after the fetch and exits 0 with no request; the build
+    fetches, chooses hip (the fixture declares FIXTURE_HIP) and exits 5."""
+    from buildfixtures import recipe_copy
+
+    recipe = recipe_copy(tmp_path / "r", **{
+        'backend = "accel"\nwhen = { target = "gfx1151", cmake_option = "FIXTURE_ACCEL" }':
+        'backend = "hip"\nwhen = { target = "gfx1151", cmake_option = "FIXTURE_HIP" }'})
+    url = http_server.add("/fixture.tar.gz", tarball(tmp_path / "f.tar.gz").read_bytes())
+    empty = tmp_path / "root"
+    empty.mkdir()
+    argv = ["--root", str(empty), "build", str(recipe), "--target", "gfx1151", "--source", url,
+            "--prefix", str(tmp_path / "p")]
+    assert main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "  toolchain hip MISSING, the build stops: " in out
+    assert "      the source makes the backend hip\n" in out
+    assert "should the source make it cpu, `--backend cpu --dry-run` shows that one" in out
+    assert http_server.requests == []
+    assert main(argv) == 5
+    assert "no ROCm toolchain found for gfx1151" in capsys.readouterr().err
+    assert http_server.requests  # fetched first: only the source could tell
+
+
+@pytest.mark.parametrize("recipe", ["llama-cpp", str(RECIPE)], ids=["llama-cpp", "fixture"])
+def test_container_run_dry_run_downloads_nothing(http_server, tmp_path, capsys, docker_ok, recipe):
+    """`container run --dry-run` without --backend chose the backend by reading the source: the
+    290 MB sdist.  Now: llama-cpp's default (hip) needs no source; the fixture's is left open."""
+    url = http_server.add("/src.tar.gz", tarball(tmp_path / "t.tar.gz").read_bytes())
+    rc = main(["container", "run", recipe, "--target", "gfx1151", "--engine", "docker",
+               "--source", url, "--dry-run", "--", "llama-cli", "--version"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert http_server.requests == []
+    if recipe == "llama-cpp":
+        assert "localhost/rocforge/llama-cpp:gfx1151-hip" in out and "decided after" not in out
+    else:
+        assert "localhost/rocforge/fixture:gfx1151-accel" in out
+        assert "(decided after the fetch); otherwise cpu" in out
+
+
 # -- 12: a --source or --root that holds nothing to build ---------------------------------------
 
 @pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "build"])
@@ -309,7 +513,7 @@ def test_no_target_and_no_gpu_lists_the_choices(tmp_path, capsys, command):
         assert f" {known}," in hint or hint.endswith(f" {known}"), hint
 
 
-def test_container_target_defaults_to_the_detected_gpu(tmp_path, capsys):
+def test_container_target_defaults_to_the_detected_gpu(tmp_path, capsys, docker_ok):
     from fixtures_roots import make_strix_halo
 
     root = tmp_path / "root"

@@ -33,9 +33,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--build-target", action="append", default=[], metavar="NAME",
                         help="build and install only this CMake target (repeatable)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="print the plan; build nothing.  A plan reads the source's build files, "
-                        "so a source not yet cached is fetched first (said on stderr); cached "
-                        "sources plan offline")
+                        help="print the plan; build and download nothing, and exit as the build "
+                        "would.  A local or cached source is read; of a remote one not in the "
+                        "cache, what depends on its contents is shown as decided after the fetch")
     parser.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     parser.add_argument("--force", action="store_true", help="rebuild even when nothing changed")
     parser.add_argument("--no-cache", action="store_true", help="do not use ccache/sccache")
@@ -59,7 +59,7 @@ def run(args) -> int:
     )
     if args.dry_run:
         preflight(req, args.rootfs)  # as the build does: before any download
-        plan = make_plan(req, args.rootfs)
+        plan = make_plan(req, args.rootfs, fetch=False)  # a dry run never downloads
         if args.json:
             print(json.dumps(plan.to_json(), indent=2, default=str))
         else:

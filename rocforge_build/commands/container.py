@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from rocforge_build import paths
-from rocforge_build.errors import BuildError, UsageError
+from rocforge_build.errors import BuildError, RocforgeError, UsageError
 from rocforge_build.proc import CommandFailed
 from rocforge_build.ship import container_context, container_engines, containers
 
@@ -88,40 +88,38 @@ def _print_decisions(decisions, out=None) -> None:
         out.write(f"  {d.key:<13} {d.text()}\n  {'':<13} ({d.reason})\n")
 
 
+@contextlib.contextmanager
+def _engine_first(refused):
+    """The real run checks the engine before it plans: when the engine cannot run here, that is
+    its error, whatever planning would have said — so a dry run's planning error gives way to it."""
+    try:
+        yield
+    except RocforgeError:
+        if refused is not None:
+            raise refused from None
+        raise
+
+
 def _build(args) -> int:
     engine, why = container_engines.detect_engine(args.engine)  # before the source is read
-    if not args.dry_run:
-        container_engines.check_engine(engine, building=True)  # before anything is fetched or built
-    plan = containers.plan(
-        args.recipe, target=args.target, backend=args.backend, variant=args.variant,
-        base=args.base, runtime_base=args.runtime_base, tag=args.tag, source=args.source, ref=args.ref,
-        root=args.rootfs,
-    )
+    # before anything is fetched or built; a dry run makes the same check at the same point and
+    # raises it once its plan is printed, so it exits with the build's code
+    refused = container_engines.engine_error(engine, building=True)
+    if refused is not None and not args.dry_run:
+        raise refused
+    with _engine_first(refused):
+        plan = containers.plan(
+            args.recipe, target=args.target, backend=args.backend, variant=args.variant,
+            base=args.base, runtime_base=args.runtime_base, tag=args.tag, source=args.source,
+            ref=args.ref, root=args.rootfs, dry_run=args.dry_run,
+        )
     ctx = container_context.context_dir(plan)
     steps = container_engines.build_commands(engine, ctx, plan.tag)
     decisions = (*plan.decisions, why)
     if args.dry_run:
-        text = containers.render(plan)
-        if args.json:
-            print(json.dumps({**plan.to_json(), "engine": engine.name, "context": str(ctx),
-                              "decisions": [d.to_json() for d in decisions],
-                              "commands": steps.all(), "containerfile": text,
-                              "containerfile_facts": containers.render_facts(plan)}, indent=2))
-            return 0
-        print(f"# {ctx / 'Containerfile'}")
-        print(text)
-        for problem in container_engines.engine_problems(engine, building=True):
-            print(f"# warning: {problem}")
-        print("# decisions")
-        _print_decisions(decisions)
-        print("# commands (the context also gets rocforge's wheels and the recipe file)")
-        print(shlex.join(steps.stage))
-        print(f"# {ctx / 'Containerfile.facts'}: export the builder's env and manifest to {ctx / 'facts'}")
-        print(shlex.join(steps.facts))
-        print(f"# {ctx / 'Containerfile.final'}: FROM {containers.stage_tag(plan.tag)}, "
-              "ENV from the env, LABEL from the manifest")
-        print(shlex.join(steps.final))
-        print(shlex.join(steps.cleanup))
+        _print_build_plan(args, plan, engine, ctx, steps, decisions, refused)
+        if refused is not None:
+            raise refused
         return 0
     out = sys.stderr if args.json else sys.stdout
     out.write(f"rocforge: building {plan.tag} with {engine.name} in {ctx}\n")
@@ -152,6 +150,35 @@ def _build(args) -> int:
         print(f"rocforge: run it with `rocforge container run {args.recipe} --target {plan.target} "
               f"--backend {plan.backend} -- CMD`")
     return 0
+
+
+def _print_build_plan(args, plan, engine, ctx, steps, decisions, refused) -> None:
+    """`container build --dry-run`: the Containerfile, the decisions and the engine commands."""
+    text = containers.render(plan)
+    problems = refused.problems if refused is not None else []
+    if args.json:
+        print(json.dumps({**plan.to_json(), "engine": engine.name, "context": str(ctx),
+                          "engine_problems": problems,
+                          "decisions": [d.to_json() for d in decisions],
+                          "commands": steps.all(), "containerfile": text,
+                          "containerfile_facts": containers.render_facts(plan)}, indent=2))
+        sys.stdout.flush()
+        return
+    print(f"# {ctx / 'Containerfile'}")
+    print(text)
+    for problem in problems:
+        print(f"# {engine.name} cannot build here: {problem}")
+    print("# decisions")
+    _print_decisions(decisions)
+    print("# commands (the context also gets rocforge's wheels and the recipe file)")
+    print(shlex.join(steps.stage))
+    print(f"# {ctx / 'Containerfile.facts'}: export the builder's env and manifest to {ctx / 'facts'}")
+    print(shlex.join(steps.facts))
+    print(f"# {ctx / 'Containerfile.final'}: FROM {containers.stage_tag(plan.tag)}, "
+          "ENV from the env, LABEL from the manifest")
+    print(shlex.join(steps.final))
+    print(shlex.join(steps.cleanup))
+    sys.stdout.flush()
 
 
 @contextlib.contextmanager
@@ -190,21 +217,30 @@ def _run(args) -> int:
     if not args.cmd:
         raise UsageError("no command given", "put the command after --, e.g. -- llama-cli --version")
     plan = containers.plan(args.recipe, target=args.target, backend=args.backend, variant=args.variant,
-                           tag=args.tag, source=args.source, ref=args.ref, root=args.rootfs)
+                           tag=args.tag, source=args.source, ref=args.ref, root=args.rootfs,
+                           dry_run=args.dry_run)
     engine, why = container_engines.detect_engine(args.engine)
-    if not args.dry_run:
-        container_engines.check_engine(engine, building=False)
+    # the real run's check; a dry run raises it once its plan is printed (the same exit code)
+    refused = container_engines.engine_error(engine, building=False)
+    if refused is not None and not args.dry_run:
+        raise refused
     rp = container_engines.run_plan(engine, plan.tag, list(args.cmd), rootfs=args.rootfs,
                              interactive=sys.stdin.isatty() and sys.stdout.isatty())
     why = (why, *_gpu_memory(args.rootfs))
-    if args.dry_run:
-        if args.json:
-            chosen = [d for d in plan.decisions if d.key == "backend"]
-            print(json.dumps({**rp.to_json(), "image": plan.tag, "backend": plan.backend,
-                              "decisions": [d.to_json() for d in (*chosen, *why, *rp.decisions)]}, indent=2))
-            return 0
+    if not args.dry_run:
+        for w in rp.warnings:
+            sys.stderr.write(f"rocforge: warning: {w}\n")
+        return container_engines.execute_run(rp)
+    decisions = (*(d for d in plan.decisions if d.key == "backend"), *why, *rp.decisions)
+    if args.json:
+        print(json.dumps({**rp.to_json(), "image": plan.tag, "backend": plan.backend,
+                          "engine_problems": refused.problems if refused is not None else [],
+                          "decisions": [d.to_json() for d in decisions]}, indent=2))
+    else:
         for w in rp.warnings:
             print(f"# warning: {w}")
+        for problem in refused.problems if refused is not None else []:
+            print(f"# {engine.name} cannot run here: {problem}")
         if len(rp.commands) == 1:
             print(shlex.join(rp.commands[0]))
         else:
@@ -212,11 +248,11 @@ def _run(args) -> int:
             for c in rp.commands[1:]:
                 print(" ".join('"$CTR"' if a == "$CTR" else shlex.quote(a) for a in c))
         print("# decisions")
-        _print_decisions((*(d for d in plan.decisions if d.key == "backend"), *why, *rp.decisions))
-        return 0
-    for w in rp.warnings:
-        sys.stderr.write(f"rocforge: warning: {w}\n")
-    return container_engines.execute_run(rp)
+        _print_decisions(decisions)
+    sys.stdout.flush()
+    if refused is not None:
+        raise refused
+    return 0
 
 
 def _gpu_memory(rootfs) -> tuple:

@@ -36,7 +36,8 @@ def run(args) -> int:
     print(f"{r.name}: {r.description}\nfile: {r.path}")
     s = r.source
     if s.url:
-        print(f"source: {s.url} (sha256 {s.sha256}){f', subdir {s.subdir}' if s.subdir else ''}")
+        print(f"source: {s.url} (sha256 {s.sha256}){f', subdir {s.subdir}' if s.subdir else ''}"
+              + (f"; version {s.pinned_version}, known before the download" if s.pinned_version else ""))
     if s.git:
         print(f"git: {s.git} @ {s.ref}")
     print("backends:")

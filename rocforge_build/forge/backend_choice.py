@@ -1,7 +1,9 @@
-"""Which backend a build uses, decided twice: before the source is fetched, from the rules that
-need no source facts (`check_before_fetch`: no toolchain for any possible backend, or a
+"""Which backend a build uses, decided twice: before the source is fetched, from what the rules
+say whatever the source holds (`check_before_fetch`: no toolchain for any possible backend, or a
 `[[stop]]` that already holds, stops the build before a download of tens of MB), and after it,
 with every fact (`choose_backend`: --backend, else the first `[[default]]` whose `when` holds).
+A dry run downloads nothing: `backend_without_source` chooses as far as the rules decide without
+the source, and names the backends the source may still choose.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ if TYPE_CHECKING:
 
 def facts_maker(recipe, tgt, root, environ, req: Request, toolchains: dict, known: dict):
     """facts_for(backend): the facts a backend is judged by (its toolchain detected once);
-    the source's facts once `known["source"]` is set (before the fetch: unknown)."""
+    the source's facts once `known["source"] is set (before the fetch: unknown, but for the
+    version of the recipe's pinned source, `known["pinned_version"]`)."""
 
     def facts_for(backend: str) -> conditions.Facts:
         kind = recipe.backends[backend].toolchain
@@ -32,46 +35,41 @@ def facts_maker(recipe, tgt, root, environ, req: Request, toolchains: dict, know
             host=conditions.HostFacts(include_dirs=tc.include_dirs, path=tc.path,
                                       probe_glslc=tc.probe_glslc),
             toolchain_found=tc.missing is None, rocblas_hipblaslt=tc.rocblas_hipblaslt,
+            pinned_version=known.get("pinned_version"),
         )
 
     return facts_for
 
 
-_SOURCE_KEYS = {"source_version", "cmake_option", "file", "source_contains"}
-
-
-def source_free(cond) -> bool:
-    """Whether a condition can be decided before the source is fetched."""
-    if not cond:
-        return True
-    for key, value in cond.items():
-        if key in _SOURCE_KEYS:
-            return False
-        if key == "not" and not source_free(value):
-            return False
-        if key in ("any", "all") and not all(source_free(c) for c in value):
-            return False
-    return True
-
-
 def possible_backends(recipe: recipes.Recipe, req: Request,
-                       facts_for: Callable[[str], conditions.Facts]) -> list[str]:
+                      facts_for: Callable[[str], conditions.Facts]) -> list[str]:
     """The backends the plan may choose, known before the source is: --backend, else the
-    `[[default]]` rules up to the first that holds whatever the source says."""
+    `[[default]]` rules up to the first that holds whatever the source says (a rule that fails
+    whatever it says — another target, say — is no candidate)."""
     if req.backend:
         return [req.backend] if req.backend in recipe.backends else []
-    out = []
+    return list(dict.fromkeys(backend for backend, _, _ in _candidates(recipe, facts_for)))
+
+
+def _candidates(recipe: recipes.Recipe, facts_for) -> list[tuple[str, str, str | None]]:
+    """(backend, reason, the condition left to the source or None) of every `[[default]]` the
+    source may still choose, in order, up to and with the first that holds without it."""
+    out: list[tuple[str, str, str | None]] = []
     for rule in recipe.of("default"):
         backend = rule.get("backend")
-        if not source_free(rule.when):
-            out.append(backend)
-        elif conditions.evaluate(rule.when, facts_for(backend)):
-            return list(dict.fromkeys([*out, backend]))
-    return list(dict.fromkeys([*out, next(iter(recipe.backends))]))
+        holds, why = conditions.judge(rule.when, facts_for(backend))
+        if holds is None:
+            out.append((backend, rule.get("reason"), why))
+        elif holds:
+            out.append((backend, rule.get("reason"), None))
+            break
+    else:
+        out.append((next(iter(recipe.backends)), "the recipe's first backend", None))
+    return out
 
 
 def check_before_fetch(recipe: recipes.Recipe, req: Request,
-               facts_for: Callable[[str], conditions.Facts], toolchains: dict) -> None:
+                       facts_for: Callable[[str], conditions.Facts], toolchains: dict) -> None:
     """Before the source is fetched (a download of tens of MB): no toolchain for any backend the
     plan could choose, or a `[[stop]]` that holds whatever the source says — each stops here, as
     it would after the fetch (`plan.preflight` checks the user's prefix first)."""
@@ -81,8 +79,7 @@ def check_before_fetch(recipe: recipes.Recipe, req: Request,
     if len(possible) == 1:  # the plan's order: the recipe's stops, then the toolchain
         facts = facts_for(possible[0])
         for rule in recipe.of("stop"):
-            holds, why = (conditions.explain(rule.when, facts) if source_free(rule.when)
-                          else (False, ""))
+            holds, why = conditions.judge(rule.when, facts)
             if holds:
                 hint = rule.get("hint")
                 raise ToolchainError(f"{rule.get('message')} ({why})",
@@ -95,6 +92,23 @@ def check_before_fetch(recipe: recipes.Recipe, req: Request,
             missing.append(tc)
     if len(missing) == len(possible):
         missing[0].require()
+
+
+def backend_without_source(recipe: recipes.Recipe, req: Request,
+                           facts_for: Callable[[str], conditions.Facts]
+                           ) -> tuple[str, str, tuple[str, ...]]:
+    """(backend, reason, the other backends the source may choose) before the source is read:
+    `choose_backend` where the rules decide without it (no alternatives); else the first
+    candidate, its reason saying which condition the fetch decides and what follows otherwise."""
+    if req.backend:
+        return choose_backend(recipe, req, facts_for) + ((),)
+    cands = _candidates(recipe, facts_for)
+    backend, reason, open_ = cands[0]
+    if open_ is None:
+        return backend, reason, ()
+    rest = "; otherwise ".join(f"{b} ({'if ' + why + ': ' if why else ''}{r})" for b, r, why in cands[1:])
+    others = tuple(dict.fromkeys(b for b, _, _ in cands[1:] if b != backend))
+    return backend, f"{reason} — if {open_} (decided after the fetch); otherwise {rest}", others
 
 
 def choose_backend(recipe: recipes.Recipe, req: Request,

@@ -27,9 +27,15 @@ A condition is a TOML table; every key must hold (AND); a list value means any o
                                                entries as the resolver does; unknown: both False
 
 Facts come from a `Facts` object (what is known about the request, the source and the host);
-a fact that is unknown (no source yet, no toolchain) makes its test False, and `explain()` says
-so — conditions never raise on missing facts.  In `text` values `{target}` stands for the
-requested target and `{TARGET}` for it in capitals (`ROCWMMA_ARCH_{TARGET}`).
+a fact that is unknown (no toolchain) makes its test False, and `explain()` says so — conditions
+never raise on missing facts.  Before the source is read (a dry run downloads nothing) its facts
+are not false but unknown: `judge()` answers True, False or None — None when only the source can
+tell (`source_version`, `cmake_option`, `file`, `source_contains`), with the condition left to
+decide as its reason — in three-valued logic: a key that is False decides an AND whatever the
+source says, a True decides an OR, `not` keeps None.  `source_version` is known before the
+fetch for the recipe's pinned source (`Facts.pinned_version`, the recipe's
+`[source] pinned_version`).  In `text` values `{target}` stands for the requested target and
+`{TARGET}` for it in capitals (`ROCWMMA_ARCH_{TARGET}`).
 """
 
 from __future__ import annotations
@@ -159,6 +165,8 @@ class Facts:
     host: HostFacts | None = None
     toolchain_found: bool = False
     rocblas_hipblaslt: tuple[bool | None, str] = (None, "rocBLAS not read")
+    # before the source is read: the version of the recipe's pinned source (its sha256 fixes it)
+    pinned_version: str | None = None
 
 
 def _as_list(value) -> list:
@@ -247,15 +255,26 @@ def evaluate(cond: Mapping | None, facts: Facts) -> bool:
 
 
 def explain(cond: Mapping | None, facts: Facts) -> tuple[bool, str]:
-    """(holds, reason): the reason names the first key that failed, or all that held."""
+    """(holds, reason): the reason names the first key that failed, or all that held.  What
+    only the unread source could tell does not hold here (`judge` says it is unknown)."""
+    holds, why = judge(cond, facts)
+    return bool(holds), why
+
+
+def judge(cond: Mapping | None, facts: Facts) -> tuple[bool | None, str]:
+    """(True | False | None, reason): None when the answer depends on the source, which is not
+    read yet; the reason is then the condition still to decide ("the source declares GGML_HIP")."""
     if not cond:
         return True, "always"
     held: list[str] = []
+    open_: list[str] = []
     for key, value in cond.items():
         ok, why = _test(key, value, facts)
-        if not ok:
+        if ok is False:
             return False, why
-        held.append(why)
+        (held if ok else open_).append(why)
+    if open_:
+        return None, " and ".join(open_)
     return True, "; ".join(held)
 
 
@@ -267,12 +286,11 @@ def _text(text: str, f: Facts) -> str:
 
 
 _COMBINATORS = ("not", "any", "all")
-_PLAN_KEYS = ("target", "family", "backend", "toolchain_found", "rocblas_hipblaslt", "rocm",
-              "source_version")
-_SOURCE_KEYS = ("cmake_option", "file", "source_contains")
+_PLAN_KEYS = ("target", "family", "backend", "toolchain_found", "rocblas_hipblaslt", "rocm")
+_SOURCE_KEYS = ("source_version", "cmake_option", "file", "source_contains")
 
 
-def _test(key: str, value, f: Facts) -> tuple[bool, str]:
+def _test(key: str, value, f: Facts) -> tuple[bool | None, str]:
     """One condition key against the facts, by where its facts come from: combinators, facts
     every plan has, facts of the fetched source, facts of the host."""
     if key in _COMBINATORS:
@@ -280,33 +298,38 @@ def _test(key: str, value, f: Facts) -> tuple[bool, str]:
     if key in _PLAN_KEYS:
         return _test_plan(key, value, f)
     if key in _SOURCE_KEYS:
-        return _test_source(key, _as_list(value), f)
+        return _test_source(key, value, f)
     return _test_host(key, _as_list(value), f)
 
 
-def _test_combinator(key: str, value, f: Facts) -> tuple[bool, str]:
-    """not / any / all: the reason is the one of the condition that decided."""
+def _test_combinator(key: str, value, f: Facts) -> tuple[bool | None, str]:
+    """not / any / all: the reason is the one of the condition that decided (or, unknown, the
+    conditions still open)."""
     if key == "not":
-        ok, why = explain(value, f)
-        return (not ok), (f"not ({why})")
+        ok, why = judge(value, f)
+        return (None if ok is None else not ok), f"not ({why})"
     if key == "any":
-        reasons = []
+        reasons, open_ = [], []
         for c in value:
-            ok, why = explain(c, f)
+            ok, why = judge(c, f)
             if ok:
                 return True, why
-            reasons.append(why)
+            (reasons if ok is False else open_).append(why)
+        if open_:
+            return None, " or ".join(open_)
         return False, " and ".join(reasons)
+    open_ = []
     for c in value:
-        ok, why = explain(c, f)
-        if not ok:
+        ok, why = judge(c, f)
+        if ok is False:
             return False, why
-    return True, "all held"
+        if ok is None:
+            open_.append(why)
+    return (None, " and ".join(open_)) if open_ else (True, "all held")
 
 
 def _test_plan(key: str, value, f: Facts) -> tuple[bool, str]:
-    """Keys every plan can answer before fetching: target, family, backend, toolchain, ROCm
-    and source versions (an unknown version never matches)."""
+    """Keys every plan can answer before fetching: target, family, backend, toolchain, ROCm."""
     items = _as_list(value)
     if key == "target":
         ok = f.target is not None and any(fnmatch.fnmatchcase(f.target, p) for p in items)
@@ -325,23 +348,25 @@ def _test_plan(key: str, value, f: Facts) -> tuple[bool, str]:
         if links is None:
             return False, f"whether rocBLAS links hipBLASLt is unknown ({why})"
         return links == value, why
-    if key == "rocm":
-        v = _version(f.rocm_version)
-        if v is None:
-            return False, f"ROCm version unknown (wanted {value})"
-        ok = v in _spec(value, "rocm")
-        return ok, f"ROCm {v} {'matches' if ok else 'does not match'} {value}"
-    v = _version(f.source.version if f.source else None)
+    v = _version(f.rocm_version)
     if v is None:
-        return False, f"source version unknown (wanted {value})"
-    ok = _spec(value, "source_version").contains(v, prereleases=True)
-    return ok, f"source version {v} {'matches' if ok else 'does not match'} {value}"
+        return False, f"ROCm version unknown (wanted {value})"
+    ok = v in _spec(value, "rocm")
+    return ok, f"ROCm {v} {'matches' if ok else 'does not match'} {value}"
 
 
-def _test_source(key: str, items: list, f: Facts) -> tuple[bool, str]:
-    """Keys read from the fetched source tree: false (with why) until it is fetched."""
+def _test_source(key: str, value, f: Facts) -> tuple[bool | None, str]:
+    """Keys read from the fetched source tree: unknown (None, with the condition) until it is
+    read; `source_version` is known before for the recipe's pinned source."""
+    items = _as_list(value)
+    if key == "source_version":
+        return _test_version(value, f)
     if f.source is None:
-        return False, f"source not fetched yet ({key} unknown)"
+        if key == "cmake_option":
+            return None, f"the source declares {' / '.join(items)}"
+        if key == "file":
+            return None, f"the source has {' / '.join(items)}"
+        return None, " or ".join(f"{i['file']} has {_looked_for(i, f)}" for i in items)
     if key == "cmake_option":
         opts = f.source.cmake_options
         hit = [o for o in items if o in opts]
@@ -356,6 +381,19 @@ def _test_source(key: str, items: list, f: Facts) -> tuple[bool, str]:
             return True, f"{it['file']} has {_looked_for(it, f)}"
     return False, "source does not have " + " / ".join(
         f"{_looked_for(i, f)} in {i['file']}" for i in items)
+
+
+def _test_version(value: str, f: Facts) -> tuple[bool | None, str]:
+    """The source's version (an unknown version of a read source never matches)."""
+    if f.source is None and f.pinned_version is None:
+        return None, f"the source's version matches {value}"
+    known = f.source.version if f.source is not None else f.pinned_version
+    v = _version(known)
+    if v is None:
+        return False, f"source version unknown (wanted {value})"
+    ok = _spec(value, "source_version").contains(v, prereleases=True)
+    pinned = " (the recipe's pinned source)" if f.source is None else ""
+    return ok, f"source version {v}{pinned} {'matches' if ok else 'does not match'} {value}"
 
 
 def _test_host(key: str, items: list, f: Facts) -> tuple[bool, str]:

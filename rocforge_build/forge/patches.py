@@ -3,6 +3,8 @@
     applied           the patch applied (or, in a plan, "would apply")
     already upstream  the reverse applies: the source already has the change
     not needed        its `when` is false (the reason says which fact)
+    decided after the fetch   a dry run did not download the source: whether the `when` holds
+                      (the reason says the condition) or the patch applies is known only then
     fails             neither applies: the build stops with the patch name and the rejected
                       hunk, and every patch applied so far is reversed (the tree is left clean)
 
@@ -28,6 +30,7 @@ WOULD_APPLY = "would apply"
 UPSTREAM = "already upstream"
 NOT_NEEDED = "not needed"
 FAILS = "fails"
+AFTER_FETCH = "decided after the fetch"  # a dry run's plan of a source it did not download
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,21 @@ def check(plans: list[PatchPlan], tree: Path) -> list[PatchResult]:
         else:
             results.append(PatchResult(p.name, FAILS, p.reason, sha256_file(p.path),
                                        _rejected_hunk(p.path, fwd.stdout)))
+    return results
+
+
+def unread(plans: list[PatchPlan], open_: set[str]) -> list[PatchResult]:
+    """Statuses in a plan whose source was not read (a dry run downloads nothing): a patch whose
+    `when` only the source decides (`open_`), or that is needed (applies? already upstream?), is
+    decided after the fetch."""
+    results = []
+    for p in plans:
+        if p.name in open_ or p.needed:
+            why = p.reason if p.name in open_ else (
+                f"{p.reason}; whether it applies or is already upstream is checked on the source")
+            results.append(PatchResult(p.name, AFTER_FETCH, why, sha256_file(p.path)))
+        else:
+            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, sha256_file(p.path)))
     return results
 
 

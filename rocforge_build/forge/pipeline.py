@@ -172,7 +172,12 @@ def check(plan: Plan) -> None:
 
 
 def _require(plan: Plan) -> None:
-    """Everything a build and its dependencies need, checked before any of them starts."""
+    """Everything a build and its dependencies need, checked before any of them starts.  A dry
+    run's plan whose backend the unread source may still change leaves its toolchains to after
+    the fetch (its `after_fetch` says so; `check_before_fetch` already stopped a build that has
+    a toolchain for none of them)."""
+    if plan.backend_alternatives:
+        return
     for dep in plan.dependencies:
         if dep.plan is not None:
             _require(dep.plan)

@@ -24,8 +24,20 @@ from rocforge_build.discover.builds import read_manifest
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
 from rocforge_build.forge import conditions, patches, recipes, sources
-from rocforge_build.forge.backend_choice import check_before_fetch, choose_backend, facts_maker
+from rocforge_build.forge.backend_choice import (
+    backend_without_source,
+    check_before_fetch,
+    choose_backend,
+    facts_maker,
+)
 from rocforge_build.forge.parallel import Parallel, for_plan
+from rocforge_build.forge.plan_deps import (  # noqa: F401 - Built, existing_build: plan's API
+    Built,
+    Dependency,
+    dependency_requests,
+    existing_build,
+    plan_dependencies,
+)
 from rocforge_build.forge.toolchains import GLSLC_FEATURES, Toolchain, host_identity
 from rocforge_build.proc import run
 
@@ -82,6 +94,10 @@ class Plan:
     export_env: dict[str, str] = field(default_factory=dict)  # what `rocforge env` exports
     venv: dict | None = None  # {path, requirements, packages, commands, reason}
     parallel: Parallel | None = None  # compiler cache, distribution, -j (forge/parallel.py)
+    # a dry run of a source it did not download: every rule only the source decides, with the
+    # condition ({rule, name, when, ...}), and the other backends the source may choose
+    after_fetch: list[dict] = field(default_factory=list)
+    backend_alternatives: tuple[str, ...] = ()
 
     @property
     def src_dir(self) -> Path:
@@ -124,72 +140,26 @@ class Plan:
             "export_env": self.export_env,
             "venv": self.venv,
             **(self.parallel.to_json() if self.parallel else {}),
+            **({"after_fetch": self.after_fetch} if not self.source.read else {}),
+            **({"backend_alternatives": list(self.backend_alternatives)}
+               if self.backend_alternatives else {}),
         }
-
-
-@dataclass
-class Dependency:
-    """A recipe built first, for the same target, whose prefix this build uses: planned (`plan`),
-    or an existing rocforge build of it used as it is (`built`: its prefix and manifest)."""
-
-    request: Request
-    reason: str
-    because: str
-    prepend: dict[str, str]  # variable -> directory of the dependency's prefix
-    plan: Plan | None
-    built: Built | None = None
-
-    @property
-    def recipe(self) -> str:
-        return self.plan.recipe.name if self.plan else self.built.recipe
-
-    @property
-    def prefix(self) -> Path:
-        return self.plan.prefix if self.plan else self.built.prefix
-
-    @property
-    def backend(self) -> str:
-        return self.plan.backend if self.plan else self.built.backend
-
-    @property
-    def stamp(self) -> str:
-        return self.plan.stamp if self.plan else self.built.stamp
-
-    def to_json(self) -> dict:
-        out = {"recipe": self.recipe, "target": self.request.target, "backend": self.backend,
-               "prefix": str(self.prefix), "reason": self.reason, "because": self.because,
-               "prepend": self.prepend, "stamp": self.stamp,
-               "plan": self.plan.to_json() if self.plan else None}
-        if self.built:  # an existing build used as it is: no plan, where it came from instead
-            out["built"] = self.built.to_json()
-        return out
-
-
-@dataclass(frozen=True)
-class Built:
-    """An existing rocforge build in the builds directory, found by its manifest."""
-
-    recipe: str
-    prefix: Path
-    backend: str
-    stamp: str
-    source: str  # where it was built from, as its manifest says
-    built_at: str
-
-    def to_json(self) -> dict:
-        return {"recipe": self.recipe, "prefix": str(self.prefix), "backend": self.backend,
-                "stamp": self.stamp, "source": self.source, "built_at": self.built_at}
 
 
 # -- the plan: named steps, one concern each ------------------------------------------------------
 
-def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[str, ...] = ()) -> Plan:
-    """Plan a build: each step below has one concern and reads the facts of this request."""
-    recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix = _prepare(req, root)
+def make_plan(req: Request, root, *, check_patches: bool = True, fetch: bool = True,
+              _stack: tuple[str, ...] = ()) -> Plan:
+    """Plan a build: each step below has one concern and reads the facts of this request.
+    `fetch=False` (a dry run): nothing is downloaded; a remote source that is not in the cache is
+    not read, and what only it decides is listed in `after_fetch` with its condition."""
+    (recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix,
+     others) = _prepare(req, root, fetch=fetch)
+    pending: list[dict] = []
     _rocm_fact(facts, toolchain)
-    deps = _plan_dependencies(recipe, req, facts, root, check_patches, _stack)
+    deps = plan_dependencies(recipe, req, facts, root, check_patches, _stack, fetch, pending)
     be = recipe.backends[backend]
-    notes = _backend_and_stops(recipe, backend, facts, tgt.name, toolchain)
+    notes = _backend_and_stops(recipe, backend, facts, tgt.name, toolchain, pending, others)
     work = work_dir(prefix)
     ctx = _placeholders(recipe, fetched, tgt.name, backend, prefix, toolchain, work)
     par = for_plan(recipe.of("jobs"), facts, root=root, requested_jobs=req.jobs,
@@ -200,20 +170,35 @@ def make_plan(req: Request, root, *, check_patches: bool = True, _stack: tuple[s
     notes += par.notes
     build_targets = tuple(req.build_targets) or recipe.build_targets
     options = _options(recipe, req, facts, ctx, toolchain, be.toolchain, launcher,
-                       par.hip_launcher) + par.options
+                       par.hip_launcher, pending) + par.options
     env, env_reasons, runtime_env, export_env = _environment(
-        recipe, facts, ctx, toolchain, be.toolchain, par, environ, deps)
+        recipe, facts, ctx, toolchain, be.toolchain, par, environ, deps, pending)
     venv = _private_venv(recipe, fetched, work, env, env_reasons, environ)
-    patch_plans, patch_status = _patches(recipe, facts, fetched, check_patches)
+    patch_plans, patch_status = _patches(recipe, facts, fetched, check_patches, pending)
     configure, build, install = _commands(recipe, par.build_jobs, fetched, work, prefix, options,
                                           build_targets)
-    smoke = [list(r.get("run")) for r in recipe.of("smoke") if conditions.evaluate(r.when, facts)]
-    stamp = _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, environ)
+    smoke = [list(r.get("run")) for r in recipe.of("smoke")
+             if _applies(r, facts, pending, "smoke", " ".join(r.get("run")))[0]]
+    stamp = (_inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, environ)
+             if fetched.read or fetched.identity else "")  # "": the download gives the identity
     return Plan(recipe, tgt.name, backend, backend_reason, fetched, toolchain, options, env,
                 runtime_env, env_reasons, patch_plans, patch_status, notes, configure, build,
                 install, smoke, prefix, work, _with_deps(stamp, [d.stamp for d in deps]),
-                launcher, build_targets, dependencies=deps, outputs=_outputs(recipe, facts, ctx),
-                export_env=export_env, venv=venv, parallel=par)
+                launcher, build_targets, dependencies=deps,
+                outputs=_outputs(recipe, facts, ctx, pending), export_env=export_env, venv=venv,
+                parallel=par, after_fetch=pending, backend_alternatives=others)
+
+
+def _applies(rule: recipes.Rule, facts: conditions.Facts, pending: list[dict], kind: str,
+             name: str, **extra) -> tuple[bool, str]:
+    """Whether a rule applies, and why.  One only the unread source can decide (a dry run
+    downloads nothing) does not apply in the plan: it goes to `pending` with its condition."""
+    holds, why = conditions.judge(rule.when, facts)
+    if holds is None:
+        pending.append({"rule": kind, "name": name, "when": why,
+                        **{k: v for k, v in extra.items() if v is not None}})
+        return False, why
+    return holds, why
 
 
 def work_dir(prefix: Path) -> Path:
@@ -245,23 +230,40 @@ def project_dir(work: Path, spec: sources.SourceSpec) -> Path:
 
 
 def _backend_and_stops(recipe: recipes.Recipe, backend: str, facts: conditions.Facts,
-                       target: str, toolchain: Toolchain) -> list[str]:
-    """Refuse a backend the source lacks and every `[[stop]]` that holds; return the notes."""
+                       target: str, toolchain: Toolchain, pending: list[dict],
+                       others: tuple[str, ...] = ()) -> list[str]:
+    """Refuse a backend the source lacks and every `[[stop]]` that holds; return the notes.
+    With `others` (the source may still choose another backend) a stop of this one is not the
+    build's: it is listed for after the fetch, as a missing toolchain of this backend is."""
     be = recipe.backends[backend]
-    ok, why = conditions.explain(be.when, facts)
-    if not ok:
+    ok, why = conditions.judge(be.when, facts)
+    if ok is None:  # the source decides whether it has the backend
+        pending.append({"rule": "backend", "name": backend, "when": why,
+                        **({"message": be.unavailable} if be.unavailable else {})})
+    elif not ok and others:  # the source may choose another backend: not the build's error yet
+        pending.append({"rule": "refused", "name": backend, "when": f"the source makes the backend "
+                        f"{backend} ({why})",
+                        **({"message": be.unavailable} if be.unavailable else {})})
+    elif not ok:
         raise UsageError(
             f"backend {backend} is not available for this source: {why}"
             + (f". {be.unavailable}" if be.unavailable else ""), be.hint)
+    chosen = f"the source makes the backend {backend}"
     for rule in recipe.of("stop"):
-        holds, why = conditions.explain(rule.when, facts)
-        if holds:
-            hint = rule.get("hint")
-            raise ToolchainError(f"{rule.get('message')} ({why})",
-                                 hint.replace("{target}", target) if hint else None)
+        hint = rule.get("hint")
+        hint = hint.replace("{target}", target) if hint else None
+        holds, why = _applies(rule, facts, pending, "stop", rule.get("message"), hint=hint)
+        if holds and others:
+            pending.append({"rule": "stop", "name": rule.get("message"), "when": f"{chosen} ({why})",
+                            **({"hint": hint} if hint else {})})
+        elif holds:
+            raise ToolchainError(f"{rule.get('message')} ({why})", hint)
+    if others and toolchain.missing:
+        pending.append({"rule": "toolchain", "name": be.toolchain, "when": chosen,
+                        "message": toolchain.missing, **({"hint": toolchain.hint} if toolchain.hint else {})})
     notes = []
     for rule in recipe.of("note"):
-        holds, why = conditions.explain(rule.when, facts)
+        holds, why = _applies(rule, facts, pending, "note", rule.get("message").replace("{target}", target))
         if holds:
             notes.append(rule.get("message").replace("{target}", target))
     if be.toolchain == "vulkan" and toolchain.glslc:
@@ -286,17 +288,20 @@ def _placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, target: str,
 
 def _options(recipe: recipes.Recipe, req: Request, facts: conditions.Facts, ctx: dict,
              toolchain: Toolchain, kind: str, launcher: str | None,
-             hip_launcher: str | None = None) -> list[dict]:
+             hip_launcher: str | None = None, pending: list[dict] | None = None) -> list[dict]:
     """The -D options ({name, value, reason, because}): the recipe's rules (a later rule of the
     same name wins), what the toolchain implies, the compiler launcher, partial-build RPATH."""
     chosen: dict[str, dict] = {}
-    declared = facts.source.cmake_options
+    pending = [] if pending is None else pending
     for rule in recipe.of("option"):
-        holds, why = conditions.explain(rule.when, facts)
+        name = rule.get("name")
+        holds, why = _applies(rule, facts, pending, "option", name,
+                              value=_fmt(rule.get("value"), ctx), reason=rule.get("reason"))
         if not holds:
             continue
-        name = rule.get("name")
-        if rule.get("declared", True) and name not in declared:
+        if rule.get("declared", True) and facts.source is None:  # checked once it is read
+            pending.append({"rule": "declared", "name": name, "when": f"the source declares {name}"})
+        elif rule.get("declared", True) and name not in facts.source.cmake_options:
             raise ConfigError(
                 f"recipe {recipe.name}: option {name} is not declared by the source "
                 f"({facts.source.tree}); CMake would ignore it silently",
@@ -324,7 +329,7 @@ def _options(recipe: recipes.Recipe, req: Request, facts: conditions.Facts, ctx:
 
 def _environment(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict, toolchain: Toolchain,
                  kind: str, par: Parallel, environ: Mapping[str, str],
-                 deps: list[Dependency]) -> tuple[dict, dict, dict, dict]:
+                 deps: list[Dependency], pending: list[dict]) -> tuple[dict, dict, dict, dict]:
     """(build env, reasons, runtime env, export env): the toolchain's variables, the compiler
     cache's and distribution's (forge/parallel.py), the recipe's `[[env]]` rules by stage,
     dependencies' prefixes in front."""
@@ -335,7 +340,9 @@ def _environment(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict, too
     runtime_env: dict[str, str] = {}
     export_env: dict[str, str] = {}
     for rule in recipe.of("env"):
-        holds, why = conditions.explain(rule.when, facts)
+        holds, why = _applies(rule, facts, pending, "env", rule.get("name"),
+                              value=_fmt(rule.get("value"), ctx), reason=rule.get("reason"),
+                              stage=rule.get("stage"))
         if not holds:
             continue
         stage = rule.get("stage", "configure")
@@ -375,13 +382,22 @@ def _private_venv(recipe: recipes.Recipe, fetched: sources.Fetched, work: Path, 
 
 
 def _patches(recipe: recipes.Recipe, facts: conditions.Facts, fetched: sources.Fetched,
-             check: bool) -> tuple[list[patches.PatchPlan], list[patches.PatchResult]]:
-    """Every `[[patch]]` with whether it applies and why; checked against the pristine tree."""
-    plans = []
+             check: bool, pending: list[dict]) -> tuple[list[patches.PatchPlan], list[patches.PatchResult]]:
+    """Every `[[patch]]` with whether it applies and why; checked against the pristine tree (an
+    unread one leaves both to after the fetch)."""
+    plans, open_ = [], set()
     for rule in recipe.of("patch"):
-        holds, why = conditions.explain(rule.when, facts)
-        plans.append(patches.PatchPlan(rule.get("file"), recipe.patches_dir / rule.get("file"),
-                                       holds, f"{rule.get('reason')} ({why})" if holds else why))
+        name = rule.get("file")
+        holds, why = conditions.judge(rule.when, facts)
+        if holds is None:  # only the source decides: after the fetch
+            pending.append({"rule": "patch", "name": name, "when": why, "reason": rule.get("reason")})
+            open_.add(name)
+            reason = f"{rule.get('reason')} (if {why})"
+        else:
+            reason = f"{rule.get('reason')} ({why})" if holds else why
+        plans.append(patches.PatchPlan(name, recipe.patches_dir / name, bool(holds), reason))
+    if not fetched.read:
+        return plans, patches.unread(plans, open_) if check else []
     return plans, (patches.check(plans, fetched.tree) if check else [])
 
 
@@ -403,10 +419,12 @@ def _commands(recipe: recipes.Recipe, jobs: int, fetched: sources.Fetched, work:
     return configure, build, install
 
 
-def _outputs(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict) -> list[dict]:
+def _outputs(recipe: recipes.Recipe, facts: conditions.Facts, ctx: dict,
+             pending: list[dict]) -> list[dict]:
     out = []
     for rule in recipe.of("output"):
-        holds, why = conditions.explain(rule.when, facts)
+        holds, why = _applies(rule, facts, pending, "output", _fmt(rule.get("path"), ctx),
+                              reason=rule.get("reason"))
         if holds:
             out.append({"path": _fmt(rule.get("path"), ctx), "reason": rule.get("reason"),
                         "because": why})
@@ -460,29 +478,57 @@ def preflight(req: Request, root) -> None:
 
         replace.check_replaceable(Path(req.prefix).expanduser().resolve(), MANIFEST, "--prefix",
                                   path_list=True)
-    check_before_fetch(recipe, req, facts_maker(recipe, tgt, root, environ, req, toolchains, {}),
+    known = _pinned(recipe, spec)
+    check_before_fetch(recipe, req, facts_maker(recipe, tgt, root, environ, req, toolchains, known),
                        toolchains)
 
 
-def _prepare(req: Request, root):
+def _prepare(req: Request, root, *, fetch: bool = True):
     """Recipe, target, fetched source, backend choice, toolchain and facts: the shared start of
-    a plan and of the no-op check (the fetch is a cache hit after the first build)."""
+    a plan and of the no-op check (the fetch is a cache hit after the first build).  Without
+    `fetch` (a dry run) a remote source is read only from the cache; unread, the backend is
+    chosen as far as the rules decide without it (the last item: the others it may be)."""
     recipe = recipes.load(req.recipe)
     tgt = targets.get_target(req.target)
     environ = dict(os.environ if req.environ is None else req.environ)
     spec = sources.spec_for(recipe, ref=req.ref, source=req.source)
     toolchains: dict[str, Toolchain] = {}
-    known: dict[str, conditions.SourceFacts] = {}
+    known = _pinned(recipe, spec)
     facts_for = facts_maker(recipe, tgt, root, environ, req, toolchains, known)
-    identity = sources.identify(spec)
-    fetched = sources.fetch(spec, identity)
-    known["source"] = conditions.SourceFacts(fetched.tree, source_version(recipe, fetched))
-    backend, backend_reason = choose_backend(recipe, req, facts_for)
+    fetched = sources.fetch(spec, sources.identify(spec)) if fetch else sources.without_download(spec)
+    others: tuple[str, ...] = ()
+    if fetched.read:
+        version = source_version(recipe, fetched)
+        _check_pinned(recipe, spec, version)
+        known["source"] = conditions.SourceFacts(fetched.tree, version)
+        backend, backend_reason = choose_backend(recipe, req, facts_for)
+    else:
+        backend, backend_reason, others = backend_without_source(recipe, req, facts_for)
     facts = facts_for(backend)
     toolchain = toolchains[recipe.backends[backend].toolchain]
     prefix = (Path(req.prefix).expanduser().resolve() if req.prefix
               else default_prefix(recipe.name, tgt.name, backend))
-    return recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix
+    return recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix, others
+
+
+def _pinned(recipe: recipes.Recipe, spec: sources.SourceSpec) -> dict:
+    """What is known of the source before it is read: the version of the recipe's pinned tarball
+    (`[source] pinned_version`; its sha256 fixes the tree), which decides `source_version`."""
+    if recipe.source.pinned_version and sources.is_pinned(recipe, spec):
+        return {"pinned_version": recipe.source.pinned_version}
+    return {}
+
+
+def _check_pinned(recipe: recipes.Recipe, spec: sources.SourceSpec, version: str | None) -> None:
+    """The pinned tarball's tree must say the version the recipe declares for it: that version
+    decided conditions before the download."""
+    pinned = recipe.source.pinned_version
+    if pinned and sources.is_pinned(recipe, spec) and version != pinned:
+        raise ConfigError(
+            f"recipe {recipe.name}: source.pinned_version is {pinned}, but the pinned tarball "
+            f"({spec.location}) says {version or 'no version'}",
+            "set pinned_version to the tarball's version (it decides `source_version` conditions "
+            "before the download)")
 
 
 def default_prefix(recipe: str, target: str, backend: str) -> Path:
@@ -493,87 +539,6 @@ def _rocm_fact(facts: conditions.Facts, toolchain: Toolchain) -> None:
     """`rocm_file` conditions look in the HIP toolchain's ROCm tree."""
     if facts.host is not None and toolchain.env.get("ROCM_PATH"):
         facts.host.rocm_root = Path(toolchain.env["ROCM_PATH"])
-
-
-def _dependency_requests(recipe: recipes.Recipe, req: Request, facts: conditions.Facts,
-                         stack: tuple[str, ...]) -> list[tuple[recipes.Rule, Request, str]]:
-    """The `[[depends]]` rules whose `when` holds, as requests for the same target."""
-    out = []
-    for rule in recipe.of("depends"):
-        holds, why = conditions.explain(rule.when, facts)
-        if not holds:
-            continue
-        name = rule.get("recipe")
-        beside = recipe.path.parent / (name if name.endswith(".toml") else f"{name}.toml")
-        ref = str(beside) if beside.is_file() else name
-        if name in stack or recipes.load(ref).name in stack:
-            raise ConfigError(f"recipe {recipe.name}: dependency cycle "
-                              f"{' -> '.join((*stack, recipe.name, name))}")
-        dep = Request(recipe=ref, target=req.target, backend=rule.get("backend"), jobs=req.jobs,
-                      no_cache=req.no_cache, distribute=req.distribute, environ=req.environ,
-                      rocm=req.rocm)
-        out.append((rule, dep, why))
-    return out
-
-
-def _plan_dependencies(recipe, req, facts, root, check_patches, stack) -> list[Dependency]:
-    """Plan each dependency (recursively), or take the existing rocforge build of it where the
-    rule says `use_existing`; then let this build's header checks see the headers it will use:
-    the installed ones when the dependency's prefix exists, else those in its source
-    (`source_include`) — what the build will install."""
-    deps, extra = [], []
-    for rule, dep_req, why in _dependency_requests(recipe, req, facts, stack):
-        name = recipes.load(dep_req.recipe).name
-        built = existing_build(name, dep_req.target) if rule.get("use_existing") else None
-        if built is not None:
-            because = (f"{why}; the existing rocforge {name} build for {dep_req.target} at "
-                       f"{built.prefix} (from {built.source}, {built.built_at}) is used as it is, "
-                       f"nothing is fetched; `rocforge build {name} --target {dep_req.target}` "
-                       "replaces it")
-            deps.append(Dependency(dep_req, rule.get("reason"), because,
-                                   dict(rule.get("prepend", {})), None, built))
-            if (built.prefix / "include").is_dir():
-                extra.append(built.prefix / "include")
-            continue
-        dep_plan = make_plan(dep_req, root, check_patches=check_patches,
-                             _stack=(*stack, recipe.name))
-        if rule.get("use_existing"):
-            why += (f"; no rocforge {name} build for {dep_req.target} in {paths.builds_prefix()}: "
-                    f"one is built from {dep_plan.source.spec.location}")
-        deps.append(Dependency(dep_req, rule.get("reason"), why, dict(rule.get("prepend", {})),
-                               dep_plan))
-        if (dep_plan.prefix / "include").is_dir():
-            extra.append(dep_plan.prefix / "include")
-        elif rule.get("source_include"):
-            extra.append(dep_plan.source.tree / rule.get("source_include"))
-    if extra and facts.host is not None:
-        facts.host = conditions.HostFacts(include_dirs=(*extra, *facts.host.include_dirs),
-                                          path=facts.host.path, probe_glslc=facts.host.probe_glslc,
-                                          rocm_root=facts.host.rocm_root)
-    return deps
-
-
-def existing_build(recipe: str, target: str) -> Built | None:
-    """The rocforge build of `recipe` for `target` in the builds directory, found by its manifest
-    (every output it names still there): the default prefix first, else the newest."""
-    base = paths.builds_prefix()
-    if not base.is_dir():
-        return None
-    found = []
-    for prefix in sorted(base.iterdir()):
-        if prefix.name.startswith(".") or ".rocforge-" in prefix.name or not prefix.is_dir():
-            continue
-        m = read_manifest(prefix)
-        if not m or m.get("recipe", {}).get("name") != recipe or m.get("target") != target:
-            continue
-        if not all(any(prefix.glob(str(o))) for o in m.get("outputs", [])):
-            continue
-        src = m.get("source", {})
-        where = src.get("location") or src.get("url") or src.get("kind") or "?"
-        found.append(Built(recipe, prefix, str(m.get("backend", "")), str(m.get("stamp", "")),
-                           str(where), str(m.get("built_at", ""))))
-    default = [b for b in found if b.prefix == default_prefix(recipe, target, b.backend)]
-    return (default or sorted(found, key=lambda b: b.built_at, reverse=True) or [None])[0]
 
 
 def source_version(recipe: recipes.Recipe, fetched: sources.Fetched) -> str | None:
@@ -623,7 +588,7 @@ def _fmt(value, ctx: dict) -> str:
 
 def quick_stamp(req: Request, root) -> tuple[str, Path]:
     """The stamp over every input, computed without planning, patching or running CMake."""
-    recipe, _, environ, fetched, backend, _, toolchain, _, prefix = _prepare(req, root)
+    recipe, _, environ, fetched, backend, _, toolchain, _, prefix, _ = _prepare(req, root)
     return _inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, environ), prefix
 
 
@@ -633,9 +598,9 @@ def quick_check(req: Request, root, stack: tuple[str, ...] = ()) -> tuple[str, P
     stamp, prefix = quick_stamp(req, root)
     dep_stamps, current = [], True
     if recipes.load(req.recipe).of("depends"):  # which apply depends on the request's facts
-        recipe, _, _, _, _, _, toolchain, facts, _ = _prepare(req, root)
+        recipe, _, _, _, _, _, toolchain, facts, _, _ = _prepare(req, root)
         _rocm_fact(facts, toolchain)
-        for rule, dep_req, _ in _dependency_requests(recipe, req, facts, stack):
+        for rule, dep_req, _ in dependency_requests(recipe, req, facts, stack):
             built = (existing_build(recipes.load(dep_req.recipe).name, dep_req.target)
                      if rule.get("use_existing") else None)
             if built is not None:  # used as it is: its stamp is the manifest's

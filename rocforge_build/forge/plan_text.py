@@ -16,7 +16,9 @@ def print_plan(plan: Plan, out=None) -> None:
     w = (out or sys.stdout).write  # looked up per call: sys.stdout may have been replaced
     w(f"recipe   {plan.recipe.name} ({plan.recipe.path})\n")
     w(f"target   {plan.target}\nbackend  {plan.backend} — {plan.backend_reason}\n")
-    w(f"source   {plan.source.spec.kind} {plan.source.spec.location} @ {plan.source.identity}\n")
+    unread = "" if plan.source.read else " (not fetched: a dry run downloads nothing)"
+    w(f"source   {plan.source.spec.kind} {plan.source.spec.location} @ "
+      f"{plan.source.identity or 'known after the download'}{unread}\n")
     w(f"prefix   {plan.prefix}\n")
     if plan.toolchain.missing:
         w(f"toolchain MISSING: {plan.toolchain.missing}\n  hint: {plan.toolchain.hint}\n")
@@ -52,6 +54,47 @@ def print_plan(plan: Plan, out=None) -> None:
         w(f"expects    {o['path']} — {o['reason']}\n")
     _print_env(w, "exported by `rocforge env` (recorded in the manifest)", plan.export_env,
                plan.env_reasons)
+    if not plan.source.read:
+        print_after_fetch(plan, w)
+
+
+_LABELS = {
+    "backend": lambda e: f"backend {e['name']} exists in this source"
+    + (f" (else: {e['message']})" if e.get("message") else ""),
+    "refused": lambda e: f"backend {e['name']} is not available, the build stops"
+    + (f": {e['message']}" if e.get("message") else ""),
+    "stop": lambda e: f"stop: {e['name']}",
+    "toolchain": lambda e: f"toolchain {e['name']} MISSING, the build stops: {e['message']}",
+    "note": lambda e: f"note: {e['name']}",
+    "option": lambda e: f"-D{e['name']}={e.get('value', '')} — {e.get('reason', '')}",
+    "declared": lambda e: f"-D{e['name']} is passed: the build stops (CMake would ignore it) unless",
+    "headers": lambda e: f"headers of {e['name']}:",
+    "env": lambda e: f"{e['name']}={e.get('value', '')}"
+    + (f" ({e['stage']} env)" if e.get("stage") else "") + f" — {e.get('reason', '')}",
+    "patch": lambda e: f"patch {e['name']} — {e.get('reason', '')}",
+    "depends": lambda e: f"depends {e['name']} — {e.get('reason', '')}",
+    "output": lambda e: f"expects {e['name']} — {e.get('reason', '')}",
+    "smoke": lambda e: f"smoke {e['name']}",
+}
+_NOT_IF = {"declared", "headers"}
+
+
+def print_after_fetch(plan: Plan, w) -> None:
+    """What the dry run of a source it did not download leaves to the fetch: each rule with the
+    condition only the source decides."""
+    entries = plan.after_fetch
+    w("decided after the fetch (the source is not in the cache and a dry run downloads nothing;"
+      " the build fetches it, then decides)\n")
+    for other in plan.backend_alternatives:
+        w(f"  this is the plan of backend {plan.backend}; should the source make it {other}, "
+          f"`--backend {other} --dry-run` shows that one\n")
+    if not entries:
+        w("  nothing: no rule of this recipe depends on the source's contents\n")
+    for e in entries:
+        label = _LABELS.get(e["rule"], lambda e: f"{e['rule']} {e['name']}")(e)
+        when = e["when"] if e["rule"] in _NOT_IF or e["when"].startswith("the source makes") \
+            else f"if {e['when']}"
+        w(f"  {label}\n      {when}\n" + (f"      hint: {e['hint']}\n" if e.get("hint") else ""))
 
 
 def _print_env(w, title: str, env: dict[str, str], reasons: dict[str, str]) -> None:

@@ -39,6 +39,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "git": ((str,), False), "ref": ((str,), False), "url": ((str,), False),
         "sha256": ((str,), False), "subdir": ((str,), False), "version": ((list,), False),
         "sparse": ((list,), False), "submodules": ((bool,), False),
+        "pinned_version": ((str,), False),
     },
     "source.version": {"file": ((str,), False), "regex": ((str,), False), "git": ((str,), False)},
     "backends.*": {
@@ -156,6 +157,9 @@ class Source:
     version: tuple[dict, ...] = ()
     sparse: tuple[str, ...] = ()  # git: sparse (cone) checkout of these paths, shallow, blob-less
     submodules: bool = False  # git: check out submodules too (shallow)
+    # the version of the tree at `url` (its sha256 pins it): `source_version` conditions are
+    # decided before the download for it (a dry run, the checks before a fetch)
+    pinned_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -281,10 +285,14 @@ def _parse_source(src: dict, name: str, path: Path, where: str) -> Source:
         refs.check_git_url(src["git"], f"recipe {name} ({path}): source.git", ConfigError)
     for i, probe in enumerate(src.get("version", [])):
         _check_keys(probe, "source.version", f"{where}: source.version[{i}]")
+    if src.get("pinned_version") and not (src.get("url") and src.get("sha256")):
+        raise ConfigError(f"{where}: source.pinned_version: the version of the pinned `url` "
+                          "(+ `sha256`), which this source lacks")
     source = Source(
         git=src.get("git"), ref=src.get("ref"), url=src.get("url"), sha256=src.get("sha256"),
         subdir=src.get("subdir"), version=tuple(src.get("version", [])),
         sparse=tuple(src.get("sparse", [])), submodules=src.get("submodules", False),
+        pinned_version=src.get("pinned_version"),
     )
     if (source.sparse or source.submodules) and not source.git:
         raise ConfigError(f"{where}: source.sparse / source.submodules need a `git` source")

@@ -25,6 +25,7 @@ from rocforge_build import paths
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import IntegrityError, NetworkError, UsageError
 from rocforge_build.proc import GIT_ALLOW_PROTOCOL, CommandFailed, run
+from rocforge_build.progress import Heartbeat
 from rocforge_build.refs import check_git_ref, check_git_url
 
 _SHA_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -57,10 +58,13 @@ class SourceSpec:
 @dataclass(frozen=True)
 class Fetched:
     spec: SourceSpec
-    identity: str  # commit / sha256 / tree hash
+    identity: str  # commit / sha256 / tree hash ("" when only the download tells)
     root: Path  # the fetched top directory (pristine)
     tree: Path  # the CMake project (root / subdir)
     commit: str | None = None
+    # False: a dry run's stand-in for a remote source that is not in the cache (nothing is
+    # downloaded; root and tree are where the fetch will put it)
+    read: bool = True
 
     def to_json(self) -> dict:
         d = self.spec.to_json()
@@ -68,6 +72,8 @@ class Fetched:
         if self.commit:
             d["commit"] = self.commit
         d["tree"] = str(self.tree)
+        if not self.read:
+            d["fetched"] = False
         return d
 
 
@@ -245,6 +251,71 @@ def identify(spec: SourceSpec) -> str:
     return ""  # a remote tarball without a pin: known only after the download
 
 
+# -- what a dry run may read: never a download ---------------------------------------------------
+
+def is_remote(spec: SourceSpec) -> bool:
+    """Whether reading the source asks a server: a tarball URL, a git URL other than a local
+    path or file:// (a local repository is read in place, as a local tree is)."""
+    if spec.kind == "local":
+        return False
+    scheme = urlparse(spec.location).scheme
+    if spec.kind == "tarball":
+        return scheme not in ("", "file")
+    return not (scheme == "file" or (scheme == "" and Path(spec.location).exists()))
+
+
+def is_pinned(recipe, spec: SourceSpec) -> bool:
+    """The recipe's own tarball, by its url and sha256: its tree is known before the download."""
+    rs = recipe.source
+    return spec.kind == "tarball" and bool(rs.url and rs.sha256) and spec.location == rs.url \
+        and spec.sha256 == rs.sha256
+
+
+def without_download(spec: SourceSpec) -> Fetched:
+    """The source as a dry run may read it: a local one (read, as the build will), a remote one
+    already in the source cache, else a stand-in (`read=False`) — the plan then leaves what depends
+    on the source's contents to after the fetch.  Never a request to a server (not even `git
+    ls-remote`: a named git ref is taken as it resolved at the last fetch, and said so)."""
+    if not is_remote(spec):
+        return fetch(spec)
+    if spec.kind == "tarball":
+        sha = spec.sha256
+        if sha and (_trees_dir() / sha[:20] / ".rocforge-complete").is_file():
+            return _finish(spec, sha, _trees_dir() / sha[:20])
+        if sha and _downloaded(spec) is not None:  # downloaded, not unpacked: unpack, no network
+            return fetch(spec, sha, progress=False)
+        return _stand_in(spec, sha or "")
+    ref = spec.ref or "HEAD"
+    commit = ref if _SHA_RE.match(ref) else _remembered_refs().get(f"{spec.location} {ref}")
+    if not isinstance(commit, str) or not _SHA_RE.match(commit):
+        return _stand_in(spec, "")
+    if commit != ref:
+        sys.stderr.write(f"rocforge: not asking {spec.location} what {ref} is now (no download): "
+                         f"{ref} = {commit[:12]}, as the last fetch found it; a build asks\n")
+    if spec.checkout:
+        shape = hashlib.sha256(json.dumps([sorted(spec.sparse), spec.submodules]).encode()).hexdigest()
+        if (_trees_dir() / f"{commit[:20]}-{shape[:8]}" / ".rocforge-complete").is_file():
+            return fetch(spec, commit)
+        return _stand_in(spec, commit)
+    if (_trees_dir() / commit[:20] / ".rocforge-complete").is_file() or _mirror_has(spec.location, commit):
+        return fetch(spec, commit)  # from the cache or the local mirror: no network
+    return _stand_in(spec, commit)
+
+
+def _downloaded(spec: SourceSpec) -> Path | None:
+    """A pinned tarball already complete in the downloads cache (checked against its sha256)."""
+    name = Path(unquote(urlparse(spec.location).path)).name or "source.tar.gz"
+    dest = paths.cache_dir() / "downloads" / f"{spec.sha256[:16]}-{name}"
+    return dest if dest.is_file() and sha256_file(dest) == spec.sha256 else None
+
+
+def _stand_in(spec: SourceSpec, identity: str) -> Fetched:
+    """What a plan says of a source it did not read: where the fetch will put it."""
+    root = _trees_dir() / (identity[:20] if identity else "unfetched")
+    return Fetched(spec, identity, root, root / spec.subdir if spec.subdir else root,
+                   identity if spec.kind == "git" and identity else None, read=False)
+
+
 # -- fetching -----------------------------------------------------------------------------------
 
 def _trees_dir() -> Path:
@@ -270,11 +341,11 @@ def _finish(spec: SourceSpec, identity: str, root: Path, commit: str | None = No
 
 
 def _announce(spec: SourceSpec, identity: str) -> None:
-    """Say what is fetched before it is: a plan (`--dry-run`) reads the source's build files, so
-    an uncached llama.cpp costs a download of its tree; the cache makes later plans offline."""
+    """Say what is fetched before it is: a build reads the source's build files, so an uncached
+    llama.cpp costs a download of its tree; the cache makes later plans and builds offline."""
     what = spec.location + (f" @ {spec.ref or identity[:12]}" if spec.kind == "git" else "")
     sys.stderr.write(f"rocforge: fetching {what} into {paths.cache_dir() / 'sources'} "
-                     "(plans and builds read the source; later runs use this copy)\n")
+                     "(builds read the source; later runs use this copy)\n")
 
 
 def fetch(spec: SourceSpec, identity: str | None = None, *, progress: bool = True) -> Fetched:
@@ -295,13 +366,13 @@ def fetch(spec: SourceSpec, identity: str | None = None, *, progress: bool = Tru
         dest = _trees_dir() / f"{identity[:20]}-{shape[:8]}"
         if not (dest / ".rocforge-complete").is_file():
             _announce(spec, identity)
-            _git_checkout(spec, identity, dest)
+            _git_checkout(spec, identity, dest, progress)
         return _finish(spec, identity, dest, identity)
     if spec.kind == "git":
         if not (dest / ".rocforge-complete").is_file():
             if not _mirror_has(spec.location, identity):
                 _announce(spec, identity)
-            _git_export(spec.location, identity, dest)
+            _git_export(spec.location, identity, dest, progress)
         return _finish(spec, identity, dest, identity)
     # tarball
     if identity and (dest / ".rocforge-complete").is_file():
@@ -319,28 +390,35 @@ def _mirror_has(url: str, commit: str) -> bool:
                                    check=False).returncode == 0
 
 
-def _git_export(url: str, commit: str, dest: Path) -> None:
+def _git_export(url: str, commit: str, dest: Path, progress: bool = True) -> None:
+    """The commit's tree from the bare mirror (fetched into it first when missing).  Not on a
+    terminal, a line every interval: `git URL [step/3] ELAPSED: fetch|archive|unpack ...`."""
     mirror = _mirror(url)
     if not mirror.is_dir():
         mirror.parent.mkdir(parents=True, exist_ok=True)
         run(["git", "init", "-q", "--bare", mirror])
-    have = run(["git", "-C", mirror, "cat-file", "-e", f"{commit}^{{commit}}"], check=False)
-    if have.returncode != 0:
-        got = run(["git", "-C", mirror, "fetch", "-q", "--depth", "1", url, commit],
-                  check=False, timeout=3600)
-        if got.returncode != 0:  # servers that refuse a sha want: fetch everything
-            try:
-                run(["git", "-C", mirror, "fetch", "-q", "--tags", url, "+refs/heads/*:refs/heads/*"],
-                    timeout=3600)
-            except CommandFailed as exc:
-                raise NetworkError(f"git fetch {url} failed", exc.output.strip()[-400:] or None) from exc
-    with tempfile.TemporaryDirectory(dir=mirror.parent) as tmp:
-        tarball = Path(tmp) / "src.tar"
-        run(["git", "-C", mirror, "archive", "--format=tar", "-o", tarball, commit])
-        _extract(tarball, dest, strip=False)
+    with Heartbeat(f"git {url}", enabled=progress) as beat:
+        have = run(["git", "-C", mirror, "cat-file", "-e", f"{commit}^{{commit}}"], check=False)
+        if have.returncode != 0:
+            beat.update(1, 3, f"git fetch --depth 1 {commit[:12]}")
+            got = run(["git", "-C", mirror, "fetch", "-q", "--depth", "1", url, commit],
+                      check=False, timeout=3600)
+            if got.returncode != 0:  # servers that refuse a sha want: fetch everything
+                beat.update(detail="git fetch --tags (every branch: the server refuses a commit want)")
+                try:
+                    run(["git", "-C", mirror, "fetch", "-q", "--tags", url, "+refs/heads/*:refs/heads/*"],
+                        timeout=3600)
+                except CommandFailed as exc:
+                    raise NetworkError(f"git fetch {url} failed", exc.output.strip()[-400:] or None) from exc
+        with tempfile.TemporaryDirectory(dir=mirror.parent) as tmp:
+            tarball = Path(tmp) / "src.tar"
+            beat.update(2, 3, f"git archive {commit[:12]}")
+            run(["git", "-C", mirror, "archive", "--format=tar", "-o", tarball, commit])
+            beat.update(3, 3, f"unpacking into {dest}")
+            _extract(tarball, dest, strip=False)
 
 
-def _git_checkout(spec: SourceSpec, commit: str, dest: Path) -> None:
+def _git_checkout(spec: SourceSpec, commit: str, dest: Path, progress: bool = True) -> None:
     """A shallow (depth 1), blob-less partial clone of one commit with a sparse (cone) checkout of
     `spec.sparse` — a monorepo such as ROCm/rocm-libraries downloads only those directories —
     and, with `spec.submodules`, shallow submodules.  Built in a temporary sibling and renamed
@@ -352,28 +430,25 @@ def _git_checkout(spec: SourceSpec, commit: str, dest: Path) -> None:
     def git(*args, timeout: float | None = None):
         return run(["git", "-C", tmp, *args], env=env, timeout=timeout)
 
+    steps = 2 + bool(spec.submodules)  # fetch, checkout, submodules: [n/N] of the progress line
     try:
         git("init", "-q")
         git("remote", "add", "origin", spec.location)
-        fetch = ["fetch", "-q", "--depth", "1", "--filter=blob:none", "origin"]
-        wants = [commit] + ([spec.ref] if spec.ref and spec.ref != commit else [])
-        for i, want in enumerate(wants):  # servers that refuse a sha want get the ref name
+        with Heartbeat(f"git {spec.location}", enabled=progress) as beat:
+            beat.update(1, steps, f"git fetch --depth 1 --filter=blob:none {spec.ref or commit[:12]}")
+            _checkout_fetch(git, spec, commit)
+            if spec.sparse:
+                git("sparse-checkout", "set", "--cone", *spec.sparse)
             try:
-                git(*fetch, want, timeout=3600)
-                break
+                beat.update(2, steps, f"git checkout {commit[:12]}"
+                            + (f" (sparse: {', '.join(spec.sparse)})" if spec.sparse else ""))
+                git("checkout", "-q", "--detach", commit, timeout=3600)
+                if spec.submodules:
+                    beat.update(3, steps, "git submodule update --init --recursive --depth 1")
+                    _submodules(tmp, env)
             except CommandFailed as exc:
-                if i == len(wants) - 1:
-                    raise NetworkError(f"git fetch {spec.location} {spec.ref or commit} failed",
-                                       exc.output.strip()[-400:] or None) from exc
-        if spec.sparse:
-            git("sparse-checkout", "set", "--cone", *spec.sparse)
-        try:
-            git("checkout", "-q", "--detach", commit, timeout=3600)
-            if spec.submodules:
-                _submodules(tmp, env)
-        except CommandFailed as exc:
-            raise NetworkError(f"git checkout of {commit} from {spec.location} failed",
-                               exc.output.strip()[-400:] or None) from exc
+                raise NetworkError(f"git checkout of {commit} from {spec.location} failed",
+                                   exc.output.strip()[-400:] or None) from exc
         missing = [p for p in spec.sparse if not (tmp / p).is_dir()]
         if missing:
             raise UsageError(f"{spec.location} @ {commit[:12]} has no {', '.join(missing)}",
@@ -384,6 +459,20 @@ def _git_checkout(spec: SourceSpec, commit: str, dest: Path) -> None:
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _checkout_fetch(git, spec: SourceSpec, commit: str) -> None:
+    """Shallow, blob-less: the commit, or its ref name where the server refuses a sha want."""
+    fetch = ["fetch", "-q", "--depth", "1", "--filter=blob:none", "origin"]
+    wants = [commit] + ([spec.ref] if spec.ref and spec.ref != commit else [])
+    for i, want in enumerate(wants):
+        try:
+            git(*fetch, want, timeout=3600)
+            return
+        except CommandFailed as exc:
+            if i == len(wants) - 1:
+                raise NetworkError(f"git fetch {spec.location} {spec.ref or commit} failed",
+                                   exc.output.strip()[-400:] or None) from exc
 
 
 def _submodules(tree: Path, env: dict) -> None:

@@ -19,6 +19,7 @@ from rocforge_build import paths
 from rocforge_build.errors import UsageError
 from rocforge_build.measure.gguf import Model
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS, BuildNotUsable, LlamaBuild
+from rocforge_build.progress import Heartbeat
 from rocforge_build.resources import load_toml, package_data
 
 _NUM = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf|-nan|-inf))"
@@ -387,10 +388,11 @@ def _prune_refs(d: Path) -> None:
 
 def run_checks(build: LlamaBuild, ref: LlamaBuild, model: Model, coverage: Coverage, *,
                text: Path | None = None, env: dict | None = None,
-               progress=None) -> tuple[list[Check], Coverage]:
+               progress=None, beat: Heartbeat | None = None) -> tuple[list[Check], Coverage]:
     """Each shape: the build against the reference's base at that context.  The references come
     first (longest context first), so a text too short for a context bounds the coverage before
-    any build run."""
+    any build run.  `beat` counts the checks done of the coverage's ([n/N] of its line)."""
+    beat = beat or Heartbeat("verify", enabled=False)
     _, _, limits = rules(model.file_type)
     text = Path(text) if text else text_file()
     if not text.is_file():
@@ -398,15 +400,30 @@ def run_checks(build: LlamaBuild, ref: LlamaBuild, model: Model, coverage: Cover
     build.program("llama-perplexity")
     ref.program("llama-perplexity")
     refs = {}
+    beat.update(0, len(coverage.shapes))
     for ctx, fa in sorted({(s.ctx, s.fa) for s in coverage.shapes}, reverse=True):
         try:
             refs[ctx, fa] = reference_base(ref, model, text, ctx, fa, progress)
         except TextTooShort as short:
             coverage = bound_by_text(coverage, short.n_tokens)
-            return run_checks(build, ref, model, coverage, text=text, env=env, progress=progress)
-    checks = [check_shape(build, model, shape, refs[shape.ctx, shape.fa], limits, env, progress)
-              for shape in coverage.shapes]
+            return run_checks(build, ref, model, coverage, text=text, env=env, progress=progress,
+                              beat=beat)
+    checks = []
+    for shape in coverage.shapes:
+        checks.append(check_shape(build, model, shape, refs[shape.ctx, shape.fa], limits, env, progress))
+        beat.update(len(checks))
     return checks, coverage
+
+
+def _telling(progress, beat: Heartbeat):
+    """The progress callback, also giving the heartbeat's line the work now running."""
+
+    def tell(text: str) -> None:
+        beat.update(detail=text)
+        if progress:
+            progress(text)
+
+    return tell
 
 
 def check_shape(build: LlamaBuild, model: Model, shape: Shape, ref: tuple[Path, float],
@@ -449,17 +466,13 @@ def verify(build: LlamaBuild, ref: LlamaBuild, model: Model, coverage: Coverage,
     With `attribute`, each failed shape is checked again with flash attention flipped, so that a
     build wrong on one attention path only is still usable on the other (`verdicts`).  `record`:
     the verdict `rocforge env` reads (a check of one shape alone is not a verify of the build)."""
-    checks, coverage = run_checks(build, ref, model, coverage, text=text, env=env, progress=progress)
-    if attribute and any(not c.passed for c in checks):
-        _, _, limits = rules(model.file_type)
-        have = {c.shape for c in checks}
-        for c in [c for c in checks if not c.passed]:
-            flipped = Shape(c.ctx, c.ubatch or 0, not c.fa, c.ngl)
-            if flipped not in have:
-                have.add(flipped)
-                refb = reference_base(ref, model, Path(text) if text else text_file(), c.ctx,
-                                      not c.fa, progress)
-                checks.append(check_shape(build, model, flipped, refb, limits, env, progress))
+    # not a terminal (a CI log): a line every interval while llama-perplexity runs, [n/N] checks
+    with Heartbeat("verify", enabled=progress is not None) as beat:
+        tell = _telling(progress, beat)
+        checks, coverage = run_checks(build, ref, model, coverage, text=text, env=env, progress=tell,
+                                      beat=beat)
+        if attribute and any(not c.passed for c in checks):
+            _attribute(build, ref, model, checks, text, env, tell, beat)
     failed = [c.to_json() for c in checks if not c.passed]
     result = {"passed": not failed, "reference": str(ref.prefix), "env": env or {},
               "coverage": coverage.to_json(), "verdicts": verdicts(checks),
@@ -477,6 +490,25 @@ def verify(build: LlamaBuild, ref: LlamaBuild, model: Model, coverage: Coverage,
     choices.record_verify(build.prefix, build.stamp, result["passed"],
                           model=str(model.path), reference=str(ref.prefix))
     return result
+
+
+def _attribute(build: LlamaBuild, ref: LlamaBuild, model: Model, checks: list[Check],
+               text: Path | None, env: dict | None, progress, beat: Heartbeat) -> None:
+    """Each failed shape again with flash attention flipped (appended to `checks`)."""
+    _, _, limits = rules(model.file_type)
+    have = {c.shape for c in checks}
+    flips = []
+    for c in [c for c in checks if not c.passed]:
+        flipped = Shape(c.ctx, c.ubatch or 0, not c.fa, c.ngl)
+        if flipped not in have:
+            have.add(flipped)
+            flips.append(flipped)
+    beat.update(len(checks), len(checks) + len(flips))
+    for flipped in flips:
+        refb = reference_base(ref, model, Path(text) if text else text_file(), flipped.ctx,
+                              flipped.fa, progress)
+        checks.append(check_shape(build, model, flipped, refb, limits, env, progress))
+        beat.update(len(checks))
 
 
 def verdicts(checks: list[Check]) -> dict[str, str]:

@@ -33,7 +33,7 @@ from pathlib import Path
 from rocforge_build import config, download, download_policy, extract
 from rocforge_build.errors import IntegrityError, RocforgeError, UsageError
 from rocforge_build.nightly.listing import Nightly
-from rocforge_build.progress import human_size
+from rocforge_build.progress import Heartbeat, human_size
 
 RECORD = "rocforge-install.toml"
 CURRENT = "current"
@@ -207,9 +207,7 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
             fetched.append((entry, res, how, want is not None))
         with extract.staging(prefix) as stage:
             try:
-                for entry, res, _how, _v in fetched:
-                    log(f"unpacking {entry.name}")
-                    extract.safe_extract(res.path, stage)
+                _unpack(fetched, stage, log, progress)
                 check_tree(stage, layers[-1])
             except IntegrityError:
                 for _e, res, _h, _v in fetched:  # a bad archive is not kept for reuse
@@ -235,6 +233,24 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
             for _e, res, _h, _v in fetched:
                 res.path.unlink(missing_ok=True)
         return InstallResult(final, record, previous)
+
+
+def _unpack(fetched: list, stage: Path, log: Callable[[str], None], progress: bool) -> None:
+    """Every layer into `stage`, in order.  Not on a terminal (a CI log), a line every interval:
+    `unpack [layer/layers] ELAPSED: NAME: FILES files, SIZE written` (a layer of GBs takes minutes)."""
+    with Heartbeat("unpack", enabled=progress) as beat:
+        for i, (entry, res, _how, _v) in enumerate(fetched, 1):
+            log(f"unpacking {entry.name}")
+            seen = {"files": 0, "bytes": 0}
+
+            def member(m, name=entry.name, seen=seen) -> None:
+                if m.isreg():
+                    seen["files"] += 1
+                    seen["bytes"] += m.size
+                beat.update(detail=f"{name}: {seen['files']} files, {human_size(seen['bytes'])} written")
+
+            beat.update(i, len(fetched), f"{entry.name}: 0 files")
+            extract.safe_extract(res.path, stage, on_member=member)
 
 
 def _check_download_slot(dest: Path) -> None:

@@ -98,20 +98,36 @@ def engine_problems(engine: Engine, *, building: bool) -> list[str]:
     return problems
 
 
+def engine_error(engine: Engine, *, building: bool) -> ToolchainError | None:
+    """What `check_engine` raises, as a value (its `problems`: one line each), or None when the
+    engine can run here.  A dry run makes the same check at the same point and raises it after
+    printing its plan."""
+    try:
+        problems = engine_problems(engine, building=building)
+    except ToolchainError as exc:  # the engine's own client is not on PATH (--engine docker)
+        exc.problems = [exc.message]
+        return exc
+    if not problems:
+        return None
+    others = [n for n in engines_data().get("order", []) if n != engine.name and proc.which(n)]
+    use = (f"or use {' or '.join(others)} (found here: --engine {others[0]})" if others
+           else "or install podman or buildah (apt-get install podman buildah), which need no daemon")
+    fixes = []
+    if any("buildx" in p for p in problems):
+        fixes.append("install the buildx plugin (Debian 13+: docker-buildx; Docker's apt repository: "
+                     "docker-buildx-plugin)")
+    if any("daemon" in p for p in problems):
+        fixes.append("start the daemon (systemctl start docker) or point DOCKER_HOST at a running one")
+    error = ToolchainError("; ".join(problems), f"{'; '.join(fixes)}; {use}")
+    error.problems = problems  # one line each, for a dry run's plan
+    return error
+
+
 def check_engine(engine: Engine, *, building: bool) -> None:
     """One clear line before anything is built, naming the fix."""
-    problems = engine_problems(engine, building=building)
-    if problems:
-        others = [n for n in engines_data().get("order", []) if n != engine.name and proc.which(n)]
-        use = (f"or use {' or '.join(others)} (found here: --engine {others[0]})" if others
-               else "or install podman or buildah (apt-get install podman buildah), which need no daemon")
-        fixes = []
-        if any("buildx" in p for p in problems):
-            fixes.append("install the buildx plugin (Debian 13+: docker-buildx; Docker's apt repository: "
-                         "docker-buildx-plugin)")
-        if any("daemon" in p for p in problems):
-            fixes.append("start the daemon (systemctl start docker) or point DOCKER_HOST at a running one")
-        raise ToolchainError("; ".join(problems), f"{'; '.join(fixes)}; {use}")
+    error = engine_error(engine, building=building)
+    if error is not None:
+        raise error
 
 
 @dataclass(frozen=True)

@@ -217,23 +217,30 @@ def recipe_ref(recipe: str):
 
 
 # -- plan ---------------------------------------------------------------------------------------------
-def default_backend(recipe: str, *, target: str, source: str | None, ref: str | None, root) -> Decision:
+def default_backend(recipe: str, *, target: str, source: str | None, ref: str | None, root,
+                    dry_run: bool = False) -> Decision:
     """The backend `rocforge build` chooses without --backend: the same function on the same facts
     (the recipe's `[[default]]` rules over the source's build files and this machine's toolchains),
-    so the same reason is printed.  It reads the source, as `rocforge build --dry-run` does."""
+    so the same reason is printed.  The source is read only where the rules need it and it is
+    not local or cached: a real run then fetches it, as `rocforge build` would; a dry run
+    downloads nothing and its reason names the condition the fetch decides."""
     from rocforge_build.forge import plan as build_plan
 
-    sys.stderr.write("rocforge: choosing the default backend as `rocforge build` does (it reads the "
-                     "source's build files; a cache hit after the first fetch)\n")
     req = build_plan.Request(recipe=recipe, target=target, source=source, ref=ref)
-    backend, reason = build_plan._prepare(req, root)[4:6]
+    got = build_plan._prepare(req, root, fetch=False)
+    backend, reason, others = got[4], got[5], got[9]
+    if others and not dry_run:
+        sys.stderr.write("rocforge: choosing the default backend as `rocforge build` does: the "
+                         "recipe's rules read the source's build files (a cache hit after the "
+                         "first fetch)\n")
+        backend, reason = build_plan._prepare(req, root)[4:6]
     return Decision("backend", backend, reason)
 
 
 def plan(
     recipe: str, *, target: str, backend: str | None = None, variant: str | None = None,
     base: str | None = None, runtime_base: str | None = None, tag: str | None = None,
-    source: str | None = None, ref: str | None = None, root=None,
+    source: str | None = None, ref: str | None = None, root=None, dry_run: bool = False,
 ) -> ContainerPlan:
     check_flags(base=base, runtime_base=runtime_base, tag=tag, ref=ref, source=source)
     tgt = targets.get_target(target)  # UsageError with a suggestion for unknown names
@@ -242,7 +249,8 @@ def plan(
     if backend is None:
         from rocforge_build.rootfs import Root
 
-        chosen = default_backend(recipe, target=tgt.name, source=source, ref=ref, root=root or Root("/"))
+        chosen = default_backend(recipe, target=tgt.name, source=source, ref=ref, root=root or Root("/"),
+                                 dry_run=dry_run)
         backend = chosen.value
         decisions.append(chosen)
     if backend not in loaded.backends:
