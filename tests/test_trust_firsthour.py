@@ -628,3 +628,15 @@ def test_a_fifo_for_a_gpus_kfd_properties_is_one_detection_line(tmp_path):
     assert out.returncode == 3 and out.stdout == ""
     assert out.stderr.splitlines()[0] == ("rocforge: error: cannot read /sys/class/kfd/kfd/topology/nodes/1/"
                                           "properties: not a regular file")
+
+
+def test_an_unpinned_tarball_is_downloaded_once_per_run(http_server, tmp_path, capsys):
+    """A --source URL (no sha256 pins it): one build reads it once, and plans and builds from
+    those same bytes — it was fetched for the up-to-date check, again for the dependencies and
+    again for the plan: three downloads of what may have changed in between."""
+    src = project_copy(tmp_path / "src")
+    url = http_server.add("/fixture-1.2.0.tar.gz", tarball(tmp_path / "s.tar.gz", src).read_bytes())
+    assert main(["build", str(RECIPE), "--target", "gfx1030", "--source", url,
+                 "--prefix", str(tmp_path / "p")]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert [(m, p) for m, p, _ in http_server.requests] == [("GET", "/fixture-1.2.0.tar.gz")]

@@ -488,6 +488,16 @@ def _submodules(tree: Path, env: dict) -> None:
         env=sub_env, timeout=3600)
 
 
+# An unpinned URL (a --source URL: no sha256) read in this run: the up-to-date check, the
+# dependencies and the plan all use the bytes of one download, never a second copy that may differ.
+_unpinned: dict[str, tuple[Path, str, tuple[int, int]]] = {}
+
+
+def forget_unpinned() -> None:
+    """A new run (cli.main) reads unpinned URLs afresh."""
+    _unpinned.clear()
+
+
 def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
     parsed = urlparse(spec.location)
     if parsed.scheme in ("", "file"):
@@ -506,9 +516,20 @@ def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
     except ImportError as exc:  # pragma: no cover - download.py ships with rocforge
         raise NetworkError("HTTP downloads are unavailable in this rocforge build",
                            "fetch the tarball yourself and pass --source FILE") from exc
+    if not spec.sha256 and spec.location in _unpinned:
+        path, sha, seen = _unpinned[spec.location]
+        try:
+            st = path.stat()
+            if (st.st_mtime_ns, st.st_size) == seen:
+                return path, sha
+        except OSError:
+            pass
     downloads.mkdir(parents=True, exist_ok=True)
     _announce(spec, spec.sha256 or "")
     result = download(spec.location, dest, sha256=spec.sha256, progress=progress)
+    if not spec.sha256:
+        st = Path(result.path).stat()
+        _unpinned[spec.location] = (Path(result.path), result.sha256, (st.st_mtime_ns, st.st_size))
     return Path(result.path), result.sha256
 
 
