@@ -500,7 +500,10 @@ def test_build_target_defaults_to_the_detected_gpu(tmp_path, capsys):
     ["tune", "llama-cpp", "--model", "m.gguf"],
     ["container", "run", "llama-cpp", "--backend", "hip", "--engine", "docker", "--dry-run",
      "--", "true"],
-], ids=["build", "tune", "container"])
+    ["kernels", "build"],
+    ["nightly", "pip", "--no-probe"],
+    ["bisect", "llama-cpp", "--good", "a1", "--bad", "b2", "--run", "true"],
+], ids=["build", "tune", "container", "kernels", "nightly-pip", "bisect"])
 def test_no_target_and_no_gpu_lists_the_choices(tmp_path, capsys, command):
     root = tmp_path / "root"
     root.mkdir()

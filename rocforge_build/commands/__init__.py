@@ -14,6 +14,4 @@ def target_or_detected(args, rocm: str | None = None) -> str:
     found = resolver.resolve(args.rootfs, rocm=rocm).target
     if found:
         return found
-    raise UsageError("no GPU target was given and none was detected",
-                     "pass --target GFX, one of: "
-                     + ", ".join(t.name for t in targets.all_targets()))
+    raise UsageError("no GPU target was given and none was detected", targets.choices_hint())

@@ -22,7 +22,7 @@ REPORT_MARK = "<!-- written by rocforge bisect"
 
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", metavar="RECIPE", help="recipe name or .toml file")
-    parser.add_argument("--target", required=True, metavar="GFX", help="GPU target, e.g. gfx1151")
+    parser.add_argument("--target", metavar="GFX", help="GPU target, e.g. gfx1151 (default: the detected GPU)")
     parser.add_argument("--good", metavar="REF", help="a ref that works (with "
                         "--versions/--nightlies: a version in the list; default the first)")
     parser.add_argument("--bad", metavar="REF", help="a later ref that does not (with "
@@ -59,10 +59,12 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from rocforge_build.commands import target_or_detected
     from rocforge_build.forge import bisect, recipes, upgrade
     from rocforge_build.forge.plan import Request
 
     axis, good, listed = _checked(args)
+    args.target = target_or_detected(args)
     pct = upgrade.threshold(args.threshold)
     argv = upgrade.run_argv(args.run) if args.run is not None else None
     model = _model(args.verify or args.bench)

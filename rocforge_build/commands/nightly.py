@@ -363,7 +363,9 @@ def _pip(args, cfg) -> int:
 
     target = args.target or _detected_target(args)
     if not target:
-        raise UsageError("no GPU target given and none detected", "give --target GFX")
+        from rocforge_build.discover import targets
+
+        raise UsageError("no GPU target was given and none was detected", targets.choices_hint())
     from rocforge_build.discover import targets
 
     target = targets.get_target(target).name

@@ -131,6 +131,11 @@ def all_targets() -> list[Target]:
     return sorted(_load().values(), key=lambda t: t.gfx_target_version)
 
 
+def choices_hint() -> str:
+    """The hint of every "no target" error: the targets to choose from."""
+    return "pass --target GFX, one of: " + ", ".join(t.name for t in all_targets())
+
+
 def known(name: str) -> bool:
     return name in _load()
 

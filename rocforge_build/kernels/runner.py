@@ -304,7 +304,9 @@ def _pick_target(root: Root, target: str | None, rocm: str | None,
     res = resolver.resolve(root, rocm=rocm, environ=environ)
     if res.target:
         return res.target
-    raise UsageError("no GPU target was given and none was detected", "pass --target GFX")
+    from rocforge_build.discover import targets
+
+    raise UsageError("no GPU target was given and none was detected", targets.choices_hint())
 
 
 def _amd_code_object(tc: Toolchain, target: str, binary: Path,
