@@ -116,11 +116,21 @@ def test_quantized_models_get_their_measured_limits():
     lim = {t.metric: t.limit for t in f16}
     qlim = {t.metric: t.limit for t in q4}
     assert lim == {"kld_mean": 0.005, "top1": 0.95, "ppl_ratio": 1.01}
-    # verify.toml [quantized]: a right Vulkan build on the H100 measured <= 0.0040 KLD, >= 95.06 %
-    # top-1, <= 1.0021 PPL ratio on Q8_0/Q4_0/Q4_1; the limits sit above that
-    assert qlim == {"kld_mean": 0.012, "top1": 0.93, "ppl_ratio": 1.02}
+    # each measured type its own (a right Vulkan build on the H100, per type: Q8_0 <= 0.00367 KLD,
+    # >= 95.6 % top-1; Q4_1 <= 0.00372, >= 95.2 %; Q4_0 <= 0.00401, >= 95.1 %; PPL ratio <= 1.0021)
+    assert qlim == {"kld_mean": 0.012, "top1": 0.931, "ppl_ratio": 1.02}
+    per_type = {ft: {t.metric: t.limit for t in verify.rules(ft)[2]} for ft in ("Q8_0", "Q4_1", "Q4_K_M")}
+    assert per_type["Q8_0"] == {"kld_mean": 0.011, "top1": 0.936, "ppl_ratio": 1.02}
+    assert per_type["Q4_1"] == {"kld_mean": 0.0112, "top1": 0.932, "ppl_ratio": 1.02}
+    # a type never measured: the loosest measured limits, and the reason says it was not measured
+    assert per_type["Q4_K_M"] == {"kld_mean": 0.012, "top1": 0.93, "ppl_ratio": 1.02}
+    assert "not measured" in next(t.reason for t in verify.rules("Q4_K_M")[2] if t.metric == "kld_mean")
+    assert "Q8_0 weights" in next(t.reason for t in verify.rules("Q8_0")[2] if t.metric == "kld_mean")
+    # the right builds measured pass their type's limits (Q4_0's worst check, Q8_0's worst check)
     right_q4_0 = verify.judge(verify.Check(2048, 0.00401, 0.95064, 22.9143, 22.976, 256, False), q4, 49152)
     assert right_q4_0.passed
+    q8 = verify.rules("Q8_0")[2]
+    assert verify.judge(verify.Check(2048, 0.00367, 0.956, 22.9, 22.93, 256, False), q8, 49152).passed
     # the flash-attention fault of test_verify_shapes.py on the trained Q4_1 model, at 512 tokens
     wrong = verify.judge(verify.Check(512, 0.29538, 0.72255, 23.4546, 17.3358, 2048, True), q4, 49152)
     assert not wrong.passed and len(wrong.failed) == 3

@@ -68,6 +68,7 @@ def rules(file_type: str | None = None) -> tuple[dict, dict, tuple[Threshold, ..
     (`[quantized]`: the CPU reference rounds activations where a GPU backend may not)."""
     data = _data()
     quantized = data.get("quantized", {}) if file_type and file_type not in UNQUANTIZED else {}
+    quantized = quantized.get("types", {}).get(file_type, quantized)  # a measured type's own limits
     limits = []
     for t in data["threshold"]:
         limit, reason = float(t.get("max", t.get("min"))), t["reason"]
