@@ -130,3 +130,33 @@ def test_bisect_bench_finds_the_commit_that_slows_llama_bench(tmp_path, capsys):
     # each step built llama-bench alone (the recipe's smoke program is not among the targets)
     for s in doc["steps"]:
         assert sorted(p.name for p in (Path(s["prefix"]) / "bin").iterdir()) == ["llama-bench"]
+
+
+def test_bisect_follows_the_first_parent_past_a_merge(tmp_path, capsys):
+    """A side branch that breaks the output, merged: the candidates are the first-parent commits
+    (git bisect --first-parent), so the merge is the first bad one and no step builds a commit of
+    the side branch."""
+    from buildfixtures import git
+    from upgrade_history import _commit
+
+    h = history(tmp_path)
+    c, repo = h.commits, h.repo
+    git("checkout", "-q", "-b", "side", c["docs2"], cwd=repo)
+    greet = repo / "greet.c"
+    greet.write_text(greet.read_text().replace("toupper", "tolower"))
+    side_break = _commit(repo, "side: lower case")
+    (repo / "SIDE").write_text("side\n")
+    side_docs = _commit(repo, "side: docs")
+    git("checkout", "-q", "-B", "trunk", c["docs2"], cwd=repo)
+    (repo / "TRUNK").write_text("trunk\n")
+    trunk_docs = _commit(repo, "trunk: docs")
+    git("merge", "-q", "--no-ff", "-m", "merge side", "side", cwd=repo)
+    merge = git("rev-parse", "HEAD", cwd=repo)
+    (repo / "TRUNK").write_text("trunk\nafter\n")
+    after = _commit(repo, "trunk: after the merge")
+    rc, doc = bisect(h, c["docs2"], after, output_checker(tmp_path), capsys)
+    assert rc == 0 and doc["first_bad"] == merge
+    assert doc["candidates"] == 3  # trunk docs, the merge, after: not the side's two commits
+    assert not {s["ref"] for s in doc["steps"]} & {side_break, side_docs}
+    assert doc["builds"] <= max_builds(3)
+    assert {s["ref"] for s in doc["steps"]} <= {trunk_docs, merge, after}
