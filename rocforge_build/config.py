@@ -15,13 +15,13 @@ import copy
 import difflib
 import math
 import tomllib
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from rocforge_build import paths
 from rocforge_build.errors import ConfigError
+from rocforge_build.records import Record, init
 from rocforge_build.resources import load_toml, package_data
 
 DEFAULTS_FILE = package_data("defaults.toml")
@@ -258,15 +258,17 @@ def _schema_default(key: str) -> Any:
 TOML_MAX_INT = 2 ** 63 - 1
 
 
-@dataclass(frozen=True)
-class Bound:
+class Bound(Record):
     """The allowed range of a numeric key: what the reliability promises say of it
     (docs/concepts/reliability.md)."""
 
-    least: float
-    strict: bool = False  # `> least` (a zero would divide, or stop everything at once)
-    integer: bool = False
-    most: float | None = None  # socket timeouts past a few years overflow time_t
+    __slots__ = ("least", "strict", "integer", "most")
+
+    def __init__(self, least: float,
+                 strict: bool = False,  # `> least` (a zero would divide, or stop everything at once)
+                 integer: bool = False,
+                 most: float | None = None):  # socket timeouts past a few years overflow time_t
+        init(self, least, strict, integer, most)
 
     @property
     def limit(self) -> float | None:

@@ -286,10 +286,11 @@ def test_real_process_bad_input_has_no_traceback(tmp_path):
     assert out.stderr.splitlines()[0].startswith("rocforge: error: /sys/class/kfd/kfd/topology/")
 
 
-def test_env_does_not_import_rich_or_requests(tmp_path):
+def test_env_does_not_import_rich_requests_or_dataclasses(tmp_path):
     fr.make_strix_halo(tmp_path)
     code = ("import sys; from rocforge_build.cli import main; rc = main(['--root', sys.argv[1], "
-            "'env']); bad = [m for m in ('rich', 'requests', 'platformdirs') if m in sys.modules]; "
+            "'env']); bad = [m for m in ('rich', 'requests', 'platformdirs', 'dataclasses') "
+            "if m in sys.modules]; "
             "print('BAD', bad, file=sys.stderr) if bad else None; sys.exit(rc or (3 if bad else 0))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=60)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from rocforge_build.records import Record, init
 from rocforge_build.rootfs import Root, open_regular
 
 # ROCr's ISA registry names every agent ISA it can run as `amdgcn-amd-amdhsa--gfxNNNN`
@@ -24,11 +24,12 @@ _DT_SONAME = 14
 _DATA_SECTIONS = (".rodata", ".data.rel.ro", ".data")
 
 
-@dataclass(frozen=True)
-class ElfInfo:
-    needed: tuple[str, ...]
-    soname: str | None
-    data: bytes  # .rodata, .data.rel.ro and .data: where strings and embedded blobs live
+class ElfInfo(Record):
+    __slots__ = ("needed", "soname", "data")
+
+    def __init__(self, needed: tuple[str, ...], soname: str | None,
+                 data: bytes):  # .rodata, .data.rel.ro and .data: where strings and blobs live
+        init(self, needed, soname, data)
 
 
 def _sections(fh, head: bytes):
@@ -105,10 +106,12 @@ def isa_names(data: bytes) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m.group(1).decode() for m in _ISA_NAME_RE.finditer(data)))
 
 
-@dataclass(frozen=True)
-class RuntimeIsas:
-    library: PurePosixPath  # inner path of the library the table was read from
-    isas: tuple[str, ...]
+class RuntimeIsas(Record):
+    __slots__ = ("library", "isas")
+
+    def __init__(self, library: PurePosixPath,  # inner path of the library the table was read from
+                 isas: tuple[str, ...]):
+        init(self, library, isas)
 
 
 def runtime_isas(root: Root, candidates) -> RuntimeIsas | None:
@@ -137,13 +140,15 @@ _CXX_DEFAULT_RE = re.compile(rb"(?<![\w/.-])((?:lib/)?llvm(?:-\d+)?/bin)(?![\w/-
 _LLVM_MAJOR_RE = re.compile(r"(?:llvm-|clang\+\+-|clang-)(\d+)")
 
 
-@dataclass(frozen=True)
-class Hipcc:
-    path: PurePosixPath
-    flavour: str  # "perl" | "c++"
-    calls: str  # the program name it runs in HIP_CLANG_PATH
-    default_dirs: tuple[PurePosixPath, ...]  # HIP_CLANG_PATH defaults, in hipcc's order
-    evidence: str
+class Hipcc(Record):
+    __slots__ = ("path", "flavour", "calls", "default_dirs", "evidence")
+
+    def __init__(self, path: PurePosixPath,
+                 flavour: str,  # "perl" | "c++"
+                 calls: str,  # the program name it runs in HIP_CLANG_PATH
+                 default_dirs: tuple[PurePosixPath, ...],  # HIP_CLANG_PATH defaults, in hipcc's order
+                 evidence: str):
+        init(self, path, flavour, calls, default_dirs, evidence)
 
     @property
     def llvm_major(self) -> int | None:
@@ -201,12 +206,12 @@ KPACK_MAGIC = b"KPAK"
 _KPACK_NAME_RE = re.compile(r"^(?P<group>.+?)_(?P<gfx>gfx[0-9]+[0-9a-fx]*)\.kpack$", re.I)
 
 
-@dataclass(frozen=True)
-class KernelPack:
-    path: PurePosixPath
-    group: str
-    arches: tuple[str, ...]
-    evidence: str  # "toc" (read from the file) or "name" (the file name only)
+class KernelPack(Record):
+    __slots__ = ("path", "group", "arches", "evidence")
+
+    def __init__(self, path: PurePosixPath, group: str, arches: tuple[str, ...],
+                 evidence: str):  # "toc" (read from the file) or "name" (the file name only)
+        init(self, path, group, arches, evidence)
 
 
 class _Unpack:

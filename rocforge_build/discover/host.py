@@ -16,10 +16,10 @@ import os
 import re
 import shlex
 import struct
-from dataclasses import dataclass
 from functools import cache
 from pathlib import PurePosixPath
 
+from rocforge_build.records import Record, init
 from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root, open_regular
 
@@ -109,10 +109,12 @@ def parse_os_release(text: str | None) -> dict[str, str]:
 
 
 # -- kernel versions ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Kernel:
-    release: str  # uname -r
-    where: str
+class Kernel(Record):
+    __slots__ = ("release", "where")
+
+    def __init__(self, release: str,  # uname -r
+                 where: str):
+        init(self, release, where)
 
     @property
     def version(self) -> tuple[int, int, int]:
@@ -166,14 +168,13 @@ def meets_floor(kernel: Kernel, rule: dict) -> tuple[bool, str]:
 
 
 # -- GPU memory ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CardMemory:
-    card: str  # /sys/class/drm/card1
-    gtt_total: int | None
-    vram_total: int | None
-    gtt_used: int | None
-    vram_used: int | None
-    render_minor: int | None
+class CardMemory(Record):
+    __slots__ = ("card", "gtt_total", "vram_total", "gtt_used", "vram_used", "render_minor")
+
+    def __init__(self, card: str,  # /sys/class/drm/card1
+                 gtt_total: int | None, vram_total: int | None, gtt_used: int | None,
+                 vram_used: int | None, render_minor: int | None):
+        init(self, card, gtt_total, vram_total, gtt_used, vram_used, render_minor)
 
 
 def drm_cards(root: Root) -> list[CardMemory]:
@@ -441,16 +442,14 @@ def bootloader(root: Root, osr: dict[str, str]) -> str:
 
 
 # -- the whole picture -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Host:
-    kernel: Kernel | None
-    cmdline: list[str] | None
-    mem_total_kib: int | None
-    module: str | None
-    pages_limit: int | None
-    card: CardMemory | None
-    os: dict[str, str]
-    gpus: tuple = ()
+class Host(Record):
+    __slots__ = ("kernel", "cmdline", "mem_total_kib", "module", "pages_limit", "card", "os",
+                 "gpus")
+
+    def __init__(self, kernel: Kernel | None, cmdline: list[str] | None,
+                 mem_total_kib: int | None, module: str | None, pages_limit: int | None,
+                 card: CardMemory | None, os: dict[str, str], gpus: tuple = ()):
+        init(self, kernel, cmdline, mem_total_kib, module, pages_limit, card, os, gpus)
 
     @property
     def gfx(self) -> set[str]:

@@ -6,7 +6,6 @@ A fact that could not be read makes its check `unknown`; nothing is guessed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from rocforge_build.discover.host import (
     GIB,
@@ -27,18 +26,18 @@ from rocforge_build.discover.host import (
     tuned_profile,
 )
 from rocforge_build.errors import UsageError
+from rocforge_build.records import Record, init
 from rocforge_build.rootfs import Root
 
 STATUSES = ("ok", "warn", "fail", "unknown")
 
 
-@dataclass(frozen=True)
-class Check:
-    id: str
-    status: str  # ok | warn | fail | unknown
-    found: str
-    message: str
-    fix: str | None = None
+class Check(Record):
+    __slots__ = ("id", "status", "found", "message", "fix")
+
+    def __init__(self, id: str, status: str,  # ok | warn | fail | unknown
+                 found: str, message: str, fix: str | None = None):
+        init(self, id, status, found, message, fix)
 
     def to_json(self) -> dict:
         return {"id": self.id, "status": self.status, "found": self.found,
