@@ -11,7 +11,6 @@ the cached answer.  The resolver decides what to do with them (`resolver.resolve
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path, PurePosixPath
 
 from rocforge_build.discover.envcache import touch
@@ -83,6 +82,8 @@ def _rebase(value: str, recorded: str, prefix: PurePosixPath) -> str:
 
 def read_manifest(prefix: Path) -> dict | None:
     """The manifest of the build in `prefix` (None when there is none or it is unreadable)."""
+    import tomllib
+
     try:
         return tomllib.loads((prefix / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -94,8 +95,14 @@ def read(root: Root, prefix: PurePosixPath) -> Build | None:
     manifest = prefix / MANIFEST
     _watch(root, manifest)
     try:
-        data = tomllib.loads(root.read_text(manifest))
+        text = root.read_text(manifest)
     except (OSError, ValueError, UnicodeError):
+        return None
+    import tomllib  # only once a build is there: `rocforge env` without builds never needs it
+
+    try:
+        data = tomllib.loads(text)
+    except ValueError:
         return None
     recipe = data.get("recipe", {})
     target = data.get("target")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import struct
 from functools import cache
 from pathlib import PurePosixPath
@@ -95,6 +94,8 @@ def param_values(words: list[str], key: str) -> list[str]:
 
 
 def parse_os_release(text: str | None) -> dict[str, str]:
+    import shlex  # not on `rocforge env`'s path
+
     out: dict[str, str] = {}
     for line in (text or "").splitlines():
         m = re.match(r"^([A-Z0-9_]+)=(.*)$", line.strip())

@@ -11,11 +11,9 @@ Stdlib only: `rocforge env` runs this on every shell start-up.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
-import tomllib
 from collections.abc import Mapping
 from functools import cache
 from pathlib import PurePosixPath
@@ -259,6 +257,8 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
         text = read(root, b / "share" / "therock" / "dist_info.json")
         if text is None:
             continue
+        import json  # only for a TheRock tree
+
         try:
             data = json.loads(text)
         except ValueError:
@@ -438,6 +438,8 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     family = None
     meta = read(root, path / "rocforge-install.toml")
     if meta:
+        import tomllib  # only for a tree rocforge installed
+
         try:
             family = tomllib.loads(meta).get("family")
         except tomllib.TOMLDecodeError:

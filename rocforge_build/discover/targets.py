@@ -5,7 +5,6 @@ Kept import-light (stdlib only): `rocforge env` reads it on every shell start-up
 
 from __future__ import annotations
 
-import difflib
 import re
 from functools import cache
 
@@ -139,6 +138,8 @@ def get_target(name: str) -> Target:
     key = name.strip().lower()
     if key in table:
         return table[key]
+    import difflib  # only for the error
+
     close = difflib.get_close_matches(key, table, n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(close)}?" if close else "see `rocforge targets` for the list"
     raise UsageError(f"unknown GPU target {name!r}", hint)
