@@ -33,9 +33,17 @@ def _defaults_cached() -> dict:
 
 
 def defaults() -> dict:
-    import copy
+    return _copy(_defaults_cached())
 
-    return copy.deepcopy(_defaults_cached())
+
+def _copy(value):
+    """copy.deepcopy of TOML data, without importing copy (weakref) on `rocforge env`'s path:
+    tables and arrays are the only mutable values TOML has, and it shares none of them."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
 
 
 def config_file() -> Path:
