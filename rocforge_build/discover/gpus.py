@@ -195,18 +195,19 @@ def discover_kfd(root: Root) -> Discovery | None:
 
 
 # -- rocminfo ----------------------------------------------------------------------------------
-_AGENT_RE = re.compile(r"^\*{7}\s*$\n^Agent\s+\d+\s*$\n^\*{7}\s*$", re.M)
-_FIELD_RE = re.compile(r"^  ([A-Za-z][A-Za-z0-9 .()/-]*?):\s*(.*?)\s*$")
+# patterns for `re`'s functions (compiled on first use: the rocminfo fallback is rare)
+_AGENT = r"(?m)^\*{7}\s*$\n^Agent\s+\d+\s*$\n^\*{7}\s*$"
+_FIELD = r"^  ([A-Za-z][A-Za-z0-9 .()/-]*?):\s*(.*?)\s*$"
 
 
 def parse_rocminfo(text: str) -> list[Gpu]:
     """GPU agents from `rocminfo` output (rocminfo.cc: `  Label:` padded to 25 columns)."""
-    blocks = _AGENT_RE.split(text)[1:]
+    blocks = re.split(_AGENT, text)[1:]
     gpus: list[Gpu] = []
     for block in blocks:
         fields: dict[str, str] = {}
         for line in block.splitlines():
-            m = _FIELD_RE.match(line)
+            m = re.match(_FIELD, line)
             if m and m.group(1) not in fields:
                 fields[m.group(1)] = m.group(2)
         if fields.get("Device Type", "").upper() != "GPU":

@@ -238,8 +238,9 @@ def modprobe_pages_limits(root: Root) -> list[tuple[str, str, int]]:
 # one line of debugfs `amdgpu_firmware_info` (amdgpu_debugfs_firmware_info):
 # `MES feature version: 1, firmware version: 0x00000083`, `TA XGMI feature version: 0x00000000, ...`,
 # `SMC feature version: 0, program: 10, firmware version: 0x0a640200 (100.2.0)`
-_FW_LINE = re.compile(r"^\s*([A-Z][A-Z0-9_ ]*?) feature version: [^,\n]+,(?: program: \d+,)?"
-                      r" firmware version: 0x([0-9a-fA-F]{1,8})\b", re.M)
+# (a pattern for re.finditer, compiled on first use: `rocforge env` never reads firmware)
+_FW_LINE = (r"(?m)^\s*([A-Z][A-Z0-9_ ]*?) feature version: [^,\n]+,(?: program: \d+,)?"
+            r" firmware version: 0x([0-9a-fA-F]{1,8})\b")
 
 
 def _fw_versions(pairs) -> dict[str, str]:
@@ -260,7 +261,7 @@ def parse_firmware_versions(text: str) -> dict[str, str]:
     """Every loaded firmware of debugfs `amdgpu_firmware_info` by lower-case name (`mes`,
     `mes_kiq`, `smc`, `ta_xgmi`, ...), plus `smu` and `vbios`."""
     out = _fw_versions((m.group(1).strip().lower().replace(" ", "_"), int(m.group(2), 16))
-                       for m in _FW_LINE.finditer(text))
+                       for m in re.finditer(_FW_LINE, text))
     m = re.search(r"^\s*VBIOS version: (\S+)", text, re.M)
     if m:
         out["vbios"] = m.group(1)
