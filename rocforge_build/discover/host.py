@@ -520,3 +520,21 @@ def fingerprint(root: Root, gpus) -> dict:
 
 def gib(n_bytes: int) -> str:
     return f"{n_bytes / GIB:.1f} GiB"
+
+
+def env_note(root: Root, gpus) -> str | None:
+    """The comment `rocforge env` adds on an APU: only the GTT total, a sysfs value that is fixed
+    until the next boot, so the env cache stays valid (its file is recorded by content)."""
+    from rocforge_build.discover.envcache import touch
+
+    if not any(g.is_igpu for g in gpus if g.source != "--target"):
+        return None
+    touch(root.host("/sys/class/drm"))
+    card = apu_card(root, gpus)
+    if card is None:
+        return None
+    touch(root.host(card.card + "/device/mem_info_gtt_total"), content=True)
+    if card.gtt_total is None:
+        return None
+    return (f"GPU memory: GTT {gib(card.gtt_total)} (the RAM this iGPU may use, here and in "
+            "containers on this host); `rocforge doctor` checks it, `rocforge host plan` raises it")
