@@ -11,18 +11,17 @@ hand-edited out-of-range value is one ConfigError (exit 2) naming the key, the r
 
 from __future__ import annotations
 
-import copy
-import difflib
-import math
-import tomllib
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 from rocforge_build import paths
 from rocforge_build.errors import ConfigError
+from rocforge_build.records import Record, init
 from rocforge_build.resources import load_toml, package_data
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing on `rocforge env`'s path
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULTS_FILE = package_data("defaults.toml")
 OPEN_TABLES = ("nightly.sources",)
@@ -34,7 +33,17 @@ def _defaults_cached() -> dict:
 
 
 def defaults() -> dict:
-    return copy.deepcopy(_defaults_cached())
+    return _copy(_defaults_cached())
+
+
+def _copy(value):
+    """copy.deepcopy of TOML data, without importing copy (weakref) on `rocforge env`'s path:
+    tables and arrays are the only mutable values TOML has, and it shares none of them."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
 
 
 def config_file() -> Path:
@@ -102,6 +111,8 @@ def user() -> dict:
     text = _read(path)
     if text is None:
         return {}
+    import tomllib  # only for a config file that is there
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -147,6 +158,8 @@ def items() -> list[tuple[str, Any, str]]:
 def parse_value(raw: str) -> Any:
     """A command-line value: a TOML literal when it is one (`3`, `true`, `["a", "b"]`, `"x"`),
     otherwise the plain string."""
+    import tomllib
+
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -258,15 +271,17 @@ def _schema_default(key: str) -> Any:
 TOML_MAX_INT = 2 ** 63 - 1
 
 
-@dataclass(frozen=True)
-class Bound:
+class Bound(Record):
     """The allowed range of a numeric key: what the reliability promises say of it
     (docs/concepts/reliability.md)."""
 
-    least: float
-    strict: bool = False  # `> least` (a zero would divide, or stop everything at once)
-    integer: bool = False
-    most: float | None = None  # socket timeouts past a few years overflow time_t
+    __slots__ = ("least", "strict", "integer", "most")
+
+    def __init__(self, least: float,
+                 strict: bool = False,  # `> least` (a zero would divide, or stop everything at once)
+                 integer: bool = False,
+                 most: float | None = None):  # socket timeouts past a few years overflow time_t
+        init(self, least, strict, integer, most)
 
     @property
     def limit(self) -> float | None:
@@ -279,6 +294,8 @@ class Bound:
             return False
         if isinstance(value, int) and abs(value) > TOML_MAX_INT:  # any numeric key
             return False
+        import math  # only for a value the user set
+
         if not math.isfinite(value):
             return False
         low_ok = value > self.least if self.strict else value >= self.least
@@ -367,6 +384,8 @@ def _example(v: Any) -> str:
 
 def _suggest(key: str) -> str:
     known = list(_flatten(_defaults_cached()))
+    import difflib  # only for the error
+
     close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
     if close:
         return f"did you mean {', '.join(close)}?"

@@ -1,13 +1,17 @@
 """Where rocforge keeps things: config, cache, data (nightly installs, build prefixes).
 
 platformdirs decides the per-user locations; ROCFORGE_CONFIG_DIR, ROCFORGE_CACHE_DIR and
-ROCFORGE_DATA_DIR override them (tests, CI, shared machines).
+ROCFORGE_DATA_DIR override them (tests, CI, shared machines).  On Linux the plain case - an
+absolute $XDG_*_HOME, or none and an absolute HOME - is worked out here as platformdirs does
+(`_xdg_dir`), without importing it: its import (tempfile, shutil, random, bz2, lzma) costs ~5 ms
+of every uncached `rocforge env`.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import sys
 from pathlib import Path
 
 APP = "rocforge"
@@ -16,13 +20,41 @@ APP = "rocforge"
 _UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
+# platformdirs' Unix user directories: the variable that moves each, and its default under HOME
+_XDG = {"config": ("XDG_CONFIG_HOME", "~/.config"), "cache": ("XDG_CACHE_HOME", "~/.cache"),
+        "data": ("XDG_DATA_HOME", "~/.local/share")}
+
+
 def _dir(env: str, kind: str) -> Path:
     override = os.environ.get(env)
     if override:
         return Path(override)
-    import platformdirs  # imported late: cheap, but only needed when no override is set
+    found = _xdg_dir(kind)
+    if found is None:
+        import platformdirs  # imported late: only where its answer is not the plain XDG one
 
-    return Path(getattr(platformdirs, f"user_{kind}_dir")(APP, appauthor=False))
+        found = getattr(platformdirs, f"user_{kind}_dir")(APP, appauthor=False)
+    return Path(found)
+
+
+def _xdg_dir(kind: str) -> str | None:
+    """`platformdirs.user_<kind>_dir("rocforge", appauthor=False)` on Linux where every
+    platformdirs release (3.x and 4.x) answers alike: an absolute $XDG_<KIND>_HOME, or none set
+    and an absolute (or unset) HOME.  None for anything else (not Linux, Android, a relative or
+    blank variable, a relative HOME): platformdirs decides those."""
+    environ = os.environ
+    if (sys.platform != "linux" or hasattr(sys, "getandroidapilevel")
+            or "ANDROID_DATA" in environ or "ANDROID_ROOT" in environ):
+        return None
+    var, default = _XDG[kind]
+    value = environ.get(var, "")
+    if value:
+        return os.path.join(value, APP) if value.startswith("/") else None
+    home = environ.get("HOME")
+    if home is not None and not home.startswith("/"):
+        return None
+    base = os.path.expanduser(default)  # HOME, or the password database when HOME is unset
+    return os.path.join(base, APP) if base.startswith("/") else None
 
 
 def config_dir() -> Path:

@@ -6,7 +6,6 @@ inside the package as `_data/<name>` (pyproject's force-include).
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 from rocforge_build.errors import ConfigError, reason
@@ -40,9 +39,28 @@ def containers_dir() -> Path:
 
 def load_toml(path: Path, what: str) -> dict:
     """Read one of rocforge's own data files (target table, layouts, templates' data...).
-    A broken or missing one is a damaged installation, reported as a ConfigError."""
+    A broken or missing one is a damaged installation, reported as a ConfigError.
+
+    The plain TOML those files are written in is read by `toml_subset` (no tomllib import on
+    `rocforge env`'s path); anything else in them, and every error, is tomllib's."""
+    from rocforge_build import toml_subset
+
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{what} {path} is unreadable: {reason(exc)}",
-                          "restore the file from the rocforge sources (reinstall rocforge)") from exc
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise _damaged(path, what, exc) from exc
+    try:
+        return toml_subset.loads(text)
+    except toml_subset.Unsupported:
+        pass
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _damaged(path, what, exc) from exc
+
+
+def _damaged(path: Path, what: str, exc: Exception) -> ConfigError:
+    return ConfigError(f"{what} {path} is unreadable: {reason(exc)}",
+                       "restore the file from the rocforge sources (reinstall rocforge)")

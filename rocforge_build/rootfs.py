@@ -14,6 +14,21 @@ import stat
 from pathlib import Path, PurePosixPath
 
 _MAX_LINKS = 40
+# what Path.is_symlink() reads as "not a link" rather than raising (pathlib's _IGNORED_ERRNOS)
+_NOT_THERE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
+
+
+def _is_link(path: str) -> bool:
+    """Path(path).is_symlink(): False where the path is missing (or unencodable), the other
+    errors (EACCES...) raised."""
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError as exc:
+        if exc.errno not in _NOT_THERE:
+            raise
+        return False
+    except ValueError:
+        return False
 
 
 def open_regular(path: str | os.PathLike[str], mode: str = "rb", **kw):
@@ -49,36 +64,42 @@ class Root:
 
     def resolve(self, inner: str | os.PathLike[str]) -> PurePosixPath:
         """Canonical inner path: `..` and symlinks resolved without leaving the root."""
-        parts = list(PurePosixPath("/", os.fspath(inner)).parts[1:])
+        return PurePosixPath("/" + "/".join(self._walk(inner)))
+
+    def _walk(self, inner: str | os.PathLike[str]) -> list[str]:
+        """The components of `inner` resolved: `..` and symlinks, inside the root.  Works on
+        strings (one lstat per component), not Path objects: discovery resolves a few hundred
+        paths at every uncached `rocforge env`."""
+        todo = ("/" + os.fspath(inner)).split("/")
+        todo.reverse()  # a stack: the next component last
+        prefix = str(self.base).rstrip("/")
         done: list[str] = []
         hops = 0
-        while parts:
-            part = parts.pop(0)
+        while todo:
+            part = todo.pop()
             if part in ("", "."):
                 continue
             if part == "..":
                 if done:
                     done.pop()
                 continue
-            candidate = PurePosixPath("/", *done, part)
-            host = self._join(candidate)
-            if host.is_symlink():
+            host = prefix + "/" + "/".join(done) + ("/" if done else "") + part
+            if _is_link(host):
                 hops += 1
                 if hops > _MAX_LINKS:
-                    return candidate  # a loop: leave it unresolved, reads will fail cleanly
+                    return [*done, part]  # a loop: leave it unresolved, reads will fail cleanly
                 target = os.readlink(host)
                 if target.startswith("/"):
                     done = []
-                parts = list(PurePosixPath(target).parts) + parts
-                if target.startswith("/"):
-                    parts = parts[1:]
+                todo.extend(reversed(target.split("/")))
                 continue
             done.append(part)
-        return PurePosixPath("/", *done)
+        return done
 
     def host(self, inner: str | os.PathLike[str]) -> Path:
         """The real path of an inner path (links resolved inside the root)."""
-        return self._join(self.resolve(inner))
+        rel = "/".join(self._walk(inner))
+        return self.base / rel if rel else self.base
 
     def inner(self, host_path: str | os.PathLike[str]) -> PurePosixPath:
         """Inner path of a real path below the root (inverse of `host`)."""

@@ -9,10 +9,11 @@ holds SIGINT/SIGTERM/SIGHUP back while its block runs and delivers them after it
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import threading
-from collections.abc import Iterator
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at every start-up
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -30,10 +31,14 @@ def _raise(signum, _frame) -> None:
 
 
 def install() -> None:
-    """SIGTERM and SIGHUP raise `Interrupted` (main thread only; elsewhere nothing changes)."""
-    if threading.current_thread() is threading.main_thread():
+    """SIGTERM and SIGHUP raise `Interrupted` (main thread only; elsewhere nothing changes).
+    `signal.signal` refuses any other thread with ValueError before changing anything, which
+    tells the main thread without importing threading (every command, `rocforge env` too)."""
+    try:
         for signum in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, _raise)
+    except ValueError:  # "signal only works in main thread of the main interpreter"
+        pass
 
 
 def exit_code(exc: KeyboardInterrupt) -> tuple[int, str]:
@@ -42,10 +47,18 @@ def exit_code(exc: KeyboardInterrupt) -> tuple[int, str]:
     return 130, signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
 
 
-@contextlib.contextmanager
-def deferred() -> Iterator[None]:
+def deferred():
     """Run the block with SIGINT/SIGTERM/SIGHUP held back; the first one that arrived is
-    delivered (to the handler in place before) once the block is done."""
+    delivered (to the handler in place before) once the block is done.  (contextlib is imported
+    here, not at start-up: only the commands that swap directories or stop children use it.)"""
+    import contextlib
+
+    return contextlib.contextmanager(_deferred)()
+
+
+def _deferred() -> Iterator[None]:
+    import threading
+
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -286,14 +286,50 @@ def test_real_process_bad_input_has_no_traceback(tmp_path):
     assert out.stderr.splitlines()[0].startswith("rocforge: error: /sys/class/kfd/kfd/topology/")
 
 
-def test_env_does_not_import_rich_or_requests(tmp_path):
+def test_env_does_not_import_heavy_modules(tmp_path):
+    """rich, requests and platformdirs are not needed; dataclasses and tomllib (the data files
+    are read by toml_subset, and this root has no build manifest or config file) cost
+    start-up time (issue 24 item 5)."""
     fr.make_strix_halo(tmp_path)
     code = ("import sys; from rocforge_build.cli import main; rc = main(['--root', sys.argv[1], "
-            "'env']); bad = [m for m in ('rich', 'requests', 'platformdirs') if m in sys.modules]; "
+            "'env']); bad = [m for m in ('rich', 'requests', 'platformdirs', 'dataclasses', "
+            "'tomllib') if m in sys.modules]; "
             "print('BAD', bad, file=sys.stderr) if bad else None; sys.exit(rc or (3 if bad else 0))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_env_runs_without_the_cyclic_gc_and_gives_it_back(tmp_path, monkeypatch):
+    """`rocforge env` switches the cyclic garbage collector off for its run (start-up time) and,
+    called with argv (in-process), on again when main returns, also after an error; as the
+    program (argv from sys.argv) it leaves it off for the exit; other commands leave it alone."""
+    import gc
+
+    from rocforge_build.discover import resolver
+
+    fr.make_strix_halo(tmp_path)
+    seen = []
+    real = resolver.resolve
+
+    def spy(*a, **kw):
+        seen.append(gc.isenabled())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(resolver, "resolve", spy)
+    assert gc.isenabled()
+    assert cli(tmp_path, "env", env={"ROCFORGE_NO_CACHE": "1"}).returncode == 0
+    assert seen == [False] and gc.isenabled()
+    assert cli(tmp_path, "env", "--target", "gfx9999").returncode == 2 and gc.isenabled()
+    assert cli(tmp_path, "doctor", "--json").returncode in (0, 1) and seen[-1] is True
+    code = ("import gc, io, sys, contextlib; from rocforge_build.cli import main\n"
+            "sys.argv = ['rocforge', '--root', sys.argv[1], sys.argv[2]]\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    main()\n"
+            "print(gc.isenabled())")
+    for command, after in (("env", "False"), ("targets", "True")):  # main() as the program
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path), command], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == after, (command, out.stderr)
 
 
 @pytest.mark.slow

@@ -29,3 +29,61 @@ def test_link_loop_does_not_hang(tmp_path):
 def test_inner_inverse(tmp_path):
     root = Root(tmp_path)
     assert root.inner(tmp_path / "usr/lib") == PurePosixPath("/usr/lib")
+
+
+def _old_resolve(root: Root, inner) -> PurePosixPath:
+    """Root.resolve as it was written with pathlib objects (before it worked on strings)."""
+    parts = list(PurePosixPath("/", os.fspath(inner)).parts[1:])
+    done: list[str] = []
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        candidate = PurePosixPath("/", *done, part)
+        rel = str(candidate).lstrip("/")
+        host = root.base / rel if rel else root.base
+        if host.is_symlink():
+            hops += 1
+            if hops > 40:
+                return candidate
+            target = os.readlink(host)
+            if target.startswith("/"):
+                done = []
+            parts = list(PurePosixPath(target).parts) + parts
+            if target.startswith("/"):
+                parts = parts[1:]
+            continue
+        done.append(part)
+    return PurePosixPath("/", *done)
+
+
+def test_resolve_as_the_pathlib_walk_did(tmp_path):
+    """Links absolute and relative, to links, with `..`, `.` and `//`, dangling, looping and
+    through a file: every combination resolves as the former pathlib implementation did."""
+    import itertools
+
+    for d in ("opt/rocm-7/lib/llvm/bin", "usr/lib", "etc"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "etc/file").write_text("x")
+    links = {"opt/rocm": "/opt/rocm-7", "opt/rel": "rocm-7/lib", "opt/rocm-7/llvm": "lib/llvm",
+             "opt/up": "../usr//./lib", "opt/chain": "/opt/rocm", "opt/dangling": "/nowhere/x",
+             "loop1": "/loop2", "loop2": "loop1", "opt/deep": "../../../../etc",
+             "usr/lib/self": ".", "etc/through": "file/x", "opt/slashes": "//opt///rocm-7/"}
+    for name, target in links.items():
+        os.symlink(target, tmp_path / name)
+    root = Root(tmp_path)
+    names = ["opt", "rocm", "rel", "llvm", "bin", "up", "chain", "dangling", "loop1", "deep",
+             "self", "through", "slashes", "..", ".", "", "etc", "file", "x", "usr", "lib"]
+    checked = 0
+    for n in (1, 2, 3):
+        for combo in itertools.product(names, repeat=n):
+            for inner in ("/".join(combo), "/" + "/".join(combo), "//" + "/".join(combo)):
+                assert root.resolve(inner) == _old_resolve(root, inner), inner
+                checked += 1
+    assert checked > 25000
+    assert Root("/").resolve("/usr/../etc//./") == PurePosixPath("/etc")

@@ -226,3 +226,17 @@ def test_config_set_through_a_dotfile_link_keeps_the_link(capsys, tmp_path):
     assert path.is_symlink() and path.resolve() == real.resolve()
     assert real.read_text() == "# mine\n[nightly]\nkeep = 7\n"
     assert sorted(p.name for p in real.parent.iterdir()) == ["config.toml"]  # no temporary left
+
+
+def test_defaults_are_a_fresh_deep_copy_each_time():
+    """config.defaults() is the defaults file's data, equal to a deepcopy of it and sharing no
+    table or array with the cached one (effective() lays the user's values over it)."""
+    import copy
+
+    first = config.defaults()
+    assert first == copy.deepcopy(config._defaults_cached())
+    first["nightly"]["use"].append("mine")
+    first["nightly"]["sources"]["cdn"]["url"] = "changed"
+    second = config.defaults()
+    assert "mine" not in second["nightly"]["use"] and second["nightly"]["sources"]["cdn"]["url"] != "changed"
+    assert second == config._defaults_cached() and second is not config._defaults_cached()

@@ -41,10 +41,10 @@ def run(args) -> int:
     shell = args.shell or calling_shell()
     output = envscript.render(res, shell)
     if shell != "json":
-        from rocforge_build.discover import host_checks
+        from rocforge_build.discover import host
 
         envcache.start_recording()  # the GTT file joins the stamps the cache is checked against
-        note = host_checks.env_note(args.rootfs, res.gpus)
+        note = host.env_note(args.rootfs, res.gpus)
         recorded = {**recorded, **envcache.stop_recording()}
         from rocforge_build.shellsafe import comment
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from rocforge_build.records import Record, init
 from rocforge_build.rootfs import Root, open_regular
 
 # ROCr's ISA registry names every agent ISA it can run as `amdgcn-amd-amdhsa--gfxNNNN`
@@ -24,11 +24,12 @@ _DT_SONAME = 14
 _DATA_SECTIONS = (".rodata", ".data.rel.ro", ".data")
 
 
-@dataclass(frozen=True)
-class ElfInfo:
-    needed: tuple[str, ...]
-    soname: str | None
-    data: bytes  # .rodata, .data.rel.ro and .data: where strings and embedded blobs live
+class ElfInfo(Record):
+    __slots__ = ("needed", "soname", "data")
+
+    def __init__(self, needed: tuple[str, ...], soname: str | None,
+                 data: bytes):  # .rodata, .data.rel.ro and .data: where strings and blobs live
+        init(self, needed, soname, data)
 
 
 def _sections(fh, head: bytes):
@@ -105,10 +106,12 @@ def isa_names(data: bytes) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m.group(1).decode() for m in _ISA_NAME_RE.finditer(data)))
 
 
-@dataclass(frozen=True)
-class RuntimeIsas:
-    library: PurePosixPath  # inner path of the library the table was read from
-    isas: tuple[str, ...]
+class RuntimeIsas(Record):
+    __slots__ = ("library", "isas")
+
+    def __init__(self, library: PurePosixPath,  # inner path of the library the table was read from
+                 isas: tuple[str, ...]):
+        init(self, library, isas)
 
 
 def runtime_isas(root: Root, candidates) -> RuntimeIsas | None:
@@ -131,24 +134,27 @@ def runtime_isas(root: Root, candidates) -> RuntimeIsas | None:
 # `$ROCM_PATH/bin` (hipvars.pm).  The C++ hipcc (ROCm/llvm-project amd/hipcc; Debian sid 7.0.2)
 # runs `$HIP_CLANG_PATH/clang++` with a default compiled in, e.g. `lib/llvm-21/bin` under
 # ROCM_PATH on Debian.
-_PERL_CALL_RE = re.compile(r"\$HIP_CLANG_PATH/(clang\+\+(?:-\d+)?)")
+# patterns for `re`'s functions (compiled on first use: only layouts that read hipcc need them)
+_PERL_CALL = r"\$HIP_CLANG_PATH/(clang\+\+(?:-\d+)?)"
 _PERL_DEFAULTS = ("llvm/bin", "bin")
-_CXX_DEFAULT_RE = re.compile(rb"(?<![\w/.-])((?:lib/)?llvm(?:-\d+)?/bin)(?![\w/-])")
-_LLVM_MAJOR_RE = re.compile(r"(?:llvm-|clang\+\+-|clang-)(\d+)")
+_CXX_DEFAULT = rb"(?<![\w/.-])((?:lib/)?llvm(?:-\d+)?/bin)(?![\w/-])"
+_LLVM_MAJOR = r"(?:llvm-|clang\+\+-|clang-)(\d+)"
 
 
-@dataclass(frozen=True)
-class Hipcc:
-    path: PurePosixPath
-    flavour: str  # "perl" | "c++"
-    calls: str  # the program name it runs in HIP_CLANG_PATH
-    default_dirs: tuple[PurePosixPath, ...]  # HIP_CLANG_PATH defaults, in hipcc's order
-    evidence: str
+class Hipcc(Record):
+    __slots__ = ("path", "flavour", "calls", "default_dirs", "evidence")
+
+    def __init__(self, path: PurePosixPath,
+                 flavour: str,  # "perl" | "c++"
+                 calls: str,  # the program name it runs in HIP_CLANG_PATH
+                 default_dirs: tuple[PurePosixPath, ...],  # HIP_CLANG_PATH defaults, in hipcc's order
+                 evidence: str):
+        init(self, path, flavour, calls, default_dirs, evidence)
 
     @property
     def llvm_major(self) -> int | None:
         for text in (self.calls, *map(str, self.default_dirs)):
-            m = _LLVM_MAJOR_RE.search(text)
+            m = re.search(_LLVM_MAJOR, text)
             if m:
                 return int(m.group(1))
         return None
@@ -169,7 +175,7 @@ def read_hipcc(root: Root, base: PurePosixPath) -> Hipcc | None:
         info = read_elf(root.host(hipcc))
         if info is None:
             return None
-        dirs = tuple(dict.fromkeys(m.group(1).decode() for m in _CXX_DEFAULT_RE.finditer(info.data)))
+        dirs = tuple(dict.fromkeys(m.group(1).decode() for m in re.finditer(_CXX_DEFAULT, info.data)))
         if not dirs:
             return None
         return Hipcc(hipcc, "c++", "clang++", tuple(base / d for d in dirs),
@@ -182,7 +188,7 @@ def read_hipcc(root: Root, base: PurePosixPath) -> Hipcc | None:
             text = root.read_text(script)
         except OSError:
             continue
-        m = _PERL_CALL_RE.search(text)
+        m = re.search(_PERL_CALL, text)
         if m:
             return Hipcc(hipcc, "perl", m.group(1), tuple(base / d for d in _PERL_DEFAULTS),
                          f"{script.name} (perl hipcc) runs $HIP_CLANG_PATH/{m.group(1)}, default "
@@ -198,15 +204,15 @@ def read_hipcc(root: Root, base: PurePosixPath) -> Hipcc | None:
 # starts with "KPAK", a uint32 format version and a uint64 offset of a MessagePack table of
 # contents {format_version, group_name, gfx_arch_family, gfx_arches: [...], toc, ...}.
 KPACK_MAGIC = b"KPAK"
-_KPACK_NAME_RE = re.compile(r"^(?P<group>.+?)_(?P<gfx>gfx[0-9]+[0-9a-fx]*)\.kpack$", re.I)
+_KPACK_NAME = r"(?i)^(?P<group>.+?)_(?P<gfx>gfx[0-9]+[0-9a-fx]*)\.kpack$"  # for re.match
 
 
-@dataclass(frozen=True)
-class KernelPack:
-    path: PurePosixPath
-    group: str
-    arches: tuple[str, ...]
-    evidence: str  # "toc" (read from the file) or "name" (the file name only)
+class KernelPack(Record):
+    __slots__ = ("path", "group", "arches", "evidence")
+
+    def __init__(self, path: PurePosixPath, group: str, arches: tuple[str, ...],
+                 evidence: str):  # "toc" (read from the file) or "name" (the file name only)
+        init(self, path, group, arches, evidence)
 
 
 class _Unpack:
@@ -270,7 +276,7 @@ class _Unpack:
 
 def read_kpack(root: Root, inner: PurePosixPath) -> KernelPack | None:
     """The architectures a .kpack file carries: its TOC's `gfx_arches`, else its file name."""
-    m = _KPACK_NAME_RE.match(inner.name)
+    m = re.match(_KPACK_NAME, inner.name)
     named = (m.group("gfx").lower(),) if m else ()
     group = m.group("group") if m else inner.stem
     try:

@@ -11,32 +11,31 @@ the cached answer.  The resolver decides what to do with them (`resolver.resolve
 from __future__ import annotations
 
 import os
-import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from rocforge_build.discover.envcache import touch
+from rocforge_build.records import FRESH, Record, fresh, init
 from rocforge_build.rootfs import Root
 
 MANIFEST = "rocforge-manifest.toml"  # forge.plan.MANIFEST (not imported: `rocforge env` stays cheap)
 
 
-@dataclass(frozen=True)
-class Build:
-    prefix: PurePosixPath  # inner path
-    recipe: str
-    target: str
-    backend: str
-    version: str | None
-    commit: str | None
-    built_at: str | None
-    export_env: dict[str, str] = field(default_factory=dict)  # values re-based onto `prefix`
-    export_reasons: dict[str, str] = field(default_factory=dict)
-    outputs: tuple[str, ...] = ()  # expected files (globs) relative to the prefix
-    missing: tuple[str, ...] = ()  # expected files no longer there
-    lib_dir: PurePosixPath | None = None
-    bin_dir: PurePosixPath | None = None  # what `rocforge env` may put on PATH
-    stamp: str | None = None  # the manifest's build stamp (a rebuild changes it)
+class Build(Record):
+    __slots__ = ("prefix", "recipe", "target", "backend", "version", "commit", "built_at",
+                 "export_env", "export_reasons", "outputs", "missing", "lib_dir", "bin_dir", "stamp")
+
+    def __init__(self, prefix: PurePosixPath,  # inner path
+                 recipe: str, target: str, backend: str, version: str | None,
+                 commit: str | None, built_at: str | None,
+                 export_env: dict[str, str] = FRESH,  # values re-based onto `prefix`
+                 export_reasons: dict[str, str] = FRESH,
+                 outputs: tuple[str, ...] = (),  # expected files (globs) relative to the prefix
+                 missing: tuple[str, ...] = (),  # expected files no longer there
+                 lib_dir: PurePosixPath | None = None,
+                 bin_dir: PurePosixPath | None = None,  # what `rocforge env` may put on PATH
+                 stamp: str | None = None):  # the manifest's build stamp (a rebuild changes it)
+        init(self, prefix, recipe, target, backend, version, commit, built_at, fresh(export_env),
+             fresh(export_reasons), outputs, missing, lib_dir, bin_dir, stamp)
 
     def describe(self) -> str:
         what = f"{self.recipe} {self.version}" if self.version else self.recipe
@@ -83,6 +82,8 @@ def _rebase(value: str, recorded: str, prefix: PurePosixPath) -> str:
 
 def read_manifest(prefix: Path) -> dict | None:
     """The manifest of the build in `prefix` (None when there is none or it is unreadable)."""
+    import tomllib
+
     try:
         return tomllib.loads((prefix / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -94,8 +95,14 @@ def read(root: Root, prefix: PurePosixPath) -> Build | None:
     manifest = prefix / MANIFEST
     _watch(root, manifest)
     try:
-        data = tomllib.loads(root.read_text(manifest))
+        text = root.read_text(manifest)
     except (OSError, ValueError, UnicodeError):
+        return None
+    import tomllib  # only once a build is there: `rocforge env` without builds never needs it
+
+    try:
+        data = tomllib.loads(text)
+    except ValueError:
         return None
     recipe = data.get("recipe", {})
     target = data.get("target")

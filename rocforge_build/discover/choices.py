@@ -18,8 +18,6 @@ Read side: stdlib only (tomllib).  Strings are written as JSON strings, which TO
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path, PurePosixPath
 
 from rocforge_build.rootfs import Root
@@ -41,8 +39,14 @@ def _read_toml(root: Root, inner: PurePosixPath) -> dict:
 
     _watch(root, inner)
     try:
-        data = tomllib.loads(root.read_text(inner))
+        text = root.read_text(inner)
     except (OSError, ValueError, UnicodeError):
+        return {}
+    import tomllib  # only for a file that is there: most runs have none
+
+    try:
+        data = tomllib.loads(text)
+    except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -74,6 +78,8 @@ def now() -> str:
 
 def _toml(values: dict) -> str:
     """`key = value` lines: booleans as TOML booleans, everything else as a string."""
+    import json  # the write side: never on `rocforge env`'s path
+
     lines = []
     for key, value in values.items():
         lines.append(f"{key} = {'true' if value is True else 'false' if value is False else json.dumps(str(value))}")
@@ -82,6 +88,8 @@ def _toml(values: dict) -> str:
 
 def write_chosen(choices: dict[str, tuple[str, str]], root: Root) -> Path:
     """Write the whole choice table where `chosen(root)` reads it, atomically."""
+    import json
+
     from rocforge_build import paths
 
     path = root.host(data_dir(root) / USE_FILE)

@@ -31,9 +31,9 @@ _CODE = ("discover/resolver.py", "discover/installs.py", "discover/gpus.py",
          "discover/rocm_version.py", "discover/watched_reads.py",
          "paths.py", "config.py", "data/defaults.toml", "cli.py", "commands/env.py",
          "data/targets.toml", "data/layouts.toml", "discover/builds.py", "discover/shell.py",
-         "discover/envwarnings.py", "discover/host.py", "discover/host_checks.py",
+         "discover/envwarnings.py", "discover/host.py",
          "data/host.toml", "discover/binaries.py", "resources.py", "shellsafe.py",
-         "discover/choices.py")
+         "discover/choices.py", "records.py", "toml_subset.py")
 
 _touched: dict[str, bool] | None = None  # host path -> stamp by content
 

@@ -17,34 +17,39 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from rocforge_build import errors
 from rocforge_build.discover import targets
 from rocforge_build.discover.envcache import touch
 from rocforge_build.errors import DetectionError
+from rocforge_build.records import FRESH, Record, fresh, init
 from rocforge_build.rootfs import Root, open_regular
 
 KFD_NODES = PurePosixPath("/sys/class/kfd/kfd/topology/nodes")
 AMD_VENDOR_ID = 0x1002
 
 
-@dataclass(frozen=True)
-class Gpu:
-    index: int  # position among GPU agents (ROCR_VISIBLE_DEVICES index)
-    node: int | None  # KFD topology node (HSA_OVERRIDE_GFX_VERSION_<node>)
-    gfx: str
-    gfx_target_version: int
-    kind: str  # "igpu" | "dgpu"
-    kind_reason: str
-    compute_units: int | None = None
-    device_id: int | None = None  # PCI device id
-    unique_id: str | None = None  # KFD unique_id as 16 hex digits (ROCR's GPU-<uuid>), None if 0
-    marketing_name: str | None = None
-    drm_render_minor: int | None = None
-    source: str = "kfd"  # "kfd" | "rocminfo" | "--target"
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
+class Gpu(Record):
+    __slots__ = ("index", "node", "gfx", "gfx_target_version", "kind", "kind_reason",
+                 "compute_units", "device_id", "unique_id", "marketing_name", "drm_render_minor",
+                 "source", "extra")
+    _hidden = ("extra",)
+
+    def __init__(self,
+                 index: int,  # position among GPU agents (ROCR_VISIBLE_DEVICES index)
+                 node: int | None,  # KFD topology node (HSA_OVERRIDE_GFX_VERSION_<node>)
+                 gfx: str, gfx_target_version: int,
+                 kind: str,  # "igpu" | "dgpu"
+                 kind_reason: str, compute_units: int | None = None,
+                 device_id: int | None = None,  # PCI device id
+                 # KFD unique_id as 16 hex digits (ROCR's GPU-<uuid>), None if 0
+                 unique_id: str | None = None,
+                 marketing_name: str | None = None, drm_render_minor: int | None = None,
+                 source: str = "kfd",  # "kfd" | "rocminfo" | "--target"
+                 extra: dict = FRESH):
+        init(self, index, node, gfx, gfx_target_version, kind, kind_reason, compute_units,
+             device_id, unique_id, marketing_name, drm_render_minor, source, fresh(extra))
 
     @property
     def known(self) -> bool:
@@ -81,11 +86,13 @@ class Gpu:
         }
 
 
-@dataclass(frozen=True)
-class Discovery:
-    gpus: tuple[Gpu, ...]
-    source: str  # "kfd" | "rocminfo" | "none"
-    warnings: tuple[str, ...] = ()
+class Discovery(Record):
+    __slots__ = ("gpus", "source", "warnings")
+
+    def __init__(self, gpus: tuple[Gpu, ...],
+                 source: str,  # "kfd" | "rocminfo" | "none"
+                 warnings: tuple[str, ...] = ()):
+        init(self, gpus, source, warnings)
 
 
 # -- KFD ---------------------------------------------------------------------------------------
@@ -188,18 +195,19 @@ def discover_kfd(root: Root) -> Discovery | None:
 
 
 # -- rocminfo ----------------------------------------------------------------------------------
-_AGENT_RE = re.compile(r"^\*{7}\s*$\n^Agent\s+\d+\s*$\n^\*{7}\s*$", re.M)
-_FIELD_RE = re.compile(r"^  ([A-Za-z][A-Za-z0-9 .()/-]*?):\s*(.*?)\s*$")
+# patterns for `re`'s functions (compiled on first use: the rocminfo fallback is rare)
+_AGENT = r"(?m)^\*{7}\s*$\n^Agent\s+\d+\s*$\n^\*{7}\s*$"
+_FIELD = r"^  ([A-Za-z][A-Za-z0-9 .()/-]*?):\s*(.*?)\s*$"
 
 
 def parse_rocminfo(text: str) -> list[Gpu]:
     """GPU agents from `rocminfo` output (rocminfo.cc: `  Label:` padded to 25 columns)."""
-    blocks = _AGENT_RE.split(text)[1:]
+    blocks = re.split(_AGENT, text)[1:]
     gpus: list[Gpu] = []
     for block in blocks:
         fields: dict[str, str] = {}
         for line in block.splitlines():
-            m = _FIELD_RE.match(line)
+            m = re.match(_FIELD, line)
             if m and m.group(1) not in fields:
                 fields[m.group(1)] = m.group(2)
         if fields.get("Device Type", "").upper() != "GPU":

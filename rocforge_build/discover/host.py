@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import struct
-from dataclasses import dataclass
 from functools import cache
 from pathlib import PurePosixPath
 
+from rocforge_build.records import Record, init
 from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root, open_regular
 
@@ -95,6 +94,8 @@ def param_values(words: list[str], key: str) -> list[str]:
 
 
 def parse_os_release(text: str | None) -> dict[str, str]:
+    import shlex  # not on `rocforge env`'s path
+
     out: dict[str, str] = {}
     for line in (text or "").splitlines():
         m = re.match(r"^([A-Z0-9_]+)=(.*)$", line.strip())
@@ -109,10 +110,12 @@ def parse_os_release(text: str | None) -> dict[str, str]:
 
 
 # -- kernel versions ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Kernel:
-    release: str  # uname -r
-    where: str
+class Kernel(Record):
+    __slots__ = ("release", "where")
+
+    def __init__(self, release: str,  # uname -r
+                 where: str):
+        init(self, release, where)
 
     @property
     def version(self) -> tuple[int, int, int]:
@@ -166,14 +169,13 @@ def meets_floor(kernel: Kernel, rule: dict) -> tuple[bool, str]:
 
 
 # -- GPU memory ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CardMemory:
-    card: str  # /sys/class/drm/card1
-    gtt_total: int | None
-    vram_total: int | None
-    gtt_used: int | None
-    vram_used: int | None
-    render_minor: int | None
+class CardMemory(Record):
+    __slots__ = ("card", "gtt_total", "vram_total", "gtt_used", "vram_used", "render_minor")
+
+    def __init__(self, card: str,  # /sys/class/drm/card1
+                 gtt_total: int | None, vram_total: int | None, gtt_used: int | None,
+                 vram_used: int | None, render_minor: int | None):
+        init(self, card, gtt_total, vram_total, gtt_used, vram_used, render_minor)
 
 
 def drm_cards(root: Root) -> list[CardMemory]:
@@ -236,8 +238,9 @@ def modprobe_pages_limits(root: Root) -> list[tuple[str, str, int]]:
 # one line of debugfs `amdgpu_firmware_info` (amdgpu_debugfs_firmware_info):
 # `MES feature version: 1, firmware version: 0x00000083`, `TA XGMI feature version: 0x00000000, ...`,
 # `SMC feature version: 0, program: 10, firmware version: 0x0a640200 (100.2.0)`
-_FW_LINE = re.compile(r"^\s*([A-Z][A-Z0-9_ ]*?) feature version: [^,\n]+,(?: program: \d+,)?"
-                      r" firmware version: 0x([0-9a-fA-F]{1,8})\b", re.M)
+# (a pattern for re.finditer, compiled on first use: `rocforge env` never reads firmware)
+_FW_LINE = (r"(?m)^\s*([A-Z][A-Z0-9_ ]*?) feature version: [^,\n]+,(?: program: \d+,)?"
+            r" firmware version: 0x([0-9a-fA-F]{1,8})\b")
 
 
 def _fw_versions(pairs) -> dict[str, str]:
@@ -258,7 +261,7 @@ def parse_firmware_versions(text: str) -> dict[str, str]:
     """Every loaded firmware of debugfs `amdgpu_firmware_info` by lower-case name (`mes`,
     `mes_kiq`, `smc`, `ta_xgmi`, ...), plus `smu` and `vbios`."""
     out = _fw_versions((m.group(1).strip().lower().replace(" ", "_"), int(m.group(2), 16))
-                       for m in _FW_LINE.finditer(text))
+                       for m in re.finditer(_FW_LINE, text))
     m = re.search(r"^\s*VBIOS version: (\S+)", text, re.M)
     if m:
         out["vbios"] = m.group(1)
@@ -441,16 +444,14 @@ def bootloader(root: Root, osr: dict[str, str]) -> str:
 
 
 # -- the whole picture -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Host:
-    kernel: Kernel | None
-    cmdline: list[str] | None
-    mem_total_kib: int | None
-    module: str | None
-    pages_limit: int | None
-    card: CardMemory | None
-    os: dict[str, str]
-    gpus: tuple = ()
+class Host(Record):
+    __slots__ = ("kernel", "cmdline", "mem_total_kib", "module", "pages_limit", "card", "os",
+                 "gpus")
+
+    def __init__(self, kernel: Kernel | None, cmdline: list[str] | None,
+                 mem_total_kib: int | None, module: str | None, pages_limit: int | None,
+                 card: CardMemory | None, os: dict[str, str], gpus: tuple = ()):
+        init(self, kernel, cmdline, mem_total_kib, module, pages_limit, card, os, gpus)
 
     @property
     def gfx(self) -> set[str]:
@@ -519,3 +520,21 @@ def fingerprint(root: Root, gpus) -> dict:
 
 def gib(n_bytes: int) -> str:
     return f"{n_bytes / GIB:.1f} GiB"
+
+
+def env_note(root: Root, gpus) -> str | None:
+    """The comment `rocforge env` adds on an APU: only the GTT total, a sysfs value that is fixed
+    until the next boot, so the env cache stays valid (its file is recorded by content)."""
+    from rocforge_build.discover.envcache import touch
+
+    if not any(g.is_igpu for g in gpus if g.source != "--target"):
+        return None
+    touch(root.host("/sys/class/drm"))
+    card = apu_card(root, gpus)
+    if card is None:
+        return None
+    touch(root.host(card.card + "/device/mem_info_gtt_total"), content=True)
+    if card.gtt_total is None:
+        return None
+    return (f"GPU memory: GTT {gib(card.gtt_total)} (the RAM this iGPU may use, here and in "
+            "containers on this host); `rocforge doctor` checks it, `rocforge host plan` raises it")

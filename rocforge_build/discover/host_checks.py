@@ -6,14 +6,13 @@ A fact that could not be read makes its check `unknown`; nothing is guessed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from rocforge_build.discover.host import (
     GIB,
     MIB,
     CardMemory,
     Host,
-    apu_card,
+    env_note,  # noqa: F401 (`rocforge env`'s note lives in host.py, to import less; kept here)
     facts,
     firmware_packages,
     gather,
@@ -27,18 +26,18 @@ from rocforge_build.discover.host import (
     tuned_profile,
 )
 from rocforge_build.errors import UsageError
+from rocforge_build.records import Record, init
 from rocforge_build.rootfs import Root
 
 STATUSES = ("ok", "warn", "fail", "unknown")
 
 
-@dataclass(frozen=True)
-class Check:
-    id: str
-    status: str  # ok | warn | fail | unknown
-    found: str
-    message: str
-    fix: str | None = None
+class Check(Record):
+    __slots__ = ("id", "status", "found", "message", "fix")
+
+    def __init__(self, id: str, status: str,  # ok | warn | fail | unknown
+                 found: str, message: str, fix: str | None = None):
+        init(self, id, status, found, message, fix)
 
     def to_json(self) -> dict:
         return {"id": self.id, "status": self.status, "found": self.found,
@@ -316,21 +315,3 @@ def gpu_memory_note(root: Root, gpus) -> str | None:
     if h.mem_total_kib and gtt / (h.mem_total_kib * 1024) < facts()["memory"]["low_fraction"]:
         note += " (the kernel default, ~50 % of RAM; `rocforge host plan` raises it)"
     return note
-
-
-def env_note(root: Root, gpus) -> str | None:
-    """The comment `rocforge env` adds on an APU: only the GTT total, a sysfs value that is fixed
-    until the next boot, so the env cache stays valid (its file is recorded by content)."""
-    from rocforge_build.discover.envcache import touch
-
-    if not any(g.is_igpu for g in gpus if g.source != "--target"):
-        return None
-    touch(root.host("/sys/class/drm"))
-    card = apu_card(root, gpus)
-    if card is None:
-        return None
-    touch(root.host(card.card + "/device/mem_info_gtt_total"), content=True)
-    if card.gtt_total is None:
-        return None
-    return (f"GPU memory: GTT {gib(card.gtt_total)} (the RAM this iGPU may use, here and in "
-            "containers on this host); `rocforge doctor` checks it, `rocforge host plan` raises it")

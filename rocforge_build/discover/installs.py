@@ -11,13 +11,10 @@ Stdlib only: `rocforge env` runs this on every shell start-up.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
-import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import PurePosixPath
 
@@ -26,6 +23,7 @@ from rocforge_build.discover.envcache import touch
 from rocforge_build.discover.rocm_version import install_version
 from rocforge_build.discover.watched_reads import all_dirs, first, glob, read, watch
 from rocforge_build.errors import ConfigError, NoRocmError, UsageError
+from rocforge_build.records import FRESH, Record, fresh, init, replace
 from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root
 
@@ -41,24 +39,22 @@ _ISA_RE = re.compile(r"^oclc_isa_version_([0-9]+[0-9a-f]*)\.bc$")
 HIPCXX_NAMES = ("clang++", "amdclang++")
 
 
-@dataclass(frozen=True)
-class Layout:
-    name: str
-    markers: tuple[str, ...]
-    compiler_dirs: tuple[str, ...]
-    bitcode_dirs: tuple[str, ...]
-    bin_dirs: tuple[str, ...]
-    lib_dirs: tuple[str, ...]
-    pkgconfig_dirs: tuple[str, ...]
-    cmake_prefix: bool
-    rocblas_dirs: tuple[str, ...]
-    hipblaslt_dirs: tuple[str, ...]
-    version_from: tuple[str, ...]
-    rank: int
-    hip_clang_dirs: tuple[str, ...] = ()
-    hip_clang_from_hipcc: bool = False
-    runtime_libs: tuple[str, ...] = ()
-    rocblas_libs: tuple[str, ...] = ()
+class Layout(Record):
+    __slots__ = ("name", "markers", "compiler_dirs", "bitcode_dirs", "bin_dirs", "lib_dirs",
+                 "pkgconfig_dirs", "cmake_prefix", "rocblas_dirs", "hipblaslt_dirs",
+                 "version_from", "rank", "hip_clang_dirs", "hip_clang_from_hipcc", "runtime_libs",
+                 "rocblas_libs")
+
+    def __init__(self, name: str, markers: tuple[str, ...], compiler_dirs: tuple[str, ...],
+                 bitcode_dirs: tuple[str, ...], bin_dirs: tuple[str, ...],
+                 lib_dirs: tuple[str, ...], pkgconfig_dirs: tuple[str, ...], cmake_prefix: bool,
+                 rocblas_dirs: tuple[str, ...], hipblaslt_dirs: tuple[str, ...],
+                 version_from: tuple[str, ...], rank: int, hip_clang_dirs: tuple[str, ...] = (),
+                 hip_clang_from_hipcc: bool = False, runtime_libs: tuple[str, ...] = (),
+                 rocblas_libs: tuple[str, ...] = ()):
+        init(self, name, markers, compiler_dirs, bitcode_dirs, bin_dirs, lib_dirs, pkgconfig_dirs,
+             cmake_prefix, rocblas_dirs, hipblaslt_dirs, version_from, rank, hip_clang_dirs,
+             hip_clang_from_hipcc, runtime_libs, rocblas_libs)
 
 
 @cache
@@ -74,26 +70,30 @@ def layouts() -> dict[str, Layout]:
     return table
 
 
-@dataclass(frozen=True)
-class Coverage:
+class Coverage(Record):
     """Which gfx targets an install's libraries carry, by kind of evidence."""
 
-    rocblas: tuple[str, ...] = ()
-    hipblaslt: tuple[str, ...] = ()
-    bitcode: tuple[str, ...] = ()
-    dist: tuple[str, ...] = ()  # TheRock dist_info.json `dist_amdgpu_targets`
-    has_rocblas: bool = False  # a rocBLAS kernel library directory exists at all
-    has_hipblaslt: bool = False
-    has_dist_info: bool = False
-    # ISA names (amdgcn-amd-amdhsa--gfx*) in the HIP runtime's ISA table, and the library they
-    # were read from; no library = not known (an empty or stripped file tells nothing).
-    runtime: tuple[str, ...] = ()
-    runtime_lib: str | None = None
-    # The rocBLAS library's ELF NEEDED entries; None = not read (no rocBLAS, or not an ELF).
-    rocblas_lib: str | None = None
-    rocblas_needed: tuple[str, ...] | None = None
-    # gfx -> the kernel pack (.kpack/*.kpack) that carries it (TheRock multi-arch installs).
-    kpack: tuple[tuple[str, str], ...] = ()
+    __slots__ = ("rocblas", "hipblaslt", "bitcode", "dist", "has_rocblas", "has_hipblaslt",
+                 "has_dist_info", "runtime", "runtime_lib", "rocblas_lib", "rocblas_needed",
+                 "kpack")
+
+    def __init__(self, rocblas: tuple[str, ...] = (), hipblaslt: tuple[str, ...] = (),
+                 bitcode: tuple[str, ...] = (),
+                 dist: tuple[str, ...] = (),  # TheRock dist_info.json `dist_amdgpu_targets`
+                 has_rocblas: bool = False,  # a rocBLAS kernel library directory exists at all
+                 has_hipblaslt: bool = False, has_dist_info: bool = False,
+                 # ISA names (amdgcn-amd-amdhsa--gfx*) in the HIP runtime's ISA table, and the
+                 # library they were read from; no library = not known (an empty or stripped
+                 # file tells nothing).
+                 runtime: tuple[str, ...] = (), runtime_lib: str | None = None,
+                 # The rocBLAS library's ELF NEEDED entries; None = not read (no rocBLAS, or not
+                 # an ELF).
+                 rocblas_lib: str | None = None, rocblas_needed: tuple[str, ...] | None = None,
+                 # gfx -> the kernel pack (.kpack/*.kpack) that carries it (TheRock multi-arch
+                 # installs).
+                 kpack: tuple[tuple[str, str], ...] = ()):
+        init(self, rocblas, hipblaslt, bitcode, dist, has_rocblas, has_hipblaslt, has_dist_info,
+             runtime, runtime_lib, rocblas_lib, rocblas_needed, kpack)
 
     def kernels_for(self, gfx: str) -> tuple[bool, str]:
         """Whether this install can run `gfx` kernels, and the evidence: the runtime must know
@@ -161,25 +161,30 @@ def _last_of(isas: tuple[str, ...], gfx: str) -> str:
     return gfx_sorted(family)[-1] if family else "nothing"
 
 
-@dataclass(frozen=True)
-class RocmInstall:
-    path: PurePosixPath  # inner path, as the install was named (may be a link)
-    real_path: PurePosixPath  # links resolved inside the root
-    version: str | None
-    layout: str  # "therock" | "classic" | "debian" | "fedora" | "pip"
-    compiler_dir: PurePosixPath | None
-    bitcode_dir: PurePosixPath | None
-    coverage: Coverage
-    hip_clang_path: PurePosixPath | None = None
-    bin_dirs: tuple[PurePosixPath, ...] = ()
-    lib_dirs: tuple[PurePosixPath, ...] = ()
-    pkgconfig_dirs: tuple[PurePosixPath, ...] = ()
-    cmake_prefix: bool = True
-    sources: tuple[str, ...] = ()  # how it was found: "--rocm", "$ROCM_PATH", "/opt/rocm", ...
-    problems: tuple[str, ...] = ()
-    nightly_current: bool = False
-    family: str | None = None  # rocforge-install.toml `family`
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
+class RocmInstall(Record):
+    __slots__ = ("path", "real_path", "version", "layout", "compiler_dir", "bitcode_dir",
+                 "coverage", "hip_clang_path", "bin_dirs", "lib_dirs", "pkgconfig_dirs",
+                 "cmake_prefix", "sources", "problems", "nightly_current", "family", "extra")
+    _hidden = ("extra",)
+
+    def __init__(self,
+                 path: PurePosixPath,  # inner path, as the install was named (may be a link)
+                 real_path: PurePosixPath,  # links resolved inside the root
+                 version: str | None,
+                 layout: str,  # "therock" | "classic" | "debian" | "fedora" | "pip"
+                 compiler_dir: PurePosixPath | None, bitcode_dir: PurePosixPath | None,
+                 coverage: Coverage, hip_clang_path: PurePosixPath | None = None,
+                 bin_dirs: tuple[PurePosixPath, ...] = (),
+                 lib_dirs: tuple[PurePosixPath, ...] = (),
+                 pkgconfig_dirs: tuple[PurePosixPath, ...] = (), cmake_prefix: bool = True,
+                 # how it was found: "--rocm", "$ROCM_PATH", "/opt/rocm", ...
+                 sources: tuple[str, ...] = (),
+                 problems: tuple[str, ...] = (), nightly_current: bool = False,
+                 family: str | None = None,  # rocforge-install.toml `family`
+                 extra: dict = FRESH):
+        init(self, path, real_path, version, layout, compiler_dir, bitcode_dir, coverage,
+             hip_clang_path, bin_dirs, lib_dirs, pkgconfig_dirs, cmake_prefix, sources, problems,
+             nightly_current, family, fresh(extra))
 
     @property
     def hipcxx(self) -> PurePosixPath | None:
@@ -252,6 +257,8 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
         text = read(root, b / "share" / "therock" / "dist_info.json")
         if text is None:
             continue
+        import json  # only for a TheRock tree
+
         try:
             data = json.loads(text)
         except ValueError:
@@ -431,6 +438,8 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     family = None
     meta = read(root, path / "rocforge-install.toml")
     if meta:
+        import tomllib  # only for a tree rocforge installed
+
         try:
             family = tomllib.loads(meta).get("family")
         except tomllib.TOMLDecodeError:
@@ -569,7 +578,5 @@ def find_installs(root: Root, *, rocm: str | None = None,
 
 
 def _merge(prev: RocmInstall, source: str, is_current: bool) -> RocmInstall:
-    from dataclasses import replace
-
     sources = prev.sources + ((source,) if source not in prev.sources else ())
     return replace(prev, sources=sources, nightly_current=prev.nightly_current or is_current)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from rocforge_build import shellsafe
@@ -44,17 +43,18 @@ from rocforge_build.discover import rocm_version, targets
 from rocforge_build.discover.gpus import Gpu
 from rocforge_build.discover.installs import RocmInstall
 from rocforge_build.errors import NoRocmError
+from rocforge_build.records import FRESH, Record, fresh, init
 from rocforge_build.rootfs import Root
 
 PATH_VARS = ("PATH", "LD_LIBRARY_PATH", "CMAKE_PREFIX_PATH", "PKG_CONFIG_PATH")
 OVERRIDE = "HSA_OVERRIDE_GFX_VERSION"
 
 
-@dataclass(frozen=True)
-class Decision:
-    key: str
-    value: object
-    reason: str
+class Decision(Record):
+    __slots__ = ("key", "value", "reason")
+
+    def __init__(self, key: str, value: object, reason: str):
+        init(self, key, value, reason)
 
     def to_json(self) -> dict:
         value = self.value
@@ -74,21 +74,23 @@ class Decision:
         return str(value)
 
 
-@dataclass(frozen=True)
-class Resolution:
-    gpus: tuple[Gpu, ...]
-    target: str | None
-    rocm: RocmInstall | None
-    env: dict[str, str | None]
-    decisions: list[Decision]
-    warnings: list[str]
-    installs: tuple[RocmInstall, ...] = ()
-    selected: tuple[int, ...] = ()  # indices into .gpus of the GPUs left visible
-    prepend: dict[str, tuple[str, ...]] = field(default_factory=dict)  # path-list entries
-    root: Root | None = field(default=None, compare=False, repr=False)
-    gpu_source: str = "none"
-    builds: tuple[builds_mod.Build, ...] = ()  # rocforge builds used by the environment
-    blockers: tuple[str, ...] = ()  # what makes the machine's main GPU unusable with this ROCm
+class Resolution(Record):
+    __slots__ = ("gpus", "target", "rocm", "env", "decisions", "warnings", "installs", "selected",
+                 "prepend", "root", "gpu_source", "builds", "blockers")
+    _hidden = ("root",)
+
+    def __init__(self, gpus: tuple[Gpu, ...], target: str | None, rocm: RocmInstall | None,
+                 env: dict[str, str | None], decisions: list[Decision], warnings: list[str],
+                 installs: tuple[RocmInstall, ...] = (),
+                 selected: tuple[int, ...] = (),  # indices into .gpus of the GPUs left visible
+                 prepend: dict[str, tuple[str, ...]] = FRESH,  # path-list entries
+                 root: Root | None = None,
+                 gpu_source: str = "none",
+                 builds: tuple[builds_mod.Build, ...] = (),  # rocforge builds used by the environment
+                 # what makes the machine's main GPU unusable with this ROCm
+                 blockers: tuple[str, ...] = ()):
+        init(self, gpus, target, rocm, env, decisions, warnings, installs, selected,
+             fresh(prepend), root, gpu_source, builds, blockers)
 
     @property
     def usable(self) -> bool:

@@ -8,13 +8,12 @@ Stdlib only: `rocforge env` runs this on every shell start-up.
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING
 
 from rocforge_build.discover.watched_reads import glob, read
 from rocforge_build.rootfs import Root
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at every shell start-up
 if TYPE_CHECKING:
     from rocforge_build.discover.installs import Layout
 
@@ -25,6 +24,8 @@ def _v_install_toml(root: Root, base: PurePosixPath) -> str | None:
     text = read(root, base / "rocforge-install.toml")
     if text is None:
         return None
+    import tomllib  # only for a tree rocforge installed
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError:

@@ -5,12 +5,11 @@ Kept import-light (stdlib only): `rocforge env` reads it on every shell start-up
 
 from __future__ import annotations
 
-import difflib
 import re
-from dataclasses import dataclass, field
 from functools import cache
 
 from rocforge_build.errors import ConfigError, UsageError
+from rocforge_build.records import FRESH, Record, fresh, init
 from rocforge_build.resources import load_toml, package_data
 
 _TABLE = package_data("targets.toml")
@@ -23,24 +22,22 @@ _KEYS = {
 }
 
 
-@dataclass(frozen=True)
-class Target:
-    name: str
-    gfx_target_version: int
-    generation: str
-    kind: str  # "igpu" or "dgpu"
-    wave_size: int
-    generic: str | None = None
-    families: tuple[str, ...] = ()
-    legacy_families: tuple[str, ...] = ()
-    override_with: str | None = None
-    wmma: bool = False
-    mfma: bool = False
-    marketing: tuple[str, ...] = ()
-    compute_units: int | None = None
-    peak_bandwidth_gbs: float | None = None
-    peak_fp16_tflops: float | None = None
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
+class Target(Record):
+    __slots__ = ("name", "gfx_target_version", "generation", "kind", "wave_size", "generic",
+                 "families", "legacy_families", "override_with", "wmma", "mfma", "marketing",
+                 "compute_units", "peak_bandwidth_gbs", "peak_fp16_tflops", "extra")
+    _hidden = ("extra",)
+
+    def __init__(self, name: str, gfx_target_version: int, generation: str,
+                 kind: str,  # "igpu" or "dgpu"
+                 wave_size: int, generic: str | None = None, families: tuple[str, ...] = (),
+                 legacy_families: tuple[str, ...] = (), override_with: str | None = None,
+                 wmma: bool = False, mfma: bool = False, marketing: tuple[str, ...] = (),
+                 compute_units: int | None = None, peak_bandwidth_gbs: float | None = None,
+                 peak_fp16_tflops: float | None = None, extra: dict = FRESH):
+        init(self, name, gfx_target_version, generation, kind, wave_size, generic, families,
+             legacy_families, override_with, wmma, mfma, marketing, compute_units,
+             peak_bandwidth_gbs, peak_fp16_tflops, fresh(extra))
 
     @property
     def hsa_version(self) -> str:
@@ -146,6 +143,8 @@ def get_target(name: str) -> Target:
     key = name.strip().lower()
     if key in table:
         return table[key]
+    import difflib  # only for the error
+
     close = difflib.get_close_matches(key, table, n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(close)}?" if close else "see `rocforge targets` for the list"
     raise UsageError(f"unknown GPU target {name!r}", hint)
