@@ -27,6 +27,8 @@ _PLAN_FILES = (
     "ggml/src/ggml-cuda/fattn-wmma-f16.cu",
     "ggml/src/ggml-vulkan/ggml-vulkan.cpp",
     "ggml/src/ggml-hip/CMakeLists.txt",
+    "ggml/src/ggml-cpu/amx/mmq.cpp",  # the AMX kernels (the recipe's -mno-amx-int8 rule)
+    "ggml/src/ggml-amx/mmq.cpp",
 )
 
 

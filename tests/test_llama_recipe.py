@@ -21,7 +21,8 @@ from rocforge_build.rootfs import Root
 # CMake's own variables and those read by CMake modules (not declared by the tree itself)
 CMAKE_BUILTIN = {"CMAKE_BUILD_TYPE", "CMAKE_INSTALL_LIBDIR", "CMAKE_INSTALL_RPATH", "CMAKE_HIP_FLAGS",
                  "CMAKE_INSTALL_PREFIX", "GPU_TARGETS", "AMDGPU_TARGETS", "Vulkan_INCLUDE_DIR",
-                 "Vulkan_LIBRARY", "Vulkan_GLSLC_EXECUTABLE", "CMAKE_BUILD_WITH_INSTALL_RPATH"}
+                 "Vulkan_LIBRARY", "Vulkan_GLSLC_EXECUTABLE", "CMAKE_BUILD_WITH_INSTALL_RPATH",
+                 "CMAKE_C_FLAGS", "CMAKE_CXX_FLAGS"}
 
 
 @pytest.fixture(scope="module")
@@ -316,3 +317,39 @@ def test_the_pinned_version_and_its_hip_floor_are_the_sdists(trees):
     assert "if (${hip_VERSION} VERSION_LESS 6.1)" in hip.read_text()
     stop = [r for r in recipe.of("stop") if r.when.get("source_version") == "==0.3.36"]
     assert len(stop) == 1 and stop[0].when["rocm"] == "<6.1"
+
+
+def _root_with_cpu(tmp_path, name: str, amx: bool) -> Root:
+    """A root whose /proc/cpuinfo is this machine's own, its flags with AMX-INT8 (or without)."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    out = []
+    for line in lines:
+        if line.startswith("flags"):
+            key, _, flags = line.partition(":")
+            kept = [f for f in flags.split() if not f.startswith("amx")]
+            line = f"{key}: {' '.join(kept + (['amx_bf16', 'amx_tile', 'amx_int8'] if amx else []))}"
+        out.append(line)
+    d = tmp_path / name
+    (d / "proc").mkdir(parents=True)
+    (d / "usr" / "include").mkdir(parents=True)
+    (d / "proc" / "cpuinfo").write_text("\n".join(out) + "\n")
+    return Root(d)
+
+
+@pytest.mark.parametrize("version, has_amx_kernels", [("0.3.9", True), ("0.3.36", True), ("0.3.0", False)])
+def test_an_amx_host_builds_the_cpu_backend_without_amx_int8(trees, tmp_path, version, has_amx_kernels):
+    """ggml's AMX kernels computed Q4_0/Q4_1 wrongly (llama.cpp #16315; on this project's 2-core
+    Xeon the May 2025 tree's CPU build gave SmolLM2-135M Q4_1 a perplexity of 278-369 on Pride and
+    Prejudice, 17-22 without AMX): on a host whose CPU has amx_int8, a tree with the AMX kernels is
+    built with -mno-amx-int8 (every backend: the CPU backend runs beside each); a host without AMX,
+    or a tree without those kernels, gets no such flag."""
+    amx = _root_with_cpu(tmp_path, "amx", True)
+    plain = _root_with_cpu(tmp_path, "plain", False)
+    for root, wanted in ((amx, has_amx_kernels), (plain, False)):
+        d = defines(plan(trees, version, root, "cpu"))
+        assert (d.get("CMAKE_C_FLAGS") == d.get("CMAKE_CXX_FLAGS") == "-mno-amx-int8") is wanted, d
+        if not wanted:
+            assert "CMAKE_C_FLAGS" not in d and "CMAKE_CXX_FLAGS" not in d
+    assert conditions.cpu_flags(amx) >= {"amx_int8"}
+    assert "amx_int8" not in conditions.cpu_flags(plain)
+    assert conditions.cpu_flags(Root(tmp_path / "nothing")) is None  # unreadable: unknown, not false

@@ -33,7 +33,8 @@ def facts_maker(recipe, tgt, root, environ, req: Request, toolchains: dict, know
             target=tgt.name, families=tgt.therock_groups, backend=backend,
             rocm_version=tc.rocm_version, source=known.get("source"),
             host=conditions.HostFacts(include_dirs=tc.include_dirs, path=tc.path,
-                                      probe_glslc=tc.probe_glslc),
+                                      probe_glslc=tc.probe_glslc,
+                                      cpu_flags=conditions.cpu_flags(root)),
             toolchain_found=tc.missing is None, rocblas_hipblaslt=tc.rocblas_hipblaslt,
             pinned_version=known.get("pinned_version"),
         )

@@ -20,6 +20,7 @@ A condition is a TOML table; every key must hold (AND); a list value means any o
     rocm_file = "lib/hipblaslt/library/TensileLibrary_lazy_{target}.dat"
                                                the toolchain's ROCm has this file (glob)
     glslc_extension = "GL_KHR_cooperative_matrix"  glslc compiles a shader requiring it
+    cpu_flag = "amx_int8" | [...]              the build host's CPU has this flag (/proc/cpuinfo)
     toolchain_found = true                     the backend's toolchain was found (a dry run
                                                without one skips checks on its headers)
     rocblas_hipblaslt = false                  the HIP toolchain's rocBLAS does (true) / does not
@@ -56,7 +57,7 @@ from rocforge_build.errors import ConfigError
 KEYS = (
     "target", "family", "backend", "rocm", "source_version", "cmake_option", "file",
     "source_contains", "header_contains", "tool", "glslc_extension", "toolchain_found",
-    "pkgconfig", "rocm_file", "rocblas_hipblaslt", "not", "any", "all",
+    "pkgconfig", "rocm_file", "rocblas_hipblaslt", "cpu_flag", "not", "any", "all",
 )
 
 _OPTION_RE = re.compile(r"""\boption\s*\(\s*"?([A-Za-z_][A-Za-z0-9_]*)"?""", re.I)
@@ -112,6 +113,20 @@ class SourceFacts:
             return False
 
 
+def cpu_flags(root) -> frozenset[str] | None:
+    """The CPU flags of the (inspected) host, from its /proc/cpuinfo; None when unreadable."""
+    from rocforge_build.rootfs import open_regular
+
+    try:
+        with open_regular(root.host("/proc/cpuinfo"), "r", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return None
+
+
 @dataclass
 class HostFacts:
     """Facts about the build host: include dirs, programs, glslc abilities (probed lazily)."""
@@ -121,6 +136,7 @@ class HostFacts:
     probe_glslc: Callable[[str], bool] | None = None
     _cache: dict = field(default_factory=dict)
     rocm_root: Path | None = None  # the HIP toolchain's ROCm tree (host path)
+    cpu_flags: frozenset[str] | None = None  # the build host's CPU flags; None: unknown
 
     def header_contains(self, header: str, text: str) -> bool | None:
         for d in self.include_dirs:
@@ -424,6 +440,11 @@ def _test_host(key: str, items: list, f: Facts) -> tuple[bool, str]:
         hit = [m for m in items if f.host.pkgconfig(m)]
         return (bool(hit), f"pkg-config finds {hit[0]}" if hit
                 else f"pkg-config does not find {' / '.join(items)}")
+    if key == "cpu_flag":
+        if f.host.cpu_flags is None:
+            return False, f"the CPU's flags are unknown ({' / '.join(items)})"
+        hit = [x for x in items if x in f.host.cpu_flags]
+        return (bool(hit), f"the CPU has {hit[0]}" if hit else f"the CPU lacks {' / '.join(items)}")
     if key == "glslc_extension":
         for ext in items:
             if f.host.glslc_extension(ext):

@@ -138,7 +138,8 @@ def plan_dependencies(recipe, req, facts, root, check_patches, stack, fetch: boo
     if extra and facts.host is not None:
         facts.host = conditions.HostFacts(include_dirs=(*extra, *facts.host.include_dirs),
                                           path=facts.host.path, probe_glslc=facts.host.probe_glslc,
-                                          rocm_root=facts.host.rocm_root)
+                                          rocm_root=facts.host.rocm_root,
+                                          cpu_flags=facts.host.cpu_flags)
     return deps
 
 
