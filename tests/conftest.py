@@ -64,6 +64,28 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.line(f"{nodeid}: {reason}", red=True)
 
 
+_SESSION_DIRS: list[str] = []
+
+
+def pytest_configure(config):
+    """Session and module fixtures (the shared llama.cpp builds, say) run before the per-test
+    isolation below: rocforge's directories point into one temporary directory for the whole run
+    from the start, so no fixture ever writes to the user's own cache, data or config."""
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="rocforge-test-session-")
+    _SESSION_DIRS.append(base)
+    for var in ("CONFIG", "CACHE", "DATA"):
+        os.environ[f"ROCFORGE_{var}_DIR"] = os.path.join(base, var.lower())
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    for base in _SESSION_DIRS:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--run-slow"):
         return
