@@ -36,6 +36,7 @@ from pathlib import Path
 
 from rocforge_build.errors import DiskFullError, IntegrityError, reason
 from rocforge_build.progress import human_size
+from rocforge_build.rootfs import NotRegularFile, file_kind, open_regular  # noqa: F401 (their home before)
 
 
 @dataclass(frozen=True)
@@ -76,48 +77,6 @@ def _clean_name(archive: Path, raw: str) -> str | None:
         return "/".join(member_parts(raw))
     except ValueError as exc:
         raise _refuse(archive, raw, str(exc)) from exc
-
-
-class NotRegularFile(OSError):
-    """`open_regular` met something that is not a regular file (its kind in `kind`)."""
-
-    def __init__(self, path, kind: str):
-        super().__init__(f"{path} is {kind}, not a regular file")
-        self.kind = kind
-
-
-def file_kind(mode: int) -> str:
-    """What a non-regular st_mode is, in words."""
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")):
-        if test(mode):
-            return kind
-    return "a special file"
-
-
-def open_regular(path: Path | str, *, follow: bool = True):
-    """Open `path` for reading only if it is a regular file.  O_NONBLOCK keeps a FIFO from
-    blocking the open (a FIFO with no writer would hang a plain open() forever); with
-    follow=False a symbolic link is refused (O_NOFOLLOW).  NotRegularFile otherwise."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP and not follow:
-            raise NotRegularFile(path, "a symbolic link") from exc
-        if exc.errno == errno.ENXIO:  # a socket
-            raise NotRegularFile(path, "a socket") from exc
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(path, file_kind(st.st_mode))
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def _check_link(archive: Path, name: str, target: str) -> None:

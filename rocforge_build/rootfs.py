@@ -31,15 +31,46 @@ def _is_link(path: str) -> bool:
         return False
 
 
-def open_regular(path: str | os.PathLike[str], mode: str = "rb", **kw):
-    """open() for reading a file of an inspected root, refusing what is not a regular file
-    without waiting on it: a FIFO (or a device) put where sysfs, /proc or a ROCm install has a
-    file would block a plain open() forever, and `rocforge env` runs at every shell start-up.
-    Raises OSError like open() does."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+class NotRegularFile(OSError):
+    """`open_regular` met something that is not a regular file (its kind in `kind`)."""
+
+    def __init__(self, path, kind: str):
+        super().__init__(errno.EINVAL, f"{kind}, not a regular file", os.fspath(path))
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return f"{self.filename} is {self.strerror}"
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular st_mode is, in words."""
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def open_regular(path: str | os.PathLike[str], mode: str = "rb", *, follow: bool = True, **kw):
+    """open() for reading, only if `path` is a regular file: O_NONBLOCK keeps a FIFO (or a device)
+    from blocking the open — a FIFO put where sysfs, /proc, a ROCm install or a bundle has a file
+    would hang a plain open() forever, and `rocforge env` runs at every shell start-up; with
+    follow=False a symbolic link is refused (O_NOFOLLOW).  NotRegularFile (an OSError) otherwise."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise NotRegularFile(path, "a symbolic link") from exc
+        if exc.errno == errno.ENXIO:  # a socket
+            raise NotRegularFile(path, "a socket") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(path, file_kind(st.st_mode))
+        os.set_blocking(fd, True)
         return os.fdopen(fd, mode, **kw)
     except BaseException:
         os.close(fd)

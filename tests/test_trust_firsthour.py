@@ -630,7 +630,7 @@ def test_a_fifo_for_a_gpus_kfd_properties_is_one_detection_line(tmp_path):
                          cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=60)
     assert out.returncode == 3 and out.stdout == ""
     assert out.stderr.splitlines()[0] == ("rocforge: error: cannot read /sys/class/kfd/kfd/topology/nodes/1/"
-                                          "properties: not a regular file")
+                                          "properties: a FIFO, not a regular file")
 
 
 def test_an_unpinned_tarball_is_downloaded_once_per_run(http_server, tmp_path, capsys):
