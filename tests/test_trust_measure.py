@@ -124,10 +124,9 @@ def test_rocforges_own_database_is_used_again(db, capsys):
     assert code == 0 and "1 rows" in out
 
 
-def test_database_made_before_the_stamp_is_still_rocforges(db, capsys):
-    # the tables an earlier rocforge made, without PRAGMA application_id: still readable
-    con = sqlite3.connect(db, isolation_level=None)
-    con.executescript("""
+
+# the tables an earlier rocforge made (before PRAGMA application_id and per-model preset versions)
+OLD_TABLES = """
 CREATE TABLE runs (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, started TEXT NOT NULL, finished TEXT,
     status TEXT NOT NULL, argv TEXT, info TEXT);
 CREATE TABLE rows (id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id),
@@ -136,6 +135,12 @@ CREATE TABLE rows (id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES ru
 CREATE INDEX rows_prefix ON rows(prefix, kind);
 CREATE TABLE presets (id INTEGER PRIMARY KEY, model TEXT NOT NULL, model_sha256 TEXT,
     run_id INTEGER, created TEXT NOT NULL, data TEXT NOT NULL);
+"""
+
+def test_database_made_before_the_stamp_is_still_rocforges(db, capsys):
+    # the tables an earlier rocforge made, without PRAGMA application_id: still readable
+    con = sqlite3.connect(db, isolation_level=None)
+    con.executescript(OLD_TABLES + """
 INSERT INTO runs VALUES (1, 'bench', '2025-01-01T00:00:00Z', NULL, 'done', '["bench"]', '{}');
 """)
     con.close()
@@ -151,15 +156,7 @@ INSERT INTO runs VALUES (1, 'bench', '2025-01-01T00:00:00Z', NULL, 'done', '["be
 
 OLD_PRESETS = f"""
 PRAGMA application_id = {APPLICATION_ID};
-CREATE TABLE runs (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, started TEXT NOT NULL, finished TEXT,
-    status TEXT NOT NULL, argv TEXT, info TEXT);
-CREATE TABLE rows (id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs(id),
-    kind TEXT NOT NULL, prefix TEXT, stamp TEXT, model_sha256 TEXT, status TEXT NOT NULL,
-    created TEXT NOT NULL, data TEXT NOT NULL);
-CREATE INDEX rows_prefix ON rows(prefix, kind);
-CREATE TABLE presets (id INTEGER PRIMARY KEY, model TEXT NOT NULL, model_sha256 TEXT,
-    run_id INTEGER, created TEXT NOT NULL, data TEXT NOT NULL);
-CREATE TABLE preset_choice (model_sha256 TEXT PRIMARY KEY, preset_id INTEGER NOT NULL
+{OLD_TABLES}CREATE TABLE preset_choice (model_sha256 TEXT PRIMARY KEY, preset_id INTEGER NOT NULL
     REFERENCES presets(id), chosen TEXT NOT NULL);
 INSERT INTO presets VALUES (1, 'm', '{"a" * 64}', 1, 't1', '{{"n": 1}}');
 INSERT INTO presets VALUES (2, 'm', '{"b" * 64}', 2, 't2', '{{"n": 2}}');
