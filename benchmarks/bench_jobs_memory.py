@@ -211,7 +211,7 @@ def tensile(a) -> int:
 
 
 def main() -> int:
-    from llama_trees import tree
+    from llama_trees import bench_tree
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--vulkan", action="store_true")
@@ -239,11 +239,8 @@ def main() -> int:
     if missing:
         print(f"bench_jobs_memory: skipped: needs {', '.join(missing)}")
         return 0
-    try:
-        src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
-    except subprocess.CalledProcessError:
-        print("bench_jobs_memory: skipped: the llama-cpp-python 0.3.9 sdist could not be "
-              "downloaded (pip download; no network?)")
+    src = bench_tree("bench_jobs_memory", tmp / "trees")
+    if src is None:
         return 0
     build = tmp / "build"
     flags = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON"]

@@ -98,13 +98,10 @@ def main() -> int:
     if a.source:
         src = Path(a.source).resolve()
     else:
-        from llama_trees import tree
+        from llama_trees import bench_tree
 
-        try:
-            src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
-        except subprocess.CalledProcessError:
-            print("bench_overhead_llama: skipped: the llama-cpp-python 0.3.9 sdist could not be "
-                  "downloaded (pip download; no network?); --source TREE uses a tree you have")
+        src = bench_tree("bench_overhead_llama", tmp / "trees", "; --source TREE uses a tree you have")
+        if src is None:
             return 0
     env = {**os.environ, "ROCFORGE_CONFIG_DIR": str(tmp / "config"),
            "ROCFORGE_CACHE_DIR": str(tmp / "cache"), "ROCFORGE_DATA_DIR": str(tmp / "data")}

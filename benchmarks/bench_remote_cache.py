@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 def main() -> int:
     from buildservers import free_port
-    from llama_trees import tree
+    from llama_trees import bench_tree
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="llama-bench")
@@ -44,11 +44,9 @@ def main() -> int:
         print(f"bench_remote_cache: skipped: needs {', '.join(missing)} (not on PATH)")
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="rocforge-remote-bench-"))
-    try:
-        src = tree("0.3.9", tmp / "trees", full=True) / "vendor" / "llama.cpp"
-    except subprocess.CalledProcessError:
-        print("bench_remote_cache: skipped: the llama-cpp-python 0.3.9 sdist could not be "
-              "downloaded (pip download; no network?)")
+    src = bench_tree("bench_remote_cache", tmp / "trees")
+    if src is None:
+        shutil.rmtree(tmp, ignore_errors=True)
         return 0
     port = free_port()
     redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save",

@@ -77,3 +77,14 @@ def tree(version: str, dest: Path, *, full: bool = False) -> Path:
                       **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     (top / ".complete").write_text("")
     return top
+
+
+def bench_tree(script: str, where: Path, hint: str = "") -> Path | None:
+    """The May 2025 llama.cpp tree for a benchmark (`benchmarks/`), or None after its one
+    'skipped' line when the sdist cannot be downloaded (`nox -s bench` on a machine offline)."""
+    try:
+        return tree("0.3.9", where, full=True) / "vendor" / "llama.cpp"
+    except subprocess.CalledProcessError:
+        print(f"{script}: skipped: the llama-cpp-python 0.3.9 sdist could not be downloaded "
+              f"(pip download; no network?){hint}")
+        return None
