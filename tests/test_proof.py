@@ -194,9 +194,10 @@ def test_a_tie_within_the_noise_goes_to_the_defaults():
 
 def test_the_default_search_starts_at_the_defaults_and_the_next_range_where_the_last_ended():
     # fa off wins everywhere; the micro-batch peaks at 1024 at depth 0 and at 2048 at depth 4096.
-    # From the defaults (fa on, ub 512): fa swept (2 runs), then ub on the fa-off plane (3 more),
-    # then fa again at 1024 (1 more); the long range starts at (off, 1024) and adds nothing new but
-    # 2048's fa-on point: 7 of 8 at most, and the first run is what the user runs anyway.
+    # The first run is ub 512 with fa off (it has no pace to be raced against, so it must be the
+    # setting that does not stall), the second the recipe's defaults (fa on, ub 512); then ub on
+    # the fa-off plane (3 more), fa again at 1024 (1 more); the long range starts at (off, 1024)
+    # and adds nothing new but 2048's fa-on point: 7 of 8 at most.
     peak = {0: {256: 0.7, 512: 0.9, 1024: 1.0, 2048: 0.95}, 4096: {256: 0.6, 512: 0.8, 1024: 0.9, 2048: 1.0}}
     order = []
 
@@ -207,7 +208,7 @@ def test_the_default_search_starts_at_the_defaults_and_the_next_range_where_the_
     cand = tune.Candidate(object())
     dims = [[True, False], [256, 512, 1024, 2048]]
     best = tune.search(cand, dims, [], {"short": 0, "long": 4096}, measure)
-    assert order[0] == bench.Variant(512, True)
+    assert order[:2] == [bench.Variant(512, False), bench.Variant(512, True)]
     assert (best["short"]["variant"], best["long"]["variant"]) == (bench.Variant(1024, False), bench.Variant(2048, False))
     assert len(order) == len(set(order)) < 8  # nothing measured twice, fewer than the cross product
 
@@ -215,6 +216,32 @@ def test_the_default_search_starts_at_the_defaults_and_the_next_range_where_the_
 def test_screening_uses_one_repetition_never_more_than_asked(model8k):
     assert tune.screening(bench.Spec(model8k, reps=3)).reps == 1
     assert tune.screening(bench.Spec(model8k, reps=1)).reps == 1
+
+
+def test_settling_repeats_screenings_unraced_and_exhaustive_runs_the_full_reps(model8k):
+    spec = bench.Spec(model8k, reps=3, timeout=60)
+    race = tune.Race(factor=2.0, floor_s=3.0, fastest=4.0)
+    searching = tune.run_spec(spec, race, settling=False)
+    assert (searching.reps, searching.timeout) == (1, 8.0)  # one repetition, raced at 2 x 4 s
+    settling = tune.run_spec(spec, race, settling=True)
+    assert (settling.reps, settling.timeout) == (1, 60)  # the leaders are the pace: the user's limit
+    assert tune.run_spec(spec, None, settling=False) is spec  # --exhaustive: 3 repetitions, as asked
+    assert tune.run_spec(spec, None, settling=True) is spec
+
+
+def test_a_stored_figure_is_the_mean_over_every_run_of_the_variant():
+    from rocforge_build.commands.tune import pooled_rows
+
+    def run(pp, tg, sd=0.0):
+        return [{"test": "pp", "depth": 0, "status": "ok", "t_s": pp, "stddev": sd},
+                {"test": "tg", "depth": 0, "status": "ok", "t_s": tg, "stddev": sd},
+                {"test": "tg", "depth": 4096, "status": "failed", "t_s": None, "stddev": None}]
+    got = {r["test"]: r for r in pooled_rows([run(100, 10), run(110, 12), run(90, 8)], 0)}
+    assert got["pp"]["t_s"] == pytest.approx(100) and got["pp"]["stddev"] == pytest.approx(10)
+    assert got["tg"]["t_s"] == pytest.approx(10) and got["tg"]["stddev"] == pytest.approx(2)
+    one = {r["test"]: r for r in pooled_rows([run(100, 10, sd=3.5)], 0)}
+    assert one["pp"]["stddev"] == 3.5  # one run: llama-bench's own spread over its repetitions
+    assert pooled_rows([run(100, 10)], 4096) == []  # a failed row is no figure
 
 
 def bench_stub(tmp_path: Path, script: str):

@@ -197,9 +197,9 @@ def _tune_build(b, s, spec, run_id, ranges: dict[str, int], n_ctx, progress, arg
     cand.race = race
 
     def measure(v, b=b, base=base, depths=depths, race=race, settling=False):
-        """The search's runs are screenings raced against the fastest (not --exhaustive);
-        settling's repeats use the full --reps and the user's --timeout."""
-        run_spec = spec if settling or race is None else race.spec(tune.screening(spec))
+        """The search's runs are screenings raced against the fastest; settling's repeats are
+        screenings under the user's --timeout alone (--exhaustive: the full --reps throughout)."""
+        run_spec = tune.run_spec(spec, race, settling=settling)
         progress.status(f"{b.label()} {v.label()}")
         rows, clock = [], []
         bench.run_variant(b, run_spec, v, base, depths,
@@ -225,8 +225,8 @@ def _print_summary(summary: dict, ranges: list[str], model_path, reps: int) -> N
     from rocforge_build.proc import quote
 
     for c in summary["candidates"]:
-        how = (f"; each measured first with {c['screen_reps']} repetition(s), the leaders again "
-               f"with {reps}; {c['stopped_by_race']} stopped by the race" if c["screen_reps"] else "")
+        how = (f"; {c['screen_reps']} repetition(s) a run, the leaders run again to tell them apart; "
+               f"{c['stopped_by_race']} stopped by the race" if c["screen_reps"] else f"; {reps} repetitions a run")
         print(f"{c['prefix']} ({c['backend']}): gate {c['gate']}, {c['measured']} variants measured "
               f"(full cross product: {c['cross_product']}{how})")
     preset = summary["preset"]
@@ -316,9 +316,24 @@ def _first_verified(name: str, ranked, ctx: int, s, args, say) -> tuple[tuple | 
     return None, rejected
 
 
+def pooled_rows(samples: list[list[dict]], depth: int) -> list[dict]:
+    """One row per test at `depth` over every llama-bench run of a variant (the search's and
+    settling's): the mean t/s, and the spread between the runs where there are several (a single
+    run keeps llama-bench's own stddev over its repetitions)."""
+    out = []
+    for test in ("pp", "tg"):
+        got = [r for rows in samples for r in rows
+               if r.get("depth") == depth and r.get("test") == test and r.get("status") == "ok" and r.get("t_s")]
+        if got:
+            vals = [r["t_s"] for r in got]
+            mean = sum(vals) / len(vals)
+            sd = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else got[0]["stddev"]
+            out.append({**got[-1], "t_s": mean, "stddev": sd})
+    return out
+
+
 def entry(cand, v, score, depth, ctx, ranked, s, check) -> dict:
-    latest = cand.samples.get(v, [cand.measured[v]])[-1]  # settling's full-repetition run, where it ran
-    rows = [r for r in latest if r.get("depth") == depth and r.get("status") == "ok"] or \
+    rows = pooled_rows(cand.samples.get(v, [cand.measured[v]]), depth) or \
         [r for r in cand.measured[v] if r.get("depth") == depth] or \
         [r for r in cand.measured[v] if r.get("depth") == 0]
     env, argv, notes = command(cand.build, str(s.model.path), v.to_json(), ctx,

@@ -113,12 +113,24 @@ def screening(spec: bench.Spec) -> bench.Spec:
     return dataclasses.replace(spec, reps=min(spec.reps, int(rules()["screen"]["reps"])))
 
 
+def run_spec(spec: bench.Spec, race: Race | None, *, settling: bool) -> bench.Spec:
+    """What one llama-bench run of tune measures with.  --exhaustive (no race): the user's spec.
+    The default search: screenings, raced against the fastest while searching; settling's repeats
+    are screenings too (more, cheaper samples within its budget), under the user's --timeout alone:
+    the leaders are the pace, nothing is raced against them."""
+    if race is None:
+        return spec
+    return screening(spec) if settling else race.spec(screening(spec))
+
+
 def start_point(dims: list[list], env_names: list[str]) -> tuple:
     """Where the coordinate search starts: the recipe's defaults (data/tune.toml [search.default]),
-    where the searched values hold them, else each dimension's first value.  From the defaults one
-    sweep of each dimension measures what a user would otherwise run, and the search moves only
-    where a variant beats it."""
-    default = rules()["search"].get("default", {})
+    except where [screen] start names the value least likely to stall (flash attention off): the
+    first run has no pace to be raced against, so it must be one that finishes.  Values the search
+    does not hold fall back to each dimension's first.  The first sweep still measures the defaults
+    (what a user would otherwise run), and the search moves only where a variant beats them."""
+    rules_ = rules()
+    default = {**rules_["search"].get("default", {}), **rules_["screen"].get("start", {})}
     env_default = default.get("env", {})
     wanted = [default.get("fa"), default.get("ubatch")] + [env_default.get(n) for n in env_names]
     return tuple(w if w in d else d[0] for w, d in zip(wanted, dims, strict=False))
