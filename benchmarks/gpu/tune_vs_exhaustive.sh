@@ -13,6 +13,8 @@
 #       the time the last pair took is still left in the call's 10 minutes)
 #   PHASE=report bash benchmarks/gpu/tune_vs_exhaustive.sh            export + benchmarks/tune_pairs.py
 # Odd pairs run the default tune first, even pairs the exhaustive one.
+# Measured 2026-11-26 (RESULTS-tune.md): MODEL_CTX=4096 GATE_CTX=512 on every phase, PAIRS="1 2 3 4"
+# in one call (~8 min); the build phase with its cold warm-up tune took ~3 min.
 # The carried folder D (default .dev-h100) holds llama.tar.xz (vendor/llama.cpp of the
 # llama-cpp-python 0.3.9 sdist, May 2025, trimmed), debs/ (see vulkan_env.sh), whl/ (tomlkit
 # platformdirs gguf; numpy is on the machine) and rf/ (the rocforge to run: a copy of
