@@ -18,6 +18,19 @@ _MAX_LINKS = 40
 _NOT_THERE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 
 
+def _mode(path: str) -> int | None:
+    """os.stat(path).st_mode, None where Path.exists() reads "not there" (the other errors,
+    EACCES..., raised as pathlib raises them)."""
+    try:
+        return os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno not in _NOT_THERE:
+            raise
+        return None
+    except ValueError:
+        return None
+
+
 def _is_link(path: str) -> bool:
     """Path(path).is_symlink(): False where the path is missing (or unencodable), the other
     errors (EACCES...) raised."""
@@ -77,9 +90,35 @@ def open_regular(path: str | os.PathLike[str], mode: str = "rb", *, follow: bool
         raise
 
 
+class _Snapshot:
+    """Root.snapshot(): while it is open each path's links are read once (a read-only pass)."""
+
+    def __init__(self, root: Root):
+        self.root, self.outer = root, None
+
+    def __enter__(self) -> Root:
+        self.outer = self.root._walks
+        if self.outer is None:
+            self.root._walks, self.root._links = {}, {}
+        return self.root
+
+    def __exit__(self, *exc) -> None:
+        if self.outer is None:
+            self.root._walks = self.root._links = None
+
+
 class Root:
     def __init__(self, base: str | os.PathLike[str] = "/"):
         self.base = Path(os.path.abspath(base))
+        self._prefix = str(self.base).rstrip("/")
+        self._walks: dict[str, list[str]] | None = None  # inner path -> its components (snapshot)
+        self._links: dict[str, str | None] | None = None  # host path -> link target or None
+
+    def snapshot(self) -> _Snapshot:
+        """`with root.snapshot():` reads each link once until the block ends: discovery resolves
+        the same few paths many times in one read-only pass (`rocforge env` runs at every shell
+        start-up).  Never around code that changes the tree: what it reads is a snapshot."""
+        return _Snapshot(self)
 
     @property
     def is_host(self) -> bool:
@@ -100,10 +139,30 @@ class Root:
     def _walk(self, inner: str | os.PathLike[str]) -> list[str]:
         """The components of `inner` resolved: `..` and symlinks, inside the root.  Works on
         strings (one lstat per component), not Path objects: discovery resolves a few hundred
-        paths at every uncached `rocforge env`."""
-        todo = ("/" + os.fspath(inner)).split("/")
+        paths at every uncached `rocforge env`.  Inside a snapshot each answer is kept."""
+        walks = self._walks
+        if walks is None:
+            return self._walk_now(os.fspath(inner))
+        key = os.fspath(inner)
+        got = walks.get(key)
+        if got is None:
+            got = walks[key] = self._walk_now(key)
+        return got
+
+    def _link(self, host: str) -> str | None:
+        """The target of `host` where it is a symbolic link, else None (kept in a snapshot)."""
+        links = self._links
+        if links is not None and host in links:
+            return links[host]
+        target = os.readlink(host) if _is_link(host) else None
+        if links is not None:
+            links[host] = target
+        return target
+
+    def _walk_now(self, inner: str) -> list[str]:
+        todo = ("/" + inner).split("/")
         todo.reverse()  # a stack: the next component last
-        prefix = str(self.base).rstrip("/")
+        prefix = self._prefix
         done: list[str] = []
         hops = 0
         while todo:
@@ -115,11 +174,11 @@ class Root:
                     done.pop()
                 continue
             host = prefix + "/" + "/".join(done) + ("/" if done else "") + part
-            if _is_link(host):
+            target = self._link(host)
+            if target is not None:
                 hops += 1
                 if hops > _MAX_LINKS:
                     return [*done, part]  # a loop: leave it unresolved, reads will fail cleanly
-                target = os.readlink(host)
                 if target.startswith("/"):
                     done = []
                 todo.extend(reversed(target.split("/")))
@@ -132,6 +191,11 @@ class Root:
         rel = "/".join(self._walk(inner))
         return self.base / rel if rel else self.base
 
+    def _host_str(self, inner: str | os.PathLike[str]) -> str:
+        """host() as a string: the checks below need no Path object."""
+        rel = "/".join(self._walk(inner))
+        return self._prefix + "/" + rel if rel else str(self.base)
+
     def inner(self, host_path: str | os.PathLike[str]) -> PurePosixPath:
         """Inner path of a real path below the root (inverse of `host`)."""
         rel = os.path.relpath(os.path.abspath(host_path), self.base)
@@ -143,13 +207,16 @@ class Root:
 
     # -- small helpers over inner paths ------------------------------------------------------
     def exists(self, inner: str | os.PathLike[str]) -> bool:
-        return self.host(inner).exists()
+        """Path.exists() of the real path (its errors too)."""
+        return _mode(self._host_str(inner)) is not None
 
     def is_dir(self, inner: str | os.PathLike[str]) -> bool:
-        return self.host(inner).is_dir()
+        mode = _mode(self._host_str(inner))
+        return mode is not None and stat.S_ISDIR(mode)
 
     def is_file(self, inner: str | os.PathLike[str]) -> bool:
-        return self.host(inner).is_file()
+        mode = _mode(self._host_str(inner))
+        return mode is not None and stat.S_ISREG(mode)
 
     def is_symlink(self, inner: str | os.PathLike[str]) -> bool:
         """True when the last component of `inner` is itself a link (parents resolved)."""
@@ -163,7 +230,7 @@ class Root:
     def listdir(self, inner: str | os.PathLike[str]) -> list[str]:
         """Sorted names in an inner directory; empty when it is missing or unreadable."""
         try:
-            return sorted(os.listdir(self.host(inner)))
+            return sorted(os.listdir(self._host_str(inner)))
         except OSError:
             return []
 

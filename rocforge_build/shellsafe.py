@@ -80,8 +80,10 @@ def fish_quote(value: str) -> str:
 def one_line(text: object) -> str:
     """`text` on one line: every run of whitespace or unprintable characters (newline, CR, NUL,
     escape, U+2028 ...) becomes one space, so it cannot end a comment or a script line."""
-    printable = "".join(c if c.isprintable() else " " for c in str(text))
-    return " ".join(printable.split())
+    line = str(text)
+    if not line.isprintable():
+        line = "".join(c if c.isprintable() else " " for c in line)
+    return " ".join(line.split())
 
 
 def comment(text: object, lead: str = "# ") -> str:
