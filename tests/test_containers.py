@@ -649,7 +649,9 @@ def test_installed_rocforge_ships_its_own_wheel(tmp_path):
         names = set(zf.namelist())
     assert {"rocforge_build/cli.py", "rocforge_build/_data/recipes/llama-cpp.toml",
             "rocforge_build/_data/containers/Containerfile.in", "rocforge_build/data/bundle.toml",
-            "rocforge-0.1.0.dist-info/entry_points.txt", "rocforge-0.1.0.dist-info/RECORD"} <= names
+            "rocforge-0.1.0.data/scripts/rocforge", "rocforge-0.1.0.dist-info/RECORD"} <= names
+    with zipfile.ZipFile(ours[0]) as zf:  # the installer's interpreter line is not the image's
+        assert zf.read("rocforge-0.1.0.data/scripts/rocforge").startswith(b"#!python\n")
     assert not any(n.endswith(".pyc") or "direct_url.json" in n for n in names)
     # the builder's install: offline, from the context's wheels only; then the program runs
     b = tmp_path / "builder"

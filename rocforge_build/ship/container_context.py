@@ -54,8 +54,8 @@ def prepare_context(plan: ContainerPlan, ctx: Path) -> None:
     paths.write_whole(ctx / "Containerfile.facts", render_facts(plan))
 
 
-# What a rocforge wheel is built from (pyproject's packages and force-include folders).
-_WHEEL_SOURCES = ("pyproject.toml", "README.md", "rocforge_build")
+# What a rocforge wheel is built from (pyproject's packages, shared scripts and force-include folders).
+_WHEEL_SOURCES = ("pyproject.toml", "README.md", "rocforge_build", "bin")
 _DATA_FOLDERS = ("recipes", "patches", "containers")
 
 
@@ -90,6 +90,26 @@ def build_wheels(dest: Path) -> None:
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(dest), what],
             hint="pip must be able to build rocforge and fetch its dependencies on this machine",
         )
+
+
+def _shipped_scripts(dist) -> set:
+    """The RECORD entries that are scripts the wheel shipped (bin/rocforge, pyproject.toml's
+    shared-scripts): files in the environment's scripts directory that no entry point made."""
+    import sysconfig
+
+    scripts_dir = Path(sysconfig.get_path("scripts")).resolve()
+    made = {ep.name for ep in dist.entry_points if ep.group in ("console_scripts", "gui_scripts")}
+    return {f for f in dist.files or () if f.as_posix().startswith("..") and f.name not in made
+            and Path(dist.locate_file(f)).resolve().parent == scripts_dir}
+
+
+def _unpin_shebang(data: bytes) -> bytes:
+    """A script's `#!/path/to/python3` back to the wheel's `#!python`, which the installer
+    rewrites for the environment it installs into (the wheel format's rule for scripts)."""
+    first, sep, rest = data.partition(b"\n")
+    if first.startswith(b"#!") and b"python" in first.rsplit(b"/", 1)[-1]:
+        return b"#!python" + sep + rest
+    return data
 
 
 # Files of an installed distribution that are the installer's, not the wheel's (PEP 376/610/627).
@@ -127,18 +147,26 @@ def wheel_from_installed(dest_dir: Path) -> Path:
     def digest(data: bytes) -> str:
         return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
+    scripts = _shipped_scripts(dist)
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for f in sorted(files, key=str):
             rel = f.as_posix()
-            if rel.startswith("..") or "__pycache__" in f.parts or rel.endswith(".pyc"):
-                continue  # console scripts (the installer writes them again) and byte code
+            if rel.startswith("..") and f not in scripts or "__pycache__" in f.parts or rel.endswith(".pyc"):
+                continue  # entry-point wrappers (the installer writes them again) and byte code
             if f.parts[0] == info_dir and f.name in _INSTALLER_FILES:
                 continue
             data = Path(dist.locate_file(f)).read_bytes()
             if f.hash is not None and digest(data) != f"{f.hash.mode}={f.hash.value}":
                 raise ToolchainError(f"the installed rocforge file {rel} differs from its RECORD entry",
                                      "reinstall rocforge (pip install --force-reinstall .)")
-            zf.writestr(rel, data)
+            if f in scripts:  # back where the wheel had it, with the interpreter line it had,
+                rel, data = f"{name}.data/scripts/{f.name}", _unpin_shebang(data)
+                entry = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+                entry.external_attr = 0o100755 << 16  # executable: pip installs it so
+                entry.compress_type = zipfile.ZIP_DEFLATED
+                zf.writestr(entry, data)
+            else:
+                zf.writestr(rel, data)
             record.append(f"{rel},{digest(data)},{len(data)}")
         record.append(f"{info_dir}/RECORD,,")
         zf.writestr(f"{info_dir}/RECORD", "\n".join(record) + "\n")
