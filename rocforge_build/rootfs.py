@@ -18,30 +18,23 @@ _MAX_LINKS = 40
 _NOT_THERE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 
 
-def _mode(path: str) -> int | None:
-    """os.stat(path).st_mode, None where Path.exists() reads "not there" (the other errors,
-    EACCES..., raised as pathlib raises them)."""
+def _mode(path: str, stat_fn=os.stat) -> int | None:
+    """stat_fn(path).st_mode, None where pathlib reads "not there" (Path.exists(),
+    Path.is_symlink() with os.lstat); the other errors (EACCES...) raised as pathlib raises them."""
     try:
-        return os.stat(path).st_mode
+        return stat_fn(path).st_mode
     except OSError as exc:
         if exc.errno not in _NOT_THERE:
             raise
         return None
-    except ValueError:
+    except ValueError:  # unencodable
         return None
 
 
 def _is_link(path: str) -> bool:
-    """Path(path).is_symlink(): False where the path is missing (or unencodable), the other
-    errors (EACCES...) raised."""
-    try:
-        return stat.S_ISLNK(os.lstat(path).st_mode)
-    except OSError as exc:
-        if exc.errno not in _NOT_THERE:
-            raise
-        return False
-    except ValueError:
-        return False
+    """Path(path).is_symlink()."""
+    mode = _mode(path, os.lstat)
+    return mode is not None and stat.S_ISLNK(mode)
 
 
 class NotRegularFile(OSError):
@@ -90,35 +83,10 @@ def open_regular(path: str | os.PathLike[str], mode: str = "rb", *, follow: bool
         raise
 
 
-class _Snapshot:
-    """Root.snapshot(): while it is open each path's links are read once (a read-only pass)."""
-
-    def __init__(self, root: Root):
-        self.root, self.outer = root, None
-
-    def __enter__(self) -> Root:
-        self.outer = self.root._walks
-        if self.outer is None:
-            self.root._walks, self.root._links = {}, {}
-        return self.root
-
-    def __exit__(self, *exc) -> None:
-        if self.outer is None:
-            self.root._walks = self.root._links = None
-
-
 class Root:
     def __init__(self, base: str | os.PathLike[str] = "/"):
         self.base = Path(os.path.abspath(base))
         self._prefix = str(self.base).rstrip("/")
-        self._walks: dict[str, list[str]] | None = None  # inner path -> its components (snapshot)
-        self._links: dict[str, str | None] | None = None  # host path -> link target or None
-
-    def snapshot(self) -> _Snapshot:
-        """`with root.snapshot():` reads each link once until the block ends: discovery resolves
-        the same few paths many times in one read-only pass (`rocforge env` runs at every shell
-        start-up).  Never around code that changes the tree: what it reads is a snapshot."""
-        return _Snapshot(self)
 
     @property
     def is_host(self) -> bool:
@@ -139,28 +107,8 @@ class Root:
     def _walk(self, inner: str | os.PathLike[str]) -> list[str]:
         """The components of `inner` resolved: `..` and symlinks, inside the root.  Works on
         strings (one lstat per component), not Path objects: discovery resolves a few hundred
-        paths at every uncached `rocforge env`.  Inside a snapshot each answer is kept."""
-        walks = self._walks
-        if walks is None:
-            return self._walk_now(os.fspath(inner))
-        key = os.fspath(inner)
-        got = walks.get(key)
-        if got is None:
-            got = walks[key] = self._walk_now(key)
-        return got
-
-    def _link(self, host: str) -> str | None:
-        """The target of `host` where it is a symbolic link, else None (kept in a snapshot)."""
-        links = self._links
-        if links is not None and host in links:
-            return links[host]
-        target = os.readlink(host) if _is_link(host) else None
-        if links is not None:
-            links[host] = target
-        return target
-
-    def _walk_now(self, inner: str) -> list[str]:
-        todo = ("/" + inner).split("/")
+        paths at every uncached `rocforge env`."""
+        todo = ("/" + os.fspath(inner)).split("/")
         todo.reverse()  # a stack: the next component last
         prefix = self._prefix
         done: list[str] = []
@@ -174,11 +122,11 @@ class Root:
                     done.pop()
                 continue
             host = prefix + "/" + "/".join(done) + ("/" if done else "") + part
-            target = self._link(host)
-            if target is not None:
+            if _is_link(host):
                 hops += 1
                 if hops > _MAX_LINKS:
                     return [*done, part]  # a loop: leave it unresolved, reads will fail cleanly
+                target = os.readlink(host)
                 if target.startswith("/"):
                     done = []
                 todo.extend(reversed(target.split("/")))
@@ -188,8 +136,7 @@ class Root:
 
     def host(self, inner: str | os.PathLike[str]) -> Path:
         """The real path of an inner path (links resolved inside the root)."""
-        rel = "/".join(self._walk(inner))
-        return self.base / rel if rel else self.base
+        return Path(self._host_str(inner))
 
     def _host_str(self, inner: str | os.PathLike[str]) -> str:
         """host() as a string: the checks below need no Path object."""

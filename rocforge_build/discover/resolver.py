@@ -228,14 +228,6 @@ def _choose_install(found: list[RocmInstall], gfx: str | None, environ: Mapping[
 # -- the resolver -------------------------------------------------------------------------------
 def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
             environ: Mapping[str, str] | None = None) -> Resolution:
-    """The GPUs, the ROCm install and every environment decision, with its reason.  One
-    read-only pass over the root: its links are read once (Root.snapshot)."""
-    with root.snapshot():
-        return _resolve(root, target=target, rocm=rocm, environ=environ)
-
-
-def _resolve(root: Root, *, target: str | None, rocm: str | None,
-             environ: Mapping[str, str] | None) -> Resolution:
     env_in: Mapping[str, str] = os.environ if environ is None else environ
     decisions: list[Decision] = []
     warnings: list[str] = []
