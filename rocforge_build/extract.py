@@ -36,7 +36,7 @@ from pathlib import Path
 
 from rocforge_build.errors import DiskFullError, IntegrityError, reason
 from rocforge_build.progress import human_size
-from rocforge_build.rootfs import NotRegularFile, file_kind, open_regular  # noqa: F401 (their home before)
+from rocforge_build.rootfs import open_regular
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from rocforge_build.discover.host import (
     MIB,
     CardMemory,
     Host,
-    env_note,  # noqa: F401 (`rocforge env`'s note lives in host.py, to import less; kept here)
     facts,
     firmware_packages,
     gather,

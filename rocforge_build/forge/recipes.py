@@ -391,7 +391,7 @@ def load(name_or_path: str) -> Recipe:
         if not p.exists():
             raise UsageError(f"recipe file {name_or_path} does not exist")
         if not p.is_file():  # a FIFO would hang the read, a directory cannot be read
-            from rocforge_build.extract import file_kind
+            from rocforge_build.rootfs import file_kind
 
             raise UsageError(f"recipe file {name_or_path} is {file_kind(p.stat().st_mode)}, "
                              "not a regular file", "give the recipe's .toml file")

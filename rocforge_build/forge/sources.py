@@ -114,7 +114,7 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
             raise UsageError(f"--source {source}: no such file or directory")
         path = path.resolve()
         if not (path.is_file() or path.is_dir()):  # a FIFO, socket or device
-            from rocforge_build.extract import file_kind
+            from rocforge_build.rootfs import file_kind
 
             raise UsageError(f"--source {source} is {file_kind(path.stat().st_mode)}, not a "
                              "regular file or directory", "give a source tree, a tarball or a URL")

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build import __version__, extract, proc, shellsafe
+from rocforge_build import __version__, proc, rootfs, shellsafe
 from rocforge_build.discover.resolver import Decision
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import (
@@ -78,9 +78,9 @@ class Source:
 
 def _read_manifest(prefix: Path) -> dict:
     try:
-        with extract.open_regular(prefix / MANIFEST) as fh:  # a FIFO is never waited on
+        with rootfs.open_regular(prefix / MANIFEST) as fh:  # a FIFO is never waited on
             return tomllib.loads(fh.read().decode("utf-8"))
-    except extract.NotRegularFile as exc:
+    except rootfs.NotRegularFile as exc:
         raise UsageError(f"{prefix / MANIFEST} is {exc.kind}, not a regular file",
                          "give an install prefix `rocforge build` made, or a recipe name") from exc
     except UnicodeDecodeError as exc:
@@ -281,7 +281,7 @@ def _not_bundled(tree: Path) -> Iterator[tuple[str, str]]:
                 if target.startswith("/") or inside == ".." or inside.startswith("../"):
                     yield rel, "link"
             elif not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                yield rel, extract.file_kind(mode)
+                yield rel, rootfs.file_kind(mode)
 
 
 def _gpu_kind(clos: closure_mod.Closure, target: str) -> str:
@@ -472,11 +472,9 @@ def guard_out(out: Path) -> None:
         raise UsageError(f"--out {out} is a directory", "give a file name, e.g. --out llama.tar.gz")
     if not os.path.lexists(out):
         return
-    from rocforge_build import extract
-
     mode = os.lstat(out).st_mode
     if not stat.S_ISREG(mode):
-        raise UsageError(f"--out {out} is {extract.file_kind(mode)}: not replacing it",
+        raise UsageError(f"--out {out} is {rootfs.file_kind(mode)}: not replacing it",
                          "move it away or choose another --out")
     if read_bundle_toml(out) is None:
         raise UsageError(f"--out {out} exists and is not a bundle rocforge made: not overwriting it",

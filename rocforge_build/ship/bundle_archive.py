@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocforge_build import proc
+from rocforge_build import proc, rootfs
 from rocforge_build.errors import (
     IntegrityError,
     RocforgeError,
@@ -248,11 +248,9 @@ class _Guarded:
 
 def _open_archive(path: Path):
     """The archive, opened only if it is a regular file (a FIFO would block the read forever)."""
-    from rocforge_build import extract
-
     try:
-        return extract.open_regular(path)
-    except extract.NotRegularFile as exc:
+        return rootfs.open_regular(path)
+    except rootfs.NotRegularFile as exc:
         raise UsageError(f"{path} is {exc.kind}, not a bundle archive",
                          "give the bundle file (.tar.gz, .tar.zst, .zip) or its unpacked folder") from exc
     except OSError as exc:
@@ -453,11 +451,9 @@ def hash_regular(path: str) -> str:
 
 
 def _open_entry(path: str):
-    from rocforge_build import extract
-
     try:
-        return extract.open_regular(path, follow=False)
-    except extract.NotRegularFile as exc:  # it changed since it was listed
+        return rootfs.open_regular(path, follow=False)
+    except rootfs.NotRegularFile as exc:  # it changed since it was listed
         raise IntegrityError(f"{path} is {exc.kind}, not the file it was a moment ago",
                              "something is changing the folder while it is checked") from exc
 

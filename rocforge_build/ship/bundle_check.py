@@ -12,6 +12,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from rocforge_build import rootfs
 from rocforge_build.errors import (
     IntegrityError,
     UsageError,
@@ -62,16 +63,14 @@ def _entries_archive(path: Path) -> tuple[str, dict, dict[str, dict]]:
 def _entries_dir(path: Path) -> tuple[str, dict, dict[str, dict]]:
     """An unpacked bundle through the same folder rules as an archive; a FIFO, socket or device
     in it is refused from lstat, never opened (a FIFO's open would wait forever)."""
-    from rocforge_build import extract
-
     where = str(path)
     toml_path = path / BUNDLE_TOML
     if not os.path.lexists(toml_path):
         raise IntegrityError(f"{path} has no {BUNDLE_TOML}: not an unpacked rocforge bundle")
     try:
-        with extract.open_regular(toml_path, follow=False) as fh:
+        with rootfs.open_regular(toml_path, follow=False) as fh:
             info = parse_bundle_toml(read_capped(fh, MAX_TOML, str(toml_path)), str(toml_path))
-    except extract.NotRegularFile as exc:
+    except rootfs.NotRegularFile as exc:
         raise refuse(where, BUNDLE_TOML, f"it is {exc.kind}, not a file") from exc
     folder = Folder(where)
     seen: dict[str, dict] = {}
@@ -92,7 +91,7 @@ def _entries_dir(path: Path) -> tuple[str, dict, dict[str, dict]]:
                 if rel != BUNDLE_TOML:
                     seen[rel] = {"sha256": hash_regular(full)}
             else:
-                raise refuse(where, rel, f"it is {extract.file_kind(mode)}, not a file, directory or "
+                raise refuse(where, rel, f"it is {rootfs.file_kind(mode)}, not a file, directory or "
                               "link; rocforge makes no such bundle (not opened)")
     folder.finish()
     return path.name, info, seen

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from rocforge_build import proc, replace
+from rocforge_build import proc, replace, rootfs
 from rocforge_build.errors import BuildError, ConfigError, ToolchainError, reason
 from rocforge_build.resources import containers_dir, load_toml
 
@@ -389,12 +389,10 @@ def report_made_by_rocforge(head: bytes) -> bool:
 def _read_env_file(env_file: Path) -> dict[str, str]:
     """The dotenv file --env-file names, read only when it is a regular file (a FIFO is never
     waited on)."""
-    from rocforge_build import extract
-
     try:
-        with extract.open_regular(env_file) as fh:
+        with rootfs.open_regular(env_file) as fh:
             text = fh.read().decode("utf-8")
-    except extract.NotRegularFile as exc:
+    except rootfs.NotRegularFile as exc:
         raise ConfigError(f"--env-file {env_file} is {exc.kind}, not a regular file",
                           "give the file `rocforge env --shell dotenv` wrote") from exc
     except OSError as exc:
