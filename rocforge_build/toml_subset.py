@@ -55,6 +55,18 @@ def loads(text: str) -> dict:
     return root
 
 
+def tomllib_loads(text: str) -> dict | None:
+    """tomllib.loads(text), None where `text` is not TOML: for the files discovery meets only
+    sometimes (a build's manifest, rocforge-install.toml, the choice table), with tomllib
+    imported when one is there rather than at every `rocforge env`."""
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None
+
+
 def _check_characters(text: str) -> None:
     """Control characters (other than tab and LF) are invalid in TOML comments and strings, and
     a CR is left to tomllib."""

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from rocforge_build.discover.envcache import touch
 from rocforge_build.records import FRESH, Record, fresh, init
 from rocforge_build.rootfs import Root
+from rocforge_build.toml_subset import tomllib_loads
 
 MANIFEST = "rocforge-manifest.toml"  # forge.plan.MANIFEST (not imported: `rocforge env` stays cheap)
 
@@ -82,10 +83,8 @@ def _rebase(value: str, recorded: str, prefix: PurePosixPath) -> str:
 
 def read_manifest(prefix: Path) -> dict | None:
     """The manifest of the build in `prefix` (None when there is none or it is unreadable)."""
-    import tomllib
-
     try:
-        return tomllib.loads((prefix / MANIFEST).read_text(encoding="utf-8"))
+        return tomllib_loads((prefix / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -98,11 +97,8 @@ def read(root: Root, prefix: PurePosixPath) -> Build | None:
         text = root.read_text(manifest)
     except (OSError, ValueError, UnicodeError):
         return None
-    import tomllib  # only once a build is there: `rocforge env` without builds never needs it
-
-    try:
-        data = tomllib.loads(text)
-    except ValueError:
+    data = tomllib_loads(text)
+    if data is None:
         return None
     recipe = data.get("recipe", {})
     target = data.get("target")

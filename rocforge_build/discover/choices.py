@@ -42,12 +42,9 @@ def _read_toml(root: Root, inner: PurePosixPath) -> dict:
         text = root.read_text(inner)
     except (OSError, ValueError, UnicodeError):
         return {}
-    import tomllib  # only for a file that is there: most runs have none
+    from rocforge_build.toml_subset import tomllib_loads
 
-    try:
-        data = tomllib.loads(text)
-    except ValueError:
-        return {}
+    data = tomllib_loads(text)
     return data if isinstance(data, dict) else {}
 
 

@@ -26,6 +26,7 @@ from rocforge_build.errors import ConfigError, NoRocmError, UsageError
 from rocforge_build.records import FRESH, Record, fresh, init, replace
 from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root
+from rocforge_build.toml_subset import tomllib_loads
 
 _LAYOUTS = package_data("layouts.toml")
 _LAYOUT_KEYS = {
@@ -438,12 +439,11 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     family = None
     meta = read(root, path / "rocforge-install.toml")
     if meta:
-        import tomllib  # only for a tree rocforge installed
-
-        try:
-            family = tomllib.loads(meta).get("family")
-        except tomllib.TOMLDecodeError:
+        data = tomllib_loads(meta)
+        if data is None:
             problems.append("rocforge-install.toml is not valid TOML")
+        else:
+            family = data.get("family")
     return RocmInstall(
         path=path, real_path=real, version=install_version(root, path, layout), layout=layout.name,
         compiler_dir=compiler_dir, bitcode_dir=bitcode_dir,

@@ -12,6 +12,7 @@ from pathlib import PurePosixPath
 
 from rocforge_build.discover.watched_reads import glob, read
 from rocforge_build.rootfs import Root
+from rocforge_build.toml_subset import tomllib_loads
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at every shell start-up
 if TYPE_CHECKING:
@@ -24,11 +25,8 @@ def _v_install_toml(root: Root, base: PurePosixPath) -> str | None:
     text = read(root, base / "rocforge-install.toml")
     if text is None:
         return None
-    import tomllib  # only for a tree rocforge installed
-
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
+    data = tomllib_loads(text)
+    if data is None:
         return None
     value = data.get("version")
     return str(value) if value else None
