@@ -124,7 +124,6 @@ def test_rocforges_own_database_is_used_again(db, capsys):
     assert code == 0 and "1 rows" in out
 
 
-
 # the tables an earlier rocforge made (before PRAGMA application_id and per-model preset versions)
 OLD_TABLES = """
 CREATE TABLE runs (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, started TEXT NOT NULL, finished TEXT,
@@ -136,6 +135,7 @@ CREATE INDEX rows_prefix ON rows(prefix, kind);
 CREATE TABLE presets (id INTEGER PRIMARY KEY, model TEXT NOT NULL, model_sha256 TEXT,
     run_id INTEGER, created TEXT NOT NULL, data TEXT NOT NULL);
 """
+
 
 def test_database_made_before_the_stamp_is_still_rocforges(db, capsys):
     # the tables an earlier rocforge made, without PRAGMA application_id: still readable

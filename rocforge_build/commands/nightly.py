@@ -360,14 +360,11 @@ def _prune(args, cfg) -> int:
 
 def _pip(args, cfg) -> int:
     from rocforge_build import download, proc, shellsafe
+    from rocforge_build.discover import targets
 
     target = args.target or _detected_target(args)
     if not target:
-        from rocforge_build.discover import targets
-
         raise UsageError("no GPU target was given and none was detected", targets.choices_hint())
-    from rocforge_build.discover import targets
-
     target = targets.get_target(target).name
     pip_cfg = cfg["nightly"]["pip"]
     route = args.route or pip_cfg["route"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import lzma
 import math
-import os
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -367,9 +366,7 @@ def text_start(text: Path, ctx: int) -> Path:
         body = text.read_text(encoding="utf-8", errors="replace")[:want]
         cut = body.rfind("\n")  # end at a line, not inside a word
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        tmp.write_text(body[:cut + 1] if cut > want // 2 else body, encoding="utf-8")
-        tmp.replace(out)
+        paths.write_whole(out, body[:cut + 1] if cut > want // 2 else body)
     return out
 
 
