@@ -101,6 +101,7 @@ def test_explain_names_the_failing_fact(facts):
     ({"any": []}, "non-empty list"),
     ({"source_contains": {"file": "x"}}, "{file = ..., text = ...}"),
     ({"target": 5}, "a string or a list of strings"),
+    ({"cpu_flag": ["amx_int8", {"x": 1}]}, "t.cpu_flag: must be a string or a list of strings"),  # a recipe's CPU flag is a name
     ({"toolchain_found": "yes"}, "true or false"),
     ({"not": {"backnd": "x"}}, "t.not: unknown condition key 'backnd'"),
 ])

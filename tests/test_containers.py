@@ -627,6 +627,10 @@ def test_installed_rocforge_ships_its_own_wheel(tmp_path):
                            "print(pathlib.Path(rocforge_build.__file__).parent.parent)"],
                           capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
     assert not (Path(site) / "pyproject.toml").exists()  # no checkout: what the README's install gives
+    # the command pip installed is bin/rocforge, its interpreter line pointed at this venv
+    installed = (a / "bin/rocforge").read_text().split("\n", 1)
+    assert installed[0].startswith(f"#!{a / 'bin/python'}")
+    assert installed[1] == (repo / "bin/rocforge").read_text().split("\n", 1)[1]
     env = {**os.environ, "PATH": f"{a / 'bin'}:{os.environ['PATH']}"}
     dry = subprocess.run([str(a / "bin/rocforge"), "container", "build", str(HELLO), "--target", "gfx1151",
                           "--backend", "cpu", "--engine", "buildah", "--dry-run"], capture_output=True, text=True,
