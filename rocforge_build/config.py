@@ -11,8 +11,8 @@ hand-edited out-of-range value is one ConfigError (exit 2) naming the key, the r
 
 from __future__ import annotations
 
+import os
 from functools import cache
-from pathlib import Path
 
 from rocforge_build import paths
 from rocforge_build.errors import ConfigError
@@ -21,6 +21,7 @@ from rocforge_build.resources import load_toml, package_data
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing on `rocforge env`'s path
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any
 
 DEFAULTS_FILE = package_data("defaults.toml")
@@ -50,13 +51,12 @@ def config_file() -> Path:
     return paths.config_file()
 
 
-def _read(path: Path) -> str | None:
+def _read(path: str | os.PathLike[str]) -> str | None:
     """The config file's text (None when there is none); anything unreadable is one ConfigError.
     Opened without waiting (O_NONBLOCK: a FIFO at that name would otherwise hang every command,
     `rocforge env` in each new shell too) and read only when it is a regular file; a link to one
     is followed (dotfile managers link config files)."""
     import errno
-    import os
     import stat
 
     try:
@@ -85,7 +85,7 @@ def _read(path: Path) -> str | None:
         os.close(fd)
 
 
-def _not_regular(path: Path) -> ConfigError:
+def _not_regular(path: str | os.PathLike[str]) -> ConfigError:
     return ConfigError(f"config file {path} is not a regular file (a FIFO, socket or device): "
                        "rocforge does not read from it",
                        f"remove or rename {path}; `rocforge config set` creates the file")
@@ -107,7 +107,7 @@ def _load_doc():
 
 def user() -> dict:
     """The user's config as plain data (empty when there is no file)."""
-    path = config_file()
+    path = paths.config_file_str()
     text = _read(path)
     if text is None:
         return {}
@@ -125,16 +125,26 @@ def effective() -> dict:
     merged = defaults()
     overrides = user()
     for key, value in _flatten(overrides).items():
-        _check(key, value, source=str(config_file()))
+        _check(key, value, source=paths.config_file_str())
         _put(merged, key, value)
     return merged
 
 
 def nightly_prefix(cfg: dict | None = None) -> Path:
     """Where `rocforge nightly install` puts TheRock trees: `nightly.prefix` when set, else
-    `paths.nightly_prefix()`. Cheap (tomllib only): usable on `rocforge env`'s path."""
+    `paths.nightly_prefix()`."""
+    from pathlib import Path
+
+    return Path(nightly_prefix_str(cfg))
+
+
+def nightly_prefix_str(cfg: dict | None = None) -> str:
+    """nightly_prefix() as a string: `rocforge env` asks for it without importing pathlib."""
     configured = (cfg or effective())["nightly"].get("prefix", "")
-    return Path(configured).expanduser().absolute() if configured else paths.nightly_prefix()
+    if not configured:
+        return paths.nightly_prefix_str()
+    path = os.path.expanduser(configured)  # as Path(configured).expanduser().absolute()
+    return paths.path_str(path if path.startswith("/") else os.path.join(os.getcwd(), path))
 
 
 def get(key: str) -> Any:

@@ -4,7 +4,8 @@ platformdirs decides the per-user locations; ROCFORGE_CONFIG_DIR, ROCFORGE_CACHE
 ROCFORGE_DATA_DIR override them (tests, CI, shared machines).  On Linux the plain case - an
 absolute $XDG_*_HOME, or none and an absolute HOME - is worked out here as platformdirs does
 (`_xdg_dir`), without importing it: its import (tempfile, shutil, random, bz2, lzma) costs ~5 ms
-of every uncached `rocforge env`.
+of every uncached `rocforge env`.  That path also asks for its directories as strings (the
+`_str` functions): pathlib is imported only where a `Path` is handed out.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from pathlib import Path
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from pathlib import Path
 
 APP = "rocforge"
 # errors that say "this place cannot be written": permission (EPERM too: immutable files,
@@ -26,15 +30,28 @@ _XDG = {"config": ("XDG_CONFIG_HOME", "~/.config"), "cache": ("XDG_CACHE_HOME", 
 
 
 def _dir(env: str, kind: str) -> Path:
+    from pathlib import Path
+
+    return Path(_dir_str(env, kind))
+
+
+def _dir_str(env: str, kind: str) -> str:
     override = os.environ.get(env)
     if override:
-        return Path(override)
+        return path_str(override)
     found = _xdg_dir(kind)
     if found is None:
         import platformdirs  # imported late: only where its answer is not the plain XDG one
 
         found = getattr(platformdirs, f"user_{kind}_dir")(APP, appauthor=False)
-    return Path(found)
+    return path_str(found)
+
+
+def path_str(text: str) -> str:
+    """`str(Path(text))` without pathlib: `.` and repeated slashes dropped, `..` kept."""
+    pieces = [p for p in text.split("/") if p not in ("", ".")]
+    lead = "//" if text.startswith("//") and not text.startswith("///") else "/" * text.startswith("/")
+    return lead + "/".join(pieces) or "."
 
 
 def _xdg_dir(kind: str) -> str | None:
@@ -69,8 +86,16 @@ def data_dir() -> Path:
     return _dir("ROCFORGE_DATA_DIR", "data")
 
 
+def data_dir_str() -> str:
+    return _dir_str("ROCFORGE_DATA_DIR", "data")
+
+
 def config_file() -> Path:
     return config_dir() / "config.toml"
+
+
+def config_file_str() -> str:
+    return path_str(os.path.join(_dir_str("ROCFORGE_CONFIG_DIR", "config"), "config.toml"))
 
 
 def nightly_prefix() -> Path:
@@ -78,9 +103,17 @@ def nightly_prefix() -> Path:
     return data_dir() / "rocm"
 
 
+def nightly_prefix_str() -> str:
+    return path_str(os.path.join(data_dir_str(), "rocm"))
+
+
 def builds_prefix() -> Path:
     """Default parent of build install prefixes: `<builds>/<recipe>-<target>-<backend>`."""
     return data_dir() / "builds"
+
+
+def builds_prefix_str() -> str:
+    return path_str(os.path.join(data_dir_str(), "builds"))
 
 
 def _where() -> tuple[tuple[str, str, Path], ...]:
@@ -96,6 +129,8 @@ def unwritable(exc: OSError):
     these directories, so the CLI maps the failure here, once, whichever step met it first."""
     if exc.errno not in _UNWRITABLE:
         return None
+    from pathlib import Path
+
     names = [Path(os.fsdecode(n)).absolute() for n in (exc.filename, exc.filename2)
              if isinstance(n, (str, bytes, os.PathLike))]
     dirs = _where()
@@ -118,6 +153,8 @@ def unwritable(exc: OSError):
 def write_refusal(directory: Path) -> OSError | None:
     """The error creating or writing a file in `directory` would meet (its nearest existing
     ancestor is asked, nothing is created), or None.  `access()` answers EROFS for root too."""
+    from pathlib import Path
+
     probe = Path(directory).absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent

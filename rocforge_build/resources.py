@@ -6,23 +6,35 @@ inside the package as `_data/<name>` (pyproject's force-include).
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from rocforge_build.errors import ConfigError, reason
 
-PACKAGE_DIR = Path(__file__).resolve().parent  # rocforge_build/
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from pathlib import Path
+
+_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__))  # rocforge_build/, as a string
+
+
+def package_dir() -> Path:
+    """The installed package's own directory (`rocforge_build/`), links resolved."""
+    from pathlib import Path
+
+    return Path(_PACKAGE_DIR)
 
 
 def data_folder(name: str) -> Path:
-    packaged = PACKAGE_DIR / "_data" / name
+    packaged = package_dir() / "_data" / name
     if packaged.is_dir():
         return packaged
-    return PACKAGE_DIR.parent / name
+    return package_dir().parent / name
 
 
-def package_data(name: str) -> Path:
-    """A file of the package's own data folder, `rocforge_build/data/` (targets, layouts...)."""
-    return PACKAGE_DIR / "data" / name
+def package_data(name: str) -> str:
+    """A file of the package's own data folder, `rocforge_build/data/` (targets, layouts...),
+    as a string: `rocforge env` reads three of them without importing pathlib."""
+    return os.path.join(_PACKAGE_DIR, "data", name)
 
 
 def recipes_dir() -> Path:
@@ -37,7 +49,7 @@ def containers_dir() -> Path:
     return data_folder("containers")
 
 
-def load_toml(path: Path, what: str) -> dict:
+def load_toml(path: str | os.PathLike[str], what: str) -> dict:
     """Read one of rocforge's own data files (target table, layouts, templates' data...).
     A broken or missing one is a damaged installation, reported as a ConfigError.
 
@@ -46,7 +58,8 @@ def load_toml(path: Path, what: str) -> dict:
     from rocforge_build import toml_subset
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
     except OSError as exc:
         raise _damaged(path, what, exc) from exc
     try:
@@ -61,6 +74,6 @@ def load_toml(path: Path, what: str) -> dict:
         raise _damaged(path, what, exc) from exc
 
 
-def _damaged(path: Path, what: str, exc: Exception) -> ConfigError:
+def _damaged(path: str | os.PathLike[str], what: str, exc: Exception) -> ConfigError:
     return ConfigError(f"{what} {path} is unreadable: {reason(exc)}",
                        "restore the file from the rocforge sources (reinstall rocforge)")

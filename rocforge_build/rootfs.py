@@ -11,7 +11,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from pathlib import Path, PurePosixPath
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from pathlib import Path, PurePosixPath
 
 _MAX_LINKS = 40
 # what Path.is_symlink() reads as "not a link" rather than raising (pathlib's _IGNORED_ERRNOS)
@@ -35,6 +38,23 @@ def _is_link(path: str) -> bool:
     """Path(path).is_symlink()."""
     mode = _mode(path, os.lstat)
     return mode is not None and stat.S_ISLNK(mode)
+
+
+def inner_join(base: str, *parts: str) -> str:
+    """Inner path `base` with the relative `parts` appended: PurePosixPath's `/` on strings
+    (`.` and empty pieces dropped, `..` kept), for discovery, which keeps inner paths as strings."""
+    path = base
+    for part in parts:
+        for piece in part.split("/"):
+            if piece in ("", "."):
+                continue
+            path = path + "/" + piece if path != "/" else "/" + piece
+    return path
+
+
+def inner_path(path: str | os.PathLike[str]) -> str:
+    """`str(PurePosixPath("/", path))`: the path made absolute, `.` and empty pieces dropped."""
+    return inner_join("/", os.fspath(path))
 
 
 class NotRegularFile(OSError):
@@ -84,25 +104,37 @@ def open_regular(path: str | os.PathLike[str], mode: str = "rb", *, follow: bool
 
 
 class Root:
+    """Inner paths go in as strings or path objects.  `resolve`, `host`, `inner` and `glob`
+    answer with pathlib objects; their `_str` twins answer with strings, for discovery, which
+    `rocforge env` runs without importing pathlib (its import is ~4 ms of an uncached run)."""
+
     def __init__(self, base: str | os.PathLike[str] = "/"):
-        self.base = Path(os.path.abspath(base))
-        self._prefix = str(self.base).rstrip("/")
+        self.base_str = os.path.abspath(base)
+        self._prefix = self.base_str.rstrip("/")
+
+    @property
+    def base(self) -> Path:
+        from pathlib import Path
+
+        return Path(self.base_str)
 
     @property
     def is_host(self) -> bool:
-        return str(self.base) == "/"
+        return self.base_str == "/"
 
     def __repr__(self) -> str:
-        return f"Root({str(self.base)!r})"
+        return f"Root({self.base_str!r})"
 
     # -- mapping ------------------------------------------------------------------------------
-    def _join(self, inner: PurePosixPath) -> Path:
-        rel = str(inner).lstrip("/")
-        return self.base / rel if rel else self.base
-
     def resolve(self, inner: str | os.PathLike[str]) -> PurePosixPath:
         """Canonical inner path: `..` and symlinks resolved without leaving the root."""
-        return PurePosixPath("/" + "/".join(self._walk(inner)))
+        from pathlib import PurePosixPath
+
+        return PurePosixPath(self.resolve_str(inner))
+
+    def resolve_str(self, inner: str | os.PathLike[str]) -> str:
+        """resolve() as a string."""
+        return "/" + "/".join(self._walk(inner))
 
     def _walk(self, inner: str | os.PathLike[str]) -> list[str]:
         """The components of `inner` resolved: `..` and symlinks, inside the root.  Works on
@@ -136,53 +168,113 @@ class Root:
 
     def host(self, inner: str | os.PathLike[str]) -> Path:
         """The real path of an inner path (links resolved inside the root)."""
-        return Path(self._host_str(inner))
+        from pathlib import Path
 
-    def _host_str(self, inner: str | os.PathLike[str]) -> str:
-        """host() as a string: the checks below need no Path object."""
+        return Path(self.host_str(inner))
+
+    def host_str(self, inner: str | os.PathLike[str]) -> str:
+        """host() as a string."""
         rel = "/".join(self._walk(inner))
-        return self._prefix + "/" + rel if rel else str(self.base)
+        return self._prefix + "/" + rel if rel else self.base_str
 
     def inner(self, host_path: str | os.PathLike[str]) -> PurePosixPath:
         """Inner path of a real path below the root (inverse of `host`)."""
-        rel = os.path.relpath(os.path.abspath(host_path), self.base)
+        from pathlib import PurePosixPath
+
+        return PurePosixPath(self.inner_str(host_path))
+
+    def inner_str(self, host_path: str | os.PathLike[str]) -> str:
+        """inner() as a string."""
+        rel = os.path.relpath(os.path.abspath(host_path), self.base_str)
         if rel == ".":
-            return PurePosixPath("/")
+            return "/"
         if rel.startswith(".."):
-            raise ValueError(f"{host_path} is outside root {self.base}")
-        return PurePosixPath("/", rel)
+            raise ValueError(f"{host_path} is outside root {self.base_str}")
+        return "/" + rel
 
     # -- small helpers over inner paths ------------------------------------------------------
     def exists(self, inner: str | os.PathLike[str]) -> bool:
         """Path.exists() of the real path (its errors too)."""
-        return _mode(self._host_str(inner)) is not None
+        return _mode(self.host_str(inner)) is not None
 
     def is_dir(self, inner: str | os.PathLike[str]) -> bool:
-        mode = _mode(self._host_str(inner))
+        mode = _mode(self.host_str(inner))
         return mode is not None and stat.S_ISDIR(mode)
 
     def is_file(self, inner: str | os.PathLike[str]) -> bool:
-        mode = _mode(self._host_str(inner))
+        mode = _mode(self.host_str(inner))
         return mode is not None and stat.S_ISREG(mode)
 
     def is_symlink(self, inner: str | os.PathLike[str]) -> bool:
         """True when the last component of `inner` is itself a link (parents resolved)."""
-        p = PurePosixPath("/", os.fspath(inner))
-        return self._join(self.resolve(p.parent) / p.name).is_symlink()
+        parent, name = os.path.split(os.path.normpath("/" + os.fspath(inner)))
+        if not name:
+            return False  # the root itself
+        return _is_link(os.path.join(self.host_str(parent), name))
 
     def read_text(self, inner: str | os.PathLike[str]) -> str:
-        with open_regular(self.host(inner), "r", encoding="utf-8", errors="replace") as fh:
+        with open_regular(self.host_str(inner), "r", encoding="utf-8", errors="replace") as fh:
             return fh.read()
 
     def listdir(self, inner: str | os.PathLike[str]) -> list[str]:
         """Sorted names in an inner directory; empty when it is missing or unreadable."""
         try:
-            return sorted(os.listdir(self._host_str(inner)))
+            return sorted(os.listdir(self.host_str(inner)))
         except OSError:
             return []
 
     def glob(self, inner_dir: str | os.PathLike[str], pattern: str) -> list[PurePosixPath]:
         """Inner paths matching `pattern` below `inner_dir`, sorted."""
-        base = PurePosixPath("/", os.fspath(inner_dir))
-        host = self.host(base)
-        return sorted(base / p.relative_to(host).as_posix() for p in host.glob(pattern))
+        from pathlib import PurePosixPath
+
+        return [PurePosixPath(p) for p in self.glob_str(inner_dir, pattern)]
+
+    def glob_str(self, inner_dir: str | os.PathLike[str], pattern: str) -> list[str]:
+        """glob() as strings: what `Path.glob(pattern)` of the real directory finds (`*`, `?`,
+        `[...]` within one component, hidden names included, case-sensitive; no `**`), as
+        inner paths below `inner_dir`, sorted.  A pattern that is absolute or climbs out
+        (`..`) matches nothing."""
+        base = "/" + os.fspath(inner_dir).strip("/")
+        parts = [p for p in pattern.split("/") if p not in ("", ".")]
+        if not parts or pattern.startswith("/") or ".." in parts or "**" in parts:
+            return []
+        found = [(base.rstrip("/"), self.host_str(base))]
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            found = [hit for inner, host in found for hit in _step(inner, host, part, last)]
+        return sorted((inner for inner, _ in found), key=lambda p: p.split("/"))  # PurePath's order
+
+
+def _step(inner: str, host: str, part: str, last: bool) -> list[tuple[str, str]]:
+    """One component of a glob, as pathlib's selectors take it: the children of `host` that
+    `part` matches, as (inner, host) pairs.  A literal name must exist (be a directory where
+    more components follow); a wildcard matches every listed name (a broken link too), and only
+    directories where more components follow."""
+    join = (lambda name: host + "/" + name) if host != "/" else (lambda name: "/" + name)
+    if not any(c in part for c in "*?["):
+        try:
+            mode = _mode(join(part))
+        except PermissionError:  # pathlib's glob: a directory it may not search matches nothing
+            return []
+        ok = mode is not None and (last or stat.S_ISDIR(mode))
+        return [(inner + "/" + part, join(part))] if ok else []
+    try:
+        listed = os.listdir(host)
+    except OSError:
+        return []
+    import fnmatch  # only for a wildcard; case-sensitive on POSIX, as pathlib's glob
+
+    out = []
+    for name in fnmatch.filter(listed, part):
+        child = join(name)
+        if last or _is_dir(child):
+            out.append((inner + "/" + name, child))
+    return out
+
+
+def _is_dir(path: str) -> bool:
+    """os.DirEntry.is_dir(), which pathlib's glob asks: any error is "no"."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False

@@ -5,6 +5,7 @@ passed `rocforge verify`, its reason in a comment; `use` itself, and the env cac
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import tomllib
 
@@ -255,3 +256,20 @@ def test_a_hostile_recipe_name_stays_data_in_the_choice_file(tmp_path):
     got = sourced_once("bash", text, start, tmp_path)
     assert got["PATH"].split(":")[0] == inner(f"{prefix.name}/bin")
     assert not marker.exists()
+
+
+def test_env_with_builds_and_a_verdict_imports_no_pathlib(tmp_path):
+    """The builds, their manifests and the verify verdicts are read on strings too: an uncached
+    `rocforge env` over a verified build still imports no pathlib (issue 24 item 5)."""
+    import sys
+
+    fr.make_strix_halo(tmp_path)
+    prefixes = two_llama_builds(tmp_path)
+    verified_pass(prefixes["vulkan"])
+    code = ("import sys; from rocforge_build.cli import main; rc = main(['--root', sys.argv[1], "
+            "'env', '--shell', 'bash']); print('pathlib' in sys.modules, file=sys.stderr); "
+            "sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "ROCFORGE_NO_CACHE": "1"})
+    assert out.returncode == 0 and out.stderr.splitlines()[-1] == "False", out.stderr
+    assert "vulkan" in out.stdout  # the verified build went on PATH: its verdict was read

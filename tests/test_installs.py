@@ -1,6 +1,5 @@
 import json
 import os
-from pathlib import PurePosixPath as P
 
 import fixtures_roots as fr
 import pytest
@@ -20,10 +19,10 @@ def test_2025_therock_tree(tmp_path):
     fr.make_therock_tree(tmp_path, "7.9.0rc20250812", ("gfx1151",))
     inst = only(tmp_path)
     assert inst.layout == "therock" and inst.version == "7.9.0rc20250812"
-    assert inst.path == P("/opt/rocm") and inst.sources == ("/opt/rocm",)
-    assert inst.compiler_dir == P("/opt/rocm/lib/llvm/bin")
-    assert inst.hipcxx == P("/opt/rocm/lib/llvm/bin/clang++")
-    assert inst.bitcode_dir == P("/opt/rocm/lib/llvm/amdgcn/bitcode")
+    assert inst.path == "/opt/rocm" and inst.sources == ("/opt/rocm",)
+    assert inst.compiler_dir == "/opt/rocm/lib/llvm/bin"
+    assert inst.hipcxx == "/opt/rocm/lib/llvm/bin/clang++"
+    assert inst.bitcode_dir == "/opt/rocm/lib/llvm/amdgcn/bitcode"
     assert any("amdclang++ is a broken link" in p for p in inst.problems)
     assert any("no amdgcn link" in p for p in inst.problems)
     cov = inst.coverage
@@ -31,8 +30,8 @@ def test_2025_therock_tree(tmp_path):
     assert cov.dist == ("gfx1151",) and "gfx1151" in cov.bitcode
     assert cov.kernels_for("gfx1151") == (True, "rocBLAS has TensileLibrary files for gfx1151")
     assert not cov.kernels_for("gfx1100")[0]
-    assert inst.bin_dirs == (P("/opt/rocm/bin"), P("/opt/rocm/lib/llvm/bin"))
-    assert inst.lib_dirs == (P("/opt/rocm/lib"), P("/opt/rocm/lib/llvm/lib"))
+    assert inst.bin_dirs == ("/opt/rocm/bin", "/opt/rocm/lib/llvm/bin")
+    assert inst.lib_dirs == ("/opt/rocm/lib", "/opt/rocm/lib/llvm/lib")
 
 
 def test_2026_therock_tree_has_amdgcn_link_and_working_amdclang(tmp_path):
@@ -40,7 +39,7 @@ def test_2026_therock_tree_has_amdgcn_link_and_working_amdclang(tmp_path):
                          broken_amdclang=False)
     inst = only(tmp_path)
     assert inst.problems == ()
-    assert inst.bitcode_dir == P("/opt/rocm/lib/llvm/amdgcn/bitcode")
+    assert inst.bitcode_dir == "/opt/rocm/lib/llvm/amdgcn/bitcode"
 
 
 def test_family_tree_dist_info_and_per_arch_subdirs(tmp_path):
@@ -67,10 +66,10 @@ def test_classic_with_link_is_one_install_found_twice(tmp_path):
     fr.make_classic_rocm(tmp_path, "6.4.1")
     inst = only(tmp_path)
     assert inst.layout == "classic" and inst.version == "6.4.1"
-    assert inst.path == P("/opt/rocm") and inst.real_path == P("/opt/rocm-6.4.1")
+    assert inst.path == "/opt/rocm" and inst.real_path == "/opt/rocm-6.4.1"
     assert inst.sources == ("/opt/rocm", "/opt/rocm-*")
-    assert inst.compiler_dir == P("/opt/rocm/llvm/bin")
-    assert inst.bitcode_dir == P("/opt/rocm/amdgcn/bitcode")
+    assert inst.compiler_dir == "/opt/rocm/llvm/bin"
+    assert inst.bitcode_dir == "/opt/rocm/amdgcn/bitcode"
     assert "gfx1151" not in inst.coverage.bitcode and "gfx1100" in inst.coverage.rocblas
 
 
@@ -86,9 +85,9 @@ def test_debian_usr(tmp_path):
     fr.make_debian_usr(tmp_path, rocm_version="5.2.3", llvm=15)
     inst = only(tmp_path)
     assert inst.layout == "debian" and inst.version == "5.2.3"  # from dpkg status
-    assert inst.compiler_dir == P("/usr/lib/llvm-15/bin")
-    assert inst.hip_clang_path == P("/usr/bin")
-    assert inst.bitcode_dir == P("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")
+    assert inst.compiler_dir == "/usr/lib/llvm-15/bin"
+    assert inst.hip_clang_path == "/usr/bin"
+    assert inst.bitcode_dir == "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode"
     assert inst.bin_dirs == () and inst.lib_dirs == () and not inst.cmake_prefix
     assert inst.coverage.kernels_for("gfx1030")[0]  # compiler-only: device bitcode
     assert not inst.coverage.has_rocblas
@@ -97,7 +96,7 @@ def test_debian_usr(tmp_path):
 def test_debian_rocblas_versioned_dir(tmp_path):
     fr.make_debian_usr(tmp_path, rocm_version="5.7.1", llvm=17, rocblas=("gfx1030", "gfx1100"))
     inst = only(tmp_path)
-    assert inst.version == "5.7.1" and inst.compiler_dir == P("/usr/lib/llvm-17/bin")
+    assert inst.version == "5.7.1" and inst.compiler_dir == "/usr/lib/llvm-17/bin"
     assert inst.coverage.rocblas == ("gfx1030", "gfx1100")
 
 
@@ -115,8 +114,8 @@ def test_fedora_usr(tmp_path):
         "#define ROCM_VERSION_MAJOR 6\n#define ROCM_VERSION_MINOR 3\n#define ROCM_VERSION_PATCH 1\n")
     inst = only(tmp_path)
     assert inst.layout == "fedora" and inst.version == "6.3.1"
-    assert inst.compiler_dir == P("/usr/lib64/rocm/llvm/bin")
-    assert inst.bitcode_dir == P("/usr/lib64/rocm/llvm/lib/clang/18/amdgcn/bitcode")
+    assert inst.compiler_dir == "/usr/lib64/rocm/llvm/bin"
+    assert inst.bitcode_dir == "/usr/lib64/rocm/llvm/lib/clang/18/amdgcn/bitcode"
     assert inst.coverage.rocblas == ("gfx1100", "gfx1151")
 
 
@@ -132,7 +131,7 @@ def test_rocforge_nightlies_current_and_siblings(tmp_path):
     found = installs.find_installs(Root(tmp_path), environ={}, include_pip=False)
     assert [(str(i.path), i.nightly_current, i.family) for i in found] == [
         (inner + "/current", True, "gfx1151"), (inner + "/7.10.0a20251101", False, None)]
-    assert found[0].real_path == P(inner + "/7.10.0a20251021")
+    assert found[0].real_path == inner + "/7.10.0a20251021"
     assert found[0].version == "7.10.0a20251021"  # from rocforge-install.toml
 
 
@@ -142,14 +141,14 @@ def test_nightly_prefix_inside_the_root(tmp_path, monkeypatch):
                          inner="/home/u/.local/share/rocforge/rocm/7.10.0a20251021")
     os.symlink("7.10.0a20251021", tmp_path / "home/u/.local/share/rocforge/rocm/current")
     inst = installs.find_installs(Root(tmp_path), environ={}, include_pip=False)[0]
-    assert inst.path == P("/home/u/.local/share/rocforge/rocm/current") and inst.nightly_current
+    assert inst.path == "/home/u/.local/share/rocforge/rocm/current" and inst.nightly_current
 
 
 def test_rocm_path_env_is_named_first(tmp_path):
     fr.make_classic_rocm(tmp_path, "6.4.1")
     (inst,) = installs.find_installs(Root(tmp_path), environ={"ROCM_PATH": "/opt/rocm-6.4.1"},
                                      include_pip=False)
-    assert inst.path == P("/opt/rocm-6.4.1") and inst.sources[0] == "$ROCM_PATH"
+    assert inst.path == "/opt/rocm-6.4.1" and inst.sources[0] == "$ROCM_PATH"
 
 
 def test_explicit_rocm_that_is_no_rocm(tmp_path):
@@ -189,13 +188,13 @@ def test_pip_rocm_sdk_layout(tmp_path, monkeypatch):
     assert inst.layout == "pip" and inst.version == "7.10.0a20251021"
     assert inst.coverage.rocblas == ("gfx1151",)
     rel = "/" + str(site.relative_to(tmp_path))
-    assert P(rel + "/_rocm_sdk_libraries_gfx1151/lib") in inst.lib_dirs
+    assert rel + "/_rocm_sdk_libraries_gfx1151/lib" in inst.lib_dirs
 
 
 @pytest.mark.skipif(not os.path.exists("/usr/bin/hipcc") or not os.path.isdir(
     "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode"), reason="this host has no Debian ROCm packages")
 def test_this_hosts_debian_rocm():
     found = [i for i in installs.find_installs(Root("/"), environ={}, include_pip=False)
-             if i.path == P("/usr")]
+             if i.path == "/usr"]
     assert found and found[0].layout == "debian" and found[0].version
-    assert found[0].bitcode_dir == P("/usr/lib/x86_64-linux-gnu/amdgcn/bitcode")
+    assert found[0].bitcode_dir == "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode"

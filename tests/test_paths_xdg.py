@@ -86,3 +86,26 @@ def test_env_without_overrides_does_not_import_platformdirs(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0", "False", "/opt/mine"]
+
+
+def test_string_forms_are_what_pathlib_gave(monkeypatch, tmp_path):
+    """`rocforge env` asks for its directories as strings (no pathlib import): each is the
+    `str()` of the Path the rest of rocforge gets, overrides and a configured prefix too."""
+    from rocforge_build import config
+
+    for text in ("/a/b", "a/./b/", "//x/y", "///x", "/", "//", ".", "a/../b", "/x//y/.", "x"):
+        assert paths.path_str(text) == str(Path(text)), text
+    for override in ("/srv/rf//data/", "rel/data", "/"):
+        monkeypatch.setenv("ROCFORGE_DATA_DIR", override)
+        monkeypatch.setenv("ROCFORGE_CONFIG_DIR", override)
+        assert paths.data_dir_str() == str(paths.data_dir())
+        assert paths.builds_prefix_str() == str(paths.builds_prefix())
+        assert paths.nightly_prefix_str() == str(paths.nightly_prefix())
+        assert paths.config_file_str() == str(paths.config_file())
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for configured in ("~/rocm-nightlies", "rel//dir/", "/abs/../x", ""):
+        cfg = {"nightly": {"prefix": configured}}
+        want = (Path(configured).expanduser().absolute() if configured
+                else paths.nightly_prefix())
+        assert config.nightly_prefix_str(cfg) == str(want) == str(config.nightly_prefix(cfg))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import fixtures_roots as fr
 import pytest
@@ -19,7 +19,6 @@ from rocforge_build.discover import installs, resolver
 from rocforge_build.rootfs import Root
 
 REAL = Path(__file__).parent / "data" / "realroots"
-P = PurePosixPath
 
 
 @pytest.fixture(scope="session")
@@ -77,9 +76,9 @@ def test_sid_device_libs_and_the_llvm_that_owns_them(machine):
     root = machine("sid", fr.STRIX_HALO)
     inst = installs.inspect(Root(root), "/usr")
     assert inst.version == "6.4.3"  # libamdhip64-dev 6.4.3-5
-    assert inst.bitcode_dir == P("/usr/lib/llvm-21/lib/clang/21/amdgcn/bitcode")
-    assert inst.compiler_dir == P("/usr/lib/llvm-21/bin")
-    assert inst.hipcxx == P("/usr/lib/llvm-21/bin/clang++")
+    assert inst.bitcode_dir == "/usr/lib/llvm-21/lib/clang/21/amdgcn/bitcode"
+    assert inst.compiler_dir == "/usr/lib/llvm-21/bin"
+    assert inst.hipcxx == "/usr/lib/llvm-21/bin/clang++"
     assert (root / "usr/lib/llvm-22/bin/clang++").is_symlink()  # the newer LLVM is there
     assert "gfx1151" in inst.coverage.bitcode  # oclc_isa_version_1151.bc
     assert not any("no device bitcode" in p for p in inst.problems)
@@ -97,7 +96,7 @@ def test_trixie_perl_hipcc_runs_clang_17_from_usr_bin(machine):
     assert res.env["HIP_CLANG_PATH"] == "/usr/bin"
     assert "clang++-17" in res.decision("HIP_CLANG_PATH").reason
     assert res.env["HIP_DEVICE_LIB_PATH"] == "/usr/lib/llvm-17/lib/clang/17/amdgcn/bitcode"
-    assert res.rocm.hipcxx == P("/usr/lib/llvm-17/bin/clang++")
+    assert res.rocm.hipcxx == "/usr/lib/llvm-17/bin/clang++"
     assert res.rocm.version == "5.7.1"
 
 
@@ -108,7 +107,7 @@ def test_bookworm_perl_hipcc_runs_clang_15(machine):
     res = resolve(root)
     assert res.env["HIP_CLANG_PATH"] == "/usr/bin"
     assert res.env["HIP_DEVICE_LIB_PATH"] == "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode"
-    assert res.rocm.hipcxx == P("/usr/lib/llvm-15/bin/clang++")
+    assert res.rocm.hipcxx == "/usr/lib/llvm-15/bin/clang++"
     assert res.rocm.version == "5.2.3"
 
 

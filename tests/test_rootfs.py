@@ -100,3 +100,63 @@ def test_exists_is_dir_and_is_file_answer_as_pathlib_does(tmp_path):
         real = root.host(inner)
         assert (root.exists(inner), root.is_dir(inner), root.is_file(inner)) == \
             (real.exists(), real.is_dir(), real.is_file()), inner
+
+
+def _old_glob(root: Root, base: str, pattern: str) -> list[PurePosixPath]:
+    """Root.glob as it was, on pathlib: the reference for the string glob."""
+    inner = PurePosixPath("/", base)
+    host = root.host(inner)
+    return sorted(inner / p.relative_to(host).as_posix() for p in host.glob(pattern))
+
+
+def test_glob_finds_what_pathlib_glob_found(tmp_path):
+    """Hidden names, links to directories and files, broken links, bracket and `?` patterns,
+    several wildcard components, a literal last part: the string glob (`rocforge env` imports
+    no pathlib) finds what the former `Path.glob` implementation found, in its order."""
+    import itertools
+
+    for d in ("opt/rocm-7.1/lib/llvm-21/bin", "opt/rocm-7.1/lib/llvm-9/bin", "opt/rocm-7.1/.kpack",
+              "opt/rocm-7.1/lib/rocblas/library/gfx1151", "usr/lib/x86_64-linux-gnu/amdgcn/bitcode",
+              "opt/b-c/d", "opt/b/c"):
+        (tmp_path / d).mkdir(parents=True)
+    for f in ("opt/rocm-7.1/.kpack/blas_gfx1151.kpack", "opt/rocm-7.1/lib/libamdhip64.so.7",
+              "opt/rocm-7.1/lib/rocblas/library/TensileLibrary_gfx1151.dat", "opt/[x]", "opt/.hidden",
+              "usr/lib/x86_64-linux-gnu/amdgcn/bitcode/oclc_isa_version_1151.bc", "opt/b-c/d/f",
+              "opt/b/c/f"):
+        (tmp_path / f).write_text("x")
+    os.symlink("rocm-7.1", tmp_path / "opt/rocm")  # relative: pathlib's glob follows it too
+    os.symlink("lib/llvm-21", tmp_path / "opt/rocm-7.1/llvm")
+    os.symlink("nowhere", tmp_path / "opt/rocm-7.1/lib/libbroken.so")
+    os.symlink("libamdhip64.so.7", tmp_path / "opt/rocm-7.1/lib/libamdhip64.so")
+    root = Root(tmp_path)
+    bases = ["/", "/opt", "/opt/rocm", "/opt/rocm-7.1", "/opt/rocm/lib", "/usr", "/missing", "opt"]
+    patterns = ["*", ".*", "*/*", "lib/*", "lib/llvm-*/bin", "llvm*/bin", "rocm*", "rocm-*/lib/*.so*",
+                ".kpack/*.kpack", "lib/rocblas/library/*", "lib/*/library", "[x]", "[[]x]", "?",
+                "b*/*/f", "lib/libbroken.so", "lib/lib*", "lib/x86_64-linux-gnu/amdgcn/bitcode",
+                "lib/*/amdgcn/bitcode/oclc_isa_version_*.bc", "bin", "*/bin", "lib/"]
+    checked = 0
+    for base, pattern in itertools.product(bases, patterns):
+        assert root.glob(base, pattern) == _old_glob(root, base, pattern), (base, pattern)
+        checked += bool(root.glob_str(base, pattern))
+    assert checked > 20  # most pairs find something: the comparison is not of empty lists
+    # where the former one escaped the base (`..`) or raised (absolute, `**` aside), nothing
+    assert root.glob_str("/opt/rocm", "../*") == [] and root.glob_str("/opt", "/etc/*") == []
+
+
+def test_inner_join_and_inner_path_are_purepath_joins():
+    import itertools
+
+    from rocforge_build.rootfs import inner_join, inner_path
+
+    pieces = ["", ".", "..", "a", "b/c", "/x", "d/", "./e", "f//g", "..."]
+    for base in ("/", "/opt", "/opt/rocm", "/a/.."):
+        for parts in itertools.product(pieces, repeat=2):
+            if any(p.startswith("/") for p in parts):
+                continue  # absolute parts are not joined (PurePath would restart at them)
+            assert inner_join(base, *parts) == str(PurePosixPath(base, *parts)), (base, parts)
+    # PurePosixPath("/", text), except that a leading `//` (POSIX's implementation-defined root)
+    # is one `/` here: inner paths have one root
+    for text, want in (("opt/rocm", "/opt/rocm"), ("/opt/rocm/", "/opt/rocm"), ("//opt", "/opt"),
+                       ("/./a/../b", "/a/../b"), ("", "/"), (".", "/"), ("a//b/.", "/a/b")):
+        assert inner_path(text) == want, text
+        assert text.startswith("//") or want == str(PurePosixPath("/", text)), text

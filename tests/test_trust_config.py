@@ -10,6 +10,7 @@ config.py.
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -80,7 +81,7 @@ def _error_line(err: str) -> str:
 
 def _numeric_defaults() -> set[str]:
     """Every numeric leaf of data/defaults.toml (the data, read as TOML)."""
-    data = tomllib.loads(package_data("defaults.toml").read_text())
+    data = tomllib.loads(Path(package_data("defaults.toml")).read_text())
     out = set()
 
     def walk(table, prefix):

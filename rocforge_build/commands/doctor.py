@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import tomllib
 
 from rocforge_build.discover import host, host_checks, resolver
 from rocforge_build.forge import parallel
 from rocforge_build.nightly import known_bad
-from rocforge_build.resources import package_data
+from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root
 
 _CHECKS = package_data("doctor.toml")
@@ -57,7 +56,7 @@ def _vkey(text: str) -> tuple[int, ...]:
 
 def system_checks(root: Root, res: resolver.Resolution) -> tuple[list[str], list[str]]:
     """(warnings, blockers): blockers make the stack unusable for running GPU code."""
-    checks = tomllib.loads(_CHECKS.read_text(encoding="utf-8"))
+    checks = load_toml(_CHECKS, "doctor checks")
     warnings: list[str] = []
     blockers: list[str] = []
     detected = [g for g in res.gpus if g.source != "--target"]

@@ -7,12 +7,12 @@ Stdlib only: `rocforge env` runs this on every shell start-up.
 
 from __future__ import annotations
 
+import os
 import re
 import struct
-from pathlib import PurePosixPath
 
 from rocforge_build.records import Record, init
-from rocforge_build.rootfs import Root, open_regular
+from rocforge_build.rootfs import Root, inner_join, open_regular
 
 # ROCr's ISA registry names every agent ISA it can run as `amdgcn-amd-amdhsa--gfxNNNN`
 # (ROCR-Runtime src/core/runtime/isa.cpp); a GPU whose ISA is not in that table is not
@@ -109,7 +109,7 @@ def isa_names(data: bytes) -> tuple[str, ...]:
 class RuntimeIsas(Record):
     __slots__ = ("library", "isas")
 
-    def __init__(self, library: PurePosixPath,  # inner path of the library the table was read from
+    def __init__(self, library: str,  # inner path of the library the table was read from
                  isas: tuple[str, ...]):
         init(self, library, isas)
 
@@ -119,7 +119,7 @@ def runtime_isas(root: Root, candidates) -> RuntimeIsas | None:
     `candidates` that carries one; None when none does (an empty or stripped file tells
     nothing, so the caller falls back on other evidence)."""
     for inner in candidates:
-        info = read_elf(root.host(inner))
+        info = read_elf(root.host_str(inner))
         if info is None:
             continue
         names = isa_names(info.data)
@@ -144,44 +144,44 @@ _LLVM_MAJOR = r"(?:llvm-|clang\+\+-|clang-)(\d+)"
 class Hipcc(Record):
     __slots__ = ("path", "flavour", "calls", "default_dirs", "evidence")
 
-    def __init__(self, path: PurePosixPath,
+    def __init__(self, path: str,  # inner paths, as default_dirs
                  flavour: str,  # "perl" | "c++"
                  calls: str,  # the program name it runs in HIP_CLANG_PATH
-                 default_dirs: tuple[PurePosixPath, ...],  # HIP_CLANG_PATH defaults, in hipcc's order
+                 default_dirs: tuple[str, ...],  # HIP_CLANG_PATH defaults, in hipcc's order
                  evidence: str):
         init(self, path, flavour, calls, default_dirs, evidence)
 
     @property
     def llvm_major(self) -> int | None:
-        for text in (self.calls, *map(str, self.default_dirs)):
+        for text in (self.calls, *self.default_dirs):
             m = re.search(_LLVM_MAJOR, text)
             if m:
                 return int(m.group(1))
         return None
 
 
-def read_hipcc(root: Root, base: PurePosixPath) -> Hipcc | None:
+def read_hipcc(root: Root, base: str) -> Hipcc | None:
     """Which clang the hipcc of install `base` runs, read from hipcc itself; None when there
     is no hipcc or it tells nothing (then the layout's defaults apply)."""
-    hipcc = base / "bin" / "hipcc"
+    hipcc = inner_join(base, "bin/hipcc")
     if not root.is_file(hipcc):
         return None
     try:
-        with open_regular(root.host(hipcc)) as fh:
+        with open_regular(root.host_str(hipcc)) as fh:
             head = fh.read(4)
     except OSError:
         return None
     if head == b"\x7fELF":
-        info = read_elf(root.host(hipcc))
+        info = read_elf(root.host_str(hipcc))
         if info is None:
             return None
         dirs = tuple(dict.fromkeys(m.group(1).decode() for m in re.finditer(_CXX_DEFAULT, info.data)))
         if not dirs:
             return None
-        return Hipcc(hipcc, "c++", "clang++", tuple(base / d for d in dirs),
+        return Hipcc(hipcc, "c++", "clang++", tuple(inner_join(base, d) for d in dirs),
                      f"{hipcc} (C++ hipcc) runs $HIP_CLANG_PATH/clang++, default "
                      + " or ".join(f"$ROCM_PATH/{d}" for d in dirs))
-    for script in (base / "bin" / "hipcc.pl", hipcc):
+    for script in (inner_join(base, "bin/hipcc.pl"), hipcc):
         if not root.is_file(script):
             continue
         try:
@@ -190,8 +190,8 @@ def read_hipcc(root: Root, base: PurePosixPath) -> Hipcc | None:
             continue
         m = re.search(_PERL_CALL, text)
         if m:
-            return Hipcc(hipcc, "perl", m.group(1), tuple(base / d for d in _PERL_DEFAULTS),
-                         f"{script.name} (perl hipcc) runs $HIP_CLANG_PATH/{m.group(1)}, default "
+            return Hipcc(hipcc, "perl", m.group(1), tuple(inner_join(base, d) for d in _PERL_DEFAULTS),
+                         f"{os.path.basename(script)} (perl hipcc) runs $HIP_CLANG_PATH/{m.group(1)}, default "
                          "$ROCM_PATH/llvm/bin if present, else $ROCM_PATH/bin (hipvars.pm)")
     return None
 
@@ -210,7 +210,7 @@ _KPACK_NAME = r"(?i)^(?P<group>.+?)_(?P<gfx>gfx[0-9]+[0-9a-fx]*)\.kpack$"  # for
 class KernelPack(Record):
     __slots__ = ("path", "group", "arches", "evidence")
 
-    def __init__(self, path: PurePosixPath, group: str, arches: tuple[str, ...],
+    def __init__(self, path: str, group: str, arches: tuple[str, ...],  # path: inner
                  evidence: str):  # "toc" (read from the file) or "name" (the file name only)
         init(self, path, group, arches, evidence)
 
@@ -274,13 +274,14 @@ class _Unpack:
         return out
 
 
-def read_kpack(root: Root, inner: PurePosixPath) -> KernelPack | None:
+def read_kpack(root: Root, inner: str) -> KernelPack | None:
     """The architectures a .kpack file carries: its TOC's `gfx_arches`, else its file name."""
-    m = re.match(_KPACK_NAME, inner.name)
+    name = os.path.basename(inner)
+    m = re.match(_KPACK_NAME, name)
     named = (m.group("gfx").lower(),) if m else ()
-    group = m.group("group") if m else inner.stem
+    group = m.group("group") if m else os.path.splitext(name)[0]
     try:
-        with open_regular(root.host(inner)) as fh:
+        with open_regular(root.host_str(inner)) as fh:
             head = fh.read(16)
             if len(head) == 16 and head[:4] == KPACK_MAGIC:
                 _, toc_offset = struct.unpack("<IQ", head[4:])

@@ -11,11 +11,10 @@ the cached answer.  The resolver decides what to do with them (`resolver.resolve
 from __future__ import annotations
 
 import os
-from pathlib import Path, PurePosixPath
 
-from rocforge_build.discover.envcache import touch
+from rocforge_build.discover.watched_reads import watch
 from rocforge_build.records import FRESH, Record, fresh, init
-from rocforge_build.rootfs import Root
+from rocforge_build.rootfs import Root, inner_join, inner_path
 from rocforge_build.toml_subset import tomllib_loads
 
 MANIFEST = "rocforge-manifest.toml"  # forge.plan.MANIFEST (not imported: `rocforge env` stays cheap)
@@ -25,15 +24,15 @@ class Build(Record):
     __slots__ = ("prefix", "recipe", "target", "backend", "version", "commit", "built_at",
                  "export_env", "export_reasons", "outputs", "missing", "lib_dir", "bin_dir", "stamp")
 
-    def __init__(self, prefix: PurePosixPath,  # inner path
+    def __init__(self, prefix: str,  # inner path, as lib_dir and bin_dir
                  recipe: str, target: str, backend: str, version: str | None,
                  commit: str | None, built_at: str | None,
                  export_env: dict[str, str] = FRESH,  # values re-based onto `prefix`
                  export_reasons: dict[str, str] = FRESH,
                  outputs: tuple[str, ...] = (),  # expected files (globs) relative to the prefix
                  missing: tuple[str, ...] = (),  # expected files no longer there
-                 lib_dir: PurePosixPath | None = None,
-                 bin_dir: PurePosixPath | None = None,  # what `rocforge env` may put on PATH
+                 lib_dir: str | None = None,
+                 bin_dir: str | None = None,  # what `rocforge env` may put on PATH
                  stamp: str | None = None):  # the manifest's build stamp (a rebuild changes it)
         init(self, prefix, recipe, target, backend, version, commit, built_at, fresh(export_env),
              fresh(export_reasons), outputs, missing, lib_dir, bin_dir, stamp)
@@ -44,55 +43,51 @@ class Build(Record):
 
     def to_json(self) -> dict:
         return {
-            "prefix": str(self.prefix), "recipe": self.recipe, "target": self.target,
+            "prefix": self.prefix, "recipe": self.recipe, "target": self.target,
             "backend": self.backend, "version": self.version, "commit": self.commit,
             "built_at": self.built_at, "export_env": dict(self.export_env),
             "outputs": list(self.outputs), "missing": list(self.missing),
         }
 
 
-def _watch(root: Root, inner: PurePosixPath) -> None:
-    touch(os.path.join(root.base, str(inner).lstrip("/")))
-    touch(root.host(inner))
-
-
-def as_inner(root: Root, host) -> PurePosixPath:
+def as_inner(root: Root, host) -> str:
     """A host path of rocforge's own (data dir, builds) as an inner path: a directory inside
     `--root` maps into it, one outside stays as it is."""
     if root.is_host:
-        return PurePosixPath(host)
+        return inner_path(host)
     try:
-        return root.inner(host)
+        return root.inner_str(host)
     except ValueError:
-        return PurePosixPath(host)
+        return inner_path(host)
 
 
-def builds_dir(root: Root) -> PurePosixPath:
+def builds_dir(root: Root) -> str:
     """The builds directory as an inner path (a data dir inside `--root` maps into it)."""
     from rocforge_build import paths
 
-    return as_inner(root, paths.builds_prefix())
+    return as_inner(root, paths.builds_prefix_str())
 
 
-def _rebase(value: str, recorded: str, prefix: PurePosixPath) -> str:
+def _rebase(value: str, recorded: str, prefix: str) -> str:
     """Paths under the prefix the build recorded, moved onto the prefix as found now."""
     if recorded and (value == recorded or value.startswith(recorded.rstrip("/") + "/")):
-        return str(prefix) + value[len(recorded.rstrip("/")):]
+        return prefix + value[len(recorded.rstrip("/")):]
     return value
 
 
-def read_manifest(prefix: Path) -> dict | None:
+def read_manifest(prefix: str | os.PathLike[str]) -> dict | None:
     """The manifest of the build in `prefix` (None when there is none or it is unreadable)."""
     try:
-        return tomllib_loads((prefix / MANIFEST).read_text(encoding="utf-8"))
+        with open(os.path.join(prefix, MANIFEST), encoding="utf-8") as fh:
+            return tomllib_loads(fh.read())
     except (OSError, ValueError):
         return None
 
 
-def read(root: Root, prefix: PurePosixPath) -> Build | None:
+def read(root: Root, prefix: str) -> Build | None:
     """The build at `prefix`, or None when it has no readable manifest."""
-    manifest = prefix / MANIFEST
-    _watch(root, manifest)
+    manifest = inner_join(prefix, MANIFEST)
+    watch(root, manifest)
     try:
         text = root.read_text(manifest)
     except (OSError, ValueError, UnicodeError):
@@ -111,18 +106,17 @@ def read(root: Root, prefix: PurePosixPath) -> Build | None:
     missing = []
     for out in outputs:
         if any(c in out for c in "*?["):
-            parent = (prefix / out).parent
-            _watch(root, parent)
-            if not root.glob(prefix, out):
+            watch(root, os.path.dirname(inner_join(prefix, out)))
+            if not root.glob_str(prefix, out):
                 missing.append(out)
         else:
-            _watch(root, prefix / out)
-            if not root.exists(prefix / out):
+            watch(root, inner_join(prefix, out))
+            if not root.exists(inner_join(prefix, out)):
                 missing.append(out)
-    lib = prefix / "lib"
-    _watch(root, lib)
-    bin_dir = prefix / "bin"
-    _watch(root, bin_dir)
+    lib = inner_join(prefix, "lib")
+    watch(root, lib)
+    bin_dir = inner_join(prefix, "bin")
+    watch(root, bin_dir)
     source = data.get("source", {}) if isinstance(data.get("source"), dict) else {}
     return Build(
         prefix=prefix, recipe=str(recipe["name"]), target=target,
@@ -139,7 +133,7 @@ def read(root: Root, prefix: PurePosixPath) -> Build | None:
 def find_builds(root: Root) -> list[Build]:
     """Every build under the builds directory, by prefix name."""
     base = builds_dir(root)
-    _watch(root, base)
+    watch(root, base)
     if not root.is_dir(base):
         return []
     found = []
@@ -147,8 +141,8 @@ def find_builds(root: Root) -> list[Build]:
         if name.startswith(".") or name.endswith((".rocforge-new", ".rocforge-old", ".rocforge-destdir",
                                                   ".rocforge-previous")):
             continue
-        if root.is_dir(base / name):
-            build = read(root, base / name)
+        if root.is_dir(inner_join(base, name)):
+            build = read(root, inner_join(base, name))
             if build is not None:
                 found.append(build)
     return found

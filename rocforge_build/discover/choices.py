@@ -10,34 +10,36 @@ Why files and not the results store: `rocforge env` runs on every shell start-up
 open sqlite; it already reads each build's manifest, so one more tiny TOML file per build costs
 one stat and one read.  The results store keeps the full verify rows; these files are only the
 verdict.  Both are written whole (`paths.write_whole`: a reader sees the old file or the new
-one), and every path read is recorded for the env cache (`builds._watch`), so a `use` or a
+one), and every path read is recorded for the env cache (`watched_reads.watch`), so a `use` or a
 verify invalidates the cached answer.
 
-Read side: stdlib only (tomllib).  Strings are written as JSON strings, which TOML reads alike.
+Read side: stdlib only (tomllib), inner paths as strings (no pathlib on `rocforge env`'s path).  Strings are written as JSON strings, which TOML reads alike.
 """
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from rocforge_build.rootfs import Root, inner_join
 
-from rocforge_build.rootfs import Root
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from pathlib import Path
 
 USE_FILE = "use.toml"
 VERIFIED_DIR = "verified"
 
 
-def data_dir(root: Root) -> PurePosixPath:
+def data_dir(root: Root) -> str:
     """rocforge's data directory as an inner path (inside `--root` when it lies there)."""
     from rocforge_build import paths
     from rocforge_build.discover.builds import as_inner
 
-    return as_inner(root, paths.data_dir())
+    return as_inner(root, paths.data_dir_str())
 
 
-def _read_toml(root: Root, inner: PurePosixPath) -> dict:
-    from rocforge_build.discover.builds import _watch
+def _read_toml(root: Root, inner: str) -> dict:
+    from rocforge_build.discover.watched_reads import watch
 
-    _watch(root, inner)
+    watch(root, inner)
     try:
         text = root.read_text(inner)
     except (OSError, ValueError, UnicodeError):
@@ -50,7 +52,7 @@ def _read_toml(root: Root, inner: PurePosixPath) -> dict:
 
 def chosen(root: Root) -> dict[str, tuple[str, str]]:
     """recipe -> (prefix name, date chosen), from `rocforge use`; a damaged file chooses nothing."""
-    table = _read_toml(root, data_dir(root) / USE_FILE).get("choices")
+    table = _read_toml(root, inner_join(data_dir(root), USE_FILE)).get("choices")
     out = {}
     for recipe, entry in (table.items() if isinstance(table, dict) else ()):
         if isinstance(entry, dict) and isinstance(entry.get("prefix"), str):
@@ -61,7 +63,7 @@ def chosen(root: Root) -> dict[str, tuple[str, str]]:
 def verified(root: Root, name: str, stamp: str | None) -> str | None:
     """The date the build `name` (with manifest `stamp`) passed verify, or None: never verified,
     its last verify failed, or it was rebuilt since (another stamp)."""
-    record = _read_toml(root, data_dir(root) / VERIFIED_DIR / f"{name}.toml")
+    record = _read_toml(root, inner_join(data_dir(root), VERIFIED_DIR, f"{name}.toml"))
     if not stamp or record.get("stamp") != stamp or record.get("passed") is not True:
         return None
     return str(record.get("at", "")) or "date unknown"
@@ -89,7 +91,7 @@ def write_chosen(choices: dict[str, tuple[str, str]], root: Root) -> Path:
 
     from rocforge_build import paths
 
-    path = root.host(data_dir(root) / USE_FILE)
+    path = root.host(inner_join(data_dir(root), USE_FILE))
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "# Written by `rocforge use`: the build of each recipe that `rocforge env` puts on PATH.\n"
     for recipe, (name, at) in sorted(choices.items()):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import PurePosixPath
 
 from rocforge_build import errors
 from rocforge_build.discover import targets
@@ -26,7 +25,7 @@ from rocforge_build.errors import DetectionError
 from rocforge_build.records import FRESH, Record, fresh, init
 from rocforge_build.rootfs import Root, open_regular
 
-KFD_NODES = PurePosixPath("/sys/class/kfd/kfd/topology/nodes")
+KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"  # an inner path
 AMD_VENDOR_ID = 0x1002
 
 
@@ -147,11 +146,11 @@ def _kfd_gpu(index: int, node: int, props: dict[str, int], name_file: str | None
 
 def discover_kfd(root: Root) -> Discovery | None:
     """GPUs from the KFD topology in `root`; None when there is no topology at all."""
-    touch(root.host(KFD_NODES))
+    touch(root.host_str(KFD_NODES))
     if not root.exists(KFD_NODES):
         return None
     try:
-        entries = os.listdir(root.host(KFD_NODES))
+        entries = os.listdir(root.host_str(KFD_NODES))
     except OSError as exc:
         raise DetectionError(
             f"cannot read {KFD_NODES}: {errors.reason(exc)}",
@@ -161,10 +160,10 @@ def discover_kfd(root: Root) -> Discovery | None:
     gpus: list[Gpu] = []
     warnings: list[str] = []
     for node in nodes:
-        path = KFD_NODES / str(node) / "properties"
-        touch(root.host(path), content=True)
+        path = f"{KFD_NODES}/{node}/properties"
+        touch(root.host_str(path), content=True)
         try:
-            with open_regular(root.host(path), "r", encoding="ascii") as fh:
+            with open_regular(root.host_str(path), "r", encoding="ascii") as fh:
                 text = fh.read()
         except PermissionError:
             # amdkfd answers EPERM for GPUs outside the device cgroup (containers).
@@ -177,16 +176,16 @@ def discover_kfd(root: Root) -> Discovery | None:
                 f"cannot read {path}: {reason}",
                 "the KFD topology is unreadable; check the amdgpu driver or the --root",
             ) from exc
-        props = parse_properties(text, str(path))
+        props = parse_properties(text, path)
         if props.get("simd_count", 0) == 0 or props.get("gfx_target_version", 0) == 0:
             continue  # a CPU node
         vendor = props.get("vendor_id")
         if vendor not in (None, 0, AMD_VENDOR_ID):
             continue
         name = None
-        touch(root.host(KFD_NODES / str(node) / "name"), content=True)
+        touch(root.host_str(f"{KFD_NODES}/{node}/name"), content=True)
         try:
-            with open_regular(root.host(KFD_NODES / str(node) / "name"), "r", encoding="ascii") as fh:
+            with open_regular(root.host_str(f"{KFD_NODES}/{node}/name"), "r", encoding="ascii") as fh:
                 name = fh.read().strip()
         except (OSError, UnicodeDecodeError):
             pass
@@ -275,7 +274,7 @@ def discover(root: Root, *, environ: dict[str, str] | None = None,
     found = discover_kfd(root)
     if found is not None:
         return found
-    touch(root.host("/dev/kfd"))
+    touch(root.host_str("/dev/kfd"))
     if rocminfo is None and (not root.is_host or not root.exists("/dev/kfd")):
         # rocminfo describes the host, and cannot see a GPU without /dev/kfd anyway.
         return Discovery((), "none", ())

@@ -16,7 +16,6 @@ import os
 import re
 import struct
 from functools import cache
-from pathlib import PurePosixPath
 
 from rocforge_build.records import Record, init
 from rocforge_build.resources import load_toml, package_data
@@ -33,16 +32,16 @@ def facts() -> dict:
 
 
 # -- reading ---------------------------------------------------------------------------------------
-def read(root: Root, inner: str | PurePosixPath) -> str | None:
+def read(root: Root, inner: str | os.PathLike[str]) -> str | None:
     """A small text file of the root, or None when missing or unreadable (no root for debugfs)."""
     try:
-        with open_regular(root.host(inner)) as f:
+        with open_regular(root.host_str(inner)) as f:
             return f.read(_MAX_READ).decode("utf-8", errors="replace")
     except (OSError, ValueError):
         return None
 
 
-def read_int(root: Root, inner: str | PurePosixPath) -> int | None:
+def read_int(root: Root, inner: str | os.PathLike[str]) -> int | None:
     text = read(root, inner)
     if text is None:
         return None
@@ -183,14 +182,14 @@ def drm_cards(root: Root) -> list[CardMemory]:
     for name in root.listdir("/sys/class/drm"):
         if not re.fullmatch(r"card\d+", name):
             continue
-        dev = PurePosixPath("/sys/class/drm", name, "device")
-        if (read(root, dev / "vendor") or "").strip() != "0x1002":
+        dev = f"/sys/class/drm/{name}/device"
+        if (read(root, f"{dev}/vendor") or "").strip() != "0x1002":
             continue
-        minors = [int(n[7:]) for n in root.listdir(dev / "drm") if re.fullmatch(r"renderD\d+", n)]
+        minors = [int(n[7:]) for n in root.listdir(f"{dev}/drm") if re.fullmatch(r"renderD\d+", n)]
         out.append(CardMemory(
-            str(PurePosixPath("/sys/class/drm", name)),
-            read_int(root, dev / "mem_info_gtt_total"), read_int(root, dev / "mem_info_vram_total"),
-            read_int(root, dev / "mem_info_gtt_used"), read_int(root, dev / "mem_info_vram_used"),
+            f"/sys/class/drm/{name}",
+            read_int(root, f"{dev}/mem_info_gtt_total"), read_int(root, f"{dev}/mem_info_vram_total"),
+            read_int(root, f"{dev}/mem_info_gtt_used"), read_int(root, f"{dev}/mem_info_vram_used"),
             minors[0] if minors else None))
     return out
 
@@ -280,7 +279,7 @@ def debugfs_firmware(root: Root) -> tuple[list[tuple[str, dict[str, str]]], str 
     when debugfs cannot be listed (it needs root)."""
     base = facts()["firmware"]["debugfs"]
     try:
-        names = sorted(os.listdir(root.host(base)))
+        names = sorted(os.listdir(root.host_str(base)))
     except PermissionError:
         return [], f"{base} is not readable (debugfs needs root)"
     except OSError:
@@ -296,15 +295,15 @@ def debugfs_firmware(root: Root) -> tuple[list[tuple[str, dict[str, str]]], str 
 def sysfs_firmware(root: Root, card: CardMemory) -> dict[str, str]:
     """The card's `device/fw_version/<name>_fw_version` files (amdgpu_ucode.c, mode 0444, so
     readable without root; `0x%08x`) and `device/vbios_version`."""
-    dev = PurePosixPath(card.card, "device")
+    dev = f"{card.card}/device"
     pairs = []
-    for name in root.listdir(dev / "fw_version"):
+    for name in root.listdir(f"{dev}/fw_version"):
         m = re.fullmatch(r"([a-z0-9_]+)_fw_version", name)
-        text = (read(root, dev / "fw_version" / name) or "").strip() if m else ""
+        text = (read(root, f"{dev}/fw_version/{name}") or "").strip() if m else ""
         if m and re.fullmatch(r"0x[0-9a-fA-F]{1,8}", text):
             pairs.append((m.group(1), int(text, 16)))
     out = _fw_versions(pairs)
-    vbios = (read(root, dev / "vbios_version") or "").strip()
+    vbios = (read(root, f"{dev}/vbios_version") or "").strip()
     if vbios and vbios.isprintable():
         out["vbios"] = vbios
     return out
@@ -529,11 +528,11 @@ def env_note(root: Root, gpus) -> str | None:
 
     if not any(g.is_igpu for g in gpus if g.source != "--target"):
         return None
-    touch(root.host("/sys/class/drm"))
+    touch(root.host_str("/sys/class/drm"))
     card = apu_card(root, gpus)
     if card is None:
         return None
-    touch(root.host(card.card + "/device/mem_info_gtt_total"), content=True)
+    touch(root.host_str(card.card + "/device/mem_info_gtt_total"), content=True)
     if card.gtt_total is None:
         return None
     return (f"GPU memory: GTT {gib(card.gtt_total)} (the RAM this iGPU may use, here and in "

@@ -16,7 +16,6 @@ import re
 import sys
 from collections.abc import Mapping
 from functools import cache
-from pathlib import PurePosixPath
 
 from rocforge_build.discover import binaries
 from rocforge_build.discover.envcache import touch
@@ -25,7 +24,7 @@ from rocforge_build.discover.watched_reads import all_dirs, first, glob, read, w
 from rocforge_build.errors import ConfigError, NoRocmError, UsageError
 from rocforge_build.records import FRESH, Record, fresh, init, replace
 from rocforge_build.resources import load_toml, package_data
-from rocforge_build.rootfs import Root
+from rocforge_build.rootfs import Root, inner_join, inner_path
 from rocforge_build.toml_subset import tomllib_loads
 
 _LAYOUTS = package_data("layouts.toml")
@@ -121,7 +120,7 @@ class Coverage(Record):
         if self.kpack:  # a kpack-split install: its device code is in the packs, nowhere else
             packs = [f for g, f in self.kpack if g == gfx]
             if packs:
-                blas = [f for f in packs if "blas" in PurePosixPath(f).name] or packs
+                blas = [f for f in packs if "blas" in os.path.basename(f)] or packs
                 return True, f"kernel pack {blas[0]} carries {gfx}"
             have = ", ".join(gfx_sorted({g for g, _ in self.kpack}))
             return False, (f"no kernel pack in .kpack/ carries {gfx} (packs for {have}; TheRock "
@@ -169,15 +168,15 @@ class RocmInstall(Record):
     _hidden = ("extra",)
 
     def __init__(self,
-                 path: PurePosixPath,  # inner path, as the install was named (may be a link)
-                 real_path: PurePosixPath,  # links resolved inside the root
+                 path: str,  # inner path, as the install was named (may be a link)
+                 real_path: str,  # links resolved inside the root
                  version: str | None,
                  layout: str,  # "therock" | "classic" | "debian" | "fedora" | "pip"
-                 compiler_dir: PurePosixPath | None, bitcode_dir: PurePosixPath | None,
-                 coverage: Coverage, hip_clang_path: PurePosixPath | None = None,
-                 bin_dirs: tuple[PurePosixPath, ...] = (),
-                 lib_dirs: tuple[PurePosixPath, ...] = (),
-                 pkgconfig_dirs: tuple[PurePosixPath, ...] = (), cmake_prefix: bool = True,
+                 compiler_dir: str | None, bitcode_dir: str | None,  # inner paths, as all below
+                 coverage: Coverage, hip_clang_path: str | None = None,
+                 bin_dirs: tuple[str, ...] = (),
+                 lib_dirs: tuple[str, ...] = (),
+                 pkgconfig_dirs: tuple[str, ...] = (), cmake_prefix: bool = True,
                  # how it was found: "--rocm", "$ROCM_PATH", "/opt/rocm", ...
                  sources: tuple[str, ...] = (),
                  problems: tuple[str, ...] = (), nightly_current: bool = False,
@@ -188,26 +187,21 @@ class RocmInstall(Record):
              nightly_current, family, fresh(extra))
 
     @property
-    def hipcxx(self) -> PurePosixPath | None:
+    def hipcxx(self) -> str | None:
         return self.extra.get("hipcxx")
 
     def describe(self) -> str:
         return f"{self.path} ({self.layout} {self.version or 'version unknown'})"
 
     def to_json(self) -> dict:
-        s = _s
         return {
-            "path": s(self.path), "real_path": s(self.real_path), "version": self.version,
-            "layout": self.layout, "compiler_dir": s(self.compiler_dir),
-            "hipcxx": s(self.hipcxx), "hip_clang_path": s(self.hip_clang_path),
-            "bitcode_dir": s(self.bitcode_dir), "coverage": self.coverage.to_json(),
+            "path": self.path, "real_path": self.real_path, "version": self.version,
+            "layout": self.layout, "compiler_dir": self.compiler_dir,
+            "hipcxx": self.hipcxx, "hip_clang_path": self.hip_clang_path,
+            "bitcode_dir": self.bitcode_dir, "coverage": self.coverage.to_json(),
             "sources": list(self.sources), "problems": list(self.problems),
             "nightly_current": self.nightly_current, "family": self.family,
         }
-
-
-def _s(p: PurePosixPath | None) -> str | None:
-    return None if p is None else str(p)
 
 
 # -- coverage -----------------------------------------------------------------------------------
@@ -223,7 +217,7 @@ def gfx_sorted(names) -> tuple[str, ...]:
     return tuple(sorted(set(names), key=key))
 
 
-def _tensile_targets(root: Root, dirs: tuple[PurePosixPath, ...]) -> tuple[str, ...]:
+def _tensile_targets(root: Root, dirs: tuple[str, ...]) -> tuple[str, ...]:
     found: set[str] = set()
     for d in dirs:
         watch(root, d)
@@ -231,20 +225,19 @@ def _tensile_targets(root: Root, dirs: tuple[PurePosixPath, ...]) -> tuple[str, 
             m = _TENSILE_RE.match(name)
             if m:
                 found.add(m.group(1))
-            elif _ARCH_DIR_RE.match(name) and root.is_dir(d / name):
-                watch(root, d / name)
-                if any(n.startswith("TensileLibrary") for n in root.listdir(d / name)):
+            elif _ARCH_DIR_RE.match(name) and root.is_dir(inner_join(d, name)):
+                watch(root, inner_join(d, name))
+                if any(n.startswith("TensileLibrary") for n in root.listdir(inner_join(d, name))):
                     found.add(name)
     return gfx_sorted(found)
 
 
-def tensile_targets(root: Root, dirs: tuple[PurePosixPath, ...]) -> tuple[str, ...]:
+def tensile_targets(root: Root, dirs: tuple[str, ...]) -> tuple[str, ...]:
     """Targets with TensileLibrary files in `dirs` (rocBLAS / hipBLASLt library directories)."""
     return _tensile_targets(root, tuple(d for d in dirs if root.is_dir(d)))
 
 
-def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
-              bitcode_dir: PurePosixPath | None) -> Coverage:
+def _coverage(root: Root, bases: list[str], layout: Layout, bitcode_dir: str | None) -> Coverage:
     rocblas_dirs = tuple(d for b in bases for d in all_dirs(root, b, layout.rocblas_dirs))
     hipblaslt_dirs = tuple(d for b in bases for d in all_dirs(root, b, layout.hipblaslt_dirs))
     bitcode = ()
@@ -255,7 +248,7 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
     dist: list[str] = []
     has_dist = False
     for b in bases:
-        text = read(root, b / "share" / "therock" / "dist_info.json")
+        text = read(root, inner_join(b, "share/therock/dist_info.json"))
         if text is None:
             continue
         import json  # only for a TheRock tree
@@ -273,9 +266,9 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
     rocblas_lib, rocblas_needed = None, None
     for b in bases:
         for hit in (h for pat in layout.rocblas_libs for h in glob(root, b, pat)):
-            info = binaries.read_elf(root.host(hit))
+            info = binaries.read_elf(root.host_str(hit))
             if info is not None:
-                rocblas_lib, rocblas_needed = str(hit), info.needed
+                rocblas_lib, rocblas_needed = hit, info.needed
                 break
         if rocblas_lib:
             break
@@ -284,11 +277,11 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
         for hit in glob(root, b, ".kpack/*.kpack"):
             pack = binaries.read_kpack(root, hit)
             if pack is not None:
-                kpack.extend((g, str(hit)) for g in pack.arches)
+                kpack.extend((g, hit) for g in pack.arches)
     return Coverage(
         kpack=tuple(kpack),
         runtime=gfx_sorted(runtime.isas) if runtime else (),
-        runtime_lib=str(runtime.library) if runtime else None,
+        runtime_lib=runtime.library if runtime else None,
         rocblas_lib=rocblas_lib, rocblas_needed=rocblas_needed,
         rocblas=_tensile_targets(root, rocblas_dirs),
         hipblaslt=_tensile_targets(root, hipblaslt_dirs),
@@ -300,7 +293,7 @@ def _coverage(root: Root, bases: list[PurePosixPath], layout: Layout,
 
 
 # -- inspecting one tree ------------------------------------------------------------------------
-def _layout_of(root: Root, path: PurePosixPath, allowed: tuple[str, ...]) -> Layout | None:
+def _layout_of(root: Root, path: str, allowed: tuple[str, ...]) -> Layout | None:
     table = layouts()
     for name in allowed:
         layout = table[name]
@@ -312,33 +305,33 @@ def _layout_of(root: Root, path: PurePosixPath, allowed: tuple[str, ...]) -> Lay
     return None
 
 
-def _hipcxx(root: Root, compiler_dir: PurePosixPath | None) -> PurePosixPath | None:
+def _hipcxx(root: Root, compiler_dir: str | None) -> str | None:
     if compiler_dir is None:
         return None
     for name in HIPCXX_NAMES:
-        watch(root, compiler_dir / name)
-        if root.exists(compiler_dir / name):
-            return compiler_dir / name
+        watch(root, inner_join(compiler_dir, name))
+        if root.exists(inner_join(compiler_dir, name)):
+            return inner_join(compiler_dir, name)
     return None
 
 
 _LLVM_DIR_RE = re.compile(r"llvm-(\d+)(?:/|$)")
 
 
-def _llvm_of(p: PurePosixPath | None) -> int | None:
-    m = _LLVM_DIR_RE.search(str(p)) if p is not None else None
+def _llvm_of(p: str | None) -> int | None:
+    m = _LLVM_DIR_RE.search(p) if p is not None else None
     return int(m.group(1)) if m else None
 
 
-def _bitcode_and_llvm(root: Root, path: PurePosixPath, layout: Layout,
-                      hipcc: binaries.Hipcc | None) -> tuple[PurePosixPath | None, int | None]:
+def _bitcode_and_llvm(root: Root, path: str, layout: Layout,
+                      hipcc: binaries.Hipcc | None) -> tuple[str | None, int | None]:
     """The device library directory and the LLVM major that owns the compiler.
 
     Several LLVMs may be installed (Debian: clang-21 with rocm-device-libs-21, plus clang-22
     without): the compiler is the LLVM that hipcc calls, else the one whose tree holds the
     device libraries (`lib/llvm-N/lib/clang/N/amdgcn/bitcode`), never simply the newest."""
     want = hipcc.llvm_major if hipcc is not None else None
-    hits: list[PurePosixPath] = []
+    hits: list[str] = []
     for pattern in layout.bitcode_dirs:
         hits += [h for h in glob(root, path, pattern) if root.is_dir(h) and h not in hits]
         if hits and not any(_llvm_of(h) is not None for h in hits):
@@ -355,8 +348,7 @@ def _bitcode_and_llvm(root: Root, path: PurePosixPath, layout: Layout,
     return best, want if want is not None else _llvm_of(best)
 
 
-def _compiler_dir(root: Root, path: PurePosixPath, layout: Layout,
-                  owner: int | None) -> PurePosixPath | None:
+def _compiler_dir(root: Root, path: str, layout: Layout, owner: int | None) -> str | None:
     if owner is not None:
         versioned = False
         for pattern in layout.compiler_dirs:
@@ -369,39 +361,38 @@ def _compiler_dir(root: Root, path: PurePosixPath, layout: Layout,
     return first(root, path, layout.compiler_dirs)
 
 
-def _hip_clang_path(root: Root, path: PurePosixPath, layout: Layout, hipcc: binaries.Hipcc | None,
-                    compiler_dir: PurePosixPath | None,
-                    problems: list[str]) -> tuple[PurePosixPath | None, str]:
+def _hip_clang_path(root: Root, path: str, layout: Layout, hipcc: binaries.Hipcc | None,
+                    compiler_dir: str | None, problems: list[str]) -> tuple[str | None, str]:
     """HIP_CLANG_PATH: the directory where the program hipcc runs actually is."""
     if hipcc is not None:
         same_llvm = compiler_dir is not None and hipcc.llvm_major in (None, _llvm_of(compiler_dir))
         for d in (*hipcc.default_dirs, *([compiler_dir] if same_llvm else [])):
-            watch(root, d / hipcc.calls)
-            if root.exists(d / hipcc.calls):
-                return d, f"{hipcc.evidence}; {d / hipcc.calls} exists"
+            watch(root, inner_join(d, hipcc.calls))
+            if root.exists(inner_join(d, hipcc.calls)):
+                return d, f"{hipcc.evidence}; {inner_join(d, hipcc.calls)} exists"
         problems.append(f"{hipcc.evidence}, but no {hipcc.calls} exists there: hipcc cannot "
                         "compile until that LLVM is installed")
         return None, ""
     if layout.hip_clang_from_hipcc:
-        watch(root, path / "bin" / "hipcc")
-        if not root.exists(path / "bin" / "hipcc"):
+        watch(root, inner_join(path, "bin/hipcc"))
+        if not root.exists(inner_join(path, "bin/hipcc")):
             return None, ""  # no hipcc: no compiler variable for it
     if layout.hip_clang_dirs:
         return first(root, path, layout.hip_clang_dirs), ""
     return compiler_dir, ""
 
 
-def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] | None = None,
-            sources: tuple[str, ...] = (), extra_bases: tuple[PurePosixPath, ...] = (),
+def inspect(root: Root, path: str | os.PathLike[str], *, allowed: tuple[str, ...] | None = None,
+            sources: tuple[str, ...] = (), extra_bases: tuple[str, ...] = (),
             nightly_current: bool = False) -> RocmInstall | None:
     """What the tree at inner `path` is; None when it is no ROCm tree."""
-    path = PurePosixPath("/", str(path))
-    real = root.resolve(path)
+    path = inner_path(path)
+    real = root.resolve_str(path)
     watch(root, path)
     if not root.is_dir(path):
         return None
     if allowed is None:
-        allowed = ("debian", "fedora") if real == PurePosixPath("/usr") else ("therock", "classic")
+        allowed = ("debian", "fedora") if real == "/usr" else ("therock", "classic")
     layout = _layout_of(root, path, allowed)
     if layout is None:
         return None
@@ -422,7 +413,7 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
         problems.append(f"{compiler_dir} has no clang++")
     if layout.name in ("therock", "pip"):
         for name in ("amdclang++", "amdclang"):
-            link = path / "bin" / name
+            link = inner_join(path, "bin", name)
             watch(root, link)
             if root.is_symlink(link) and not root.exists(link):
                 problems.append(f"{link} is a broken link (TheRock trees before Mar 2026); "
@@ -432,12 +423,12 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
     if bitcode_dir is None:
         if compiler_dir is not None or hipcc is not None or not layout.hip_clang_from_hipcc:
             problems.append("no device bitcode directory (oclc_isa_version_*.bc) found")
-    elif layout.name == "therock" and not root.exists(path / "amdgcn"):
+    elif layout.name == "therock" and not root.exists(inner_join(path, "amdgcn")):
         problems.append("no amdgcn link at the root (trees before Feb 2026): "
                         f"HIP_DEVICE_LIB_PATH must point at {bitcode_dir}")
     bases = [path, *extra_bases]
     family = None
-    meta = read(root, path / "rocforge-install.toml")
+    meta = read(root, inner_join(path, "rocforge-install.toml"))
     if meta:
         data = tomllib_loads(meta)
         if data is None:
@@ -460,17 +451,17 @@ def inspect(root: Root, path: str | PurePosixPath, *, allowed: tuple[str, ...] |
 
 
 # -- candidates ---------------------------------------------------------------------------------
-def _nightly_prefix(root: Root) -> PurePosixPath | None:
+def _nightly_prefix(root: Root) -> str | None:
     from rocforge_build import config, paths
 
-    touch(paths.config_file())  # `nightly.prefix` lives there: a change invalidates env's cache
-    prefix = config.nightly_prefix()
+    touch(paths.config_file_str())  # `nightly.prefix` lives there: a change invalidates env's cache
+    prefix = config.nightly_prefix_str()
     if root.is_host:
-        return PurePosixPath(prefix)
+        return prefix
     try:
-        return root.inner(prefix)  # a data dir inside the root (tests, containers)
+        return root.inner_str(prefix)  # a data dir inside the root (tests, containers)
     except ValueError:
-        return PurePosixPath(prefix)  # the same path read inside the root
+        return prefix  # the same path read inside the root
 
 
 def _site_dirs() -> list[str]:
@@ -483,7 +474,7 @@ def _site_dirs() -> list[str]:
 def _pip_installs(root: Root) -> list[RocmInstall]:
     out: list[RocmInstall] = []
     for site in _site_dirs():
-        site_inner = root.inner(site) if not root.is_host else PurePosixPath(site)
+        site_inner = root.inner_str(site) if not root.is_host else inner_path(site)
         for core in glob(root, site_inner, "_rocm_sdk_core*"):
             if not root.is_dir(core):
                 continue
@@ -494,40 +485,40 @@ def _pip_installs(root: Root) -> list[RocmInstall]:
     return out
 
 
-def _candidates(root: Root, environ: Mapping[str, str]) -> list[tuple[PurePosixPath, str, bool]]:
-    cands: list[tuple[PurePosixPath, str, bool]] = []
+def _candidates(root: Root, environ: Mapping[str, str]) -> list[tuple[str, str, bool]]:
+    cands: list[tuple[str, str, bool]] = []
     rocm_path = environ.get("ROCM_PATH")
     if rocm_path:
-        cands.append((PurePosixPath("/", rocm_path), "$ROCM_PATH", False))
+        cands.append((inner_path(rocm_path), "$ROCM_PATH", False))
     prefix = _nightly_prefix(root)
     if prefix is not None:
         watch(root, prefix)
     if prefix is not None and root.is_dir(prefix):
-        cands.append((prefix / "current", "rocforge nightly (current)", True))
+        cands.append((inner_join(prefix, "current"), "rocforge nightly (current)", True))
         for name in root.listdir(prefix):
             if name != "current" and not name.startswith("."):
-                cands.append((prefix / name, "rocforge nightly", False))
+                cands.append((inner_join(prefix, name), "rocforge nightly", False))
     # TheRock native packages (amdrocm-*): the tree is /opt/rocm/core-X.Y, with /opt/rocm/core and
     # /opt/rocm/core-X alternatives links to it, and /opt/rocm/{bin,lib,...} links into it
     # (build_tools/packaging/linux/template/scripts/amdrocm-core-postinst.j2): /opt/rocm itself
     # is then a link farm, not an install of its own.
-    native = [h for h in glob(root, PurePosixPath("/opt/rocm"), "core*") if root.is_dir(h)]
+    native = [h for h in glob(root, "/opt/rocm", "core*") if root.is_dir(h)]
     for hit in native:
         cands.append((hit, "/opt/rocm/core-*", False))
     if not native:
-        cands.append((PurePosixPath("/opt/rocm"), "/opt/rocm", False))
-    for hit in glob(root, PurePosixPath("/opt"), "rocm-*"):
+        cands.append(("/opt/rocm", "/opt/rocm", False))
+    for hit in glob(root, "/opt", "rocm-*"):
         cands.append((hit, "/opt/rocm-*", False))
-    cands.append((PurePosixPath("/usr"), "distro /usr", False))
+    cands.append(("/usr", "distro /usr", False))
     return cands
 
 
-def _extras_for(root: Root, real: PurePosixPath) -> tuple[PurePosixPath, ...]:
+def _extras_for(root: Root, real: str) -> tuple[str, ...]:
     """/opt/rocm/extras-X beside a native /opt/rocm/core-X.Y: its libraries belong to that core."""
-    m = re.fullmatch(r"/opt/rocm/core-(\d+)(?:\.\d+)*", str(real))
+    m = re.fullmatch(r"/opt/rocm/core-(\d+)(?:\.\d+)*", real)
     if not m:
         return ()
-    extra = PurePosixPath(f"/opt/rocm/extras-{m.group(1)}")
+    extra = f"/opt/rocm/extras-{m.group(1)}"
     watch(root, extra)
     return (extra,) if root.is_dir(extra) else ()
 
@@ -547,7 +538,7 @@ def find_installs(root: Root, *, rocm: str | None = None,
     if rocm:
         inst = inspect(root, rocm, sources=("--rocm",))
         if inst is None:
-            where = f" inside --root {root.base}" if not root.is_host else ""
+            where = f" inside --root {root.base_str}" if not root.is_host else ""
             raise NoRocmError(
                 f"--rocm {rocm}{where} is not a ROCm install (no dist_info.json, .info/version, "
                 "rocm_version.h, hipcc or llvm found)",
@@ -555,10 +546,10 @@ def find_installs(root: Root, *, rocm: str | None = None,
                 "`rocforge doctor` to see the installs rocforge finds",
             )
         return [inst]
-    by_real: dict[PurePosixPath, RocmInstall] = {}
-    order: list[PurePosixPath] = []
+    by_real: dict[str, RocmInstall] = {}
+    order: list[str] = []
     for path, source, is_current in _candidates(root, env):
-        real = root.resolve(path)
+        real = root.resolve_str(path)
         if real in by_real:
             prev = by_real[real]
             by_real[real] = _merge(prev, source, is_current)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import PurePosixPath
 
 from rocforge_build import shellsafe
 from rocforge_build.discover import builds as builds_mod
@@ -44,7 +43,7 @@ from rocforge_build.discover.gpus import Gpu
 from rocforge_build.discover.installs import RocmInstall
 from rocforge_build.errors import NoRocmError
 from rocforge_build.records import FRESH, Record, fresh, init
-from rocforge_build.rootfs import Root
+from rocforge_build.rootfs import Root, inner_join
 
 PATH_VARS = ("PATH", "LD_LIBRARY_PATH", "CMAKE_PREFIX_PATH", "PKG_CONFIG_PATH")
 OVERRIDE = "HSA_OVERRIDE_GFX_VERSION"
@@ -58,8 +57,8 @@ class Decision(Record):
 
     def to_json(self) -> dict:
         value = self.value
-        if isinstance(value, PurePosixPath):
-            value = str(value)
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
         return {"key": self.key, "value": value, "reason": self.reason}
 
     def text(self) -> str:
@@ -118,15 +117,16 @@ class Resolution(Record):
         if inst.hipcxx is not None:
             # Keep the name: clang++ is usually a link to clang, and the driver picks its C++
             # mode from argv[0].
-            out["HIPCXX"] = str(root.host(inst.hipcxx.parent) / inst.hipcxx.name)
+            parent, name = os.path.split(inst.hipcxx)
+            out["HIPCXX"] = os.path.join(root.host_str(parent), name)
         hip_path = self.env.get("HIP_PATH")
         rocm_path = self.env.get("ROCM_PATH")
         if hip_path:
-            out["HIP_PATH"] = str(root.host(hip_path))
+            out["HIP_PATH"] = root.host_str(hip_path)
         if rocm_path:
-            out["ROCM_PATH"] = str(root.host(rocm_path))
+            out["ROCM_PATH"] = root.host_str(rocm_path)
         if inst.bitcode_dir is not None:
-            out["HIP_DEVICE_LIB_PATH"] = str(root.host(inst.bitcode_dir))
+            out["HIP_DEVICE_LIB_PATH"] = root.host_str(inst.bitcode_dir)
         return out
 
     def to_json(self) -> dict:
@@ -266,7 +266,7 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
     if inst is not None:
         used = _build_decisions(root, effective, decisions, env, prepend, warnings)
     built_lt = [b for b in used if effective in installs_mod.tensile_targets(
-        root, (b.prefix / "lib" / "hipblaslt" / "library",))]
+        root, (b.prefix + "/lib/hipblaslt/library",))]
     if inst is not None and effective:
         _hipblaslt_decision(inst, effective, built_lt, env, env_in, decisions, warnings)
 
@@ -516,7 +516,7 @@ def _build_decisions(root: Root, target: str | None, decisions: list[Decision],
             prepend[var] = entries + tuple(e for e in prepend.get(var, ()) if e not in entries)
             old = next((i for i, d in enumerate(decisions) if d.key == var), None)
             then = f"; then the ROCm's: {decisions[old].reason}" if old is not None else ""
-            first = (", ".join(f"{b.prefix.name} ({why})" for b, why in on_path)
+            first = (", ".join(f"{os.path.basename(b.prefix)} ({why})" for b, why in on_path)
                      if var == "PATH" else f"rocforge builds for {target}")
             decision = Decision(var, ":".join(prepend[var]), f"{first} first{then}")
             if old is None:
@@ -561,14 +561,14 @@ def _path_builds(root: Root, target: str | None, used: list[builds_mod.Build],
         pick, why = None, ""
         if recipe in chosen:
             name, at = chosen[recipe]
-            pick = next((b for b in group if b.prefix.name == name), None)
+            pick = next((b for b in group if os.path.basename(b.prefix) == name), None)
             if pick is not None:
                 why = f"chosen with `rocforge use` on {at[:10] or 'an unknown date'}"
             else:
                 notes.append(f"the `rocforge use` choice for {recipe}, {name}, is not a usable "
                              f"build for {target}")
         if pick is None:
-            passed = [(b, d) for b in group if (d := choices.verified(root, b.prefix.name, b.stamp))]
+            passed = [(b, d) for b in group if (d := choices.verified(root, os.path.basename(b.prefix), b.stamp))]
             if passed:
                 pick, date = max(passed, key=lambda bd: (bd[0].built_at or "", bd[1]))
                 why = f"newest build of {recipe} that passed verify ({date[:10]})"
@@ -581,7 +581,7 @@ def _path_builds(root: Root, target: str | None, used: list[builds_mod.Build],
     if rest or notes:
         decisions.append(Decision(
             "builds not on PATH", [str(b.prefix) for b in rest],
-            "; ".join(notes + ([", ".join(b.prefix.name for b in rest) + " (run them by path, or "
+            "; ".join(notes + ([", ".join(os.path.basename(b.prefix) for b in rest) + " (run them by path, or "
                                 "put one on PATH with `rocforge use PREFIX`; `rocforge verify` "
                                 "passing puts the newest on PATH)"] if rest else []))))
     return picked
@@ -611,7 +611,7 @@ def _toolchain_decisions(inst: RocmInstall, decisions: list[Decision],
         put("HIP_CLANG_PATH", inst.hip_clang_path, reason)
     if inst.bitcode_dir is not None:
         reason = f"device bitcode (oclc_isa_version_*.bc) is in {inst.bitcode_dir}"
-        if inst.layout in ("therock", "pip") and inst.bitcode_dir != inst.path / "amdgcn/bitcode":
+        if inst.layout in ("therock", "pip") and inst.bitcode_dir != inner_join(inst.path, "amdgcn/bitcode"):
             reason += ", not $ROCM_PATH/amdgcn/bitcode (TheRock layout)"
         put("HIP_DEVICE_LIB_PATH", inst.bitcode_dir, reason)
     lists = {

@@ -7,11 +7,11 @@ Stdlib only: `rocforge env` runs this on every shell start-up.
 
 from __future__ import annotations
 
+import os
 import re
-from pathlib import PurePosixPath
 
 from rocforge_build.discover.watched_reads import glob, read
-from rocforge_build.rootfs import Root
+from rocforge_build.rootfs import Root, inner_join
 from rocforge_build.toml_subset import tomllib_loads
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at every shell start-up
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 _VERSION_RE = re.compile(r"\d+\.\d+(?:\.\d+)?(?:(?:a|rc|\.dev)\d*(?:\+[0-9a-f]+)?)?")
 
 
-def _v_install_toml(root: Root, base: PurePosixPath) -> str | None:
-    text = read(root, base / "rocforge-install.toml")
+def _v_install_toml(root: Root, base: str) -> str | None:
+    text = read(root, inner_join(base, "rocforge-install.toml"))
     if text is None:
         return None
     data = tomllib_loads(text)
@@ -32,17 +32,17 @@ def _v_install_toml(root: Root, base: PurePosixPath) -> str | None:
     return str(value) if value else None
 
 
-def _v_info_version(root: Root, base: PurePosixPath) -> str | None:
-    text = read(root, base / ".info" / "version")
+def _v_info_version(root: Root, base: str) -> str | None:
+    text = read(root, inner_join(base, ".info/version"))
     if not text:
         return None
     m = _VERSION_RE.search(text)
     return m.group(0) if m else None
 
 
-def _v_header(root: Root, base: PurePosixPath, names, prefix: str) -> str | None:
+def _v_header(root: Root, base: str, names, prefix: str) -> str | None:
     for name in names:
-        text = read(root, base / name)
+        text = read(root, inner_join(base, name))
         if not text:
             continue
         parts = []
@@ -58,17 +58,17 @@ def _v_header(root: Root, base: PurePosixPath, names, prefix: str) -> str | None
     return None
 
 
-def _v_rocm_version_h(root: Root, base: PurePosixPath) -> str | None:
+def _v_rocm_version_h(root: Root, base: str) -> str | None:
     return _v_header(root, base, ("include/rocm-core/rocm_version.h", "include/rocm_version.h"), "ROCM")
 
 
-def _v_hip_version_h(root: Root, base: PurePosixPath) -> str | None:
+def _v_hip_version_h(root: Root, base: str) -> str | None:
     return _v_header(root, base, ("include/hip/hip_version.h",), "HIP")
 
 
 def _v_dpkg(package: str):
-    def reader(root: Root, base: PurePosixPath) -> str | None:
-        text = read(root, PurePosixPath("/var/lib/dpkg/status"), limit=64 << 20)
+    def reader(root: Root, base: str) -> str | None:
+        text = read(root, "/var/lib/dpkg/status", limit=64 << 20)
         if not text:
             return None
         # `package` is a regular expression over package names (libamdhip64-[0-9]+).
@@ -78,19 +78,19 @@ def _v_dpkg(package: str):
     return reader
 
 
-def _v_dist_info_metadata(root: Root, base: PurePosixPath) -> str | None:
-    site = base.parent
+def _v_dist_info_metadata(root: Root, base: str) -> str | None:
+    site = os.path.dirname(base)
     for hit in glob(root, site, "rocm_sdk_core-*.dist-info"):
-        m = re.match(r"rocm_sdk_core-(.+)\.dist-info$", hit.name)
+        m = re.match(r"rocm_sdk_core-(.+)\.dist-info$", os.path.basename(hit))
         if m:
             return m.group(1)
     return None
 
 
-def _v_dir_name(root: Root, base: PurePosixPath) -> str | None:
+def _v_dir_name(root: Root, base: str) -> str | None:
     """`/opt/rocm/core-7.14` (TheRock native packages: build_package.py installs to
     /opt/rocm/core-<major>.<minor>), `/opt/rocm-6.4.1`: the version in the directory name."""
-    m = re.search(r"(?:core|rocm)-(\d+\.\d+(?:\.\d+)?)$", root.resolve(base).name)
+    m = re.search(r"(?:core|rocm)-(\d+\.\d+(?:\.\d+)?)$", os.path.basename(root.resolve_str(base)))
     return m.group(1) if m else None
 
 
@@ -104,7 +104,7 @@ _VERSION_READERS = {
 }
 
 
-def install_version(root: Root, base: PurePosixPath, layout: Layout) -> str | None:
+def install_version(root: Root, base: str, layout: Layout) -> str | None:
     for source in layout.version_from:
         reader = _v_dpkg(source[5:]) if source.startswith("dpkg:") else _VERSION_READERS[source]
         value = reader(root, base)

@@ -8,32 +8,31 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import PurePosixPath
 
 from rocforge_build.discover.envcache import touch
-from rocforge_build.rootfs import Root, open_regular
+from rocforge_build.rootfs import Root, inner_join, open_regular
 
 
-def watch(root: Root, inner: PurePosixPath) -> None:
+def watch(root: Root, inner: str) -> None:
     """Record `inner` for the env cache: the path as named (a link is stamped itself) and the
     file it resolves to."""
-    touch(os.path.join(root.base, str(inner).lstrip("/")))
-    touch(root.host(inner))
+    touch(os.path.join(root.base_str, str(inner).lstrip("/")))
+    touch(root.host_str(inner))
 
 
-def read(root: Root, inner: PurePosixPath, limit: int = 1 << 20) -> str | None:
+def read(root: Root, inner: str, limit: int = 1 << 20) -> str | None:
     watch(root, inner)
     try:
-        with open_regular(root.host(inner), "r", encoding="utf-8", errors="replace") as fh:
+        with open_regular(root.host_str(inner), "r", encoding="utf-8", errors="replace") as fh:
             return fh.read(limit)
     except OSError:
         return None
 
 
-def glob(root: Root, base: PurePosixPath, pattern: str) -> list[PurePosixPath]:
+def glob(root: Root, base: str, pattern: str) -> list[str]:
     """Existing inner paths for a relative pattern (globs allowed); newest-looking last."""
     if not any(c in pattern for c in "*?["):
-        p = base / pattern
+        p = inner_join(base, pattern)
         watch(root, p)
         return [p] if root.exists(p) else []
     static = []
@@ -41,16 +40,16 @@ def glob(root: Root, base: PurePosixPath, pattern: str) -> list[PurePosixPath]:
         if any(c in part for c in "*?["):
             break
         static.append(part)
-    watch(root, base.joinpath(*static))
-    found = root.glob(base, pattern)
-    return sorted(found, key=lambda p: natural(str(p)))
+    watch(root, inner_join(base, *static))
+    found = root.glob_str(base, pattern)
+    return sorted(found, key=natural)
 
 
 def natural(text: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
 
 
-def first(root: Root, base: PurePosixPath, patterns, want_dir: bool = True):
+def first(root: Root, base: str, patterns, want_dir: bool = True) -> str | None:
     for pattern in patterns:
         hits = [h for h in glob(root, base, pattern) if not want_dir or root.is_dir(h)]
         if hits:
@@ -58,8 +57,8 @@ def first(root: Root, base: PurePosixPath, patterns, want_dir: bool = True):
     return None
 
 
-def all_dirs(root: Root, base: PurePosixPath, patterns) -> tuple[PurePosixPath, ...]:
-    out: list[PurePosixPath] = []
+def all_dirs(root: Root, base: str, patterns) -> tuple[str, ...]:
+    out: list[str] = []
     for pattern in patterns:
         for hit in glob(root, base, pattern):
             if root.is_dir(hit) and hit not in out:

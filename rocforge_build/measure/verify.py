@@ -97,7 +97,8 @@ def text_file() -> Path:
     out = cache_dir() / f"text-{info['sha256'][:16]}.txt"
     if out.is_file() and out.stat().st_size > 0:
         return out
-    raw = lzma.decompress(package_data(info["file"]).read_bytes())
+    with open(package_data(info["file"]), "rb") as fh:
+        raw = lzma.decompress(fh.read())
     if hashlib.sha256(raw).hexdigest() != info["sha256"]:
         raise VerifyError(f"the shipped verify text {info['file']} is damaged (sha256 differs)",
                           "reinstall rocforge")

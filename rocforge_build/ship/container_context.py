@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rocforge_build import paths, proc
 from rocforge_build.errors import ToolchainError
-from rocforge_build.resources import PACKAGE_DIR
+from rocforge_build.resources import package_dir
 from rocforge_build.ship.containers import ContainerPlan, render, render_facts
 
 
@@ -19,7 +19,7 @@ from rocforge_build.ship.containers import ContainerPlan, render, render_facts
 def source_tree() -> Path | None:
     """The rocforge source checkout this rocforge runs from (also an editable install), or None
     for an installed rocforge (its wheel is then rebuilt from the installed files)."""
-    top = PACKAGE_DIR.parent
+    top = package_dir().parent
     return top if (top / "pyproject.toml").is_file() else None
 
 
@@ -132,9 +132,9 @@ def wheel_from_installed(dest_dir: Path) -> Path:
                              "install it (pip install .) or run from a git checkout") from exc
     files = dist.files
     pkg = Path(dist.locate_file("rocforge_build")).resolve()
-    if not files or pkg != PACKAGE_DIR:
+    if not files or pkg != package_dir():
         raise ToolchainError(f"the installed rocforge distribution ({pkg}) is not the one running "
-                             f"({PACKAGE_DIR}), or has no RECORD",
+                             f"({package_dir()}), or has no RECORD",
                              "reinstall rocforge (pip install --force-reinstall .)")
     info_dir = next(f.parts[0] for f in files if f.parts[0].endswith(".dist-info"))
     wheel_meta = Path(dist.locate_file(f"{info_dir}/WHEEL")).read_text(encoding="utf-8")
