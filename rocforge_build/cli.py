@@ -227,9 +227,9 @@ def _main(argv: list[str], selected: str | None) -> int:
 
         signals.install()  # SIGTERM/SIGHUP: the same clean-up as Ctrl-C
         args.argv = argv
-        import importlib
-
-        module = importlib.import_module(COMMANDS[args.command][0])
+        # __import__, not importlib.import_module: importlib (and its `warnings`) would be
+        # imported by every `rocforge env` at shell start-up for this one call
+        module = __import__(COMMANDS[args.command][0], fromlist=("run",))
         return int(module.run(args) or 0)
     except RocforgeError as exc:
         return _fail(exc.message, exc.hint, exc.exit_code)
