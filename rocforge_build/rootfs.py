@@ -207,10 +207,10 @@ class Root:
 
     def is_symlink(self, inner: str | os.PathLike[str]) -> bool:
         """True when the last component of `inner` is itself a link (parents resolved)."""
-        parent, name = os.path.split(os.path.normpath("/" + os.fspath(inner)))
-        if not name:
-            return False  # the root itself
-        return _is_link(os.path.join(self.host_str(parent), name))
+        parent, _, name = inner_path(inner).rpartition("/")
+        if not name:  # the root itself
+            return _is_link(self.base_str)
+        return _is_link(os.path.join(self.host_str(parent or "/"), name))
 
     def read_text(self, inner: str | os.PathLike[str]) -> str:
         with open_regular(self.host_str(inner), "r", encoding="utf-8", errors="replace") as fh:

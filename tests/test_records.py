@@ -7,7 +7,6 @@ import copy
 import dataclasses
 import inspect
 import pickle
-from pathlib import PurePosixPath
 
 import pytest
 
@@ -101,7 +100,7 @@ def test_frozen():
 
 def test_replace_copy_and_pickle():
     cov = installs.Coverage(rocblas=("gfx1151",), has_rocblas=True)
-    inst = installs.RocmInstall(PurePosixPath("/opt/rocm"), PurePosixPath("/opt/rocm-7"), "7.0",
+    inst = installs.RocmInstall("/opt/rocm", "/opt/rocm-7", "7.0",
                                 "therock", None, None, cov, sources=("/opt/rocm",),
                                 extra={"hipcxx": None})
     new = records.replace(inst, sources=("/opt/rocm", "$ROCM_PATH"), nightly_current=True)

@@ -87,6 +87,11 @@ def test_resolve_as_the_pathlib_walk_did(tmp_path):
                 checked += 1
     assert checked > 25000
     assert Root("/").resolve("/usr/../etc//./") == PurePosixPath("/etc")
+    for combo in itertools.product(names, repeat=2):  # is_symlink as the pathlib one answered
+        inner = PurePosixPath("/", *combo)
+        rel = str(root.resolve(inner.parent) / inner.name).lstrip("/")
+        old = (root.base / rel if rel else root.base).is_symlink()
+        assert root.is_symlink("/".join(combo)) == old, combo
 
 
 def test_exists_is_dir_and_is_file_answer_as_pathlib_does(tmp_path):
