@@ -41,8 +41,9 @@ def _is_link(path: str) -> bool:
 
 
 def inner_join(base: str, *parts: str) -> str:
-    """Inner path `base` with the relative `parts` appended: PurePosixPath's `/` on strings
-    (`.` and empty pieces dropped, `..` kept), for discovery, which keeps inner paths as strings."""
+    """Inner path `base` with `parts` appended: PurePosixPath's `/` on strings (`.` and empty
+    pieces dropped, `..` kept), for discovery, which keeps inner paths as strings.  Unlike `/`, a
+    part that starts with `/` does not replace `base`: it is joined below it like any other."""
     path = base
     for part in parts:
         for piece in part.split("/"):

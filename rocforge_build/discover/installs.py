@@ -225,9 +225,9 @@ def _tensile_targets(root: Root, dirs: tuple[str, ...]) -> tuple[str, ...]:
             m = _TENSILE_RE.match(name)
             if m:
                 found.add(m.group(1))
-            elif _ARCH_DIR_RE.match(name) and root.is_dir(inner_join(d, name)):
-                watch(root, inner_join(d, name))
-                if any(n.startswith("TensileLibrary") for n in root.listdir(inner_join(d, name))):
+            elif _ARCH_DIR_RE.match(name) and root.is_dir(sub := inner_join(d, name)):
+                watch(root, sub)
+                if any(n.startswith("TensileLibrary") for n in root.listdir(sub)):
                     found.add(name)
     return gfx_sorted(found)
 
@@ -309,9 +309,10 @@ def _hipcxx(root: Root, compiler_dir: str | None) -> str | None:
     if compiler_dir is None:
         return None
     for name in HIPCXX_NAMES:
-        watch(root, inner_join(compiler_dir, name))
-        if root.exists(inner_join(compiler_dir, name)):
-            return inner_join(compiler_dir, name)
+        hipcxx = inner_join(compiler_dir, name)
+        watch(root, hipcxx)
+        if root.exists(hipcxx):
+            return hipcxx
     return None
 
 
@@ -367,15 +368,17 @@ def _hip_clang_path(root: Root, path: str, layout: Layout, hipcc: binaries.Hipcc
     if hipcc is not None:
         same_llvm = compiler_dir is not None and hipcc.llvm_major in (None, _llvm_of(compiler_dir))
         for d in (*hipcc.default_dirs, *([compiler_dir] if same_llvm else [])):
-            watch(root, inner_join(d, hipcc.calls))
-            if root.exists(inner_join(d, hipcc.calls)):
-                return d, f"{hipcc.evidence}; {inner_join(d, hipcc.calls)} exists"
+            program = inner_join(d, hipcc.calls)
+            watch(root, program)
+            if root.exists(program):
+                return d, f"{hipcc.evidence}; {program} exists"
         problems.append(f"{hipcc.evidence}, but no {hipcc.calls} exists there: hipcc cannot "
                         "compile until that LLVM is installed")
         return None, ""
     if layout.hip_clang_from_hipcc:
-        watch(root, inner_join(path, "bin/hipcc"))
-        if not root.exists(inner_join(path, "bin/hipcc")):
+        hipcc_path = inner_join(path, "bin/hipcc")
+        watch(root, hipcc_path)
+        if not root.exists(hipcc_path):
             return None, ""  # no hipcc: no compiler variable for it
     if layout.hip_clang_dirs:
         return first(root, path, layout.hip_clang_dirs), ""
