@@ -155,3 +155,30 @@ def test_cache_notices_new_changed_and_broken_builds(tmp_path):
     fourth = run()
     assert MARK not in fourth and "export HIPBLASLT_TENSILE_LIBPATH" not in fourth
     assert "hipblaslt 1.1.0 (hip) built for gfx1151" in fourth and "lacks" in fourth
+
+
+def test_a_manifest_cannot_point_its_outputs_outside_its_prefix(tmp_path):
+    """A manifest's `outputs` are data about the prefix: an absolute one (`/etc/hostname`, which
+    this root has) or one climbing out with `..` and a wildcard is looked for below the prefix
+    only, so the build counts as missing them and is left out; nothing fails."""
+    import tomllib
+
+    import tomlkit
+
+    from rocforge_build.discover import builds
+    from rocforge_build.rootfs import Root
+
+    fr.make_strix_halo(tmp_path)
+    (tmp_path / "etc").mkdir(exist_ok=True)
+    (tmp_path / "etc/hostname").write_text("strix\n")
+    prefix = make_build(tmp_path, "llama-cpp", "gfx1151", "cpu", files=("lib/libggml.so",))
+    manifest = prefix / "rocforge-manifest.toml"
+    doc = tomlkit.parse(manifest.read_text())
+    doc["outputs"] = ["lib/*.so", "/etc/hostname", "/opt/*", "../../../../../opt/*"]
+    manifest.write_text(tomlkit.dumps(doc))
+    assert tomllib.loads(manifest.read_text())["outputs"][1] == "/etc/hostname"
+    found = builds.read(Root(tmp_path), builds_inner("llama-cpp-gfx1151-cpu"))
+    assert found.missing == ("/etc/hostname", "/opt/*", "../../../../../opt/*")
+    out = cli(tmp_path, "env", "--shell", "bash")
+    assert out.returncode == 0 and "Traceback" not in out.stderr
+    assert "lacks /etc/hostname" in out.stdout
