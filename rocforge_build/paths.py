@@ -29,12 +29,6 @@ _XDG = {"config": ("XDG_CONFIG_HOME", "~/.config"), "cache": ("XDG_CACHE_HOME", 
         "data": ("XDG_DATA_HOME", "~/.local/share")}
 
 
-def _dir(env: str, kind: str) -> Path:
-    from pathlib import Path
-
-    return Path(_dir_str(env, kind))
-
-
 def _dir_str(env: str, kind: str) -> str:
     override = os.environ.get(env)
     if override:
@@ -74,16 +68,22 @@ def _xdg_dir(kind: str) -> str | None:
     return os.path.join(base, APP) if base.startswith("/") else None
 
 
+def _path(text: str) -> Path:
+    from pathlib import Path
+
+    return Path(text)
+
+
 def config_dir() -> Path:
-    return _dir("ROCFORGE_CONFIG_DIR", "config")
+    return _path(_dir_str("ROCFORGE_CONFIG_DIR", "config"))
 
 
 def cache_dir() -> Path:
-    return _dir("ROCFORGE_CACHE_DIR", "cache")
+    return _path(_dir_str("ROCFORGE_CACHE_DIR", "cache"))
 
 
 def data_dir() -> Path:
-    return _dir("ROCFORGE_DATA_DIR", "data")
+    return _path(data_dir_str())
 
 
 def data_dir_str() -> str:
@@ -91,7 +91,7 @@ def data_dir_str() -> str:
 
 
 def config_file() -> Path:
-    return config_dir() / "config.toml"
+    return _path(config_file_str())
 
 
 def config_file_str() -> str:
@@ -100,7 +100,7 @@ def config_file_str() -> str:
 
 def nightly_prefix() -> Path:
     """Default prefix for TheRock nightlies: `<prefix>/<version-dir>`, `<prefix>/current`."""
-    return data_dir() / "rocm"
+    return _path(nightly_prefix_str())
 
 
 def nightly_prefix_str() -> str:
@@ -109,7 +109,7 @@ def nightly_prefix_str() -> str:
 
 def builds_prefix() -> Path:
     """Default parent of build install prefixes: `<builds>/<recipe>-<target>-<backend>`."""
-    return data_dir() / "builds"
+    return _path(builds_prefix_str())
 
 
 def builds_prefix_str() -> str:

@@ -44,13 +44,8 @@ def inner_join(base: str, *parts: str) -> str:
     """Inner path `base` with `parts` appended: PurePosixPath's `/` on strings (`.` and empty
     pieces dropped, `..` kept), for discovery, which keeps inner paths as strings.  Unlike `/`, a
     part that starts with `/` does not replace `base`: it is joined below it like any other."""
-    path = base
-    for part in parts:
-        for piece in part.split("/"):
-            if piece in ("", "."):
-                continue
-            path = path + "/" + piece if path != "/" else "/" + piece
-    return path
+    pieces = [p for part in parts for p in part.split("/") if p not in ("", ".")]
+    return base.rstrip("/") + "/" + "/".join(pieces) if pieces else base
 
 
 def inner_path(path: str | os.PathLike[str]) -> str:

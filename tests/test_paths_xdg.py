@@ -53,7 +53,7 @@ def test_the_same_directories_as_platformdirs(monkeypatch, home, xdg):
     for kind, var in KINDS.items():
         want = _answer(lambda kind=kind: getattr(platformdirs, f"user_{kind}_dir")(
             "rocforge", appauthor=False))
-        got = _answer(lambda kind=kind, var=var: str(paths._dir(var, kind)))
+        got = _answer(lambda kind=kind, var=var: paths._dir_str(var, kind))
         assert got == want, (kind, home, xdg)
         fast = paths._xdg_dir(kind)
         if (home, xdg) in PLAIN:

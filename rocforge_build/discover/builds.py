@@ -105,13 +105,14 @@ def read(root: Root, prefix: str) -> Build | None:
     outputs = tuple(str(o) for o in data.get("outputs", []) if isinstance(o, str))
     missing = []
     for out in outputs:
+        expected = inner_join(prefix, out)
         if any(c in out for c in "*?["):
-            watch(root, os.path.dirname(inner_join(prefix, out)))
+            watch(root, os.path.dirname(expected))
             if not root.glob_str(prefix, out):
                 missing.append(out)
         else:
-            watch(root, inner_join(prefix, out))
-            if not root.exists(inner_join(prefix, out)):
+            watch(root, expected)
+            if not root.exists(expected):
                 missing.append(out)
     lib = inner_join(prefix, "lib")
     watch(root, lib)
@@ -141,8 +142,9 @@ def find_builds(root: Root) -> list[Build]:
         if name.startswith(".") or name.endswith((".rocforge-new", ".rocforge-old", ".rocforge-destdir",
                                                   ".rocforge-previous")):
             continue
-        if root.is_dir(inner_join(base, name)):
-            build = read(root, inner_join(base, name))
+        prefix = inner_join(base, name)
+        if root.is_dir(prefix):
+            build = read(root, prefix)
             if build is not None:
                 found.append(build)
     return found

@@ -13,7 +13,8 @@ verdict.  Both are written whole (`paths.write_whole`: a reader sees the old fil
 one), and every path read is recorded for the env cache (`watched_reads.watch`), so a `use` or a
 verify invalidates the cached answer.
 
-Read side: stdlib only (tomllib), inner paths as strings (no pathlib on `rocforge env`'s path).  Strings are written as JSON strings, which TOML reads alike.
+Read side: stdlib only (tomllib), inner paths as strings (no pathlib on `rocforge env`'s path).
+Strings are written as JSON strings, which TOML reads alike.
 """
 
 from __future__ import annotations

@@ -183,9 +183,10 @@ def discover_kfd(root: Root) -> Discovery | None:
         if vendor not in (None, 0, AMD_VENDOR_ID):
             continue
         name = None
-        touch(root.host_str(f"{KFD_NODES}/{node}/name"), content=True)
+        name_file = root.host_str(f"{KFD_NODES}/{node}/name")
+        touch(name_file, content=True)
         try:
-            with open_regular(root.host_str(f"{KFD_NODES}/{node}/name"), "r", encoding="ascii") as fh:
+            with open_regular(name_file, "r", encoding="ascii") as fh:
                 name = fh.read().strip()
         except (OSError, UnicodeDecodeError):
             pass

@@ -266,7 +266,7 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
     if inst is not None:
         used = _build_decisions(root, effective, decisions, env, prepend, warnings)
     built_lt = [b for b in used if effective in installs_mod.tensile_targets(
-        root, (b.prefix + "/lib/hipblaslt/library",))]
+        root, (inner_join(b.prefix, "lib/hipblaslt/library"),))]
     if inst is not None and effective:
         _hipblaslt_decision(inst, effective, built_lt, env, env_in, decisions, warnings)
 
