@@ -80,6 +80,19 @@ def test_prefix_that_is_not_a_rocforge_build_refused_and_left_alone(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "mine"]
 
 
+def test_a_fifo_named_like_the_manifest_is_refused_not_waited_on(tmp_path):
+    """A FIFO at PREFIX/rocforge-manifest.toml (nobody writes it) once hung `rocforge upgrade`
+    and `rollback` in read_manifest's open(); it is now one line, well inside the timeout."""
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    os.mkfifo(fake / "rocforge-manifest.toml")
+    for command in ("upgrade", "rollback"):
+        res = subprocess.run([sys.executable, "-m", "rocforge_build", command, str(fake)],
+                             capture_output=True, text=True, env=os.environ.copy(), timeout=30)
+        assert "is not a rocforge build" in one_error(res)
+    assert [p.name for p in fake.iterdir()] == ["rocforge-manifest.toml"]
+
+
 def test_rollback_and_upgrade_leave_a_foreign_previous_alone(build, tmp_path):
     h, prefix = build
     before = tree_hashes(prefix)

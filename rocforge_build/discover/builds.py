@@ -14,7 +14,7 @@ import os
 
 from rocforge_build.discover.watched_reads import watch
 from rocforge_build.records import FRESH, Record, fresh, init
-from rocforge_build.rootfs import Root, inner_join, inner_path
+from rocforge_build.rootfs import Root, inner_join, inner_path, open_regular
 from rocforge_build.toml_subset import tomllib_loads
 
 MANIFEST = "rocforge-manifest.toml"  # forge.plan.MANIFEST (not imported: `rocforge env` stays cheap)
@@ -76,9 +76,10 @@ def _rebase(value: str, recorded: str, prefix: str) -> str:
 
 
 def read_manifest(prefix: str | os.PathLike[str]) -> dict | None:
-    """The manifest of the build in `prefix` (None when there is none or it is unreadable)."""
+    """The manifest of the build in `prefix` (None when there is none, it is unreadable or not a
+    regular file: a FIFO under that name is refused, not waited on)."""
     try:
-        with open(os.path.join(prefix, MANIFEST), encoding="utf-8") as fh:
+        with open_regular(os.path.join(prefix, MANIFEST), "r", encoding="utf-8") as fh:
             return tomllib_loads(fh.read())
     except (OSError, ValueError):
         return None
