@@ -12,7 +12,14 @@ import pytest
 from buildfixtures import RECIPE, git, git_repo, project_copy, recipe_copy, tarball
 
 from rocforge_build import cli
-from rocforge_build.errors import BuildError, ConfigError, PatchError, ToolchainError, UsageError
+from rocforge_build.errors import (
+    BuildError,
+    ConfigError,
+    NoRocmError,
+    PatchError,
+    ToolchainError,
+    UsageError,
+)
 from rocforge_build.forge import pipeline
 from rocforge_build.forge.plan import Request, make_plan
 from rocforge_build.rootfs import Root
@@ -222,7 +229,7 @@ def test_missing_hip_toolchain_says_how_to_get_one(tmp_path, monkeypatch):
     src = project_copy(tmp_path / "src")
     empty = tmp_path / "root"
     empty.mkdir()
-    with pytest.raises(ToolchainError) as exc:
+    with pytest.raises(NoRocmError) as exc:  # exit 4, as `rocforge env` without ROCm
         pipeline.execute(Request(str(RECIPE), "gfx1151", backend="hip", source=str(src),
                                           prefix=str(tmp_path / "p")), Root(empty), quiet=True)
     assert "rocforge nightly install --target gfx1151" in exc.value.hint
@@ -234,7 +241,7 @@ def test_cli_dry_run_json_without_toolchain(tmp_path, capsys):
     empty.mkdir()
     rc = cli.main(["--root", str(empty), "build", str(RECIPE), "--target", "gfx1151", "--backend", "hip",
                    "--source", str(src), "--dry-run", "--json"])
-    assert rc == 5  # the plan is printed, and the dry run exits as the build would: no ROCm
+    assert rc == 4  # the plan is printed, and the dry run exits as the build would: no ROCm
     plan = json.loads(capsys.readouterr().out)
     for key in ("recipe", "target", "backend", "source", "patches", "configure", "build", "env", "prefix"):
         assert key in plan

@@ -18,7 +18,7 @@ from buildfixtures import git
 from stackfixtures import REPO, allow_file_submodules, aotriton_repo, monorepo, stack_recipes
 
 from rocforge_build import cli, paths
-from rocforge_build.errors import BuildError, NetworkError, ToolchainError
+from rocforge_build.errors import BuildError, NetworkError, NoRocmError, ToolchainError
 from rocforge_build.forge import pipeline
 from rocforge_build.forge.plan import Request, make_plan
 from rocforge_build.forge.plan_text import print_plan
@@ -234,8 +234,8 @@ def test_aotriton_preflight_pkg_config_and_liblzma(tmp_path, recipes_dir, monkey
 
 
 def test_a_build_that_cannot_run_here_stops_before_anything(tmp_path, recipes_dir):
-    # no ROCm at all: neither rocBLAS nor the hipBLASLt it depends on starts
-    with pytest.raises(ToolchainError) as exc:
+    # no ROCm at all: neither rocBLAS nor the hipBLASLt it depends on starts (exit 4: no ROCm)
+    with pytest.raises(NoRocmError) as exc:
         pipeline.execute(Request(str(recipes_dir / "rocblas.toml"), "gfx1151"),
                          Root(tmp_path / "none"), quiet=True)
     assert "no ROCm toolchain found for gfx1151" in exc.value.message

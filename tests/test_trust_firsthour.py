@@ -169,14 +169,14 @@ def test_results_db_override_in_a_read_only_dir_names_its_variable(tmp_path):
 @pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "build"])
 def test_no_rocm_stops_before_any_download(http_server, tmp_path, capsys, dry):
     """llama-cpp's default backend for gfx1151 is HIP; on a root without any ROCm the build
-    (and its dry run) stops with exit 5 before the source is asked for."""
+    (and its dry run) stops with exit 4 (no ROCm, as `rocforge env`) before the source is asked for."""
     url = http_server.add("/llama.cpp.tar.gz", tarball(tmp_path / "t.tar.gz").read_bytes())
     empty = tmp_path / "root"
     empty.mkdir()
     argv = ["--root", str(empty), "build", "llama-cpp", "--target", "gfx1151", "--source", url]
     rc = main(argv + (["--dry-run"] if dry else []))
     err = capsys.readouterr().err
-    assert rc == 5, err
+    assert rc == 4, err
     assert len(error_lines(err)) == 1 and "no ROCm toolchain found for gfx1151" in err
     assert http_server.requests == []  # not a single request, not even a HEAD
 

@@ -1,6 +1,7 @@
 """The toolchain a backend needs: HIP (from the resolver), Vulkan (glslc + headers + loader),
 or the host compilers alone.  Detection never raises; `require()` turns what is missing into a
-ToolchainError that says how to get it.
+ToolchainError that says how to get it, or a NoRocmError (exit 4, as `rocforge env`) when no ROCm
+install was found at all (a ROCm that is there but lacks a tool stays a toolchain error, exit 5).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build.errors import ToolchainError
+from rocforge_build.errors import NoRocmError, ToolchainError
 from rocforge_build.proc import run, which
 
 VULKAN_PACKAGES = "libvulkan-dev glslc spirv-headers"
@@ -42,6 +43,7 @@ class Toolchain:
     # whether the ROCm's rocBLAS links libhipblaslt (ELF NEEDED; None = not read), and why
     rocblas_hipblaslt: tuple[bool | None, str] = (None, "no HIP toolchain: rocBLAS not read")
     glslc_probed: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
+    no_rocm: bool = False  # what is missing is a ROCm install, not a tool of one
 
     def probe_glslc(self, ext: str) -> bool:
         """Whether glslc compiles a shader that requires `ext`.  The first call probes `ext` and
@@ -64,7 +66,7 @@ class Toolchain:
 
     def require(self) -> None:
         if self.missing:
-            raise ToolchainError(self.missing, self.hint)
+            raise (NoRocmError if self.no_rocm else ToolchainError)(self.missing, self.hint)
 
 
 def probe_glslc_extensions(glslc: str, extensions: list[str]) -> dict[str, bool]:
@@ -134,7 +136,7 @@ def _hip(root, target: str, environ: dict[str, str], rocm: str | None = None) ->
         return Toolchain("hip", missing="no ROCm resolver in this rocforge build", hint=how)
     res = resolver.resolve(root, target=target, rocm=rocm, environ=environ)
     if res.rocm is None:
-        return Toolchain("hip", missing=f"no ROCm toolchain found for {target}", hint=how)
+        return Toolchain("hip", missing=f"no ROCm toolchain found for {target}", hint=how, no_rocm=True)
     if res.rocm.bitcode_dir is not None and target not in res.rocm.coverage.bitcode:
         return Toolchain("hip", missing=(
             f"ROCm at {res.rocm.path} ({res.rocm.layout} {res.rocm.version or 'version unknown'}) "
