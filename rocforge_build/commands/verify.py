@@ -12,13 +12,15 @@ from rocforge_build import argtypes
 from rocforge_build.measure import bench, verify
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.session import open_session
+from rocforge_build.measure.verify_reference import refuse_self_compare
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("prefix", metavar="PREFIX", help="the build to check (its install prefix)")
     parser.add_argument("--model", required=True, metavar="GGUF", help="the model to run")
     parser.add_argument("--reference", metavar="PREFIX",
-                        help="reference build (default: the cpu backend of the same recipe and source, built when absent)")
+                        help="reference build (default: a cpu build of the same recipe and source; "
+                        "built under the builds directory's reference/ when none has llama-perplexity)")
     parser.add_argument("--ctx", type=argtypes.int_list(1), metavar="N,...",
                         help="contexts to check (default: 512 up to the model's training context, capped at 32768)")
     parser.add_argument("--max-ctx", type=argtypes.at_least(1), metavar="N",
@@ -44,6 +46,7 @@ def run(args) -> int:
     coverage = verify.plan(s.model, gpu=build.gpu, ctx=ctx, max_ctx=args.max_ctx, quick=args.quick,
                            ubatch=args.ubatch or None, fa=None if args.fa is None else [args.fa == "on"])
     ref = verify.reference_for(build, args.reference, quiet=args.json)
+    refuse_self_compare(build, ref)  # a build against itself: nothing compared, never PASSED
     run_id = s.store.start_run("verify", args.argv, {"host": s.base["host"], "model": s.base["model"]})
     say = None if args.json else (lambda text: sys.stderr.write(f"rocforge: verify: {text}\n"))
     try:

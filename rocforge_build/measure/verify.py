@@ -1,5 +1,5 @@
 """`rocforge verify`: is a build's output right?  Its llama-perplexity logits are compared with a
-reference build of the same source (default: the `cpu` backend, built by rocforge when absent)
+reference build of the same source (default: the `cpu` backend, verify_reference.py says which)
 through llama.cpp's KL-divergence mode, at the shapes that run: contexts up to the model's
 training context, the micro-batch sizes tune may choose, flash attention on and off, and for GPU
 builds full and partial offload, as a covering design (data/verify.toml says why each).  Pass/fail
@@ -18,7 +18,8 @@ from pathlib import Path
 from rocforge_build import paths
 from rocforge_build.errors import UsageError
 from rocforge_build.measure.gguf import Model
-from rocforge_build.measure.llama_tools import MEASURE_TARGETS, BuildNotUsable, LlamaBuild
+from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.measure.verify_reference import reference_for, same_build
 from rocforge_build.progress import Heartbeat
 from rocforge_build.resources import load_toml, package_data
 
@@ -298,33 +299,6 @@ class TextTooShort(VerifyError):
         self.n_tokens = n_tokens
 
 
-def reference_for(build: LlamaBuild, reference: str | None, *, quiet: bool = False) -> LlamaBuild:
-    """The reference build: the one given, else the `cpu` backend of the build's recipe and source
-    (built now when it is not there or out of date)."""
-    if reference:
-        return LlamaBuild.open(reference)
-    m = build.manifest
-    if not m:
-        raise BuildNotUsable(f"{build.prefix} has no rocforge manifest, so its source is unknown",
-                             "give --reference PREFIX (a CPU build of the same llama.cpp source)")
-    from rocforge_build.forge import pipeline, recipes
-    from rocforge_build.forge.plan import Request
-    from rocforge_build.rootfs import Root
-
-    recipe = recipes.load(m["recipe"]["name"])
-    src = m.get("source", {})
-    location = src.get("location")
-    ref = None
-    if src.get("kind") == "git":
-        ref = src.get("commit") or src.get("ref")
-    if location == recipe.source.url or (src.get("kind") == "git" and location == recipe.source.git):
-        location = None
-    req = Request(recipe.name, m["target"], backend="cpu", source=location, ref=ref,
-                  build_targets=MEASURE_TARGETS)
-    out = pipeline.execute(req, Root("/"), quiet=quiet)
-    return LlamaBuild.open(out.prefix)
-
-
 REFS_KEPT = 6  # reference bases kept in the cache: one per context of the default coverage, twice
 
 
@@ -569,7 +543,7 @@ def gate(build: LlamaBuild, model: Model, *, reference: str | None, store, run_i
     they follow it.  A verify of the same build (stamp), model, reference and shapes already in the
     store is reused; the reference passes by definition."""
     ref = reference_for(build, reference, quiet=quiet)
-    if ref.prefix == build.prefix:
+    if same_build(build, ref):
         return "passed", {"passed": True, "reference": str(ref.prefix), "checks": [], "note": "the reference"}
     key = "on" if fa else "off"
     sha = base.get("model_sha256")

@@ -1,0 +1,145 @@
+"""The build verify compares against: the one given, else a CPU build of the same recipe and source
+that already has what verify runs (reused as it is, never rebuilt), else one rocforge builds in its
+own place, `<builds>/reference/`, which no `rocforge build` default prefix names and `rocforge
+use`/`env` do not list — so a reference never replaces a build the user asked for."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from rocforge_build import paths
+from rocforge_build.errors import UsageError
+from rocforge_build.measure.llama_tools import MEASURE_TARGETS, BuildNotUsable, LlamaBuild
+
+REFERENCE_DIR = "reference"  # below the builds directory: references only
+MADE_FOR = "reference"  # the manifest's `made_for` in a reference rocforge built for verify
+NEEDED = ("llama-perplexity",)  # what verify runs of the reference
+
+
+def reference_dir() -> Path:
+    return paths.builds_prefix() / REFERENCE_DIR
+
+
+def _source_identity(manifest: dict) -> str | None:
+    src = manifest.get("source")
+    return str(src.get("identity") or src.get("commit") or "") or None if isinstance(src, dict) else None
+
+
+def _recipe(manifest: dict) -> tuple[str, str] | None:
+    r = manifest.get("recipe")
+    return (str(r.get("name")), str(r.get("sha256"))) if isinstance(r, dict) and r.get("name") else None
+
+
+def _packaged_recipe_sha(name: str) -> str | None:
+    """The sha256 of the packaged recipe a reference of `name` is built from (None: no such recipe)."""
+    from rocforge_build.errors import RocforgeError
+    from rocforge_build.forge import recipes
+
+    try:
+        return hashlib.sha256(recipes.load(name).text.encode()).hexdigest()
+    except RocforgeError:
+        return None
+
+
+def serves_as_reference(candidate: LlamaBuild, build: LlamaBuild) -> bool:
+    """A CPU build of `build`'s source (identity) from the packaged recipe of its name (what
+    `reference_request` would build), with every program verify runs of a reference."""
+    theirs, mine = candidate.manifest, build.manifest
+    ident, recipe = _source_identity(mine), _recipe(mine)
+    return (candidate.backend == "cpu" and ident is not None and recipe is not None
+            and _source_identity(theirs) == ident and _recipe(theirs) is not None
+            and _recipe(theirs) == (recipe[0], _packaged_recipe_sha(recipe[0]))
+            and all(candidate.has(p) for p in NEEDED))
+
+
+def existing_reference(build: LlamaBuild) -> LlamaBuild | None:
+    """A build already on disk that serves as `build`'s reference: the build itself (a CPU build:
+    nothing to compare), a reference rocforge built earlier, or a CPU build the user made."""
+    from rocforge_build.discover.builds import find_builds
+    from rocforge_build.rootfs import Root
+
+    candidates = [build.prefix, reference_prefix(build)]
+    candidates += [Path(b.prefix) for b in find_builds(Root("/")) if b.backend == "cpu"]
+    for prefix in candidates:
+        if prefix.is_dir():
+            candidate = LlamaBuild.open(prefix)
+            if serves_as_reference(candidate, build):
+                return candidate
+    return None
+
+
+def reference_prefix(build: LlamaBuild) -> Path:
+    """Where rocforge builds `build`'s reference: named for its recipe and source identity."""
+    m = build.manifest
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", (_recipe(m) or ("unknown", ""))[0])  # one name, no path
+    key = hashlib.sha256(str(_source_identity(m)).encode()).hexdigest()[:12]
+    return reference_dir() / f"{name}-cpu-{key}"
+
+
+def reference_request(build: LlamaBuild):
+    """The `Request` that builds `build`'s reference in its own place."""
+    from rocforge_build.forge import recipes
+    from rocforge_build.forge.plan import Request
+
+    m = build.manifest
+    if not m or _source_identity(m) is None or _recipe(m) is None:
+        raise BuildNotUsable(f"{build.prefix} has no rocforge manifest naming its source",
+                             "give --reference PREFIX (a CPU build of the same llama.cpp source)")
+    recipe = recipes.load(m["recipe"]["name"])
+    src = m.get("source", {})
+    location = src.get("location")
+    ref = (src.get("commit") or src.get("ref")) if src.get("kind") == "git" else None
+    if location == recipe.source.url or (src.get("kind") == "git" and location == recipe.source.git):
+        location = None
+    return Request(recipe.name, m["target"], backend="cpu", source=location, ref=ref,
+                   prefix=str(reference_prefix(build)), build_targets=MEASURE_TARGETS)
+
+
+def _mark(plan, staging: Path) -> None:
+    """Record in the staged manifest that this build is verify's reference (pipeline's gate: the
+    mark is in place before the build is)."""
+    import tomlkit
+
+    from rocforge_build.discover.builds import MANIFEST
+
+    path = staging / MANIFEST
+    doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    doc["made_for"] = MADE_FOR
+    path.write_text(tomlkit.dumps(doc), encoding="utf-8")
+
+
+def reference_for(build: LlamaBuild, reference: str | None, *, quiet: bool = False) -> LlamaBuild:
+    """The reference build: the one given, else one on disk that serves (`existing_reference`),
+    else a CPU build made now under `<builds>/reference/` (the user's own builds untouched)."""
+    if reference:
+        return LlamaBuild.open(reference)
+    found = existing_reference(build)
+    if found is not None:
+        return found
+    from rocforge_build.discover.builds import read_manifest
+    from rocforge_build.forge import pipeline
+    from rocforge_build.rootfs import Root
+
+    req = reference_request(build)
+    there = read_manifest(req.prefix)
+    if there and there.get("made_for") != MADE_FOR:
+        raise UsageError(f"{req.prefix} holds a build verify did not make; it is not replaced",
+                         "move it away, or give --reference PREFIX (a CPU build of the same source)")
+    out = pipeline.execute(req, Root("/"), quiet=quiet, gate=_mark)
+    return LlamaBuild.open(out.prefix)
+
+
+def same_build(build: LlamaBuild, ref: LlamaBuild) -> bool:
+    """Whether `ref` is `build` itself: one prefix, or one build stamp (a copy of it)."""
+    return build.prefix == ref.prefix or (build.stamp is not None and build.stamp == ref.stamp)
+
+
+def refuse_self_compare(build: LlamaBuild, ref: LlamaBuild) -> None:
+    """A build verified against itself compares nothing: one line, exit 2, never PASSED."""
+    if same_build(build, ref):
+        what = "the same prefix" if build.prefix == ref.prefix else "the same build (one stamp)"
+        raise UsageError(f"nothing was compared: {build.prefix} is its own reference ({what})",
+                         "verify compares a build with a different one (a hip or vulkan build with "
+                         "its CPU reference); give --reference PREFIX of another build")

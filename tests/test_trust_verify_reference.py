@@ -1,0 +1,164 @@
+"""verify's reference never replaces a build the user asked for, and a build verified against
+itself is not PASSED (issue 30, item 8): a user's full CPU build (18 programs) at its default
+prefix was replaced by verify's 4-program reference, and its programs cost a 17-minute rebuild.
+
+Real prefixes with real manifests (tests/stackfixtures.make_build), a real llama-perplexity
+program (a shell script speaking llama.cpp's KL-divergence output), the real `rocforge verify`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import tomlkit
+from stackfixtures import make_build
+from test_env_path import GOOD
+from tiny_gguf import write as write_gguf
+
+from rocforge_build import paths
+from rocforge_build.cli import main
+from rocforge_build.discover.builds import read_manifest
+from rocforge_build.errors import UsageError
+from rocforge_build.forge import recipes
+from rocforge_build.measure import verify_reference
+from rocforge_build.measure.llama_tools import LlamaBuild
+
+# what llama.cpp's CMake installs of a full CPU build: the user's "18 programs"
+FULL_CPU = tuple(f"bin/llama-{p}" for p in (
+    "bench", "cli", "server", "simple", "embedding", "gguf", "gguf-split", "imatrix", "quantize",
+    "tokenize", "run", "tts", "mtmd-cli", "batched", "batched-bench", "lookup", "speculative"))
+
+
+def _perplexity(prefix: Path) -> None:
+    """bin/llama-perplexity: the reference's run writes its KL base and PPL, a check prints a
+    passing chunk line (what llama.cpp's KL-divergence mode ends with)."""
+    exe = prefix / "bin" / "llama-perplexity"
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text('#!/bin/sh\nif [ "$1" = --help ]; then echo "usage: -m FILE"; exit 0; fi\n'
+                   'case " $* " in *" --kl-divergence "*) ;; *)\n'
+                   '  while [ $# -gt 0 ]; do [ "$1" = --kl-divergence-base ] && : > "$2"; shift; done\n'
+                   '  echo "Final estimate: PPL = 5.1240 +/- 0.1"; exit 0;; esac\n'
+                   f"echo '{GOOD}'\n")
+    exe.chmod(0o755)
+
+
+def _packaged(prefix: Path, *, source: str = "1" * 40) -> Path:
+    """The manifest names the packaged llama-cpp recipe (its sha256) and the source `source`."""
+    path = prefix / "rocforge-manifest.toml"
+    doc = tomlkit.parse(path.read_text())
+    doc["recipe"]["sha256"] = hashlib.sha256(recipes.load("llama-cpp").text.encode()).hexdigest()
+    doc["source"]["identity"] = doc["source"]["commit"] = source
+    doc["source"]["location"] = "file:///nonexistent/llama.cpp.git"
+    path.write_text(tomlkit.dumps(doc))
+    return prefix
+
+
+def user_cpu_build(programs: tuple[str, ...] = FULL_CPU, *, perplexity: bool = True) -> Path:
+    prefix = _packaged(make_build(Path("/"), "llama-cpp", "gfx1151", "cpu", files=programs))
+    if perplexity:
+        _perplexity(prefix)
+    return prefix
+
+
+def gpu_build(backend: str = "vulkan") -> Path:
+    prefix = _packaged(make_build(Path("/"), "llama-cpp", "gfx1151", backend, files=("bin/llama-cli",)))
+    _perplexity(prefix)
+    return prefix
+
+
+def tree_state(root: Path) -> dict[str, tuple]:
+    """Every entry below `root`: its kind, bytes and mtime (a replaced build changes them)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            data = p.read_bytes() if p.is_file() and not p.is_symlink() else b""
+            out[str(p.relative_to(root))] = (st.st_mode, st.st_mtime_ns, st.st_ino, data)
+    return out
+
+
+@pytest.fixture
+def model(tmp_path):
+    return write_gguf(tmp_path / "tiny.gguf", byte_tokens=True)
+
+
+def test_a_users_full_cpu_build_is_the_reference_as_it_is(model, capsys):
+    """A vulkan build verified with no --reference: the user's CPU build of the same source at the
+    default prefix has llama-perplexity, so it is the reference, used as it is — every byte, inode
+    and mtime of its 18 programs unchanged, and no reference built beside it."""
+    cpu, vk = user_cpu_build(), gpu_build()
+    before = tree_state(cpu)
+    assert main(["verify", str(vk), "--model", str(model), "--quick", "--json"]) == 0
+    import json
+
+    result = json.loads(capsys.readouterr().out)
+    assert result["passed"] and result["reference"] == str(cpu) and result["checks"]
+    assert tree_state(cpu) == before
+    assert not verify_reference.reference_dir().exists()
+
+
+def test_a_cpu_build_without_what_verify_runs_is_never_rebuilt(tmp_path):
+    """The user's CPU build lacks llama-perplexity: the reference is built in its own place under
+    `<builds>/reference/`, never at the user's prefix.  The source recorded here is gone, so the
+    reference's build stops before its fetch — and the user's build is left exactly as it was."""
+    cpu = user_cpu_build(perplexity=False)
+    vk = LlamaBuild.open(gpu_build())
+    before = tree_state(cpu)
+    req = verify_reference.reference_request(vk)
+    where = Path(req.prefix)
+    assert where.parent == paths.builds_prefix() / "reference" and where.name.startswith("llama-cpp-cpu-")
+    assert req.backend == "cpu" and "llama-perplexity" in req.build_targets
+    with pytest.raises(UsageError, match="no such file or directory"):
+        verify_reference.reference_for(vk, None, quiet=True)
+    assert tree_state(cpu) == before
+    assert not where.exists()
+
+
+def test_a_user_build_at_the_reference_place_is_not_replaced(tmp_path):
+    """A build the user put at the reference's own prefix (`rocforge build --prefix` there) carries
+    no `made_for = "reference"`: verify refuses to replace it, in one line."""
+    vk = LlamaBuild.open(gpu_build())
+    where = verify_reference.reference_prefix(vk)
+    user = make_build(Path("/"), "llama-cpp", "gfx1151", "cpu", files=FULL_CPU)  # no perplexity
+    where.parent.mkdir(parents=True)
+    shutil.copytree(user, where)
+    before = tree_state(where)
+    with pytest.raises(UsageError, match="holds a build verify did not make"):
+        verify_reference.reference_for(vk, None, quiet=True)
+    assert tree_state(where) == before
+
+
+def test_the_reference_rocforge_builds_is_marked_before_it_is_in_place(tmp_path):
+    """pipeline's gate marks the staged manifest: `made_for = "reference"`, the rest unchanged."""
+    staged = make_build(tmp_path, "llama-cpp", "gfx1151", "cpu")
+    before = read_manifest(staged)
+    verify_reference._mark(None, staged)
+    after = read_manifest(staged)
+    assert after == {**before, "made_for": "reference"}
+
+
+@pytest.mark.parametrize("how", ["default", "same prefix", "a copy"])
+def test_a_build_verified_against_itself_says_nothing_was_compared(model, tmp_path, capsys, how):
+    """A CPU build is its own reference (no --reference), or is given as its own (--reference
+    with the same prefix, or a copy of it: one build stamp): one error line saying nothing was
+    compared, exit 2 (usage), no PASSED anywhere, no llama-perplexity run."""
+    cpu = user_cpu_build()
+    ran = tmp_path / "ran"
+    exe = cpu / "bin" / "llama-perplexity"
+    exe.write_text(exe.read_text().replace("#!/bin/sh\n", f"#!/bin/sh\n[ \"$1\" = --help ] || : > {ran}\n", 1))
+    argv = ["verify", str(cpu), "--model", str(model), "--quick"]
+    if how == "same prefix":
+        argv += ["--reference", str(cpu)]
+    elif how == "a copy":
+        shutil.copytree(cpu, tmp_path / "copy", symlinks=True)
+        argv += ["--reference", str(tmp_path / "copy")]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("rocforge: error:")]
+    assert len(errors) == 1 and "nothing was compared" in errors[0] and "its own reference" in errors[0], err
+    assert "PASSED" not in out + err and not ran.exists()
