@@ -1,9 +1,12 @@
-"""argparse `type=` functions for numeric flags: a value out of range is refused while the command
-line is parsed (exit 2, one line naming the flag), before any model is read or any program runs.
+"""argparse `type=` functions for numeric flags: each has a lowest AND a highest value, so a value
+out of range is refused while the command line is parsed (exit 2, one line naming the flag),
+before any model is read or any program runs.
 
-`float()` accepts "inf" and "nan", and `int()` any size; a timeout of inf, -5 or nan, a run number
-past SQLite's 64-bit integers, or zero repetitions would otherwise fail later, inside the run.
-Only stdlib: the parser of every command imports this."""
+`float()` accepts "inf", "nan" and 1e300, and `int()` any size: a --reps of 2**63 would run for
+ever, a timeout of 1e300 overflows the timer thread, a depth past a C int wraps inside llama.cpp.
+Every type here carries its `bounds`; cli.py shows them in each flag's --help, and
+tests/test_trust_bounds.py fails if a numeric flag is added without one.  Only stdlib: the parser
+of every command imports this."""
 
 from __future__ import annotations
 
@@ -11,6 +14,18 @@ import math
 from argparse import ArgumentTypeError
 
 SQLITE_MAX_INT = 2 ** 63 - 1  # SQLite INTEGER is a signed 64-bit value (sqlite.org/datatype3.html)
+# Token counts (prompt, generation, KV depth, context, micro-batch): llama.cpp reads them into C
+# `int32_t`s; 2**24 (16 Mi tokens) is past the longest context any model is trained for.
+TOKENS_MAX = 2 ** 24
+# Parallel build jobs and CPU threads: 4096 is past the hardware threads of any one machine with
+# the remote slots of a distributed build added; more only fills the process table.
+JOBS_MAX = 4096
+REPS_MAX = 1000  # repetitions of one llama-bench test: 1000 x a 10 s test is a day already
+COUNT_MAX = 10_000  # entries listed or kept (nightlies, installs)
+SECONDS_MAX = 7 * 24 * 3600.0  # a timeout or a wait: a week, well past any build or benchmark
+DAYS_MAX = 36_500.0  # an age in days: a century (datetime cannot hold 1e300 days)
+PERCENT_MAX = 100.0  # a regression threshold: a throughput cannot fall by more than 100 %
+GIB_MAX = 1024.0 ** 2  # memory in GiB: a PiB, past the RAM of any one host
 
 
 def _int(text: str) -> int:
@@ -30,58 +45,71 @@ def _float(text: str) -> float:
     return value
 
 
-def at_least(minimum: int, maximum: int | None = None):
-    """A whole number >= `minimum` (and <= `maximum`): counts, sizes, threads, jobs."""
-    def parse(text: str) -> int:
-        value = _int(text)
-        if value < minimum:
-            raise ArgumentTypeError(f"{value} is below {minimum} (give {minimum} or more)")
-        if maximum is not None and value > maximum:
-            raise ArgumentTypeError(f"{value} is above {maximum}")
-        return value
-    parse.__name__ = "whole number"  # argparse names the type in its messages
+def _bounded(parse, name: str, minimum, maximum, range_text: str):
+    parse.__name__ = name  # argparse names the type in its messages
+    parse.bounds = (minimum, maximum)
+    parse.range_text = range_text
     return parse
 
 
-positive_int = at_least(1)
-non_negative_int = at_least(0)
-# a run number (or a preset's version) of the results store: 1 .. SQLite's largest INTEGER
-run_id = at_least(1, SQLITE_MAX_INT)
-# a TCP port: 16 bits, 0 is "any free port", not one a server can be reached at (RFC 9293 3.1)
-port = at_least(1, 65535)
-# parallel build jobs: 4096 is past the hardware threads of any one machine with the remote slots
-# of a distributed build added; a larger -j only fills the process table
-JOBS_MAX = 4096
-jobs = at_least(1, JOBS_MAX)
+def whole(minimum: int, maximum: int):
+    """A whole number in [minimum, maximum]: counts, sizes, threads, jobs, ports, run numbers."""
+    def parse(text: str) -> int:
+        value = _int(text)
+        if value < minimum:
+            raise ArgumentTypeError(f"{value} is below {minimum} (give {minimum} to {maximum})")
+        if value > maximum:
+            raise ArgumentTypeError(f"{value} is above {maximum} (give {minimum} to {maximum})")
+        return value
+    return _bounded(parse, "whole number", minimum, maximum, f"{minimum} to {maximum}")
 
 
-def positive_seconds(text: str) -> float:
-    """A finite duration > 0: inf would overflow the timer thread, 0/-5/nan would kill every run."""
-    value = _float(text)
-    if value <= 0:
-        raise ArgumentTypeError(f"{text!r} is not a duration above 0 seconds")
-    return value
+def number(minimum: float, maximum: float, *, above: bool = False):
+    """A finite number in [minimum, maximum] (in (minimum, maximum] when `above`)."""
+    span = (f"over {minimum:g}, at most {maximum:g}" if above
+            else f"{minimum:g} to {maximum:g}")
+
+    def parse(text: str) -> float:
+        value = _float(text)
+        if value < minimum or (above and value == minimum) or value > maximum:
+            raise ArgumentTypeError(f"{text!r} is out of range (give {span})")
+        return value
+    return _bounded(parse, "number", minimum, maximum, span)
 
 
-def non_negative_number(text: str) -> float:
-    """A finite number >= 0: thresholds and percentages."""
-    value = _float(text)
-    if value < 0:
-        raise ArgumentTypeError(f"{text!r} is negative")
-    return value
+def int_list(minimum: int, maximum: int = TOKENS_MAX):
+    """`N,N,...`: whole numbers, each in [minimum, maximum] (depths may be 0, micro-batches and
+    contexts may not)."""
+    item = whole(minimum, maximum)
 
-
-def int_list(minimum: int):
-    """`N,N,...`: whole numbers, each >= `minimum` (depths may be 0, micro-batches and contexts
-    may not)."""
     def parse(text: str) -> list[int]:
         items = [x.strip() for x in text.split(",") if x.strip()]
         if not items:
             raise ArgumentTypeError(f"{text!r} holds no number")
-        return [at_least(minimum)(x) for x in items]
-    parse.__name__ = "list of whole numbers"
-    return parse
+        return [item(x) for x in items]
+    return _bounded(parse, "list of whole numbers", minimum, maximum, f"each {minimum} to {maximum}")
 
 
+def at_least(minimum: int, maximum: int = 2 ** 31 - 1):
+    """A whole number >= `minimum`, at most `maximum` (a C int, what the programs given it read)."""
+    return whole(minimum, maximum)
+
+
+tokens = whole(0, TOKENS_MAX)  # prompt and generated tokens (0: that test is skipped)
+context = whole(1, TOKENS_MAX)  # a context size or micro-batch
+reps = whole(1, REPS_MAX)
+threads = whole(1, JOBS_MAX)
+jobs = whole(1, JOBS_MAX)
+count = whole(0, COUNT_MAX)
+positive_int = at_least(1)
+non_negative_int = at_least(0)
+# a run number (or a preset's version) of the results store: 1 .. SQLite's largest INTEGER
+run_id = whole(1, SQLITE_MAX_INT)
+# a TCP port: 16 bits, 0 is "any free port", not one a server can be reached at (RFC 9293 3.1)
+port = whole(1, 65535)
+# a duration above 0: inf would overflow the timer thread, 0/-5/nan would kill every run
+positive_seconds = number(0.0, SECONDS_MAX, above=True)
 positive_seconds.__name__ = "duration"
-non_negative_number.__name__ = "number"
+percent = number(0.0, PERCENT_MAX)
+days = number(0.0, DAYS_MAX)
+gib = number(0.0, GIB_MAX)

@@ -106,9 +106,11 @@ def _parser_class():
             if "required: ACTION" in message and sub is not None:
                 hints.append(f"actions: {', '.join(sub.choices)} "
                              f"(`{self.prog} ACTION --help` for each)")
-            self.print_usage(sys.stderr)
-            sys.stderr.write(f"{self.prog}: error: {message}\n")
-            for hint in hints:
+            # one `rocforge: error:` line like every other error (argparse's own form is the
+            # usage block and `rocforge CMD: error:`), naming the command it is about
+            where = self.prog.removeprefix("rocforge").strip()
+            sys.stderr.write(f"rocforge: error: {where + ': ' if where else ''}{message}\n")
+            for hint in hints or [f"`{self.prog} --help` lists what it takes"]:
                 sys.stderr.write(f"rocforge: hint: {hint}\n")
             raise SystemExit(2)
 
@@ -137,7 +139,23 @@ def build_parser(selected: str | None) -> argparse.ArgumentParser:  # noqa: F821
             import importlib
 
             importlib.import_module(module).add_arguments(sp)
+            _show_ranges(sp)
     return parser
+
+
+def _show_ranges(parser) -> None:
+    """Append each numeric flag's range (its argtypes type's `range_text`) to its help, so
+    --help and the generated command reference cannot disagree with what the parser accepts."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _show_ranges(child)
+            continue
+        shown = getattr(action.type, "range_text", None)
+        if shown and action.help and action.help is not argparse.SUPPRESS:
+            action.help = f"{action.help} [{shown}]"
 
 
 def _plain_env_args(argv: list[str]):
@@ -173,6 +191,10 @@ def _fail(message: str, hint: str | None, code: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     program = argv is None  # the process's own command line: the process ends when main returns
+    if program:  # a path or name the terminal's encoding cannot show is escaped, not a crash
+        for stream in (sys.stdout, sys.stderr):
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(errors="backslashreplace")
     argv = list(sys.argv[1:] if argv is None else argv)
     selected = _selected_command(argv)
     if selected != "env":

@@ -290,7 +290,7 @@ def test_numeric_flag_out_of_range_is_refused_while_parsing(tmp_path, db, model,
     code, _, err = run(capsys, *_argv_for(command, prefix, model), f"{flag}={value}")
     assert code == 2
     line = one_error(err)
-    assert "error: argument " in line and flag in line.split(": ")[2], line
+    assert line.startswith("rocforge: error: ") and flag in line.split("argument ")[1].split(": ")[0], line
     assert not marker.exists() and not db.exists()  # nothing ran, no store was opened
 
 

@@ -22,10 +22,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--fa", metavar="on,off", help="flash attention values (default: the tree's)")
     parser.add_argument("--env", action="append", default=[], metavar="VAR=a,b",
                         help="runtime environment values to try (repeatable)")
-    parser.add_argument("--reps", type=argtypes.positive_int, default=3, metavar="N", help="repetitions (-r; default 3)")
-    parser.add_argument("-p", "--n-prompt", type=argtypes.non_negative_int, default=512, metavar="N", help="prompt tokens (pp test)")
-    parser.add_argument("-n", "--n-gen", type=argtypes.non_negative_int, default=128, metavar="N", help="generated tokens (tg test)")
-    parser.add_argument("--threads", type=argtypes.positive_int, metavar="N", help="CPU threads (-t)")
+    parser.add_argument("--reps", type=argtypes.reps, default=3, metavar="N", help="repetitions (-r; default 3)")
+    parser.add_argument("-p", "--n-prompt", type=argtypes.tokens, default=512, metavar="N", help="prompt tokens (pp test)")
+    parser.add_argument("-n", "--n-gen", type=argtypes.tokens, default=128, metavar="N", help="generated tokens (tg test)")
+    parser.add_argument("--threads", type=argtypes.threads, metavar="N", help="CPU threads (-t)")
     parser.add_argument("--timeout", type=argtypes.positive_seconds, metavar="S",
                         help="stop a llama-bench run after S seconds; what it did not finish is recorded as failed")
     parser.add_argument("--no-gate", action="store_true", help="do not run `rocforge verify` first")

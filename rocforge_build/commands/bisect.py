@@ -48,7 +48,7 @@ def add_arguments(parser) -> None:
                         help="with --verify: the build every step is compared with (default: the "
                         "good ref's build, built first)")
     parser.add_argument("--metric", choices=("pp512", "tg128"), help="with --bench: the figure")
-    parser.add_argument("--threshold", type=argtypes.non_negative_number, metavar="PCT",
+    parser.add_argument("--threshold", type=argtypes.percent, metavar="PCT",
                         help="with --bench: slower than the good ref by more than PCT percent "
                         "is bad (default 5)")
     parser.add_argument("--jobs", "-j", type=argtypes.jobs, metavar="N", help="parallel build jobs (default: the plan's choice)")

@@ -35,8 +35,8 @@ def add_arguments(parser) -> None:
                         description="remove what rocforge made in its cache dir: by default every "
                         "category but the compiler cache; never a build prefix, a symbolic "
                         "link's target, a name rocforge does not make, or a work dir in use")
-    cl.add_argument("--older-than", type=argtypes.non_negative_number, metavar="DAYS",
-                    help="only entries unchanged for more than DAYS days (a number >= 0)")
+    cl.add_argument("--older-than", type=argtypes.days, metavar="DAYS",
+                    help="only entries unchanged for more than DAYS days")
     for flag, (_, text) in FLAGS.items():
         cl.add_argument(f"--{flag}", action="store_true", help=text)
     cl.add_argument("--dry-run", action="store_true",

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 
+from rocforge_build import argtypes
+
 
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="host_command", metavar="ACTION", required=True)
     p = sub.add_parser("plan", help="print the changes as a reviewable shell script")
-    p.add_argument("--reserve", type=float, metavar="GiB", default=None,
+    p.add_argument("--reserve", type=argtypes.gib, metavar="GiB", default=None,
                    help="RAM to keep for the CPU (default 4 GiB); the rest becomes GTT")
     p.add_argument("--json", action="store_true", help="machine-readable plan")
     p.add_argument("--write", metavar="FILE", help="write the script to FILE (never over a file "

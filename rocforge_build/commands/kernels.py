@@ -33,8 +33,8 @@ def add_arguments(parser) -> None:
                        "the copy bandwidth measured in the same run")
     r.add_argument("--target", metavar="GFX", help="the build to run (as given to build)")
     r.add_argument("--out", metavar="DIR", help="the build directory (as given to build)")
-    r.add_argument("--iters", type=argtypes.at_least(1, ITERS_MAX), default=20, metavar="N",
-                   help=f"timed runs per kernel (1-{ITERS_MAX})")
+    r.add_argument("--iters", type=argtypes.whole(1, ITERS_MAX), default=20, metavar="N",
+                   help="timed runs per kernel")
     r.add_argument("--quick", action="store_true", help="small sizes: correctness, not speed")
     r.add_argument("--only", nargs="+", metavar="KERNEL",
                    help="run only these kernels (memcpy, the reference, always runs)")

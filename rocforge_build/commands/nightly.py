@@ -28,7 +28,7 @@ def add_arguments(parser) -> None:
 
     p = sub.add_parser("list", help="nightlies serving a target, newest first")
     selection(p)
-    p.add_argument("--limit", type=argtypes.non_negative_int, default=None, metavar="N",
+    p.add_argument("--limit", type=argtypes.count, default=None, metavar="N",
                    help="show at most N (default 30; 0 or --json: all)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -51,7 +51,7 @@ def add_arguments(parser) -> None:
                    "(see `rocforge upgrade --model`)")
     p.add_argument("--run", metavar="CMD", help="with --gate: a gate command for each build "
                    "(see `rocforge upgrade --run`)")
-    p.add_argument("--threshold", type=argtypes.non_negative_number, metavar="PCT",
+    p.add_argument("--threshold", type=argtypes.percent, metavar="PCT",
                    help="with --gate --model: a figure this many percent slower fails (default 5)")
 
     p = sub.add_parser("installed", help="installed nightlies; * marks current")
@@ -63,7 +63,7 @@ def add_arguments(parser) -> None:
     p.add_argument("--prefix", metavar="PREFIX", help=_PREFIX_HELP)
 
     p = sub.add_parser("prune", help="remove old installs and leftovers of interrupted runs")
-    p.add_argument("--keep", type=int, default=None, metavar="N", help="installs to keep (default nightly.keep)")
+    p.add_argument("--keep", type=argtypes.count, default=None, metavar="N", help="installs to keep (default nightly.keep)")
     p.add_argument("--prefix", metavar="PREFIX", help=_PREFIX_HELP)
 
     p = sub.add_parser("pip", help="the Python wheel route: print (or run) the pip command")

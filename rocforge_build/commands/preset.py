@@ -42,7 +42,7 @@ def add_arguments(parser) -> None:
                      help="which range (auto: the longest context)")
     exp.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="listen address (systemd)")
     exp.add_argument("--port", type=argtypes.port, default=8080, metavar="N",
-                     help="port, 1-65535 (systemd; llama-swap uses ${PORT})")
+                     help="port (systemd; llama-swap uses ${PORT})")
     sub.add_parser("list", help="models with a preset", description="models with a preset")
 
 

@@ -38,7 +38,7 @@ def add_arguments(parser) -> None:
     runs = "a run number, a build prefix (its latest bench run) or PREFIX@RUN"
     c.add_argument("a", metavar="BASE", help=f"the baseline: {runs}")
     c.add_argument("b", metavar="NEW", help=f"what is compared with it: {runs}")
-    c.add_argument("--threshold", type=argtypes.non_negative_number, default=cmp.DEFAULT_THRESHOLD * 100,
+    c.add_argument("--threshold", type=argtypes.percent, default=cmp.DEFAULT_THRESHOLD * 100,
                    metavar="PCT", help="a figure this many percent slower is a regression "
                    f"(default {cmp.DEFAULT_THRESHOLD * 100:g})")
     c.add_argument("--json", action="store_true", help="machine-readable output")

@@ -16,7 +16,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--range", default="auto", choices=("short", "long", "auto"),
                         help="which context range's preset to serve (auto: the longest context)")
     parser.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=argtypes.at_least(1, 65535), default=8080, metavar="N", help="port (default 8080)")
+    parser.add_argument("--port", type=argtypes.port, default=8080, metavar="N", help="port (default 8080)")
     parser.add_argument("--wait", type=argtypes.positive_seconds, default=600.0, metavar="S",
                         help="how long to wait for the model to load (default 600)")
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")

@@ -29,10 +29,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ubatch", type=argtypes.int_list(1), metavar="N,...", help="micro-batch values searched (default: data/tune.toml)")
     parser.add_argument("--fa", metavar="on,off", help="flash attention values searched (default: data/tune.toml)")
     parser.add_argument("--env", action="append", metavar="VAR=a,b", help="env values searched (default per backend)")
-    parser.add_argument("--reps", type=argtypes.positive_int, default=3, metavar="N", help="repetitions (-r; default 3)")
-    parser.add_argument("-p", "--n-prompt", type=argtypes.non_negative_int, default=512, metavar="N", help="prompt tokens (pp test; default 512)")
-    parser.add_argument("-n", "--n-gen", type=argtypes.non_negative_int, default=128, metavar="N", help="generated tokens (tg test; default 128)")
-    parser.add_argument("--threads", type=argtypes.positive_int, metavar="N", help="CPU threads (-t)")
+    parser.add_argument("--reps", type=argtypes.reps, default=3, metavar="N", help="repetitions (-r; default 3)")
+    parser.add_argument("-p", "--n-prompt", type=argtypes.tokens, default=512, metavar="N", help="prompt tokens (pp test; default 512)")
+    parser.add_argument("-n", "--n-gen", type=argtypes.tokens, default=128, metavar="N", help="generated tokens (tg test; default 128)")
+    parser.add_argument("--threads", type=argtypes.threads, metavar="N", help="CPU threads (-t)")
     parser.add_argument("--timeout", type=argtypes.positive_seconds, metavar="S",
                         help="stop a llama-bench run after S seconds; that variant is recorded as "
                              "failed and cannot win (e.g. flash attention that falls back to the CPU)")

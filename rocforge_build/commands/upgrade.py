@@ -27,7 +27,7 @@ def add_arguments(parser) -> None:
                         "to the candidate; exit 0 passes, 125 cannot test, anything else fails")
     parser.add_argument("--model", metavar="GGUF", help="gates: `rocforge verify` against the "
                         "current build and a side-by-side `rocforge bench`")
-    parser.add_argument("--threshold", type=argtypes.non_negative_number, metavar="PCT",
+    parser.add_argument("--threshold", type=argtypes.percent, metavar="PCT",
                         help="with --model: a figure this many percent slower fails (default 5)")
     parser.add_argument("--jobs", "-j", type=argtypes.jobs, metavar="N",
                         help="parallel build jobs (default: the plan's choice)")

@@ -23,7 +23,7 @@ def add_arguments(parser) -> None:
                         "built under the builds directory's reference/ when none has llama-perplexity)")
     parser.add_argument("--ctx", type=argtypes.int_list(1), metavar="N,...",
                         help="contexts to check (default: 512 up to the model's training context, capped at 32768)")
-    parser.add_argument("--max-ctx", type=argtypes.at_least(1), metavar="N",
+    parser.add_argument("--max-ctx", type=argtypes.context, metavar="N",
                         help="check no context longer than N")
     parser.add_argument("--ubatch", type=argtypes.int_list(1), metavar="N,...",
                         help="micro-batches to check (default: the smallest and largest tune searches)")
