@@ -89,3 +89,81 @@ def one_line(text: object) -> str:
 def comment(text: object, lead: str = "# ") -> str:
     """A comment line for sh, bash, zsh, fish, dotenv and Containerfiles alike."""
     return lead + one_line(text)
+
+
+# -- POSIX sh statements: the only code that writes them (bash and zsh read the same) -------------
+# Bytes a word may hold and stay bare: shlex.quote's set, checked without `re`.
+_BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789@%+=:,./-_")
+
+
+def word_problem(word: object) -> str | None:
+    """Why `word` cannot be one argument of a command line, or None: a NUL ends a C string (no
+    program can receive it), a line break would split a line a person copies or a pipe reads."""
+    if not isinstance(word, str):
+        return f"{word!r} is not a string"
+    if any(c in word for c in "\n\r\0"):
+        return f"{word!r} contains a newline, carriage return or NUL byte"
+    return None
+
+
+def sh_word(word: str) -> str:
+    """One sh word: bare when every byte is inert, else single-quoted (`sh_quote`)."""
+    if word and all(c in _BARE for c in word):
+        return word
+    return sh_quote(word)
+
+
+def sh_command(argv: list[str], env: dict[str, str] | None = None, where: str = "the command",
+               error=UsageError) -> str:
+    """`env NAME=value ... ARGV` as one sh line; names and words checked, every word quoted."""
+    if not argv:
+        raise error(f"{where} is empty", "a command needs at least the program")
+    for w in argv:
+        problem = word_problem(w)
+        if problem:
+            raise error(f"{where}: {problem}", "a command's words cannot carry a line break or NUL byte")
+    words = []
+    for k, v in (env or {}).items():
+        check_env(k, v, f"{where}: env", error)
+        words.append(f"{k}={sh_word(v)}")
+    return " ".join((["env", *words] if words else []) + [sh_word(w) for w in argv])
+
+
+def sh_export(name: str, value: str) -> str:
+    """`export NAME='value'` (checked by `check_env` first)."""
+    check_env(name, value, "an export line")
+    return f"export {name}={sh_quote(value)}"
+
+
+def sh_function(name: str, line: str) -> str:
+    """`NAME() { LINE "$@"; }` for a checked name and a line `sh_command` made."""
+    check_env(name, None, "a shell function name")
+    return f'{name}() {{ {line} "$@"; }}'
+
+
+def sh_dispatch(var: str, names: list[str], default: str) -> list[str]:
+    """Run the function `$VAR` names (default `default`); any other value is refused, so a
+    variable from the caller's environment can pick a function but never a command."""
+    for n in [var, *names]:
+        check_env(n, None, "a shell dispatch name")
+    return [f'case "${{{var}:-{default}}}" in',
+            f'    {"|".join(names)}) "${{{var}:-{default}}}" "$@" ;;',
+            f'    *) echo "{var} must be one of: {" ".join(names)}" >&2; exit 2 ;;',
+            "esac"]
+
+
+def tee_line(text: str, path: str, append: bool = False) -> str:
+    """`... | sudo tee [-a] PATH` writing `text` plus a newline, exactly (printf, since dash's
+    echo reads backslashes), for a host change a person reviews and runs."""
+    problem = word_problem(text)
+    if problem:
+        raise UsageError(f"a line for {path}: {problem}")
+    printer = f"echo {sh_word(text)}" if "\\" not in text and not text.startswith("-") else \
+        f"printf '%s\\n' {sh_quote(text)}"
+    return f"{printer} | sudo tee {'-a ' if append else ''}{sh_word(path)}"
+
+
+def dotenv_line(name: str, value: str) -> str:
+    """`NAME=value`, literal (Docker/Podman `--env-file`: no quoting, no expansion)."""
+    check_env(name, value, "a dotenv line")
+    return f"{name}={value}"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from tiny_gguf import write as write_gguf
 
 from rocforge_build import cli
@@ -369,16 +370,14 @@ def test_export_quotes_for_systemd_and_llama_swap(capsys):
         s.add_preset("m", "ab" * 32, 1, preset(env={"GGML_X": hostile}))
     assert cli.main(["preset", "export", "m", "--format", "systemd", "--port", "8081"]) == 0
     unit = capsys.readouterr().out
-    # systemd.service(5): `$` and `%` doubled, `"` escaped inside double quotes
-    assert 'Environment="GGML_X=a b$$HOME%%i\\"q\'"' in unit
+    # systemd.unit(5): `%` doubled, `"` escaped inside double quotes; systemd.exec(5): `$` has no
+    # special meaning in Environment= (doubled only on command lines, systemd.service(5))
+    assert 'Environment="GGML_X=a b$HOME%%i\\"q\'"' in unit
     assert 'ExecStart="/p/bin/llama-server" "-m" "/m/m.gguf" "-c" "4096" "--host" "127.0.0.1" "--port" "8081"' in unit
     assert cli.main(["preset", "export", "m", "--format", "llama-swap"]) == 0
-    swap = capsys.readouterr().out
-    lines = {line.strip().split(":", 1)[0]: line for line in swap.splitlines()}
-    # JSON strings are YAML double-quoted scalars: the value round-trips through json
-    env_line = next(line for line in swap.splitlines() if line.strip().startswith("- "))
-    assert json.loads(env_line.strip()[2:]) == f"GGML_X={hostile}"
-    assert json.loads(lines["cmd"].split(":", 1)[1]).endswith("--port ${PORT}")
+    swap = yaml.safe_load(capsys.readouterr().out)  # PyYAML's safe dumper wrote it: any value round-trips
+    assert swap["models"]["m"]["env"] == [f"GGML_X={hostile}"]
+    assert swap["models"]["m"]["cmd"].endswith("--port ${PORT}")
 
 
 DUMP_ARGV = r'''#!{python}

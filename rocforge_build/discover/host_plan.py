@@ -6,10 +6,9 @@ rocforge did not write.
 
 from __future__ import annotations
 
-import re
-import shlex
 from dataclasses import dataclass, field
 
+from rocforge_build import shellsafe
 from rocforge_build.discover.host import (
     SYSTEMD_BOOT_DIRS,
     CardMemory,
@@ -34,6 +33,7 @@ from rocforge_build.discover.host_checks import (
     target_gib,
     uma_freed,
 )
+from rocforge_build.emit import kernel_cmdline
 from rocforge_build.errors import DetectionError
 from rocforge_build.rootfs import Root
 from rocforge_build.shellsafe import comment
@@ -76,28 +76,21 @@ def _configured_words(root: Root, boot: str) -> list[str]:
     """Words of the boot loader's own configuration (what the next boot will use)."""
     words: list[str] = []
     if boot == "grub":
-        for _, value in grub_lines(read(root, "/etc/default/grub") or ""):
-            words += value.split()
+        for _, value in kernel_cmdline.grub_lines(read(root, kernel_cmdline.GRUB_FILE) or ""):
+            words += parse_cmdline(value or "")
     elif boot == "systemd-boot":
         for _, text in systemd_boot_entries(root):
             for line in text.splitlines():
                 if line.startswith("options"):
-                    words += line.split()[1:]
+                    words += parse_cmdline(line[len("options"):])
     return words
 
 
-def grub_lines(text: str) -> list[tuple[str, str]]:
-    """(variable, value) of GRUB_CMDLINE_LINUX(_DEFAULT) lines, shell-unquoted."""
-    out = []
-    for line in text.splitlines():
-        m = re.match(r"^(GRUB_CMDLINE_LINUX(?:_DEFAULT)?)=(.*)$", line)
-        if m:
-            try:
-                value = " ".join(shlex.split(m.group(2)))
-            except ValueError:
-                value = m.group(2).strip("\"'")
-            out.append((m.group(1), " ".join(parse_cmdline(value))))
-    return out
+def grub_lines(text: str) -> list[tuple[str, str | None]]:
+    """(variable, kernel words joined by spaces) of the kernel command-line lines of
+    /etc/default/grub; None where the line needs the shell to compute its value."""
+    return [(var, None if value is None else " ".join(parse_cmdline(value)))
+            for var, value in kernel_cmdline.grub_lines(text)]
 
 
 def systemd_boot_entries(root: Root) -> list[tuple[str, str]]:
@@ -116,51 +109,51 @@ def _rewrite(words: list[str], remove: set[str], keys: set[str], add: list[str])
     return kept + [a for a in add if a not in kept]
 
 
-def _sed_line(path: str, var_regex: str, new_line: str) -> str:
-    repl = new_line.replace("\\", "\\\\").replace("&", "\\&").replace("|", "\\|")
-    return f"sudo sed -i.rocforge.bak {shlex.quote(f's|^{var_regex}.*|{repl}|')} {shlex.quote(path)}"
+def _grub_commands(root: Root, add: list[str], rm: set[str], keys: set[str]) -> tuple[str, ...]:
+    """sed lines for /etc/default/grub's command-line variables; a line whose value the shell
+    computes is left to the user, in a comment naming the change."""
+    found: dict[str, list[str] | None] = {}
+    for var, value in kernel_cmdline.grub_lines(read(root, kernel_cmdline.GRUB_FILE) or ""):
+        found[var] = None if value is None or found.get(var, []) is None else parse_cmdline(value)
+    cmds = []
+    for var, words in found.items():
+        wanted = add if var == kernel_cmdline.GRUB_ADD_TO else []
+        if words is None:
+            cmds.append(comment(f"{kernel_cmdline.GRUB_FILE}: {var} is computed by the shell; rocforge "
+                                f"does not rewrite it: edit it by hand (add: {' '.join(wanted) or 'nothing'}; "
+                                f"remove: {' '.join(sorted(rm)) or 'nothing'})"))
+            continue
+        new = _rewrite(words, rm, keys, wanted)
+        if new != words:
+            cmds.append(kernel_cmdline.grub_rewrite(var, new))
+    if kernel_cmdline.GRUB_ADD_TO not in found and add:
+        cmds.append(kernel_cmdline.grub_append(add))
+    return (*cmds, "sudo update-grub")
 
 
 def _boot_commands(root: Root, boot: str, add: list[str], remove: list[str], keys: set[str]) -> tuple[str, ...]:
     rm = set(remove)
     if boot == "grubby":
-        parts = ["sudo grubby --update-kernel=ALL"]
-        if remove:
-            parts.append(f"--remove-args={shlex.quote(' '.join(remove))}")
-        if add:
-            parts.append(f"--args={shlex.quote(' '.join(add))}")
-        return (" ".join(parts),)
+        return (kernel_cmdline.grubby(add, remove),)
     if boot == "kernelstub":
-        return tuple([f"sudo kernelstub -d {shlex.quote(w)}" for w in remove] +
-                     [f"sudo kernelstub -a {shlex.quote(w)}" for w in add])
+        return tuple(kernel_cmdline.kernelstub(add, remove))
     if boot == "grub":
-        text = read(root, "/etc/default/grub") or ""
-        lines = dict(grub_lines(text))
-        cmds = []
-        for var in ("GRUB_CMDLINE_LINUX", "GRUB_CMDLINE_LINUX_DEFAULT"):
-            if var not in lines:
-                continue
-            new = _rewrite(lines[var].split(), rm, keys, add if var == "GRUB_CMDLINE_LINUX_DEFAULT" else [])
-            if new != lines[var].split():
-                cmds.append(_sed_line("/etc/default/grub", f"{var}=", f'{var}="{" ".join(new)}"'))
-        if "GRUB_CMDLINE_LINUX_DEFAULT" not in lines and add:
-            line = f'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT {" ".join(add)}"'
-            cmds.append(f"echo {shlex.quote(line)} | sudo tee -a /etc/default/grub")
-        return (*cmds, "sudo update-grub")
+        return _grub_commands(root, add, rm, keys)
     if boot == "systemd-boot":
         cmds = []
         for path, text in systemd_boot_entries(root):
-            for line in text.splitlines():
-                if line.startswith("options"):
-                    words = line.split()[1:]
+            for ln in text.splitlines():
+                if ln.startswith("options"):
+                    words = parse_cmdline(ln[len("options"):])
                     new = _rewrite(words, rm, keys, add)
                     if new != words:
-                        cmds.append(_sed_line(path, "options[[:space:]]", "options " + " ".join(new)))
+                        cmds.append(kernel_cmdline.loader_options(path, new))
         kc = read(root, "/etc/kernel/cmdline")
         if kc is not None:
-            new = _rewrite(kc.split(), rm, keys, add)
-            if new != kc.split():
-                cmds.append(f"echo {shlex.quote(' '.join(new))} | sudo tee /etc/kernel/cmdline")
+            words = parse_cmdline(kc)
+            new = _rewrite(words, rm, keys, add)
+            if new != words:
+                cmds.append(kernel_cmdline.kernel_cmdline_file(new))
         return tuple(cmds)
     return tuple(comment(f"add to the kernel command line by hand: {w}") for w in add) + \
         tuple(comment(f"remove from the kernel command line by hand: {w}") for w in remove)
@@ -261,7 +254,7 @@ def _gtt_steps(root: Root, boot: str, fam: str, add: list[str], remove: list[str
             Step("modprobe",
                  f"alternative to the kernel argument: a modprobe.d file ({m['modprobe_source']}); "
                  "use one or the other",
-                 (f"echo {shlex.quote(f'options {module} pages_limit={pages}')} | sudo tee {conf}",
+                 (shellsafe.tee_line(f"options {module} pages_limit={pages}", conf),
                   _initramfs(fam)), optional=True)]
 
 

@@ -4,7 +4,6 @@ per context range, with the measured figures that chose them."""
 from __future__ import annotations
 
 import re
-import shlex
 
 from rocforge_build import shellsafe
 from rocforge_build.errors import ConfigError, UsageError
@@ -88,22 +87,22 @@ def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
     for name, r in ranges.items():
         if only and name != only:
             continue
-        env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in r["env"].items())
-        cmd = (env + " " if env else "") + shlex.join(r["argv"])
+        cmd = shellsafe.sh_command([str(w) for w in r["argv"]], {k: str(v) for k, v in r["env"].items()},
+                                   f"the preset's {name} command", ConfigError)
         figs = ", ".join(f"{f['test']}{f['n']} @ d{f['depth']}: {f['t_s']:.1f} t/s" for f in r["figures"])
         why = (f"{name} context (depth {r['depth']}): {r['backend']} build {r['prefix']}, "
                f"{r['variant_label']}; measured {figs}; score {r['score']:.1f} (next best: {r.get('runner_up') or 'none'})")
         if shell:
             out += [shellsafe.comment(why)] + [shellsafe.comment(n) for n in r["notes"]]
             if only or len(ranges) == 1:
-                out.append(f"exec env {cmd} \"$@\"" if env else f"exec {cmd} \"$@\"")
+                out.append(f'exec {cmd} "$@"')
             else:
-                out.append(f"{name}() {{ {'env ' + cmd if env else cmd} \"$@\"; }}")
+                out.append(shellsafe.sh_function(name, cmd))
         else:
-            out += [f"[{name}] {why}"] + [f"  note: {n}" for n in r["notes"]] + [f"  {cmd}", ""]
+            out += [shellsafe.one_line(f"[{name}] {why}")] + [f"  note: {shellsafe.one_line(n)}" for n in r["notes"]]
+            out += [f"  {cmd}", ""]
     if shell and not only and len(ranges) > 1:
-        first = next(iter(ranges))
-        out.append(f"\"${{ROCFORGE_RANGE:-{first}}}\" \"$@\"")
+        out += shellsafe.sh_dispatch("ROCFORGE_RANGE", list(ranges), next(iter(ranges)))
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -120,23 +119,10 @@ def _checked_env(env: dict) -> dict:
     return {str(k): str(v) for k, v in env.items()}
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
-def _systemd_quote(arg: str) -> str:
-    """One ExecStart=/Environment= word: double-quoted with C escapes; `%` (specifiers) and `$`
-    (variable expansion) doubled so that they reach the program as they are (systemd.service(5),
-    "Command lines"; systemd.unit(5), "Specifiers")."""
-    out = arg.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-    return '"' + out.replace("%", "%%").replace("$", "$$") + '"'
-
-
 def export(preset: dict, fmt: str, wanted: str, host: str, port: int) -> str:
     """The preset's llama-server command for another tool: a llama-swap `models:` entry, a systemd
-    service unit, or the shell script `preset show --shell` prints."""
-    import json
-
+    service unit, or the shell script `preset show --shell` prints, each from its emitter."""
+    from rocforge_build.emit import systemd, yaml_swap
     from rocforge_build.measure.serve import pick_range
 
     name, why = pick_range(preset, wanted)
@@ -145,23 +131,10 @@ def export(preset: dict, fmt: str, wanted: str, host: str, port: int) -> str:
         return render(preset, shell=True, only=name)
     env = _checked_env(r["env"])
     model = preset["model"]["name"]
-    head = (f"rocforge preset for {_one_line(model)} (version {preset.get('version')}, range {name}: "
-            f"{_one_line(why)}): {r['backend']} {_one_line(r['variant_label'])}")
+    argv = [str(w) for w in r["argv"]]
+    head = (f"rocforge preset for {model} (version {preset.get('version')}, range {name}: "
+            f"{why}): {r['backend']} {r['variant_label']}")
     if fmt == "llama-swap":
-        if any("${" in w for w in [*r["argv"], *env.values()]):
-            raise UsageError("the preset's command holds '${', which llama-swap would read as a macro",
-                             "use --format shell or systemd")
-        lines = [f"# {head}", "models:", f"  {json.dumps(model)}:",
-                 f"    cmd: {json.dumps(shlex.join(r['argv']) + ' --port ${PORT}')}"]
-        if env:
-            lines.append("    env:")
-            lines += [f"      - {json.dumps(f'{k}={v}')}" for k, v in env.items()]
-        lines += ['    proxy: "http://127.0.0.1:${PORT}"', '    checkEndpoint: "/health"']
-        return "\n".join(lines) + "\n"
-    argv = [*r["argv"], "--host", host, "--port", str(port)]
-    lines = [f"# {head}", "[Unit]", f"Description={_systemd_quote(_one_line('llama-server ' + model))[1:-1]}",
-             "After=network-online.target", "", "[Service]"]
-    lines += [f"Environment={_systemd_quote(f'{k}={v}')}" for k, v in env.items()]
-    lines += ["ExecStart=" + " ".join(_systemd_quote(a) for a in argv), "Restart=on-failure", "",
-              "[Install]", "WantedBy=default.target"]
-    return "\n".join(lines) + "\n"
+        return yaml_swap.models_entry(comment=head, model=str(model), argv=argv, env=env)
+    return systemd.service(comment=head, description=f"llama-server {model}", env=env,
+                           argv=[*argv, "--host", host, "--port", str(port)])

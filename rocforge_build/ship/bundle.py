@@ -41,6 +41,7 @@ from pathlib import Path
 from rocforge_build import __version__, proc, rootfs, shellsafe
 from rocforge_build.discover.resolver import Decision
 from rocforge_build.download import sha256_file
+from rocforge_build.emit import launcher
 from rocforge_build.errors import (
     BuildError,
     ConfigError,
@@ -366,7 +367,7 @@ def launcher_env(manifest: dict, prefix: Path) -> tuple[dict[str, str], dict[str
         for part in parts:
             for base in dict.fromkeys((recorded, str(prefix))):
                 if part == base or part.startswith(base.rstrip("/") + "/"):
-                    part = "${here}" + part[len(base.rstrip("/")):]
+                    part = launcher.HERE + part[len(base.rstrip("/")):]
                     break
             else:
                 if part.startswith("/"):
@@ -379,46 +380,17 @@ def launcher_env(manifest: dict, prefix: Path) -> tuple[dict[str, str], dict[str
     return kept, left
 
 
-def _sh_value(value: str) -> str:
-    """Single-quoted for sh, with only `${here}` (the bundle's directory) expanded."""
-    quoted = '"${here}"'.join(shellsafe.sh_quote(p) if p else "" for p in value.split("${here}"))
-    return quoted or "''"
-
-
 def write_launcher(tree: Path, staged: Staged) -> None:
-    lines = [
-        "#!/bin/sh",
-        f"# Made by rocforge {__version__} (`rocforge bundle`): runs a program of this bundle with the",
-        "# environment its build needs at run time, from wherever the bundle was unpacked.",
-        f"#   ./{LAUNCHER} PROGRAM [ARGS...]      PROGRAM: a name in bin/, or a path",
-        'here=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd -P) || exit 1',
-        'export PATH="${here}/bin${PATH:+:$PATH}"',
-    ]
-    for k, v in staged.env.items():
-        shellsafe.check_env(k, v, f"{staged.name}/{LAUNCHER}", ConfigError)
-        if k == "PATH":
-            lines.append(f'export PATH={_sh_value(v)}":$PATH"')
-        else:
-            lines.append(f"export {k}={_sh_value(v)}")
-    for k, v in staged.env_left_out.items():
-        lines.append(shellsafe.comment(f"left out: {k}={v} (a path on the build machine)"))
-    for d in staged.decisions:
-        if d.key == "HSA_OVERRIDE_GFX_VERSION":
-            lines.append(shellsafe.comment(d.reason))
-            lines.append('[ -n "${HSA_OVERRIDE_GFX_VERSION-}" ] || '
-                         f"HSA_OVERRIDE_GFX_VERSION={shellsafe.sh_quote(str(d.value))}; "
-                         "export HSA_OVERRIDE_GFX_VERSION")
-    lines += [
-        'if [ $# -eq 0 ]; then',
-        '    echo "usage: $0 PROGRAM [ARGS...]; programs:" $(ls "${here}/bin" 2>/dev/null) >&2',
-        '    exit 2',
-        'fi',
-        'prog=$1; shift',
-        'case $prog in */*) ;; *) prog="${here}/bin/${prog}" ;; esac',
-        'exec "$prog" "$@"',
-    ]
+    override = next(((d.reason, str(d.value)) for d in staged.decisions
+                     if d.key == "HSA_OVERRIDE_GFX_VERSION"), None)
+    text = launcher.render(
+        head=[f"Made by rocforge {__version__} (`rocforge bundle`): runs a program of this bundle with the",
+              "environment its build needs at run time, from wherever the bundle was unpacked.",
+              f"  ./{LAUNCHER} PROGRAM [ARGS...]      PROGRAM: a name in bin/, or a path"],
+        where=f"{staged.name}/{LAUNCHER}", env=staged.env, left_out=staged.env_left_out,
+        gfx_override=override)
     path = tree / LAUNCHER
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
     path.chmod(0o755)
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import string
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from pathlib import Path, PurePosixPath
 from rocforge_build import __version__, refs, shellsafe
 from rocforge_build.discover import targets
 from rocforge_build.discover.resolver import Decision
+from rocforge_build.emit import containerfile
 from rocforge_build.errors import ConfigError, UsageError, reason
 from rocforge_build.resources import containers_dir, load_toml
 
@@ -325,19 +325,7 @@ def check_flags(*, base: str | None = None, runtime_base: str | None = None, tag
 
 # -- render -------------------------------------------------------------------------------------------
 def _sub(text: str, values: dict[str, str], where: str) -> str:
-    try:
-        return string.Template(text).substitute(values)
-    except (KeyError, ValueError) as exc:
-        raise ConfigError(f"{where}: bad template field {reason(exc)}", "fields are ${name}; write $$ for a literal $") from exc
-
-
-def _env_quote(value: str, where: str = "Containerfile value") -> str:
-    """A double-quoted ENV/LABEL value: `\\`, `"` and `$` escaped; a line break would end the
-    instruction and start another (Containerfile lines have no quoting across lines): refused."""
-    problem = shellsafe.env_value_problem(value)
-    if problem:
-        raise ConfigError(f"{where}: {problem}", "a Containerfile value must be one line")
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+    return containerfile.fill(text, values, where)
 
 
 def runtime_env(plan: ContainerPlan, env: dict[str, str], manifest: dict | None = None) -> dict[str, str]:
@@ -362,8 +350,8 @@ def runtime_env(plan: ContainerPlan, env: dict[str, str], manifest: dict | None 
 
 def env_lines(plan: ContainerPlan, facts: Facts) -> str:
     env = runtime_env(plan, facts.env, facts.manifest)
-    body = " \\\n    ".join(f"{k}={_env_quote(v, f'ENV {k}')}" for k, v in env.items())
-    return ("# from the builder's `rocforge env --shell dotenv` and the recipe's runtime env\nENV " + body)
+    return ("# from the builder's `rocforge env --shell dotenv` and the recipe's runtime env\n"
+            + containerfile.env(env))
 
 
 def _manifest_value(manifest: dict, dotted: str):
@@ -404,13 +392,9 @@ def labels(plan: ContainerPlan, manifest: dict | None) -> dict[str, str]:
     return out
 
 
-def _label_body(found: dict[str, str]) -> str:
-    return " \\\n      ".join(f"{k}={_env_quote(v, f'LABEL {k}')}" for k, v in found.items())
-
-
 def label_lines(plan: ContainerPlan, facts: Facts) -> str:
     found = labels(plan, facts.manifest)
-    return "# from the build manifest (rocforge-manifest.toml)\nLABEL " + _label_body(found)
+    return "# from the build manifest (rocforge-manifest.toml)\n" + containerfile.label(found)
 
 
 CACHE_MOUNT = "--mount=type=cache,id=rocforge-cache,target=/opt/rocforge/cache"
@@ -442,14 +426,14 @@ def render(plan: ContainerPlan) -> str:
         "runtime_base": plan.runtime_base,
         "prefix": str(plan.prefix),
         "default_path": DEFAULT_PATH,
-        "packages_step": f"RUN {pkg_body}" if pkg_body and plan.variant.packages else
+        "packages_step": containerfile.run(pkg_body) if pkg_body and plan.variant.packages else
         "# (no packages: the base image carries the build tools)",
-        "rocm_step": f"RUN {CACHE_MOUNT} \\\n    {rocm_body}" if rocm_body else
+        "rocm_step": containerfile.run(rocm_body, CACHE_MOUNT) if rocm_body else
         f"# ROCm: {plan.variant.rocm} (nothing to install)",
-        "static_labels": _label_body(labels(plan, None)),
+        "static_labels": containerfile.label_pairs(labels(plan, None)),
         "source_step": f"COPY source/ {DATA_IN_IMAGE / 'source'}/" if plan.local_source else
         "# (the source is fetched by rocforge build)",
-        "build_args": "".join(f"{a} " for a in build_args(plan)),
+        "build_args": containerfile.shell_words(build_args(plan), "rocforge build's options"),
         "env_command": f"rocforge env --target {plan.target} --shell dotenv"
         if data["rocm"][plan.variant.rocm].get("env", True) else "echo '# no ROCm in this image: no rocforge env'",
     }
@@ -457,15 +441,13 @@ def render(plan: ContainerPlan) -> str:
 
 
 def build_args(plan: ContainerPlan) -> list[str]:
-    """`rocforge build` options beyond recipe, target and backend (shell-quoted)."""
-    import shlex
-
+    """`rocforge build` options beyond recipe, target and backend (words, quoted by the emitter)."""
     args = ["--prefix", str(plan.prefix)]
     if plan.source_arg:
         args += ["--source", plan.source_arg]
     if plan.ref:
         args += ["--ref", plan.ref]
-    return [shlex.quote(a) for a in args]
+    return args
 
 
 def render_facts(plan: ContainerPlan) -> str:
