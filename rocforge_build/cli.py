@@ -189,6 +189,33 @@ def _fail(message: str, hint: str | None, code: int) -> int:
     return code
 
 
+def unusable_path(exc: BaseException):
+    """The one-line error for a path no command can use — a symbolic link loop or a name too
+    long for the file system — wherever a user's path met it (resolve, stat, open); None for
+    any other error.  Python 3.11's Path.resolve() reports a loop as RuntimeError("Symlink loop
+    from ..."), later versions and the system calls as OSError ELOOP (path_resolution(7))."""
+    import errno
+
+    from rocforge_build.errors import UsageError
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ELOOP, errno.ENAMETOOLONG):
+        name = os.fsdecode(exc.filename) if exc.filename is not None else "a path given"
+        if exc.errno == errno.ELOOP:
+            return UsageError(f"{name}: a symbolic link loop (too many levels of symbolic links)",
+                              "give a path whose links end in a file or directory")
+        return UsageError(f"{name[:120]}{'...' if len(name) > 120 else ''}: the name is too long "
+                          "for the file system (ENAMETOOLONG)", "give a shorter path")
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if (isinstance(exc, RuntimeError) and str(exc).startswith("Symlink loop from ")
+            and tb is not None and tb.tb_frame.f_code.co_filename.endswith("pathlib.py")):
+        name = str(exc).removeprefix("Symlink loop from ").strip("'\"")  # a repr()
+        return UsageError(f"{name}: a symbolic link loop (too many levels of symbolic links)",
+                          "give a path whose links end in a file or directory")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     program = argv is None  # the process's own command line: the process ends when main returns
     if program:  # a path or name the terminal's encoding cannot show is escaped, not a crash
@@ -267,6 +294,7 @@ def _main(argv: list[str], selected: str | None) -> int:
         from rocforge_build.paths import unwritable
 
         refused = unwritable(exc) if isinstance(exc, OSError) else None
+        refused = refused or unusable_path(exc)
         if refused is not None:  # a read-only HOME/cache/data/config: the user's to fix
             return _fail(refused.message, refused.hint, refused.exit_code)
         if os.environ.get("ROCFORGE_DEBUG"):
