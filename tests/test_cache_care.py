@@ -16,6 +16,7 @@ import pytest
 from buildfixtures import RECIPE, project_copy
 
 from rocforge_build import cli
+from rocforge_build.forge import cleanup
 from rocforge_build.forge.plan import work_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,6 +81,7 @@ def test_links_inside_the_cache_are_never_followed(tmp_path, capsys):
     (outside / "deep" / "file").write_text("keep me")
     tree = cache() / "sources" / "trees" / "t1"
     tree.mkdir(parents=True)
+    (tree / ".rocforge-complete").write_text("a tree rocforge fetched (forge/sources.py)\n")
     (tree / "to-outside").symlink_to(outside)  # a link inside a rocforge entry
     (cache() / "sources" / "trees" / "t2").symlink_to(outside)  # an entry that is itself a link
     (cache() / "downloads").mkdir()
@@ -211,6 +213,7 @@ def test_a_work_dir_whose_build_holds_its_lock_is_never_removed(tmp_path, capsys
 
 
 def test_names_rocforge_does_not_make_are_listed_and_never_removed(capsys):
+    cleanup.claim_cache_root()  # a cache rocforge made (CACHEDIR.TAG); then a user's file in it
     (cache() / "notes").mkdir(parents=True)
     (cache() / "notes" / "mine.txt").write_text("mine")
     listing = by_path(rf_json(capsys, "list"))

@@ -1,6 +1,6 @@
 """`rocforge cache list [--json]` and `rocforge cache clean [--older-than DAYS] [--sources|--work|
---failed|...] [--dry-run] [--json]`: what rocforge keeps in its cache dir, and removing it
-(forge/cleanup.py says what is never touched, and why)."""
+--failed|...] [--dry-run] [--json]`: what rocforge keeps in its cache dir, and removing only what
+carries rocforge's mark (forge/cleanup.py says what is never touched, and why)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from rocforge_build import argtypes
 # flag -> the categories it selects (`--work` is every work dir, `--failed` only failed ones)
 FLAGS = {
     "sources": ("sources", "source trees, git mirrors and downloaded tarballs"),
-    "work": ("work failed", "build work dirs (source copy, build dir, log), failed ones included"),
+    "work": ("work failed running",
+             "build work dirs (source copy, build dir, log), failed ones included"),
     "failed": ("failed", "only the work dirs whose last build did not install"),
     "bisect": ("bisect", "the builds `rocforge bisect` made of each commit"),
     "containers": ("containers", "the build contexts of `rocforge container`"),
@@ -33,8 +34,10 @@ def add_arguments(parser) -> None:
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     cl = sub.add_parser("clean", help="remove cache entries rocforge made (never a build prefix)",
                         description="remove what rocforge made in its cache dir: by default every "
-                        "category but the compiler cache; never a build prefix, a symbolic "
-                        "link's target, a name rocforge does not make, or a work dir in use")
+                        "category but the compiler cache; only what carries rocforge's mark, never "
+                        "a build prefix, a symbolic link's target, another mounted file system "
+                        "or a work dir in use; a cache dir that is /, HOME or holds files of "
+                        "someone else's is refused")
     cl.add_argument("--older-than", type=argtypes.days, metavar="DAYS",
                     help="only entries unchanged for more than DAYS days")
     for flag, (_, text) in FLAGS.items():
@@ -47,10 +50,14 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from rocforge_build.forge import cleanup
 
+    if args.action == "clean":  # before anything is scanned or removed, dry run or not
+        cleanup.check_root(cleanup.paths.cache_dir())
     base, entries = cleanup.scan()
     now = time.time()
     if args.action == "list":
         return _list(base, entries, now, args.json)
+    if not args.dry_run:
+        cleanup.claim_cache_root()  # passed the check: a cache of rocforge's, tagged as such
     chosen = {c for flag, (cats, _) in FLAGS.items()
               if getattr(args, flag.replace("-", "_")) for c in cats.split()}
     if not chosen:

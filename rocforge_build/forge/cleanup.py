@@ -1,14 +1,17 @@
 """What rocforge keeps in its cache directory, how big and how old, and removing it safely.
 
-Only what rocforge itself makes is ever listed as removable: the entries of its own subdirectories
-of `paths.cache_dir()` (source trees and git mirrors, downloaded tarballs, build work dirs, bisect
-builds, container contexts, verify references, `rocforge env`'s answers, llama.cpp help texts).
-A name rocforge does not make is shown as "other" and never touched.  An entry is left alone, with
-its reason, when it is a symbolic link (never followed: sizes come from lstat, removal is
-shutil.rmtree's fd-based walk), holds or is a build prefix (a `rocforge-manifest.toml`, a
-configured data or nightly directory placed inside the cache), is another mounted file system,
-cannot be read whole, or is a work dir whose build holds its lock (forge/lock.py: the lock is held
-while the dir is removed, so no build starts in it meanwhile).
+Only what carries rocforge's mark is ever removable (ownership.py): the cache root must not be
+`/`, HOME or above HOME, and must hold rocforge's CACHEDIR.TAG or only names rocforge makes there;
+each entry of rocforge's own subdirectories (source trees and git mirrors, downloaded tarballs,
+build work dirs, bisect builds, container contexts, verify references, `rocforge env`'s answers,
+llama.cpp help texts) must hold the mark file rocforge wrote when it made it, or have the form
+rocforge gives it (`OWNED_FORMS`: the caches of a rocforge that wrote no marks yet keep working).
+Anything else is shown and never touched.  An entry is also left alone, with its reason, when it
+is a symbolic link (never followed: sizes come from lstat), holds or is a build prefix (a
+`rocforge-manifest.toml`, a configured data or nightly directory placed inside the cache), is or
+holds another mounted file system (never crossed: removal stays on one device and mount), cannot
+be read whole, or is a work dir whose build holds its lock (forge/lock.py: listed as running;
+the lock is held while the dir is removed, so no build starts in it meanwhile).
 
 The compiler cache (ccache's or sccache's directory) is not rocforge's: it is listed, and cleaned
 only on request, by asking ccache itself to evict entries older than the given age.
@@ -18,14 +21,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocforge_build import paths
+from rocforge_build import ownership, paths, proc
+from rocforge_build.errors import RocforgeError
 from rocforge_build.forge import lock
 
 DAY = 86400.0
@@ -45,8 +51,71 @@ LAYOUT = (
     ("env", "env", True),
 )
 OWN_TOP = {"sources", "downloads", "work", "bisect", "containers", "verify", "llama-help", "env"}
-CATEGORIES = ("sources", "work", "failed", "bisect", "containers", "verify", "llama-help", "env",
-              "ccache")
+CATEGORIES = ("sources", "work", "failed", "running", "bisect", "containers", "verify",
+              "llama-help", "env", "ccache")
+
+
+def _file_form(pattern: str) -> Callable[[Path], bool]:
+    """A file named as rocforge names it there (also its `.part`/temporary forms: download.py,
+    paths.write_whole, envcache)."""
+    form = re.compile(r"\.?(?:" + pattern + r")(?:\.part(?:\.validator)?|\.\d+\.tmp)?")
+    return lambda p: form.fullmatch(p.name) is not None and _is_file(p)
+
+
+def _is_file(p: Path) -> bool:
+    return stat.S_ISREG(os.lstat(p).st_mode)
+
+
+def _is_dir(p: Path) -> bool:
+    return stat.S_ISDIR(os.lstat(p).st_mode)
+
+
+def _named_dir(pattern: str) -> Callable[[Path], bool]:
+    form = re.compile(pattern)
+    return lambda p: form.fullmatch(p.name) is not None and _is_dir(p)
+
+
+# What rocforge made before it wrote marks, by the form it gives each entry (a directory holding
+# ownership.MARK is rocforge's wherever it is).  A source tree holds rocforge's completeness stamp
+# (forge/sources.py); a work dir is named by its prefix's hash (forge/plan.work_dir); files are
+# named by what they hold (a hash, a digest), which no one else's file is called in these places.
+OWNED_FORMS: dict[str, Callable[[Path], bool]] = {
+    "sources/trees": lambda p: (_is_dir(p) and os.path.isfile(p / ownership.COMPLETE)
+                                or _named_dir(r"\.(checkout|extract)-\w{8}")(p)),
+    "sources/git": lambda p: (_named_dir(r"[0-9a-f]{16}\.git")(p) and os.path.isfile(p / "HEAD")
+                              or _named_dir(r"tmp\w{8}")(p)),
+    "sources/refs.json": _file_form(r"refs\.json"),
+    "downloads": _file_form(r"[^/]+\.(tar(\.\w+)?|tgz|zip)|[0-9a-f]{16}-[^/]+"),
+    "work": _named_dir(r"[0-9a-f]{12}"),
+    "bisect": _named_dir(r"[\w.+]+(-[\w.+]+){2,}"),  # RECIPE-TARGET-BACKEND (forge/bisect.py)
+    "containers": lambda p: _is_dir(p) and os.path.isdir(p / "wheels"),
+    "verify/refs": _file_form(r"[0-9a-f]{32}\.(kld|json)"),
+    "verify": _file_form(r"text-(start-)?[0-9a-f]{16}\.txt"),
+    "llama-help": _file_form(r"[0-9a-f]{32}"),
+    "env": _file_form(r"[0-9a-f]{8}\.sh"),
+}
+
+
+def claim_cache_root() -> None:
+    """Tag the cache root as rocforge's (CACHEDIR.TAG) when rocforge makes it or it holds only
+    what rocforge makes: called where rocforge first writes into the cache."""
+    ownership.tag_cache_root(paths.cache_dir(), OWN_TOP)
+
+
+def check_root(base: Path) -> None:
+    """Refuse, before anything is removed, a cache root that is not rocforge's (ownership.py)."""
+    ownership.check_destructive_root(base, OWN_TOP, "rocforge cache clean")
+
+
+def owned(rel: str, path: Path) -> bool:
+    """Whether the entry `path` of `rel` carries rocforge's mark, or the form rocforge gives it."""
+    try:
+        if ownership.is_marked(path):
+            return True
+        form = OWNED_FORMS.get(rel)
+        return form is not None and bool(form(path))
+    except OSError:
+        return False
 
 
 @dataclass
@@ -81,9 +150,9 @@ def protected() -> list[Path]:
     return [Path(os.path.abspath(p)) for p in out]
 
 
-def _measure(entry: Entry, guard: list[Path]) -> None:
+def _measure(entry: Entry, guard: list[Path], mounts: set[str]) -> None:
     """Size and newest mtime of `entry.path`, never following a link; sets `kept` when the
-    entry must stay (link, build prefix, other file system, unreadable)."""
+    entry must stay (link, build prefix, another file system or mount, unreadable)."""
     top = entry.path
     try:
         st = os.lstat(top)
@@ -103,6 +172,9 @@ def _measure(entry: Entry, guard: list[Path]) -> None:
     if not stat.S_ISDIR(st.st_mode):
         return
     dev = st.st_dev
+    if str(absolute) in mounts or os.lstat(absolute.parent).st_dev != dev:
+        entry.kept = "another file system is mounted there"
+        return
     stack = [str(top)]
     while stack:
         d = stack.pop()
@@ -124,7 +196,7 @@ def _measure(entry: Entry, guard: list[Path]) -> None:
                 entry.kept = f"holds a build prefix ({c.path})"
                 return
             if stat.S_ISDIR(cst.st_mode):
-                if cst.st_dev != dev:
+                if cst.st_dev != dev or os.path.abspath(c.path) in mounts:
                     entry.kept = f"another file system is mounted inside it ({c.path})"
                     return
                 if c.name.endswith(".rocforge-new"):
@@ -161,16 +233,16 @@ def _work_state(entry: Entry) -> None:
 def scan() -> tuple[Path, list[Entry]]:
     """Every entry of rocforge's cache dir, measured; then the compiler caches."""
     base = paths.cache_dir()
-    guard = protected()
+    guard, mounts = protected(), ownership.mount_points()
     entries: list[Entry] = []
     try:
         top = sorted(os.listdir(base)) if base.is_dir() else []
     except OSError:
         top = []
     for name in top:
-        if name not in OWN_TOP:
+        if name not in OWN_TOP and name != ownership.CACHEDIR_TAG:
             e = Entry("other", base / name)
-            _measure(e, guard)
+            _measure(e, guard, mounts)
             e.kept = "not something rocforge makes"
             entries.append(e)
     listed: set[Path] = set()
@@ -180,9 +252,7 @@ def scan() -> tuple[Path, list[Entry]]:
             continue
         if not children:
             if os.path.lexists(where):
-                e = Entry(category, where)
-                _measure(e, guard)
-                entries.append(e)
+                entries.append(_entry(category, rel, where, guard, mounts))
             continue
         if os.path.islink(where) or (where.parent != base and os.path.islink(where.parent)):
             entries.append(Entry(category, where, kept="a symbolic link, never followed"))
@@ -201,18 +271,28 @@ def scan() -> tuple[Path, list[Entry]]:
                 continue
             if rel == "sources/git" or rel == "sources/trees":
                 listed.add(path)
-            if rel == "work" and name.endswith(".lock"):
-                continue  # a work dir's lock: removed with its work dir
-            e = Entry(category, path)
-            _measure(e, guard)
-            if rel == "work" and e.kept is None and path.is_dir():
-                _work_state(e)
-                who = lock.holder(path)
-                if who is not None:
-                    e.kept = f"in use: {who} holds its build lock"
-            entries.append(e)
+            if name == ownership.MARK or (rel == "work" and name.endswith(".lock")):
+                continue  # a directory's own mark; a work dir's lock (removed with its work dir)
+            entries.append(_entry(category, rel, path, guard, mounts))
     entries += compiler_caches(guard)
     return base, entries
+
+
+def _entry(category: str, rel: str, path: Path, guard: list[Path], mounts: set[str]) -> Entry:
+    """One entry of `rel`, measured; kept unless it carries rocforge's mark (a work dir whose
+    build holds its lock: category `running`)."""
+    e = Entry(category, path)
+    _measure(e, guard, mounts)
+    if e.kept is None and not owned(rel, path):
+        e.kept = (f"carries no mark of rocforge's ({ownership.MARK}) and is not named as "
+                  "rocforge names its entries there: not something rocforge made")
+    if rel == "work" and e.kept is None and path.is_dir():
+        _work_state(e)
+        who = lock.holder(path)
+        if who is not None:
+            e.category = "running"
+            e.kept = f"in use: {who} holds its build lock"
+    return e
 
 
 def _ccache_dir() -> Path | None:
@@ -220,9 +300,8 @@ def _ccache_dir() -> Path | None:
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--get-config", "cache_dir"], capture_output=True, text=True,
-                             timeout=20)
-    except (OSError, subprocess.SubprocessError):
+        out = proc.run([exe, "--get-config", "cache_dir"], check=False, stderr=subprocess.PIPE)
+    except (RocforgeError, OSError):
         return None
     return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
 
@@ -242,7 +321,7 @@ def compiler_caches(guard: list[Path]) -> list[Entry]:
         if where is None or not os.path.lexists(where):
             continue
         e = Entry("ccache", where, detail=tool)
-        _measure(e, [])
+        _measure(e, [], set())
         if e.kept is None:
             e.kept = (f"{tool}'s own directory, shared with your other builds: `cache clean "
                       "--ccache --older-than DAYS` asks ccache to evict old entries"
@@ -259,24 +338,27 @@ class Removal:
     why: str
 
 
+def chosen(entries: list[Entry], categories: set[str], older_than: float | None,
+           now: float) -> list[Entry]:
+    """The entries a clean of `categories` older than `older_than` days considers: both the dry
+    run's list and the real run's come from here, so they cannot differ."""
+    return [e for e in entries if e.category in categories and e.category != "ccache"
+            and (older_than is None or e.age_days(now) > older_than)]
+
+
 def clean(entries: list[Entry], categories: set[str], older_than: float | None, *,
           dry_run: bool, now: float | None = None) -> list[Removal]:
     """Remove the removable entries of `categories` older than `older_than` days (each at most
     once; a work dir under its build lock).  Returns what was (or would be) done to each."""
     now = time.time() if now is None else now
     out = []
-    for e in entries:
-        if e.category not in categories or e.category == "ccache":
-            continue
-        if older_than is not None and e.age_days(now) <= older_than:
-            continue
+    for e in chosen(entries, categories, older_than, now):
         if e.kept is not None:
             out.append(Removal(e, False, e.kept))
-            continue
-        if dry_run:
+        elif dry_run:
             out.append(Removal(e, True, "would be removed"))
-            continue
-        out.append(_remove(e))
+        else:
+            out.append(_remove(e))
     return out
 
 
@@ -290,13 +372,12 @@ def _remove(e: Entry) -> Removal:
         if held is None:
             return Removal(e, False, "in use: a build holds its lock")
     try:
-        st = os.lstat(e.path)
-        if stat.S_ISLNK(st.st_mode):  # changed since the scan: still never followed
+        if stat.S_ISLNK(os.lstat(e.path).st_mode):  # changed since the scan: still never followed
             return Removal(e, False, "became a symbolic link; left alone")
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(e.path)
-        else:
-            os.unlink(e.path)
+        left = ownership.remove_tree_one_device(e.path)
+        if left:
+            return Removal(e, False, f"another file system is mounted at {left[0]}: left in "
+                           "place with the directories above it")
         if held is not None:
             os.unlink(lock.lock_path(e.path))  # while held: a waiting build re-opens (lock.py)
         return Removal(e, True, "removed")
@@ -322,8 +403,8 @@ def evict_ccache(older_than: float | None, dry_run: bool) -> tuple[bool, str]:
     if dry_run:
         return True, f"would run: {' '.join(argv)}"
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.SubprocessError) as exc:
+        out = proc.run(argv, check=False, timeout=600, stderr=subprocess.PIPE)
+    except (RocforgeError, OSError) as exc:
         return False, f"{' '.join(argv)} did not run: {exc}"
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no message"])[-1]

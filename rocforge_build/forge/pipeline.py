@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build import __version__, paths, replace
+from rocforge_build import __version__, ownership, paths, replace
 from rocforge_build.errors import BuildError, ToolchainError
-from rocforge_build.forge import cache, lock, parallel, patches, sources
+from rocforge_build.forge import cache, cleanup, lock, parallel, patches, sources
 from rocforge_build.forge.plan import (
     BUILD_ENV,
     MANIFEST,
@@ -120,7 +120,9 @@ def execute(req: Request, root, *, quiet: bool = False,
     say(f"[bold]rocforge build[/] {plan.recipe.name} for {plan.target} ({plan.backend}: {plan.backend_reason})")
     for note in plan.notes:
         say(f"[yellow]note:[/] {note}")
+    cleanup.claim_cache_root()
     plan.work.mkdir(parents=True, exist_ok=True)
+    ownership.write_mark(plan.work, "a build work dir")  # cache clean removes only marked dirs
     if plan.log.exists():
         plan.log.unlink()
     run = _Run(plan, _Log(plan.log), say, console, quiet, timings)

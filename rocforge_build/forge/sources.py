@@ -24,6 +24,8 @@ from urllib.parse import unquote, urlparse
 from rocforge_build import paths
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import IntegrityError, NetworkError, UsageError
+from rocforge_build.forge.cleanup import claim_cache_root
+from rocforge_build.ownership import MARK, write_mark
 from rocforge_build.proc import GIT_ALLOW_PROTOCOL, CommandFailed, run
 from rocforge_build.progress import Heartbeat
 from rocforge_build.refs import check_git_ref, check_git_url
@@ -360,6 +362,7 @@ def fetch(spec: SourceSpec, identity: str | None = None, *, progress: bool = Tru
             except CommandFailed:
                 commit = None
         return _finish(spec, identity, root, commit)
+    claim_cache_root()
     dest = _trees_dir() / (identity[:20] if identity else "unpinned")
     if spec.checkout:  # one tree per commit and set of checked-out paths
         shape = hashlib.sha256(json.dumps([sorted(spec.sparse), spec.submodules]).encode()).hexdigest()
@@ -397,6 +400,7 @@ def _git_export(url: str, commit: str, dest: Path, progress: bool = True) -> Non
     if not mirror.is_dir():
         mirror.parent.mkdir(parents=True, exist_ok=True)
         run(["git", "init", "-q", "--bare", mirror])
+        write_mark(mirror, "a git mirror (forge/sources.py)")
     with Heartbeat(f"git {url}", enabled=progress) as beat:
         have = run(["git", "-C", mirror, "cat-file", "-e", f"{commit}^{{commit}}"], check=False)
         if have.returncode != 0:
@@ -425,6 +429,7 @@ def _git_checkout(spec: SourceSpec, commit: str, dest: Path, progress: bool = Tr
     onto `dest`, so `dest` is complete or absent."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".checkout-", dir=dest.parent))
+    write_mark(tmp, "a source tree (forge/sources.py)")  # cache clean removes only marked trees
     env = {"GIT_TERMINAL_PROMPT": "0", "GIT_CEILING_DIRECTORIES": str(dest.parent)}
 
     def git(*args, timeout: float | None = None):
@@ -544,6 +549,7 @@ def _extract(archive: Path, dest: Path, *, strip: bool = True) -> None:
         entries = list(tmp.iterdir())
         if strip and len(entries) == 1 and entries[0].is_dir():
             top = entries[0]
+        write_own_file(top / MARK, "made by rocforge: a source tree\n")  # cache clean: ours
         write_own_file(top / ".rocforge-complete", str(archive) + "\n")  # never through a link
         if dest.exists():
             shutil.rmtree(dest)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rocforge_build import config, download, download_policy, extract
+from rocforge_build import config, download, download_policy, extract, ownership
 from rocforge_build.errors import IntegrityError, RocforgeError, UsageError
 from rocforge_build.nightly.listing import Nightly
 from rocforge_build.progress import Heartbeat, human_size
@@ -448,32 +448,60 @@ def use(prefix: Path, wanted: str) -> tuple[Installed, str | None]:
 
 def prune(prefix: Path, keep: int) -> list[str]:
     """Remove all but the `keep` newest installs (the current one is always kept), and leftovers
-    of interrupted runs (staging dirs, partial downloads)."""
+    of interrupted runs (staging dirs, partial downloads): only what carries rocforge's mark
+    (ownership.py), never in a prefix that is `/`, HOME or above HOME, never across a mount."""
     if keep < 0:
         raise UsageError("--keep must be 0 or more")
+    why = ownership.forbidden_root(prefix)
+    if why is not None:
+        raise UsageError(f"rocforge nightly prune refuses {prefix}: {why}",
+                         "give the nightly prefix itself (--prefix); nothing was removed")
     removed = []
     with locked(prefix):
         items = installed(prefix)
         keep_names = {i.name for i in items[:keep]} | {i.name for i in items if i.current}
         for i in items:
             if i.name not in keep_names:
-                extract.remove_tree(i.path)
-                removed.append(i.name)
+                ownership.write_mark(i.path, "a nightly install")  # its record is its mark: kept
+                # here while the rest goes, so an interrupted prune leaves a dir still rocforge's
+                if not _remove_owned(i.path, first=(RECORD,)):
+                    removed.append(i.name)
         for p in prefix.iterdir():
-            if p.name.startswith((".staging-", ".trash-", ".current-")):
-                if p.is_symlink() or p.is_file():
-                    p.unlink()
-                else:
-                    extract.remove_tree(p)
+            if p.name.startswith(".current-") and p.is_symlink():
+                p.unlink()  # the link `switch` was making
                 removed.append(p.name)
+            elif p.name.startswith((".staging-", ".trash-")):
+                if ownership.is_marked(p) or (p / RECORD).is_file() or STAGING_NAME.fullmatch(p.name):
+                    if not _remove_owned(p):
+                        removed.append(p.name)
+                else:
+                    _left(p, "it carries no mark of rocforge's")
         downloads = prefix / DOWNLOADS
         if downloads.is_dir() and not downloads.is_symlink():
             for p in downloads.iterdir():
-                if p.is_dir() and not p.is_symlink():
-                    # rocforge makes only files here: a directory is someone's, left alone
-                    print(f"rocforge: warning: left {p} in place: a directory, which rocforge "
-                          "never makes there", file=sys.stderr)
+                if p.is_dir() or p.is_symlink() or not ARCHIVE_NAME.fullmatch(p.name):
+                    # rocforge makes only archive files here: anything else is someone's
+                    _left(p, "rocforge makes only archive files there")
                     continue
                 p.unlink()
                 removed.append(f"{DOWNLOADS}/{p.name}")
     return removed
+
+
+# extract.staging's name (tempfile.mkdtemp): the staging dirs of a rocforge that wrote no marks
+STAGING_NAME = re.compile(r"\.staging-[a-z0-9_]{8}")
+# TheRock's archives as download.py keeps them (with `.part` and its validator while partial)
+ARCHIVE_NAME = re.compile(r"[^/]+\.(tar\.gz|tgz|tar\.xz|tar\.zst|tar)(\.part(\.validator)?)?"
+                          r"|[^/]+\.(sha256|sha256sum)(\.part(\.validator)?)?")
+
+
+def _remove_owned(path: Path, first: tuple[str, ...] = ()) -> list[str]:
+    """Remove `path` on its own file system only; a mount inside it is named and kept."""
+    left = ownership.remove_tree_one_device(path, first=first)
+    for mount in left:
+        _left(Path(mount), "another file system is mounted there")
+    return left
+
+
+def _left(path: Path, why: str) -> None:
+    print(f"rocforge: warning: left {path} in place: {why}", file=sys.stderr)

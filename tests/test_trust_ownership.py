@@ -1,0 +1,372 @@
+"""Attack tests for ownership by mark (ownership.py): `rocforge cache clean` and `rocforge nightly
+prune` remove only what carries rocforge's mark.  A cache dir that is HOME or `/`, a tmpfs or
+bind mount inside the cache, dot-directories in a HOME given as nightly prefix, an unmarked entry
+among marked ones and a SIGKILL in the middle of a clean, each done for real: nothing of the
+user's is removed, a refusal is one `rocforge: error:` line with exit 2, and a dry run lists
+exactly what the real run removes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+from needs import needs
+
+from rocforge_build import ownership
+from rocforge_build.forge import cleanup, sources
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def rocforge(*args: str, env: dict | None = None, wrap: tuple[str, ...] = ()
+             ) -> subprocess.CompletedProcess:
+    return subprocess.run([*wrap, sys.executable, "-m", "rocforge_build", *args],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+
+
+def one_error(res: subprocess.CompletedProcess, code: int = 2) -> str:
+    lines = [line for line in res.stderr.splitlines() if line.startswith("rocforge: error:")]
+    assert res.returncode == code, res.stderr
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    return lines[0]
+
+
+def snapshot(top: Path) -> dict[str, str]:
+    """Every path below `top` with its kind and content (files) or target (links)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(top))
+            if p.is_symlink():
+                out[rel] = "link:" + os.readlink(p)
+            elif p.is_dir():
+                out[rel] = "dir"
+            else:
+                out[rel] = "file:" + p.read_text(errors="replace")
+    return out
+
+
+def cache() -> Path:
+    return Path(os.environ["ROCFORGE_CACHE_DIR"])
+
+
+def fake_home(tmp_path: Path) -> Path:
+    """A HOME with a user's files, some under names rocforge uses in its cache dir."""
+    home = tmp_path / "home" / "alice"
+    for rel, text in (("Documents/thesis.tex", "five years"), ("work/project/main.c", "int x;"),
+                      ("downloads/photo.jpg", "jpeg"), ("sources/trees/mine/README", "mine"),
+                      (".bashrc", "alias ll='ls -l'"), ("env/secrets.sh", "TOKEN=1")):
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text(text)
+    return home
+
+
+# -- the cache root -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_cache_dir_that_is_home_is_refused_and_nothing_is_removed_or_listed(tmp_path, dry_run):
+    home = fake_home(tmp_path)
+    ownership.write_mark(home / "work" / "project", "a forged mark")  # HOME: refused even so
+    before = snapshot(home)
+    env = {"HOME": str(home), "ROCFORGE_CACHE_DIR": str(home)}
+    res = rocforge("cache", "clean", *(["--dry-run"] if dry_run else []), env=env)
+    line = one_error(res)
+    assert str(home) in line and "your home directory" in line
+    assert res.stdout == ""  # not one of the user's paths is listed as removable
+    assert snapshot(home) == before
+    # through a link to HOME, or a parent of HOME: the same
+    (tmp_path / "link").symlink_to(home)
+    for where in (tmp_path / "link", home.parent):
+        res = rocforge("cache", "clean", env={**env, "ROCFORGE_CACHE_DIR": str(where)})
+        assert "home directory" in one_error(res)
+    assert snapshot(home) == before
+    assert not (home / ownership.CACHEDIR_TAG).exists()
+
+
+def test_root_as_cache_dir_is_refused_before_any_removal_is_tried(tmp_path):
+    """`/` as the cache dir, run for real, with every way of removing a file replaced by a trap
+    that exits 99: the refusal comes first, so the trap is never reached."""
+    trap = textwrap.dedent("""
+        import os, shutil, sys
+        from rocforge_build import cli, ownership
+        def trap(*a, **k):
+            print("REMOVAL TRIED", a, file=sys.stderr); os._exit(99)
+        os.unlink = os.remove = os.rmdir = shutil.rmtree = ownership.remove_tree_one_device = trap
+        sys.exit(cli.main(sys.argv[1:]))
+    """)
+    for argv in (["cache", "clean"], ["cache", "clean", "--sources"], ["cache", "clean", "--dry-run"]):
+        res = subprocess.run([sys.executable, "-c", trap, *argv], capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "PYTHONPATH": str(REPO),
+                                               "ROCFORGE_CACHE_DIR": "/"})
+        assert "REMOVAL TRIED" not in res.stderr
+        assert "the root directory /" in one_error(res)
+    with pytest.raises(Exception, match="refuses /: it is the root directory"):
+        cleanup.check_root(Path("/"))
+
+
+def test_a_cache_dir_holding_files_of_someone_else_is_refused_until_rocforge_tagged_it(tmp_path,
+                                                                                     monkeypatch):
+    shared = tmp_path / "shared"
+    (shared / "work" / "0123456789ab").mkdir(parents=True)  # a work dir rocforge would make
+    (shared / "report.odt").write_text("someone's")
+    monkeypatch.setenv("ROCFORGE_CACHE_DIR", str(shared))
+    before = snapshot(shared)
+    for argv in (["cache", "clean"], ["cache", "clean", "--dry-run"]):
+        line = one_error(rocforge(*argv))
+        assert "1 entry rocforge did not make ('report.odt')" in line and "CACHEDIR.TAG" in line
+    assert snapshot(shared) == before
+    cleanup.claim_cache_root()  # never tags a directory with someone else's files in it
+    assert not (shared / ownership.CACHEDIR_TAG).exists()
+
+
+def test_a_cache_rocforge_makes_is_tagged_with_the_cachedir_signature(tmp_path):
+    tarball = make_tarball(tmp_path, files=3)
+    fetched = sources.fetch(sources.SourceSpec("tarball", str(tarball)))
+    tag = (cache() / "CACHEDIR.TAG").read_text()
+    assert tag.splitlines()[0] == "Signature: 8a477f597d28d172789f06886806bc55"
+    assert ownership.is_marked(fetched.root) and (fetched.root / ".rocforge-complete").is_file()
+
+
+# -- the entries ----------------------------------------------------------------------------------
+
+def make_tarball(tmp_path: Path, files: int, name: str = "src") -> Path:
+    top = tmp_path / f"{name}-tree" / "project-1.0"
+    (top / "sub").mkdir(parents=True)
+    (top / "CMakeLists.txt").write_text("project(p C)\n")
+    for i in range(files):  # at the top, beside the completeness stamp, and below
+        (top / ("sub" if i % 2 else ".") / f"f{i:04d}.c").write_text(f"int f{i};\n")
+    out = tmp_path / f"{name}.tar.gz"
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(top, arcname="project-1.0")
+    return out
+
+
+def mixed_cache(tmp_path: Path) -> dict[str, Path]:
+    """A cache rocforge made (a fetched tree, a legacy tree and work dir, a marked work dir)
+    holding also what is not rocforge's: an unmarked tree, a user's dir in work/, a file of a
+    name rocforge never gives in llama-help/."""
+    fetched = sources.fetch(sources.SourceSpec("tarball", str(make_tarball(tmp_path, 5))))
+    legacy_tree = cache() / "sources" / "trees" / "abcdef0123456789abcd"
+    legacy_tree.mkdir(parents=True)
+    (legacy_tree / ".rocforge-complete").write_text("fetched before marks existed\n")
+    (legacy_tree / "a.c").write_text("int a;\n")
+    marked_work = cache() / "work" / "notes-marked"
+    marked_work.mkdir(parents=True)
+    ownership.write_mark(marked_work, "a build work dir")
+    (marked_work / "build.ninja").write_text("x")
+    legacy_work = cache() / "work" / "0123456789ab"
+    (legacy_work / "build").mkdir(parents=True)
+    user_tree = cache() / "sources" / "trees" / "my-checkout"
+    user_tree.mkdir(parents=True)
+    (user_tree / "patch.diff").write_text("my work")
+    user_work = cache() / "work" / "thesis"
+    user_work.mkdir(parents=True)
+    (user_work / "chapter1.tex").write_text("mine")
+    (cache() / "llama-help").mkdir()
+    (cache() / "llama-help" / "README.txt").write_text("mine too")
+    return {"fetched": fetched.root, "legacy_tree": legacy_tree, "marked_work": marked_work,
+            "legacy_work": legacy_work, "user_tree": user_tree, "user_work": user_work,
+            "user_file": cache() / "llama-help" / "README.txt"}
+
+
+def test_unmarked_entries_among_marked_ones_are_kept_and_dry_run_lists_exactly_what_goes(tmp_path):
+    made = mixed_cache(tmp_path)
+    ours = {str(made[k]) for k in ("fetched", "legacy_tree", "marked_work", "legacy_work")}
+    theirs = {str(made[k]) for k in ("user_tree", "user_work", "user_file")}
+    kept_before = {p: snapshot(Path(p)) if Path(p).is_dir() else Path(p).read_text()
+                   for p in theirs}
+
+    dry = rocforge("cache", "clean", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    dry_entries = json.loads(dry.stdout)["entries"]
+    would = {e["path"] for e in dry_entries if e["outcome"] == "would be removed"}
+    assert would == ours
+    assert all("carries no mark" in e["outcome"] for e in dry_entries if e["path"] in theirs)
+    assert all(Path(p).exists() for p in ours)  # the dry run removed nothing
+
+    real = rocforge("cache", "clean", "--json")
+    assert real.returncode == 0, real.stderr
+    removed = {e["path"] for e in json.loads(real.stdout)["entries"] if e["removed"]}
+    assert removed == would  # the same function chose both lists
+    assert not any(Path(p).exists() for p in removed)
+    assert {p: snapshot(Path(p)) if Path(p).is_dir() else Path(p).read_text()
+            for p in theirs} == kept_before
+
+
+@needs("strace")
+def test_sigkill_mid_clean_leaves_a_tree_the_next_fetch_makes_whole(tmp_path):
+    """SIGKILL at the 4th unlinkat(2) of `cache clean --sources` (strace's fault injection): the
+    completeness stamp went first, so the half-removed tree is not taken as fetched; it still
+    carries rocforge's mark, so the next clean finishes it; the next fetch makes it whole."""
+    spec = sources.SourceSpec("tarball", str(make_tarball(tmp_path, 400)))
+    tree = sources.fetch(spec).root
+    whole = snapshot(tree)
+    res = rocforge("cache", "clean", "--sources",
+                   wrap=("strace", "-f", "-o", os.devnull, "-e", "trace=unlinkat",
+                         "-e", "inject=unlinkat:signal=KILL:when=4"))
+    assert res.returncode in (-9, 137), res.stderr
+    assert tree.is_dir() and 0 < len(snapshot(tree)) < len(whole)  # killed mid-way
+    assert not (tree / ".rocforge-complete").exists()
+    assert ownership.is_marked(tree)
+
+    again = sources.fetch(spec)  # what the next build does first
+    assert again.root == tree and snapshot(tree) == whole
+
+    (tree / ".rocforge-complete").unlink()  # as the first step of another killed clean
+    res = rocforge("cache", "clean", "--sources", "--json")
+    assert res.returncode == 0, res.stderr
+    assert not tree.exists()  # the next clean finishes an interrupted one
+
+
+def test_a_running_build_is_listed_as_running_not_failed(tmp_path):
+    work = cache() / "work" / "0123456789ab"
+    work.mkdir(parents=True)
+    plan = {"prefix": str(tmp_path / "prefix-being-built"), "stamp": "s1"}
+    (work / "rocforge-build.log").write_text(json.dumps(plan) + "\nconfiguring...\n")
+    ready = tmp_path / "ready"
+    holder = subprocess.Popen(  # a process holding the build lock, as a running build does
+        [sys.executable, "-c",
+         "import sys, time, pathlib; from rocforge_build.forge import lock; "
+         "h = lock.acquire(pathlib.Path('/p'), pathlib.Path(sys.argv[1])); "
+         "pathlib.Path(sys.argv[2]).touch(); time.sleep(60)", str(work), str(ready)],
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        for _ in range(400):
+            if ready.exists():
+                break
+            subprocess.run(["sleep", "0.05"])
+        assert ready.exists()
+        res = rocforge("cache", "list", "--json")
+        entry = {e["path"]: e for e in json.loads(res.stdout)["entries"]}[str(work)]
+        assert entry["category"] == "running" and entry["removable"] is False
+        assert f"pid {holder.pid}" in entry["kept"]
+        res = rocforge("cache", "clean", "--failed", "--json")  # not failed: not touched
+        assert json.loads(res.stdout)["entries"] == [] and work.is_dir()
+    finally:
+        holder.kill()
+        holder.wait()
+    res = rocforge("cache", "list", "--json")
+    entry = {e["path"]: e for e in json.loads(res.stdout)["entries"]}[str(work)]
+    assert entry["category"] == "failed"  # the build ended without installing
+
+
+# -- mounts inside the cache ---------------------------------------------------------------------
+
+MOUNTED = textwrap.dedent("""
+    import json, os, subprocess, sys
+    from pathlib import Path
+    from rocforge_build import cli, ownership
+    cache = Path(os.environ["ROCFORGE_CACHE_DIR"])
+    tree = cache / "sources" / "trees" / "abcdef0123456789abcd"
+    (tree / "scratch").mkdir(parents=True)
+    ownership.write_mark(tree, "a source tree")
+    (tree / ".rocforge-complete").write_text("x")
+    (tree / "a.c").write_text("int a;")
+    other = cache / "work" / "0123456789ab"
+    other.mkdir(parents=True)
+    elsewhere = Path(sys.argv[1])
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(tree / "scratch")], check=True)
+    (tree / "scratch" / "on-tmpfs.txt").write_text("keep")
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(other)], check=True)  # an entry itself
+    (other / "on-tmpfs-too.txt").write_text("keep")
+    (elsewhere / "bound").mkdir()
+    (elsewhere / "bound" / "on-bind.txt").write_text("keep")
+    loose = cache / "work" / "fedcba987654"
+    (loose / "bind").mkdir(parents=True)
+    (loose / "junk.o").write_text("o")
+    subprocess.run(["mount", "--bind", str(elsewhere / "bound"), str(loose / "bind")], check=True)
+    rc = cli.main(["cache", "clean", "--json"])
+    left = ownership.remove_tree_one_device(loose)  # the remover itself, past the scan's check
+    print(json.dumps({"rc": rc, "left": left, "loose_junk": (loose / "junk.o").exists(),
+                      "files": [str(p) for p in (tree / "scratch" / "on-tmpfs.txt",
+                                other / "on-tmpfs-too.txt", loose / "bind" / "on-bind.txt",
+                                tree / "a.c") if p.exists()]}), file=sys.stderr)
+""")
+
+
+@needs("unshare", "mount")
+def test_a_tmpfs_or_bind_mount_inside_the_cache_keeps_its_files(tmp_path):
+    wrap = ("unshare", "--mount", "--propagation", "private") if os.geteuid() == 0 else (
+        "unshare", "-rm", "--propagation", "private")
+    probe = subprocess.run([*wrap, "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"LOUD SKIP: no mount namespace here ({probe.stderr.decode().strip()})")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    res = subprocess.run([*wrap, sys.executable, "-c", MOUNTED, str(elsewhere)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stderr.strip().splitlines()[-1])
+    assert got["rc"] == 0
+    clean = json.loads(res.stdout)
+    kept = {e["path"]: e["outcome"] for e in clean["entries"] if not e["removed"]}
+    tree = cache() / "sources" / "trees" / "abcdef0123456789abcd"
+    assert "another file system is mounted inside it" in kept[str(tree)]
+    assert "another file system is mounted there" in kept[str(cache() / "work" / "0123456789ab")]
+    assert len(got["files"]) == 4  # all three mounts' files, and the tree that holds one
+    loose = cache() / "work" / "fedcba987654"
+    assert got["left"] == [str(loose / "bind")] and not got["loose_junk"]  # the rest went
+    assert (elsewhere / "bound" / "on-bind.txt").read_text() == "keep"
+
+
+# -- nightly prune --------------------------------------------------------------------------------
+
+def test_nightly_prune_with_home_as_prefix_is_refused_and_keeps_every_dot_dir(tmp_path):
+    home = fake_home(tmp_path)
+    for rel in (".staging-abcd1234/notes.txt", ".trash-mail/inbox", ".downloads/id_rsa.tar.gz",
+                ".current-config/x"):
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text("the user's")
+    before = snapshot(home)
+    res = rocforge("nightly", "prune", "--keep", "0", "--prefix", str(home),
+                   env={"HOME": str(home)})
+    assert "your home directory" in one_error(res)
+    assert snapshot(home) == before
+
+
+def test_nightly_prune_removes_only_rocforge_leftovers(tmp_path):
+    prefix = tmp_path / "nightlies"
+    mine = {".staging-k3j9x2ab/lib/libamdhip64.so": "so",  # extract.staging's name: a leftover
+            ".downloads/therock-dist-linux-gfx1151-7.10.0.tar.gz.part": "partial"}
+    theirs = {".staging-area/todo.txt": "the user's", ".trash-notes/old.txt": "the user's",
+              ".downloads/notes.txt": "the user's", ".downloads/keys/id": "the user's",
+              "projects/src.c": "int x;"}
+    for rel, text in {**mine, **theirs}.items():
+        (prefix / rel).parent.mkdir(parents=True, exist_ok=True)
+        (prefix / rel).write_text(text)
+    marked = prefix / ".trash-therock-7.9.0-gfx1151-4242"
+    marked.mkdir()
+    ownership.write_mark(marked, "a nightly install")
+    (marked / "bin").mkdir()
+    res = rocforge("nightly", "prune", "--keep", "0", "--prefix", str(prefix))
+    assert res.returncode == 0, res.stderr
+    assert not (prefix / ".staging-k3j9x2ab").exists() and not marked.exists()
+    assert not (prefix / ".downloads" / "therock-dist-linux-gfx1151-7.10.0.tar.gz.part").exists()
+    for rel, text in theirs.items():
+        assert (prefix / rel).read_text() == text, rel
+    assert "left" in res.stderr and ".trash-notes" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_one_device_remover_never_follows_a_link(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("keep")
+    victim = tmp_path / "victim"
+    (victim / "ro").mkdir(parents=True)
+    (victim / "ro" / "f").write_text("x")
+    (victim / "link").symlink_to(outside)
+    (victim / "ro" / "link-file").symlink_to(outside / "precious")
+    os.chmod(victim / "ro", 0o555)  # archives carry read-only directories
+    assert ownership.remove_tree_one_device(victim) == []
+    assert not victim.exists() and (outside / "precious").read_text() == "keep"
+    shutil.rmtree(outside)
