@@ -393,8 +393,10 @@ def test_export_shell_runs_exactly_the_presets_command(tmp_path, capsys):
     exe.chmod(0o755)
     hostile = "a b$HOME%i\"q'`id`;$(id)"
     argv = [str(exe), "-m", "/m/my model.gguf", "-c", "4096", "--alias", "it's $USER"]
+    p = preset(env={"GGML_X": hostile}, argv=argv)
+    p["ranges"]["short"]["prefix"] = str(tmp_path)  # the program lies inside its build's prefix
     with Store() as s:
-        s.add_preset("m", "ab" * 32, 1, preset(env={"GGML_X": hostile}, argv=argv))
+        s.add_preset("m", "ab" * 32, 1, p)
     assert cli.main(["preset", "export", "m", "--format", "shell"]) == 0
     script = tmp_path / "m.sh"
     script.write_text(capsys.readouterr().out)
@@ -455,8 +457,8 @@ def test_an_apu_preset_loads_without_mmap_where_the_tree_can(tmp_path, host, bac
 def test_export_refuses_a_hostile_env_name(capsys):
     with Store() as s:
         s.add_preset("m", "ab" * 32, 1, preset(env={"X;touch /tmp/p": "1"}))
-    assert cli.main(["preset", "export", "m", "--format", "systemd"]) == 2
-    assert "not a variable name" in capsys.readouterr().err
+    assert cli.main(["preset", "export", "m", "--format", "systemd"]) == 11  # refused as the store reads it
+    assert "field ranges.short.env: 'X;touch /tmp/p' is not an environment variable name" in capsys.readouterr().err
 
 
 # -- serve --------------------------------------------------------------------------------------

@@ -154,14 +154,25 @@ INSERT INTO runs VALUES (1, 'bench', '2025-01-01T00:00:00Z', NULL, 'done', '["be
     con.close()
 
 
+def stored_preset(n: int) -> str:
+    """A preset row's data as tune writes it (the store's schema holds every row it reads back),
+    marked with `n` to tell the versions apart."""
+    import json
+
+    r = {"prefix": "/p", "backend": "cpu", "depth": 0, "ctx": 4096, "variant_label": "v",
+         "score": 1.0, "figures": [], "env": {}, "argv": ["/p/bin/llama-server"], "notes": []}
+    return json.dumps({"model": {"name": "m", "sha256": "a" * 64, "path": "/m.gguf"},
+                       "created": "t", "ranges": {"short": r}, "n": n})
+
+
 OLD_PRESETS = f"""
 PRAGMA application_id = {APPLICATION_ID};
 {OLD_TABLES}CREATE TABLE preset_choice (model_sha256 TEXT PRIMARY KEY, preset_id INTEGER NOT NULL
     REFERENCES presets(id), chosen TEXT NOT NULL);
-INSERT INTO presets VALUES (1, 'm', '{"a" * 64}', 1, 't1', '{{"n": 1}}');
-INSERT INTO presets VALUES (2, 'm', '{"b" * 64}', 2, 't2', '{{"n": 2}}');
-INSERT INTO presets VALUES (3, 'm', '{"a" * 64}', 3, 't3', '{{"n": 3}}');
-INSERT INTO presets VALUES (4, 'm', '{"a" * 64}', 4, 't4', '{{"n": 4}}');
+INSERT INTO presets VALUES (1, 'm', '{"a" * 64}', 1, 't1', '{stored_preset(1)}');
+INSERT INTO presets VALUES (2, 'm', '{"b" * 64}', 2, 't2', '{stored_preset(2)}');
+INSERT INTO presets VALUES (3, 'm', '{"a" * 64}', 3, 't3', '{stored_preset(3)}');
+INSERT INTO presets VALUES (4, 'm', '{"a" * 64}', 4, 't4', '{stored_preset(4)}');
 INSERT INTO preset_choice VALUES ('{"a" * 64}', 3, 't5');
 """
 

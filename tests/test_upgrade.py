@@ -154,8 +154,8 @@ def test_bench_gate_compares_at_the_models_preset_shapes(tmp_path):
     def entry(depth, ubatch, fa):
         return {"prefix": str(cur), "backend": "cpu", "stamp": "s", "depth": depth, "ctx": 8192,
                 "variant": {"ubatch": ubatch, "fa": fa}, "variant_label": f"ub={ubatch}",
-                "score": 1.0, "figures": [], "runner_up": None, "env": {}, "argv": [],
-                "notes": []}
+                "score": 1.0, "figures": [], "runner_up": None, "env": {},
+                "argv": [str(cur / "bin" / "llama-server")], "notes": []}
 
     sha = provenance.model_sha256(model)
     with Store() as s:
@@ -174,27 +174,42 @@ def test_bench_gate_compares_at_the_models_preset_shapes(tmp_path):
     assert bench_gate(cur, cand, str(model), 25.0, None).verdict == "pass"
 
 
+def tuned_range(prefix, depth, variant) -> dict:
+    """A preset range as tune stores it (the store's schema holds every one it reads back)."""
+    return {"prefix": str(prefix), "backend": "cpu", "depth": depth, "ctx": 8192, "variant": variant,
+            "variant_label": "v", "score": 1.0, "figures": [], "env": {},
+            "argv": [str(prefix / "bin" / "llama-server")], "notes": []}
+
+
 def test_preset_shapes_take_only_what_tune_writes(tmp_path):
-    # a store edited by hand: shapes that are not whole numbers / booleans never reach bench
+    # a store edited by hand: a shape that is not whole numbers / booleans is refused where the
+    # store reads it (one line naming the field), never handed to bench
+    import pytest
     from tiny_gguf import write as write_gguf
 
     from rocforge_build.forge.upgrade import preset_shapes, shape_args
     from rocforge_build.measure import provenance
-    from rocforge_build.measure.store import Store
+    from rocforge_build.measure.store import Store, StoreError
 
     model = write_gguf(tmp_path / "tiny.gguf", byte_tokens=True)
     assert preset_shapes(str(model)) == ([], None)  # no preset: the default shape only
     sha = provenance.model_sha256(model)
-    bad = [{"depth": "0; touch x", "variant": {"ubatch": 512, "fa": True}},
-           {"depth": 0, "variant": {"ubatch": -1, "fa": True}},
-           {"depth": 0, "variant": {"ubatch": 512, "fa": "on"}},
-           {"depth": True, "variant": {}}, {"depth": 0, "variant": "ub=512"}]
-    ranges = {f"r{i}": r for i, r in enumerate(bad)}
-    ranges["good"] = {"depth": 2048, "variant": {"ubatch": None, "fa": False}}
-    ranges["same"] = {"depth": 2048, "variant": {"fa": False}}
+    bad = [({"depth": "0; touch x", "variant": {"ubatch": 512, "fa": True}}, "depth"),
+           ({"depth": 0, "variant": {"ubatch": -1, "fa": True}}, "variant.ubatch"),
+           ({"depth": 0, "variant": {"ubatch": 512, "fa": "on"}}, "variant.fa"),
+           ({"depth": True, "variant": {}}, "depth"), ({"depth": 0, "variant": "ub=512"}, "variant")]
+    for fields, field in bad:
+        with Store() as s:
+            s.add_preset(model.name, sha, None, {
+                "model": {"name": model.name, "sha256": sha, "path": str(model)}, "created": "t",
+                "ranges": {"r": tuned_range(tmp_path, **fields)}})
+        with pytest.raises(StoreError, match=f"field ranges.r.{field}[: ]"):
+            preset_shapes(str(model))
+    ranges = {"good": tuned_range(tmp_path, 2048, {"ubatch": None, "fa": False}),
+              "same": tuned_range(tmp_path, 2048, {"fa": False})}
     with Store() as s:
-        s.add_preset(model.name, sha, None, {"model": {"name": model.name, "sha256": sha},
-                                             "ranges": ranges})
+        s.add_preset(model.name, sha, None, {"model": {"name": model.name, "sha256": sha, "path": str(model)},
+                                             "created": "t", "ranges": ranges})
     shapes, _version = preset_shapes(str(model))
     assert shapes == [{"depth": 2048, "ubatch": None, "fa": False, "env": {},
                        "ranges": ["good", "same"]}]
@@ -217,16 +232,15 @@ def test_bench_gate_benches_each_range_with_its_environment(tmp_path, monkeypatc
     cand = bench_build(tmp_path / "candidate", None, slow_knob="on")
 
     def entry(env):
-        return {"depth": 0, "variant": {"ubatch": 512, "fa": True, "env": env}}
+        return tuned_range(cur, 0, {"ubatch": 512, "fa": True, "env": env})
 
     sha = provenance.model_sha256(model)
     with Store() as s:
         version = s.add_preset(model.name, sha, None, {
-            "model": {"name": model.name, "sha256": sha}, "ranges": {
+            "model": {"name": model.name, "sha256": sha, "path": str(model)}, "created": "t", "ranges": {
                 "short": entry({}), "long": entry({"ROCFORGE_FAKE_KNOB": "on"}),
                 "longer": entry({"ROCFORGE_FAKE_KNOB": "on"}),
-                "listed": entry({"ROCFORGE_FAKE_KNOB": "on,off"}),  # not one value: not benched
-                "named": entry({"NOT A NAME": "1"})}})
+                "listed": entry({"ROCFORGE_FAKE_KNOB": "on,off"})}})  # not one value: not benched
     shapes, _version = preset_shapes(str(model))
     assert [(s["env"], s["ranges"]) for s in shapes] == [
         ({"ROCFORGE_FAKE_KNOB": "on"}, ["long", "longer"]), ({}, ["short"])]

@@ -7,6 +7,7 @@ picks one."""
 from __future__ import annotations
 
 import json
+import sys
 
 from rocforge_build import argtypes
 from rocforge_build.errors import UsageError
@@ -55,6 +56,9 @@ def _missing(store: Store, key: str) -> UsageError:
 def run(args) -> int:
     with Store() as store:
         if args.action == "list":
+            if not store.preset_models():  # said on stderr: a script reading the list gets no line
+                sys.stderr.write(f"rocforge: preset: no presets in {store.path} yet; "
+                                 "`rocforge tune MODEL` stores one\n")
             for m in store.preset_models():
                 print(f"{m['name']}  sha256 {(m['sha256'] or '-')[:12]}  {m['versions']} version(s)  "
                       f"{m['path'] or ''}".rstrip())

@@ -3,9 +3,7 @@ per context range, with the measured figures that chose them."""
 
 from __future__ import annotations
 
-import re
-
-from rocforge_build import shellsafe
+from rocforge_build import schema, shellsafe
 from rocforge_build.errors import ConfigError, UsageError
 from rocforge_build.measure.llama_tools import LlamaBuild
 
@@ -61,24 +59,54 @@ def command(build: LlamaBuild, model_path: str, variant: dict, ctx: int, igpu: b
     return env, argv, notes
 
 
-def _checked(preset: dict) -> None:
-    """A preset is read back from the results store (a file a user can edit or be handed): its
-    range names become shell function names and its env names `env NAME=value` words, so both
-    must be plain names and every value one line before a script is printed."""
-    where = f"the preset for {preset['model']['name']!r} (results store)"
-    for name, r in preset["ranges"].items():
-        if shellsafe.env_name_problem(name):
-            raise ConfigError(f"{where}: range {name!r} is not a plain name",
-                              "range names are letters, digits and '_' (short, long)")
-        for k, v in r["env"].items():
-            shellsafe.check_env(k, str(v), f"{where}: range {name}: env", ConfigError)
+# What `rocforge tune` stores for a model (commands/tune.py `choose` and `entry`), held at the store's
+# boundary (`checked`): range names become shell function names, env names `env NAME=value` words,
+# argv the command serve starts, so each is checked before any of it is printed or run.
+_COUNT = 1 << 30  # contexts, depths and batch sizes: far above any model's, far below overflow
+_SHAPE = schema.Record({"ctx": schema.Int(1, _COUNT), "ubatch": schema.Optional(schema.Int(1, _COUNT)),
+                        "fa": schema.Optional(schema.Bool()), "ngl": schema.Optional(schema.Int(0, _COUNT))})
+_RANGE = schema.Record({
+    "prefix": schema.AbsPath(),
+    "backend": schema.Str(one_line=True),
+    "stamp": schema.Optional(schema.Str()),
+    "depth": schema.Int(0, _COUNT),
+    "ctx": schema.Int(1, _COUNT),
+    "variant": schema.Optional(schema.Record({
+        "ubatch": schema.Optional(schema.Int(1, _COUNT)), "fa": schema.Optional(schema.Bool()),
+        "env": schema.Optional(schema.EnvTable(), {})}), {}),
+    "variant_label": schema.Str(empty=True),
+    "score": schema.Num(),
+    "figures": schema.ListOf(schema.Record({
+        "test": schema.Str(one_line=True), "n": schema.Int(0, _COUNT), "depth": schema.Int(0, _COUNT),
+        "t_s": schema.Num(0), "stddev": schema.Optional(schema.Num(0))})),
+    "runner_up": schema.Optional(schema.Str()),
+    "verified": schema.Optional(schema.Record({"shape": schema.Optional(_SHAPE)})),
+    "env": schema.EnvTable(),
+    "argv": schema.ListOf(schema.Str(empty=True, one_line=True), nonempty=True),
+    "notes": schema.ListOf(schema.Str(empty=True)),
+}, rules=(schema.inside(lambda r: ("argv[0]", r["argv"][0]), "prefix", "the program"),))
+PRESET = schema.Record({
+    "model": schema.Record({"name": schema.Str(), "sha256": schema.Str(one_line=True),
+                            "path": schema.AbsPath()}),
+    "created": schema.Str(one_line=True),
+    "ranges": schema.TableOf(_RANGE, key=schema.Name(), nonempty=True),
+})
+
+
+def checked(preset: object, where: str) -> dict:
+    """A preset read back from the results store (a file a user can edit or be handed), held to
+    PRESET: one StoreError naming `where` (the store and the model's version) and the field."""
+    from rocforge_build.measure.store import StoreError
+
+    return schema.check(preset, PRESET, where, StoreError,
+                        "tune the model again (`rocforge tune`), or pick a good version with "
+                        "`rocforge preset use`")
 
 
 def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
     ranges = preset["ranges"]
     if only and only not in ranges:
         raise UsageError(f"the preset has no range {only!r}", f"ranges: {', '.join(ranges)}")
-    _checked(preset)
     out = []
     if shell:
         out += ["#!/bin/sh", shellsafe.comment(
@@ -106,19 +134,6 @@ def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-_POSIX_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-def _checked_env(env: dict) -> dict:
-    """Preset env names come from recipes, the store and --env: a name that is not a POSIX name
-    could be read as code by whatever consumes the export."""
-    bad = [k for k in env if not _POSIX_NAME.match(str(k))]
-    if bad:
-        raise UsageError(f"the preset's environment has a name that is not a variable name: {bad[0]!r}",
-                         "tune again; names are letters, digits and _ and do not start with a digit")
-    return {str(k): str(v) for k, v in env.items()}
-
-
 def export(preset: dict, fmt: str, wanted: str, host: str, port: int) -> str:
     """The preset's llama-server command for another tool: a llama-swap `models:` entry, a systemd
     service unit, or the shell script `preset show --shell` prints, each from its emitter."""
@@ -129,7 +144,7 @@ def export(preset: dict, fmt: str, wanted: str, host: str, port: int) -> str:
     r = preset["ranges"][name]
     if fmt == "shell":
         return render(preset, shell=True, only=name)
-    env = _checked_env(r["env"])
+    env = dict(r["env"])  # checked where the store read it
     model = preset["model"]["name"]
     argv = [str(w) for w in r["argv"]]
     head = (f"rocforge preset for {model} (version {preset.get('version')}, range {name}: "

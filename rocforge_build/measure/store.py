@@ -9,12 +9,13 @@ import json
 import os
 import re
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocforge_build import paths
+from rocforge_build import paths, rootfs
 from rocforge_build.errors import ConfigError, DiskFullError, RocforgeError, UsageError
 
 SCHEMA = """
@@ -128,6 +129,7 @@ class Store:
     def __init__(self, path: Path | None = None, *, timeout: float | None = None):
         self.path = Path(path or default_path())
         timeout = _timeout() if timeout is None else timeout
+        self._regular_or_absent()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
@@ -145,6 +147,20 @@ class Store:
         except OSError as exc:
             raise paths.unwritable(exc) or StoreError(
                 f"results database {self.path} cannot be opened: {exc.strerror}") from None
+
+    def _regular_or_absent(self) -> None:
+        """The database and its journals are regular files or absent: SQLite opens a FIFO, a
+        directory or a device at that path and then fails with "disk I/O error", which says
+        nothing of what is there (stat follows a link and never blocks on a FIFO)."""
+        for path in (self.path, *(Path(f"{self.path}{end}") for end in ("-wal", "-shm", "-journal"))):
+            try:
+                mode = path.stat().st_mode
+            except OSError:
+                continue  # absent (SQLite creates it) or unreadable (SQLite's own error says so)
+            if not stat.S_ISREG(mode):
+                raise StoreError(f"results database {path} is {rootfs.file_kind(mode)}, not a "
+                                 "regular file; rocforge leaves it untouched",
+                                 "remove it, or point ROCFORGE_RESULTS_DB at a regular file")
 
     def _claim(self) -> None:
         """Refuse a SQLite file that is not rocforge's before anything is written to it (no table,
@@ -330,11 +346,21 @@ class Store:
                  "data": self._decode(d, dict, f"preset {i} (table presets: {m} version {v})")}
                 for i, m, sha, run, c, d, v in rows]
 
+    def _checked(self, h: dict) -> dict:
+        """A preset version as read, its data held to the preset schema (measure/preset.py
+        PRESET): a row that does not match is one line naming the row and the field."""
+        from rocforge_build.measure.preset import checked
+
+        where = (f"results database {self.path}: preset {h['id']} (table presets: {h['model']} "
+                 f"version {h['version']})")
+        return {**h, "data": checked(h["data"], where)}
+
     def preset_history(self, model: str) -> list[dict]:
         """Every version of one model's preset (a name, a sha256 or its prefix: `resolve`), oldest
         first; each is a tune's, numbered 1, 2, 3... for that model."""
         k = self.resolve(model)
-        return [] if k is None else [{x: h[x] for x in h if x != "id"} for h in self._history(k)]
+        return [] if k is None else [{x: h[x] for x in h if x != "id"}
+                                     for h in map(self._checked, self._history(k))]
 
     def preset(self, model: str) -> dict | None:
         """The version in use: the one `preset use` chose, else the newest."""
@@ -344,8 +370,8 @@ class Store:
             return None
         chosen = self._exec("SELECT preset_id FROM preset_choice WHERE model_sha256 = ?", (k,)).fetchone()
         pick = next((h for h in history if chosen and h["id"] == chosen[0]), None)
-        return {**(pick or history[-1])["data"], "version": (pick or history[-1])["version"],
-                "in_use": "chosen" if pick else "newest"}
+        got = self._checked(pick or history[-1])
+        return {**got["data"], "version": got["version"], "in_use": "chosen" if pick else "newest"}
 
     def use_preset(self, model: str, version: int) -> dict:
         k = self.resolve(model)
@@ -354,6 +380,7 @@ class Store:
         if pick is None:
             raise UsageError(f"{model} has no preset version {version}",
                              "versions: " + (", ".join(str(h["version"]) for h in history) or "none"))
+        self._checked(pick)  # a version that does not match the schema is never put in use
         # preset_choice.model_sha256 holds the history's key (the sha256; the name for a row without one)
         self._exec("INSERT OR REPLACE INTO preset_choice (model_sha256, preset_id, chosen) VALUES (?, ?, ?)",
                    (k, pick["id"], now()))
