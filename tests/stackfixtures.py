@@ -118,7 +118,9 @@ def make_build(root: Path, recipe: str, target: str, backend: str = "hip", *,
     doc["env"] = {}
     doc["runtime_env"] = {}
     doc["patches"] = []
-    doc["toolchain"] = {"kind": "hip", "compiler_launcher": "none"}
+    # the toolchain kind the recipes give each backend (llama-cpp.toml: cpu -> host, vulkan -> vulkan)
+    doc["toolchain"] = {"kind": {"cpu": "host", "vulkan": "vulkan"}.get(backend, "hip"),
+                        "compiler_launcher": "none"}
     doc["notes"] = []
     doc["prefix"] = recorded
     doc["outputs"] = list(outputs)

@@ -1,7 +1,8 @@
 """`rocforge env [--shell bash|zsh|fish|json|dotenv | --json] [--target GFX] [--rocm PATH]`.
 
 Prints the environment for the resolved ROCm stack; `eval "$(rocforge env)"` in a shell
-start-up file, or `rocforge env > rocm.sh`.  Kept import-light: no rich, no requests.
+start-up file, or `rocforge env > rocm.sh`.  Without a ROCm, the PATH of the CPU or Vulkan build
+chosen (`rocforge use`, or the newest verified) with a comment saying no ROCm was found, exit 0.  Kept import-light: no rich, no requests.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def run(args) -> int:
         res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
     finally:
         recorded = envcache.stop_recording()
-    if res.rocm is None:
+    if res.rocm is None and not res.prepend.get("PATH"):  # a CPU or Vulkan build is still served
         raise NoRocmError("no ROCm installation found "
                           "(looked at $ROCM_PATH, rocforge nightlies, /opt/rocm, /opt/rocm-*, "
                           "/usr, pip rocm-sdk)", resolver.install_hint(res.target))

@@ -22,7 +22,8 @@ MANIFEST = "rocforge-manifest.toml"  # forge.plan.MANIFEST (not imported: `rocfo
 
 class Build(Record):
     __slots__ = ("prefix", "recipe", "target", "backend", "version", "commit", "built_at",
-                 "export_env", "export_reasons", "outputs", "missing", "lib_dir", "bin_dir", "stamp")
+                 "export_env", "export_reasons", "outputs", "missing", "lib_dir", "bin_dir", "stamp",
+                 "toolchain")
 
     def __init__(self, prefix: str,  # inner path, as lib_dir and bin_dir
                  recipe: str, target: str, backend: str, version: str | None,
@@ -33,9 +34,15 @@ class Build(Record):
                  missing: tuple[str, ...] = (),  # expected files no longer there
                  lib_dir: str | None = None,
                  bin_dir: str | None = None,  # what `rocforge env` may put on PATH
-                 stamp: str | None = None):  # the manifest's build stamp (a rebuild changes it)
+                 stamp: str | None = None,  # the manifest's build stamp (a rebuild changes it)
+                 toolchain: str = "hip"):  # hip | vulkan | host: what the build ran on
         init(self, prefix, recipe, target, backend, version, commit, built_at, fresh(export_env),
-             fresh(export_reasons), outputs, missing, lib_dir, bin_dir, stamp)
+             fresh(export_reasons), outputs, missing, lib_dir, bin_dir, stamp, toolchain)
+
+    @property
+    def needs_rocm(self) -> bool:
+        """A HIP build runs on a ROCm and one GPU target; a host (CPU) or Vulkan build on neither."""
+        return self.toolchain not in ("host", "vulkan")
 
     def describe(self) -> str:
         what = f"{self.recipe} {self.version}" if self.version else self.recipe
@@ -120,6 +127,7 @@ def read(root: Root, prefix: str) -> Build | None:
     bin_dir = inner_join(prefix, "bin")
     watch(root, bin_dir)
     source = data.get("source", {}) if isinstance(data.get("source"), dict) else {}
+    tool = data.get("toolchain", {}) if isinstance(data.get("toolchain"), dict) else {}
     return Build(
         prefix=prefix, recipe=str(recipe["name"]), target=target,
         backend=str(data.get("backend", "")), version=str(source.get("version") or "") or None,
@@ -129,6 +137,7 @@ def read(root: Root, prefix: str) -> Build | None:
         outputs=outputs, missing=tuple(missing), lib_dir=lib if root.is_dir(lib) else None,
         bin_dir=bin_dir if root.is_dir(bin_dir) else None,
         stamp=str(data["stamp"]) if isinstance(data.get("stamp"), str) else None,
+        toolchain=str(tool.get("kind") or "hip"),
     )
 
 

@@ -34,8 +34,9 @@ def _reason(res: Resolution, key: str) -> str | None:
 
 def _header(res: Resolution, shell: str) -> list[str]:
     inst = res.rocm
-    lines = [comment(f"rocforge env --shell {shell}: ROCm {inst.path} ({inst.layout} "
-                      f"{inst.version or 'version unknown'}), target {res.target or 'none'}")]
+    stack = (f"ROCm {inst.path} ({inst.layout} {inst.version or 'version unknown'})" if inst else
+             "no ROCm installation found: only builds that need none (CPU, Vulkan) are set up")
+    lines = [comment(f"rocforge env --shell {shell}: {stack}, target {res.target or 'none'}")]
     for key in ("rocm", "target", "builds", "builds on PATH", "builds not on PATH"):
         reason = _reason(res, key)
         if reason:

@@ -262,9 +262,8 @@ def resolve(root: Root, *, target: str | None = None, rocm: str | None = None,
     _override_decisions(inst, detected, selected, effective, override, env, env_in,
                         decisions, warnings)
 
-    used: list[builds_mod.Build] = []
-    if inst is not None:
-        used = _build_decisions(root, effective, decisions, env, prepend, warnings)
+    # without a ROCm, the builds that need none (CPU, Vulkan) still get their PATH
+    used = _build_decisions(root, effective, decisions, env, prepend, warnings, inst is not None)
     built_lt = [b for b in used if effective in installs_mod.tensile_targets(
         root, (inner_join(b.prefix, "lib/hipblaslt/library"),))]
     if inst is not None and effective:
@@ -482,15 +481,18 @@ _RESERVED = frozenset({"ROCM_PATH", "HIP_PATH", "HIP_PLATFORM", "HIP_CLANG_PATH"
 
 def _build_decisions(root: Root, target: str | None, decisions: list[Decision],
                      env: dict[str, str | None], prepend: dict[str, tuple[str, ...]],
-                     warnings: list[str]) -> list[builds_mod.Build]:
-    """The builds this environment uses: built for the effective target, outputs intact."""
+                     warnings: list[str], rocm_found: bool = True) -> list[builds_mod.Build]:
+    """The builds this environment uses, outputs intact: a HIP build when a ROCm was found and it
+    was built for the effective target; a CPU or Vulkan build (no ROCm, no GPU target) always."""
     found = builds_mod.find_builds(root)
     if not found:
         return []
     used: list[builds_mod.Build] = []
     skipped: list[str] = []
     for b in found:
-        if b.target != target:
+        if b.needs_rocm and not rocm_found:
+            skipped.append(f"{b.recipe} at {b.prefix} (a {b.backend} build: needs a ROCm, none found)")
+        elif b.needs_rocm and b.target != target:
             skipped.append(f"{b.recipe} at {b.prefix} (built for {b.target})")
         elif b.missing:
             warnings.append(f"{b.describe()} lacks {', '.join(b.missing)} (deleted since the build?): "
@@ -498,9 +500,12 @@ def _build_decisions(root: Root, target: str | None, decisions: list[Decision],
                             "--force`")
         else:
             used.append(b)
-    if target:
-        summary = (f"used for {target}: " + (", ".join(b.describe() for b in used) or "none")
-                   + (f"; not for this target: {', '.join(skipped)}" if skipped else ""))
+    if target or used:
+        summary = (("used for " + target if target else "used without a GPU target (CPU and Vulkan "
+                    "builds need none)") + ": "
+                   + (", ".join(b.describe() for b in used) or "none")
+                   + (f"; not used: {', '.join(skipped)}" if skipped and not target else "")
+                   + (f"; not for this target: {', '.join(skipped)}" if skipped and target else ""))
     else:  # no GPU here and no --target: nothing to match a build's target against
         summary = "none used: no GPU target (give --target)" + (f"; found: {', '.join(skipped)}" if skipped else "")
     summary += ("; none goes on LD_LIBRARY_PATH: each build loads its own libraries through "
@@ -517,7 +522,7 @@ def _build_decisions(root: Root, target: str | None, decisions: list[Decision],
             old = next((i for i, d in enumerate(decisions) if d.key == var), None)
             then = f"; then the ROCm's: {decisions[old].reason}" if old is not None else ""
             first = (", ".join(f"{os.path.basename(b.prefix)} ({why})" for b, why in on_path)
-                     if var == "PATH" else f"rocforge builds for {target}")
+                     if var == "PATH" else f"rocforge builds for {target or 'no GPU target'}")
             decision = Decision(var, ":".join(prepend[var]), f"{first} first{then}")
             if old is None:
                 decisions.append(decision)
