@@ -66,8 +66,8 @@ def whole(minimum: int, maximum: int):
 
 def number(minimum: float, maximum: float, *, above: bool = False):
     """A finite number in [minimum, maximum] (in (minimum, maximum] when `above`)."""
-    span = (f"over {minimum:g}, at most {maximum:g}" if above
-            else f"{minimum:g} to {maximum:g}")
+    low, high = (f"{int(x)}" if float(x).is_integer() else f"{x:g}" for x in (minimum, maximum))
+    span = f"over {low}, at most {high}" if above else f"{low} to {high}"
 
     def parse(text: str) -> float:
         value = _float(text)

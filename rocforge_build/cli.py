@@ -108,9 +108,10 @@ def _parser_class():
                              f"(`{self.prog} ACTION --help` for each)")
             # one `rocforge: error:` line like every other error (argparse's own form is the
             # usage block and `rocforge CMD: error:`), naming the command it is about
-            where = self.prog.removeprefix("rocforge").strip()
+            where = self.prog.removeprefix("rocforge").strip() or _selected_command(_ARGV) or ""
             sys.stderr.write(f"rocforge: error: {where + ': ' if where else ''}{message}\n")
-            for hint in hints or [f"`{self.prog} --help` lists what it takes"]:
+            for hint in hints or [f"`rocforge {where + ' ' if where else ''}--help` lists what "
+                                  "it takes"]:
                 sys.stderr.write(f"rocforge: hint: {hint}\n")
             raise SystemExit(2)
 

@@ -99,10 +99,26 @@ def _load_doc():
     if text is None:
         return tomlkit.document()
     try:
-        return tomlkit.parse(text)
+        doc = tomlkit.parse(text)
     except Exception as exc:  # tomlkit raises its own ParseError family
         raise ConfigError(f"{path} is not valid TOML: {exc}",
                           f"fix or delete {path}; `rocforge config list` shows the defaults") from exc
+    _check_ours(doc, path)
+    return doc
+
+
+def _check_ours(doc, path) -> None:
+    """Refuse to rewrite a TOML file whose top-level tables are not rocforge's: a config.toml
+    linked to a pyproject.toml ([project]) or a Cargo.toml is someone else's file, and
+    `config set` would reformat it and add rocforge's keys to it."""
+    foreign = [name for name in doc if name not in _defaults_cached()]
+    if foreign:
+        shown = f"{path} (a link to {os.path.realpath(path)})" if os.path.islink(path) else path
+        raise ConfigError(
+            f"{shown} is not rocforge's config file: its table(s) {', '.join(foreign)} are not "
+            "rocforge's; nothing was written",
+            "point config.toml at a file of rocforge's own, or remove it; rocforge's tables are "
+            + ", ".join(_defaults_cached()))
 
 
 def user() -> dict:

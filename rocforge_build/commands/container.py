@@ -33,24 +33,28 @@ def _common(p) -> None:
     p.add_argument("--ref", metavar="REF", help="passed to `rocforge build --ref`")
 
 
-class _DashDashParser(argparse.ArgumentParser):
-    """Everything after the first `--` is the command to run (argparse alone mixes it up with
-    the RECIPE positional); it lands in `args.cmd`."""
+def _dash_dash(base: type[argparse.ArgumentParser]) -> type[argparse.ArgumentParser]:
+    """The CLI's parser class (its error wording and hints), where everything after the first
+    `--` is the command to run (argparse alone mixes it up with the RECIPE positional); it lands
+    in `args.cmd`."""
 
-    def parse_known_args(self, args=None, namespace=None):
-        args = list(sys.argv[1:] if args is None else args)
-        tail: list[str] = []
-        if "--" in args:
-            at = args.index("--")
-            args, tail = args[:at], args[at + 1:]
-        namespace, extra = super().parse_known_args(args, namespace)
-        if tail or not getattr(namespace, "cmd", None):
-            namespace.cmd = tail
-        return namespace, extra
+    class DashDashParser(base):
+        def parse_known_args(self, args=None, namespace=None):
+            args = list(sys.argv[1:] if args is None else args)
+            tail: list[str] = []
+            if "--" in args:
+                at = args.index("--")
+                args, tail = args[:at], args[at + 1:]
+            namespace, extra = super().parse_known_args(args, namespace)
+            if tail or not getattr(namespace, "cmd", None):
+                namespace.cmd = tail
+            return namespace, extra
+
+    return DashDashParser
 
 
 def add_arguments(parser) -> None:
-    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=_DashDashParser)
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=_dash_dash(type(parser)))
     b = sub.add_parser("build", help="render the Containerfile and build the image",
                        description="Render the multi-stage Containerfile for a recipe, target and backend, "
                        "and build it: the builder runs `rocforge build`, the runtime stage keeps only the "

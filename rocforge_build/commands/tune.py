@@ -42,7 +42,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="the candidates, rows and winners as JSON")
 
 
-def candidates(args, say) -> tuple[list[LlamaBuild], list[dict]]:
+def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], list[dict]]:
+    """The builds of each backend (built or reused) and the `given` --build ones, each prefix
+    once: a --build that is the very build a backend makes is one candidate, not two."""
     from rocforge_build.forge import pipeline, recipes
     from rocforge_build.forge.plan import Request, make_plan
 
@@ -65,7 +67,11 @@ def candidates(args, say) -> tuple[list[LlamaBuild], list[dict]]:
         say(f"building (or reusing) the {name} build")
         out = pipeline.execute(req, args.rootfs, quiet=args.json)
         builds.append(LlamaBuild.open(out.prefix))
-    builds += [LlamaBuild.open(p) for p in args.build]
+    for b in given:
+        if any(b.prefix == other.prefix for other in builds):
+            say(f"--build {b.prefix} is already a candidate: measured once")
+            continue
+        builds.append(b)
     if not builds:
         raise UsageError("no candidate build: every backend was skipped", "; ".join(s["reason"] for s in skipped))
     return builds, skipped
@@ -74,13 +80,19 @@ def candidates(args, say) -> tuple[list[LlamaBuild], list[dict]]:
 def run(args) -> int:
     from rocforge_build.commands import target_or_detected
 
-    args.target = target_or_detected(args)
-    say = (lambda text: None) if args.json else (lambda text: sys.stderr.write(f"rocforge: tune: {text}\n"))
+    # every value is checked before the target is detected, a source downloaded or a build made
     wanted, all_ranges = _wanted_ranges(args)
+    args.fa_values = bench.fa_list(args.fa) if args.fa else None
+    args.env_values = bench.env_pairs(args.env) if args.env else None
+    given = [LlamaBuild.open(p) for p in args.build]
+    for b in given:
+        b.program("llama-bench")
     from rocforge_build.measure import gguf
 
     model = gguf.check(args.model)  # a bad model is reported before anything is built
-    builds, skipped = candidates(args, say)
+    args.target = target_or_detected(args)
+    say = (lambda text: None) if args.json else (lambda text: sys.stderr.write(f"rocforge: tune: {text}\n"))
+    builds, skipped = candidates(args, say, given)
     s = open_session(args.model, builds, ("llama-bench", "llama-perplexity"), args.rootfs)
     n_ctx = s.model.n_ctx_train
     room = (n_ctx or 10 ** 9) - args.n_prompt - args.n_gen
@@ -169,7 +181,7 @@ def _tune_build(b, s, spec, run_id, ranges: dict[str, int], n_ctx, progress, arg
     """One candidate build: the verify gate per flash-attention setting (a failed one is
     recorded and never wins), then the search over its variants.  Returns (candidate,
     (candidate, best, cross-product size) or None when no setting passed the gate)."""
-    fas = bench.fa_list(args.fa) if args.fa else tune.rules()["search"]["fa"]
+    fas = args.fa_values or tune.rules()["search"]["fa"]
     gates = {bool(fa): verify.gate(b, s.model, reference=None, store=s.store, run_id=run_id, base=s.base,
                                    coverage=verify.plan(s.model, gpu=b.gpu, ctx=args.ctx or None),
                                    fa=bool(fa), quiet=args.json)[0] for fa in fas}
@@ -191,7 +203,7 @@ def _tune_build(b, s, spec, run_id, ranges: dict[str, int], n_ctx, progress, arg
         cand.note = note
     dims, env_names = tune.dimensions(b.backend, args.ubatch or None,
                                       passing,
-                                      bench.env_pairs(args.env) if args.env else None, n_ctx)
+                                      args.env_values, n_ctx)
 
     race = None if args.exhaustive else tune.Race.from_rules()
     cand.race = race

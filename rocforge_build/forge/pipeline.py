@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build import __version__, ownership, paths, replace
-from rocforge_build.errors import BuildError, ToolchainError
+from rocforge_build.errors import BuildError, ToolchainError, UsageError
 from rocforge_build.forge import cache, cleanup, lock, parallel, patches, sources
 from rocforge_build.forge.plan import (
     BUILD_ENV,
@@ -136,6 +136,7 @@ def execute(req: Request, root, *, quiet: bool = False,
                 _make_venv(run)
         with run.timed("configure"):
             _configure(run)
+            check_build_targets(plan)
         with run.timed("build"), parallel.during_build(plan, say):
             _build_into(run, staging)
         with run.timed("install"):
@@ -232,6 +233,29 @@ def _configure(run: _Run) -> None:
     out = _stream(plan.configure, env, run.log, "configure", quiet=run.quiet)
     _check_unused(out, plan, run.log)
     marker.write_text(configure_key)
+
+
+def check_build_targets(plan: Plan) -> None:
+    """Every --build-target is a target this configure made, checked before ninja runs: which
+    targets exist depends on the options (llama.cpp's test-backend-ops only with
+    LLAMA_BUILD_TESTS), so only CMake's file API reply (cmake-file-api(7)) can say."""
+    reply = plan.build_dir / ".cmake" / "api" / "v1" / "reply"
+    index = sorted(reply.glob("index-*.json"))
+    if not plan.build_targets or not index:
+        return  # no reply: _install_artifacts says so, with the log
+    idx = json.loads(index[-1].read_text())
+    cm = json.loads((reply / idx["reply"]["codemodel-v2"]["jsonFile"]).read_text())
+    made = {t["name"] for c in cm["configurations"] for t in c["targets"]}
+    missing = [name for name in plan.build_targets if name not in made]
+    if missing:
+        import difflib
+
+        close = [m for name in missing for m in difflib.get_close_matches(name, made, n=1)]
+        raise UsageError(
+            f"--build-target {', '.join(missing)}: the configured {plan.recipe.name} build has no "
+            f"such target (the options chosen do not make it); nothing was built",
+            (f"did you mean {', '.join(close)}? " if close else "")
+            + f"the targets it has are listed by `ninja -C {plan.build_dir} -t targets all`")
 
 
 def _build_into(run: _Run, staging: Path) -> None:

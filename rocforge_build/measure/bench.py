@@ -162,6 +162,8 @@ def _row_from(result: dict, base: dict) -> dict:
     depth = _field(result, "n_depth", whole=True, default=0)  # absent before llama-bench had -d
     t_s = _field(result, "avg_ts", whole=False)
     stddev = _field(result, "stddev_ts", whole=False) if result.get("stddev_ts") is not None else None
+    if _repetitions(result) < 2:  # llama-bench's stdev() is 0 below two samples: not a spread
+        stddev = None
     return {**base, "test": "tg" if n_gen and not n_prompt else "pp", "n_prompt": n_prompt,
             "n_gen": n_gen, "depth": depth, "ubatch": result.get("n_ubatch"),
             "fa": bool(result.get("flash_attn")), "t_s": t_s,
@@ -169,6 +171,13 @@ def _row_from(result: dict, base: dict) -> dict:
             "llama_bench": {k: result.get(k) for k in ("build_commit", "build_number", "backends",
                                                         "gpu_info", "cpu_info", "n_batch", "n_threads",
                                                         "n_gpu_layers", "type_k", "type_v", "samples_ts")}}
+
+
+def _repetitions(result: dict) -> int:
+    """How many timed repetitions a llama-bench result holds (its `samples_ts`); 2 when it does
+    not list them, where its stddev_ts is taken as measured."""
+    samples = result.get("samples_ts")
+    return len(samples) if isinstance(samples, list) else 2
 
 
 def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: tuple[int, ...],

@@ -93,4 +93,5 @@ def describe(row: dict) -> str:
     from rocforge_build.measure.roofline import note
 
     share = note(row)
-    return f"{what}: {row.get('t_s', 0):.2f} ± {row.get('stddev') or 0:.2f} t/s" + (f" ({share})" if share else "")
+    spread = "" if row.get("stddev") is None else f" ± {row['stddev']:.2f}"  # None: one repetition
+    return f"{what}: {row.get('t_s', 0):.2f}{spread} t/s" + (f" ({share})" if share else "")

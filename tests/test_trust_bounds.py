@@ -1,0 +1,304 @@
+"""Issue 30, "values without bounds": every numeric flag has a lowest and highest value enforced
+while parsing; a path no command can use (a symbolic link loop, a name too long) is one line;
+output the terminal's encoding cannot show is escaped; every flag value of `tune` is checked
+before anything is downloaded; `config set` never rewrites a TOML file that is not rocforge's;
+argparse's errors are one `rocforge: error:` line; a --build-target the configure does not make
+is refused before building; a stddev llama-bench could not measure is unknown, not 0.0.
+
+Each attack is performed for real: the real parser, real subprocesses, real symbolic links, a
+real HTTP server on 127.0.0.1, a real CMake configure."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from buildfixtures import RECIPE, project_copy
+from needs import needs
+from tiny_gguf import write as write_gguf
+
+from rocforge_build import cli, paths
+from rocforge_build.commands import bundle
+from rocforge_build.measure import bench
+from rocforge_build.measure.session import describe
+
+HOSTILE = [str(2 ** 63), "-1", "nan", "inf", "1e300", "-inf", str(10 ** 400)]
+
+
+def _parsers():
+    """Every parser of the CLI: each command's (built as when it is chosen), every subcommand
+    below it, and bundle's `check` and `unpack` parsers."""
+    for name in cli.COMMANDS:
+        sub = cli.build_parser(name)._subparsers._group_actions[0].choices[name]
+        todo = [((name,), sub)]
+        while todo:
+            path, parser = todo.pop()
+            yield path, parser
+            for action in parser._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    todo += [((*path, n), p) for n, p in action.choices.items()]
+        if name == "bundle":
+            for action in ("check", "unpack"):
+                yield (name, action), bundle.action_parser(sub, action)
+    yield (), cli.build_parser(None)
+
+
+def _value_actions():
+    for path, parser in _parsers():
+        for action in parser._actions:
+            if action.nargs != 0 and not isinstance(action, (argparse._SubParsersAction,
+                                                             argparse._HelpAction)):
+                yield " ".join(("rocforge", *path, max(action.option_strings or [action.dest],
+                                                       key=len))), action
+
+
+ACTIONS = list(_value_actions())
+BOUNDED = [(label, a) for label, a in ACTIONS if hasattr(a.type, "bounds")]
+NOT_NUMERIC = (None, str, Path)  # types of options that take text or a path
+
+
+def _numeric_default(action) -> bool:
+    values = action.default if isinstance(action.default, list) else [action.default]
+    return any(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+
+
+# -- 1. every numeric flag is bounded, and says its range --------------------------------------------
+
+def test_the_walk_reaches_every_numeric_flag_of_the_trial():
+    labels = {label for label, _ in BOUNDED}
+    trial = {f"rocforge bench --{f}" for f in ("depth", "n-prompt", "ubatch", "reps", "threads",
+                                               "timeout")}
+    assert trial | {"rocforge nightly prune --keep", "rocforge host plan --reserve",
+                    "rocforge cache clean --older-than", "rocforge serve --wait"} <= labels
+    assert len(BOUNDED) >= 35 and len(ACTIONS) > 150
+
+
+def test_every_numeric_option_has_a_bounded_type():
+    """An int/float type, or a numeric default, without argtypes' bounds fails here: the next
+    numeric flag added cannot be unbounded."""
+    unbounded = [label for label, a in ACTIONS
+                 if not hasattr(a.type, "bounds")
+                 and (a.type not in NOT_NUMERIC or _numeric_default(a))]
+    assert unbounded == []
+    for label, a in BOUNDED:
+        low, high = a.type.bounds
+        assert math.isfinite(low) and math.isfinite(high) and low <= high, label
+
+
+def test_every_range_is_in_the_help():
+    """--help (and the command reference generated from the same parser) shows the range."""
+    missing = [label for label, a in BOUNDED if f"[{a.type.range_text}]" not in (a.help or "")]
+    assert missing == []
+    out = subprocess.run([sys.executable, "-m", "rocforge_build", "bench", "--help"],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert "[1 to 1000]" in " ".join(out.split())  # --reps
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_every_numeric_option_refuses_hostile_values(value):
+    accepted = []
+    for label, a in BOUNDED:
+        try:
+            a.type(value)
+        except argparse.ArgumentTypeError:
+            continue
+        accepted.append(label)
+    assert accepted == []
+
+
+# -- 2. the trial's examples, through the CLI ----------------------------------------------------------
+
+def never_run_prefix(tmp_path: Path) -> tuple[Path, Path]:
+    """A build prefix whose programs, if ever started, create a marker file."""
+    prefix, marker = tmp_path / "build", tmp_path / "ran"
+    (prefix / "bin").mkdir(parents=True)
+    for name in ("llama-bench", "llama-perplexity"):
+        exe = prefix / "bin" / name
+        exe.write_text(f"#!/bin/sh\ntouch {marker}\n")
+        exe.chmod(0o755)
+    return prefix, marker
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    try:
+        code = cli.main([str(a) for a in argv])
+    except SystemExit as exc:  # argparse's refusal
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def one_error(err: str) -> str:
+    """Exactly one `rocforge: error:` line, every line rocforge's, no usage block or traceback."""
+    lines = err.splitlines()
+    errors = [line for line in lines if line.startswith("rocforge: error: ")]
+    assert len(errors) == 1, err
+    assert all(line.startswith("rocforge: ") for line in lines), err
+    assert "internal error" not in err and "Traceback" not in err
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", byte_tokens=True)
+
+
+@pytest.mark.parametrize("flag,value", [
+    ("--depth", str(2 ** 63)), ("--n-prompt", str(2 ** 63)), ("--ubatch", str(2 ** 63)),
+    ("--reps", str(2 ** 63)), ("--threads", str(2 ** 63)), ("--timeout", "1e300"),
+    ("--depth", "0,16777217"), ("--reps", "1001"), ("--timeout", "604801"),
+])
+def test_bench_trial_values_are_refused_before_anything_runs(tmp_path, model, capsys,
+                                                             monkeypatch, flag, value):
+    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(tmp_path / "results.sqlite3"))
+    prefix, marker = never_run_prefix(tmp_path)
+    started = time.monotonic()
+    code, out, err = run_cli(capsys, "bench", prefix, "--model", model, "--no-gate", flag, value)
+    assert code == 2 and out == ""
+    line = one_error(err)
+    assert line.startswith("rocforge: error: bench: argument ") and flag in line, line
+    assert not marker.exists() and not (tmp_path / "results.sqlite3").exists()
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("argv", [["build", "--bogus"], ["nightly", "install", "--limit", "x"],
+                                  ["results"], ["preset", "show"], ["--root"], ["bundle"],
+                                  ["container", "closure"]])
+def test_argparse_errors_are_one_rocforge_line(argv, capsys):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert not any(line.startswith("usage:") for line in err.splitlines())
+    line = one_error(err)
+    assert argv[0] == "--root" or line.startswith(f"rocforge: error: {argv[0]}"), line
+
+
+def test_every_command_words_a_parse_error_alike(capsys):
+    for name in cli.COMMANDS:
+        code, _, err = run_cli(capsys, name, "--no-such-option")
+        assert code == 2, name
+        one_error(err)
+        assert "rocforge: hint: --no-such-option: no such option" in err, (name, err)
+
+
+# -- 3. paths no command can use --------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["bench", "verify", "build"])
+def test_a_symlink_loop_as_a_prefix_is_one_line(tmp_path, model, capsys, monkeypatch, how):
+    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(tmp_path / "results.sqlite3"))
+    loop = tmp_path / "loop"
+    loop.symlink_to("loop")  # `ln -s loop loop`
+    argv = {"bench": ["bench", loop, "--model", model, "--no-gate"],
+            "verify": ["verify", loop, "--model", model],
+            "build": ["build", "llama-cpp", "--target", "gfx1100", "--prefix", loop, "--dry-run"]}
+    code, _, err = run_cli(capsys, *argv[how])
+    assert code == 2
+    assert f"{loop}: a symbolic link loop" in one_error(err)
+    assert loop.is_symlink() and os.readlink(loop) == "loop"
+
+
+def test_a_name_too_long_is_one_line(tmp_path, model, capsys, monkeypatch):
+    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(tmp_path / "results.sqlite3"))
+    code, _, err = run_cli(capsys, "bench", tmp_path / ("a" * 3000), "--model", model, "--no-gate")
+    assert code == 2 and "the name is too long" in one_error(err)
+
+
+# -- 4. output the terminal's encoding cannot show ----------------------------------------------------
+
+def test_an_ascii_terminal_with_a_non_ascii_prefix(tmp_path):
+    prefix = tmp_path / "préfix"
+    prefix.mkdir()
+    out = subprocess.run([sys.executable, "-m", "rocforge_build", "nightly", "installed",
+                          "--prefix", str(prefix)], capture_output=True, timeout=60,
+                         env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert out.returncode == 0, out.stderr
+    assert b"pr\\xe9fix" in out.stdout  # escaped, the rest of the line as it was
+    assert b"internal error" not in out.stderr and b"Traceback" not in out.stderr
+
+
+# -- 5. tune checks every value before any download or build ------------------------------------------
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--fa", "maybe"], "--fa"), (["--env", "no equals sign"], "--env"),
+    (["--build", "{absent}"], "does not exist"), (["--build", "{empty}"], "no bin/llama-bench"),
+    (["--contexts", "medium"], "--contexts"),
+])
+def test_tune_values_are_checked_before_any_download(tmp_path, model, http_server, extra, needle):
+    (tmp_path / "empty").mkdir()
+    url = http_server.add("/llama.cpp-b9999.tar.gz", b"not reached")
+    extra = [e.format(absent=tmp_path / "absent", empty=tmp_path / "empty") for e in extra]
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "rocforge_build", "tune", "llama-cpp", "--target",
+                          "gfx1100", "--model", str(model), "--source", url, *extra],
+                         capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - started < 5
+    assert out.returncode == 2 and needle in one_error(out.stderr)
+    assert http_server.requests == []  # nothing was fetched
+
+
+# -- 6. config set never rewrites someone else's TOML ----------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["config", "set", "nightly.keep", "2"],
+                                  ["config", "unset", "nightly.keep"]])
+def test_config_set_through_a_link_to_a_pyproject_leaves_it_alone(tmp_path, capsys, argv):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "mine"  # my comment\n\n[tool.ruff]\nline-length = 99\n')
+    before = pyproject.read_bytes()
+    link = paths.config_file()
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(pyproject)
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    line = one_error(err)
+    assert "is not rocforge's config file" in line and "project, tool" in line
+    assert pyproject.read_bytes() == before and link.is_symlink()
+
+
+def test_config_set_still_writes_rocforge_own_file_through_a_link(tmp_path, capsys):
+    own = tmp_path / "dotfiles" / "rocforge.toml"
+    own.parent.mkdir()
+    own.write_text("# mine\n[nightly]\nkeep = 3\n")
+    paths.config_file().parent.mkdir(parents=True, exist_ok=True)
+    paths.config_file().symlink_to(own)
+    code, _, err = run_cli(capsys, "config", "set", "nightly.keep", "2")
+    assert code == 0, err
+    assert own.read_text() == "# mine\n[nightly]\nkeep = 2\n" and paths.config_file().is_symlink()
+
+
+# -- 7. item 12: a stddev llama-bench could not measure; a --build-target the configure lacks ----------
+
+def test_a_single_repetition_has_no_stddev():
+    """llama-bench's stdev() answers 0 below two samples (ggml-org/llama.cpp,
+    tools/llama-bench/llama-bench.cpp): 0.0 there is "not measured", stored as None."""
+    one = {"n_prompt": 512, "n_gen": 0, "avg_ts": 900.0, "stddev_ts": 0.0, "samples_ts": [900.0]}
+    two = {**one, "avg_ts": 901.0, "stddev_ts": 1.41, "samples_ts": [900.0, 902.0]}
+    assert bench.row_from(one, {})["stddev"] is None
+    assert bench.row_from(two, {})["stddev"] == 1.41
+    assert "±" not in describe({**bench.row_from(one, {}), "status": "ok"})
+
+
+@needs("cmake", "ninja", "cc")
+def test_a_build_target_the_configure_does_not_make_is_refused_before_building(tmp_path, capsys):
+    """The fixture's greet-hip exists only with FIXTURE_HIP (the hip backend), as llama.cpp's
+    test-backend-ops only with LLAMA_BUILD_TESTS."""
+    src = project_copy(tmp_path / "src")
+    prefix = tmp_path / "prefix"
+    code, _, err = run_cli(capsys, "build", RECIPE, "--source", src, "--target", "gfx1151",
+                           "--backend", "cpu", "--prefix", prefix, "--build-target", "greet-hip")
+    assert code == 2  # the build's progress precedes it on stderr
+    line, = [line for line in err.splitlines() if line.startswith("rocforge: error: ")]
+    assert "--build-target greet-hip" in line and "nothing was built" in line
+    assert "did you mean greet?" in err
+    assert not prefix.exists()
+    built = [p.name for p in paths.cache_dir().rglob("*") if p.suffix in (".o", ".so")
+             or p.name.startswith("libgreet")]
+    assert built == []  # ninja never ran
+    code, _, err = run_cli(capsys, "build", RECIPE, "--source", src, "--target", "gfx1151",
+                           "--backend", "cpu", "--prefix", prefix, "--build-target", "fixture-hello")
+    assert code == 0, err
+    assert (prefix / "bin" / "fixture-hello").is_file()
