@@ -1,6 +1,11 @@
 """The one subprocess wrapper: argv lists, shell-quoted logging, a missing program as a
 ToolchainError rather than a traceback, and `None` env values meaning "unset".
 
+Every `run` has a deadline: a short one (`PROBE`) unless the caller names another, or `None`
+with its reason where the length is the work itself (a build, a download); a tool that overruns
+it is stopped with its descendants and reported in one line (`ToolTimedOut`), so a hung `git`
+or `cmake` on PATH can never hang rocforge.
+
 Build steps (`spawn` + `reaped`) run in a process group of their own: when rocforge ends early
 (Ctrl-C, SIGTERM, an error) the group gets SIGTERM (ninja passes it on to its jobs), and whatever
 of it and its descendants is still alive after a grace period gets SIGKILL, so no compiler keeps
@@ -18,7 +23,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from rocforge_build.errors import RocforgeError, ToolchainError
+from rocforge_build.errors import RocforgeError, ToolchainError, UsageError
 
 
 class CommandFailed(RocforgeError):
@@ -33,6 +38,51 @@ class CommandFailed(RocforgeError):
         self.returncode = returncode
         self.output = output
         self.log = log
+
+
+class ToolTimedOut(ToolchainError):
+    """A tool that did not end within its deadline: hung, or waiting for input that never comes."""
+
+    def __init__(self, argv: Sequence[str], seconds: float):
+        name = os.path.basename(str(argv[0]))
+        super().__init__(
+            " ".join(f"{name} did not finish within {seconds:g} s and was stopped: {quote(argv)}".split()),
+            f"check that {name} answers on its own (run the command above); a {name} that "
+                    f"waits on a network, a lock or a prompt hangs like this. {PROBE_ENV} sets the "
+                    f"deadline of rocforge's short questions to tools (default {PROBE_DEFAULT_S:g} s)")
+        self.argv = list(argv)
+        self.seconds = seconds
+
+
+# The deadline of a question to a tool (`--version`, `rev-parse`, `pkg-config --exists`): seconds
+# on any machine, so a tool that takes longer is hung; a slow file system may need more.
+PROBE_ENV = "ROCFORGE_PROBE_TIMEOUT"
+PROBE_DEFAULT_S = 20.0
+
+
+class _Probe:
+    """`run`'s default deadline: `probe_seconds()` at the time of the call."""
+
+    def __repr__(self) -> str:
+        return "PROBE"
+
+
+PROBE = _Probe()
+
+
+def probe_seconds() -> float:
+    """The probe deadline: ROCFORGE_PROBE_TIMEOUT when set, else PROBE_DEFAULT_S."""
+    raw = os.environ.get(PROBE_ENV)
+    if raw is None or raw == "":
+        return PROBE_DEFAULT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= 86400:  # NaN fails too
+        raise UsageError(f"{PROBE_ENV}={raw!r} is not a number of seconds from 0 to 86400",
+                         f"unset it or give seconds, e.g. {PROBE_ENV}=60")
+    return seconds
 
 
 def quote(argv: Sequence[str]) -> str:
@@ -73,40 +123,40 @@ def run(
     check: bool = True,
     capture: bool = True,
     input: str | None = None,
-    timeout: float | None = None,
+    timeout: float | None | _Probe = PROBE,
     hint: str | None = None,
     group: bool = False,
+    stdout: int | None = None,
+    stderr: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run a program; raise ToolchainError if it is missing, CommandFailed if it fails.
+    """Run a program; raise ToolchainError if it is missing, CommandFailed if it fails,
+    ToolTimedOut (after stopping it and its descendants) if it overruns `timeout` seconds:
+    `PROBE` unless given, `None` only where the run's length is the work itself.
     `group`: a build step (compiler driver): its own process group, stopped whole when
-    rocforge is interrupted (see `reaped`); it gets no terminal input."""
+    rocforge is interrupted (see `reaped`); it gets no terminal input.  `stdout`: where an
+    uncaptured run's output goes (a file descriptor), else rocforge's own.  `stderr`: None for
+    the captured output (or rocforge's own stderr when not captured), `subprocess.PIPE` to
+    capture it apart (`.stderr`), or a file descriptor."""
     args = [os.fspath(a) for a in argv]
+    limit = probe_seconds() if isinstance(timeout, _Probe) else timeout
     full_env = merged_env(git_env(env) if os.path.basename(args[0]) == "git" else env)
     if os.path.sep not in args[0] and which(args[0], full_env.get("PATH")) is None:
         raise ToolchainError(f"required program {args[0]!r} was not found on PATH", hint)
-    if group:
-        try:
-            child = spawn(args, env=full_env, cwd=cwd, stdin=subprocess.PIPE if input else None,
-                          stdout=subprocess.PIPE if capture else None,
-                          stderr=subprocess.STDOUT if capture else None,
-                          text=True, errors="replace")
-        except FileNotFoundError as exc:
-            raise ToolchainError(f"required program {args[0]!r} was not found", hint) from exc
-        with reaped(child):
-            out, _ = child.communicate(input, timeout)
-        proc = subprocess.CompletedProcess(args, child.returncode, out, None)
-        if check and proc.returncode != 0:
-            raise CommandFailed(args, proc.returncode, proc.stdout or "")
-        return proc
     try:
-        proc = subprocess.run(
-            args, env=full_env, cwd=cwd, text=True, input=input, timeout=timeout,
-            stdout=subprocess.PIPE if capture else None,
-            stderr=subprocess.STDOUT if capture else None,
-            errors="replace",
-        )
+        child = subprocess.Popen(
+            args, env=full_env, cwd=cwd, text=True, errors="replace",
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL if group else None,
+            stdout=subprocess.PIPE if capture else stdout,
+            stderr=stderr if stderr is not None else subprocess.STDOUT if capture else None,
+            process_group=0 if group else None)
     except FileNotFoundError as exc:
         raise ToolchainError(f"required program {args[0]!r} was not found", hint) from exc
+    try:
+        with reaped(child, grace=2.0):
+            out, err = child.communicate(input, limit)
+    except subprocess.TimeoutExpired:
+        raise ToolTimedOut(args, limit or 0.0) from None
+    proc = subprocess.CompletedProcess(args, child.returncode, out, err)
     if check and proc.returncode != 0:
         raise CommandFailed(args, proc.returncode, proc.stdout or "")
     return proc
@@ -205,3 +255,58 @@ def _descendants(pid: int) -> list[tuple[int, str | None]]:
             out.append(kid)
             todo.append(kid[0])
     return out
+
+
+# -- who listens on a port: /proc/net/tcp{,6} against a process tree's sockets --------------------
+
+def _listening_inodes(port: int) -> set[int] | None:
+    """Inodes of the TCP sockets listening on `port` (any address), or None where /proc/net is
+    unreadable (proc(5): /proc/net/tcp, state 0A is LISTEN, the inode is the 10th field)."""
+    found: set[int] = set()
+    read_any = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as fh:
+                lines = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        read_any = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != "0A" or ":" not in fields[1]:
+                continue
+            try:
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    found.add(int(fields[9]))
+            except ValueError:
+                continue
+    return found if read_any else None
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    """Inodes of the sockets open in `pid` (its /proc/PID/fd links read `socket:[INODE]`)."""
+    out: set[int] = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        with contextlib.suppress(OSError, ValueError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:[") and target.endswith("]"):
+                out.add(int(target[8:-1]))
+    return out
+
+
+def port_holder(pid: int, port: int) -> str:
+    """Who listens on `port`: "ours" (`pid` or one of its descendants), "other" (only another
+    program), "nobody", or "unknown" where /proc cannot tell."""
+    listening = _listening_inodes(port)
+    if listening is None:
+        return "unknown"
+    if not listening:
+        return "nobody"
+    for member in [pid, *(p for p, _ in _descendants(pid))]:
+        if listening & _socket_inodes(member):
+            return "ours"
+    return "other"

@@ -473,6 +473,10 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if time.monotonic() > ready else 503)
         self.end_headers()
+    def do_POST(self):  # the one-token warm-up serve sends to /completion
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200 if self.path == "/completion" else 404)
+        self.end_headers()
     def log_message(self, *a):
         pass
 http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()

@@ -208,7 +208,7 @@ def _engine(argv: list[str], what: str, containerfile: Path | None, *, quiet_std
     sys.stderr.flush()
     try:
         with _stdout_to_stderr(quiet_stdout):
-            proc.run(argv, capture=False)
+            proc.run(argv, capture=False, timeout=None)  # an image build: its length is the work
     except CommandFailed as exc:
         where = f"; the Containerfile is {containerfile}" if containerfile else ""
         raise BuildError(

@@ -384,5 +384,5 @@ def _pip(args, cfg) -> int:
         print(shellsafe.comment(reason))  # from the config: one comment line, never a command
         print(proc.quote(argv))
     if args.install:
-        proc.run(argv, capture=False)
+        proc.run(argv, capture=False, timeout=None)  # pip's downloads: their length is the work
     return 0

@@ -5,10 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rocforge_build import argtypes
-from rocforge_build.errors import UsageError
+from rocforge_build import argtypes, shellsafe
+from rocforge_build.errors import ConfigError, UsageError
 from rocforge_build.measure import serve
-from rocforge_build.proc import quote
 
 
 def add_arguments(parser) -> None:
@@ -37,22 +36,25 @@ def run(args) -> int:
     if problem:
         raise UsageError(*problem)
     p = serve.plan(preset, model_path or preset["model"]["path"], args.range, args.host, args.port)
-    env = " ".join(f"{k}={quote([v])}" for k, v in p.env.items())
-    line = (f"env {env} " if env else "") + quote(p.argv)
+    line = shellsafe.sh_command(p.argv, {k: str(v) for k, v in p.env.items()},
+                                "the preset's command (results store)", ConfigError)
     if args.dry_run:
-        print(f"# rocforge serve: preset version {preset.get('version')}, range {p.range} ({p.why})")
+        print(shellsafe.comment(f"rocforge serve: preset version {preset.get('version')}, "
+                                f"range {p.range} ({p.why})"))
         for note in p.notes:
-            print(f"# {' '.join(note.split())}")
+            print(shellsafe.comment(note))
         print(line)
         return 0
+    serve.check_port(args.host, args.port)  # before anything starts: one line, exit 2
     from rocforge_build.measure import provenance
     from rocforge_build.nightly import known_bad
 
     known_bad.warn_before_measuring(provenance.host(args.rootfs))  # a known-bad host, said first
     sys.stderr.write(f"rocforge: serve: starting {p.range} preset (version {preset.get('version')}): {line}\n")
 
-    def ready():
-        print(f"serving {preset['model']['name']} at {p.url} (Ctrl-C stops it)", flush=True)
+    def ready(warm_s: float):
+        print(f"serving {shellsafe.one_line(preset['model']['name'])} at {p.url} (first request "
+              f"warmed up in {warm_s:.1f} s; Ctrl-C stops it)", flush=True)
 
-    code = serve.run(p, args.host, args.port, wait_s=args.wait, on_ready=ready)
+    code = serve.run(p, wait_s=args.wait, on_ready=ready)
     return 0 if code in (0, -15) else 9

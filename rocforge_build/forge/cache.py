@@ -14,7 +14,6 @@ of all three in `parallel.py`.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -23,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from rocforge_build.errors import ConfigError
+from rocforge_build import proc
+from rocforge_build.errors import ConfigError, RocforgeError
 from rocforge_build.proc import which
 
 # ccache 4.7 (Debian 12) remote_storage schemes (ccache manual, "Remote storage backends");
@@ -154,8 +154,8 @@ def _sccache_version(exe: str | None) -> tuple[int, ...] | None:
     if not exe:
         return None
     try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
+        out = proc.run([exe, "--version"], check=False, stderr=subprocess.PIPE).stdout
+    except (RocforgeError, OSError):
         return None
     m = re.search(r"(\d+)\.(\d+)\.(\d+)", out)
     return tuple(int(g) for g in m.groups()) if m else None
@@ -327,9 +327,9 @@ def read_stats(path: Path) -> dict[str, int]:
 
 def run_sccache(cache: CacheSetup, *args: str, env: Mapping[str, str] | None = None) -> str:
     try:
-        return subprocess.run([cache.launcher, *args], capture_output=True, text=True, timeout=30,
-                              env={**os.environ, **cache.env, **cache.secret_env, **(env or {})}).stdout
-    except (OSError, subprocess.TimeoutExpired):
+        return proc.run([cache.launcher, *args], check=False, timeout=30, stderr=subprocess.PIPE,
+                        env={**cache.env, **cache.secret_env, **(env or {})}).stdout
+    except (RocforgeError, OSError):
         return ""
 
 

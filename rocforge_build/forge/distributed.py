@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build.errors import UsageError
+from rocforge_build import proc
+from rocforge_build.errors import RocforgeError, UsageError
 from rocforge_build.forge.cache import PROBE_TIMEOUT, CacheSetup, printable, run_sccache
 from rocforge_build.proc import which
 
@@ -321,9 +322,9 @@ def compiler_ident(compiler: str, host: str | None, environ: Mapping[str, str]) 
             env.update(DISTCC_HOSTS=host, DISTCC_FALLBACK="0", DISTCC_SKIP_LOCAL_RETRY="1",
                        DISTCC_IO_TIMEOUT=str(int(PROBE_TIMEOUT * 4)), DISTCC_DIR=tmp)
         try:
-            res = subprocess.run(argv, env=env, capture_output=True, text=True,
-                                 timeout=PROBE_TIMEOUT * 6)
-        except (OSError, subprocess.TimeoutExpired):
+            res = proc.run(argv, env=env, check=False, stderr=subprocess.PIPE,
+                           timeout=PROBE_TIMEOUT * 6)
+        except (RocforgeError, OSError):
             return None
         if res.returncode != 0 or not obj.is_file():
             return None

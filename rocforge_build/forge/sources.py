@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from rocforge_build.download import sha256_file
 from rocforge_build.errors import IntegrityError, NetworkError, UsageError
 from rocforge_build.forge.cleanup import claim_cache_root
 from rocforge_build.ownership import MARK, write_mark
-from rocforge_build.proc import GIT_ALLOW_PROTOCOL, CommandFailed, run
+from rocforge_build.proc import GIT_ALLOW_PROTOCOL, PROBE, CommandFailed, run
 from rocforge_build.progress import Heartbeat
 from rocforge_build.refs import check_git_ref, check_git_url
 
@@ -417,7 +416,7 @@ def _git_export(url: str, commit: str, dest: Path, progress: bool = True) -> Non
         with tempfile.TemporaryDirectory(dir=mirror.parent) as tmp:
             tarball = Path(tmp) / "src.tar"
             beat.update(2, 3, f"git archive {commit[:12]}")
-            run(["git", "-C", mirror, "archive", "--format=tar", "-o", tarball, commit])
+            run(["git", "-C", mirror, "archive", "--format=tar", "-o", tarball, commit], timeout=3600)
             beat.update(3, 3, f"unpacking into {dest}")
             _extract(tarball, dest, strip=False)
 
@@ -432,7 +431,7 @@ def _git_checkout(spec: SourceSpec, commit: str, dest: Path, progress: bool = Tr
     write_mark(tmp, "a source tree (forge/sources.py)")  # cache clean removes only marked trees
     env = {"GIT_TERMINAL_PROMPT": "0", "GIT_CEILING_DIRECTORIES": str(dest.parent)}
 
-    def git(*args, timeout: float | None = None):
+    def git(*args, timeout=PROBE):
         return run(["git", "-C", tmp, *args], env=env, timeout=timeout)
 
     steps = 2 + bool(spec.submodules)  # fetch, checkout, submodules: [n/N] of the progress line
@@ -566,7 +565,7 @@ def _first_copy(src: Path, dst: Path) -> bool:
     dst.mkdir(parents=True)
     if not entries or not shutil.which("cp"):
         return False
-    res = subprocess.run(["cp", "-a", "--reflink=auto", *entries, str(dst)], capture_output=True)
+    res = run(["cp", "-a", "--reflink=auto", *entries, str(dst)], check=False, timeout=3600)
     return res.returncode == 0  # else the walk below copies what is missing
 
 

@@ -7,14 +7,13 @@ install was found at all (a ROCm that is there but lacks a tool stays a toolchai
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build.errors import NoRocmError, ToolchainError
-from rocforge_build.proc import run, which
+from rocforge_build.proc import ToolTimedOut, run, which
 
 VULKAN_PACKAGES = "libvulkan-dev glslc spirv-headers"
 # glslc extensions llama.cpp's Vulkan backend probes at configure time (ggml-vulkan CMakeLists:
@@ -81,7 +80,7 @@ def probe_glslc_extensions(glslc: str, extensions: list[str]) -> dict[str, bool]
         try:
             run([glslc, "-fshader-stage=compute", "--target-env=vulkan1.3", "-c", *names],
                 cwd=tmp, check=False, timeout=60)
-        except (ToolchainError, OSError, subprocess.TimeoutExpired):
+        except (ToolchainError, OSError):  # a timeout too (proc.ToolTimedOut)
             return dict.fromkeys(extensions, False)
         return {ext: (Path(tmp) / f"{name}.spv").is_file()
                 for name, ext in zip(names, extensions, strict=True)}
@@ -91,7 +90,9 @@ def _version_of(program: str | None) -> str | None:
     if not program:
         return None
     try:
-        out = run([program, "--version"], check=False, timeout=30).stdout
+        out = run([program, "--version"], check=False).stdout
+    except ToolTimedOut:
+        raise  # a hung compiler would hang the build too: one line naming it, now
     except (ToolchainError, OSError):
         return None
     return out.strip().splitlines()[0] if out.strip() else None

@@ -20,12 +20,11 @@ import math
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build import replace
+from rocforge_build import proc, replace
 from rocforge_build.discover.builds import read_manifest
 from rocforge_build.errors import BuildError, RocforgeError, UsageError
 from rocforge_build.forge.plan import MANIFEST, Plan, Request, work_dir
@@ -145,8 +144,8 @@ def run_gate(argv: list[str], candidate: Path, name: str = "run") -> Gate:
     """The user's command with ROCFORGE_PREFIX=candidate; git bisect run's exit codes."""
     env = {**os.environ, "ROCFORGE_PREFIX": str(candidate)}
     try:
-        rc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=_stderr_fd(),
-                            check=False).returncode
+        rc = proc.run(argv, env=env, capture=False, stdout=_stderr_fd(), check=False, group=True,
+                      timeout=None).returncode  # the user's own check: its length is theirs
     except OSError as exc:
         return Gate(name, "fail", f"{shlex.join(argv)} could not start: {exc.strerror}")
     verdict = "pass" if rc == 0 else "cannot test" if rc == SKIP_EXIT else "fail"
@@ -165,9 +164,9 @@ def rocforge_cli(args: list[str], root: str | None) -> tuple[int, str]:
     """Another rocforge command through its command line (its internals may change), stdout
     captured, stderr passed through."""
     argv = [sys.executable, "-m", "rocforge_build"] + (["--root", root] if root else []) + args
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=_stderr_fd(), text=True, check=False)
-    return proc.returncode, proc.stdout
+    done = proc.run(argv, check=False, group=True, stderr=_stderr_fd(),
+                    timeout=None)  # a rocforge command: its own tools have their deadlines
+    return done.returncode, done.stdout
 
 
 def verify_gate(candidate: Path, model: str, reference: Path, root: str | None) -> Gate:

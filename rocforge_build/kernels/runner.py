@@ -256,7 +256,7 @@ def build(root: Root, target: str | None = None, *, rocm: str | None = None,
                 continue
             argv = [arg.format(**values) for arg in platform[step]]
             commands.append(proc.quote(argv))
-            result = proc.run(argv, check=False, group=True)
+            result = proc.run(argv, check=False, group=True, timeout=None)  # a compile: no deadline
             if result.returncode != 0:
                 log = work.parent / f"{out_dir.name}-build.log"
                 log.write_text(proc.quote(argv) + "\n" + (result.stdout or ""), encoding="utf-8")
@@ -420,7 +420,7 @@ class BenchReport:
 
 def harness(binary: str | os.PathLike[str], *args: str) -> dict:
     """Run the harness once; its last stdout line is a JSON object."""
-    result = proc.run([binary, *args], check=False)
+    result = proc.run([binary, *args], check=False, timeout=None)  # the measurement itself
     lines = [ln for ln in (result.stdout or "").splitlines() if ln.startswith("{")]
     try:
         data = json.loads(lines[-1]) if lines else {}

@@ -20,7 +20,8 @@ from rocforge_build.errors import RocforgeError
 from rocforge_build.measure import roofline
 from rocforge_build.measure.gguf import Model
 from rocforge_build.measure.llama_tools import LlamaBuild
-from rocforge_build.proc import merged_env, quote
+from rocforge_build.proc import ToolTimedOut, merged_env, quote, spawn
+from rocforge_build.proc import run as run_tool
 
 DEPTH_NOTE = ("this llama-bench has no -d/--n-depth (added to llama.cpp in April 2025), so only "
               "depth 0 is measured")
@@ -114,9 +115,9 @@ def warm_up(build: LlamaBuild, spec: Spec, v: Variant) -> float:
     short = Spec(spec.model, (0,), min(spec.n_prompt, 512), min(spec.n_gen, 16), 1, spec.threads, spec.extra)
     t0 = time.perf_counter()
     try:
-        subprocess.run(argv_for(build, short, v, (0,)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       env=merged_env({**build.runtime_env, **dict(v.env)}), timeout=spec.timeout or 600)
-    except subprocess.TimeoutExpired:
+        run_tool(argv_for(build, short, v, (0,)), capture=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**build.runtime_env, **dict(v.env)}, check=False, timeout=spec.timeout or 600)
+    except ToolTimedOut:
         pass
     return time.perf_counter() - t0
 
@@ -191,8 +192,7 @@ def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: t
     env = merged_env({**build.runtime_env, **dict(v.env)})
     with tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-                                errors="replace", start_new_session=False)
+        proc = spawn(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env, errors="replace")
         timer = threading.Timer(spec.timeout, proc.kill) if spec.timeout else None
         if timer:
             timer.start()

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from rocforge_build import paths
-from rocforge_build.errors import UsageError, reason
+from rocforge_build import paths, proc
+from rocforge_build.errors import RocforgeError, UsageError, reason
 
 # the programs measuring needs, built by verify's reference and by tune (llama-server: what serve runs)
 MEASURE_TARGETS = ("llama-bench", "llama-perplexity", "llama-cli", "llama-server")
@@ -96,9 +96,8 @@ class LlamaBuild:
             except OSError:
                 pass
             try:
-                out = subprocess.run([str(exe), "--help"], capture_output=True, text=True,
-                                     timeout=60, errors="replace")
-            except (OSError, subprocess.TimeoutExpired) as exc:
+                out = proc.run([str(exe), "--help"], check=False, timeout=60, stderr=subprocess.PIPE)
+            except (RocforgeError, OSError) as exc:
                 raise BuildNotUsable(f"{self.prefix}/bin/{program} does not start: {reason(exc)}") from None
             self._help[program] = out.stdout + out.stderr
             try:

@@ -130,7 +130,9 @@ def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
             out += [shellsafe.one_line(f"[{name}] {why}")] + [f"  note: {shellsafe.one_line(n)}" for n in r["notes"]]
             out += [f"  {cmd}", ""]
     if shell and not only and len(ranges) > 1:
-        out += shellsafe.sh_dispatch("ROCFORGE_RANGE", list(ranges), next(iter(ranges)))
+        from rocforge_build.measure.serve import default_range  # the range serve picks too
+
+        out += shellsafe.sh_dispatch("ROCFORGE_RANGE", list(ranges), default_range(ranges))
     return "\n".join(out).rstrip() + "\n"
 
 

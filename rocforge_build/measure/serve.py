@@ -1,11 +1,22 @@
 """`rocforge serve`: run what tune proved — the preset's build's llama-server with the preset's
 flags and environment — wait until it answers `/health`, and stop it whole on Ctrl-C.  A preset
 whose build changed since it was verified is refused until a verify of the new build covers the
-range's verified shape (`covers`)."""
+range's verified shape (`covers`).
+
+Ready means its own llama-server answered: the port is checked free before it starts, and
+`/health` counts only while the listening socket on the port is the child's (proc.port_holder);
+a one-token request then pays the first request's one-time warm-up before "serving" is said."""
 
 from __future__ import annotations
 
+import collections
+import errno
 import http.client
+import json
+import socket
+import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,17 +37,24 @@ class Plan:
     argv: list[str]
     url: str
     notes: list[str]
+    host: str
+    port: int
+
+
+def default_range(ranges: dict) -> str:
+    """The range used when none is named (`serve`, `preset show --shell`): the longest context,
+    since a server must hold the longest prompt its clients send."""
+    return max(ranges, key=lambda n: ranges[n]["ctx"])
 
 
 def pick_range(preset: dict, wanted: str) -> tuple[str, str]:
-    """(range, why): `auto` serves the range with the longest context, since a server must hold
-    the longest prompt its clients send."""
+    """(range, why): `auto` is `default_range`."""
     ranges = preset["ranges"]
     if wanted != "auto":
         if wanted not in ranges:
             raise UsageError(f"the preset has no range {wanted!r}", f"ranges: {', '.join(ranges)}")
         return wanted, f"--range {wanted}"
-    name = max(ranges, key=lambda n: ranges[n]["ctx"])
+    name = default_range(ranges)
     return name, f"auto: the range with the longest context ({ranges[name]['ctx']} tokens)"
 
 
@@ -106,7 +124,7 @@ def plan(preset: dict, model_path: str, wanted: str, host: str, port: int) -> Pl
         argv[argv.index("-m") + 1] = model_path
     argv += ["--host", host, "--port", str(port)]
     shown = f"[{host}]" if ":" in host else host
-    return Plan(name, why, dict(r["env"]), argv, f"http://{shown}:{port}", list(r.get("notes", [])))
+    return Plan(name, why, dict(r["env"]), argv, f"http://{shown}:{port}", list(r.get("notes", [])), host, port)
 
 
 def healthy(host: str, port: int, timeout: float = 2.0) -> bool:
@@ -121,22 +139,114 @@ def healthy(host: str, port: int, timeout: float = 2.0) -> bool:
         conn.close()
 
 
-def run(p: Plan, host: str, port: int, *, wait_s: float, on_ready) -> int:
-    """Start the server in its own process group, wait for /health, then until it ends; Ctrl-C or
-    SIGTERM stops its whole tree (proc.reaped).  Returns the server's exit status."""
-    from rocforge_build.proc import merged_env, reaped, spawn, stop_group
+def check_port(host: str, port: int) -> None:
+    """Refuse, before anything starts, a port another program already listens on: bound here
+    (with SO_REUSEADDR, as llama-server binds) and let go at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UsageError(f"--host {host!r} is not an address of this machine ({exc})",
+                         "give an address to listen on, e.g. --host 127.0.0.1") from None
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise UsageError(f"port {port} on {host} is in use by another program",
+                                     "stop that program, or serve on another port: --port N") from None
+                raise UsageError(f"cannot listen on {host} port {port}: {exc.strerror}",
+                                 "give an address of this machine (--host) and a port you may use "
+                                 "(below 1024 needs root)") from None
 
-    child = spawn(p.argv, env=merged_env(p.env))
+
+def _relay(stream, keep: int = 20) -> collections.deque:
+    """Copy the server's output to stderr as it comes (a daemon thread: a pipe held open by a
+    stray descendant never holds rocforge) and keep its last lines for an error."""
+    tail: collections.deque = collections.deque(maxlen=keep)
+
+    def pump():
+        for line in stream:
+            tail.append(line.rstrip("\n"))
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    threading.Thread(target=pump, name="llama-server output", daemon=True).start()
+    return tail
+
+
+def _last_words(tail: collections.deque) -> str:
+    from rocforge_build.shellsafe import one_line
+
+    time.sleep(0.1)  # the relay's last lines, written just before the exit
+    lines = [one_line(t) for t in list(tail) if t.strip()]
+    return f": {lines[-1][:300]}" if lines else ""
+
+
+def _wait_ready(child, p: Plan, wait_s: float, tail: collections.deque) -> None:
+    """Until /health answers 200 from a socket the child (or its descendants) listens on."""
+    from rocforge_build.proc import port_holder
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        if child.poll() is not None:
+            raise ServeError(f"llama-server exited with code {child.returncode} before it was ready"
+                             + _last_words(tail), "its output is above")
+        holder = port_holder(child.pid, p.port)
+        if holder in ("ours", "unknown") and healthy(p.host, p.port):
+            return
+        if time.monotonic() > deadline:
+            if holder == "other":
+                raise ServeError(f"another program listens on port {p.port}, and llama-server (pid "
+                                 f"{child.pid}) did not within {wait_s:g} s: it was stopped",
+                                 "stop that program, or serve on another port: --port N")
+            raise ServeError(f"llama-server did not answer {p.url}/health within {wait_s:g} s",
+                             "a large model loads slowly: give --wait SECONDS")
+        time.sleep(0.25)
+
+
+def warm_up(p: Plan, timeout: float) -> float:
+    """One request for one token: a fresh GPU compiles and loads its kernels on the first request
+    (28 s measured on a fresh H100 with Vulkan, issue 30), which the first client would otherwise
+    wait for.  Returns the seconds it took."""
+    headers = {"Content-Type": "application/json"}
+    if "--api-key" in p.argv[:-1]:
+        headers["Authorization"] = f"Bearer {p.argv[p.argv.index('--api-key') + 1]}"
+    body = json.dumps({"prompt": "Hello", "n_predict": 1}).encode()
+    conn = http.client.HTTPConnection(p.host, p.port, timeout=timeout)
+    start = time.monotonic()
+    try:
+        conn.request("POST", "/completion", body, headers)
+        answer = conn.getresponse()
+        answer.read(1 << 20)
+    except (OSError, http.client.HTTPException) as exc:
+        raise ServeError(f"llama-server answered /health but not a one-token request to {p.url}"
+                         f"/completion within {timeout:g} s ({exc or type(exc).__name__})",
+                         "its output is above") from None
+    finally:
+        conn.close()
+    if answer.status != 200:
+        raise ServeError(f"llama-server's one-token request to {p.url}/completion got HTTP {answer.status}",
+                         "its output is above")
+    return time.monotonic() - start
+
+
+def run(p: Plan, *, wait_s: float, on_ready) -> int:
+    """Start the server in its own process group, its output relayed to stderr; wait until it is
+    ready (`_wait_ready`) and warmed up (`warm_up`), then until it ends.  Ctrl-C, SIGTERM or an
+    error stops its whole tree (proc.reaped).  Returns the server's exit status."""
+    from rocforge_build.proc import merged_env, reaped, spawn
+
+    child = spawn(p.argv, env=merged_env(p.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                  text=True, errors="replace")
+    tail = _relay(child.stdout)
     with reaped(child):
-        deadline = time.monotonic() + wait_s
-        while not healthy(host, port):
-            if child.poll() is not None:
-                raise ServeError(f"llama-server exited with code {child.returncode} before it was ready",
-                                 "run the command `rocforge serve --dry-run` prints to see its output")
-            if time.monotonic() > deadline:
-                stop_group(child)
-                raise ServeError(f"llama-server did not answer {p.url}/health within {wait_s:g} s",
-                                 "a large model loads slowly: give --wait SECONDS")
-            time.sleep(0.25)
-        on_ready()
+        start = time.monotonic()
+        _wait_ready(child, p, wait_s, tail)
+        took = warm_up(p, max(wait_s - (time.monotonic() - start), 120.0))
+        if child.poll() is not None:
+            raise ServeError(f"llama-server exited with code {child.returncode} after its first request"
+                             + _last_words(tail), "its output is above")
+        on_ready(took)
         return child.wait()

@@ -275,12 +275,12 @@ def _perplexity(build: LlamaBuild, args: list[str], env: dict | None = None,
                 ngl: int | None = None) -> str:
     exe = build.program("llama-perplexity")
     argv = [str(exe), *args] + (["-ngl", str(99 if ngl is None else ngl)] if build.gpu else [])
-    from rocforge_build.proc import merged_env
+    from rocforge_build import proc
 
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, errors="replace",
-                             env=merged_env({**build.runtime_env, **(env or {})}), timeout=3600)
-    except subprocess.TimeoutExpired:
+        out = proc.run(argv, check=False, stderr=subprocess.PIPE, timeout=3600,
+                       env={**build.runtime_env, **(env or {})})
+    except proc.ToolTimedOut:
         raise VerifyError(f"{exe} ran over an hour and was stopped") from None
     text = out.stdout + out.stderr
     if out.returncode != 0:

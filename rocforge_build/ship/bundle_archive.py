@@ -72,7 +72,7 @@ def write_archive(tree: Path, out: Path) -> None:
             try:
                 with tarfile.open(plain, "w", format=tarfile.PAX_FORMAT) as tf:
                     tf.add(tree, arcname=tree.name, filter=_tar_filter)
-                proc.run([zstd_program(), "-q", "-f", "-T0", str(plain), "-o", str(tmp)])
+                proc.run([zstd_program(), "-q", "-f", "-T0", str(plain), "-o", str(tmp)], timeout=None)  # size-bound
             finally:
                 plain.unlink(missing_ok=True)
         # mkstemp's file is 0600: the archive is for sharing, so it gets the umask's mode
@@ -294,8 +294,8 @@ def _zst_members(raw, where: str, zstd: str) -> Iterator[tuple[Member, _Guarded 
     """A .tar.zst through the zstd program; its verdict (a cut frame, a bad checksum) counts."""
     from rocforge_build import extract
 
-    child = subprocess.Popen([zstd, "-d", "-c", "-q"], stdin=raw, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
+    child = proc.spawn([zstd, "-d", "-c", "-q"], stdin=raw, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE)
 
     def ended() -> str | None:
         child.stdout.close()

@@ -89,6 +89,7 @@ def build_wheels(dest: Path) -> None:
         proc.run(
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(dest), what],
             hint="pip must be able to build rocforge and fetch its dependencies on this machine",
+            timeout=None,  # a build and downloads: their length is the work
         )
 
 

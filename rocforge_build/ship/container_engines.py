@@ -83,7 +83,7 @@ def engine_problems(engine: Engine, *, building: bool) -> list[str]:
     def ask(argv: list[str]):
         try:
             return proc.run(argv, check=False, timeout=30)
-        except subprocess.TimeoutExpired:
+        except proc.ToolTimedOut:
             return subprocess.CompletedProcess(argv, 124, "no answer in 30 s")
 
     problems = []
@@ -230,11 +230,11 @@ def run_plan(
 def execute_run(run: RunPlan) -> int:
     """Run the planned command, streaming its output; returns its exit code."""
     if len(run.commands) == 1:
-        return proc.run(list(run.commands[0]), capture=False, check=False).returncode
-    created = proc.run(list(run.commands[0])).stdout.strip().splitlines()
+        return proc.run(list(run.commands[0]), capture=False, check=False, timeout=None).returncode  # the user's container
+    created = proc.run(list(run.commands[0]), timeout=None).stdout.strip().splitlines()  # may pull an image
     ctr = created[-1].strip() if created else ""
     try:
         argv = [ctr if a == "$CTR" else a for a in run.commands[1]]
-        return proc.run(argv, capture=False, check=False).returncode
+        return proc.run(argv, capture=False, check=False, timeout=None).returncode  # the user's container
     finally:
-        proc.run([ctr if a == "$CTR" else a for a in run.commands[2]], check=False)
+        proc.run([ctr if a == "$CTR" else a for a in run.commands[2]], check=False, timeout=120)

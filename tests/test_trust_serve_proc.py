@@ -1,0 +1,397 @@
+"""Attack tests (issue 30, items 5, 6 and 12): `rocforge serve` knows its own process, and every
+tool rocforge runs has a deadline.
+
+Played for real: a Python http.server on 127.0.0.1 answering /health 200 as "another program";
+fake llama-servers (Python scripts) that never bind, fail to bind, or answer slowly; `git` and
+`cmake` on PATH as shell scripts that hang (`sleep 3600`).  Each ends in one `rocforge: error:`
+line with its documented exit code, nothing announced as serving that is not rocforge's own
+server, and no process left behind."""
+
+from __future__ import annotations
+
+import ast
+import http.server
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import needs
+import pytest
+from buildfixtures import RECIPE, git_repo, project_copy
+
+from rocforge_build import cli, proc
+from rocforge_build.measure.store import Store
+
+REPO = Path(__file__).resolve().parent.parent
+PROBE_S = 2.0  # ROCFORGE_PROBE_TIMEOUT for the hanging-tool tests (the default is 20 s)
+# the bound an ended run must meet: the deadline, the stop's SIGTERM grace, a loaded 2-core
+# CI machine's scheduling and the CLI's own start-up
+MARGIN = 4.0
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("rocforge: error:")]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- another program on the port: a real HTTP server answering /health 200 ---------------------
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"status":"ok"}')
+
+    def do_POST(self):  # noqa: N802
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+class OtherProgram:
+    """An HTTP server on 127.0.0.1:port that answers /health 200 (bound by this test process)."""
+
+    def __init__(self, port: int):
+        deadline = time.monotonic() + 10
+        while True:  # the fake may hold the port for an instant while it tries to bind
+            try:
+                self.server = http.server.HTTPServer(("127.0.0.1", port), _Health)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# -- fake llama-servers --------------------------------------------------------------------------
+SERVER_HEAD = r'''#!{python}
+import http.server, json, os, socket, sys, time
+argv = sys.argv[1:]
+port = int(argv[argv.index("--port") + 1])
+here = os.path.dirname(os.path.abspath(__file__))
+open(os.path.join(here, "started"), "w").write(str(os.getpid()))
+'''
+
+NEVER_BINDS = SERVER_HEAD + '''
+time.sleep(3600)  # loads "forever" and never listens
+'''
+
+FAILS_TO_BIND = SERVER_HEAD + '''
+while True:  # llama-server's bind, retried until the port is taken (then it fails, as it does)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        print(f"main: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {port}", flush=True)
+        sys.exit(1)
+    s.close()
+    time.sleep(0.02)
+'''
+
+WARMS_UP = SERVER_HEAD + '''
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        time.sleep(1.0)  # the first request's one-time warm-up
+        open(os.path.join(here, "warm-up"), "w").write(json.dumps({"path": self.path, "body": json.loads(body)}))
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"content": "x"}')
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def install(tmp_path: Path, script: str, ranges: dict[str, int] | None = None) -> Path:
+    """A fake build whose bin/llama-server is `script`, and a stored preset for model "m" that
+    runs it (one range per name -> context); returns the build's bin directory."""
+    from stackfixtures import make_build
+    from test_proof import preset
+
+    from rocforge_build.discover.builds import read_manifest
+
+    prefix = make_build(tmp_path / "builds", "llama-cpp", "gfx1151", "cpu")
+    exe = prefix / "bin" / "llama-server"
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text(script.replace("{python}", sys.executable))
+    exe.chmod(0o755)
+    p = preset(argv=[str(exe), "-m", "/m/m.gguf", "-c", "4096"])
+    template = p["ranges"].pop("short")
+    for name, ctx in (ranges or {"short": 4096}).items():
+        p["ranges"][name] = {**template, "ctx": ctx, "prefix": str(prefix),
+                             "stamp": read_manifest(prefix).get("stamp"),
+                             "argv": [str(exe), "-m", "/m/m.gguf", "-c", str(ctx)]}
+    with Store() as s:
+        s.add_preset("m", "ab" * 32, 1, p)
+    return exe.parent
+
+
+def start_serve(port: int, wait: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", "m", "--port", str(port),
+                             "--wait", str(wait)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def wait_for(path: Path, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def test_a_port_in_use_is_one_line_before_llama_server_starts(tmp_path, capsys):
+    bindir = install(tmp_path, WARMS_UP)
+    port = free_port()
+    other = OtherProgram(port)
+    try:
+        rc = cli.main(["serve", "m", "--port", str(port), "--wait", "5"])
+    finally:
+        other.close()
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert error_lines(err) == [f"rocforge: error: port {port} on 127.0.0.1 is in use by another program"]
+    assert "Traceback" not in err and "serving" not in out
+    assert not (bindir / "started").exists()  # llama-server was never started
+    assert "starting" not in err  # nor announced as starting
+
+
+@pytest.mark.parametrize("fake", ["never binds", "fails to bind"])
+def test_another_programs_health_is_never_taken_for_llama_servers(tmp_path, fake):
+    """The trial: llama-server failed to bind while another program answered /health on the
+    port, and serve announced "serving".  The other program takes the port after serve's check
+    (the fake signals when it has started): its /health must not count."""
+    bindir = install(tmp_path, NEVER_BINDS if fake == "never binds" else FAILS_TO_BIND)
+    port = free_port()
+    serve = start_serve(port, wait=3)
+    other = None
+    try:
+        wait_for(bindir / "started")
+        other = OtherProgram(port)
+        out, err = serve.communicate(timeout=60)
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+        if other:
+            other.close()
+    assert serve.returncode == 9, err
+    assert "serving" not in out  # never announced
+    lines = error_lines(err)
+    assert len(lines) == 1 and "Traceback" not in err, err
+    if fake == "never binds":
+        assert f"another program listens on port {port}, and llama-server (pid" in lines[0]
+    else:  # its own failure, with its last line
+        assert lines[0] == ("rocforge: error: llama-server exited with code 1 before it was ready: main: "
+                            f"couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {port}")
+    assert not alive(int((bindir / "started").read_text()))  # and it is stopped
+
+
+def test_serving_is_said_after_the_one_token_warm_up(tmp_path):
+    bindir = install(tmp_path, WARMS_UP)
+    port = free_port()
+    serve = start_serve(port, wait=30)
+    try:
+        line = serve.stdout.readline()
+        # the warm-up request was answered before the line was printed
+        warm = json.loads((bindir / "warm-up").read_text())
+        assert warm == {"path": "/completion", "body": {"prompt": "Hello", "n_predict": 1}}
+        assert line.startswith(f"serving m at http://127.0.0.1:{port} (first request warmed up in ")
+        took = float(line.split("warmed up in ")[1].split(" s;")[0])
+        assert took >= 1.0  # the fake's one-second warm-up, measured
+    finally:
+        os.killpg(serve.pid, signal.SIGINT)
+        serve.wait(timeout=30)
+    assert not alive(int((bindir / "started").read_text()))
+
+
+def test_preset_show_shell_and_serve_default_to_the_same_range(tmp_path, capsys):
+    """Both default to the longest context (`serve.default_range`): the script `preset show
+    --shell` prints, run by sh without ROCFORGE_RANGE, starts the range serve starts."""
+    install(tmp_path, WARMS_UP, ranges={"short": 4096, "long": 32768})
+    assert cli.main(["serve", "m", "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert "range long (auto" in dry and "-c 32768 --host" in dry
+    assert cli.main(["preset", "show", "m", "--shell"]) == 0
+    script = tmp_path / "preset.sh"
+    script.write_text(capsys.readouterr().out)
+    # the script execs llama-server: a stand-in on PATH's place prints its arguments instead
+    text = script.read_text()
+    exe = next(w for w in text.split() if w.endswith("/bin/llama-server"))
+    echo = tmp_path / "echo-args"
+    echo.write_text('#!/bin/sh\necho "$@"\n')
+    echo.chmod(0o755)
+    script.write_text(text.replace(exe, str(echo)))
+    env = {k: v for k, v in os.environ.items() if k != "ROCFORGE_RANGE"}
+    ran = subprocess.run(["sh", str(script)], capture_output=True, text=True, env=env, timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    assert "-c 32768" in ran.stdout and "-c 4096" not in ran.stdout
+
+
+# -- hanging tools ---------------------------------------------------------------------------------
+HANGS = '#!/bin/sh\necho $$ >> "{pids}"\nsleep 3600 &\necho $! >> "{pids}"\nwait\n'
+
+
+def hanging(bindir: Path, tool: str, pids: Path, *, only: str | None = None) -> None:
+    """`tool` on PATH as a script that hangs (with a child: the whole tree must be stopped);
+    with `only`, it hangs only when its first argument is `only` and else runs the real tool."""
+    bindir.mkdir(exist_ok=True)
+    body = HANGS.format(pids=pids)
+    if only:
+        real = shutil.which(tool)
+        body = (f'#!/bin/sh\nif [ "$1" != "{only}" ]; then exec "{real}" "$@"; fi\n'
+                + body.split("\n", 1)[1])
+    (bindir / tool).write_text(body)
+    (bindir / tool).chmod(0o755)
+
+
+def left_over(pids: Path) -> list[int]:
+    return [int(p) for p in pids.read_text().split() if alive(int(p))]
+
+
+@needs.needs("git")
+def test_a_hanging_git_ends_a_dry_run_in_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    src = git_repo(tmp_path / "src")  # a git tree as --source: rocforge asks git for its commit
+    pids = tmp_path / "pids"
+    hanging(tmp_path / "bin", "git", pids)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv(proc.PROBE_ENV, str(PROBE_S))
+    start = time.monotonic()
+    rc = cli.main(["build", str(RECIPE), "--target", "gfx1151", "--backend", "cpu", "--source", str(src),
+                   "--dry-run"])
+    elapsed = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert rc == 5 and "Traceback" not in err
+    assert error_lines(err) == [f"rocforge: error: git did not finish within {PROBE_S:g} s and was stopped: "
+                                f"git -C {src} rev-parse HEAD"]
+    assert elapsed < PROBE_S + MARGIN
+    assert pids.read_text().split() and left_over(pids) == []  # the script and its sleep are gone
+
+
+@needs.needs("git", "cmake", "ninja", "cc")
+def test_a_hanging_cmake_ends_a_build_in_one_line_and_installs_nothing(tmp_path, capsys, monkeypatch):
+    """A cmake that builds but hangs when asked its version (what rocforge records in the
+    manifest): the build ends in one line naming it, and no build is installed."""
+    src = project_copy(tmp_path / "src")
+    pids = tmp_path / "pids"
+    hanging(tmp_path / "bin", "cmake", pids, only="--version")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv(proc.PROBE_ENV, str(PROBE_S))
+    prefix = tmp_path / "prefix"
+    rc = cli.main(["build", str(RECIPE), "--target", "gfx1151", "--backend", "cpu", "--source", str(src),
+                   "--prefix", str(prefix)])
+    err = capsys.readouterr().err
+    assert rc == 5 and "Traceback" not in err
+    lines = error_lines(err)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"rocforge: error: cmake did not finish within {PROBE_S:g} s and was stopped: "), err
+    assert lines[0].endswith("cmake --version")
+    assert not prefix.exists()
+    assert pids.read_text().split() and left_over(pids) == []
+
+
+def test_run_stops_the_whole_tree_at_its_deadline(tmp_path):
+    pids = tmp_path / "pids"
+    script = tmp_path / "slow-tool"
+    script.write_text(HANGS.format(pids=pids))
+    script.chmod(0o755)
+    start = time.monotonic()
+    with pytest.raises(proc.ToolTimedOut) as exc:
+        proc.run([str(script), "--version"], timeout=1.0)
+    assert time.monotonic() - start < 1.0 + MARGIN
+    assert str(exc.value).startswith(f"slow-tool did not finish within 1 s and was stopped: {script} --version")
+    assert exc.value.exit_code == 5
+    assert left_over(pids) == []
+
+
+@needs.needs("git")
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "inf", "soon", "1e300"])
+def test_a_bad_probe_deadline_is_one_line(value, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv(proc.PROBE_ENV, value)
+    src = project_copy(tmp_path / "src")
+    rc = cli.main(["build", str(RECIPE), "--target", "gfx1151", "--backend", "cpu", "--source", str(src),
+                   "--dry-run"])
+    lines = error_lines(capsys.readouterr().err)
+    # the fixture's dry run asks a tool (git on the copy, patch checks): the bad value is refused
+    assert rc == 2 and lines == [f"rocforge: error: {proc.PROBE_ENV}={value!r} is not a number of seconds "
+                                 "from 0 to 86400"]
+
+
+# -- the structure: proc.py is the only place a program is started --------------------------------
+STARTERS = {("subprocess", n) for n in ("run", "Popen", "call", "check_call", "check_output",
+                                        "getoutput", "getstatusoutput")} | \
+           {("os", n) for n in ("system", "popen", "execv", "execve", "execvp", "execvpe", "execl",
+                                "execle", "execlp", "execlpe", "spawnv", "spawnve", "spawnvp",
+                                "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe", "posix_spawn",
+                                "posix_spawnp", "fork", "forkpty")} | \
+           {("asyncio", "create_subprocess_exec"), ("asyncio", "create_subprocess_shell"),
+            ("pty", "spawn"), ("pty", "fork")}
+# files allowed to start programs themselves, each with its reason (none: proc.py is the one)
+ALLOWED: dict[str, str] = {}
+
+
+def starters_in(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and (node.value.id, node.attr) in STARTERS:
+            found.append(f"{node.value.id}.{node.attr} (line {node.lineno})")
+        if isinstance(node, ast.ImportFrom) and node.module in {m for m, _ in STARTERS}:
+            found += [f"from {node.module} import {a.name} (line {node.lineno})" for a in node.names
+                      if (node.module, a.name) in STARTERS]
+    return found
+
+
+def test_only_proc_starts_programs():
+    """Every program rocforge runs goes through rocforge_build/proc.py (deadlines, process
+    groups, one-line errors); a direct subprocess.run/Popen/os.system elsewhere fails here."""
+    package = REPO / "rocforge_build"
+    offenders = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel == "rocforge_build/proc.py" or rel in ALLOWED:
+            continue
+        found = starters_in(path)
+        if found:
+            offenders[rel] = found
+    assert offenders == {}
+
+
+def test_the_structural_check_sees_a_direct_start(tmp_path):
+    """The check above is not vacuous: each way of starting a program is found."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("import subprocess, os\nfrom subprocess import check_output\n"
+                      "subprocess.run(['x'])\nsubprocess.Popen(['x'])\nos.system('x')\n")
+    assert {f.split(" (")[0] for f in starters_in(sample)} == {
+        "from subprocess import check_output", "subprocess.run", "subprocess.Popen", "os.system"}
