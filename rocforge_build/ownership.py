@@ -100,15 +100,15 @@ def foreign_names(root: Path, own: Iterable[str]) -> list[str]:
     """The names directly in `root` that rocforge never makes there."""
     try:
         names = os.listdir(root)
-    except FileNotFoundError:
+    except OSError:  # absent, not a directory, unreadable: nothing in it is listed or removed
         return []
     allowed = set(own) | {CACHEDIR_TAG}
     return sorted(n for n in names if n not in allowed)
 
 
-def check_destructive_root(root: Path, own: Iterable[str], what: str) -> None:
-    """Refuse (one line, exit 2) to empty `root` when it is `/`, HOME or above HOME, or when it
-    holds names rocforge never makes there and no CACHEDIR.TAG says rocforge made it."""
+def root_problem(root: Path, own: Iterable[str]) -> str | None:
+    """Why `root` may not be emptied: `/`, HOME or above HOME, or names in it that rocforge never
+    makes there while no CACHEDIR.TAG says rocforge made it; None when it may."""
     why = forbidden_root(root)
     if why is None and not has_cache_tag(root):
         foreign = foreign_names(root, own)
@@ -116,6 +116,12 @@ def check_destructive_root(root: Path, own: Iterable[str], what: str) -> None:
             shown = ", ".join(repr(n) for n in foreign[:3]) + (" ..." if len(foreign) > 3 else "")
             why = (f"it holds {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} rocforge "
                    f"did not make ({shown}) and no {CACHEDIR_TAG} of rocforge's")
+    return why
+
+
+def check_destructive_root(root: Path, own: Iterable[str], what: str) -> None:
+    """Refuse (one line, exit 2) to empty `root` when `root_problem` names a reason."""
+    why = root_problem(root, own)
     if why is not None:
         raise UsageError(f"{what} refuses {root}: {why}",
                          "point it at a directory of rocforge's own (ROCFORGE_CACHE_DIR, "

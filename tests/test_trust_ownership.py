@@ -83,6 +83,9 @@ def test_a_cache_dir_that_is_home_is_refused_and_nothing_is_removed_or_listed(tm
     assert str(home) in line and "your home directory" in line
     assert res.stdout == ""  # not one of the user's paths is listed as removable
     assert snapshot(home) == before
+    listing = json.loads(rocforge("cache", "list", "--json", env=env).stdout)["entries"]
+    mine = [e for e in listing if e["category"] != "ccache"]
+    assert mine and all("cache clean refuses" in e["kept"] for e in mine)  # none removable
     # through a link to HOME, or a parent of HOME: the same
     (tmp_path / "link").symlink_to(home)
     for where in (tmp_path / "link", home.parent):
@@ -345,12 +348,15 @@ def test_nightly_prune_removes_only_rocforge_leftovers(tmp_path):
         (prefix / rel).parent.mkdir(parents=True, exist_ok=True)
         (prefix / rel).write_text(text)
     marked = prefix / ".trash-therock-7.9.0-gfx1151-4242"
-    marked.mkdir()
-    ownership.write_mark(marked, "a nightly install")
-    (marked / "bin").mkdir()
+    half = prefix / "therock-7.8.0-gfx1151"  # what a killed prune left: its record went first
+    for d in (marked, half):
+        (d / "bin").mkdir(parents=True)
+        ownership.write_mark(d, "a nightly install")
+    (half / "bin" / "clang").write_text("elf")
     res = rocforge("nightly", "prune", "--keep", "0", "--prefix", str(prefix))
     assert res.returncode == 0, res.stderr
     assert not (prefix / ".staging-k3j9x2ab").exists() and not marked.exists()
+    assert not half.exists()
     assert not (prefix / ".downloads" / "therock-dist-linux-gfx1151-7.10.0.tar.gz.part").exists()
     for rel, text in theirs.items():
         assert (prefix / rel).read_text() == text, rel

@@ -274,6 +274,9 @@ def scan() -> tuple[Path, list[Entry]]:
             if name == ownership.MARK or (rel == "work" and name.endswith(".lock")):
                 continue  # a directory's own mark; a work dir's lock (removed with its work dir)
             entries.append(_entry(category, rel, path, guard, mounts))
+    refused = ownership.root_problem(base, OWN_TOP)
+    for e in entries if refused else ():  # what `cache clean` would refuse is listed as kept
+        e.kept = f"cache clean refuses {base}: {refused}"
     entries += compiler_caches(guard)
     return base, entries
 

@@ -462,12 +462,16 @@ def prune(prefix: Path, keep: int) -> list[str]:
         keep_names = {i.name for i in items[:keep]} | {i.name for i in items if i.current}
         for i in items:
             if i.name not in keep_names:
-                ownership.write_mark(i.path, "a nightly install")  # its record is its mark: kept
-                # here while the rest goes, so an interrupted prune leaves a dir still rocforge's
+                with contextlib.suppress(OSError):  # its record is its mark; this one stays
+                    ownership.write_mark(i.path, "a nightly install")  # while the rest goes
                 if not _remove_owned(i.path, first=(RECORD,)):
                     removed.append(i.name)
         for p in prefix.iterdir():
-            if p.name.startswith(".current-") and p.is_symlink():
+            if (ownership.is_marked(p) and not (p / RECORD).exists()
+                    and p.name != current_name(prefix)):
+                if not _remove_owned(p):  # what an interrupted prune left of an install
+                    removed.append(p.name)
+            elif p.name.startswith(".current-") and p.is_symlink():
                 p.unlink()  # the link `switch` was making
                 removed.append(p.name)
             elif p.name.startswith((".staging-", ".trash-")):
