@@ -42,7 +42,7 @@ def world(tmp_path, monkeypatch):
     model = write_gguf(tmp_path / "m.gguf", n_ctx=8192)
     state = {"prefix": str(prefix), "model": model, "wrong": set(), "calls": []}
 
-    def candidates(args, say):
+    def candidates(args, say, given=()):
         return [LlamaBuild.open(prefix)], []
 
     def tune_build(b, s, spec, run_id, ranges, n_ctx, progress, args, say):
