@@ -1,5 +1,7 @@
-"""Data that reaches a script rocforge writes: one place that says which environment names and
-values can be emitted, how each shell quotes, and how any text becomes a one-line comment.
+"""The emitter of POSIX sh, bash, zsh, fish and dotenv text (with discover/envscript.py, which
+writes `rocforge env`'s scripts from these pieces): which environment names and values can be
+emitted, how each shell quotes, the sh statements and command lines rocforge writes, and how
+any text becomes a one-line comment.  Other formats have their own emitter in emit/.
 
 Recipes, build manifests, presets and bundles are data a user may have edited or been handed;
 every emitter (`rocforge env`, the bundle `run` launcher, Containerfile ENV lines, `preset show
@@ -92,6 +94,7 @@ def comment(text: object, lead: str = "# ") -> str:
 
 
 # -- POSIX sh statements: the only code that writes them (bash and zsh read the same) -------------
+SHEBANG = "#!/bin/sh"
 # Bytes a word may hold and stay bare: shlex.quote's set, checked without `re`.
 _BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789@%+=:,./-_")
 
@@ -107,8 +110,9 @@ def word_problem(word: object) -> str | None:
 
 
 def sh_word(word: str) -> str:
-    """One sh word: bare when every byte is inert, else single-quoted (`sh_quote`)."""
-    if word and all(c in _BARE for c in word):
+    """One sh word: bare when every byte is inert, else single-quoted (`sh_quote`); a leading
+    `=` is quoted too, since zsh expands `=cmd` to a path (zshexpn(1), "Filename Expansion")."""
+    if word and word[0] != "=" and all(c in _BARE for c in word):
         return word
     return sh_quote(word)
 

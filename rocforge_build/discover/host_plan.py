@@ -345,7 +345,7 @@ def _commented(command: str) -> str:
 
 
 def render_script(p: Plan) -> str:
-    lines = ["#!/bin/sh", f"{MARKER} review every line before running it; rocforge changes nothing itself.",
+    lines = [shellsafe.SHEBANG, f"{MARKER} review every line before running it; rocforge changes nothing itself.",
              "set -eu"]
     if p.pages_limit:
         lines.append(comment(f"{p.module}.pages_limit={p.pages_limit} ({p.gtt_gib} GiB x 262144), "

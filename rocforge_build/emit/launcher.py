@@ -22,7 +22,7 @@ def render(*, head: list[str], where: str, env: dict[str, str], left_out: dict[s
            gfx_override: tuple[str, str] | None) -> str:
     """The launcher: `head` as comments, `env` exported (PATH prepended), `left_out` named in
     comments, `gfx_override` (reason, value) as HSA_OVERRIDE_GFX_VERSION unless the caller set it."""
-    lines = ["#!/bin/sh", *(shellsafe.comment(h) for h in head),
+    lines = [shellsafe.SHEBANG, *(shellsafe.comment(h) for h in head),
              'here=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd -P) || exit 1',
              'export PATH="${here}/bin${PATH:+:$PATH}"']
     for k, v in env.items():

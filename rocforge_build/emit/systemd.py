@@ -1,9 +1,9 @@
 """systemd service units: the only code that writes them.
 
 Words are quoted by systemd.syntax(7) ("Quoting"): double quotes, `\\` and `"` escaped; `%` is
-doubled everywhere (systemd.unit(5), "Specifiers"), `$` only on command lines, where it would
-expand a variable (systemd.service(5), "Command lines"; systemd.exec(5): in `Environment=` "the $
-character has no special meaning").  A line break, CR or NUL cannot be represented on a unit's
+doubled everywhere (systemd.unit(5), "Specifiers"), `$` only in a command's arguments, where it
+would expand a variable (systemd.service(5), "Command lines"; not in the program's path, nor in
+`Environment=`, where systemd.exec(5) says "the $ character has no special meaning").  A line break, CR or NUL cannot be represented on a unit's
 line, so such a value is refused; free text (the description, comments) is made one line.
 """
 
@@ -27,8 +27,17 @@ def _quoted(value: str) -> str:
 
 
 def exec_word(word: str) -> str:
-    """One word of `ExecStart=`: reaches the program byte for byte."""
+    """One argument of `ExecStart=` (after the program): reaches the program byte for byte."""
     return _quoted(_checked(word, "ExecStart")).replace("$", "$$")
+
+
+def exec_program(path: str) -> str:
+    """The program of `ExecStart=`: systemd expands no variable in it, and refuses a name with a
+    quote, backslash or control character ("Executable name contains special characters")."""
+    if not path.startswith("/") or any(c in "\"'\\" or not c.isprintable() for c in path):
+        raise UsageError(f"ExecStart: the program {path!r} is not an absolute path systemd can run "
+                         "(no quote, backslash or control character)", HINT)
+    return _quoted(path)
 
 
 def env_assignment(name: str, value: str) -> str:
@@ -50,6 +59,7 @@ def service(*, comment: str, description: str, env: dict[str, str], argv: list[s
     lines = [shellsafe.comment(text(comment)), "[Unit]", f"Description={text(description)}",
              "After=network-online.target", "", "[Service]"]
     lines += [f"Environment={env_assignment(k, v)}" for k, v in env.items()]
-    lines += ["ExecStart=" + " ".join(exec_word(a) for a in argv), "Restart=on-failure", "",
+    lines += ["ExecStart=" + " ".join([exec_program(argv[0]), *(exec_word(a) for a in argv[1:])]),
+              "Restart=on-failure", "",
               "[Install]", "WantedBy=default.target"]
     return "\n".join(lines) + "\n"

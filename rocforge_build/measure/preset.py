@@ -109,7 +109,7 @@ def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
         raise UsageError(f"the preset has no range {only!r}", f"ranges: {', '.join(ranges)}")
     out = []
     if shell:
-        out += ["#!/bin/sh", shellsafe.comment(
+        out += [shellsafe.SHEBANG, shellsafe.comment(
             f"rocforge preset for {preset['model']['name']} (sha256 "
             f"{preset['model']['sha256'][:12]}), tuned {preset['created']}")]
     for name, r in ranges.items():

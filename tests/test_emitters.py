@@ -1,0 +1,536 @@
+"""One emitter per output format (issue 30, item 1): a structural test that no other module
+writes a format's text, hostile strings round-tripped through each emitter and its real consumer
+(bash, zsh, dash, fish, `systemd-analyze verify` and systemd's quoting rules, PyYAML, the
+Containerfile reader, sed + sh on a copy of /etc/default/grub), and the trial's attacks:
+a preset that opens a second `[Service]` or adds a llama-swap model, a model path with quotes and
+`$(...)`, and a single-quoted `$(...)` in GRUB_CMDLINE_LINUX_DEFAULT that `host plan` must keep
+single-quoted (grub-mkconfig sources the file as root).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import host_roots as hr
+import pytest
+import yaml
+from needs import needs, require
+from test_containers import parse_containerfile
+from test_env import cli
+
+from rocforge_build import cli as rf_cli
+from rocforge_build import shellsafe
+from rocforge_build.emit import containerfile, kernel_cmdline, launcher, systemd, yaml_swap
+from rocforge_build.errors import RocforgeError
+from rocforge_build.ship.closure import parse_dotenv
+
+PACKAGE = Path(__file__).resolve().parent.parent / "rocforge_build"
+
+# -- 1. structure: a format's tokens appear in no string outside its emitter ------------------------
+# Each format: a pattern over the package's string literals (f-string fields read as `{}`,
+# docstrings left out) and the modules allowed to hold it.  Reading code is not listed: no
+# exceptions are needed, since each format's reader lives with its writer.
+SH = {"shellsafe.py", "discover/envscript.py", "emit/launcher.py"}
+FORMATS = {
+    "POSIX sh": (r"(?m)^\s*export (\{\}|[A-Za-z_]\w*)=|^\s*unset (\{\}|[A-Z_][A-Z0-9_]*)$|#!/bin/sh|"
+                 r"\bexec env\b|\(\) \{ ", SH),
+    "fish": (r"\bset -(gx|e) ", {"discover/envscript.py"}),
+    "systemd unit": (r"ExecStart|\[(Service|Unit|Install)\]|\bEnvironment=|WantedBy=", {"emit/systemd.py"}),
+    "YAML (llama-swap)": (r"(?m)^\s*-?\s*(cmd|models|checkEndpoint):", {"emit/yaml_swap.py"}),
+    "Containerfile": (r"(?m)^(ENV|LABEL) (\{\}|[A-Za-z_][\w.-]*=|$)|^(RUN|CMD|ENTRYPOINT) (\{\}|\[|--)",
+                      {"emit/containerfile.py"}),
+    "GRUB / kernel command line": (r"GRUB_CMDLINE|\bsed -i", {"emit/kernel_cmdline.py"}),
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def string_literals(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every string literal but docstrings; an f-string's fields become `{}`."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree)
+    inner = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            out.append((node.lineno, "".join(v.value if isinstance(v, ast.Constant) else "{}"
+                                             for v in node.values)))
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in skip and id(node) not in inner):
+            out.append((node.lineno, node.value))
+    return out
+
+
+def format_writers(source: str, rel: str) -> list[str]:
+    """Where `source` (the module `rel`) writes a format it does not own."""
+    found = []
+    for line, text in string_literals(source):
+        for fmt, (pattern, owners) in FORMATS.items():
+            if rel not in owners and re.search(pattern, text):
+                found.append(f"{rel}:{line}: {fmt}: {text[:60]!r}")
+    return found
+
+
+def test_every_format_is_written_by_its_emitter_only():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        found += format_writers(path.read_text(encoding="utf-8"), path.relative_to(PACKAGE).as_posix())
+    assert found == [], "format text outside its emitter (hand the emitter typed values):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("fmt, code", [  # the trial's pasted text, as it was written before
+    ("systemd unit", 'lines = ["[Unit]", "", "[Service]"]'),
+    ("systemd unit", 'lines += [f"Environment={q(k)}" for k in env]'),
+    ("YAML (llama-swap)", 'lines = ["models:", f"    cmd: {json.dumps(c)}"]'),
+    ("POSIX sh", 'out.append(f"exec env {cmd} \\"$@\\"")'),
+    ("POSIX sh", 'lines.append(f"export {k}={v}")'),
+    ("POSIX sh", 'lines.append(f"unset {k}")'),
+    ("Containerfile", 'body = "ENV " + pairs'),
+    ("Containerfile", 'step = f"RUN {body}"'),
+    ("GRUB / kernel command line", 'line = f\'GRUB_CMDLINE_LINUX_DEFAULT="{x}"\''),
+    ("fish", 'f"set -gx {k} {q}"'),
+])
+def test_the_structural_check_finds_pasted_formats(fmt, code):
+    assert [f for f in format_writers(code, "measure/elsewhere.py") if f": {fmt}: " in f], code
+
+
+def test_docstrings_and_prose_are_not_formats():
+    code = '"""Writes ExecStart= and ENV lines."""\nhelp = "ENV from the env, LABEL from the manifest"\n'
+    assert format_writers(code, "commands/x.py") == []
+
+
+# -- 2. hostile strings through each emitter and its real consumer ---------------------------------
+def hostile(mark: Path) -> list[str]:
+    """One-line strings that run `touch MARK` or change meaning if a consumer reads them as code."""
+    return ["plain", "two  words", "it's", 'say "hi"', f"$(touch {mark})", f"`touch {mark}`",
+            "$HOME $$ %", "%i %% %n", f"a;touch {mark};#", "back\\slash\\", "tab\there",
+            "é ü 漢字", "-leading", "=x=y", "#hash", "*?[a]~", "!! &&", "\\n\\t\\\\", "{}"]
+
+
+REFUSED = ["new\nline", "carriage\rreturn", "nul\0byte"]
+
+
+def _dump_program(tmp_path: Path) -> Path:
+    """An executable that writes its argv and $V as JSON to $DUMP_OUT."""
+    exe = tmp_path / "bin" / "dump"
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                   "json.dump({'argv': sys.argv[1:], 'V': os.environ.get('V')}, "
+                   "open(os.environ['DUMP_OUT'], 'w'))\n")
+    exe.chmod(0o755)
+    return exe
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "dash"])
+def test_sh_export_and_command_round_trip(tmp_path, shell):
+    require(shell)
+    mark = tmp_path / "MARK"
+    values = hostile(mark) + [""]
+    exe = _dump_program(tmp_path)
+    out = tmp_path / "out.json"
+    for value in values:
+        script = tmp_path / "s.sh"
+        script.write_text(f"{shellsafe.sh_export('V', value)}\nprintf '%s' \"$V\" > {shellsafe.sh_quote(str(out))}\n"
+                          f"{shellsafe.sh_command([str(exe), value, '-x'], {'V': value})}\n")
+        run = subprocess.run([shell, "-c", '. "$0"', str(script)], env={"PATH": "/usr/bin:/bin",
+                             "DUMP_OUT": str(out)}, capture_output=True, timeout=30)
+        assert run.returncode == 0, run.stderr
+        assert json.loads(out.read_text()) == {"argv": [value, "-x"], "V": value}, value
+    assert not mark.exists()
+
+
+def test_sh_refuses_what_a_line_cannot_hold():
+    for value in REFUSED:
+        with pytest.raises(RocforgeError):
+            shellsafe.sh_export("V", value)
+        with pytest.raises(RocforgeError):
+            shellsafe.sh_command(["/bin/echo", value])
+        with pytest.raises(RocforgeError):
+            shellsafe.sh_command(["/bin/echo"], {"V": value})
+    for name in ["X;touch M", "1X", "A-B", "", "X\nY", "É"]:
+        with pytest.raises(RocforgeError):
+            shellsafe.sh_command(["/bin/echo"], {name: "1"})
+        with pytest.raises(RocforgeError):
+            shellsafe.sh_function(name, "true")
+    with pytest.raises(RocforgeError):
+        shellsafe.sh_command([])
+
+
+def test_sh_dispatch_runs_only_a_named_function(tmp_path):
+    mark = tmp_path / "MARK"
+    text = "\n".join(["short() { echo short; }", "long() { echo long; }",
+                      *shellsafe.sh_dispatch("ROCFORGE_RANGE", ["short", "long"], "long")]) + "\n"
+    for value, code, out in [(None, 0, "long\n"), ("short", 0, "short\n"),
+                             (f"touch {mark}", 2, ""), ("rm", 2, "")]:
+        env = {"PATH": "/usr/bin:/bin", **({"ROCFORGE_RANGE": value} if value else {})}
+        run = subprocess.run(["sh", "-c", text], env=env, capture_output=True, text=True, timeout=30)
+        assert (run.returncode, run.stdout) == (code, out), value
+    assert not mark.exists()
+
+
+@needs("fish")
+def test_fish_quote_round_trips(tmp_path):
+    mark = tmp_path / "MARK"
+    for value in hostile(mark) + ["new\nline", "carriage\rreturn", ""]:
+        code = f"set -gx V {shellsafe.fish_quote(value)}; printf '%s' \"$V\""
+        run = subprocess.run(["fish", "--no-config", "-c", code], capture_output=True, timeout=30)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout == value.encode(), value
+    assert not mark.exists()
+
+
+def test_dotenv_lines_are_literal(tmp_path):
+    for value in hostile(tmp_path / "MARK"):
+        assert parse_dotenv(shellsafe.dotenv_line("V", value) + "\n") == {"V": value}
+    for value in REFUSED:
+        with pytest.raises(RocforgeError):
+            shellsafe.dotenv_line("V", value)
+
+
+# systemd.syntax(7) "Quoting", systemd.unit(5) "Specifiers", systemd.service(5) "Command lines"
+_C_ESCAPES = {"\\": "\\", '"': '"', "'": "'", "n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b",
+              "f": "\f", "v": "\v", "s": " "}
+
+
+def systemd_words(value: str) -> list[str]:
+    """A setting's value split and unquoted as systemd does (double or single quotes, C escapes)."""
+    words, i = [], 0
+    while i < len(value):
+        if value[i].isspace():
+            i += 1
+            continue
+        quote = value[i] if value[i] in "\"'" else None
+        i += 1 if quote else 0
+        word = []
+        while i < len(value) and (value[i] != quote if quote else not value[i].isspace()):
+            if value[i] == "\\":
+                word.append(_C_ESCAPES[value[i + 1]])
+                i += 2
+            else:
+                word.append(value[i])
+                i += 1
+        assert not quote or i < len(value), f"unbalanced quoting: {value!r}"
+        i += 1 if quote else 0
+        words.append("".join(word))
+    return words
+
+
+def unspecify(word: str) -> str:
+    """`%%` -> `%`; any other specifier would be replaced by systemd: none may be left."""
+    assert re.fullmatch(r"([^%]|%%)*", word), f"a specifier systemd would expand: {word!r}"
+    return word.replace("%%", "%")
+
+
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """Sections -> settings -> values, as systemd reads the file (each section once)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for line in text.splitlines():
+        assert not line.endswith("\\"), f"a continuation line: {line!r}"
+        if not line.strip() or line.lstrip().startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            assert line not in sections, f"a second {line}"
+            current = sections.setdefault(line, {})
+            continue
+        key, eq, value = line.partition("=")
+        assert eq and current is not None, line
+        current.setdefault(key, []).append(value)
+    return sections
+
+
+def exec_start(value: str) -> list[str]:
+    words = [unspecify(w) for w in systemd_words(value)]
+    for w in words[1:]:
+        assert re.fullmatch(r"([^$]|\$\$)*", w), f"a variable systemd would expand: {w!r}"
+    return words[:1] + [w.replace("$$", "$") for w in words[1:]]
+
+
+def _verify(tmp_path: Path, unit: str) -> None:
+    """`systemd-analyze verify` on the unit (it checks quoting, specifiers and that the program
+    exists); skipped where systemd is missing."""
+    if shutil.which("systemd-analyze") is None:
+        return
+    path = tmp_path / "rocforge-test.service"
+    path.write_text(unit)
+    run = subprocess.run(["systemd-analyze", "verify", "--man=no", "--generators=no", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+
+
+def test_systemd_unit_round_trips(tmp_path):
+    mark = tmp_path / "MARK"
+    exe = _dump_program(tmp_path / "odd %i $HOME dir")  # `%` and `$` in the program's own path
+    values = hostile(mark)
+    unit = systemd.service(comment="c %i\n[Service]", description="d %n\\", env={"V": " ".join(values)},
+                           argv=[str(exe), *values])
+    parsed = parse_unit(unit)
+    assert list(parsed) == ["[Unit]", "[Service]", "[Install]"]
+    service = parsed["[Service]"]
+    assert exec_start(service["ExecStart"][0]) == [str(exe), *values]
+    (env,) = [[unspecify(w) for w in systemd_words(v)] for v in service["Environment"]]
+    assert env == ["V=" + " ".join(values)]
+    _verify(tmp_path, unit)
+    assert not mark.exists()
+
+
+@needs("systemd-analyze")
+def test_systemd_analyze_reads_the_program_the_emitter_wrote(tmp_path):
+    """systemd checks that ExecStart's program exists: found under a name with spaces, `%`, `$`."""
+    exe = _dump_program(tmp_path / "a b %i %% $X")
+    _verify(tmp_path, systemd.service(comment="c", description="d", env={}, argv=[str(exe)]))
+    missing = systemd.service(comment="c", description="d", env={}, argv=[str(exe) + "-not"])
+    with pytest.raises(AssertionError):
+        _verify(tmp_path, missing)  # the check can fail: a program that is not there
+
+
+def test_systemd_refuses_what_a_unit_cannot_hold():
+    for value in REFUSED:
+        with pytest.raises(RocforgeError):
+            systemd.service(comment="c", description="d", env={}, argv=["/bin/true", value])
+        with pytest.raises(RocforgeError):
+            systemd.service(comment="c", description="d", env={"V": value}, argv=["/bin/true"])
+    for program in ["relative", "/a\"b", "/a'b", "/a\\b", "/a\tb"]:  # systemd refuses these names
+        with pytest.raises(RocforgeError):
+            systemd.service(comment="c", description="d", env={}, argv=[program])
+    with pytest.raises(RocforgeError):
+        systemd.service(comment="c", description="d", env={"X;Y": "1"}, argv=["/bin/true"])
+
+
+def test_llama_swap_yaml_round_trips(tmp_path):
+    mark = tmp_path / "MARK"
+    values = [v for v in hostile(mark) if "${" not in v]
+    model = "m:\n  evil:\n    cmd: touch " + str(mark)
+    text = yaml_swap.models_entry(comment="c\nmodels:", model=model, argv=["/p/bin/llama-server", *values],
+                                  env={"V": " ".join(values)})
+    data = yaml.safe_load(text)
+    assert list(data) == ["models"] and list(data["models"]) == [model]
+    entry = data["models"][model]
+    assert shlex.split(entry["cmd"]) == ["/p/bin/llama-server", *values, "--port", "${PORT}"]
+    assert entry["env"] == ["V=" + " ".join(values)]
+    for bad in [*REFUSED, "${PORT}x"]:
+        with pytest.raises(RocforgeError):
+            yaml_swap.models_entry(comment="c", model="m", argv=["/p", bad], env={})
+        with pytest.raises(RocforgeError):
+            yaml_swap.models_entry(comment="c", model="m", argv=["/p"], env={"V": bad})
+
+
+def dockerfile_pairs(args: str) -> dict[str, str]:
+    """ENV/LABEL `key="value"` pairs as BuildKit reads them (the Dockerfile reference: inside
+    double quotes a backslash escapes the next character)."""
+    out, i = {}, 0
+    while i < len(args):
+        if args[i].isspace():
+            i += 1
+            continue
+        eq = args.index("=", i)
+        key, i = args[i:eq], eq + 1
+        assert args[i] == '"', args[i:]
+        i += 1
+        value = []
+        while args[i] != '"':
+            if args[i] == "\\":
+                i += 1
+            value.append(args[i])
+            i += 1
+        out[key] = "".join(value)
+        i += 1
+    return out
+
+
+def test_containerfile_values_and_run_words_round_trip(tmp_path):
+    mark = tmp_path / "MARK"
+    values = {f"V{i}": v for i, v in enumerate(hostile(mark))}
+    instrs = parse_containerfile(containerfile.env(values) + "\n" + containerfile.label(
+        {f"org.example.v{i}": v for i, v in enumerate(values.values())}) + "\n")
+    assert [w for w, _ in instrs] == ["ENV", "LABEL"]
+    assert dockerfile_pairs(instrs[0][1]) == values
+    assert list(dockerfile_pairs(instrs[1][1]).values()) == list(values.values())
+    words = containerfile.shell_words(list(values.values()), "RUN")  # RUN runs /bin/sh -c
+    run = subprocess.run(["sh", "-c", f"printf '%s\\0' {words}"], capture_output=True, timeout=30)
+    assert run.stdout.decode().split("\0")[:-1] == list(values.values())
+    for bad in REFUSED:
+        with pytest.raises(RocforgeError):
+            containerfile.env({"V": bad})
+        with pytest.raises(RocforgeError):
+            containerfile.label({"k": bad})
+        with pytest.raises(RocforgeError):
+            containerfile.shell_words([bad], "RUN")
+    assert not mark.exists()
+
+
+KERNEL_WORDS = ["quiet", "a=$(touch {mark})", "b=`touch {mark}`", "c='x'", "d=\\", "e=%&|<>",
+                "f=;touch {mark};", "g=é", "-h", "i=a b", "j=$HOME", "k=#x", "ttm.pages_limit=31719424"]
+
+
+def _source_grub(path: Path, var: str) -> str:
+    """The value grub-mkconfig gets when it sources the file (sh, as it does)."""
+    run = subprocess.run(["sh", "-c", f'. "$0" && printf %s "${var}"', str(path)],
+                         capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+@pytest.mark.parametrize("before", ['"quiet splash"', "'quiet $(touch {mark})'", "quiet"])
+def test_grub_rewrite_round_trips_through_sed_and_sh(tmp_path, before):
+    mark = tmp_path / "MARK"
+    words = [w.format(mark=mark) for w in KERNEL_WORDS]
+    grub = tmp_path / "grub"
+    grub.write_text(hr.GRUB_DEBIAN.replace('"{default}"', before.format(mark=mark)))
+    cmd = kernel_cmdline.grub_rewrite("GRUB_CMDLINE_LINUX_DEFAULT", words)
+    assert cmd.startswith("sudo sed -i.rocforge.bak ")
+    local = cmd.replace("sudo ", "", 1).replace(" /etc/default/grub", f" {shellsafe.sh_quote(str(grub))}")
+    subprocess.run(["sh", "-c", local], check=True, timeout=30)
+    expected = kernel_cmdline.line(words)
+    assert _source_grub(grub, "GRUB_CMDLINE_LINUX_DEFAULT") == expected
+    assert dict(kernel_cmdline.grub_lines(grub.read_text()))["GRUB_CMDLINE_LINUX_DEFAULT"] == expected
+    assert 'i="a b"' in expected  # a value with a space stays one kernel parameter
+    assert not mark.exists()
+
+
+def test_kernel_parameters_outside_the_grammar_are_refused():
+    for word in ['x="q"', 'x="a b"', "", "=v", "new\nline", "nul\0", "cr\r"]:
+        with pytest.raises(RocforgeError):
+            kernel_cmdline.grub_rewrite("GRUB_CMDLINE_LINUX_DEFAULT", ["quiet", word])
+
+
+@pytest.mark.parametrize("rhs, value", [
+    ('"quiet splash"', "quiet splash"), ("'quiet $(x)'", "quiet $(x)"), ("quiet", "quiet"),
+    ('"a \\"b\\" \\$c"', 'a "b" $c'), ('"x" # note', "x"), ("''", ""),
+    ('"quiet $(touch M)"', None), ('"$GRUB_CMDLINE_LINUX_DEFAULT x"', None), ("`id`", None),
+    ("a;touch M", None), ("a b", None), ("'unterminated", None), ('"a" && b', None),
+])
+def test_grub_lines_read_what_sh_would_without_running_it(rhs, value):
+    assert kernel_cmdline.literal(rhs) == value
+
+
+def test_bundle_launcher_round_trips(tmp_path):
+    mark = tmp_path / "MARK"
+    values = hostile(mark)
+    tree = tmp_path / "my bundle $(x)"
+    tree.mkdir()
+    env = {f"V{i}": v for i, v in enumerate(values)} | {"IN_HERE": "${here}/lib:${here}/it's"}
+    (tree / "run").write_text(launcher.render(head=["h\nexport X=1"], where="run", env=env, left_out={},
+                                              gfx_override=("why", "11.0.0")))
+    run = subprocess.run(["sh", str(tree / "run"), "/usr/bin/env", "-0"], capture_output=True, timeout=30,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr
+    got = dict(e.split("=", 1) for e in run.stdout.decode().split("\0") if e)
+    assert {k: got[k] for k in env} == env | {"IN_HERE": f"{tree}/lib:{tree}/it's"}
+    assert got["HSA_OVERRIDE_GFX_VERSION"] == "11.0.0" and "X" not in got
+    for bad in REFUSED:
+        with pytest.raises(RocforgeError):
+            launcher.render(head=[], where="run", env={"V": bad}, left_out={}, gfx_override=None)
+    assert not mark.exists()
+
+
+# -- 3. the trial's attacks, through the CLI ---------------------------------------------------------
+def _stored_preset(tmp_path: Path, *, model: str = "m", label: str = "ub=512",
+                   argv_extra: tuple[str, ...] = (), env: dict | None = None) -> Path:
+    """A preset in the results store whose program is a real executable inside its prefix."""
+    from rocforge_build.measure.store import Store
+
+    prefix = tmp_path / "prefix"
+    exe = _dump_program(prefix)
+    data = {"model": {"name": model, "sha256": "ab" * 32, "path": "/m/m.gguf"}, "created": "now",
+            "ranges": {"short": {"prefix": str(prefix), "backend": "cpu", "stamp": "s1", "depth": 0,
+                                 "ctx": 4096, "variant": {}, "variant_label": label, "score": 1.0,
+                                 "figures": [], "runner_up": None, "env": env or {},
+                                 "argv": [str(exe), "-m", "/m/m.gguf", *argv_extra], "notes": []}}}
+    with Store() as s:
+        s.add_preset("m", "ab" * 32, 1, data)
+    return exe
+
+
+SECOND_SERVICE = "x\n[Service]\nExecStartPre=/usr/bin/touch {mark}\n"
+
+
+def test_a_preset_cannot_open_a_second_service_section(tmp_path, capsys):
+    mark = tmp_path / "MARK"
+    bad = SECOND_SERVICE.format(mark=mark)
+    _stored_preset(tmp_path, model=f"m{bad}", label=f"ub=512{bad}")
+    # a model name and a variant label are free text the store keeps: the emitter keeps them in
+    # their one-line comment and description
+    assert rf_cli.main(["preset", "export", "m", "--format", "systemd"]) == 0
+    out = capsys.readouterr().out
+    parsed = parse_unit(out)
+    assert list(parsed) == ["[Unit]", "[Service]", "[Install]"]
+    assert "ExecStartPre" not in parsed["[Service]"] and not any(
+        ln.startswith("ExecStartPre") for ln in out.splitlines())
+    _verify(tmp_path, out)
+
+
+def test_a_preset_cannot_add_a_llama_swap_model(tmp_path, capsys):
+    mark = tmp_path / "MARK"
+    model = f"m\n  evil:\n    cmd: touch {mark}\n"
+    _stored_preset(tmp_path, model=model, env={"V": "v"})
+    assert rf_cli.main(["preset", "export", "m", "--format", "llama-swap"]) == 0
+    out = capsys.readouterr().out
+    assert list(yaml.safe_load(out)["models"]) == [model]
+
+
+def test_a_model_path_with_quotes_and_a_command_reaches_systemd_as_one_word(tmp_path, capsys):
+    mark = tmp_path / "MARK"
+    path = f"/m/it's \"$(touch {mark})\" `id` %i $HOME.gguf"
+    exe = _stored_preset(tmp_path, argv_extra=("--alias", path))
+    assert rf_cli.main(["preset", "export", "m", "--format", "systemd", "--port", "8081"]) == 0
+    unit = capsys.readouterr().out
+    (line,) = parse_unit(unit)["[Service]"]["ExecStart"]
+    assert exec_start(line) == [str(exe), "-m", "/m/m.gguf", "--alias", path,
+                                "--host", "127.0.0.1", "--port", "8081"]
+    _verify(tmp_path, unit)
+    assert not mark.exists()
+
+
+def _grub_host(tmp_path: Path, default_rhs: str) -> Path:
+    root = tmp_path / "root"
+    default = "quiet ttm.pages_limit=27648000"
+    hr.make_host(root, os="debian13", kernel="6.12.48+deb13-amd64",
+                 cmdline=f"BOOT_IMAGE=/boot/vmlinuz-6.12.48+deb13-amd64 root=UUID=77e1 ro {default}",
+                 pages_limit=27648000, grub=hr.GRUB_DEBIAN.replace('"{default}"', default_rhs),
+                 dpkg={"firmware-amd-graphics": "20250410-2"})
+    return root
+
+
+def test_host_plan_keeps_a_single_quoted_command_single_quoted(tmp_path):
+    """The trial: `GRUB_CMDLINE_LINUX_DEFAULT='quiet x=$(touch MARK)'` came back double-quoted,
+    so grub-mkconfig (root) would run it.  Now the sed line is run for real on a copy and the
+    file sourced as grub-mkconfig does: the word stays data."""
+    mark = tmp_path / "MARK"
+    root = _grub_host(tmp_path, f"'quiet x=$(touch {mark}) ttm.pages_limit=27648000'")
+    out = cli(root, "host", "plan", "--json")
+    assert out.returncode == 0, out.stderr
+    (sed,) = [c for c in json.loads(out.stdout)["steps"][0]["commands"] if "sed" in c]
+    grub = root / "etc/default/grub"
+    subprocess.run(["sh", "-c", sed.replace("sudo ", "", 1).replace(" /etc/default/grub", f" {grub}")],
+                   check=True, timeout=30)
+    value = _source_grub(grub, "GRUB_CMDLINE_LINUX_DEFAULT")
+    assert value.startswith(f"quiet x=$(touch {mark}) ") and "ttm.pages_limit=27648000" not in value
+    assert re.search(r"\bttm\.pages_limit=\d+", value)
+    assert not mark.exists()
+
+
+def test_host_plan_leaves_a_line_the_shell_computes_to_the_user(tmp_path):
+    mark = tmp_path / "MARK"
+    root = _grub_host(tmp_path, f'"quiet $(touch {mark}) ttm.pages_limit=27648000"')
+    script = tmp_path / "plan.sh"
+    out = cli(root, "host", "plan", "--write", str(script))
+    assert out.returncode == 0, out.stderr
+    text = script.read_text()
+    assert "sed" not in text and "edit it by hand" in text
+    assert not mark.exists()
