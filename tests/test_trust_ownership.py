@@ -376,3 +376,20 @@ def test_the_one_device_remover_never_follows_a_link(tmp_path):
     assert ownership.remove_tree_one_device(victim) == []
     assert not victim.exists() and (outside / "precious").read_text() == "keep"
     shutil.rmtree(outside)
+
+
+def test_a_cache_of_a_rocforge_without_marks_keeps_working_and_is_tagged_on_its_first_clean():
+    tree = cache() / "sources" / "trees" / "0123456789abcdef0123"
+    tree.mkdir(parents=True)
+    (tree / ".rocforge-complete").write_text("fetched before marks existed\n")
+    work = cache() / "work" / "0123456789ab"
+    (work / "build").mkdir(parents=True)
+    assert not (cache() / ownership.CACHEDIR_TAG).exists()
+    dry = json.loads(rocforge("cache", "clean", "--dry-run", "--json").stdout)
+    assert {e["path"] for e in dry["entries"] if e["outcome"] == "would be removed"} == {
+        str(tree), str(work)}
+    assert not (cache() / ownership.CACHEDIR_TAG).exists()  # a dry run writes nothing
+    res = rocforge("cache", "clean", "--json")
+    assert res.returncode == 0, res.stderr
+    assert not tree.exists() and not work.exists()
+    assert ownership.has_cache_tag(cache())

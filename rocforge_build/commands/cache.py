@@ -56,7 +56,7 @@ def run(args) -> int:
     now = time.time()
     if args.action == "list":
         return _list(base, entries, now, args.json)
-    if not args.dry_run:
+    if not args.dry_run and base.is_dir():
         cleanup.claim_cache_root()  # passed the check: a cache of rocforge's, tagged as such
     chosen = {c for flag, (cats, _) in FLAGS.items()
               if getattr(args, flag.replace("-", "_")) for c in cats.split()}
