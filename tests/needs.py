@@ -5,6 +5,7 @@ under NOT RUN and fails them under CI=true, where .ci/apt-packages.txt installs 
 from __future__ import annotations
 
 import shutil
+import subprocess
 
 import pytest
 
@@ -23,6 +24,20 @@ def reason(missing: list[str]) -> str:
 def needs(*tools: str):
     """A mark: the test runs only where every tool is on PATH, else it skips saying which lack."""
     missing = lacking(*tools)
+    return pytest.mark.skipif(bool(missing), reason=reason(missing))
+
+
+def lacking_pkg_config(*modules: str) -> list[str]:
+    """pkg-config itself if it is not on PATH, else the modules (.pc files) it does not find."""
+    if shutil.which("pkg-config") is None:
+        return ["pkg-config"]
+    return [f"pkg-config module {m}" for m in modules
+            if subprocess.run(["pkg-config", "--exists", m], timeout=30).returncode != 0]
+
+
+def needs_pkg_config(*modules: str):
+    """A mark: the test runs only where pkg-config finds every module (liblzma: liblzma-dev)."""
+    missing = lacking_pkg_config(*modules)
     return pytest.mark.skipif(bool(missing), reason=reason(missing))
 
 

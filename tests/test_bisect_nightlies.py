@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from buildfixtures import git_repo
+from needs import needs
 from nightly_toolchains import compiling_tarball, rocm_recipe
 from therock_tarballs import Mirror
 from upgrade_history import output_checker, tree_hashes
@@ -69,6 +70,7 @@ def fetched(server, version, since: int = 0) -> bool:
                if m == "GET")
 
 
+@needs("clang-15")  # the nightlies' clang is a script that runs Debian's (tests/nightly_toolchains.py)
 def test_bisect_nightlies_finds_the_first_miscompiling_nightly(site, tmp_path, capsys):
     server, recipe = site
     prefix = config.nightly_prefix()
@@ -117,6 +119,7 @@ def test_bisect_nightlies_refuses_a_version_no_source_serves(site, tmp_path, cap
     assert not (paths.cache_dir() / "bisect").exists()
 
 
+@needs("clang-15")
 def test_gate_regates_builds_refuses_a_miscompiling_nightly_and_switches_on_a_good_one(
         site, tmp_path, capsys):
     # a build in the builds directory made against `current` (GOOD1); `nightly install --gate`

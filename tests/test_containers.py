@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from fixtures_roots import make_system
+from needs import needs
 
 from rocforge_build.cli import main
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
@@ -526,7 +527,7 @@ def test_default_backend_is_the_build_choice_with_its_reason(tmp_path, capsys):
 
 
 # -- the engine check: the real docker client, no daemon, no buildx plugin on this machine --------
-needs_docker = pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client on PATH")
+needs_docker = needs("docker", "buildah")  # the hint names buildah only where it is installed
 
 
 @needs_docker
