@@ -106,6 +106,17 @@ class Bool(Spec):
         return value
 
 
+class Scalar(Spec):
+    """A string, number or bool (a TOML value that is text once written out: an env value)."""
+
+    what = "a string, number or boolean"
+
+    def take(self, value, path):
+        if not isinstance(value, (str, int, float, bool)):
+            raise Bad(path, f"{_shown(value)} is not {self.what}")
+        return value
+
+
 class AbsPath(Spec):
     """An absolute path on one line (it becomes a word of a command or a directory to open)."""
 

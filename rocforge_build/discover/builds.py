@@ -12,12 +12,47 @@ from __future__ import annotations
 
 import os
 
+from rocforge_build import schema
 from rocforge_build.discover.watched_reads import watch
+from rocforge_build.errors import ConfigError
 from rocforge_build.records import FRESH, Record, fresh, init
 from rocforge_build.rootfs import Root, inner_join, inner_path, open_regular
 from rocforge_build.toml_subset import tomllib_loads
 
 MANIFEST = "rocforge-manifest.toml"  # forge.plan.MANIFEST (not imported: `rocforge env` stays cheap)
+
+# What pipeline.write_manifest writes and every reader relies on, checked once where a manifest is
+# read (`checked_manifest`): a manifest is a file a user can edit, copy or be handed.  Names in
+# export_env are left to the env emitter, which leaves a bad one out with a warning and keeps the
+# rest of the build (tests/test_trust_emit.py); its values must be text.
+_TEXT = schema.Str(empty=True)
+_SCALAR_TABLE = schema.TableOf(schema.Scalar())
+MANIFEST_SCHEMA = schema.Record({
+    "recipe": schema.Record({"name": schema.Str(one_line=True), "file": schema.Optional(_TEXT)}),
+    "target": schema.Str(one_line=True),
+    "backend": schema.Str(one_line=True),
+    "stamp": schema.Optional(schema.Str(one_line=True)),
+    "prefix": schema.Optional(schema.AbsPath()),
+    "built_at": schema.Optional(_TEXT),
+    "source": schema.Optional(schema.Record({
+        "version": schema.Optional(_TEXT), "commit": schema.Optional(_TEXT),
+        "location": schema.Optional(_TEXT), "kind": schema.Optional(_TEXT)}), {}),
+    "toolchain": schema.Optional(schema.Record({
+        "kind": schema.Optional(schema.Str(one_line=True)), "rocm_path": schema.Optional(_TEXT)}), {}),
+    "outputs": schema.Optional(schema.ListOf(schema.Str()), []),
+    "env": schema.Optional(_SCALAR_TABLE, {}),
+    "runtime_env": schema.Optional(schema.EnvTable(), {}),
+    "export_env": schema.Optional(_SCALAR_TABLE, {}),
+    "export_env_reasons": schema.Optional(schema.TableOf(_TEXT), {}),
+    "dependencies": schema.Optional(schema.ListOf(schema.Record({})), []),
+})
+
+
+def checked_manifest(data: object, path: str) -> dict:
+    """A manifest's TOML held to MANIFEST_SCHEMA, or a ConfigError naming the file and the field."""
+    return schema.check(data, MANIFEST_SCHEMA, str(path), ConfigError,
+                        "rocforge wrote this file when it built the prefix: rebuild it with "
+                        "`rocforge build`, or remove the prefix")
 
 
 class Build(Record):
@@ -83,13 +118,16 @@ def _rebase(value: str, recorded: str, prefix: str) -> str:
 
 
 def read_manifest(prefix: str | os.PathLike[str]) -> dict | None:
-    """The manifest of the build in `prefix` (None when there is none, it is unreadable or not a
-    regular file: a FIFO under that name is refused, not waited on)."""
+    """The manifest of the build in `prefix`, checked (`checked_manifest`: a ConfigError names
+    the field that is wrong); None when there is none, it is unreadable, not TOML or not a
+    regular file (a FIFO under that name is refused, not waited on)."""
+    path = os.path.join(prefix, MANIFEST)
     try:
-        with open_regular(os.path.join(prefix, MANIFEST), "r", encoding="utf-8") as fh:
-            return tomllib_loads(fh.read())
+        with open_regular(path, "r", encoding="utf-8") as fh:
+            data = tomllib_loads(fh.read())
     except (OSError, ValueError):
         return None
+    return None if data is None else checked_manifest(data, path)
 
 
 def read(root: Root, prefix: str) -> Build | None:
@@ -103,14 +141,10 @@ def read(root: Root, prefix: str) -> Build | None:
     data = tomllib_loads(text)
     if data is None:
         return None
-    recipe = data.get("recipe", {})
-    target = data.get("target")
-    if not isinstance(recipe, dict) or not recipe.get("name") or not isinstance(target, str):
-        return None
-    recorded = str(data.get("prefix", ""))
-    exported = data.get("export_env", {}) if isinstance(data.get("export_env"), dict) else {}
-    reasons = data.get("export_env_reasons", {})
-    outputs = tuple(str(o) for o in data.get("outputs", []) if isinstance(o, str))
+    data = checked_manifest(data, root.host_str(manifest))
+    recorded = data["prefix"] or ""
+    exported, reasons = data["export_env"], data["export_env_reasons"]
+    outputs = tuple(data["outputs"])
     missing = []
     for out in outputs:
         expected = inner_join(prefix, out)
@@ -126,18 +160,16 @@ def read(root: Root, prefix: str) -> Build | None:
     watch(root, lib)
     bin_dir = inner_join(prefix, "bin")
     watch(root, bin_dir)
-    source = data.get("source", {}) if isinstance(data.get("source"), dict) else {}
-    tool = data.get("toolchain", {}) if isinstance(data.get("toolchain"), dict) else {}
+    source, tool = data["source"], data["toolchain"]
     return Build(
-        prefix=prefix, recipe=str(recipe["name"]), target=target,
-        backend=str(data.get("backend", "")), version=str(source.get("version") or "") or None,
+        prefix=prefix, recipe=data["recipe"]["name"], target=data["target"],
+        backend=data["backend"], version=source.get("version") or None,
         commit=source.get("commit"), built_at=data.get("built_at"),
         export_env={str(k): _rebase(str(v), recorded, prefix) for k, v in exported.items()},
-        export_reasons={str(k): str(v) for k, v in reasons.items()} if isinstance(reasons, dict) else {},
+        export_reasons=dict(reasons),
         outputs=outputs, missing=tuple(missing), lib_dir=lib if root.is_dir(lib) else None,
         bin_dir=bin_dir if root.is_dir(bin_dir) else None,
-        stamp=str(data["stamp"]) if isinstance(data.get("stamp"), str) else None,
-        toolchain=str(tool.get("kind") or "hip"),
+        stamp=data["stamp"], toolchain=tool.get("kind") or "hip",
     )
 
 
