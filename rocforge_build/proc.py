@@ -151,10 +151,13 @@ def run(
             process_group=0 if group else None)
     except FileNotFoundError as exc:
         raise ToolchainError(f"required program {args[0]!r} was not found", hint) from exc
+    pipe = _fd_target(child.stdout)
     try:
         with reaped(child, grace=2.0):
             out, err = child.communicate(input, limit)
     except subprocess.TimeoutExpired:
+        if pipe:
+            _kill_holders(pipe)  # a child's orphan (reparented, not a descendant) holding its output
         raise ToolTimedOut(args, limit or 0.0) from None
     proc = subprocess.CompletedProcess(args, child.returncode, out, err)
     if check and proc.returncode != 0:
@@ -281,6 +284,29 @@ def _listening_inodes(port: int) -> set[int] | None:
             except ValueError:
                 continue
     return found if read_any else None
+
+
+def _fd_target(stream) -> str | None:
+    """What one of rocforge's own file descriptors is, as /proc shows it (`pipe:[INODE]`)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{stream.fileno()}") if stream is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def _kill_holders(target: str) -> None:
+    """SIGKILL every other process with a file descriptor on `target` (a pipe rocforge made for
+    one child, which only that child's tree can have inherited)."""
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{name}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{name}/fd/{fd}") == target:
+                        os.kill(int(name), signal.SIGKILL)
+                        break
 
 
 def _socket_inodes(pid: int) -> set[int]:

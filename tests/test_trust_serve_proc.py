@@ -335,6 +335,31 @@ def test_run_stops_the_whole_tree_at_its_deadline(tmp_path):
 
 
 @needs.needs("git")
+def test_an_orphan_holding_the_output_is_stopped_at_the_deadline(tmp_path):
+    """The tool exits but leaves a background process holding its output pipe open (reparented:
+    no longer its descendant): the read ends at the deadline, and that process is stopped too."""
+    pids = tmp_path / "pids"
+    script = tmp_path / "leaves-a-child"
+    script.write_text(f'#!/bin/sh\nsleep 3600 &\necho $! > "{pids}"\nexit 0\n')
+    script.chmod(0o755)
+    start = time.monotonic()
+    with pytest.raises(proc.ToolTimedOut):
+        proc.run([str(script)], timeout=1.0)
+    assert time.monotonic() - start < 1.0 + MARGIN
+    assert pids.read_text().split() and left_over(pids) == []
+
+
+def test_every_run_without_a_deadline_says_why():
+    """`timeout=None` (no deadline) is for work whose length is the work itself; each such call
+    carries its reason as a comment on its line."""
+    bare = []
+    for path in sorted((REPO / "rocforge_build").rglob("*.py")):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if "timeout=None" in line and "#" not in line.split("timeout=None", 1)[1]:
+                bare.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert bare == []
+
+
 @pytest.mark.parametrize("value", ["0", "-3", "nan", "inf", "soon", "1e300"])
 def test_a_bad_probe_deadline_is_one_line(value, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv(proc.PROBE_ENV, value)
