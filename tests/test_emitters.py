@@ -403,6 +403,38 @@ def test_grub_rewrite_round_trips_through_sed_and_sh(tmp_path, before):
     assert not mark.exists()
 
 
+@pytest.mark.parametrize("shell", ["sh", "dash", "bash"])
+def test_tee_lines_write_the_text_exactly(tmp_path, shell):
+    """`host plan`'s `... | sudo tee FILE` lines (dash's echo reads backslashes: printf then)."""
+    require(shell)
+    mark = tmp_path / "MARK"
+    for text in [*hostile(mark), "-n", "-e \\c", "a\\cb", ""]:
+        target = tmp_path / "out"
+        cmd = shellsafe.tee_line(text, "/etc/kernel/cmdline").replace(
+            "sudo tee /etc/kernel/cmdline", f"tee {shellsafe.sh_quote(str(target))} >/dev/null")
+        subprocess.run([shell, "-c", cmd], check=True, timeout=30)
+        assert target.read_text() == text + "\n", text
+    assert not mark.exists()
+
+
+def test_grub_append_and_loader_options_round_trip(tmp_path):
+    mark = tmp_path / "MARK"
+    words = [w.format(mark=mark) for w in KERNEL_WORDS]
+    grub = tmp_path / "grub"
+    grub.write_text("GRUB_TIMEOUT=5\n")
+    cmd = kernel_cmdline.grub_append(words).replace(
+        "sudo tee -a /etc/default/grub", f"tee -a {shellsafe.sh_quote(str(grub))} >/dev/null")
+    subprocess.run(["sh", "-c", cmd], check=True, timeout=30)
+    assert _source_grub(grub, "GRUB_CMDLINE_LINUX_DEFAULT") == kernel_cmdline.line(words)
+    entry = tmp_path / "arch.conf"
+    entry.write_text("title Arch\noptions root=/dev/sda1 rw\n")
+    cmd = kernel_cmdline.loader_options("/boot/loader/entries/arch.conf", words)
+    local = cmd.replace("sudo ", "", 1).replace(" /boot/loader/entries/arch.conf", f" {entry}")
+    subprocess.run(["sh", "-c", local], check=True, timeout=30)
+    assert entry.read_text() == f"title Arch\noptions {kernel_cmdline.line(words)}\n"
+    assert not mark.exists()
+
+
 def test_kernel_parameters_outside_the_grammar_are_refused():
     for word in ['x="q"', 'x="a b"', "", "=v", "new\nline", "nul\0", "cr\r"]:
         with pytest.raises(RocforgeError):
