@@ -61,7 +61,7 @@ def test_verify_bench_tune_preset_and_a_wrong_build(llama_tree, tmp_path, capsys
     # the reference: the default cpu build, in the data dir (where verify looks for it)
     code, out, err = rf(capsys, *build_args(llama_tree))
     assert code == 0, err
-    ref = paths.builds_prefix() / "llama-cpp-gfx1151-cpu"
+    ref = paths.builds_prefix() / "llama-cpp-cpu"  # a CPU build is named for no GPU target
     assert out.strip() == str(ref)
     ref_manifest = (ref / "rocforge-manifest.toml").stat().st_mtime_ns
     # a build with different flags: llamafile's sgemm off

@@ -208,7 +208,7 @@ def test_dry_run_and_build_exit_alike_on_missing_toolchain_after_fetch(tmp_path,
                            "--backend", "hip", "--source", str(src),
                            "--prefix", str(tmp_path / "p"), *extra]))
     err = capsys.readouterr().err
-    assert codes == [5, 5], err
+    assert codes == [4, 4], err  # no ROCm at all: exit 4, as `rocforge env`
     assert not (tmp_path / "p").exists()
 
 
@@ -377,7 +377,7 @@ def test_a_candidate_backend_without_its_toolchain_is_left_to_the_fetch(http_ser
     """A default of hip where the tree declares FIXTURE_HIP, else cpu, on a root without ROCm:
     whether the build stops (no HIP toolchain) depends on the source.  The dry run plans hip,
     lists the missing toolchain for after the fetch and exits 0 with no request; the build
-    fetches, chooses hip (the fixture declares FIXTURE_HIP) and exits 5."""
+    fetches, chooses hip (the fixture declares FIXTURE_HIP) and exits 4 (no ROCm at all)."""
     from buildfixtures import recipe_copy
 
     recipe = recipe_copy(tmp_path / "r", **{
@@ -394,7 +394,7 @@ def test_a_candidate_backend_without_its_toolchain_is_left_to_the_fetch(http_ser
     assert "      the source makes the backend hip\n" in out
     assert "should the source make it cpu, `--backend cpu --dry-run` shows that one" in out
     assert http_server.requests == []
-    assert main(argv) == 5
+    assert main(argv) == 4
     assert "no ROCm toolchain found for gfx1151" in capsys.readouterr().err
     assert http_server.requests  # fetched first: only the source could tell
 

@@ -507,7 +507,7 @@ def _prepare(req: Request, root, *, fetch: bool = True):
     facts = facts_for(backend)
     toolchain = toolchains[recipe.backends[backend].toolchain]
     prefix = (Path(req.prefix).expanduser().resolve() if req.prefix
-              else default_prefix(recipe.name, tgt.name, backend))
+              else default_prefix(recipe.name, tgt.name, backend, recipe.backends[backend].toolchain))
     return recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix, others
 
 
@@ -531,8 +531,19 @@ def _check_pinned(recipe: recipes.Recipe, spec: sources.SourceSpec, version: str
             "before the download)")
 
 
-def default_prefix(recipe: str, target: str, backend: str) -> Path:
-    return paths.builds_prefix() / f"{recipe}-{target}-{backend}"
+def default_prefix(recipe: str, target: str, backend: str, toolchain: str = "hip") -> Path:
+    """`<recipe>-<target>-<backend>` for a HIP build (it runs on its one GPU target);
+    `<recipe>-<backend>` for a host (CPU) or Vulkan build, which runs on any GPU or none — but the
+    `<recipe>-<target>-<backend>` such a build had before, where it is and the new name is not, so
+    that it is rebuilt in place, never beside itself."""
+    base = paths.builds_prefix()
+    named = base / f"{recipe}-{target}-{backend}"
+    if toolchain == "hip":
+        return named
+    unnamed = base / f"{recipe}-{backend}"
+    if target and not unnamed.exists() and (named / MANIFEST).is_file():
+        return named
+    return unnamed
 
 
 def _rocm_fact(facts: conditions.Facts, toolchain: Toolchain) -> None:
