@@ -334,7 +334,9 @@ def test_tune_and_serve_warn_of_a_known_bad_host_first(tmp_path, model, monkeypa
     p["ranges"]["short"]["stamp"] = read_manifest(prefix).get("stamp")
     with Store(tmp_path / "r.sqlite3") as s:
         s.add_preset("m", "ab" * 32, 1, p)
-    out = cli_in(root, "serve", "m", "--port", "1", "--wait", "5", env=env)
+    from test_proof import free_port
+
+    out = cli_in(root, "serve", "m", "--port", str(free_port()), "--wait", "5", env=env)
     assert out.stderr.splitlines()[0].startswith(KNOWN_BAD_MES), out.stderr
     assert "llama-server" in ran.read_text()  # and the server was started (and failed)
 

@@ -45,11 +45,11 @@ def run(args) -> int:
             print(shellsafe.comment(note))
         print(line)
         return 0
-    serve.check_port(args.host, args.port)  # before anything starts: one line, exit 2
     from rocforge_build.measure import provenance
     from rocforge_build.nightly import known_bad
 
     known_bad.warn_before_measuring(provenance.host(args.rootfs))  # a known-bad host, said first
+    serve.check_port(args.host, args.port)  # before anything starts: one line, exit 2
     sys.stderr.write(f"rocforge: serve: starting {p.range} preset (version {preset.get('version')}): {line}\n")
 
     def ready(warm_s: float):
