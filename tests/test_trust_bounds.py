@@ -210,14 +210,18 @@ def test_a_name_too_long_is_one_line(tmp_path, model, capsys, monkeypatch):
 
 # -- 4. output the terminal's encoding cannot show ----------------------------------------------------
 
-def test_an_ascii_terminal_with_a_non_ascii_prefix(tmp_path):
-    prefix = tmp_path / "préfix"
+@pytest.mark.parametrize("name,encoding,shown", [
+    ("préfix", "ascii", b"pr\\xe9fix"),  # a character the terminal's encoding lacks
+    (os.fsdecode(b"pr\xff"), "utf-8", b"pr\\udcff"),  # a file name that is not UTF-8 at all
+])
+def test_a_terminal_that_cannot_show_a_prefix(tmp_path, name, encoding, shown):
+    prefix = tmp_path / name
     prefix.mkdir()
     out = subprocess.run([sys.executable, "-m", "rocforge_build", "nightly", "installed",
                           "--prefix", str(prefix)], capture_output=True, timeout=60,
-                         env={**os.environ, "PYTHONIOENCODING": "ascii"})
+                         env={**os.environ, "PYTHONIOENCODING": encoding})
     assert out.returncode == 0, out.stderr
-    assert b"pr\\xe9fix" in out.stdout  # escaped, the rest of the line as it was
+    assert shown in out.stdout  # escaped, the rest of the line as it was
     assert b"internal error" not in out.stderr and b"Traceback" not in out.stderr
 
 
