@@ -277,7 +277,7 @@ def test_systemd_unit_round_trips(tmp_path):
     mark = tmp_path / "MARK"
     exe = _dump_program(tmp_path / "odd %i $HOME dir")  # `%` and `$` in the program's own path
     values = hostile(mark)
-    unit = systemd.service(comment="c %i\n[Service]", description="d %n\\", env={"V": " ".join(values)},
+    unit = systemd.service(comment="c %i\n[Service]\\", description="d %n\\", env={"V": " ".join(values)},
                            argv=[str(exe), *values])
     parsed = parse_unit(unit)
     assert list(parsed) == ["[Unit]", "[Service]", "[Install]"]

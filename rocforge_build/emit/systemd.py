@@ -47,8 +47,8 @@ def env_assignment(name: str, value: str) -> str:
 
 
 def text(value: object) -> str:
-    """Free text for `Description=` or a comment: one line, `%` doubled, and never ending in a
-    backslash (which would continue onto the next line, systemd.syntax(7))."""
+    """Free text for `Description=`: one line, `%` doubled, and never ending in a backslash
+    (which would continue onto the next line, systemd.syntax(7))."""
     return shellsafe.one_line(value).replace("%", "%%").rstrip("\\")
 
 
@@ -56,7 +56,7 @@ def service(*, comment: str, description: str, env: dict[str, str], argv: list[s
     """A user service that runs `argv` with `env`: one `[Unit]`, one `[Service]`, one `[Install]`."""
     if not argv:
         raise UsageError("ExecStart: the command is empty", HINT)
-    lines = [shellsafe.comment(text(comment)), "[Unit]", f"Description={text(description)}",
+    lines = [shellsafe.comment(comment).rstrip("\\"), "[Unit]", f"Description={text(description)}",
              "After=network-online.target", "", "[Service]"]
     lines += [f"Environment={env_assignment(k, v)}" for k, v in env.items()]
     lines += ["ExecStart=" + " ".join([exec_program(argv[0]), *(exec_word(a) for a in argv[1:])]),
