@@ -1,20 +1,30 @@
-"""Replacing a directory as a whole: build prefixes (`rocforge build --prefix`), kernel builds
-(`kernels build --out`) and library closures (`container closure --out`).
+"""Replacing a directory as a whole: build prefixes (`rocforge build --prefix`, `rocforge upgrade`,
+`rocforge rollback`), kernel builds (`kernels build --out`) and library closures (`container closure
+--out`).
 
 rocforge replaces only what it made: a destination that does not exist, is empty, or holds
 rocforge's own marker file for that kind of tree (the build manifest, the kernels' manifest, the
 closure marker).  Anything else is refused before any work starts, naming the file that made it
-refuse; rocforge never deletes a user's directory, so there is no flag to make it.
+refuse; rocforge never deletes a user's directory, so there is no flag to make it.  The scratch
+trees a build stages into (`<prefix>.rocforge-new`) are removed only when they carry the scratch
+mark (`SCRATCH`) or the tree's marker (`scratch`, `discard`).
 
-`swap(new, dest)` is restartable.  The old tree is moved aside to `<dest>.rocforge-old`, the new one
-renamed into place, and only then is the old one deleted; the renames run with Ctrl-C/SIGTERM held
-back (`signals.deferred`), and `recover(dest)` (run before every swap and at the start of every
-build) finishes or undoes a swap that was cut off harder (SIGKILL, power loss): with no `dest`
-the old tree is renamed back, with both the old one is deleted.
+`swap(new, dest)` is atomic and restartable.  It writes a journal (`<dest>.rocforge-swap`: both
+trees' inode numbers, where the replaced one goes), then exchanges the two trees in one
+`renameat2(RENAME_EXCHANGE)` (rename(2) man page), so at every instant one complete tree is at
+`dest`.  Where the file system lacks the exchange (EINVAL, ENOSYS, EOPNOTSUPP) it falls back to two
+renames, `dest` aside to `<dest>.rocforge-old` and `new` in; the journal lets the next command
+finish that.  The replaced tree is then moved to `keep` or deleted (its marker first, so a half
+deleted tree is never taken for a whole one), and the journal goes last.  The renames run with
+Ctrl-C/SIGTERM held back (`signals.deferred`); after a SIGKILL or power loss, `recover(dest)` (run
+before every swap, at the start of every build, upgrade and rollback) reads the journal and
+finishes the swap: the new tree in place when it is whole, the replaced one kept or deleted.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import shutil
 import stat
@@ -25,6 +35,12 @@ from rocforge_build.errors import UsageError
 
 OLD = ".rocforge-old"
 DELETING = ".rocforge-old.deleting"
+JOURNAL = ".rocforge-swap"  # beside `dest` while a swap is under way
+SCRATCH = ".rocforge-scratch"  # the mark in a scratch tree rocforge made (staged installs)
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # linux/fs.h
+_AT_FDCWD = -100
+_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "s390x": 347}
+_UNSUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
 
 
 def sibling(dest: Path, suffix: str) -> Path:
@@ -83,58 +99,199 @@ def _marked(tree: Path, marker: str) -> bool:
 
 def interrupted(dest: Path) -> bool:
     """Whether a replacement of `dest` was cut off (`recover` has something to do)."""
-    return os.path.lexists(sibling(dest, OLD)) or os.path.lexists(sibling(dest, DELETING))
+    return any(os.path.lexists(sibling(dest, s)) for s in (JOURNAL, OLD, DELETING))
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap the names `a` and `b` in one step (renameat2 RENAME_EXCHANGE, Linux 3.15+); False
+    where the file system or kernel cannot (the caller falls back), OSError for anything else."""
+    import ctypes
+    import platform
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    args = (_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE)
+    if hasattr(libc, "renameat2"):  # glibc 2.28+
+        rc = libc.renameat2(ctypes.c_int(args[0]), ctypes.c_char_p(args[1]), ctypes.c_int(args[2]),
+                            ctypes.c_char_p(args[3]), ctypes.c_uint(args[4]))
+    elif platform.machine() in _SYS_RENAMEAT2:
+        rc = libc.syscall(ctypes.c_long(_SYS_RENAMEAT2[platform.machine()]), *(
+            ctypes.c_long(args[0]), ctypes.c_char_p(args[1]), ctypes.c_long(args[2]),
+            ctypes.c_char_p(args[3]), ctypes.c_ulong(args[4])))
+    else:
+        return False
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _UNSUPPORTED:
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _ident(path: Path) -> list[int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino]
+
+
+def _write_journal(dest: Path, entry: dict) -> None:
+    """The journal, whole or not at all: written to a temporary name, synced, renamed."""
+    journal, tmp = sibling(dest, JOURNAL), sibling(dest, JOURNAL + ".tmp")
+    _unlink_file(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(entry, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, journal)
+    _sync_dir(dest.parent)
+
+
+def _read_journal(dest: Path) -> dict | None:
+    journal = sibling(dest, JOURNAL)
+    _unlink_file(sibling(dest, JOURNAL + ".tmp"))  # never renamed in: no swap started
+    if not os.path.lexists(journal):
+        return None
+    try:
+        fd = os.open(journal, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            entry = json.loads(fh.read(65536)) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except (OSError, ValueError):
+        entry = None
+    keys = {"dest": str, "new": str, "keep": (str, type(None)), "new_id": list, "old_id": list}
+    if not (isinstance(entry, dict) and entry.get("dest") == str(dest)
+            and all(isinstance(entry.get(k), t) for k, t in keys.items())):
+        raise UsageError(f"{journal} is in the way of replacing {dest} and it is not a journal "
+                         "rocforge wrote", f"move {journal} elsewhere")
+    return entry
+
+
+def _unlink_file(path: Path) -> None:
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+
+
+def _sync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def recover(dest: Path, marker: str) -> str | None:
-    """Finish or undo a swap of `dest` that was cut off; says what it did (None: nothing)."""
+    """Finish a swap of `dest` that was cut off (see the module's docstring); says what it did
+    (None: nothing).  Callers hold the lock of whatever swaps `dest`."""
     dest = Path(dest)
+    entry = _read_journal(dest)
+    if entry is not None:
+        return _finish(dest, marker, entry)
     old, deleting = sibling(dest, OLD), sibling(dest, DELETING)
     done = None
-    if os.path.lexists(old):
-        if not os.path.lexists(dest):
-            os.replace(old, dest)  # cut between the renames: the old tree comes back
+    if os.path.lexists(old) and os.path.isdir(old) and not os.path.islink(old):
+        if not os.path.lexists(dest) and _marked(old, marker):
+            os.replace(old, dest)  # cut between two renames without a journal: the old tree back
             done = f"restored {dest} from an interrupted replacement"
-        elif _marked(old, marker) or not os.listdir(old):
-            os.replace(old, deleting)  # cut after the new tree was in place
+        elif os.path.lexists(dest) and (_marked(old, marker) or not os.listdir(old)):
+            os.replace(old, deleting)
             done = f"removed the previous tree of {dest} left by an interrupted replacement"
     if os.path.lexists(deleting):
         shutil.rmtree(deleting, ignore_errors=True)
     return done
 
 
+def _finish(dest: Path, marker: str, entry: dict) -> str:
+    """The journal's swap carried to its end: the new tree at `dest` when it is whole (its
+    inode is the journal's), the replaced one moved to `keep` or deleted; the journal last."""
+    new, keep, aside = Path(entry["new"]), entry["keep"], sibling(dest, OLD)
+    places = [dest, new, aside] + ([Path(keep)] if keep else [])
+
+    def where(ident: list) -> Path | None:
+        return next((p for p in places if _ident(p) == ident), None)
+
+    if not os.path.lexists(dest):  # cut between the two renames of the fallback
+        whole = where(entry["new_id"]) or where(entry["old_id"])
+        if whole is not None:
+            os.replace(whole, dest)
+    if _ident(dest) == entry["new_id"]:
+        _dispose(where(entry["old_id"]), aside, Path(keep) if keep else None, marker)
+        done = f"finished an interrupted replacement of {dest}"
+    else:
+        done = f"undid an interrupted replacement of {dest}: the tree it had is in place"
+    os.unlink(sibling(dest, JOURNAL))
+    return done
+
+
+def _dispose(old: Path | None, aside: Path, keep: Path | None, marker: str) -> None:
+    """The replaced tree moved to `keep`, or deleted (its marker first: a tree cut off half
+    deleted is never taken for a whole one); None: already gone."""
+    if old is None or old == keep:
+        return
+    if keep is not None:
+        if os.path.lexists(keep):
+            raise UsageError(f"{keep} is in the way of keeping the replaced tree, which is at {old}",
+                             f"move {keep} elsewhere, then run the command again")
+        os.replace(old, keep)
+        return
+    if old != aside:
+        os.replace(old, aside)
+    _unlink_file(aside / marker)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
     """Put the tree `new` in place of `dest` (replaced as a whole; see the module's docstring).
     `keep`: the replaced tree is renamed there instead of deleted (`rocforge upgrade` keeps it
-    for `rocforge rollback`); the caller has cleared that name (`retire`)."""
+    for `rocforge rollback`); the caller has cleared that name (`retire`), or it is `new` itself
+    (`rocforge rollback`: the two trees change places)."""
     new, dest = Path(new), Path(dest)
     recover(dest, marker)
-    old, deleting = sibling(dest, OLD), sibling(dest, DELETING)
-    if os.path.lexists(old):
-        raise UsageError(f"{old} is in the way of replacing {dest} and rocforge did not make it",
-                         f"move {old} elsewhere")
-    moved = os.path.lexists(dest)
+    aside = sibling(dest, OLD)
+    if os.path.lexists(aside):
+        raise UsageError(f"{aside} is in the way of replacing {dest} and rocforge did not make it",
+                         f"move {aside} elsewhere")
+    if not os.path.lexists(dest):
+        with signals.deferred():
+            os.rename(new, dest)  # one rename: nothing to journal
+        return
+    keep = Path(keep) if keep is not None else None
+    entry = {"dest": str(dest), "new": str(new), "keep": str(keep) if keep else None,
+             "new_id": _ident(new), "old_id": _ident(dest)}
+    placed = False
     try:
         with signals.deferred():  # a signal held back here is raised when the block ends
-            if moved:
-                os.replace(dest, old)
-            try:
-                os.replace(new, dest)
-            except BaseException:
-                if moved:
-                    os.replace(old, dest)
-                raise
-            if moved:
-                os.replace(old, deleting if keep is None else keep)
+            _write_journal(dest, entry)
+            if exchange(new, dest):
+                old = new
+            else:
+                os.rename(dest, aside)
+                os.rename(new, dest)
+                old = aside
+            if keep is not None and old != keep:
+                os.rename(old, keep)
+            elif keep is None and old != aside:
+                os.rename(old, aside)
+            placed = True
     finally:
-        if moved and keep is None:  # also when that signal is on its way out (a second one leaves it to recover)
-            shutil.rmtree(deleting, ignore_errors=True)
+        if placed:  # also when that signal is on its way out (a second one leaves it to recover)
+            if keep is None:
+                _unlink_file(aside / marker)
+                shutil.rmtree(aside, ignore_errors=True)
+            os.unlink(sibling(dest, JOURNAL))
+        elif os.path.lexists(sibling(dest, JOURNAL)):
+            recover(dest, marker)  # an error between the renames: the journal says where each is
 
 
 def retire(tree: Path, marker: str, what: str) -> None:
     """Delete a whole tree rocforge made (it holds `marker`): renamed to a `.deleting` sibling
-    first, so a cut-off delete never leaves a half tree under the name.  Anything else at that
-    name is refused (one line), never deleted."""
+    and its marker removed first, so a cut-off delete never leaves a half tree under the name
+    or one that looks whole.  Anything else at that name is refused (one line), never deleted."""
     tree = Path(tree)
     if not os.path.lexists(tree):
         return
@@ -144,7 +301,57 @@ def retire(tree: Path, marker: str, what: str) -> None:
     gone = sibling(tree, ".deleting")
     shutil.rmtree(gone, ignore_errors=True)
     os.replace(tree, gone)
+    _unlink_file(gone / marker)
     shutil.rmtree(gone, ignore_errors=True)
+
+
+# -- scratch trees (a build's staged install) ------------------------------------------------------
+
+def check_scratch(path: Path, marker: str, what: str) -> None:
+    """Refuse (UsageError, one line) a scratch path rocforge may not clear: anything there but
+    an empty directory or a tree with the scratch mark or `marker` (a staged tree left whole)."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode) and (_marked(path, SCRATCH) or _marked(path, marker)
+                                     or not os.listdir(path)):
+        return
+    raise UsageError(f"refusing to remove {path}: rocforge puts {what} there, and it has no "
+                     f"{SCRATCH} or {marker}, so rocforge did not make it",
+                     f"move {path} elsewhere (it may be yours), then run the command again")
+
+
+def discard(path: Path, marker: str, what: str) -> None:
+    """Remove a scratch tree after `check_scratch` (its marks first)."""
+    path = Path(path)
+    check_scratch(path, marker, what)
+    if not os.path.lexists(path):
+        return
+    _unlink_file(path / marker)
+    _unlink_file(path / SCRATCH)
+    shutil.rmtree(path)
+
+
+def scratch(path: Path, marker: str, what: str) -> Path:
+    """A fresh, empty scratch tree at `path` with the scratch mark (what was there is
+    `discard`ed, or refused)."""
+    path = Path(path)
+    discard(path, marker, what)
+    path.mkdir(parents=True)
+    mark_scratch(path)
+    return path
+
+
+def mark_scratch(path: Path) -> None:
+    (Path(path) / SCRATCH).write_text("rocforge scratch tree: rocforge deletes it when it is done\n")
+
+
+def unmark_scratch(path: Path) -> None:
+    """The scratch mark removed from a tree about to go in place (its `marker` now says it is
+    rocforge's, written last)."""
+    _unlink_file(Path(path) / SCRATCH)
 
 
 # -- single files rocforge writes for the user (results plot -o, ...) ------------------------------

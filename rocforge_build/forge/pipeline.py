@@ -42,6 +42,7 @@ from rocforge_build.proc import merged_env, quote, reaped, spawn, which
 from rocforge_build.progress import Heartbeat
 
 _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
+STAGED = "a build's staged install"  # what the scratch trees beside a prefix hold
 _UNUSED_RE = re.compile(r"Manually-specified variables were not used by the project:\s*\n((?:\s+\S+\n?)+)")
 
 
@@ -147,13 +148,16 @@ def execute(req: Request, root, *, quiet: bool = False,
         timings["total"] = time.monotonic() - t0
         plan.timings = {k: round(v, 3) for k, v in timings.items()}
         write_manifest(plan, staging)
+        replace.unmark_scratch(staging)  # the manifest, written last, now says it is rocforge's
         if gate is not None:
             gate(plan, staging)
         if keep is not None:
             replace.retire(keep, MANIFEST, f"keeping the replaced build of {plan.prefix}")
         replace.swap(staging, plan.prefix, MANIFEST, keep=keep)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if not replace.interrupted(plan.prefix):  # else its journal says whose tree is there
+            with contextlib.suppress(OSError, UsageError):
+                replace.discard(staging, MANIFEST, STAGED)
         raise
     finally:
         run.log.close()
@@ -169,6 +173,8 @@ def check(plan: Plan) -> None:
     replace, the toolchains are there, the prefix and work areas can be written.  A dry run
     makes the same checks, so it exits as the build would."""
     replace.check_replaceable(plan.prefix, MANIFEST, "--prefix", path_list=True)
+    for scratch in (staging_dir(plan.prefix), destdir(plan.prefix)):
+        replace.check_scratch(scratch, MANIFEST, STAGED)
     _require(plan)
     paths.check_writable(plan.prefix.parent, "--prefix")
     paths.check_writable(plan.work, "the work directory")
@@ -261,21 +267,21 @@ def check_build_targets(plan: Plan) -> None:
 def _build_into(run: _Run, staging: Path) -> None:
     """ninja; a recipe that installs with `ninja install` is staged here, into DESTDIR."""
     plan = run.plan
-    if staging.exists():
-        shutil.rmtree(staging)
     env = {**plan.env, **parallel.secret_env(plan.parallel)}  # credentials: never in logs/manifests
     if plan.recipe.install != "ninja":
+        replace.scratch(staging, MANIFEST, STAGED)
         _build(plan, env, run.log, run.console, run.quiet)
         return
-    dest = destdir(plan.prefix)
-    shutil.rmtree(dest, ignore_errors=True)
+    replace.discard(staging, MANIFEST, STAGED)
+    dest = replace.scratch(destdir(plan.prefix), MANIFEST, STAGED)
     _build(plan, {**env, "DESTDIR": str(dest)}, run.log, run.console, run.quiet)
     installed = dest / str(plan.prefix).lstrip("/")
     if not installed.is_dir():
         raise BuildError(f"`ninja install` installed nothing under {installed}; full log: {plan.log}")
+    replace.mark_scratch(installed)
     staging.parent.mkdir(parents=True, exist_ok=True)
     os.replace(installed, staging)
-    shutil.rmtree(dest, ignore_errors=True)
+    replace.discard(dest, MANIFEST, STAGED)
 
 
 def _install(run: _Run, staging: Path) -> None:

@@ -62,6 +62,7 @@ def existing_build(prefix: str | os.PathLike) -> tuple[Path, dict]:
         raise UsageError(f"{path} is a symbolic link; rocforge replaces a build as a whole and "
                          "would not follow it", "give the directory it points to")
     path = path.resolve()
+    repair(path)
     if not path.is_dir():
         raise UsageError(f"{path} is not a directory", "give the prefix of a rocforge build "
                          "(see `rocforge doctor`)")
@@ -70,6 +71,22 @@ def existing_build(prefix: str | os.PathLike) -> tuple[Path, dict]:
         raise UsageError(f"{path} is not a rocforge build: it has no readable {MANIFEST}",
                          "give the prefix of a build made by `rocforge build`")
     return path, manifest
+
+
+def repair(prefix: Path) -> None:
+    """Finish a swap of `prefix` that a kill cut off (`replace.recover`, under the prefix's
+    build lock), so the build is whole before it is read: `upgrade` and `rollback` start here."""
+    from rocforge_build.forge import lock
+
+    if not replace.interrupted(prefix):
+        return
+    held = lock.acquire(prefix, work_dir(prefix))
+    try:
+        done = replace.recover(prefix, MANIFEST)
+    finally:
+        held.release()
+    if done:
+        sys.stderr.write(f"rocforge: note: {done}\n")
 
 
 def _manifest_ok(m: dict) -> bool:
@@ -388,7 +405,8 @@ def upgrade(prefix: Path, req: Request, rootfs, *, run: list[str] | None = None,
 
 def rollback(prefix: Path) -> tuple[dict, dict]:
     """Swap the kept build back in; the build it replaces is kept in turn (a second rollback
-    goes forward again).  Under the prefix's build lock: no build runs while it happens."""
+    goes forward again): one atomic exchange (`replace.swap`).  Under the prefix's build lock:
+    no build runs while it happens."""
     from rocforge_build.forge import lock
 
     keep = replace.sibling(prefix, PREVIOUS)
@@ -400,15 +418,7 @@ def rollback(prefix: Path) -> tuple[dict, dict]:
     try:
         replace.recover(prefix, MANIFEST)
         current = read_manifest(prefix)
-        tmp = replace.sibling(prefix, ".rocforge-rollback")
-        replace.retire(tmp, MANIFEST, f"rolling back {prefix}")
-        os.replace(keep, tmp)  # the name `keep` is free for the tree it replaces
-        try:
-            replace.swap(tmp, prefix, MANIFEST, keep=keep)
-        except BaseException:
-            if os.path.lexists(tmp) and not os.path.lexists(keep):
-                os.replace(tmp, keep)
-            raise
+        replace.swap(keep, prefix, MANIFEST, keep=keep)  # the two builds change places
     finally:
         held.release()
     return summary(current), summary(previous)

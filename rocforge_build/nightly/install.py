@@ -385,7 +385,9 @@ def current_name(prefix: Path) -> str | None:
 
 
 def switch(prefix: Path, name: str) -> None:
-    """Point `<prefix>/current` at `<prefix>/<name>` atomically (relative link)."""
+    """Point `<prefix>/current` at `<prefix>/<name>` atomically: a new relative link renamed over
+    it (rename(2) replaces the name in one step), so `current` is always one whole link.  The
+    caller holds the prefix's lock (`locked`)."""
     if not (prefix / name).is_dir():
         raise UsageError(f"{name} is not installed in {prefix}")
     cur = prefix / CURRENT
@@ -393,6 +395,9 @@ def switch(prefix: Path, name: str) -> None:
         raise UsageError(f"{cur} is not the link rocforge keeps there; rocforge will not "
                          "replace it", "move it away (it may be yours), then run `rocforge "
                          f"nightly use {name}`")
+    for stale in prefix.glob(".current-*"):  # a temporary link of a switch that was killed
+        if stale.is_symlink():
+            stale.unlink()
     tmp = prefix / f".current-{os.getpid()}-{time.monotonic_ns()}"
     os.symlink(name, tmp)
     try:
