@@ -374,6 +374,31 @@ def test_containerfile_values_and_run_words_round_trip(tmp_path):
     assert not mark.exists()
 
 
+@needs("buildah")
+def test_containerfile_env_and_labels_reach_the_image_byte_for_byte(tmp_path):
+    """The real consumer: buildah builds `FROM scratch` plus the emitter's ENV and LABEL (no RUN,
+    so no isolation is needed) into its own storage under tmp_path; the image's config holds
+    exactly the values."""
+    values = {f"V{i}": v for i, v in enumerate(hostile(tmp_path / "MARK") + [""])}
+    labels = {f"org.example.v{i}": v for i, v in enumerate(values.values())}
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Containerfile").write_text(f"FROM scratch\n{containerfile.env(values)}\n{containerfile.label(labels)}\n")
+    store = ["--root", str(tmp_path / "storage"), "--runroot", str(tmp_path / "run"), "--storage-driver", "vfs"]
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path), "BUILDAH_ISOLATION": "chroot"}
+    build = subprocess.run(["buildah", *store, "build", "-q", "-t", "localhost/rocforge-emit-test",
+                            "-f", str(ctx / "Containerfile"), str(ctx)],
+                           capture_output=True, text=True, timeout=300, env=env)
+    assert build.returncode == 0, build.stderr
+    look = subprocess.run(["buildah", *store, "inspect", "--type", "image", "localhost/rocforge-emit-test"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert look.returncode == 0, look.stderr
+    config = json.loads(look.stdout)["OCIv1"]["config"]
+    got = dict(e.split("=", 1) for e in config["Env"])
+    assert {k: got[k] for k in values} == values
+    assert {k: config["Labels"][k] for k in labels} == labels
+
+
 KERNEL_WORDS = ["quiet", "a=$(touch {mark})", "b=`touch {mark}`", "c='x'", "d=\\", "e=%&|<>",
                 "f=;touch {mark};", "g=é", "-h", "i=a b", "j=$HOME", "k=#x", "ttm.pages_limit=31719424"]
 
