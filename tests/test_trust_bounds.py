@@ -328,3 +328,14 @@ def test_a_build_given_twice_is_one_tune_candidate(tmp_path):
     assert [b.prefix for b in builds] == [prefix]
     assert [s["backend"] for s in skipped] == ["cpu"]  # its source is absent: nothing was built
     assert f"--build {prefix} is already a candidate: measured once" in said
+
+
+@pytest.mark.parametrize("value", ["1X=a", "É=1", "X=a\nb", "X=a\x1b[2J", "=1", "X"])
+def test_bench_env_values_are_names_and_one_line(tmp_path, model, capsys, monkeypatch, value):
+    """--env lands in stored rows and presets, and from there in scripts: a name that is not an
+    environment name (POSIX XBD 8.1) or a value with a line break is refused before anything runs."""
+    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(tmp_path / "results.sqlite3"))
+    prefix, marker = never_run_prefix(tmp_path)
+    code, _, err = run_cli(capsys, "bench", prefix, "--model", model, "--no-gate", "--env", value)
+    assert code == 2 and "--env" in one_error(err)
+    assert not marker.exists() and not (tmp_path / "results.sqlite3").exists()

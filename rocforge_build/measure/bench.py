@@ -336,8 +336,15 @@ def env_pairs(items: list[str]) -> dict[str, list[str]]:
     envs: dict[str, list[str]] = {}
     for item in items:
         name, sep, values = item.partition("=")
-        if not sep or not name or not name.replace("_", "").isalnum():
-            raise UsageError(f"--env {item!r} is not VAR=a,b", "e.g. --env ROCBLAS_USE_HIPBLASLT=0,1")
+        # an environment name as POSIX defines it (XBD 8.1), values of one line: both end up in
+        # stored rows and presets, and from there in scripts and unit files
+        if not sep or not name.isascii() or not (name[:1].isalpha() or name[:1] == "_") \
+                or not name.replace("_", "").isalnum():
+            raise UsageError(f"--env {item!r} is not VAR=a,b (VAR: letters, digits and _)",
+                             "e.g. --env ROCBLAS_USE_HIPBLASLT=0,1")
+        if not values.isprintable():
+            raise UsageError(f"--env {name}: a value holds a line break or control character",
+                             "give values of one line")
         envs[name] = values.split(",")
     return envs
 
