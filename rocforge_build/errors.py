@@ -74,6 +74,13 @@ class BuildError(RocforgeError):
     exit_code = 9
 
 
+class BuildTargetError(BuildError):
+    """A --build-target the configured build does not make: the request is at fault (exit 2),
+    and to `bisect` it is a commit that does not build, as ninja's own refusal was."""
+
+    exit_code = 2
+
+
 class DiskFullError(RocforgeError):
     """No space left (checked before, or hit while writing a download or an extraction)."""
 

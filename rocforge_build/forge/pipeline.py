@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build import __version__, ownership, paths, replace
-from rocforge_build.errors import BuildError, ToolchainError, UsageError
+from rocforge_build.errors import BuildError, BuildTargetError, ToolchainError, UsageError
 from rocforge_build.forge import cache, cleanup, lock, parallel, patches, sources
 from rocforge_build.forge.plan import (
     BUILD_ENV,
@@ -257,7 +257,7 @@ def check_build_targets(plan: Plan) -> None:
         import difflib
 
         close = [m for name in missing for m in difflib.get_close_matches(name, made, n=1)]
-        raise UsageError(
+        raise BuildTargetError(
             f"--build-target {', '.join(missing)}: the configured {plan.recipe.name} build has no "
             f"such target (the options chosen do not make it); nothing was built",
             (f"did you mean {', '.join(close)}? " if close else "")
