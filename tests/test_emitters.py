@@ -591,3 +591,39 @@ def test_host_plan_leaves_a_line_the_shell_computes_to_the_user(tmp_path):
     text = script.read_text()
     assert "sed" not in text and "edit it by hand" in text
     assert not mark.exists()
+
+
+def test_serve_dry_run_piped_to_sh_runs_the_preset_and_nothing_else(tmp_path, capsys):
+    """The trial: `serve --dry-run | sh` ran a command hidden in a preset.  The line comes from
+    the sh emitter: sh runs exactly the preset's program with its argv and env."""
+    from stackfixtures import make_build
+
+    from rocforge_build.discover.builds import read_manifest
+    from rocforge_build.measure.store import Store
+
+    mark = tmp_path / "MARK"
+    prefix = make_build(tmp_path / "builds", "llama-cpp", "gfx1151", "cpu")
+    exe = _dump_program(tmp_path / "dump")
+    (prefix / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy(exe, prefix / "bin" / "llama-server")
+    server = prefix / "bin" / "llama-server"
+    model = f"/m/it's \"$(touch {mark})\" `touch {mark}`.gguf"
+    value = f"a;touch {mark}; $HOME"
+    argv = [str(server), "-m", model, "-c", "4096", "--alias", f"x$(touch {mark})"]
+    data = {"model": {"name": "m", "sha256": "ab" * 32, "path": model}, "created": "now",
+            "ranges": {"short": {"prefix": str(prefix), "backend": "cpu", "depth": 0, "ctx": 4096,
+                                 "stamp": read_manifest(prefix).get("stamp"), "variant": {},
+                                 "variant_label": "ub=512", "score": 1.0, "figures": [], "runner_up": None,
+                                 "env": {"V": value}, "argv": argv, "notes": [f"n\ntouch {mark}"]}}}
+    with Store() as s:
+        s.add_preset("m", "ab" * 32, 1, data)
+    assert rf_cli.main(["serve", "m", "--dry-run", "--port", "8099"]) == 0
+    line = capsys.readouterr().out
+    out = tmp_path / "out.json"
+    run = subprocess.run(["sh"], input=line, capture_output=True, text=True, timeout=30,
+                         env={"PATH": "/usr/bin:/bin", "DUMP_OUT": str(out)})
+    assert run.returncode == 0, run.stderr
+    got = json.loads(out.read_text())
+    assert got["V"] == value and got["argv"] == argv[1:] + [
+        "--host", "127.0.0.1", "--port", "8099"]
+    assert not mark.exists()
