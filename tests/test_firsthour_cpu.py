@@ -76,3 +76,65 @@ def test_env_without_rocm_and_without_a_build_to_serve_is_exit_4(tmp_path):
     out = cli(root, "env", "--shell", "bash")
     assert out.returncode == 4 and out.stdout == ""
     assert "no ROCm installation found" in out.stderr
+
+
+# -- a CPU or Vulkan build needs no GPU target, and its prefix is named for none ---------------
+
+def _build(root, *args):
+    from buildfixtures import RECIPE
+
+    from rocforge_build.cli import main
+
+    return main(["--root", str(root), "build", str(RECIPE), *args])
+
+
+def test_a_cpu_build_needs_no_gpu_target_on_a_machine_without_one(tmp_path, capsys):
+    """No GPU, no ROCm, no --target: `--backend cpu` plans and builds for real (the fixture CMake
+    project) into `<builds>/fixture-cpu`, whose manifest records no target; `rocforge env` then
+    serves it.  A HIP build without a target is still refused in one line (exit 2)."""
+    import json
+
+    from buildfixtures import project_copy
+
+    src = project_copy(tmp_path / "src")
+    # a root with rocforge's own directories in it and nothing else (no /sys, /opt, /usr): `use`
+    # and `env` see the builds directory inside it
+    root = paths.data_dir().parent
+    assert _build(root, "--backend", "cpu", "--source", str(src), "--dry-run", "--json") == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["target"] == "" and plan["prefix"] == str(paths.builds_prefix() / "fixture-cpu")
+    assert _build(root, "--backend", "cpu", "--source", str(src)) == 0, capsys.readouterr().err
+    prefix = paths.builds_prefix() / "fixture-cpu"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(prefix)
+    import tomllib
+
+    manifest = tomllib.loads((prefix / "rocforge-manifest.toml").read_text())
+    assert manifest["target"] == "" and manifest["backend"] == "cpu"
+    assert (prefix / "bin" / "fixture-hello").is_file()
+    chose = cli(root, "use", str(prefix))
+    assert chose.returncode == 0, chose.stderr
+    served = cli(root, "env", "--shell", "json")
+    assert served.returncode == 0, served.stderr
+    assert json.loads(served.stdout)["PATH"].split(":")[0].endswith("/builds/fixture-cpu/bin")
+    assert _build(root, "--backend", "hip", "--source", str(src), "--dry-run") == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("rocforge: error:")]
+    assert lines == ["rocforge: error: no GPU target was given and none was detected"], err
+
+
+def test_a_cpu_build_named_the_old_way_is_rebuilt_in_place(tmp_path, capsys):
+    """A CPU build at `<builds>/fixture-gfx1030-cpu` (the name before): the same build asked for
+    again is up to date there — not built a second time beside it under the new name."""
+    from buildfixtures import project_copy
+
+    src = project_copy(tmp_path / "src")
+    root = tmp_path / "root"
+    root.mkdir()
+    old = paths.builds_prefix() / "fixture-gfx1030-cpu"
+    args = ["--target", "gfx1030", "--backend", "cpu", "--source", str(src)]
+    assert _build(root, *args, "--prefix", str(old)) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert _build(root, *args) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == str(old) and "is up to date" in err
+    assert not (paths.builds_prefix() / "fixture-cpu").exists()

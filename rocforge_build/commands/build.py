@@ -10,7 +10,7 @@ from rocforge_build import argtypes
 from rocforge_build.commands import target_or_detected
 from rocforge_build.errors import UsageError
 from rocforge_build.forge import pipeline
-from rocforge_build.forge.plan import Request, make_plan, preflight
+from rocforge_build.forge.plan import Request, make_plan, needs_gpu_target, preflight
 from rocforge_build.forge.plan_text import print_plan
 from rocforge_build.refs import check_git_ref
 
@@ -18,7 +18,8 @@ from rocforge_build.refs import check_git_ref
 def add_arguments(parser) -> None:
     parser.add_argument("recipe", metavar="RECIPE", help="recipe name (see `rocforge recipes`) or a .toml file")
     parser.add_argument("--target", metavar="GFX",
-                        help="GPU target, e.g. gfx1151 (default: the detected GPU)")
+                        help="GPU target, e.g. gfx1151 (default: the detected GPU; a cpu or "
+                        "vulkan build needs none)")
     parser.add_argument("--rocm", metavar="PATH",
                         help="the ROCm installation to build with (default: the resolved one, "
                         "as `rocforge env` resolves it)")
@@ -26,7 +27,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ref", metavar="REF", help="build this git tag/branch/commit of the recipe's git source")
     parser.add_argument("--source", metavar="PATH|URL",
                         help="a local tree, tarball file, tarball URL or git URL (offline mirror)")
-    parser.add_argument("--prefix", metavar="PREFIX", help="install prefix (default: data dir builds/RECIPE-TARGET-BACKEND)")
+    parser.add_argument("--prefix", metavar="PREFIX", help="install prefix (default: data dir "
+                        "builds/RECIPE-TARGET-BACKEND; builds/RECIPE-BACKEND for cpu and vulkan)")
     parser.add_argument("--jobs", "-j", type=argtypes.jobs, metavar="N",
                         help="parallel build jobs (default: min(cores, available memory / the "
                              "recipe's per-job memory); the plan says why)")
@@ -46,13 +48,24 @@ def add_arguments(parser) -> None:
                         "with sccache as the launcher: sccache-dist as sccache's own config sets it up)")
 
 
+def _target(args) -> str:
+    """--target, else the detected GPU; "" (no GPU target) for a `--backend` that needs none
+    (cpu, vulkan) on a machine where no GPU is detected."""
+    if args.target or needs_gpu_target(args.recipe, args.backend):
+        return target_or_detected(args, args.rocm)
+    try:
+        return target_or_detected(args, args.rocm)
+    except UsageError:
+        return ""
+
+
 def run(args) -> int:
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run", "rocforge build ... --dry-run --json")
     if args.ref is not None:  # before anything is fetched or written (sources.spec_for again)
         check_git_ref(args.ref)
     req = Request(
-        recipe=args.recipe, target=target_or_detected(args, args.rocm), backend=args.backend,
+        recipe=args.recipe, target=_target(args), backend=args.backend,
         ref=args.ref, rocm=args.rocm,
         source=args.source, prefix=args.prefix, jobs=args.jobs, force=args.force,
         no_cache=args.no_cache, distribute=args.distribute, build_targets=tuple(args.build_target),

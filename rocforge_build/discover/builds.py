@@ -29,7 +29,7 @@ _TEXT = schema.Str(empty=True)
 _SCALAR_TABLE = schema.TableOf(schema.Scalar())
 MANIFEST_SCHEMA = schema.Record({
     "recipe": schema.Record({"name": schema.Str(one_line=True), "file": schema.Optional(_TEXT)}),
-    "target": schema.Str(one_line=True),
+    "target": schema.Str(one_line=True, empty=True),  # "": a CPU or Vulkan build for no GPU target
     "backend": schema.Str(one_line=True),
     "stamp": schema.Optional(schema.Str(one_line=True)),
     "prefix": schema.Optional(schema.AbsPath()),
@@ -81,7 +81,7 @@ class Build(Record):
 
     def describe(self) -> str:
         what = f"{self.recipe} {self.version}" if self.version else self.recipe
-        return f"{what} ({self.backend}) built for {self.target} at {self.prefix}"
+        return f"{what} ({self.backend}) built for {self.target or 'no GPU target'} at {self.prefix}"
 
     def to_json(self) -> dict:
         return {

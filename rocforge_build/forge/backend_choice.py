@@ -27,10 +27,10 @@ def facts_maker(recipe, tgt, root, environ, req: Request, toolchains: dict, know
     def facts_for(backend: str) -> conditions.Facts:
         kind = recipe.backends[backend].toolchain
         if kind not in toolchains:
-            toolchains[kind] = detect(kind, root, tgt.name, environ, rocm=req.rocm)
+            toolchains[kind] = detect(kind, root, tgt.name if tgt else "", environ, rocm=req.rocm)
         tc = toolchains[kind]
-        return conditions.Facts(
-            target=tgt.name, families=tgt.therock_groups, backend=backend,
+        return conditions.Facts(  # no target (None): a CPU or Vulkan build for no GPU target
+            target=tgt.name if tgt else None, families=tgt.therock_groups if tgt else (), backend=backend,
             rocm_version=tc.rocm_version, source=known.get("source"),
             host=conditions.HostFacts(include_dirs=tc.include_dirs, path=tc.path,
                                       probe_glslc=tc.probe_glslc,

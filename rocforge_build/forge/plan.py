@@ -159,9 +159,10 @@ def make_plan(req: Request, root, *, check_patches: bool = True, fetch: bool = T
     _rocm_fact(facts, toolchain)
     deps = plan_dependencies(recipe, req, facts, root, check_patches, _stack, fetch, pending)
     be = recipe.backends[backend]
-    notes = _backend_and_stops(recipe, backend, facts, tgt.name, toolchain, pending, others)
+    target = tgt.name if tgt else ""  # "": a CPU or Vulkan build for no GPU target
+    notes = _backend_and_stops(recipe, backend, facts, target, toolchain, pending, others)
     work = work_dir(prefix)
-    ctx = _placeholders(recipe, fetched, tgt.name, backend, prefix, toolchain, work)
+    ctx = _placeholders(recipe, fetched, target, backend, prefix, toolchain, work)
     par = for_plan(recipe.of("jobs"), facts, root=root, requested_jobs=req.jobs,
                          no_cache=req.no_cache, distribute=req.distribute, kind=be.toolchain,
                          work=work, environ=environ)
@@ -181,7 +182,7 @@ def make_plan(req: Request, root, *, check_patches: bool = True, fetch: bool = T
              if _applies(r, facts, pending, "smoke", " ".join(r.get("run")))[0]]
     stamp = (_inputs_stamp(recipe, req, fetched.identity, toolchain, prefix, backend, environ)
              if fetched.read or fetched.identity else "")  # "": the download gives the identity
-    return Plan(recipe, tgt.name, backend, backend_reason, fetched, toolchain, options, env,
+    return Plan(recipe, target, backend, backend_reason, fetched, toolchain, options, env,
                 runtime_env, env_reasons, patch_plans, patch_status, notes, configure, build,
                 install, smoke, prefix, work, _with_deps(stamp, [d.stamp for d in deps]),
                 launcher, build_targets, dependencies=deps,
@@ -467,7 +468,7 @@ def preflight(req: Request, root) -> None:
     unpacked: a user prefix rocforge may not replace, then `check_before_fetch`.  A local tree
     is read in place: nothing to spare, no check."""
     recipe = recipes.load(req.recipe)
-    tgt = targets.get_target(req.target)
+    tgt = target_of(recipe, req)
     spec = sources.spec_for(recipe, ref=req.ref, source=req.source)
     if spec.kind == "local":
         return
@@ -489,7 +490,7 @@ def _prepare(req: Request, root, *, fetch: bool = True):
     `fetch` (a dry run) a remote source is read only from the cache; unread, the backend is
     chosen as far as the rules decide without it (the last item: the others it may be)."""
     recipe = recipes.load(req.recipe)
-    tgt = targets.get_target(req.target)
+    tgt = target_of(recipe, req)
     environ = dict(os.environ if req.environ is None else req.environ)
     spec = sources.spec_for(recipe, ref=req.ref, source=req.source)
     toolchains: dict[str, Toolchain] = {}
@@ -507,8 +508,26 @@ def _prepare(req: Request, root, *, fetch: bool = True):
     facts = facts_for(backend)
     toolchain = toolchains[recipe.backends[backend].toolchain]
     prefix = (Path(req.prefix).expanduser().resolve() if req.prefix
-              else default_prefix(recipe.name, tgt.name, backend, recipe.backends[backend].toolchain))
+              else default_prefix(recipe.name, tgt.name if tgt else "", backend,
+                                  recipe.backends[backend].toolchain))
     return recipe, tgt, environ, fetched, backend, backend_reason, toolchain, facts, prefix, others
+
+
+def target_of(recipe: recipes.Recipe, req: Request) -> targets.Target | None:
+    """The request's GPU target; None for a build whose backend needs none (`--backend cpu` or
+    `vulkan` where no GPU is given or detected: their toolchains compile for no GPU target)."""
+    if req.target:
+        return targets.get_target(req.target)
+    backend = recipe.backends.get(req.backend or "")
+    if backend is None or backend.toolchain == "hip":
+        raise UsageError("no GPU target was given and none was detected", targets.choices_hint())
+    return None
+
+
+def needs_gpu_target(recipe_ref: str, backend: str | None) -> bool:
+    """Whether a build of the recipe with this backend (None: the recipe's choice) needs one."""
+    be = recipes.load(recipe_ref).backends.get(backend or "")
+    return be is None or be.toolchain == "hip"
 
 
 def _pinned(recipe: recipes.Recipe, spec: sources.SourceSpec) -> dict:

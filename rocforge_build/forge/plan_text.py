@@ -15,7 +15,7 @@ def print_plan(plan: Plan, out=None) -> None:
     """Human-readable plan: every decision with its reason."""
     w = (out or sys.stdout).write  # looked up per call: sys.stdout may have been replaced
     w(f"recipe   {plan.recipe.name} ({plan.recipe.path})\n")
-    w(f"target   {plan.target}\nbackend  {plan.backend} — {plan.backend_reason}\n")
+    w(f"target   {plan.target or 'none (the backend needs no GPU target)'}\nbackend  {plan.backend} — {plan.backend_reason}\n")
     unread = "" if plan.source.read else " (not fetched: a dry run downloads nothing)"
     w(f"source   {plan.source.spec.kind} {plan.source.spec.location} @ "
       f"{plan.source.identity or 'known after the download'}{unread}\n")
