@@ -10,6 +10,7 @@ a one-token request then pays the first request's one-time warm-up before "servi
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import http.client
 import json
@@ -167,10 +168,11 @@ def _relay(stream, keep: int = 20) -> collections.deque:
     tail: collections.deque = collections.deque(maxlen=keep)
 
     def pump():
-        for line in stream:
+        for line in stream:  # read to the end whatever happens to stderr: a full pipe would stop the server
             tail.append(line.rstrip("\n"))
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(line)
+                sys.stderr.flush()
 
     threading.Thread(target=pump, name="llama-server output", daemon=True).start()
     return tail
