@@ -168,7 +168,7 @@ def test_unopenable_database_is_not_called_corrupt(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(db))
     assert cli.main(["results", "list"]) == 11
     line = one_error_line(capsys)
-    assert "unable to open database file" in line and "corrupt" not in line
+    assert f"{db} is a directory, not a regular file" in line and "corrupt" not in line
 
 
 def test_full_disk_is_one_line_and_keeps_rows(tmp_path):
