@@ -64,12 +64,10 @@ def _available() -> dict[str, tuple[str, str]]:
     return {name: entry for name, entry in COMMANDS.items() if find_spec(entry[0]) is not None}
 
 
-_ARGV: list[str] = []  # the command line being parsed, for the suggestions in parse errors
-
-
-def _parser_class():
+def _parser_class(argv: tuple[str, ...]):
     """argparse's parser, plus what Python 3.11's lacks: "did you mean" for a misspelled option
-    or command, and the list of actions when a command's action is missing."""
+    or command, and the list of actions when a command's action is missing; `argv`, the command
+    line being parsed, is what those suggestions are about."""
     import argparse
 
     class Parser(argparse.ArgumentParser):
@@ -91,7 +89,7 @@ def _parser_class():
 
             hints = []
             known = set(self._options()) | {"--root", "--version", "--help"}
-            for token in _ARGV:
+            for token in argv:
                 name = token.split("=", 1)[0]
                 if name.startswith("--") and name not in known:
                     close = difflib.get_close_matches(name, self._options(), n=1)
@@ -108,7 +106,7 @@ def _parser_class():
                              f"(`{self.prog} ACTION --help` for each)")
             # one `rocforge: error:` line like every other error (argparse's own form is the
             # usage block and `rocforge CMD: error:`), naming the command it is about
-            where = self.prog.removeprefix("rocforge").strip() or _selected_command(_ARGV) or ""
+            where = self.prog.removeprefix("rocforge").strip() or _selected_command(list(argv)) or ""
             sys.stderr.write(f"rocforge: error: {where + ': ' if where else ''}{message}\n")
             for hint in hints or [f"`rocforge {where + ' ' if where else ''}--help` lists what "
                                   "it takes"]:
@@ -118,9 +116,10 @@ def _parser_class():
     return Parser
 
 
-def build_parser(selected: str | None) -> argparse.ArgumentParser:  # noqa: F821 (lazy import)
+def build_parser(selected: str | None,
+                 argv: tuple[str, ...] = ()) -> argparse.ArgumentParser:  # noqa: F821 (lazy import)
     # argparse is imported lazily (in _parser_class): `rocforge env` from its cache never needs it
-    parser = _parser_class()(
+    parser = _parser_class(tuple(argv))(
         prog="rocforge",
         description="Build orchestration and environment provisioning for AMD GPUs on ROCm.",
     )
@@ -259,8 +258,7 @@ def _main(argv: list[str], selected: str | None) -> int:
     try:
         args = _plain_env_args(argv) if selected == "env" else None
         if args is None:
-            parser = build_parser(selected)
-            _ARGV[:] = argv
+            parser = build_parser(selected, tuple(argv))
             args = parser.parse_args(argv)
             if not args.command:
                 parser.print_help()
