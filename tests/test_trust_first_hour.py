@@ -65,6 +65,27 @@ def test_readme_path_links_readme_tools_and_nothing_ci_adds(tmp_path):
     assert again.returncode == 2 and "is not empty" in again.stderr
 
 
+@needs("dpkg-query", "unshare")
+def test_readme_path_run_covers_the_system_bin_dirs_for_its_command_alone(tmp_path):
+    """--run as root: the command sees /usr/bin with README's programs only (a test that runs
+    /usr/bin/patchelf or passes PATH=/usr/bin:/bin meets a stock machine too); the host's
+    /usr/bin is untouched, during and after."""
+    if os.geteuid() != 0:
+        pytest.skip("[optional] .ci/readme-path --run covers /usr/bin only as root (CI is)")
+    host_before = sorted(os.listdir("/usr/bin"))
+    probe = ("for t in patchelf ccache buildah clang-15 zstd pkg-config; do test -e /usr/bin/$t && "
+             "echo HAS $t; done; /usr/bin/git --version; PATH=/usr/bin:/bin gcc -dumpversion")
+    run = subprocess.run([sys.executable, str(ROOT / ".ci" / "readme-path"), "--run",
+                          str(tmp_path / "bin"), "/bin/sh", "-c", probe],
+                         capture_output=True, text=True, timeout=120)
+    if "not installed here" in run.stderr:
+        pytest.skip(f"[optional] this machine lacks README's packages: {run.stderr.strip()}")
+    assert run.returncode == 0, run.stderr
+    assert "HAS" not in run.stdout and run.stdout.startswith("git version ")
+    assert "hold these programs alone" in run.stderr
+    assert sorted(os.listdir("/usr/bin")) == host_before
+
+
 _PROBE = """
     import pytest
     from needs import needs
