@@ -117,6 +117,7 @@ while True:  # llama-server's bind, retried until the port is taken (then it fai
 '''
 
 WARMS_UP = SERVER_HEAD + '''
+COMPLETION_STATUS = 200
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200)
@@ -125,7 +126,7 @@ class H(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         time.sleep(1.0)  # the first request's one-time warm-up
         open(os.path.join(here, "warm-up"), "w").write(json.dumps({"path": self.path, "body": json.loads(body)}))
-        self.send_response(200)
+        self.send_response(COMPLETION_STATUS)
         self.end_headers()
         self.wfile.write(b'{"content": "x"}')
     def log_message(self, *a):
@@ -232,6 +233,22 @@ def test_serving_is_said_after_the_one_token_warm_up(tmp_path):
     finally:
         os.killpg(serve.pid, signal.SIGINT)
         serve.wait(timeout=30)
+    assert not alive(int((bindir / "started").read_text()))
+
+
+def test_a_server_that_cannot_complete_one_token_is_not_serving(tmp_path):
+    """/health 200 but the first completion fails (HTTP 500): one line, exit 9, server stopped."""
+    bindir = install(tmp_path, WARMS_UP.replace("COMPLETION_STATUS = 200", "COMPLETION_STATUS = 500"))
+    serve = start_serve(free_port(), wait=30)
+    try:
+        out, err = serve.communicate(timeout=60)
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+    assert serve.returncode == 9 and "serving" not in out and "Traceback" not in err
+    lines = error_lines(err)
+    assert len(lines) == 1 and "one-token request to http://127.0.0.1:" in lines[0] and lines[0].endswith(
+        "/completion got HTTP 500"), err
     assert not alive(int((bindir / "started").read_text()))
 
 
