@@ -165,6 +165,12 @@ def start_serve(port: int, wait: float) -> subprocess.Popen:
                             text=True, start_new_session=True)
 
 
+def stop_fake(bindir: Path) -> None:
+    started = bindir / "started"
+    if started.exists() and alive(int(started.read_text())):
+        os.kill(int(started.read_text()), signal.SIGKILL)
+
+
 def wait_for(path: Path, seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
     while not path.exists():
@@ -204,6 +210,7 @@ def test_another_programs_health_is_never_taken_for_llama_servers(tmp_path, fake
     finally:
         if serve.poll() is None:
             os.killpg(serve.pid, signal.SIGKILL)
+            stop_fake(bindir)  # in a process group of its own: a killed serve cannot stop it
         if other:
             other.close()
     assert serve.returncode == 9, err
@@ -245,6 +252,7 @@ def test_a_server_that_cannot_complete_one_token_is_not_serving(tmp_path):
     finally:
         if serve.poll() is None:
             os.killpg(serve.pid, signal.SIGKILL)
+            stop_fake(bindir)  # in a process group of its own: a killed serve cannot stop it
     assert serve.returncode == 9 and "serving" not in out and "Traceback" not in err
     lines = error_lines(err)
     assert len(lines) == 1 and "one-token request to http://127.0.0.1:" in lines[0] and lines[0].endswith(
