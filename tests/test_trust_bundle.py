@@ -314,13 +314,13 @@ def test_duplicate_members_and_writes_through_links_are_refused(sandbox, capsys,
 
 
 BAD_TOMLS = {
-    "missing-name": (b'[bundle]\nmade_by = "rocforge"\n', "name is missing or not a string"),
-    "name-not-a-string": (b'[bundle]\nmade_by = "rocforge"\nname = 5\n', "name is missing or not a string"),
+    "missing-name": (b'[bundle]\nmade_by = "rocforge"\n', "field bundle.name is missing"),
+    "name-not-a-string": (b'[bundle]\nmade_by = "rocforge"\nname = 5\n', "field bundle.name: 5 is not a string"),
     "file-without-path": (b'[bundle]\nmade_by = "rocforge"\nname = "b"\n[[file]]\nsha256 = "00"\n',
-                          "[[file]] 1 has no `path`"),
+                          "field file[0].path is missing"),
     "file-list-mistyped": (b'file = 3\n[bundle]\nmade_by = "rocforge"\nname = "b"\n', "is not a list"),
     "kernel-targets-mistyped": (b'[bundle]\nmade_by = "rocforge"\nname = "b"\nkernel_targets = 7\n',
-                                "kernel_targets is not a list"),
+                                "field bundle.kernel_targets: 7 is not a list"),
     "invalid-toml": (b'[bundle\nname = "b"\n', "is not valid TOML"),
     "not-utf8": (b'[bundle]\nmade_by = "rocforge"\nname = "b\xff\xfe"\n', "is not UTF-8 text"),
     "deeply-nested": (b'[bundle]\nmade_by = "rocforge"\nname = "b"\nx = ' + b"[" * 5000 + b"]" * 5000 + b"\n",

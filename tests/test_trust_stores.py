@@ -349,3 +349,49 @@ def test_a_bad_manifest_read_by_upgrade_is_one_line(tmp_path, attack, capsys):
     manifest = write_manifest_attack(prefix, path, value)
     code, out, err = run(capsys, "rollback", str(prefix))
     assert code == 2 and f"{manifest}: field {field}" in one_error(err), err
+
+
+# -- bundle metadata ------------------------------------------------------------------------------
+def bundle_folder(tmp_path: Path) -> tuple[Path, dict]:
+    """An unpacked bundle as `rocforge bundle` makes it: its files and the bundle.toml listing them."""
+    import hashlib
+
+    folder = tmp_path / "b"
+    (folder / "bin").mkdir(parents=True)
+    (folder / "bin" / "prog").write_bytes(b"program bytes")
+    (folder / "lib").mkdir()
+    (folder / "lib" / "libx.so.1").symlink_to("libx.so.1.0")
+    (folder / "lib" / "libx.so.1.0").write_bytes(b"library bytes")
+    info = {"bundle": {"made_by": "rocforge", "name": "b", "gpu": "none", "target": "gfx1151",
+                       "kernel_targets": ["gfx1151"]},
+            "file": [{"path": "bin/prog", "sha256": hashlib.sha256(b"program bytes").hexdigest()},
+                     {"path": "lib/libx.so.1.0", "sha256": hashlib.sha256(b"library bytes").hexdigest()},
+                     {"path": "lib/libx.so.1", "link": "libx.so.1.0"}]}
+    return folder, info
+
+
+BUNDLE_ATTACKS = [
+    (("bundle", "name"), 5, "bundle.name"), (("bundle", "kernel_targets"), "gfx1151", "bundle.kernel_targets"),
+    (("bundle", "kernel_targets"), [5], "bundle.kernel_targets[0]"), (("bundle", "gpu"), 5, "bundle.gpu"),
+    (("bundle", "target"), ["gfx1151"], "bundle.target"), (("bundle", "launcher"), {"a": 1}, "bundle.launcher"),
+    (("file",), "bin/prog", "file"), (("file",), [5], "file[0]"), (("file", 0, "path"), DEL, "file[0].path"),
+    (("file", 0, "path"), 5, "file[0].path"), (("file", 0, "sha256"), 5, "file[0].sha256"),
+    (("file", 0, "sha256"), DEL, "file[0]"), (("file", 2, "sha256"), "00", "file[2]"),
+    (("file", 1, "path"), "bin/prog", "file[1].path"),
+]
+
+
+def test_a_good_bundle_toml_checks(tmp_path, capsys):
+    folder, info = bundle_folder(tmp_path)
+    (folder / "bundle.toml").write_text(tomlkit.dumps(info))
+    code, out, err = run(capsys, "bundle", "check", folder)
+    assert code == 0 and "error" not in err, err
+
+
+@pytest.mark.parametrize("attack", BUNDLE_ATTACKS, ids=attack_id)
+def test_a_bad_bundle_toml_is_one_line_naming_its_field(tmp_path, capsys, attack):
+    path, value, field = attack
+    folder, info = bundle_folder(tmp_path)
+    (folder / "bundle.toml").write_text(tomlkit.dumps(mutated(info, path, value)))
+    code, out, err = run(capsys, "bundle", "check", folder)
+    assert code == 7 and f"bundle.toml: field {field}" in one_error(err), err

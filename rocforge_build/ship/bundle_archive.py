@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocforge_build import proc, rootfs
+from rocforge_build import proc, rootfs, schema
 from rocforge_build.errors import (
     IntegrityError,
     RocforgeError,
@@ -353,13 +353,37 @@ def read_capped(fh, limit: int, where: str) -> bytes:
     return data
 
 
+# What bundle.render_toml writes, held where bundle.toml is read (`parse_bundle_toml`): later
+# code (check, unpack, where_it_runs) trusts these types.
 _META_TEXT = ("rocforge", "made_at", "recipe", "target", "backend", "gpu", "gpu_meaning", "glibc", "launcher")
 
 
+def _sha256_or_link(entry: dict, path: str) -> None:
+    if (entry["sha256"] is None) == (entry["link"] is None):
+        raise schema.Bad(path, f"[[file]] {entry['path']!r} needs one of `sha256` or `link` (a string)")
+
+
+def _each_path_once(info: dict, path: str) -> None:
+    seen: set[str] = set()
+    for i, f in enumerate(info["file"]):
+        if f["path"] in seen:
+            raise schema.Bad(f"file[{i}].path", f"[[file]] {f['path']!r} is listed twice")
+        seen.add(f["path"])
+
+
+_FILE = schema.Record({"path": schema.Str(), "sha256": schema.Optional(schema.Str(one_line=True)),
+                       "link": schema.Optional(schema.Str())}, rules=(_sha256_or_link,))
+BUNDLE_SCHEMA = schema.Record({
+    "bundle": schema.Record({"name": schema.Str(empty=True), "kernel_targets": schema.Optional(schema.ListOf(schema.Str()), []),
+                             **{k: schema.Optional(schema.Str(empty=True)) for k in _META_TEXT}}),
+    "file": schema.Optional(schema.ListOf(_FILE), []),
+}, rules=(_each_path_once,))
+
+
 def parse_bundle_toml(data: bytes, where: str) -> dict:
-    """bundle.toml, held to what rocforge writes: UTF-8 TOML, `[bundle]` made by rocforge with a
-    plain `name`, every `[[file]]` a `path` with a `sha256` or a `link`.  IntegrityError names
-    the first thing wrong (later code trusts these types)."""
+    """bundle.toml, held to what rocforge writes: UTF-8 TOML, `[bundle]` made by rocforge, then
+    BUNDLE_SCHEMA (a plain `name`, every `[[file]]` a `path` with a `sha256` or a `link`, each
+    path once).  IntegrityError names the first field that is wrong."""
     try:
         info = tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -370,33 +394,9 @@ def parse_bundle_toml(data: bytes, where: str) -> dict:
     if not isinstance(meta, dict) or meta.get("made_by") != "rocforge":
         raise IntegrityError(f"{where} has no [bundle] made_by = \"rocforge\": not a rocforge bundle",
                              "rocforge checks and unpacks only the bundles it makes")
-    if not isinstance(meta.get("name"), str):
-        raise IntegrityError(f"{where}: [bundle] name is missing or not a string", _DAMAGED_HINT)
-    _plain_name(where, meta["name"], "[bundle] name")
-    for key in _META_TEXT:
-        if key in meta and not isinstance(meta[key], str):
-            raise IntegrityError(f"{where}: [bundle] {key} is not a string", _DAMAGED_HINT)
-    kernels = meta.get("kernel_targets", [])
-    if not isinstance(kernels, list) or not all(isinstance(k, str) for k in kernels):
-        raise IntegrityError(f"{where}: [bundle] kernel_targets is not a list of strings", _DAMAGED_HINT)
-    _check_file_list(info.get("file", []), where)
+    info = schema.check(info, BUNDLE_SCHEMA, where, IntegrityError, _DAMAGED_HINT)
+    _plain_name(where, info["bundle"]["name"], "[bundle] name")  # "" too: it names a folder
     return info
-
-
-def _check_file_list(files, where: str) -> None:
-    if not isinstance(files, list):
-        raise IntegrityError(f"{where}: `file` is not a list of [[file]] tables", _DAMAGED_HINT)
-    paths: set[str] = set()
-    for i, f in enumerate(files, 1):
-        if not isinstance(f, dict) or not isinstance(f.get("path"), str):
-            raise IntegrityError(f"{where}: [[file]] {i} has no `path` (a string)", _DAMAGED_HINT)
-        kinds = [k for k in ("sha256", "link") if k in f]
-        if len(kinds) != 1 or not isinstance(f[kinds[0]], str):
-            raise IntegrityError(f"{where}: [[file]] {f['path']!r} needs one of `sha256` or `link` "
-                                 "(a string)", _DAMAGED_HINT)
-        if f["path"] in paths:
-            raise IntegrityError(f"{where}: [[file]] {f['path']!r} is listed twice", _DAMAGED_HINT)
-        paths.add(f["path"])
 
 
 def scan_archive(path: Path, on_member) -> tuple[str, dict]:
