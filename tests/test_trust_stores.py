@@ -341,14 +341,17 @@ def test_a_bad_manifest_is_one_line_naming_its_field(root_build, attack):
         assert f"{manifest}: field {field}" in line, (argv, line)
 
 
-@pytest.mark.parametrize("attack", MANIFEST_ATTACKS[:6], ids=attack_id)
-def test_a_bad_manifest_read_by_upgrade_is_one_line(tmp_path, attack, capsys):
-    """upgrade and rollback read the manifest through the same reader (discover/builds.py)."""
+@pytest.mark.parametrize("attack", MANIFEST_ATTACKS, ids=attack_id)
+def test_a_bad_manifest_read_by_rollback_and_bundle_is_one_line(tmp_path, attack, capsys):
+    """upgrade, rollback and bundle read a manifest through the same schema (discover/builds.py)."""
     prefix = make_build(tmp_path / "builds", "llama-cpp", "gfx1151", "cpu")
     path, value, field = attack
     manifest = write_manifest_attack(prefix, path, value)
     code, out, err = run(capsys, "rollback", str(prefix))
     assert code == 2 and f"{manifest}: field {field}" in one_error(err), err
+    code, out, err = run(capsys, "bundle", str(prefix), "--target", "gfx1151", "--out", tmp_path / "b.tar.gz")
+    assert code == 2 and f"{manifest}: field {field}" in one_error(err), err
+    assert not (tmp_path / "b.tar.gz").exists()
 
 
 # -- bundle metadata ------------------------------------------------------------------------------

@@ -80,7 +80,10 @@ class Source:
 def _read_manifest(prefix: Path) -> dict:
     try:
         with rootfs.open_regular(prefix / MANIFEST) as fh:  # a FIFO is never waited on
-            return tomllib.loads(fh.read().decode("utf-8"))
+            data = tomllib.loads(fh.read().decode("utf-8"))
+        from rocforge_build.discover.builds import checked_manifest  # the one manifest schema
+
+        return checked_manifest(data, str(prefix / MANIFEST))
     except rootfs.NotRegularFile as exc:
         raise UsageError(f"{prefix / MANIFEST} is {exc.kind}, not a regular file",
                          "give an install prefix `rocforge build` made, or a recipe name") from exc
