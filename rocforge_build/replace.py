@@ -17,8 +17,9 @@ renames, `dest` aside to `<dest>.rocforge-old` and `new` in; the journal lets th
 finish that.  The replaced tree is then moved to `keep` or deleted (its marker first, so a half
 deleted tree is never taken for a whole one), and the journal goes last.  The renames run with
 Ctrl-C/SIGTERM held back (`signals.deferred`); after a SIGKILL or power loss, `recover(dest)` (run
-before every swap, at the start of every build, upgrade and rollback) reads the journal and
-finishes the swap: the new tree in place when it is whole, the replaced one kept or deleted.
+before every swap, at the start of every build, upgrade and rollback) reads the journal: a swap
+cut off after the new tree went in is finished (the replaced one kept or deleted), one cut off
+before is undone (the old tree stays, or goes back from `<dest>.rocforge-old`).
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ def _read_journal(dest: Path) -> dict | None:
             entry = json.loads(fh.read(65536)) if stat.S_ISREG(os.fstat(fd).st_mode) else None
     except (OSError, ValueError):
         entry = None
-    keys = {"dest": str, "new": str, "keep": (str, type(None)), "new_id": list, "old_id": list}
+    keys = {"dest": str, "new": str, "keep": (str, type(None)), "new_id": list, "old_id": list,
+            "kept_id": (list, type(None))}
     if not (isinstance(entry, dict) and entry.get("dest") == str(dest)
             and all(isinstance(entry.get(k), t) for k, t in keys.items())):
         raise UsageError(f"{journal} is in the way of replacing {dest} and it is not a journal "
@@ -207,20 +209,23 @@ def recover(dest: Path, marker: str) -> str | None:
 
 
 def _finish(dest: Path, marker: str, entry: dict) -> str:
-    """The journal's swap carried to its end: the new tree at `dest` when it is whole (its
-    inode is the journal's), the replaced one moved to `keep` or deleted; the journal last."""
-    new, keep, aside = Path(entry["new"]), entry["keep"], sibling(dest, OLD)
-    places = [dest, new, aside] + ([Path(keep)] if keep else [])
+    """The journal's swap finished or undone: once the new tree is at `dest` (its inode is the
+    journal's) the replaced one is moved to `keep` (the tree kept there before is deleted) or
+    deleted; before that the swap is undone (the old tree stays or goes back, the staged one
+    stays where it was, a kept tree is untouched); the journal last."""
+    new, aside = Path(entry["new"]), sibling(dest, OLD)
+    keep = Path(entry["keep"]) if entry["keep"] else None
+    places = [dest, new, aside] + ([keep] if keep else [])
 
     def where(ident: list) -> Path | None:
         return next((p for p in places if _ident(p) == ident), None)
 
-    if not os.path.lexists(dest):  # cut between the two renames of the fallback
-        whole = where(entry["new_id"]) or where(entry["old_id"])
+    if not os.path.lexists(dest):  # cut between the fallback's renames: before the new tree was in
+        whole = where(entry["old_id"]) or where(entry["new_id"])
         if whole is not None:
             os.replace(whole, dest)
     if _ident(dest) == entry["new_id"]:
-        _dispose(where(entry["old_id"]), aside, Path(keep) if keep else None, marker)
+        _dispose(where(entry["old_id"]), aside, keep, entry["kept_id"], marker)
         done = f"finished an interrupted replacement of {dest}"
     else:
         done = f"undid an interrupted replacement of {dest}: the tree it had is in place"
@@ -228,28 +233,41 @@ def _finish(dest: Path, marker: str, entry: dict) -> str:
     return done
 
 
-def _dispose(old: Path | None, aside: Path, keep: Path | None, marker: str) -> None:
-    """The replaced tree moved to `keep`, or deleted (its marker first: a tree cut off half
-    deleted is never taken for a whole one); None: already gone."""
-    if old is None or old == keep:
-        return
+def _dispose(old: Path | None, aside: Path, keep: Path | None, kept_id: list | None,
+             marker: str) -> None:
+    """The replaced tree (at `old`; None: already deleted) moved to `keep`, where the tree
+    kept before (`kept_id`) is moved aside and deleted, or deleted itself."""
     if keep is not None:
-        if os.path.lexists(keep):
-            raise UsageError(f"{keep} is in the way of keeping the replaced tree, which is at {old}",
-                             f"move {keep} elsewhere, then run the command again")
-        os.replace(old, keep)
+        retired = sibling(keep, ".deleting")
+        if old is not None and old != keep:
+            if os.path.lexists(keep):
+                if kept_id is None or _ident(keep) != kept_id:
+                    raise UsageError(f"{keep} is in the way of keeping the replaced tree, which "
+                                     f"is at {old}", f"move {keep} elsewhere, then run the "
+                                     "command again")
+                os.replace(keep, retired)
+            os.replace(old, keep)
+        _delete(retired, marker)
         return
-    if old != aside:
+    if old is not None and old != aside:
         os.replace(old, aside)
-    _unlink_file(aside / marker)
-    shutil.rmtree(aside, ignore_errors=True)
+    _delete(aside, marker)
+
+
+def _delete(tree: Path, marker: str) -> None:
+    """A tree rocforge made deleted, its marker first: a tree cut off half deleted is never
+    taken for a whole one."""
+    if os.path.lexists(tree):
+        _unlink_file(tree / marker)
+        shutil.rmtree(tree, ignore_errors=True)
 
 
 def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
     """Put the tree `new` in place of `dest` (replaced as a whole; see the module's docstring).
     `keep`: the replaced tree is renamed there instead of deleted (`rocforge upgrade` keeps it
-    for `rocforge rollback`); the caller has cleared that name (`retire`), or it is `new` itself
-    (`rocforge rollback`: the two trees change places)."""
+    for `rocforge rollback`), and the tree kept there before (rocforge's: it has `marker`) is
+    deleted once the new one is in; or it is `new` itself (`rocforge rollback`: the two trees
+    change places)."""
     new, dest = Path(new), Path(dest)
     recover(dest, marker)
     aside = sibling(dest, OLD)
@@ -261,8 +279,11 @@ def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
             os.rename(new, dest)  # one rename: nothing to journal
         return
     keep = Path(keep) if keep is not None else None
+    kept = keep is not None and keep != new and os.path.lexists(keep)
+    if kept:
+        _check_kept(keep, marker)
     entry = {"dest": str(dest), "new": str(new), "keep": str(keep) if keep else None,
-             "new_id": _ident(new), "old_id": _ident(dest)}
+             "new_id": _ident(new), "old_id": _ident(dest), "kept_id": _ident(keep) if kept else None}
     placed = False
     try:
         with signals.deferred():  # a signal held back here is raised when the block ends
@@ -274,35 +295,27 @@ def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
                 os.rename(new, dest)
                 old = aside
             if keep is not None and old != keep:
+                if kept:
+                    os.rename(keep, sibling(keep, ".deleting"))
                 os.rename(old, keep)
             elif keep is None and old != aside:
                 os.rename(old, aside)
             placed = True
     finally:
         if placed:  # also when that signal is on its way out (a second one leaves it to recover)
-            if keep is None:
-                _unlink_file(aside / marker)
-                shutil.rmtree(aside, ignore_errors=True)
+            _delete(aside if keep is None else sibling(keep, ".deleting"), marker)
             os.unlink(sibling(dest, JOURNAL))
         elif os.path.lexists(sibling(dest, JOURNAL)):
             recover(dest, marker)  # an error between the renames: the journal says where each is
 
 
-def retire(tree: Path, marker: str, what: str) -> None:
-    """Delete a whole tree rocforge made (it holds `marker`): renamed to a `.deleting` sibling
-    and its marker removed first, so a cut-off delete never leaves a half tree under the name
-    or one that looks whole.  Anything else at that name is refused (one line), never deleted."""
-    tree = Path(tree)
-    if not os.path.lexists(tree):
-        return
-    if os.path.islink(tree) or not os.path.isdir(tree) or not _marked(tree, marker):
-        raise UsageError(f"{tree} is in the way of {what} and rocforge did not make it (no "
-                         f"{marker})", f"move {tree} elsewhere, then run the command again")
-    gone = sibling(tree, ".deleting")
-    shutil.rmtree(gone, ignore_errors=True)
-    os.replace(tree, gone)
-    _unlink_file(gone / marker)
-    shutil.rmtree(gone, ignore_errors=True)
+def _check_kept(keep: Path, marker: str) -> None:
+    """The tree at `keep` is one rocforge kept (it will be deleted): else one line, nothing done."""
+    if os.path.islink(keep) or not os.path.isdir(keep) or not _marked(keep, marker):
+        raise UsageError(f"{keep} is in the way of keeping the replaced tree and rocforge did not "
+                         f"make it (no {marker})", f"move {keep} elsewhere, then run the command "
+                         "again")
+    _delete(sibling(keep, ".deleting"), marker)  # left by a delete that was cut off
 
 
 # -- scratch trees (a build's staged install) ------------------------------------------------------

@@ -161,9 +161,10 @@ def test_closure_out_with_user_files_is_refused(tmp_path, capsys):
 
 _SWAP_CHILD = textwrap.dedent("""
     import os, signal, sys, time
-    from rocforge_build import cli
+    from rocforge_build import cli, replace as swapper
 
-    real = os.replace
+    swapper.exchange = lambda a, b: False  # no RENAME_EXCHANGE: the fallback's two renames
+    real = os.rename
     def replace(src, dst):
         real(src, dst)
         first = str(dst).endswith(".rocforge-old")  # the swap's first rename (prefix aside)
@@ -171,7 +172,7 @@ _SWAP_CHILD = textwrap.dedent("""
         if first if sys.argv[2] == "first" else second:  # signal right after it
             os.kill(os.getpid(), getattr(signal, sys.argv[1]))
             time.sleep(0.5)  # a SIGINT/SIGTERM not held back would land here
-    os.replace = replace
+    os.rename = replace
     sys.exit(cli.main(sys.argv[3:]))
 """)
 

@@ -151,8 +151,6 @@ def execute(req: Request, root, *, quiet: bool = False,
         replace.unmark_scratch(staging)  # the manifest, written last, now says it is rocforge's
         if gate is not None:
             gate(plan, staging)
-        if keep is not None:
-            replace.retire(keep, MANIFEST, f"keeping the replaced build of {plan.prefix}")
         replace.swap(staging, plan.prefix, MANIFEST, keep=keep)
     except BaseException:
         if not replace.interrupted(plan.prefix):  # else its journal says whose tree is there
