@@ -25,15 +25,14 @@ import io
 import lzma
 import os
 import posixpath
-import shutil
 import stat
 import tarfile
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rocforge_build import ownership
 from rocforge_build.errors import DiskFullError, IntegrityError, reason
 from rocforge_build.progress import human_size
 from rocforge_build.rootfs import open_regular
@@ -371,43 +370,41 @@ def _inside(archive: Path, dest: Path, target: Path, name: str) -> None:
 
 
 @contextlib.contextmanager
-def staging(parent: Path, prefix: str = ".staging-") -> Iterator[Path]:
-    """A fresh directory inside `parent`, removed unless the caller moved it away.
+def staging(parent: Path, prefix: str = ".staging-", what: str | None = None) -> Iterator[Path]:
+    """A fresh directory inside `parent`, removed unless the caller moved it away; with `what`
+    it carries rocforge's mark (`ownership.MARK`), so a killed run's leftover is rocforge's.
 
-    Removal happens on every exception, KeyboardInterrupt included."""
-    parent.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    os.chmod(path, DIR_MODE)  # mkdtemp makes 0700; the tree becomes an install others read
-    try:
+    Removal happens on every exception, KeyboardInterrupt included, by `ownership.scratch_dir`:
+    only while it is still the directory made here, never across a mount."""
+    with ownership.scratch_dir(parent, prefix, what) as path:
+        os.chmod(path, DIR_MODE)  # mkdtemp makes 0700; the tree becomes an install others read
         yield path
-    finally:
-        if path.exists():
-            remove_tree(path)
 
 
 def write_own_file(path: Path, text: str) -> None:
     """Write a file of rocforge's own into an unpacked tree: whatever the archive put at that
     name is removed first and the new file is made with O_EXCL|O_NOFOLLOW, so the write never
-    follows a link out of the tree."""
+    follows a link out of the tree.  A directory the archive put there is refused, not removed."""
     if os.path.lexists(path):
         if path.is_dir() and not path.is_symlink():
-            remove_tree(path)
-        else:
-            path.unlink()
+            raise IntegrityError(f"the archive holds a directory {path.name}, where rocforge "
+                                 "writes a file of its own; refusing to unpack it",
+                                 "the archive was not made for this; get it from its publisher")
+        path.unlink()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     os.fchmod(fd, 0o644)  # whatever the umask: others read the tree
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
 
 
-def remove_tree(path: Path) -> None:
-    """rmtree that also clears read-only directories (tarballs may carry 0555 dirs)."""
-    def onerror(func, p, _exc):
-        try:
-            os.chmod(os.path.dirname(p), 0o755)
-            os.chmod(p, 0o755) if os.path.isdir(p) and not os.path.islink(p) else None
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=onerror)
+def remove_tree(path: Path, what: str, marks: tuple[str, ...] = (ownership.MARK,)) -> None:
+    """Remove an unpacked tree that holds one of `marks` (ownership.remove_owned: read-only
+    directories too, never across a mount or through a link); one without is left, with a
+    warning.  It gets `ownership.MARK` first and loses its other marks first, so what a kill
+    leaves is still recognisably rocforge's and never taken for a whole tree."""
+    if ownership.owner(path, marks) == Path(os.path.abspath(path)):
+        with contextlib.suppress(OSError):
+            ownership.write_mark(path, what)
+    ownership.warn_left(ownership.remove_owned(
+        path, what, marks=marks, first=tuple(m for m in marks if m != ownership.MARK),
+        refuse=False))

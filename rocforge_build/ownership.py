@@ -10,11 +10,12 @@ never follows a link, so a tmpfs or bind mount inside the cache keeps its files.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pwd
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from rocforge_build.errors import UsageError
@@ -253,3 +254,179 @@ def _clear(fd: int, where: str, dev: int, mounts: set[str], first: tuple, last: 
         if not below:
             _retry_writable(fd, lambda n=name: os.rmdir(n, dir_fd=fd))
     return left
+
+
+# -- the one way rocforge removes a tree ------------------------------------------------------------
+
+class NotOwned(UsageError):
+    """A tree rocforge was about to remove or replace carries no mark of rocforge's."""
+
+
+def _on_one_mount(path: Path, ancestor: Path, mounts: set[str]) -> bool:
+    """Whether `path` lies on the same file system and mount as its `ancestor`."""
+    try:
+        dev = os.lstat(path).st_dev
+    except OSError:
+        return False
+    here = path
+    while here != ancestor:
+        if str(here) in mounts:
+            return False
+        here = here.parent
+    try:
+        return os.lstat(ancestor).st_dev == dev
+    except OSError:
+        return False
+
+
+def owner(path: Path, marks: Iterable[str] = (MARK,), made: os.stat_result | None = None
+          ) -> Path | None:
+    """The tree that makes directory `path` rocforge's: `path` itself when it holds one of `marks`
+    (regular files), else the nearest directory above its real location that holds `MARK` or is
+    the directory `made` (one this process created: its lstat then), on the same file system and
+    mount; None when there is none (or `path` is a link or no directory)."""
+    path = Path(os.path.abspath(path))
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return None
+    except OSError:
+        return None
+    if any(_regular(path / m) for m in marks):
+        return path
+    real = Path(os.path.realpath(path.parent)) / path.name
+    mounts = mount_points()
+    for above in real.parents:
+        if is_marked(above) or (made is not None and _same_dir(above, made)):
+            return above if _on_one_mount(real, above, mounts) else None
+    return None
+
+
+def _same_dir(path: Path, made: os.stat_result) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == (made.st_dev, made.st_ino)
+
+
+def warn_left(paths: Iterable[str], why: str = "another file system is mounted there") -> None:
+    """One `rocforge: warning:` line for each path a removal left in place."""
+    import sys
+
+    for p in paths:
+        print(f"rocforge: warning: left {p} in place: {why}", file=sys.stderr)
+
+
+def remove_owned(path: Path, what: str, *, marks: Iterable[str] = (MARK,),
+                 first: Iterable[str] = (COMPLETE,), refuse: bool = True,
+                 made: os.stat_result | None = None) -> list[str]:
+    """Remove the directory `path` (`what` names it) when `owner` finds it rocforge's, with the
+    one-device remover; returns the mount points left in place.  A tree without a mark is never
+    removed: NotOwned (one line, exit 2), or with `refuse=False` a warning line and it stays."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return []
+    if owner(path, marks, made) is None:
+        why = (f"refusing to remove {path} ({what}): it carries no mark of rocforge's "
+               f"({' or '.join(dict.fromkeys((*marks, MARK)))}), so rocforge did not make it")
+        if refuse:
+            raise NotOwned(why, "move it away, or remove it yourself if nothing in it is needed; "
+                                "nothing was removed")
+        warn_left([str(path)], f"it carries no mark of rocforge's ({MARK})")
+        return []
+    return remove_tree_one_device(path, first=first)
+
+
+def discard(path: Path, what: str, *, marks: Iterable[str] = (MARK,)) -> None:
+    """Remove a tree of rocforge's on the way out of a step, never failing it: what carries no
+    mark, a mount inside and what cannot be removed stay, each with a warning line."""
+    try:
+        warn_left(remove_owned(path, what, marks=marks, refuse=False))
+    except OSError as exc:
+        warn_left([str(path)], f"it could not be removed: {exc.strerror}")
+
+
+@contextlib.contextmanager
+def scratch_dir(parent: Path | None, prefix: str, what: str | None = None) -> Iterator[Path]:
+    """A fresh directory (mkdtemp in `parent`, or the temp dir) for this process, removed on the
+    way out, Ctrl-C included, unless the caller moved it away.  With `what` it is marked too, so a
+    killed run's leftover is recognisably rocforge's.  What the path holds at the end is removed
+    when it is still the directory made here, or carries a mark; otherwise it is left, with a
+    warning."""
+    import tempfile
+
+    if parent is not None:
+        Path(parent).mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    made = os.lstat(path)
+    if what is not None:
+        write_mark(path, what)
+    try:
+        yield path
+    finally:
+        try:
+            now = os.lstat(path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino):
+            try:
+                warn_left(remove_tree_one_device(path))
+            except OSError as exc:  # never hides what ended the block
+                warn_left([str(path)], f"it could not be removed: {exc.strerror}")
+        elif now is not None:
+            discard(path, "a tree left in a scratch directory")
+
+
+def walk_one_device(top: Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """os.walk (top-down, links not followed) that never enters another file system or mount:
+    the only walk a removal of single files may use."""
+    top_dev = os.lstat(top).st_dev
+    mounts = mount_points()
+    for dirpath, dirnames, filenames in os.walk(top):
+        keep = []
+        for name in dirnames:
+            full = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(full)
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode) or (st.st_dev == top_dev and full not in mounts):
+                keep.append(name)
+        dirnames[:] = keep
+        yield dirpath, dirnames, filenames
+
+
+def install_tree(new: Path, dest: Path, what: str, *, marks: Iterable[str] = (MARK,)) -> list[str]:
+    """Put the complete tree `new` (its completeness stamp written last) at `dest`, replacing a
+    tree there only when `owner` finds it rocforge's: in one renameat2(RENAME_EXCHANGE) where the
+    file system has it (rename(2)), else by renaming the old tree aside first (for that instant
+    `dest` is absent and a reader fetches again).  The replaced tree, now at `new`'s name, is
+    removed with the one-device remover; returns the mount points it left in place."""
+    from rocforge_build import replace
+
+    new, dest = Path(new), Path(dest)
+    if not os.path.lexists(dest):
+        os.rename(new, dest)
+        return []
+    check_tree_replaceable(dest, what, marks)
+    old = new
+    if not replace.exchange(new, dest):
+        old = Path(f"{new}.replaced")
+        os.rename(dest, old)
+        os.rename(new, dest)
+    return remove_owned(old, what, marks=marks)
+
+
+def check_tree_replaceable(dest: Path, what: str, marks: Iterable[str] = (MARK,)) -> None:
+    """Refuse (NotOwned: one line, exit 2) to replace `dest` unless it is absent or carries
+    one of `marks` itself, and is no mount point."""
+    if not os.path.lexists(dest):
+        return
+    if str(Path(os.path.abspath(dest))) in mount_points():
+        raise NotOwned(f"refusing to replace {dest} ({what}): another file system is mounted "
+                       "there", "unmount it or move it away; nothing was removed")
+    if owner(dest, marks) != Path(os.path.abspath(dest)):
+        raise NotOwned(f"refusing to replace {dest} ({what}): it carries no mark of rocforge's "
+                       f"({' or '.join(dict.fromkeys((*marks, MARK)))}), so rocforge did not make "
+                       "it", "move it away, or remove it yourself if nothing in it is needed; "
+                       "nothing was removed")

@@ -17,6 +17,7 @@ import pytest
 from fixtures_roots import make_system
 from needs import needs
 
+from rocforge_build import ownership
 from rocforge_build.cli import main
 from rocforge_build.errors import ConfigError, ToolchainError, UsageError
 from rocforge_build.rootfs import Root
@@ -342,6 +343,7 @@ def test_context_holds_wheels_recipe_and_containerfiles(tmp_path, monkeypatch):
     assert plan.source_arg == "/opt/rocforge/source"
     ctx = tmp_path / "ctx"
     (ctx / "stale").mkdir(parents=True)
+    ownership.write_mark(ctx, "an earlier context")  # rocforge replaces only a context it made
     container_context.prepare_context(plan, ctx)
     assert calls == [ctx / "wheels"]
     assert (ctx / "recipe/recipes/hello.toml").read_text() == MINIMAL  # by its recipe name

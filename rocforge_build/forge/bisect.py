@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from rocforge_build import paths
+from rocforge_build import ownership, paths
 from rocforge_build.errors import BuildError, UsageError
 from rocforge_build.forge import sources
 from rocforge_build.forge.plan import Request, work_dir
@@ -266,7 +265,7 @@ def build_step(req: Request, root) -> tuple[bool, str | None]:
         out = pipeline.execute(req, root, quiet=True)
     except BuildError as exc:  # the work dir stays: the message names its log (`rocforge cache clean --failed`)
         return True, exc.message.splitlines()[0]
-    shutil.rmtree(work_dir(Path(req.prefix)), ignore_errors=True)
+    ownership.discard(work_dir(Path(req.prefix)), "a bisect step's build work dir")
     return out.status == "built", None
 
 

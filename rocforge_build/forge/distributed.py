@@ -14,12 +14,11 @@ import os
 import re
 import socket
 import subprocess
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build import proc
+from rocforge_build import ownership, proc
 from rocforge_build.errors import RocforgeError, UsageError
 from rocforge_build.forge.cache import PROBE_TIMEOUT, CacheSetup, printable, run_sccache
 from rocforge_build.proc import which
@@ -310,7 +309,7 @@ def check_host(spec: str, compilers: list[str], reference: Mapping[str, str | No
 def compiler_ident(compiler: str, host: str | None, environ: Mapping[str, str]) -> str | None:
     """The compiler's own identification (the ELF `.comment` it writes), from a test compile
     here (host None) or on one distcc host: what produced the object, not what its name says."""
-    with tempfile.TemporaryDirectory(prefix="rocforge-probe-") as tmp:
+    with ownership.scratch_dir(None, "rocforge-probe-") as tmp:
         src = Path(tmp) / "probe.c"
         src.write_text("int rocforge_probe(int x) { return x + 1; }\n")
         obj = Path(tmp) / "probe.o"

@@ -15,16 +15,15 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from rocforge_build import paths
+from rocforge_build import ownership, paths
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import IntegrityError, NetworkError, UsageError
 from rocforge_build.forge.cleanup import claim_cache_root
-from rocforge_build.ownership import MARK, write_mark
+from rocforge_build.ownership import COMPLETE, MARK, write_mark
 from rocforge_build.proc import GIT_ALLOW_PROTOCOL, PROBE, CommandFailed, run
 from rocforge_build.progress import Heartbeat
 from rocforge_build.refs import check_git_ref, check_git_url
@@ -413,8 +412,8 @@ def _git_export(url: str, commit: str, dest: Path, progress: bool = True) -> Non
                         timeout=3600)
                 except CommandFailed as exc:
                     raise NetworkError(f"git fetch {url} failed", exc.output.strip()[-400:] or None) from exc
-        with tempfile.TemporaryDirectory(dir=mirror.parent) as tmp:
-            tarball = Path(tmp) / "src.tar"
+        with ownership.scratch_dir(mirror.parent, ".archive-", "a git archive") as tmp:
+            tarball = tmp / "src.tar"
             beat.update(2, 3, f"git archive {commit[:12]}")
             run(["git", "-C", mirror, "archive", "--format=tar", "-o", tarball, commit], timeout=3600)
             beat.update(3, 3, f"unpacking into {dest}")
@@ -424,45 +423,43 @@ def _git_export(url: str, commit: str, dest: Path, progress: bool = True) -> Non
 def _git_checkout(spec: SourceSpec, commit: str, dest: Path, progress: bool = True) -> None:
     """A shallow (depth 1), blob-less partial clone of one commit with a sparse (cone) checkout of
     `spec.sparse` — a monorepo such as ROCm/rocm-libraries downloads only those directories —
-    and, with `spec.submodules`, shallow submodules.  Built in a temporary sibling and renamed
-    onto `dest`, so `dest` is complete or absent."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".checkout-", dir=dest.parent))
-    write_mark(tmp, "a source tree (forge/sources.py)")  # cache clean removes only marked trees
+    and, with `spec.submodules`, shallow submodules.  Built in a marked temporary sibling and put
+    at `dest` as a whole (`ownership.install_tree`), so `dest` is complete or not stamped."""
+    ownership.check_tree_replaceable(dest, "a source tree", (MARK, COMPLETE))  # before any clone
+    with ownership.scratch_dir(dest.parent, ".checkout-", "a source tree (forge/sources.py)") as tmp:
+        _checkout_into(tmp, spec, commit, dest, progress)
+
+
+def _checkout_into(tmp: Path, spec: SourceSpec, commit: str, dest: Path, progress: bool) -> None:
     env = {"GIT_TERMINAL_PROMPT": "0", "GIT_CEILING_DIRECTORIES": str(dest.parent)}
 
     def git(*args, timeout=PROBE):
         return run(["git", "-C", tmp, *args], env=env, timeout=timeout)
 
     steps = 2 + bool(spec.submodules)  # fetch, checkout, submodules: [n/N] of the progress line
-    try:
-        git("init", "-q")
-        git("remote", "add", "origin", spec.location)
-        with Heartbeat(f"git {spec.location}", enabled=progress) as beat:
-            beat.update(1, steps, f"git fetch --depth 1 --filter=blob:none {spec.ref or commit[:12]}")
-            _checkout_fetch(git, spec, commit)
-            if spec.sparse:
-                git("sparse-checkout", "set", "--cone", *spec.sparse)
-            try:
-                beat.update(2, steps, f"git checkout {commit[:12]}"
-                            + (f" (sparse: {', '.join(spec.sparse)})" if spec.sparse else ""))
-                git("checkout", "-q", "--detach", commit, timeout=3600)
-                if spec.submodules:
-                    beat.update(3, steps, "git submodule update --init --recursive --depth 1")
-                    _submodules(tmp, env)
-            except CommandFailed as exc:
-                raise NetworkError(f"git checkout of {commit} from {spec.location} failed",
-                                   exc.output.strip()[-400:] or None) from exc
-        missing = [p for p in spec.sparse if not (tmp / p).is_dir()]
-        if missing:
-            raise UsageError(f"{spec.location} @ {commit[:12]} has no {', '.join(missing)}",
-                             "the recipe's source.sparse names directories of another layout")
-        (tmp / ".rocforge-complete").write_text(f"{spec.location} {commit}\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    git("init", "-q")
+    git("remote", "add", "origin", spec.location)
+    with Heartbeat(f"git {spec.location}", enabled=progress) as beat:
+        beat.update(1, steps, f"git fetch --depth 1 --filter=blob:none {spec.ref or commit[:12]}")
+        _checkout_fetch(git, spec, commit)
+        if spec.sparse:
+            git("sparse-checkout", "set", "--cone", *spec.sparse)
+        try:
+            beat.update(2, steps, f"git checkout {commit[:12]}"
+                        + (f" (sparse: {', '.join(spec.sparse)})" if spec.sparse else ""))
+            git("checkout", "-q", "--detach", commit, timeout=3600)
+            if spec.submodules:
+                beat.update(3, steps, "git submodule update --init --recursive --depth 1")
+                _submodules(tmp, env)
+        except CommandFailed as exc:
+            raise NetworkError(f"git checkout of {commit} from {spec.location} failed",
+                               exc.output.strip()[-400:] or None) from exc
+    missing = [p for p in spec.sparse if not (tmp / p).is_dir()]
+    if missing:
+        raise UsageError(f"{spec.location} @ {commit[:12]} has no {', '.join(missing)}",
+                         "the recipe's source.sparse names directories of another layout")
+    (tmp / COMPLETE).write_text(f"{spec.location} {commit}\n")
+    ownership.install_tree(tmp, dest, "a source tree", marks=(MARK, COMPLETE))
 
 
 def _checkout_fetch(git, spec: SourceSpec, commit: str) -> None:
@@ -538,21 +535,21 @@ def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
 
 
 def _extract(archive: Path, dest: Path, *, strip: bool = True) -> None:
-    """Extract safely (extract.py) into a staging dir, then rename onto `dest`; a single top
-    directory is stripped.  `dest` is complete or absent, never half-written."""
+    """Extract safely (extract.py) into a staging dir, then put it at `dest` as a whole
+    (`ownership.install_tree`); a single top directory is stripped.  `dest` is complete or not
+    stamped, never half-written and stamped."""
     from rocforge_build.extract import safe_extract, staging, write_own_file
 
-    with staging(dest.parent, ".extract-") as tmp:
+    ownership.check_tree_replaceable(dest, "a source tree", (MARK, COMPLETE))  # before any work
+    with staging(dest.parent, ".extract-", "a source tree being unpacked") as tmp:
         safe_extract(archive, tmp)
         top = tmp
-        entries = list(tmp.iterdir())
+        entries = [p for p in tmp.iterdir() if p.name != MARK]
         if strip and len(entries) == 1 and entries[0].is_dir():
             top = entries[0]
         write_own_file(top / MARK, "made by rocforge: a source tree\n")  # cache clean: ours
-        write_own_file(top / ".rocforge-complete", str(archive) + "\n")  # never through a link
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(top, dest)
+        write_own_file(top / COMPLETE, str(archive) + "\n")  # last, never through a link
+        ownership.install_tree(top, dest, "a source tree", marks=(MARK, COMPLETE))
 
 
 # -- work copies --------------------------------------------------------------------------------
@@ -569,18 +566,14 @@ def _first_copy(src: Path, dst: Path) -> bool:
     return res.returncode == 0  # else the walk below copies what is missing
 
 
-def _trimmed(dst: Path) -> int:
+def _trimmed(dst: Path, made: os.stat_result) -> int:
     """After a whole-tree `cp -a`: drop the entries a work copy must not have, count the files.
     Names only, no stat per file: the copy itself was complete (cp exited 0)."""
     files = 0
-    for dirpath, dirnames, filenames in os.walk(dst):
+    for dirpath, dirnames, filenames in ownership.walk_one_device(dst):
         for d in [d for d in dirnames if d in _SKIP]:
             dirnames.remove(d)
-            full = os.path.join(dirpath, d)
-            if os.path.islink(full):
-                os.unlink(full)
-            else:
-                shutil.rmtree(full, ignore_errors=True)
+            _drop(os.path.join(dirpath, d), made)
         for name in filenames:
             if name == ".rocforge-complete" or name in _SKIP:
                 os.unlink(os.path.join(dirpath, name))
@@ -610,8 +603,8 @@ def _same_bytes(a: Path, b: Path) -> bool:
 def sync_tree(src: Path, dst: Path) -> int:
     """Make `dst` a copy of `src`, copying only files whose size or mtime differ (so unchanged
     files keep their timestamps and ninja rebuilds only what changed).  Returns files copied."""
-    if not dst.exists() and _first_copy(src, dst):
-        return _trimmed(dst)
+    if not dst.exists() and _first_copy(src, dst):  # it made `dst` (no exist_ok): this run's own
+        return _trimmed(dst, os.lstat(dst))
     copied = 0
     dst.mkdir(parents=True, exist_ok=True)
     wanted: set[str] = set()
@@ -647,16 +640,23 @@ def sync_tree(src: Path, dst: Path) -> int:
             shutil.copy2(s, d)
             os.utime(d)  # see _same_bytes: newer than anything built before this sync
             copied += 1
-    for dirpath, dirnames, filenames in os.walk(dst, topdown=False):
+    for dirpath, dirnames, filenames in ownership.walk_one_device(dst):
         rel = os.path.relpath(dirpath, dst)
         for name in filenames:
             if os.path.normpath(os.path.join(rel, name)) not in wanted:
                 os.unlink(os.path.join(dirpath, name))
-        for name in dirnames:
-            r = os.path.normpath(os.path.join(rel, name))
-            full = os.path.join(dirpath, name)
-            if r not in wanted and not os.path.islink(full):
-                shutil.rmtree(full, ignore_errors=True)
-            elif r not in wanted:
-                os.unlink(full)
+        for name in [d for d in dirnames if os.path.normpath(os.path.join(rel, d)) not in wanted]:
+            dirnames.remove(name)
+            _drop(os.path.join(dirpath, name))
     return copied
+
+
+def _drop(full: str, made: os.stat_result | None = None) -> None:
+    """Remove an entry of a work copy: a link itself, a directory by `ownership.remove_owned`
+    (inside the build's marked work dir, or the copy `made` by this run; else it stays, with a
+    warning, as does a mount inside it)."""
+    if os.path.islink(full):
+        os.unlink(full)
+    else:
+        ownership.warn_left(ownership.remove_owned(full, "a directory of a work copy", first=(),
+                                                   refuse=False, made=made))

@@ -7,11 +7,11 @@ install was found at all (a ROCm that is there but lacks a tool stays a toolchai
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rocforge_build import ownership
 from rocforge_build.errors import NoRocmError, ToolchainError
 from rocforge_build.proc import ToolTimedOut, run, which
 
@@ -73,7 +73,7 @@ def probe_glslc_extensions(glslc: str, extensions: list[str]) -> dict[str, bool]
     compiles each input on its own and writes `<input>.spv` for every one that compiles, whatever
     the others do — one process start instead of one per extension (four starts were most of a
     Vulkan plan's time)."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with ownership.scratch_dir(None, "rocforge-glslc-") as tmp:
         names = [f"probe{i}.comp" for i in range(len(extensions))]
         for name, ext in zip(names, extensions, strict=True):
             (Path(tmp) / name).write_text(_PROBE.format(ext=ext))

@@ -16,15 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import statistics
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 
-from rocforge_build import paths, proc, replace
+from rocforge_build import ownership, paths, proc, replace
 from rocforge_build.discover import targets
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import (
@@ -241,8 +239,8 @@ def build(root: Root, target: str | None = None, *, rocm: str | None = None,
     spec = table()
     platform = spec["platform"][tc.platform]
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    # made here, removed on the way out unless the swap took it (ownership.scratch_dir)
+    with ownership.scratch_dir(out_dir.parent, f".{out_dir.name}.") as work:
         binary = work / spec["binary"]
         values = {
             "compiler": str(tc.compiler), "target": target, "rocm": str(tc.rocm or ""),
@@ -278,9 +276,6 @@ def build(root: Root, target: str | None = None, *, rocm: str | None = None,
         work.chmod(0o755)  # mkdtemp's 0700 would hide the build from other users
         replace.swap(work, out_dir, MANIFEST)
         return result
-    finally:
-        if work.exists():
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def extra_install_hint(extra: str) -> str:
@@ -478,8 +473,7 @@ def bench(target: str | None = None, *, out: str | os.PathLike[str] | None = Non
     rng = np.random.default_rng(20261120)
     results: list[KernelResult] = []
     copy_gbs = None
-    with tempfile.TemporaryDirectory(prefix="rocforge-kernels-", dir=workdir) as tmp:
-        work = Path(tmp)
+    with ownership.scratch_dir(workdir, "rocforge-kernels-") as work:
         for entry in entries:
             case = ref.make_case(entry, rng)
             case.write_inputs(work)

@@ -226,7 +226,7 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
                     os.rename(trash, final)
                 raise
         if trash is not None:
-            extract.remove_tree(trash)
+            extract.remove_tree(trash, "a replaced nightly install", (ownership.MARK, RECORD))
         if switch_current:
             switch(prefix, name)
         if not ncfg.get("keep_archives"):

@@ -31,14 +31,13 @@ import os
 import shlex
 import shutil
 import stat
-import tempfile
 import time
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocforge_build import __version__, proc, rootfs, shellsafe
+from rocforge_build import __version__, ownership, proc, rootfs, shellsafe
 from rocforge_build.discover.resolver import Decision
 from rocforge_build.download import sha256_file
 from rocforge_build.emit import launcher
@@ -465,7 +464,7 @@ def make(spec: str, *, target: str, backend: str | None, out: Path, root) -> dic
         zstd_program()  # before any work (and before reading an old .tar.zst at --out)
     guard_out(out)
     src = find_source(spec, target=target, backend=backend, root=root)
-    with tempfile.TemporaryDirectory(prefix=".rocforge-bundle-", dir=out.parent) as work:
+    with ownership.scratch_dir(out.parent, ".rocforge-bundle-") as work:
         staged = stage(src, target, Path(work), root)
         (staged.tree / BUNDLE_TOML).write_text(render_toml(staged, target, src.manifest), encoding="utf-8")
         write_archive(staged.tree, out)

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from rocforge_build import proc, replace, rootfs
+from rocforge_build import ownership, proc, replace, rootfs
 from rocforge_build.errors import BuildError, ConfigError, ToolchainError, reason
 from rocforge_build.resources import containers_dir, load_toml
 
@@ -332,10 +332,10 @@ def stage(closure: Closure, out: Path) -> dict:
     an empty directory or an earlier closure is replaced, see `replace.check_replaceable`)."""
     out = Path(out)
     replace.check_replaceable(out, MARKER, "--out")
-    tmp = out.with_name(out.name + ".rocforge-partial")  # rocforge's own name: replaced freely
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = out.with_name(out.name + ".rocforge-partial")  # marked while staged, MARKER at the end
+    ownership.remove_owned(tmp, "an earlier run's partial closure", marks=(ownership.MARK, MARKER))
     tmp.mkdir(parents=True)
+    ownership.write_mark(tmp, "a library closure being staged")
     total = 0
     try:
         for entry in sorted(closure.entries.values(), key=lambda e: e.path):
@@ -344,12 +344,13 @@ def stage(closure: Closure, out: Path) -> dict:
             d = tmp / path.lstrip("/")
             d.mkdir(parents=True, exist_ok=True)
             os.chmod(d, mode)
-        files = sum(1 for f in tmp.rglob("*") if not f.is_dir() or f.is_symlink())
+        files = sum(1 for f in tmp.rglob("*") if not f.is_dir() or f.is_symlink()) - 1  # the mark
         (tmp / MARKER).write_text(f"staged by `rocforge container closure`: {files} files of the "
                                   "library closure of " + " ".join(closure.roots) + "\n",
                                   encoding="utf-8")
+        (tmp / ownership.MARK).unlink()  # MARKER marks it from here on
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        ownership.discard(tmp, "a partial closure", marks=(ownership.MARK, MARKER))
         raise
     replace.swap(tmp, out, MARKER)
     return {"files": files, "bytes": total}

@@ -9,7 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from rocforge_build import paths, proc
+from rocforge_build import ownership, paths, proc
 from rocforge_build.errors import ToolchainError
 from rocforge_build.resources import package_dir
 from rocforge_build.ship.containers import ContainerPlan, render, render_facts
@@ -29,10 +29,12 @@ def context_dir(plan: ContainerPlan) -> Path:
 
 def prepare_context(plan: ContainerPlan, ctx: Path) -> None:
     """Fill the build context: rocforge's wheels, the recipe file, the first-pass Containerfile."""
-    if ctx.exists():
-        shutil.rmtree(ctx)
+    ownership.remove_owned(ctx, "an earlier container build context",  # refused unless marked
+                           marks=(ownership.MARK, "Containerfile.facts"))  # (or written last)
+    ctx.mkdir(parents=True)
+    ownership.write_mark(ctx, "a container build context")
     wheels = ctx / "wheels"
-    wheels.mkdir(parents=True)
+    wheels.mkdir()
     build_wheels(wheels)
     recipe_dir = ctx / "recipe"
     (recipe_dir / "recipes").mkdir(parents=True)
@@ -66,10 +68,8 @@ def build_wheels(dest: Path) -> None:
     clutter, and a data folder that does not exist yet is packaged empty rather than failing the
     build.  An installed rocforge (`pip install .`, a wheel) has no sources: its wheel is made
     again from the installed files its RECORD lists (`wheel_from_installed`)."""
-    import tempfile
-
     top = source_tree()
-    with tempfile.TemporaryDirectory(prefix="rocforge-src-") as tmp:
+    with ownership.scratch_dir(None, "rocforge-src-") as tmp:
         if top is None:
             what = str(wheel_from_installed(Path(tmp)))
         else:

@@ -1,0 +1,321 @@
+"""Attack tests for deletion by ownership (ownership.py): every recursive removal in rocforge goes
+through `ownership.remove_owned` / `scratch_dir` (a tree carrying rocforge's mark, or a directory
+this process made), on one device; a source tree is replaced as a whole (`install_tree`: staged
+beside it, exchanged in one renameat2, the completeness stamp written last).  Done for real: a
+directory of the user's at a source tree's path, a tmpfs and a bind mount inside a tree that a
+re-fetch replaces, a SIGKILL at each step of a replacement, and a structural check of the code."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from buildfixtures import RECIPE, git_repo, tarball
+from needs import needs
+
+from rocforge_build import ownership
+from rocforge_build.download import sha256_file
+from rocforge_build.forge import sources
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "rocforge_build"
+
+
+def snapshot(top: Path) -> dict[str, str]:
+    """Every path below `top` with its kind and content (files) or target (links)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(top))
+            out[rel] = ("link:" + os.readlink(p) if p.is_symlink() else "dir" if p.is_dir()
+                        else "file:" + p.read_text(errors="replace"))
+    return out
+
+
+def trees() -> Path:
+    return Path(os.environ["ROCFORGE_CACHE_DIR"]) / "sources" / "trees"
+
+
+def one_error(res: subprocess.CompletedProcess, code: int = 2) -> str:
+    lines = [line for line in res.stderr.splitlines() if line.startswith("rocforge: error:")]
+    assert res.returncode == code, res.stderr
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    return lines[0]
+
+
+def python(code: str, *args: str, wrap: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([*wrap, sys.executable, "-c", code, *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def half_removed(spec: sources.SourceSpec) -> tuple[Path, dict[str, str]]:
+    """A fetched tree as a killed `cache clean` leaves it: marked, its stamp and some files gone
+    (so the next fetch replaces it); returns it and what a whole fetch holds."""
+    tree = sources.fetch(spec).root
+    whole = snapshot(tree)
+    (tree / ownership.COMPLETE).unlink()
+    (tree / "CMakeLists.txt").unlink()
+    return tree, whole
+
+
+# -- a directory of the user's where a source tree goes -------------------------------------------
+
+def test_a_users_directory_at_a_source_trees_path_is_refused_not_replaced(tmp_path):
+    archive = tarball(tmp_path / "fx.tar.gz")
+    mine = trees() / sha256_file(archive)[:20]
+    (mine / "notes").mkdir(parents=True)
+    (mine / "notes" / "todo.txt").write_text("the user's")
+    (mine / "CMakeLists.txt").write_text("# my own edit\n")
+    before = snapshot(mine)
+    res = subprocess.run(
+        [sys.executable, "-m", "rocforge_build", "build", str(RECIPE), "--target", "gfx1151",
+         "--source", str(archive), "--prefix", str(tmp_path / "p"), "--dry-run"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    line = one_error(res)
+    assert f"refusing to replace {mine} (a source tree)" in line and ".rocforge-owned" in line
+    assert snapshot(mine) == before
+    assert [p.name for p in trees().iterdir()] == [mine.name]  # no staging dir left beside it
+
+
+def test_a_users_directory_at_a_git_trees_path_is_refused_before_anything_is_fetched(tmp_path):
+    repo = git_repo(tmp_path / "repo")
+    commit = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    for spec in (sources.SourceSpec("git", f"file://{repo}", ref="v1.2.0"),  # exported
+                 sources.SourceSpec("git", f"file://{repo}", ref="v1.2.0", sparse=("src",))):
+        dest = sources._stand_in(spec, commit).root if not spec.checkout else None
+        if dest is None:  # a checkout's tree is named for its commit and shape
+            import hashlib
+
+            shape = hashlib.sha256(json.dumps([["src"], False]).encode()).hexdigest()[:8]
+            dest = trees() / f"{commit[:20]}-{shape}"
+        dest.mkdir(parents=True)
+        (dest / "mine.txt").write_text("the user's")
+        with pytest.raises(ownership.NotOwned, match="carries no mark of rocforge's") as exc:
+            sources.fetch(spec, commit)
+        assert exc.value.exit_code == 2 and str(dest) in exc.value.message
+        assert snapshot(dest) == {"mine.txt": "file:the user's"}
+    leftovers = [p.name for p in trees().iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_a_half_removed_tree_of_rocforges_is_replaced_whole(tmp_path):
+    spec = sources.SourceSpec("tarball", str(tarball(tmp_path / "fx.tar.gz")))
+    tree, whole = half_removed(spec)
+    again = sources.fetch(spec)
+    assert again.root == tree and snapshot(tree) == whole
+    assert sorted(p.name for p in trees().iterdir()) == [tree.name]  # the old one went
+
+
+# -- mounts inside a tree that is replaced -------------------------------------------------------
+
+MOUNTED = textwrap.dedent("""
+    import json, os, subprocess, sys
+    from pathlib import Path
+    from rocforge_build import ownership
+    from rocforge_build.forge import sources
+    spec = sources.SourceSpec("tarball", sys.argv[1])
+    elsewhere = Path(sys.argv[2])
+    tree = sources.fetch(spec).root
+    (tree / ownership.COMPLETE).unlink()  # a killed clean: the next fetch replaces the tree
+    (tree / "scratch").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(tree / "scratch")], check=True)
+    (tree / "scratch" / "on-tmpfs.txt").write_text("keep")
+    (tree / "bound").mkdir()
+    subprocess.run(["mount", "--bind", str(elsewhere), str(tree / "bound")], check=True)
+    again = sources.fetch(spec)
+    mounted = [line.split()[4] for line in open("/proc/self/mountinfo")]
+    on_tmpfs = [m for m in mounted if m.endswith("/scratch")]
+    print(json.dumps({"root": str(again.root), "complete": (tree / ".rocforge-complete").is_file(),
+                      "files": sorted(os.listdir(tree)), "mounts": on_tmpfs,
+                      "tmpfs_file": [open(Path(m) / "on-tmpfs.txt").read() for m in on_tmpfs]}))
+""")
+
+
+@needs("unshare", "mount")
+def test_a_tmpfs_and_a_bind_mount_inside_a_replaced_source_tree_keep_their_files(tmp_path):
+    wrap = ("unshare", "--mount", "--propagation", "private") if os.geteuid() == 0 else (
+        "unshare", "-rm", "--propagation", "private")
+    probe = subprocess.run([*wrap, "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"LOUD SKIP: no mount namespace here ({probe.stderr.decode().strip()})")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "on-bind.txt").write_text("keep")
+    archive = tarball(tmp_path / "fx.tar.gz")
+    res = python(MOUNTED, str(archive), str(elsewhere), wrap=wrap)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    tree = trees() / sha256_file(archive)[:20]
+    assert got["root"] == str(tree) and got["complete"]  # the new tree is whole and in place
+    assert "scratch" not in got["files"] and "bound" not in got["files"]
+    assert got["tmpfs_file"] == ["keep"]  # the tmpfs went aside with the old tree, files and all
+    assert (elsewhere / "on-bind.txt").read_text() == "keep"
+    assert res.stderr.count("rocforge: warning: left ") == 2, res.stderr  # one line per mount
+    assert "another file system is mounted there" in res.stderr
+
+
+def test_a_work_copy_sync_never_descends_into_a_mount_or_removes_an_unmarked_tree(tmp_path):
+    """sync_tree removes what the source no longer has: inside a work copy that is not rocforge's
+    (no mark above it, not made by this run) a directory stays, with a warning, not removed."""
+    src, dst = tmp_path / "src", tmp_path / "work-copy"
+    (src / "keep").mkdir(parents=True)
+    (src / "keep" / "a.c").write_text("int a;")
+    sources.sync_tree(src, dst)
+    (dst / "users-dir").mkdir()
+    (dst / "users-dir" / "thesis.tex").write_text("the user's")
+    res = python("import sys; from pathlib import Path; from rocforge_build.forge import sources; "
+                 "sources.sync_tree(Path(sys.argv[1]), Path(sys.argv[2]))", str(src), str(dst))
+    assert res.returncode == 0, res.stderr
+    assert (dst / "users-dir" / "thesis.tex").read_text() == "the user's"
+    assert "left" in res.stderr and "carries no mark of rocforge's" in res.stderr
+    ownership.write_mark(tmp_path, "a build work dir")  # as pipeline marks its work dir
+    sources.sync_tree(src, dst)
+    assert sorted(os.listdir(dst)) == ["keep"]
+
+
+# -- SIGKILL in the middle of a replacement ------------------------------------------------------
+
+FETCH = ("import sys; from rocforge_build.forge import sources; "
+         "sources.fetch(sources.SourceSpec('tarball', sys.argv[1]))")
+
+
+EXCHANGE_MISSING = ("-e", "inject=renameat2:error=EINVAL")  # as on a file system without it
+
+
+@needs("strace")
+@pytest.mark.parametrize("kill,fallback,left", [
+    ("renameat2:when=1", False, "old"),  # the exchange itself
+    ("unlinkat:when=1", False, "new"), ("unlinkat:when=5", False, "new"),  # the replaced tree's
+    ("unlinkat:when=8", False, "new"),  # removal (its mark goes last, at the 6th)
+    ("rename:when=1", True, "old"), ("rename:when=2", True, "none"),  # old aside, then new in
+])
+def test_sigkill_mid_replacement_leaves_the_old_tree_unstamped_or_the_new_one_whole(
+        tmp_path, kill, fallback, left):
+    """SIGKILL at each step of a replacement (strace's fault injection: the exchange, the
+    removal of the replaced tree, and the two renames where renameat2 is missing): the tree at
+    its path is the new one, whole and stamped, or carries no stamp (the next fetch replaces it);
+    what is left beside it carries rocforge's mark; the next fetch succeeds."""
+    archive = tarball(tmp_path / "fx.tar.gz")
+    spec = sources.SourceSpec("tarball", str(archive))
+    tree, whole = half_removed(spec)
+    syscall, when = kill.split(":")
+    res = python(FETCH, str(archive), wrap=(
+        "strace", "-f", "-o", os.devnull, *(EXCHANGE_MISSING if fallback else ()),
+        "-e", f"inject={syscall}:signal=KILL:{when}"))
+    assert res.returncode in (-9, 137), res.stderr  # it was killed there
+    if left == "new":
+        assert snapshot(tree) == whole and (tree / ownership.COMPLETE).is_file()
+    elif left == "old":
+        assert ownership.is_marked(tree) and not (tree / ownership.COMPLETE).exists()
+    else:
+        assert not os.path.lexists(tree)  # for that instant: a reader fetches again
+    for aside in (p for p in trees().iterdir() if p != tree):
+        assert ownership.is_marked(aside) or not any(aside.iterdir()), aside  # rocforge's
+    again = sources.fetch(spec)
+    assert again.root == tree and snapshot(tree) == whole
+
+
+# -- the structure: no removal outside ownership.py ----------------------------------------------
+
+ALLOWED = {
+    "rocforge_build/ownership.py": "the one-device remover itself",
+    "rocforge_build/replace.py": "replace.py's swap trees: owned by the swap helper, to be routed",
+    "rocforge_build/forge/sources.py:sync_tree": "its walk of the source (read only) unlinks the "
+    "one file of the work copy it copies again; what the source lacks goes by walk_one_device",
+}
+REMOVE_CALLS = {"rmtree", "removedirs", "TemporaryDirectory"}
+UNLINKS = {"unlink", "remove", "rmdir"}
+
+
+def _is_walk(call: ast.AST) -> bool:
+    """os.walk(...) or <path>.rglob(...): a walk that enters every mount below its top."""
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+        return False
+    base = getattr(call.func.value, "id", None)
+    return call.func.attr == "rglob" or (call.func.attr, base) == ("walk", "os")
+
+
+def _removes(nodes: list[ast.AST]) -> bool:
+    return any(isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute)
+               and inner.func.attr in UNLINKS and getattr(inner.func.value, "id", None) != "dirnames"
+               for node in nodes for inner in ast.walk(node))
+
+
+def _own_nodes(scope: ast.AST):
+    """The nodes of a module or function, not those of the functions defined inside it."""
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def removals(source: str) -> dict[str, str]:
+    """The recursive removals in `source` by the function they are in: shutil.rmtree,
+    os.removedirs, TemporaryDirectory (an rmtree on exit), and a loop over os.walk or Path.rglob
+    that unlinks or removes (`ownership.walk_one_device` is the walk such a loop may use)."""
+    found: dict[str, str] = {}
+    for func in ast.walk(ast.parse(source)):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            continue
+        where = getattr(func, "name", "<module>")
+        for node in _own_nodes(func):
+            name = (getattr(node.func, "attr", getattr(node.func, "id", None))
+                    if isinstance(node, ast.Call) else None)
+            if name in REMOVE_CALLS:
+                found.setdefault(where, f"{name} at line {node.lineno}")
+            if isinstance(node, ast.For) and _is_walk(node.iter) and _removes(node.body):
+                found.setdefault(where, f"a walk with removals at line {node.lineno}")
+            if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)) and any(
+                    _is_walk(g.iter) for g in node.generators) and _removes([node.elt]):
+                found.setdefault(where, f"a walk with removals at line {node.lineno}")
+    return found
+
+
+def test_the_structural_check_sees_each_kind_of_recursive_removal():
+    bad = {
+        "import shutil\nshutil.rmtree(p)\n": "rmtree",
+        "from shutil import rmtree\ndef f(p):\n    rmtree(p, ignore_errors=True)\n": "rmtree",
+        "import os\nos.removedirs(p)\n": "removedirs",
+        "import tempfile\nwith tempfile.TemporaryDirectory() as t:\n    pass\n": "TemporaryDirectory",
+        "import os\ndef f(p):\n    for d, _, fs in os.walk(p):\n        for f in fs:\n"
+        "            os.unlink(os.path.join(d, f))\n": "a walk with removals",
+        "def g(p):\n    for f in p.rglob('*'):\n        f.unlink()\n": "a walk with removals",
+        "def h(p):\n    [f.unlink() for f in p.rglob('*') if f.is_file()]\n": "a walk with removals",
+    }
+    for source, kind in bad.items():
+        assert any(kind in f for f in removals(source).values()), source
+    ok = ("from rocforge_build import ownership\ndef f(p):\n"
+          "    for d, dirnames, fs in ownership.walk_one_device(p):\n        os.unlink(fs[0])\n"
+          "    n = sum(1 for f in p.rglob('*'))\n    ownership.remove_owned(p, 'x')\n"
+          "    os.unlink(p)\n")
+    assert removals(ok) == {}
+
+
+def test_no_recursive_removal_outside_ownership_py():
+    """Every recursive removal in rocforge goes through ownership.py (remove_owned, discard,
+    scratch_dir, install_tree, walk_one_device): a tree is removed by its mark, never by where
+    it is.  An allowed entry names its reason, and must still exist (no stale allowance)."""
+    found, used = {}, set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel in ALLOWED:
+            used.add(rel)
+            continue
+        for where, what in removals(path.read_text(encoding="utf-8")).items():
+            if f"{rel}:{where}" in ALLOWED:
+                used.add(f"{rel}:{where}")
+            else:
+                found[f"{rel}:{where}"] = what
+    assert found == {}, ("recursive removal outside ownership.py; use ownership.remove_owned, "
+                         f"discard, scratch_dir or walk_one_device: {found}")
+    assert used == set(ALLOWED), f"allowances no longer needed: {set(ALLOWED) - used}"
