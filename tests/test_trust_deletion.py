@@ -102,6 +102,7 @@ def test_a_users_directory_at_a_git_trees_path_is_refused_before_anything_is_fet
             sources.fetch(spec, commit)
         assert exc.value.exit_code == 2 and str(dest) in exc.value.message
         assert snapshot(dest) == {"mine.txt": "file:the user's"}
+        assert not sources._mirror_has(spec.location, commit)  # nothing was fetched
     leftovers = [p.name for p in trees().iterdir() if p.name.startswith(".")]
     assert leftovers == []
 

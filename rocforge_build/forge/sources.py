@@ -394,6 +394,7 @@ def _mirror_has(url: str, commit: str) -> bool:
 def _git_export(url: str, commit: str, dest: Path, progress: bool = True) -> None:
     """The commit's tree from the bare mirror (fetched into it first when missing).  Not on a
     terminal, a line every interval: `git URL [step/3] ELAPSED: fetch|archive|unpack ...`."""
+    ownership.check_tree_replaceable(dest, "a source tree", (MARK, COMPLETE))  # before any fetch
     mirror = _mirror(url)
     if not mirror.is_dir():
         mirror.parent.mkdir(parents=True, exist_ok=True)
