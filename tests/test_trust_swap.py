@@ -78,6 +78,17 @@ def in_place(prefix: Path, fallback: bool) -> str | None:
     return whole(prefix)
 
 
+def discovered(prefix: Path) -> list[str]:
+    """The builds discovery (`rocforge env`, `rocforge use`) finds beside `prefix` in the builds
+    directory: the prefix alone, whatever a kill left next to it (the fallback's gap: none)."""
+    from rocforge_build.discover.builds import find_builds
+    from rocforge_build.rootfs import Root
+
+    found = [b.prefix for b in find_builds(Root("/"))]
+    assert found == ([str(prefix)] if os.path.lexists(prefix) else []), found
+    return found
+
+
 def killed(res: subprocess.CompletedProcess) -> bool:
     if res.returncode == 0:
         return False
@@ -102,10 +113,13 @@ def made(tmp_path_factory):
 
 
 @pytest.fixture
-def builds(made, tmp_path):
-    """A copy of the two builds: (prefix, its commit, the kept build's commit)."""
+def builds(made):
+    """A copy of the two builds in the builds directory (where discovery looks): (prefix, its
+    commit, the kept build's commit)."""
+    from rocforge_build import paths
+
     h, source = made
-    prefix = tmp_path / "prefix"
+    prefix = Path(paths.builds_prefix_str()) / "prefix"
     for suffix in ("", ".rocforge-previous"):
         shutil.copytree(f"{source}{suffix}", f"{prefix}{suffix}", symlinks=True)
     keep = Path(f"{prefix}.rocforge-previous")
@@ -143,6 +157,7 @@ def test_rollback_killed_at_every_rename_keeps_a_whole_build_and_the_next_one_re
                 assert whole(prefix) != before and {whole(prefix), whole(keep)} == {a, b}
                 return False
             assert in_place(prefix, fallback) in (a, b, None)  # one whole build is in place
+            discovered(prefix)
             return True
 
         def check(n: int) -> None:
@@ -219,6 +234,7 @@ def _upgrade_sweep(h, prefix: Path, syscalls, fallback: bool, first: int = 1,
                 return False
             states.append(in_place(prefix, fallback))
             assert states[-1] in (before, other(before), None)
+            discovered(prefix)
             if states[-1] != other(before):  # cut before the new build went in
                 assert whole(keep) == kept  # the build kept for rollback is still there
             return True

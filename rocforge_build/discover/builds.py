@@ -182,7 +182,7 @@ def find_builds(root: Root) -> list[Build]:
     found = []
     for name in sorted(root.listdir(base)):
         if name.startswith(".") or name.endswith((".rocforge-new", ".rocforge-old", ".rocforge-destdir",
-                                                  ".rocforge-previous")):
+                                                  ".rocforge-previous", ".deleting")):
             continue
         prefix = inner_join(base, name)
         if root.is_dir(prefix):
