@@ -414,7 +414,11 @@ def install_tree(new: Path, dest: Path, what: str, *, marks: Iterable[str] = (MA
         old = Path(f"{new}.replaced")
         os.rename(dest, old)
         os.rename(new, dest)
-    return remove_owned(old, what, marks=marks)
+    try:  # the new tree is in place: the old one failing to go is a warning, not a failure
+        return remove_owned(old, what, marks=marks)
+    except OSError as exc:
+        warn_left([str(old)], f"it could not be removed: {exc.strerror}")
+        return []
 
 
 def check_tree_replaceable(dest: Path, what: str, marks: Iterable[str] = (MARK,)) -> None:

@@ -115,6 +115,34 @@ def test_a_half_removed_tree_of_rocforges_is_replaced_whole(tmp_path):
     assert sorted(p.name for p in trees().iterdir()) == [tree.name]  # the old one went
 
 
+def test_a_users_directory_at_a_closures_partial_or_a_container_context_path_is_kept(tmp_path):
+    """`container closure --out OUT` stages into OUT.rocforge-partial and a container build into
+    its context dir: a directory of the user's at either path is refused, not emptied; one that
+    rocforge marked (a killed run's) is replaced."""
+    from rocforge_build.ship import closure, container_context
+
+    lib = tmp_path / "libx.so"
+    lib.write_text("elf")
+    one = closure.Closure(roots=[], elf_files=[],
+                          entries={str(lib): closure.Entry(str(lib), "test", "library")})
+    partial = tmp_path / "out.rocforge-partial"
+    partial.mkdir()
+    (partial / "mine.txt").write_text("the user's")
+    with pytest.raises(ownership.NotOwned, match="carries no mark of rocforge's") as exc:
+        closure.stage(one, tmp_path / "out")
+    assert exc.value.exit_code == 2 and (partial / "mine.txt").read_text() == "the user's"
+    ownership.write_mark(partial, "a killed run's partial closure")
+    closure.stage(one, tmp_path / "out")
+    assert not partial.exists() and (tmp_path / "out" / str(lib).lstrip("/")).read_text() == "elf"
+
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "notes.txt").write_text("the user's")
+    with pytest.raises(ownership.NotOwned, match=f"refusing to remove {ctx}"):
+        container_context.prepare_context(None, ctx)  # refused before the plan is read
+    assert (ctx / "notes.txt").read_text() == "the user's"
+
+
 # -- mounts inside a tree that is replaced -------------------------------------------------------
 
 MOUNTED = textwrap.dedent("""
