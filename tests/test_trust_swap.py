@@ -213,6 +213,18 @@ def test_a_directory_the_user_made_at_the_staging_name_is_refused_and_kept(made,
     assert whole(prefix) == a
 
 
+def test_a_staged_tree_rocforge_left_is_cleared_by_the_next_upgrade(made, builds):
+    h, _ = made
+    prefix, a, b = builds
+    staging = Path(f"{prefix}.rocforge-new")  # as a build killed before its manifest leaves it
+    (staging / "bin").mkdir(parents=True)
+    (staging / "bin" / "half-installed").write_text("")
+    (staging / ".rocforge-scratch").write_text("")
+    res = rocforge("upgrade", str(prefix), "--ref", h.commits["docs2"])
+    assert res.returncode == 0, res.stderr
+    assert whole(prefix) == h.commits["docs2"] and not os.path.lexists(staging)
+
+
 # -- upgrade ---------------------------------------------------------------------------------------
 
 def _upgrade_sweep(h, prefix: Path, syscalls, fallback: bool, first: int = 1,
