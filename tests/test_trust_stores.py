@@ -398,3 +398,59 @@ def test_a_bad_bundle_toml_is_one_line_naming_its_field(tmp_path, capsys, attack
     (folder / "bundle.toml").write_text(tomlkit.dumps(mutated(info, path, value)))
     code, out, err = run(capsys, "bundle", "check", folder)
     assert code == 7 and f"bundle.toml: field {field}" in one_error(err), err
+
+
+# -- rows of the results store ----------------------------------------------------------------------
+BENCH_ROW = {"prefix": "/p", "test": "tg", "n_prompt": 0, "n_gen": 128, "depth": 0, "ubatch": 512, "fa": True,
+             "env": {}, "t_s": 50.0, "stddev": 0.5, "status": "ok"}
+VERIFY_ROW = {"prefix": "/p", "passed": True, "stamp": "s", "env": {},
+              "checks": [{"ctx": 4096, "ubatch": 512, "fa": True, "ngl": None, "kld_mean": 0.001, "top1": 0.99,
+                          "passed": True}]}
+# (the row's kind, where in its data, the value written there (DEL: removed), the field named)
+ROW_ATTACKS = [
+    ("bench", ("t_s",), "fast", "t_s"), ("bench", ("t_s",), None, "t_s"), ("bench", ("t_s",), -1, "t_s"),
+    ("bench", ("t_s",), float("inf"), "t_s"), ("bench", ("t_s",), DEL, "t_s"), ("bench", ("stddev",), "x", "stddev"),
+    ("bench", ("depth",), "0", "depth"), ("bench", ("n_gen",), -5, "n_gen"), ("bench", ("fa",), "on", "fa"),
+    ("bench", ("env",), "A=1", "env"), ("bench", ("env",), {"A": [1]}, "env.A"), ("bench", ("test",), 5, "test"),
+    ("bench", ("ceiling",), "x", "ceiling"), ("bench", ("error",), 5, "error"),
+    ("verify", ("passed",), "yes", "passed"), ("verify", ("passed",), DEL, "passed"),
+    ("verify", ("checks",), "x", "checks"), ("verify", ("checks",), [5], "checks[0]"),
+    ("verify", ("checks", 0, "ctx"), "x", "checks[0].ctx"), ("verify", ("checks", 0, "ctx"), DEL, "checks[0].ctx"),
+    ("verify", ("checks", 0, "kld_mean"), "small", "checks[0].kld_mean"),
+    ("verify", ("env",), ["A"], "env"),
+]
+
+
+def store_rows(db: Path, kind: str, data: dict) -> None:
+    """A finished run with one good row and one row written straight into the database."""
+    with Store() as s:
+        rid = s.start_run(kind, [kind])
+        s.add_row(rid, kind, BENCH_ROW if kind == "bench" else VERIFY_ROW)
+        s.finish_run(rid, "done")
+    con = sqlite3.connect(db)
+    con.execute("INSERT INTO rows (run_id, kind, prefix, status, created, data) VALUES (1, ?, '/p', 'ok', 't', ?)",
+                (kind, json.dumps(data)))
+    con.commit()
+    con.close()
+
+
+@pytest.mark.parametrize("kind", ["bench", "verify"])
+def test_good_rows_are_read(db, capsys, kind):
+    store_rows(db, kind, BENCH_ROW if kind == "bench" else VERIFY_ROW)
+    readers = [("results", "show", "1"), ("results", "export", "--json"), ("results", "export", "--csv")]
+    for argv in readers + ([("results", "compare", "1", "1")] if kind == "bench" else []):
+        code, out, err = run(capsys, *argv)
+        assert code == 0 and out and "error" not in err, (argv, err)
+
+
+@pytest.mark.parametrize("attack", ROW_ATTACKS, ids=lambda a: a[0] + ":" + attack_id(a[1:]))
+def test_a_bad_row_is_one_line_naming_its_field(db, capsys, attack):
+    kind, path, value, field = attack
+    store_rows(db, kind, mutated(BENCH_ROW if kind == "bench" else VERIFY_ROW, path, value))
+    readers = [("results", "show", "1"), ("results", "show", "1", "--json"), ("results", "export", "--json"),
+               ("results", "export", "--csv")] + ([("results", "compare", "1", "1")] if kind == "bench" else [])
+    for argv in readers:
+        code, out, err = run(capsys, *argv)
+        line = one_error(err)
+        assert code == 11 and out == "", (argv, code, err)
+        assert f"results database {db}: row 2 of run 1 (table rows): field {field}" in line, (argv, line)

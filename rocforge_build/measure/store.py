@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocforge_build import paths, rootfs
+from rocforge_build import paths, rootfs, schema
 from rocforge_build.errors import ConfigError, DiskFullError, RocforgeError, UsageError
 
 SCHEMA = """
@@ -54,6 +54,35 @@ class StoreError(RocforgeError):
     """The results database cannot be used (locked, corrupt, unwritable)."""
 
     exit_code = 11
+
+
+def _ok_has_figure(row: dict, path: str) -> None:
+    if row.get("status", "ok") == "ok" and row.get("test") != "gate" and row.get("t_s") is None:
+        raise schema.Bad("t_s", "is null in a row whose status is ok (a measured row has its figure)")
+
+
+# What bench/tune (measure/bench.py) and verify (measure/verify.py) store in a row's data, as
+# `results`, `compare`, `plot`, serve and recheck read it: checked per row as the store reads it.
+_COUNT = schema.Int(0, 1 << 30)
+_FIGURE = schema.Optional(schema.Num(0))
+_ROW_SCHEMAS = {
+    "bench": schema.Record({
+        "prefix": schema.Optional(schema.Str()), "test": schema.Optional(schema.Str(one_line=True)),
+        "n_prompt": schema.Optional(_COUNT), "n_gen": schema.Optional(_COUNT), "depth": schema.Optional(_COUNT),
+        "ubatch": schema.Optional(_COUNT), "fa": schema.Optional(schema.Bool()),
+        "env": schema.Optional(schema.TableOf(schema.Scalar())), "t_s": _FIGURE, "stddev": _FIGURE,
+        "status": schema.Optional(schema.Str(one_line=True)), "error": schema.Optional(schema.Str(empty=True)),
+        "ceiling": schema.Optional(schema.TableOf(schema.Optional(schema.Scalar()))),
+    }, rules=(_ok_has_figure,), fill=False),
+    "verify": schema.Record({
+        "prefix": schema.Optional(schema.Str()), "passed": schema.Bool(), "stamp": schema.Optional(schema.Str()),
+        "env": schema.Optional(schema.TableOf(schema.Scalar())),
+        "checks": schema.Optional(schema.ListOf(schema.Record({
+            "ctx": _COUNT, "ubatch": schema.Optional(_COUNT), "fa": schema.Optional(schema.Bool()),
+            "ngl": schema.Optional(_COUNT), "kld_mean": _FIGURE, "top1": _FIGURE,
+            "passed": schema.Optional(schema.Bool())}))),  # results show reads each figure
+    }, fill=False),
+}
 
 
 def default_path() -> Path:
@@ -291,7 +320,13 @@ class Store:
         if where:
             sql += " WHERE " + " AND ".join(where)
         for r in self._exec(sql + " ORDER BY id", tuple(params)).fetchall():
-            yield Row(*r[:8], data=self._decode(r[8], dict, f"row {r[0]} of run {r[1]} (table rows)"))
+            what = f"row {r[0]} of run {r[1]} (table rows)"
+            data = self._decode(r[8], dict, what)
+            if r[2] in _ROW_SCHEMAS:
+                data = schema.check(data, _ROW_SCHEMAS[r[2]], f"results database {self.path}: {what}",
+                                    StoreError, "repair or delete that row with the sqlite3 program, "
+                                    "or point ROCFORGE_RESULTS_DB at another file")
+            yield Row(*r[:8], data=data)
 
     def _decode(self, text, kind: type, what: str):
         """A JSON column, or one line naming the row whose text is not the JSON rocforge wrote
