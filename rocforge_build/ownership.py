@@ -296,6 +296,8 @@ def owner(path: Path, marks: Iterable[str] = (MARK,), made: os.stat_result | Non
     real = Path(os.path.realpath(path.parent)) / path.name
     mounts = mount_points()
     for above in real.parents:
+        if forbidden_root(above) is not None:
+            return None  # HOME, `/` and above HOME make nothing below them rocforge's
         if is_marked(above) or (made is not None and _same_dir(above, made)):
             return above if _on_one_mount(real, above, mounts) else None
     return None

@@ -210,6 +210,21 @@ def test_a_work_copy_sync_never_descends_into_a_mount_or_removes_an_unmarked_tre
     assert sorted(os.listdir(dst)) == ["keep"]
 
 
+def test_a_mark_in_home_makes_nothing_below_it_rocforges(tmp_path, monkeypatch):
+    """A `.rocforge-owned` in HOME (forged, or put there by hand) does not make the user's
+    directories removable: the search for a marked tree above stops below HOME."""
+    home = tmp_path / "home" / "alice"
+    (home / "work" / "project").mkdir(parents=True)
+    (home / "work" / "project" / "main.c").write_text("int x;")
+    ownership.write_mark(home, "a forged mark")
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(ownership.NotOwned):
+        ownership.remove_owned(home / "work", "a user's directory")
+    assert (home / "work" / "project" / "main.c").read_text() == "int x;"
+    ownership.write_mark(home / "work", "a tree of rocforge's")  # below HOME: its own mark counts
+    assert ownership.owner(home / "work" / "project") == home / "work"
+
+
 # -- SIGKILL in the middle of a replacement ------------------------------------------------------
 
 FETCH = ("import sys; from rocforge_build.forge import sources; "
