@@ -13,8 +13,8 @@ mark (`SCRATCH`) or the tree's marker (`scratch`, `discard`).
 trees' inode numbers, where the replaced one goes), then exchanges the two trees in one
 `renameat2(RENAME_EXCHANGE)` (rename(2) man page), so at every instant one complete tree is at
 `dest`.  Where the file system lacks the exchange (EINVAL, ENOSYS, EOPNOTSUPP) it falls back to two
-renames, `dest` aside to `<dest>.rocforge-old` and `new` in; the journal lets the next command
-finish that.  The replaced tree is then moved to `keep` or deleted (its marker first, so a half
+renames, `dest` aside to `<dest>.rocforge-old` and `new` in (between them there is no `dest`:
+the journal lets the next command put one back).  The replaced tree is then moved to `keep` or deleted (its marker first, so a half
 deleted tree is never taken for a whole one), and the journal goes last.  The renames run with
 Ctrl-C/SIGTERM held back (`signals.deferred`); after a SIGKILL or power loss, `recover(dest)` (run
 before every swap, at the start of every build, upgrade and rollback) reads the journal: a swap
@@ -38,7 +38,7 @@ OLD = ".rocforge-old"
 DELETING = ".rocforge-old.deleting"
 JOURNAL = ".rocforge-swap"  # beside `dest` while a swap is under way
 SCRATCH = ".rocforge-scratch"  # the mark in a scratch tree rocforge made (staged installs)
-RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # linux/fs.h
+RENAME_EXCHANGE = 2  # linux/fs.h
 _AT_FDCWD = -100
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "s390x": 347}
 _UNSUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
@@ -162,8 +162,7 @@ def _read_journal(dest: Path) -> dict | None:
         entry = None
     keys = {"dest": str, "new": str, "keep": (str, type(None)), "new_id": list, "old_id": list,
             "kept_id": (list, type(None))}
-    if not (isinstance(entry, dict) and entry.get("dest") == str(dest)
-            and all(isinstance(entry.get(k), t) for k, t in keys.items())):
+    if not (isinstance(entry, dict) and all(isinstance(entry.get(k), t) for k, t in keys.items())):
         raise UsageError(f"{journal} is in the way of replacing {dest} and it is not a journal "
                          "rocforge wrote", f"move {journal} elsewhere")
     return entry

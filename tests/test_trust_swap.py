@@ -213,6 +213,17 @@ def test_a_directory_the_user_made_at_the_staging_name_is_refused_and_kept(made,
     assert whole(prefix) == a
 
 
+def test_a_file_at_the_journals_name_that_rocforge_did_not_write_is_refused_and_kept(builds):
+    prefix, a, b = builds
+    journal = Path(f"{prefix}.rocforge-swap")
+    journal.write_text("my notes\n")
+    res = rocforge("rollback", str(prefix))
+    lines = [line for line in res.stderr.splitlines() if line.startswith("rocforge: error:")]
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert str(journal) in lines[0] and journal.read_text() == "my notes\n"
+    assert whole(prefix) == a and whole(Path(f"{prefix}.rocforge-previous")) == b
+
+
 def test_a_staged_tree_rocforge_left_is_cleared_by_the_next_upgrade(made, builds):
     h, _ = made
     prefix, a, b = builds
