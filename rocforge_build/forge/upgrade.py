@@ -67,7 +67,7 @@ def existing_build(prefix: str | os.PathLike) -> tuple[Path, dict]:
         raise UsageError(f"{path} is not a directory", "give the prefix of a rocforge build "
                          "(see `rocforge doctor`)")
     manifest = read_manifest(path)
-    if not manifest or not _manifest_ok(manifest):
+    if not manifest:  # read_manifest checked it (discover/builds.py MANIFEST_SCHEMA)
         raise UsageError(f"{path} is not a rocforge build: it has no readable {MANIFEST}",
                          "give the prefix of a build made by `rocforge build`")
     return path, manifest
@@ -87,13 +87,6 @@ def repair(prefix: Path) -> None:
         held.release()
     if done:
         sys.stderr.write(f"rocforge: note: {done}\n")
-
-
-def _manifest_ok(m: dict) -> bool:
-    recipe = m.get("recipe")
-    return (isinstance(recipe, dict) and isinstance(recipe.get("name"), str)
-            and isinstance(m.get("target"), str) and isinstance(m.get("backend"), str)
-            and isinstance(m.get("source", {}), dict))
 
 
 def recipe_ref(manifest: dict) -> str:
@@ -226,29 +219,21 @@ def preset_shapes(model: str) -> tuple[list[dict], int | None]:
     from rocforge_build.measure import provenance
     from rocforge_build.measure.store import Store
 
-    with Store() as store:
+    with Store() as store:  # the preset comes checked (measure/preset.py PRESET): types and ranges
         preset = store.preset(provenance.model_sha256(Path(model)))
-    ranges = preset.get("ranges") if isinstance(preset, dict) else None
-    if not isinstance(ranges, dict):
+    if preset is None:
         return [], None
     shapes: dict[tuple, dict] = {}
-    for name, r in sorted(ranges.items()):
-        variant = r.get("variant") if isinstance(r, dict) else None
-        if not isinstance(variant, dict):
-            continue
-        depth, ubatch, fa = r.get("depth", 0), variant.get("ubatch"), variant.get("fa")
+    for name, r in sorted(preset["ranges"].items()):
+        variant = r["variant"]
+        depth, ubatch, fa = r["depth"], variant.get("ubatch"), variant.get("fa")
         env = _env(variant.get("env"))
-        if not (_whole(depth, 0) and (ubatch is None or _whole(ubatch, 1))
-                and (fa is None or isinstance(fa, bool)) and env is not None):
-            continue  # not what `rocforge tune` writes: no shape to bench
+        if env is None:
+            continue  # a value `rocforge bench --env` cannot pass: no shape to bench
         shapes.setdefault((depth, ubatch, fa, tuple(sorted(env.items()))), {
             "depth": depth, "ubatch": ubatch, "fa": fa, "env": env, "ranges": []}
         )["ranges"].append(str(name))
     return list(shapes.values()), preset.get("version")
-
-
-def _whole(value, least: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def _env(env) -> dict[str, str] | None:
