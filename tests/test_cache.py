@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from buildfixtures import RECIPE, project_copy
 from buildservers import distccd, other_host, redis_server
+from needs import require
 
 from rocforge_build import cli, config
 from rocforge_build.forge import cache, distributed, jobs
@@ -92,6 +93,7 @@ def test_probe_unreachable_and_silent(monkeypatch):
 def _plan_with_remote(tmp_path, url: str, **kw):
     config.set_value("cache.remote", url)
     src = project_copy(tmp_path / "src")
+    require("ccache")
     bin_dir = tmp_path / "bin"  # ccache from Debian, found first on PATH
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "ccache").symlink_to("/usr/bin/ccache")

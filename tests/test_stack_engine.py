@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from buildfixtures import git
+from needs import needs
 
 from rocforge_build.errors import BuildError, ConfigError
 from rocforge_build.forge import conditions as c
@@ -94,6 +95,7 @@ def test_target_placeholder_in_condition_text(tmp_path):
     assert not ok and "ROCWMMA_ARCH_GFX1100" in why
 
 
+@needs("pkg-config")  # the condition runs the one on PATH=/usr/bin:/bin
 def test_pkgconfig_condition(tmp_path, monkeypatch):
     pc = tmp_path / "pc"
     pc.mkdir()
