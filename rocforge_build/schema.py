@@ -44,19 +44,13 @@ class Spec:
         raise NotImplementedError
 
 
-class Any(Spec):
-    """Any value: a field kept for the user's eyes (`--json`) that no code reads for its type."""
-
-    def take(self, value, path):
-        return value
-
-
 class Str(Spec):
-    """A string; `empty` allows "", `one_line` refuses line breaks and NUL, `choices` a closed set."""
+    """A string; `empty` allows "", `one_line` refuses line breaks and NUL."""
 
-    def __init__(self, *, empty: bool = False, one_line: bool = False, choices: tuple[str, ...] = ()):
-        self.empty, self.one_line, self.choices = empty, one_line, choices
-        self.what = "one of " + ", ".join(choices) if choices else "a string"
+    what = "a string"
+
+    def __init__(self, *, empty: bool = False, one_line: bool = False):
+        self.empty, self.one_line = empty, one_line
 
     def take(self, value, path):
         if not isinstance(value, str):
@@ -65,8 +59,6 @@ class Str(Spec):
             raise Bad(path, "is empty")
         if self.one_line and any(c in value for c in "\n\r\0"):
             raise Bad(path, f"{_shown(value)} holds a line break or NUL byte")
-        if self.choices and value not in self.choices:
-            raise Bad(path, f"{_shown(value)} is not {self.what}")
         return value
 
 
@@ -246,7 +238,7 @@ def inside(path_of, prefix_field: str, what: str):
         field, program = path_of(record)
         prefix = record[prefix_field]
         if not isinstance(program, str) or not program.startswith("/"):
-            raise Bad(_join(path, field), f"{_shown(program)} is not {what} (an absolute path)")
+            raise Bad(_join(path, field), f"{what} {_shown(program)} is not an absolute path")
         base = os.path.realpath(prefix)
         real = os.path.realpath(program)
         if os.path.commonpath([base, real]) != base:
