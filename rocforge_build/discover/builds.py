@@ -51,8 +51,8 @@ MANIFEST_SCHEMA = schema.Record({
 def checked_manifest(data: object, path: str) -> dict:
     """A manifest's TOML held to MANIFEST_SCHEMA, or a ConfigError naming the file and the field."""
     return schema.check(data, MANIFEST_SCHEMA, str(path), ConfigError,
-                        "rocforge wrote this file when it built the prefix: rebuild it with "
-                        "`rocforge build`, or remove the prefix")
+                        "rocforge wrote this file when it built the prefix and reads every "
+                        "field back: move the prefix aside and build it again (`rocforge build`)")
 
 
 class Build(Record):
