@@ -116,7 +116,7 @@ READERS = [("preset", "show", "m"), ("preset", "show", "m", "--shell"), ("preset
 PRESET_ATTACKS = [
     (("model",), DEL, "model"), (("model",), "m", "model"), (("model", "name"), DEL, "model.name"),
     (("model", "name"), 5, "model.name"), (("model", "sha256"), None, "model.sha256"),
-    (("model", "path"), None, "model.path"), (("model", "path"), "m.gguf", "model.path"),
+    (("model", "path"), None, "model.path"), (("model", "path"), 5, "model.path"),
     (("created",), DEL, "created"), (("created",), ["t"], "created"),
     (("ranges",), DEL, "ranges"), (("ranges",), {}, "ranges"), (("ranges",), [], "ranges"),
     (("ranges",), "short", "ranges"), (R, "x", "ranges.short"), (R, None, "ranges.short"),
@@ -177,6 +177,14 @@ def test_a_good_preset_passes_every_reader(db, build, capsys):
         code, out, err = run(capsys, *argv)
         assert code == 0 and out and "error" not in err, (argv, err)
     assert not marker.exists()
+
+
+def test_a_relative_model_path_is_what_tune_stores(db, build, capsys):
+    """`rocforge tune models/m.gguf` stores the path as given: the schema takes it."""
+    prefix, _ = build
+    store_row(db, mutated(good_preset(prefix), ("model", "path"), "models/m.gguf"))
+    code, out, err = run(capsys, "preset", "show", "m", "--json")
+    assert code == 0 and json.loads(out)["model"]["path"] == "models/m.gguf", err
 
 
 @pytest.mark.parametrize("attack", PRESET_ATTACKS, ids=attack_id)

@@ -87,7 +87,7 @@ _RANGE = schema.Record({
 }, rules=(schema.inside(lambda r: ("argv[0]", r["argv"][0]), "prefix", "the program"),))
 PRESET = schema.Record({
     "model": schema.Record({"name": schema.Str(), "sha256": schema.Str(one_line=True),
-                            "path": schema.AbsPath()}),
+                            "path": schema.Str()}),  # as tune was given it: may be relative
     "created": schema.Str(one_line=True),
     "ranges": schema.TableOf(_RANGE, key=schema.Name(), nonempty=True),
 })
