@@ -46,8 +46,10 @@ def test_readme_path_links_readme_tools_and_nothing_ci_adds(tmp_path):
     """.ci/readme-path on this Debian: README's programs and a stock system's are linked; the
     tools CI installs for other tests (and a docker client from elsewhere) are not."""
     links = tmp_path / "bin"
+    # as .ci/run calls it: PATH is already the directory it is about to make
     run = subprocess.run([sys.executable, str(ROOT / ".ci" / "readme-path"), str(links)],
-                         capture_output=True, text=True, timeout=120)
+                         env={**os.environ, "PATH": str(links)}, capture_output=True, text=True,
+                         timeout=120)
     if "not installed here" in run.stderr:
         pytest.skip(f"[optional] this machine lacks README's packages: {run.stderr.strip()}")
     assert run.returncode == 0, run.stderr
@@ -77,7 +79,8 @@ def test_readme_path_run_covers_the_system_bin_dirs_for_its_command_alone(tmp_pa
              "echo HAS $t; done; /usr/bin/git --version; PATH=/usr/bin:/bin gcc -dumpversion")
     run = subprocess.run([sys.executable, str(ROOT / ".ci" / "readme-path"), "--run",
                           str(tmp_path / "bin"), "/bin/sh", "-c", probe],
-                         capture_output=True, text=True, timeout=120)
+                         env={**os.environ, "PATH": str(tmp_path / "bin")}, capture_output=True,
+                         text=True, timeout=120)
     if "not installed here" in run.stderr:
         pytest.skip(f"[optional] this machine lacks README's packages: {run.stderr.strip()}")
     assert run.returncode == 0, run.stderr
