@@ -72,7 +72,10 @@ _ROW_SCHEMAS = {
         "ubatch": schema.Optional(_COUNT), "fa": schema.Optional(schema.Bool()),
         "env": schema.Optional(schema.TableOf(schema.Scalar())), "t_s": _FIGURE, "stddev": _FIGURE,
         "status": schema.Optional(schema.Str(one_line=True)), "error": schema.Optional(schema.Str(empty=True)),
-        "ceiling": schema.Optional(schema.TableOf(schema.Optional(schema.Scalar()))),
+        "ceiling": schema.Optional(schema.Record({  # roofline.note formats these as numbers
+            **{k: schema.Optional(schema.Num()) for k in ("tg_pct_of_bandwidth", "bandwidth_gbs",
+                                                          "pp_pct_of_gemm_peak", "gemm_peak_tflops")},
+            "bandwidth_source": schema.Optional(schema.Str(empty=True))}, fill=False)),
     }, rules=(_ok_has_figure,), fill=False),
     "verify": schema.Record({
         "prefix": schema.Optional(schema.Str()), "passed": schema.Bool(), "stamp": schema.Optional(schema.Str()),
