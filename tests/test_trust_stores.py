@@ -335,6 +335,7 @@ def test_a_good_manifest_is_read(root_build):
     root, prefix = root_build
     out = env_cli(root, "env", "--shell", "bash")
     assert out.returncode == 0 and "error" not in out.stderr, out.stderr
+    assert f"/{prefix.name};" in out.stdout  # the build is used: what a refused manifest takes away
 
 
 @pytest.mark.parametrize("attack", MANIFEST_ATTACKS, ids=attack_id)
@@ -342,11 +343,17 @@ def test_a_bad_manifest_is_one_line_naming_its_field(root_build, attack):
     root, prefix = root_build
     path, value, field = attack
     manifest = write_manifest_attack(prefix, path, value)
-    for argv in (("env", "--shell", "bash"), ("env", "--json"), ("use", str(prefix))):
+    out = env_cli(root, "use", str(prefix))  # the build named: refused
+    assert out.returncode == 2 and out.stdout == "", out
+    assert f"{manifest}: field {field}" in one_error(out.stderr)
+    # every build discovered: this one is left out with one warning, the environment still made
+    # (one damaged prefix must not break every shell that evaluates `rocforge env`)
+    for argv in (("env", "--shell", "bash"), ("env", "--json")):
         out = env_cli(root, *argv)
-        line = one_error(out.stderr)
-        assert out.returncode == 2 and out.stdout == "", (argv, out)
-        assert f"{manifest}: field {field}" in line, (argv, line)
+        warned = [line for line in out.stderr.splitlines() if f"{manifest}: field {field}" in line]
+        assert out.returncode == 0 and len(warned) == 1, (argv, out)
+        assert warned[0].startswith("rocforge: warning: ") and warned[0].endswith("build left out")
+        assert f"/{prefix.name};" not in out.stdout and "rocforge: error" not in out.stderr
 
 
 @pytest.mark.parametrize("attack", MANIFEST_ATTACKS, ids=attack_id)

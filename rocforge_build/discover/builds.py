@@ -174,19 +174,30 @@ def read(root: Root, prefix: str) -> Build | None:
 
 
 def find_builds(root: Root) -> list[Build]:
-    """Every build under the builds directory, by prefix name."""
+    """Every build under the builds directory with a sound manifest, by prefix name."""
+    return scan_builds(root)[0]
+
+
+def scan_builds(root: Root) -> tuple[list[Build], list[str]]:
+    """Every build under the builds directory, by prefix name, and one line for each prefix left
+    out because its manifest breaks the schema: one damaged build must not take the environment
+    of every other build (and every shell that evaluates `rocforge env`) down with it."""
     base = builds_dir(root)
     watch(root, base)
     if not root.is_dir(base):
-        return []
-    found = []
+        return [], []
+    found, refused = [], []
     for name in sorted(root.listdir(base)):
         if name.startswith(".") or name.endswith((".rocforge-new", ".rocforge-old", ".rocforge-destdir",
                                                   ".rocforge-previous", ".deleting")):
             continue
         prefix = inner_join(base, name)
         if root.is_dir(prefix):
-            build = read(root, prefix)
+            try:
+                build = read(root, prefix)
+            except ConfigError as e:
+                refused.append(f"{e.message}: build left out")
+                continue
             if build is not None:
                 found.append(build)
-    return found
+    return found, refused

@@ -484,7 +484,8 @@ def _build_decisions(root: Root, target: str | None, decisions: list[Decision],
                      warnings: list[str], rocm_found: bool = True) -> list[builds_mod.Build]:
     """The builds this environment uses, outputs intact: a HIP build when a ROCm was found and it
     was built for the effective target; a CPU or Vulkan build (no ROCm, no GPU target) always."""
-    found = builds_mod.find_builds(root)
+    found, refused = builds_mod.scan_builds(root)
+    warnings.extend(refused)
     if not found:
         return []
     used: list[builds_mod.Build] = []
