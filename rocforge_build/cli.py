@@ -252,7 +252,7 @@ def _main(argv: list[str], selected: str | None) -> int:
         if cached is not None:
             from rocforge_build.discover import envwarnings
 
-            sys.stdout.write(cached)
+            envwarnings.write_script(cached)
             envwarnings.to_stderr(envwarnings.from_script(cached))
             return 0
     try:

@@ -225,6 +225,37 @@ def test_a_terminal_that_cannot_show_a_prefix(tmp_path, name, encoding, shown):
     assert b"internal error" not in out.stderr and b"Traceback" not in out.stderr
 
 
+def test_env_writes_a_non_ascii_prefix_as_its_bytes_on_an_ascii_terminal(tmp_path, monkeypatch):
+    """`rocforge env` is a script, not a message: a CPU build under a non-ASCII data directory
+    reaches the shell as the path's own bytes (escaping it would put a PATH entry that does not
+    exist), on the first run and on the cached one."""
+    from stackfixtures import make_build
+
+    from rocforge_build import paths
+
+    monkeypatch.setenv("ROCFORGE_DATA_DIR", str(tmp_path / "données"))
+    root = tmp_path / "root"
+    root.mkdir()  # no ROCm, no GPU: the CPU build is what env serves
+    prefix = make_build(root, "llama-cpp", "gfx1151", "cpu")
+    (prefix / "bin").mkdir()
+    want = f"{paths.builds_prefix()}/{prefix.name}/bin".encode()
+    assert b"donn\xc3\xa9es" in want  # the case: a name the terminal's encoding cannot show
+    chose = subprocess.run([sys.executable, "-m", "rocforge_build", "--root", str(root), "use",
+                            str(prefix)], capture_output=True, timeout=60)
+    assert chose.returncode == 0, chose.stderr
+    for run in ("first", "cached"):
+        out = subprocess.run([sys.executable, "-m", "rocforge_build", "--root", str(root), "env",
+                              "--shell", "bash"], capture_output=True, timeout=60,
+                             env={**os.environ, "PYTHONIOENCODING": "ascii"})
+        assert out.returncode == 0, (run, out.stderr)
+        assert b"\\x" not in out.stdout, run
+        script = tmp_path / f"env-{run}.sh"
+        script.write_bytes(out.stdout)
+        shell = subprocess.run(["bash", "-c", f'. "{script}"; printf %s "$PATH"'], timeout=20,
+                               capture_output=True, env={"PATH": "/usr/bin:/bin"})
+        assert shell.stdout.split(b":")[0] == want, (run, shell.stdout)
+
+
 # -- 5. tune checks every value before any download or build ------------------------------------------
 
 @pytest.mark.parametrize("extra,needle", [

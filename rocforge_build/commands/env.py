@@ -7,8 +7,6 @@ chosen (`rocforge use`, or the newest verified) with a comment saying no ROCm wa
 
 from __future__ import annotations
 
-import sys
-
 from rocforge_build.discover.envscript import SHELLS
 from rocforge_build.discover.shell import calling_shell
 
@@ -52,6 +50,6 @@ def run(args) -> int:
         output += comment(note) + "\n" if note else ""
     if getattr(args, "argv", None) is not None:
         envcache.store(args.argv, output, recorded)
-    sys.stdout.write(output)
+    envwarnings.write_script(output)
     envwarnings.to_stderr(res.warnings)
     return 0
