@@ -5,9 +5,14 @@
 rocforge replaces only what it made: a destination that does not exist, is empty, or holds
 rocforge's own marker file for that kind of tree (the build manifest, the kernels' manifest, the
 closure marker).  Anything else is refused before any work starts, naming the file that made it
-refuse; rocforge never deletes a user's directory, so there is no flag to make it.  The scratch
-trees a build stages into (`<prefix>.rocforge-new`) are removed only when they carry the scratch
-mark (`SCRATCH`) or the tree's marker (`scratch`, `discard`).
+refuse; rocforge never deletes a user's directory, so there is no flag to make it.  Every tree
+is removed through ownership.py, by its mark: the scratch trees a build stages into
+(`<prefix>.rocforge-new`) when they carry the scratch mark (`SCRATCH`), the tree's marker or
+`ownership.MARK` (`scratch`, `discard`); a replaced tree when it is the one the journal names
+(its inode numbers) or carries one of those marks.  A tree being removed gets `ownership.MARK`
+first and loses its marker first, so one cut off half deleted is never taken for a whole one and
+stays recognisably rocforge's; an unmarked tree in a place rocforge deletes is left, with a
+warning, or refused with one line.
 
 `swap(new, dest)` is atomic and restartable.  It writes a journal (`<dest>.rocforge-swap`: both
 trees' inode numbers, where the replaced one goes), then exchanges the two trees in one
@@ -27,11 +32,10 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import stat
 from pathlib import Path
 
-from rocforge_build import signals
+from rocforge_build import ownership, signals
 from rocforge_build.errors import UsageError
 
 OLD = ".rocforge-old"
@@ -96,6 +100,15 @@ def _marked(tree: Path, marker: str) -> bool:
         return stat.S_ISREG(os.lstat(tree / marker).st_mode)
     except OSError:
         return False
+
+
+def _marks(marker: str) -> tuple[str, ...]:
+    """The marks that make a tree in one of replace's places rocforge's."""
+    return (marker, SCRATCH, ownership.MARK)
+
+
+def _ours(tree: Path, marker: str) -> bool:
+    return any(_marked(tree, m) for m in _marks(marker))
 
 
 def interrupted(dest: Path) -> bool:
@@ -194,16 +207,15 @@ def recover(dest: Path, marker: str) -> str | None:
     if entry is not None:
         return _finish(dest, marker, entry)
     old, deleting = sibling(dest, OLD), sibling(dest, DELETING)
+    _delete(deleting, marker)  # by its mark: a tree of someone else's there stays
     done = None
     if os.path.lexists(old) and os.path.isdir(old) and not os.path.islink(old):
         if not os.path.lexists(dest) and _marked(old, marker):
             os.replace(old, dest)  # cut between two renames without a journal: the old tree back
             done = f"restored {dest} from an interrupted replacement"
-        elif os.path.lexists(dest) and (_marked(old, marker) or not os.listdir(old)):
-            os.replace(old, deleting)
+        elif os.path.lexists(dest) and (_ours(old, marker) or not os.listdir(old)):
+            _delete(old, marker, _ident(old), None if os.path.lexists(deleting) else deleting)
             done = f"removed the previous tree of {dest} left by an interrupted replacement"
-    if os.path.lexists(deleting):
-        shutil.rmtree(deleting, ignore_errors=True)
     return done
 
 
@@ -224,7 +236,7 @@ def _finish(dest: Path, marker: str, entry: dict) -> str:
         if whole is not None:
             os.replace(whole, dest)
     if _ident(dest) == entry["new_id"]:
-        _dispose(where(entry["old_id"]), aside, keep, entry["kept_id"], marker)
+        _dispose(where(entry["old_id"]), aside, keep, entry, marker)
         done = f"finished an interrupted replacement of {dest}"
     else:
         done = f"undid an interrupted replacement of {dest}: the tree it had is in place"
@@ -232,10 +244,11 @@ def _finish(dest: Path, marker: str, entry: dict) -> str:
     return done
 
 
-def _dispose(old: Path | None, aside: Path, keep: Path | None, kept_id: list | None,
+def _dispose(old: Path | None, aside: Path, keep: Path | None, entry: dict,
              marker: str) -> None:
     """The replaced tree (at `old`; None: already deleted) moved to `keep`, where the tree
-    kept before (`kept_id`) is moved aside and deleted, or deleted itself."""
+    kept before (the journal's `kept_id`) is moved aside and deleted, or deleted itself."""
+    kept_id = entry["kept_id"]
     if keep is not None:
         retired = sibling(keep, ".deleting")
         if old is not None and old != keep:
@@ -246,19 +259,35 @@ def _dispose(old: Path | None, aside: Path, keep: Path | None, kept_id: list | N
                                      "command again")
                 os.replace(keep, retired)
             os.replace(old, keep)
-        _delete(retired, marker)
+        _delete(retired, marker, kept_id)
         return
     if old is not None and old != aside:
         os.replace(old, aside)
-    _delete(aside, marker)
+    _delete(aside, marker, entry["old_id"])
 
 
-def _delete(tree: Path, marker: str) -> None:
-    """A tree rocforge made deleted, its marker first: a tree cut off half deleted is never
-    taken for a whole one."""
-    if os.path.lexists(tree):
-        _unlink_file(tree / marker)
-        shutil.rmtree(tree, ignore_errors=True)
+def _delete(tree: Path, marker: str, ident: list | None = None, at: Path | None = None) -> None:
+    """Remove a replaced tree through ownership.py, never failing the command: when it is the
+    tree `ident` names (the journal's inode numbers) or carries one of `_marks`, it gets
+    `ownership.MARK` first (so a removal cut off leaves it rocforge's) and loses `marker` first
+    (so it is never taken for a whole tree); anything else, a mount inside it and what cannot be
+    removed stay, with a warning.  `at`: renamed there first (the name it is deleted under)."""
+    if not os.path.lexists(tree):
+        return
+    try:
+        st = os.lstat(tree)
+        if stat.S_ISDIR(st.st_mode) and ([st.st_dev, st.st_ino] == ident or _ours(tree, marker)):
+            ownership.write_mark(tree, "a replaced tree rocforge is deleting")
+        if at is not None:
+            os.replace(tree, at)
+            tree = at
+        if stat.S_ISDIR(st.st_mode) and not os.listdir(tree):
+            os.rmdir(tree)  # an empty directory: nothing in it to lose
+            return
+        ownership.warn_left(ownership.remove_owned(tree, "a replaced tree", marks=_marks(marker),
+                                                   first=(marker, SCRATCH), refuse=False))
+    except OSError as exc:
+        ownership.warn_left([str(tree)], f"it could not be removed: {exc.strerror}")
 
 
 def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
@@ -278,6 +307,8 @@ def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
             os.rename(new, dest)  # one rename: nothing to journal
         return
     keep = Path(keep) if keep is not None else None
+    if keep is None:
+        _check_deletable(dest, marker)
     kept = keep is not None and keep != new and os.path.lexists(keep)
     if kept:
         _check_kept(keep, marker)
@@ -302,10 +333,22 @@ def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
             placed = True
     finally:
         if placed:  # also when that signal is on its way out (a second one leaves it to recover)
-            _delete(aside if keep is None else sibling(keep, ".deleting"), marker)
+            if keep is None:
+                _delete(aside, marker, entry["old_id"])
+            else:
+                _delete(sibling(keep, ".deleting"), marker, entry["kept_id"])
             os.unlink(sibling(dest, JOURNAL))
         elif os.path.lexists(sibling(dest, JOURNAL)):
             recover(dest, marker)  # an error between the renames: the journal says where each is
+
+
+def _check_deletable(dest: Path, marker: str) -> None:
+    """The tree at `dest`, which the swap deletes, is empty or carries `marker` (the callers'
+    check_replaceable, made again where the deletion is decided): else one line, nothing done."""
+    if os.path.islink(dest) or not os.path.isdir(dest) or not (
+            _marked(dest, marker) or not os.listdir(dest)):
+        raise UsageError(f"refusing to replace {dest}: it has no {marker}, so rocforge did not "
+                         "make it", f"move {dest} elsewhere, then run the command again")
 
 
 def _check_kept(keep: Path, marker: str) -> None:
@@ -314,7 +357,11 @@ def _check_kept(keep: Path, marker: str) -> None:
         raise UsageError(f"{keep} is in the way of keeping the replaced tree and rocforge did not "
                          f"make it (no {marker})", f"move {keep} elsewhere, then run the command "
                          "again")
-    _delete(sibling(keep, ".deleting"), marker)  # left by a delete that was cut off
+    retired = sibling(keep, ".deleting")
+    _delete(retired, marker)  # left by a delete that was cut off: by its mark
+    if os.path.lexists(retired):
+        raise UsageError(f"{retired} is in the way of keeping the replaced tree and rocforge did "
+                         "not make it", f"move {retired} elsewhere, then run the command again")
 
 
 # -- scratch trees (a build's staged install) ------------------------------------------------------
@@ -327,23 +374,29 @@ def check_scratch(path: Path, marker: str, what: str) -> None:
         st = os.lstat(path)
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(st.st_mode) and (_marked(path, SCRATCH) or _marked(path, marker)
-                                     or not os.listdir(path)):
+    if stat.S_ISDIR(st.st_mode) and (_ours(path, marker) or not os.listdir(path)):
         return
     raise UsageError(f"refusing to remove {path}: rocforge puts {what} there, and it has no "
-                     f"{SCRATCH} or {marker}, so rocforge did not make it",
+                     f"{SCRATCH}, {ownership.MARK} or {marker}, so rocforge did not make it",
                      f"move {path} elsewhere (it may be yours), then run the command again")
 
 
 def discard(path: Path, marker: str, what: str) -> None:
-    """Remove a scratch tree after `check_scratch` (its marks first)."""
+    """Remove a scratch tree after `check_scratch`, through ownership.py: `ownership.MARK`
+    written first and removed last, `marker` removed first (a removal cut off leaves a tree the
+    next one clears, never one taken for a whole build).  A mount inside it is refused."""
     path = Path(path)
     check_scratch(path, marker, what)
     if not os.path.lexists(path):
         return
-    _unlink_file(path / marker)
-    _unlink_file(path / SCRATCH)
-    shutil.rmtree(path)
+    if not os.listdir(path):
+        os.rmdir(path)
+        return
+    ownership.write_mark(path, f"{what}, being removed")
+    left = ownership.remove_owned(path, what, marks=_marks(marker), first=(marker,))
+    if left:
+        raise UsageError(f"cannot remove {path} ({what}): another file system is mounted at "
+                         f"{left[0]}", f"unmount {left[0]}, then run the command again")
 
 
 def scratch(path: Path, marker: str, what: str) -> Path:

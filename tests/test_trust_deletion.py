@@ -271,7 +271,6 @@ def test_sigkill_mid_replacement_leaves_the_old_tree_unstamped_or_the_new_one_wh
 
 REMOVER = "rocforge_build/ownership.py"  # the one-device remover itself
 ALLOWED = {
-    "rocforge_build/replace.py": "replace.py's swap trees: owned by the swap helper, to be routed",
     "rocforge_build/forge/sources.py:sync_tree": "its walk of the source (read only) unlinks the "
     "one file of the work copy it copies again; what the source lacks goes by walk_one_device",
 }
