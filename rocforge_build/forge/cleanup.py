@@ -6,11 +6,14 @@ each entry of rocforge's own subdirectories (source trees and git mirrors, downl
 build work dirs, bisect builds, container contexts, verify references, `rocforge env`'s answers,
 llama.cpp help texts) must hold the mark file rocforge wrote when it made it, or have the form
 rocforge gives it (`OWNED_FORMS`: the caches of a rocforge that wrote no marks yet keep working).
-Anything else is shown and never touched.  An entry is also left alone, with its reason, when it
-is a symbolic link (never followed: sizes come from lstat), holds or is a build prefix (a
-`rocforge-manifest.toml`, a configured data or nightly directory placed inside the cache), is or
-holds another mounted file system (never crossed: removal stays on one device and mount), cannot
-be read whole, or is a work dir whose build holds its lock (forge/lock.py: listed as running;
+Anything else is shown and never touched; a name rocforge gives beside a build prefix
+(`SWAP_SIBLING`: a staged, replaced or half-deleted tree) counts as rocforge's by its mark alone,
+never by its form.  An entry is also left alone, with its reason, when it is a symbolic link
+(never followed: sizes come from lstat), holds or is a build prefix (a `rocforge-manifest.toml`,
+a configured data or nightly directory placed inside the cache), is or holds another mounted file
+system (never crossed: removal stays on one device and mount), is or holds a swap's journal
+(`<prefix>.rocforge-swap`: the next build of that prefix finishes the swap from it), cannot be
+read whole, or is a work dir whose build holds its lock (forge/lock.py: listed as running;
 the lock is held while the dir is removed, so no build starts in it meanwhile).
 
 The compiler cache (ccache's or sccache's directory) is not rocforge's: it is listed, and cleaned
@@ -33,6 +36,7 @@ from pathlib import Path
 from rocforge_build import ownership, paths, proc
 from rocforge_build.errors import RocforgeError
 from rocforge_build.forge import lock
+from rocforge_build.replace import JOURNAL
 
 DAY = 86400.0
 MANIFESTS = ("rocforge-manifest.toml", "rocforge-kernels.json")
@@ -51,6 +55,9 @@ LAYOUT = (
     ("env", "env", True),
 )
 OWN_TOP = {"sources", "downloads", "work", "bisect", "containers", "verify", "llama-help", "env"}
+# replace.py's names beside a prefix (a prefix may be put inside the cache): rocforge's by MARK only
+SWAP_SIBLING = re.compile(r".+\.rocforge-(?:new|old|previous|destdir|partial|swap)"
+                          r"(?:\.deleting|\.tmp)?")
 CATEGORIES = ("sources", "work", "failed", "running", "bisect", "containers", "verify",
               "llama-help", "env", "ccache")
 
@@ -112,6 +119,8 @@ def owned(rel: str, path: Path) -> bool:
     try:
         if ownership.is_marked(path):
             return True
+        if SWAP_SIBLING.fullmatch(path.name):
+            return False  # a prefix's sibling: its mark alone says it is rocforge's to remove
         form = OWNED_FORMS.get(rel)
         return form is not None and bool(form(path))
     except OSError:
@@ -170,6 +179,7 @@ def _measure(entry: Entry, guard: list[Path], mounts: set[str]) -> None:
             return
     entry.size, entry.newest = st.st_size, st.st_mtime
     if not stat.S_ISDIR(st.st_mode):
+        _journal(entry, top.name, str(top), st)
         return
     dev = st.st_dev
     if str(absolute) in mounts or os.lstat(absolute.parent).st_dev != dev:
@@ -195,6 +205,8 @@ def _measure(entry: Entry, guard: list[Path], mounts: set[str]) -> None:
             if c.name in MANIFESTS and stat.S_ISREG(cst.st_mode):
                 entry.kept = f"holds a build prefix ({c.path})"
                 return
+            if _journal(entry, c.name, c.path, cst):
+                return
             if stat.S_ISDIR(cst.st_mode):
                 if cst.st_dev != dev or os.path.abspath(c.path) in mounts:
                     entry.kept = f"another file system is mounted inside it ({c.path})"
@@ -203,6 +215,15 @@ def _measure(entry: Entry, guard: list[Path], mounts: set[str]) -> None:
                     entry.kept = f"holds a build's staged install ({c.path})"
                     return
                 stack.append(c.path)
+
+
+def _journal(entry: Entry, name: str, path: str, st: os.stat_result) -> bool:
+    """Keep `entry` when `path` is a swap's journal (replace.py), which the next build, upgrade
+    or rollback of its prefix needs to finish or undo the swap."""
+    if name.endswith(JOURNAL) and stat.S_ISREG(st.st_mode):
+        entry.kept = (f"holds the journal of an unfinished replacement of a build prefix ({path}): "
+                      "the next build, upgrade or rollback of that prefix finishes it")
+    return entry.kept is not None
 
 
 def _work_state(entry: Entry) -> None:
