@@ -143,6 +143,8 @@ def effective() -> dict:
     for key, value in _flatten(overrides).items():
         _check(key, value, source=paths.config_file_str())
         _put(merged, key, value)
+    if overrides:
+        _check_whole(merged, source=paths.config_file_str())
     return merged
 
 
@@ -197,6 +199,15 @@ def set_value(key: str, value: Any) -> None:
     import tomlkit
 
     _check(key, value, source="the command line")
+    merged = defaults()  # the file's other keys as they are: a bad one is no reason to refuse
+    for other, was in _flatten(user()).items():
+        try:
+            _check(other, was, source="")
+        except ConfigError:
+            continue
+        _put(merged, other, was)
+    _put(merged, key, value)
+    _check_whole(merged, source="the command line")
     doc = _load_doc()
     table = doc
     parts = key.split(".")
@@ -383,6 +394,28 @@ def _check(key: str, value: Any, *, source: str) -> None:
             raise ConfigError(f"{key} must be {bound.text()}, got {value!r} (from {source})",
                               f"e.g. rocforge config set {key} {want!r}, or rocforge config "
                               f"unset {key}")
+    elif value != want:  # a default is good by construction: `rocforge env` checks no more
+        from rocforge_build.config_values import problem
+
+        wrong = problem(key, value)
+        if wrong:
+            shown = "a URL (not shown: it may hold a password)" if key == "cache.remote" else (
+                repr(value))
+            raise ConfigError(f"{key} {wrong}, got {shown} (from {source})",
+                              f"e.g. rocforge config set {key} {_example(want)}, or rocforge "
+                              f"config unset {key}")
+
+
+def _check_whole(merged: dict, *, source: str) -> None:
+    """The rules between keys (config_values.problem_of_whole) on the merged configuration."""
+    from rocforge_build.config_values import problem_of_whole
+
+    wrong = problem_of_whole(merged)
+    if wrong:
+        key, what = wrong
+        raise ConfigError(f"{key} {what} (from {source})",
+                          f"define the source (rocforge config set nightly.sources.NAME.url URL) "
+                          f"or rocforge config unset {key}")
 
 
 def _same_type(want: Any, value: Any) -> bool:
@@ -405,7 +438,7 @@ def _example(v: Any) -> str:
         return "'[\"a\", \"b\"]'"
     if isinstance(v, bool):
         return "true"
-    return repr(v) if not isinstance(v, str) else "VALUE"
+    return repr(v) if not isinstance(v, str) or not v else v
 
 
 def _suggest(key: str) -> str:

@@ -370,3 +370,84 @@ def test_bench_env_values_are_names_and_one_line(tmp_path, model, capsys, monkey
     code, _, err = run_cli(capsys, "bench", prefix, "--model", model, "--no-gate", "--env", value)
     assert code == 2 and "--env" in one_error(err)
     assert not marker.exists() and not (tmp_path / "results.sqlite3").exists()
+
+
+# -- 9. `config set` checks a value by the rule the loader reads it with ---------------------------------
+
+def _defaults_leaves():
+    import tomllib
+
+    from rocforge_build import config
+
+    def walk(data, prefix=""):
+        for k, v in data.items():
+            if isinstance(v, dict):
+                yield from walk(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v
+    with open(config.DEFAULTS_FILE, "rb") as fh:
+        return list(walk(tomllib.load(fh)))
+
+
+def _bad_value(default) -> str:
+    """A value of the key's own type that no command can use: a text with a newline and a shell
+    substitution, a negative number, a boolean given as a word."""
+    if isinstance(default, bool):
+        return "yes"
+    if isinstance(default, int | float):
+        return "-1"
+    if isinstance(default, list):
+        return '["$(touch ran)\\n"]'
+    return "$(touch ran)\n"
+
+
+LEAVES = _defaults_leaves()
+
+
+def test_the_leaves_are_every_key_of_the_defaults():
+    keys = {k for k, _ in LEAVES}
+    assert {"cache.launcher", "nightly.use", "build.distcc_hosts", "nightly.pip.route",
+            "nightly.sources.cdn.kind", "download.deadline"} <= keys and len(keys) > 40
+
+
+@pytest.mark.parametrize("key,default", LEAVES, ids=[k for k, _ in LEAVES])
+def test_config_set_refuses_a_bad_value_of_every_key(tmp_path, capsys, key, default):
+    """The user's file holds a good value first: a refused `set` leaves it byte for byte; the
+    same bad value written into the file by hand is refused by every read, with the same rule."""
+    from rocforge_build import config
+
+    cfg = paths.config_file()
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text("# mine\n[nightly]\nkeep = 2\n")
+    before = cfg.read_bytes()
+    code, out, err = run_cli(capsys, "config", "set", key, _bad_value(default))
+    assert code == 2 and out == "", err
+    assert key in one_error(err)
+    assert cfg.read_bytes() == before and not (tmp_path / "ran").exists()
+    # the loader: the same value in the file is refused on reading, naming the key
+    bad = config.parse_value(_bad_value(default))
+    cfg.write_text(f"{key.rsplit('.', 1)[0] and '[' + key.rsplit('.', 1)[0] + ']'}\n"
+                   f"{key.rsplit('.', 1)[1]} = {_toml(bad)}\n")
+    with pytest.raises(config.ConfigError, match=key.replace(".", r"\.")):
+        config.effective()
+    # and the default itself is a value `config set` takes
+    cfg.write_text("")
+    code, _, err = run_cli(capsys, "config", "set", key, _toml(default))
+    assert code == 0, err
+
+
+def _toml(value) -> str:
+    import json
+
+    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+
+
+@pytest.mark.parametrize("key,value", [("cache.launcher", "$(touch ran)"),
+                                       ("nightly.use", '["not-a-source"]'),
+                                       ("nightly.pip.family_index", "https://h/{famly}/"),
+                                       ("build.distcc_hosts", '["h1;touch ran"]'),
+                                       ("nightly.sources.cdn.kind", "ftp")])
+def test_the_trial_config_values_are_refused_when_set(tmp_path, capsys, key, value):
+    code, _, err = run_cli(capsys, "config", "set", key, value)
+    assert code == 2 and key in one_error(err)
+    assert not paths.config_file().exists()
