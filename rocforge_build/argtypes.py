@@ -11,6 +11,7 @@ of every command imports this."""
 from __future__ import annotations
 
 import math
+import re
 from argparse import ArgumentTypeError
 
 SQLITE_MAX_INT = 2 ** 63 - 1  # SQLite INTEGER is a signed 64-bit value (sqlite.org/datatype3.html)
@@ -28,18 +29,24 @@ PERCENT_MAX = 100.0  # a regression threshold: a throughput cannot fall by more 
 GIB_MAX = 1024.0 ** 2  # memory in GiB: a PiB, past the RAM of any one host
 
 
+# Python's int() and float() also take "1_000", " 5", "+5", Arabic-Indic and full-width digits,
+# and float() "1e-320" (a subnormal): a flag takes ASCII digits only, an optional "-" first (the
+# range refuses it where negatives make no sense), and a number a plain decimal with an optional
+# exponent.  re.ASCII: \d is 0-9 only.
+_WHOLE = re.compile(r"-?[0-9]+", re.ASCII)
+_DECIMAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
+
+
 def _int(text: str) -> int:
-    try:
-        return int(text, 10)
-    except ValueError:
-        raise ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not _WHOLE.fullmatch(text) or len(text) > 40:  # 40 digits: past any bound here
+        raise ArgumentTypeError(f"{text!r} is not a whole number (ASCII digits, e.g. 12)")
+    return int(text, 10)
 
 
 def _float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ArgumentTypeError(f"{text!r} is not a number") from None
+    if not _DECIMAL.fullmatch(text) or len(text) > 40:
+        raise ArgumentTypeError(f"{text!r} is not a number (ASCII digits, e.g. 2.5 or 1e3)")
+    value = float(text)
     if not math.isfinite(value):
         raise ArgumentTypeError(f"{text!r} is not a finite number")
     return value
@@ -64,14 +71,21 @@ def whole(minimum: int, maximum: int):
     return _bounded(parse, "whole number", minimum, maximum, f"{minimum} to {maximum}")
 
 
-def number(minimum: float, maximum: float, *, above: bool = False):
-    """A finite number in [minimum, maximum] (in (minimum, maximum] when `above`)."""
-    low, high = (f"{int(x)}" if float(x).is_integer() else f"{x:g}" for x in (minimum, maximum))
+def number(minimum: float, maximum: float, *, above: bool = False, least: float = 0.0):
+    """A finite number in [minimum, maximum] (in (minimum, maximum] when `above`); a value above 0
+    is at least `least` (0.001 % or 1e-320 s is no setting anyone means: a typo, or an attack)."""
+    def show(x: float) -> str:
+        return f"{int(x)}" if float(x).is_integer() else f"{x:g}"
+    low, high = show(minimum), show(maximum)
     span = f"over {low}, at most {high}" if above else f"{low} to {high}"
+    if least > max(minimum, 0.0):
+        span = f"{low}, or {show(least)} to {high}" if minimum == 0 and not above else (
+            f"{show(least)} to {high}")
 
     def parse(text: str) -> float:
         value = _float(text)
-        if value < minimum or (above and value == minimum) or value > maximum:
+        if (value < minimum or (above and value == minimum) or value > maximum
+                or 0 < value < least):
             raise ArgumentTypeError(f"{text!r} is out of range (give {span})")
         return value
     return _bounded(parse, "number", minimum, maximum, span)
@@ -108,8 +122,9 @@ run_id = whole(1, SQLITE_MAX_INT)
 # a TCP port: 16 bits, 0 is "any free port", not one a server can be reached at (RFC 9293 3.1)
 port = whole(1, 65535)
 # a duration above 0: inf would overflow the timer thread, 0/-5/nan would kill every run
-positive_seconds = number(0.0, SECONDS_MAX, above=True)
+# (a millisecond at least: the clocks that time a run tick no finer that matters)
+positive_seconds = number(0.0, SECONDS_MAX, above=True, least=0.001)
 positive_seconds.__name__ = "duration"
-percent = number(0.0, PERCENT_MAX)
-days = number(0.0, DAYS_MAX)
-gib = number(0.0, GIB_MAX)
+percent = number(0.0, PERCENT_MAX, least=0.001)  # 0, or a thousandth of a percent at least
+days = number(0.0, DAYS_MAX, least=1e-5)  # 0, or about a second (0.864 s) at least
+gib = number(0.0, GIB_MAX, least=1e-6)  # 0, or a KiB at least

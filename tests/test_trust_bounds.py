@@ -112,6 +112,41 @@ def test_every_numeric_option_refuses_hostile_values(value):
     assert accepted == []
 
 
+# Python's int()/float() forms no flag takes: digit groups, spaces, a plus sign, Arabic-Indic and
+# full-width digits, a subnormal; a list's items may have spaces around them ("512, 1024")
+UNUSUAL = ["1_000", " 5", "5 ", "+5", "\u0663", "\uff11\uff12", "1e-320", "0x10", "1e-9"]
+
+
+@pytest.mark.parametrize("value", UNUSUAL)
+def test_every_numeric_option_refuses_unusual_forms(value):
+    accepted = []
+    for label, a in BOUNDED:
+        if value.strip() != value and a.type.__name__.startswith("list"):
+            continue
+        try:
+            a.type(value)
+        except argparse.ArgumentTypeError:
+            continue
+        accepted.append(label)
+    assert accepted == []
+
+
+@pytest.mark.parametrize("flag,value", [("--timeout", "1e-320"), ("--timeout", "0.0005"),
+                                        ("--reps", "1_000"), ("--reps", "\uff12"),
+                                        ("--reps", "+5")])
+def test_bench_refuses_unusual_forms_through_the_cli(capsys, flag, value):
+    code, _, err = run_cli(capsys, "bench", "PREFIX", "--model", "m.gguf", f"{flag}={value}")
+    assert code == 2 and flag in one_error(err)
+
+
+def test_plain_forms_are_still_numbers():
+    from rocforge_build import argtypes
+
+    assert argtypes.reps("12") == 12 and argtypes.positive_seconds("1e3") == 1000.0
+    assert argtypes.positive_seconds(".5") == 0.5 and argtypes.percent("0") == 0.0
+    assert argtypes.int_list(1)("512, 1024") == [512, 1024]
+
+
 # -- 2. the trial's examples, through the CLI ----------------------------------------------------------
 
 def never_run_prefix(tmp_path: Path) -> tuple[Path, Path]:
