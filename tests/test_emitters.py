@@ -417,10 +417,10 @@ def test_grub_rewrite_round_trips_through_sed_and_sh(tmp_path, before):
     words = [w.format(mark=mark) for w in KERNEL_WORDS]
     grub = tmp_path / "grub"
     grub.write_text(hr.GRUB_DEBIAN.replace('"{default}"', before.format(mark=mark)))
-    cmd = kernel_cmdline.grub_rewrite("GRUB_CMDLINE_LINUX_DEFAULT", words)
-    assert cmd.startswith("sudo sed -i.rocforge.bak ")
-    local = cmd.replace("sudo ", "", 1).replace(" /etc/default/grub", f" {shellsafe.sh_quote(str(grub))}")
-    subprocess.run(["sh", "-c", local], check=True, timeout=30)
+    found = kernel_cmdline.grub_find(grub.read_bytes())["GRUB_CMDLINE_LINUX_DEFAULT"]
+    cmd = kernel_cmdline.grub_rewrite("GRUB_CMDLINE_LINUX_DEFAULT", found, words, str(grub))
+    assert "sudo env LC_ALL=C sed -i.rocforge.bak " in cmd
+    subprocess.run(["sh", "-c", cmd.replace("sudo env ", "env ")], check=True, timeout=30)
     expected = kernel_cmdline.line(words)
     assert _source_grub(grub, "GRUB_CMDLINE_LINUX_DEFAULT") == expected
     assert dict(kernel_cmdline.grub_lines(grub.read_text()))["GRUB_CMDLINE_LINUX_DEFAULT"] == expected
@@ -463,7 +463,7 @@ def test_grub_append_and_loader_options_round_trip(tmp_path):
 def test_kernel_parameters_outside_the_grammar_are_refused():
     for word in ['x="q"', 'x="a b"', "", "=v", "new\nline", "nul\0", "cr\r"]:
         with pytest.raises(RocforgeError):
-            kernel_cmdline.grub_rewrite("GRUB_CMDLINE_LINUX_DEFAULT", ["quiet", word])
+            kernel_cmdline.grub_assignment("GRUB_CMDLINE_LINUX_DEFAULT", ["quiet", word])
 
 
 @pytest.mark.parametrize("rhs, value", [

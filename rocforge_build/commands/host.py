@@ -6,6 +6,7 @@ rocforge never changes the host: it prints a script, or writes it with `--write`
 from __future__ import annotations
 
 import json
+import sys
 
 from rocforge_build import argtypes
 
@@ -26,6 +27,8 @@ def run(args) -> int:
     found = gpus.discover(args.rootfs)
     p = host_plan.plan(args.rootfs, found.gpus, args.reserve)
     script = host_plan.render_script(p)
+    for line in p.by_hand:
+        print(f"rocforge: warning: {line}", file=sys.stderr)
     if args.write:
         host_plan.write_script(args.write, script)
     if args.json:

@@ -34,8 +34,9 @@ from rocforge_build.discover.host_checks import (
     uma_freed,
 )
 from rocforge_build.emit import kernel_cmdline
+from rocforge_build.emit.sh_assignments import Absent, Simple, Unclear
 from rocforge_build.errors import DetectionError
-from rocforge_build.rootfs import Root
+from rocforge_build.rootfs import Root, open_regular
 from rocforge_build.shellsafe import comment
 
 
@@ -63,6 +64,7 @@ class Plan:
     ram_gib: float | None = None
     reserve_gib: float | None = None
     gtt_ram_gib: float | None = None  # the RAM the GTT is sized from (after the UMA step)
+    by_hand: tuple[str, ...] = ()  # changes left to the user: the CLI says each on stderr
 
     def to_json(self) -> dict:
         return {"pages_limit": self.pages_limit, "gtt_gib": self.gtt_gib, "module": self.module,
@@ -76,11 +78,11 @@ def _configured_words(root: Root, boot: str) -> list[str]:
     """Words of the boot loader's own configuration (what the next boot will use)."""
     words: list[str] = []
     if boot == "grub":
-        for _, value in kernel_cmdline.grub_lines(read(root, kernel_cmdline.GRUB_FILE) or ""):
+        for _, value in kernel_cmdline.grub_lines(_grub_bytes(root) or b""):
             words += parse_cmdline(value or "")
     elif boot == "systemd-boot":
         for _, text in systemd_boot_entries(root):
-            for line in text.splitlines():
+            for line in text.split("\n"):  # as systemd-boot reads an entry
                 if line.startswith("options"):
                     words += parse_cmdline(line[len("options"):])
     return words
@@ -109,25 +111,61 @@ def _rewrite(words: list[str], remove: set[str], keys: set[str], add: list[str])
     return kept + [a for a in add if a not in kept]
 
 
+_GRUB_MAX = 1 << 20
+
+
+def _grub_bytes(root: Root) -> bytes | None:
+    """/etc/default/grub's bytes; None when missing or unreadable, or too big to read whole."""
+    try:
+        with open_regular(root.host_str(kernel_cmdline.GRUB_FILE)) as f:
+            data = f.read(_GRUB_MAX + 1)
+    except (OSError, ValueError):
+        return None
+    return None if len(data) > _GRUB_MAX else data
+
+
+def _grub_overrides(root: Root, var: str) -> str | None:
+    """A /etc/default/grub.d/*.cfg that names `var`: grub-mkconfig sources those after the
+    file (Ubuntu's grub2 packaging), so an edit of /etc/default/grub may not be what boots."""
+    d = kernel_cmdline.GRUB_FILE + ".d"
+    for n in sorted(root.listdir(d)):
+        text = read(root, f"{d}/{n}") if n.endswith(".cfg") else None
+        if text is not None and var in text:
+            return f"{d}/{n}"
+    return None
+
+
 def _grub_commands(root: Root, add: list[str], rm: set[str], keys: set[str]) -> tuple[str, ...]:
-    """sed lines for /etc/default/grub's command-line variables; a line whose value the shell
-    computes is left to the user, in a comment naming the change."""
-    found: dict[str, list[str] | None] = {}
-    for var, value in kernel_cmdline.grub_lines(read(root, kernel_cmdline.GRUB_FILE) or ""):
-        found[var] = None if value is None or found.get(var, []) is None else parse_cmdline(value)
+    """The edits of /etc/default/grub's command-line variables; a variable the file sets in a
+    way `sh_assignments.find` does not understand is left to the user, in a comment naming the
+    change and why (the file is neither edited nor given an overriding line)."""
+    data = _grub_bytes(root)
+    found = kernel_cmdline.grub_find(data if data is not None else b"")
+    if data is None and root.exists(kernel_cmdline.GRUB_FILE):
+        found = {v: Unclear("rocforge cannot read it whole") for v in found}
     cmds = []
-    for var, words in found.items():
+    for var, f in found.items():
         wanted = add if var == kernel_cmdline.GRUB_ADD_TO else []
-        if words is None:
-            cmds.append(comment(f"{kernel_cmdline.GRUB_FILE}: {var} is computed by the shell; rocforge "
-                                f"does not rewrite it: edit it by hand (add: {' '.join(wanted) or 'nothing'}; "
-                                f"remove: {' '.join(sorted(rm)) or 'nothing'})"))
+        over = _grub_overrides(root, var)
+        if over and (wanted or isinstance(f, Simple)):
+            f = Unclear(f"{over} sets it too")
+        if isinstance(f, Absent) and wanted and not f.appendable:
+            f = Unclear("the file does not end with a line break, so a line added at its end "
+                        "would join its last line")
+        if isinstance(f, Unclear):
+            if wanted or rm:
+                cmds.append(comment(f"{kernel_cmdline.GRUB_FILE}: {var}: {f.why}; rocforge does not "
+                                    f"edit it: edit it by hand (add: {' '.join(wanted) or 'nothing'}; "
+                                    f"remove: {' '.join(sorted(rm)) or 'nothing'})"))
             continue
+        if isinstance(f, Absent):
+            if wanted:
+                cmds.append(kernel_cmdline.grub_append(wanted))
+            continue
+        words = parse_cmdline(kernel_cmdline.literal(f.word) or "")
         new = _rewrite(words, rm, keys, wanted)
         if new != words:
-            cmds.append(kernel_cmdline.grub_rewrite(var, new))
-    if kernel_cmdline.GRUB_ADD_TO not in found and add:
-        cmds.append(kernel_cmdline.grub_append(add))
+            cmds.append(kernel_cmdline.grub_rewrite(var, f, new))
     return (*cmds, "sudo update-grub")
 
 
@@ -142,7 +180,7 @@ def _boot_commands(root: Root, boot: str, add: list[str], remove: list[str], key
     if boot == "systemd-boot":
         cmds = []
         for path, text in systemd_boot_entries(root):
-            for ln in text.splitlines():
+            for ln in text.split("\n"):
                 if ln.startswith("options"):
                     words = parse_cmdline(ln[len("options"):])
                     new = _rewrite(words, rm, keys, add)
@@ -210,11 +248,13 @@ def plan(root: Root, gpus, reserve_gib: float | None = None) -> Plan:
         notes.insert(0, "no AMD GPU found (KFD topology): nothing to plan")
     elif not h.has_apu:
         notes.insert(0, "no APU found: the GTT settings do not apply (a discrete GPU has its own VRAM)")
+    by_hand = tuple(c[2:] for s in steps if not s.optional for c in s.commands
+                    if c.startswith(comment(kernel_cmdline.GRUB_FILE + ":")))
     return Plan(pages, want, module if h.has_apu else h.module, boot, tuple(add), tuple(remove),
                 tuple(steps), tuple(notes),
                 round(h.mem_total_kib / (1 << 20), 2) if h.mem_total_kib else None,
                 reserve if h.has_apu else None,
-                round(ram_basis(h.mem_total_kib, freed)[0], 2) if h.has_apu else None)
+                round(ram_basis(h.mem_total_kib, freed)[0], 2) if h.has_apu else None, by_hand)
 
 
 def _gtt_args(root: Root, h: Host, boot: str, pages: int, module: str) -> tuple[list[str], list[str]]:

@@ -5,13 +5,16 @@ A parameter is `name[=value]`, and a value may be double-quoted to hold spaces, 
 inside (the kernel's admin-guide/kernel-parameters, "The kernel's command-line parameters").
 `/etc/default/grub` is a shell file that grub-mkconfig sources as root, so a value is written
 back single-quoted unless every byte is inert: a `$(...)` the user had single-quoted stays
-data.  A line whose value needs the shell to compute it (`$`, backticks, `;`) is never
-rewritten.  The rewrite is a `sed` whose script is sed-escaped, then quoted for sh.
+data.  A variable is rewritten only where `sh_assignments.find` understands every line that sets
+it (one plain `NAME=WORD` line); the rewrite replaces that line, by its number, with byte-exact
+content under LC_ALL=C, and only while the line still holds what the plan read.
 """
 
 from __future__ import annotations
 
 from rocforge_build import shellsafe
+from rocforge_build.emit import sh_assignments
+from rocforge_build.emit.sh_assignments import Absent, Simple, Unclear
 from rocforge_build.errors import UsageError
 
 GRUB_FILE = "/etc/default/grub"
@@ -97,15 +100,17 @@ def literal(rhs: str) -> str | None:
     return "".join(out)
 
 
-def grub_lines(text: str) -> list[tuple[str, str | None]]:
-    """(variable, value) of each `GRUB_CMDLINE_LINUX(_DEFAULT)=` line, as sh would read the value;
-    None where sh would have to expand or run something to know it."""
-    out = []
-    for ln in text.splitlines():
-        var, eq, rhs = ln.partition("=")
-        if eq and var in GRUB_VARS:
-            out.append((var, literal(rhs)))
-    return out
+def grub_find(data: bytes) -> dict[str, Simple | Unclear | Absent]:
+    """How /etc/default/grub's bytes set each kernel command-line variable."""
+    return {var: sh_assignments.find(data, var) for var in GRUB_VARS}
+
+
+def grub_lines(data: bytes | str) -> list[tuple[str, str | None]]:
+    """(variable, value) of each `GRUB_CMDLINE_LINUX(_DEFAULT)` the file sets, as sh would read
+    the value; None where rocforge does not understand how the file sets it."""
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    return [(var, literal(f.word) if isinstance(f, Simple) else None)
+            for var, f in grub_find(raw).items() if not isinstance(f, Absent)]
 
 
 def grub_assignment(var: str, words: list[str]) -> str:
@@ -129,9 +134,21 @@ def sed_replace(path: str, line_regex: str, new_line: str) -> str:
     return f"sudo sed -i.rocforge.bak {shellsafe.sh_quote(script)} {shellsafe.sh_word(path)}"
 
 
-def grub_rewrite(var: str, words: list[str]) -> str:
-    """The command that sets `var` in /etc/default/grub to `words`."""
-    return sed_replace(GRUB_FILE, f"{var}=", grub_assignment(var, words))
+def grub_rewrite(var: str, found: Simple, words: list[str], path: str = GRUB_FILE) -> str:
+    """The command that sets line `found.line_no` of /etc/default/grub to `var="words"` (the
+    line's comment kept), with the user's file kept as `.rocforge.bak`; it stops with one line
+    on stderr if that line no longer holds what the plan read."""
+    new = grub_assignment(var, words) + found.suffix
+    for text in (found.line, new):
+        problem = shellsafe.word_problem(text)
+        if problem:
+            raise UsageError(f"{path}: {problem}", HINT)
+    repl = new.replace("\\", "\\\\").replace("&", "\\&").replace("|", "\\|")
+    n, file = found.line_no, shellsafe.sh_word(path)
+    return (f'if [ "$(LC_ALL=C sed -n {n}p {file})" = {shellsafe.sh_quote(found.line)} ]; then '
+            f"sudo env LC_ALL=C sed -i.rocforge.bak {shellsafe.sh_quote(f'{n}s|.*|{repl}|')} {file}; "
+            f"else echo {shellsafe.sh_quote(f'rocforge: {path} line {n} changed since this plan was made; run rocforge host plan again')} >&2; "
+            "exit 1; fi")
 
 
 def grub_append(words: list[str]) -> str:
