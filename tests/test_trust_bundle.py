@@ -549,3 +549,102 @@ def test_a_device_in_the_prefix_is_refused(sandbox):
     res = _cli("bundle", str(prefix), "--target", "gfx1151", "--out", str(sandbox / "b.tar.gz"))
     assert f"{prefix / 'zero'} is a character device" in one_line(res.stderr, res.returncode, 2)
     assert not (sandbox / "b.tar.gz").exists()
+
+
+# -- every key of bundle.toml has a spec: archive and unpacked folder alike ------------------------
+def full_toml(name: str = "b", change=None) -> bytes:
+    """bundle.toml with every key rocforge writes (render_toml's shape), `change(doc)` applied."""
+    import tomlkit
+
+    doc = {
+        "bundle": {"made_by": "rocforge", "rocforge": "0.1.0", "name": name, "made_at": "2026-01-01T00:00:00Z",
+                   "recipe": "show", "target": "gfx1151", "backend": "hip", "gpu": "none",
+                   "gpu_meaning": "none: CPU code only", "kernel_targets": ["gfx1151"], "glibc": "glibc 2.36",
+                   "launcher": "run"},
+        "decisions": [{"key": "prefix", "value": "/opt/p", "reason": "given as PREFIX"}],
+        "excluded": [{"library": "/lib/x86_64-linux-gnu/libc.so.6", "why": "glibc"}],
+        "kernels": [{"dir": "lib/rocblas/library", "kept": 1, "dropped": 0, "targets": ["gfx1151"],
+                     "reason": "rocBLAS"}],
+        "env": {"HIP_VISIBLE_DEVICES": "0"},
+        "file": [{"path": p, "sha256": hashlib.sha256(d).hexdigest(), "size": len(d), "from": "prefix"}
+                 for p, d in sorted(GOOD_FILES.items())] + [{"path": p, "link": t} for p, t in sorted(GOOD_LINKS.items())],
+    }
+    if change is not None:
+        change(doc)
+    return tomlkit.dumps(doc).encode()
+
+
+def _set(where: str, value):
+    """A change setting `where` (`bundle.target`, `file[0].size`, `env.R2`, `kernels`) to `value`."""
+    def change(doc):
+        node, parts = doc, where.replace("[", ".").replace("]", "").split(".")
+        for p in parts[:-1]:
+            node = node[int(p)] if p.isdigit() else node[p]
+        node[parts[-1]] = value
+    return change
+
+
+def _env(table):
+    def change(doc):
+        doc["env"] = table
+    return change
+
+
+NAN, HUGE = float("nan"), 1e300
+# (the field the error must name, the change): every key, with values the tester found accepted
+BAD_KEYS = [
+    ("env.R2", _env({"R2": "a\nb"})), ("env.A B", _env({"A B": "x"})), ("env.R2", _env({"R2": 5})),
+    ("env", _set("env", "x")),
+    *[("file[0].size", _set("file[0].size", v)) for v in ("x", -5, NAN, HUGE, 1 << 50, True)],
+    *[("file[0].path", _set("file[0].path", v)) for v in ("../x", "/etc/passwd", "a//b", "a\nb", "./run", 5)],
+    *[("file[0].sha256", _set("file[0].sha256", v)) for v in ("zz", "A" * 64, 5)],
+    *[("file[3].link", _set("file[3].link", v)) for v in ("/etc/passwd", "", "a\x1b[2Jb", 5)],
+    ("file[0].from", _set("file[0].from", "prefix\nPASSED")),
+    ("kernels", _set("kernels", "x")), ("kernels[0].dir", _set("kernels[0].dir", "../../x")),
+    *[("kernels[0].kept", _set("kernels[0].kept", v)) for v in (-1, "3", NAN)],
+    ("kernels[0].targets[0]", _set("kernels[0].targets", ["gfx1151\nPASSED"])),
+    *[("bundle.launcher", _set("bundle.launcher", v)) for v in ("../../x", "/bin/sh", "", "a/../../x", 5)],
+    *[("bundle.target", _set("bundle.target", v)) for v in ("gfx1151\nPASSED", "\x1b[31mgfx1151", "gfx99999",
+                                                           "x", 5)],
+    *[("bundle.gpu", _set("bundle.gpu", v)) for v in ("cuda", "gfx1151\x1b[2J", "")],
+    *[("bundle.kernel_targets", _set("bundle.kernel_targets", v)) for v in ("gfx1151", ["x"])],
+    *[("bundle.name", _set("bundle.name", v)) for v in ("a/b", "b\x1b[2J", "..")],
+    *[(f"bundle.{k}", _set(f"bundle.{k}", v)) for k in ("rocforge", "made_at", "recipe", "backend",
+                                                        "gpu_meaning", "glibc")
+      for v in ("x\nPASSED", "x\x1b[2Jy", 5)],
+    ("decisions", _set("decisions", "x")), ("decisions[0].value", _set("decisions[0].value", "a\nPASSED")),
+    ("excluded[0].library", _set("excluded[0].library", "")), ("excluded[0].why", _set("excluded[0].why", 7)),
+    # unknown keys are refused: a key no spec names would reach check's output unchecked
+    ("surprise", _set("surprise", "x")), ("bundle.surprise", _set("bundle.surprise", "x")),
+    ("file[0].surprise", _set("file[0].surprise", "x")), ("kernels[0].surprise", _set("kernels[0].surprise", 1)),
+]
+
+
+def test_the_full_bundle_toml_is_valid(sandbox, capsys):
+    """The baseline of the attacks below: every key set as rocforge writes it checks, unpacks."""
+    archive = write_tar(sandbox / "work" / "full.tar.gz", good_entries(toml=full_toml()))
+    assert main(["bundle", "check", str(archive)]) == 0
+    into = sandbox / "up" / "above" / "into"
+    assert main(["bundle", "unpack", str(archive), "--into", str(into)]) == 0
+    assert main(["bundle", "check", str(into / "b")]) == 0
+
+
+@pytest.mark.parametrize(("field", "change"), BAD_KEYS, ids=[f"{f}-{i}" for i, (f, _) in enumerate(BAD_KEYS)])
+def test_every_key_of_bundle_toml_is_checked(sandbox, capsys, field, change):
+    """Before the fix, `[env] R2 = "a\\nb"`, `size = nan`, `launcher = "../../x"` or
+    `target = "gfx1151\\nPASSED"` (which printed a fake line) were accepted with exit 0."""
+    toml = full_toml(change=change)
+    archive = write_tar(sandbox / "work" / "bad.tar.gz", good_entries(toml=toml))
+    for line in (check_fails(archive, capsys), attack_unpack(sandbox, archive, capsys, 7)):
+        assert f"field {field}" in line, line
+        assert "\x1b" not in line, line
+    folder = sandbox / "work" / "b"  # the same bundle, unpacked by hand
+    for kind, rel, payload in good_entries(toml=toml):
+        target = sandbox / "work" / rel
+        if kind == "dir":
+            target.mkdir()
+        elif kind == "link":
+            target.symlink_to(payload)
+        else:
+            target.write_bytes(payload)
+    assert f"field {field}" in check_fails(folder, capsys)

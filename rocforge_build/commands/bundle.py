@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from rocforge_build.errors import IntegrityError, UsageError
+from rocforge_build.shellsafe import one_line
 
 _ACTIONS = ("check", "unpack")
 
@@ -52,7 +53,7 @@ def _own_help(parser) -> None:
 
 
 def add_arguments(parser) -> None:
-    parser.usage = ("rocforge bundle PREFIX|RECIPE --target GFX [--backend B] --out FILE.tar.gz|.tar.zst|.zip\n"
+    parser.usage = ("rocforge bundle PREFIX|RECIPE [--target GFX] [--backend B] --out FILE.tar.gz|.tar.zst|.zip\n"
                     "       rocforge bundle check FILE|DIR [--json]\n"
                     "       rocforge bundle unpack FILE [--into DIR] [--json]")
     parser.description = (
@@ -65,7 +66,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("what", nargs="+", metavar="PREFIX|RECIPE",
                         help="an install prefix or a recipe (the build rocforge made); or `check FILE`, "
                         "`unpack FILE`")
-    parser.add_argument("--target", metavar="GFX", help="the GPU target of the build")
+    parser.add_argument("--target", metavar="GFX", help="the GPU target of the build (a CPU or Vulkan "
+                        "build, made for no GPU target, needs none)")
     parser.add_argument("--backend", metavar="B", help="the backend of the build (a recipe built with several)")
     parser.add_argument("--out", type=Path, metavar="FILE",
                         help="the archive: .tar.gz, .tar.zst (needs the zstd program) or .zip; replaces "
@@ -83,12 +85,17 @@ def run(args) -> int:
     if what[0] in _ACTIONS:
         if len(what) != 2:
             raise UsageError(f"bundle {what[0]} takes one FILE", f"rocforge bundle {what[0]} FILE")
+        from rocforge_build import userpath  # a loop, FIFO or device: said so, exit 2
+
+        userpath.require(what[1], "bundle", ("file", "directory") if what[0] == "check" else ("file",),
+                         hint="give the bundle file (.tar.gz, .tar.zst, .zip) or its unpacked folder")
         return _check(args, Path(what[1])) if what[0] == "check" else _unpack(args, Path(what[1]))
     if len(what) != 1:
         raise UsageError(f"one PREFIX or RECIPE, not {len(what)}: {' '.join(what)}")
-    if not args.target or not args.out:
-        raise UsageError("bundle needs --target and --out",
-                         f"rocforge bundle {what[0]} --target gfx1151 --out build.tar.gz")
+    if not args.out:
+        raise UsageError("bundle needs --out",
+                         f"rocforge bundle {what[0]} --target gfx1151 --out build.tar.gz (--target: "
+                         "a GPU build's target; a CPU or Vulkan build needs none)")
     result = bundle.make(what[0], target=args.target, backend=args.backend, out=args.out, root=args.rootfs)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -106,18 +113,22 @@ def _check(args, path: Path) -> int:
         return 0 if not result.bad else IntegrityError.exit_code
     meta = result.info.get("bundle", {})
     files = len(result.info.get("file", []))
+    shown = one_line(path)  # every line printed from a bundle goes through one_line
     if result.bad:
         for line in result.bad[:20]:
-            print(f"  {line}")
+            print(f"  {one_line(line)}")
         more = f" (and {len(result.bad) - 20} more)" if len(result.bad) > 20 else ""
-        raise IntegrityError(f"{path}: {len(result.bad)} of {files} files do not match bundle.toml{more}",
+        raise IntegrityError(f"{shown}: {len(result.bad)} of {files} files do not match bundle.toml{more}",
                              "the bundle is damaged or was changed after it was made")
-    print(f"{path}: {result.name}, {files} files, every sha256 matches")
-    said = {k: meta.get(k) or "unknown" for k in ("recipe", "backend", "target", "rocforge", "made_at")}
-    print(f"  {said['recipe']} ({said['backend']}) for {said['target']}; "
-          f"made by rocforge {said['rocforge']} at {said['made_at']}")
+    named = meta.get("name")
+    name = result.name if named in (None, result.name) else f"{named} (in the folder {result.name})"
+    print(one_line(f"{shown}: {name}, {files} files, every sha256 matches"))
+    said = {k: meta.get(k) or "unknown" for k in ("recipe", "backend", "rocforge", "made_at")}
+    said["target"] = meta.get("target") or ("no GPU target" if "target" in meta else "unknown")
+    print(one_line(f"  {said['recipe']} ({said['backend']}) for {said['target']}; "
+                   f"made by rocforge {said['rocforge']} at {said['made_at']}"))
     for line in result.runs:
-        print(f"  {line}")
+        print(f"  {one_line(line)}")
     sys.stdout.flush()
     return 0
 

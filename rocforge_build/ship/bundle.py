@@ -31,6 +31,7 @@ import os
 import shlex
 import shutil
 import stat
+import sys
 import time
 import tomllib
 from collections.abc import Iterator
@@ -53,6 +54,7 @@ from rocforge_build.ship.bundle_archive import (
     BUNDLE_TOML,
     archive_format,
     read_bundle_toml,
+    record_problem,
     tree_entries,
     write_archive,
     zstd_program,
@@ -74,6 +76,7 @@ class Source:
     prefix: Path
     manifest: dict
     decisions: tuple[Decision, ...]
+    target: str  # "" for a build made for no GPU target (CPU, Vulkan)
 
 
 def _read_manifest(prefix: Path) -> dict:
@@ -95,43 +98,48 @@ def _read_manifest(prefix: Path) -> dict:
         raise ConfigError(f"{prefix / MANIFEST} is not valid TOML: {exc}") from exc
 
 
-def find_source(spec: str, *, target: str, backend: str | None, root) -> Source:
-    """PREFIX (a directory with a build manifest) or RECIPE (the build rocforge made for it)."""
-    from rocforge_build.discover import targets
-
-    tgt = targets.get_target(target)
+def find_source(spec: str, *, target: str | None, backend: str | None, root) -> Source:
+    """PREFIX (a directory with a build manifest) or RECIPE (the build rocforge made for it).
+    `target` (a known target's name, or None) picks a GPU build; a build made for no GPU target
+    (a CPU or Vulkan build, `target = ""` in its manifest) needs none: its Source's target is ""."""
     path = Path(spec).expanduser()
     if path.is_dir() and ((path / MANIFEST).exists() or os.sep in spec or spec.startswith(".")):
         manifest = _read_manifest(path)
-        built_for = manifest.get("target")
-        if built_for != tgt.name:
-            raise UsageError(f"{path} was built for {built_for}, not {tgt.name}",
-                             f"use --target {built_for}, or build the recipe for {tgt.name} first")
+        built_for = manifest.get("target") or ""
+        if built_for and target is None:
+            raise UsageError(f"{path} was built for {built_for}: a GPU build is bundled for its target",
+                             f"add --target {built_for}")
+        if built_for and built_for != target:
+            raise UsageError(f"{path} was built for {built_for}, not {target}",
+                             f"use --target {built_for}, or build the recipe for {target} first")
         if backend and manifest.get("backend") != backend:
             raise UsageError(f"{path} is the {manifest.get('backend')} build, not {backend}")
-        return Source(path.resolve(), manifest, (Decision("prefix", str(path.resolve()), "given as PREFIX"),))
+        return Source(path.resolve(), manifest, (Decision("prefix", str(path.resolve()), "given as PREFIX"),),
+                      built_for)
     from rocforge_build.discover.builds import find_builds
     from rocforge_build.forge import recipes
 
     recipe = recipes.load(spec)  # unknown names fail here, with a suggestion
-    found = [b for b in find_builds(root) if b.recipe == recipe.name and b.target == tgt.name]
-    if backend:
-        found = [b for b in found if b.backend == backend]
+    builds = [b for b in find_builds(root) if b.recipe == recipe.name and (not backend or b.backend == backend)]
+    # the target's builds; else those made for no GPU target (they run on any, --target aside)
+    found = [b for b in builds if target and b.target == target] or [b for b in builds if not b.target]
+    what = recipe.name + (f" --target {target}" if target else "") + (f" --backend {backend}" if backend else "")
     if not found:
-        what = f"{recipe.name} --target {tgt.name}" + (f" --backend {backend}" if backend else "")
-        raise UsageError(f"no build of {what} here", f"build it first: rocforge build {what}")
+        raise UsageError(f"no build of {what} here", f"build it first: rocforge build {what}" + (
+            "" if target else " (a HIP build also needs --target GFX)"))
     if len(found) > 1:
-        raise UsageError(f"{recipe.name} is built for {tgt.name} with several backends: "
-                         + ", ".join(b.backend for b in found), "choose one with --backend")
+        raise UsageError(f"{what} is built with several backends: " + ", ".join(b.backend for b in found),
+                         "choose one with --backend")
     build = found[0]
+    built_for = build.target or "no GPU target"
     prefix = Path(root.host(build.prefix))
     manifest = _read_manifest(prefix)
     why = ("asked for with --backend" if backend else
-           f"the only build of {recipe.name} for {tgt.name}; chosen at build time: "
+           f"the only build of {recipe.name} for {built_for}; chosen at build time: "
            f"{manifest.get('backend_reason', '?')}")
     return Source(prefix, manifest, (Decision("prefix", str(prefix), f"the build rocforge made for "
-                                              f"{recipe.name}/{tgt.name}/{build.backend}"),
-                                     Decision("backend", build.backend, why)))
+                                              f"{recipe.name}/{built_for}/{build.backend}"),
+                                     Decision("backend", build.backend, why)), build.target)
 
 
 # -- staging --------------------------------------------------------------------------------------
@@ -160,7 +168,7 @@ def _ldd_env(manifest: dict, target: str, root) -> tuple[dict[str, str] | None, 
     try:
         from rocforge_build.discover import resolver
 
-        found = resolver.resolve(root, target=target).env.get("LD_LIBRARY_PATH")
+        found = resolver.resolve(root, target=target or None).env.get("LD_LIBRARY_PATH")
     except RocforgeError:
         found = None
     if found:
@@ -193,13 +201,15 @@ def stage(src: Source, target: str, work: Path, root, rules: Rules | None = None
     rewrite RUNPATHs, write the launcher and record every file."""
     rules = rules or load_rules()
     m = src.manifest
-    name = f"{m.get('recipe', {}).get('name', 'build')}-{target}-{m.get('backend', 'default')}"
+    name = "-".join(p for p in (m.get("recipe", {}).get("name", "build"), target, m.get("backend", "default")) if p)
     tree = work / name
     staged = Staged(tree=tree, name=name, decisions=list(src.decisions))
     for rel, kind in _not_bundled(src.prefix):
         if kind == "link":
             raise UsageError(f"{src.prefix / rel} is a link that leaves the prefix",
                              "a bundle holds only what is inside it; replace the link by the file")
+        if kind == "name":
+            raise UsageError(f"{str(src.prefix / rel)!r}: {record_problem(rel)}", _RENAME_HINT)
         raise UsageError(f"{src.prefix / rel} is {kind}, not a regular file: a bundle holds only "
                          "files, directories and links", "move it out of the prefix")
     libdir = _lib_dir(src.prefix)
@@ -210,7 +220,7 @@ def stage(src: Source, target: str, work: Path, root, rules: Rules | None = None
         clos = closure_mod.compute([src.prefix], env=ldd_env, rules=_closure_rules())
     except BuildError as exc:
         raise BuildError(exc.message, "install the package that provides it, or make it findable the way "
-                         "the program finds it at run time (`rocforge env --target " + target + "` sets "
+                         "the program finds it at run time (`rocforge env" + (f" --target {target}" if target else "") + "` sets "
                          "LD_LIBRARY_PATH for ROCm)") from exc
     libs = [e for e in clos.entries.values() if e.kind in ("library", "companion")]
     lib_dirs = sorted({os.path.dirname(e.path) for e in libs}, key=len, reverse=True)
@@ -218,7 +228,7 @@ def stage(src: Source, target: str, work: Path, root, rules: Rules | None = None
     for e in sorted((e for e in clos.entries.values() if e.kind == "data"), key=lambda e: e.path):
         parent = next((d for d in lib_dirs if e.path.startswith(d + "/")), os.path.dirname(e.path))
         trees.append((Path(e.path), tree / libdir / os.path.relpath(e.path, parent), f"{e.path} ({e.reason})"))
-    drop = _trim_kernels(trees, tree, target, rules, staged)
+    drop = _trim_kernels(trees, tree, target, rules, staged) if target else {}  # no target: all kept
     origin: dict[str, str] = {}
     for source, dest, why in trees:
         if dest.exists():
@@ -267,9 +277,9 @@ def _copy_library(src: Path, dest_dir: Path) -> list[str]:
 
 
 def _not_bundled(tree: Path) -> Iterator[tuple[str, str]]:
-    """(path relative to `tree`, what it is) for each entry a bundle cannot hold: "link" for a
-    link that leaves the tree, else the kind of a special file (a FIFO would hang the copy, a
-    device would be copied as its endless contents)."""
+    """(path relative to `tree`, what it is) for each entry a bundle cannot hold: "name" for a
+    name bundle.toml cannot record, "link" for a link that leaves the tree, else the kind of a
+    special file (a FIFO would hang the copy, a device would be copied as its endless contents)."""
     for dirpath, dirnames, filenames in os.walk(tree):
         for n in dirnames + filenames:
             p = Path(dirpath, n)
@@ -278,7 +288,9 @@ def _not_bundled(tree: Path) -> Iterator[tuple[str, str]]:
             except OSError:
                 continue  # gone since it was listed
             rel = os.path.relpath(p, tree)
-            if stat.S_ISLNK(mode):
+            if record_problem(rel) is not None:
+                yield rel, "name"
+            elif stat.S_ISLNK(mode):
                 target = os.readlink(p)
                 inside = os.path.normpath(os.path.join(os.path.dirname(rel), target))
                 if target.startswith("/") or inside == ".." or inside.startswith("../"):
@@ -290,6 +302,10 @@ def _not_bundled(tree: Path) -> Iterator[tuple[str, str]]:
 def _gpu_kind(clos: closure_mod.Closure, target: str) -> str:
     names = {os.path.basename(p) for p in [*clos.entries, *clos.elf_files]}
     if any(n.startswith("libamdhip64.so") for n in names):
+        if not target:
+            raise UsageError("the build loads the HIP runtime (libamdhip64) but its manifest records no GPU "
+                             "target: its GPU code is for a target rocforge cannot name",
+                             "rebuild it with rocforge build RECIPE --target GFX, then bundle that build")
         return target
     if any(n.startswith("libvulkan.so") for n in names):
         return "vulkan"
@@ -397,9 +413,16 @@ def write_launcher(tree: Path, staged: Staged) -> None:
 
 
 # -- bundle.toml ----------------------------------------------------------------------------------
+_RENAME_HINT = "rename the file or move it out of what is bundled; a bundle records every name in bundle.toml"
+
+
 def _record_files(tree: Path, origin: dict[str, str], staged: Staged) -> None:
     for p in tree_entries(tree):
         rel = p.relative_to(tree).as_posix()
+        problem = record_problem(rel)
+        if problem:  # a file the closure brought (the prefix's own were judged before the copy)
+            src = next((o for r, o in origin.items() if rel == r or rel.startswith(r + "/")), rel)
+            raise UsageError(f"{rel!r} (from {src!r}): {problem}", _RENAME_HINT)
         if p.is_symlink():
             staged.files[rel] = {"link": os.readlink(p)}
             continue
@@ -432,7 +455,25 @@ def render_toml(staged: Staged, target: str, manifest: dict) -> str:
     for rel, info in sorted(staged.files.items()):
         files.append(tomlkit.item({"path": rel, **info}))
     doc["file"] = files
+    _utf8_only(doc.unwrap(), "")
     return tomlkit.dumps(doc)
+
+
+def _utf8_only(value, field: str) -> None:
+    """Every text of bundle.toml is UTF-8: a path with other bytes (os keeps them as surrogates)
+    is one line naming the field, never a crash in the TOML writer."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _utf8_only(v, f"{field}.{k}" if field else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _utf8_only(v, f"{field}[{i}]")
+    elif isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"bundle.toml cannot record {field} = {value!r}: it is not UTF-8 text "
+                             "(a path with bytes that are not UTF-8)", _RENAME_HINT) from None
 
 
 # -- make -----------------------------------------------------------------------------------------
@@ -458,12 +499,16 @@ def guard_out(out: Path) -> None:
 def make(spec: str, *, target: str, backend: str | None, out: Path, root) -> dict:
     from rocforge_build.discover import targets
 
-    target = targets.get_target(target).name
+    target = targets.get_target(target).name if target else None
     out = Path(out).expanduser().absolute()
     if archive_format(out) == ".tar.zst":
         zstd_program()  # before any work (and before reading an old .tar.zst at --out)
     guard_out(out)
     src = find_source(spec, target=target, backend=backend, root=root)
+    if target and not src.target:
+        print(f"rocforge: warning: --target {target} is ignored: {src.prefix} is a "
+              f"{src.manifest.get('backend', 'CPU')} build made for no GPU target", file=sys.stderr)
+    target = src.target
     with ownership.scratch_dir(out.parent, ".rocforge-bundle-") as work:
         staged = stage(src, target, Path(work), root)
         (staged.tree / BUNDLE_TOML).write_text(render_toml(staged, target, src.manifest), encoding="utf-8")

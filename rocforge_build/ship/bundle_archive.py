@@ -11,7 +11,6 @@ import hashlib
 import io
 import lzma
 import os
-import re
 import stat
 import subprocess
 import tarfile
@@ -23,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocforge_build import proc, rootfs, schema
+from rocforge_build import proc, rootfs, schema, shellsafe
 from rocforge_build.errors import (
     IntegrityError,
     RocforgeError,
@@ -117,7 +116,6 @@ def tree_entries(tree: Path) -> Iterator[Path]:
 MAX_TOML = 64 << 20  # bundle.toml of a ROCm bundle of 3,000 files is under 1 MB
 _MAX_LINK = 4096  # PATH_MAX: no link target on Linux is longer
 _MAX_HOPS = 40  # Linux's MAXSYMLINKS: more links in one lookup is ELOOP
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _DAMAGED_HINT = ("the bundle is damaged or hostile: do not unpack it by hand; make it again from "
                  "the build (rocforge bundle PREFIX --target GFX --out FILE)")
 # what a damaged archive raises while it is read (never a write: those are the caller's)
@@ -136,12 +134,18 @@ def _damaged(where: str, fmt: str, exc: BaseException | str) -> IntegrityError:
     return IntegrityError(f"{where} is truncated or not a readable {fmt} archive ({why})", _DAMAGED_HINT)
 
 
-def _plain_name(where: str, name: str, what: str) -> None:
+_NOT_PLAIN = "is not a plain folder name (one path component, no '/', '..' or control characters)"
+
+
+def _is_plain_name(name: object) -> bool:
     """A bundle's folder name is one plain path component: it names a directory under --into."""
-    if (name in ("", ".", "..") or "/" in name or "\\" in name or _CONTROL.search(name)
-            or not _utf8(name) or len(name.encode("utf-8", "surrogateescape")) > 255):
-        raise IntegrityError(f"{where}: {what} {name!r} is not a plain folder name "
-                             "(one path component, no '/', '..' or control characters)", _DAMAGED_HINT)
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+            and name.isprintable() and _utf8(name) and len(name.encode("utf-8")) <= 255)
+
+
+def _plain_name(where: str, name: str, what: str) -> None:
+    if not _is_plain_name(name):
+        raise IntegrityError(f"{where}: {what} {name!r} {_NOT_PLAIN}", _DAMAGED_HINT)
 
 
 def _utf8(text: str) -> bool:
@@ -353,9 +357,129 @@ def read_capped(fh, limit: int, where: str) -> bytes:
     return data
 
 
-# What bundle.render_toml writes, held where bundle.toml is read (`parse_bundle_toml`): later
-# code (check, unpack, where_it_runs) trusts these types.
-_META_TEXT = ("rocforge", "made_at", "recipe", "target", "backend", "gpu", "gpu_meaning", "glibc", "launcher")
+# bundle.toml's one schema: every key bundle.render_toml writes has a spec here, and any other key
+# is refused (`_Closed`): rocforge vouches for a bundle only as it made it, and a key no spec
+# names would reach `check`'s output (--json prints [bundle]) unchecked.  The same specs judge
+# the names `rocforge bundle` records (`record_problem`), so it never makes a bundle this refuses.
+MAX_FILE_SIZE = 1 << 40  # 1 TiB: ROCm's largest file (a kernel pack) is a few GB
+_MAX_TEXT = 1 << 16
+
+
+def _field(path: str, key: object) -> str:
+    shown = key if isinstance(key, str) and key.isprintable() and key else repr(key)
+    return f"{path}.{shown}" if path else shown
+
+
+class _Closed(schema.Record):
+    """A Record that refuses a key it has no spec for; an optional key that is absent (and has
+    no default) stays absent, so the record reads back as it was written."""
+
+    def take(self, value, path):
+        if isinstance(value, dict):
+            extra = [k for k in value if k not in self.fields]
+            if extra:
+                raise schema.Bad(_field(path, extra[0]), "is not a key rocforge writes in bundle.toml")
+        out = super().take(value, path)
+        return {k: v for k, v in out.items() if k in value or v is not None}
+
+
+class _Text(schema.Spec):
+    """One line of printable text: what `check` prints can start no new line or escape sequence."""
+
+    what = "one line of printable text"
+
+    def __init__(self, *, empty: bool = True, most: int = _MAX_TEXT):
+        self.empty, self.most = empty, most
+
+    def take(self, value, path):
+        if not isinstance(value, str):
+            raise schema.Bad(path, f"{value!r:.160} is not a string")
+        if not value and not self.empty:
+            raise schema.Bad(path, "is empty")
+        if len(value) > self.most or not value.isprintable():
+            raise schema.Bad(path, f"{value!r:.160} is not {self.what}")
+        return value
+
+
+class _RelPath(_Text):
+    """A plain path inside the bundle: relative, no empty, '.' or '..' component."""
+
+    what = "a plain relative path inside the bundle"
+
+    def __init__(self):
+        super().__init__(empty=False, most=4096)
+
+    def take(self, value, path):
+        super().take(value, path)
+        if any(part in ("", ".", "..") for part in value.split("/")):
+            raise schema.Bad(path, f"{value!r:.160} is not {self.what}")
+        return value
+
+
+class _LinkTarget(_Text):
+    what = "a relative link target (a link of a bundle stays inside it)"
+
+    def __init__(self):
+        super().__init__(empty=False, most=_MAX_LINK)
+
+    def take(self, value, path):
+        if super().take(value, path).startswith("/"):
+            raise schema.Bad(path, f"{value!r:.160} is not {self.what}")
+        return value
+
+
+class _Target(schema.Spec):
+    """A GPU target name of the target grammar (gfxNNN), or one of `also`."""
+
+    def __init__(self, *also: str):
+        self.also = also
+        self.what = "a GPU target name (gfx followed by 3 or 4 digits and letters)" + (
+            f" or one of {', '.join(repr(a) for a in also)}" if also else "")
+
+    def take(self, value, path):
+        from rocforge_build.discover import targets
+
+        if isinstance(value, str) and value in self.also:
+            return value
+        try:
+            targets.gfx_version(value if isinstance(value, str) else "")
+        except ValueError:
+            raise schema.Bad(path, f"{value!r:.160} is not {self.what}") from None
+        return value
+
+
+class _FolderName(_Text):
+    def take(self, value, path):
+        if not isinstance(value, str):
+            raise schema.Bad(path, f"{value!r:.160} is not a string")
+        if not _is_plain_name(value):
+            raise schema.Bad(path, f"{value!r:.160} {_NOT_PLAIN}")
+        return value
+
+
+class _Sha256(schema.Spec):
+    what = "a sha256 (64 lowercase hex digits)"
+
+    def take(self, value, path):
+        if not (isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)):
+            raise schema.Bad(path, f"{value!r:.160} is not {self.what}")
+        return value
+
+
+class _Env(schema.Spec):
+    """The launcher's env: every name and value by shellsafe's rules (those of `check_env`, which
+    the launcher's emitter applies), values strings as rocforge writes them."""
+
+    what = 'a table of NAME = "value"'
+
+    def take(self, value, path):
+        if not isinstance(value, dict):
+            raise schema.Bad(path, f"{value!r:.160} is not {self.what}")
+        for k, v in value.items():
+            problem = shellsafe.env_name_problem(k) or shellsafe.env_value_problem(v)
+            if problem:
+                raise schema.Bad(_field(path, k), problem)
+        return value
 
 
 def _sha256_or_link(entry: dict, path: str) -> None:
@@ -371,13 +495,37 @@ def _each_path_once(info: dict, path: str) -> None:
         seen.add(f["path"])
 
 
-_FILE = schema.Record({"path": schema.Str(), "sha256": schema.Optional(schema.Str(one_line=True)),
-                       "link": schema.Optional(schema.Str())}, rules=(_sha256_or_link,))
-BUNDLE_SCHEMA = schema.Record({
-    "bundle": schema.Record({"name": schema.Str(empty=True), "kernel_targets": schema.Optional(schema.ListOf(schema.Str()), []),
-                             **{k: schema.Optional(schema.Str(empty=True)) for k in _META_TEXT}}),
-    "file": schema.Optional(schema.ListOf(_FILE), []),
+_Opt = schema.Optional
+_FILE = _Closed({"path": _RelPath(), "sha256": _Opt(_Sha256()), "link": _Opt(_LinkTarget()),
+                 "size": _Opt(schema.Int(0, MAX_FILE_SIZE)), "from": _Opt(_Text())}, rules=(_sha256_or_link,))
+_META = _Closed({
+    "name": _FolderName(), "made_by": _Text(), "rocforge": _Opt(_Text()), "made_at": _Opt(_Text()),
+    "recipe": _Opt(_Text()), "backend": _Opt(_Text()), "gpu_meaning": _Opt(_Text()), "glibc": _Opt(_Text()),
+    "target": _Opt(_Target("")), "gpu": _Opt(_Target("none", "vulkan")),
+    "kernel_targets": _Opt(schema.ListOf(_Target())), "launcher": _Opt(_RelPath()),
+})
+BUNDLE_SCHEMA = _Closed({
+    "bundle": _META,
+    "decisions": _Opt(schema.ListOf(_Closed({"key": _Text(empty=False), "value": _Text(), "reason": _Text()})), []),
+    "excluded": _Opt(schema.ListOf(_Closed({"library": _Text(empty=False), "why": _Text()})), []),
+    "kernels": _Opt(schema.ListOf(_Closed({
+        "dir": _RelPath(), "kept": schema.Int(0, 1 << 24), "dropped": schema.Int(0, 1 << 24),
+        "targets": schema.ListOf(_Target()), "reason": _Text()})), []),
+    "env": _Opt(_Env(), {}),
+    "file": _Opt(schema.ListOf(_FILE), []),
 }, rules=(_each_path_once,))
+
+
+def record_problem(rel: str) -> str | None:
+    """Why bundle.toml cannot record the file `rel` (a name that is not UTF-8 or not one printable
+    line), or None: the rule `rocforge bundle` applies before it writes a bundle."""
+    if not _utf8(rel):
+        return "its name is not UTF-8, and bundle.toml (TOML) carries only UTF-8 text"
+    try:
+        _RelPath().take(rel, "")
+    except schema.Bad as bad:
+        return f"bundle.toml records only names that are {_RelPath.what} ({bad.problem})"
+    return None
 
 
 def parse_bundle_toml(data: bytes, where: str) -> dict:
@@ -395,8 +543,15 @@ def parse_bundle_toml(data: bytes, where: str) -> dict:
         raise IntegrityError(f"{where} has no [bundle] made_by = \"rocforge\": not a rocforge bundle",
                              "rocforge checks and unpacks only the bundles it makes")
     info = schema.check(info, BUNDLE_SCHEMA, where, IntegrityError, _DAMAGED_HINT)
-    _plain_name(where, info["bundle"]["name"], "[bundle] name")  # "" too: it names a folder
     return info
+
+
+def name_is_folder(where: str, info: dict, folder: str, what: str) -> None:
+    """[bundle] name is the bundle's folder (an archive's top folder, or the unpacked folder):
+    the name `check` reports and `unpack` creates is the folder that was checked."""
+    if info["bundle"]["name"] != folder:
+        raise IntegrityError(f"{where}: [bundle] name {info['bundle']['name']!r} is not the "
+                             f"{what} {folder!r}", _DAMAGED_HINT)
 
 
 def scan_archive(path: Path, on_member) -> tuple[str, dict]:
@@ -429,9 +584,7 @@ def scan_archive(path: Path, on_member) -> tuple[str, dict]:
         if m.kind == "file" and rel == BUNDLE_TOML:
             data = read_capped(fh, MAX_TOML, f"{where}: {top}/{BUNDLE_TOML}")
             info = parse_bundle_toml(data, f"{where}: {top}/{BUNDLE_TOML}")
-            if info["bundle"]["name"] != top:
-                raise IntegrityError(f"{where}: [bundle] name {info['bundle']['name']!r} is not the "
-                                     f"archive's top folder {top!r}", _DAMAGED_HINT)
+            name_is_folder(where, info, top, "archive's top folder")
             fh = io.BytesIO(data)
         on_member(top, rel, m, fh)
     folder.finish()

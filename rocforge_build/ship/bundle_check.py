@@ -72,6 +72,9 @@ def _entries_dir(path: Path) -> tuple[str, dict, dict[str, dict]]:
             info = parse_bundle_toml(read_capped(fh, MAX_TOML, str(toml_path)), str(toml_path))
     except rootfs.NotRegularFile as exc:
         raise refuse(where, BUNDLE_TOML, f"it is {exc.kind}, not a file") from exc
+    # its name need not be [bundle] name (a plain folder name, by the schema): an unpacked bundle
+    # runs from any directory, renamed or moved; `check` reports both when they differ
+    name = os.path.basename(os.path.abspath(path))
     folder = Folder(where)
     seen: dict[str, dict] = {}
     for dirpath, dirnames, filenames in os.walk(path):
@@ -94,7 +97,7 @@ def _entries_dir(path: Path) -> tuple[str, dict, dict[str, dict]]:
                 raise refuse(where, rel, f"it is {rootfs.file_kind(mode)}, not a file, directory or "
                               "link; rocforge makes no such bundle (not opened)")
     folder.finish()
-    return path.name, info, seen
+    return name, info, seen
 
 
 def verify(path: Path) -> tuple[str, dict, list[str]]:
