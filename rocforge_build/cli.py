@@ -250,9 +250,10 @@ def _main(argv: list[str], selected: str | None) -> int:
 
         cached = lookup(argv)
         if cached is not None:
+            from rocforge_build import shellsafe
             from rocforge_build.discover import envwarnings
 
-            envwarnings.write_script(cached)
+            shellsafe.write_script(cached)
             envwarnings.to_stderr(envwarnings.from_script(cached))
             return 0
     try:

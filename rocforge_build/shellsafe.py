@@ -12,6 +12,8 @@ env` imports it on every shell start-up.
 
 from __future__ import annotations
 
+import sys
+
 from rocforge_build.errors import UsageError
 
 # POSIX.1-2017 XBD 8.1: names of environment variables "consist solely of uppercase letters,
@@ -36,14 +38,27 @@ def env_name_problem(name: object) -> str | None:
     return None
 
 
+# Every character some reader of rocforge's output takes as the end of a line: Python's
+# `str.splitlines` (LF, VT, FF, CR, FS, GS, RS, NEL, U+2028, U+2029), plus every other C0 control
+# but TAB (NUL ends a C string; ESC and BS rewrite what a terminal shows).  One set, used by every
+# emitter's check, so no value can carry a line (a dotenv `LD_PRELOAD=`) past one reader.
+LINE_BREAKS = frozenset(chr(c) for c in range(0x20) if c != 0x09) | frozenset("\x85\u2028\u2029")
+BREAK_HINT = "a value or word cannot hold a line break, NUL or other control character"
+
+
+def line_break_problem(text: str) -> str | None:
+    """Why `text` cannot stay on one line for every reader (a `LINE_BREAKS` character), or None."""
+    if any(c in LINE_BREAKS for c in text):
+        return f"{text!r} contains a line break, NUL or control character"
+    return None
+
+
 def env_value_problem(value: object) -> str | None:
     """Why `value` cannot be emitted as one variable's value (dotenv and Containerfile lines end
-    at a newline; a NUL ends a C string), or None when it can."""
+    at a line break; a NUL ends a C string), or None when it can."""
     if not isinstance(value, str):
         return f"{value!r} is not a string"
-    if any(c in value for c in "\n\r\0"):
-        return f"{value!r} contains a newline, carriage return or NUL byte"
-    return None
+    return line_break_problem(value)
 
 
 def check_env(name: object, value: object, where: str, error=UsageError) -> None:
@@ -55,7 +70,7 @@ def check_env(name: object, value: object, where: str, error=UsageError) -> None
         problem = env_value_problem(value)
         if problem:
             raise error(f"{where}: {name}: {problem}",
-                        "environment values cannot carry a line break or NUL byte safely")
+                        "environment values cannot carry a line break, NUL or control character")
 
 
 def check_env_table(table: object, where: str, error=UsageError) -> dict[str, str]:
@@ -93,6 +108,20 @@ def comment(text: object, lead: str = "# ") -> str:
     return lead + one_line(text)
 
 
+def write_script(text: str) -> None:
+    """The one writer of every script and format rocforge prints (env scripts, presets, serve
+    --dry-run, host plans, container commands): on stdout in the file system's own bytes, so a
+    value reaches the shell, YAML or unit file as it is on disk, whatever encoding the terminal
+    declares (PYTHONIOENCODING=ascii and the CLI's backslashreplace would print `é` as `\\xe9`)."""
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:  # a text-only stream (a caller's StringIO): it takes the text itself
+        sys.stdout.write(text)
+        return
+    sys.stdout.flush()
+    out.write(text.encode(sys.getfilesystemencoding(), "surrogateescape"))
+    out.flush()
+
+
 # -- POSIX sh statements: the only code that writes them (bash and zsh read the same) -------------
 SHEBANG = "#!/bin/sh"
 # Bytes a word may hold and stay bare: shlex.quote's set, checked without `re`.
@@ -104,9 +133,7 @@ def word_problem(word: object) -> str | None:
     program can receive it), a line break would split a line a person copies or a pipe reads."""
     if not isinstance(word, str):
         return f"{word!r} is not a string"
-    if any(c in word for c in "\n\r\0"):
-        return f"{word!r} contains a newline, carriage return or NUL byte"
-    return None
+    return line_break_problem(word)
 
 
 def sh_word(word: str) -> str:
@@ -125,7 +152,7 @@ def sh_command(argv: list[str], env: dict[str, str] | None = None, where: str = 
     for w in argv:
         problem = word_problem(w)
         if problem:
-            raise error(f"{where}: {problem}", "a command's words cannot carry a line break or NUL byte")
+            raise error(f"{where}: {problem}", BREAK_HINT)
     words = []
     for k, v in (env or {}).items():
         check_env(k, v, f"{where}: env", error)
@@ -139,21 +166,17 @@ def sh_export(name: str, value: str) -> str:
     return f"export {name}={sh_quote(value)}"
 
 
-def sh_function(name: str, line: str) -> str:
-    """`NAME() { LINE "$@"; }` for a checked name and a line `sh_command` made."""
-    check_env(name, None, "a shell function name")
-    return f'{name}() {{ {line} "$@"; }}'
-
-
-def sh_dispatch(var: str, names: list[str], default: str) -> list[str]:
-    """Run the function `$VAR` names (default `default`); any other value is refused, so a
-    variable from the caller's environment can pick a function but never a command."""
-    for n in [var, *names]:
+def sh_dispatch(var: str, lines: dict[str, str], default: str) -> list[str]:
+    """A `case` on `$VAR` (default `default`) that execs the `sh_command` line its value names,
+    with the script's arguments; any other value is refused.  No function is defined, so no
+    name from data (`if`, `exec`, `env`, `esac`) can become a keyword, a builtin or a command
+    another line calls; each pattern is quoted, so none is read as a reserved word."""
+    for n in [var, default, *lines]:
         check_env(n, None, "a shell dispatch name")
-    return [f'case "${{{var}:-{default}}}" in',
-            f'    {"|".join(names)}) "${{{var}:-{default}}}" "$@" ;;',
-            f'    *) echo "{var} must be one of: {" ".join(names)}" >&2; exit 2 ;;',
-            "esac"]
+    names = " ".join(lines)
+    return ([f'case "${{{var}:-{default}}}" in']
+            + [f'    {sh_quote(n)}) exec {line} "$@" ;;' for n, line in lines.items()]
+            + [f"    *) echo {sh_quote(f'{var} must be one of: {names}')} >&2; exit 2 ;;", "esac"])
 
 
 def tee_line(text: str, path: str, append: bool = False) -> str:

@@ -114,6 +114,72 @@ def test_docstrings_and_prose_are_not_formats():
     assert format_writers(code, "commands/x.py") == []
 
 
+# Every script or format a command prints goes through shellsafe.write_script (the file system's
+# bytes, whatever encoding stdout declares): a print() or sys.stdout.write() of what a format maker
+# returned is found, directly or through a name it was bound to.  json.dumps output is ASCII.
+FORMAT_MAKERS = {"render", "export", "render_script", "render_facts", "sh_command", "sh_export",
+                 "sh_word", "sh_quote", "fish_quote", "comment", "dotenv_line", "models_entry",
+                 "service", "tee_line", "quote", "join"}
+
+
+def _maker_call(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+    if name == "join":  # shlex.join is a format; ", ".join of prose is not
+        return isinstance(f, ast.Attribute) and getattr(f.value, "id", "") == "shlex"
+    return name in FORMAT_MAKERS
+
+
+def _holds_format(node: ast.AST, bound: set[str]) -> bool:
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "dumps":
+        return False
+    if _maker_call(node) or (isinstance(node, ast.Name) and node.id in bound):
+        return True
+    return any(_holds_format(c, bound) for c in ast.iter_child_nodes(node))
+
+
+def _to_stdout(call: ast.Call) -> bool:
+    f = call.func
+    if isinstance(f, ast.Name) and f.id == "print":
+        dest = next((k.value for k in call.keywords if k.arg == "file"), None)
+        return dest is None or ast.unparse(dest) == "sys.stdout"
+    return isinstance(f, ast.Attribute) and f.attr == "write" and ast.unparse(f.value).startswith("sys.stdout")
+
+
+def format_prints(source: str, rel: str) -> list[str]:
+    """Where `source` prints a format other than through shellsafe.write_script."""
+    tree = ast.parse(source)
+    bound = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and _holds_format(n.value, set())
+             for t in n.targets if isinstance(t, ast.Name)}
+    return [f"{rel}:{n.lineno}: {ast.unparse(n)[:70]}" for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and _to_stdout(n)
+            and any(_holds_format(a, bound) for a in [*n.args, *(k.value for k in n.keywords)])]
+
+
+def test_commands_print_formats_only_through_the_one_writer():
+    found = []
+    for path in sorted([*(PACKAGE / "commands").glob("*.py"), PACKAGE / "cli.py"]):
+        found += format_prints(path.read_text(encoding="utf-8"), path.relative_to(PACKAGE).as_posix())
+    assert found == [], "a format printed past shellsafe.write_script:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("code", [  # the trial's commands, as they printed before
+    'print(render(preset, shell=args.shell, only=args.range), end="")',
+    'print(export(preset, args.format, args.range, args.host, args.port), end="")',
+    'line = shellsafe.sh_command(p.argv, env)\nif dry:\n    print(line)',
+    'script = host_plan.render_script(p)\nprint(script, end="")',
+    'print(shlex.join(steps.stage))',
+    'sys.stdout.write(envscript.render(res, shell))',
+])
+def test_the_writer_check_finds_a_direct_print(code):
+    assert format_prints(code, "commands/x.py"), code
+    assert format_prints("import json\nprint(json.dumps({'a': render(p)}))\n"
+                         "print(', '.join(names))\nshellsafe.write_script(render(p))\n"
+                         "print(render(p), file=out)\n", "commands/x.py") == []
+
+
 # -- 2. hostile strings through each emitter and its real consumer ---------------------------------
 def hostile(mark: Path) -> list[str]:
     """One-line strings that run `touch MARK` or change meaning if a consumer reads them as code."""
@@ -122,7 +188,10 @@ def hostile(mark: Path) -> list[str]:
             "é ü 漢字", "-leading", "=x=y", "#hash", "*?[a]~", "!! &&", "\\n\\t\\\\", "{}"]
 
 
-REFUSED = ["new\nline", "carriage\rreturn", "nul\0byte"]
+# Every character any reader takes as a line break (str.splitlines, sh, Docker) and every other
+# C0 control but TAB, inside a value that would otherwise be fine.
+REFUSED = ["new\nline", "carriage\rreturn", "nul\0byte",
+           *(f"a{c}b" for c in sorted(shellsafe.LINE_BREAKS)), "foo\u2028LD_PRELOAD=/tmp/evil.so"]
 
 
 def _dump_program(tmp_path: Path) -> Path:
@@ -166,15 +235,24 @@ def test_sh_refuses_what_a_line_cannot_hold():
         with pytest.raises(RocforgeError):
             shellsafe.sh_command(["/bin/echo"], {name: "1"})
         with pytest.raises(RocforgeError):
-            shellsafe.sh_function(name, "true")
+            shellsafe.sh_dispatch("R", {name: "true"}, name)
     with pytest.raises(RocforgeError):
         shellsafe.sh_command([])
 
 
-def test_sh_dispatch_runs_only_a_named_function(tmp_path):
+def test_line_breaks_hold_every_break_a_reader_splits_at():
+    """`str.splitlines` (what a Python reader of a dotenv would use) splits at these, sh and
+    Docker at LF only: the emitters refuse all of them, and every C0 control but TAB."""
+    splits = {chr(c) for c in range(0x110000) if len(f"a{chr(c)}b".splitlines()) > 1}
+    controls = {chr(c) for c in range(0x20)} - {"\t"}
+    assert splits | controls == set(shellsafe.LINE_BREAKS)
+    assert {"\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e"} <= splits
+
+
+def test_sh_dispatch_runs_only_a_named_range(tmp_path):
     mark = tmp_path / "MARK"
-    text = "\n".join(["short() { echo short; }", "long() { echo long; }",
-                      *shellsafe.sh_dispatch("ROCFORGE_RANGE", ["short", "long"], "long")]) + "\n"
+    text = "\n".join(shellsafe.sh_dispatch("ROCFORGE_RANGE", {"short": "echo short", "long": "echo long"},
+                                           "long")) + "\n"
     for value, code, out in [(None, 0, "long\n"), ("short", 0, "short\n"),
                              (f"touch {mark}", 2, ""), ("rm", 2, "")]:
         env = {"PATH": "/usr/bin:/bin", **({"ROCFORGE_RANGE": value} if value else {})}
@@ -499,13 +577,19 @@ def test_bundle_launcher_round_trips(tmp_path):
 # -- 3. the trial's attacks, through the CLI ---------------------------------------------------------
 def _stored_preset(tmp_path: Path, *, model: str = "m", label: str = "ub=512",
                    argv_extra: tuple[str, ...] = (), env: dict | None = None) -> Path:
-    """A preset in the results store whose program is a real executable inside its prefix."""
+    """A preset in the results store whose program is a real rocforge build's bin/llama-server."""
+    from stackfixtures import make_build
+
+    from rocforge_build.discover.builds import read_manifest
     from rocforge_build.measure.store import Store
 
-    prefix = tmp_path / "prefix"
-    exe = _dump_program(prefix)
+    prefix = make_build(tmp_path / "builds", "llama-cpp", "gfx1151", "cpu")
+    exe = prefix / "bin" / "llama-server"
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(_dump_program(tmp_path / "dump"), exe)
+    stamp = read_manifest(prefix).get("stamp")
     data = {"model": {"name": model, "sha256": "ab" * 32, "path": "/m/m.gguf"}, "created": "now",
-            "ranges": {"short": {"prefix": str(prefix), "backend": "cpu", "stamp": "s1", "depth": 0,
+            "ranges": {"short": {"prefix": str(prefix), "backend": "cpu", "stamp": stamp, "depth": 0,
                                  "ctx": 4096, "variant": {}, "variant_label": label, "score": 1.0,
                                  "figures": [], "runner_up": None, "env": env or {},
                                  "argv": [str(exe), "-m", "/m/m.gguf", *argv_extra], "notes": []}}}
@@ -601,26 +685,30 @@ def test_serve_dry_run_piped_to_sh_runs_the_preset_and_nothing_else(tmp_path, ca
     from rocforge_build.discover.builds import read_manifest
     from rocforge_build.measure.store import Store
 
-    mark = tmp_path / "MARK"
+    import hashlib
+
+    mark = tmp_path / "MARK"  # `touch MARK` runs in tmp_path: sh's working directory below
     prefix = make_build(tmp_path / "builds", "llama-cpp", "gfx1151", "cpu")
     exe = _dump_program(tmp_path / "dump")
     (prefix / "bin").mkdir(parents=True, exist_ok=True)
     shutil.copy(exe, prefix / "bin" / "llama-server")
     server = prefix / "bin" / "llama-server"
-    model = f"/m/it's \"$(touch {mark})\" `touch {mark}`.gguf"
+    model = f"{tmp_path}/it's \"$(touch MARK)\" `touch MARK`.gguf"  # a real file: serve hashes it
+    Path(model).write_bytes(b"GGUF model")
+    sha = hashlib.sha256(b"GGUF model").hexdigest()
     value = f"a;touch {mark}; $HOME"
     argv = [str(server), "-m", model, "-c", "4096", "--alias", f"x$(touch {mark})"]
-    data = {"model": {"name": "m", "sha256": "ab" * 32, "path": model}, "created": "now",
+    data = {"model": {"name": "m", "sha256": sha, "path": model}, "created": "now",
             "ranges": {"short": {"prefix": str(prefix), "backend": "cpu", "depth": 0, "ctx": 4096,
                                  "stamp": read_manifest(prefix).get("stamp"), "variant": {},
                                  "variant_label": "ub=512", "score": 1.0, "figures": [], "runner_up": None,
                                  "env": {"V": value}, "argv": argv, "notes": [f"n\ntouch {mark}"]}}}
     with Store() as s:
-        s.add_preset("m", "ab" * 32, 1, data)
+        s.add_preset("m", sha, 1, data)
     assert rf_cli.main(["serve", "m", "--dry-run", "--port", "8099"]) == 0
     line = capsys.readouterr().out
     out = tmp_path / "out.json"
-    run = subprocess.run(["sh"], input=line, capture_output=True, text=True, timeout=30,
+    run = subprocess.run(["sh"], input=line, capture_output=True, text=True, timeout=30, cwd=tmp_path,
                          env={"PATH": "/usr/bin:/bin", "DUMP_OUT": str(out)})
     assert run.returncode == 0, run.stderr
     got = json.loads(out.read_text())

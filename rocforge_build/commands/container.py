@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import shlex
 import sys
 from pathlib import Path
 
-from rocforge_build import paths
+from rocforge_build import paths, shellsafe
 from rocforge_build.errors import BuildError, RocforgeError, UsageError
 from rocforge_build.proc import CommandFailed
 from rocforge_build.ship import container_context, container_engines, containers
@@ -168,21 +169,22 @@ def _print_build_plan(args, plan, engine, ctx, steps, decisions, refused) -> Non
                           "containerfile_facts": containers.render_facts(plan)}, indent=2))
         sys.stdout.flush()
         return
-    print(f"# {ctx / 'Containerfile'}")
-    print(text)
+    out = io.StringIO()  # printed as one text by the one writer (shellsafe.write_script)
+    print(f"# {ctx / 'Containerfile'}", file=out)
+    print(text, file=out)
     for problem in problems:
-        print(f"# {engine.name} cannot build here: {problem}")
-    print("# decisions")
-    _print_decisions(decisions)
-    print("# commands (the context also gets rocforge's wheels and the recipe file)")
-    print(shlex.join(steps.stage))
-    print(f"# {ctx / 'Containerfile.facts'}: export the builder's env and manifest to {ctx / 'facts'}")
-    print(shlex.join(steps.facts))
+        print(f"# {engine.name} cannot build here: {problem}", file=out)
+    print("# decisions", file=out)
+    _print_decisions(decisions, out)
+    print("# commands (the context also gets rocforge's wheels and the recipe file)", file=out)
+    print(shlex.join(steps.stage), file=out)
+    print(f"# {ctx / 'Containerfile.facts'}: export the builder's env and manifest to {ctx / 'facts'}", file=out)
+    print(shlex.join(steps.facts), file=out)
     print(f"# {ctx / 'Containerfile.final'}: FROM {containers.stage_tag(plan.tag)}, "
-          "ENV from the env, LABEL from the manifest")
-    print(shlex.join(steps.final))
-    print(shlex.join(steps.cleanup))
-    sys.stdout.flush()
+          "ENV from the env, LABEL from the manifest", file=out)
+    print(shlex.join(steps.final), file=out)
+    print(shlex.join(steps.cleanup), file=out)
+    shellsafe.write_script(out.getvalue())
 
 
 @contextlib.contextmanager
@@ -241,18 +243,20 @@ def _run(args) -> int:
                           "engine_problems": refused.problems if refused is not None else [],
                           "decisions": [d.to_json() for d in decisions]}, indent=2))
     else:
+        out = io.StringIO()  # printed as one text by the one writer (shellsafe.write_script)
         for w in rp.warnings:
-            print(f"# warning: {w}")
+            print(f"# warning: {w}", file=out)
         for problem in refused.problems if refused is not None else []:
-            print(f"# {engine.name} cannot run here: {problem}")
+            print(f"# {engine.name} cannot run here: {problem}", file=out)
         if len(rp.commands) == 1:
-            print(shlex.join(rp.commands[0]))
+            print(shlex.join(rp.commands[0]), file=out)
         else:
-            print(f"CTR=$({shlex.join(rp.commands[0])})")
+            print(f"CTR=$({shlex.join(rp.commands[0])})", file=out)
             for c in rp.commands[1:]:
-                print(" ".join('"$CTR"' if a == "$CTR" else shlex.quote(a) for a in c))
-        print("# decisions")
-        _print_decisions(decisions)
+                print(" ".join('"$CTR"' if a == "$CTR" else shlex.quote(a) for a in c), file=out)
+        print("# decisions", file=out)
+        _print_decisions(decisions, out)
+        shellsafe.write_script(out.getvalue())
     sys.stdout.flush()
     if refused is not None:
         raise refused

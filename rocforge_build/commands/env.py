@@ -21,6 +21,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from rocforge_build import shellsafe
     from rocforge_build.discover import envcache, envscript, envwarnings, resolver
     from rocforge_build.errors import NoRocmError, UsageError
 
@@ -50,6 +51,6 @@ def run(args) -> int:
         output += comment(note) + "\n" if note else ""
     if getattr(args, "argv", None) is not None:
         envcache.store(args.argv, output, recorded)
-    envwarnings.write_script(output)
+    shellsafe.write_script(output)
     envwarnings.to_stderr(res.warnings)
     return 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from rocforge_build import argtypes
+from rocforge_build import argtypes, shellsafe
 
 
 def add_arguments(parser) -> None:
@@ -36,5 +36,5 @@ def run(args) -> int:
     elif args.write:
         print(f"rocforge: wrote {args.write}; review it, then run it with `sh {args.write}`")
     else:
-        print(script, end="")
+        shellsafe.write_script(script)
     return 0

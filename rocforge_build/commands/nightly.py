@@ -381,8 +381,8 @@ def _pip(args, cfg) -> int:
         print(json.dumps({"target": target, "route": route, "index": index, "requirement": req,
                           "reason": reason, "argv": argv}, indent=2))
     else:
-        print(shellsafe.comment(reason))  # from the config: one comment line, never a command
-        print(proc.quote(argv))
+        # the reason is from the config: one comment line, never a command
+        shellsafe.write_script(shellsafe.comment(reason) + "\n" + proc.quote(argv) + "\n")
     if args.install:
         proc.run(argv, capture=False, timeout=None)  # pip's downloads: their length is the work
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from rocforge_build import argtypes
+from rocforge_build import argtypes, shellsafe
 from rocforge_build.errors import UsageError
 from rocforge_build.measure.preset import export, model_key, render
 from rocforge_build.measure.store import Store
@@ -93,9 +93,9 @@ def run(args) -> int:
         if preset is None:
             raise _missing(store, args.model)
     if args.action == "export":
-        print(export(preset, args.format, args.range, args.host, args.port), end="")
+        shellsafe.write_script(export(preset, args.format, args.range, args.host, args.port))
     elif args.json:
         print(json.dumps(preset, indent=2))
     else:
-        print(render(preset, shell=args.shell, only=args.range), end="")
+        shellsafe.write_script(render(preset, shell=args.shell, only=args.range))
     return 0

@@ -39,11 +39,9 @@ def run(args) -> int:
     line = shellsafe.sh_command(p.argv, {k: str(v) for k, v in p.env.items()},
                                 "the preset's command (results store)", ConfigError)
     if args.dry_run:
-        print(shellsafe.comment(f"rocforge serve: preset version {preset.get('version')}, "
-                                f"range {p.range} ({p.why})"))
-        for note in p.notes:
-            print(shellsafe.comment(note))
-        print(line)
+        head = [f"rocforge serve: preset version {preset.get('version')}, range {p.range} ({p.why})",
+                *p.notes]
+        shellsafe.write_script("".join(shellsafe.comment(h) + "\n" for h in head) + line + "\n")
         return 0
     from rocforge_build.measure import provenance
     from rocforge_build.nightly import known_bad

@@ -234,6 +234,7 @@ def _tune_build(b, s, spec, run_id, ranges: dict[str, int], n_ctx, progress, arg
 def _print_summary(summary: dict, ranges: list[str], model_path, reps: int) -> None:
     """The summary for people: each candidate's gate and search, then each range's winner and the
     variants refused at the range's shape (whether or not a winner was stored)."""
+    from rocforge_build import shellsafe
     from rocforge_build.proc import quote
 
     for c in summary["candidates"]:
@@ -256,7 +257,8 @@ def _print_summary(summary: dict, ranges: list[str], model_path, reps: int) -> N
         for rej in refused:
             print(f"  not stored: {rej['variant_label']} ({rej['prefix']}): {rej['reason']}")
     if preset:
-        print(f"preset stored as version {preset['version']}: rocforge preset show {quote([str(model_path)])}")
+        shellsafe.write_script(f"preset stored as version {preset['version']}: "  # a command to copy
+                               f"rocforge preset show {quote([str(model_path)])}\n")
 
 
 def settle_all(results, ranges: dict[str, int], searched_s: float, say) -> dict[str, dict]:

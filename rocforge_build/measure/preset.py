@@ -107,7 +107,7 @@ def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
     ranges = preset["ranges"]
     if only and only not in ranges:
         raise UsageError(f"the preset has no range {only!r}", f"ranges: {', '.join(ranges)}")
-    out = []
+    out, lines = [], {}
     if shell:
         out += [shellsafe.SHEBANG, shellsafe.comment(
             f"rocforge preset for {preset['model']['name']} (sha256 "
@@ -122,17 +122,16 @@ def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
                f"{r['variant_label']}; measured {figs}; score {r['score']:.1f} (next best: {r.get('runner_up') or 'none'})")
         if shell:
             out += [shellsafe.comment(why)] + [shellsafe.comment(n) for n in r["notes"]]
-            if only or len(ranges) == 1:
-                out.append(f'exec {cmd} "$@"')
-            else:
-                out.append(shellsafe.sh_function(name, cmd))
+            lines[name] = cmd
         else:
             out += [shellsafe.one_line(f"[{name}] {why}")] + [f"  note: {shellsafe.one_line(n)}" for n in r["notes"]]
             out += [f"  {cmd}", ""]
-    if shell and not only and len(ranges) > 1:
+    if len(lines) == 1:  # `exec`: the first word, never a name a range could define
+        out.append(f'exec {next(iter(lines.values()))} "$@"')
+    elif lines:
         from rocforge_build.measure.serve import default_range  # the range serve picks too
 
-        out += shellsafe.sh_dispatch("ROCFORGE_RANGE", list(ranges), default_range(ranges))
+        out += shellsafe.sh_dispatch("ROCFORGE_RANGE", lines, default_range(ranges))
     return "\n".join(out).rstrip() + "\n"
 
 

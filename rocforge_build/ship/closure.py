@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from rocforge_build import ownership, proc, replace, rootfs
+from rocforge_build import ownership, proc, replace, rootfs, shellsafe
 from rocforge_build.errors import BuildError, ConfigError, ToolchainError, reason
 from rocforge_build.resources import containers_dir, load_toml
 
@@ -361,9 +361,11 @@ def parse_dotenv(text: str) -> dict[str, str]:
     """`rocforge env --shell dotenv`: Docker/Podman `--env-file` semantics.
 
     `KEY=value` with the value literal (no quotes, no expansion, everything after the first `=`);
-    lines starting with `#` are comments (that is how dotenv lists variables to unset)."""
+    lines starting with `#` are comments (that is how dotenv lists variables to unset).  Lines
+    end at LF alone, as Docker's reader splits them (`str.splitlines` would also split at U+2028
+    and make a second variable out of one value)."""
     env: dict[str, str] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
+    for n, raw in enumerate(text.split("\n"), 1):
         line = raw.lstrip()
         if not line or line.startswith("#"):
             continue
@@ -371,6 +373,9 @@ def parse_dotenv(text: str) -> dict[str, str]:
         if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
             raise ConfigError(f"dotenv line {n} is not KEY=value: {raw!r}",
                               "the file must come from `rocforge env --shell dotenv`")
+        problem = shellsafe.env_value_problem(value)
+        if problem:  # never written by `rocforge env`, which refuses it; no image gets it either
+            raise ConfigError(f"dotenv line {n}: {key}: {problem}", shellsafe.BREAK_HINT)
         env[key] = value
     return env
 
