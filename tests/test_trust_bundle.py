@@ -648,3 +648,59 @@ def test_every_key_of_bundle_toml_is_checked(sandbox, capsys, field, change):
         else:
             target.write_bytes(payload)
     assert f"field {field}" in check_fails(folder, capsys)
+
+
+# -- names bundle.toml cannot carry; builds made for no GPU target ---------------------------------
+@needs("patchelf")
+@pytest.mark.parametrize("bad", [b"bad\xffname", b"two\nlines", b"esc\x1b[2Jape"])
+def test_a_name_bundle_toml_cannot_record_is_one_line(sandbox, bad):
+    """Before the fix a file named `bad\\xffname` in the prefix ended in exit 70 (internal error:
+    UnicodeEncodeError writing bundle.toml); a newline or escape in a name made a bundle that
+    `bundle check` then refused.  Refused before any copy: one line naming the file, exit 2."""
+    prefix = _show_prefix(sandbox / "work")
+    with open(os.path.join(os.fsencode(prefix / "bin"), bad), "wb") as fh:
+        fh.write(RUN)
+    out = sandbox / "work" / "b.tar.gz"
+    before = snapshot(sandbox)
+    res = _cli("bundle", str(prefix), "--target", "gfx1151", "--out", str(out))
+    line = one_line(res.stderr, res.returncode, 2)
+    assert repr(str(prefix / "bin" / os.fsdecode(bad))) in line, line
+    assert "\x1b" not in res.stderr
+    assert snapshot(sandbox) == before and not out.exists()
+
+
+def _cpu_prefix(where: Path, target: str) -> Path:
+    prefix = _show_prefix(where)
+    manifest = prefix / "rocforge-manifest.toml"
+    manifest.write_text(manifest.read_text().replace('target = "gfx1151"', f'target = "{target}"'))
+    return prefix
+
+
+@needs("patchelf")
+def test_a_build_for_no_gpu_target_bundles_without_target(sandbox):
+    """A CPU or Vulkan build records `target = ""`: before the fix it could not be bundled at all
+    ("built for , not gfx1151", hint "use --target ,"; `--target ''`: "--target is required")."""
+    prefix = _cpu_prefix(sandbox / "work", "")
+    out = sandbox / "work" / "cpu.tar.gz"
+    res = _cli("bundle", str(prefix), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    res = _cli("bundle", "check", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "show (cpu) for no GPU target" in res.stdout
+    assert "CPU code only" in res.stdout
+    again = sandbox / "work" / "cpu2.tar.gz"
+    res = _cli("bundle", str(prefix), "--target", "gfx1151", "--out", str(again))
+    assert res.returncode == 0, res.stderr
+    assert "rocforge: warning: --target gfx1151 is ignored" in res.stderr
+    for argv in (["--target", ""], []):
+        res = _cli("bundle", str(prefix), *argv, "--out", str(sandbox / "work" / "cpu3.tar.gz"))
+        assert res.returncode == 0 and " , " not in res.stderr and "for ," not in res.stderr, res.stderr
+
+
+def test_a_gpu_build_without_target_names_its_target(sandbox):
+    prefix = _cpu_prefix(sandbox / "work", "gfx1151")
+    res = _cli("bundle", str(prefix), "--out", str(sandbox / "work" / "g.tar.gz"))
+    line = one_line(res.stderr, res.returncode, 2)
+    assert "was built for gfx1151" in line and "add --target gfx1151" in res.stderr
+    res = _cli("bundle", str(prefix), "--target", "gfx1100", "--out", str(sandbox / "work" / "g.tar.gz"))
+    assert "was built for gfx1151, not gfx1100" in one_line(res.stderr, res.returncode, 2)
