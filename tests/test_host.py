@@ -252,7 +252,7 @@ def test_reserve_gives_the_peers_124_gib(tmp_path):
 
 def _run_sed(cmd: str, root: Path, inner: str) -> None:
     """Run a plan's sed line for real (minus sudo) on the fixture's copy of the file."""
-    assert cmd.startswith("sudo sed -i.rocforge.bak ")
+    assert cmd.startswith("sudo env LC_ALL=C sed -i.rocforge.bak ")
     local = cmd.replace("sudo ", "", 1).replace(f" {inner}", f" {root / inner.lstrip('/')}")
     subprocess.run(["sh", "-c", local], check=True)
 

@@ -167,3 +167,30 @@ def test_a_grub_d_file_that_sets_the_variable_is_left_to_the_user(tmp_path):
     assert "50-cloudimg-settings.cfg" in err and target in err
     _apply(root, step)
     assert (root / "etc/default/grub").read_bytes() == grub
+
+
+ENTRY = b"title   Arch Linux\nlinux   /vmlinuz-linux\ninitrd  /initramfs-linux.img\n"
+ENTRIES = [
+    ("non-utf8", ENTRY + b"options root=PARTUUID=6f0f rw quiet caf\xe9 \xff\xfe\n"),
+    ("two-options-lines", ENTRY + b"options root=PARTUUID=6f0f rw\noptions quiet amdgpu.sg_display=0\n"),
+    ("crlf", ENTRY.replace(b"\n", b"\r\n") + b"options root=PARTUUID=6f0f rw quiet\r\n"),
+]
+
+
+@pytest.mark.parametrize("name, entry", ENTRIES, ids=[n for n, _ in ENTRIES])
+def test_a_systemd_boot_entry_rocforge_cannot_carry_back_is_left_to_the_user(tmp_path, name, entry):
+    """systemd-boot joins every `options` line of an entry (the Boot Loader Specification); a
+    rewrite of each line by `^options` would give every line the same text, and bytes decoded
+    with replacement would come back as U+FFFD."""
+    root = tmp_path / "root"
+    hr.strix_64(root)
+    path = root / "boot/loader/entries/arch.conf"
+    path.write_bytes(entry)
+    script = tmp_path / "plan.sh"
+    out = cli_subprocess(root, "host", "plan", "--write", str(script))
+    assert out.returncode == 0, out.stderr
+    (warning,) = out.stderr.splitlines()
+    assert warning.startswith("rocforge: warning: /boot/loader/entries/arch.conf: ") and "by hand" in warning
+    step = script.read_text().split("\n# kernel-args: ", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert all(ln.startswith("#") for ln in step), step
+    assert path.read_bytes() == entry

@@ -6,6 +6,7 @@ rocforge did not write.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from rocforge_build import shellsafe
@@ -111,17 +112,40 @@ def _rewrite(words: list[str], remove: set[str], keys: set[str], add: list[str])
     return kept + [a for a in add if a not in kept]
 
 
-_GRUB_MAX = 1 << 20
+_MAX_EDIT = 1 << 20
+BY_HAND = "rocforge does not edit it: edit it by hand"
+
+
+def _file_bytes(root: Root, inner: str) -> bytes | None:
+    """A file's bytes; None when missing or unreadable, or too big to read whole."""
+    try:
+        with open_regular(root.host_str(inner)) as f:
+            data = f.read(_MAX_EDIT + 1)
+    except (OSError, ValueError):
+        return None
+    return None if len(data) > _MAX_EDIT else data
 
 
 def _grub_bytes(root: Root) -> bytes | None:
-    """/etc/default/grub's bytes; None when missing or unreadable, or too big to read whole."""
+    return _file_bytes(root, kernel_cmdline.GRUB_FILE)
+
+
+def _by_hand(where: str, why: str, add: list[str], rm: set[str]) -> str:
+    """The comment that leaves a change to the user, naming it and why."""
+    return comment(f"{where}: {why}; {BY_HAND} (add: {' '.join(add) or 'nothing'}; "
+                   f"remove: {' '.join(sorted(rm)) or 'nothing'})")
+
+
+def _line_file_text(data: bytes | None, path: str) -> tuple[str | None, str | None]:
+    """(text, None) of a line-based file rocforge may rewrite, or (None, why not): bytes that are
+    not UTF-8 or a carriage return would come back changed."""
+    if data is None:
+        return None, f"rocforge cannot read {path} whole"
     try:
-        with open_regular(root.host_str(kernel_cmdline.GRUB_FILE)) as f:
-            data = f.read(_GRUB_MAX + 1)
-    except (OSError, ValueError):
-        return None
-    return None if len(data) > _GRUB_MAX else data
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "it is not valid UTF-8"
+    return (None, "it has CRLF line endings") if "\r" in text else (text, None)
 
 
 def _grub_overrides(root: Root, var: str) -> str | None:
@@ -154,9 +178,7 @@ def _grub_commands(root: Root, add: list[str], rm: set[str], keys: set[str]) -> 
                         "would join its last line")
         if isinstance(f, Unclear):
             if wanted or rm:
-                cmds.append(comment(f"{kernel_cmdline.GRUB_FILE}: {var}: {f.why}; rocforge does not "
-                                    f"edit it: edit it by hand (add: {' '.join(wanted) or 'nothing'}; "
-                                    f"remove: {' '.join(sorted(rm)) or 'nothing'})"))
+                cmds.append(_by_hand(f"{kernel_cmdline.GRUB_FILE}: {var}", f.why, wanted, rm))
             continue
         if isinstance(f, Absent):
             if wanted:
@@ -178,23 +200,38 @@ def _boot_commands(root: Root, boot: str, add: list[str], remove: list[str], key
     if boot == "grub":
         return _grub_commands(root, add, rm, keys)
     if boot == "systemd-boot":
-        cmds = []
-        for path, text in systemd_boot_entries(root):
-            for ln in text.split("\n"):
-                if ln.startswith("options"):
-                    words = parse_cmdline(ln[len("options"):])
-                    new = _rewrite(words, rm, keys, add)
-                    if new != words:
-                        cmds.append(kernel_cmdline.loader_options(path, new))
-        kc = read(root, "/etc/kernel/cmdline")
-        if kc is not None:
-            words = parse_cmdline(kc)
-            new = _rewrite(words, rm, keys, add)
-            if new != words:
-                cmds.append(kernel_cmdline.kernel_cmdline_file(new))
-        return tuple(cmds)
+        return _systemd_boot_commands(root, add, rm, keys)
     return tuple(comment(f"add to the kernel command line by hand: {w}") for w in add) + \
         tuple(comment(f"remove from the kernel command line by hand: {w}") for w in remove)
+
+
+def _systemd_boot_commands(root: Root, add: list[str], rm: set[str], keys: set[str]) -> tuple[str, ...]:
+    """Each entry's one `options` line and /etc/kernel/cmdline, rewritten whole; an entry with
+    several `options` lines (the loader joins them) or bytes rocforge cannot carry back is left
+    to the user."""
+    cmds = []
+    for path, _ in systemd_boot_entries(root):
+        text, why = _line_file_text(_file_bytes(root, path), path)
+        opts = [ln for ln in (text or "").split("\n") if re.match(r"options[ \t]", ln)]
+        if text is not None and len(opts) > 1:
+            why = f"it has {len(opts)} options lines"
+        if why:
+            cmds.append(_by_hand(path, why, add, rm))
+            continue
+        for ln in opts:
+            words = parse_cmdline(ln[len("options"):])
+            new = _rewrite(words, rm, keys, add)
+            if new != words:
+                cmds.append(kernel_cmdline.loader_options(path, new))
+    if root.exists("/etc/kernel/cmdline"):
+        text, why = _line_file_text(_file_bytes(root, "/etc/kernel/cmdline"), "/etc/kernel/cmdline")
+        if why:
+            return (*cmds, _by_hand("/etc/kernel/cmdline", why, add, rm))
+        words = parse_cmdline(text or "")
+        new = _rewrite(words, rm, keys, add)
+        if new != words:
+            cmds.append(kernel_cmdline.kernel_cmdline_file(new))
+    return tuple(cmds)
 
 
 def _initramfs(fam: str) -> str:
@@ -249,7 +286,7 @@ def plan(root: Root, gpus, reserve_gib: float | None = None) -> Plan:
     elif not h.has_apu:
         notes.insert(0, "no APU found: the GTT settings do not apply (a discrete GPU has its own VRAM)")
     by_hand = tuple(c[2:] for s in steps if not s.optional for c in s.commands
-                    if c.startswith(comment(kernel_cmdline.GRUB_FILE + ":")))
+                    if c.startswith("# ") and BY_HAND in c)
     return Plan(pages, want, module if h.has_apu else h.module, boot, tuple(add), tuple(remove),
                 tuple(steps), tuple(notes),
                 round(h.mem_total_kib / (1 << 20), 2) if h.mem_total_kib else None,

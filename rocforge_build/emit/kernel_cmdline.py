@@ -124,14 +124,15 @@ def grub_assignment(var: str, words: list[str]) -> str:
 
 
 def sed_replace(path: str, line_regex: str, new_line: str) -> str:
-    """`sudo sed -i.rocforge.bak` replacing each line that starts with `line_regex` (a fixed
-    pattern of this module's callers) by `new_line`, with the user's file kept as `.rocforge.bak`."""
+    """`sudo env LC_ALL=C sed -i.rocforge.bak` (bytes, whatever the locale) replacing each line
+    that starts with `line_regex` (a fixed pattern of this module's callers) by `new_line`, with
+    the user's file kept as `.rocforge.bak`."""
     problem = shellsafe.word_problem(new_line)
     if problem:
         raise UsageError(f"{path}: {problem}", HINT)
     repl = new_line.replace("\\", "\\\\").replace("&", "\\&").replace("|", "\\|")
     script = f"s|^{line_regex}.*|{repl}|"
-    return f"sudo sed -i.rocforge.bak {shellsafe.sh_quote(script)} {shellsafe.sh_word(path)}"
+    return f"sudo env LC_ALL=C sed -i.rocforge.bak {shellsafe.sh_quote(script)} {shellsafe.sh_word(path)}"
 
 
 def grub_rewrite(var: str, found: Simple, words: list[str], path: str = GRUB_FILE) -> str:
