@@ -185,6 +185,6 @@ def test_bundle_actions_show_their_own_help(action, flag):
 
 def test_bundle_help_is_still_the_pack_form():
     text = _help("bundle", "--help")
-    assert text.startswith("usage: rocforge bundle PREFIX|RECIPE --target GFX")
+    assert text.startswith("usage: rocforge bundle PREFIX|RECIPE [--target GFX]")
     assert "--out FILE" in text and "rocforge bundle check FILE|DIR" in text
     assert _help("bundle", "/opt/some/prefix", "--help") == text  # a prefix is not an action
