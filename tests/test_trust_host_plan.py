@@ -83,6 +83,8 @@ BY_HAND = [
     ("after-and", b"true &&\nGRUB_CMDLINE_LINUX_DEFAULT=quiet\n"),
     ("inside-quotes", b'GRUB_BADRAM="\nGRUB_CMDLINE_LINUX_DEFAULT=quiet\n"\n'),
     ("no-final-newline", b"GRUB_TIMEOUT=5"),
+    ("here-document", b"cat >/dev/null <<EOF\nGRUB_CMDLINE_LINUX_DEFAULT=quiet\nEOF\n"),
+    ("deep-nesting", b'GRUB_X="' + b'$("' * 5000 + b"\n"),
 ]
 
 

@@ -10,6 +10,7 @@ understands and leaves the rest to the user (sh(1) POSIX, "Shell Command Languag
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -156,15 +157,20 @@ def scan(data: bytes) -> _Scan:
 
 def find(data: bytes, name: str) -> Simple | Unclear | Absent:
     """How the file `data` sets `name` (see the module's docstring)."""
-    s = scan(data)
+    try:
+        s = scan(data)
+    except RecursionError:
+        return Unclear("the file nests `$(`, `${` or quotes deeper than rocforge follows")
     mention = re.compile(rb"(?<![A-Za-z0-9_])" + name.encode() + rb"(?![A-Za-z0-9_])")
-    lines = sorted({s.code.count(b"\n", 0, m.start()) for m in mention.finditer(s.code)})
+    breaks = [m.start() for m in re.finditer(rb"\n", data)]
+    lines = sorted({bisect.bisect_left(breaks, m.start()) for m in mention.finditer(s.code)})
     if s.problem:
         return Unclear(f"the file holds {s.problem}, which rocforge does not parse")
     if not lines:
         return Absent(appendable=data == b"" or data.endswith(b"\n"))
     if len(lines) > 1:
-        return Unclear(f"{name} appears on lines {', '.join(str(n + 1) for n in lines)}")
+        shown = ", ".join(str(n + 1) for n in lines[:5]) + (", ..." if len(lines) > 5 else "")
+        return Unclear(f"{name} appears on lines {shown}")
     raw = data.split(b"\n")[lines[0]]
     where = f"{name} on line {lines[0] + 1}"
     m = re.fullmatch(re.escape(name.encode()) + b"=(" + _WORD + rb")((?:[ ]+#.*)?[ ]*)", raw)
