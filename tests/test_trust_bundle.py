@@ -704,3 +704,25 @@ def test_a_gpu_build_without_target_names_its_target(sandbox):
     assert "was built for gfx1151" in line and "add --target gfx1151" in res.stderr
     res = _cli("bundle", str(prefix), "--target", "gfx1100", "--out", str(sandbox / "work" / "g.tar.gz"))
     assert "was built for gfx1151, not gfx1100" in one_line(res.stderr, res.returncode, 2)
+
+
+@needs("patchelf")
+def test_a_recipes_cpu_build_is_found_without_target(sandbox):
+    """RECIPE names the build rocforge made: one made for no GPU target is found without --target
+    (and with one, which is then ignored); the bundle's folder is `<recipe>-<backend>`."""
+    data = sandbox / "data"
+    prefix = data / "builds" / "llama-cpp-cpu"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "show").write_bytes(RUN)
+    (prefix / "rocforge-manifest.toml").write_text(
+        f'prefix = "{prefix}"\ntarget = ""\nbackend = "cpu"\n[recipe]\nname = "llama-cpp"\n')
+    env = {**os.environ, "ROCFORGE_DATA_DIR": str(data)}
+    for argv, name in ((["--target", "gfx1151"], "t"), ([], "n")):
+        out = sandbox / "work" / f"{name}.tar.gz"
+        res = subprocess.run([sys.executable, "-m", "rocforge_build.cli", "bundle", "llama-cpp", *argv,
+                              "--out", str(out)], capture_output=True, text=True, timeout=60, env=env,
+                             stdin=subprocess.DEVNULL)
+        assert res.returncode == 0, res.stderr
+        assert ("is ignored" in res.stderr) == bool(argv), res.stderr
+        with tarfile.open(out) as tf:
+            assert tf.getnames()[0] == "llama-cpp-cpu"
