@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEFAULTS_FILE = package_data("defaults.toml")
+_MAX_CHARS = 4 << 20  # a config file is a few kB: 4 Mi characters is far past any meant
 OPEN_TABLES = ("nightly.sources",)
 
 
@@ -75,7 +76,12 @@ def _read(path: str | os.PathLike[str]) -> str | None:
         if not stat.S_ISREG(mode):
             raise _not_regular(path)
         with os.fdopen(fd, encoding="utf-8", closefd=False) as fh:  # as Path.read_text reads
-            return fh.read()
+            text = fh.read(_MAX_CHARS + 1)  # bounded: a huge file is never held in memory
+        if len(text) > _MAX_CHARS:
+            raise ConfigError(f"config file {path} is longer than {_MAX_CHARS >> 20} Mi "
+                              "characters: not a config file rocforge reads",
+                              f"remove or rename {path}; `rocforge config set` creates the file")
+        return text
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:

@@ -486,3 +486,130 @@ def test_the_trial_config_values_are_refused_when_set(tmp_path, capsys, key, val
     code, _, err = run_cli(capsys, "config", "set", key, value)
     assert code == 2 and key in one_error(err)
     assert not paths.config_file().exists()
+
+
+# -- 10. verify --text reads only the start it needs ----------------------------------------------------
+
+_READ_START = """
+import resource, sys
+from pathlib import Path
+from rocforge_build.measure.verify import text_start
+out = text_start(Path(sys.argv[1]), int(sys.argv[2]))
+print(out.stat().st_size, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # Linux: KiB
+"""
+
+
+@pytest.mark.parametrize("fill", ["sparse", "utf8"])
+def test_verify_text_of_a_gibibyte_is_read_in_bounded_memory(tmp_path, fill):
+    """A 1 GiB --text (sparse: no disk needed) in a child process: its peak resident memory stays
+    under 200 MB (the whole file read at once is 2.1 GB); a multi-byte character split across
+    two read blocks is decoded, not replaced."""
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as fh:
+        if fill == "utf8":
+            # 'é' is 2 bytes from an odd offset: the 1 MiB read blocks split one
+            fh.write(b"a" + ("é" * 700_000 + "\n").encode() * 20)
+        fh.truncate(1 << 30)
+    env = {**os.environ, "ROCFORGE_CACHE_DIR": str(tmp_path / "cache")}
+    ctx = "512" if fill == "sparse" else "16384"  # 16384: the start is 2 MiB, two read blocks
+    proc = subprocess.run([sys.executable, "-c", _READ_START, str(big), ctx], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    size, peak_kib = map(int, proc.stdout.split())  # the child's own peak: no other child's
+    assert peak_kib < 200 * 1024, f"peak RSS {peak_kib} KiB"
+    assert 0 < size < 1 << 24
+    start = next((tmp_path / "cache" / "verify").glob("text-start-*.txt")).read_text()
+    if fill == "utf8":
+        assert "\ufffd" not in start and set(start) <= {"a", "é", "\n"}
+
+
+# -- 11. a user's path that cannot be opened is said for what it is (rocforge_build/userpath.py) --------
+
+def _odd_path(tmp_path: Path, kind: str) -> Path:
+    """A real symbolic link loop, a dangling link, a FIFO, a directory or /dev/zero."""
+    if kind == "device":
+        return Path("/dev/zero")
+    p = tmp_path / f"odd-{kind}.toml"
+    if kind == "loop":
+        p.symlink_to(p.name)  # a link to itself: ELOOP
+    elif kind == "dangling":
+        p.symlink_to("nowhere")
+    elif kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "directory":
+        p.mkdir()
+    return p
+
+
+_SAYS = {"loop": "symbolic link loop", "dangling": "symbolic link to nothing", "fifo": "is a FIFO",
+         "directory": "is a directory", "device": "is a character device", "missing": "does not exist"}
+
+
+@pytest.mark.parametrize("kind", list(_SAYS))
+@pytest.mark.parametrize("argv", [["build", "{p}", "--dry-run"],
+                                  ["build", "llama-cpp", "--backend", "cpu", "--source", "{p}",
+                                   "--dry-run"],
+                                  ["bundle", "check", "{p}"], ["bundle", "unpack", "{p}",
+                                                                "--into", "{d}"]])
+def test_a_user_path_that_cannot_be_opened_is_named_for_what_it_is(tmp_path, capsys, kind, argv):
+    p = _odd_path(tmp_path, kind)
+    if kind == "directory" and ("check" in argv or "--source" in argv):
+        pytest.skip("a directory is what this path may be (an unpacked bundle, a source tree)")
+    start = time.monotonic()
+    code, _, err = run_cli(capsys, *[a.format(p=p, d=tmp_path / "into") for a in argv])
+    assert time.monotonic() - start < 30  # a FIFO is never waited on
+    line = one_error(err)
+    assert code == 2 and _SAYS[kind] in line, line
+    assert "no such file or directory" not in line.lower() or kind == "missing"
+
+
+@pytest.mark.parametrize("kind", ["loop", "fifo", "directory"])
+def test_a_results_database_path_that_cannot_be_used_is_said_so(tmp_path, kind):
+    db = _odd_path(tmp_path, kind)
+    proc = subprocess.run([sys.executable, "-m", "rocforge_build", "results", "list"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "ROCFORGE_RESULTS_DB": str(db)})
+    line = one_error(proc.stderr)
+    assert _SAYS[kind] in line and "unable to open database file" not in line
+    assert proc.returncode == (2 if kind == "loop" else 11)
+
+
+@pytest.mark.parametrize("kind", ["loop", "fifo", "dangling"])
+def test_verify_text_that_cannot_be_read_is_one_line(tmp_path, kind):
+    from rocforge_build.errors import UsageError
+    from rocforge_build.measure.verify import text_start
+
+    with pytest.raises(UsageError, match=_SAYS[kind]):
+        text_start(_odd_path(tmp_path, kind), 512)
+
+
+def test_a_recipe_of_a_gibibyte_is_refused_after_4_mib(tmp_path, capsys):
+    big = tmp_path / "big.toml"
+    with open(big, "wb") as fh:
+        fh.truncate(1 << 30)
+    code, _, err = run_cli(capsys, "build", str(big), "--dry-run")
+    assert code == 2 and "larger than 4 MiB" in one_error(err)
+
+
+def test_a_config_file_of_a_gibibyte_is_refused_without_reading_it_all(tmp_path):
+    cfg = paths.config_file()
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    with open(cfg, "wb") as fh:
+        fh.truncate(1 << 30)
+    proc = subprocess.run([sys.executable, "-c", "import resource, sys\n"
+                           "from rocforge_build import cli\ncode = cli.main(['config', 'list'])\n"
+                           "print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ROCFORGE_CONFIG_DIR": str(cfg.parent)})
+    code, peak_kib = map(int, proc.stdout.split())
+    assert code == 2 and "longer than 4 Mi characters" in one_error(proc.stderr)
+    assert peak_kib < 200 * 1024
+
+
+# -- 12. results export of a run that does not exist ------------------------------------------------
+
+@pytest.mark.parametrize("fmt", [["--csv"], ["--json"]])
+def test_results_export_of_a_missing_run_is_one_line(tmp_path, capsys, monkeypatch, fmt):
+    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(tmp_path / "results.db"))
+    code, out, err = run_cli(capsys, "results", "export", "--run", "1000", *fmt)
+    assert code == 2 and out == "" and "there is no run 1000" in one_error(err)

@@ -98,6 +98,8 @@ def _show(store: Store, args) -> int:
 
 def _export(store: Store, args) -> int:
     prefix = str(Path(args.prefix).expanduser().resolve()) if args.prefix else None
+    if args.run is not None and store.run_info(args.run) is None:  # as `results show` says it
+        raise UsageError(f"there is no run {args.run}", "see `rocforge results list`")
     rows = [r.to_json() for r in store.rows(run_id=args.run, prefix=prefix)]
     if args.json:
         print(json.dumps(rows, indent=2, default=str))

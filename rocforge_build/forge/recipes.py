@@ -372,8 +372,12 @@ def _check_rule(kind: str, item: dict, backends: dict[str, Backend], name: str, 
 
 
 def load_file(path: Path) -> Recipe:
+    from rocforge_build import userpath  # at most 4 MiB: never a huge file held in memory
+
     try:
-        text = path.read_text(encoding="utf-8")
+        text = userpath.read_text(path, "recipe file")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"recipe file {path} is not UTF-8 text (byte {exc.start})") from exc
     except OSError as exc:
         raise ConfigError(f"recipe file {path} is unreadable: {exc.strerror}") from exc
     return parse(text, path.resolve())
@@ -388,13 +392,9 @@ def load(name_or_path: str) -> Recipe:
     """A packaged recipe by name, or a recipe file by path (anything ending in .toml)."""
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         p = Path(name_or_path)
-        if not p.exists():
-            raise UsageError(f"recipe file {name_or_path} does not exist")
-        if not p.is_file():  # a FIFO would hang the read, a directory cannot be read
-            from rocforge_build.rootfs import file_kind
+        from rocforge_build import userpath  # a FIFO would hang the read, a loop is no file
 
-            raise UsageError(f"recipe file {name_or_path} is {file_kind(p.stat().st_mode)}, "
-                             "not a regular file", "give the recipe's .toml file")
+        userpath.require(p, "recipe file", hint="give the recipe's .toml file")
         return load_file(p)
     table = available()
     if name_or_path not in table:

@@ -110,14 +110,11 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
             check_git_url(url, "--source")
             return SourceSpec("git", url, ref=ref or rs.ref, subdir=_git_subdir(rs), **git_extra)
         path = Path(unquote(parsed.path) if parsed.scheme == "file" else source).expanduser()
-        if not path.exists():
-            raise UsageError(f"--source {source}: no such file or directory")
-        path = path.resolve()
-        if not (path.is_file() or path.is_dir()):  # a FIFO, socket or device
-            from rocforge_build.rootfs import file_kind
+        from rocforge_build import userpath  # missing, a link loop, a FIFO, socket or device
 
-            raise UsageError(f"--source {source} is {file_kind(path.stat().st_mode)}, not a "
-                             "regular file or directory", "give a source tree, a tarball or a URL")
+        userpath.require(path, "--source", ("file", "directory"),
+                         hint="give a source tree, a tarball or a URL")
+        path = path.resolve()
         if path.is_file():
             if not _is_tarball(path.name):
                 raise UsageError(f"--source {source}: a file source must be a tarball")

@@ -187,8 +187,12 @@ class Store:
         for path in (self.path, *(Path(f"{self.path}{end}") for end in ("-wal", "-shm", "-journal"))):
             try:
                 mode = path.stat().st_mode
-            except OSError:
-                continue  # absent (SQLite creates it) or unreadable (SQLite's own error says so)
+            except OSError:  # absent (SQLite creates it), else a link loop, a name too long...
+                from rocforge_build import userpath
+
+                userpath.require(path, "results database", missing_ok=True,
+                                 hint="point ROCFORGE_RESULTS_DB at a regular file")
+                continue
             if not stat.S_ISREG(mode):
                 raise StoreError(f"results database {path} is {rootfs.file_kind(mode)}, not a "
                                  "regular file; rocforge leaves it untouched",

@@ -327,10 +327,34 @@ def _ref_key(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool) -> s
 CHARS_PER_TOKEN = 32
 
 
+def read_chars(text: Path, want: int, block: int = 1 << 20) -> str:
+    """The first `want` characters of `text` (UTF-8, undecodable bytes replaced), read a block at a
+    time: the text is the user's, and a 1 GiB --text must not be held in memory for its start.  An
+    incremental decoder joins a character split across two blocks."""
+    import codecs
+
+    from rocforge_build.rootfs import open_regular
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    parts, have = [], 0
+    with open_regular(text) as f:
+        while have < want:
+            data = f.read(block)
+            piece = decoder.decode(data, final=not data)[:want - have]
+            parts.append(piece)
+            have += len(piece)
+            if not data:
+                break
+    return "".join(parts)
+
+
 def text_start(text: Path, ctx: int) -> Path:
     """The start of `text` that is enough for a check at `ctx` (llama-perplexity needs two contexts
     of tokens and scores `chunks_for(ctx)`), cached beside the verify cache; the text itself when
     it is not longer."""
+    from rocforge_build import userpath  # a FIFO would hang llama-perplexity, a loop is no text
+
+    userpath.require(text, "--text", hint="give a text file (UTF-8)")
     want = max(2, chunks_for(ctx) + 1) * ctx * CHARS_PER_TOKEN
     st = text.stat()
     if st.st_size <= want:
@@ -338,7 +362,7 @@ def text_start(text: Path, ctx: int) -> Path:
     key = hashlib.sha256(repr((str(text), st.st_size, st.st_mtime_ns, want)).encode()).hexdigest()[:16]
     out = cache_dir() / f"text-start-{key}.txt"
     if not out.is_file():
-        body = text.read_text(encoding="utf-8", errors="replace")[:want]
+        body = read_chars(text, want)
         cut = body.rfind("\n")  # end at a line, not inside a word
         out.parent.mkdir(parents=True, exist_ok=True)
         paths.write_whole(out, body[:cut + 1] if cut > want // 2 else body)
