@@ -202,10 +202,14 @@ def test_cli_list_limit_0_is_all_and_n_is_the_first_n(cdn, capsys):
     full = json.loads(_cli(capsys, "nightly", "list", "--index", cdn.url, "--target", "gfx1151",
                            "--json")[1])
     assert len(full) > 1
-    for limit, want in (("0", full), ("1", full[:1]), (str(10 ** 24), full)):
+    for limit, want in (("0", full), ("1", full[:1]), ("10000", full)):
         rc, out, err = _cli(capsys, "nightly", "list", "--index", cdn.url, "--target", "gfx1151",
                             "--json", "--limit", limit)
         assert rc == 0 and json.loads(out) == want, err
+    with pytest.raises(SystemExit) as refused:  # past the documented range: refused while parsing
+        _cli(capsys, "nightly", "list", "--index", cdn.url, "--limit", str(10 ** 24))
+    assert refused.value.code == 2
+    assert "is above 10000" in capsys.readouterr().err
     rc, out, _ = _cli(capsys, "nightly", "list", "--index", cdn.url, "--target", "gfx1151",
                       "--limit", "0")
     assert rc == 0 and all(e["version"] in out for e in full)
