@@ -530,8 +530,9 @@ def record_problem(rel: str) -> str | None:
 
 def parse_bundle_toml(data: bytes, where: str) -> dict:
     """bundle.toml, held to what rocforge writes: UTF-8 TOML, `[bundle]` made by rocforge, then
-    BUNDLE_SCHEMA (a plain `name`, every `[[file]]` a `path` with a `sha256` or a `link`, each
-    path once).  IntegrityError names the first field that is wrong."""
+    BUNDLE_SCHEMA (every key rocforge writes, checked; any other refused; each path once).
+    IntegrityError names the first field that is wrong."""
+    where = shellsafe.one_line(where)  # a folder's path is the user's: it ends no error line
     try:
         info = tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
