@@ -57,8 +57,8 @@ class Str(Spec):
             raise Bad(path, f"{_shown(value)} is not {self.what}")
         if not value and not self.empty:
             raise Bad(path, "is empty")
-        if self.one_line and any(c in value for c in "\n\r\0"):
-            raise Bad(path, f"{_shown(value)} holds a line break or NUL byte")
+        if self.one_line and shellsafe.line_break_problem(value):  # the emitters' one set
+            raise Bad(path, f"{_shown(value)} holds a line break, NUL or control character")
         return value
 
 

@@ -62,6 +62,16 @@ def test_the_dotenv_reader_splits_lines_as_docker_does(brk):
     assert parse_dotenv("A=1\nB=x=y\n# C\n") == {"A": "1", "B": "x=y"}
 
 
+def test_one_line_strings_in_a_store_refuse_the_same_breaks():
+    """A store's one-line fields (a preset's backend, argv words) are held to the emitters' set."""
+    from rocforge_build import schema
+
+    for brk in "\u2028\u2029\x85\x0b\x0c\x1c\x1b\x00\n\r":
+        with pytest.raises(schema.Bad):
+            schema.Str(one_line=True).take(f"cpu{brk}LD_PRELOAD=x", "backend")
+    assert schema.Str(one_line=True).take("tab\tok é", "backend") == "tab\tok é"
+
+
 def test_cached_env_warnings_are_read_back_at_lf_only():
     script = "export A='1'\n# warning: a\u2028# warning: b\x0cc\n"
     assert envwarnings.from_script(script) == ["a\u2028# warning: b\x0cc"]

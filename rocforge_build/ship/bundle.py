@@ -69,6 +69,7 @@ from rocforge_build.ship.bundle_rules import (
 
 LAUNCHER = "run"
 MANIFEST = "rocforge-manifest.toml"
+MANIFEST_MAX = 4 << 20  # a manifest is a few kB: 4 MiB is far past any rocforge writes
 
 # -- finding the build ----------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -82,7 +83,11 @@ class Source:
 def _read_manifest(prefix: Path) -> dict:
     try:
         with rootfs.open_regular(prefix / MANIFEST) as fh:  # a FIFO is never waited on
-            data = tomllib.loads(fh.read().decode("utf-8"))
+            raw = fh.read(MANIFEST_MAX + 1)  # bounded: a manifest is a few kB
+            if len(raw) > MANIFEST_MAX:
+                raise ConfigError(f"{prefix / MANIFEST} is larger than {MANIFEST_MAX >> 20} MiB, "
+                                  "not a manifest rocforge wrote")
+            data = tomllib.loads(raw.decode("utf-8"))
         from rocforge_build.discover.builds import checked_manifest  # the one manifest schema
 
         return checked_manifest(data, str(prefix / MANIFEST))
