@@ -19,6 +19,8 @@ from rocforge_build.records import FRESH, Record, fresh, init
 from rocforge_build.rootfs import Root, inner_join, inner_path, open_regular
 from rocforge_build.toml_subset import tomllib_loads
 
+MANIFEST_MAX = 4 << 20  # a manifest is a few kB: 4 MiB is far past any rocforge writes
+
 MANIFEST = "rocforge-manifest.toml"  # forge.plan.MANIFEST (not imported: `rocforge env` stays cheap)
 
 # What pipeline.write_manifest writes and every reader relies on, checked once where a manifest is
@@ -124,7 +126,8 @@ def read_manifest(prefix: str | os.PathLike[str]) -> dict | None:
     path = os.path.join(prefix, MANIFEST)
     try:
         with open_regular(path, "r", encoding="utf-8") as fh:
-            data = tomllib_loads(fh.read())
+            text = fh.read(MANIFEST_MAX + 1)  # bounded: a manifest is a few kB
+        data = tomllib_loads(text) if len(text) <= MANIFEST_MAX else None
     except (OSError, ValueError):
         return None
     return None if data is None else checked_manifest(data, path)
