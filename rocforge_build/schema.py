@@ -205,13 +205,13 @@ class EnvTable(Spec):
 
 class Record(Spec):
     """A table with named fields: `fields` maps each name to its Spec (an `Optional` one may be
-    missing: it is then given its default, or with fill=False left out, so the record reads
-    back as it was stored); `rules` are checks across fields, `rule(record, path)` raising Bad."""
+    missing: it is then given its default, so code after the check can index every declared
+    field); `rules` are checks across fields, `rule(record, path)` raising Bad."""
 
     what = "a table"
 
-    def __init__(self, fields: dict[str, Spec], *, rules: tuple = (), fill: bool = True):
-        self.fields, self.rules, self.fill = fields, rules, fill
+    def __init__(self, fields: dict[str, Spec], *, rules: tuple = ()):
+        self.fields, self.rules = fields, rules
 
     def take(self, value, path):
         if not isinstance(value, dict):
@@ -223,8 +223,7 @@ class Record(Spec):
                 raise Bad(where, "is missing")
             if value.get(name) is None and not isinstance(spec, Optional):
                 raise Bad(where, f"is null, not {spec.what}")
-            if name in value or self.fill:
-                out[name] = spec.take(value.get(name), where)
+            out[name] = spec.take(value.get(name), where)
         for rule in self.rules:
             rule(out, path)
         return out

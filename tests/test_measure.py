@@ -134,7 +134,7 @@ def test_locked_database_is_one_line_and_keeps_rows(tmp_path, model, monkeypatch
     monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(db))
     with Store() as s:
         rid = s.start_run("bench")
-        s.add_row(rid, "bench", {"prefix": "/p", "t_s": 1.0})
+        s.add_row(rid, "bench", {"prefix": "/p", "t_s": 1.0, "status": "ok"})
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     monkeypatch.setenv("ROCFORGE_RESULTS_TIMEOUT", "0.2")

@@ -364,16 +364,32 @@ def test_two_models_sharing_a_name_have_their_own_histories(tmp_path, capsys):
                                                     f"model  sha256 {q8[:12]}  2 version(s)  {paths[1]}"]
 
 
-def test_export_quotes_for_systemd_and_llama_swap(capsys):
+def as_build(prefix: Path, stamp: str = "s1") -> Path:
+    """`prefix` made a rocforge build (its manifest, stamp `stamp`), with a bin/llama-server:
+    a preset is printed or served only for its own build's program."""
+    (prefix / "bin").mkdir(parents=True, exist_ok=True)
+    (prefix / "rocforge-manifest.toml").write_text(
+        f'stamp = "{stamp}"\ntarget = ""\nbackend = "cpu"\n[recipe]\nname = "llama-cpp"\n')
+    server = prefix / "bin" / "llama-server"
+    if not server.exists():
+        server.write_text("#!/bin/sh\n")
+        server.chmod(0o755)
+    return server
+
+
+def test_export_quotes_for_systemd_and_llama_swap(tmp_path, capsys):
     hostile = "a b$HOME%i\"q'"
+    server = as_build(tmp_path / "p")
+    p = preset(env={"GGML_X": hostile}, argv=[str(server), "-m", "/m/m.gguf", "-c", "4096"])
+    p["ranges"]["short"]["prefix"] = str(tmp_path / "p")
     with Store() as s:
-        s.add_preset("m", "ab" * 32, 1, preset(env={"GGML_X": hostile}))
+        s.add_preset("m", "ab" * 32, 1, p)
     assert cli.main(["preset", "export", "m", "--format", "systemd", "--port", "8081"]) == 0
     unit = capsys.readouterr().out
     # systemd.unit(5): `%` doubled, `"` escaped inside double quotes; systemd.exec(5): `$` has no
     # special meaning in Environment= (doubled only on command lines, systemd.service(5))
     assert 'Environment="GGML_X=a b$HOME%%i\\"q\'"' in unit
-    assert 'ExecStart="/p/bin/llama-server" "-m" "/m/m.gguf" "-c" "4096" "--host" "127.0.0.1" "--port" "8081"' in unit
+    assert f'ExecStart="{server}" "-m" "/m/m.gguf" "-c" "4096" "--host" "127.0.0.1" "--port" "8081"' in unit
     assert cli.main(["preset", "export", "m", "--format", "llama-swap"]) == 0
     swap = yaml.safe_load(capsys.readouterr().out)  # PyYAML's safe dumper wrote it: any value round-trips
     assert swap["models"]["m"]["env"] == [f"GGML_X={hostile}"]
@@ -395,6 +411,7 @@ def test_export_shell_runs_exactly_the_presets_command(tmp_path, capsys):
     argv = [str(exe), "-m", "/m/my model.gguf", "-c", "4096", "--alias", "it's $USER"]
     p = preset(env={"GGML_X": hostile}, argv=argv)
     p["ranges"]["short"]["prefix"] = str(tmp_path)  # the program lies inside its build's prefix
+    as_build(tmp_path)
     with Store() as s:
         s.add_preset("m", "ab" * 32, 1, p)
     assert cli.main(["preset", "export", "m", "--format", "shell"]) == 0

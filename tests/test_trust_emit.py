@@ -510,8 +510,8 @@ def _preset(env: dict, notes: list[str], range_name: str = "short",
             prefix: str = "/p") -> dict:
     return {"model": {"name": "m", "sha256": "0" * 64, "path": "/m.gguf"}, "created": "2026",
             "ranges": {range_name: {
-                "env": env, "argv": [f"{prefix}/bin/printenv", *env], "notes": notes, "ctx": 4096,
-                "prefix": prefix, "backend": "hip", "depth": 0,
+                "env": env, "argv": [f"{prefix}/bin/llama-server", *env], "notes": notes, "ctx": 4096,
+                "prefix": prefix, "backend": "hip", "depth": 0, "stamp": "s1",
                 "variant_label": "v", "score": 1.0, "runner_up": None,
                 "figures": [{"test": "tg", "n": 128, "depth": 0, "t_s": 1.0}]}}}
 
@@ -526,9 +526,11 @@ def _store_preset(preset: dict) -> None:
 def test_preset_script_runs_the_command_and_nothing_else(tmp_path, capsys):
     mark = tmp_path / "MARK"
     good = hostile_values(mark)
-    prefix = tmp_path / "prefix"  # a build prefix whose printenv prints the env it was given
+    prefix = tmp_path / "prefix"  # a build whose llama-server (printenv) prints the env it was given
     (prefix / "bin").mkdir(parents=True)
-    shutil.copy("/usr/bin/printenv", prefix / "bin" / "printenv")
+    shutil.copy("/usr/bin/printenv", prefix / "bin" / "llama-server")
+    (prefix / "rocforge-manifest.toml").write_text(
+        'stamp = "s1"\ntarget = ""\nbackend = "hip"\n[recipe]\nname = "llama-cpp"\n')
     _store_preset(_preset(good, [f"note\ntouch {mark}", f"n\r\ntouch {mark}"], prefix=str(prefix)))
     assert main(["preset", "show", "m", "--shell"]) == 0
     script = tmp_path / "preset.sh"

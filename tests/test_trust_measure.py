@@ -118,7 +118,7 @@ def test_non_sqlite_file_at_the_store_path_is_refused_and_untouched(db, capsys, 
 
 def test_rocforges_own_database_is_used_again(db, capsys):
     with Store() as s:
-        s.add_row(s.start_run("bench", ["bench"]), "bench", {"prefix": "/p", "t_s": 1.0})
+        s.add_row(s.start_run("bench", ["bench"]), "bench", {"prefix": "/p", "t_s": 1.0, "status": "ok"})
     assert sqlite3.connect(db).execute("PRAGMA application_id").fetchone()[0] != 0  # stamped
     code, out, _ = run(capsys, "results", "list")
     assert code == 0 and "1 rows" in out
@@ -220,7 +220,7 @@ def test_row_with_invalid_json_is_named_in_one_line(db, capsys, column, value, a
         rid = s.start_run("bench", ["bench"])
         for t_s in (1.0, 2.0):
             s.add_row(rid, "bench", {"prefix": "/p", "test": "pp", "n_prompt": 512, "depth": 0,
-                                     "t_s": t_s})
+                                     "t_s": t_s, "status": "ok"})
         s.add_preset("m", "ab" * 32, rid, {"ranges": {}})
     table, col = column.split(".")
     con = sqlite3.connect(db, isolation_level=None)
@@ -470,7 +470,7 @@ def _store_with_bench_rows() -> None:
             s.add_row(rid, "bench", {"prefix": "/b/llama-hip", "backend": "hip", "test": test,
                                      "n_prompt": n if test == "pp" else 0,
                                      "n_gen": n if test == "tg" else 0, "depth": 0, "ubatch": 512,
-                                     "fa": True, "env": {}, "t_s": 100.0})
+                                     "fa": True, "env": {}, "t_s": 100.0, "status": "ok"})
 
 
 def test_plot_never_overwrites_a_file_rocforge_did_not_make(tmp_path, db, capsys):
@@ -524,7 +524,7 @@ def test_plot_rewrites_its_own_page(tmp_path, db, capsys):
         rid = s.start_run("bench", ["bench"])
         s.add_row(rid, "bench", {"prefix": "/b/llama-vulkan", "backend": "vulkan", "test": "pp",
                                  "n_prompt": 512, "n_gen": 0, "depth": 0, "ubatch": 512,
-                                 "fa": True, "env": {}, "t_s": 200.0})
+                                 "fa": True, "env": {}, "t_s": 200.0, "status": "ok"})
     code, _, err = run(capsys, "results", "plot", "--run", "1", "--run", "2", "-o", out)
     assert code == 0, err
     again = out.read_text()

@@ -9,6 +9,7 @@ outside its build's prefix."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import sqlite3
@@ -26,7 +27,8 @@ from test_env import cli as env_cli
 from rocforge_build import cli
 from rocforge_build.measure.store import Store
 
-SHA = "ab" * 32
+MODEL_BYTES = b"GGUF a model's bytes"
+SHA = hashlib.sha256(MODEL_BYTES).hexdigest()
 DEL = object()  # the mutation removes the field
 R = ("ranges", "short")
 
@@ -55,17 +57,20 @@ def build(tmp_path) -> tuple[Path, Path]:
 
 
 def good_preset(prefix: Path) -> dict:
-    """A preset as `rocforge tune` stores it (commands/tune.py `choose` and `entry`)."""
+    """A preset as `rocforge tune` stores it (commands/tune.py `choose` and `entry`), its model
+    file written beside the build (serve checks the file is the one the preset names)."""
     from rocforge_build.discover.builds import read_manifest
 
-    return {"model": {"name": "m", "sha256": SHA, "path": "/m/m.gguf"}, "created": "2026-11-26T00:00:00Z",
+    model = prefix.parent / "m.gguf"
+    model.write_bytes(MODEL_BYTES)
+    return {"model": {"name": "m", "sha256": SHA, "path": str(model)}, "created": "2026-11-26T00:00:00Z",
             "ranges": {"short": {
                 "prefix": str(prefix), "backend": "cpu", "stamp": read_manifest(prefix)["stamp"],
                 "depth": 0, "ctx": 4096, "variant": {"ubatch": 512, "fa": True, "env": {}},
                 "variant_label": "ub=512 fa=on", "score": 10.0,
                 "figures": [{"test": "tg", "n": 128, "depth": 0, "t_s": 10.0, "stddev": 0.1}],
                 "runner_up": None, "verified": {"shape": {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": None}},
-                "env": {"GGML_X": "1"}, "argv": [str(prefix / "bin" / "llama-server"), "-m", "/m/m.gguf",
+                "env": {"GGML_X": "1"}, "argv": [str(prefix / "bin" / "llama-server"), "-m", str(model),
                                                  "-c", "4096"], "notes": ["a note"]}}}
 
 

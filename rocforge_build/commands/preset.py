@@ -11,8 +11,9 @@ import sys
 
 from rocforge_build import argtypes, shellsafe
 from rocforge_build.errors import UsageError
-from rocforge_build.measure.preset import export, model_key, render
+from rocforge_build.measure.preset import export, model_key, render, runnable
 from rocforge_build.measure.store import Store
+from rocforge_build.shellsafe import one_line
 
 
 def add_arguments(parser) -> None:
@@ -48,9 +49,28 @@ def add_arguments(parser) -> None:
 
 
 def _missing(store: Store, key: str) -> UsageError:
-    known = [f"{m['name']} ({(m['sha256'] or '')[:12]})" for m in store.preset_models()]
+    known = [f"{one_line(m['name'])} ({one_line(m['sha256'] or '')[:12]})" for m in store.preset_models()]
     return UsageError(f"no preset for {key!r}", "run `rocforge tune` for it first"
                       + (f"; presets exist for: {', '.join(known)}" if known else ""))
+
+
+def _printable(store: Store, preset: dict, args) -> None:
+    """The ranges a command is printed for run their own rocforge build's program
+    (preset.runnable), and a build rebuilt since tune is printed only once verify proved it, as
+    serve requires (serve.still_proven): a printed script or unit is serve by other means."""
+    from rocforge_build.measure import serve
+
+    if args.action == "export":
+        names = [serve.pick_range(preset, args.range)[0]]
+    else:
+        names = [args.range] if args.range in preset["ranges"] else list(preset["ranges"])
+    runnable(preset, names, f"results database {store.path}: preset for "
+             f"{one_line(preset['model']['name'])} version {preset['version']}")
+    for name in names:
+        problem = serve.still_proven(preset["ranges"][name], store, preset["model"]["sha256"],
+                                     preset["model"]["path"])
+        if problem:
+            raise UsageError(*problem)
 
 
 def run(args) -> int:
@@ -60,8 +80,8 @@ def run(args) -> int:
                 sys.stderr.write(f"rocforge: preset: no presets in {store.path} yet; "
                                  "`rocforge tune MODEL` stores one\n")
             for m in store.preset_models():
-                print(f"{m['name']}  sha256 {(m['sha256'] or '-')[:12]}  {m['versions']} version(s)  "
-                      f"{m['path'] or ''}".rstrip())
+                print(f"{one_line(m['name'])}  sha256 {one_line(m['sha256'] or '-')[:12]}  {m['versions']} "
+                      f"version(s)  {one_line(m['path'] or '')}".rstrip())
             return 0
         key = model_key(args.model)
         if args.action == "history":
@@ -78,12 +98,13 @@ def run(args) -> int:
                                   for n, r in d["ranges"].items())
                 mark = "*" if h["version"] == in_use else " "
                 how = "exhaustive" if d.get("exhaustive") else "search"
-                print(f"{mark} version {h['version']}  {h['created']}  run {h['run_id']}  {how}  {picks}")
+                print(f"{mark} version {h['version']}  {one_line(h['created'])}  run {h['run_id']}  {how}  "
+                      f"{one_line(picks)}")
             return 0
         if args.action == "use":
             pick = store.use_preset(key, args.version)
-            print(f"{pick['model']} (sha256 {(pick['model_sha256'] or '-')[:12]}): preset version "
-                  f"{pick['version']} (tuned {pick['created']}) is in use")
+            print(f"{one_line(pick['model'])} (sha256 {one_line(pick['model_sha256'] or '-')[:12]}): preset "
+                  f"version {pick['version']} (tuned {one_line(pick['created'])}) is in use")
             return 0
         if getattr(args, "version", None) is not None and args.action == "show":
             preset = next((h["data"] | {"version": h["version"]} for h in store.preset_history(key)
@@ -92,6 +113,8 @@ def run(args) -> int:
             preset = store.preset(key)
         if preset is None:
             raise _missing(store, args.model)
+        if args.action == "export" or not args.json:  # what prints a command: its build checked
+            _printable(store, preset, args)
     if args.action == "export":
         shellsafe.write_script(export(preset, args.format, args.range, args.host, args.port))
     elif args.json:

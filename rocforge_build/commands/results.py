@@ -11,6 +11,7 @@ from rocforge_build import argtypes
 from rocforge_build.errors import UsageError
 from rocforge_build.measure import compare as cmp
 from rocforge_build.measure.store import Store
+from rocforge_build.shellsafe import one_line as shown  # every stored string printed for people
 
 # a bench row's `ceiling` (measure/roofline.py), flattened into CSV columns `ceiling_<key>`
 CEILING_FIELDS = ("tg_pct_of_bandwidth", "bandwidth_gbs", "bandwidth_source", "pp_pct_of_gemm_peak",
@@ -61,8 +62,8 @@ def _list(store: Store, args) -> int:
     if not runs:
         print(f"no results yet in {store.path}")
     for r in runs:
-        print(f"{r['id']:>4}  {r['kind']:<7} {r['started']}  {r['status']:<13} {r['rows']:>4} rows  "
-              f"{' '.join(r['argv'])[:80]}")
+        print(f"{r['id']:>4}  {shown(r['kind']):<7} {shown(r['started'])}  {shown(r['status']):<13} "
+              f"{r['rows']:>4} rows  {shown(' '.join(r['argv']))[:80]}")
     return 0
 
 
@@ -85,14 +86,15 @@ def _show(store: Store, args) -> int:
     from rocforge_build.measure.bench import Variant
     from rocforge_build.measure.session import describe
 
-    print(f"run {run_id}: {info['kind']} {info['status']} ({info['started']} - {info['finished'] or '...'})")
-    print(f"  {' '.join(info['argv'])}")
+    print(f"run {run_id}: {shown(info['kind'])} {shown(info['status'])} ({shown(info['started'])} - "
+          f"{shown(info['finished'] or '...')})")
+    print(f"  {shown(' '.join(info['argv']))}")
     for r in rows:
         if r["kind"] == "verify":
-            checks = ", ".join(f"ctx {c['ctx']}: KLD {c['kld_mean']} top-1 {c['top1']}" for c in r.get("checks", []))
-            print(f"  verify {r['prefix']}: {'passed' if r.get('passed') else 'FAILED'} ({checks})")
+            checks = ", ".join(f"ctx {c['ctx']}: KLD {c['kld_mean']} top-1 {c['top1']}" for c in r["checks"] or [])
+            print(f"  verify {shown(r['prefix'])}: {'passed' if r['passed'] else 'FAILED'} ({checks})")
         else:
-            print(f"  {r['prefix']} {Variant.of_row(r).label()}  {describe(r)}")
+            print(f"  {shown(r.get('prefix'))} {shown(Variant.of_row(r).label())}  {shown(describe(r))}")
     return 0
 
 

@@ -2,27 +2,50 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 import sys
+from argparse import ArgumentTypeError
 from pathlib import Path
 
 from rocforge_build import argtypes, shellsafe
 from rocforge_build.errors import ConfigError, UsageError
 from rocforge_build.measure import serve
 
+# A host name (RFC 1123: dot-separated labels of letters, digits and inner hyphens, 253
+# characters at most) or an IP literal: anything else (a newline, a space, a URL) is refused
+# while the command line is parsed, naming --host.
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)", re.ASCII)
+
+
+def host(text: str) -> str:
+    """--host's type: an IPv4/IPv6 literal or a host name."""
+    import ipaddress
+
+    with contextlib.suppress(ValueError):
+        return str(ipaddress.ip_address(text))
+    name = text[:-1] if text.endswith(".") else text
+    if 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split(".")):
+        return text
+    raise ArgumentTypeError(f"{shellsafe.one_line(text)!r} is not a host name or IP address "
+                            "(e.g. 127.0.0.1, ::1, 0.0.0.0 or localhost)")
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("model", metavar="MODEL", help="GGUF path, sha256 (its first 12 hex digits do) or model name with a preset")
     parser.add_argument("--range", default="auto", choices=("short", "long", "auto"),
                         help="which context range's preset to serve (auto: the longest context)")
-    parser.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--host", type=host, default="127.0.0.1", metavar="ADDR",
+                        help="address to listen on (default 127.0.0.1; 0.0.0.0 listens on all)")
     parser.add_argument("--port", type=argtypes.port, default=8080, metavar="N", help="port (default 8080)")
     parser.add_argument("--wait", type=argtypes.positive_seconds, default=600.0, metavar="S",
-                        help="how long to wait for the model to load (default 600)")
+                        help="how long to wait for the model to load and answer its first "
+                             "one-token request (default 600)")
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
 
 
 def run(args) -> int:
-    from rocforge_build.measure.preset import model_key
+    from rocforge_build.measure.preset import model_key, runnable
     from rocforge_build.measure.store import Store
 
     with Store() as store:
@@ -31,11 +54,14 @@ def run(args) -> int:
         if preset is None:
             raise UsageError(f"no preset for {args.model!r}", "run `rocforge tune` for it first")
         name, _ = serve.pick_range(preset, args.range)
-        problem = serve.still_proven(preset["ranges"][name], store, preset["model"]["sha256"],
-                                     model_path or preset["model"]["path"])
+        runnable(preset, [name], f"results database {store.path}: preset for "
+                 f"{shellsafe.one_line(preset['model']['name'])} version {preset['version']}")
+        model_path = serve.model_file(model_path or preset["model"]["path"])
+        problem = serve.still_proven(preset["ranges"][name], store, preset["model"]["sha256"], model_path)
     if problem:
         raise UsageError(*problem)
-    p = serve.plan(preset, model_path or preset["model"]["path"], args.range, args.host, args.port)
+    address = args.host if args.dry_run else serve.resolve_host(args.host, args.port)
+    p = serve.plan(preset, model_path, args.range, address, args.port)
     line = shellsafe.sh_command(p.argv, {k: str(v) for k, v in p.env.items()},
                                 "the preset's command (results store)", ConfigError)
     if args.dry_run:
@@ -47,11 +73,12 @@ def run(args) -> int:
     from rocforge_build.nightly import known_bad
 
     known_bad.warn_before_measuring(provenance.host(args.rootfs))  # a known-bad host, said first
-    serve.check_port(args.host, args.port)  # before anything starts: one line, exit 2
+    serve.check_port(address, args.port)  # before anything starts: one line, exit 2
     sys.stderr.write(f"rocforge: serve: starting {p.range} preset (version {preset.get('version')}): {line}\n")
 
     def ready(warm_s: float):
-        print(f"serving {shellsafe.one_line(preset['model']['name'])} at {p.url} (first request "
+        everywhere = " (listening on all addresses)" if serve.dial_address(address) != address else ""
+        print(f"serving {shellsafe.one_line(preset['model']['name'])} at {p.url}{everywhere} (first request "
               f"warmed up in {warm_s:.1f} s; Ctrl-C stops it)", flush=True)
 
     code = serve.run(p, wait_s=args.wait, on_ready=ready)

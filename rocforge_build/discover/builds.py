@@ -26,11 +26,27 @@ MANIFEST = "rocforge-manifest.toml"  # forge.plan.MANIFEST (not imported: `rocfo
 # What pipeline.write_manifest writes and every reader relies on, checked once where a manifest is
 # read (`checked_manifest`): a manifest is a file a user can edit, copy or be handed.  Names in
 # export_env are left to the env emitter, which leaves a bad one out with a warning and keeps the
-# rest of the build (tests/test_trust_emit.py); its values must be text.
+# rest of the build (tests/test_trust_emit.py); its values must be text, as plan.export_env holds.
 _TEXT = schema.Str(empty=True)
 _SCALAR_TABLE = schema.TableOf(schema.Scalar())
+
+
+class RecipeName(schema.Spec):
+    """A recipe's name as a file name and a word of use.toml: letters, digits, '.', '_' and '-',
+    not starting with '.' or '-' (never a path, a line break or a Unicode separator)."""
+
+    what = "a plain recipe name (letters, digits, '.', '_' and '-')"
+    _OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+    def take(self, value, path):
+        if (not isinstance(value, str) or not value or value[0] in ".-" or len(value) > 200
+                or not set(value) <= self._OK):
+            raise schema.Bad(path, f"{value!r:.160} is not {self.what}")
+        return value
+
+
 MANIFEST_SCHEMA = schema.Record({
-    "recipe": schema.Record({"name": schema.Str(one_line=True), "file": schema.Optional(_TEXT)}),
+    "recipe": schema.Record({"name": RecipeName(), "file": schema.Optional(_TEXT)}),
     "target": schema.Str(one_line=True, empty=True),  # "": a CPU or Vulkan build for no GPU target
     "backend": schema.Str(one_line=True),
     "stamp": schema.Optional(schema.Str(one_line=True)),
@@ -44,17 +60,19 @@ MANIFEST_SCHEMA = schema.Record({
     "outputs": schema.Optional(schema.ListOf(schema.Str()), []),
     "env": schema.Optional(_SCALAR_TABLE, {}),
     "runtime_env": schema.Optional(schema.EnvTable(), {}),
-    "export_env": schema.Optional(_SCALAR_TABLE, {}),
+    "export_env": schema.Optional(schema.TableOf(_TEXT), {}),
     "export_env_reasons": schema.Optional(schema.TableOf(_TEXT), {}),
     "dependencies": schema.Optional(schema.ListOf(schema.Record({})), []),
 })
 
 
+_MANIFEST_HINT = ("rocforge wrote this file when it built the prefix and reads every field back: move "
+                  "the prefix aside and build it again (`rocforge build`)")
+
+
 def checked_manifest(data: object, path: str) -> dict:
     """A manifest's TOML held to MANIFEST_SCHEMA, or a ConfigError naming the file and the field."""
-    return schema.check(data, MANIFEST_SCHEMA, str(path), ConfigError,
-                        "rocforge wrote this file when it built the prefix and reads every "
-                        "field back: move the prefix aside and build it again (`rocforge build`)")
+    return schema.check(data, MANIFEST_SCHEMA, str(path), ConfigError, _MANIFEST_HINT)
 
 
 class Build(Record):
@@ -134,17 +152,30 @@ def read_manifest(prefix: str | os.PathLike[str]) -> dict | None:
 
 
 def read(root: Root, prefix: str) -> Build | None:
-    """The build at `prefix`, or None when it has no readable manifest."""
+    """The build at `prefix`, or None when it has no manifest; a manifest that is there but cannot
+    be read, is not UTF-8 or not TOML is a ConfigError naming the file, as a schema error is (so
+    `scan_builds` warns for it: a build never drops out of `env` and `doctor` unsaid)."""
     manifest = inner_join(prefix, MANIFEST)
     watch(root, manifest)
+    host = root.host_str(manifest)
     try:
-        text = root.read_text(manifest)
-    except (OSError, ValueError, UnicodeError):
+        with open_regular(host, "rb") as fh:
+            text = fh.read(MANIFEST_MAX + 1)  # bounded: never a huge file held in memory
+        if len(text) > MANIFEST_MAX:
+            raise ConfigError(f"{host}: the manifest is larger than {MANIFEST_MAX >> 20} MiB, "
+                              "not one rocforge wrote", _MANIFEST_HINT)
+        text = text.decode("utf-8")
+    except FileNotFoundError:
         return None
+    except UnicodeError:
+        raise ConfigError(f"{host}: the manifest is not UTF-8 text", _MANIFEST_HINT) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{host}: the manifest cannot be read ({getattr(exc, 'strerror', None) or exc})",
+                          _MANIFEST_HINT) from None
     data = tomllib_loads(text)
     if data is None:
-        return None
-    data = checked_manifest(data, root.host_str(manifest))
+        raise ConfigError(f"{host}: the manifest is not TOML", _MANIFEST_HINT)
+    data = checked_manifest(data, host)
     recorded = data["prefix"] or ""
     exported, reasons = data["export_env"], data["export_env_reasons"]
     outputs = tuple(data["outputs"])

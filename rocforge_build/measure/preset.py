@@ -84,10 +84,21 @@ _RANGE = schema.Record({
     "env": schema.EnvTable(),
     "argv": schema.ListOf(schema.Str(empty=True, one_line=True), nonempty=True),
     "notes": schema.ListOf(schema.Str(empty=True)),
-}, rules=(schema.inside(lambda r: ("argv[0]", r["argv"][0]), "prefix", "the program"),))
+}, rules=(schema.inside(lambda r: ("argv[0]", r["argv"][0]), "prefix", "the program"),
+          lambda r, path: _no_flag(r["argv"][r["argv"].index("-m") + 1] if "-m" in r["argv"][:-1] else "",
+                                   path + ".argv (after -m)")))
+
+
+def _no_flag(text: str, path: str) -> None:
+    """A model path that llama-server would read as an option (`--rpc=host:port`) is refused."""
+    if text.startswith("-"):
+        raise schema.Bad(path, f"{text[:60]!r} starts with '-': a model path, not an option")
+
+
 PRESET = schema.Record({
     "model": schema.Record({"name": schema.Str(), "sha256": schema.Str(one_line=True),
-                            "path": schema.Str()}),  # as tune was given it: may be relative
+                            "path": schema.Str(one_line=True)},  # as tune was given it: may be relative
+                           rules=(lambda m, path: _no_flag(m["path"], f"{path}.path"),)),
     "created": schema.Str(one_line=True),
     "ranges": schema.TableOf(_RANGE, key=schema.Name(), nonempty=True),
 })
@@ -101,6 +112,55 @@ def checked(preset: object, where: str) -> dict:
     return schema.check(preset, PRESET, where, StoreError,
                         "tune the model again (`rocforge tune`), or pick a good version with "
                         "`rocforge preset use`")
+
+
+PROGRAMS = ("llama-server", "llama-cli")  # what `command` puts first: the build's own bin/ program
+
+
+def _build_problem(r: dict) -> str | None:
+    """Why range `r` does not run its own rocforge build's program, or None: the prefix holds a
+    sound manifest (a bare directory such as / or /usr is no build, so "inside the prefix" would
+    mean nothing), both stamps are non-empty (None never matches None), and argv[0] is that build's
+    bin/llama-server or bin/llama-cli, a regular file whose links stay inside the prefix."""
+    import os
+    import stat
+
+    from rocforge_build.discover.builds import MANIFEST, read_manifest
+
+    prefix = os.path.normpath(r["prefix"])
+    manifest = read_manifest(prefix)  # a manifest that breaks its schema is one ConfigError line
+    if manifest is None:
+        return f"prefix {prefix!r} is not a rocforge build (it holds no readable {MANIFEST})"
+    if not manifest["stamp"]:
+        return f"the build at {prefix!r} has no stamp in its {MANIFEST}"
+    if not isinstance(r["stamp"], str) or not r["stamp"]:
+        return "stamp is missing: a preset names the build stamp tune measured"
+    program = r["argv"][0]
+    name = os.path.basename(program)
+    if name not in PROGRAMS or os.path.normpath(program) != os.path.join(prefix, "bin", name):
+        return f"program {program!r} is not the build's own bin/llama-server or bin/llama-cli"
+    real, base = os.path.realpath(program), os.path.realpath(os.path.join(prefix, "bin"))
+    try:
+        regular = stat.S_ISREG(os.stat(real).st_mode)
+    except OSError:
+        regular = False
+    if os.path.commonpath([base, real]) != base or not regular:
+        return f"program {program!r} is not a file in the build's bin/ (-> {real!r})"
+    return None
+
+
+def runnable(preset: dict, names, where: str) -> None:
+    """Each range in `names` runs its own rocforge build's program (`_build_problem`), checked by
+    every command that prints or starts a preset's command (serve and its --dry-run, preset show,
+    preset export): a StoreError naming `where` and the range, else nothing is printed or run."""
+    from rocforge_build.measure.store import StoreError
+
+    for name in names:
+        problem = _build_problem(preset["ranges"][name])
+        if problem:
+            raise StoreError(f"{where}: range {name}: {shellsafe.one_line(problem)}",
+                             "tune the model again with a rocforge build (`rocforge tune`), or pick "
+                             "another version with `rocforge preset use`")
 
 
 def render(preset: dict, *, shell: bool, only: str | None = None) -> str:

@@ -3,9 +3,11 @@ flags and environment — wait until it answers `/health`, and stop it whole on 
 whose build changed since it was verified is refused until a verify of the new build covers the
 range's verified shape (`covers`).
 
-Ready means its own llama-server answered: the port is checked free before it starts, and
-`/health` counts only while the listening socket on the port is the child's (proc.port_holder);
-a one-token request then pays the first request's one-time warm-up before "serving" is said."""
+Ready means its own llama-server answered: --host is resolved once to one IP address, which the
+server is told to listen on and serve connects to; the port is checked free before it starts, and
+`/health` counts only while the socket that takes a connection to that address and port is the
+child's (proc.port_holder); a one-token request then pays the first request's one-time warm-up,
+within what is left of --wait, before "serving" is said."""
 
 from __future__ import annotations
 
@@ -99,7 +101,7 @@ def still_proven(r: dict, store, model_sha: str, model_path: str) -> tuple[str, 
     from rocforge_build.measure import verify
 
     build = LlamaBuild.open(r["prefix"])
-    if build.stamp == r.get("stamp"):
+    if build.stamp and build.stamp == r.get("stamp"):  # no stamp proves nothing, None == None neither
         return None
     shape, env = verified_shape(r, build)
     for row in reversed(list(store.rows(prefix=str(build.prefix), kind="verify"))):
@@ -113,6 +115,32 @@ def still_proven(r: dict, store, model_sha: str, model_path: str) -> tuple[str, 
             f"verify it at that shape: {verify.command_line(build.prefix, model_path, shape, env)}")
 
 
+def model_file(path: str) -> str:
+    """The model serve names after -m, absolute (never a word llama-server takes for an option);
+    refused when something other than a regular file is there (a device such as /dev/zero, a FIFO,
+    a directory).  Its contents are not hashed here: the sha256 that picked the preset is checked
+    where the GGUF path is given (`preset.model_key`), and hashing a 20-40 GB model on every serve
+    of a stored path would cost minutes; an absent file is llama-server's one error line."""
+    import os
+    import stat
+
+    from rocforge_build.shellsafe import one_line
+
+    full = os.path.abspath(path)
+    try:
+        mode = os.stat(full).st_mode
+    except FileNotFoundError:
+        return full
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"the preset's model {one_line(full)!r} cannot be read "
+                         f"({getattr(exc, 'strerror', None) or exc})",
+                         "pass the GGUF file: rocforge serve PATH/TO/MODEL.gguf") from None
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"the preset's model {one_line(full)!r} is not a regular file",
+                         "pass the GGUF file: rocforge serve PATH/TO/MODEL.gguf")
+    return full
+
+
 def plan(preset: dict, model_path: str, wanted: str, host: str, port: int) -> Plan:
     name, why = pick_range(preset, wanted)
     r = preset["ranges"][name]
@@ -124,8 +152,35 @@ def plan(preset: dict, model_path: str, wanted: str, host: str, port: int) -> Pl
     if "-m" in argv:
         argv[argv.index("-m") + 1] = model_path
     argv += ["--host", host, "--port", str(port)]
-    shown = f"[{host}]" if ":" in host else host
+    dial = dial_address(host)
+    shown = f"[{dial}]" if ":" in dial else dial
     return Plan(name, why, dict(r["env"]), argv, f"http://{shown}:{port}", list(r.get("notes", [])), host, port)
+
+
+def resolve_host(host: str, port: int) -> str:
+    """--host as the one IP address llama-server is told to listen on and serve connects to:
+    its first address (getaddrinfo's order, which llama-server's own bind takes first), so a name
+    such as localhost cannot mean ::1 to the server and 127.0.0.1 to the /health check."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UsageError(f"--host {host!r} is not an address of this machine ({exc})",
+                         "give an address to listen on, e.g. --host 127.0.0.1") from None
+    return str(infos[0][4][0])
+
+
+def dial_address(host: str) -> str:
+    """Where serve (and the printed URL) connects to a server listening on `host`: the host
+    itself, or the loopback address of its family for a wildcard (0.0.0.0, ::)."""
+    import ipaddress
+
+    try:
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if addr.is_unspecified:
+        return "127.0.0.1" if addr.version == 4 else "::1"
+    return host
 
 
 def healthy(host: str, port: int, timeout: float = 2.0) -> bool:
@@ -195,12 +250,12 @@ def _wait_ready(child, p: Plan, wait_s: float, tail: collections.deque) -> None:
         if child.poll() is not None:
             raise ServeError(f"llama-server exited with code {child.returncode} before it was ready"
                              + _last_words(tail), "its output is above")
-        holder = port_holder(child.pid, p.port)
-        if holder in ("ours", "unknown") and healthy(p.host, p.port):
+        holder = port_holder(child.pid, dial_address(p.host), p.port)
+        if holder in ("ours", "unknown") and healthy(dial_address(p.host), p.port):
             return
         if time.monotonic() > deadline:
             if holder == "other":
-                raise ServeError(f"another program listens on port {p.port}, and llama-server (pid "
+                raise ServeError(f"another program listens on {p.url}, and llama-server (pid "
                                  f"{child.pid}) did not within {wait_s:g} s: it was stopped",
                                  "stop that program, or serve on another port: --port N")
             raise ServeError(f"llama-server did not answer {p.url}/health within {wait_s:g} s",
@@ -211,25 +266,40 @@ def _wait_ready(child, p: Plan, wait_s: float, tail: collections.deque) -> None:
 def warm_up(p: Plan, timeout: float) -> float:
     """One request for one token: a fresh GPU compiles and loads its kernels on the first request
     (28 s measured on a fresh H100 with Vulkan, issue 30), which the first client would otherwise
-    wait for.  Returns the seconds it took."""
+    wait for.  The whole request (a server that trickles its answer too) ends within `timeout`
+    seconds.  Returns the seconds it took."""
+    from rocforge_build.shellsafe import one_line
+
     headers = {"Content-Type": "application/json"}
     if "--api-key" in p.argv[:-1]:
         headers["Authorization"] = f"Bearer {p.argv[p.argv.index('--api-key') + 1]}"
     body = json.dumps({"prompt": "Hello", "n_predict": 1}).encode()
-    conn = http.client.HTTPConnection(p.host, p.port, timeout=timeout)
+    conn = http.client.HTTPConnection(dial_address(p.host), p.port, timeout=max(timeout, 0.001))
+    outcome: dict = {}
+
+    def ask():
+        try:
+            conn.request("POST", "/completion", body, headers)
+            answer = conn.getresponse()
+            answer.read(1 << 20)
+            outcome["status"] = answer.status
+        except (OSError, http.client.HTTPException) as exc:
+            outcome["error"] = one_line(exc or type(exc).__name__)[:200]
+
     start = time.monotonic()
-    try:
-        conn.request("POST", "/completion", body, headers)
-        answer = conn.getresponse()
-        answer.read(1 << 20)
-    except (OSError, http.client.HTTPException) as exc:
-        raise ServeError(f"llama-server answered /health but not a one-token request to {p.url}"
-                         f"/completion within {timeout:g} s ({exc or type(exc).__name__})",
-                         "its output is above") from None
-    finally:
+    asker = threading.Thread(target=ask, name="warm-up request", daemon=True)
+    asker.start()
+    asker.join(timeout)
+    with contextlib.suppress(OSError):
         conn.close()
-    if answer.status != 200:
-        raise ServeError(f"llama-server's one-token request to {p.url}/completion got HTTP {answer.status}",
+    if "status" not in outcome:
+        why = outcome.get("error") or "no answer"
+        raise ServeError(f"llama-server answered /health but not a one-token request to {p.url}"
+                         f"/completion within {timeout:g} s ({why})",
+                         "a fresh GPU's first request can take a minute: give --wait SECONDS "
+                         "(it bounds the load and this warm-up together)")
+    if outcome["status"] != 200:
+        raise ServeError(f"llama-server's one-token request to {p.url}/completion got HTTP {outcome['status']}",
                          "its output is above")
     return time.monotonic() - start
 
@@ -241,14 +311,24 @@ def run(p: Plan, *, wait_s: float, on_ready) -> int:
     from rocforge_build.proc import merged_env, reaped, spawn
 
     child = spawn(p.argv, env=merged_env(p.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                  text=True, errors="replace")
+                  text=True, errors="replace", die_with_parent=True)
     tail = _relay(child.stdout)
     with reaped(child):
         start = time.monotonic()
         _wait_ready(child, p, wait_s, tail)
-        took = warm_up(p, max(wait_s - (time.monotonic() - start), 120.0))
+        left = max(wait_s - (time.monotonic() - start), 0.0)
+        sys.stderr.write(f"rocforge: serve: warming up: one token from {p.url}/completion "
+                         f"(at most {left:.0f} s of --wait left)\n")
+        sys.stderr.flush()
+        try:
+            took = warm_up(p, left)
+        except ServeError:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(0.5)  # a server that died answers with a reset before its exit is seen
+            if child.poll() is None:
+                raise
         if child.poll() is not None:
-            raise ServeError(f"llama-server exited with code {child.returncode} after its first request"
+            raise ServeError(f"llama-server exited with code {child.returncode} after it answered /health"
                              + _last_words(tail), "its output is above")
         on_ready(took)
         return child.wait()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rocforge_build import paths, rootfs, schema
 from rocforge_build.errors import ConfigError, DiskFullError, RocforgeError, UsageError
+from rocforge_build.shellsafe import one_line
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -57,7 +58,7 @@ class StoreError(RocforgeError):
 
 
 def _ok_has_figure(row: dict, path: str) -> None:
-    if row.get("status", "ok") == "ok" and row.get("test") != "gate" and row.get("t_s") is None:
+    if row["status"] == "ok" and row["test"] != "gate" and row["t_s"] is None:
         raise schema.Bad("t_s", "is null in a row whose status is ok (a measured row has its figure)")
 
 
@@ -71,12 +72,12 @@ _ROW_SCHEMAS = {
         "n_prompt": schema.Optional(_COUNT), "n_gen": schema.Optional(_COUNT), "depth": schema.Optional(_COUNT),
         "ubatch": schema.Optional(_COUNT), "fa": schema.Optional(schema.Bool()),
         "env": schema.Optional(schema.TableOf(schema.Scalar())), "t_s": _FIGURE, "stddev": _FIGURE,
-        "status": schema.Optional(schema.Str(one_line=True)), "error": schema.Optional(schema.Str(empty=True)),
+        "status": schema.Str(one_line=True), "error": schema.Optional(schema.Str(empty=True)),
         "ceiling": schema.Optional(schema.Record({  # roofline.note formats these as numbers
             **{k: schema.Optional(schema.Num()) for k in ("tg_pct_of_bandwidth", "bandwidth_gbs",
                                                           "pp_pct_of_gemm_peak", "gemm_peak_tflops")},
-            "bandwidth_source": schema.Optional(schema.Str(empty=True))}, fill=False)),
-    }, rules=(_ok_has_figure,), fill=False),
+            "bandwidth_source": schema.Optional(schema.Str(empty=True))})),
+    }, rules=(_ok_has_figure,)),
     "verify": schema.Record({
         "prefix": schema.Optional(schema.Str()), "passed": schema.Bool(), "stamp": schema.Optional(schema.Str()),
         "env": schema.Optional(schema.TableOf(schema.Scalar())),
@@ -84,7 +85,24 @@ _ROW_SCHEMAS = {
             "ctx": _COUNT, "ubatch": schema.Optional(_COUNT), "fa": schema.Optional(schema.Bool()),
             "ngl": schema.Optional(_COUNT), "kld_mean": _FIGURE, "top1": _FIGURE,
             "passed": schema.Optional(schema.Bool())}))),  # results show reads each figure
-    }, fill=False),
+    }),
+}
+
+
+# The columns beside the JSON (SQLite keeps any type in any column): checked as they are read, so a
+# version, a status or a name that is not what rocforge wrote is one line, like a bad JSON field.
+_TEXT = schema.Str(empty=True)
+_ID = schema.Int(0, _MAX_INT)
+_COLUMNS = {
+    "runs": schema.Record({"id": _ID, "kind": schema.Str(one_line=True), "started": _TEXT,
+                           "finished": schema.Optional(_TEXT), "status": schema.Str(one_line=True)}),
+    "rows": schema.Record({"id": _ID, "run_id": _ID, "kind": schema.Str(one_line=True),
+                           "prefix": schema.Optional(_TEXT), "stamp": schema.Optional(_TEXT),
+                           "model_sha256": schema.Optional(_TEXT), "status": schema.Str(one_line=True),
+                           "created": _TEXT}),
+    "presets": schema.Record({"id": _ID, "model": schema.Str(), "model_sha256": schema.Optional(_TEXT),
+                              "run_id": schema.Optional(_ID), "created": _TEXT,
+                              "version": schema.Int(1, _MAX_INT)}),
 }
 
 
@@ -300,7 +318,8 @@ class Store:
     def runs(self) -> list[dict]:
         cur = self._exec("SELECT r.id, r.kind, r.started, r.finished, r.status, r.argv, "
                          "(SELECT COUNT(*) FROM rows WHERE run_id = r.id) FROM runs r ORDER BY r.id")
-        return [{"id": i, "kind": k, "started": s, "finished": f, "status": st,
+        return [{**self._columns("runs", {"id": i, "kind": k, "started": s, "finished": f, "status": st},
+                                 f"run {i} (table runs)"),
                  "argv": self._argv(a, i), "rows": n} for i, k, s, f, st, a, n in cur.fetchall()]
 
     def run_info(self, run_id: int) -> dict | None:
@@ -311,8 +330,8 @@ class Store:
         if row is None:
             return None
         kind, started, finished, status, argv, info = row
-        return {"id": run_id, "kind": kind, "started": started, "finished": finished, "status": status,
-                "argv": self._argv(argv, run_id),
+        cols = {"id": run_id, "kind": kind, "started": started, "finished": finished, "status": status}
+        return {**self._columns("runs", cols, f"run {run_id} (table runs)"), "argv": self._argv(argv, run_id),
                 "info": self._decode(info or "{}", dict, f"run {run_id}'s info (table runs)")}
 
     def rows(self, *, run_id: int | None = None, prefix: str | None = None, kind: str | None = None) -> Iterator[Row]:
@@ -328,12 +347,19 @@ class Store:
             sql += " WHERE " + " AND ".join(where)
         for r in self._exec(sql + " ORDER BY id", tuple(params)).fetchall():
             what = f"row {r[0]} of run {r[1]} (table rows)"
+            cols = self._columns("rows", dict(zip(("id", "run_id", "kind", "prefix", "stamp", "model_sha256",
+                                                   "status", "created"), r[:8], strict=True)), what)
             data = self._decode(r[8], dict, what)
             if r[2] in _ROW_SCHEMAS:
                 data = schema.check(data, _ROW_SCHEMAS[r[2]], f"results database {self.path}: {what}",
                                     StoreError, "repair or delete that row with the sqlite3 program, "
                                     "or point ROCFORGE_RESULTS_DB at another file")
-            yield Row(*r[:8], data=data)
+            yield Row(**cols, data=data)
+
+    def _columns(self, table: str, values: dict, what: str) -> dict:
+        return schema.check(values, _COLUMNS[table], f"results database {self.path}: {what}", StoreError,
+                            "repair or delete that row with the sqlite3 program, or point "
+                            "ROCFORGE_RESULTS_DB at another file")
 
     def _decode(self, text, kind: type, what: str):
         """A JSON column, or one line naming the row whose text is not the JSON rocforge wrote
@@ -384,16 +410,20 @@ class Store:
     def _history(self, k: str) -> list[dict]:
         rows = self._exec("SELECT id, model, model_sha256, run_id, created, data, model_version FROM presets "
                           f"WHERE {_HISTORY} = ? ORDER BY model_version, id", (k,)).fetchall()
-        return [{"id": i, "version": v, "model": m, "model_sha256": sha, "run_id": run, "created": c,
-                 "data": self._decode(d, dict, f"preset {i} (table presets: {m} version {v})")}
-                for i, m, sha, run, c, d, v in rows]
+        out = []
+        for i, m, sha, run, c, d, v in rows:
+            what = f"preset {i} (table presets)"
+            cols = self._columns("presets", {"id": i, "version": v, "model": m, "model_sha256": sha,
+                                             "run_id": run, "created": c}, what)
+            out.append({**cols, "data": self._decode(d, dict, f"preset {i} (table presets: {one_line(m)} version {v})")})
+        return out
 
     def _checked(self, h: dict) -> dict:
         """A preset version as read, its data held to the preset schema (measure/preset.py
         PRESET): a row that does not match is one line naming the row and the field."""
         from rocforge_build.measure.preset import checked
 
-        where = (f"results database {self.path}: preset {h['id']} (table presets: {h['model']} "
+        where = (f"results database {self.path}: preset {h['id']} (table presets: {one_line(h['model'])} "
                  f"version {h['version']})")
         return {**h, "data": checked(h["data"], where)}
 
