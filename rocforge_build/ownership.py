@@ -41,9 +41,32 @@ def _write_new(path: Path, text: str) -> None:
         fh.write(text)
 
 
+MARK_HEAD = "made by rocforge: "  # every MARK starts so; a file of another content is no mark
+HOME_DOTFILES = (".bashrc", ".bash_profile", ".bash_logout", ".profile", ".zshrc", ".ssh",
+                 ".gnupg")  # a directory holding one is someone's home, whatever HOME says
+
+
 def write_mark(directory: Path, what: str) -> None:
     """Mark `directory` (made by rocforge just now) as rocforge's: `what` says what it is."""
-    _write_new(Path(directory) / MARK, f"made by rocforge: {what}\n")
+    _write_new(Path(directory) / MARK, f"{MARK_HEAD}{what}\n")
+
+
+def _mark_ok(path: Path) -> bool:
+    """Whether `path` is a regular file (never followed) that starts as `write_mark` writes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(MARK_HEAD)) == MARK_HEAD.encode()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _holds(directory: Path, name: str) -> bool:
+    return _mark_ok(directory / name) if name == MARK else _regular(directory / name)
 
 
 def _regular(path: Path) -> bool:
@@ -60,7 +83,7 @@ def is_marked(directory: Path) -> bool:
             return False
     except OSError:
         return False
-    return _regular(Path(directory) / MARK)
+    return _mark_ok(Path(directory) / MARK)
 
 
 def has_cache_tag(root: Path) -> bool:
@@ -94,6 +117,21 @@ def forbidden_root(root: Path) -> str | None:
             return "it is your home directory"
         if home.startswith(real.rstrip("/") + "/"):
             return f"it holds your home directory {home}"
+    return None
+
+
+def forbidden_target(path: Path) -> str | None:
+    """Why the directory `path` can never be replaced or emptied as a whole: `forbidden_root`,
+    a mount point, or one holding a home directory's own dot-files; None when it may be."""
+    why = forbidden_root(path)
+    if why is not None:
+        return why
+    mounts = mount_points()
+    if os.path.abspath(path) in mounts or os.path.realpath(path) in mounts:
+        return "it is a mount point (another file system is mounted there)"
+    dots = [n for n in HOME_DOTFILES if os.path.lexists(os.path.join(path, n))]
+    if dots:
+        return f"it holds {dots[0]}, as a home directory does"
     return None
 
 
@@ -291,7 +329,7 @@ def owner(path: Path, marks: Iterable[str] = (MARK,), made: os.stat_result | Non
             return None
     except OSError:
         return None
-    if any(_regular(path / m) for m in marks):
+    if any(_holds(path, m) for m in marks):
         return path
     real = Path(os.path.realpath(path.parent)) / path.name
     mounts = mount_points()
@@ -428,9 +466,10 @@ def check_tree_replaceable(dest: Path, what: str, marks: Iterable[str] = (MARK,)
     one of `marks` itself, and is no mount point."""
     if not os.path.lexists(dest):
         return
-    if str(Path(os.path.abspath(dest))) in mount_points():
-        raise NotOwned(f"refusing to replace {dest} ({what}): another file system is mounted "
-                       "there", "unmount it or move it away; nothing was removed")
+    why = forbidden_target(dest) if os.path.isdir(dest) else None
+    if why is not None:
+        raise NotOwned(f"refusing to replace {dest} ({what}): {why}",
+                       "unmount it or move it away; nothing was removed")
     if owner(dest, marks) != Path(os.path.abspath(dest)):
         raise NotOwned(f"refusing to replace {dest} ({what}): it carries no mark of rocforge's "
                        f"({' or '.join(dict.fromkeys((*marks, MARK)))}), so rocforge did not make "

@@ -32,6 +32,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -46,10 +47,86 @@ RENAME_EXCHANGE = 2  # linux/fs.h
 _AT_FDCWD = -100
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "s390x": 347}
 _UNSUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
+# The only names a swap's trees have beside `dest`: the staged tree (`new`) and the kept one
+# (`keep`) are always one of these, so a journal naming any other path is not rocforge's.
+NEW_SUFFIXES = (".rocforge-new", ".rocforge-partial", ".rocforge-previous")
+KEEP_SUFFIXES = (".rocforge-previous",)
+_MKDTEMP = "[A-Za-z0-9_]{8}"  # `.<name>.XXXXXXXX`: kernels build in a mkdtemp beside `--out`
+# What rocforge writes at the start of the marks whose content it fixes (see `valid_marker`).
+MARK_HEADS = {SCRATCH: b"rocforge scratch tree:", ownership.MARK: b"made by rocforge: ",
+              ".rocforge-closure": b"staged by `rocforge container closure`"}
+MARKER_BYTES = 1 << 20  # a marker larger than rocforge writes is not one of rocforge's
+_RENAME_ERRORS = {errno.EBUSY, errno.EXDEV, errno.EACCES, errno.EPERM, errno.EROFS,
+                  errno.ENOSPC, errno.ENOTEMPTY, errno.EEXIST}
 
 
 def sibling(dest: Path, suffix: str) -> Path:
     return Path(f"{dest}{suffix}")
+
+
+def derived(dest: Path, path: Path | str, suffixes: tuple[str, ...]) -> bool:
+    """Whether `path` is one of the names rocforge gives a swap's trees beside `dest`."""
+    dest, path = Path(os.path.abspath(dest)), Path(os.path.abspath(path))
+    if path in (sibling(dest, s) for s in suffixes):
+        return True
+    return suffixes is NEW_SUFFIXES and path.parent == dest.parent and re.fullmatch(
+        re.escape(f".{dest.name}.") + _MKDTEMP, path.name) is not None
+
+
+def valid_marker(tree: Path, name: str) -> bool:
+    """Whether `tree/name` is a marker as rocforge writes it (a regular file, never followed):
+    a fixed text (`MARK_HEADS`), a build manifest that passes discover/builds.py's schema, or a
+    kernels manifest (a JSON object naming target, platform and binary).  Anything else under a
+    marker's name, a broken manifest included, does not make a tree rocforge's."""
+    try:
+        fd = os.open(Path(tree) / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MARKER_BYTES:
+            return False
+        data = os.read(fd, MARKER_BYTES + 1)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    if name in MARK_HEADS:
+        return data.startswith(MARK_HEADS[name])
+    try:
+        text = data.decode("utf-8")
+        if name.endswith(".toml"):
+            return _valid_manifest(text, str(Path(tree) / name))
+        if name.endswith(".json"):
+            doc = json.loads(text)
+            return isinstance(doc, dict) and all(
+                isinstance(doc.get(k), str) for k in ("target", "platform", "binary"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return False
+
+
+def _valid_manifest(text: str, path: str) -> bool:
+    from rocforge_build.discover.builds import checked_manifest
+    from rocforge_build.errors import RocforgeError
+    from rocforge_build.toml_subset import tomllib_loads
+
+    try:
+        data = tomllib_loads(text)
+        checked_manifest(data, path)
+    except (ValueError, RecursionError, RocforgeError):
+        return False
+    return isinstance(data, dict)
+
+
+def check_target(dest: Path, option: str) -> None:
+    """Refuse (UsageError, one line, exit 2) a directory no replacement or removal may take:
+    `/`, HOME, above HOME, a mount point, one holding a home directory's own dot-files
+    (`ownership.forbidden_target`), whatever marker it holds."""
+    why = ownership.forbidden_target(dest)
+    if why is not None:
+        raise UsageError(f"refusing to replace {option} {dest}: {why}",
+                         f"choose a new or empty directory for {option}; nothing was removed")
 
 
 def check_replaceable(dest: Path, marker: str, option: str, *, path_list: bool = False) -> None:
@@ -82,24 +159,23 @@ def check_replaceable(dest: Path, marker: str, option: str, *, path_list: bool =
     if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{option} {dest} is a file, not a directory",
                          f"choose a new or empty directory for {option}")
+    check_target(dest, option)
     try:
         names = sorted(os.listdir(dest))
     except OSError as exc:
         raise UsageError(f"{option} {dest} cannot be read: {exc.strerror}") from exc
     if not names or _marked(dest, marker):
         return
+    held = marker if marker in names else names[0]
     raise UsageError(
-        f"refusing to replace {option} {dest}: it holds {dest / names[0]}, and it has no "
-        f"{marker}, so rocforge did not make it",
+        f"refusing to replace {option} {dest}: it holds {dest / held}, and it has no valid "
+        f"{marker} of rocforge's, so rocforge did not make it",
         f"choose a new or empty directory for {option}; if everything in {dest} may go, "
         "remove it yourself first")
 
 
 def _marked(tree: Path, marker: str) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(tree / marker).st_mode)
-    except OSError:
-        return False
+    return valid_marker(tree, marker)
 
 
 def _marks(marker: str) -> tuple[str, ...]:
@@ -175,10 +251,26 @@ def _read_journal(dest: Path) -> dict | None:
         entry = None
     keys = {"dest": str, "new": str, "keep": (str, type(None)), "new_id": list, "old_id": list,
             "kept_id": (list, type(None))}
-    if not (isinstance(entry, dict) and all(isinstance(entry.get(k), t) for k, t in keys.items())):
+    if not (isinstance(entry, dict) and all(isinstance(entry.get(k), t) for k, t in keys.items())
+            and _journal_paths_ok(dest, entry)):
         raise UsageError(f"{journal} is in the way of replacing {dest} and it is not a journal "
-                         "rocforge wrote", f"move {journal} elsewhere")
+                         "rocforge wrote for it (nothing was moved or removed)",
+                         f"move {journal} elsewhere")
     return entry
+
+
+def _journal_paths_ok(dest: Path, entry: dict) -> bool:
+    """A journal only confirms: its paths must be the very names rocforge derives from `dest`
+    (never a path it names on its own), its ids pairs of integers."""
+    def ident_ok(v) -> bool:
+        return v is None or (isinstance(v, list) and len(v) == 2
+                             and all(type(i) is int for i in v))
+
+    return (os.path.abspath(entry["dest"]) == os.path.abspath(dest)
+            and derived(dest, entry["new"], NEW_SUFFIXES)
+            and (entry["keep"] is None or derived(dest, entry["keep"], KEEP_SUFFIXES))
+            and all(ident_ok(entry[k]) for k in ("new_id", "old_id", "kept_id"))
+            and entry["new_id"] is not None and entry["old_id"] is not None)
 
 
 def _unlink_file(path: Path) -> None:
@@ -268,7 +360,8 @@ def _dispose(old: Path | None, aside: Path, keep: Path | None, entry: dict,
 
 def _delete(tree: Path, marker: str, ident: list | None = None, at: Path | None = None) -> None:
     """Remove a replaced tree through ownership.py, never failing the command: when it is the
-    tree `ident` names (the journal's inode numbers) or carries one of `_marks`, it gets
+    tree `ident` names (the journal's inode numbers, a confirmation only) and carries one of
+    `_marks` (valid, `valid_marker`), it gets
     `ownership.MARK` first (so a removal cut off leaves it rocforge's) and loses `marker` first
     (so it is never taken for a whole tree); anything else, a mount inside it and what cannot be
     removed stay, with a warning.  `at`: renamed there first (the name it is deleted under)."""
@@ -276,7 +369,13 @@ def _delete(tree: Path, marker: str, ident: list | None = None, at: Path | None 
         return
     try:
         st = os.lstat(tree)
-        if stat.S_ISDIR(st.st_mode) and ([st.st_dev, st.st_ino] == ident or _ours(tree, marker)):
+        if ident is not None and [st.st_dev, st.st_ino] != ident:
+            ownership.warn_left([str(tree)], "it is not the tree rocforge replaced there")
+            return
+        if stat.S_ISDIR(st.st_mode) and ownership.forbidden_target(tree) is not None:
+            ownership.warn_left([str(tree)], ownership.forbidden_target(tree))
+            return
+        if stat.S_ISDIR(st.st_mode) and _ours(tree, marker):
             ownership.write_mark(tree, "a replaced tree rocforge is deleting")
         if at is not None:
             os.replace(tree, at)
@@ -284,7 +383,7 @@ def _delete(tree: Path, marker: str, ident: list | None = None, at: Path | None 
         if stat.S_ISDIR(st.st_mode) and not os.listdir(tree):
             os.rmdir(tree)  # an empty directory: nothing in it to lose
             return
-        ownership.warn_left(ownership.remove_owned(tree, "a replaced tree", marks=_marks(marker),
+        ownership.warn_left(ownership.remove_owned(tree, "a replaced tree", marks=(ownership.MARK,),
                                                    first=(marker, SCRATCH), refuse=False))
     except OSError as exc:
         ownership.warn_left([str(tree)], f"it could not be removed: {exc.strerror}")
@@ -297,6 +396,20 @@ def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
     deleted once the new one is in; or it is `new` itself (`rocforge rollback`: the two trees
     change places)."""
     new, dest = Path(new), Path(dest)
+    if not derived(dest, new, NEW_SUFFIXES) or not (keep is None or derived(dest, keep, KEEP_SUFFIXES)):
+        raise ValueError(f"swap of {dest}: {new} / {keep} are not names replace.py derives from it")
+    try:
+        _swap(new, dest, marker, keep)
+    except OSError as exc:
+        if exc.errno not in _RENAME_ERRORS:
+            raise
+        raise UsageError(f"cannot replace {dest}: {exc.strerror}" + (
+            " (a file system is mounted there, or beside it)" if exc.errno in (errno.EBUSY, errno.EXDEV)
+            else ""), f"choose a {dest.name} on one file system, not a mount point, then run the "
+            "command again") from exc
+
+
+def _swap(new: Path, dest: Path, marker: str, keep: Path | None) -> None:
     recover(dest, marker)
     aside = sibling(dest, OLD)
     if os.path.lexists(aside):
@@ -345,6 +458,7 @@ def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
 def _check_deletable(dest: Path, marker: str) -> None:
     """The tree at `dest`, which the swap deletes, is empty or carries `marker` (the callers'
     check_replaceable, made again where the deletion is decided): else one line, nothing done."""
+    check_target(dest, "the destination")
     if os.path.islink(dest) or not os.path.isdir(dest) or not (
             _marked(dest, marker) or not os.listdir(dest)):
         raise UsageError(f"refusing to replace {dest}: it has no {marker}, so rocforge did not "
@@ -353,6 +467,7 @@ def _check_deletable(dest: Path, marker: str) -> None:
 
 def _check_kept(keep: Path, marker: str) -> None:
     """The tree at `keep` is one rocforge kept (it will be deleted): else one line, nothing done."""
+    check_target(keep, "the kept tree")
     if os.path.islink(keep) or not os.path.isdir(keep) or not _marked(keep, marker):
         raise UsageError(f"{keep} is in the way of keeping the replaced tree and rocforge did not "
                          f"make it (no {marker})", f"move {keep} elsewhere, then run the command "
@@ -374,6 +489,8 @@ def check_scratch(path: Path, marker: str, what: str) -> None:
         st = os.lstat(path)
     except FileNotFoundError:
         return
+    if stat.S_ISDIR(st.st_mode):
+        check_target(path, what)
     if stat.S_ISDIR(st.st_mode) and (_ours(path, marker) or not os.listdir(path)):
         return
     raise UsageError(f"refusing to remove {path}: rocforge puts {what} there, and it has no "

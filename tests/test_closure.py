@@ -156,7 +156,8 @@ def test_staging_keeps_links_replaces_atomically_and_refuses_conflicts(tmp_path)
     os.symlink("real", tmp_path / "link")
     out = tmp_path / "stage"
     out.mkdir()
-    (out / closure.MARKER).write_text("an earlier closure")  # rocforge replaces only its own
+    (out / closure.MARKER).write_text(  # rocforge replaces only its own (its marker's text)
+        "staged by `rocforge container closure`: an earlier closure\n")
     (out / "old").write_text("stale")
     closure.stage(_entries(tmp_path / "link/f"), out)
     assert not (out / "old").exists()

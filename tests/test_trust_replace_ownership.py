@@ -31,8 +31,15 @@ def snapshot(top: Path) -> dict[str, str]:
     for dirpath, dirnames, filenames in os.walk(top):
         for name in dirnames + filenames:
             p = Path(dirpath) / name
-            out[str(p.relative_to(top))] = "dir" if p.is_dir() else "file:" + p.read_text()
+            out[str(p.relative_to(top))] = ("dir" if p.is_dir() and not p.is_symlink() else
+                                            "link:" + os.readlink(p) if p.is_symlink() else
+                                            "file:" + p.read_bytes().hex())
     return out
+
+
+def manifest(tag: str) -> str:
+    """A build manifest as rocforge writes it (it passes discover/builds.py's schema)."""
+    return f'target = ""\nbackend = "cpu"\n[recipe]\nname = "tool"\n[source]\ncommit = "{tag}"\n'
 
 
 def build_tree(path: Path, tag: str, marker: str | None = MARKER) -> dict[str, str]:
@@ -42,7 +49,7 @@ def build_tree(path: Path, tag: str, marker: str | None = MARKER) -> dict[str, s
     for rel in ("bin/tool", "lib/libx.so", "lib/cmake/x.cmake", "share.txt"):
         (path / rel).write_text(f"{tag} {rel}\n")
     if marker:
-        (path / marker).write_text(f"[source]\ncommit = '{tag}'\n")
+        (path / marker).write_text(manifest(tag))
     return snapshot(path)
 
 
@@ -91,7 +98,8 @@ def test_a_users_directory_at_the_deleting_name_is_left_with_a_warning(tmp_path)
 def test_a_users_directory_at_the_kept_trees_deleting_name_refuses_the_swap(tmp_path):
     """An upgrade renames the build kept for rollback to `<keep>.deleting` and deletes it: a
     directory of the user's there is refused before anything moves, one line, exit 2."""
-    prefix, new, keep = tmp_path / "prefix", tmp_path / "prefix.rocforge-new", tmp_path / "prev"
+    prefix, new = tmp_path / "prefix", tmp_path / "prefix.rocforge-new"
+    keep = tmp_path / "prefix.rocforge-previous"
     trees = {p: build_tree(p, p.name) for p in (prefix, new, keep)}
     mine = Path(f"{keep}.deleting")
     before = users_tree(mine)
@@ -235,3 +243,216 @@ def test_cache_clean_keeps_a_live_journal_and_removes_a_prefixs_sibling_only_by_
     assert done[str(ours)]["removed"] is True and not os.path.lexists(ours)
     assert replace.recover(prefix, MARKER).startswith("undid")  # the journal did its work
     assert (prefix / "share.txt").read_text() == "old share.txt\n" and not journal.exists()
+
+
+# -- a destination or journal that only looks like rocforge's (a real build of the fixture) --------
+
+@pytest.fixture(scope="module")
+def fixture_build(tmp_path_factory):
+    """The fixture project built once into a prefix: (its recipe, the prefix)."""
+    from upgrade_history import history
+
+    top = tmp_path_factory.mktemp("replace-attack")
+    h = history(top)
+    prefix = top / "prefix"
+    res = rocforge_cli("build", str(h.recipe), "--target", "gfx1151", "--prefix", str(prefix),
+                       "--no-recheck")
+    assert res.returncode == 0, res.stderr
+    return h.recipe, prefix
+
+
+def rocforge_cli(*args: str, home: Path | None = None, wrap: tuple[str, ...] = ()
+                 ) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)} | ({"HOME": str(home)} if home else {})
+    return subprocess.run([*wrap, sys.executable, "-m", "rocforge_build", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def refused(res: subprocess.CompletedProcess, *words: str) -> str:
+    """The one `rocforge: error:` line of a run that exited 2 without a traceback."""
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("rocforge: error:")]
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    return lines[0]
+
+
+def precious(path: Path) -> dict[str, str]:
+    (path / "thesis").mkdir(parents=True, exist_ok=True)
+    (path / "thesis.txt").write_text("four years of work\n")
+    (path / "thesis" / "data.csv").write_text("1,2,3\n")
+    return snapshot(path)
+
+
+def build_args(recipe: Path, prefix: Path) -> list[str]:
+    return ["build", str(recipe), "--target", "gfx1151", "--prefix", str(prefix), "--force",
+            "--no-recheck"]
+
+
+def ident(path: Path) -> list[int]:
+    st = os.lstat(path)
+    return [st.st_dev, st.st_ino]
+
+
+@pytest.mark.parametrize("slot", ["new", "keep"])
+def test_a_forged_journal_naming_another_directory_deletes_nothing(tmp_path, fixture_build, slot):
+    """A journal beside the prefix that names a directory of the user's (as the staged tree, or
+    as the kept one, with its inode numbers so they "match"): the build refuses it, one line,
+    exit 2, and the directory, the prefix and the journal are as they were."""
+    import shutil
+
+    recipe, built = fixture_build
+    prefix, mine = tmp_path / "p1", tmp_path / "precious"
+    shutil.copytree(built, prefix, symlinks=True)
+    before, whole = precious(mine), snapshot(prefix)
+    entry = {"dest": str(prefix), "new": str(mine), "keep": None, "new_id": ident(prefix),
+             "old_id": ident(mine), "kept_id": None}
+    if slot == "keep":
+        (tmp_path / "p1.rocforge-new").mkdir()
+        entry.update(new=str(tmp_path / "p1.rocforge-new"), keep=str(mine),
+                     old_id=ident(tmp_path / "p1.rocforge-new"), kept_id=ident(mine))
+    journal = Path(f"{prefix}{replace.JOURNAL}")
+    journal.write_text(json.dumps(entry))
+    refused(rocforge_cli(*build_args(recipe, prefix)), str(journal))
+    assert snapshot(mine) == before and snapshot(prefix) == whole
+    assert json.loads(journal.read_text()) == entry
+    with pytest.raises(UsageError, match="not a journal rocforge wrote"):
+        replace.recover(prefix, MARKER)
+    assert snapshot(mine) == before
+
+
+def _home(top: Path) -> Path:
+    home = top / "home"
+    home.mkdir(parents=True)
+    (home / ".bashrc").write_text("export PS1='mine'\n")
+    (home / "notes.txt").write_text("mine\n")
+    return home
+
+
+@pytest.mark.parametrize("where", ["home", "above-home", "dotfiles"])
+def test_a_prefix_that_is_home_above_it_or_like_it_is_refused_whatever_it_holds(
+        tmp_path, fixture_build, where):
+    """The build's manifest copied into HOME (or the directory above HOME, or one holding a
+    .bashrc) does not make it replaceable: one line, exit 2, every file kept."""
+    recipe, built = fixture_build
+    home = _home(tmp_path / "u")
+    target = {"home": home, "above-home": tmp_path / "u", "dotfiles": home}[where]
+    run_home = tmp_path / "elsewhere" if where == "dotfiles" else home
+    run_home.mkdir(exist_ok=True)
+    (target / MARKER).write_bytes((built / MARKER).read_bytes())
+    before = snapshot(tmp_path)
+    refused(rocforge_cli(*build_args(recipe, target), home=run_home), "refusing to replace",
+            str(target))
+    assert snapshot(tmp_path) == before
+
+
+@needs("ldd")
+def test_a_closure_out_at_home_with_a_closure_marker_is_refused(tmp_path, fixture_build):
+    _, built = fixture_build
+    home = _home(tmp_path)
+    (home / ".rocforge-closure").write_text("x\n")
+    before = snapshot(home)
+    refused(rocforge_cli("container", "closure", str(built), "--out", str(home), home=home),
+            "refusing to replace --out", "home directory")
+    assert snapshot(home) == before
+
+
+def test_a_kernels_out_at_home_is_refused_before_any_work(tmp_path):
+    home = _home(tmp_path)
+    (home / "rocforge-kernels.json").write_text(json.dumps(
+        {"target": "gfx1151", "platform": "amd", "binary": "x"}))
+    before = snapshot(home)
+    refused(rocforge_cli("kernels", "build", "--target", "gfx1151", "--out", str(home), home=home),
+            "refusing to replace --out", "home directory")
+    assert snapshot(home) == before
+
+
+@pytest.mark.parametrize("text", ["x = [\n", "recipe = 1\n", "\udcff"],
+                         ids=["not-toml", "not-the-schema", "not-utf8"])
+def test_a_broken_manifest_does_not_make_a_prefix_rocforges(tmp_path, fixture_build, text):
+    recipe, _ = fixture_build
+    prefix = tmp_path / "u"
+    (prefix / "docs").mkdir(parents=True)
+    (prefix / "docs" / "t.txt").write_text("t\n")
+    (prefix / MARKER).write_bytes(text.encode("utf-8", "surrogateescape"))
+    before = snapshot(prefix) if text.isascii() else None
+    res = rocforge_cli(*build_args(recipe, prefix))
+    refused(res, "refusing to replace --prefix", f"no valid {MARKER}")
+    assert (prefix / "docs" / "t.txt").read_text() == "t\n"
+    assert (prefix / MARKER).read_bytes() == text.encode("utf-8", "surrogateescape")
+    assert before is None or before == snapshot(prefix)
+
+
+@needs("ldd")
+def test_a_closure_marker_rocforge_did_not_write_does_not_make_out_rocforges(tmp_path, fixture_build):
+    _, built = fixture_build
+    out = tmp_path / "out"
+    before = users_tree(out)
+    (out / ".rocforge-closure").write_text("x\n")
+    before = snapshot(out)
+    refused(rocforge_cli("container", "closure", str(built), "--out", str(out)),
+            "refusing to replace --out", "no valid .rocforge-closure")
+    assert snapshot(out) == before
+
+
+def test_a_mark_file_rocforge_did_not_write_does_not_make_a_staged_tree_rocforges(
+        tmp_path, fixture_build):
+    """`.rocforge-owned` or `.rocforge-scratch` with other content at the staging name: the
+    build refuses to clear it, one line, exit 2, nothing removed."""
+    recipe, _ = fixture_build
+    prefix = tmp_path / "p"
+    for mark in (ownership.MARK, replace.SCRATCH):
+        staging = Path(f"{prefix}.rocforge-new")
+        before = users_tree(staging)
+        (staging / mark).write_text("x\n")
+        before = snapshot(staging)
+        refused(rocforge_cli(*build_args(recipe, prefix)), "refusing to remove", str(staging))
+        assert snapshot(staging) == before and not prefix.exists()
+        for p in sorted(staging.rglob("*"), reverse=True):
+            p.rmdir() if p.is_dir() else p.unlink()
+        staging.rmdir()
+
+
+UNSHARE = ("unshare", "-m")
+
+
+def _can_mount() -> bool:
+    return subprocess.run([*UNSHARE, "mount", "-t", "tmpfs", "t", "/mnt"],
+                          capture_output=True).returncode == 0
+
+
+@needs("unshare")
+def test_a_prefix_that_is_a_mount_point_is_refused_in_one_line(tmp_path, fixture_build):
+    if not _can_mount():
+        pytest.skip("unshare -m with mount is not permitted here")
+    recipe, built = fixture_build
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    script = ('mp=$1; mount -t tmpfs t "$mp" && cp -a "$2"/. "$mp"/ && echo mine > "$mp"/notes.txt'
+              ' || exit 99; shift 2; "$@"; rc=$?; cat "$mp"/notes.txt >&2; exit $rc')
+    res = subprocess.run([*UNSHARE, "sh", "-c", script, "sh", str(mp), str(built), sys.executable,
+                          "-m", "rocforge_build", *build_args(recipe, mp)], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    refused(res, "refusing to replace --prefix", "mount point")
+    assert "mine" in res.stderr.splitlines()[-1]
+
+
+@needs("unshare")
+def test_a_rename_refused_by_a_mount_is_one_line(tmp_path):
+    """EBUSY from the exchange (the staged tree is a mount point): one line, exit 2, the prefix
+    whole."""
+    if not _can_mount():
+        pytest.skip("unshare -m with mount is not permitted here")
+    prefix, new = tmp_path / "prefix", tmp_path / "prefix.rocforge-new"
+    whole = build_tree(prefix, "old")
+    new.mkdir()
+    code = ("import sys; from pathlib import Path; from rocforge_build import cli, replace; "
+            "from rocforge_build.errors import UsageError\n"
+            "try:\n    replace.swap(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])\n"
+            "except UsageError as e:\n    print('rocforge: error:', e.message, file=sys.stderr); "
+            "sys.exit(e.exit_code)")
+    res = subprocess.run([*UNSHARE, "sh", "-c", 'mount -t tmpfs t "$1" && shift && "$@"', "sh",
+                          str(new), sys.executable, "-c", code, str(new), str(prefix), MARKER],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    refused(res, "cannot replace", "mount")
+    assert snapshot(prefix) == whole

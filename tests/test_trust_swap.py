@@ -230,7 +230,8 @@ def test_a_staged_tree_rocforge_left_is_cleared_by_the_next_upgrade(made, builds
     staging = Path(f"{prefix}.rocforge-new")  # as a build killed before its manifest leaves it
     (staging / "bin").mkdir(parents=True)
     (staging / "bin" / "half-installed").write_text("")
-    (staging / ".rocforge-scratch").write_text("")
+    (staging / ".rocforge-scratch").write_text("rocforge scratch tree: rocforge deletes it when "
+                                               "it is done\n")  # as rocforge writes it
     res = rocforge("upgrade", str(prefix), "--ref", h.commits["docs2"])
     assert res.returncode == 0, res.stderr
     assert whole(prefix) == h.commits["docs2"] and not os.path.lexists(staging)
