@@ -24,7 +24,8 @@ MARK = ".rocforge-owned"
 COMPLETE = ".rocforge-complete"  # forge/sources.py: a fetched tree is whole (removed first)
 CACHEDIR_TAG = "CACHEDIR.TAG"
 SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
-TAG_TEXT = (f"{SIGNATURE}\n# This file is a cache directory tag created by rocforge.\n"
+TAG_LINE = "# This file is a cache directory tag created by rocforge."  # rocforge's, not any tool's
+TAG_TEXT = (f"{SIGNATURE}\n{TAG_LINE}\n"
             "# For information about cache directory tags, see https://bford.info/cachedir/\n")
 MAX_DEPTH = 400  # deeper than any tree rocforge makes; a deeper one is left, not recursed into
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -98,6 +99,35 @@ def has_cache_tag(root: Path) -> bool:
         return False
 
 
+def has_rocforge_tag(root: Path) -> bool:
+    """Whether `root` holds a CACHEDIR.TAG with the signature and rocforge's own line
+    (`TAG_LINE`): a tag another tool wrote makes nothing in `root` rocforge's."""
+    if not has_cache_tag(root):
+        return False
+    try:
+        with open(Path(root) / CACHEDIR_TAG, "rb") as fh:
+            lines = fh.read(4096).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return False
+    return TAG_LINE in lines[1:]
+
+
+def identity(path: str | os.PathLike[str], follow: bool = True) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of `path` (through links when `follow`): the same directory reached
+    through a link or a bind mount has the same identity, whatever its path says."""
+    try:
+        st = os.stat(path, follow_symlinks=follow)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def identity_chain(path: str | os.PathLike[str]) -> set[tuple[int, int]]:
+    """The identities of `path` (links resolved) and of every directory above it."""
+    real = Path(os.path.realpath(path))
+    return {i for i in map(identity, (real, *real.parents)) if i is not None}
+
+
 def _homes() -> set[str]:
     out = {os.path.realpath(os.path.expanduser("~"))}
     try:
@@ -110,12 +140,14 @@ def _homes() -> set[str]:
 def forbidden_root(root: Path) -> str | None:
     """Why `root` can never be a directory rocforge empties (`/`, HOME, above HOME), or None."""
     real = os.path.realpath(root)
-    if real == "/":
+    ident = identity(real)  # by identity too: a bind mount of HOME elsewhere is still HOME
+    if real == "/" or (ident is not None and ident == identity("/")):
         return "it is the root directory /"
     for home in _homes():
-        if real == home:
+        if real == home or (ident is not None and ident == identity(home)):
             return "it is your home directory"
-        if home.startswith(real.rstrip("/") + "/"):
+        if home.startswith(real.rstrip("/") + "/") or (ident is not None
+                                                       and ident in identity_chain(home)):
             return f"it holds your home directory {home}"
     return None
 
@@ -149,7 +181,7 @@ def root_problem(root: Path, own: Iterable[str]) -> str | None:
     """Why `root` may not be emptied: `/`, HOME or above HOME, or names in it that rocforge never
     makes there while no CACHEDIR.TAG says rocforge made it; None when it may."""
     why = forbidden_root(root)
-    if why is None and not has_cache_tag(root):
+    if why is None and not has_rocforge_tag(root):
         foreign = foreign_names(root, own)
         if foreign:
             shown = ", ".join(repr(n) for n in foreign[:3]) + (" ..." if len(foreign) > 3 else "")
@@ -173,7 +205,7 @@ def tag_cache_root(root: Path, own: Iterable[str]) -> None:
     with files of someone else's.  Best effort: a root that cannot be written fails later, there."""
     root = Path(root)
     if forbidden_root(root) is not None or has_cache_tag(root):
-        return
+        return  # a tag of another tool's stays as it is: its directory is not rocforge's
     try:
         root.mkdir(parents=True, exist_ok=True)
         if not foreign_names(root, own):
@@ -204,7 +236,8 @@ def _unescape(field: str) -> str:
     return field
 
 
-def remove_tree_one_device(path: Path, *, first: Iterable[str] = (COMPLETE,)) -> list[str]:
+def remove_tree_one_device(path: Path, *, first: Iterable[str] = (COMPLETE,),
+                           last: Iterable[str] = (MARK,)) -> list[str]:
     """Remove `path` without following a link or entering another file system or mount; the
     names in `first` go first (a completeness mark: an interrupted removal leaves a tree that is
     visibly incomplete) and `MARK` last (what is left stays recognisably rocforge's).  Returns
@@ -223,7 +256,7 @@ def remove_tree_one_device(path: Path, *, first: Iterable[str] = (COMPLETE,)) ->
         if fd is None:
             return [str(path)]
         try:
-            left = _clear(fd, str(path), st.st_dev, mounts, tuple(first), (MARK,), 0)
+            left = _clear(fd, str(path), st.st_dev, mounts, tuple(first), tuple(last), 0)
         finally:
             os.close(fd)
         if not left:

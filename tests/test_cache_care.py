@@ -4,6 +4,7 @@ bad --older-than values, an unreadable entry, a work dir whose build holds its l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from buildfixtures import RECIPE, project_copy
 
-from rocforge_build import cli
+from rocforge_build import cli, ownership
 from rocforge_build.forge import cleanup
 from rocforge_build.forge.plan import work_dir
 
@@ -81,7 +82,8 @@ def test_links_inside_the_cache_are_never_followed(tmp_path, capsys):
     (outside / "deep" / "file").write_text("keep me")
     tree = cache() / "sources" / "trees" / "t1"
     tree.mkdir(parents=True)
-    (tree / ".rocforge-complete").write_text("a tree rocforge fetched (forge/sources.py)\n")
+    (tree / ".rocforge-complete").write_text(  # what forge/sources.py writes there
+        "https://example.org/project.git " + "ab" * 20 + "\n")
     (tree / "to-outside").symlink_to(outside)  # a link inside a rocforge entry
     (cache() / "sources" / "trees" / "t2").symlink_to(outside)  # an entry that is itself a link
     (cache() / "downloads").mkdir()
@@ -155,7 +157,8 @@ def test_an_unreadable_entry_is_kept_whole(capsys):
         (tree / "a-file").write_text("a")
         (tree / "secret" / "inside").write_text("s")
         (base / "downloads").mkdir(parents=True)
-        (base / "downloads" / "fine.tar.gz").write_text("f")
+        fine = base / "downloads" / f"{hashlib.sha256(b'f').hexdigest()[:16]}-fine.tar.gz"
+        fine.write_text("f")  # named by its sha256, as forge/sources.py names a download
         env = {"PATH": os.environ["PATH"], "HOME": str(top), "ROCFORGE_CACHE_DIR": str(base),
                "ROCFORGE_DATA_DIR": str(top / "data"), "ROCFORGE_CONFIG_DIR": str(top / "config"),
                "CCACHE_DIR": str(top / "ccache"), "SCCACHE_DIR": str(top / "sccache"),
@@ -178,12 +181,13 @@ def test_an_unreadable_entry_is_kept_whole(capsys):
         entries = {e["path"]: e for e in json.loads(out.stdout)["entries"]}
         assert "cannot be read" in entries[str(tree)]["kept"]
         assert (tree / "a-file").is_file() and (tree / "secret" / "inside").is_file()
-        assert not (base / "downloads" / "fine.tar.gz").exists()
+        assert not fine.exists()
 
 
 def test_a_work_dir_whose_build_holds_its_lock_is_never_removed(tmp_path, capsys):
     work = cache() / "work" / "0123456789ab"
     (work / "build").mkdir(parents=True)
+    ownership.write_mark(work, "a build work dir")  # as forge/pipeline.py marks it
     (work / "build" / "obj.o").write_text("o")
     ready = tmp_path / "ready"
     # a real process holding the build lock, as a running build does (forge/lock.py)

@@ -12,7 +12,7 @@ import tarfile
 import pytest
 from therock_tarballs import Mirror, hostile, make_tarball
 
-from rocforge_build import cli, download, download_policy, extract
+from rocforge_build import cli, download, download_policy, extract, ownership
 from rocforge_build.nightly import install as nightly_install
 
 OLD, NEW = "7.10.0a20251021", "7.10.0a20251101"
@@ -107,7 +107,8 @@ def test_install_latest_then_roll_back_and_prune(site, prefix, capsys):
     assert rc == 0 and os.readlink(prefix / "current") == old_dir
     rc, out, err = run(capsys, "nightly", "use", "9.9.9", "--prefix", str(prefix))
     assert rc == 2 and "not installed" in err and os.readlink(prefix / "current") == old_dir
-    (prefix / ".staging-leftover").mkdir()  # from a killed run
+    (prefix / ".staging-leftover").mkdir()  # from a killed run: marked by extract.staging
+    ownership.write_mark(prefix / ".staging-leftover", "a nightly install being unpacked")
     rc, out, _ = run(capsys, "nightly", "prune", "--keep", "0", "--prefix", str(prefix))
     assert f"removed {new_dir}" in out and ".staging-leftover" in out
     assert (prefix / old_dir).is_dir()  # current is always kept
@@ -689,7 +690,8 @@ def test_record_with_wrong_types_breaks_nothing_else(site, prefix, capsys):
     rc, out, err = run(capsys, "nightly", "installed", "--prefix", str(prefix), "--json")
     assert rc == 0 and {i["name"] for i in json.loads(out)} == {old, f"therock-{NEW}-gfx1151"}
     rc, out, err = run(capsys, "nightly", "prune", "--keep", "0", "--prefix", str(prefix))
-    assert rc == 0 and f"removed {old}" in out, err
+    assert rc == 0 and f"removed {old}" not in out and "does not validate" in err, err
+    assert (prefix / old / "rocforge-install.toml").is_file()  # nothing proves it rocforge's
 
 
 def test_directory_inside_downloads(site, prefix, capsys):

@@ -7,6 +7,7 @@ exactly what the real run removes."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -141,6 +142,19 @@ def test_a_cache_rocforge_makes_is_tagged_with_the_cachedir_signature(tmp_path):
 
 # -- the entries ----------------------------------------------------------------------------------
 
+STAMP = "https://example.org/project.git " + "ab" * 20 + "\n"  # what forge/sources.py writes
+
+
+def make_legacy_work(prefix: Path) -> Path:
+    """A work dir as a rocforge that wrote no marks left it: named by its prefix's hash
+    (forge/plan.work_dir), its build log starting with the plan."""
+    work = cache() / "work" / hashlib.sha256(str(prefix).encode()).hexdigest()[:12]
+    (work / "build").mkdir(parents=True)
+    (work / "rocforge-build.log").write_text(json.dumps({"prefix": str(prefix), "stamp": "s1"})
+                                             + "\nconfiguring...\n")
+    return work
+
+
 def make_tarball(tmp_path: Path, files: int, name: str = "src") -> Path:
     top = tmp_path / f"{name}-tree" / "project-1.0"
     (top / "sub").mkdir(parents=True)
@@ -160,14 +174,13 @@ def mixed_cache(tmp_path: Path) -> dict[str, Path]:
     fetched = sources.fetch(sources.SourceSpec("tarball", str(make_tarball(tmp_path, 5))))
     legacy_tree = cache() / "sources" / "trees" / "abcdef0123456789abcd"
     legacy_tree.mkdir(parents=True)
-    (legacy_tree / ".rocforge-complete").write_text("fetched before marks existed\n")
+    (legacy_tree / ".rocforge-complete").write_text(STAMP)
     (legacy_tree / "a.c").write_text("int a;\n")
     marked_work = cache() / "work" / "notes-marked"
     marked_work.mkdir(parents=True)
     ownership.write_mark(marked_work, "a build work dir")
     (marked_work / "build.ninja").write_text("x")
-    legacy_work = cache() / "work" / "0123456789ab"
-    (legacy_work / "build").mkdir(parents=True)
+    legacy_work = make_legacy_work(tmp_path / "legacy-prefix")
     user_tree = cache() / "sources" / "trees" / "my-checkout"
     user_tree.mkdir(parents=True)
     (user_tree / "patch.diff").write_text("my work")
@@ -231,10 +244,7 @@ def test_sigkill_mid_clean_leaves_a_tree_the_next_fetch_makes_whole(tmp_path):
 
 
 def test_a_running_build_is_listed_as_running_not_failed(tmp_path):
-    work = cache() / "work" / "0123456789ab"
-    work.mkdir(parents=True)
-    plan = {"prefix": str(tmp_path / "prefix-being-built"), "stamp": "s1"}
-    (work / "rocforge-build.log").write_text(json.dumps(plan) + "\nconfiguring...\n")
+    work = make_legacy_work(tmp_path / "prefix-being-built")
     ready = tmp_path / "ready"
     holder = subprocess.Popen(  # a process holding the build lock, as a running build does
         [sys.executable, "-c",
@@ -339,16 +349,19 @@ def test_nightly_prune_with_home_as_prefix_is_refused_and_keeps_every_dot_dir(tm
 
 def test_nightly_prune_removes_only_rocforge_leftovers(tmp_path):
     prefix = tmp_path / "nightlies"
-    mine = {".staging-k3j9x2ab/lib/libamdhip64.so": "so",  # extract.staging's name: a leftover
-            ".downloads/therock-dist-linux-gfx1151-7.10.0.tar.gz.part": "partial"}
+    mine = {".staging-k3j9x2ab/lib/libamdhip64.so": "so",  # a killed install's (marked below)
+            ".downloads/therock-dist-linux-gfx1151-7.10.0.tar.gz.part": "partial",
+            ".downloads/therock-dist-linux-gfx1151-7.10.0.tar.gz.part.validator": '"etag"'}
     theirs = {".staging-area/todo.txt": "the user's", ".trash-notes/old.txt": "the user's",
               ".downloads/notes.txt": "the user's", ".downloads/keys/id": "the user's",
-              "projects/src.c": "int x;"}
+              ".staging-abcd1234/important": "the user's",  # extract.staging's form, no mark
+              ".downloads/backup.tar.gz": "the user's"}  # an archive no record names
     for rel, text in {**mine, **theirs}.items():
         (prefix / rel).parent.mkdir(parents=True, exist_ok=True)
         (prefix / rel).write_text(text)
     marked = prefix / ".trash-therock-7.9.0-gfx1151-4242"
     half = prefix / "therock-7.8.0-gfx1151"  # what a killed prune left: its record went first
+    ownership.write_mark(prefix / ".staging-k3j9x2ab", "a nightly install being unpacked")
     for d in (marked, half):
         (d / "bin").mkdir(parents=True)
         ownership.write_mark(d, "a nightly install")
@@ -381,9 +394,8 @@ def test_the_one_device_remover_never_follows_a_link(tmp_path):
 def test_a_cache_of_a_rocforge_without_marks_keeps_working_and_is_tagged_on_its_first_clean():
     tree = cache() / "sources" / "trees" / "0123456789abcdef0123"
     tree.mkdir(parents=True)
-    (tree / ".rocforge-complete").write_text("fetched before marks existed\n")
-    work = cache() / "work" / "0123456789ab"
-    (work / "build").mkdir(parents=True)
+    (tree / ".rocforge-complete").write_text(STAMP)
+    work = make_legacy_work(cache().parent / "some-prefix")
     assert not (cache() / ownership.CACHEDIR_TAG).exists()
     dry = json.loads(rocforge("cache", "clean", "--dry-run", "--json").stdout)
     assert {e["path"] for e in dry["entries"] if e["outcome"] == "would be removed"} == {

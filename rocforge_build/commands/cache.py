@@ -8,6 +8,7 @@ import json
 import time
 
 from rocforge_build import argtypes
+from rocforge_build.shellsafe import one_line  # a file name never forges an output line
 
 # flag -> the categories it selects (`--work` is every work dir, `--failed` only failed ones)
 FLAGS = {
@@ -56,13 +57,13 @@ def run(args) -> int:
     now = time.time()
     if args.action == "list":
         return _list(base, entries, now, args.json)
-    if not args.dry_run and base.is_dir():
-        cleanup.claim_cache_root()  # passed the check: a cache of rocforge's, tagged as such
     chosen = {c for flag, (cats, _) in FLAGS.items()
               if getattr(args, flag.replace("-", "_")) for c in cats.split()}
     if not chosen:
         chosen = set(cleanup.CATEGORIES) - {"ccache"}
     done = cleanup.clean(entries, chosen, args.older_than, dry_run=args.dry_run, now=now)
+    if not args.dry_run and base.is_dir():
+        cleanup.claim_cache_root()  # tagged once nothing in it lacks rocforge's mark
     ccache = (cleanup.evict_ccache(args.older_than, args.dry_run) if "ccache" in chosen
               else None)
     failed = [r for r in done if not r.done and "could not be removed" in r.why]
@@ -81,12 +82,13 @@ def run(args) -> int:
         for r in done:
             verb = ("would remove" if args.dry_run else "removed") if r.done else "kept"
             tail = "" if r.done else f": {r.why}"
-            print(f"{verb:12} {r.entry.category:10} {_size(r.entry.size):>9}  {r.entry.path}{tail}")
+            print(f"{verb:12} {r.entry.category:10} {_size(r.entry.size):>9}  "
+                  + one_line(f"{r.entry.path}{tail}"))
         if ccache is not None:
-            print(f"{'ccache':12} {ccache[1]}")
+            print(f"{'ccache':12} " + one_line(ccache[1]))
         what = "would free" if args.dry_run else "freed"
-        print(f"{what} {_size(freed)} in {base}"
-              + ("" if done else " (nothing matched)"))
+        print(one_line(f"{what} {_size(freed)} in {base}"
+                       + ("" if done else " (nothing matched)")))
     return 1 if failed else 0
 
 
@@ -96,15 +98,16 @@ def _list(base, entries, now: float, as_json: bool) -> int:
                           "entries": [e.to_json(now) for e in entries]}, indent=2))
         return 0
     if not entries:
-        print(f"nothing cached yet in {base}")
+        print(one_line(f"nothing cached yet in {base}"))
         return 0
     totals: dict[str, int] = {}
     for e in entries:
         totals[e.category] = totals.get(e.category, 0) + e.size
         note = f"  {e.detail}" if e.detail else ""
         kept = f"  [kept: {e.kept}]" if e.kept else ""
-        print(f"{e.category:10} {_size(e.size):>9} {e.age_days(now):7.1f} d  {e.path}{note}{kept}")
-    print(f"cache dir {base}: " + ", ".join(f"{c} {_size(s)}" for c, s in totals.items()))
+        print(f"{e.category:10} {_size(e.size):>9} {e.age_days(now):7.1f} d  "
+              + one_line(f"{e.path}{note}{kept}"))
+    print(one_line(f"cache dir {base}: " + ", ".join(f"{c} {_size(s)}" for c, s in totals.items())))
     return 0
 
 

@@ -354,7 +354,9 @@ def _prune(args, cfg) -> int:
         raise UsageError(f"--keep must be at least 0, got {args.keep}")
     keep = args.keep if args.keep is not None else int(cfg["nightly"]["keep"])
     removed = install.prune(_prefix(args, cfg), keep)
-    print("\n".join(f"removed {r}" for r in removed) if removed else "nothing to remove")
+    from rocforge_build.shellsafe import one_line  # a file name never forges an output line
+
+    print("\n".join(f"removed {one_line(r)}" for r in removed) if removed else "nothing to remove")
     return 0
 
 

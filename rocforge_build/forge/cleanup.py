@@ -1,18 +1,22 @@
 """What rocforge keeps in its cache directory, how big and how old, and removing it safely.
 
 Only what carries rocforge's mark is ever removable (ownership.py): the cache root must not be
-`/`, HOME or above HOME, and must hold rocforge's CACHEDIR.TAG or only names rocforge makes there;
-each entry of rocforge's own subdirectories (source trees and git mirrors, downloaded tarballs,
-build work dirs, bisect builds, container contexts, verify references, `rocforge env`'s answers,
-llama.cpp help texts) must hold the mark file rocforge wrote when it made it, or have the form
-rocforge gives it (`OWNED_FORMS`: the caches of a rocforge that wrote no marks yet keep working).
+`/`, HOME or above HOME (by identity: a link or bind mount of HOME is HOME), and must hold
+rocforge's own CACHEDIR.TAG (its signature and rocforge's line: another tool's tag vouches for
+nothing) or only names rocforge makes there; each entry of rocforge's own subdirectories (source
+trees and git mirrors, downloaded tarballs, build work dirs, bisect builds, container contexts,
+verify references, `rocforge env`'s answers, llama.cpp help texts) must hold the mark file
+rocforge wrote when it made it, or content that proves rocforge made it (`OWNED_PROOFS`: the
+caches of a rocforge that wrote no marks yet keep working), never a name alone.
 Anything else is shown and never touched; a name rocforge gives beside a build prefix
 (`SWAP_SIBLING`: a staged, replaced or half-deleted tree) counts as rocforge's by its mark alone,
 never by its form.  An entry is also left alone, with its reason, when it is a symbolic link
 (never followed: sizes come from lstat), holds or is a build prefix (a `rocforge-manifest.toml`,
 a configured data or nightly directory placed inside the cache), is or holds another mounted file
 system (never crossed: removal stays on one device and mount), is or holds a swap's journal
-(`<prefix>.rocforge-swap`: the next build of that prefix finishes the swap from it), cannot be
+(`<prefix>.rocforge-swap`: the next build of that prefix finishes the swap from it), is or holds
+rocforge's data, config or results directory, a build prefix or HOME (by st_dev and st_ino, so a
+link to it is seen), cannot be
 read whole, or is a work dir whose build holds its lock (forge/lock.py: listed as running;
 the lock is held while the dir is removed, so no build starts in it meanwhile).
 
@@ -22,6 +26,7 @@ only on request, by asking ccache itself to evict entries older than the given a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -62,51 +67,135 @@ CATEGORIES = ("sources", "work", "failed", "running", "bisect", "containers", "v
               "llama-help", "env", "ccache")
 
 
-def _file_form(pattern: str) -> Callable[[Path], bool]:
-    """A file named as rocforge names it there (also its `.part`/temporary forms: download.py,
-    paths.write_whole, envcache)."""
-    form = re.compile(r"\.?(?:" + pattern + r")(?:\.part(?:\.validator)?|\.\d+\.tmp)?")
-    return lambda p: form.fullmatch(p.name) is not None and _is_file(p)
-
-
-def _is_file(p: Path) -> bool:
-    return stat.S_ISREG(os.lstat(p).st_mode)
-
-
 def _is_dir(p: Path) -> bool:
     return stat.S_ISDIR(os.lstat(p).st_mode)
 
 
-def _named_dir(pattern: str) -> Callable[[Path], bool]:
-    form = re.compile(pattern)
-    return lambda p: form.fullmatch(p.name) is not None and _is_dir(p)
+def _head(p: Path, limit: int = 64 << 10) -> str | None:
+    """The first `limit` bytes of the regular file `p` (never through a link), or None."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        return fh.read(limit).decode("utf-8", "replace")
 
 
-# What rocforge made before it wrote marks, by the form it gives each entry (a directory holding
-# ownership.MARK is rocforge's wherever it is).  A source tree holds rocforge's completeness stamp
-# (forge/sources.py); a work dir is named by its prefix's hash (forge/plan.work_dir); files are
-# named by what they hold (a hash, a digest), which no one else's file is called in these places.
-OWNED_FORMS: dict[str, Callable[[Path], bool]] = {
-    "sources/trees": lambda p: (_is_dir(p) and os.path.isfile(p / ownership.COMPLETE)
-                                or _named_dir(r"\.(checkout|extract)-\w{8}")(p)),
-    "sources/git": lambda p: (_named_dir(r"[0-9a-f]{16}\.git")(p) and os.path.isfile(p / "HEAD")
-                              or _named_dir(r"tmp\w{8}")(p)),
-    "sources/refs.json": _file_form(r"refs\.json"),
-    "downloads": _file_form(r"[^/]+\.(tar(\.\w+)?|tgz|zip)|[0-9a-f]{16}-[^/]+"),
-    "work": _named_dir(r"[0-9a-f]{12}"),
-    "bisect": _named_dir(r"[\w.+]+(-[\w.+]+){2,}"),  # RECIPE-TARGET-BACKEND (forge/bisect.py)
-    "containers": lambda p: _is_dir(p) and os.path.isdir(p / "wheels"),
-    "verify/refs": _file_form(r"[0-9a-f]{32}\.(kld|json)"),
-    "verify": _file_form(r"text-(start-)?[0-9a-f]{16}\.txt"),
-    "llama-help": _file_form(r"[0-9a-f]{32}"),
-    "env": _file_form(r"[0-9a-f]{8}\.sh"),
+def _sha256_starts(p: Path, hex_prefix: str) -> bool:
+    """Whether the regular file `p` hashes (sha256) to a digest starting with `hex_prefix`."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    h = hashlib.sha256()
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return False
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest().startswith(hex_prefix)
+
+
+def _stamped_tree(p: Path) -> bool:
+    """A source tree whose completeness stamp holds what forge/sources.py writes there: one line,
+    `LOCATION COMMIT` (a git checkout) or the absolute path of the archive it was unpacked from."""
+    text = _head(p / ownership.COMPLETE, 8192) if _is_dir(p) else None
+    if text is None or not text.endswith("\n") or text.count("\n") != 1:
+        return False
+    line = text[:-1]
+    return bool(re.fullmatch(r"\S.* [0-9a-f]{40}(?:[0-9a-f]{24})?", line)
+                or (line.startswith("/") and ARCHIVE_SUFFIX.search(line)))
+
+
+def _own_mirror(p: Path) -> bool:
+    """A git mirror named, as forge/sources.py names it, by the sha256 of the URL its config
+    fetches from."""
+    m = re.fullmatch(r"([0-9a-f]{16})\.git", p.name)
+    text = _head(p / "config") if m and _is_dir(p) else None
+    urls = re.findall(r"^\s*url\s*=\s*(.+?)\s*$", text or "", re.M)
+    return any(hashlib.sha256(u.encode()).hexdigest()[:16] == m.group(1) for u in urls)
+
+
+def _own_download(p: Path) -> bool:
+    """A download named, as forge/sources.py names it, by the sha256 of its own bytes."""
+    m = re.fullmatch(r"([0-9a-f]{16})-.+", p.name)
+    return bool(m) and _sha256_starts(p, m.group(1))
+
+
+def _work_plan(p: Path) -> dict | None:
+    """The plan a work dir's build log starts with (forge/pipeline.py), or None."""
+    head = _head(p / "rocforge-build.log", 4 << 20)
+    try:
+        plan, _ = json.JSONDecoder().raw_decode(head or "")
+    except ValueError:
+        return None
+    return plan if isinstance(plan, dict) else None
+
+
+def _own_work(p: Path) -> bool:
+    """A work dir named, as forge/plan.work_dir names it, by the sha256 of the prefix its build
+    log's plan installs into."""
+    plan = _work_plan(p) if re.fullmatch(r"[0-9a-f]{12}", p.name) and _is_dir(p) else None
+    prefix = plan.get("prefix") if plan else None
+    return isinstance(prefix, str) and \
+        hashlib.sha256(prefix.encode()).hexdigest()[:12] == p.name
+
+
+def _own_text(p: Path) -> bool:
+    m = re.fullmatch(r"text-([0-9a-f]{16})\.txt", p.name)
+    return bool(m) and _sha256_starts(p, m.group(1))
+
+
+def _own_env(p: Path) -> bool:
+    head = _head(p, 64) if re.fullmatch(r"[0-9a-f]{8}\.sh", p.name) else None
+    return head is not None and head.startswith("rocforge-envcache ")
+
+
+ARCHIVE_SUFFIX = re.compile(r"\.(tar(\.\w+)?|tgz|zip)$")
+# What rocforge made before it wrote marks, proven by what it holds, never by its name alone: a
+# name is checked against the hash it was made from (the URL, the bytes, the prefix), a stamp or
+# cache file against the text rocforge writes.  Entries of the other places carry the mark.
+OWNED_PROOFS: dict[str, Callable[[Path], bool]] = {
+    "sources/trees": _stamped_tree,
+    "sources/git": _own_mirror,
+    "downloads": _own_download,
+    "work": _own_work,
+    "verify": _own_text,
+    "env": _own_env,
 }
 
 
 def claim_cache_root() -> None:
-    """Tag the cache root as rocforge's (CACHEDIR.TAG) when rocforge makes it or it holds only
-    what rocforge makes: called where rocforge first writes into the cache."""
-    ownership.tag_cache_root(paths.cache_dir(), OWN_TOP)
+    """Tag the cache root as rocforge's (CACHEDIR.TAG with rocforge's line) when rocforge makes
+    it, or when everything in it carries rocforge's mark: called where rocforge first writes into
+    the cache.  A root holding anything unmarked (an earlier rocforge's, or someone's) stays
+    untagged, so a tag never vouches for what rocforge did not make."""
+    base = paths.cache_dir()
+    if _only_marked(base):
+        ownership.tag_cache_root(base, OWN_TOP)
+
+
+def _only_marked(base: Path) -> bool:
+    try:
+        if ownership.foreign_names(base, OWN_TOP):
+            return False
+        for _category, rel, children in LAYOUT:
+            where = base / rel
+            if not os.path.lexists(where):
+                continue
+            if not children or not _is_dir(where):
+                return False
+            for name in os.listdir(where):
+                if name == ownership.MARK or (rel == "verify" and name == "refs") \
+                        or (rel == "work" and name.endswith(".lock")):
+                    continue
+                if not ownership.is_marked(where / name):
+                    return False
+    except OSError:
+        return False
+    return True
 
 
 def check_root(base: Path) -> None:
@@ -115,14 +204,15 @@ def check_root(base: Path) -> None:
 
 
 def owned(rel: str, path: Path) -> bool:
-    """Whether the entry `path` of `rel` carries rocforge's mark, or the form rocforge gives it."""
+    """Whether the entry `path` of `rel` carries rocforge's mark, or content that proves rocforge
+    made it (`OWNED_PROOFS`)."""
     try:
         if ownership.is_marked(path):
             return True
         if SWAP_SIBLING.fullmatch(path.name):
             return False  # a prefix's sibling: its mark alone says it is rocforge's to remove
-        form = OWNED_FORMS.get(rel)
-        return form is not None and bool(form(path))
+        proof = OWNED_PROOFS.get(rel)
+        return proof is not None and bool(proof(path))
     except OSError:
         return False
 
@@ -147,21 +237,28 @@ class Entry:
                 "kept": self.kept, "detail": self.detail}
 
 
-def protected() -> list[Path]:
-    """rocforge's own places that may sit inside the cache dir and must never be removed."""
+def protected() -> dict[tuple[int, int], Path]:
+    """rocforge's own places and HOME, which may sit inside the cache dir (or be reached from it
+    through a link or a bind mount) and must never be removed: by identity (st_dev, st_ino) of
+    each and of every directory above it, so an entry that is or holds one of them is seen
+    whatever path leads to it."""
     from rocforge_build import config
+    from rocforge_build.measure import store
 
-    out = [paths.data_dir(), paths.config_dir(), paths.builds_prefix(), paths.nightly_prefix()]
-    try:
-        out.append(config.nightly_prefix())
-    except Exception:  # a broken config file: its own commands report it
-        pass
-    return [Path(os.path.abspath(p)) for p in out]
+    out = [paths.data_dir(), paths.config_dir(), paths.builds_prefix(), paths.nightly_prefix(),
+           Path(os.path.expanduser("~"))]
+    for more in (config.nightly_prefix, lambda: store.default_path().parent):
+        try:
+            out.append(Path(more()))
+        except Exception:  # a broken config file: its own commands report it
+            pass
+    return {ident: p for p in out for ident in ownership.identity_chain(p)}
 
 
-def _measure(entry: Entry, guard: list[Path], mounts: set[str]) -> None:
+def _measure(entry: Entry, guard: dict[tuple[int, int], Path], mounts: set[str]) -> None:
     """Size and newest mtime of `entry.path`, never following a link; sets `kept` when the
-    entry must stay (link, build prefix, another file system or mount, unreadable)."""
+    entry must stay (link, build prefix, rocforge's data or HOME, another file system or mount,
+    unreadable)."""
     top = entry.path
     try:
         st = os.lstat(top)
@@ -173,10 +270,10 @@ def _measure(entry: Entry, guard: list[Path], mounts: set[str]) -> None:
         entry.kept = f"a symbolic link (to {os.readlink(top)!r}), not something rocforge makes"
         return
     absolute = Path(os.path.abspath(top))
-    for g in guard:
-        if g == absolute or absolute in g.parents:
-            entry.kept = f"holds {g}, one of rocforge's data or install directories"
-            return
+    if (st.st_dev, st.st_ino) in guard:
+        entry.kept = f"holds {guard[st.st_dev, st.st_ino]}, one of rocforge's data or install " \
+                     "directories or your home"
+        return
     entry.size, entry.newest = st.st_size, st.st_mtime
     if not stat.S_ISDIR(st.st_mode):
         _journal(entry, top.name, str(top), st)
@@ -208,6 +305,10 @@ def _measure(entry: Entry, guard: list[Path], mounts: set[str]) -> None:
             if _journal(entry, c.name, c.path, cst):
                 return
             if stat.S_ISDIR(cst.st_mode):
+                if (cst.st_dev, cst.st_ino) in guard:
+                    entry.kept = (f"holds {guard[cst.st_dev, cst.st_ino]} ({c.path}), one of "
+                                  "rocforge's data or install directories or your home")
+                    return
                 if cst.st_dev != dev or os.path.abspath(c.path) in mounts:
                     entry.kept = f"another file system is mounted inside it ({c.path})"
                     return
@@ -229,12 +330,8 @@ def _journal(entry: Entry, name: str, path: str, st: os.stat_result) -> bool:
 def _work_state(entry: Entry) -> None:
     """`work` for a work dir whose last build installed, `failed` for one whose last build did
     not (its log's plan names a prefix whose manifest has another stamp, or none)."""
-    log = entry.path / "rocforge-build.log"
-    try:
-        with open(log, "rb") as fh:
-            head = fh.read(4 << 20).decode("utf-8", "replace")
-        plan, _ = json.JSONDecoder().raw_decode(head)
-    except (OSError, ValueError):
+    plan = _work_plan(entry.path)
+    if plan is None:
         entry.detail = "no build log"
         return
     prefix = Path(str(plan.get("prefix", "")))
@@ -302,14 +399,14 @@ def scan() -> tuple[Path, list[Entry]]:
     return base, entries
 
 
-def _entry(category: str, rel: str, path: Path, guard: list[Path], mounts: set[str]) -> Entry:
+def _entry(category: str, rel: str, path: Path, guard: dict, mounts: set[str]) -> Entry:
     """One entry of `rel`, measured; kept unless it carries rocforge's mark (a work dir whose
     build holds its lock: category `running`)."""
     e = Entry(category, path)
     _measure(e, guard, mounts)
     if e.kept is None and not owned(rel, path):
-        e.kept = (f"carries no mark of rocforge's ({ownership.MARK}) and is not named as "
-                  "rocforge names its entries there: not something rocforge made")
+        e.kept = (f"carries no mark of rocforge's ({ownership.MARK}) and nothing in it proves "
+                  "rocforge made it")
     if rel == "work" and e.kept is None and path.is_dir():
         _work_state(e)
         who = lock.holder(path)
@@ -337,7 +434,7 @@ def _sccache_dir() -> Path:
     return Path(xdg) / "sccache"
 
 
-def compiler_caches(guard: list[Path]) -> list[Entry]:
+def compiler_caches(guard: dict) -> list[Entry]:
     """The local directories of the compiler launchers rocforge's builds use (forge/cache.py:
     ccache or sccache from PATH, each with its own default directory: rocforge sets neither)."""
     out = []
@@ -345,7 +442,7 @@ def compiler_caches(guard: list[Path]) -> list[Entry]:
         if where is None or not os.path.lexists(where):
             continue
         e = Entry("ccache", where, detail=tool)
-        _measure(e, [], set())
+        _measure(e, {}, set())
         if e.kept is None:
             e.kept = (f"{tool}'s own directory, shared with your other builds: `cache clean "
                       "--ccache --older-than DAYS` asks ccache to evict old entries"

@@ -14,7 +14,9 @@ renames the staging dir to `<version-dir>` and only then repoints `current`.  An
 leaves `current` and every other install as they were; nothing is written outside the prefix.
 The record is written without following links (`extract.write_own_file`); an archive already
 complete in `.downloads/` (interrupted unpack) is used again.  What is not rocforge's (a
-`current` that is a real directory, a directory in `.downloads/`) is named and left alone, and
+`current` that is a real directory, a directory in `.downloads/`) is named and left alone; prune
+removes only installs whose record validates, marked leftovers and the archives a valid record
+names, in a prefix that holds nothing else (checked before anything is removed), and
 a prefix that is a file, below a file or read-only is one line, before any download.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +37,7 @@ from rocforge_build import config, download, download_policy, extract, ownership
 from rocforge_build.errors import IntegrityError, RocforgeError, UsageError
 from rocforge_build.nightly.listing import Nightly
 from rocforge_build.progress import Heartbeat, human_size
+from rocforge_build.shellsafe import one_line
 
 RECORD = "rocforge-install.toml"
 CURRENT = "current"
@@ -205,7 +209,7 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
             res = download.download(entry.url, dest, sha256=want, expected_size=size,
                                     progress=progress, session=session, policy=policy)
             fetched.append((entry, res, how, want is not None))
-        with extract.staging(prefix) as stage:
+        with extract.staging(prefix, what="a nightly install being unpacked") as stage:
             try:
                 _unpack(fetched, stage, log, progress)
                 check_tree(stage, layers[-1])
@@ -215,6 +219,7 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
                 raise
             record = make_record(fetched, ncfg["platform"])
             write_record(stage / RECORD, record)
+            (stage / ownership.MARK).unlink(missing_ok=True)  # its valid record proves it now
             trash = None
             if final.exists():
                 trash = prefix / f".trash-{name}-{os.getpid()}"
@@ -453,64 +458,137 @@ def use(prefix: Path, wanted: str) -> tuple[Installed, str | None]:
 
 def prune(prefix: Path, keep: int) -> list[str]:
     """Remove all but the `keep` newest installs (the current one is always kept), and leftovers
-    of interrupted runs (staging dirs, partial downloads): only what carries rocforge's mark
-    (ownership.py), never in a prefix that is `/`, HOME or above HOME, never across a mount."""
+    of interrupted runs (staging dirs, partial downloads): only what carries rocforge's mark or a
+    record that validates (ownership.py), never in a prefix that is `/`, HOME or above HOME or
+    holds entries rocforge never makes there, never across a mount, never writing a mark first."""
     if keep < 0:
         raise UsageError("--keep must be 0 or more")
-    why = ownership.forbidden_root(prefix)
-    if why is not None:
-        raise UsageError(f"rocforge nightly prune refuses {prefix}: {why}",
-                         "give the nightly prefix itself (--prefix); nothing was removed")
+    check_prune_root(prefix)
     removed = []
     with locked(prefix):
         items = installed(prefix)
+        for i in [i for i in items if not valid_record(i.path)]:
+            _left(i.path, f"its {RECORD} does not validate, so nothing proves rocforge made it")
+            items.remove(i)
+        archives = _recorded_archives(items)
         keep_names = {i.name for i in items[:keep]} | {i.name for i in items if i.current}
         for i in items:
-            if i.name not in keep_names:
-                with contextlib.suppress(OSError):  # its record is its mark; this one stays
-                    ownership.write_mark(i.path, "a nightly install")  # while the rest goes
-                if not _remove_owned(i.path, first=(RECORD,)):
-                    removed.append(i.name)
+            if i.name not in keep_names and not _remove_install(prefix, i):
+                removed.append(i.name)
         for p in prefix.iterdir():
             if (ownership.is_marked(p) and not (p / RECORD).exists()
                     and p.name != current_name(prefix)):
                 if not _remove_owned(p):  # what an interrupted prune left of an install
                     removed.append(p.name)
             elif p.name.startswith(".current-") and p.is_symlink():
-                p.unlink()  # the link `switch` was making
-                removed.append(p.name)
-            elif p.name.startswith((".staging-", ".trash-")):
-                if ownership.is_marked(p) or (p / RECORD).is_file() or STAGING_NAME.fullmatch(p.name):
-                    if not _remove_owned(p):
+                if SWITCH_LINK.fullmatch(p.name) and "/" not in os.readlink(p):
+                    p.unlink()  # the link `switch` was making
+                    removed.append(p.name)
+                else:
+                    _left(p, "it is not the link rocforge makes there")
+            elif p.name.startswith((".staging-", ".trash-")) and not p.is_symlink():
+                if ownership.is_marked(p) or valid_record(p):
+                    if not _remove_owned(p, last=(RECORD, ownership.MARK)):
                         removed.append(p.name)
                 else:
-                    _left(p, "it carries no mark of rocforge's")
-        downloads = prefix / DOWNLOADS
-        if downloads.is_dir() and not downloads.is_symlink():
-            for p in downloads.iterdir():
-                if p.is_dir() or p.is_symlink() or not ARCHIVE_NAME.fullmatch(p.name):
-                    # rocforge makes only archive files here: anything else is someone's
-                    _left(p, "rocforge makes only archive files there")
-                    continue
-                p.unlink()
-                removed.append(f"{DOWNLOADS}/{p.name}")
+                    _left(p, "it carries no mark of rocforge's and no valid install record")
+        removed += _prune_downloads(prefix / DOWNLOADS, archives)
     return removed
 
 
-# extract.staging's name (tempfile.mkdtemp): the staging dirs of a rocforge that wrote no marks
-STAGING_NAME = re.compile(r"\.staging-[a-z0-9_]{8}")
+# `switch`'s temporary link: `.current-PID-NANOSECONDS`, pointing at a name in the prefix
+SWITCH_LINK = re.compile(r"\.current-\d+-\d+")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def valid_record(path: Path) -> bool:
+    """Whether `path` holds a rocforge-install.toml as `make_record` writes it: readable, every
+    field of its type, the version, URL, sha256 and size set, and each layer named with its own."""
+    if not (path / RECORD).is_file() or (path / RECORD).is_symlink():
+        return False
+    record, problem = read_record_checked(path)
+    layers = record.get("layers") or []
+    return (problem is None and all(k in record for k in ("version", "url", "sha256", "size"))
+            and bool(_SHA256.fullmatch(record["sha256"])) and bool(layers)
+            and all({"name", "url", "sha256", "size"} <= set(layer) for layer in layers))
+
+
+def check_prune_root(prefix: Path) -> None:
+    """cache clean's root check for a nightly prefix: never `/`, HOME or above HOME (by
+    identity), never a directory holding entries rocforge does not make there."""
+    why = ownership.forbidden_root(prefix)
+    if why is None and prefix.is_dir():
+        foreign = sorted(p.name for p in prefix.iterdir() if not _prefix_entry(prefix, p))
+        if foreign:
+            shown = ", ".join(repr(n) for n in foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+            why = (f"it holds {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} rocforge "
+                   f"did not make ({shown})")
+    if why is not None:
+        raise UsageError(f"rocforge nightly prune refuses {prefix}: {why}",
+                         "give the nightly prefix itself (--prefix), or move what is not a "
+                         "nightly install out of it; nothing was removed")
+
+
+def _prefix_entry(prefix: Path, p: Path) -> bool:
+    """Whether `p` is a name rocforge makes in a nightly prefix, or a directory with its mark or
+    an install record (one that does not validate is left, with a warning, not removed)."""
+    if p.name in (CURRENT, DOWNLOADS, ".lock") or p.name.startswith(
+            (".staging-", ".trash-", ".current-")):
+        return True
+    return not p.is_symlink() and p.is_dir() and (ownership.is_marked(p) or (p / RECORD).is_file())
+
+
+def _recorded_archives(items: list[Installed]) -> dict[str, int]:
+    """The archive names (and sizes) the valid records name: `.downloads/<layer name>`."""
+    return {layer["name"]: layer["size"] for i in items for layer in i.record["layers"]
+            if isinstance(layer.get("size"), int) and "/" not in layer["name"]}
+
+
+def _remove_install(prefix: Path, i: Installed) -> list[str]:
+    """Rename install `i` out of the listing (`.trash-NAME-PID`) and remove it with its record
+    last: what a kill leaves is a `.trash-` dir whose valid record the next prune recognises."""
+    trash = prefix / f".trash-{i.name}-{os.getpid()}"
+    os.rename(i.path, trash)
+    return _remove_owned(trash, last=(RECORD, ownership.MARK))
+
+
+def _prune_downloads(downloads: Path, archives: dict[str, int]) -> list[str]:
+    """Remove the archives a valid record names (by name and size) and download.py's partial
+    downloads (a `.part` with its `.part.validator`); anything else there is someone's."""
+    removed: list[str] = []
+    if not downloads.is_dir() or downloads.is_symlink():
+        return removed
+    for p in sorted(downloads.iterdir()):
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        partial = (p.name.endswith(".part") and ARCHIVE_NAME.fullmatch(p.name)
+                   and os.path.isfile(download.validator_path(p)))
+        validator = (p.name.endswith(".part.validator")
+                     and os.path.isfile(p.with_name(p.name[:-len(".validator")])))
+        if not stat.S_ISREG(st.st_mode) or not (
+                archives.get(p.name) == st.st_size or partial or validator):
+            _left(p, "rocforge removes there only the archives its install records name")
+            continue
+        p.unlink()
+        removed.append(f"{DOWNLOADS}/{p.name}")
+    return removed
+
+
 # TheRock's archives as download.py keeps them (with `.part` and its validator while partial)
 ARCHIVE_NAME = re.compile(r"[^/]+\.(tar\.gz|tgz|tar\.xz|tar\.zst|tar)(\.part(\.validator)?)?"
                           r"|[^/]+\.(sha256|sha256sum)(\.part(\.validator)?)?")
 
 
-def _remove_owned(path: Path, first: tuple[str, ...] = ()) -> list[str]:
+def _remove_owned(path: Path, first: tuple[str, ...] = (),
+                  last: tuple[str, ...] = (ownership.MARK,)) -> list[str]:
     """Remove `path` on its own file system only; a mount inside it is named and kept."""
-    left = ownership.remove_tree_one_device(path, first=first)
+    left = ownership.remove_tree_one_device(path, first=first, last=last)
     for mount in left:
         _left(Path(mount), "another file system is mounted there")
     return left
 
 
 def _left(path: Path, why: str) -> None:
-    print(f"rocforge: warning: left {path} in place: {why}", file=sys.stderr)
+    print(f"rocforge: warning: left {one_line(path)} in place: {why}", file=sys.stderr)
