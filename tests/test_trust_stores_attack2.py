@@ -216,7 +216,7 @@ def test_preset_listings_keep_stored_text_on_one_line(db, build, capsys):
 def test_results_list_and_show_keep_stored_text_on_one_line(db, capsys):
     store_rows(db, "bench", {**BENCH_ROW, "prefix": f"/p{EVIL}", "env": {"A": EVIL}})
     con = sqlite3.connect(db)
-    con.execute("UPDATE runs SET status = ?, argv = ?", ("ok\x1b[2J", json.dumps(["bench", EVIL])))
+    con.execute("UPDATE runs SET argv = ?", (json.dumps(["bench", EVIL]),))  # a status is one line (schema)
     con.commit()
     con.close()
     code, out, err = run(capsys, "results", "list")
