@@ -90,11 +90,6 @@ def run(args) -> int:
         userpath.require(what[1], "bundle", ("file", "directory") if what[0] == "check" else ("file",),
                          hint="give the bundle file (.tar.gz, .tar.zst, .zip) or its unpacked folder",
                          instead="a bundle archive")
-        from rocforge_build import userpath  # a loop, FIFO or device: said so, exit 2
-
-        userpath.require(what[1], "bundle", ("file", "directory") if what[0] == "check" else ("file",),
-                         hint="give the bundle file (.tar.gz, .tar.zst, .zip) or its unpacked folder",
-                         instead="a bundle archive")
         return _check(args, Path(what[1])) if what[0] == "check" else _unpack(args, Path(what[1]))
     if len(what) != 1:
         raise UsageError(f"one PREFIX or RECIPE, not {len(what)}: {' '.join(what)}")
