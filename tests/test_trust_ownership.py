@@ -405,3 +405,181 @@ def test_a_cache_of_a_rocforge_without_marks_keeps_working_and_is_tagged_on_its_
     assert res.returncode == 0, res.stderr
     assert not tree.exists() and not work.exists()
     assert ownership.has_cache_tag(cache())
+
+
+# -- ownership by proof, never by form (a hostile trial's findings) --------------------------------
+
+USERS_FILES = {"downloads/photos.zip": b"PK\x03\x04 family photos",
+               "downloads/thesis.tar.gz": b"\x1f\x8b five years",
+               "work/0123456789ab/notes.txt": b"my notes",
+               "bisect/my-family-photos/img.jpg": b"\xff\xd8 jpeg",
+               "env/deadbeef.sh": b"export TOKEN=1\n"}
+
+
+def bytes_snapshot(top: Path) -> dict[str, bytes | str]:
+    """Every path below `top`: files byte for byte, links by target, directories by kind."""
+    out: dict[str, bytes | str] = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(top))
+            out[rel] = ("link:" + os.readlink(p) if p.is_symlink() else
+                        "dir" if p.is_dir() else p.read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("tag", ["none", "another tool's"])
+def test_user_files_named_as_rocforge_names_cache_entries_are_never_removed(tmp_path, tag):
+    """A directory of the user's whose files have the names rocforge gives (an archive in
+    downloads/, a 12-hex dir in work/, an a-b-c dir in bisect/, an 8-hex .sh in env/), with no
+    CACHEDIR.TAG or with another tool's: a name proves nothing, nothing is listed as removable,
+    nothing is removed, and no tag is written into it."""
+    mine = tmp_path / "mine"
+    for rel, data in USERS_FILES.items():
+        (mine / rel).parent.mkdir(parents=True, exist_ok=True)
+        (mine / rel).write_bytes(data)
+    if tag != "none":
+        (mine / "CACHEDIR.TAG").write_text(
+            "Signature: 8a477f597d28d172789f06886806bc55\n# created by another backup tool\n")
+    before = bytes_snapshot(mine)
+    env = {"ROCFORGE_CACHE_DIR": str(mine)}
+    dry = rocforge("cache", "clean", "--dry-run", "--json", env=env)
+    assert dry.returncode == 0, dry.stderr
+    entries = json.loads(dry.stdout)["entries"]
+    assert {e["path"] for e in entries} == {str(mine / r).rsplit("/", 1)[0] if r.startswith(
+        ("work/", "bisect/")) else str(mine / r) for r in USERS_FILES}
+    assert not [e for e in entries if e["outcome"] == "would be removed"]
+    res = rocforge("cache", "clean", "--sources", "--work", "--bisect", "--env", env=env)
+    assert res.returncode == 0, res.stderr
+    assert not [line for line in res.stdout.splitlines() if line.startswith("removed")]
+    assert bytes_snapshot(mine) == before  # every file byte-identical, no CACHEDIR.TAG written
+
+
+def test_another_tools_cachedir_tag_does_not_make_a_root_rocforge_s(tmp_path):
+    """A root with a foreign file is refused unless the tag holds rocforge's own line."""
+    shared = tmp_path / "shared"
+    (shared / "work" / "0123456789ab").mkdir(parents=True)
+    ownership.write_mark(shared / "work" / "0123456789ab", "a build work dir")
+    (shared / "report.odt").write_text("someone's")
+    (shared / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    before = bytes_snapshot(shared)
+    line = one_error(rocforge("cache", "clean", env={"ROCFORGE_CACHE_DIR": str(shared)}))
+    assert "'report.odt'" in line and "CACHEDIR.TAG of rocforge's" in line
+    assert bytes_snapshot(shared) == before
+
+
+def test_nightly_prune_removes_nothing_that_only_has_rocforges_names(tmp_path):
+    """A prefix holding an archive and a checksum in `.downloads` that no install record
+    names, an unmarked dir of extract.staging's form, a dir whose rocforge-install.toml does not
+    validate and a user's `.current-` link: prune (--keep 0) removes none of it, writes no mark
+    into any of it, and says what it left."""
+    np = tmp_path / "np"
+    files = {".downloads/backup.tar.gz": b"\x1f\x8b backup", ".downloads/keys.sha256": b"k",
+             ".staging-abcd1234/important": b"important", "proj/rocforge-install.toml": b"[x]\n",
+             "proj/sub/code.c": b"int main;"}
+    for rel, data in files.items():
+        (np / rel).parent.mkdir(parents=True, exist_ok=True)
+        (np / rel).write_bytes(data)
+    (np / ".current-mine").symlink_to("proj")
+    before = bytes_snapshot(np)
+    res = rocforge("nightly", "prune", "--keep", "0", "--prefix", str(np))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "nothing to remove" and "Traceback" not in res.stderr
+    assert "proj" in res.stderr and "does not validate" in res.stderr
+    after = bytes_snapshot(np)
+    assert after.pop(".lock") == b""  # the prefix's lock (nightly/install.py), all else as it was
+    assert after == before
+
+
+def test_nightly_prune_refuses_a_prefix_holding_what_rocforge_never_makes_there(tmp_path):
+    np = tmp_path / "np"
+    (np / "src").mkdir(parents=True)
+    (np / "src" / "main.c").write_text("int x;")
+    (np / ".staging-k3j9x2ab").mkdir()
+    ownership.write_mark(np / ".staging-k3j9x2ab", "a nightly install being unpacked")
+    before = bytes_snapshot(np)
+    line = one_error(rocforge("nightly", "prune", "--keep", "0", "--prefix", str(np)))
+    assert "refuses" in line and "'src'" in line
+    assert bytes_snapshot(np) == before  # refused before anything, even the marked leftover
+
+
+def test_a_data_dir_reached_through_a_link_into_the_cache_is_kept(tmp_path):
+    """ROCFORGE_DATA_DIR is a link to a (marked) work dir of the cache: `cache clean --work`
+    compares identities, not paths, and keeps the results database inside it."""
+    target = cache() / "work" / ("d" * 12)
+    target.mkdir(parents=True)
+    ownership.write_mark(target, "a build work dir")
+    (target / "results.sqlite3").write_bytes(b"SQLite format 3\x00 presets")
+    link = tmp_path / "datalink"
+    link.symlink_to(target)
+    before = bytes_snapshot(target)
+    res = rocforge("cache", "clean", "--work", "--json", env={"ROCFORGE_DATA_DIR": str(link)})
+    assert res.returncode == 0, res.stderr
+    entry = {e["path"]: e for e in json.loads(res.stdout)["entries"]}[str(target)]
+    assert entry["removed"] is False and "rocforge's data" in entry["outcome"]
+    assert bytes_snapshot(target) == before
+
+
+BOUND_HOME = textwrap.dedent("""
+    import os, subprocess, sys
+    home, alias = sys.argv[1], sys.argv[2]
+    subprocess.run(["mount", "--bind", home, alias], check=True)
+    res = subprocess.run([sys.executable, "-m", "rocforge_build", "cache", "clean"],
+                         capture_output=True, text=True,
+                         env={**os.environ, "HOME": home, "ROCFORGE_CACHE_DIR": alias})
+    sys.stdout.write(res.stdout); sys.stderr.write(res.stderr); sys.exit(res.returncode)
+""")
+
+
+@needs("unshare", "mount")
+def test_home_bind_mounted_elsewhere_is_still_home(tmp_path):
+    """HOME (with rocforge's own CACHEDIR.TAG and a marked work dir) bind-mounted at another
+    path and given as the cache dir: refused as HOME by identity, nothing removed."""
+    wrap = ("unshare", "--mount", "--propagation", "private") if os.geteuid() == 0 else (
+        "unshare", "-rm", "--propagation", "private")
+    probe = subprocess.run([*wrap, "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"LOUD SKIP: no mount namespace here ({probe.stderr.decode().strip()})")
+    home = fake_home(tmp_path)
+    (home / ownership.CACHEDIR_TAG).write_text(ownership.TAG_TEXT)
+    work = home / "work" / "0123456789ab"
+    (work / "build").mkdir(parents=True)
+    ownership.write_mark(work, "a build work dir")
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    before = bytes_snapshot(home)
+    res = subprocess.run([*wrap, sys.executable, "-c", BOUND_HOME, str(home), str(alias)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "your home directory" in one_error(res)
+    assert bytes_snapshot(home) == before
+
+
+FORGED = "evil\nremoved      sources       1 B  ~thesis.zip\nx"
+
+
+def test_a_file_name_with_newlines_cannot_forge_an_output_line(tmp_path):
+    """Names holding newlines, in cache list / cache clean and nightly prune's "removed NAME":
+    each entry stays one line, so no fake "removed" line appears."""
+    (cache() / "downloads").mkdir(parents=True)
+    (cache() / "downloads" / (FORGED + ".zip")).write_text("x")
+    marked = cache() / "work" / FORGED
+    marked.mkdir(parents=True)
+    ownership.write_mark(marked, "a build work dir")
+    listing = rocforge("cache", "list")
+    assert listing.returncode == 0, listing.stderr
+    assert len(listing.stdout.splitlines()) == 3  # two entries and the totals line
+    for argv in (("cache", "clean", "--dry-run"), ("cache", "clean")):
+        res = rocforge(*argv)
+        assert res.returncode == 0, res.stderr
+        lines = res.stdout.splitlines()
+        assert len(lines) == 3 and not any("~thesis.zip" in x and not x.startswith(
+            ("kept", "would remove", "removed")) for x in lines), lines
+        assert sum(x.startswith(("removed", "would remove")) for x in lines) == 1
+    np = tmp_path / "np"
+    half = np / FORGED  # what a killed prune left of an install: marked, record gone
+    half.mkdir(parents=True)
+    ownership.write_mark(half, "a nightly install")
+    res = rocforge("nightly", "prune", "--keep", "0", "--prefix", str(np))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["removed evil removed sources 1 B ~thesis.zip x"]
