@@ -14,24 +14,30 @@ running in a build dir nobody owns any more."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from rocforge_build.errors import RocforgeError, ToolchainError, UsageError
+from rocforge_build.shellsafe import one_line
 
 
 class CommandFailed(RocforgeError):
+    """A tool that failed: its command and the last lines of its output, each line escaped
+    (`shellsafe.one_line`) so no control byte of a tool's output (ESC, CR, NUL) reaches the terminal."""
+
     def __init__(self, argv: Sequence[str], returncode: int, output: str = "", log: Path | None = None):
-        where = f" (log: {log})" if log else ""
-        tail = "\n".join(output.strip().splitlines()[-15:])
+        where = f" (log: {one_line(log)})" if log else ""
+        tail = "\n".join(one_line(line) for line in output.strip().splitlines()[-15:])
         super().__init__(
-            f"command failed with exit code {returncode}: {quote(argv)}{where}"
+            f"command failed with exit code {returncode}: {one_line(quote(argv))}{where}"
             + (f"\n{tail}" if tail else ""),
         )
         self.argv = list(argv)
@@ -44,9 +50,9 @@ class ToolTimedOut(ToolchainError):
     """A tool that did not end within its deadline: hung, or waiting for input that never comes."""
 
     def __init__(self, argv: Sequence[str], seconds: float):
-        name = os.path.basename(str(argv[0]))
+        name = one_line(os.path.basename(str(argv[0])))
         super().__init__(
-            " ".join(f"{name} did not finish within {seconds:g} s and was stopped: {quote(argv)}".split()),
+            one_line(f"{name} did not finish within {seconds:g} s and was stopped: {quote(argv)}"),
             f"check that {name} answers on its own (run the command above); a {name} that "
                     f"waits on a network, a lock or a prompt hangs like this. {PROBE_ENV} sets the "
                     f"deadline of rocforge's short questions to tools (default {PROBE_DEFAULT_S:g} s)")
@@ -80,7 +86,7 @@ def probe_seconds() -> float:
     except ValueError:
         seconds = float("nan")
     if not 0 < seconds <= 86400:  # NaN fails too
-        raise UsageError(f"{PROBE_ENV}={raw!r} is not a number of seconds from 0 to 86400",
+        raise UsageError(f"{PROBE_ENV}={raw!r} is not a number of seconds above 0 up to 86400",
                          f"unset it or give seconds, e.g. {PROBE_ENV}=60")
     return seconds
 
@@ -167,10 +173,29 @@ def run(
 
 # -- build steps: a process group each, stopped whole --------------------------------------------
 
-def spawn(argv: Sequence[str], *, stdin=None, **kwargs) -> subprocess.Popen:
-    """Start a build step in a new process group; its stdin is /dev/null unless given."""
+def spawn(argv: Sequence[str], *, stdin=None, die_with_parent: bool = False, **kwargs) -> subprocess.Popen:
+    """Start a build step in a new process group; its stdin is /dev/null unless given.
+    `die_with_parent`: the child gets SIGTERM when rocforge dies, even by SIGKILL (Linux
+    prctl(2) PR_SET_PDEATHSIG), so a server never outlives the `rocforge serve` that owns it."""
+    if die_with_parent and sys.platform.startswith("linux"):
+        kwargs["preexec_fn"] = _pdeathsig(os.getpid())
     return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL if stdin is None else stdin,
                             process_group=0, **kwargs)
+
+
+def _pdeathsig(parent: int):
+    """A preexec function: SIGTERM to this child when its parent ends (prctl(2)), and ended at
+    once if the parent is already gone (it died between fork and prctl)."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm():
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 @contextlib.contextmanager
@@ -206,6 +231,7 @@ def stop_group(child: subprocess.Popen, grace: float = 5.0) -> None:
     for pid, start in family:
         _signal(pid, start, signal.SIGKILL)
     child.wait()
+    _wait_gone(family[1:], grace)  # kill() only queues SIGKILL: "stopped" means gone
     for stream in (child.stdout, child.stderr, child.stdin):
         if stream is not None:
             with contextlib.suppress(OSError):
@@ -262,10 +288,24 @@ def _descendants(pid: int) -> list[tuple[int, str | None]]:
 
 # -- who listens on a port: /proc/net/tcp{,6} against a process tree's sockets --------------------
 
-def _listening_inodes(port: int) -> set[int] | None:
-    """Inodes of the TCP sockets listening on `port` (any address), or None where /proc/net is
+def _proc_net_address(field: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int] | None:
+    """(address, port) of a /proc/net/tcp{,6} `local_address` field: the address as the kernel's
+    32-bit words in host byte order, hex (proc(5)); an IPv4-mapped IPv6 address as IPv4."""
+    try:
+        hexaddr, hexport = field.split(":")
+        raw = b"".join(int(hexaddr[i:i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(hexaddr), 8))
+        addr = ipaddress.ip_address(raw)
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
+            addr = addr.ipv4_mapped
+        return addr, int(hexport, 16)
+    except ValueError:
+        return None
+
+
+def _listeners(port: int) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]] | None:
+    """(address, inode) of every TCP socket listening on `port`, or None where /proc/net is
     unreadable (proc(5): /proc/net/tcp, state 0A is LISTEN, the inode is the 10th field)."""
-    found: set[int] = set()
+    found = []
     read_any = False
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -276,13 +316,9 @@ def _listening_inodes(port: int) -> set[int] | None:
         read_any = True
         for line in lines:
             fields = line.split()
-            if len(fields) < 10 or fields[3] != "0A" or ":" not in fields[1]:
-                continue
-            try:
-                if int(fields[1].rsplit(":", 1)[1], 16) == port:
-                    found.add(int(fields[9]))
-            except ValueError:
-                continue
+            local = _proc_net_address(fields[1]) if len(fields) >= 10 and fields[3] == "0A" else None
+            if local and local[1] == port and fields[9].isdigit():
+                found.append((local[0], int(fields[9])))
     return found if read_any else None
 
 
@@ -294,10 +330,11 @@ def _fd_target(stream) -> str | None:
         return None
 
 
-def _kill_holders(target: str) -> None:
+def _kill_holders(target: str, grace: float = 2.0) -> None:
     """SIGKILL every other process with a file descriptor on `target` (a pipe rocforge made for
-    one child, which only that child's tree can have inherited)."""
-    me = os.getpid()
+    one child, which only that child's tree can have inherited), and wait until they are gone:
+    kill() only queues the signal, and a loaded machine may run the process again much later."""
+    me, killed = os.getpid(), []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
@@ -305,8 +342,17 @@ def _kill_holders(target: str) -> None:
             for fd in os.listdir(f"/proc/{name}/fd"):
                 with contextlib.suppress(OSError):
                     if os.readlink(f"/proc/{name}/fd/{fd}") == target:
+                        killed.append((int(name), _start_time(int(name))))
                         os.kill(int(name), signal.SIGKILL)
                         break
+    _wait_gone(killed, grace)
+
+
+def _wait_gone(family: list[tuple[int, str | None]], seconds: float) -> None:
+    """Until every process of `family` has ended (a zombie counts as ended), at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while any(_alive(pid, start) for pid, start in family) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _socket_inodes(pid: int) -> set[int]:
@@ -324,15 +370,25 @@ def _socket_inodes(pid: int) -> set[int]:
     return out
 
 
-def port_holder(pid: int, port: int) -> str:
-    """Who listens on `port`: "ours" (`pid` or one of its descendants), "other" (only another
-    program), "nobody", or "unknown" where /proc cannot tell."""
-    listening = _listening_inodes(port)
+def port_holder(pid: int, address: str, port: int) -> str:
+    """Who takes a connection to `address` (an IP literal) port `port`: "ours" (`pid` or one of
+    its descendants), "other" (another program), "nobody", or "unknown" where /proc cannot tell.
+    The kernel gives it to a socket bound to that very address if there is one, else to a
+    wildcard one (0.0.0.0, or :: for either family): a socket of ours on another address of the
+    same port (::1 beside 127.0.0.1) does not count."""
+    listening = _listeners(port)
     if listening is None:
         return "unknown"
-    if not listening:
+    want = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(want, ipaddress.IPv6Address) and want.ipv4_mapped:
+        want = want.ipv4_mapped
+    exact = {inode for addr, inode in listening if addr == want}
+    wild = {inode for addr, inode in listening if addr.is_unspecified
+            and (addr.version == want.version or addr.version == 6)}
+    takers = exact or wild
+    if not takers:
         return "nobody"
+    ours: set[int] = set()
     for member in [pid, *(p for p, _ in _descendants(pid))]:
-        if listening & _socket_inodes(member):
-            return "ours"
-    return "other"
+        ours |= _socket_inodes(member)
+    return "ours" if takers <= ours else "other"

@@ -218,7 +218,7 @@ def test_another_programs_health_is_never_taken_for_llama_servers(tmp_path, fake
     lines = error_lines(err)
     assert len(lines) == 1 and "Traceback" not in err, err
     if fake == "never binds":
-        assert f"another program listens on port {port}, and llama-server (pid" in lines[0]
+        assert f"another program listens on http://127.0.0.1:{port}, and llama-server (pid" in lines[0]
     else:  # its own failure, with its last line
         assert lines[0] == ("rocforge: error: llama-server exited with code 1 before it was ready: main: "
                             f"couldn't bind HTTP server socket, hostname: 127.0.0.1, port: {port}")
@@ -394,7 +394,7 @@ def test_a_bad_probe_deadline_is_one_line(value, capsys, monkeypatch, tmp_path):
     lines = error_lines(capsys.readouterr().err)
     # the fixture's dry run asks a tool (git on the copy, patch checks): the bad value is refused
     assert rc == 2 and lines == [f"rocforge: error: {proc.PROBE_ENV}={value!r} is not a number of seconds "
-                                 "from 0 to 86400"]
+                                 "above 0 up to 86400"]
 
 
 # -- the structure: proc.py is the only place a program is started --------------------------------
@@ -445,3 +445,255 @@ def test_the_structural_check_sees_a_direct_start(tmp_path):
                       "subprocess.run(['x'])\nsubprocess.Popen(['x'])\nos.system('x')\n")
     assert {f.split(" (")[0] for f in starters_in(sample)} == {
         "from subprocess import check_output", "subprocess.run", "subprocess.Popen", "os.system"}
+
+
+# -- a second trial (issue 30): address, escaping, warm-up deadline, messages, death of serve -------
+def bind_or_skip(family, address: str, port: int):
+    import socket
+
+    s = socket.socket(family)
+    try:
+        s.bind((address, port))
+    except OSError as exc:
+        s.close()
+        pytest.skip(f"this machine cannot bind {address} ({exc.strerror})")
+    s.listen()
+    return s
+
+
+def test_our_socket_on_another_address_of_the_port_is_not_ours(tmp_path):
+    """proc.port_holder answers for the address serve connects to: our socket on [::1]:P says
+    nothing of 127.0.0.1:P; a wildcard socket of ours takes 127.0.0.1 (the kernel's choice)."""
+    import socket
+
+    port = free_port()
+    v6 = bind_or_skip(socket.AF_INET6, "::1", port)
+    try:
+        assert proc.port_holder(os.getpid(), "::1", port) == "ours"
+        assert proc.port_holder(os.getpid(), "127.0.0.1", port) == "nobody"
+        other = OtherProgram(port)  # bound by this process too: a child plays "another program"
+        other.close()
+        holder = subprocess.Popen([sys.executable, "-c", "import socket,sys,time; s=socket.socket(); "
+                                   f"s.bind(('127.0.0.1',{port})); s.listen(); print(1, flush=True); "
+                                   "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+        try:
+            holder.stdout.readline()
+            assert proc.port_holder(holder.pid, "127.0.0.1", port) == "ours"
+            bystander = subprocess.Popen(["sleep", "60"])  # neither holder nor its ancestor
+            try:
+                assert proc.port_holder(bystander.pid, "127.0.0.1", port) == "other"
+                assert proc.port_holder(bystander.pid, "::1", port) == "other"  # this test's own
+            finally:
+                bystander.kill()
+                bystander.wait()
+        finally:
+            holder.kill()
+            holder.wait()
+    finally:
+        v6.close()
+    wild = bind_or_skip(socket.AF_INET, "0.0.0.0", port)
+    try:
+        assert proc.port_holder(os.getpid(), "127.0.0.1", port) == "ours"
+    finally:
+        wild.close()
+
+
+SICK_ON_V6 = SERVER_HEAD + '''
+import socket as _s
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(503)  # loading, for ever
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+class V6(http.server.HTTPServer):
+    address_family = _s.AF_INET6
+srv = V6(("::1", port), H)
+open(os.path.join(here, "bound"), "w").write("1")
+srv.serve_forever()
+'''
+
+
+def test_another_programs_health_on_the_address_serve_dials_is_not_ours(tmp_path):
+    """The trial: the server listens on [::1]:P answering 503, another program on 127.0.0.1:P
+    answers 200; serve on 127.0.0.1 must not say "serving"."""
+    import socket
+
+    bind_or_skip(socket.AF_INET6, "::1", 0).close()
+    bindir = install(tmp_path, SICK_ON_V6)
+    port = free_port()
+    serve = start_serve(port, wait=4)
+    other = None
+    try:
+        wait_for(bindir / "bound")
+        other = OtherProgram(port)
+        out, err = serve.communicate(timeout=60)
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+        stop_fake(bindir)
+        if other:
+            other.close()
+    assert serve.returncode == 9 and "serving" not in out, (out, err)
+    assert error_lines(err) == [f"rocforge: error: another program listens on http://127.0.0.1:{port}, and "
+                                f"llama-server (pid {(bindir / 'started').read_text()}) did not within 4 s: "
+                                "it was stopped"]
+
+
+def serve_host(tmp_path: Path, host: str) -> tuple[str, list[str]]:
+    """`serve --host HOST` of a fake that binds the --host it is given: (its first stdout line,
+    the argv the fake got)."""
+    script = WARMS_UP.replace('HTTPServer(("127.0.0.1", port)', 'HTTPServer((argv[argv.index("--host") + 1], port)')
+    script = script.replace('open(os.path.join(here, "started")',
+                            'open(os.path.join(here, "argv"), "w").write(json.dumps(argv))\nopen(os.path.join(here, "started")')
+    bindir = install(tmp_path, script)
+    port = free_port()
+    serve = subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", "m", "--host", host,
+                              "--port", str(port), "--wait", "30"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line = serve.stdout.readline()
+    finally:
+        os.killpg(serve.pid, signal.SIGINT)
+        serve.wait(timeout=30)
+        stop_fake(bindir)
+    return line.replace(str(port), "PORT"), json.loads((bindir / "argv").read_text())
+
+
+def test_a_host_name_is_resolved_once_for_the_server_and_for_serve(tmp_path):
+    """`--host localhost` reaches llama-server as the one IP address serve connects to and prints."""
+    from rocforge_build.measure import serve
+
+    address = serve.resolve_host("localhost", 8080)
+    assert address in ("127.0.0.1", "::1")
+    line, argv = serve_host(tmp_path, "localhost")
+    assert argv[argv.index("--host") + 1] == address
+    shown = f"[{address}]" if ":" in address else address
+    assert line.startswith(f"serving m at http://{shown}:PORT (first request"), line
+
+
+def test_a_wildcard_host_prints_a_url_that_connects(tmp_path):
+    line, argv = serve_host(tmp_path, "0.0.0.0")
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
+    assert line.startswith("serving m at http://127.0.0.1:PORT (listening on all addresses) (first "), line
+
+
+GARBAGE = WARMS_UP.replace('''        self.send_response(COMPLETION_STATUS)
+        self.end_headers()
+        self.wfile.write(b'{"content": "x"}')''', '''        self.wfile.write(b"\\x00\\x01garbage\\x1b[31m\\r\\n\\r\\n")
+        self.wfile.flush()''')
+
+
+def test_a_servers_garbage_answer_is_one_escaped_line(tmp_path):
+    bindir = install(tmp_path, GARBAGE)
+    serve = start_serve(free_port(), wait=30)
+    try:
+        out, err = serve.communicate(timeout=60)
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+        stop_fake(bindir)
+    assert serve.returncode == 9 and "serving" not in out
+    assert not any(c in err for c in "\x00\x01\x1b\r"), repr(err)
+    lines = error_lines(err)
+    assert len(lines) == 1 and "garbage" in lines[0], err
+    assert lines[0].split("garbage")[1].startswith(" [31m")  # the ESC became a space
+
+
+def test_a_tools_output_in_an_error_is_escaped(tmp_path):
+    script = tmp_path / "noisy-tool"
+    script.write_text("#!/bin/sh\nprintf 'ok\\n\\033[2J\\033]0;title\\007cleared\\r\\000x\\n'\nexit 3\n")
+    script.chmod(0o755)
+    with pytest.raises(proc.CommandFailed) as exc:
+        proc.run([str(script), "a\nb"])
+    text = str(exc.value)
+    assert all(c.isprintable() for c in text.replace("\n", "")), repr(text)
+    assert text.splitlines()[0] == f"command failed with exit code 3: {script} 'a b'"
+    assert text.splitlines()[1:] == ["ok", "[2J ]0;title cleared", "x"]  # CR ends a line, NUL a space
+
+
+HANGS_ON_COMPLETION = WARMS_UP.replace("time.sleep(1.0)  # the first", "time.sleep(3600)  # the first")
+
+
+def test_the_warm_up_ends_within_wait_and_says_it_started(tmp_path):
+    bindir = install(tmp_path, HANGS_ON_COMPLETION)
+    serve = start_serve(free_port(), wait=3)
+    start = time.monotonic()
+    try:
+        out, err = serve.communicate(timeout=60)
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+        stop_fake(bindir)
+    assert time.monotonic() - start < 3 + 2 * MARGIN  # not the 120 s floor the trial met
+    assert serve.returncode == 9 and "serving" not in out
+    assert "rocforge: serve: warming up: one token from http://127.0.0.1:" in err
+    lines = error_lines(err)
+    assert len(lines) == 1 and "answered /health but not a one-token request" in lines[0], err
+    assert not alive(int((bindir / "started").read_text()))
+
+
+EXITS_AFTER_HEALTH = WARMS_UP.replace('''    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()''', '''    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.flush()
+        print("bye", flush=True)
+        os._exit(3)''')
+
+
+def test_a_server_that_exits_after_health_is_said_to_have_exited(tmp_path):
+    bindir = install(tmp_path, EXITS_AFTER_HEALTH)
+    serve = start_serve(free_port(), wait=30)
+    try:
+        out, err = serve.communicate(timeout=60)
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+        stop_fake(bindir)
+    assert serve.returncode == 9 and "serving" not in out
+    assert error_lines(err) == ["rocforge: error: llama-server exited with code 3 after it answered /health: bye"]
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1\nX", "a b", "-x", "http://h", "", "a..b", "x" * 254])
+def test_a_bad_host_is_one_line_naming_it(value, capsys, tmp_path):
+    install(tmp_path, WARMS_UP)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "m", "--host", value, "--dry-run"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    lines = error_lines(err)
+    assert len(lines) == 1 and "--host" in lines[0] and "results store" not in err, err
+
+
+def test_a_killed_serve_takes_its_server_with_it(tmp_path):
+    """SIGKILL gives serve no chance to stop the server: PR_SET_PDEATHSIG does it."""
+    bindir = install(tmp_path, WARMS_UP)
+    serve = start_serve(free_port(), wait=30)
+    try:
+        assert serve.stdout.readline().startswith("serving m at ")
+        server = int((bindir / "started").read_text())
+        os.kill(serve.pid, signal.SIGKILL)
+        serve.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while alive(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(server)
+    finally:
+        stop_fake(bindir)
+
+
+def test_a_hanging_ldd_ends_at_the_probe_deadline(tmp_path, monkeypatch):
+    from rocforge_build.ship import closure
+
+    pids = tmp_path / "pids"
+    hanging(tmp_path / "bin", "ldd", pids)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv(proc.PROBE_ENV, str(PROBE_S))
+    start = time.monotonic()
+    with pytest.raises(proc.ToolTimedOut) as exc:
+        closure.ldd([Path(sys.executable)])
+    assert time.monotonic() - start < PROBE_S + MARGIN
+    assert str(exc.value).startswith(f"ldd did not finish within {PROBE_S:g} s")
+    assert left_over(pids) == []

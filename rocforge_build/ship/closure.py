@@ -190,7 +190,7 @@ def ldd(files: list[Path], env: Mapping[str, str | None] | None = None) -> dict[
     hint = "install libc-bin (it provides ldd) in the builder"
     for i in range(0, len(files), _LDD_BATCH):
         batch = [str(f) for f in files[i:i + _LDD_BATCH]]
-        res = proc.run(["ldd", *batch], env=env, check=False, hint=hint, timeout=120)  # a batch of files
+        res = proc.run(["ldd", *batch], env=env, check=False, hint=hint)  # a probe: proc.PROBE
         out.update(parse_ldd(res.stdout or "", batch))
     return out
 
