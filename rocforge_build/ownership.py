@@ -67,7 +67,15 @@ def _mark_ok(path: Path) -> bool:
 
 
 def _holds(directory: Path, name: str) -> bool:
-    return _mark_ok(directory / name) if name == MARK else _regular(directory / name)
+    """Whether `directory` holds the mark `name`: content checked where rocforge fixes it
+    (`MARK`, and the markers `replace.valid_marker` knows), else a regular file."""
+    from rocforge_build import replace
+
+    if name == MARK:
+        return _mark_ok(directory / name)
+    if name in replace.VALIDATED_MARKERS:
+        return replace.valid_marker(directory, name)
+    return _regular(directory / name)
 
 
 def _regular(path: Path) -> bool:

@@ -55,6 +55,7 @@ _MKDTEMP = "[A-Za-z0-9_]{8}"  # `.<name>.XXXXXXXX`: kernels build in a mkdtemp b
 # What rocforge writes at the start of the marks whose content it fixes (see `valid_marker`).
 MARK_HEADS = {SCRATCH: b"rocforge scratch tree:", ownership.MARK: b"made by rocforge: ",
               ".rocforge-closure": b"staged by `rocforge container closure`"}
+VALIDATED_MARKERS = (*MARK_HEADS, "rocforge-manifest.toml", "rocforge-kernels.json")
 MARKER_BYTES = 1 << 20  # a marker larger than rocforge writes is not one of rocforge's
 _RENAME_ERRORS = {errno.EBUSY, errno.EXDEV, errno.EACCES, errno.EPERM, errno.EROFS,
                   errno.ENOSPC, errno.ENOTEMPTY, errno.EEXIST}

@@ -392,6 +392,13 @@ def test_a_closure_marker_rocforge_did_not_write_does_not_make_out_rocforges(tmp
     refused(rocforge_cli("container", "closure", str(built), "--out", str(out)),
             "refusing to replace --out", "no valid .rocforge-closure")
     assert snapshot(out) == before
+    partial = tmp_path / "new.rocforge-partial"  # where a closure is staged, with that file too
+    users_tree(partial)
+    (partial / ".rocforge-closure").write_text("x\n")
+    before = snapshot(partial)
+    refused(rocforge_cli("container", "closure", str(built), "--out", str(tmp_path / "new")),
+            "refusing to remove", str(partial))
+    assert snapshot(partial) == before
 
 
 def test_a_mark_file_rocforge_did_not_write_does_not_make_a_staged_tree_rocforges(
