@@ -667,11 +667,15 @@ def test_current_that_is_a_real_directory_is_left_alone(site, prefix, capsys, ht
     assert (prefix / "current" / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("record", [None, "[x]\n"])  # none, or one that does not validate
 @pytest.mark.parametrize("force", [False, True])
-def test_version_dir_rocforge_did_not_make_is_left_alone(site, prefix, capsys, http_server, force):
+def test_version_dir_rocforge_did_not_make_is_left_alone(site, prefix, capsys, http_server, force,
+                                                        record):
     mine = prefix / f"therock-{NEW}-gfx1151"
     mine.mkdir(parents=True)
     (mine / "notes.txt").write_text("mine")
+    if record is not None:
+        (mine / "rocforge-install.toml").write_text(record)
     n = len(http_server.requests)
     rc, _out, err = install(capsys, prefix, *(["--force"] if force else []))
     assert rc == 2 and "is not an install rocforge made" in err, err

@@ -174,9 +174,10 @@ def install(layers: list[Nightly], prefix: Path, *, cfg: dict, progress: bool = 
     final = prefix / name
     with locked(prefix):
         previous = current_name(prefix)
-        if os.path.lexists(final) and (final.is_symlink() or not (final / RECORD).is_file()):
-            # reused, or with --force moved aside and removed, only when rocforge made it
-            raise UsageError(f"{final} exists and is not an install rocforge made (no {RECORD}): "
+        if os.path.lexists(final) and (final.is_symlink() or not valid_record(final)):
+            # reused, or with --force moved aside and removed, only when its record proves it
+            raise UsageError(f"{final} exists and is not an install rocforge made (no valid "
+                             f"{RECORD}): "
                              "rocforge will not use or replace it",
                              "move it away (it may be yours), then run the install again")
         if final.exists() and not force:
