@@ -14,6 +14,7 @@ import contextlib
 import errno
 import os
 import pwd
+import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -75,7 +76,34 @@ def _holds(directory: Path, name: str) -> bool:
         return _mark_ok(directory / name)
     if name in replace.VALIDATED_MARKERS:
         return replace.valid_marker(directory, name)
+    if name == COMPLETE:
+        return valid_stamp(directory / name)
+    if name == "rocforge-install.toml":  # a nightly install: its record must validate
+        from rocforge_build.nightly.install import valid_record
+
+        return valid_record(directory)
     return _regular(directory / name)
+
+
+_STAMP = re.compile(r"\S.* [0-9a-f]{40}(?:[0-9a-f]{24})?|.+\.(?:tar(?:\.\w+)?|tgz|zip)")
+
+
+def valid_stamp(path: Path) -> bool:
+    """Whether `path` is a completeness stamp as forge/sources.py writes it (a regular file, never
+    followed): one line, `LOCATION COMMIT` of a git checkout or the archive it was unpacked from."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        data = os.read(fd, 8193) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    text = data.decode("utf-8", "replace")
+    return (len(data) <= 8192 and text.endswith("\n") and text.count("\n") == 1
+            and _STAMP.fullmatch(text[:-1]) is not None)
 
 
 def _regular(path: Path) -> bool:

@@ -568,7 +568,8 @@ def test_a_file_name_with_newlines_cannot_forge_an_output_line(tmp_path):
     ownership.write_mark(marked, "a build work dir")
     listing = rocforge("cache", "list")
     assert listing.returncode == 0, listing.stderr
-    assert len(listing.stdout.splitlines()) == 3  # two entries and the totals line
+    lines = [x for x in listing.stdout.splitlines() if not x.startswith("ccache")]
+    assert len(lines) == 3, lines  # the two entries and the totals line (compiler caches aside)
     for argv in (("cache", "clean", "--dry-run"), ("cache", "clean")):
         res = rocforge(*argv)
         assert res.returncode == 0, res.stderr
@@ -583,3 +584,26 @@ def test_a_file_name_with_newlines_cannot_forge_an_output_line(tmp_path):
     res = rocforge("nightly", "prune", "--keep", "0", "--prefix", str(np))
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["removed evil removed sources 1 B ~thesis.zip x"]
+
+
+def test_a_stamp_or_record_counts_as_a_mark_only_with_the_text_rocforge_writes(tmp_path):
+    """A user's directory holding a file named as rocforge's completeness stamp or install
+    record, with other content, is not rocforge's: replacing or removing it is refused."""
+    from rocforge_build.nightly.install import RECORD
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "thesis.tex").write_text("five years")
+    for stamp in ("mine\n", "https://example.org/p.git HEAD\n", "a.zip\nb\n"):
+        (tree / ownership.COMPLETE).write_text(stamp)
+        with pytest.raises(ownership.NotOwned):
+            ownership.check_tree_replaceable(tree, "a source tree", (ownership.MARK,
+                                                                     ownership.COMPLETE))
+    (tree / ownership.COMPLETE).write_text(STAMP)  # what forge/sources.py writes: replaceable
+    ownership.check_tree_replaceable(tree, "a source tree", (ownership.MARK, ownership.COMPLETE))
+    (tree / ownership.COMPLETE).unlink()
+    (tree / RECORD).write_text("[x]\n")
+    before = bytes_snapshot(tree)
+    with pytest.raises(ownership.NotOwned):
+        ownership.remove_owned(tree, "a replaced nightly install", marks=(ownership.MARK, RECORD))
+    assert bytes_snapshot(tree) == before

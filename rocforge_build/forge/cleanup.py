@@ -99,14 +99,8 @@ def _sha256_starts(p: Path, hex_prefix: str) -> bool:
 
 
 def _stamped_tree(p: Path) -> bool:
-    """A source tree whose completeness stamp holds what forge/sources.py writes there: one line,
-    `LOCATION COMMIT` (a git checkout) or the absolute path of the archive it was unpacked from."""
-    text = _head(p / ownership.COMPLETE, 8192) if _is_dir(p) else None
-    if text is None or not text.endswith("\n") or text.count("\n") != 1:
-        return False
-    line = text[:-1]
-    return bool(re.fullmatch(r"\S.* [0-9a-f]{40}(?:[0-9a-f]{24})?", line)
-                or (line.startswith("/") and ARCHIVE_SUFFIX.search(line)))
+    """A source tree whose completeness stamp holds what forge/sources.py writes there."""
+    return _is_dir(p) and ownership.valid_stamp(p / ownership.COMPLETE)
 
 
 def _own_mirror(p: Path) -> bool:
@@ -153,7 +147,6 @@ def _own_env(p: Path) -> bool:
     return head is not None and head.startswith("rocforge-envcache ")
 
 
-ARCHIVE_SUFFIX = re.compile(r"\.(tar(\.\w+)?|tgz|zip)$")
 # What rocforge made before it wrote marks, proven by what it holds, never by its name alone: a
 # name is checked against the hash it was made from (the URL, the bytes, the prefix), a stamp or
 # cache file against the text rocforge writes.  Entries of the other places carry the mark.
