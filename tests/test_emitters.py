@@ -680,12 +680,12 @@ def test_host_plan_leaves_a_line_the_shell_computes_to_the_user(tmp_path):
 def test_serve_dry_run_piped_to_sh_runs_the_preset_and_nothing_else(tmp_path, capsys):
     """The trial: `serve --dry-run | sh` ran a command hidden in a preset.  The line comes from
     the sh emitter: sh runs exactly the preset's program with its argv and env."""
+    import hashlib
+
     from stackfixtures import make_build
 
     from rocforge_build.discover.builds import read_manifest
     from rocforge_build.measure.store import Store
-
-    import hashlib
 
     mark = tmp_path / "MARK"  # `touch MARK` runs in tmp_path: sh's working directory below
     prefix = make_build(tmp_path / "builds", "llama-cpp", "gfx1151", "cpu")
