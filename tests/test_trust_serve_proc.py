@@ -178,6 +178,27 @@ def wait_for(path: Path, seconds: float = 30) -> None:
         time.sleep(0.02)
 
 
+def serve_while_another_takes_the_port(bindir: Path, port: int, signal_file: str,
+                                       wait: float) -> tuple[int, str, str]:
+    """`rocforge serve` of the fake in `bindir`; once the fake writes `signal_file`, another
+    program takes the port and answers /health.  (exit code, stdout, stderr).  The fake is
+    stopped here only when serve had to be killed (it is in a process group of its own): whether
+    serve stopped it is the caller's to check."""
+    serve = start_serve(port, wait=wait)
+    other = None
+    try:
+        wait_for(bindir / signal_file)
+        other = OtherProgram(port)
+        out, err = serve.communicate(timeout=60)
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+            stop_fake(bindir)
+        if other:
+            other.close()
+    return serve.returncode, out, err
+
+
 def test_a_port_in_use_is_one_line_before_llama_server_starts(tmp_path, capsys):
     bindir = install(tmp_path, WARMS_UP)
     port = free_port()
@@ -201,19 +222,8 @@ def test_another_programs_health_is_never_taken_for_llama_servers(tmp_path, fake
     (the fake signals when it has started): its /health must not count."""
     bindir = install(tmp_path, NEVER_BINDS if fake == "never binds" else FAILS_TO_BIND)
     port = free_port()
-    serve = start_serve(port, wait=3)
-    other = None
-    try:
-        wait_for(bindir / "started")
-        other = OtherProgram(port)
-        out, err = serve.communicate(timeout=60)
-    finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGKILL)
-            stop_fake(bindir)  # in a process group of its own: a killed serve cannot stop it
-        if other:
-            other.close()
-    assert serve.returncode == 9, err
+    code, out, err = serve_while_another_takes_the_port(bindir, port, "started", wait=3)
+    assert code == 9, err
     assert "serving" not in out  # never announced
     lines = error_lines(err)
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -522,19 +532,9 @@ def test_another_programs_health_on_the_address_serve_dials_is_not_ours(tmp_path
     bind_or_skip(socket.AF_INET6, "::1", 0).close()
     bindir = install(tmp_path, SICK_ON_V6)
     port = free_port()
-    serve = start_serve(port, wait=4)
-    other = None
-    try:
-        wait_for(bindir / "bound")
-        other = OtherProgram(port)
-        out, err = serve.communicate(timeout=60)
-    finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGKILL)
-        stop_fake(bindir)
-        if other:
-            other.close()
-    assert serve.returncode == 9 and "serving" not in out, (out, err)
+    code, out, err = serve_while_another_takes_the_port(bindir, port, "bound", wait=4)
+    stop_fake(bindir)
+    assert code == 9 and "serving" not in out, (out, err)
     assert error_lines(err) == [f"rocforge: error: another program listens on http://127.0.0.1:{port}, and "
                                 f"llama-server (pid {(bindir / 'started').read_text()}) did not within 4 s: "
                                 "it was stopped"]
