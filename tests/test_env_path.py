@@ -241,20 +241,23 @@ def test_use_with_a_read_only_data_dir_is_one_line(tmp_path):
     assert blocker.is_dir() and (built["cpu"] / "rocforge-manifest.toml").is_file()
 
 
-def test_a_hostile_recipe_name_stays_data_in_the_choice_file(tmp_path):
-    """A manifest's recipe name written into use.toml cannot add TOML keys or tables, and the
-    env script sourced by real bash runs nothing from it."""
+def test_a_hostile_recipe_name_never_reaches_the_choice_file(tmp_path):
+    """A manifest whose recipe name would add TOML keys or tables to use.toml, or shell code to
+    the env script, is refused where the manifest is read: `use` says which field (exit 2) and
+    writes no choice; `env` leaves the build out with a warning, and real bash runs nothing."""
     fr.make_strix_halo(tmp_path)
     marker = tmp_path / "ran"  # `cd` alone goes to HOME, the test's directory: no '/' needed
-    name = 'x"]\\nprefix = "p"\n[choices.y] $(cd;touch ran)'
-    prefix = make_build(tmp_path, name.replace("\n", " "), "gfx1151", files=("bin/tool",))
-    assert cli(tmp_path, "use", str(prefix)).returncode == 0
-    table = tomllib.loads(next(tmp_path.rglob("use.toml")).read_text())["choices"]
-    assert list(table) == [name.replace("\n", " ")] and table[list(table)[0]]["prefix"] == prefix.name
+    name = 'x"]\\nprefix = "p" [choices.y] $(cd;touch ran)'
+    prefix = make_build(tmp_path, name, "gfx1151", files=("bin/tool",))
+    out = cli(tmp_path, "use", str(prefix))
+    errors = [line for line in out.stderr.splitlines() if line.startswith("rocforge: error:")]
+    assert out.returncode == 2 and len(errors) == 1 and "field recipe.name" in errors[0], out.stderr
+    assert not list(tmp_path.rglob("use.toml"))
     start = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    text = cli(tmp_path, "env", "--shell", "bash", env=start).stdout
-    got = sourced_once("bash", text, start, tmp_path)
-    assert got["PATH"].split(":")[0] == inner(f"{prefix.name}/bin")
+    env = cli(tmp_path, "env", "--shell", "bash", env=start)
+    assert env.returncode == 0 and "field recipe.name" in env.stderr
+    got = sourced_once("bash", env.stdout, start, tmp_path)
+    assert inner(f"{prefix.name}/bin") not in got["PATH"].split(":")
     assert not marker.exists()
 
 
