@@ -16,8 +16,9 @@ from argparse import ArgumentTypeError
 
 SQLITE_MAX_INT = 2 ** 63 - 1  # SQLite INTEGER is a signed 64-bit value (sqlite.org/datatype3.html)
 # Token counts (prompt, generation, KV depth, context, micro-batch): llama.cpp reads them into C
-# `int32_t`s; 2**24 (16 Mi tokens) is past the longest context any model is trained for.
-TOKENS_MAX = 2 ** 24
+# `int32_t`s; 2**27 (128 Mi tokens) is past the longest context any model is trained for and
+# leaves room for a deliberately impossible KV depth (a test of running out of memory).
+TOKENS_MAX = 2 ** 27
 # Parallel build jobs and CPU threads: 4096 is past the hardware threads of any one machine with
 # the remote slots of a distributed build added; more only fills the process table.
 JOBS_MAX = 4096
