@@ -19,8 +19,10 @@ JOBS = int(os.environ.get("ROCFORGE_TEST_JOBS", "2"))
 
 
 def shared_ccache() -> str:
-    """One compiler cache for all llama builds (a fresh machine starts cold, as CI does)."""
-    return os.environ.get("CCACHE_DIR") or str(Path.home() / ".cache" / "ccache")
+    """One compiler cache for all llama builds, kept between sessions (tests/session_home.py); a
+    fresh machine starts cold."""
+    return (os.environ.get("CCACHE_DIR") or os.environ.get("ROCFORGE_TEST_CCACHE")
+            or str(Path.home() / ".cache" / "rocforge-test" / "ccache"))
 
 
 @pytest.fixture(scope="session")

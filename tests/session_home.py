@@ -3,8 +3,10 @@ finds its per-user files inside the session's temporary directory, so a run writ
 the contributor's real HOME and reads none of their settings (a ~/.gitconfig, an sccache config
 with a remote cache); tests/conftest.py calls these at the start and the end of the session.
 
-The one place kept between runs is the slow tests' download cache, ~/.cache/rocforge-test
-(sdists, the sid chroot: ROCFORGE_TEST_SDISTS, ROCFORGE_TEST_CHROOTS), fixed here before HOME moves.
+The one place kept between runs is the slow tests' cache, ~/.cache/rocforge-test: sdists, the
+sid chroot, the trained model and the llama builds' compiler cache (ROCFORGE_TEST_SDISTS,
+ROCFORGE_TEST_CHROOTS, ROCFORGE_TEST_MODELS, ROCFORGE_TEST_CCACHE), fixed here before HOME moves;
+left below the session's HOME, each run would download the model and compile llama.cpp cold.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def isolate(base: str) -> str:
     kept = os.path.join(real_cache, "rocforge-test")
     os.environ.setdefault("ROCFORGE_TEST_SDISTS", os.path.join(kept, "sdists"))
     os.environ.setdefault("ROCFORGE_TEST_CHROOTS", os.path.join(kept, "chroots"))
+    os.environ.setdefault("ROCFORGE_TEST_MODELS", os.path.join(kept, "models"))
+    os.environ.setdefault("ROCFORGE_TEST_CCACHE", os.path.join(kept, "ccache"))
     home = os.path.join(base, "home")
     os.makedirs(home, exist_ok=True)
     os.environ["HOME"] = home

@@ -149,8 +149,11 @@ def test_summary_counts_the_slow_tests_not_run(tmp_path):
 
 def test_the_session_has_its_own_home_and_git_writes_there():
     """HOME is inside the session's directory: a `git config --global` lands there, not in the
-    account's real home."""
+    account's real home; the slow tests' caches (downloads, the model, the compiler cache) stay
+    outside it, so a second run starts warm."""
     base = os.environ[session_home.MARK]
+    for kept in ("SDISTS", "CHROOTS", "MODELS", "CCACHE"):
+        assert not Path(os.environ[f"ROCFORGE_TEST_{kept}"]).is_relative_to(base), kept
     real = Path(pwd.getpwuid(os.getuid()).pw_dir)
     home = Path.home()
     assert home.is_relative_to(base) and home != real
