@@ -16,7 +16,7 @@ from rocforge_build.refs import check_git_ref
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("recipe", metavar="RECIPE", help="recipe name (see `rocforge recipes`) or a .toml file")
+    parser.add_argument("recipe", metavar="RECIPE", help="recipe name (see `rocforge recipe list`) or a .toml file")
     parser.add_argument("--target", metavar="GFX",
                         help="GPU target, e.g. gfx1151 (default: the detected GPU; a cpu or "
                         "vulkan build needs none)")

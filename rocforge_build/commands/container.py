@@ -21,7 +21,7 @@ def _common(p) -> None:
     p.add_argument("recipe", metavar="RECIPE", help="recipe name, or path to a recipe .toml file")
     p.add_argument("--target", metavar="GFX", help="GPU target, e.g. gfx1151 (default: the detected GPU)")
     p.add_argument("--backend", metavar="B",
-                   help="a backend of the recipe (rocforge recipe NAME); its toolchain picks the builder "
+                   help="a backend of the recipe (rocforge recipe show RECIPE); its toolchain picks the builder "
                    "variant (default: the recipe's choice for the target, as `rocforge build` makes it)")
     p.add_argument("--variant", metavar="NAME", help="builder variant from containers/variants.toml")
     p.add_argument("--engine", choices=sorted(containers.engines_data().get("engine", {})),

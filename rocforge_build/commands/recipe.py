@@ -1,4 +1,5 @@
-"""`rocforge recipe show NAME|FILE [--json]`: one recipe, every rule with its condition and reason."""
+"""`rocforge recipe list [--json]`: the packaged build recipes; `rocforge recipe show NAME|FILE
+[--json]`: one recipe, every rule with its condition and reason."""
 
 from __future__ import annotations
 
@@ -9,9 +10,29 @@ from rocforge_build.forge import recipes
 
 def add_arguments(parser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    add_list_arguments(sub.add_parser("list", help="list the build recipes (also spelled "
+                                      "`rocforge recipes`)"))
     show = sub.add_parser("show", help="show a recipe: source, backends, options, patches")
     show.add_argument("name", metavar="RECIPE", help="a recipe name or a path to a .toml file")
     show.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_list_arguments(parser) -> None:
+    """`recipe list`'s arguments, which its alias `rocforge recipes` takes too."""
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run_list(args) -> int:
+    """Every packaged recipe, one line each (or JSON): `recipe list` and `recipes` alike."""
+    loaded = [recipes.load_file(p) for p in recipes.available().values()]
+    if args.json:
+        print(json.dumps([{"name": r.name, "description": r.description,
+                           "backends": list(r.backends), "path": str(r.path)} for r in loaded],
+                         indent=2))
+        return 0
+    for r in loaded:
+        print(f"{r.name:16} {', '.join(r.backends):28} {r.description}")
+    return 0
 
 
 def _when(cond) -> str:
@@ -29,6 +50,8 @@ def _head(kind: str, d: dict) -> str:
 
 
 def run(args) -> int:
+    if args.action == "list":
+        return run_list(args)
     r = recipes.load(args.name)
     if args.json:
         print(json.dumps(r.to_json(), indent=2))

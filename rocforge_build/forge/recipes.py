@@ -399,6 +399,6 @@ def load(name_or_path: str) -> Recipe:
     table = available()
     if name_or_path not in table:
         close = difflib.get_close_matches(name_or_path, table, n=3)
-        hint = f"did you mean {', '.join(close)}?" if close else "see `rocforge recipes`"
+        hint = f"did you mean {', '.join(close)}?" if close else "see `rocforge recipe list`"
         raise UsageError(f"unknown recipe {name_or_path!r}", hint)
     return load_file(table[name_or_path])
