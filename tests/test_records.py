@@ -18,13 +18,14 @@ from rocforge_build.discover import (
     host,
     host_checks,
     installs,
+    layouts,
     resolver,
     targets,
 )
 
 CLASSES = [resolver.Decision, resolver.Resolution, builds.Build, targets.Target, gpus.Gpu,
            gpus.Discovery, binaries.ElfInfo, binaries.RuntimeIsas, binaries.Hipcc,
-           binaries.KernelPack, installs.Layout, installs.Coverage, installs.RocmInstall,
+           binaries.KernelPack, layouts.Layout, installs.Coverage, installs.RocmInstall,
            host.Kernel, host.CardMemory, host.Host, host_checks.Check, config.Bound]
 
 

@@ -28,7 +28,7 @@ _LIST_KEYS = ("LD_LIBRARY_PATH", "CMAKE_PREFIX_PATH", "PKG_CONFIG_PATH")
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # rocforge_build/
 _CODE = ("discover/resolver.py", "discover/installs.py", "discover/gpus.py",
          "discover/envscript.py", "discover/envcache.py", "discover/targets.py", "rootfs.py",
-         "discover/rocm_version.py", "discover/watched_reads.py",
+         "discover/rocm_version.py", "discover/watched_reads.py", "discover/layouts.py",
          "paths.py", "config.py", "data/defaults.toml", "cli.py", "commands/env.py",
          "data/targets.toml", "data/layouts.toml", "discover/builds.py", "discover/shell.py",
          "discover/envwarnings.py", "discover/host.py",

@@ -15,59 +15,21 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from functools import cache
 
 from rocforge_build.discover import binaries
 from rocforge_build.discover.envcache import touch
+from rocforge_build.discover.layouts import Layout, layouts
 from rocforge_build.discover.rocm_version import install_version
 from rocforge_build.discover.watched_reads import all_dirs, first, glob, read, watch
-from rocforge_build.errors import ConfigError, NoRocmError, UsageError
+from rocforge_build.errors import NoRocmError, UsageError
 from rocforge_build.records import FRESH, Record, fresh, init, replace
-from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root, inner_join, inner_path
 from rocforge_build.toml_subset import tomllib_loads
 
-_LAYOUTS = package_data("layouts.toml")
-_LAYOUT_KEYS = {
-    "markers", "compiler_dirs", "hip_clang_dirs", "bitcode_dirs", "bin_dirs", "lib_dirs",
-    "pkgconfig_dirs", "cmake_prefix", "rocblas_dirs", "hipblaslt_dirs", "version_from", "rank",
-    "hip_clang_from_hipcc", "runtime_libs", "rocblas_libs",
-}
 _TENSILE_RE = re.compile(r"^TensileLibrary.*?_(gfx[0-9]+[0-9a-f]*)(?=[^0-9a-z]|$)")
 _ARCH_DIR_RE = re.compile(r"^gfx[0-9]+[0-9a-f]*$")
 _ISA_RE = re.compile(r"^oclc_isa_version_([0-9]+[0-9a-f]*)\.bc$")
 HIPCXX_NAMES = ("clang++", "amdclang++")
-
-
-class Layout(Record):
-    __slots__ = ("name", "markers", "compiler_dirs", "bitcode_dirs", "bin_dirs", "lib_dirs",
-                 "pkgconfig_dirs", "cmake_prefix", "rocblas_dirs", "hipblaslt_dirs",
-                 "version_from", "rank", "hip_clang_dirs", "hip_clang_from_hipcc", "runtime_libs",
-                 "rocblas_libs")
-
-    def __init__(self, name: str, markers: tuple[str, ...], compiler_dirs: tuple[str, ...],
-                 bitcode_dirs: tuple[str, ...], bin_dirs: tuple[str, ...],
-                 lib_dirs: tuple[str, ...], pkgconfig_dirs: tuple[str, ...], cmake_prefix: bool,
-                 rocblas_dirs: tuple[str, ...], hipblaslt_dirs: tuple[str, ...],
-                 version_from: tuple[str, ...], rank: int, hip_clang_dirs: tuple[str, ...] = (),
-                 hip_clang_from_hipcc: bool = False, runtime_libs: tuple[str, ...] = (),
-                 rocblas_libs: tuple[str, ...] = ()):
-        init(self, name, markers, compiler_dirs, bitcode_dirs, bin_dirs, lib_dirs, pkgconfig_dirs,
-             cmake_prefix, rocblas_dirs, hipblaslt_dirs, version_from, rank, hip_clang_dirs,
-             hip_clang_from_hipcc, runtime_libs, rocblas_libs)
-
-
-@cache
-def layouts() -> dict[str, Layout]:
-    raw = load_toml(_LAYOUTS, "layout table")
-    table = {}
-    for name, entry in raw.items():
-        unknown = set(entry) - _LAYOUT_KEYS
-        if unknown:
-            raise ConfigError(f"layout table: {name}: unknown key(s) {sorted(unknown)}")
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()}
-        table[name] = Layout(name=name, **values)
-    return table
 
 
 class Coverage(Record):

@@ -38,7 +38,7 @@ from rocforge_build import shellsafe
 from rocforge_build.discover import builds as builds_mod
 from rocforge_build.discover import gpus as gpus_mod
 from rocforge_build.discover import installs as installs_mod
-from rocforge_build.discover import rocm_version, targets
+from rocforge_build.discover import layouts, rocm_version, targets
 from rocforge_build.discover.gpus import Gpu
 from rocforge_build.discover.installs import RocmInstall
 from rocforge_build.errors import NoRocmError
@@ -182,7 +182,7 @@ def _support(inst: RocmInstall, gfx: str) -> tuple[int, str, str | None]:
 
 def _rank_key(inst: RocmInstall, gfx: str | None) -> tuple:
     level = _support(inst, gfx)[0] if gfx else 0
-    rank = installs_mod.layouts()[inst.layout].rank
+    rank = layouts.layouts()[inst.layout].rank
     return (level, inst.nightly_current, rocm_version.version_key(inst.version), -rank)
 
 

@@ -10,13 +10,10 @@ from __future__ import annotations
 import os
 import re
 
+from rocforge_build.discover.layouts import Layout
 from rocforge_build.discover.watched_reads import glob, read
 from rocforge_build.rootfs import Root, inner_join
 from rocforge_build.toml_subset import tomllib_loads
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at every shell start-up
-if TYPE_CHECKING:
-    from rocforge_build.discover.installs import Layout
 
 _VERSION_RE = re.compile(r"\d+\.\d+(?:\.\d+)?(?:(?:a|rc|\.dev)\d*(?:\+[0-9a-f]+)?)?")
 
