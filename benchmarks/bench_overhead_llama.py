@@ -1,10 +1,10 @@
 """rocforge's own overhead on a real tree: `rocforge build` vs the hand build it wraps.
 
-    python benchmarks/bench_overhead_llama.py [--rounds 4] [--build-target ggml] [--backend cpu]
+    python benchmarks/bench_overhead_llama.py [--rounds 4] [--cmake-target ggml] [--backend cpu]
         [-j 2] [--source TREE] [--json OUT]
 
 What it compares, each round in alternating order (rocforge first in odd rounds):
-  rocforge: `python -m rocforge_build build llama-cpp --backend B --source TREE --build-target T
+  rocforge: `python -m rocforge_build build llama-cpp --backend B --source TREE --cmake-target T
             --no-cache --force -j J` with its work dir removed first, so the tree is copied,
             configured and built from nothing, installed, and the manifest written;
   by hand:  `cmake -S TREE -B <empty dir> -G Ninja <every -D flag of rocforge's plan>` and
@@ -83,7 +83,7 @@ def _patched_once(src: Path, plan: dict, where: Path) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--build-target", action="append", dest="targets")
+    ap.add_argument("--cmake-target", "--build-target", action="append", dest="targets")
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("-j", "--jobs", type=int, default=2)
     ap.add_argument("--source", help="a llama.cpp tree (default: the llama-cpp-python 0.3.9 sdist's)")
@@ -107,7 +107,7 @@ def main() -> int:
            "ROCFORGE_CACHE_DIR": str(tmp / "cache"), "ROCFORGE_DATA_DIR": str(tmp / "data")}
     argv = [sys.executable, "-m", "rocforge_build", "build", "llama-cpp", "--target", "gfx1100",
             "--backend", a.backend, "--source", str(src), "--no-cache", "-j", str(a.jobs),
-            "--prefix", str(tmp / "prefix"), *[x for t in targets for x in ("--build-target", t)]]
+            "--prefix", str(tmp / "prefix"), *[x for t in targets for x in ("--cmake-target", t)]]
     plan = json.loads(subprocess.run([*argv, "--dry-run", "--json"], env=env, check=True, cwd=REPO,
                                      capture_output=True, text=True).stdout)
     flags = [f for f in plan["configure"] if f.startswith("-D")]

@@ -64,7 +64,7 @@ def main() -> int:
                             f"redis://127.0.0.1:{port}"], env=env, check=True, cwd=REPO)
             t = time.perf_counter()
             subprocess.run([sys.executable, "-m", "rocforge_build", "build", "llama-cpp", "--target",
-                            "gfx1030", "--backend", "cpu", "--source", str(src), "--build-target",
+                            "gfx1030", "--backend", "cpu", "--source", str(src), "--cmake-target",
                             a.target, "--prefix", str(home / "prefix")], env=env, check=True,
                            cwd=REPO)
             wall = time.perf_counter() - t

@@ -75,7 +75,7 @@ class BuildError(RocforgeError):
 
 
 class BuildTargetError(BuildError):
-    """A --build-target the configured build does not make: the request is at fault (exit 2),
+    """A --cmake-target the configured build does not make: the request is at fault (exit 2),
     and to `bisect` it is a commit that does not build, as ninja's own refusal was."""
 
     exit_code = 2

@@ -1,7 +1,7 @@
 """Real llama.cpp builds through rocforge whose llama-bench then runs (slow; CI runs them).
 
 CI budget (2 cores, cold ccache): the CPU backend, then the Vulkan backend, of the May 2025 tree
-(llama-cpp-python 0.3.9), `--build-target llama-bench` only; the Vulkan build reuses the CPU
+(llama-cpp-python 0.3.9), `--cmake-target llama-bench` only; the Vulkan build reuses the CPU
 objects through ccache (CCACHE_BASEDIR).  The full set — every program, the Oct 2026 tree — runs in
 `nox -s integration` (ROCFORGE_INTEGRATION_FULL=1).
 """

@@ -49,7 +49,7 @@ def rf(capsys, *argv) -> tuple[int, str, str]:
 
 
 def build_args(llama_tree, recipe="llama-cpp", *extra):
-    targets = [a for t in MEASURE_TARGETS for a in ("--build-target", t)]
+    targets = [a for t in MEASURE_TARGETS for a in ("--cmake-target", t)]
     return ["build", recipe, "--target", "gfx1151", "--backend", "cpu", "--source", llama_tree, *targets,
             "-j", JOBS, *extra]
 

@@ -77,7 +77,7 @@ def test_may_2025_rocwmma_fattn_with_the_oct_2024_rocwmma(sid, tmp_path_factory)
     # 2. the plan: that build, used as it is, and the stub because its headers lack gfx1151
     sdist = llama_trees.sdist(LLAMA)
     args = ("build", "llama-cpp", "--target", "gfx1151", "--backend", "rocwmma", "--source",
-            f"/sdists/{sdist.name}", "--build-target", "llama-bench", "--jobs", JOBS)
+            f"/sdists/{sdist.name}", "--cmake-target", "llama-bench", "--jobs", JOBS)
     binds = {"/sdists": sdist.parent}
     res = sid_chroot.rocforge(sid, *args, "--dry-run", "--json", work=work, binds=binds,
                               timeout=900)

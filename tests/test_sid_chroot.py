@@ -137,7 +137,7 @@ def llama_hip(sid, work):
     sdist = llama_trees.sdist(LLAMA)
     prefix = f"{sid_chroot.WORK}/llama-hip"
     rocforge(sid, work, "build", "llama-cpp", "--target", "gfx1151", "--backend", "hip",
-             "--source", f"/sdists/{sdist.name}", "--build-target", "llama-bench",
+             "--source", f"/sdists/{sdist.name}", "--cmake-target", "llama-bench",
              "--prefix", prefix, "--jobs", JOBS, binds={"/sdists": sdist.parent}, timeout=3600)
     return prefix
 

@@ -2,7 +2,7 @@
 while parsing; a path no command can use (a symbolic link loop, a name too long) is one line;
 output the terminal's encoding cannot show is escaped; every flag value of `tune` is checked
 before anything is downloaded; `config set` never rewrites a TOML file that is not rocforge's;
-argparse's errors are one `rocforge: error:` line; a --build-target the configure does not make
+argparse's errors are one `rocforge: error:` line; a --cmake-target the configure does not make
 is refused before building; a stddev llama-bench could not measure is unknown, not 0.0.
 
 Each attack is performed for real: the real parser, real subprocesses, real symbolic links, a
@@ -345,7 +345,7 @@ def test_config_set_still_writes_rocforge_own_file_through_a_link(tmp_path, caps
     assert own.read_text() == "# mine\n[nightly]\nkeep = 2\n" and paths.config_file().is_symlink()
 
 
-# -- 7. item 12: a stddev llama-bench could not measure; a --build-target the configure lacks ----------
+# -- 7. item 12: a stddev llama-bench could not measure; a --cmake-target the configure lacks ----------
 
 def test_a_single_repetition_has_no_stddev():
     """llama-bench's stdev() answers 0 below two samples (ggml-org/llama.cpp,
@@ -364,15 +364,16 @@ def test_a_build_target_the_configure_does_not_make_is_refused_before_building(t
     src = project_copy(tmp_path / "src")
     prefix = tmp_path / "prefix"
     code, _, err = run_cli(capsys, "build", RECIPE, "--source", src, "--target", "gfx1151",
-                           "--backend", "cpu", "--prefix", prefix, "--build-target", "greet-hip")
+                           "--backend", "cpu", "--prefix", prefix, "--cmake-target", "greet-hip")
     assert code == 2  # the build's progress precedes it on stderr
     line, = [line for line in err.splitlines() if line.startswith("rocforge: error: ")]
-    assert "--build-target greet-hip" in line and "nothing was built" in line
+    assert "--cmake-target greet-hip" in line and "nothing was built" in line
     assert "did you mean greet?" in err
     assert not prefix.exists()
     built = [p.name for p in paths.cache_dir().rglob("*") if p.suffix in (".o", ".so")
              or p.name.startswith("libgreet")]
     assert built == []  # ninja never ran
+    # the older spelling of the flag builds the target as --cmake-target does
     code, _, err = run_cli(capsys, "build", RECIPE, "--source", src, "--target", "gfx1151",
                            "--backend", "cpu", "--prefix", prefix, "--build-target", "fixture-hello")
     assert code == 0, err

@@ -65,7 +65,7 @@ def builds(tmp_path_factory):
     """(reference cpu build, the wrong-on-demand build) of the May 2025 tree."""
     where = tmp_path_factory.mktemp("verify-shapes")
     src = tree("0.3.9", where / "src", full=True)
-    targets = [a for t in MEASURE_TARGETS for a in ("--build-target", t)]
+    targets = [a for t in MEASURE_TARGETS for a in ("--cmake-target", t)]
     out = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CCACHE_DIR", shared_ccache())

@@ -31,7 +31,7 @@ export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 RF="python3 -m rocforge_build"   # run from /tmp: the carried rocforge, not the checkout's
 VKENV="env VULKAN_SDK=/tmp/vk/usr LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu PATH=/tmp/vk/usr/bin:$PATH"
 T=/tmp/llama/llama.cpp
-B="--target gfx1100 --source $T --build-target llama-perplexity --build-target llama-bench --build-target llama-cli --build-target llama-server"
+B="--target gfx1100 --source $T --cmake-target llama-perplexity --cmake-target llama-bench --cmake-target llama-cli --cmake-target llama-server"
 M=/tmp/m.gguf
 TB=/tmp/tb   # tune JSONs and times.tsv: survive between calls on a warm machine
 # One candidate: --backends vulkan builds (here: reuses) the vulkan build; naming the same prefix

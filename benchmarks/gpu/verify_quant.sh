@@ -25,7 +25,7 @@ export PYTHONPATH=/tmp/rfcode:/tmp/site
 export ROCFORGE_CACHE_DIR=/tmp/rfc ROCFORGE_DATA_DIR=/tmp/rfd ROCFORGE_CONFIG_DIR=/tmp/rfcfg
 RF="python3 -m rocforge_build"   # run from /tmp: the carried rocforge, not the checkout's
 T=/tmp/llama/llama.cpp
-B="--target gfx1100 --source $T --build-target llama-perplexity --build-target llama-bench --build-target llama-cli --build-target llama-quantize"
+B="--target gfx1100 --source $T --cmake-target llama-perplexity --cmake-target llama-bench --cmake-target llama-cli --cmake-target llama-quantize"
 NOAMX=/tmp/builds/llama-cpu-noamx
 
 if [ "${PHASE:-build}" = build ]; then

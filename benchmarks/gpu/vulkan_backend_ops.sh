@@ -22,7 +22,7 @@ export PYTHONPATH=$PWD:/tmp/site
 export ROCFORGE_CACHE_DIR=/tmp/rfc ROCFORGE_DATA_DIR=/tmp/rfd ROCFORGE_CONFIG_DIR=/tmp/rfcfg
 RF="python3 -m rocforge_build"
 echo "== host"; nproc; nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader; uname -r; date -u
-B="llama-cpp --target gfx1100 --source $T --build-target llama-bench --build-target llama-perplexity --build-target llama-cli -j6"
+B="llama-cpp --target gfx1100 --source $T --cmake-target llama-bench --cmake-target llama-perplexity --cmake-target llama-cli -j6"
 t0=$(date +%s)
 $RF build $B --backend cpu > /tmp/b-cpu.log 2>&1 & P1=$!
 $RF build $B --backend vulkan > /tmp/b-vk.log 2>&1 & P2=$!

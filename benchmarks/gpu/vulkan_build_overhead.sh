@@ -44,5 +44,5 @@ echo "compiler caches on PATH: $(command -v ccache sccache | tr '\n' ' ')"
 python3 -m compileall -q rocforge_build "$SITE" > /dev/null
 echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE-unset}; imports: $(python3 -X importtime -c 'import rocforge_build.forge.pipeline' 2>&1 | tail -1)"
 timeout ${BENCH_TIMEOUT:-500} python3 benchmarks/bench_overhead_llama.py --source "$LLAMA" --backend "$BACKEND" \
-  --build-target "$TARGET" -j "$JOBS" --rounds "$ROUNDS" --json "$OUT/build-overhead.json"
+  --cmake-target "$TARGET" -j "$JOBS" --rounds "$ROUNDS" --json "$OUT/build-overhead.json"
 echo "bench rc=$?; $(uptime)"

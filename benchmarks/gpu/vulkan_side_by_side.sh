@@ -18,7 +18,7 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site $D/whl/*.whl
 export PYTHONPATH=$D/rocforge:/tmp/site
 export ROCFORGE_CACHE_DIR=/tmp/rfc ROCFORGE_DATA_DIR=/tmp/rfd ROCFORGE_CONFIG_DIR=/tmp/rfcfg
 nproc; nvidia-smi -L; cmake --version | head -1; ninja --version; c++ --version | head -1; which ccache sccache
-ARGS="llama-cpp --target gfx1151 --backend vulkan --source $D/llama --build-target llama-bench --build-target llama-quantize -j16 --prefix /tmp/rf-prefix"
+ARGS="llama-cpp --target gfx1151 --backend vulkan --source $D/llama --cmake-target llama-bench --cmake-target llama-quantize -j16 --prefix /tmp/rf-prefix"
 python3 -m rocforge_build build $ARGS --dry-run --json > $OUT/plan.json || exit 1
 t0=$(date +%s.%N)
 python3 -m rocforge_build build $ARGS 2>&1 | tail -20 || exit 1

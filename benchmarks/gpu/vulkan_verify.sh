@@ -28,7 +28,7 @@ RF="python3 -m rocforge_build"
 OLD="env VULKAN_SDK=/tmp/vk/usr LD_LIBRARY_PATH=/tmp/vk/usr/lib/x86_64-linux-gnu PATH=/tmp/vk/usr/bin:$PATH"
 NEW="env VULKAN_SDK=/tmp/vksid/usr LD_LIBRARY_PATH=/tmp/vksid/usr/lib/x86_64-linux-gnu PATH=/tmp/vksid/usr/bin:$PATH"
 T=/tmp/llama/llama.cpp
-B="llama-cpp --target gfx1100 --source $T --build-target llama-bench --build-target llama-perplexity --build-target llama-cli"
+B="llama-cpp --target gfx1100 --source $T --cmake-target llama-bench --cmake-target llama-perplexity --cmake-target llama-cli"
 VKNEW=/tmp/builds/llama-vulkan-glslc2026
 M=${M:-/tmp/m-f16.gguf}
 

@@ -119,7 +119,7 @@ for n in $NS; do
     [ -d "$D/whl" ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site "$D"/whl/*.whl
     export PYTHONPATH=$PWD:/tmp/site ROCFORGE_CONFIG_DIR=/tmp/rfcfg ROCFORGE_CACHE_DIR=/tmp/rfc ROCFORGE_DATA_DIR=/tmp/rfd
     $PY -m rocforge_build config set build.icecc_scheduler 127.0.0.1:$SPORT >/dev/null
-    RF="$PY -m rocforge_build build llama-cpp --target gfx1100 --backend cpu --source $S --no-cache --distribute --build-target $TARGET --prefix /tmp/rfprefix"
+    RF="$PY -m rocforge_build build llama-cpp --target gfx1100 --backend cpu --source $S --no-cache --distribute --cmake-target $TARGET --prefix /tmp/rfprefix"
     $RF --dry-run > /tmp/rfplan.txt 2>&1; grep -E "^(jobs|cache|distribute)|icecream|local iceccd" /tmp/rfplan.txt | tee -a "$OUTF"
     for i in $(seq 0 $((n - 1))); do cp $B/d$i.log $B/d$i.warm; done
     say "rocforge --distribute, $n daemon(s): $(timed $RF --force)"

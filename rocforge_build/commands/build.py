@@ -32,8 +32,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--jobs", "-j", type=argtypes.jobs, metavar="N",
                         help="parallel build jobs (default: min(cores, available memory / the "
                              "recipe's per-job memory); the plan says why)")
-    parser.add_argument("--build-target", action="append", default=[], metavar="NAME",
-                        help="build and install only this CMake target (repeatable)")
+    parser.add_argument("--cmake-target", "--build-target", action="append", default=[],
+                        metavar="NAME", dest="cmake_targets",
+                        help="build and install only this CMake target (repeatable; also "
+                        "spelled --build-target)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan; build and download nothing, and exit as the build "
                         "would.  A local or cached source is read; of a remote one not in the "
@@ -68,7 +70,7 @@ def run(args) -> int:
         recipe=args.recipe, target=_target(args), backend=args.backend,
         ref=args.ref, rocm=args.rocm,
         source=args.source, prefix=args.prefix, jobs=args.jobs, force=args.force,
-        no_cache=args.no_cache, distribute=args.distribute, build_targets=tuple(args.build_target),
+        no_cache=args.no_cache, distribute=args.distribute, build_targets=tuple(args.cmake_targets),
     )
     if args.dry_run:
         preflight(req, args.rootfs)  # as the build does: before any download

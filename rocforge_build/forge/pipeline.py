@@ -240,7 +240,7 @@ def _configure(run: _Run) -> None:
 
 
 def check_build_targets(plan: Plan) -> None:
-    """Every --build-target is a target this configure made, checked before ninja runs: which
+    """Every --cmake-target is a target this configure made, checked before ninja runs: which
     targets exist depends on the options (llama.cpp's test-backend-ops only with
     LLAMA_BUILD_TESTS), so only CMake's file API reply (cmake-file-api(7)) can say."""
     reply = plan.build_dir / ".cmake" / "api" / "v1" / "reply"
@@ -256,7 +256,7 @@ def check_build_targets(plan: Plan) -> None:
 
         close = [m for name in missing for m in difflib.get_close_matches(name, made, n=1)]
         raise BuildTargetError(
-            f"--build-target {', '.join(missing)}: the configured {plan.recipe.name} build has no "
+            f"--cmake-target {', '.join(missing)}: the configured {plan.recipe.name} build has no "
             f"such target (the options chosen do not make it); nothing was built",
             (f"did you mean {', '.join(close)}? " if close else "")
             + f"the targets it has are listed by `ninja -C {plan.build_dir} -t targets all`")
@@ -301,7 +301,7 @@ def _smoke(run: _Run, staging: Path) -> None:
     for argv in plan.smoke:
         exe = staging / argv[0]
         if not exe.exists() and plan.build_targets:
-            plan.notes.append(f"smoke test {argv[0]} skipped: not among --build-target")
+            plan.notes.append(f"smoke test {argv[0]} skipped: not among --cmake-target")
             continue
         if not exe.exists():
             raise BuildError(f"smoke test: {argv[0]} was not installed; full log: {plan.log}")
@@ -408,7 +408,7 @@ def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
     todo = []
     for name in plan.build_targets:
         if name not in by_name:
-            raise BuildError(f"--build-target {name}: no such CMake target; full log: {log.path}")
+            raise BuildError(f"--cmake-target {name}: no such CMake target; full log: {log.path}")
         todo.append(by_name[name])
     seen: set[str] = set()
     kinds = {name: by_name[name]["type"] for name in plan.build_targets}
@@ -439,7 +439,7 @@ def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
                     os.symlink(os.readlink(sib), link)
     if not copied:
         raise BuildError(
-            "--build-target " + ", ".join(f"{n} ({k.lower().replace('_', ' ')})" for n, k in kinds.items())
+            "--cmake-target " + ", ".join(f"{n} ({k.lower().replace('_', ' ')})" for n, k in kinds.items())
             + ": nothing to install — only programs and shared or module libraries (and the shared "
             f"libraries they link) are installed from a partial build; full log: {log.path}",
             "name a program or shared library target, e.g. the one that uses it")

@@ -49,7 +49,7 @@ class LlamaBuild:
         path = self.prefix / "bin" / name
         if not path.is_file():
             raise BuildNotUsable(f"{self.prefix} has no bin/{name}",
-                                 f"rebuild with it: rocforge build ... --build-target {name} (or without --build-target)")
+                                 f"rebuild with it: rocforge build ... --cmake-target {name} (or without --cmake-target)")
         return path
 
     def has(self, name: str) -> bool:

@@ -147,7 +147,7 @@ def plan(preset: dict, model_path: str, wanted: str, host: str, port: int) -> Pl
     argv = list(r["argv"])
     if Path(argv[0]).name != "llama-server":
         raise UsageError(f"the preset's build {r['prefix']} has no llama-server (it runs {Path(argv[0]).name})",
-                         "rebuild it with llama-server (rocforge build ... --build-target llama-server) "
+                         "rebuild it with llama-server (rocforge build ... --cmake-target llama-server) "
                          "and tune again")
     if "-m" in argv:
         argv[argv.index("-m") + 1] = model_path
