@@ -228,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv, selected)
     # `rocforge env` runs at every shell start-up and exits.  The cyclic garbage collector's
     # passes over the objects its imports create, and the full collection at interpreter exit,
-    # cost ~1.5 ms of an uncached run, to free the few dozen objects in cycles a run leaves
-    # (reference counting frees the rest as always).  So the collector is off for the run; as
+    # cost more of its start-up than the few dozen objects in cycles a run leaves are worth
+    # (reference counting frees the rest; docs/measurements/env.md has the figures).  So the
+    # collector is off for the run; as
     # the program (`python -m rocforge_build`, the console script) it stays off through the exit,
     # and a caller that passed argv (tests, in-process) gets it back when main returns.
     import gc

@@ -3,8 +3,8 @@
 platformdirs decides the per-user locations; ROCFORGE_CONFIG_DIR, ROCFORGE_CACHE_DIR and
 ROCFORGE_DATA_DIR override them (tests, CI, shared machines).  On Linux the plain case - an
 absolute $XDG_*_HOME, or none and an absolute HOME - is worked out here as platformdirs does
-(`_xdg_dir`), without importing it: its import (tempfile, shutil, random, bz2, lzma) costs ~5 ms
-of every uncached `rocforge env`.  That path also asks for its directories as strings (the
+(`_xdg_dir`), without importing it: its import (tempfile, shutil, random, bz2, lzma) would be
+paid by every uncached `rocforge env` at shell start-up (docs/measurements/env.md).  That path also asks for its directories as strings (the
 `_str` functions): pathlib is imported only where a `Path` is handed out.
 """
 

@@ -1,8 +1,8 @@
 """Small immutable value classes for the modules `rocforge env` imports, without `dataclasses`.
 
 `import dataclasses` pulls in inspect, ast, dis, tokenize and copy, and every `@dataclass`
-generates and compiles its methods when its module is imported: together ~8 ms of each uncached
-`rocforge env` (issue 24's bar is ~18 ms over a bare Python start for the whole run).  A class
+generates and compiles its methods when its module is imported: together the largest share of
+an uncached `rocforge env`, which runs at every shell start-up (docs/measurements/env.md).  A class
 here lists its fields, in order, as `__slots__` and writes its own `__init__` (same parameters,
 order and defaults as the dataclass it replaces), setting them with `init(self, ...)`;
 `Record` gives it what `@dataclass(frozen=True)` gave:

@@ -102,7 +102,8 @@ def open_regular(path: str | os.PathLike[str], mode: str = "rb", *, follow: bool
 class Root:
     """Inner paths go in as strings or path objects.  `resolve`, `host`, `inner` and `glob`
     answer with pathlib objects; their `_str` twins answer with strings, for discovery, which
-    `rocforge env` runs without importing pathlib (its import is ~4 ms of an uncached run)."""
+    `rocforge env` runs without importing pathlib (its imports, `urllib.parse` and `ipaddress`
+    among them, would be paid at every shell start-up: docs/measurements/env.md)."""
 
     def __init__(self, base: str | os.PathLike[str] = "/"):
         self.base_str = os.path.abspath(base)

@@ -8,7 +8,8 @@ holds SIGINT/SIGTERM/SIGHUP back while its block runs and delivers them after it
 
 `install()` runs in every command, `rocforge env` at each shell start-up too, so it calls the
 C module behind `signal` (`_signal`: the same functions, numbers for names): importing `signal`
-builds its enums of signal names, ~0.6 ms, which only a message naming a signal needs.
+builds its enums of signal names, which only a message naming a signal needs
+(docs/measurements/env.md).
 """
 
 from __future__ import annotations

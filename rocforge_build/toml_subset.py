@@ -1,7 +1,6 @@
 """A reader for the plain TOML that rocforge's own data files are written in, so `rocforge env`
-does not import tomllib (typing, string, datetime and its regular expressions: ~5 ms) and run
-its character-by-character parser (~2-3 ms for targets, layouts and defaults) at every
-uncached shell start-up.
+does not import tomllib (typing, string, datetime and its regular expressions) and run its
+character-by-character parser at every uncached shell start-up (docs/measurements/env.md).
 
 The subset: comments; `[table.sub]` headers of bare keys; `key = value` with a bare key; values
 that are basic strings without escapes, literal strings, decimal integers, hexadecimal

@@ -71,8 +71,8 @@ class Toolchain:
 def probe_glslc_extensions(glslc: str, extensions: list[str]) -> dict[str, bool]:
     """Which extensions glslc compiles a shader for, all in one glslc run: with `-c` glslc
     compiles each input on its own and writes `<input>.spv` for every one that compiles, whatever
-    the others do — one process start instead of one per extension (four starts were most of a
-    Vulkan plan's time)."""
+    the others do — one process start instead of one per extension, glslc's start being most of
+    what probing costs a Vulkan plan."""
     with ownership.scratch_dir(None, "rocforge-glslc-") as tmp:
         names = [f"probe{i}.comp" for i in range(len(extensions))]
         for name, ext in zip(names, extensions, strict=True):

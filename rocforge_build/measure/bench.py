@@ -63,9 +63,9 @@ class Spec:
     extra: tuple[str, ...] = ()
     timeout: float | None = None  # seconds per llama-bench run; over it the run is killed and recorded
     stop_reason: str | None = None  # why `timeout` is what it is, where tune's race set it (the failed rows say)
-    # one discarded llama-bench run per build before its matrix (None: GPU builds only).  On the H100
-    # the first two llama-bench processes of a fresh Vulkan build ran pp512 at 28-33 k t/s, the same
-    # command later at 77-83 k: the driver's pipeline compiles and clocks, not the variant.
+    # one discarded llama-bench run per build before its matrix (None: GPU builds only): the first
+    # runs of a fresh GPU build measure the driver's pipeline compiles and clocks, not the variant
+    # (docs/measurements/measuring.md).
     warmup: bool | None = None
 
 

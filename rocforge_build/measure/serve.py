@@ -265,7 +265,7 @@ def _wait_ready(child, p: Plan, wait_s: float, tail: collections.deque) -> None:
 
 def warm_up(p: Plan, timeout: float) -> float:
     """One request for one token: a fresh GPU compiles and loads its kernels on the first request
-    (28 s measured on a fresh H100 with Vulkan, issue 30), which the first client would otherwise
+    (tens of seconds: docs/measurements/measuring.md), which the first client would otherwise
     wait for.  The whole request (a server that trickles its answer too) ends within `timeout`
     seconds.  Returns the seconds it took."""
     from rocforge_build.shellsafe import one_line

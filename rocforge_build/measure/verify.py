@@ -251,7 +251,7 @@ class Check:
 def parse_kld(output: str) -> tuple[float, float, float]:
     """(kld_mean, top1, ppl) from the last chunk line (cumulative figures).  The line's
     ln(PPL/PPL_base) is not used: the base's log-probabilities are clamped at -16, so a PPL derived
-    from it is not the reference's own (a sharp model's came out 6x too low)."""
+    from it is not the reference's own (far from it for a sharp model)."""
     last = None
     for line in output.splitlines():
         m = _CHUNK_RE.match(line)
@@ -320,10 +320,10 @@ def _ref_key(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool) -> s
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
-# llama-perplexity tokenizes the whole file before it reads the first chunk: Pride and Prejudice
-# (685 K characters) took 178 s with a byte-token vocabulary's tokenizer on 2 cores, 0.2 s for its
-# first 40 K.  The reference (whose base holds the tokens the build is then scored on) gets the
-# text's start: 32 characters for each token a check needs, beyond any tokenizer's average.
+# llama-perplexity tokenizes the whole file before it reads the first chunk, which for a book
+# takes minutes (docs/measurements/measuring.md).  The reference (whose base holds the tokens the
+# build is then scored on) gets the text's start: 32 characters for each token a check needs,
+# beyond any tokenizer's average.
 CHARS_PER_TOKEN = 32
 
 

@@ -62,8 +62,8 @@ def write_archive(tree: Path, out: Path) -> None:
         if fmt == ".zip":
             _write_zip(tree, tmp)
         elif fmt == ".tar.gz":
-            # gzip's own default level: tarfile's 9 takes twice as long on ROCm's device code
-            # for 0.4 % less (librocblas.so.4.4: 25 vs 55 MB/s, ratio 0.289 vs 0.291)
+            # gzip's own default level: tarfile's 9 compresses ROCm's device code barely smaller
+            # in about twice the time (docs/measurements/bundles.md)
             with tarfile.open(tmp, "w:gz", compresslevel=6, format=tarfile.PAX_FORMAT) as tf:
                 tf.add(tree, arcname=tree.name, filter=_tar_filter)
         else:
