@@ -3,9 +3,9 @@
 `import dataclasses` pulls in inspect, ast, dis, tokenize and copy, and every `@dataclass`
 generates and compiles its methods when its module is imported: together the largest share of
 an uncached `rocforge env`, which runs at every shell start-up (docs/measurements/env.md).  A class
-here lists its fields, in order, as `__slots__` and writes its own `__init__` (same parameters,
-order and defaults as the dataclass it replaces), setting them with `init(self, ...)`;
-`Record` gives it what `@dataclass(frozen=True)` gave:
+here lists its fields, in order, as `__slots__` and writes its own `__init__` (the parameters,
+order and defaults `@dataclass` would generate), setting them with `init(self, ...)`;
+`Record` gives it what `@dataclass(frozen=True)` gives:
 
 - `==` between two instances of the same class, and `hash()`, over the fields in order, except
   those named in the class's `_hidden` (the dataclass `compare=False, repr=False` fields);
@@ -14,8 +14,8 @@ order and defaults as the dataclass it replaces), setting them with `init(self, 
 - `copy`, `deepcopy` and `pickle` rebuild it through `__init__`.
 
 `replace(record, **changes)` is `dataclasses.replace`; `fields_of(record)` the field names.
-A default that was `field(default_factory=dict)` is `FRESH` in the signature, turned into a new
-dict by `fresh()`.  This module imports nothing.
+A default that dataclasses would write as `field(default_factory=dict)` is `FRESH` in the
+signature, turned into a new dict by `fresh()`.  This module imports nothing.
 """
 
 from __future__ import annotations
