@@ -231,7 +231,7 @@ def test_settling_repeats_screenings_unraced_and_exhaustive_runs_the_full_reps(m
 
 
 def test_a_stored_figure_is_the_mean_over_every_run_of_the_variant():
-    from rocforge_build.commands.tune import pooled_rows
+    from rocforge_build.measure.tune_choice import pooled_rows
 
     def run(pp, tg, sd=0.0):
         return [{"test": "pp", "depth": 0, "status": "ok", "t_s": pp, "stddev": sd},

@@ -8,12 +8,13 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from rocforge_build import argtypes
 from rocforge_build.errors import RocforgeError, UsageError
-from rocforge_build.measure import bench, tune, verify
+from rocforge_build.measure import bench, tune, tune_choice, verify
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS, LlamaBuild
-from rocforge_build.measure.preset import command, is_igpu
 from rocforge_build.measure.session import Progress, open_session
 
 
@@ -115,8 +116,14 @@ def run(args) -> int:
                 results.append(outcome)
         status = "done"
         searched = time.monotonic() - started
-        settled = settle_all(results, ranges, searched, say)
-        preset, rejected = choose(results, settled, ranges, ctx_of, s, args, say)
+        told = _Told(say)
+        settled = tune_choice.settle_all([c for c, _, _ in results], ranges, searched, told)
+
+        def check_at(build, shape, env):
+            return verify.verify_shape(build, s.model, shape, reference=None, env=env, quiet=args.json)
+
+        preset, rejected = tune_choice.choose(settled, ranges, ctx_of, s, check_at, told,
+                                              exhaustive=bool(args.exhaustive))
     except KeyboardInterrupt:
         status = "interrupted"
         raise bench.Interrupted(f"interrupted: the rows measured so far are kept (run {run_id})") from None
@@ -261,108 +268,20 @@ def _print_summary(summary: dict, ranges: list[str], model_path, reps: int) -> N
                                f"rocforge preset show {quote([str(model_path)])}\n")
 
 
-def settle_all(results, ranges: dict[str, int], searched_s: float, say) -> dict[str, dict]:
-    """Per range, every measured variant ranked, the two leaders measured again until they are
-    told apart beyond the noise between repetitions (or the budget ends)."""
-    cands = [c for c, _, _ in results]
-    rules = tune.rules()
-    default = dict(rules["search"].get("default", {}))
-    deadline = time.monotonic() + rules["settle"]["budget_share"] * searched_s
-    out = {}
-    for name, depth in ranges.items():
-        def remeasure(cand, v):
-            say(f"repeating {cand.build.label()} {v.label()} to tell the leaders apart")
-            return cand.remeasure(v)
+@dataclass(frozen=True)
+class _Told:
+    """tune_choice's steps in words, on stderr (nothing with --json)."""
+    say: Callable[[str], None]
 
-        out[name] = tune.settle(cands, depth, remeasure, default, rounds=int(rules["settle"]["rounds"]),
-                                deadline=deadline, clock=time.monotonic)
-    return out
+    def repeating(self, cand, v) -> None:
+        self.say(f"repeating {cand.build.label()} {v.label()} to tell the leaders apart")
 
+    def verifying(self, range_name, cand, v, shape) -> None:
+        self.say(f"verifying {cand.build.label()} {v.label()} at the {range_name} range's own shape "
+                 f"({shape.label()})")
 
-def choose(results, settled, ranges, ctx_of, s, args, say) -> tuple[dict | None, list[dict]]:
-    """Each range's winner: the best-ranked variant that also passes verify at exactly the shape
-    the preset will run (its context, micro-batch, flash attention, env and offload).  Returns
-    (the preset, or None when no range has a winner; every variant refused, with its range): a
-    variant that fails is never stored, and the output names it whether or not a preset is."""
-    if not results:
-        return None, []
-    out, rejected = {}, []
-    for name, depth in ranges.items():
-        won, refused = _first_verified(name, settled[name]["ranked"], ctx_of[name], s, args, say)
-        rejected += refused
-        if won is None:
-            if refused:
-                say(f"{name}: every measured variant failed verify at the range's shape: nothing stored")
-            continue
-        score, cand, v, check = won
-        out[name] = entry(cand, v, score, depth, ctx_of[name], settled[name]["ranked"], s, check)
-        out[name]["settled"] = settled[name]["note"]
-        out[name]["rejected"] = refused
-    if not out:
-        return None, rejected
-    from rocforge_build.measure.store import now
+    def refused(self, cand, v, shape) -> None:
+        self.say(f"{cand.build.label()} {v.label()} is wrong at {shape.label()}: not stored")
 
-    return {"model": {"name": s.model.name, "sha256": s.base["model_sha256"], "path": str(s.model.path)},
-            "created": now(), "ranges": out, "reason": tune.rules()["score"]["reason"],
-            "exhaustive": bool(args.exhaustive)}, rejected
-
-
-def _first_verified(name: str, ranked, ctx: int, s, args, say) -> tuple[tuple | None, list[dict]]:
-    """The first of `ranked` that passes verify at the range's own shape, as (score, candidate,
-    variant, check), or None; and the ones before it that failed there (a check that could not
-    run at the shape is a failure too)."""
-    rejected = []
-    for score, cand, v in ranked:
-        shape = verify.Shape(ctx, v.ubatch or 512, bool(v.fa), 99 if cand.build.gpu else None)
-        say(f"verifying {cand.build.label()} {v.label()} at the {name} range's own shape ({shape.label()})")
-        try:
-            check = verify.verify_shape(cand.build, s.model, shape, reference=None, env=dict(v.env),
-                                        quiet=args.json)
-        except verify.VerifyError as exc:
-            check = {"passed": False, "checks": [{"failed": [exc.message]}]}
-        if check["passed"]:
-            return (score, cand, v, check), rejected
-        why = "; ".join(check["checks"][0]["failed"])[:300]
-        rejected.append({"range": name, "prefix": str(cand.build.prefix), "variant_label": v.label(),
-                         "shape": shape.to_json(), "env": dict(v.env),
-                         "reason": f"failed verify at {shape.label()}: {why}"})
-        say(f"{cand.build.label()} {v.label()} is wrong at {shape.label()}: not stored")
-    return None, rejected
-
-
-def pooled_rows(samples: list[list[dict]], depth: int) -> list[dict]:
-    """One row per test at `depth` over every llama-bench run of a variant (the search's and
-    settling's): the mean t/s, and the spread between the runs where there are several (a single
-    run keeps llama-bench's own stddev over its repetitions)."""
-    out = []
-    for test in ("pp", "tg"):
-        got = [r for rows in samples for r in rows
-               if r.get("depth") == depth and r.get("test") == test and r.get("status") == "ok" and r.get("t_s")]
-        if got:
-            vals = [r["t_s"] for r in got]
-            mean = sum(vals) / len(vals)
-            sd = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else got[0]["stddev"]
-            out.append({**got[-1], "t_s": mean, "stddev": sd})
-    return out
-
-
-def entry(cand, v, score, depth, ctx, ranked, s, check) -> dict:
-    rows = pooled_rows(cand.samples.get(v, [cand.measured[v]]), depth) or \
-        [r for r in cand.measured[v] if r.get("depth") == depth] or \
-        [r for r in cand.measured[v] if r.get("depth") == 0]
-    env, argv, notes = command(cand.build, str(s.model.path), v.to_json(), ctx,
-                               is_igpu(cand.build, s.base["host"]))
-    runner = next(((sc, c, w) for sc, c, w in ranked if (c, w) != (cand, v)), None)
-    return {
-        "prefix": str(cand.build.prefix), "backend": cand.build.backend, "stamp": cand.build.stamp,
-        "depth": rows[0]["depth"] if rows else depth, "ctx": ctx,
-        "variant": v.to_json(), "variant_label": v.label(), "score": score,
-        "repetitions": len(cand.samples.get(v, [None])),
-        "figures": [{"test": r["test"], "n": r["n_prompt"] if r["test"] == "pp" else r["n_gen"],
-                     "depth": r["depth"], "t_s": r["t_s"], "stddev": r["stddev"]} for r in rows],
-        "runner_up": (f"{runner[1].build.label()} {runner[2].label()} score {runner[0]:.1f}") if runner else None,
-        "verified": {"shape": check["checks"][0] and {k: check["checks"][0][k] for k in ("ctx", "ubatch", "fa", "ngl")},
-                     "kld_mean": check["checks"][0]["kld_mean"], "top1": check["checks"][0]["top1"],
-                     "reference": check["reference"]},
-        "env": env, "argv": argv, "notes": notes,
-    }
+    def nothing_verified(self, range_name) -> None:
+        self.say(f"{range_name}: every measured variant failed verify at the range's shape: nothing stored")

@@ -59,7 +59,7 @@ def command(build: LlamaBuild, model_path: str, variant: dict, ctx: int, igpu: b
     return env, argv, notes
 
 
-# What `rocforge tune` stores for a model (commands/tune.py `choose` and `entry`), held at the store's
+# What `rocforge tune` stores for a model (measure/tune_choice.py `choose` and `entry`), held at the store's
 # boundary (`checked`): range names become shell function names, env names `env NAME=value` words,
 # argv the command serve starts, so each is checked before any of it is printed or run.
 _COUNT = 1 << 30  # contexts, depths and batch sizes: far above any model's, far below overflow
