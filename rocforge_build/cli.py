@@ -270,9 +270,6 @@ def _main(argv: list[str], selected: str | None) -> int:
         if not os.path.isdir(args.root):
             return _fail(f"--root {args.root!r} is not a directory", "give an existing directory", 2)
         args.rootfs = Root(args.root)
-        fetched = sys.modules.get("rocforge_build.forge.sources")
-        if fetched is not None:  # a second main() in one process (tests, bisect steps) reads URLs anew
-            fetched.forget_unpinned()
         from rocforge_build import signals
 
         signals.install()  # SIGTERM/SIGHUP: the same clean-up as Ctrl-C

@@ -40,14 +40,14 @@ def build_llama(llama_tree: Path, backend: str, where: Path):
     from rocforge_build.forge.plan import Request
     from rocforge_build.rootfs import Root
 
-    req = Request("llama-cpp", "gfx1151", backend=backend, source=str(llama_tree),
+    req = Request(recipe="llama-cpp", target="gfx1151", backend=backend, source=str(llama_tree),
                   prefix=str(where / f"llama-{backend}"), jobs=JOBS, build_targets=TARGETS)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CCACHE_DIR", shared_ccache())
-        return pipeline.execute(req, Root("/"))
+        return pipeline.build(req, Root("/"))
 
 
 @pytest.fixture(scope="session")
 def llama_cpu_build(llama_tree, tmp_path_factory):
-    """The pipeline's Outcome of the session's one CPU build (status "built")."""
+    """The pipeline's BuildResult of the session's one CPU build (status "built")."""
     return build_llama(llama_tree, "cpu", tmp_path_factory.mktemp("llama-cpu"))

@@ -180,7 +180,7 @@ _SWAP_CHILD = textwrap.dedent("""
 def _first_install(tmp_path) -> tuple[Path, Path]:
     tb = tarball(tmp_path / "fixture-1.2.0.tar.gz")
     prefix = tmp_path / "prefix"
-    out = pipeline.execute(Request(recipe=str(RECIPE), target="gfx1030", source=str(tb),
+    out = pipeline.build(Request(recipe=str(RECIPE), target="gfx1030", source=str(tb),
                                    prefix=str(prefix), jobs=2), Root("/"), quiet=True)
     assert out.status == "built"
     (prefix / "token-of-the-old-install").write_text("old")

@@ -170,7 +170,7 @@ def fixture_build(tmp_path_factory):
     t = tmp_path_factory.mktemp("fixture-bundle")
     req = Request(recipe=str(recipe_copy(t / "r")), target="gfx1151", source=str(tarball(t / "fx.tar.gz")),
                   jobs=2, prefix=str(t / "prefix"))
-    return pipeline.execute(req, Root("/"), quiet=True).prefix
+    return pipeline.build(req, Root("/"), quiet=True).prefix
 
 
 def _hello(dest: Path) -> list[str]:
@@ -241,7 +241,7 @@ def test_recipe_names_the_build_rocforge_made(tmp_path, capsys):
     t = tmp_path
     recipe = recipe_copy(t / "r")
     # the default prefix (data dir builds/) and the recipe's default backend for gfx1151 (accel)
-    pipeline.execute(Request(recipe=str(recipe), target="gfx1151", source=str(tarball(t / "fx.tar.gz")), jobs=2),
+    pipeline.build(Request(recipe=str(recipe), target="gfx1151", source=str(tarball(t / "fx.tar.gz")), jobs=2),
                      Root("/"), quiet=True)
     out = t / "by-recipe.zip"
     assert main(["bundle", str(recipe), "--target", "gfx1151", "--out", str(out), "--json"]) == 0

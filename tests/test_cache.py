@@ -15,7 +15,7 @@ from needs import require
 
 from rocforge_build import cli, config
 from rocforge_build.forge import cache, distributed, jobs
-from rocforge_build.forge.plan import Request, make_plan
+from rocforge_build.forge.plan import Request, plan_for
 from rocforge_build.rootfs import Root
 
 HOST_MEMINFO = Path("/proc/meminfo")
@@ -98,7 +98,7 @@ def _plan_with_remote(tmp_path, url: str, **kw):
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "ccache").symlink_to("/usr/bin/ccache")
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    return make_plan(Request(str(RECIPE), "gfx1030", source=str(src), environ=env, **kw),
+    return plan_for(Request(recipe=str(RECIPE), target="gfx1030", source=str(src), environ=env, **kw),
                      Root("/"))
 
 
@@ -174,7 +174,7 @@ def test_plan_shows_jobs_figure_and_why(tmp_path):
 
     src = tree("0.3.9", tmp_path / "trees") / "vendor" / "llama.cpp"
     small = meminfo_root(tmp_path / "small", total_gb=16, available_gb=12, cpus=32)
-    plan = make_plan(Request("llama-cpp", "gfx1030", backend="cpu", source=str(src)), small)
+    plan = plan_for(Request(recipe="llama-cpp", target="gfx1030", backend="cpu", source=str(src)), small)
     assert plan.build[plan.build.index("-j") + 1] == "24"
     assert plan.to_json()["jobs"]["per_job_mb"] == 512
     assert "llama-model.cpp" in plan.to_json()["jobs"]["reason"]

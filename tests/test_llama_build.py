@@ -29,7 +29,7 @@ def bench(prefix: Path, model: Path, *extra: str) -> list[dict]:
     return json.loads(out.stdout)
 
 
-def build(llama_tree, backend, tmp_path) -> pipeline.Outcome:
+def build(llama_tree, backend, tmp_path) -> pipeline.BuildResult:
     return build_llama(llama_tree, backend, tmp_path)
 
 
@@ -78,13 +78,13 @@ def test_no_cache_build_runs_no_compiler_cache(llama_tree, tmp_path):
     """`--no-cache` on a real configure of the May 2025 tree with ccache on PATH: the plan's flags
     (GGML_CCACHE=OFF, no launcher) give compile commands without ccache; the tree's default
     (GGML_CCACHE ON, ggml/CMakeLists.txt) would have put ccache in front of every one."""
-    from rocforge_build.forge.plan import Request, make_plan
+    from rocforge_build.forge.plan import Request, plan_for
     from rocforge_build.rootfs import Root
 
     if not shutil.which("ccache"):
         pytest.fail("ccache missing: install the packages in .ci/apt-packages.txt")
     src = llama_tree / "vendor" / "llama.cpp"
-    plan = make_plan(Request("llama-cpp", "gfx1030", backend="cpu", source=str(src), no_cache=True,
+    plan = plan_for(Request(recipe="llama-cpp", target="gfx1030", backend="cpu", source=str(src), no_cache=True,
                              build_targets=("ggml-base",)), Root("/"))
     flags = [a for a in plan.configure if a.startswith("-D")]
     assert "-DGGML_CCACHE=OFF" in flags

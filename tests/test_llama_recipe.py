@@ -15,7 +15,7 @@ from toolchain_fixtures import fake_vulkan_sdk, therock_root
 from rocforge_build import cli
 from rocforge_build.errors import ToolchainError, UsageError
 from rocforge_build.forge import conditions, recipes
-from rocforge_build.forge.plan import Request, make_plan
+from rocforge_build.forge.plan import Request, plan_for
 from rocforge_build.rootfs import Root
 
 # CMake's own variables and those read by CMake modules (not declared by the tree itself)
@@ -39,9 +39,9 @@ def empty_root(tmp_path):
 
 
 def plan(trees, version, root, backend, target="gfx1151", environ=None):
-    req = Request("llama-cpp", target, backend=backend,
+    req = Request(recipe="llama-cpp", target=target, backend=backend,
                            source=str(trees[version]), environ=environ)
-    return make_plan(req, root)
+    return plan_for(req, root)
 
 
 def defines(p) -> dict[str, str]:
@@ -167,12 +167,12 @@ def test_vulkan_coopmat_guard_only_before_upstreams_fix(trees, empty_root, tmp_p
 
 
 def test_default_backend_per_target_and_tree(trees, empty_root):
-    req = Request("llama-cpp", "gfx1151", source=str(trees["0.3.36"]))
-    p = make_plan(req, empty_root)
+    req = Request(recipe="llama-cpp", target="gfx1151", source=str(trees["0.3.36"]))
+    p = plan_for(req, empty_root)
     assert p.backend == "hip" and "fattn-mma" in p.backend_reason
     # gfx1151 defaults to hip on every era, the May 2025 tree (which has rocWMMA FA) too: rocWMMA
     # FA cut long-context prefill 41 % up to ~4x (llama.cpp #24437, lemonade-sdk/lemonade #2624)
-    p = make_plan(Request("llama-cpp", "gfx1151", source=str(trees["0.3.9"])), empty_root)
+    p = plan_for(Request(recipe="llama-cpp", target="gfx1151", source=str(trees["0.3.9"])), empty_root)
     assert p.backend == "hip" and "#24437" in p.backend_reason and "#2624" in p.backend_reason
     assert [r.get("backend") for r in recipes.load("llama-cpp").of("default")] == ["hip"]
 
@@ -222,9 +222,9 @@ def test_the_trees_own_ccache_switch_is_off(trees, empty_root, tmp_path, version
     ccache = bin_dir / "ccache"
     ccache.write_text("#!/bin/sh\nexec \"$@\"\n")
     ccache.chmod(0o755)
-    req = Request("llama-cpp", "gfx1030", backend="cpu", source=str(trees[version]),
+    req = Request(recipe="llama-cpp", target="gfx1030", backend="cpu", source=str(trees[version]),
                   no_cache=no_cache, environ={"PATH": str(bin_dir), "HOME": str(tmp_path)})
-    d = defines(make_plan(req, empty_root))
+    d = defines(plan_for(req, empty_root))
     switch = OWN_CCACHE[version]
     assert not {"LLAMA_CCACHE", "GGML_CCACHE"} - {switch} & set(d)
     if switch:
@@ -263,13 +263,13 @@ def test_recipe_show_and_list(capsys):
 def test_with_a_therock_toolchain(trees, tmp_path):
     root = therock_root(tmp_path)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    req = Request("llama-cpp", "gfx1151", source=str(trees["0.3.9"]), environ=env)
-    p = make_plan(req, root)
+    req = Request(recipe="llama-cpp", target="gfx1151", source=str(trees["0.3.9"]), environ=env)
+    p = plan_for(req, root)
     assert p.toolchain.missing is None and p.toolchain.rocm_version.startswith("7.9")
     # rocWMMA knows gfx1151 and the tree has rocWMMA FA: still hip by default (long-context
     # prefill, llama.cpp #24437); rocwmma on request builds without the stub, with a note
     assert p.backend == "hip" and "#24437" in p.backend_reason
-    p = make_plan(Request("llama-cpp", "gfx1151", backend="rocwmma", source=str(trees["0.3.9"]), environ=env), root)
+    p = plan_for(Request(recipe="llama-cpp", target="gfx1151", backend="rocwmma", source=str(trees["0.3.9"]), environ=env), root)
     assert _stub_status(p) == "not needed"
     assert any("long-context prefill" in n and "#24437" in n for n in p.notes)
     assert p.env["HIPCXX"].startswith(str(root.base)) and p.env["HIPCXX"].endswith("clang++")
@@ -284,7 +284,7 @@ def test_old_rocwmma_makes_hip_the_default(trees, tmp_path):
     # test_stack_recipes.test_llama_rocwmma_builds_a_target_aware_rocwmma_first)
     root = therock_root(tmp_path, rocwmma_gfx1151=False)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    p = make_plan(Request("llama-cpp", "gfx1151", source=str(trees["0.3.9"]), environ=env), root)
+    p = plan_for(Request(recipe="llama-cpp", target="gfx1151", source=str(trees["0.3.9"]), environ=env), root)
     assert p.backend == "hip"
 
 
@@ -292,11 +292,11 @@ def test_too_old_rocm_for_the_tree_stops(trees, tmp_path):
     root = therock_root(tmp_path, version="6.0.2")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     with pytest.raises(ToolchainError) as exc:
-        make_plan(Request("llama-cpp", "gfx1151", backend="hip",
+        plan_for(Request(recipe="llama-cpp", target="gfx1151", backend="hip",
                                             source=str(trees["0.3.36"]), environ=env), root)
     assert "needs HIP >= 6.1" in exc.value.message
     assert "rocforge nightly install --target gfx1151" in exc.value.hint
-    p = make_plan(Request("llama-cpp", "gfx1151", backend="hip",
+    p = plan_for(Request(recipe="llama-cpp", target="gfx1151", backend="hip",
                                             source=str(trees["0.3.9"]), environ=env), root)
     assert "CMAKE_HIP_FLAGS" not in defines(p)  # ROCm 6: no ROCm 7 workaround
 

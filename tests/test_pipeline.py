@@ -21,16 +21,16 @@ from rocforge_build.errors import (
     UsageError,
 )
 from rocforge_build.forge import pipeline
-from rocforge_build.forge.plan import Request, make_plan
+from rocforge_build.forge.plan import Request, plan_for
 from rocforge_build.rootfs import Root
 
 ROOT = Root("/")
 
 
-def build(recipe, source=None, **kw) -> pipeline.Outcome:
+def build(recipe, source=None, **kw) -> pipeline.BuildResult:
     req = Request(recipe=str(recipe), target=kw.pop("target", "gfx1151"), source=source,
                            jobs=2, **kw)
-    return pipeline.execute(req, ROOT, quiet=True)
+    return pipeline.build(req, ROOT, quiet=True)
 
 
 def run_hello(prefix: Path) -> str:
@@ -151,7 +151,7 @@ def test_failed_patch_stops_with_hunk_and_leaves_tree_clean(tmp_path):
     msg = exc.value.message
     assert "greeting.patch" in msg and "rejected hunk (hello.c)" in msg
     assert '+    puts("patched by rocforge");' in msg
-    work_src = make_plan(Request(str(RECIPE), "gfx1151", source=str(src),
+    work_src = plan_for(Request(recipe=str(RECIPE), target="gfx1151", source=str(src),
                                                    prefix=str(prefix)), ROOT).src_dir
     assert (work_src / "hello.c").read_text() == hello.read_text()  # nothing half-patched
     assert run_hello(prefix).splitlines()[0] == "patched by rocforge"  # old install intact
@@ -171,13 +171,13 @@ def test_build_target_installs_only_that_target_and_its_libraries(tmp_path):
 
 def test_compiler_cache_launcher(tmp_path):
     src = project_copy(tmp_path / "src")
-    plan = make_plan(Request(str(RECIPE), "gfx1151", source=str(src)), ROOT)
+    plan = plan_for(Request(recipe=str(RECIPE), target="gfx1151", source=str(src)), ROOT)
     import shutil
 
     if shutil.which("ccache") or shutil.which("sccache"):
         assert any(a.startswith("-DCMAKE_C_COMPILER_LAUNCHER=") for a in plan.configure)
         assert not any("HIP_COMPILER_LAUNCHER" in a for a in plan.configure)  # host toolchain
-    plan = make_plan(Request(str(RECIPE), "gfx1151", source=str(src), no_cache=True), ROOT)
+    plan = plan_for(Request(recipe=str(RECIPE), target="gfx1151", source=str(src), no_cache=True), ROOT)
     assert not any("LAUNCHER" in a for a in plan.configure)
 
 
@@ -199,7 +199,7 @@ def test_undeclared_option_is_refused_before_building(tmp_path):
         'name = "FIXTURE_LOUD"\nvalue = true\nwhen = { target = "gfx11*", source_version = ">=1.0" }':
         'name = "FIXTURE_QUIET"\nvalue = true'})
     with pytest.raises(ConfigError) as exc:
-        make_plan(Request(str(recipe), "gfx1151", source=str(src)), ROOT)
+        plan_for(Request(recipe=str(recipe), target="gfx1151", source=str(src)), ROOT)
     assert "FIXTURE_QUIET is not declared by the source" in exc.value.message
 
 
@@ -207,7 +207,7 @@ def test_era_option_names_follow_the_source(tmp_path):
     src = project_copy(tmp_path / "src")
     cm = src / "CMakeLists.txt"
     cm.write_text(cm.read_text().replace("option(FIXTURE_ACCEL", "option(FIXTURE_OLDACCEL"))
-    plan = make_plan(Request(str(RECIPE), "gfx1151", backend="accel", source=str(src)), ROOT)
+    plan = plan_for(Request(recipe=str(RECIPE), target="gfx1151", backend="accel", source=str(src)), ROOT)
     assert "-DFIXTURE_OLDACCEL=ON" in plan.configure
     assert not any(a.startswith("-DFIXTURE_ACCEL=") for a in plan.configure)
 
@@ -217,11 +217,11 @@ def test_unavailable_backend_and_stop(tmp_path):
     cm = src / "CMakeLists.txt"
     cm.write_text(cm.read_text().replace('option(FIXTURE_ACCEL "the backend switch of this era (older trees call it FIXTURE_OLDACCEL)" OFF)\n', ""))
     with pytest.raises(UsageError) as exc:
-        make_plan(Request(str(RECIPE), "gfx1151", backend="accel", source=str(src)), ROOT)
+        plan_for(Request(recipe=str(RECIPE), target="gfx1151", backend="accel", source=str(src)), ROOT)
     assert "predates the accel switch" in exc.value.message and exc.value.hint == "use --backend cpu"
     (src / "STOP-ME").write_text("")
     with pytest.raises(ToolchainError) as exc:
-        make_plan(Request(str(RECIPE), "gfx1100", source=str(src)), ROOT)
+        plan_for(Request(recipe=str(RECIPE), target="gfx1100", source=str(src)), ROOT)
     assert "marked unbuildable" in exc.value.message
 
 
@@ -230,7 +230,7 @@ def test_missing_hip_toolchain_says_how_to_get_one(tmp_path, monkeypatch):
     empty = tmp_path / "root"
     empty.mkdir()
     with pytest.raises(NoRocmError) as exc:  # exit 4, as `rocforge env` without ROCm
-        pipeline.execute(Request(str(RECIPE), "gfx1151", backend="hip", source=str(src),
+        pipeline.build(Request(recipe=str(RECIPE), target="gfx1151", backend="hip", source=str(src),
                                           prefix=str(tmp_path / "p")), Root(empty), quiet=True)
     assert "rocforge nightly install --target gfx1151" in exc.value.hint
 

@@ -26,7 +26,7 @@ from llama_trees import tree
 from stackfixtures import REPO, monorepo, stack_recipes
 from toolchain_fixtures import fake_vulkan_sdk, therock_root
 
-from rocforge_build.forge.plan import Request, make_plan
+from rocforge_build.forge.plan import Request, plan_for
 from rocforge_build.forge.plan_text import print_plan
 from rocforge_build.rootfs import Root
 
@@ -68,21 +68,21 @@ def world(tmp_path_factory):
 def _llama(version, root, backend=None, target="gfx1151", vulkan=False):
     def make(w):
         env = dict(w["environ"], **({"VULKAN_SDK": str(w["vulkan_sdk"])} if vulkan else {}))
-        return Request("llama-cpp", target, backend=backend,
+        return Request(recipe="llama-cpp", target=target, backend=backend,
                                 source=str(w["trees"][version]), environ=env), w[root]
     return make
 
 
 def _rocblas(root, target="gfx1151"):
     def make(w):
-        return Request(str(w["stack"] / "rocblas.toml"), target,
+        return Request(recipe=str(w["stack"] / "rocblas.toml"), target=target,
                                 environ=w["environ"]), w[root]
     return make
 
 
 def _fixture(target, backend=None, root="empty", **kw):
     def make(w):
-        return Request(str(RECIPE), target, backend=backend, source=str(w["fixture_src"]),
+        return Request(recipe=str(RECIPE), target=target, backend=backend, source=str(w["fixture_src"]),
                                 environ=w["environ"], **kw), w[root]
     return make
 
@@ -129,7 +129,7 @@ def _normalize(text: str, w) -> str:
 
 def recorded_form(case: str, w) -> dict:
     req, root = CASES[case](w)
-    plan = make_plan(req, root)
+    plan = plan_for(req, root)
     printed = io.StringIO()
     print_plan(plan, printed)
     data = {"json": _mask(plan.to_json()), "printed": printed.getvalue()}

@@ -199,13 +199,13 @@ def test_llama_plan_on_sid_does_not_claim_rocblas_use_hipblaslt(machine, tmp_pat
     `rocforge build llama-cpp --target gfx1151` records no ROCBLAS_USE_HIPBLASLT and says why."""
     from llama_trees import tree
 
-    from rocforge_build.forge.plan import Request, make_plan
+    from rocforge_build.forge.plan import Request, plan_for
 
     root = machine("sid", fr.RX7900XTX)
     hip_h = root / "usr/include/hip/hip_runtime.h"  # trimmed to its name: the recipe greps it
     hip_h.write_text("// hip runtime (trimmed in the fixture)\n")
     try:
-        plan = make_plan(Request("llama-cpp", "gfx1151", backend="hip",
+        plan = plan_for(Request(recipe="llama-cpp", target="gfx1151", backend="hip",
                                  source=str(tree("0.3.9", tmp_path / "llama")),
                                  environ={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}), Root(root))
     finally:

@@ -13,7 +13,7 @@ from needs import needs
 from rocforge_build.errors import BuildError, ConfigError
 from rocforge_build.forge import conditions as c
 from rocforge_build.forge import pipeline, recipes
-from rocforge_build.forge.plan import Request, make_plan
+from rocforge_build.forge.plan import Request, plan_for
 from rocforge_build.rootfs import Root
 
 HEAD = """
@@ -135,9 +135,9 @@ def test_dependency_cycle_is_refused(tmp_path):
     for name, other in (("a", "b"), ("b", "a")):
         path = parse(tmp_path, dep.format(other=other), name=name).path
         path.write_text(path.read_text().replace("file:///nonexistent/x.git", src.as_uri()))
-    req = Request(str(tmp_path / "recipes" / "a.toml"), "gfx1151")
+    req = Request(recipe=str(tmp_path / "recipes" / "a.toml"), target="gfx1151")
     with pytest.raises(ConfigError) as exc:
-        make_plan(req, Root(tmp_path))
+        plan_for(req, Root(tmp_path))
     assert "dependency cycle" in exc.value.message and "a -> b -> a" in exc.value.message
 
 

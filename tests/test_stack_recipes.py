@@ -21,7 +21,7 @@ from stackfixtures import REPO, allow_file_submodules, aotriton_repo, monorepo, 
 from rocforge_build import cli, paths
 from rocforge_build.errors import BuildError, NetworkError, NoRocmError, ToolchainError
 from rocforge_build.forge import pipeline
-from rocforge_build.forge.plan import Request, make_plan
+from rocforge_build.forge.plan import Request, plan_for
 from rocforge_build.forge.plan_text import print_plan
 from rocforge_build.rootfs import Root
 
@@ -45,9 +45,9 @@ def recipes_dir(tmp_path, upstream, monkeypatch):
 def dry_run(root: Path, recipe: Path, target: str, capsys) -> dict:
     """The plan as `build --dry-run --json` prints it, made by the library: without a toolchain
     the CLI's dry run stops (exit 5, as the build would) before the plan."""
-    from rocforge_build.forge.plan import Request, make_plan
+    from rocforge_build.forge.plan import Request, plan_for
 
-    plan = make_plan(Request(str(recipe), target), Root(root))
+    plan = plan_for(Request(recipe=str(recipe), target=target), Root(root))
     return json.loads(json.dumps(plan.to_json(), indent=2, default=str))
 
 
@@ -100,9 +100,9 @@ def test_rocblas_builds_hipblaslt_only_when_the_rocm_lacks_its_kernels(tmp_path,
     with_lt, without_lt = tmp_path / "with", tmp_path / "without"
     fr.make_therock_tree(with_lt, "7.10.0a20251021", ("gfx1151",))
     fr.make_therock_tree(without_lt, "7.10.0a20251021", ("gfx1151",), hipblaslt=())
-    req = Request(str(recipes_dir / "rocblas.toml"), "gfx1151")
-    assert make_plan(req, Root(with_lt)).dependencies == []
-    (dep,) = make_plan(req, Root(without_lt)).dependencies
+    req = Request(recipe=str(recipes_dir / "rocblas.toml"), target="gfx1151")
+    assert plan_for(req, Root(with_lt)).dependencies == []
+    (dep,) = plan_for(req, Root(without_lt)).dependencies
     assert dep.plan.recipe.name == "hipblaslt"
     assert "lib/hipblaslt/library/TensileLibrary_lazy_gfx1151.dat" in dep.because
 
@@ -115,8 +115,8 @@ def _manifest(prefix: Path) -> dict:
 def test_rocblas_and_hipblaslt_really_build_in_order(tmp_path, recipes_dir, upstream):
     root = tmp_path / "root"
     fr.make_therock_tree(root, "7.10.0a20251021", ("gfx1151",), hipblaslt=())
-    req = Request(str(recipes_dir / "rocblas.toml"), "gfx1151", jobs=2)
-    out = pipeline.execute(req, Root(root), quiet=True)
+    req = Request(recipe=str(recipes_dir / "rocblas.toml"), target="gfx1151", jobs=2)
+    out = pipeline.build(req, Root(root), quiet=True)
     lt = paths.builds_prefix() / "hipblaslt-gfx1151-hip"
     blas = out.prefix
     assert blas == paths.builds_prefix() / "rocblas-gfx1151-hip"
@@ -142,7 +142,7 @@ def test_rocblas_and_hipblaslt_really_build_in_order(tmp_path, recipes_dir, upst
     assert git("rev-parse", "--is-shallow-repository", cwd=tree) == "true"
     assert git("config", "remote.origin.partialclonefilter", cwd=tree) == "blob:none"
     # nothing changed: both up to date, nothing runs
-    assert pipeline.execute(req, Root(root), quiet=True).status == "up to date"
+    assert pipeline.build(req, Root(root), quiet=True).status == "up to date"
 
     # upstream Tensile drops gfx1151: the build "succeeds" but has no kernels for the target.
     # The output check fails it, names the file, and the previous install stays.
@@ -152,7 +152,7 @@ def test_rocblas_and_hipblaslt_really_build_in_order(tmp_path, recipes_dir, upst
     git("commit", "-qam", "tensile without gfx1151", cwd=mono)
     try:
         with pytest.raises(BuildError) as exc:
-            pipeline.execute(Request(str(recipes_dir / "rocblas.toml"), "gfx1151", jobs=2,
+            pipeline.build(Request(recipe=str(recipes_dir / "rocblas.toml"), target="gfx1151", jobs=2,
                                               ref="develop"), Root(root), quiet=True)
     finally:
         git("reset", "-q", "--hard", "HEAD~1", cwd=mono)
@@ -171,7 +171,7 @@ def test_aotriton_venv_submodules_ninja_install_and_version_table(tmp_path, reci
     root = tmp_path / "root"
     fr.make_strix_halo(root, version="7.10.0a20251021")
     monkeypatch.setenv("ROCFORGE_DATA_DIR", str(root / "home/u/.local/share/rocforge"))
-    out = pipeline.execute(Request(str(recipes_dir / "aotriton.toml"), "gfx1151", jobs=2),
+    out = pipeline.build(Request(recipe=str(recipes_dir / "aotriton.toml"), target="gfx1151", jobs=2),
                            Root(root), quiet=True)
     prefix = out.prefix
     commit = git("rev-parse", "0.13b", cwd=upstream["aot"])
@@ -207,7 +207,7 @@ def test_aotriton_experimental_flag_follows_the_version_table(tmp_path, recipes_
     subprocess.run(["cp", "-a", str(upstream["aot"]), str(src)], check=True)
     cm = src / "CMakeLists.txt"
     cm.write_text(cm.read_text().replace("MINOR_INT 11)", f"MINOR_INT {minor})"))
-    plan = make_plan(Request(str(recipes_dir / "aotriton.toml"), target,
+    plan = plan_for(Request(recipe=str(recipes_dir / "aotriton.toml"), target=target,
                                                source=str(src)), Root(tmp_path / "none"))
     assert ("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL" in plan.export_env) == experimental
     assert plan.export_env["AOTRITON_INSTALLED_PREFIX"] == str(plan.prefix)
@@ -220,12 +220,12 @@ def test_aotriton_preflight_pkg_config_and_liblzma(tmp_path, recipes_dir, monkey
     for tool in ("git", "cmake", "ninja"):
         (bindir / tool).symlink_to(subprocess.run(["which", tool], capture_output=True, text=True,
                                                   check=True).stdout.strip())
-    req = Request(str(recipes_dir / "aotriton.toml"), "gfx1151", prefix=str(tmp_path / "p"))
-    make_plan(req, Root(tmp_path / "none"))  # the source in the cache (submodules need sh)
+    req = Request(recipe=str(recipes_dir / "aotriton.toml"), target="gfx1151", prefix=str(tmp_path / "p"))
+    plan_for(req, Root(tmp_path / "none"))  # the source in the cache (submodules need sh)
     with monkeypatch.context() as m:
         m.setenv("PATH", str(bindir))
         with pytest.raises(ToolchainError) as exc:
-            pipeline.execute(req, Root(tmp_path / "none"), quiet=True)
+            pipeline.build(req, Root(tmp_path / "none"), quiet=True)
     assert "pkg-config is not installed" in exc.value.message
     assert "apt-get install pkg-config liblzma-dev" in exc.value.hint and "xz-devel" in exc.value.hint
     empty = tmp_path / "no-pc"
@@ -233,7 +233,7 @@ def test_aotriton_preflight_pkg_config_and_liblzma(tmp_path, recipes_dir, monkey
     monkeypatch.setenv("PKG_CONFIG_LIBDIR", str(empty))
     monkeypatch.setenv("PKG_CONFIG_PATH", str(empty))
     with pytest.raises(ToolchainError) as exc:
-        pipeline.execute(req, Root(tmp_path / "none"), quiet=True)
+        pipeline.build(req, Root(tmp_path / "none"), quiet=True)
     assert "needs liblzma" in exc.value.message and "pkg-config does not find liblzma" in exc.value.message
     assert "apt-get install liblzma-dev" in exc.value.hint and "dnf install xz-devel" in exc.value.hint
     assert not (tmp_path / "p").exists() and not list((paths.cache_dir() / "work").glob("*/build"))
@@ -242,7 +242,7 @@ def test_aotriton_preflight_pkg_config_and_liblzma(tmp_path, recipes_dir, monkey
 def test_a_build_that_cannot_run_here_stops_before_anything(tmp_path, recipes_dir):
     # no ROCm at all: neither rocBLAS nor the hipBLASLt it depends on starts (exit 4: no ROCm)
     with pytest.raises(NoRocmError) as exc:
-        pipeline.execute(Request(str(recipes_dir / "rocblas.toml"), "gfx1151"),
+        pipeline.build(Request(recipe=str(recipes_dir / "rocblas.toml"), target="gfx1151"),
                          Root(tmp_path / "none"), quiet=True)
     assert "no ROCm toolchain found for gfx1151" in exc.value.message
     assert "rocforge nightly install --target gfx1151" in exc.value.hint
@@ -251,7 +251,7 @@ def test_a_build_that_cannot_run_here_stops_before_anything(tmp_path, recipes_di
     old = tmp_path / "old"
     fr.make_classic_rocm(old, "6.2.0", isas=fr.OLD_DEVICE_LIB_ISAS)
     with pytest.raises(ToolchainError) as exc:
-        pipeline.execute(Request(str(recipes_dir / "rocwmma.toml"), "gfx1151"),
+        pipeline.build(Request(recipe=str(recipes_dir / "rocwmma.toml"), target="gfx1151"),
                          Root(old), quiet=True)
     assert "cannot compile for gfx1151" in exc.value.message
     assert "oclc_isa_version_1151.bc" in exc.value.message
@@ -261,19 +261,19 @@ def test_a_build_that_cannot_run_here_stops_before_anything(tmp_path, recipes_di
 def test_no_network_to_the_source_is_a_clear_error(tmp_path):
     recipes = stack_recipes(tmp_path, monorepo_path=tmp_path / "unreachable")
     with pytest.raises(NetworkError) as exc:
-        make_plan(Request(str(recipes / "rocwmma.toml"), "gfx1151"), Root(tmp_path))
+        plan_for(Request(recipe=str(recipes / "rocwmma.toml"), target="gfx1151"), Root(tmp_path))
     assert "git ls-remote" in exc.value.message and "unreachable" in exc.value.message
 
 
 def test_rocwmma_headers_for_a_target_it_knows(tmp_path, recipes_dir):
     root = tmp_path / "root"
     fr.make_therock_tree(root, "7.10.0a20251021", ("gfx1151",))
-    out = pipeline.execute(Request(str(recipes_dir / "rocwmma.toml"), "gfx1151", jobs=2),
+    out = pipeline.build(Request(recipe=str(recipes_dir / "rocwmma.toml"), target="gfx1151", jobs=2),
                            Root(root), quiet=True)
     assert "ROCWMMA_ARCH_GFX1151" in (out.prefix / "include/rocwmma/internal/config.hpp").read_text()
     assert {o["name"]: o["value"] for o in out.plan.options}["GPU_TARGETS"] == "gfx1151"
     # a target this rocWMMA does not know: allowed (header-only), with a loud note
-    plan = make_plan(Request(str(recipes_dir / "rocwmma.toml"), "gfx1030"), Root(root))
+    plan = plan_for(Request(recipe=str(recipes_dir / "rocwmma.toml"), target="gfx1030"), Root(root))
     assert [n.split(":")[0] for n in plan.notes] == ["THIS rocWMMA DOES NOT KNOW THE TARGET"]
 
 
@@ -294,11 +294,11 @@ def test_llama_rocwmma_builds_a_target_aware_rocwmma_first(tmp_path, recipes_dir
     llama = tree("0.3.9", tmp_path / "llama")  # May 2025: GGML_HIP_ROCWMMA_FATTN
     shutil.copy(REPO / "recipes" / "llama-cpp.toml", recipes_dir / "llama-cpp.toml")
     shutil.copytree(REPO / "patches", recipes_dir.parent / "patches", dirs_exist_ok=True)
-    req = Request(str(recipes_dir / "llama-cpp.toml"), "gfx1151", backend="rocwmma",
+    req = Request(recipe=str(recipes_dir / "llama-cpp.toml"), target="gfx1151", backend="rocwmma",
                            source=str(llama))
     old = tmp_path / "rocm-old"  # rocWMMA 6.4.0: no gfx1151
     _rocm_with_rocwmma(old, ("gfx908", "gfx90a", "gfx942", "gfx1100"))
-    plan = make_plan(req, Root(old))
+    plan = plan_for(req, Root(old))
     (dep,) = plan.dependencies
     assert dep.plan.recipe.name == "rocwmma" and dep.plan.target == "gfx1151"
     assert plan.env["CPATH"].split(":")[0] == f"{dep.plan.prefix}/include"
@@ -309,7 +309,7 @@ def test_llama_rocwmma_builds_a_target_aware_rocwmma_first(tmp_path, recipes_dir
     # a ROCm whose rocWMMA knows gfx1151: nothing to build first
     new = tmp_path / "rocm-new"
     _rocm_with_rocwmma(new, ("gfx1100", "gfx1151"))
-    assert make_plan(req, Root(new)).dependencies == []
+    assert plan_for(req, Root(new)).dependencies == []
 
 
 def _old_rocwmma_source(dest: Path) -> Path:
@@ -326,7 +326,7 @@ def test_rocwmma_for_a_target_its_source_lacks_installs_with_a_loud_note(tmp_pat
     root = tmp_path / "root"
     fr.make_therock_tree(root, "7.10.0a20251021", ("gfx1151",))
     old = _old_rocwmma_source(tmp_path / "old-rocwmma")
-    out = pipeline.execute(Request(str(recipes_dir / "rocwmma.toml"), "gfx1151", jobs=2,
+    out = pipeline.build(Request(recipe=str(recipes_dir / "rocwmma.toml"), target="gfx1151", jobs=2,
                                    source=str(old)), Root(root), quiet=True)
     assert out.prefix == paths.builds_prefix() / "rocwmma-gfx1151-hip"
     cfg = (out.prefix / "include/rocwmma/internal/config.hpp").read_text()
@@ -343,28 +343,28 @@ def test_llama_rocwmma_uses_the_existing_rocwmma_build_and_the_stub(tmp_path, re
     because those headers lack ROCWMMA_ARCH_GFX1151."""
     from llama_trees import tree
 
-    from rocforge_build.forge.plan import quick_check
+    from rocforge_build.forge.context import BuildContext
 
     llama = tree("0.3.9", tmp_path / "llama")
     shutil.copy(REPO / "recipes" / "llama-cpp.toml", recipes_dir / "llama-cpp.toml")
     shutil.copytree(REPO / "patches", recipes_dir.parent / "patches", dirs_exist_ok=True)
     rocm = tmp_path / "rocm-old"  # its own rocWMMA (6.4.0) lacks gfx1151 too
     _rocm_with_rocwmma(rocm, ("gfx908", "gfx90a", "gfx942", "gfx1100"))
-    req = Request(str(recipes_dir / "llama-cpp.toml"), "gfx1151", backend="rocwmma",
+    req = Request(recipe=str(recipes_dir / "llama-cpp.toml"), target="gfx1151", backend="rocwmma",
                   source=str(llama))
     # no rocforge rocWMMA yet: the default stays a build of rocm-libraries, which knows gfx1151
-    (dep,) = make_plan(req, Root(rocm)).dependencies
+    (dep,) = plan_for(req, Root(rocm)).dependencies
     assert dep.built is None and dep.plan.source.spec.kind == "git"
     assert "no rocforge rocwmma build for gfx1151" in dep.because
     # the user builds rocWMMA from the old tree; the network to rocm-libraries is gone after
-    built = pipeline.execute(Request(str(recipes_dir / "rocwmma.toml"), "gfx1151", jobs=2,
+    built = pipeline.build(Request(recipe=str(recipes_dir / "rocwmma.toml"), target="gfx1151", jobs=2,
                                      source=str(_old_rocwmma_source(tmp_path / "old"))),
                              Root(rocm), quiet=True).prefix
     offline = stack_recipes(tmp_path / "offline", monorepo_path=tmp_path / "unreachable")
     shutil.copy(REPO / "recipes" / "llama-cpp.toml", offline / "llama-cpp.toml")
     shutil.copytree(REPO / "patches", offline.parent / "patches", dirs_exist_ok=True)
-    req = Request(str(offline / "llama-cpp.toml"), "gfx1151", backend="rocwmma", source=str(llama))
-    plan = make_plan(req, Root(rocm))
+    req = Request(recipe=str(offline / "llama-cpp.toml"), target="gfx1151", backend="rocwmma", source=str(llama))
+    plan = plan_for(req, Root(rocm))
     (dep,) = plan.dependencies
     assert dep.plan is None and dep.prefix == built and dep.recipe == "rocwmma"
     assert f"the existing rocforge rocwmma build for gfx1151 at {built}" in dep.because
@@ -380,11 +380,11 @@ def test_llama_rocwmma_uses_the_existing_rocwmma_build_and_the_stub(tmp_path, re
     print_plan(plan, out)
     assert f"depends  rocwmma (hip) -> {built} (existing build, used as it is)" in out.getvalue()
     # the up-to-date check needs no network either, and folds in the existing build's stamp
-    quick_check(req, Root(rocm))
+    BuildContext.of(req, Root(rocm)).read().is_current()
     # an existing build whose headers are gone is not used
     (built / "include/rocwmma/rocwmma.hpp").unlink()
     with pytest.raises(NetworkError):
-        make_plan(req, Root(rocm))
+        plan_for(req, Root(rocm))
 
 
 def test_an_existing_rocwmma_that_knows_the_target_removes_the_stub(tmp_path, recipes_dir):
@@ -395,9 +395,9 @@ def test_an_existing_rocwmma_that_knows_the_target_removes_the_stub(tmp_path, re
     shutil.copytree(REPO / "patches", recipes_dir.parent / "patches", dirs_exist_ok=True)
     rocm = tmp_path / "rocm-old"
     _rocm_with_rocwmma(rocm, ("gfx1100",))
-    built = pipeline.execute(Request(str(recipes_dir / "rocwmma.toml"), "gfx1151", jobs=2),
+    built = pipeline.build(Request(recipe=str(recipes_dir / "rocwmma.toml"), target="gfx1151", jobs=2),
                              Root(rocm), quiet=True).prefix
-    plan = make_plan(Request(str(recipes_dir / "llama-cpp.toml"), "gfx1151", backend="rocwmma",
+    plan = plan_for(Request(recipe=str(recipes_dir / "llama-cpp.toml"), target="gfx1151", backend="rocwmma",
                              source=str(llama)), Root(rocm))
     (dep,) = plan.dependencies
     assert dep.built is not None and dep.prefix == built

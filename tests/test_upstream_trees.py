@@ -18,7 +18,7 @@ import pytest
 import upstream_trees as up
 
 from rocforge_build.forge import recipes
-from rocforge_build.forge.plan import Request, make_plan
+from rocforge_build.forge.plan import Request, plan_for
 from rocforge_build.rootfs import Root
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def test_every_passed_option_is_declared_by_the_real_tree(name, roots, tmp_path)
     target, expected = CASES[name]
     tree, missing = up.export(name, tmp_path / name)
     root = roots["with-hipblaslt" if name == "rocblas" else "empty"]
-    plan = make_plan(Request(name, target, source=str(tree), environ=ENVIRON), root)
+    plan = plan_for(Request(recipe=name, target=target, source=str(tree), environ=ENVIRON), root)
     passed = {o["name"]: o["value"] for o in plan.to_json()["options"]}
     assert {k: passed.get(k) for k in expected} == expected
     cmake_own = {r.get("name") for r in recipes.load(name).of("option") if r.get("declared") is False}
@@ -66,12 +66,12 @@ def test_rocwmma_of_oct_2024_installs_for_gfx1151_only_with_a_loud_note(roots, t
     tree, _ = up.export("rocwmma", tmp_path / "rocwmma")
     config = (tree / "library/include/rocwmma/internal/config.hpp").read_text()
     assert "ROCWMMA_ARCH_GFX1100" in config and "ROCWMMA_ARCH_GFX1151" not in config
-    plan = make_plan(Request("rocwmma", "gfx1151", source=str(tree), environ=ENVIRON), roots["empty"])
+    plan = plan_for(Request(recipe="rocwmma", target="gfx1151", source=str(tree), environ=ENVIRON), roots["empty"])
     assert [n.split(":")[0] for n in plan.notes] == ["THIS rocWMMA DOES NOT KNOW THE TARGET"]
     # its CMakeLists.txt l.47 adds -parallel-jobs=4 and -Xclang -fallow-half-arguments-and-returns,
     # which upstream clang rejects: the patch must apply to the real file
     assert [(p.name, p.status) for p in plan.patch_status] == [
         ("upstream-clang-cxx-flags.patch", "would apply")]
     # a target it knows: no note
-    plan = make_plan(Request("rocwmma", "gfx1100", source=str(tree), environ=ENVIRON), roots["empty"])
+    plan = plan_for(Request(recipe="rocwmma", target="gfx1100", source=str(tree), environ=ENVIRON), roots["empty"])
     assert plan.notes == []

@@ -10,7 +10,8 @@ from rocforge_build import argtypes
 from rocforge_build.commands import target_or_detected
 from rocforge_build.errors import UsageError
 from rocforge_build.forge import pipeline
-from rocforge_build.forge.plan import Request, make_plan, needs_gpu_target, preflight
+from rocforge_build.forge.context import BuildContext, needs_gpu_target, preflight
+from rocforge_build.forge.plan import Request, make_plan
 from rocforge_build.forge.plan_text import print_plan
 from rocforge_build.refs import check_git_ref
 
@@ -73,8 +74,9 @@ def run(args) -> int:
         no_cache=args.no_cache, distribute=args.distribute, build_targets=tuple(args.cmake_targets),
     )
     if args.dry_run:
-        preflight(req, args.rootfs)  # as the build does: before any download
-        plan = make_plan(req, args.rootfs, fetch=False)  # a dry run never downloads
+        context = BuildContext.of(req, args.rootfs)
+        preflight(context)  # as the build does: before any download
+        plan = make_plan(context.read_cached())  # a dry run never downloads
         if args.json:
             print(json.dumps(plan.to_json(), indent=2, default=str))
         else:
@@ -82,7 +84,7 @@ def run(args) -> int:
         sys.stdout.flush()
         pipeline.check(plan)  # the build's own checks: a dry run exits as the build would
         return 0
-    outcome = pipeline.execute(req, args.rootfs)
+    outcome = pipeline.build(req, args.rootfs)
     if outcome.status == "up to date":
         sys.stderr.write(f"rocforge: {outcome.prefix} is up to date ({outcome.seconds:.2f}s; "
                          "--force rebuilds)\n")

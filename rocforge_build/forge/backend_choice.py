@@ -9,50 +9,25 @@ the source, and names the backends the source may still choose.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from rocforge_build.errors import ToolchainError, UsageError
 from rocforge_build.forge import conditions, recipes
-from rocforge_build.forge.toolchains import detect
+from rocforge_build.forge.toolchains import Toolchain
 
-if TYPE_CHECKING:
-    from rocforge_build.forge.plan import Request
-
-
-def facts_maker(recipe, tgt, root, environ, req: Request, toolchains: dict, known: dict):
-    """facts_for(backend): the facts a backend is judged by (its toolchain detected once);
-    the source's facts once `known["source"] is set (before the fetch: unknown, but for the
-    version of the recipe's pinned source, `known["pinned_version"]`)."""
-
-    def facts_for(backend: str) -> conditions.Facts:
-        kind = recipe.backends[backend].toolchain
-        if kind not in toolchains:
-            toolchains[kind] = detect(kind, root, tgt.name if tgt else "", environ, rocm=req.rocm)
-        tc = toolchains[kind]
-        return conditions.Facts(  # no target (None): a CPU or Vulkan build for no GPU target
-            target=tgt.name if tgt else None, families=tgt.therock_groups if tgt else (), backend=backend,
-            rocm_version=tc.rocm_version, source=known.get("source"),
-            host=conditions.HostFacts(include_dirs=tc.include_dirs, path=tc.path,
-                                      probe_glslc=tc.probe_glslc,
-                                      cpu_flags=conditions.cpu_flags(root)),
-            toolchain_found=tc.missing is None, rocblas_hipblaslt=tc.rocblas_hipblaslt,
-            pinned_version=known.get("pinned_version"),
-        )
-
-    return facts_for
+FactsOf = Callable[[str], conditions.Facts]  # a backend's name -> the facts it is judged by
 
 
-def possible_backends(recipe: recipes.Recipe, req: Request,
-                      facts_for: Callable[[str], conditions.Facts]) -> list[str]:
+def possible_backends(recipe: recipes.Recipe, requested: str | None,
+                      facts_for: FactsOf) -> list[str]:
     """The backends the plan may choose, known before the source is: --backend, else the
     `[[default]]` rules up to the first that holds whatever the source says (a rule that fails
     whatever it says — another target, say — is no candidate)."""
-    if req.backend:
-        return [req.backend] if req.backend in recipe.backends else []
+    if requested:
+        return [requested] if requested in recipe.backends else []
     return list(dict.fromkeys(backend for backend, _, _ in _candidates(recipe, facts_for)))
 
 
-def _candidates(recipe: recipes.Recipe, facts_for) -> list[tuple[str, str, str | None]]:
+def _candidates(recipe: recipes.Recipe, facts_for: FactsOf) -> list[tuple[str, str, str | None]]:
     """(backend, reason, the condition left to the source or None) of every `[[default]]` the
     source may still choose, in order, up to and with the first that holds without it."""
     out: list[tuple[str, str, str | None]] = []
@@ -69,12 +44,12 @@ def _candidates(recipe: recipes.Recipe, facts_for) -> list[tuple[str, str, str |
     return out
 
 
-def check_before_fetch(recipe: recipes.Recipe, req: Request,
-                       facts_for: Callable[[str], conditions.Facts], toolchains: dict) -> None:
+def check_before_fetch(recipe: recipes.Recipe, requested: str | None, facts_for: FactsOf,
+                       toolchain_of: Callable[[str], Toolchain]) -> None:
     """Before the source is fetched (a download of tens of MB): no toolchain for any backend the
     plan could choose, or a `[[stop]]` that holds whatever the source says — each stops here, as
-    it would after the fetch (`plan.preflight` checks the user's prefix first)."""
-    possible = possible_backends(recipe, req, facts_for)
+    it would after the fetch (`context.preflight` checks the user's prefix first)."""
+    possible = possible_backends(recipe, requested, facts_for)
     if not possible:
         return  # an unknown --backend: choose_backend says so with its suggestions
     if len(possible) == 1:  # the plan's order: the recipe's stops, then the toolchain
@@ -87,22 +62,20 @@ def check_before_fetch(recipe: recipes.Recipe, req: Request,
                                      hint.replace("{target}", facts.target) if hint else None)
     missing = []
     for backend in possible:
-        facts_for(backend)
-        tc = toolchains[recipe.backends[backend].toolchain]
+        tc = toolchain_of(recipe.backends[backend].toolchain)
         if tc.missing:
             missing.append(tc)
     if len(missing) == len(possible):
         missing[0].require()
 
 
-def backend_without_source(recipe: recipes.Recipe, req: Request,
-                           facts_for: Callable[[str], conditions.Facts]
+def backend_without_source(recipe: recipes.Recipe, requested: str | None, facts_for: FactsOf
                            ) -> tuple[str, str, tuple[str, ...]]:
     """(backend, reason, the other backends the source may choose) before the source is read:
     `choose_backend` where the rules decide without it (no alternatives); else the first
     candidate, its reason saying which condition the fetch decides and what follows otherwise."""
-    if req.backend:
-        return choose_backend(recipe, req, facts_for) + ((),)
+    if requested:
+        return choose_backend(recipe, requested, facts_for) + ((),)
     cands = _candidates(recipe, facts_for)
     backend, reason, open_ = cands[0]
     if open_ is None:
@@ -112,18 +85,18 @@ def backend_without_source(recipe: recipes.Recipe, req: Request,
     return backend, f"{reason} — if {open_} (decided after the fetch); otherwise {rest}", others
 
 
-def choose_backend(recipe: recipes.Recipe, req: Request,
-                    facts_for: Callable[[str], conditions.Facts]) -> tuple[str, str]:
+def choose_backend(recipe: recipes.Recipe, requested: str | None,
+                   facts_for: FactsOf) -> tuple[str, str]:
     """--backend, else the first `[[default]]` whose `when` holds — evaluated with the facts
     (toolchain headers included) of the backend it proposes."""
-    if req.backend:
-        if req.backend not in recipe.backends:
+    if requested:
+        if requested not in recipe.backends:
             import difflib
 
-            close = difflib.get_close_matches(req.backend, recipe.backends, n=1)
+            close = difflib.get_close_matches(requested, recipe.backends, n=1)
             hint = f"did you mean {close[0]}?" if close else "backends: " + ", ".join(recipe.backends)
-            raise UsageError(f"recipe {recipe.name} has no backend {req.backend!r}", hint)
-        return req.backend, "asked for with --backend"
+            raise UsageError(f"recipe {recipe.name} has no backend {requested!r}", hint)
+        return requested, "asked for with --backend"
     for rule in recipe.of("default"):
         if conditions.evaluate(rule.when, facts_for(rule.get("backend"))):
             return rule.get("backend"), rule.get("reason")

@@ -294,6 +294,26 @@ def judge(cond: Mapping | None, facts: Facts) -> tuple[bool | None, str]:
     return True, "; ".join(held)
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a recipe rule applies, and why; a rule only the unread source decides does not
+    apply in the plan, and `after_fetch` says what the fetch will decide ({rule, name, when, ...})."""
+
+    holds: bool
+    why: str
+    after_fetch: dict | None = None
+
+
+def judge_rule(rule, facts: Facts, kind: str, name: str, **extra) -> Verdict:
+    """`judge` of a rule's `when`, as a verdict; `extra` (value, reason, ...) describes the rule
+    in its after-the-fetch entry."""
+    holds, why = judge(rule.when, facts)
+    if holds is None:
+        return Verdict(False, why, {"rule": kind, "name": name, "when": why,
+                                    **{k: v for k, v in extra.items() if v is not None}})
+    return Verdict(holds, why)
+
+
 def _text(text: str, f: Facts) -> str:
     """`{target}` / `{TARGET}` in a condition's text: the requested target (as is / capitals)."""
     if f.target is None:

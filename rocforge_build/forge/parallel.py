@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -47,7 +47,6 @@ class Parallel:
     build_jobs: int  # ninja -j: the local jobs, plus the hosts' slots when distributing
     distribution: Distribution | None = None
     options: list[dict] = field(default_factory=list)
-    stats: dict[str, int] | None = None  # after the build: read_stats()
 
     @property
     def launcher(self) -> str | None:
@@ -165,15 +164,22 @@ def secret_env(par: Parallel | None) -> dict[str, str]:
     return dict(par.cache.secret_env) if par else {}
 
 
+@dataclass
+class CacheCounts:
+    """The compiler cache's counts for one build (hits, misses...), known once it has run."""
+
+    counts: dict[str, int] | None = None
+
+
 @contextlib.contextmanager
-def during_build(plan, say):
-    """Around the build step: a fresh stats log before; after, this build's counts (for the
-    manifest) and the hit-rate line; a failure the OOM killer caused says so and what to lower."""
-    par = plan.parallel
+def during_build(par: Parallel | None, work: Path, say) -> Iterator[CacheCounts]:
+    """Around the build step: a fresh stats log before; after, this build's counts (yielded, for
+    the manifest) and the hit-rate line; a failure the OOM killer caused says so and what to lower."""
+    found = CacheCounts()
     if par is None:
-        yield
+        yield found
         return
-    log = stats_log(plan.work)
+    log = stats_log(work)
     log.unlink(missing_ok=True)
     hip_env = par.distribution.hip_server if par.distribution else {}
     if par.distribution and par.distribution.hip_conf:
@@ -186,7 +192,7 @@ def during_build(plan, say):
             run_sccache(par.cache, "--zero-stats", env=hip_env)
     kills = oom_kills()
     try:
-        yield
+        yield found
     except BuildError as exc:
         why = explain_oom(exc.message, kills, par.jobs)
         if why:
@@ -194,11 +200,12 @@ def during_build(plan, say):
         raise
     finally:
         if par.cache.kind in ("ccache", "sccache"):
-            par.stats = read_stats(log) if par.cache.kind == "ccache" else sccache_stats(par.cache)
+            stats = read_stats(log) if par.cache.kind == "ccache" else sccache_stats(par.cache)
             if par.cache.kind == "sccache" and hip_env:  # the HIP compiles' own server
                 for k, v in sccache_stats(par.cache, env=hip_env).items():
-                    par.stats[k] = par.stats.get(k, 0) + v
-            for line in summary(par.cache, par.stats):
+                    stats[k] = stats.get(k, 0) + v
+            found.counts = stats
+            for line in summary(par.cache, stats):
                 say(f"  {line}")
 
 

@@ -3,8 +3,10 @@
 fetch (in planning) -> copy and patch -> private venv -> configure -> build -> install -> check
 outputs -> smoke test -> manifest -> swap.  Installs go to a temporary sibling of the prefix
 (`<prefix>.rocforge-new`) and replace the prefix only after the outputs are checked and the smoke
-test passed, so a failed build leaves the previous install intact.  An identical second build is
-recognised by its stamp (`plan.quick_check`) and returns before planning.
+test passed, so a failed build leaves the previous install intact.  `build()` makes the request's
+context once: an identical second build is recognised by the context's stamp and returns before
+planning; otherwise the context's plan is what `execute()` runs, dependencies first, and nothing
+is planned again.  Every process of the build starts from the request's environment.
 """
 
 from __future__ import annotations
@@ -19,24 +21,17 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from rocforge_build import __version__, ownership, paths, replace
+from rocforge_build.discover.builds import read_manifest
 from rocforge_build.errors import BuildError, BuildTargetError, ToolchainError, UsageError
 from rocforge_build.forge import cache, cleanup, lock, parallel, patches, sources
-from rocforge_build.forge.plan import (
-    BUILD_ENV,
-    MANIFEST,
-    Plan,
-    Request,
-    destdir,
-    make_plan,
-    preflight,
-    quick_check,
-    read_manifest,
-    source_version,
-    staging_dir,
-)
+from rocforge_build.forge.context import BUILD_ENV, BuildContext, preflight
+from rocforge_build.forge.locations import MANIFEST, copied_whole, destdir, staging_dir
+from rocforge_build.forge.plan import Plan, make_plan
+from rocforge_build.forge.request import Request
 from rocforge_build.forge.toolchains import host_info
 from rocforge_build.proc import merged_env, quote, reaped, spawn, which
 from rocforge_build.progress import Heartbeat
@@ -46,13 +41,24 @@ STAGED = "a build's staged install"  # what the scratch trees beside a prefix ho
 _UNUSED_RE = re.compile(r"Manually-specified variables were not used by the project:\s*\n((?:\s+\S+\n?)+)")
 
 
-@dataclass
-class Outcome:
-    status: str  # "built" | "up to date"
+class Status(StrEnum):
+    BUILT = "built"
+    UP_TO_DATE = "up to date"
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What a build did: its status and, for a build that ran, what happened on the way (the
+    patches as applied, the notes it added, the step timings, the compiler cache's counts)."""
+
+    status: Status
     prefix: Path
     manifest: Path
     seconds: float
     plan: Plan | None = None
+    patch_results: tuple[patches.PatchResult, ...] = ()
+    notes: tuple[str, ...] = ()
+    timings: Mapping[str, float] = field(default_factory=dict)
 
 
 class _Log:
@@ -71,7 +77,8 @@ class _Log:
 
 @dataclass
 class _Run:
-    """One build in progress: its plan, log, console and step timings."""
+    """One build in progress: its plan, log and console, and what happens on the way (patch
+    results, notes, step timings, cache counts) for its result and manifest."""
 
     plan: Plan
     log: _Log
@@ -79,6 +86,13 @@ class _Run:
     console: object
     quiet: bool
     timings: dict[str, float] = field(default_factory=dict)
+    patch_results: list[patches.PatchResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    cache_counts: parallel.CacheCounts = field(default_factory=lambda: parallel.CacheCounts())
+
+    def stream(self, argv, env: Mapping[str, str | None], step: str, on_line=None) -> str:
+        """A step's command with the plan's environment under `env`, into the log."""
+        return _stream(argv, env, self.log, step, on_line, base=self.plan.environ, quiet=self.quiet)
 
     @contextlib.contextmanager
     def timed(self, step: str) -> Iterator[None]:
@@ -87,37 +101,44 @@ class _Run:
         self.timings[step] = time.monotonic() - t
 
 
-def execute(req: Request, root, *, quiet: bool = False,
-            gate: Callable[[Plan, Path], None] | None = None, keep: Path | None = None) -> Outcome:
-    """Build the request (its dependencies first) unless its prefix is already current.
+def build(req: Request, root, *, quiet: bool = False,
+          gate: Callable[[Plan, Path], None] | None = None, keep: Path | None = None) -> BuildResult:
+    """Build the request unless its prefix is already current: its context made once, checked
+    before the source is fetched, read, then planned and executed (dependencies first)."""
+    t0 = time.monotonic()
+    context = BuildContext.of(req, root)
+    preflight(context)  # before the source is downloaded or unpacked
+    context = context.read()
+    if not req.force and context.is_current() and not replace.interrupted(context.prefix):
+        return BuildResult(Status.UP_TO_DATE, context.prefix, context.prefix / MANIFEST,
+                           time.monotonic() - t0)
+    plan = make_plan(context, check_patches=False)
+    return execute(plan, quiet=quiet, gate=gate, keep=keep, started=t0)
+
+
+def execute(plan: Plan, *, quiet: bool = False, gate: Callable[[Plan, Path], None] | None = None,
+            keep: Path | None = None, started: float | None = None) -> BuildResult:
+    """Run the plan (its dependencies' plans first) unless its prefix already holds its stamp.
 
     `gate(plan, staging)` runs after the smoke test, on the complete staged install, before the
     swap: when it raises, the staged install is deleted and the prefix stays as it was
     (`rocforge upgrade`).  `keep`: the replaced install is kept there (`replace.swap`)."""
-    t0 = time.monotonic()
-    preflight(req, root)  # before the source is downloaded or unpacked
-    if not req.force:
-        _, prefix, current = quick_check(req, root)
-        if current and not replace.interrupted(prefix):  # else recover under the lock below
-            return Outcome("up to date", prefix, prefix / MANIFEST, time.monotonic() - t0)
+    t0 = time.monotonic() if started is None else started
+    if _current(plan) and not replace.interrupted(plan.prefix):
+        return BuildResult(Status.UP_TO_DATE, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0)
     console = _console()
     say = (lambda *a, **k: None) if quiet else console.print
-    timings: dict[str, float] = {}
-
-    t = time.monotonic()
-    plan = make_plan(req, root, check_patches=False)
     check(plan)
-    timings["plan+fetch"] = time.monotonic() - t
-    _dependencies(plan, root, quiet, say)
+    _dependencies(plan, quiet, say)
     held = lock.acquire(plan.prefix, plan.work)  # released at the end (finally below)
     try:
-        settled = _settled(plan, req, say)
+        settled = _settled(plan, say)
     except BaseException:
         held.release()
         raise
     if settled:  # another build finished it while this one waited
         held.release()
-        return Outcome("up to date", plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0)
+        return BuildResult(Status.UP_TO_DATE, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0)
     say(f"[bold]rocforge build[/] {plan.recipe.name} for {plan.target} ({plan.backend}: {plan.backend_reason})")
     for note in plan.notes:
         say(f"[yellow]note:[/] {note}")
@@ -126,28 +147,13 @@ def execute(req: Request, root, *, quiet: bool = False,
     ownership.write_mark(plan.work, "a build work dir")  # cache clean removes only marked dirs
     if plan.log.exists():
         plan.log.unlink()
-    run = _Run(plan, _Log(plan.log), say, console, quiet, timings)
+    run = _Run(plan, _Log(plan.log), say, console, quiet, {"plan+fetch": time.monotonic() - t0})
     staging = staging_dir(plan.prefix)
     try:
         run.log.write(json.dumps(plan.to_json(), indent=2, default=str) + "\n")
-        with run.timed("patch"):
-            _copy_and_patch(run)
-        if plan.venv is not None:
-            with run.timed("venv"):
-                _make_venv(run)
-        with run.timed("configure"):
-            _configure(run)
-            check_build_targets(plan)
-        with run.timed("build"), parallel.during_build(plan, say):
-            _build_into(run, staging)
-        with run.timed("install"):
-            _install(run, staging)
-            check_outputs(plan, staging, run.log)
-        with run.timed("smoke"):
-            _smoke(run, staging)
-        timings["total"] = time.monotonic() - t0
-        plan.timings = {k: round(v, 3) for k, v in timings.items()}
-        write_manifest(plan, staging)
+        _steps(run, staging)
+        run.timings["total"] = time.monotonic() - t0
+        write_manifest(run, staging)
         replace.unmark_scratch(staging)  # the manifest, written last, now says it is rocforge's
         if gate is not None:
             gate(plan, staging)
@@ -160,8 +166,39 @@ def execute(req: Request, root, *, quiet: bool = False,
     finally:
         run.log.close()
         held.release()
-    say(f"[green]installed[/] {plan.prefix} in {timings['total']:.1f}s (manifest {plan.prefix / MANIFEST})")
-    return Outcome("built", plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0, plan)
+    say(f"[green]installed[/] {plan.prefix} in {run.timings['total']:.1f}s (manifest {plan.prefix / MANIFEST})")
+    return BuildResult(Status.BUILT, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0,
+                       plan, tuple(run.patch_results), (*plan.notes, *run.notes),
+                       {k: round(v, 3) for k, v in run.timings.items()})
+
+
+def _steps(run: _Run, staging: Path) -> None:
+    """copy and patch, venv, configure, build, install, outputs, smoke test: each timed."""
+    plan = run.plan
+    with run.timed("patch"):
+        _copy_and_patch(run)
+    if plan.venv is not None:
+        with run.timed("venv"):
+            _make_venv(run)
+    with run.timed("configure"):
+        _configure(run)
+        check_build_targets(plan)
+    with run.timed("build"), parallel.during_build(plan.parallel, plan.work, run.say) as counts:
+        _build_into(run, staging)
+    run.cache_counts = counts
+    with run.timed("install"):
+        _install(run, staging)
+        check_outputs(plan, staging, run.log)
+    with run.timed("smoke"):
+        _smoke(run, staging)
+
+
+def _current(plan: Plan) -> bool:
+    """Whether the prefix already holds this plan's build (its manifest has the plan's stamp)."""
+    if plan.force or not plan.stamp or not all(_current(d.plan) for d in plan.dependencies if d.plan):
+        return False
+    old = read_manifest(plan.prefix)
+    return bool(old) and old.get("stamp") == plan.stamp
 
 
 # -- the steps ------------------------------------------------------------------------------------
@@ -191,27 +228,27 @@ def _require(plan: Plan) -> None:
     plan.toolchain.require()
 
 
-def _dependencies(plan: Plan, root, quiet: bool, say) -> None:
-    """In order, each dependency up to date or built (and checked) first."""
+def _dependencies(plan: Plan, quiet: bool, say) -> None:
+    """In order, each dependency's plan up to date or built (and checked) first."""
     for dep in plan.dependencies:
         say(f"[bold]dependency[/] {dep.recipe}: {dep.reason}")
         if dep.built is not None:
             say(f"  {dep.prefix}: the existing build, used as it is")
             continue
-        out = execute(dep.request, root, quiet=quiet)
-        if out.status == "up to date":
+        out = execute(dep.plan, quiet=quiet)
+        if out.status == Status.UP_TO_DATE:
             say(f"  {out.prefix} is up to date")
 
 
 def _copy_and_patch(run: _Run) -> None:
     """The pristine tree into the work copy, then the patches (each with its status)."""
     plan = run.plan
-    if plan.source.spec.sparse:  # the whole sparse checkout: projects use ../../shared/...
+    if copied_whole(plan.source.spec):
         sources.sync_tree(plan.source.root, plan.work / "src")
     else:
         sources.sync_tree(plan.source.tree, plan.src_dir)
-    plan.patch_status = patches.apply(plan.patches, plan.src_dir)
-    for r in plan.patch_status:
+    run.patch_results = patches.apply(plan.patches, plan.src_dir)
+    for r in run.patch_results:
         run.say(f"  patch {r.name}: {r.status} — {r.reason}")
 
 
@@ -220,7 +257,7 @@ def _configure(run: _Run) -> None:
     plan = run.plan
     env = plan.env
     marker = plan.build_dir / ".rocforge-configure"
-    user_env = {k: os.environ.get(k) for k in BUILD_ENV}  # CMake reads CC/CFLAGS... once
+    user_env = {k: plan.environ.get(k) for k in BUILD_ENV}  # CMake reads CC/CFLAGS... once
     configure_key = hashlib.sha256(json.dumps([plan.configure, env, user_env]).encode()).hexdigest()
     if (marker.is_file() and marker.read_text() == configure_key
             and (plan.build_dir / "build.ninja").is_file()):
@@ -234,7 +271,7 @@ def _configure(run: _Run) -> None:
     query.parent.mkdir(parents=True, exist_ok=True)
     query.touch()
     run.say("  configure ...")
-    out = _stream(plan.configure, env, run.log, "configure", quiet=run.quiet)
+    out = run.stream(plan.configure, env, "configure")
     _check_unused(out, plan, run.log)
     marker.write_text(configure_key)
 
@@ -268,11 +305,11 @@ def _build_into(run: _Run, staging: Path) -> None:
     env = {**plan.env, **parallel.secret_env(plan.parallel)}  # credentials: never in logs/manifests
     if plan.recipe.install != "ninja":
         replace.scratch(staging, MANIFEST, STAGED)
-        _build(plan, env, run.log, run.console, run.quiet)
+        _build(run, env)
         return
     replace.discard(staging, MANIFEST, STAGED)
-    dest = replace.scratch(destdir(plan.prefix), MANIFEST, STAGED)
-    _build(plan, {**env, "DESTDIR": str(dest)}, run.log, run.console, run.quiet)
+    dest = replace.scratch(plan.install_step.destdir, MANIFEST, STAGED)
+    _build(run, {**env, "DESTDIR": str(dest)})
     installed = dest / str(plan.prefix).lstrip("/")
     if not installed.is_dir():
         raise BuildError(f"`ninja install` installed nothing under {installed}; full log: {plan.log}")
@@ -283,16 +320,14 @@ def _build_into(run: _Run, staging: Path) -> None:
 
 
 def _install(run: _Run, staging: Path) -> None:
-    """`cmake --install` into the staging sibling, or the chosen targets' artifacts only."""
-    plan = run.plan
+    """The plan's install step: `cmake --install` into the staging sibling, or the chosen
+    targets' artifacts only (`ninja install` already ran in the build step)."""
+    step = run.plan.install_step
     staging.parent.mkdir(parents=True, exist_ok=True)
-    if plan.recipe.install == "ninja":
-        return  # installed by the build step
-    if plan.build_targets:
-        _install_artifacts(plan, staging, run.log)
-    else:
-        _stream(["cmake", "--install", str(plan.build_dir), "--prefix", str(staging)], plan.env,
-                run.log, "install", quiet=run.quiet)
+    if step.how == "artifacts":
+        _install_artifacts(run.plan, staging, run.log)
+    elif step.how == "cmake":
+        run.stream(list(step.argv), run.plan.env, "install")
 
 
 def _smoke(run: _Run, staging: Path) -> None:
@@ -301,11 +336,11 @@ def _smoke(run: _Run, staging: Path) -> None:
     for argv in plan.smoke:
         exe = staging / argv[0]
         if not exe.exists() and plan.build_targets:
-            plan.notes.append(f"smoke test {argv[0]} skipped: not among --cmake-target")
+            run.notes.append(f"smoke test {argv[0]} skipped: not among --cmake-target")
             continue
         if not exe.exists():
             raise BuildError(f"smoke test: {argv[0]} was not installed; full log: {plan.log}")
-        _stream([str(exe), *argv[1:]], {**plan.runtime_env}, run.log, "smoke test", quiet=run.quiet)
+        run.stream([str(exe), *argv[1:]], {**plan.runtime_env}, "smoke test")
 
 
 def _make_venv(run: _Run) -> None:
@@ -325,7 +360,7 @@ def _make_venv(run: _Run) -> None:
                          "in the source", "fix the recipe's [venv] requirements for this source")
     run.say(f"  venv {venv['path']} ...")
     for argv in venv["commands"]:
-        _stream(argv, {"VIRTUAL_ENV": None, "PYTHONHOME": None}, run.log, "venv", quiet=run.quiet)
+        run.stream(argv, {"VIRTUAL_ENV": None, "PYTHONHOME": None}, "venv")
     marker.write_text(key)
 
 
@@ -371,12 +406,12 @@ def _check_unused(output: str, plan: Plan, log: _Log) -> None:
             "fix the option's `when` in the recipe so it is passed only where the source uses it")
 
 
-def _build(plan: Plan, env: dict, log: _Log, console, quiet: bool) -> None:
+def _build(run: _Run, env: dict) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    disable = quiet or not console.is_terminal
+    disable = run.quiet or not run.console.is_terminal
     with Progress(TextColumn("  build"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.description}"), console=console, disable=disable,
+                  TextColumn("{task.description}"), console=run.console, disable=disable,
                   transient=True) as progress:
         task = progress.add_task("", total=None)
 
@@ -387,7 +422,7 @@ def _build(plan: Plan, env: dict, log: _Log, console, quiet: bool) -> None:
                                 description=m.group(3)[-60:])
                 beat.update(int(m.group(1)), int(m.group(2)), m.group(3)[-120:])
 
-        _stream(plan.build, env, log, "build", on_line, quiet=quiet)
+        run.stream(run.plan.build, env, "build", on_line)
 
 
 def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
@@ -445,7 +480,7 @@ def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
             "name a program or shared library target, e.g. the one that uses it")
 
 
-def _settled(plan: Plan, req: Request, say) -> bool:
+def _settled(plan: Plan, say) -> bool:
     """Under the lock: finish or undo a replacement of the prefix that was cut off, check the
     prefix again (it may have changed while this build waited) and whether it is now current."""
     done = replace.recover(plan.prefix, MANIFEST)
@@ -453,12 +488,14 @@ def _settled(plan: Plan, req: Request, say) -> bool:
         say(f"[yellow]note:[/] {done}")
     replace.check_replaceable(plan.prefix, MANIFEST, "--prefix", path_list=True)
     old = read_manifest(plan.prefix)
-    return not req.force and bool(old) and old.get("stamp") == plan.stamp
+    return not plan.force and bool(old) and old.get("stamp") == plan.stamp
 
 
-def write_manifest(plan: Plan, where: Path) -> Path:
+def write_manifest(run: _Run, where: Path) -> Path:
+    """What was built, exactly: the plan's decisions and commands, and what the run did."""
     import tomlkit
 
+    plan = run.plan
     doc = tomlkit.document()
     doc.add(tomlkit.comment("Written by rocforge: exactly what was built. Do not edit."))
     doc["rocforge"] = __version__
@@ -466,20 +503,20 @@ def write_manifest(plan: Plan, where: Path) -> Path:
     doc["recipe"] = {"name": plan.recipe.name, "file": str(plan.recipe.path),
                      "sha256": hashlib.sha256(plan.recipe.text.encode()).hexdigest()}
     src = {k: v for k, v in plan.source.to_json().items() if v is not None}
-    src["version"] = source_version(plan.recipe, plan.source) or ""
+    src["version"] = plan.source_version or ""
     doc["source"] = src
     doc["target"] = plan.target
     doc["backend"] = plan.backend
     doc["backend_reason"] = plan.backend_reason
-    doc["flags"] = {"configure": plan.configure, "build": plan.build,
+    doc["flags"] = {"configure": plan.configure, "build": plan.build, "install": plan.install,
                     "options": [{k: v for k, v in o.items() if v is not None} for o in plan.options]}
     doc["env"] = plan.env
     doc["runtime_env"] = plan.runtime_env
-    doc["patches"] = [p.to_json() for p in plan.patch_status]
+    doc["patches"] = [p.to_json() for p in run.patch_results]
     doc["toolchain"] = {**{k: v for k, v in plan.toolchain.to_json().items() if v},
-                        **host_info(merged_env(plan.env)),
+                        **host_info(merged_env(plan.env, plan.environ)),
                         "compiler_launcher": plan.launcher or "none"}
-    doc["notes"] = plan.notes
+    doc["notes"] = [*plan.notes, *run.notes]
     doc["prefix"] = str(plan.prefix)
     doc["outputs"] = [o["path"] for o in plan.outputs]
     doc["export_env"] = plan.export_env
@@ -488,9 +525,9 @@ def write_manifest(plan: Plan, where: Path) -> Path:
                             "reason": d.reason, "because": d.because,
                             "used": "existing build" if d.built else "built"}
                            for d in plan.dependencies]
-    if plan.parallel is not None and plan.parallel.stats is not None:
-        doc["cache"] = cache.manifest_table(plan.parallel.cache, plan.parallel.stats)
-    doc["timings"] = plan.timings
+    if plan.parallel is not None and run.cache_counts.counts is not None:
+        doc["cache"] = cache.manifest_table(plan.parallel.cache, run.cache_counts.counts)
+    doc["timings"] = {k: round(v, 3) for k, v in run.timings.items()}
     doc["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     path = where / MANIFEST
     path.write_text(tomlkit.dumps(doc), encoding="utf-8")
@@ -500,17 +537,18 @@ def write_manifest(plan: Plan, where: Path) -> Path:
 # -- helpers --------------------------------------------------------------------------------------
 
 def _stream(argv: list[str], env: Mapping[str, str | None], log: _Log, step: str,
-            on_line: Callable[[str, Heartbeat], None] | None = None, cwd: Path | None = None,
-            quiet: bool = False) -> str:
-    """Run a step, every line into the log; builds on proc (same env merge, quoting, lookup).
-    When stderr is not a terminal a plain progress line says the step is alive (progress.py)."""
-    full_env = merged_env(env)
+            on_line: Callable[[str, Heartbeat], None] | None = None, *,
+            base: Mapping[str, str], quiet: bool = False) -> str:
+    """Run a step, `env` over `base` (the request's environment), every line into the log;
+    builds on proc (same env merge, quoting, lookup).  When stderr is not a terminal a plain
+    progress line says the step is alive (progress.py)."""
+    full_env = merged_env(env, base)
     if which(argv[0], full_env.get("PATH")) is None:
         raise ToolchainError(f"required program {argv[0]!r} was not found on PATH",
                              "Debian: apt-get install cmake ninja-build")
     log.write(f"\n==> {step}: {quote(argv)}\n")
     tail: list[str] = []
-    proc = spawn(argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = spawn(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                  text=True, errors="replace", bufsize=1)
     assert proc.stdout is not None
     out: list[str] = []

@@ -373,7 +373,7 @@ def upgrade(prefix: Path, req: Request, rootfs, *, run: list[str] | None = None,
             raise Refused("a gate did not pass")
 
     try:
-        out = pipeline.execute(req, rootfs, quiet=quiet, gate=gate, keep=keep)
+        out = pipeline.build(req, rootfs, quiet=quiet, gate=gate, keep=keep)
     except Refused:
         return Outcome(prefix, "refused", gates, before, {})
     except BuildError as exc:

@@ -93,7 +93,7 @@ def reference_request(build: LlamaBuild):
     ref = (src.get("commit") or src.get("ref")) if src.get("kind") == "git" else None
     if location == recipe.source.url or (src.get("kind") == "git" and location == recipe.source.git):
         location = None
-    return Request(recipe.name, m["target"], backend="cpu", source=location, ref=ref,
+    return Request(recipe=recipe.name, target=m["target"], backend="cpu", source=location, ref=ref,
                    prefix=str(reference_prefix(build)), build_targets=MEASURE_TARGETS)
 
 
@@ -127,7 +127,7 @@ def reference_for(build: LlamaBuild, reference: str | None, *, quiet: bool = Fal
     if there and there.get("made_for") != MADE_FOR:
         raise UsageError(f"{req.prefix} holds a build verify did not make; it is not replaced",
                          "move it away, or give --reference PREFIX (a CPU build of the same source)")
-    out = pipeline.execute(req, Root("/"), quiet=quiet, gate=_mark)
+    out = pipeline.build(req, Root("/"), quiet=quiet, gate=_mark)
     return LlamaBuild.open(out.prefix)
 
 

@@ -224,17 +224,17 @@ def default_backend(recipe: str, *, target: str, source: str | None, ref: str | 
     so the same reason is printed.  The source is read only where the rules need it and it is
     not local or cached: a real run then fetches it, as `rocforge build` would; a dry run
     downloads nothing and its reason names the condition the fetch decides."""
-    from rocforge_build.forge import plan as build_plan
+    from rocforge_build.forge.context import BuildContext
+    from rocforge_build.forge.request import Request
 
-    req = build_plan.Request(recipe=recipe, target=target, source=source, ref=ref)
-    got = build_plan._prepare(req, root, fetch=False)
-    backend, reason, others = got[4], got[5], got[9]
-    if others and not dry_run:
+    context = BuildContext.of(Request(recipe=recipe, target=target, source=source, ref=ref), root)
+    choice = context.read_cached().backend
+    if choice.alternatives and not dry_run:
         sys.stderr.write("rocforge: choosing the default backend as `rocforge build` does: the "
                          "recipe's rules read the source's build files (a cache hit after the "
                          "first fetch)\n")
-        backend, reason = build_plan._prepare(req, root)[4:6]
-    return Decision("backend", backend, reason)
+        choice = context.read().backend
+    return Decision("backend", choice.name, choice.reason)
 
 
 def plan(
