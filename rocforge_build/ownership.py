@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import pwd
 import re
@@ -19,9 +20,14 @@ import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from rocforge_build.errors import UsageError
+from rocforge_build.discover.builds import checked_manifest
+from rocforge_build.errors import RocforgeError, UsageError
+from rocforge_build.nightly.record import RECORD, valid_record
+from rocforge_build.rename_exchange import exchange
+from rocforge_build.toml_subset import tomllib_loads
 
 MARK = ".rocforge-owned"
+SCRATCH = ".rocforge-scratch"  # the mark in a scratch tree rocforge made (staged installs)
 COMPLETE = ".rocforge-complete"  # forge/sources.py: a fetched tree is whole (removed first)
 CACHEDIR_TAG = "CACHEDIR.TAG"
 SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
@@ -46,6 +52,11 @@ def _write_new(path: Path, text: str) -> None:
 MARK_HEAD = "made by rocforge: "  # every MARK starts so; a file of another content is no mark
 HOME_DOTFILES = (".bashrc", ".bash_profile", ".bash_logout", ".profile", ".zshrc", ".ssh",
                  ".gnupg")  # a directory holding one is someone's home, whatever HOME says
+# What rocforge writes at the start of the marks whose content it fixes (see `valid_marker`).
+MARK_HEADS = {SCRATCH: b"rocforge scratch tree:", MARK: MARK_HEAD.encode(),
+              ".rocforge-closure": b"staged by `rocforge container closure`"}
+VALIDATED_MARKERS = (*MARK_HEADS, "rocforge-manifest.toml", "rocforge-kernels.json")
+MARKER_BYTES = 1 << 20  # a marker larger than rocforge writes is not one of rocforge's
 
 
 def write_mark(directory: Path, what: str) -> None:
@@ -69,20 +80,58 @@ def _mark_ok(path: Path) -> bool:
 
 def _holds(directory: Path, name: str) -> bool:
     """Whether `directory` holds the mark `name`: content checked where rocforge fixes it
-    (`MARK`, and the markers `replace.valid_marker` knows), else a regular file."""
-    from rocforge_build import replace
-
+    (`MARK`, and the markers `valid_marker` knows), else a regular file."""
     if name == MARK:
         return _mark_ok(directory / name)
-    if name in replace.VALIDATED_MARKERS:
-        return replace.valid_marker(directory, name)
+    if name in VALIDATED_MARKERS:
+        return valid_marker(directory, name)
     if name == COMPLETE:
         return valid_stamp(directory / name)
-    if name == "rocforge-install.toml":  # a nightly install: its record must validate
-        from rocforge_build.nightly.install import valid_record
-
+    if name == RECORD:  # a nightly install: its record must validate
         return valid_record(directory)
     return _regular(directory / name)
+
+
+def valid_marker(tree: Path, name: str) -> bool:
+    """Whether `tree/name` is a marker as rocforge writes it (a regular file, never followed):
+    a fixed text (`MARK_HEADS`), a build manifest that passes discover/builds.py's schema, or a
+    kernels manifest (a JSON object naming target, platform and binary).  Anything else under a
+    marker's name, a broken manifest included, does not make a tree rocforge's."""
+    try:
+        fd = os.open(Path(tree) / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MARKER_BYTES:
+            return False
+        data = os.read(fd, MARKER_BYTES + 1)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    if name in MARK_HEADS:
+        return data.startswith(MARK_HEADS[name])
+    try:
+        text = data.decode("utf-8")
+        if name.endswith(".toml"):
+            return _valid_manifest(text, str(Path(tree) / name))
+        if name.endswith(".json"):
+            doc = json.loads(text)
+            return isinstance(doc, dict) and all(
+                isinstance(doc.get(k), str) for k in ("target", "platform", "binary"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return False
+
+
+def _valid_manifest(text: str, path: str) -> bool:
+    try:
+        data = tomllib_loads(text)
+        checked_manifest(data, path)
+    except (ValueError, RecursionError, RocforgeError):
+        return False
+    return isinstance(data, dict)
 
 
 _STAMP = re.compile(r"\S.* [0-9a-f]{40}(?:[0-9a-f]{24})?|.+\.(?:tar(?:\.\w+)?|tgz|zip)")
@@ -511,15 +560,13 @@ def install_tree(new: Path, dest: Path, what: str, *, marks: Iterable[str] = (MA
     file system has it (rename(2)), else by renaming the old tree aside first (for that instant
     `dest` is absent and a reader fetches again).  The replaced tree, now at `new`'s name, is
     removed with the one-device remover; returns the mount points it left in place."""
-    from rocforge_build import replace
-
     new, dest = Path(new), Path(dest)
     if not os.path.lexists(dest):
         os.rename(new, dest)
         return []
     check_tree_replaceable(dest, what, marks)
     old = new
-    if not replace.exchange(new, dest):
+    if not exchange(new, dest):
         old = Path(f"{new}.replaced")
         os.rename(dest, old)
         os.rename(new, dest)

@@ -38,25 +38,17 @@ from pathlib import Path
 
 from rocforge_build import ownership, signals
 from rocforge_build.errors import UsageError
+from rocforge_build.ownership import SCRATCH, valid_marker
+from rocforge_build.rename_exchange import exchange
 
 OLD = ".rocforge-old"
 DELETING = ".rocforge-old.deleting"
 JOURNAL = ".rocforge-swap"  # beside `dest` while a swap is under way
-SCRATCH = ".rocforge-scratch"  # the mark in a scratch tree rocforge made (staged installs)
-RENAME_EXCHANGE = 2  # linux/fs.h
-_AT_FDCWD = -100
-_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "s390x": 347}
-_UNSUPPORTED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
 # The only names a swap's trees have beside `dest`: the staged tree (`new`) and the kept one
 # (`keep`) are always one of these, so a journal naming any other path is not rocforge's.
 NEW_SUFFIXES = (".rocforge-new", ".rocforge-partial", ".rocforge-previous")
 KEEP_SUFFIXES = (".rocforge-previous",)
 _MKDTEMP = "[A-Za-z0-9_]{8}"  # `.<name>.XXXXXXXX`: kernels build in a mkdtemp beside `--out`
-# What rocforge writes at the start of the marks whose content it fixes (see `valid_marker`).
-MARK_HEADS = {SCRATCH: b"rocforge scratch tree:", ownership.MARK: b"made by rocforge: ",
-              ".rocforge-closure": b"staged by `rocforge container closure`"}
-VALIDATED_MARKERS = (*MARK_HEADS, "rocforge-manifest.toml", "rocforge-kernels.json")
-MARKER_BYTES = 1 << 20  # a marker larger than rocforge writes is not one of rocforge's
 _RENAME_ERRORS = {errno.EBUSY, errno.EXDEV, errno.EACCES, errno.EPERM, errno.EROFS,
                   errno.ENOSPC, errno.ENOTEMPTY, errno.EEXIST}
 
@@ -72,52 +64,6 @@ def derived(dest: Path, path: Path | str, suffixes: tuple[str, ...]) -> bool:
         return True
     return suffixes is NEW_SUFFIXES and path.parent == dest.parent and re.fullmatch(
         re.escape(f".{dest.name}.") + _MKDTEMP, path.name) is not None
-
-
-def valid_marker(tree: Path, name: str) -> bool:
-    """Whether `tree/name` is a marker as rocforge writes it (a regular file, never followed):
-    a fixed text (`MARK_HEADS`), a build manifest that passes discover/builds.py's schema, or a
-    kernels manifest (a JSON object naming target, platform and binary).  Anything else under a
-    marker's name, a broken manifest included, does not make a tree rocforge's."""
-    try:
-        fd = os.open(Path(tree) / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MARKER_BYTES:
-            return False
-        data = os.read(fd, MARKER_BYTES + 1)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    if name in MARK_HEADS:
-        return data.startswith(MARK_HEADS[name])
-    try:
-        text = data.decode("utf-8")
-        if name.endswith(".toml"):
-            return _valid_manifest(text, str(Path(tree) / name))
-        if name.endswith(".json"):
-            doc = json.loads(text)
-            return isinstance(doc, dict) and all(
-                isinstance(doc.get(k), str) for k in ("target", "platform", "binary"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return False
-    return False
-
-
-def _valid_manifest(text: str, path: str) -> bool:
-    from rocforge_build.discover.builds import checked_manifest
-    from rocforge_build.errors import RocforgeError
-    from rocforge_build.toml_subset import tomllib_loads
-
-    try:
-        data = tomllib_loads(text)
-        checked_manifest(data, path)
-    except (ValueError, RecursionError, RocforgeError):
-        return False
-    return isinstance(data, dict)
 
 
 def check_target(dest: Path, option: str) -> None:
@@ -191,31 +137,6 @@ def _ours(tree: Path, marker: str) -> bool:
 def interrupted(dest: Path) -> bool:
     """Whether a replacement of `dest` was cut off (`recover` has something to do)."""
     return any(os.path.lexists(sibling(dest, s)) for s in (JOURNAL, OLD, DELETING))
-
-
-def exchange(a: Path, b: Path) -> bool:
-    """Swap the names `a` and `b` in one step (renameat2 RENAME_EXCHANGE, Linux 3.15+); False
-    where the file system or kernel cannot (the caller falls back), OSError for anything else."""
-    import ctypes
-    import platform
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    args = (_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE)
-    if hasattr(libc, "renameat2"):  # glibc 2.28+
-        rc = libc.renameat2(ctypes.c_int(args[0]), ctypes.c_char_p(args[1]), ctypes.c_int(args[2]),
-                            ctypes.c_char_p(args[3]), ctypes.c_uint(args[4]))
-    elif platform.machine() in _SYS_RENAMEAT2:
-        rc = libc.syscall(ctypes.c_long(_SYS_RENAMEAT2[platform.machine()]), *(
-            ctypes.c_long(args[0]), ctypes.c_char_p(args[1]), ctypes.c_long(args[2]),
-            ctypes.c_char_p(args[3]), ctypes.c_ulong(args[4])))
-    else:
-        return False
-    if rc == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in _UNSUPPORTED:
-        return False
-    raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
 def _ident(path: Path) -> list[int] | None:

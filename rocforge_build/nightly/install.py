@@ -36,10 +36,10 @@ from pathlib import Path
 from rocforge_build import config, download, download_policy, extract, ownership
 from rocforge_build.errors import IntegrityError, RocforgeError, UsageError
 from rocforge_build.nightly.listing import Nightly
+from rocforge_build.nightly.record import RECORD, read_record, read_record_checked, valid_record
 from rocforge_build.progress import Heartbeat, human_size
 from rocforge_build.shellsafe import one_line
 
-RECORD = "rocforge-install.toml"
 CURRENT = "current"
 DOWNLOADS = ".downloads"
 _HEX64 = re.compile(r"\b[0-9a-fA-F]{64}\b")
@@ -337,50 +337,6 @@ def write_record(path: Path, record: dict) -> None:
     extract.write_own_file(path, tomlkit.dumps(doc))
 
 
-_RECORD_TYPES = {"version": str, "family": str, "platform": str, "url": str, "sha256": str,
-                 "size": int, "verified": bool, "date": str, "build_date": str}
-_LAYER_TYPES = {"name": str, "url": str, "family": str, "version": str, "sha256": str,
-                "size": int, "checksum": str, "verified": bool}
-
-
-def read_record(path: Path) -> dict:
-    return read_record_checked(path)[0]
-
-
-def read_record_checked(path: Path) -> tuple[dict, str | None]:
-    """(record, problem): the fields of the right type only, so one damaged record (hand-edited,
-    half-written by another tool) never breaks the listing or pruning of every install."""
-    import tomllib
-
-    file = path / RECORD if path.is_dir() else path
-    try:
-        raw = tomllib.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        from rocforge_build.errors import reason
-
-        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else reason(exc)
-        return {}, f"{RECORD} cannot be read ({why})"
-    record = {k: v for k, v in raw.items() if _typed(v, _RECORD_TYPES.get(k))}
-    bad = sorted(k for k in raw if k in _RECORD_TYPES and k not in record)
-    layers = raw.get("layers", [])
-    if isinstance(layers, list) and all(isinstance(layer, dict) for layer in layers):
-        record["layers"] = [{k: v for k, v in layer.items() if _typed(v, _LAYER_TYPES.get(k))}
-                            for layer in layers]
-    else:
-        record["layers"] = []
-        bad.append("layers")
-    return record, (f"{RECORD} has fields of the wrong type: {', '.join(sorted(bad))}"
-                    if bad else None)
-
-
-def _typed(value, kind) -> bool:
-    if kind is None:
-        return False
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, kind)
-
-
 # -- current / installed / use / prune ---------------------------------------------------------
 
 def current_name(prefix: Path) -> str | None:
@@ -499,21 +455,6 @@ def prune(prefix: Path, keep: int) -> list[str]:
 
 # `switch`'s temporary link: `.current-PID-NANOSECONDS`, pointing at a name in the prefix
 SWITCH_LINK = re.compile(r"\.current-\d+-\d+")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def valid_record(path: Path) -> bool:
-    """Whether `path` holds a rocforge-install.toml as `make_record` writes it: readable, every
-    field of its type, the version, URL, sha256 and size set, and each layer named with its own."""
-    if not (path / RECORD).is_file() or (path / RECORD).is_symlink():
-        return False
-    record, problem = read_record_checked(path)
-    layers = record.get("layers") or []
-    return (problem is None and all(k in record for k in ("version", "url", "sha256", "size"))
-            and bool(_SHA256.fullmatch(record["sha256"])) and bool(layers)
-            and all({"name", "url", "sha256", "size"} <= set(layer) for layer in layers))
-
-
 def check_prune_root(prefix: Path) -> None:
     """cache clean's root check for a nightly prefix: never `/`, HOME or above HOME (by
     identity), never a directory holding entries rocforge does not make there."""
