@@ -87,6 +87,12 @@ class DiskFullError(RocforgeError):
     exit_code = 10
 
 
+class StoreError(RocforgeError):
+    """The results database cannot be used (locked, corrupt, unwritable)."""
+
+    exit_code = 11
+
+
 def reason(exc: BaseException, *, name_file: bool = False) -> str:
     """An exception in a person's words: an OSError's own text (its strerror; with name_file,
     where the message does not name the path already, "No such file or directory: /x"), never

@@ -116,6 +116,13 @@ def builds_prefix_str() -> str:
     return path_str(os.path.join(data_dir_str(), "builds"))
 
 
+def results_db() -> Path:
+    """The results database of bench and tune (`ROCFORGE_RESULTS_DB` moves it): a location like
+    the others, so cache care can protect it without importing the measure layer."""
+    override = os.environ.get("ROCFORGE_RESULTS_DB")
+    return _path(override) if override else data_dir() / "results.sqlite3"
+
+
 def _where() -> tuple[tuple[str, str, Path], ...]:
     """(kind, variable that moves it, directory) for each of rocforge's own directories."""
     return (("cache", "ROCFORGE_CACHE_DIR", cache_dir()), ("data", "ROCFORGE_DATA_DIR", data_dir()),

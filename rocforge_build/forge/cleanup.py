@@ -236,11 +236,10 @@ def protected() -> dict[tuple[int, int], Path]:
     each and of every directory above it, so an entry that is or holds one of them is seen
     whatever path leads to it."""
     from rocforge_build import config
-    from rocforge_build.measure import store
 
     out = [paths.data_dir(), paths.config_dir(), paths.builds_prefix(), paths.nightly_prefix(),
            Path(os.path.expanduser("~"))]
-    for more in (config.nightly_prefix, lambda: store.default_path().parent):
+    for more in (config.nightly_prefix, lambda: paths.results_db().parent):
         try:
             out.append(Path(more()))
         except Exception:  # a broken config file: its own commands report it

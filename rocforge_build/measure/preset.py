@@ -4,7 +4,7 @@ per context range, with the measured figures that chose them."""
 from __future__ import annotations
 
 from rocforge_build import schema, shellsafe
-from rocforge_build.errors import ConfigError, UsageError
+from rocforge_build.errors import ConfigError, StoreError, UsageError
 from rocforge_build.measure.llama_tools import LlamaBuild
 
 
@@ -107,8 +107,6 @@ PRESET = schema.Record({
 def checked(preset: object, where: str) -> dict:
     """A preset read back from the results store (a file a user can edit or be handed), held to
     PRESET: one StoreError naming `where` (the store and the model's version) and the field."""
-    from rocforge_build.measure.store import StoreError
-
     return schema.check(preset, PRESET, where, StoreError,
                         "tune the model again (`rocforge tune`), or pick a good version with "
                         "`rocforge preset use`")
@@ -153,8 +151,6 @@ def runnable(preset: dict, names, where: str) -> None:
     """Each range in `names` runs its own rocforge build's program (`_build_problem`), checked by
     every command that prints or starts a preset's command (serve and its --dry-run, preset show,
     preset export): a StoreError naming `where` and the range, else nothing is printed or run."""
-    from rocforge_build.measure.store import StoreError
-
     for name in names:
         problem = _build_problem(preset["ranges"][name])
         if problem:

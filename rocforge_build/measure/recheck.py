@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rocforge_build import paths
 from rocforge_build.errors import RocforgeError
 
 
@@ -22,9 +23,9 @@ def earlier_run(store, prefix: str, stamp: str | None) -> tuple[int, list[dict]]
 def after_build(prefix: Path, *, threshold: float | None = None, argv: list[str] | None = None) -> int | None:
     """Re-measure and compare; returns the number of flagged lines, or None when there was nothing
     to compare with.  Never fails the build it follows: problems are reported as one line."""
-    from rocforge_build.measure.store import Store, default_path
+    from rocforge_build.measure.store import Store
 
-    if not default_path().is_file():
+    if not paths.results_db().is_file():
         return None
     try:
         with Store() as store:

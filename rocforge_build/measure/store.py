@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build import paths, rootfs, schema
-from rocforge_build.errors import ConfigError, DiskFullError, RocforgeError, UsageError
+from rocforge_build.errors import ConfigError, DiskFullError, RocforgeError, StoreError, UsageError
 from rocforge_build.shellsafe import one_line
 
 SCHEMA = """
@@ -49,12 +49,6 @@ SCHEMA_VERSION = 1
 _HISTORY = "COALESCE(model_sha256, model)"
 _SHA_PREFIX = re.compile(r"[0-9a-f]{12,64}")
 _MAX_INT = 2 ** 63 - 1  # SQLite INTEGER: 64-bit signed
-
-
-class StoreError(RocforgeError):
-    """The results database cannot be used (locked, corrupt, unwritable)."""
-
-    exit_code = 11
 
 
 def _ok_has_figure(row: dict, path: str) -> None:
@@ -104,11 +98,6 @@ _COLUMNS = {
                               "run_id": schema.Optional(_ID), "created": _TEXT,
                               "version": schema.Int(1, _MAX_INT)}),
 }
-
-
-def default_path() -> Path:
-    override = os.environ.get("ROCFORGE_RESULTS_DB")
-    return Path(override) if override else paths.data_dir() / "results.sqlite3"
 
 
 def _timeout() -> float:
@@ -177,7 +166,7 @@ class Row:
 
 class Store:
     def __init__(self, path: Path | None = None, *, timeout: float | None = None):
-        self.path = Path(path or default_path())
+        self.path = Path(path or paths.results_db())
         timeout = _timeout() if timeout is None else timeout
         self._regular_or_absent()
         try:
