@@ -1,0 +1,172 @@
+"""No import circles in rocforge_build (issue 32 item 6), read from the source with `ast`.
+
+A circle means two modules cannot be understood, tested or moved one without the other, so every
+import counts: at module level, inside a function (deferred for start-up time, still a dependency)
+and under `if TYPE_CHECKING:` (a type is a dependency too).  `from pkg import name` where `name`
+is a submodule is an import of `pkg.name`.  A circle is a strongly connected component of more
+than one module; the failure shows each as a path back to its start, so the arrow to cut is seen.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from pathlib import Path
+
+import rocforge_build
+
+PACKAGE = Path(rocforge_build.__file__).parent
+
+
+def package_modules(package_dir: Path) -> dict[str, Path]:
+    """Dotted module name -> source file for every module of the package at `package_dir`."""
+    modules = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = path.relative_to(package_dir.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The module `from ... import` names, relative levels resolved against `module`."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base[:len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that `module` imports anywhere in its file (itself left out)."""
+    found = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, is_package, node)
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return {name for name in found if name in modules and name != module}
+
+
+def import_graph(package_dir: Path) -> dict[str, set[str]]:
+    modules = package_modules(package_dir)
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components of `graph`, each sorted, those of more than one module only."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def cycle_through(start: str, component: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """A shortest path from `start` back to itself inside `component` (breadth first)."""
+    members = set(component)
+    came_from: dict[str, str] = {}
+    todo = deque([start])
+    while todo:
+        node = todo.popleft()
+        for succ in sorted(graph[node] & members):
+            if succ == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [*reversed(path), start]
+            if succ not in came_from:
+                came_from[succ] = node
+                todo.append(succ)
+    raise AssertionError(f"{start} is on no cycle of {component}")
+
+
+def cycles(package_dir: Path) -> list[str]:
+    """One line per circle: its members, and a path through it that returns to its start."""
+    graph = import_graph(package_dir)
+    return [f"{len(c)} modules ({', '.join(c)}): {' -> '.join(cycle_through(c[0], c, graph))}"
+            for c in strongly_connected(graph)]
+
+
+def test_rocforge_build_has_no_import_circles():
+    graph = import_graph(PACKAGE)
+    assert len(graph) > 50 and graph["rocforge_build.cli"], "the walk is broken"
+    found = cycles(PACKAGE)
+    assert not found, ("import circles (put the shared fact in a lower module both import):\n"
+                       + "\n".join(found))
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root / "pkg"
+
+
+def test_a_circle_through_a_function_level_import_is_found(tmp_path):
+    """pkg.a imports pkg.sub.b at module level; b imports a only inside a function: a circle.
+    c imports b and is no part of it."""
+    pkg = _package(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from pkg.sub import b\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/b.py": "def later():\n    from pkg import a\n    return a\n",
+        "pkg/c.py": "import pkg.sub.b\n",
+    })
+    assert cycles(pkg) == ["2 modules (pkg.a, pkg.sub.b): pkg.a -> pkg.sub.b -> pkg.a"]
+
+
+def test_type_checking_and_relative_imports_count(tmp_path):
+    """A type-only import (`if TYPE_CHECKING:`) and relative imports close a circle of three;
+    an import of a name (not a submodule) from a package is an import of the package."""
+    pkg = _package(tmp_path, {
+        "pkg/__init__.py": "VERSION = 1\n",
+        "pkg/x.py": "from .y import thing\n",
+        "pkg/y.py": "from . import z\nthing = 1\n",
+        "pkg/z.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                     "    from pkg.x import Something\n"),
+        "pkg/w.py": "from pkg import VERSION\n",
+    })
+    graph = import_graph(pkg)
+    assert graph["pkg.w"] == {"pkg"}
+    assert cycles(pkg) == ["3 modules (pkg.x, pkg.y, pkg.z): pkg.x -> pkg.y -> pkg.z -> pkg.x"]
+
+
+def test_a_package_without_circles_passes(tmp_path):
+    pkg = _package(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/low.py": "import os\n",
+        "pkg/high.py": "from pkg import low\ndef f():\n    from pkg.low import os\n",
+    })
+    assert import_graph(pkg)["pkg.high"] == {"pkg.low"}
+    assert cycles(pkg) == []
