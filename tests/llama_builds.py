@@ -22,7 +22,7 @@ def shared_ccache() -> str:
     """One compiler cache for all llama builds, kept between sessions (tests/session_home.py); a
     fresh machine starts cold."""
     return (os.environ.get("CCACHE_DIR") or os.environ.get("ROCFORGE_TEST_CCACHE")
-            or str(Path.home() / ".cache" / "rocforge-test" / "ccache"))
+            or str(Path.home() / ".cache" / "ccache"))
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,11 @@ finds its per-user files inside the session's temporary directory, so a run writ
 the contributor's real HOME and reads none of their settings (a ~/.gitconfig, an sccache config
 with a remote cache); tests/conftest.py calls these at the start and the end of the session.
 
-The one place kept between runs is the slow tests' cache, ~/.cache/rocforge-test: sdists, the
-sid chroot, the trained model and the llama builds' compiler cache (ROCFORGE_TEST_SDISTS,
-ROCFORGE_TEST_CHROOTS, ROCFORGE_TEST_MODELS, ROCFORGE_TEST_CCACHE), fixed here before HOME moves;
-left below the session's HOME, each run would download the model and compile llama.cpp cold.
+Kept between runs, fixed here before HOME moves: the slow tests' downloads in
+~/.cache/rocforge-test (sdists, the sid chroot, the trained model: ROCFORGE_TEST_SDISTS,
+ROCFORGE_TEST_CHROOTS, ROCFORGE_TEST_MODELS) and the llama builds' compiler cache, ccache's own
+~/.cache/ccache (ROCFORGE_TEST_CCACHE; content-addressed, so sharing it changes no result).  Left
+below the session's HOME, each run would download the model and compile llama.cpp cold.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def isolate(base: str) -> str:
     os.environ.setdefault("ROCFORGE_TEST_SDISTS", os.path.join(kept, "sdists"))
     os.environ.setdefault("ROCFORGE_TEST_CHROOTS", os.path.join(kept, "chroots"))
     os.environ.setdefault("ROCFORGE_TEST_MODELS", os.path.join(kept, "models"))
-    os.environ.setdefault("ROCFORGE_TEST_CCACHE", os.path.join(kept, "ccache"))
+    os.environ.setdefault("ROCFORGE_TEST_CCACHE", os.path.join(real_cache, "ccache"))
     home = os.path.join(base, "home")
     os.makedirs(home, exist_ok=True)
     os.environ["HOME"] = home
