@@ -21,7 +21,9 @@ whose build fails, is skipped and its nearest untested neighbour is tried instea
 from __future__ import annotations
 
 import math
+import os
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -325,3 +327,158 @@ def bench_test(model: str, metric: str, baseline: float, pct: float,
 def _from_gate(g: Gate) -> Step:
     verdict = {"pass": "good", "fail": "bad"}.get(g.verdict, "skip")
     return Step("", verdict, g.detail, g.figures)
+
+
+# -- one bisect as asked --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepTest:
+    """How each step is tested, as asked: --run CMD, --verify GGUF (against --reference), or
+    --bench GGUF with --metric and --threshold."""
+    run: str | None = None
+    verify: str | None = None
+    reference: str | None = None
+    bench: str | None = None
+    metric: str | None = None
+    threshold: float | None = None
+
+    def words(self) -> str:
+        """The test's part of the command line, quoted (the report's reproduction)."""
+        if self.run:
+            return f"--run {shlex.quote(self.run)}"
+        if self.verify:
+            return f"--verify {shlex.quote(self.verify)}" + (
+                f" --reference {shlex.quote(self.reference)}" if self.reference else "")
+        return (f"--bench {shlex.quote(self.bench)} --metric {self.metric}"
+                + (f" --threshold {self.threshold:g}" if self.threshold is not None else ""))
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One bisect as the command line gave it: what is built, the axis (git, versions or
+    nightlies) with its bounds and list as typed, and the step test."""
+    recipe: str
+    target: str
+    backend: str | None
+    axis: str
+    source: str | None
+    good: str | None
+    bad: str | None
+    listed: str | None  # --versions or --nightlies as given
+    test: StepTest
+
+
+@dataclass
+class Axis:
+    """The candidates of one bisect: what each is called, where its source comes from."""
+    location: str
+    good: str
+    commits: list[str]
+    subjects: dict[str, str]
+    names: dict[str, str]  # candidate -> its step prefix's name
+    source_of: dict[str, tuple]  # candidate -> (--source, --ref) of its build
+    what: str
+    nightlies: object = None
+
+
+def axis_candidates(asked: Asked, recipe, good: str | None, listed: list[str] | None) -> Axis:
+    """The candidates on the asked axis (`good` and `listed`: the versions checked from the list,
+    None for git), each with its source, its step name and a line saying what it is."""
+    if asked.axis == "git":
+        location = git_location(recipe, asked.source, asked.good)
+        commits, subjects = candidates(location, asked.good, asked.bad)
+        good = sources_sha(location, asked.good)
+        return Axis(location, good, commits, subjects, {c: c[:12] for c in [good, *commits]},
+                    {c: (asked.source, c) for c in [good, *commits]},
+                    f"first-parent commits after {asked.good} up to {asked.bad}")
+    if asked.axis == "versions":
+        location = version_template(recipe, asked.source)
+        check_version_files(location, [good, *listed])
+        source_of = {v: (version_source(location, v), None) for v in [good, *listed]}
+        for where, _ in source_of.values():  # each one a tarball rocforge can fetch, checked now
+            _tarball_spec(recipe, where)
+        return Axis(location, good, listed, {v: source_of[v][0] for v in listed},
+                    {v: f"v-{v}" for v in [good, *listed]}, source_of,
+                    f"versions after {good} up to {listed[-1]}")
+    _rocm_backend(recipe, asked.backend)
+    source, ref = _fixed_source(recipe, asked.source)
+    location = source or recipe.name
+    nightlies = _nightlies(asked.target, [good, *listed])
+    return Axis(location, good, listed, {v: nightlies.describe(v) for v in listed},
+                {v: f"nightly-{v}" for v in [good, *listed]}, {v: (source, ref) for v in [good, *listed]},
+                f"TheRock nightlies after {good} up to {listed[-1]}, source {location}", nightlies)
+
+
+def _tarball_spec(recipe, where: str) -> None:
+    spec = sources.spec_for(recipe, source=where)
+    if spec.kind != "tarball":
+        raise UsageError(f"--versions: {where} is a {spec.kind} source, not a tarball",
+                         "give --source a tarball URL or file holding {version}")
+
+
+def _fixed_source(recipe, source: str | None) -> tuple[str | None, str | None]:
+    """The nightly axis's one source: a git source pinned to one commit now (every step builds
+    the same tree), anything else as given."""
+    spec = sources.spec_for(recipe, source=source)
+    if spec.kind == "git":
+        return source, sources_sha(spec.location, spec.ref or "HEAD")
+    return source, None
+
+
+def _nightlies(target: str, versions: list[str]):
+    """Each version's tree: installed, or found in the configured sources (checked now)."""
+    from rocforge_build import config
+    from rocforge_build.discover import targets
+    from rocforge_build.nightly import axis
+
+    name = targets.get_target(target).name
+    cfg = config.effective()
+    return axis.plan(versions, name, cfg, config.nightly_prefix(cfg))
+
+
+def _rocm_backend(recipe, backend: str | None) -> None:
+    """--nightlies with a --backend that does not build with ROCm: refused before anything."""
+    be = recipe.backends.get(backend) if backend is not None else None
+    if be is not None and be.toolchain != "hip":
+        raise UsageError(f"--nightlies: backend {backend} builds with the {be.toolchain} "
+                         "toolchain, not a ROCm one", "give --backend a backend whose toolchain "
+                         "is hip")
+
+
+def sources_sha(location: str, ref: str) -> str:
+    return sources._git_resolve(location, ref)
+
+
+def check_uses_rocm(prefix: Path, rocm: str) -> None:
+    """A nightly step's build must have been made with that nightly's ROCm: a backend of the
+    host toolchain would make every step the same build."""
+    from rocforge_build.discover.builds import read_manifest
+
+    tc = (read_manifest(prefix) or {}).get("toolchain")
+    used = tc.get("rocm_path") if isinstance(tc, dict) else None
+    if not isinstance(used, str) or os.path.realpath(used) != os.path.realpath(rocm):
+        kind = tc.get("kind") if isinstance(tc, dict) else None
+        raise UsageError(f"--nightlies: the build at {prefix} does not use the nightly's ROCm "
+                         f"(its toolchain is {kind or 'unknown'}), so every step would be the "
+                         "same build", "give --backend a backend whose toolchain is hip")
+
+
+def oracle(test: StepTest, argv: list[str] | None, good: str, good_given: str | None, model: str | None,
+           pct: float, root: str | None, build: Callable[[str], tuple[bool, str | None]],
+           prefix_of: Callable[[str], Path]) -> Callable[[Path], Step]:
+    """The test each step's build gets: --run's program; --verify against --reference or the good
+    ref's build; --bench against the good ref's figure (`build` makes the good ref's build first)."""
+    if argv:
+        return run_test(argv)
+    if test.verify and test.reference:
+        return verify_test(model, Path(test.reference).absolute(), root)
+    built, failed = build(good)  # the good ref's build is the reference or the baseline
+    if failed:
+        raise UsageError(f"--good {good_given or good} does not build: {failed}")
+    if test.verify:
+        return verify_test(model, prefix_of(good), root)
+    baseline = bench_figure(prefix_of(good), model, test.metric, root)
+    if not baseline:
+        raise UsageError(f"--good {good_given or good} gave no {test.metric} figure",
+                         "check the model with `rocforge bench` on that build")
+    return bench_test(model, test.metric, baseline, pct, root)

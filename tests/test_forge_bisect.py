@@ -1,0 +1,123 @@
+"""forge/bisect.py's pieces that need no build: the test each step gets (`oracle`), a nightly
+step's check that it was built with that nightly's ROCm, and the test's command-line words.
+The search and the axes, with real builds, are in test_bisect.py, test_bisect_versions.py and
+test_bisect_nightlies.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tomlkit
+from stackfixtures import make_build
+
+from rocforge_build.errors import UsageError
+from rocforge_build.forge import bisect
+from rocforge_build.forge.bisect import StepTest
+
+# --run's program: exit 0 for a prefix ending in /ok, 125 (skip) for /skip, 1 otherwise
+CHECK = ["/bin/sh", "-c", 'case "$ROCFORGE_PREFIX" in */ok) exit 0;; */skip) exit 125;; *) exit 1;; esac']
+
+
+class Builds:
+    """The oracle's `build`: records each candidate asked for; fails those in `failing`."""
+
+    def __init__(self, failing: dict[str, str] | None = None):
+        self.asked = []
+        self.failing = failing or {}
+
+    def __call__(self, key: str) -> tuple[bool, str | None]:
+        self.asked.append(key)
+        return True, self.failing.get(key)
+
+
+def prefix_of(key: str) -> Path:
+    return Path("/bisect/steps") / f"step-{key}"
+
+
+def oracle(test: StepTest, builds: Builds, *, argv=None, good="0.1", good_given=None, model=None):
+    return bisect.oracle(test, argv, good, good_given, model, 5.0, None, builds, prefix_of)
+
+
+def test_run_tests_each_step_with_the_program_and_builds_nothing_first():
+    builds = Builds()
+    check = oracle(StepTest(run="check"), builds, argv=CHECK)
+    assert builds.asked == []  # --run needs no reference: the good ref is not built first
+    # git bisect run's exit codes: 0 good, 125 skip, anything else bad
+    assert [check(Path(f"/steps/{p}")).verdict for p in ("ok", "skip", "other")] == ["good", "skip", "bad"]
+    step = check(Path("/steps/other"))
+    assert step.detail.endswith("exited 1") and step.figures == {"exit_code": 1}
+
+
+def test_a_good_ref_that_does_not_build_is_one_line_naming_it_as_given():
+    # with --bench (and --verify without --reference) the good ref is built first; its failure
+    # ends the bisect, naming --good as the user typed it, else the resolved good candidate
+    builds = Builds({"a" * 40: "cmake failed"})
+    with pytest.raises(UsageError) as got:
+        oracle(StepTest(bench="m.gguf", metric="pp512"), builds, good="a" * 40, good_given="v1.0")
+    assert got.value.message == "--good v1.0 does not build: cmake failed"
+    assert builds.asked == ["a" * 40]
+    with pytest.raises(UsageError) as got:
+        oracle(StepTest(verify="m.gguf"), Builds({"0.1": "no compiler"}), good="0.1")
+    assert got.value.message == "--good 0.1 does not build: no compiler"
+
+
+def test_verify_compares_with_reference_when_given_else_with_the_good_build(tmp_path):
+    # the detail of a step names the reference it was compared with; a step prefix that does not
+    # exist makes `rocforge verify` refuse (exit 2), which is a skip, not a verdict
+    model = str(tmp_path / "m.gguf")
+    given = Builds()
+    check = oracle(StepTest(verify=model, reference=str(tmp_path / "ref-build")), given, model=model)
+    assert given.asked == []  # --reference: nothing built first
+    step = check(tmp_path / "no-such-step")
+    assert (step.verdict, step.detail) == ("skip", "`rocforge verify` against ref-build exited 2")
+    good_first = Builds()
+    check = oracle(StepTest(verify=model), good_first, model=model)
+    assert good_first.asked == ["0.1"]
+    assert check(tmp_path / "no-such-step").detail == "`rocforge verify` against step-0.1 exited 2"
+
+
+def test_bench_without_a_figure_from_the_good_build_is_refused(tmp_path):
+    # the good ref's build (here a prefix that does not exist) gives no pp512 figure: there is
+    # no baseline to compare the steps with, so the bisect stops before the search
+    builds = Builds()
+    with pytest.raises(UsageError) as got:
+        oracle(StepTest(bench="m.gguf", metric="tg128"), builds, good_given="v1", model=str(tmp_path / "m"))
+    assert got.value.message == "--good v1 gave no tg128 figure"
+    assert builds.asked == ["0.1"]
+
+
+def with_toolchain(prefix: Path, toolchain: dict) -> Path:
+    doc = tomlkit.parse((prefix / "rocforge-manifest.toml").read_text())
+    doc["toolchain"] = toolchain
+    (prefix / "rocforge-manifest.toml").write_text(tomlkit.dumps(doc))
+    return prefix
+
+
+def test_a_nightly_step_must_be_built_with_that_nightlys_rocm(tmp_path):
+    nightly = tmp_path / "nightlies" / "7.10.0a20251101"
+    nightly.mkdir(parents=True)
+    (tmp_path / "current").symlink_to(nightly)  # the same tree by another name is the same ROCm
+    built = with_toolchain(make_build(tmp_path / "a", "llama-cpp", "gfx1151", "hip"),
+                           {"kind": "hip", "rocm_path": str(tmp_path / "current")})
+    bisect.check_uses_rocm(built, str(nightly))
+    other = with_toolchain(make_build(tmp_path / "b", "llama-cpp", "gfx1151", "hip"),
+                           {"kind": "hip", "rocm_path": "/opt/rocm"})
+    host = make_build(tmp_path / "c", "llama-cpp", "gfx1151", "cpu")  # the host toolchain: no ROCm
+    for prefix, kind in ((other, "hip"), (host, "host")):
+        with pytest.raises(UsageError) as got:
+            bisect.check_uses_rocm(prefix, str(nightly))
+        assert got.value.message == (f"--nightlies: the build at {prefix} does not use the nightly's ROCm "
+                                     f"(its toolchain is {kind}), so every step would be the same build")
+
+
+@pytest.mark.parametrize("test, words", [
+    (StepTest(run="./check.sh --fast"), "--run './check.sh --fast'"),
+    (StepTest(verify="/m/a b.gguf"), "--verify '/m/a b.gguf'"),
+    (StepTest(verify="/m/a.gguf", reference="/builds/ref"), "--verify /m/a.gguf --reference /builds/ref"),
+    (StepTest(bench="/m/a.gguf", metric="pp512"), "--bench /m/a.gguf --metric pp512"),
+    (StepTest(bench="/m/a.gguf", metric="tg128", threshold=7.5), "--bench /m/a.gguf --metric tg128 --threshold 7.5"),
+])
+def test_the_step_test_in_command_line_words(test, words):
+    # quoted for a POSIX shell: the report's reproduction line is pasted into one
+    assert test.words() == words
