@@ -161,3 +161,20 @@ def test_cli_imports_are_found(tmp_path):
         f"{module}:5 rocforge_build.commands.recipe",
         f"{module}:5 rocforge_build.commands.recipe.run_list",
     ]
+
+
+def unlisted_modules(modules: list[Path], layout_text: str) -> list[str]:
+    """The modules (but `__init__.py`) whose file name the code map never mentions."""
+    return [str(p.relative_to(PACKAGE)) for p in modules
+            if p.name != "__init__.py" and f"{p.name}`" not in layout_text]
+
+
+def test_the_code_map_names_every_module():
+    """docs/layout.md is where a contributor finds a module: each one is named there."""
+    text = (PACKAGE.parent / "docs" / "layout.md").read_text(encoding="utf-8")
+    assert unlisted_modules(_package_modules(), text) == []
+
+
+def test_unlisted_modules_are_found():
+    mods = [PACKAGE / name for name in ("__init__.py", "named.py", "forgotten.py")]
+    assert unlisted_modules(mods, "| `named.py` | ... |") == ["forgotten.py"]
