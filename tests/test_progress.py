@@ -125,17 +125,17 @@ def test_git_fetch_and_sparse_checkout_show_their_step(tmp_path, monkeypatch, ca
     _slow_git(tmp_path / "bin", 0.5)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     monkeypatch.setenv("ROCFORGE_PROGRESS_INTERVAL", "0.1")
-    sources.fetch(sources.SourceSpec("git", repo.as_uri(), ref="v1.2.0"))
+    sources.GitSource(repo.as_uri(), ref="v1.2.0").fetch()
     beats = _beats(capsys.readouterr().err)
     assert beats and {m["step"] for m in beats} == {f"git {repo.as_uri()}"}, beats
     assert any(m["n"] == "1/3" and m["detail"].startswith("git fetch --depth 1 ") for m in beats)
     # the checkout shape (a real shallow, blob-less clone): fetch, checkout, submodules: [n/3]
-    sources.fetch(sources.SourceSpec("git", repo.as_uri(), ref="v1.2.0", submodules=True))
+    sources.GitSource(repo.as_uri(), ref="v1.2.0", submodules=True).fetch()
     beats = _beats(capsys.readouterr().err)
     assert beats and all(m["n"] in ("1/3", "2/3", "3/3") for m in beats), beats
     assert any(m["detail"].startswith("git fetch --depth 1 --filter=blob:none v1.2.0") for m in beats)
     # --no-progress's way (progress=False), into an empty cache: the same slow fetch, quiet
     monkeypatch.setenv("ROCFORGE_CACHE_DIR", str(tmp_path / "cache2"))
-    sources.fetch(sources.SourceSpec("git", repo.as_uri(), ref="v1.2.0"), progress=False)
+    sources.GitSource(repo.as_uri(), ref="v1.2.0").fetch(progress=False)
     assert (tmp_path / "cache2" / "sources").is_dir()
     assert _beats(capsys.readouterr().err) == []

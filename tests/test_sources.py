@@ -10,26 +10,26 @@ import pytest
 from buildfixtures import PROJECT, RECIPE, git, git_repo, recipe_copy, tarball
 
 from rocforge_build.errors import IntegrityError, UsageError
-from rocforge_build.forge import pipeline, recipes, sources
-from rocforge_build.forge.plan import Request, make_plan
+from rocforge_build.forge import pipeline, recipes, source_fetch, sources
+from rocforge_build.forge.plan import Request, plan_for
 from rocforge_build.rootfs import Root
 
 
-def test_spec_for_precedence(tmp_path):
+def test_source_for_precedence(tmp_path):
     r = recipes.load(str(RECIPE))
-    assert sources.spec_for(r).kind == "git" and sources.spec_for(r).ref == "v1.2.0"
-    assert sources.spec_for(r, ref="main").ref == "main"
-    assert sources.spec_for(r, source=str(PROJECT)).kind == "local"
+    assert sources.source_for(r).kind == "git" and sources.source_for(r).ref == "v1.2.0"
+    assert sources.source_for(r, ref="main").ref == "main"
+    assert sources.source_for(r, source=str(PROJECT)).kind == "local"
     tb = tarball(tmp_path / "f.tar.gz")
-    assert sources.spec_for(r, source=str(tb)).kind == "tarball"
-    assert sources.spec_for(r, source="https://example.invalid/x.git").kind == "git"
-    assert sources.spec_for(r, source="https://example.invalid/x.tar.xz").kind == "tarball"
+    assert sources.source_for(r, source=str(tb)).kind == "tarball"
+    assert sources.source_for(r, source="https://example.invalid/x.git").kind == "git"
+    assert sources.source_for(r, source="https://example.invalid/x.tar.xz").kind == "tarball"
     with pytest.raises(UsageError):
-        sources.spec_for(r, source=str(tmp_path / "missing"))
+        sources.source_for(r, source=str(tmp_path / "missing"))
     with pytest.raises(UsageError):
-        sources.spec_for(r, source="https://example.invalid/page.html")
+        sources.source_for(r, source="https://example.invalid/page.html")
     repo = git_repo(tmp_path / "repo")
-    s = sources.spec_for(r, source=str(repo), ref="v1.2.0")  # a local repo at a ref
+    s = sources.source_for(r, source=str(repo), ref="v1.2.0")  # a local repo at a ref
     assert s.kind == "git" and s.location == str(repo)
 
 
@@ -40,15 +40,15 @@ def test_git_fetch_by_tag_and_branch(tmp_path):
     git("commit", "-q", "-m", "new", cwd=repo)
     head = git("rev-parse", "HEAD", cwd=repo)
     tag = git("rev-parse", "v1.2.0", cwd=repo)
-    spec = sources.SourceSpec("git", repo.as_uri(), ref="v1.2.0")
-    assert sources.identify(spec) == tag
-    f = sources.fetch(spec)
+    spec = sources.GitSource(repo.as_uri(), ref="v1.2.0")
+    assert spec.identify() == tag
+    f = spec.fetch()
     assert f.commit == tag and (f.tree / "CMakeLists.txt").is_file() and not (f.tree / "NEW").exists()
     assert not (f.tree / ".git").exists()
-    f2 = sources.fetch(sources.SourceSpec("git", repo.as_uri(), ref="main"))
+    f2 = sources.GitSource(repo.as_uri(), ref="main").fetch()
     assert f2.identity == head and (f2.tree / "NEW").is_file()
     with pytest.raises(UsageError):
-        sources.identify(sources.SourceSpec("git", repo.as_uri(), ref="no-such-ref"))
+        sources.GitSource(repo.as_uri(), ref="no-such-ref").identify()
 
 
 def test_local_tree_identity_tracks_changes(tmp_path):
@@ -68,13 +68,13 @@ def test_tarball_over_http_with_pinned_sha(tmp_path, http_server):
     url = http_server.add("/dl/fixture-1.2.0.tar.gz", data)
     recipe = recipe_copy(tmp_path / "r", **{
         'git = "file:///nonexistent/fixture.git"\nref = "v1.2.0"': f'url = "{url}"\nsha256 = "{sha}"'})
-    req = Request(str(recipe), "gfx1030", prefix=str(tmp_path / "p"), jobs=2)
-    out = pipeline.execute(req, Root("/"), quiet=True)
+    req = Request(recipe=str(recipe), target="gfx1030", prefix=str(tmp_path / "p"), jobs=2)
+    out = pipeline.build(req, Root("/"), quiet=True)
     assert out.status == "built"
     gets = [r for r in http_server.requests if r[0] == "GET"]
     assert len(gets) == 1
     # the second identical build needs neither the network nor CMake
-    assert pipeline.execute(req, Root("/"), quiet=True).status == "up to date"
+    assert pipeline.build(req, Root("/"), quiet=True).status == "up to date"
     assert len([r for r in http_server.requests if r[0] == "GET"]) == 1
 
 
@@ -84,7 +84,7 @@ def test_tarball_sha_mismatch(tmp_path, http_server):
     recipe = recipe_copy(tmp_path / "r", **{
         'git = "file:///nonexistent/fixture.git"\nref = "v1.2.0"': f'url = "{url}"\nsha256 = "{"0" * 64}"'})
     with pytest.raises(IntegrityError):
-        make_plan(Request(str(recipe), "gfx1030"), Root("/"))
+        plan_for(Request(recipe=str(recipe), target="gfx1030"), Root("/"))
 
 
 def test_sync_tree_copies_only_changes(tmp_path):
@@ -222,10 +222,10 @@ def test_a_git_source_of_a_recipe_with_a_tarball_is_the_project_itself(tmp_path)
     llama = recipes.load("llama-cpp")
     repo = git_repo(tmp_path / "llama.cpp")
     for source in (str(repo), "https://example.org/llama.cpp.git", "git+ssh://example.org/llama.cpp"):
-        assert sources.spec_for(llama, ref="HEAD", source=source).subdir is None
-    assert sources.spec_for(llama).subdir == "vendor/llama.cpp"  # the sdist
+        assert sources.source_for(llama, ref="HEAD", source=source).subdir is None
+    assert sources.source_for(llama).subdir == "vendor/llama.cpp"  # the sdist
     rocwmma = recipes.load("rocwmma")
-    assert sources.spec_for(rocwmma, ref="develop", source=str(repo)).subdir == "projects/rocwmma"
+    assert sources.source_for(rocwmma, ref="develop", source=str(repo)).subdir == "projects/rocwmma"
 
 
 # -- a dry run never downloads: a remote git source --------------------------------------------------
@@ -250,10 +250,10 @@ def test_dry_run_of_a_remote_git_source_asks_no_server(http_server, tmp_path, ca
     # what a build's fetch leaves: the mirror with the commit, and the ref it resolved to
     repo = git_repo(tmp_path / "repo")
     commit = git("rev-parse", "v1.2.0^{commit}", cwd=repo)
-    mirror = sources._mirror(url)
+    mirror = source_fetch.git_mirror(url)
     mirror.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(mirror)], check=True)
-    sources._remember_ref(url, "v1.2.0", commit)
+    source_fetch._remember_ref(url, "v1.2.0", commit)
     assert main(argv) == 0
     out, err = capsys.readouterr()
     plan = json.loads(out)

@@ -21,7 +21,7 @@ from needs import needs
 
 from rocforge_build import ownership
 from rocforge_build.download import sha256_file
-from rocforge_build.forge import sources
+from rocforge_build.forge import source_fetch, sources
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "rocforge_build"
@@ -55,10 +55,10 @@ def python(code: str, *args: str, wrap: tuple[str, ...] = ()) -> subprocess.Comp
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-def half_removed(spec: sources.SourceSpec) -> tuple[Path, dict[str, str]]:
+def half_removed(spec: sources.Source) -> tuple[Path, dict[str, str]]:
     """A fetched tree as a killed `cache clean` leaves it: marked, its stamp and some files gone
     (so the next fetch replaces it); returns it and what a whole fetch holds."""
-    tree = sources.fetch(spec).root
+    tree = spec.fetch().root
     whole = snapshot(tree)
     (tree / ownership.COMPLETE).unlink()
     (tree / "CMakeLists.txt").unlink()
@@ -88,9 +88,9 @@ def test_a_users_directory_at_a_git_trees_path_is_refused_before_anything_is_fet
     repo = git_repo(tmp_path / "repo")
     commit = subprocess.run(["git", "-C", repo, "rev-parse", "HEAD"], capture_output=True,
                             text=True, check=True).stdout.strip()
-    for spec in (sources.SourceSpec("git", f"file://{repo}", ref="v1.2.0"),  # exported
-                 sources.SourceSpec("git", f"file://{repo}", ref="v1.2.0", sparse=("src",))):
-        dest = sources._stand_in(spec, commit).root if not spec.checkout else None
+    for spec in (sources.GitSource(f"file://{repo}", ref="v1.2.0"),  # exported
+                 sources.GitSource(f"file://{repo}", ref="v1.2.0", sparse=("src",))):
+        dest = spec._stand_in(commit).root if not spec.checkout else None
         if dest is None:  # a checkout's tree is named for its commit and shape
             import hashlib
 
@@ -99,18 +99,18 @@ def test_a_users_directory_at_a_git_trees_path_is_refused_before_anything_is_fet
         dest.mkdir(parents=True)
         (dest / "mine.txt").write_text("the user's")
         with pytest.raises(ownership.NotOwned, match="carries no mark of rocforge's") as exc:
-            sources.fetch(spec, commit)
+            spec.fetch(commit)
         assert exc.value.exit_code == 2 and str(dest) in exc.value.message
         assert snapshot(dest) == {"mine.txt": "file:the user's"}
-        assert not sources._mirror_has(spec.location, commit)  # nothing was fetched
+        assert not source_fetch.mirror_has(spec.location, commit)  # nothing was fetched
     leftovers = [p.name for p in trees().iterdir() if p.name.startswith(".")]
     assert leftovers == []
 
 
 def test_a_half_removed_tree_of_rocforges_is_replaced_whole(tmp_path):
-    spec = sources.SourceSpec("tarball", str(tarball(tmp_path / "fx.tar.gz")))
+    spec = sources.TarballSource(str(tarball(tmp_path / "fx.tar.gz")))
     tree, whole = half_removed(spec)
-    again = sources.fetch(spec)
+    again = spec.fetch()
     assert again.root == tree and snapshot(tree) == whole
     assert sorted(p.name for p in trees().iterdir()) == [tree.name]  # the old one went
 
@@ -150,16 +150,16 @@ MOUNTED = textwrap.dedent("""
     from pathlib import Path
     from rocforge_build import ownership
     from rocforge_build.forge import sources
-    spec = sources.SourceSpec("tarball", sys.argv[1])
+    spec = sources.TarballSource(sys.argv[1])
     elsewhere = Path(sys.argv[2])
-    tree = sources.fetch(spec).root
+    tree = spec.fetch().root
     (tree / ownership.COMPLETE).unlink()  # a killed clean: the next fetch replaces the tree
     (tree / "scratch").mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(tree / "scratch")], check=True)
     (tree / "scratch" / "on-tmpfs.txt").write_text("keep")
     (tree / "bound").mkdir()
     subprocess.run(["mount", "--bind", str(elsewhere), str(tree / "bound")], check=True)
-    again = sources.fetch(spec)
+    again = spec.fetch()
     mounted = [line.split()[4] for line in open("/proc/self/mountinfo")]
     on_tmpfs = [m for m in mounted if m.endswith("/scratch")]
     print(json.dumps({"root": str(again.root), "complete": (tree / ".rocforge-complete").is_file(),
@@ -228,7 +228,7 @@ def test_a_mark_in_home_makes_nothing_below_it_rocforges(tmp_path, monkeypatch):
 # -- SIGKILL in the middle of a replacement ------------------------------------------------------
 
 FETCH = ("import sys; from rocforge_build.forge import sources; "
-         "sources.fetch(sources.SourceSpec('tarball', sys.argv[1]))")
+         "sources.TarballSource(sys.argv[1]).fetch()")
 
 
 EXCHANGE_MISSING = ("-e", "inject=renameat2:error=EINVAL")  # as on a file system without it
@@ -248,7 +248,7 @@ def test_sigkill_mid_replacement_leaves_the_old_tree_unstamped_or_the_new_one_wh
     its path is the new one, whole and stamped, or carries no stamp (the next fetch replaces it);
     what is left beside it carries rocforge's mark; the next fetch succeeds."""
     archive = tarball(tmp_path / "fx.tar.gz")
-    spec = sources.SourceSpec("tarball", str(archive))
+    spec = sources.TarballSource(str(archive))
     tree, whole = half_removed(spec)
     syscall, when = kill.split(":")
     res = python(FETCH, str(archive), wrap=(
@@ -263,7 +263,7 @@ def test_sigkill_mid_replacement_leaves_the_old_tree_unstamped_or_the_new_one_wh
         assert not os.path.lexists(tree)  # for that instant: a reader fetches again
     for aside in (p for p in trees().iterdir() if p != tree):
         assert ownership.is_marked(aside) or not any(aside.iterdir()), aside  # rocforge's
-    again = sources.fetch(spec)
+    again = spec.fetch()
     assert again.root == tree and snapshot(tree) == whole
 
 

@@ -276,14 +276,14 @@ def test_file_submodules_follow_the_users_git_config(tmp_path, monkeypatch, file
     config.write_text('[protocol "file"]\n\tallow = always\n' if file_allowed else "")
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    spec = sources.SourceSpec("git", top.as_uri(), ref="main", submodules=True)
+    spec = sources.GitSource(top.as_uri(), ref="main", submodules=True)
     dest = tmp_path / "tree"
     if file_allowed:
-        sources._git_checkout(spec, commit, dest)
+        spec._checkout(commit, dest, progress=True)
         assert (dest / "lib" / "secret.txt").read_text() == "local data\n"
     else:
         with pytest.raises(NetworkError, match="git checkout of") as err:
-            sources._git_checkout(spec, commit, dest)
+            spec._checkout(commit, dest, progress=True)
         assert "transport 'file' not allowed" in str(err.value.hint)
         assert not dest.exists()
 

@@ -134,7 +134,7 @@ def test_a_cache_dir_holding_files_of_someone_else_is_refused_until_rocforge_tag
 
 def test_a_cache_rocforge_makes_is_tagged_with_the_cachedir_signature(tmp_path):
     tarball = make_tarball(tmp_path, files=3)
-    fetched = sources.fetch(sources.SourceSpec("tarball", str(tarball)))
+    fetched = sources.TarballSource(str(tarball)).fetch()
     tag = (cache() / "CACHEDIR.TAG").read_text()
     assert tag.splitlines()[0] == "Signature: 8a477f597d28d172789f06886806bc55"
     assert ownership.is_marked(fetched.root) and (fetched.root / ".rocforge-complete").is_file()
@@ -171,7 +171,7 @@ def mixed_cache(tmp_path: Path) -> dict[str, Path]:
     """A cache rocforge made (a fetched tree, a legacy tree and work dir, a marked work dir)
     holding also what is not rocforge's: an unmarked tree, a user's dir in work/, a file of a
     name rocforge never gives in llama-help/."""
-    fetched = sources.fetch(sources.SourceSpec("tarball", str(make_tarball(tmp_path, 5))))
+    fetched = sources.TarballSource(str(make_tarball(tmp_path, 5))).fetch()
     legacy_tree = cache() / "sources" / "trees" / "abcdef0123456789abcd"
     legacy_tree.mkdir(parents=True)
     (legacy_tree / ".rocforge-complete").write_text(STAMP)
@@ -223,8 +223,8 @@ def test_sigkill_mid_clean_leaves_a_tree_the_next_fetch_makes_whole(tmp_path):
     """SIGKILL at the 4th unlinkat(2) of `cache clean --sources` (strace's fault injection): the
     completeness stamp went first, so the half-removed tree is not taken as fetched; it still
     carries rocforge's mark, so the next clean finishes it; the next fetch makes it whole."""
-    spec = sources.SourceSpec("tarball", str(make_tarball(tmp_path, 400)))
-    tree = sources.fetch(spec).root
+    spec = sources.TarballSource(str(make_tarball(tmp_path, 400)))
+    tree = spec.fetch().root
     whole = snapshot(tree)
     res = rocforge("cache", "clean", "--sources",
                    wrap=("strace", "-f", "-o", os.devnull, "-e", "trace=unlinkat",
@@ -234,7 +234,7 @@ def test_sigkill_mid_clean_leaves_a_tree_the_next_fetch_makes_whole(tmp_path):
     assert not (tree / ".rocforge-complete").exists()
     assert ownership.is_marked(tree)
 
-    again = sources.fetch(spec)  # what the next build does first
+    again = spec.fetch()  # what the next build does first
     assert again.root == tree and snapshot(tree) == whole
 
     (tree / ".rocforge-complete").unlink()  # as the first step of another killed clean

@@ -71,8 +71,8 @@ class Result:
 
 def git_location(recipe, source: str | None, good: str) -> str:
     """The git repository to bisect: --source, else the recipe's git source."""
-    spec = sources.spec_for(recipe, ref=good, source=source)
-    if spec.kind != "git":
+    spec = sources.source_for(recipe, ref=good, source=source)
+    if not isinstance(spec, sources.GitSource):
         raise UsageError(f"bisect needs a git source; {spec.location} is a {spec.kind}",
                          "give --source a git repository (a URL or a local clone)")
     return spec.location
@@ -82,9 +82,9 @@ def candidates(location: str, good: str, bad: str) -> tuple[list[str], dict[str,
     """First-parent commits after `good` up to `bad`, oldest first, with their subjects."""
     for ref, option in ((good, "--good"), (bad, "--bad")):
         check_git_ref(ref, option)
-    good_sha = sources._git_resolve(location, good)
-    bad_sha = sources._git_resolve(location, bad)
-    mirror = sources._mirror(location)
+    good_sha = sources.GitSource(location, ref=good).identify()
+    bad_sha = sources.GitSource(location, ref=bad).identify()
+    mirror = sources.GitSource(location).mirror
     if not mirror.is_dir():
         mirror.parent.mkdir(parents=True, exist_ok=True)
         run(["git", "init", "-q", "--bare", mirror])
@@ -264,7 +264,7 @@ def build_step(req: Request, root) -> tuple[bool, str | None]:
     from rocforge_build.forge import pipeline
 
     try:
-        out = pipeline.execute(req, root, quiet=True)
+        out = pipeline.build(req, root, quiet=True)
     except BuildError as exc:  # the work dir stays: the message names its log (`rocforge cache clean --failed`)
         return True, exc.message.splitlines()[0]
     ownership.discard(work_dir(Path(req.prefix)), "a bisect step's build work dir")
@@ -410,8 +410,8 @@ def axis_candidates(asked: Asked, recipe, good: str | None, listed: list[str] | 
 
 
 def _tarball_spec(recipe, where: str) -> None:
-    spec = sources.spec_for(recipe, source=where)
-    if spec.kind != "tarball":
+    spec = sources.source_for(recipe, source=where)
+    if not isinstance(spec, sources.TarballSource):
         raise UsageError(f"--versions: {where} is a {spec.kind} source, not a tarball",
                          "give --source a tarball URL or file holding {version}")
 
@@ -419,9 +419,9 @@ def _tarball_spec(recipe, where: str) -> None:
 def _fixed_source(recipe, source: str | None) -> tuple[str | None, str | None]:
     """The nightly axis's one source: a git source pinned to one commit now (every step builds
     the same tree), anything else as given."""
-    spec = sources.spec_for(recipe, source=source)
-    if spec.kind == "git":
-        return source, sources_sha(spec.location, spec.ref or "HEAD")
+    spec = sources.source_for(recipe, source=source)
+    if isinstance(spec, sources.GitSource):
+        return source, spec.identify()
     return source, None
 
 
@@ -446,7 +446,7 @@ def _rocm_backend(recipe, backend: str | None) -> None:
 
 
 def sources_sha(location: str, ref: str) -> str:
-    return sources._git_resolve(location, ref)
+    return sources.GitSource(location, ref=ref).identify()
 
 
 def check_uses_rocm(prefix: Path, rocm: str) -> None:

@@ -104,7 +104,7 @@ def _stamped_tree(p: Path) -> bool:
 
 
 def _own_mirror(p: Path) -> bool:
-    """A git mirror named, as forge/sources.py names it, by the sha256 of the URL its config
+    """A git mirror named, as forge/source_fetch.py names it, by the sha256 of the URL its config
     fetches from."""
     m = re.fullmatch(r"([0-9a-f]{16})\.git", p.name)
     text = _head(p / "config") if m and _is_dir(p) else None

@@ -1,10 +1,11 @@
-"""Fetch a recipe's source into the cache: a git URL + ref, a tarball URL + sha256, or a local
-tree / offline mirror given with `--source PATH|URL`.
+"""A recipe's source, one class per kind: a git URL + ref (`GitSource`), a tarball URL or file +
+sha256 (`TarballSource`), or a local tree given with `--source PATH` (`LocalSource`).
 
-Each source gets an *identity* — the git commit, the tarball's sha256, or a hash over a local
-tree's file names, sizes and mtimes — computed cheaply before anything is fetched, so a no-op
-build can stop early.  Pristine trees live in `paths.cache_dir()/sources/`; builds work on a
-synced copy (see `sync_tree`) so patches never touch the cache or the user's own tree.
+Each source names its tree by an *identity* — the git commit, the tarball's sha256, or a hash over
+a local tree's file names, sizes and mtimes — computed cheaply before anything is fetched, so a
+no-op build can stop early.  Pristine trees live in `paths.cache_dir()/sources/` (how they get
+there: forge/source_fetch.py); builds work on a synced copy (see `sync_tree`) so patches never
+touch the cache or the user's own tree.
 """
 
 from __future__ import annotations
@@ -15,49 +16,124 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import unquote, urlparse
 
 from rocforge_build import ownership, paths
 from rocforge_build.download import sha256_file
-from rocforge_build.errors import IntegrityError, NetworkError, UsageError
+from rocforge_build.errors import ConfigError, IntegrityError, NetworkError, UsageError
+from rocforge_build.forge import source_fetch
 from rocforge_build.forge.cleanup import claim_cache_root
-from rocforge_build.ownership import COMPLETE, MARK, write_mark
-from rocforge_build.proc import GIT_ALLOW_PROTOCOL, PROBE, CommandFailed, run
+from rocforge_build.forge.source_fetch import is_commit, is_complete, trees_dir
+from rocforge_build.ownership import COMPLETE, MARK
+from rocforge_build.proc import PROBE, CommandFailed, run
 from rocforge_build.progress import Heartbeat
 from rocforge_build.refs import check_git_ref, check_git_url
 
-_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 _TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".tar", ".tar.zst")
 _SKIP = {".git", "__pycache__"}
 
 
-@dataclass(frozen=True)
-class SourceSpec:
-    kind: str  # "git" | "tarball" | "local"
+class Source(ABC):
+    """Where a recipe's source comes from.  Each kind knows how to name its tree before reading it
+    (`identify`), bring it into the cache (`fetch`) and read it without a download
+    (`without_download`), so no caller asks which kind it holds."""
+
+    kind: ClassVar[str]  # "git" | "tarball" | "local": the name manifests and plans record
     location: str  # URL or host path
+    subdir: str | None  # the CMake project inside the fetched tree
+    # kept for forge/pipeline.py and context.py until they ask `copies_whole_tree` / `ref_name`
     ref: str | None = None
-    sha256: str | None = None
-    subdir: str | None = None
-    sparse: tuple[str, ...] = ()  # git: shallow, blob-less, sparse (cone) checkout of these paths
-    submodules: bool = False  # git: shallow submodules too
+    sparse: tuple[str, ...] = ()
 
     @property
-    def checkout(self) -> bool:
-        """Fetched as a real (partial, shallow) checkout rather than an exported archive."""
-        return self.kind == "git" and bool(self.sparse or self.submodules)
+    @abstractmethod
+    def remote(self) -> bool:
+        """Whether reading the source asks a server."""
+
+    @property
+    def pinned_version(self) -> str | None:
+        """The version the recipe declares for this very tree (its own pinned tarball), known
+        before the tree is read; None for any other source."""
+        return None
+
+    @abstractmethod
+    def identify(self) -> str:
+        """The source's identity without fetching it."""
+
+    @abstractmethod
+    def fetch(self, identity: str | None = None, *, progress: bool = True) -> Fetched:
+        """Make the pristine tree available (cached by identity) and return where it is."""
+
+    @abstractmethod
+    def without_download(self) -> Fetched:
+        """The source as a dry run may read it: a local one (read, as the build will), a remote
+        one already in the source cache, else a stand-in (`read=False`) — the plan then leaves
+        what depends on the source's contents to after the fetch.  Never a request to a server."""
+
+    @property
+    def copies_whole_tree(self) -> bool:
+        """Whether a build's work copy holds the whole fetched tree, the project being its
+        `subdir`, rather than the project alone."""
+        return False
+
+    @property
+    def ref_name(self) -> str | None:
+        """The tag or branch the tree was fetched by, which a `git describe` of it would say."""
+        return None
+
+    def describe(self, identity: str = "") -> str:
+        """The source in a few words, as a fetch announces it."""
+        return self.location
+
+    def announce(self, identity: str) -> None:
+        """Say what is fetched before it is: a build reads the source's build files, so an
+        uncached llama.cpp costs a download of its tree; the cache makes later plans and builds
+        offline."""
+        sys.stderr.write(f"rocforge: fetching {self.describe(identity)} into "
+                         f"{paths.cache_dir() / 'sources'} (builds read the source; later runs "
+                         "use this copy)\n")
+
+    def check_version(self, recipe_name: str, version: str | None) -> None:
+        """The tree must say the version the recipe declares for it: that version decided
+        conditions before the download."""
+        pinned = self.pinned_version
+        if pinned and version != pinned:
+            raise ConfigError(
+                f"recipe {recipe_name}: source.pinned_version is {pinned}, but the pinned tarball "
+                f"({self.location}) says {version or 'no version'}",
+                "set pinned_version to the tarball's version (it decides `source_version` "
+                "conditions before the download)")
 
     def to_json(self) -> dict:
-        d = {k: v for k, v in vars(self).items() if v not in (None, (), False)}
-        if self.sparse:
-            d["sparse"] = list(self.sparse)
+        """What manifests and plans record: the kind and every field that is set."""
+        d: dict = {"kind": self.kind}
+        for f in fields(self):  # every kind is a dataclass
+            value = getattr(self, f.name)
+            if f.metadata.get("recorded", True) and value not in (None, (), False):
+                d[f.name] = list(value) if isinstance(value, tuple) else value
         return d
+
+    def _finish(self, identity: str, root: Path, commit: str | None = None) -> Fetched:
+        tree = root / self.subdir if self.subdir else root
+        if not tree.is_dir():
+            raise UsageError(f"source {self.location} has no directory {self.subdir!r}")
+        require_project(tree, f"source {self.location}")
+        return Fetched(self, identity, root, tree, commit)
+
+    def _stand_in(self, identity: str, commit: str | None = None) -> Fetched:
+        """What a plan says of a source it did not read: where the fetch will put it."""
+        root = trees_dir() / (identity[:20] if identity else "unfetched")
+        return Fetched(self, identity, root, root / self.subdir if self.subdir else root, commit,
+                       read=False)
 
 
 @dataclass(frozen=True)
 class Fetched:
-    spec: SourceSpec
+    spec: Source
     identity: str  # commit / sha256 / tree hash ("" when only the download tells)
     root: Path  # the fetched top directory (pristine)
     tree: Path  # the CMake project (root / subdir)
@@ -77,6 +153,233 @@ class Fetched:
         return d
 
 
+@dataclass(frozen=True)
+class LocalSource(Source):
+    """A tree on this host, read in place; its identity is a hash over its files' stats."""
+
+    location: str
+    subdir: str | None = None
+    kind: ClassVar[str] = "local"
+
+    @property
+    def remote(self) -> bool:
+        return False
+
+    def identify(self) -> str:
+        top = Path(self.location)
+        if self.subdir:  # the project, plus the top directory's own files (version files)
+            return "tree:" + hashlib.sha256((tree_hash(top / self.subdir) + tree_hash(
+                top, recursive=False)).encode()).hexdigest()
+        return "tree:" + tree_hash(top)
+
+    def fetch(self, identity: str | None = None, *, progress: bool = True) -> Fetched:
+        root = Path(self.location)
+        commit = None
+        if (root / ".git").exists():
+            try:
+                commit = run(["git", "-C", root, "rev-parse", "HEAD"]).stdout.strip()
+            except CommandFailed:
+                commit = None
+        return self._finish(identity or self.identify(), root, commit)
+
+    def without_download(self) -> Fetched:
+        return self.fetch()
+
+
+@dataclass(frozen=True)
+class TarballSource(Source):
+    """An archive, by URL or host path; a sha256 pins its bytes (and so its tree)."""
+
+    location: str
+    sha256: str | None = None
+    subdir: str | None = None
+    # the recipe's `[source] pinned_version`, on the recipe's own url with its sha256 alone; what
+    # the recipe says of the tree, not where the tree comes from, so manifests do not record it
+    pinned_version: str | None = field(default=None, metadata={"recorded": False})
+    kind: ClassVar[str] = "tarball"
+
+    @property
+    def remote(self) -> bool:
+        return urlparse(self.location).scheme not in ("", "file")
+
+    def identify(self) -> str:
+        if self.sha256:
+            return self.sha256
+        if not urlparse(self.location).scheme:  # a local tarball file: hash it
+            return sha256_file(Path(self.location))
+        return ""  # a remote tarball without a pin: known only after the download
+
+    def fetch(self, identity: str | None = None, *, progress: bool = True) -> Fetched:
+        identity = identity or self.identify()
+        claim_cache_root()
+        dest = trees_dir() / (identity[:20] if identity else "unpinned")
+        if identity and is_complete(dest):
+            return self._finish(identity, dest)
+        archive, sha = _get_tarball(self, progress)
+        dest = trees_dir() / sha[:20]
+        if not is_complete(dest):
+            source_fetch.extract(archive, dest)
+        return self._finish(sha, dest)
+
+    def without_download(self) -> Fetched:
+        if not self.remote:
+            return self.fetch()
+        sha = self.sha256
+        if sha and is_complete(trees_dir() / sha[:20]):
+            return self._finish(sha, trees_dir() / sha[:20])
+        if sha and self.downloaded() is not None:  # downloaded, not unpacked: unpack, no network
+            return self.fetch(sha, progress=False)
+        return self._stand_in(sha or "")
+
+    def download_path(self) -> Path:
+        """Where a download of the URL is kept: by the pinned sha256 when there is one."""
+        name = Path(unquote(urlparse(self.location).path)).name or "source.tar.gz"
+        return paths.cache_dir() / "downloads" / (f"{self.sha256[:16]}-{name}" if self.sha256 else name)
+
+    def downloaded(self) -> Path | None:
+        """The pinned tarball, already complete in the downloads cache (checked by its sha256)."""
+        dest = self.download_path()
+        return dest if self.sha256 and dest.is_file() and sha256_file(dest) == self.sha256 else None
+
+
+@dataclass(frozen=True)
+class GitSource(Source):
+    """A git repository at a ref: exported from a bare mirror, or (`checkout`) a shallow partial
+    clone with only the `sparse` directories and, with `submodules`, shallow submodules."""
+
+    location: str
+    ref: str | None = None
+    subdir: str | None = None
+    sparse: tuple[str, ...] = ()  # a shallow, blob-less, sparse (cone) checkout of these paths
+    submodules: bool = False  # shallow submodules too
+    kind: ClassVar[str] = "git"
+
+    @property
+    def checkout(self) -> bool:
+        """Fetched as a real (partial, shallow) checkout rather than an exported archive."""
+        return bool(self.sparse or self.submodules)
+
+    @property
+    def copies_whole_tree(self) -> bool:
+        """A sparse monorepo checkout: its projects reach into ../../shared/..."""
+        return bool(self.sparse)
+
+    @property
+    def ref_name(self) -> str | None:
+        return self.ref if self.ref and not re.fullmatch(r"[0-9a-f]{7,40}", self.ref) else None
+
+    @property
+    def remote(self) -> bool:
+        """A git URL other than a local path or file:// (a local repository is read in place)."""
+        scheme = urlparse(self.location).scheme
+        return not (scheme == "file" or (scheme == "" and Path(self.location).exists()))
+
+    @property
+    def mirror(self) -> Path:
+        """The bare mirror of the repository in the source cache (it holds its history)."""
+        return source_fetch.git_mirror(self.location)
+
+    def identify(self) -> str:
+        """The commit the ref names: one `git ls-remote` (a full sha asks nothing)."""
+        return source_fetch.resolve_git_ref(self.location, self.ref or "HEAD")
+
+    def describe(self, identity: str = "") -> str:
+        return f"{self.location} @ {self.ref or identity[:12]}"
+
+    def _tree(self, commit: str) -> Path:
+        """Where the commit's tree is cached: one per commit, and per set of checked-out paths."""
+        if not self.checkout:
+            return trees_dir() / commit[:20]
+        shape = hashlib.sha256(json.dumps([sorted(self.sparse), self.submodules]).encode()).hexdigest()
+        return trees_dir() / f"{commit[:20]}-{shape[:8]}"
+
+    def fetch(self, identity: str | None = None, *, progress: bool = True) -> Fetched:
+        identity = identity or self.identify()
+        claim_cache_root()
+        dest = self._tree(identity)
+        if not is_complete(dest):
+            if self.checkout:
+                self.announce(identity)
+                self._checkout(identity, dest, progress)
+            else:
+                if not source_fetch.mirror_has(self.location, identity):
+                    self.announce(identity)
+                source_fetch.git_export(self.location, identity, dest, progress)
+        return self._finish(identity, dest, identity)
+
+    def without_download(self) -> Fetched:
+        """Not even `git ls-remote`: a named ref is taken as it resolved at the last fetch."""
+        if not self.remote:
+            return self.fetch()
+        ref = self.ref or "HEAD"
+        commit = ref if is_commit(ref) else source_fetch.remembered_commit(self.location, ref)
+        if commit is None:
+            return self._stand_in("")
+        if commit != ref:
+            sys.stderr.write(f"rocforge: not asking {self.location} what {ref} is now (no download): "
+                             f"{ref} = {commit[:12]}, as the last fetch found it; a build asks\n")
+        if is_complete(self._tree(commit)) or (
+                not self.checkout and source_fetch.mirror_has(self.location, commit)):
+            return self.fetch(commit)  # from the cache or the local mirror: no network
+        return self._stand_in(commit, commit)
+
+    def _checkout(self, commit: str, dest: Path, progress: bool) -> None:
+        """A shallow (depth 1), blob-less partial clone of one commit with a sparse (cone)
+        checkout of `sparse` — a monorepo such as ROCm/rocm-libraries downloads only those
+        directories — and, with `submodules`, shallow submodules.  Built in a marked temporary
+        sibling and put at `dest` as a whole (`ownership.install_tree`), so `dest` is complete or
+        not stamped."""
+        ownership.check_tree_replaceable(dest, "a source tree", (MARK, COMPLETE))  # before any clone
+        with ownership.scratch_dir(dest.parent, ".checkout-", "a source tree (forge/sources.py)") as tmp:
+            self._checkout_into(tmp, commit, dest, progress)
+
+    def _checkout_into(self, tmp: Path, commit: str, dest: Path, progress: bool) -> None:
+        env = {"GIT_TERMINAL_PROMPT": "0", "GIT_CEILING_DIRECTORIES": str(dest.parent)}
+
+        def git(*args, timeout=PROBE):
+            return run(["git", "-C", tmp, *args], env=env, timeout=timeout)
+
+        steps = 2 + bool(self.submodules)  # fetch, checkout, submodules: [n/N] of the progress line
+        git("init", "-q")
+        git("remote", "add", "origin", self.location)
+        with Heartbeat(f"git {self.location}", enabled=progress) as beat:
+            beat.update(1, steps, f"git fetch --depth 1 --filter=blob:none {self.ref or commit[:12]}")
+            self._checkout_fetch(git, commit)
+            if self.sparse:
+                git("sparse-checkout", "set", "--cone", *self.sparse)
+            try:
+                beat.update(2, steps, f"git checkout {commit[:12]}"
+                            + (f" (sparse: {', '.join(self.sparse)})" if self.sparse else ""))
+                git("checkout", "-q", "--detach", commit, timeout=3600)
+                if self.submodules:
+                    beat.update(3, steps, "git submodule update --init --recursive --depth 1")
+                    source_fetch.checkout_submodules(tmp, env)
+            except CommandFailed as exc:
+                raise NetworkError(f"git checkout of {commit} from {self.location} failed",
+                                   exc.output.strip()[-400:] or None) from exc
+        missing = [p for p in self.sparse if not (tmp / p).is_dir()]
+        if missing:
+            raise UsageError(f"{self.location} @ {commit[:12]} has no {', '.join(missing)}",
+                             "the recipe's source.sparse names directories of another layout")
+        (tmp / COMPLETE).write_text(f"{self.location} {commit}\n")
+        ownership.install_tree(tmp, dest, "a source tree", marks=(MARK, COMPLETE))
+
+    def _checkout_fetch(self, git, commit: str) -> None:
+        """Shallow, blob-less: the commit, or its ref name where the server refuses a sha want."""
+        fetch = ["fetch", "-q", "--depth", "1", "--filter=blob:none", "origin"]
+        wants = [commit] + ([self.ref] if self.ref and self.ref != commit else [])
+        for i, want in enumerate(wants):
+            try:
+                git(*fetch, want, timeout=3600)
+                return
+            except CommandFailed as exc:
+                if i == len(wants) - 1:
+                    raise NetworkError(f"git fetch {self.location} {self.ref or commit} failed",
+                                       exc.output.strip()[-400:] or None) from exc
+
+
+# -- which source a build uses ------------------------------------------------------------------
+
 def _is_tarball(name: str) -> bool:
     return name.lower().endswith(_TAR_SUFFIXES)
 
@@ -89,7 +392,13 @@ def _git_subdir(rs) -> str | None:
     return rs.subdir if rs.sparse or not rs.url else None
 
 
-def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> SourceSpec:
+def _own_tarball(rs) -> TarballSource:
+    """The recipe's own tarball: its sha256 pins the tree, so its declared version is known."""
+    return TarballSource(rs.url, sha256=rs.sha256, subdir=rs.subdir,
+                         pinned_version=rs.pinned_version if rs.sha256 else None)
+
+
+def source_for(recipe, *, ref: str | None = None, source: str | None = None) -> Source:
     """The source to use: `--source` beats `--ref` beats the recipe's default."""
     if ref is not None:  # it becomes a git argument: a ref such as `--upload-pack=CMD` never may
         check_git_ref(ref)
@@ -102,13 +411,14 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
                 if not _is_tarball(parsed.path):
                     raise UsageError(f"--source {source}: not a tarball URL (.tar.gz, .tar.xz, ...)",
                                      "give a tarball URL, a git URL ending in .git, or a local path")
-                sha = rs.sha256 if source == rs.url else None
-                return SourceSpec("tarball", source, sha256=sha, subdir=rs.subdir)
-            return SourceSpec("git", source, ref=ref or rs.ref, subdir=_git_subdir(rs), **git_extra)
+                if source == rs.url:
+                    return _own_tarball(rs)
+                return TarballSource(source, subdir=rs.subdir)
+            return GitSource(source, ref=ref or rs.ref, subdir=_git_subdir(rs), **git_extra)
         if parsed.scheme in ("git", "ssh") or source.startswith("git+"):
             url = source.removeprefix("git+")  # git+ext::CMD would be ext::CMD: never
             check_git_url(url, "--source")
-            return SourceSpec("git", url, ref=ref or rs.ref, subdir=_git_subdir(rs), **git_extra)
+            return GitSource(url, ref=ref or rs.ref, subdir=_git_subdir(rs), **git_extra)
         path = Path(unquote(parsed.path) if parsed.scheme == "file" else source).expanduser()
         from rocforge_build import userpath  # missing, a link loop, a FIFO, socket or device
 
@@ -118,25 +428,33 @@ def spec_for(recipe, *, ref: str | None = None, source: str | None = None) -> So
         if path.is_file():
             if not _is_tarball(path.name):
                 raise UsageError(f"--source {source}: a file source must be a tarball")
-            return SourceSpec("tarball", str(path), subdir=rs.subdir)
+            return TarballSource(str(path), subdir=rs.subdir)
         if ref:  # a local git repository at a given ref
-            return SourceSpec("git", str(path), ref=ref, subdir=_git_subdir(rs), **git_extra)
+            return GitSource(str(path), ref=ref, subdir=_git_subdir(rs), **git_extra)
         sub = rs.subdir if rs.subdir and (path / rs.subdir).is_dir() else None
         require_project(path / sub if sub else path, f"--source {source}")
-        return SourceSpec("local", str(path), subdir=sub)
+        return LocalSource(str(path), subdir=sub)
     if ref:
         if not rs.git:
             raise UsageError(f"recipe {recipe.name} has no git source; --ref needs one",
                              "use --source URL|PATH instead")
         if rs.sparse:  # a monorepo: the project directory is part of the git source
-            return SourceSpec("git", rs.git, ref=ref, subdir=rs.subdir, **git_extra)
-        return SourceSpec("git", rs.git, ref=ref, submodules=rs.submodules)
+            return GitSource(rs.git, ref=ref, subdir=rs.subdir, **git_extra)
+        return GitSource(rs.git, ref=ref, submodules=rs.submodules)
     if rs.url:
-        return SourceSpec("tarball", rs.url, sha256=rs.sha256, subdir=rs.subdir)
-    return SourceSpec("git", rs.git, ref=rs.ref, subdir=rs.subdir, **git_extra)
+        return _own_tarball(rs)
+    return GitSource(rs.git, ref=rs.ref, subdir=rs.subdir, **git_extra)
 
 
-# -- identity -----------------------------------------------------------------------------------
+def require_project(tree: Path, what: str) -> None:
+    """Every recipe configures with CMake: a tree without CMakeLists.txt (an empty directory,
+    the wrong level of a checkout) is refused before any plan, not in CMake or as a patch
+    that does not apply."""
+    if not (tree / "CMakeLists.txt").is_file():
+        raise UsageError(f"{what}: {tree} holds no CMakeLists.txt, so there is nothing the "
+                         "recipe can build", "give the project's top directory, the one "
+                         "with CMakeLists.txt")
+
 
 def tree_hash(tree: Path, *, recursive: bool = True) -> str:
     """Hash over relative names, sizes and mtimes of every file (stats only, no reads)."""
@@ -167,326 +485,6 @@ def tree_hash(tree: Path, *, recursive: bool = True) -> str:
     return h.hexdigest()
 
 
-def _mirror(url: str) -> Path:
-    return paths.cache_dir() / "sources" / "git" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
-
-
-def _refs_file() -> Path:
-    return paths.cache_dir() / "sources" / "refs.json"
-
-
-def _remembered_refs() -> dict:
-    try:
-        data = json.loads(_refs_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _remember_ref(url: str, ref: str, sha: str) -> None:
-    """What `ref` meant the last time the remote answered: a plan or build with no network
-    then works from the source cache (the commit's tree is cached by identity)."""
-    refs = _remembered_refs()
-    if refs.get(f"{url} {ref}") == sha:
-        return
-    refs[f"{url} {ref}"] = sha
-    target = _refs_file()
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        paths.write_whole(target, json.dumps(refs, indent=1, sort_keys=True))
-    except OSError:
-        pass  # only the offline fallback is lost
-
-
-def _git_resolve(url: str, ref: str) -> str:
-    if _SHA_RE.match(ref):
-        return ref
-    try:
-        out = run(["git", "ls-remote", url, ref, f"{ref}^{{}}"], timeout=120).stdout
-    except CommandFailed as exc:
-        known = _remembered_refs().get(f"{url} {ref}")
-        if isinstance(known, str) and _SHA_RE.match(known):  # offline: what the cache knows
-            sys.stderr.write(f"rocforge: {url} is unreachable; using {ref} = {known[:12]} "
-                             "from the source cache\n")
-            return known
-        mirror = _mirror(url)
-        if mirror.is_dir():  # a mirror fetched in full knows the ref itself
-            try:
-                return run(["git", "-C", mirror, "rev-parse", f"{ref}^{{commit}}"]).stdout.strip()
-            except CommandFailed:
-                pass
-        raise NetworkError(f"git ls-remote {url} {ref} failed", exc.output.strip()[-400:] or None) from exc
-    found: dict[str, str] = {}
-    for line in out.splitlines():
-        sha, _, name = line.partition("\t")
-        found[name] = sha
-    for name in (f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}", f"refs/heads/{ref}", ref):
-        if name in found:
-            _remember_ref(url, ref, found[name])
-            return found[name]
-    if found:
-        sha = next(iter(found.values()))
-        _remember_ref(url, ref, sha)
-        return sha
-    raise UsageError(f"git ref {ref!r} not found in {url}", "give a tag, branch or full commit sha")
-
-
-def identify(spec: SourceSpec) -> str:
-    """The source's identity without fetching (git: one ls-remote; tarball: the pinned sha256)."""
-    if spec.kind == "local":
-        top = Path(spec.location)
-        if spec.subdir:  # the project, plus the top directory's own files (version files)
-            return "tree:" + hashlib.sha256((tree_hash(top / spec.subdir) + tree_hash(
-                top, recursive=False)).encode()).hexdigest()
-        return "tree:" + tree_hash(top)
-    if spec.kind == "git":
-        return _git_resolve(spec.location, spec.ref or "HEAD")
-    if spec.sha256:
-        return spec.sha256
-    if not urlparse(spec.location).scheme:  # a local tarball file: hash it
-        return sha256_file(Path(spec.location))
-    return ""  # a remote tarball without a pin: known only after the download
-
-
-# -- what a dry run may read: never a download ---------------------------------------------------
-
-def is_remote(spec: SourceSpec) -> bool:
-    """Whether reading the source asks a server: a tarball URL, a git URL other than a local
-    path or file:// (a local repository is read in place, as a local tree is)."""
-    if spec.kind == "local":
-        return False
-    scheme = urlparse(spec.location).scheme
-    if spec.kind == "tarball":
-        return scheme not in ("", "file")
-    return not (scheme == "file" or (scheme == "" and Path(spec.location).exists()))
-
-
-def is_pinned(recipe, spec: SourceSpec) -> bool:
-    """The recipe's own tarball, by its url and sha256: its tree is known before the download."""
-    rs = recipe.source
-    return spec.kind == "tarball" and bool(rs.url and rs.sha256) and spec.location == rs.url \
-        and spec.sha256 == rs.sha256
-
-
-def without_download(spec: SourceSpec) -> Fetched:
-    """The source as a dry run may read it: a local one (read, as the build will), a remote one
-    already in the source cache, else a stand-in (`read=False`) — the plan then leaves what depends
-    on the source's contents to after the fetch.  Never a request to a server (not even `git
-    ls-remote`: a named git ref is taken as it resolved at the last fetch, and said so)."""
-    if not is_remote(spec):
-        return fetch(spec)
-    if spec.kind == "tarball":
-        sha = spec.sha256
-        if sha and (_trees_dir() / sha[:20] / ".rocforge-complete").is_file():
-            return _finish(spec, sha, _trees_dir() / sha[:20])
-        if sha and _downloaded(spec) is not None:  # downloaded, not unpacked: unpack, no network
-            return fetch(spec, sha, progress=False)
-        return _stand_in(spec, sha or "")
-    ref = spec.ref or "HEAD"
-    commit = ref if _SHA_RE.match(ref) else _remembered_refs().get(f"{spec.location} {ref}")
-    if not isinstance(commit, str) or not _SHA_RE.match(commit):
-        return _stand_in(spec, "")
-    if commit != ref:
-        sys.stderr.write(f"rocforge: not asking {spec.location} what {ref} is now (no download): "
-                         f"{ref} = {commit[:12]}, as the last fetch found it; a build asks\n")
-    if spec.checkout:
-        shape = hashlib.sha256(json.dumps([sorted(spec.sparse), spec.submodules]).encode()).hexdigest()
-        if (_trees_dir() / f"{commit[:20]}-{shape[:8]}" / ".rocforge-complete").is_file():
-            return fetch(spec, commit)
-        return _stand_in(spec, commit)
-    if (_trees_dir() / commit[:20] / ".rocforge-complete").is_file() or _mirror_has(spec.location, commit):
-        return fetch(spec, commit)  # from the cache or the local mirror: no network
-    return _stand_in(spec, commit)
-
-
-def _downloaded(spec: SourceSpec) -> Path | None:
-    """A pinned tarball already complete in the downloads cache (checked against its sha256)."""
-    name = Path(unquote(urlparse(spec.location).path)).name or "source.tar.gz"
-    dest = paths.cache_dir() / "downloads" / f"{spec.sha256[:16]}-{name}"
-    return dest if dest.is_file() and sha256_file(dest) == spec.sha256 else None
-
-
-def _stand_in(spec: SourceSpec, identity: str) -> Fetched:
-    """What a plan says of a source it did not read: where the fetch will put it."""
-    root = _trees_dir() / (identity[:20] if identity else "unfetched")
-    return Fetched(spec, identity, root, root / spec.subdir if spec.subdir else root,
-                   identity if spec.kind == "git" and identity else None, read=False)
-
-
-# -- fetching -----------------------------------------------------------------------------------
-
-def _trees_dir() -> Path:
-    return paths.cache_dir() / "sources" / "trees"
-
-
-def require_project(tree: Path, what: str) -> None:
-    """Every recipe configures with CMake: a tree without CMakeLists.txt (an empty directory,
-    the wrong level of a checkout) is refused before any plan, not in CMake or as a patch
-    that does not apply."""
-    if not (tree / "CMakeLists.txt").is_file():
-        raise UsageError(f"{what}: {tree} holds no CMakeLists.txt, so there is nothing the "
-                         "recipe can build", "give the project's top directory, the one "
-                         "with CMakeLists.txt")
-
-
-def _finish(spec: SourceSpec, identity: str, root: Path, commit: str | None = None) -> Fetched:
-    tree = root / spec.subdir if spec.subdir else root
-    if not tree.is_dir():
-        raise UsageError(f"source {spec.location} has no directory {spec.subdir!r}")
-    require_project(tree, f"source {spec.location}")
-    return Fetched(spec, identity, root, tree, commit)
-
-
-def _announce(spec: SourceSpec, identity: str) -> None:
-    """Say what is fetched before it is: a build reads the source's build files, so an uncached
-    llama.cpp costs a download of its tree; the cache makes later plans and builds offline."""
-    what = spec.location + (f" @ {spec.ref or identity[:12]}" if spec.kind == "git" else "")
-    sys.stderr.write(f"rocforge: fetching {what} into {paths.cache_dir() / 'sources'} "
-                     "(builds read the source; later runs use this copy)\n")
-
-
-def fetch(spec: SourceSpec, identity: str | None = None, *, progress: bool = True) -> Fetched:
-    """Make the pristine tree available (cached by identity) and return where it is."""
-    identity = identity or identify(spec)
-    if spec.kind == "local":
-        root = Path(spec.location)
-        commit = None
-        if (root / ".git").exists():
-            try:
-                commit = run(["git", "-C", root, "rev-parse", "HEAD"]).stdout.strip()
-            except CommandFailed:
-                commit = None
-        return _finish(spec, identity, root, commit)
-    claim_cache_root()
-    dest = _trees_dir() / (identity[:20] if identity else "unpinned")
-    if spec.checkout:  # one tree per commit and set of checked-out paths
-        shape = hashlib.sha256(json.dumps([sorted(spec.sparse), spec.submodules]).encode()).hexdigest()
-        dest = _trees_dir() / f"{identity[:20]}-{shape[:8]}"
-        if not (dest / ".rocforge-complete").is_file():
-            _announce(spec, identity)
-            _git_checkout(spec, identity, dest, progress)
-        return _finish(spec, identity, dest, identity)
-    if spec.kind == "git":
-        if not (dest / ".rocforge-complete").is_file():
-            if not _mirror_has(spec.location, identity):
-                _announce(spec, identity)
-            _git_export(spec.location, identity, dest, progress)
-        return _finish(spec, identity, dest, identity)
-    # tarball
-    if identity and (dest / ".rocforge-complete").is_file():
-        return _finish(spec, identity, dest)
-    archive, sha = _get_tarball(spec, progress)
-    dest = _trees_dir() / sha[:20]
-    if not (dest / ".rocforge-complete").is_file():
-        _extract(archive, dest)
-    return _finish(spec, sha, dest)
-
-
-def _mirror_has(url: str, commit: str) -> bool:
-    mirror = _mirror(url)
-    return mirror.is_dir() and run(["git", "-C", mirror, "cat-file", "-e", f"{commit}^{{commit}}"],
-                                   check=False).returncode == 0
-
-
-def _git_export(url: str, commit: str, dest: Path, progress: bool = True) -> None:
-    """The commit's tree from the bare mirror (fetched into it first when missing).  Not on a
-    terminal, a line every interval: `git URL [step/3] ELAPSED: fetch|archive|unpack ...`."""
-    ownership.check_tree_replaceable(dest, "a source tree", (MARK, COMPLETE))  # before any fetch
-    mirror = _mirror(url)
-    if not mirror.is_dir():
-        mirror.parent.mkdir(parents=True, exist_ok=True)
-        run(["git", "init", "-q", "--bare", mirror])
-        write_mark(mirror, "a git mirror (forge/sources.py)")
-    with Heartbeat(f"git {url}", enabled=progress) as beat:
-        have = run(["git", "-C", mirror, "cat-file", "-e", f"{commit}^{{commit}}"], check=False)
-        if have.returncode != 0:
-            beat.update(1, 3, f"git fetch --depth 1 {commit[:12]}")
-            got = run(["git", "-C", mirror, "fetch", "-q", "--depth", "1", url, commit],
-                      check=False, timeout=3600)
-            if got.returncode != 0:  # servers that refuse a sha want: fetch everything
-                beat.update(detail="git fetch --tags (every branch: the server refuses a commit want)")
-                try:
-                    run(["git", "-C", mirror, "fetch", "-q", "--tags", url, "+refs/heads/*:refs/heads/*"],
-                        timeout=3600)
-                except CommandFailed as exc:
-                    raise NetworkError(f"git fetch {url} failed", exc.output.strip()[-400:] or None) from exc
-        with ownership.scratch_dir(mirror.parent, ".archive-", "a git archive") as tmp:
-            tarball = tmp / "src.tar"
-            beat.update(2, 3, f"git archive {commit[:12]}")
-            run(["git", "-C", mirror, "archive", "--format=tar", "-o", tarball, commit], timeout=3600)
-            beat.update(3, 3, f"unpacking into {dest}")
-            _extract(tarball, dest, strip=False)
-
-
-def _git_checkout(spec: SourceSpec, commit: str, dest: Path, progress: bool = True) -> None:
-    """A shallow (depth 1), blob-less partial clone of one commit with a sparse (cone) checkout of
-    `spec.sparse` — a monorepo such as ROCm/rocm-libraries downloads only those directories —
-    and, with `spec.submodules`, shallow submodules.  Built in a marked temporary sibling and put
-    at `dest` as a whole (`ownership.install_tree`), so `dest` is complete or not stamped."""
-    ownership.check_tree_replaceable(dest, "a source tree", (MARK, COMPLETE))  # before any clone
-    with ownership.scratch_dir(dest.parent, ".checkout-", "a source tree (forge/sources.py)") as tmp:
-        _checkout_into(tmp, spec, commit, dest, progress)
-
-
-def _checkout_into(tmp: Path, spec: SourceSpec, commit: str, dest: Path, progress: bool) -> None:
-    env = {"GIT_TERMINAL_PROMPT": "0", "GIT_CEILING_DIRECTORIES": str(dest.parent)}
-
-    def git(*args, timeout=PROBE):
-        return run(["git", "-C", tmp, *args], env=env, timeout=timeout)
-
-    steps = 2 + bool(spec.submodules)  # fetch, checkout, submodules: [n/N] of the progress line
-    git("init", "-q")
-    git("remote", "add", "origin", spec.location)
-    with Heartbeat(f"git {spec.location}", enabled=progress) as beat:
-        beat.update(1, steps, f"git fetch --depth 1 --filter=blob:none {spec.ref or commit[:12]}")
-        _checkout_fetch(git, spec, commit)
-        if spec.sparse:
-            git("sparse-checkout", "set", "--cone", *spec.sparse)
-        try:
-            beat.update(2, steps, f"git checkout {commit[:12]}"
-                        + (f" (sparse: {', '.join(spec.sparse)})" if spec.sparse else ""))
-            git("checkout", "-q", "--detach", commit, timeout=3600)
-            if spec.submodules:
-                beat.update(3, steps, "git submodule update --init --recursive --depth 1")
-                _submodules(tmp, env)
-        except CommandFailed as exc:
-            raise NetworkError(f"git checkout of {commit} from {spec.location} failed",
-                               exc.output.strip()[-400:] or None) from exc
-    missing = [p for p in spec.sparse if not (tmp / p).is_dir()]
-    if missing:
-        raise UsageError(f"{spec.location} @ {commit[:12]} has no {', '.join(missing)}",
-                         "the recipe's source.sparse names directories of another layout")
-    (tmp / COMPLETE).write_text(f"{spec.location} {commit}\n")
-    ownership.install_tree(tmp, dest, "a source tree", marks=(MARK, COMPLETE))
-
-
-def _checkout_fetch(git, spec: SourceSpec, commit: str) -> None:
-    """Shallow, blob-less: the commit, or its ref name where the server refuses a sha want."""
-    fetch = ["fetch", "-q", "--depth", "1", "--filter=blob:none", "origin"]
-    wants = [commit] + ([spec.ref] if spec.ref and spec.ref != commit else [])
-    for i, want in enumerate(wants):
-        try:
-            git(*fetch, want, timeout=3600)
-            return
-        except CommandFailed as exc:
-            if i == len(wants) - 1:
-                raise NetworkError(f"git fetch {spec.location} {spec.ref or commit} failed",
-                                   exc.output.strip()[-400:] or None) from exc
-
-
-def _submodules(tree: Path, env: dict) -> None:
-    """Check out the submodules (shallow).  Their URLs come from the fetched repository, not the
-    user: file:// only where the user's git config allows it for submodules (protocol.file.allow
-    = always; git's default refuses it since CVE-2022-39253), never a helper such as ext::."""
-    allowed = run(["git", "-C", tree, "config", "--get", "protocol.file.allow"], env=env,
-                  check=False).stdout.strip() == "always"
-    protocols = GIT_ALLOW_PROTOCOL.split(":")
-    sub_env = {**env, "GIT_ALLOW_PROTOCOL": ":".join(
-        p for p in protocols if p != "file" or allowed)}
-    run(["git", "-C", tree, "submodule", "update", "-q", "--init", "--recursive", "--depth", "1"],
-        env=sub_env, timeout=3600)
-
-
 # An unpinned URL (a --source URL: no sha256) read in this run: the up-to-date check, the
 # dependencies and the plan all use the bytes of one download, never a second copy that may differ.
 _unpinned: dict[str, tuple[Path, str, tuple[int, int]]] = {}
@@ -497,7 +495,7 @@ def forget_unpinned() -> None:
     _unpinned.clear()
 
 
-def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
+def _get_tarball(spec: TarballSource, progress: bool) -> tuple[Path, str]:
     parsed = urlparse(spec.location)
     if parsed.scheme in ("", "file"):
         path = Path(unquote(parsed.path) if parsed.scheme else spec.location)
@@ -505,10 +503,8 @@ def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
         if spec.sha256 and sha != spec.sha256:
             raise IntegrityError(f"{path}: sha256 {sha} does not match the recipe's {spec.sha256}")
         return path, sha
-    name = Path(unquote(parsed.path)).name or "source.tar.gz"
-    downloads = paths.cache_dir() / "downloads"
-    dest = downloads / (f"{spec.sha256[:16]}-{name}" if spec.sha256 else name)
-    if spec.sha256 and dest.is_file() and sha256_file(dest) == spec.sha256:
+    dest = spec.download_path()
+    if spec.downloaded() is not None:
         return dest, spec.sha256
     try:
         from rocforge_build.download import download
@@ -523,31 +519,13 @@ def _get_tarball(spec: SourceSpec, progress: bool) -> tuple[Path, str]:
                 return path, sha
         except OSError:
             pass
-    downloads.mkdir(parents=True, exist_ok=True)
-    _announce(spec, spec.sha256 or "")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    spec.announce(spec.sha256 or "")
     result = download(spec.location, dest, sha256=spec.sha256, progress=progress)
     if not spec.sha256:
         st = Path(result.path).stat()
         _unpinned[spec.location] = (Path(result.path), result.sha256, (st.st_mtime_ns, st.st_size))
     return Path(result.path), result.sha256
-
-
-def _extract(archive: Path, dest: Path, *, strip: bool = True) -> None:
-    """Extract safely (extract.py) into a staging dir, then put it at `dest` as a whole
-    (`ownership.install_tree`); a single top directory is stripped.  `dest` is complete or not
-    stamped, never half-written and stamped."""
-    from rocforge_build.extract import safe_extract, staging, write_own_file
-
-    ownership.check_tree_replaceable(dest, "a source tree", (MARK, COMPLETE))  # before any work
-    with staging(dest.parent, ".extract-", "a source tree being unpacked") as tmp:
-        safe_extract(archive, tmp)
-        top = tmp
-        entries = [p for p in tmp.iterdir() if p.name != MARK]
-        if strip and len(entries) == 1 and entries[0].is_dir():
-            top = entries[0]
-        write_own_file(top / MARK, "made by rocforge: a source tree\n")  # cache clean: ours
-        write_own_file(top / COMPLETE, str(archive) + "\n")  # last, never through a link
-        ownership.install_tree(top, dest, "a source tree", marks=(MARK, COMPLETE))
 
 
 # -- work copies --------------------------------------------------------------------------------
@@ -658,3 +636,32 @@ def _drop(full: str, made: os.stat_result | None = None) -> None:
     else:
         ownership.warn_left(ownership.remove_owned(full, "a directory of a work copy", first=(),
                                                    refuse=False, made=made))
+
+
+# kept for forge/plan.py until it calls the classes
+SourceSpec = Source
+spec_for = source_for
+_mirror = source_fetch.git_mirror
+
+
+def identify(spec: Source) -> str:
+    return spec.identify()
+
+
+def fetch(spec: Source, identity: str | None = None, *, progress: bool = True) -> Fetched:
+    return spec.fetch(identity, progress=progress)
+
+
+def without_download(spec: Source) -> Fetched:
+    return spec.without_download()
+
+
+def is_remote(spec: Source) -> bool:
+    return spec.remote
+
+
+def is_pinned(recipe, spec: Source) -> bool:
+    """The recipe's own tarball, by its url and sha256: its tree is known before the download."""
+    rs = recipe.source
+    return isinstance(spec, TarballSource) and bool(rs.url and rs.sha256) \
+        and spec.location == rs.url and spec.sha256 == rs.sha256
