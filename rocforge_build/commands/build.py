@@ -65,7 +65,7 @@ def _target(args) -> str:
 def run(args) -> int:
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run", "rocforge build ... --dry-run --json")
-    if args.ref is not None:  # before anything is fetched or written (sources.spec_for again)
+    if args.ref is not None:  # before anything is fetched or written (sources.source_for again)
         check_git_ref(args.ref)
     req = Request(
         recipe=args.recipe, target=_target(args), backend=args.backend,

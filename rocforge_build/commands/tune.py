@@ -47,7 +47,7 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
     """The builds of each backend (built or reused) and the `given` --build ones, each prefix
     once: a --build that is the very build a backend makes is one candidate, not two."""
     from rocforge_build.forge import pipeline, recipes
-    from rocforge_build.forge.plan import Request, make_plan
+    from rocforge_build.forge.plan import Request, plan_for
 
     recipe = recipes.load(args.recipe)
     names = [b for b in (args.backends.split(",") if args.backends else recipe.backends) if b]
@@ -57,16 +57,16 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
                          f"backends: {', '.join(recipe.backends)}")
     builds, skipped = [], []
     for name in names:
-        req = Request(args.recipe, args.target, backend=name, source=args.source, ref=args.ref,
-                      jobs=args.jobs, build_targets=MEASURE_TARGETS)
+        req = Request(recipe=args.recipe, target=args.target, backend=name, source=args.source,
+                      ref=args.ref, jobs=args.jobs, build_targets=MEASURE_TARGETS)
         try:
-            make_plan(req, args.rootfs)
+            plan = plan_for(req, args.rootfs, check_patches=False)
         except RocforgeError as exc:
             skipped.append({"backend": name, "reason": exc.message})
             say(f"skipping backend {name}: {exc.message}")
             continue
         say(f"building (or reusing) the {name} build")
-        out = pipeline.execute(req, args.rootfs, quiet=args.json)
+        out = pipeline.execute(plan, quiet=args.json)
         builds.append(LlamaBuild.open(out.prefix))
     for b in given:
         if any(b.prefix == other.prefix for other in builds):

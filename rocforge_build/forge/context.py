@@ -95,7 +95,7 @@ class BuildContext:
     root: object  # rootfs.Root: the inspected host
     recipe: recipes.Recipe
     target: targets.Target | None
-    source: sources.SourceSpec
+    source: sources.Source
     toolchains: Toolchains
     fetched: sources.Fetched | None = None  # None: the source is not read yet
     stack: tuple[str, ...] = ()  # the recipes that depend on this one (a cycle is an error)
@@ -104,7 +104,7 @@ class BuildContext:
     def of(cls, request: Request, root, *, stack: tuple[str, ...] = ()) -> BuildContext:
         recipe = recipes.load(request.recipe)
         target = target_of(recipe, request)
-        source = sources.spec_for(recipe, ref=request.ref, source=request.source)
+        source = sources.source_for(recipe, ref=request.ref, source=request.source)
         return cls(request, root, recipe, target, source,
                    Toolchains(root, target.name if target else "", request), stack=stack)
 
@@ -115,13 +115,13 @@ class BuildContext:
         server once, here)."""
         if self.fetched is not None and self.fetched.read:
             return self
-        return self._with(sources.fetch(self.source, sources.identify(self.source)))
+        return self._with(self.source.fetch(self.source.identify()))
 
     def read_cached(self) -> BuildContext:
         """A dry run's: the source as far as it is on this machine, never a download."""
         if self.fetched is not None:
             return self
-        return self._with(sources.without_download(self.source))
+        return self._with(self.source.without_download())
 
     def _with(self, fetched: sources.Fetched) -> BuildContext:
         ctx = replace(self, fetched=fetched)
@@ -332,9 +332,8 @@ def source_version(recipe: recipes.Recipe, fetched: sources.Fetched) -> str | No
                 res = run(["git", "-C", fetched.root, "describe", "--tags"], check=False)
                 if res.returncode == 0:
                     return res.stdout.strip()
-            ref = fetched.spec.ref
-            if fetched.spec.kind == "git" and ref and not re.fullmatch(r"[0-9a-f]{7,40}", ref):
-                return ref  # a tag or branch name fetched from git (exported without .git)
+            if fetched.spec.ref_name:  # fetched from git by a tag or branch (exported without .git)
+                return fetched.spec.ref_name
         if "file" in probe:
             f = fetched.root / probe["file"]
             if f.is_file():

@@ -10,7 +10,7 @@ from pathlib import Path
 from rocforge_build import paths
 from rocforge_build.discover.builds import MANIFEST
 
-__all__ = ["MANIFEST", "copied_whole", "default_prefix", "destdir", "project_dir", "staging_dir", "venv_dir",
+__all__ = ["MANIFEST", "default_prefix", "destdir", "project_dir", "staging_dir", "venv_dir",
            "work_dir"]
 
 
@@ -34,15 +34,10 @@ def venv_dir(work: Path) -> Path:
     return work / "build" / "venv"
 
 
-def copied_whole(source) -> bool:
-    """Whether the work copy of `source` (forge/sources.py) is its whole fetched tree: a sparse
-    monorepo checkout, whose projects reach into ../../shared/...; else only the project is."""
-    return bool(getattr(source, "sparse", ()))  # only a git source is sparse
-
-
 def project_dir(work: Path, source) -> Path:
-    """The CMake project in the work copy of `source`."""
-    if copied_whole(source) and source.subdir:
+    """The CMake project in the work copy of `source` (forge/sources.py): its subdirectory where
+    the whole fetched tree is copied (a sparse monorepo checkout), else the copy itself."""
+    if source.copies_whole_tree and source.subdir:
         return work / "src" / source.subdir
     return work / "src"
 

@@ -29,7 +29,7 @@ from rocforge_build.discover.builds import read_manifest
 from rocforge_build.errors import BuildError, BuildTargetError, ToolchainError, UsageError
 from rocforge_build.forge import cache, cleanup, lock, parallel, patches, sources
 from rocforge_build.forge.context import BUILD_ENV, BuildContext, preflight
-from rocforge_build.forge.locations import MANIFEST, copied_whole, destdir, staging_dir
+from rocforge_build.forge.locations import MANIFEST, destdir, staging_dir
 from rocforge_build.forge.plan import Plan, make_plan
 from rocforge_build.forge.request import Request
 from rocforge_build.forge.toolchains import host_info
@@ -243,7 +243,7 @@ def _dependencies(plan: Plan, quiet: bool, say) -> None:
 def _copy_and_patch(run: _Run) -> None:
     """The pristine tree into the work copy, then the patches (each with its status)."""
     plan = run.plan
-    if copied_whole(plan.source.spec):
+    if plan.source.spec.copies_whole_tree:  # its projects reach into ../../shared/...
         sources.sync_tree(plan.source.root, plan.work / "src")
     else:
         sources.sync_tree(plan.source.tree, plan.src_dir)

@@ -472,7 +472,7 @@ def _source_placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, work:
     out = {"source_commit": fetched.commit or "", "source_tree": "", "source_root": str(work / "src"),
            "venv": str(venv_dir(work))}
     if "{source_tree}" in recipe.text and fetched.commit:
-        where = fetched.root if (fetched.root / ".git").exists() else sources._mirror(fetched.spec.location)
+        where = fetched.root if (fetched.root / ".git").exists() else fetched.spec.mirror
         res = run(["git", "-C", where, "rev-parse", f"{fetched.commit}^{{tree}}"], check=False)
         out["source_tree"] = res.stdout.strip() if res.returncode == 0 else ""
     return out

@@ -45,9 +45,6 @@ class Source(ABC):
     kind: ClassVar[str]  # "git" | "tarball" | "local": the name manifests and plans record
     location: str  # URL or host path
     subdir: str | None  # the CMake project inside the fetched tree
-    # kept for forge/pipeline.py and context.py until they ask `copies_whole_tree` / `ref_name`
-    ref: str | None = None
-    sparse: tuple[str, ...] = ()
 
     @property
     @abstractmethod
@@ -485,16 +482,6 @@ def tree_hash(tree: Path, *, recursive: bool = True) -> str:
     return h.hexdigest()
 
 
-# An unpinned URL (a --source URL: no sha256) read in this run: the up-to-date check, the
-# dependencies and the plan all use the bytes of one download, never a second copy that may differ.
-_unpinned: dict[str, tuple[Path, str, tuple[int, int]]] = {}
-
-
-def forget_unpinned() -> None:
-    """A new run (cli.main) reads unpinned URLs afresh."""
-    _unpinned.clear()
-
-
 def _get_tarball(spec: TarballSource, progress: bool) -> tuple[Path, str]:
     parsed = urlparse(spec.location)
     if parsed.scheme in ("", "file"):
@@ -511,20 +498,9 @@ def _get_tarball(spec: TarballSource, progress: bool) -> tuple[Path, str]:
     except ImportError as exc:  # pragma: no cover - download.py ships with rocforge
         raise NetworkError("HTTP downloads are unavailable in this rocforge build",
                            "fetch the tarball yourself and pass --source FILE") from exc
-    if not spec.sha256 and spec.location in _unpinned:
-        path, sha, seen = _unpinned[spec.location]
-        try:
-            st = path.stat()
-            if (st.st_mtime_ns, st.st_size) == seen:
-                return path, sha
-        except OSError:
-            pass
     dest.parent.mkdir(parents=True, exist_ok=True)
     spec.announce(spec.sha256 or "")
     result = download(spec.location, dest, sha256=spec.sha256, progress=progress)
-    if not spec.sha256:
-        st = Path(result.path).stat()
-        _unpinned[spec.location] = (Path(result.path), result.sha256, (st.st_mtime_ns, st.st_size))
     return Path(result.path), result.sha256
 
 
@@ -636,32 +612,3 @@ def _drop(full: str, made: os.stat_result | None = None) -> None:
     else:
         ownership.warn_left(ownership.remove_owned(full, "a directory of a work copy", first=(),
                                                    refuse=False, made=made))
-
-
-# kept for forge/plan.py until it calls the classes
-SourceSpec = Source
-spec_for = source_for
-_mirror = source_fetch.git_mirror
-
-
-def identify(spec: Source) -> str:
-    return spec.identify()
-
-
-def fetch(spec: Source, identity: str | None = None, *, progress: bool = True) -> Fetched:
-    return spec.fetch(identity, progress=progress)
-
-
-def without_download(spec: Source) -> Fetched:
-    return spec.without_download()
-
-
-def is_remote(spec: Source) -> bool:
-    return spec.remote
-
-
-def is_pinned(recipe, spec: Source) -> bool:
-    """The recipe's own tarball, by its url and sha256: its tree is known before the download."""
-    rs = recipe.source
-    return isinstance(spec, TarballSource) and bool(rs.url and rs.sha256) \
-        and spec.location == rs.url and spec.sha256 == rs.sha256
