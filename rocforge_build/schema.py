@@ -143,35 +143,47 @@ class Optional(Spec):
         return self.default if value is None else self.spec.take(value, path)
 
 
-class ListOf(Spec):
+class _Collection(Spec):
+    """A list or a table (`kind`, held as `holder`) whose `nonempty` refuses an empty one."""
+
+    kind, holder = "list", list
+
+    def __init__(self, nonempty: bool):
+        self.nonempty = nonempty
+        self.what = f"a {'non-empty ' if nonempty else ''}{self.kind}"
+
+    def checked(self, value, path):
+        if not isinstance(value, self.holder):
+            raise Bad(path, f"{_shown(value)} is not {self.what}")
+        if self.nonempty and not value:
+            raise Bad(path, f"is an empty {self.kind}")
+        return value
+
+
+class ListOf(_Collection):
     """A list of `item`s; `nonempty` refuses []; `most` caps its length."""
 
     def __init__(self, item: Spec, *, nonempty: bool = False, most: int = 1 << 20):
-        self.item, self.nonempty, self.most = item, nonempty, most
-        self.what = f"a {'non-empty ' if nonempty else ''}list"
+        super().__init__(nonempty)
+        self.item, self.most = item, most
 
     def take(self, value, path):
-        if not isinstance(value, list):
-            raise Bad(path, f"{_shown(value)} is not {self.what}")
-        if self.nonempty and not value:
-            raise Bad(path, "is an empty list")
-        if len(value) > self.most:
+        if len(self.checked(value, path)) > self.most:
             raise Bad(path, f"has {len(value)} entries (at most {self.most})")
         return [self.item.take(v, _join(path, i)) for i, v in enumerate(value)]
 
 
-class TableOf(Spec):
+class TableOf(_Collection):
     """A table whose keys pass `key` (a Spec for strings) and whose values pass `value`."""
 
+    kind, holder = "table", dict
+
     def __init__(self, value: Spec, *, key: Spec | None = None, nonempty: bool = False):
-        self.key, self.value, self.nonempty = key or Str(), value, nonempty
-        self.what = f"a {'non-empty ' if nonempty else ''}table"
+        super().__init__(nonempty)
+        self.key, self.value = key or Str(), value
 
     def take(self, value, path):
-        if not isinstance(value, dict):
-            raise Bad(path, f"{_shown(value)} is not {self.what}")
-        if self.nonempty and not value:
-            raise Bad(path, "is an empty table")
+        self.checked(value, path)
         out = {}
         for k, v in value.items():
             self.key.take(k, path + " key" if path else "key")

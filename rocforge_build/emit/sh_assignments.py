@@ -56,17 +56,23 @@ def _skip_quoted(data: bytes, i: int, close: int) -> int:
             return i + 1
         if close == ord("'"):
             i += 1
-        elif c == ord("\\"):
-            i += 2
         elif c == ord("`") and close != ord("`"):
             i = _skip_quoted(data, i + 1, ord("`"))
-        elif c == ord("$") and data[i + 1:i + 2] in (b"(", b"{"):
-            i = _skip_nested(data, i + 2, data[i + 1])
         else:
-            i += 1
+            i = _skip_unit(data, i)
         if i < 0:
             return -1
     return -1
+
+
+def _skip_unit(data: bytes, i: int) -> int:
+    """The index after what starts at `data[i]` outside single quotes: a backslash with the byte
+    it escapes, a whole `$(...)` or `${...}`, or one byte; -1 at end of file."""
+    if data[i] == ord("\\"):
+        return i + 2
+    if data[i] == ord("$") and data[i + 1:i + 2] in (b"(", b"{"):
+        return _skip_nested(data, i + 2, data[i + 1])
+    return i + 1
 
 
 def _skip_nested(data: bytes, i: int, opener: int) -> int:
@@ -97,14 +103,7 @@ def _word_end(data: bytes, i: int) -> int:
     n = len(data)
     while i < n and data[i] not in b" \t\n;&|<>()":
         c = data[i]
-        if c in b"'\"`":
-            i = _skip_quoted(data, i + 1, c)
-        elif c == ord("\\"):
-            i += 2
-        elif c == ord("$") and data[i + 1:i + 2] in (b"(", b"{"):
-            i = _skip_nested(data, i + 2, data[i + 1])
-        else:
-            i += 1
+        i = _skip_quoted(data, i + 1, c) if c in b"'\"`" else _skip_unit(data, i)
         if i < 0:
             return -1
     return min(i, n)
