@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import needs
@@ -171,6 +172,35 @@ def stop_fake(bindir: Path) -> None:
         os.kill(int(started.read_text()), signal.SIGKILL)
 
 
+@dataclass
+class Ended:
+    """How a `rocforge serve` run ended: its exit code and output, how long it ran, and whether
+    its fake llama-server still ran once serve had exited."""
+    code: int
+    out: str
+    err: str
+    seconds: float
+    server_left: bool
+
+
+def serve_to_its_end(bindir: Path, wait: float) -> Ended:
+    """`rocforge serve` of the fake in `bindir` on a free port, run until it exits (killed after
+    60 s).  Whether serve stopped its fake is read before the fake is stopped here: no test
+    leaves one behind, and none takes this cleanup for serve's own."""
+    serve = start_serve(free_port(), wait=wait)
+    start = time.monotonic()
+    try:
+        out, err = serve.communicate(timeout=60)
+        seconds = time.monotonic() - start
+        started = bindir / "started"
+        left = started.exists() and alive(int(started.read_text()))
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+        stop_fake(bindir)
+    return Ended(serve.returncode, out, err, seconds, left)
+
+
 def wait_for(path: Path, seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
     while not path.exists():
@@ -256,18 +286,12 @@ def test_serving_is_said_after_the_one_token_warm_up(tmp_path):
 def test_a_server_that_cannot_complete_one_token_is_not_serving(tmp_path):
     """/health 200 but the first completion fails (HTTP 500): one line, exit 9, server stopped."""
     bindir = install(tmp_path, WARMS_UP.replace("COMPLETION_STATUS = 200", "COMPLETION_STATUS = 500"))
-    serve = start_serve(free_port(), wait=30)
-    try:
-        out, err = serve.communicate(timeout=60)
-    finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGKILL)
-            stop_fake(bindir)  # in a process group of its own: a killed serve cannot stop it
-    assert serve.returncode == 9 and "serving" not in out and "Traceback" not in err
-    lines = error_lines(err)
+    ended = serve_to_its_end(bindir, wait=30)
+    assert ended.code == 9 and "serving" not in ended.out and "Traceback" not in ended.err
+    lines = error_lines(ended.err)
     assert len(lines) == 1 and "one-token request to http://127.0.0.1:" in lines[0] and lines[0].endswith(
-        "/completion got HTTP 500"), err
-    assert not alive(int((bindir / "started").read_text()))
+        "/completion got HTTP 500"), ended.err
+    assert (bindir / "started").exists() and not ended.server_left
 
 
 def test_preset_show_shell_and_serve_default_to_the_same_range(tmp_path, capsys):
@@ -585,18 +609,11 @@ GARBAGE = WARMS_UP.replace('''        self.send_response(COMPLETION_STATUS)
 
 
 def test_a_servers_garbage_answer_is_one_escaped_line(tmp_path):
-    bindir = install(tmp_path, GARBAGE)
-    serve = start_serve(free_port(), wait=30)
-    try:
-        out, err = serve.communicate(timeout=60)
-    finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGKILL)
-        stop_fake(bindir)
-    assert serve.returncode == 9 and "serving" not in out
-    assert not any(c in err for c in "\x00\x01\x1b\r"), repr(err)
-    lines = error_lines(err)
-    assert len(lines) == 1 and "garbage" in lines[0], err
+    ended = serve_to_its_end(install(tmp_path, GARBAGE), wait=30)
+    assert ended.code == 9 and "serving" not in ended.out
+    assert not any(c in ended.err for c in "\x00\x01\x1b\r"), repr(ended.err)
+    lines = error_lines(ended.err)
+    assert len(lines) == 1 and "garbage" in lines[0], ended.err
     assert lines[0].split("garbage")[1].startswith(" [31m")  # the ESC became a space
 
 
@@ -617,20 +634,13 @@ HANGS_ON_COMPLETION = WARMS_UP.replace("time.sleep(1.0)  # the first", "time.sle
 
 def test_the_warm_up_ends_within_wait_and_says_it_started(tmp_path):
     bindir = install(tmp_path, HANGS_ON_COMPLETION)
-    serve = start_serve(free_port(), wait=3)
-    start = time.monotonic()
-    try:
-        out, err = serve.communicate(timeout=60)
-    finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGKILL)
-        stop_fake(bindir)
-    assert time.monotonic() - start < 3 + 2 * MARGIN  # not the 120 s floor the trial met
-    assert serve.returncode == 9 and "serving" not in out
-    assert "rocforge: serve: warming up: one token from http://127.0.0.1:" in err
-    lines = error_lines(err)
-    assert len(lines) == 1 and "answered /health but not a one-token request" in lines[0], err
-    assert not alive(int((bindir / "started").read_text()))
+    ended = serve_to_its_end(bindir, wait=3)
+    assert ended.seconds < 3 + 2 * MARGIN  # not the 120 s floor the trial met
+    assert ended.code == 9 and "serving" not in ended.out
+    assert "rocforge: serve: warming up: one token from http://127.0.0.1:" in ended.err
+    lines = error_lines(ended.err)
+    assert len(lines) == 1 and "answered /health but not a one-token request" in lines[0], ended.err
+    assert (bindir / "started").exists() and not ended.server_left
 
 
 EXITS_AFTER_HEALTH = WARMS_UP.replace('''    def do_GET(self):
@@ -644,16 +654,9 @@ EXITS_AFTER_HEALTH = WARMS_UP.replace('''    def do_GET(self):
 
 
 def test_a_server_that_exits_after_health_is_said_to_have_exited(tmp_path):
-    bindir = install(tmp_path, EXITS_AFTER_HEALTH)
-    serve = start_serve(free_port(), wait=30)
-    try:
-        out, err = serve.communicate(timeout=60)
-    finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGKILL)
-        stop_fake(bindir)
-    assert serve.returncode == 9 and "serving" not in out
-    assert error_lines(err) == ["rocforge: error: llama-server exited with code 3 after it answered /health: bye"]
+    ended = serve_to_its_end(install(tmp_path, EXITS_AFTER_HEALTH), wait=30)
+    assert ended.code == 9 and "serving" not in ended.out
+    assert error_lines(ended.err) == ["rocforge: error: llama-server exited with code 3 after it answered /health: bye"]
 
 
 @pytest.mark.parametrize("value", ["127.0.0.1\nX", "a b", "-x", "http://h", "", "a..b", "x" * 254])
