@@ -133,6 +133,15 @@ def make_build(root: Path, recipe: str, target: str, backend: str = "hip", *,
     return prefix
 
 
+def program(prefix: Path, name: str, text: str) -> Path:
+    """prefix/bin/NAME, an executable holding `text` (a script with its #! line)."""
+    exe = prefix / "bin" / name
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text(text)
+    exe.chmod(0o755)
+    return exe
+
+
 def make_stack_builds(root: Path, target: str = "gfx1151", aotriton: str = "0.11.1") -> dict[str, Path]:
     """rocBLAS, hipBLASLt and AOTriton built for `target`, as their recipes record them."""
     lib = "lib/{}/library/TensileLibrary_lazy_" + target + ".dat"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from buildfixtures import RECIPE, project_copy
+from trust_helpers import build_lock_held
 
 from rocforge_build import cli, ownership
 from rocforge_build.forge import cleanup
@@ -189,29 +190,13 @@ def test_a_work_dir_whose_build_holds_its_lock_is_never_removed(tmp_path, capsys
     (work / "build").mkdir(parents=True)
     ownership.write_mark(work, "a build work dir")  # as forge/pipeline.py marks it
     (work / "build" / "obj.o").write_text("o")
-    ready = tmp_path / "ready"
-    # a real process holding the build lock, as a running build does (forge/lock.py)
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time, pathlib; from rocforge_build.forge import lock; "
-         "h = lock.acquire(pathlib.Path('/p'), pathlib.Path(sys.argv[1])); "
-         "pathlib.Path(sys.argv[2]).touch(); time.sleep(60)", str(work), str(ready)],
-        env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        for _ in range(400):
-            if ready.exists():
-                break
-            subprocess.run(["sleep", "0.05"])
-        assert ready.exists()
+    with build_lock_held(work, tmp_path / "ready") as holder:
         listing = by_path(rf_json(capsys, "list"))
         assert listing[str(work)]["kept"].startswith("in use:")
         assert f"pid {holder.pid}" in listing[str(work)]["kept"]
         out = rf_json(capsys, "clean", "--work")
         assert (work / "build" / "obj.o").is_file()
         assert [e["outcome"] for e in out["entries"]][0].startswith("in use")
-    finally:
-        holder.kill()
-        holder.wait()
     rf_json(capsys, "clean", "--work")  # the build ended: now it goes, with its lock file
     assert not work.exists() and not Path(f"{work}.lock").exists()
 

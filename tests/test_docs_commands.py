@@ -12,20 +12,14 @@ import re
 from pathlib import Path
 
 import pytest
+from docs_hooks import load_hook
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("docs_commands", ROOT / "docs/hooks/commands.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def gen():
-    return _load()
+    return load_hook("commands")
 
 
 @pytest.fixture(scope="module")

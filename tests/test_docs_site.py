@@ -12,15 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from docs_hooks import load_hook
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _hook():
-    spec = importlib.util.spec_from_file_location("site_links", ROOT / "docs/hooks/site_links.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_links_that_do_not_open_a_file_from_disk_are_named(tmp_path):
@@ -35,7 +29,7 @@ def test_links_that_do_not_open_a_file_from_disk_are_named(tmp_path):
         '<a href="missing.html">gone</a><a href="/install.html">absolute</a>'
         '<a href="https://github.com/ROCm/TheRock">another site</a><a href="#anchor">here</a>'
         '<a href="mailto:x@example.org">mail</a><img src="assets/logo.png">')
-    assert _hook().broken_links(site) == [
+    assert load_hook("site_links").broken_links(site) == [
         "index.html: guides/dir-page/ (a directory: from disk a listing, not a page)",
         "index.html: guides/dir-page (a directory: from disk a listing, not a page)",
         "index.html: missing.html (no such file)",
@@ -53,7 +47,7 @@ def test_the_built_site_opens_from_disk(tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1", "HOME": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-2000:]
-    assert _hook().broken_links(site) == []
+    assert load_hook("site_links").broken_links(site) == []
     index = (site / "index.html").read_text()
     assert 'href="install.html"' in index and (site / "install.html").is_file()
     assert 'href="guides/strix-halo.html"' in index and (site / "guides" / "strix-halo.html").is_file()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import host_roots as hr
 import pytest
+import stackfixtures
 import yaml
 from needs import needs, require
 from test_containers import parse_containerfile
@@ -194,15 +195,11 @@ REFUSED = ["new\nline", "carriage\rreturn", "nul\0byte",
            *(f"a{c}b" for c in sorted(shellsafe.LINE_BREAKS)), "foo\u2028LD_PRELOAD=/tmp/evil.so"]
 
 
-def _dump_program(tmp_path: Path) -> Path:
-    """An executable that writes its argv and $V as JSON to $DUMP_OUT."""
-    exe = tmp_path / "bin" / "dump"
-    exe.parent.mkdir(parents=True, exist_ok=True)
-    exe.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                   "json.dump({'argv': sys.argv[1:], 'V': os.environ.get('V')}, "
-                   "open(os.environ['DUMP_OUT'], 'w'))\n")
-    exe.chmod(0o755)
-    return exe
+def dump_program(prefix: Path, name: str = "dump") -> Path:
+    """prefix/bin/NAME: an executable that writes its argv and $V as JSON to $DUMP_OUT."""
+    return stackfixtures.program(prefix, name, f"#!{sys.executable}\nimport json, os, sys\n"
+                                 "json.dump({'argv': sys.argv[1:], 'V': os.environ.get('V')}, "
+                                 "open(os.environ['DUMP_OUT'], 'w'))\n")
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "dash"])
@@ -210,7 +207,7 @@ def test_sh_export_and_command_round_trip(tmp_path, shell):
     require(shell)
     mark = tmp_path / "MARK"
     values = hostile(mark) + [""]
-    exe = _dump_program(tmp_path)
+    exe = dump_program(tmp_path)
     out = tmp_path / "out.json"
     for value in values:
         script = tmp_path / "s.sh"
@@ -353,7 +350,7 @@ def _verify(tmp_path: Path, unit: str) -> None:
 
 def test_systemd_unit_round_trips(tmp_path):
     mark = tmp_path / "MARK"
-    exe = _dump_program(tmp_path / "odd %i $HOME dir")  # `%` and `$` in the program's own path
+    exe = dump_program(tmp_path / "odd %i $HOME dir")  # `%` and `$` in the program's own path
     values = hostile(mark)
     unit = systemd.service(comment="c %i\n[Service]\\", description="d %n\\", env={"V": " ".join(values)},
                            argv=[str(exe), *values])
@@ -370,7 +367,7 @@ def test_systemd_unit_round_trips(tmp_path):
 @needs("systemd-analyze")
 def test_systemd_analyze_reads_the_program_the_emitter_wrote(tmp_path):
     """systemd checks that ExecStart's program exists: found under a name with spaces, `%`, `$`."""
-    exe = _dump_program(tmp_path / "a b %i %% $X")
+    exe = dump_program(tmp_path / "a b %i %% $X")
     _verify(tmp_path, systemd.service(comment="c", description="d", env={}, argv=[str(exe)]))
     missing = systemd.service(comment="c", description="d", env={}, argv=[str(exe) + "-not"])
     with pytest.raises(AssertionError):
@@ -586,7 +583,7 @@ def _stored_preset(tmp_path: Path, *, model: str = "m", label: str = "ub=512",
     prefix = make_build(tmp_path / "builds", "llama-cpp", "gfx1151", "cpu")
     exe = prefix / "bin" / "llama-server"
     exe.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(_dump_program(tmp_path / "dump"), exe)
+    shutil.copy(dump_program(tmp_path / "dump"), exe)
     stamp = read_manifest(prefix).get("stamp")
     data = {"model": {"name": model, "sha256": "ab" * 32, "path": "/m/m.gguf"}, "created": "now",
             "ranges": {"short": {"prefix": str(prefix), "backend": "cpu", "stamp": stamp, "depth": 0,
@@ -689,7 +686,7 @@ def test_serve_dry_run_piped_to_sh_runs_the_preset_and_nothing_else(tmp_path, ca
 
     mark = tmp_path / "MARK"  # `touch MARK` runs in tmp_path: sh's working directory below
     prefix = make_build(tmp_path / "builds", "llama-cpp", "gfx1151", "cpu")
-    exe = _dump_program(tmp_path / "dump")
+    exe = dump_program(tmp_path / "dump")
     (prefix / "bin").mkdir(parents=True, exist_ok=True)
     shutil.copy(exe, prefix / "bin" / "llama-server")
     server = prefix / "bin" / "llama-server"

@@ -10,7 +10,7 @@ import subprocess
 import tomllib
 
 import fixtures_roots as fr
-from stackfixtures import make_build
+from stackfixtures import make_build, program
 from test_env import cli, sourced_once
 from test_stack_env import MARK, _tamper
 
@@ -25,10 +25,7 @@ def two_llama_builds(root):
     for backend, day in (("cpu", "20"), ("vulkan", "21")):
         prefix = make_build(root, "llama-cpp", "gfx1151", backend,
                             files=("lib/libggml-base.so",), built_at=f"2026-11-{day}T10:00:00Z")
-        cli_prog = prefix / "bin" / "llama-cli"
-        cli_prog.parent.mkdir(parents=True, exist_ok=True)
-        cli_prog.write_text(f"#!/bin/sh\necho {backend}\n")
-        cli_prog.chmod(0o755)
+        program(prefix, "llama-cli", f"#!/bin/sh\necho {backend}\n")
         out[backend] = prefix
     return out
 
@@ -184,15 +181,13 @@ BAD = "   1  3024.0 ± 9.0  6.37 ± 0.1  4.5 ± 0.1  50.0 ± 1.0 %  3.0 ± 0.5 %
 def perplexity_program(prefix, line: str) -> None:
     """bin/llama-perplexity as a real program: `--help` prints usage without -fa, a run prints
     the cumulative result line llama.cpp's KL-divergence mode ends with."""
-    exe = prefix / "bin" / "llama-perplexity"
-    exe.parent.mkdir(parents=True, exist_ok=True)
     # the reference's run (--kl-divergence-base FILE alone) writes FILE and its own PPL
-    exe.write_text('#!/bin/sh\nif [ "$1" = --help ]; then echo "usage: -m FILE"; exit 0; fi\n'
-                   'case " $* " in *" --kl-divergence "*) ;; *)\n'
-                   '  while [ $# -gt 0 ]; do [ "$1" = --kl-divergence-base ] && : > "$2"; shift; done\n'
-                   '  echo "Final estimate: PPL = 5.1240 +/- 0.1"; exit 0;; esac\n'
-                   f"echo '{line}'\n")
-    exe.chmod(0o755)
+    program(prefix, "llama-perplexity",
+            '#!/bin/sh\nif [ "$1" = --help ]; then echo "usage: -m FILE"; exit 0; fi\n'
+            'case " $* " in *" --kl-divergence "*) ;; *)\n'
+            '  while [ $# -gt 0 ]; do [ "$1" = --kl-divergence-base ] && : > "$2"; shift; done\n'
+            '  echo "Final estimate: PPL = 5.1240 +/- 0.1"; exit 0;; esac\n'
+            f"echo '{line}'\n")
 
 
 def test_verify_records_its_verdict_for_env(tmp_path, monkeypatch):

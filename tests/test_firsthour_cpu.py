@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from stackfixtures import make_build
+from stackfixtures import make_build, program
 from test_env import cli, sourced_once
 
 from rocforge_build import paths
@@ -23,10 +23,7 @@ def builds(root):
     out = {}
     for backend in ("cpu", "vulkan", "hip"):
         prefix = make_build(root, "llama-cpp", "gfx1151", backend)
-        prog = prefix / "bin" / "llama-cli"
-        prog.parent.mkdir(parents=True, exist_ok=True)
-        prog.write_text(f"#!/bin/sh\necho {backend}\n")
-        prog.chmod(0o755)
+        program(prefix, "llama-cli", f"#!/bin/sh\necho {backend}\n")
         out[backend] = prefix
     return out
 

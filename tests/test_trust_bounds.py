@@ -22,6 +22,7 @@ import pytest
 from buildfixtures import RECIPE, project_copy
 from needs import needs
 from tiny_gguf import write as write_gguf
+from trust_helpers import never_run_prefix
 
 from rocforge_build import cli, paths
 from rocforge_build.commands import bundle
@@ -105,25 +106,9 @@ def test_every_range_is_in_the_help():
     assert "[1 to 1000]" in " ".join(out.split())  # --reps
 
 
-@pytest.mark.parametrize("value", HOSTILE)
-def test_every_numeric_option_refuses_hostile_values(value):
-    accepted = []
-    for label, a in BOUNDED:
-        try:
-            a.type(value)
-        except argparse.ArgumentTypeError:
-            continue
-        accepted.append(label)
-    assert accepted == []
-
-
-# Python's int()/float() forms no flag takes: digit groups, spaces, a plus sign, Arabic-Indic and
-# full-width digits, a subnormal; a list's items may have spaces around them ("512, 1024")
-UNUSUAL = ["1_000", " 5", "5 ", "+5", "\u0663", "\uff11\uff12", "1e-320", "0x10", "1e-9"]
-
-
-@pytest.mark.parametrize("value", UNUSUAL)
-def test_every_numeric_option_refuses_unusual_forms(value):
+def options_accepting(value: str) -> list[str]:
+    """The bounded options whose type takes `value`; a list is not asked about a value with spaces
+    around it (its items may have them)."""
     accepted = []
     for label, a in BOUNDED:
         if value.strip() != value and a.type.__name__.startswith("list"):
@@ -133,7 +118,22 @@ def test_every_numeric_option_refuses_unusual_forms(value):
         except argparse.ArgumentTypeError:
             continue
         accepted.append(label)
-    assert accepted == []
+    return accepted
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_every_numeric_option_refuses_hostile_values(value):
+    assert options_accepting(value) == []
+
+
+# Python's int()/float() forms no flag takes: digit groups, spaces, a plus sign, Arabic-Indic and
+# full-width digits, a subnormal; a list's items may have spaces around them ("512, 1024")
+UNUSUAL = ["1_000", " 5", "5 ", "+5", "\u0663", "\uff11\uff12", "1e-320", "0x10", "1e-9"]
+
+
+@pytest.mark.parametrize("value", UNUSUAL)
+def test_every_numeric_option_refuses_unusual_forms(value):
+    assert options_accepting(value) == []
 
 
 @pytest.mark.parametrize("flag,value", [("--timeout", "1e-320"), ("--timeout", "0.0005"),
@@ -153,17 +153,6 @@ def test_plain_forms_are_still_numbers():
 
 
 # -- 2. the trial's examples, through the CLI ----------------------------------------------------------
-
-def never_run_prefix(tmp_path: Path) -> tuple[Path, Path]:
-    """A build prefix whose programs, if ever started, create a marker file."""
-    prefix, marker = tmp_path / "build", tmp_path / "ran"
-    (prefix / "bin").mkdir(parents=True)
-    for name in ("llama-bench", "llama-perplexity"):
-        exe = prefix / "bin" / name
-        exe.write_text(f"#!/bin/sh\ntouch {marker}\n")
-        exe.chmod(0o755)
-    return prefix, marker
-
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
     try:

@@ -11,48 +11,23 @@ import ast
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from buildfixtures import RECIPE, git_repo, tarball
 from needs import needs
+from trust_helpers import REPO, mount_namespace, one_error, python, rocforge, snapshot
 
 from rocforge_build import ownership
 from rocforge_build.download import sha256_file
 from rocforge_build.forge import source_fetch, sources
 
-REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "rocforge_build"
-
-
-def snapshot(top: Path) -> dict[str, str]:
-    """Every path below `top` with its kind and content (files) or target (links)."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(top))
-            out[rel] = ("link:" + os.readlink(p) if p.is_symlink() else "dir" if p.is_dir()
-                        else "file:" + p.read_text(errors="replace"))
-    return out
 
 
 def trees() -> Path:
     return Path(os.environ["ROCFORGE_CACHE_DIR"]) / "sources" / "trees"
-
-
-def one_error(res: subprocess.CompletedProcess, code: int = 2) -> str:
-    lines = [line for line in res.stderr.splitlines() if line.startswith("rocforge: error:")]
-    assert res.returncode == code, res.stderr
-    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    return lines[0]
-
-
-def python(code: str, *args: str, wrap: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([*wrap, sys.executable, "-c", code, *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def half_removed(spec: sources.Source) -> tuple[Path, dict[str, str]]:
@@ -74,10 +49,8 @@ def test_a_users_directory_at_a_source_trees_path_is_refused_not_replaced(tmp_pa
     (mine / "notes" / "todo.txt").write_text("the user's")
     (mine / "CMakeLists.txt").write_text("# my own edit\n")
     before = snapshot(mine)
-    res = subprocess.run(
-        [sys.executable, "-m", "rocforge_build", "build", str(RECIPE), "--target", "gfx1151",
-         "--source", str(archive), "--prefix", str(tmp_path / "p"), "--dry-run"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    res = rocforge("build", str(RECIPE), "--target", "gfx1151", "--source", str(archive),
+                   "--prefix", str(tmp_path / "p"), "--dry-run", timeout=120)
     line = one_error(res)
     assert f"refusing to replace {mine} (a source tree)" in line and ".rocforge-owned" in line
     assert snapshot(mine) == before
@@ -170,11 +143,7 @@ MOUNTED = textwrap.dedent("""
 
 @needs("unshare", "mount")
 def test_a_tmpfs_and_a_bind_mount_inside_a_replaced_source_tree_keep_their_files(tmp_path):
-    wrap = ("unshare", "--mount", "--propagation", "private") if os.geteuid() == 0 else (
-        "unshare", "-rm", "--propagation", "private")
-    probe = subprocess.run([*wrap, "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"LOUD SKIP: no mount namespace here ({probe.stderr.decode().strip()})")
+    wrap = mount_namespace()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "on-bind.txt").write_text("keep")

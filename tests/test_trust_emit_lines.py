@@ -17,6 +17,7 @@ import pytest
 import yaml
 from needs import require
 from stackfixtures import make_build
+from test_emitters import dump_program
 from test_env import _base_env, cli
 
 from rocforge_build import shellsafe
@@ -90,12 +91,7 @@ def _stored(tmp_path: Path, ranges: dict[str, dict], model: str = "m") -> tuple[
     gguf.write_bytes(b"GGUF model bytes")
     sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
     prefix = make_build(tmp_path / "builds", "llama-cpp", "gfx1151", "cpu")
-    server = prefix / "bin" / "llama-server"
-    server.parent.mkdir(parents=True, exist_ok=True)
-    server.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                      "json.dump({'argv': sys.argv[1:], 'V': os.environ.get('V')}, "
-                      "open(os.environ['DUMP_OUT'], 'w'))\n")
-    server.chmod(0o755)
+    server = dump_program(prefix, "llama-server")
     stamp = read_manifest(prefix).get("stamp")
     data = {"model": {"name": model, "sha256": sha, "path": str(gguf)}, "created": "now",
             "ranges": {name: {"prefix": str(prefix), "backend": "cpu", "stamp": stamp, "depth": 0,

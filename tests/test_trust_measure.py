@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from tiny_gguf import ARRAY, FLOAT32, INT32, STRING, UINT32, gguf_string, raw
 from tiny_gguf import write as write_gguf
+from trust_helpers import never_run_prefix, run
 
-from rocforge_build import cli
 from rocforge_build.measure.store import APPLICATION_ID, SCHEMA_VERSION, Store
 
 
@@ -34,16 +34,6 @@ def db(tmp_path, monkeypatch) -> Path:
     return path
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    """rocforge's exit code, stdout, stderr; a parse error (argparse's SystemExit) included."""
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def one_error(err: str) -> str:
     """The single error line (`rocforge: error:` or, for a flag, `rocforge CMD: error:`)."""
     lines = [line for line in err.splitlines() if ": error: " in line]
@@ -54,17 +44,6 @@ def one_error(err: str) -> str:
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def never_run_prefix(tmp_path: Path) -> tuple[Path, Path]:
-    """A build prefix whose programs, if ever started, create a marker file."""
-    prefix, marker = tmp_path / "build", tmp_path / "ran"
-    (prefix / "bin").mkdir(parents=True)
-    for name in ("llama-bench", "llama-perplexity"):
-        exe = prefix / "bin" / name
-        exe.write_text(f"#!/bin/sh\ntouch {marker}\n")
-        exe.chmod(0o755)
-    return prefix, marker
 
 
 # -- 5. the results store ---------------------------------------------------------------------------

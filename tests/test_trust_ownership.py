@@ -11,49 +11,24 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tarfile
 import textwrap
 from pathlib import Path
 
 import pytest
 from needs import needs
+from trust_helpers import (
+    build_lock_held,
+    entries,
+    mount_namespace,
+    one_error,
+    python,
+    rocforge,
+    snapshot,
+)
 
 from rocforge_build import ownership
 from rocforge_build.forge import cleanup, sources
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def rocforge(*args: str, env: dict | None = None, wrap: tuple[str, ...] = ()
-             ) -> subprocess.CompletedProcess:
-    return subprocess.run([*wrap, sys.executable, "-m", "rocforge_build", *args],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
-
-
-def one_error(res: subprocess.CompletedProcess, code: int = 2) -> str:
-    lines = [line for line in res.stderr.splitlines() if line.startswith("rocforge: error:")]
-    assert res.returncode == code, res.stderr
-    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    return lines[0]
-
-
-def snapshot(top: Path) -> dict[str, str]:
-    """Every path below `top` with its kind and content (files) or target (links)."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(top))
-            if p.is_symlink():
-                out[rel] = "link:" + os.readlink(p)
-            elif p.is_dir():
-                out[rel] = "dir"
-            else:
-                out[rel] = "file:" + p.read_text(errors="replace")
-    return out
 
 
 def cache() -> Path:
@@ -108,9 +83,7 @@ def test_root_as_cache_dir_is_refused_before_any_removal_is_tried(tmp_path):
         sys.exit(cli.main(sys.argv[1:]))
     """)
     for argv in (["cache", "clean"], ["cache", "clean", "--sources"], ["cache", "clean", "--dry-run"]):
-        res = subprocess.run([sys.executable, "-c", trap, *argv], capture_output=True, text=True,
-                             timeout=120, env={**os.environ, "PYTHONPATH": str(REPO),
-                                               "ROCFORGE_CACHE_DIR": "/"})
+        res = python(trap, *argv, env={"ROCFORGE_CACHE_DIR": "/"})
         assert "REMOVAL TRIED" not in res.stderr
         assert "the root directory /" in one_error(res)
     with pytest.raises(Exception, match="refuses /: it is the root directory"):
@@ -245,28 +218,13 @@ def test_sigkill_mid_clean_leaves_a_tree_the_next_fetch_makes_whole(tmp_path):
 
 def test_a_running_build_is_listed_as_running_not_failed(tmp_path):
     work = make_legacy_work(tmp_path / "prefix-being-built")
-    ready = tmp_path / "ready"
-    holder = subprocess.Popen(  # a process holding the build lock, as a running build does
-        [sys.executable, "-c",
-         "import sys, time, pathlib; from rocforge_build.forge import lock; "
-         "h = lock.acquire(pathlib.Path('/p'), pathlib.Path(sys.argv[1])); "
-         "pathlib.Path(sys.argv[2]).touch(); time.sleep(60)", str(work), str(ready)],
-        env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        for _ in range(400):
-            if ready.exists():
-                break
-            subprocess.run(["sleep", "0.05"])
-        assert ready.exists()
+    with build_lock_held(work, tmp_path / "ready") as holder:
         res = rocforge("cache", "list", "--json")
         entry = {e["path"]: e for e in json.loads(res.stdout)["entries"]}[str(work)]
         assert entry["category"] == "running" and entry["removable"] is False
         assert f"pid {holder.pid}" in entry["kept"]
         res = rocforge("cache", "clean", "--failed", "--json")  # not failed: not touched
         assert json.loads(res.stdout)["entries"] == [] and work.is_dir()
-    finally:
-        holder.kill()
-        holder.wait()
     res = rocforge("cache", "list", "--json")
     entry = {e["path"]: e for e in json.loads(res.stdout)["entries"]}[str(work)]
     assert entry["category"] == "failed"  # the build ended without installing
@@ -308,16 +266,10 @@ MOUNTED = textwrap.dedent("""
 
 @needs("unshare", "mount")
 def test_a_tmpfs_or_bind_mount_inside_the_cache_keeps_its_files(tmp_path):
-    wrap = ("unshare", "--mount", "--propagation", "private") if os.geteuid() == 0 else (
-        "unshare", "-rm", "--propagation", "private")
-    probe = subprocess.run([*wrap, "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"LOUD SKIP: no mount namespace here ({probe.stderr.decode().strip()})")
+    wrap = mount_namespace()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    res = subprocess.run([*wrap, sys.executable, "-c", MOUNTED, str(elsewhere)],
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    res = python(MOUNTED, str(elsewhere), wrap=wrap)
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stderr.strip().splitlines()[-1])
     assert got["rc"] == 0
@@ -418,14 +370,8 @@ USERS_FILES = {"downloads/photos.zip": b"PK\x03\x04 family photos",
 
 def bytes_snapshot(top: Path) -> dict[str, bytes | str]:
     """Every path below `top`: files byte for byte, links by target, directories by kind."""
-    out: dict[str, bytes | str] = {}
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(top))
-            out[rel] = ("link:" + os.readlink(p) if p.is_symlink() else
-                        "dir" if p.is_dir() else p.read_bytes())
-    return out
+    return {rel: "link:" + os.readlink(p) if p.is_symlink() else "dir" if p.is_dir() else p.read_bytes()
+            for rel, p in entries(top)}
 
 
 @pytest.mark.parametrize("tag", ["none", "another tool's"])
@@ -535,11 +481,7 @@ BOUND_HOME = textwrap.dedent("""
 def test_home_bind_mounted_elsewhere_is_still_home(tmp_path):
     """HOME (with rocforge's own CACHEDIR.TAG and a marked work dir) bind-mounted at another
     path and given as the cache dir: refused as HOME by identity, nothing removed."""
-    wrap = ("unshare", "--mount", "--propagation", "private") if os.geteuid() == 0 else (
-        "unshare", "-rm", "--propagation", "private")
-    probe = subprocess.run([*wrap, "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"LOUD SKIP: no mount namespace here ({probe.stderr.decode().strip()})")
+    wrap = mount_namespace()
     home = fake_home(tmp_path)
     (home / ownership.CACHEDIR_TAG).write_text(ownership.TAG_TEXT)
     work = home / "work" / "0123456789ab"
@@ -548,9 +490,7 @@ def test_home_bind_mounted_elsewhere_is_still_home(tmp_path):
     alias = tmp_path / "alias"
     alias.mkdir()
     before = bytes_snapshot(home)
-    res = subprocess.run([*wrap, sys.executable, "-c", BOUND_HOME, str(home), str(alias)],
-                         capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    res = python(BOUND_HOME, str(home), str(alias), wrap=wrap)
     assert "your home directory" in one_error(res)
     assert bytes_snapshot(home) == before
 

@@ -250,14 +250,9 @@ def test_cache_clean_keeps_a_live_journal_and_removes_a_prefixs_sibling_only_by_
 @pytest.fixture(scope="module")
 def fixture_build(tmp_path_factory):
     """The fixture project built once into a prefix: (its recipe, the prefix)."""
-    from upgrade_history import history
+    from upgrade_history import built
 
-    top = tmp_path_factory.mktemp("replace-attack")
-    h = history(top)
-    prefix = top / "prefix"
-    res = rocforge_cli("build", str(h.recipe), "--target", "gfx1151", "--prefix", str(prefix),
-                       "--no-recheck")
-    assert res.returncode == 0, res.stderr
+    h, prefix = built(tmp_path_factory.mktemp("replace-attack"))
     return h.recipe, prefix
 
 

@@ -23,8 +23,8 @@ import pytest
 import tomlkit
 from stackfixtures import make_build
 from test_env import cli as env_cli
+from trust_helpers import run
 
-from rocforge_build import cli
 from rocforge_build.measure.store import Store
 
 MODEL_BYTES = b"GGUF a model's bytes"
@@ -74,15 +74,20 @@ def good_preset(prefix: Path) -> dict:
                                                  "-c", "4096"], "notes": ["a note"]}}}
 
 
-def mutated(preset: dict, path: tuple, value) -> dict:
-    out = copy.deepcopy(preset)
-    parent = out
+def set_at(doc, path: tuple, value) -> None:
+    """`value` written at `path` in the nested tables of `doc` (DEL: the field removed)."""
+    parent = doc
     for key in path[:-1]:
         parent = parent[key]
     if value is DEL:
         del parent[path[-1]]
     else:
         parent[path[-1]] = value
+
+
+def mutated(preset: dict, path: tuple, value) -> dict:
+    out = copy.deepcopy(preset)
+    set_at(out, path, value)
     return out
 
 
@@ -95,15 +100,6 @@ def store_row(db: Path, data, version: int = 1) -> None:
                 "VALUES ('m', ?, NULL, 't', ?, ?)", (SHA, json.dumps(data), version))
     con.commit()
     con.close()
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def one_error(err: str) -> str:
@@ -318,13 +314,7 @@ MANIFEST_ATTACKS = [
 def write_manifest_attack(prefix: Path, path: tuple, value) -> Path:
     manifest = prefix / "rocforge-manifest.toml"
     doc = tomlkit.parse(manifest.read_text())
-    parent = doc
-    for key in path[:-1]:
-        parent = parent[key]
-    if value is DEL:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = value
+    set_at(doc, path, value)
     manifest.write_text(tomlkit.dumps(doc))
     return manifest
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from needs import needs
-from upgrade_history import history
+from upgrade_history import built
 
 pytestmark = needs("strace")
 
@@ -100,12 +100,7 @@ def killed(res: subprocess.CompletedProcess) -> bool:
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    top = tmp_path_factory.mktemp("swap")
-    h = history(top)
-    prefix = top / "prefix"
-    res = rocforge("build", str(h.recipe), "--target", "gfx1151", "--prefix", str(prefix),
-                   "--no-recheck")
-    assert res.returncode == 0, res.stderr
+    h, prefix = built(tmp_path_factory.mktemp("swap"))
     for commit in ("docs2", "docs1"):  # both sources fetched: the sweeps meet only the swap's renames
         res = rocforge("upgrade", str(prefix), "--ref", h.commits[commit])
         assert res.returncode == 0, res.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import tomlkit
 from stackfixtures import make_build
-from test_env_path import GOOD
+from test_env_path import GOOD, perplexity_program
 from tiny_gguf import write as write_gguf
 
 from rocforge_build import paths
@@ -33,19 +33,6 @@ FULL_CPU = tuple(f"bin/llama-{p}" for p in (
     "tokenize", "run", "tts", "mtmd-cli", "batched", "batched-bench", "lookup", "speculative"))
 
 
-def _perplexity(prefix: Path) -> None:
-    """bin/llama-perplexity: the reference's run writes its KL base and PPL, a check prints a
-    passing chunk line (what llama.cpp's KL-divergence mode ends with)."""
-    exe = prefix / "bin" / "llama-perplexity"
-    exe.parent.mkdir(parents=True, exist_ok=True)
-    exe.write_text('#!/bin/sh\nif [ "$1" = --help ]; then echo "usage: -m FILE"; exit 0; fi\n'
-                   'case " $* " in *" --kl-divergence "*) ;; *)\n'
-                   '  while [ $# -gt 0 ]; do [ "$1" = --kl-divergence-base ] && : > "$2"; shift; done\n'
-                   '  echo "Final estimate: PPL = 5.1240 +/- 0.1"; exit 0;; esac\n'
-                   f"echo '{GOOD}'\n")
-    exe.chmod(0o755)
-
-
 def _packaged(prefix: Path, *, source: str = "1" * 40) -> Path:
     """The manifest names the packaged llama-cpp recipe (its sha256) and the source `source`."""
     path = prefix / "rocforge-manifest.toml"
@@ -60,13 +47,13 @@ def _packaged(prefix: Path, *, source: str = "1" * 40) -> Path:
 def user_cpu_build(programs: tuple[str, ...] = FULL_CPU, *, perplexity: bool = True) -> Path:
     prefix = _packaged(make_build(Path("/"), "llama-cpp", "gfx1151", "cpu", files=programs))
     if perplexity:
-        _perplexity(prefix)
+        perplexity_program(prefix, GOOD)
     return prefix
 
 
 def gpu_build(backend: str = "vulkan") -> Path:
     prefix = _packaged(make_build(Path("/"), "llama-cpp", "gfx1151", backend, files=("bin/llama-cli",)))
-    _perplexity(prefix)
+    perplexity_program(prefix, GOOD)
     return prefix
 
 

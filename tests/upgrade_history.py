@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from buildfixtures import git, git_repo, recipe_copy
+from trust_helpers import entries, rocforge
 
 SLEEP_S = 0.12  # what the slow commit adds to every run of fixture-hello
 SLOW_LIMIT_S = 0.06  # the timing checker's limit: far above the fast program (~2 ms), below SLEEP_S
@@ -53,6 +54,17 @@ def history(tmp: Path) -> History:
     return History(repo, recipe, base, commits)
 
 
+def built(top: Path) -> tuple[History, Path]:
+    """The fixture project's history in `top`, its newest commit built into top/prefix by
+    `rocforge build` run as a user runs it."""
+    h = history(top)
+    prefix = top / "prefix"
+    res = rocforge("build", str(h.recipe), "--target", "gfx1151", "--prefix", str(prefix),
+                   "--no-recheck")
+    assert res.returncode == 0, res.stderr
+    return h, prefix
+
+
 def checker(path: Path, body: str) -> Path:
     """A --run script for /bin/sh, executable (a shell starts in a millisecond: bisect runs one
     per step)."""
@@ -77,15 +89,12 @@ def timing_checker(tmp: Path) -> Path:
 def tree_hashes(top: Path) -> dict[str, str]:
     """Every entry under `top`: file contents, link targets, directories and modes."""
     out = {}
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(top))
-            st = p.lstat()
-            if p.is_symlink():
-                out[rel] = "link:" + os.readlink(p)
-            elif p.is_dir():
-                out[rel] = f"dir:{st.st_mode:o}"
-            else:
-                out[rel] = f"{st.st_mode:o}:" + hashlib.sha256(p.read_bytes()).hexdigest()
+    for rel, p in entries(top):
+        mode = f"{p.lstat().st_mode:o}"
+        if p.is_symlink():
+            out[rel] = "link:" + os.readlink(p)
+        elif p.is_dir():
+            out[rel] = f"dir:{mode}"
+        else:
+            out[rel] = f"{mode}:" + hashlib.sha256(p.read_bytes()).hexdigest()
     return out
