@@ -174,8 +174,7 @@ def stop_fake(bindir: Path) -> None:
 
 @dataclass
 class Ended:
-    """How a `rocforge serve` run ended: its exit code and output, how long it ran, and whether
-    its fake llama-server still ran once serve had exited."""
+    """A `rocforge serve` run's end: exit code, output, seconds, whether its fake still runs."""
     code: int
     out: str
     err: str
@@ -184,9 +183,8 @@ class Ended:
 
 
 def serve_to_its_end(bindir: Path, wait: float) -> Ended:
-    """`rocforge serve` of the fake in `bindir` on a free port, run until it exits (killed after
-    60 s).  Whether serve stopped its fake is read before the fake is stopped here: no test
-    leaves one behind, and none takes this cleanup for serve's own."""
+    """`rocforge serve` of the fake in `bindir` until it exits (killed after 60 s); whether serve
+    stopped its fake is read before this stops it, so that cleanup is never taken for serve's."""
     serve = start_serve(free_port(), wait=wait)
     start = time.monotonic()
     try:
