@@ -44,16 +44,16 @@ def main() -> int:
     os.environ["ROCFORGE_DATA_DIR"] = str(tmp / "data")
     os.environ["ROCFORGE_CONFIG_DIR"] = str(tmp / "config")
     from rocforge_build.forge import pipeline
-    from rocforge_build.forge.plan import Request, make_plan
+    from rocforge_build.forge.plan import Request, plan_for
     from rocforge_build.rootfs import Root
 
     root = Root("/")
     src = tmp / "src"
     shutil.copytree(PROJECT, src)
-    req = Request(str(RECIPE), "gfx1030", source=str(src), prefix=str(tmp / "prefix"),
+    req = Request(recipe=str(RECIPE), target="gfx1030", source=str(src), prefix=str(tmp / "prefix"),
                            jobs=2, no_cache=True, force=True)
-    plan = make_plan(req, root)
-    pipeline.execute(req, root, quiet=True)  # warm the page cache, make the patched tree
+    plan = plan_for(req, root)
+    pipeline.build(req, root, quiet=True)  # warm the page cache, make the patched tree
     patched = plan.src_dir
     bare_build = tmp / "bare-build"
     flags = [x for x in plan.configure if x.startswith("-D") and not x.startswith("-DCMAKE_INSTALL_PREFIX")]
@@ -69,17 +69,17 @@ def main() -> int:
 
     def ours() -> None:
         shutil.rmtree(plan.build_dir, ignore_errors=True)  # a full configure + build each time
-        pipeline.execute(req, root, quiet=True)
+        pipeline.build(req, root, quiet=True)
 
     full_ours, full_bare = [], []
     for _ in range(a.rounds):
         full_ours.append(timed(ours))
         full_bare.append(timed(bare))
 
-    noop_req = Request(str(RECIPE), "gfx1030", source=str(src), prefix=str(tmp / "prefix"),
+    noop_req = Request(recipe=str(RECIPE), target="gfx1030", source=str(src), prefix=str(tmp / "prefix"),
                                 jobs=2, no_cache=True)
-    assert pipeline.execute(noop_req, root, quiet=True).status == "up to date"
-    noop_inproc = [timed(lambda: pipeline.execute(noop_req, root, quiet=True)) for _ in range(a.rounds)]
+    assert pipeline.build(noop_req, root, quiet=True).status == "up to date"
+    noop_inproc = [timed(lambda: pipeline.build(noop_req, root, quiet=True)) for _ in range(a.rounds)]
     cmd = [sys.executable, "-m", "rocforge_build", "build", str(RECIPE), "--target", "gfx1030",
            "--source", str(src), "--prefix", str(tmp / "prefix"), "-j", "2", "--no-cache"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
