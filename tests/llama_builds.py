@@ -1,6 +1,6 @@
 """Session fixtures for the slow tests that need a real llama.cpp CPU build (registered in
 conftest.py): the May 2025 tree is built once per test session (CPU backend, `llama-bench` only)
-and shared by tests/test_llama_build.py and tests/test_bundle.py; a tiny random GGUF model to run.
+and shared by tests/e2e/test_llama_build.py and tests/e2e/test_bundle.py; a tiny random GGUF model to run.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from buildfixtures import RECIPE, project_copy
-from test_env import cli
+from test_commands_env import cli
 
 
 def _dry_run(root, src, *flags):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_env import cli
+from test_commands_env import cli
 
 # the packaged recipes and their backends, as recipes/*.toml declare them
 KNOWN = {"llama-cpp": ["hip", "rocwmma", "vulkan", "cpu"], "hipblaslt": ["hip"],

@@ -267,7 +267,7 @@ def test_results_compare_shows_what_differs_between_the_hosts(tmp_path, monkeypa
 
 def test_bench_warns_of_a_known_bad_host_before_measuring(tmp_path, model):
     import host_roots as hr
-    from test_env import cli as cli_in
+    from test_commands_env import cli as cli_in
 
     root = tmp_path / "root"
     hr.strix_bad_firmware(root)  # gfx1151 with MES 0x83 in debugfs, kernel 6.18.4
@@ -303,8 +303,8 @@ def test_tune_and_serve_warn_of_a_known_bad_host_first(tmp_path, model, monkeypa
     build), serve to starting llama-server (a fake that fails at once)."""
     import host_roots as hr
     from stackfixtures import make_build
-    from test_env import cli as cli_in
-    from test_proof import preset
+    from test_commands_env import cli as cli_in
+    from test_measure_proof import preset
 
     from rocforge_build.measure import verify
 
@@ -334,7 +334,7 @@ def test_tune_and_serve_warn_of_a_known_bad_host_first(tmp_path, model, monkeypa
     p["ranges"]["short"]["stamp"] = read_manifest(prefix).get("stamp")
     with Store(tmp_path / "r.sqlite3") as s:
         s.add_preset("m", "ab" * 32, 1, p)
-    from test_proof import free_port
+    from test_measure_proof import free_port
 
     out = cli_in(root, "serve", "m", "--port", str(free_port()), "--wait", "5", env=env)
     assert out.stderr.splitlines()[0].startswith(KNOWN_BAD_MES), out.stderr

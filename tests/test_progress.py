@@ -1,6 +1,6 @@
 """Progress when stderr is not a terminal (pytest's capture is not one): plain lines every
 ROCFORGE_PROGRESS_INTERVAL seconds with the step, [n/N] and the elapsed time.  The build's own
-lines are checked on a real fixture build in tests/test_pipeline.py."""
+lines are checked on a real fixture build in tests/e2e/test_pipeline.py."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_bench_and_tune_rows_show_n_of_total_and_the_current_work(monkeypatch, c
 def _slow_perplexity(prefix, seconds: float) -> None:
     """bin/llama-perplexity that takes `seconds` per run: the reference's run writes its KL base
     and PPL, a check prints a passing result line (what llama.cpp's KL-divergence mode ends with)."""
-    from test_env_path import GOOD
+    from test_commands_env_path import GOOD
 
     exe = prefix / "bin" / "llama-perplexity"
     exe.parent.mkdir(parents=True, exist_ok=True)

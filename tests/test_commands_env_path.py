@@ -11,8 +11,8 @@ import tomllib
 
 import fixtures_roots as fr
 from stackfixtures import make_build, program
-from test_env import cli, sourced_once
-from test_stack_env import MARK, _tamper
+from test_commands_env import cli, sourced_once
+from test_commands_env_builds import MARK, _tamper
 
 from rocforge_build import paths
 from rocforge_build.discover import choices

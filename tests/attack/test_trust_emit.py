@@ -18,8 +18,8 @@ import host_roots as hr
 import pytest
 from needs import needs
 from stackfixtures import make_build
-from test_containers import check_wellformed, parse_containerfile
-from test_env import cli, cli_subprocess, sourced_once
+from test_commands_env import cli, cli_subprocess, sourced_once
+from test_ship_containers import check_wellformed, parse_containerfile
 
 from rocforge_build import paths, shellsafe
 from rocforge_build.cli import main
@@ -547,7 +547,7 @@ def test_preset_script_runs_the_command_and_nothing_else(tmp_path, capsys):
                                             ({"GOOD": "1"}, "x(){ touch /nonexistent/MARK;}; y")])
 def test_preset_with_a_hostile_name_is_refused(capsys, env, range_name):
     """The store's schema refuses the row (exit 11, a bad results database) before any emitter
-    sees it; the emitters refuse the same values on their own (tests/test_emitters.py)."""
+    sees it; the emitters refuse the same values on their own (tests/test_emit.py)."""
     _store_preset(_preset(env, [], range_name))
     assert main(["preset", "show", "m", "--shell"]) == 11
     captured = capsys.readouterr()
@@ -635,7 +635,7 @@ def test_env_is_still_importable_cheaply():
     """shellsafe sits on `rocforge env`'s start-up path: stdlib only."""
     code = ("import sys, rocforge_build.shellsafe; "
             "sys.exit(any(m in sys.modules for m in ('rich', 'requests', 'tomlkit')))")
-    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1],
+    assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2],
                           env={**os.environ}).returncode == 0
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import test_trust_stores as base
-from test_env import cli as env_cli
+from test_commands_env import cli as env_cli
 from test_trust_stores import (
     BENCH_ROW,
     SHA,

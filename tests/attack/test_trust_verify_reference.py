@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import tomlkit
 from stackfixtures import make_build
-from test_env_path import GOOD, perplexity_program
+from test_commands_env_path import GOOD, perplexity_program
 from tiny_gguf import write as write_gguf
 
 from rocforge_build import paths

@@ -25,7 +25,7 @@ from rocforge_build.forge import pipeline
 from rocforge_build.forge.plan import Request
 from rocforge_build.rootfs import Root
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def snapshot(tree: Path) -> dict[str, bytes | str]:

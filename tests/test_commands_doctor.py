@@ -3,7 +3,7 @@
 import json
 
 import fixtures_roots as fr
-from test_env import cli
+from test_commands_env import cli
 
 
 def doctor(root, *args, env=None):
@@ -129,7 +129,7 @@ def _long_tree(root):
 def test_piped_tables_keep_paths_and_versions_whole(tmp_path):
     """COLUMNS=80 and stdout a pipe (a real subprocess): rich would fit the 7-column ROCm table into
     80 columns by cutting cells with "…"; doctor prints plain lines there instead."""
-    from test_env import cli_subprocess
+    from test_commands_env import cli_subprocess
 
     _long_tree(tmp_path)
     out = cli_subprocess(tmp_path, "doctor", env={"COLUMNS": "80"})
@@ -150,7 +150,7 @@ def test_terminal_at_80_columns_keeps_them_whole(tmp_path):
     import sys
     import termios
 
-    from test_env import REPO, _base_env
+    from test_commands_env import REPO, _base_env
 
     _long_tree(tmp_path)
     parent, child = pty.openpty()
@@ -182,7 +182,7 @@ def test_no_gpu_with_builds_says_why_none_is_used(tmp_path):
     """No GPU and no --target: the builds row used to read `[]` and "used for None"; it says
     that nothing is used, why, and which builds were found (plain lines: a pipe at 80 columns)."""
     from stackfixtures import make_build
-    from test_env import cli_subprocess
+    from test_commands_env import cli_subprocess
 
     fr.make_debian_usr(tmp_path)
     inner = "/" + make_build(tmp_path, "llama-cpp", "gfx1100", files=("bin/llama-cli",)).relative_to(tmp_path).as_posix()

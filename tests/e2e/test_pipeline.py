@@ -283,7 +283,7 @@ def test_progress_lines_when_stderr_is_a_pipe_and_long_lines_stay_whole(tmp_path
     import re
     import sys
 
-    from test_env import REPO, _base_env
+    from test_commands_env import REPO, _base_env
 
     slow_cc = tmp_path / "bin" / "slow-cc"
     slow_cc.parent.mkdir()
@@ -313,7 +313,7 @@ def test_progress_lines_when_stderr_is_a_pipe_and_long_lines_stay_whole(tmp_path
 def test_progress_interval_that_is_not_a_number_is_one_line(tmp_path):
     import sys
 
-    from test_env import REPO, _base_env
+    from test_commands_env import REPO, _base_env
 
     env = {**_base_env(), "ROCFORGE_PROGRESS_INTERVAL": "nan"}
     proc = subprocess.run(

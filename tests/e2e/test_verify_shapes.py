@@ -46,7 +46,7 @@ from rocforge_build.measure import verify as verify_mod
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS
 
 JOBS = os.environ.get("ROCFORGE_TEST_JOBS", "2")
-WRONG = Path(__file__).resolve().parent / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
+WRONG = Path(__file__).resolve().parents[1] / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import needs
 import pytest
 from buildfixtures import recipe_copy, tarball
 from fixtures_roots import RX7900XTX, STRIX_HALO, make_gpus
-from test_closure import _exe, _lib
+from test_ship_closure import _exe, _lib
 
 from rocforge_build.cli import main
 from rocforge_build.errors import IntegrityError, UsageError
@@ -32,7 +32,7 @@ from rocforge_build.forge.plan import Request
 from rocforge_build.rootfs import Root
 from rocforge_build.ship import bundle, bundle_archive, bundle_check, bundle_rules, bundle_unpack
 
-LISTS = Path(__file__).resolve().parent / "data" / "kernel-dirs"
+LISTS = Path(__file__).resolve().parents[1] / "data" / "kernel-dirs"
 
 
 def kernel_list(package: str) -> dict[str, int]:

@@ -74,7 +74,7 @@ def run_on_read_only_home(tmp_path, commands: list[list[str]], env_extra: dict) 
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ROCFORGE_", "XDG_"))}
     env.update(HOME=str(ro), RO=str(ro), OUTDIR=str(outdir), PY=sys.executable,
-               PYTHONPATH=str(Path(__file__).resolve().parent.parent), **env_extra)
+               PYTHONPATH=str(Path(__file__).resolve().parents[2]), **env_extra)
     res = subprocess.run(["unshare", "-rm", "sh", "-c", _RO_SCRIPT, "sh",
                           *[shlex.join(c) for c in commands]], env=env, capture_output=True,
                          text=True, timeout=60)
@@ -454,7 +454,7 @@ def test_a_fifo_recipe_or_source_is_named_as_not_a_regular_file(tmp_path, what):
     argv = ([str(fifo)] if what == "recipe" else [str(RECIPE), "--source", str(fifo)])
     out = subprocess.run([sys.executable, "-m", "rocforge_build", "build", *argv, "--target",
                           "gfx1030", "--dry-run"], capture_output=True, text=True, timeout=60,
-                         cwd=Path(__file__).parents[1], stdin=subprocess.DEVNULL)
+                         cwd=Path(__file__).parents[2], stdin=subprocess.DEVNULL)
     assert out.returncode == 2, out.stderr
     lines = error_lines(out.stderr)
     assert len(lines) == 1 and f"{fifo} is a FIFO, not a regular file" in lines[0], out.stderr
@@ -559,7 +559,7 @@ def test_kernels_extra_hint_works_from_a_checkout(tmp_path):
 
     from rocforge_build.kernels.runner import extra_install_hint
 
-    checkout = Path(__file__).resolve().parent.parent
+    checkout = Path(__file__).resolve().parents[2]
     assert (checkout / "pyproject.toml").is_file()
     assert extra_install_hint("kernels") == f"pip install -e '{checkout}[kernels]'"
 
@@ -611,7 +611,7 @@ def test_a_fifo_in_the_inspected_root_is_never_waited_on(tmp_path, inner):
     plan = 3 if inner == "proc/meminfo" else 0
     for cmd, code in ((["env"], 4), (["env"], 4), (["doctor"], 1), (["host", "plan"], plan)):
         out = subprocess.run([sys.executable, "-m", "rocforge_build", "--root", str(root), *cmd],
-                             cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=60)
+                             cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=60)
         assert out.returncode == code, out.stderr
         assert "Traceback" not in out.stderr and "internal error" not in out.stderr
     assert stat.S_ISFIFO(os.lstat(target).st_mode)
@@ -632,7 +632,7 @@ def test_a_fifo_for_a_gpus_kfd_properties_is_one_detection_line(tmp_path):
     props.unlink()
     os.mkfifo(props)
     out = subprocess.run([sys.executable, "-m", "rocforge_build", "--root", str(root), "env"],
-                         cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=60)
+                         cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=60)
     assert out.returncode == 3 and out.stdout == ""
     assert out.stderr.splitlines()[0] == ("rocforge: error: cannot read /sys/class/kfd/kfd/topology/nodes/1/"
                                           "properties: a FIFO, not a regular file")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import fixtures_roots as fr
 import pytest
-from test_env import cli
+from test_commands_env import cli
 
 from rocforge_build.discover import installs, resolver
 from rocforge_build.rootfs import Root

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from needs import require
 from stackfixtures import make_build
-from test_emitters import dump_program
-from test_env import _base_env, cli
+from test_commands_env import _base_env, cli
+from test_emit import dump_program
 
 from rocforge_build import shellsafe
 from rocforge_build.cli import main
@@ -28,7 +28,7 @@ from rocforge_build.errors import ConfigError
 from rocforge_build.measure import preset as preset_mod
 from rocforge_build.ship.closure import parse_dotenv
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 # -- 1. a line break another reader sees: U+2028 and friends in a manifest's export_env ------------

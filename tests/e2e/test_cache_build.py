@@ -185,7 +185,7 @@ def test_icecream_compiles_remote_with_this_machines_compiler(tmp_path, monkeypa
         scheduler_log = ice.log("scheduler").read_text(errors="replace")
         their_cc = (ice.base / f"{remote}.cc").read_text()
         # HIP stays here: the real client on a real `-x hip` compile with offload (Debian's
-        # clang 15, HIP headers and device libraries, as tests/test_cache.py's HIP check)
+        # clang 15, HIP headers and device libraries, as tests/test_forge_cache.py's HIP check)
         kernel = tmp_path / "k.hip"
         kernel.write_text("#include <hip/hip_runtime.h>\n"
                           "__global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n")

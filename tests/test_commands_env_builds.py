@@ -10,7 +10,7 @@ import shutil
 
 import fixtures_roots as fr
 from stackfixtures import make_build, make_stack_builds
-from test_env import cli, sourced_once
+from test_commands_env import cli, sourced_once
 
 from rocforge_build import paths
 
@@ -122,7 +122,9 @@ def _cached_run(root) -> str:
 
 
 def _tamper() -> None:
-    from test_envcache import tamper  # appends MARK as a whole entry (length and CRC updated)
+    from test_discover_envcache import (
+        tamper,  # appends MARK as a whole entry (length and CRC updated)
+    )
 
     tamper()
 

@@ -107,7 +107,7 @@ def test_a_replaced_file_is_newer_than_objects_built_before_it_even_with_an_olde
     # git archive stamps files with their commit's time, in whole seconds: a commit made a second
     # before the last build gives its files an mtime older than that build's objects, though newer
     # than the files they replace.  ninja (mtime order) would keep the stale object: the flake in
-    # tests/test_upgrade.py where a broken commit passed the upgrade's gate.
+    # tests/e2e/test_upgrade.py where a broken commit passed the upgrade's gate.
     src, dst = tmp_path / "a", tmp_path / "b"
     src.mkdir()
     (src / "greet.c").write_text("toupper")

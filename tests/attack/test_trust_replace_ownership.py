@@ -20,7 +20,7 @@ from needs import needs
 from rocforge_build import cli, ownership, replace
 from rocforge_build.errors import UsageError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MARKER = "rocforge-manifest.toml"
 ENOUGH = 40  # more unlinkat calls than any of these removals makes: a sweep that gets here is wrong
 

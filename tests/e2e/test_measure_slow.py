@@ -28,7 +28,7 @@ from rocforge_build import cli, paths
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS
 
 JOBS = os.environ.get("ROCFORGE_TEST_JOBS", "2")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BENCH = ["-p", "32", "-n", "8", "--reps", "1", "--threads", JOBS]
 
 

@@ -251,7 +251,7 @@ def test_a_compiler_killed_by_signal_9_names_the_jobs_setting(tmp_path):
 
 def test_doctor_says_whether_the_cache_server_and_hosts_answer(tmp_path):
     import fixtures_roots as fr
-    from test_env import cli as doctor_cli
+    from test_commands_env import cli as doctor_cli
 
     fr.make_debian_usr(tmp_path / "root")
     with redis_server(tmp_path, password="doc-pw-77") as (port, _), distccd(tmp_path) as (dport, _):

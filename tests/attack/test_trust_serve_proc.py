@@ -29,7 +29,7 @@ from buildfixtures import RECIPE, git_repo, project_copy
 from rocforge_build import cli, proc
 from rocforge_build.measure.store import Store
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROBE_S = 2.0  # ROCFORGE_PROBE_TIMEOUT for the hanging-tool tests (the default is 20 s)
 # the bound an ended run must meet: the deadline, the stop's SIGTERM grace, a loaded 2-core
 # CI machine's scheduling and the CLI's own start-up
@@ -140,7 +140,7 @@ def install(tmp_path: Path, script: str, ranges: dict[str, int] | None = None) -
     """A fake build whose bin/llama-server is `script`, and a stored preset for model "m" that
     runs it (one range per name -> context); returns the build's bin directory."""
     from stackfixtures import make_build
-    from test_proof import preset
+    from test_measure_proof import preset
 
     from rocforge_build.discover.builds import read_manifest
 

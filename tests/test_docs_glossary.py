@@ -14,7 +14,7 @@ import pytest
 from buildfixtures import RECIPE
 from fake_engines import fake_docker
 from stackfixtures import make_build
-from test_env import cli
+from test_commands_env import cli
 
 REPO = Path(__file__).resolve().parents[1]
 GLOSSARY = REPO / "docs" / "reference" / "glossary.md"

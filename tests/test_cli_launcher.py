@@ -1,7 +1,7 @@
 """The `rocforge` command is bin/rocforge (pyproject.toml installs it as a script), not an
 entry-point wrapper: pip's wrapper imports `re` before rocforge, 5-6 ms of every shell start-up
 that runs `rocforge env` (more than rocforge's own cached answer; docs/measurements/env.md).
-That `pip install` puts this file in place is checked by test_containers.py's slow
+That `pip install` puts this file in place is checked by test_ship_containers.py's slow
 test_installed_rocforge_ships_its_own_wheel, which installs rocforge into a new venv."""
 
 from __future__ import annotations

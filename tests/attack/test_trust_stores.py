@@ -22,7 +22,7 @@ import fixtures_roots as fr
 import pytest
 import tomlkit
 from stackfixtures import make_build
-from test_env import cli as env_cli
+from test_commands_env import cli as env_cli
 from trust_helpers import run
 
 from rocforge_build.measure.store import Store

@@ -27,7 +27,7 @@ from trained_model import smollm2
 from rocforge_build import cli
 
 JOBS = os.environ.get("ROCFORGE_TEST_JOBS", "2")
-WRONG = Path(__file__).resolve().parent / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
+WRONG = Path(__file__).resolve().parents[1] / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
 
 
 def git(repo: Path, *args: str) -> str:

@@ -191,7 +191,7 @@ def test_a_fifo_config_file_is_refused_not_waited_on(tmp_path, args, kind):
     root = tmp_path / "root"
     root.mkdir()
     out = subprocess.run([sys.executable, "-m", "rocforge_build", "--root", str(root), *args],
-                         cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=30,
+                         cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=30,
                          env={**os.environ, "ROCFORGE_NO_CACHE": "1"})
     assert out.returncode == 2, out.stderr
     line = _error_line(out.stderr)

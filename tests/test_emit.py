@@ -23,8 +23,8 @@ import pytest
 import stackfixtures
 import yaml
 from needs import needs, require
-from test_containers import parse_containerfile
-from test_env import cli
+from test_commands_env import cli
+from test_ship_containers import parse_containerfile
 
 from rocforge_build import cli as rf_cli
 from rocforge_build import shellsafe

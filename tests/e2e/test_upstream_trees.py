@@ -62,7 +62,7 @@ def test_every_passed_option_is_declared_by_the_real_tree(name, roots, tmp_path)
 def test_rocwmma_of_oct_2024_installs_for_gfx1151_only_with_a_loud_note(roots, tmp_path):
     """That rocWMMA has no ROCWMMA_ARCH_GFX1151: code instantiating it for gfx1151 stops with
     'Unsupported architecture'. rocforge still installs the headers (header-only: llama.cpp falls
-    back to its gfx1151 stub, tests/test_rocwmma_stub_build.py) and says so loudly."""
+    back to its gfx1151 stub, tests/e2e/test_rocwmma_stub_build.py) and says so loudly."""
     tree, _ = up.export("rocwmma", tmp_path / "rocwmma")
     config = (tree / "library/include/rocwmma/internal/config.hpp").read_text()
     assert "ROCWMMA_ARCH_GFX1100" in config and "ROCWMMA_ARCH_GFX1151" not in config

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import host_roots as hr
 import pytest
-from test_env import cli_subprocess
+from test_commands_env import cli_subprocess
 
 VAR = "GRUB_CMDLINE_LINUX_DEFAULT"
 HEAD = b"GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_DISTRIBUTOR=`lsb_release -i -s 2> /dev/null || echo Debian`\n"

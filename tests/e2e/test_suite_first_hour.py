@@ -21,7 +21,7 @@ import pytest
 import session_home
 from needs import needs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 
 

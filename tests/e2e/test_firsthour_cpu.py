@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 from stackfixtures import make_build, program
-from test_env import cli, sourced_once
+from test_commands_env import cli, sourced_once
 
 from rocforge_build import paths
 

@@ -20,7 +20,7 @@ import fixtures_roots as fr
 import host_roots as hr
 import pytest
 from fake_engines import fake_docker
-from test_env import cli
+from test_commands_env import cli
 
 from rocforge_build.discover import host, host_plan
 from rocforge_build.rootfs import Root
