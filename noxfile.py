@@ -79,11 +79,11 @@ def integration(session: nox.Session) -> None:
     "Slow tests and their CI budget")."""
     session.install("-e", ".[test]")
     for version in ("0.3.9", "0.3.36"):
-        session.run("pytest", "tests/test_llama_build.py", "--run-slow", "-v", *session.posargs,
+        session.run("pytest", "tests/e2e/test_llama_build.py", "--run-slow", "-v", *session.posargs,
                     env={"ROCFORGE_INTEGRATION_FULL": "1", "ROCFORGE_LLAMA_VERSION": version})
     # dry-run plans of the stack recipes against real upstream trees: set ROCFORGE_TEST_GIT_ROCWMMA,
     # _AOTRITON, _ROCBLAS, _HIPBLASLT to git directories of them (tests/upstream_trees.py)
-    session.run("pytest", "tests/test_upstream_trees.py", "--run-slow", "-v", *session.posargs)
+    session.run("pytest", "tests/e2e/test_upstream_trees.py", "--run-slow", "-v", *session.posargs)
     # `rocforge build rocwmma` from that ROCm/rocWMMA (no gfx1151), then llama.cpp's rocwmma backend
     # for gfx1151 with the stub patch, compiled in the sid chroot (14 min cold on 2 cores, 30 s warm)
-    session.run("pytest", "tests/test_rocwmma_stub_build.py", "--run-slow", "-v", *session.posargs)
+    session.run("pytest", "tests/e2e/test_rocwmma_stub_build.py", "--run-slow", "-v", *session.posargs)

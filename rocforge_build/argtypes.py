@@ -5,7 +5,7 @@ before any model is read or any program runs.
 `float()` accepts "inf", "nan" and 1e300, and `int()` any size: a --reps of 2**63 would run for
 ever, a timeout of 1e300 overflows the timer thread, a depth past a C int wraps inside llama.cpp.
 Every type here carries its `bounds`; cli.py shows them in each flag's --help, and
-tests/test_trust_bounds.py fails if a numeric flag is added without one.  Only stdlib: the parser
+tests/attack/test_trust_bounds.py fails if a numeric flag is added without one.  Only stdlib: the parser
 of every command imports this."""
 
 from __future__ import annotations

@@ -8,5 +8,5 @@ values, argv lists), never pre-assembled text, so no caller can paste data into 
   Containerfiles                      emit/containerfile.py
   GRUB and kernel command lines       emit/kernel_cmdline.py
 
-tests/test_emitters.py fails when a format's tokens appear in a string anywhere else.
+tests/test_emit.py fails when a format's tokens appear in a string anywhere else.
 """

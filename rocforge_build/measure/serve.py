@@ -81,7 +81,7 @@ def covers(d: dict, stamp: str | None, model_sha: str, shape: dict, env: dict) -
     model, every check passed (not one right shape of a build wrong elsewhere), run with the same
     env (`--env`), and among its checks exactly the preset's context, micro-batch, flash attention
     and offload.  Exactly: a fault can show at one context or one micro-batch only (RoPE past 5000
-    tokens, RMS norm in 256-token batches: tests/test_verify_shapes.py), so a check at another
+    tokens, RMS norm in 256-token batches: tests/e2e/test_verify_shapes.py), so a check at another
     shape, or a `--quick` one at the shortest context, says nothing of the preset's."""
     if not stamp or d.get("stamp") != stamp or d.get("model_sha256") != model_sha or d.get("passed") is not True:
         return False
