@@ -20,9 +20,9 @@ import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from rocforge_build.discover.builds import checked_manifest
 from rocforge_build.errors import RocforgeError, UsageError
-from rocforge_build.nightly.record import RECORD, valid_record
+from rocforge_build.install_record import RECORD, valid_record
+from rocforge_build.manifest_schema import MANIFEST, checked_manifest
 from rocforge_build.rename_exchange import exchange
 from rocforge_build.toml_subset import tomllib_loads
 
@@ -55,7 +55,7 @@ HOME_DOTFILES = (".bashrc", ".bash_profile", ".bash_logout", ".profile", ".zshrc
 # What rocforge writes at the start of the marks whose content it fixes (see `valid_marker`).
 MARK_HEADS = {SCRATCH: b"rocforge scratch tree:", MARK: MARK_HEAD.encode(),
               ".rocforge-closure": b"staged by `rocforge container closure`"}
-VALIDATED_MARKERS = (*MARK_HEADS, "rocforge-manifest.toml", "rocforge-kernels.json")
+VALIDATED_MARKERS = (*MARK_HEADS, MANIFEST, "rocforge-kernels.json")
 MARKER_BYTES = 1 << 20  # a marker larger than rocforge writes is not one of rocforge's
 
 
@@ -94,8 +94,8 @@ def _holds(directory: Path, name: str) -> bool:
 
 def valid_marker(tree: Path, name: str) -> bool:
     """Whether `tree/name` is a marker as rocforge writes it (a regular file, never followed):
-    a fixed text (`MARK_HEADS`), a build manifest that passes discover/builds.py's schema, or a
-    kernels manifest (a JSON object naming target, platform and binary).  Anything else under a
+    a fixed text (`MARK_HEADS`), a build manifest that passes its schema (`manifest_schema.py`),
+    or a kernels manifest (a JSON object naming target, platform and binary).  Anything else under a
     marker's name, a broken manifest included, does not make a tree rocforge's."""
     try:
         fd = os.open(Path(tree) / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)

@@ -1,5 +1,6 @@
 """What rocforge built: install prefixes under `paths.builds_prefix()` (`<recipe>-<target>-<backend>`),
-each described by the `rocforge-manifest.toml` the build pipeline wrote at its root.
+each described by the `rocforge-manifest.toml` the build pipeline wrote at its root (its format:
+`manifest_schema.py`).
 
 `rocforge env` reads them on every shell start-up (through its cache), so this is stdlib only:
 tomllib, no rich, no packaging.  Every path goes through `Root` and is recorded for the env cache
@@ -12,67 +13,12 @@ from __future__ import annotations
 
 import os
 
-from rocforge_build import schema
 from rocforge_build.discover.watched_reads import watch
 from rocforge_build.errors import ConfigError
+from rocforge_build.manifest_schema import MANIFEST, MANIFEST_HINT, MANIFEST_MAX, checked_manifest
 from rocforge_build.records import FRESH, Record, fresh, init
 from rocforge_build.rootfs import Root, inner_join, inner_path, open_regular
 from rocforge_build.toml_subset import tomllib_loads
-
-MANIFEST_MAX = 4 << 20  # a manifest is a few kB: 4 MiB is far past any rocforge writes
-
-MANIFEST = "rocforge-manifest.toml"  # forge.plan.MANIFEST (not imported: `rocforge env` stays cheap)
-
-# What pipeline.write_manifest writes and every reader relies on, checked once where a manifest is
-# read (`checked_manifest`): a manifest is a file a user can edit, copy or be handed.  Names in
-# export_env are left to the env emitter, which leaves a bad one out with a warning and keeps the
-# rest of the build (tests/test_trust_emit.py); its values must be text, as plan.export_env holds.
-_TEXT = schema.Str(empty=True)
-_SCALAR_TABLE = schema.TableOf(schema.Scalar())
-
-
-class RecipeName(schema.Spec):
-    """A recipe's name as a file name and a word of use.toml: letters, digits, '.', '_' and '-',
-    not starting with '.' or '-' (never a path, a line break or a Unicode separator)."""
-
-    what = "a plain recipe name (letters, digits, '.', '_' and '-')"
-    _OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
-
-    def take(self, value, path):
-        if (not isinstance(value, str) or not value or value[0] in ".-" or len(value) > 200
-                or not set(value) <= self._OK):
-            raise schema.Bad(path, f"{value!r:.160} is not {self.what}")
-        return value
-
-
-MANIFEST_SCHEMA = schema.Record({
-    "recipe": schema.Record({"name": RecipeName(), "file": schema.Optional(_TEXT)}),
-    "target": schema.Str(one_line=True, empty=True),  # "": a CPU or Vulkan build for no GPU target
-    "backend": schema.Str(one_line=True),
-    "stamp": schema.Optional(schema.Str(one_line=True)),
-    "prefix": schema.Optional(schema.AbsPath()),
-    "built_at": schema.Optional(_TEXT),
-    "source": schema.Optional(schema.Record({
-        "version": schema.Optional(_TEXT), "commit": schema.Optional(_TEXT),
-        "location": schema.Optional(_TEXT), "kind": schema.Optional(_TEXT)}), {}),
-    "toolchain": schema.Optional(schema.Record({
-        "kind": schema.Optional(schema.Str(one_line=True)), "rocm_path": schema.Optional(_TEXT)}), {}),
-    "outputs": schema.Optional(schema.ListOf(schema.Str()), []),
-    "env": schema.Optional(_SCALAR_TABLE, {}),
-    "runtime_env": schema.Optional(schema.EnvTable(), {}),
-    "export_env": schema.Optional(schema.TableOf(_TEXT), {}),
-    "export_env_reasons": schema.Optional(schema.TableOf(_TEXT), {}),
-    "dependencies": schema.Optional(schema.ListOf(schema.Record({})), []),
-})
-
-
-_MANIFEST_HINT = ("rocforge wrote this file when it built the prefix and reads every field back: move "
-                  "the prefix aside and build it again (`rocforge build`)")
-
-
-def checked_manifest(data: object, path: str) -> dict:
-    """A manifest's TOML held to MANIFEST_SCHEMA, or a ConfigError naming the file and the field."""
-    return schema.check(data, MANIFEST_SCHEMA, str(path), ConfigError, _MANIFEST_HINT)
 
 
 class Build(Record):
@@ -163,18 +109,18 @@ def read(root: Root, prefix: str) -> Build | None:
             text = fh.read(MANIFEST_MAX + 1)  # bounded: never a huge file held in memory
         if len(text) > MANIFEST_MAX:
             raise ConfigError(f"{host}: the manifest is larger than {MANIFEST_MAX >> 20} MiB, "
-                              "not one rocforge wrote", _MANIFEST_HINT)
+                              "not one rocforge wrote", MANIFEST_HINT)
         text = text.decode("utf-8")
     except FileNotFoundError:
         return None
     except UnicodeError:
-        raise ConfigError(f"{host}: the manifest is not UTF-8 text", _MANIFEST_HINT) from None
+        raise ConfigError(f"{host}: the manifest is not UTF-8 text", MANIFEST_HINT) from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{host}: the manifest cannot be read ({getattr(exc, 'strerror', None) or exc})",
-                          _MANIFEST_HINT) from None
+                          MANIFEST_HINT) from None
     data = tomllib_loads(text)
     if data is None:
-        raise ConfigError(f"{host}: the manifest is not TOML", _MANIFEST_HINT)
+        raise ConfigError(f"{host}: the manifest is not TOML", MANIFEST_HINT)
     data = checked_manifest(data, host)
     recorded = data["prefix"] or ""
     exported, reasons = data["export_env"], data["export_env_reasons"]

@@ -33,7 +33,8 @@ _CODE = ("discover/resolver.py", "discover/installs.py", "discover/gpus.py",
          "data/targets.toml", "data/layouts.toml", "discover/builds.py", "discover/shell.py",
          "discover/envwarnings.py", "discover/host.py",
          "data/host.toml", "discover/binaries.py", "resources.py", "shellsafe.py",
-         "discover/choices.py", "records.py", "toml_subset.py", "schema.py")
+         "discover/choices.py", "records.py", "toml_subset.py", "schema.py",
+         "manifest_schema.py")
 
 _touched: dict[str, bool] | None = None  # host path -> stamp by content
 

@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 
 from rocforge_build import paths
-from rocforge_build.discover.builds import MANIFEST
+from rocforge_build.manifest_schema import MANIFEST
 
 __all__ = ["MANIFEST", "default_prefix", "destdir", "project_dir", "staging_dir", "venv_dir",
            "work_dir"]

@@ -35,8 +35,8 @@ from pathlib import Path
 
 from rocforge_build import config, download, download_policy, extract, ownership
 from rocforge_build.errors import IntegrityError, RocforgeError, UsageError
+from rocforge_build.install_record import RECORD, read_record, read_record_checked, valid_record
 from rocforge_build.nightly.listing import Nightly
-from rocforge_build.nightly.record import RECORD, read_record, read_record_checked, valid_record
 from rocforge_build.progress import Heartbeat, human_size
 from rocforge_build.shellsafe import one_line
 

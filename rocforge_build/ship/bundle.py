@@ -49,6 +49,7 @@ from rocforge_build.errors import (
     ToolchainError,
     UsageError,
 )
+from rocforge_build.manifest_schema import MANIFEST, MANIFEST_MAX, checked_manifest
 from rocforge_build.ship import closure as closure_mod
 from rocforge_build.ship.bundle_archive import (
     BUNDLE_TOML,
@@ -68,8 +69,6 @@ from rocforge_build.ship.bundle_rules import (
 )
 
 LAUNCHER = "run"
-MANIFEST = "rocforge-manifest.toml"
-MANIFEST_MAX = 4 << 20  # a manifest is a few kB: 4 MiB is far past any rocforge writes
 
 # -- finding the build ----------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -88,8 +87,6 @@ def _read_manifest(prefix: Path) -> dict:
                 raise ConfigError(f"{prefix / MANIFEST} is larger than {MANIFEST_MAX >> 20} MiB, "
                                   "not a manifest rocforge wrote")
             data = tomllib.loads(raw.decode("utf-8"))
-        from rocforge_build.discover.builds import checked_manifest  # the one manifest schema
-
         return checked_manifest(data, str(prefix / MANIFEST))
     except rootfs.NotRegularFile as exc:
         raise UsageError(f"{prefix / MANIFEST} is {exc.kind}, not a regular file",

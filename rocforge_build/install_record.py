@@ -1,6 +1,7 @@
 """The record a nightly install carries (`rocforge-install.toml`): its fields' types, a reader
 that keeps only the well-typed ones, and whether a record is whole, which is what proves to
-`ownership` that a directory is a nightly install rocforge made and may remove.
+`ownership` that a directory is a nightly install rocforge made and may remove.  It sits with the
+shared helpers because nightly/ writes and reads it and `ownership` reads it too.
 """
 
 from __future__ import annotations
