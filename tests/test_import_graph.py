@@ -1,4 +1,5 @@
-"""No import circles in rocforge_build (issue 32 item 6), read from the source with `ast`.
+"""No import circles in rocforge_build (issue 32 item 6), and imports only run down (a shared
+helper never imports a room: docs/layout.md), read from the source with `ast`.
 
 A circle means two modules cannot be understood, tested or moved one without the other, so every
 import counts: at module level, inside a function (deferred for start-up time, still a dependency)
@@ -170,3 +171,71 @@ def test_a_package_without_circles_passes(tmp_path):
     })
     assert import_graph(pkg)["pkg.high"] == {"pkg.low"}
     assert cycles(pkg) == []
+
+
+# -- imports only run down: the CLI uses the rooms, the rooms use the shared helpers ----------------
+
+ROOMS = ("discover", "nightly", "forge", "measure", "ship", "kernels", "commands")  # docs/layout.md
+SHARED_SUBPACKAGES = ("emit",)  # subpackages docs/layout.md places with the shared helpers
+CLI = ("cli", "__main__")  # on top of the rooms with commands/: they may import any room
+
+
+def _room_of(module: str, package: str) -> str | None:
+    """The room `module` belongs to (its subpackage), or None for a shared helper or the CLI."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == package and parts[1] in ROOMS else None
+
+
+def upward_imports(package_dir: Path) -> list[str]:
+    """One line per import of a room from a shared helper (the package's own modules outside the
+    rooms, the CLI modules left out): each is a fact that belongs in a shared module instead."""
+    package = package_dir.name
+    found = []
+    for module, imported in sorted(import_graph(package_dir).items()):
+        if _room_of(module, package) is None and module.split(".")[-1] not in CLI:
+            found += [f"{module} -> {name}" for name in sorted(imported)
+                      if _room_of(name, package) is not None]
+    return found
+
+
+def test_rocforge_build_subpackages_are_rooms_or_shared():
+    """A new subpackage must be placed (a room or shared) before the rule below can hold for it."""
+    subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert subpackages == set(ROOMS) | set(SHARED_SUBPACKAGES)
+
+
+def test_no_shared_helper_imports_a_room():
+    found = upward_imports(PACKAGE)
+    assert not found, ("shared helpers importing rooms (move the shared fact into a shared module, "
+                       "or pass it in from the room):\n" + "\n".join(found))
+
+
+def test_an_upward_import_is_found_wherever_it_sits(tmp_path):
+    """A shared module importing a room at module level, inside a function, under TYPE_CHECKING
+    or relatively is caught, as is a shared subpackage (emit); a room importing a shared module
+    or another room, and the CLI importing a room, are not."""
+    pkg = _package(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/helper.py": "import os\n",
+        "pkg/owner.py": "from pkg.discover.builds import check\n",
+        "pkg/late.py": "def f():\n    from pkg.nightly import record\n    return record\n",
+        "pkg/typed.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                         "    from pkg.forge.plan import Plan\n"),
+        "pkg/emit/__init__.py": "",
+        "pkg/emit/unit.py": "from ..measure import store\n",
+        "pkg/discover/__init__.py": "",
+        "pkg/discover/builds.py": "from pkg import helper\ncheck = helper\n",
+        "pkg/nightly/__init__.py": "",
+        "pkg/nightly/record.py": "from pkg.discover import builds\n",
+        "pkg/forge/__init__.py": "",
+        "pkg/forge/plan.py": "Plan = 1\n",
+        "pkg/measure/__init__.py": "",
+        "pkg/measure/store.py": "",
+        "pkg/cli.py": "from pkg.forge import plan\n",
+    })
+    assert upward_imports(pkg) == [
+        "pkg.emit.unit -> pkg.measure.store",
+        "pkg.late -> pkg.nightly.record",
+        "pkg.owner -> pkg.discover.builds",
+        "pkg.typed -> pkg.forge.plan",
+    ]
