@@ -6,6 +6,9 @@
   (no `_name` of forge/, measure/, nightly/, ... by import or attribute), so a subsystem can
   change its insides without the CLI; and no subsystem imports the CLI, so nothing a command
   does is a hidden input of a build or a measurement.
+- Tests a contributor can find: a unit test in tests/ is named after what it tests (a subpackage
+  or root module of rocforge_build, or one of NOT_A_MODULE); hostile-input tests live in
+  tests/attack/, real builds end to end in tests/e2e/, and helpers and data/ in tests/ alone.
 """
 
 from __future__ import annotations
@@ -16,6 +19,18 @@ from pathlib import Path
 import rocforge_build
 
 PACKAGE = Path(rocforge_build.__file__).parent
+TESTS = Path(__file__).resolve().parent
+TEST_FOLDERS = ("attack", "e2e")  # beside data/, which holds files the tests read
+# what a test file directly in tests/ may be named after when it tests no one module
+NOT_A_MODULE = (
+    "docs",             # the documentation site and the pages it is built from
+    "suite",            # the test suite's own promises and its helpers
+    "layout",           # this file: the package's shape
+    "import_graph",     # no import circles
+    "output_hygiene",   # what a person reads, across every command
+    "public_sources",   # user-facing text cites what users can look up
+    "plans_unchanged",  # every recipe's dry-run plan, byte for byte
+)
 MAX_MODULE_LINES = 700
 CLI = ("rocforge_build.cli", "rocforge_build.commands")
 
@@ -178,3 +193,55 @@ def test_the_code_map_names_every_module():
 def test_unlisted_modules_are_found():
     mods = [PACKAGE / name for name in ("__init__.py", "named.py", "forgotten.py")]
     assert unlisted_modules(mods, "| `named.py` | ... |") == ["forgotten.py"]
+
+
+def module_names(package: Path) -> set[str]:
+    """The subpackages and root modules of `package`: what a unit test's file is named after."""
+    modules = {p.stem for p in package.glob("*.py") if p.stem not in ("__init__", "__main__")}
+    return modules | {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+
+
+def misnamed_tests(tests: Path, names: set[str]) -> list[str]:
+    """The `test_*.py` files directly in `tests` named after none of `names` (`test_forge.py`
+    and `test_forge_plan.py` are named after `forge`; `test_forgery.py` is not)."""
+    return sorted(p.name for p in tests.glob("test_*.py")
+                  if not any(p.stem[5:] == n or p.stem[5:].startswith(n + "_") for n in names))
+
+
+def stray_test_files(tests: Path) -> list[str]:
+    """Folders of `tests` other than TEST_FOLDERS and data/, and files in TEST_FOLDERS that are
+    not `test_*.py` (a helper there would be one only its folder finds)."""
+    folders = [p for p in tests.iterdir() if p.is_dir() and p.name not in ("data", "__pycache__")]
+    stray = [f"{p.name}/" for p in folders if p.name not in TEST_FOLDERS]
+    stray += [str(f.relative_to(tests)) for p in folders if p.name in TEST_FOLDERS
+              for f in p.iterdir() if f.name != "__pycache__" and not
+              (f.is_file() and f.name.startswith("test_") and f.suffix == ".py")]
+    return sorted(stray)
+
+
+def test_unit_tests_are_named_after_what_they_test():
+    """A contributor finds a module's tests by its name: tests/test_forge_conditions.py for
+    forge/conditions.py, tests/test_commands_<command>.py for a command's."""
+    names = module_names(PACKAGE) | set(NOT_A_MODULE)
+    assert {"forge", "commands", "cli", "paths"} <= names, "the walk is broken"
+    assert len(list(TESTS.glob("test_*.py"))) > 50, "the walk is broken"
+    assert misnamed_tests(TESTS, names) == [], (
+        "name a unit test tests/test_<subpackage or root module>_<what>.py (a test of no one "
+        "module: a prefix in NOT_A_MODULE; hostile inputs: tests/attack/; real builds: tests/e2e/)")
+
+
+def test_attack_and_end_to_end_tests_have_their_folders():
+    assert all((TESTS / folder).is_dir() for folder in TEST_FOLDERS)
+    assert stray_test_files(TESTS) == []
+
+
+def test_misnamed_and_stray_tests_are_found(tmp_path):
+    for name in ("test_forge.py", "test_forge_plan.py", "test_docs_site.py", "test_forgery.py",
+                 "test_conditions.py", "buildfixtures.py"):
+        (tmp_path / name).write_text("")
+    assert misnamed_tests(tmp_path, {"forge", "docs"}) == ["test_conditions.py", "test_forgery.py"]
+    for path in ("attack/test_x.py", "attack/helpers.py", "e2e/test_y.py", "e2e/notes.txt",
+                 "unit/test_z.py", "data/anything.json"):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert stray_test_files(tmp_path) == ["attack/helpers.py", "e2e/notes.txt", "unit/"]
