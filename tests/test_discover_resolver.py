@@ -4,7 +4,8 @@ import fixtures_roots as fr
 import pytest
 
 from rocforge_build import paths
-from rocforge_build.discover import resolver
+from rocforge_build.discover import installs, resolver
+from rocforge_build.discover.gpus import Gpu
 from rocforge_build.errors import NoRocmError, UsageError
 from rocforge_build.rootfs import Root
 
@@ -223,3 +224,86 @@ def test_to_json_roundtrips(tmp_path):
     assert data["target"] == "gfx1100" and data["env"]["ROCR_VISIBLE_DEVICES"] == "1"
     assert {d["key"] for d in data["decisions"]} >= {"rocm", "target", "ROCR_VISIBLE_DEVICES",
                                                       "HSA_OVERRIDE_GFX_VERSION"}
+
+
+# -- the steps, called directly: each returns what it decided ---------------------------------
+IGPU = Gpu(0, 1, "gfx1036", 100306, "igpu", "KFD properties", compute_units=2)
+DGPU = Gpu(1, 2, "gfx1100", 110000, "dgpu", "KFD properties", compute_units=96)
+MASKING = "(an unsupported GPU visible to ROCm can crash apps, lemonade-sdk/llamacpp-rocm #96)"
+
+
+def classic_install(root, **tree):
+    fr.make_classic_rocm(root, **tree)
+    return installs.inspect(Root(root), "/opt/rocm-6.4.1")
+
+
+def test_mask_gpus_hides_the_igpu_beside_the_served_dgpu(tmp_path):
+    # ROCm 6.4.1's rocBLAS carries gfx1100 and gfx1030 kernels, none for the gfx1036 iGPU.
+    inst = classic_install(tmp_path)
+    step = resolver._mask_gpus(inst, None, (IGPU, DGPU), (DGPU,), {"ROCR_VISIBLE_DEVICES": "0,1"})
+    assert step.env == (("ROCR_VISIBLE_DEVICES", "1"),)
+    assert step.decisions == (resolver.Decision(
+        "ROCR_VISIBLE_DEVICES", "1",
+        "masked gfx1036 igpu (node 1, 2 CUs): rocBLAS has no TensileLibrary files for gfx1036, "
+        "but rocBLAS has TensileLibrary files for gfx1030; kept gfx1100 dgpu (node 2, 96 CUs) "
+        + MASKING),)
+    assert step.warnings == (
+        "iGPU and dGPU both visible to ROCm: gfx1036 igpu (node 1, 2 CUs), gfx1100 dgpu (node 2, 96 CUs)",
+        "ROCR_VISIBLE_DEVICES=0,1 in the environment replaced by 1")
+    assert step.blockers == () and step.prepend == ()
+
+
+def test_mask_gpus_blocks_when_only_the_igpu_is_served(tmp_path):
+    # A ROCm with kernels for the iGPU alone: programs would run on the small GPU.
+    inst = classic_install(tmp_path, rocblas=("gfx1036",), hipblaslt=())
+    step = resolver._mask_gpus(inst, None, (IGPU, DGPU), (IGPU,), {})
+    blocker = ("the main GPU, gfx1100 dgpu (node 2, 96 CUs), is NOT served by /opt/rocm-6.4.1 "
+               "(classic 6.4.1): rocBLAS has no TensileLibrary files for gfx1100; only the iGPU "
+               "gfx1036 igpu (node 1, 2 CUs) is, so programs run on the small GPU. For gfx1100: "
+               "install a TheRock nightly: `rocforge nightly install --target gfx1100`, or pass "
+               "--rocm PATH to an existing ROCm tree")
+    assert step.blockers == (blocker,)
+    assert step.warnings == ("iGPU and dGPU both visible to ROCm: gfx1036 igpu (node 1, 2 CUs), "
+                             "gfx1100 dgpu (node 2, 96 CUs)", blocker)
+    assert step.env == (("ROCR_VISIBLE_DEVICES", "0"),)
+    # with --target the user chose the GPU: no blocker, the mask stays
+    wanted = resolver._mask_gpus(inst, "gfx1036", (IGPU, DGPU), (IGPU,), {})
+    assert wanted.blockers == () and wanted.env == step.env
+
+
+def test_override_decisions_sets_the_override_and_unsets_per_node_ones():
+    # Strix Halo's gfx1151 running a gfx110X tree's gfx1100 kernels; a per-node override left over
+    strix = Gpu(0, 1, "gfx1151", 110501, "igpu", "KFD properties", compute_units=40)
+    chosen = resolver.TargetChoice((strix,), (strix,), "gfx1100", "11.0.0", resolver.Decided())
+    step = resolver._override_decisions(None, (strix,), chosen,
+                                        {"HSA_OVERRIDE_GFX_VERSION_1": "11.5.1", "HOME": "/home/a"})
+    assert step.env == (("HSA_OVERRIDE_GFX_VERSION", "11.0.0"), ("HSA_OVERRIDE_GFX_VERSION_1", None))
+    assert step.decisions == (resolver.Decision(
+        "HSA_OVERRIDE_GFX_VERSION", "11.0.0",
+        "gfx1151 run gfx1100 kernels: ROCm must see them as gfx1100 (11.0.0)"),)
+    assert step.warnings == ("HSA_OVERRIDE_GFX_VERSION_1=11.5.1 in the environment unset (per-node "
+                             "override would win over the decided one)",)
+    # no GPU, no stale override: nothing to decide
+    nothing = resolver.TargetChoice((), (), None, None, resolver.Decided())
+    assert resolver._override_decisions(None, (), nothing, {}) == resolver.Decided()
+
+
+def test_a_later_steps_path_list_goes_in_front_and_its_decision_takes_the_earlier_place():
+    rocm = resolver.Decided(
+        env=(("ROCM_PATH", "/opt/rocm"),), prepend=(("PATH", ("/opt/rocm/bin", "/x")),),
+        decisions=(resolver.Decision("PATH", "/opt/rocm/bin:/x", "the ROCm's"),
+                   resolver.Decision("ROCM_PATH", "/opt/rocm", "chosen")),
+        warnings=("w1",))
+    builds = resolver.Decided(
+        env=(("ROCM_PATH", None), ("A", "1")), prepend=(("PATH", ("/b/bin", "/x")),),
+        decisions=(resolver.Decision("builds", ["/b"], "used"),
+                   resolver.Decision("PATH", "/b/bin:/x:/opt/rocm/bin", "builds first"),
+                   resolver.Decision("rocm", "/b", "a key that is no path list")),
+        warnings=("w2",), blockers=("b",))
+    both = rocm.then(builds)
+    assert both.prepend == (("PATH", ("/b/bin", "/x", "/opt/rocm/bin")),)
+    assert [d.key for d in both.decisions] == ["PATH", "ROCM_PATH", "builds", "rocm"]
+    assert both.decisions[0].reason == "builds first"
+    assert both.env == (("ROCM_PATH", "/opt/rocm"), ("ROCM_PATH", None), ("A", "1"))
+    assert dict(both.env) == {"ROCM_PATH": None, "A": "1"}
+    assert both.warnings == ("w1", "w2") and both.blockers == ("b",)

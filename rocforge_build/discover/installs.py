@@ -324,8 +324,17 @@ def _compiler_dir(root: Root, path: str, layout: Layout, owner: int | None) -> s
     return first(root, path, layout.compiler_dirs)
 
 
+class HipClang(Record):
+    """Where HIP_CLANG_PATH points (None: nowhere) and the evidence; `problem` says why hipcc
+    cannot compile when the program it runs is not installed."""
+    __slots__ = ("path", "why", "problem")
+
+    def __init__(self, path: str | None, why: str = "", problem: str | None = None):
+        init(self, path, why, problem)
+
+
 def _hip_clang_path(root: Root, path: str, layout: Layout, hipcc: binaries.Hipcc | None,
-                    compiler_dir: str | None, problems: list[str]) -> tuple[str | None, str]:
+                    compiler_dir: str | None) -> HipClang:
     """HIP_CLANG_PATH: the directory where the program hipcc runs actually is."""
     if hipcc is not None:
         same_llvm = compiler_dir is not None and hipcc.llvm_major in (None, _llvm_of(compiler_dir))
@@ -333,18 +342,17 @@ def _hip_clang_path(root: Root, path: str, layout: Layout, hipcc: binaries.Hipcc
             program = inner_join(d, hipcc.calls)
             watch(root, program)
             if root.exists(program):
-                return d, f"{hipcc.evidence}; {program} exists"
-        problems.append(f"{hipcc.evidence}, but no {hipcc.calls} exists there: hipcc cannot "
-                        "compile until that LLVM is installed")
-        return None, ""
+                return HipClang(d, f"{hipcc.evidence}; {program} exists")
+        return HipClang(None, problem=f"{hipcc.evidence}, but no {hipcc.calls} exists there: "
+                        "hipcc cannot compile until that LLVM is installed")
     if layout.hip_clang_from_hipcc:
         hipcc_path = inner_join(path, "bin/hipcc")
         watch(root, hipcc_path)
         if not root.exists(hipcc_path):
-            return None, ""  # no hipcc: no compiler variable for it
+            return HipClang(None)  # no hipcc: no compiler variable for it
     if layout.hip_clang_dirs:
-        return first(root, path, layout.hip_clang_dirs), ""
-    return compiler_dir, ""
+        return HipClang(first(root, path, layout.hip_clang_dirs))
+    return HipClang(compiler_dir)
 
 
 def inspect(root: Root, path: str | os.PathLike[str], *, allowed: tuple[str, ...] | None = None,
@@ -384,7 +392,9 @@ def inspect(root: Root, path: str | os.PathLike[str], *, allowed: tuple[str, ...
                 problems.append(f"{link} is a broken link (TheRock trees before Mar 2026); "
                                 f"using {compiler_dir}")
                 break
-    hip_clang, hip_clang_why = _hip_clang_path(root, path, layout, hipcc, compiler_dir, problems)
+    hip_clang = _hip_clang_path(root, path, layout, hipcc, compiler_dir)
+    if hip_clang.problem is not None:
+        problems.append(hip_clang.problem)
     if bitcode_dir is None:
         if compiler_dir is not None or hipcc is not None or not layout.hip_clang_from_hipcc:
             problems.append("no device bitcode directory (oclc_isa_version_*.bc) found")
@@ -404,13 +414,13 @@ def inspect(root: Root, path: str | os.PathLike[str], *, allowed: tuple[str, ...
         path=path, real_path=real, version=install_version(root, path, layout), layout=layout.name,
         compiler_dir=compiler_dir, bitcode_dir=bitcode_dir,
         coverage=_coverage(root, bases, layout, bitcode_dir),
-        hip_clang_path=hip_clang,
+        hip_clang_path=hip_clang.path,
         bin_dirs=tuple(d for b in bases for d in all_dirs(root, b, layout.bin_dirs)),
         lib_dirs=tuple(d for b in bases for d in all_dirs(root, b, layout.lib_dirs)),
         pkgconfig_dirs=tuple(d for b in bases for d in all_dirs(root, b, layout.pkgconfig_dirs)),
         cmake_prefix=layout.cmake_prefix, sources=sources, problems=tuple(problems),
         nightly_current=nightly_current, family=family,
-        extra={"hipcxx": hipcxx, "hip_clang_why": hip_clang_why,
+        extra={"hipcxx": hipcxx, "hip_clang_why": hip_clang.why,
                "llvm_owner": owner, "hipcc": hipcc},
     )
 
