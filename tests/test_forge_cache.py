@@ -177,7 +177,8 @@ def test_plan_shows_jobs_figure_and_why(tmp_path):
     plan = plan_for(Request(recipe="llama-cpp", target="gfx1030", backend="cpu", source=str(src)), small)
     assert plan.build[plan.build.index("-j") + 1] == "24"
     assert plan.to_json()["jobs"]["per_job_mb"] == 512
-    assert "llama-model.cpp" in plan.to_json()["jobs"]["reason"]
+    assert "heaviest CPU translation unit" in plan.to_json()["jobs"]["reason"]
+    assert any("src/llama-model.cpp: 473 MB" in e for e in plan.to_json()["jobs"]["evidence"])
 
 
 # -- distcc hosts, checked for real ---------------------------------------------------------------

@@ -80,4 +80,6 @@ def run(args) -> int:
             print(f"  {head}\n      when {_when(rule.when)}")
             if d.get("reason"):
                 print(f"      why: {d['reason']}")
+            for line in recipes.evidence_lines(d.get("evidence"), "      "):
+                print(line)
     return 0

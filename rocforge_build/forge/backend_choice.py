@@ -27,21 +27,31 @@ def possible_backends(recipe: recipes.Recipe, requested: str | None,
     return list(dict.fromkeys(backend for backend, _, _ in _candidates(recipe, facts_for)))
 
 
-def _candidates(recipe: recipes.Recipe, facts_for: FactsOf) -> list[tuple[str, str, str | None]]:
-    """(backend, reason, the condition left to the source or None) of every `[[default]]` the
-    source may still choose, in order, up to and with the first that holds without it."""
-    out: list[tuple[str, str, str | None]] = []
+def _candidates(recipe: recipes.Recipe, facts_for: FactsOf
+                ) -> list[tuple[str, recipes.Rule | None, str | None]]:
+    """(backend, its `[[default]]` rule or None for the recipe's first backend, the condition left
+    to the source or None) of every default the source may still choose, in order, up to and with
+    the first that holds without it."""
+    out: list[tuple[str, recipes.Rule | None, str | None]] = []
     for rule in recipe.of("default"):
         backend = rule.get("backend")
         holds, why = conditions.judge(rule.when, facts_for(backend))
         if holds is None:
-            out.append((backend, rule.get("reason"), why))
+            out.append((backend, rule, why))
         elif holds:
-            out.append((backend, rule.get("reason"), None))
+            out.append((backend, rule, None))
             break
     else:
-        out.append((next(iter(recipe.backends)), "the recipe's first backend", None))
+        out.append((next(iter(recipe.backends)), None, None))
     return out
+
+
+def _reason(rule: recipes.Rule | None) -> str:
+    return rule.get("reason") if rule is not None else "the recipe's first backend"
+
+
+def _evidence(rule: recipes.Rule | None) -> tuple[str, ...]:
+    return tuple(rule.get("evidence", ())) if rule is not None else ()
 
 
 def check_before_fetch(recipe: recipes.Recipe, requested: str | None, facts_for: FactsOf,
@@ -77,10 +87,12 @@ def backend_without_source(recipe: recipes.Recipe, requested: str | None, facts_
     if requested:
         return choose_backend(recipe, requested, facts_for) + ((),)
     cands = _candidates(recipe, facts_for)
-    backend, reason, open_ = cands[0]
+    backend, rule, open_ = cands[0]
+    reason = _reason(rule)
     if open_ is None:
         return backend, reason, ()
-    rest = "; otherwise ".join(f"{b} ({'if ' + why + ': ' if why else ''}{r})" for b, r, why in cands[1:])
+    rest = "; otherwise ".join(f"{b} ({'if ' + why + ': ' if why else ''}{_reason(r)})"
+                               for b, r, why in cands[1:])
     others = tuple(dict.fromkeys(b for b, _, _ in cands[1:] if b != backend))
     return backend, f"{reason} — if {open_} (decided after the fetch); otherwise {rest}", others
 
@@ -97,8 +109,25 @@ def choose_backend(recipe: recipes.Recipe, requested: str | None,
             hint = f"did you mean {close[0]}?" if close else "backends: " + ", ".join(recipe.backends)
             raise UsageError(f"recipe {recipe.name} has no backend {requested!r}", hint)
         return requested, "asked for with --backend"
+    rule = _first_default(recipe, facts_for)
+    return (rule.get("backend") if rule is not None else next(iter(recipe.backends))), _reason(rule)
+
+
+def _first_default(recipe: recipes.Recipe, facts_for: FactsOf) -> recipes.Rule | None:
     for rule in recipe.of("default"):
         if conditions.evaluate(rule.when, facts_for(rule.get("backend"))):
-            return rule.get("backend"), rule.get("reason")
-    first = next(iter(recipe.backends))
-    return first, "the recipe's first backend"
+            return rule
+    return None
+
+
+def backend_evidence(recipe: recipes.Recipe, requested: str | None, facts_for: FactsOf, *,
+                     source_read: bool) -> tuple[str, ...]:
+    """The evidence beside the chosen backend's reason: the `[[default]]` rule's that gives it;
+    before the source is read, every candidate's its reason names; none for --backend."""
+    if requested:
+        return ()
+    if source_read:
+        return _evidence(_first_default(recipe, facts_for))
+    cands = _candidates(recipe, facts_for)
+    named = cands[:1] if cands[0][2] is None else cands  # an open first one names the others
+    return tuple(dict.fromkeys(e for _, rule, _ in named for e in _evidence(rule)))

@@ -24,6 +24,7 @@ from rocforge_build.download import sha256_file
 from rocforge_build.errors import ConfigError, UsageError
 from rocforge_build.forge import conditions, recipes, sources
 from rocforge_build.forge.backend_choice import (
+    backend_evidence,
     backend_without_source,
     check_before_fetch,
     choose_backend,
@@ -60,6 +61,7 @@ class BackendChoice:
     reason: str
     # a dry run of an unread source: the other backends the source may still choose
     alternatives: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()  # beside the reason: the `[[default]]` rules' evidence
 
 
 @dataclass(frozen=True)
@@ -174,9 +176,13 @@ class BuildContext:
     def backend(self) -> BackendChoice:
         """--backend, else the recipe's `[[default]]` rules over these facts; before the source
         is read, as far as the rules decide without it."""
+        evidence = backend_evidence(self.recipe, self.request.backend, self.facts,
+                                    source_read=self.source_read)
         if self.source_read:
-            return BackendChoice(*choose_backend(self.recipe, self.request.backend, self.facts))
-        return BackendChoice(*backend_without_source(self.recipe, self.request.backend, self.facts))
+            return BackendChoice(*choose_backend(self.recipe, self.request.backend, self.facts),
+                                 evidence=evidence)
+        return BackendChoice(*backend_without_source(self.recipe, self.request.backend, self.facts),
+                             evidence=evidence)
 
     @property
     def toolchain(self) -> Toolchain:
@@ -200,7 +206,8 @@ class BuildContext:
         after_fetch: list[dict] = []
         for rule in self.recipe.of("depends"):
             verdict = conditions.judge_rule(rule, facts, "depends", rule.get("recipe"),
-                                            reason=rule.get("reason"))
+                                            reason=rule.get("reason"),
+                                            evidence=rule.get("evidence"))
             if verdict.after_fetch:
                 after_fetch.append(verdict.after_fetch)
             if verdict.holds:

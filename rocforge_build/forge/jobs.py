@@ -23,11 +23,13 @@ class Jobs:
     per_job_mb: int
     reason: str
     tensile_threads: int
+    evidence: tuple[str, ...] = ()  # the recipe's `[[jobs]]` rule's, where its reason is given
 
     def to_json(self) -> dict:
         return {"jobs": self.jobs, "cores": self.cores, "mem_available_mb": self.mem_available_mb,
                 "per_job_mb": self.per_job_mb, "reason": self.reason,
-                "tensile_cpu_threads": self.tensile_threads}
+                "tensile_cpu_threads": self.tensile_threads,
+                **({"evidence": list(self.evidence)} if self.evidence else {})}
 
 
 def cores(root) -> int:
@@ -52,7 +54,8 @@ def mem_available_mb(root) -> int | None:
     return kib // 1024 if kib is not None else None
 
 
-def choose_jobs(root, requested: int | None, per_job_mb: int, per_job_reason: str) -> Jobs:
+def choose_jobs(root, requested: int | None, per_job_mb: int, per_job_reason: str,
+                per_job_evidence: tuple[str, ...] = ()) -> Jobs:
     n_cores = cores(root)
     avail = mem_available_mb(root)
 
@@ -71,7 +74,7 @@ def choose_jobs(root, requested: int | None, per_job_mb: int, per_job_reason: st
            f" — {per_job_reason}")
     if by_mem < n_cores:
         why += "; memory is the limit: more jobs would risk the OOM killer"
-    return Jobs(jobs, n_cores, avail, per_job_mb, why, tensile(jobs))
+    return Jobs(jobs, n_cores, avail, per_job_mb, why, tensile(jobs), per_job_evidence)
 
 
 # -- after a failed build -------------------------------------------------------------------------

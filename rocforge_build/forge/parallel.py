@@ -35,6 +35,7 @@ from rocforge_build.forge.distributed import (
     setup_distribution,
 )
 from rocforge_build.forge.jobs import DEFAULT_JOB_MB, Jobs, choose_jobs, explain_oom, oom_kills
+from rocforge_build.forge.recipes import evidence_lines
 from rocforge_build.proc import which
 
 
@@ -102,11 +103,13 @@ def for_plan(rules: list, facts, *, root, requested_jobs: int | None, no_cache: 
 
     cfg = cfg if cfg is not None else config.effective()
     per_job, per_job_reason = DEFAULT_JOB_MB, "no per-job memory figure in the recipe: 1 GB assumed"
+    per_job_evidence: tuple[str, ...] = ()
     for rule in rules:
         holds, why = conditions.explain(rule.when, facts)
         if holds:
             per_job, per_job_reason = rule.get("memory_mb"), rule.get("reason")
-    jobs = choose_jobs(root, requested_jobs, per_job, per_job_reason)
+            per_job_evidence = tuple(rule.get("evidence", ()))
+    jobs = choose_jobs(root, requested_jobs, per_job, per_job_reason, per_job_evidence)
     setup = setup_cache(cfg["cache"], no_cache=no_cache, hip=kind == "hip", work=work, environ=environ)
     if setup.kind == "ccache":
         setup.env["CCACHE_STATSLOG"] = str(stats_log(work))
@@ -143,6 +146,8 @@ def print_plan(par: Parallel, w) -> None:
             w(f"  HIP: {c.hip}\n")
     j = par.jobs
     w(f"jobs     {j.jobs} — {j.reason}\n")
+    for line in evidence_lines(j.evidence, "  "):
+        w(line + "\n")
     if j.tensile_threads != j.jobs:
         w(f"  Tensile_CPU_THREADS-capable recipes get {j.tensile_threads}: min(16, jobs), as spack's "
           "rocblas package does (Tensile starts a job per core and uses a lot of memory)\n")

@@ -39,6 +39,7 @@ class PatchPlan:
     path: Path
     needed: bool
     reason: str
+    evidence: tuple[str, ...] = ()  # the rule's, printed under its reason
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,12 @@ class PatchResult:
     reason: str
     sha256: str = ""
     detail: str = ""
+    evidence: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         d = {"name": self.name, "status": self.status, "reason": self.reason}
+        if self.evidence:
+            d["evidence"] = list(self.evidence)
         if self.sha256:
             d["sha256"] = self.sha256
         if self.detail:
@@ -106,17 +110,19 @@ def check(plans: list[PatchPlan], tree: Path) -> list[PatchResult]:
     results = []
     for p in plans:
         if not p.needed:
-            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, sha256_file(p.path)))
+            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, sha256_file(p.path),
+                                       evidence=p.evidence))
             continue
         fwd = _git_apply(tree, p.path, "--check")
         if fwd.returncode == 0:
-            results.append(PatchResult(p.name, WOULD_APPLY, p.reason, sha256_file(p.path)))
+            results.append(PatchResult(p.name, WOULD_APPLY, p.reason, sha256_file(p.path),
+                                       evidence=p.evidence))
         elif _git_apply(tree, p.path, "--check", "--reverse").returncode == 0:
             results.append(PatchResult(p.name, UPSTREAM, "the reverse applies: the source has it",
                                        sha256_file(p.path)))
         else:
             results.append(PatchResult(p.name, FAILS, p.reason, sha256_file(p.path),
-                                       _rejected_hunk(p.path, fwd.stdout)))
+                                       _rejected_hunk(p.path, fwd.stdout), evidence=p.evidence))
     return results
 
 
@@ -129,9 +135,11 @@ def unread(plans: list[PatchPlan], open_: set[str]) -> list[PatchResult]:
         if p.name in open_ or p.needed:
             why = p.reason if p.name in open_ else (
                 f"{p.reason}; whether it applies or is already upstream is checked on the source")
-            results.append(PatchResult(p.name, AFTER_FETCH, why, sha256_file(p.path)))
+            results.append(PatchResult(p.name, AFTER_FETCH, why, sha256_file(p.path),
+                                       evidence=p.evidence))
         else:
-            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, sha256_file(p.path)))
+            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, sha256_file(p.path),
+                                       evidence=p.evidence))
     return results
 
 
@@ -141,12 +149,14 @@ def apply(plans: list[PatchPlan], tree: Path) -> list[PatchResult]:
     applied: list[PatchPlan] = []
     for p in plans:
         if not p.needed:
-            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, sha256_file(p.path)))
+            results.append(PatchResult(p.name, NOT_NEEDED, p.reason, sha256_file(p.path),
+                                       evidence=p.evidence))
             continue
         fwd = _git_apply(tree, p.path)  # atomic: a patch that does not apply touches nothing
         if fwd.returncode == 0:
             applied.append(p)
-            results.append(PatchResult(p.name, APPLIED, p.reason, sha256_file(p.path)))
+            results.append(PatchResult(p.name, APPLIED, p.reason, sha256_file(p.path),
+                                       evidence=p.evidence))
             continue
         if _git_apply(tree, p.path, "--check", "--reverse").returncode == 0:
             results.append(PatchResult(p.name, UPSTREAM, "the reverse applies: the source has it",

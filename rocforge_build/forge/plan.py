@@ -49,6 +49,7 @@ class Dependency:
     prepend: dict[str, str]  # variable -> directory of the dependency's prefix
     plan: Plan | None
     built: Built | None = None
+    evidence: tuple[str, ...] = ()  # the `[[depends]]` rule's, beside its reason
 
     @property
     def recipe(self) -> str:
@@ -70,7 +71,8 @@ class Dependency:
         out = {"recipe": self.recipe, "target": self.request.target, "backend": self.backend,
                "prefix": str(self.prefix), "reason": self.reason, "because": self.because,
                "prepend": self.prepend, "stamp": self.stamp,
-               "plan": self.plan.to_json() if self.plan else None}
+               "plan": self.plan.to_json() if self.plan else None,
+               **({"evidence": list(self.evidence)} if self.evidence else {})}
         if self.built:  # an existing build used as it is: no plan, where it came from instead
             out["built"] = self.built.to_json()
         return out
@@ -103,6 +105,7 @@ class Environment:
 
     build: dict[str, str]  # configure + build
     reasons: dict[str, str]
+    evidence: dict[str, list[str]]  # beside a reason whose rule has any
     runtime: dict[str, str]  # smoke tests and the manifest's runtime env
     export: dict[str, str]  # what `rocforge env` exports
 
@@ -143,6 +146,9 @@ class Plan:
     # condition ({rule, name, when, ...}), and the other backends the source may choose
     after_fetch: list[dict] = field(default_factory=list)
     backend_alternatives: tuple[str, ...] = ()
+    # beside backend_reason and env_reasons: the evidence (sources, figures) of the rules they give
+    backend_evidence: tuple[str, ...] = ()
+    env_evidence: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def install(self) -> list[str]:
@@ -167,6 +173,7 @@ class Plan:
             "target": self.target,
             "backend": self.backend,
             "backend_reason": self.backend_reason,
+            "backend_evidence": list(self.backend_evidence),
             "source": self.source.to_json(),
             "patches": [p.to_json() for p in self.patch_status],
             "options": self.options,
@@ -176,6 +183,7 @@ class Plan:
             "smoke": self.smoke,
             "env": self.env,
             "env_reasons": self.env_reasons,
+            "env_evidence": self.env_evidence,
             "runtime_env": self.runtime_env,
             "toolchain": self.toolchain.to_json(),
             "compiler_launcher": self.launcher,
@@ -215,7 +223,7 @@ def make_plan(context: BuildContext, *, check_patches: bool = True) -> Plan:
     target, prefix = context.target_name, context.prefix
     deps = [Dependency(n.request, n.rule.get("reason"), n.because, dict(n.rule.get("prepend", {})),
                        make_plan(n.context, check_patches=check_patches) if n.context else None,
-                       n.built) for n in needed.needed]
+                       n.built, tuple(n.rule.get("evidence", ()))) for n in needed.needed]
     notes, after_stops = _backend_and_stops(recipe, choice.name, facts, target, toolchain,
                                             choice.alternatives)
     work = work_dir(prefix)
@@ -234,6 +242,9 @@ def make_plan(context: BuildContext, *, check_patches: bool = True) -> Plan:
                                           options + par.options, build_targets)
     smoke, after_smoke = _smoke(recipe, facts)
     outputs, after_outputs = _outputs(recipe, facts, values)
+    venv_evidence = (venv or {}).get("evidence")  # beside the venv's reason on its variables
+    env_evidence = {**{k: v for k, v in env.evidence.items() if k not in venv_env},
+                    **({k: venv_evidence for k in venv_env} if venv_evidence else {})}
     after_fetch = [*needed.after_fetch, *after_stops, *after_options, *after_env, *after_patches,
                    *after_smoke, *after_outputs]
     return Plan(recipe, target, choice.name, choice.reason, fetched, context.source_version,
@@ -243,7 +254,8 @@ def make_plan(context: BuildContext, *, check_patches: bool = True) -> Plan:
                 patch_plans, patch_status, notes + par.notes, configure, build, install, smoke,
                 prefix, work, context.stamp, par.launcher, req.environ, req.force, build_targets,
                 dependencies=deps, outputs=outputs, export_env=env.export, venv=venv,
-                parallel=par, after_fetch=after_fetch, backend_alternatives=choice.alternatives)
+                parallel=par, after_fetch=after_fetch, backend_alternatives=choice.alternatives,
+                backend_evidence=choice.evidence, env_evidence=env_evidence)
 
 
 def _backend_and_stops(recipe: recipes.Recipe, backend: str, facts: conditions.Facts,
@@ -317,7 +329,7 @@ def _options(recipe: recipes.Recipe, facts: conditions.Facts, values: dict, tool
         name = rule.get("name")
         verdict = conditions.judge_rule(rule, facts, "option", name,
                                         value=_fmt(rule.get("value"), values),
-                                        reason=rule.get("reason"))
+                                        reason=rule.get("reason"), evidence=rule.get("evidence"))
         after += [verdict.after_fetch] if verdict.after_fetch else []
         if not verdict.holds:
             continue
@@ -329,7 +341,7 @@ def _options(recipe: recipes.Recipe, facts: conditions.Facts, values: dict, tool
                 f"({facts.source.tree}); CMake would ignore it silently",
                 "give the option a `when` on `cmake_option` so it is passed only to trees that have it")
         chosen[name] = {"name": name, "value": _fmt(rule.get("value"), values),
-                        "reason": rule.get("reason"), "because": verdict.why}
+                        "reason": rule.get("reason"), "because": verdict.why, **_evidence(rule)}
     for name, value in toolchain.defines.items():
         chosen.setdefault(name, {"name": name, "value": value, "reason": "found by toolchain detection",
                                  "because": kind})
@@ -356,13 +368,15 @@ def _environment(recipe: recipes.Recipe, facts: conditions.Facts, values: dict,
     the recipe's `[[env]]` rules by stage, dependencies' prefixes in front."""
     env: dict[str, str] = {**toolchain.env, **par.env}
     reasons = {**{k: f"{kind} toolchain" for k in toolchain.env}, **par.reasons}
+    evidence: dict[str, list[str]] = {}
     runtime_env: dict[str, str] = {}
     export_env: dict[str, str] = {}
     after: list[dict] = []
     for rule in recipe.of("env"):
         verdict = conditions.judge_rule(rule, facts, "env", rule.get("name"),
                                         value=_fmt(rule.get("value"), values),
-                                        reason=rule.get("reason"), stage=rule.get("stage"))
+                                        reason=rule.get("reason"), stage=rule.get("stage"),
+                                        evidence=rule.get("evidence"))
         after += [verdict.after_fetch] if verdict.after_fetch else []
         if not verdict.holds:
             continue
@@ -371,13 +385,28 @@ def _environment(recipe: recipes.Recipe, facts: conditions.Facts, values: dict,
             _fmt(rule.get("value"), values)
         reasons[rule.get("name")] = rule.get("reason") + (
             f" ({verdict.why})" if stage == "export" and rule.when else "")
+        _set_evidence(evidence, rule.get("name"), rule.get("evidence"))
     for dep in deps:  # dependencies' prefixes go in front of their variables
         for var, sub in dep.prepend.items():
             entry = str(dep.prefix if sub in ("", ".") else dep.prefix / sub)
             rest = env.get(var, environ.get(var, ""))
             env[var] = entry + (os.pathsep + rest if rest else "")
             reasons[var] = f"dependency {dep.recipe}: {dep.reason}"
-    return Environment(env, reasons, runtime_env, export_env), after
+            _set_evidence(evidence, var, dep.evidence)
+    return Environment(env, reasons, evidence, runtime_env, export_env), after
+
+
+def _evidence(rule: recipes.Rule) -> dict:
+    """`{"evidence": [...]}` beside a rule's reason where the rule has any, else nothing."""
+    return {"evidence": list(rule.get("evidence"))} if rule.get("evidence") else {}
+
+
+def _set_evidence(evidence: dict[str, list[str]], name: str, given) -> None:
+    """The evidence of the reason a variable has now (a later rule's replaces an earlier one's)."""
+    if given:
+        evidence[name] = list(given)
+    else:
+        evidence.pop(name, None)
 
 
 def _private_venv(recipe: recipes.Recipe, fetched: sources.Fetched, work: Path, env: Environment,
@@ -397,7 +426,7 @@ def _private_venv(recipe: recipes.Recipe, fetched: sources.Fetched, work: Path, 
              "PATH": str(venv / "bin") + os.pathsep + env.build.get("PATH", environ.get("PATH", ""))}
     return {"path": str(venv), "requirements": reqs,
             "packages": list(recipe.venv.get("packages", [])), "commands": commands,
-            "reason": recipe.venv["reason"]}, added
+            "reason": recipe.venv["reason"], **_evidence(recipes.Rule("venv", recipe.venv))}, added
 
 
 def _patches(recipe: recipes.Recipe, facts: conditions.Facts
@@ -409,11 +438,14 @@ def _patches(recipe: recipes.Recipe, facts: conditions.Facts
         name = rule.get("file")
         holds, why = conditions.judge(rule.when, facts)
         if holds is None:  # only the source decides: after the fetch
-            after.append({"rule": "patch", "name": name, "when": why, "reason": rule.get("reason")})
+            after.append({"rule": "patch", "name": name, "when": why, "reason": rule.get("reason"),
+                          **_evidence(rule)})
             reason = f"{rule.get('reason')} (if {why})"
         else:
             reason = f"{rule.get('reason')} ({why})" if holds else why
-        plans.append(patches.PatchPlan(name, recipe.patches_dir / name, bool(holds), reason))
+        evidence = tuple(rule.get("evidence", ())) if holds is not False else ()
+        plans.append(patches.PatchPlan(name, recipe.patches_dir / name, bool(holds), reason,
+                                       evidence))
     return plans, after
 
 
@@ -458,10 +490,12 @@ def _outputs(recipe: recipes.Recipe, facts: conditions.Facts, values: dict
     out, after = [], []
     for rule in recipe.of("output"):
         path = _fmt(rule.get("path"), values)
-        verdict = conditions.judge_rule(rule, facts, "output", path, reason=rule.get("reason"))
+        verdict = conditions.judge_rule(rule, facts, "output", path, reason=rule.get("reason"),
+                                        evidence=rule.get("evidence"))
         after += [verdict.after_fetch] if verdict.after_fetch else []
         if verdict.holds:
-            out.append({"path": path, "reason": rule.get("reason"), "because": verdict.why})
+            out.append({"path": path, "reason": rule.get("reason"), "because": verdict.why,
+                        **_evidence(rule)})
     return out, after
 
 

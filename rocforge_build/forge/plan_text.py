@@ -1,5 +1,5 @@
 """A build plan for people (`rocforge build --dry-run`, and before every build): every decision
-with its reason, in the order the build takes them.
+with its reason, in the order the build takes them, and the reason's evidence under it.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import sys
 
 from rocforge_build.forge.parallel import print_plan as print_parallel
 from rocforge_build.forge.plan import Plan
+from rocforge_build.forge.recipes import evidence_lines
 from rocforge_build.proc import quote
 
 
@@ -16,6 +17,7 @@ def print_plan(plan: Plan, out=None) -> None:
     w = (out or sys.stdout).write  # looked up per call: sys.stdout may have been replaced
     w(f"recipe   {plan.recipe.name} ({plan.recipe.path})\n")
     w(f"target   {plan.target or 'none (the backend needs no GPU target)'}\nbackend  {plan.backend} — {plan.backend_reason}\n")
+    _print_evidence(w, "  ", plan.backend_evidence)
     unread = "" if plan.source.read else " (not fetched: a dry run downloads nothing)"
     w(f"source   {plan.source.spec.kind} {plan.source.spec.location} @ "
       f"{plan.source.identity or 'known after the download'}{unread}\n")
@@ -25,11 +27,14 @@ def print_plan(plan: Plan, out=None) -> None:
     w("options\n")
     for o in plan.options:
         w(f"  -D{o['name']}={o['value']}\n      {o['reason']} [{o['because']}]\n")
-    _print_env(w, "env", plan.env, plan.env_reasons)
-    _print_env(w, "runtime env (recorded in the manifest)", plan.runtime_env, plan.env_reasons)
+        _print_evidence(w, "      ", o.get("evidence"))
+    _print_env(w, "env", plan.env, plan.env_reasons, plan.env_evidence)
+    _print_env(w, "runtime env (recorded in the manifest)", plan.runtime_env, plan.env_reasons,
+               plan.env_evidence)
     w("patches\n")
     for p in plan.patch_status:
         w(f"  {p.name}: {p.status} — {p.reason}\n")
+        _print_evidence(w, "    ", p.evidence)
         if p.detail:
             w("    " + p.detail.replace("\n", "\n    ") + "\n")
     for n in plan.notes:
@@ -38,10 +43,12 @@ def print_plan(plan: Plan, out=None) -> None:
         used = " (existing build, used as it is)" if d.built else ""
         w(f"depends  {d.recipe} ({d.backend}) -> {d.prefix}{used}\n"
           f"      {d.reason} [{d.because}]\n")
+        _print_evidence(w, "      ", d.evidence)
         for var, sub in d.prepend.items():
             w(f"      {var} += {d.prefix if sub in ('', '.') else d.prefix / sub}\n")
     if plan.venv:
         w(f"venv     {plan.venv['path']} — {plan.venv['reason']}\n")
+        _print_evidence(w, "  ", plan.venv.get("evidence"))
         for argv in plan.venv["commands"]:
             w(f"  {quote(argv)}\n")
     if plan.parallel:
@@ -52,8 +59,9 @@ def print_plan(plan: Plan, out=None) -> None:
         w(f"smoke      {quote(s)}\n")
     for o in plan.outputs:
         w(f"expects    {o['path']} — {o['reason']}\n")
+        _print_evidence(w, "  ", o.get("evidence"))
     _print_env(w, "exported by `rocforge env` (recorded in the manifest)", plan.export_env,
-               plan.env_reasons)
+               plan.env_reasons, plan.env_evidence)
     if not plan.source.read:
         print_after_fetch(plan, w)
 
@@ -95,10 +103,18 @@ def print_after_fetch(plan: Plan, w) -> None:
         when = e["when"] if e["rule"] in _NOT_IF or e["when"].startswith("the source makes") \
             else f"if {e['when']}"
         w(f"  {label}\n      {when}\n" + (f"      hint: {e['hint']}\n" if e.get("hint") else ""))
+        _print_evidence(w, "      ", e.get("evidence"))
 
 
-def _print_env(w, title: str, env: dict[str, str], reasons: dict[str, str]) -> None:
+def _print_env(w, title: str, env: dict[str, str], reasons: dict[str, str],
+               evidence: dict[str, list[str]]) -> None:
     if env:
         w(f"{title}\n")
         for k, v in env.items():
             w(f"  {k}={v}  ({reasons.get(k, '')})\n")
+            _print_evidence(w, "      ", evidence.get(k))
+
+
+def _print_evidence(w, indent: str, items) -> None:
+    for line in evidence_lines(items, indent):
+        w(line + "\n")

@@ -22,6 +22,10 @@ from rocforge_build.forge import conditions
 
 TOOLCHAINS = ("hip", "vulkan", "host")
 
+# beside every `reason` (one sentence saying why): its evidence, one source or figure per string
+# (upstream issues and PRs, measurements, other projects' practice), printed under it in a plan
+_EVIDENCE = ((list,), False)
+
 # table -> {key: (types, required)}; lists of tables are validated per item.
 _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "": {
@@ -46,16 +50,18 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
         "description": ((str,), False), "toolchain": ((str,), True),
         "when": ((dict,), False), "unavailable": ((str,), False), "hint": ((str,), False),
     },
-    "default": {"backend": ((str,), True), "when": ((dict,), False), "reason": ((str,), True)},
+    "default": {"backend": ((str,), True), "when": ((dict,), False), "reason": ((str,), True),
+                "evidence": _EVIDENCE},
     "option": {
         "name": ((str,), True), "value": ((str, bool, int, list), True), "when": ((dict,), False),
-        "reason": ((str,), True), "declared": ((bool,), False),
+        "reason": ((str,), True), "evidence": _EVIDENCE, "declared": ((bool,), False),
     },
     "env": {
         "name": ((str,), True), "value": ((str,), True), "when": ((dict,), False),
-        "reason": ((str,), True), "stage": ((str,), False),
+        "reason": ((str,), True), "evidence": _EVIDENCE, "stage": ((str,), False),
     },
-    "patch": {"file": ((str,), True), "when": ((dict,), False), "reason": ((str,), True)},
+    "patch": {"file": ((str,), True), "when": ((dict,), False), "reason": ((str,), True),
+              "evidence": _EVIDENCE},
     "stop": {"when": ((dict,), True), "message": ((str,), True), "hint": ((str,), False)},
     "note": {"when": ((dict,), False), "message": ((str,), True)},
     "build": {"targets": ((list,), False), "generator": ((str,), False), "install": ((str,), False)},
@@ -66,17 +72,20 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     # checks of a plan made before the dependency is built look there); `use_existing`: a rocforge
     # build of it for the target already in the builds directory is used as it is (not re-planned)
     "depends": {
-        "recipe": ((str,), True), "when": ((dict,), False), "reason": ((str,), True),
+        "recipe": ((str,), True), "when": ((dict,), False), "reason": ((str,), True), "evidence": _EVIDENCE,
         "backend": ((str,), False), "prepend": ((dict,), False), "source_include": ((str,), False),
         "use_existing": ((bool,), False),
     },
     # a file (glob) the install must contain, checked before the install replaces the old one
-    "output": {"path": ((str,), True), "when": ((dict,), False), "reason": ((str,), True)},
+    "output": {"path": ((str,), True), "when": ((dict,), False), "reason": ((str,), True),
+               "evidence": _EVIDENCE},
     # a private virtual environment in the build directory with the source's Python requirements
-    "venv": {"requirements": ((list,), False), "packages": ((list,), False), "reason": ((str,), True)},
+    "venv": {"requirements": ((list,), False), "packages": ((list,), False), "reason": ((str,), True),
+             "evidence": _EVIDENCE},
     # peak memory of one build job (the heaviest translation units), for the default -j
     # (forge/jobs.py: min(cores, MemAvailable / memory_mb)); a later rule that holds wins
-    "jobs": {"memory_mb": ((int,), True), "when": ((dict,), False), "reason": ((str,), True)},
+    "jobs": {"memory_mb": ((int,), True), "when": ((dict,), False), "reason": ((str,), True),
+             "evidence": _EVIDENCE},
 }
 
 
@@ -219,6 +228,29 @@ def _env_entry(item: dict, where: str) -> None:
                           "environment values cannot carry a line break or NUL byte safely")
 
 
+def _check_evidence(table: dict, where: str) -> None:
+    """`evidence` is what a plan prints line by line under the reason: a list of one-line texts."""
+    for i, item in enumerate(table.get("evidence", [])):
+        if not isinstance(item, str):
+            problem = f"got {type(item).__name__}"
+        elif not item.strip():
+            problem = "got an empty string"
+        elif any(c in item for c in "\n\r\0"):
+            problem = "got a line break"
+        else:
+            continue
+        raise ConfigError(f"{where}.evidence[{i}]: must be a one-line string (one source or "
+                          f"figure), {problem}", 'evidence = ["owner/repo #123: what it shows", ...]')
+
+
+def evidence_lines(items, indent: str) -> list[str]:
+    """A reason's evidence as shown under it (plans, `recipe show`): `evidence:`, then one source
+    or figure a line, aligned."""
+    label = "evidence: "
+    return [f"{indent}{label if i == 0 else ' ' * len(label)}{item}"
+            for i, item in enumerate(items or ())]
+
+
 def _check_keys(table: dict, schema_key: str, where: str) -> None:
     schema = _SCHEMA[schema_key]
     for key, value in table.items():
@@ -233,6 +265,7 @@ def _check_keys(table: dict, schema_key: str, where: str) -> None:
     for key, (_, required) in schema.items():
         if required and key not in table:
             raise ConfigError(f"{where}: missing required key {key!r}")
+    _check_evidence(table, where)
 
 
 def parse(text: str, path: Path) -> Recipe:

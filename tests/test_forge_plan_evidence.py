@@ -1,0 +1,120 @@
+"""A plan carries each reason's evidence beside it: `--dry-run --json` as an `evidence` list next to
+the `reason` (options, outputs, patches, dependencies), `backend_evidence` next to
+`backend_reason` and `env_evidence` next to `env_reasons`; the printed plan on an indented
+`evidence:` line under the reason, one source or figure a line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+from buildfixtures import project_copy
+
+from rocforge_build.cli import main
+
+RECIPE = """
+[recipe]
+name = "demo"
+[source]
+git = "https://example.invalid/demo.git"
+ref = "v1"
+[backends.cpu]
+toolchain = "host"
+
+[[default]]
+backend = "cpu"
+reason = "the host compilers build it everywhere"
+evidence = ["owner/demo #7: the GPU path is broken on this tree"]
+
+[[option]]
+name = "CMAKE_BUILD_TYPE"
+value = "Release"
+declared = false
+reason = "debug builds are unusably slow"
+evidence = ["owner/demo #12: a debug build 10x slower", "owner/other docs/build.md builds Release"]
+
+[[option]]
+name = "CMAKE_INSTALL_LIBDIR"
+value = "lib"
+declared = false
+reason = "one library directory everywhere"
+
+[[env]]
+name = "DEMO_LEVEL"
+value = "3"
+reason = "the level the project tunes for"
+evidence = ["owner/demo PR #30: level 3 measured fastest"]
+
+[[patch]]
+file = "add-note.patch"
+reason = "the project needs the note file"
+evidence = ["owner/demo #41: the note is missing upstream"]
+
+[[output]]
+path = "bin/fixture-hello"
+reason = "the program users run"
+evidence = ["owner/demo README: fixture-hello is the entry point"]
+"""
+
+PATCH = """diff --git a/ADDED-NOTE.txt b/ADDED-NOTE.txt
+new file mode 100644
+--- /dev/null
++++ b/ADDED-NOTE.txt
+@@ -0,0 +1 @@
++a note
+"""
+
+
+def _dry_run(tmp_path: Path, *flags: str) -> str:
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "patches" / "demo").mkdir(parents=True)
+    (tmp_path / "recipes" / "demo.toml").write_text(RECIPE)
+    (tmp_path / "patches" / "demo" / "add-note.patch").write_text(PATCH)
+    src = project_copy(tmp_path / "src")
+    (tmp_path / "root").mkdir()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["--root", str(tmp_path / "root"), "build", str(tmp_path / "recipes" / "demo.toml"),
+                     "--source", str(src), "--target", "gfx1100", "--dry-run", *flags])
+    assert code == 0
+    return out.getvalue()
+
+
+def test_the_json_plan_carries_each_rules_evidence_beside_its_reason(tmp_path):
+    plan = json.loads(_dry_run(tmp_path, "--json"))
+    assert (plan["backend"], plan["backend_reason"]) == ("cpu", "the host compilers build it everywhere")
+    assert plan["backend_evidence"] == ["owner/demo #7: the GPU path is broken on this tree"]
+    options = {o["name"]: o for o in plan["options"]}
+    assert options["CMAKE_BUILD_TYPE"]["reason"] == "debug builds are unusably slow"
+    assert options["CMAKE_BUILD_TYPE"]["evidence"] == ["owner/demo #12: a debug build 10x slower",
+                                                       "owner/other docs/build.md builds Release"]
+    assert "evidence" not in options["CMAKE_INSTALL_LIBDIR"]  # a rule without any shows none
+    assert plan["env_reasons"]["DEMO_LEVEL"] == "the level the project tunes for"
+    assert plan["env_evidence"] == {"DEMO_LEVEL": ["owner/demo PR #30: level 3 measured fastest"]}
+    (patch,) = plan["patches"]
+    assert (patch["name"], patch["status"]) == ("add-note.patch", "would apply")
+    assert patch["evidence"] == ["owner/demo #41: the note is missing upstream"]
+    (output,) = plan["outputs"]
+    assert output["evidence"] == ["owner/demo README: fixture-hello is the entry point"]
+
+
+def test_the_printed_plan_shows_the_evidence_under_each_reason(tmp_path):
+    lines = _dry_run(tmp_path).splitlines()
+    at = lines.index("  -DCMAKE_BUILD_TYPE=Release")
+    assert lines[at + 1:at + 4] == [
+        "      debug builds are unusably slow [always]",
+        "      evidence: owner/demo #12: a debug build 10x slower",
+        "                owner/other docs/build.md builds Release",
+    ]
+    at = lines.index("  -DCMAKE_INSTALL_LIBDIR=lib")
+    assert not lines[at + 2].lstrip().startswith("evidence:")  # a rule without any shows none
+    at = lines.index("backend  cpu — the host compilers build it everywhere")
+    assert lines[at + 1] == "  evidence: owner/demo #7: the GPU path is broken on this tree"
+    at = lines.index("  DEMO_LEVEL=3  (the level the project tunes for)")
+    assert lines[at + 1] == "      evidence: owner/demo PR #30: level 3 measured fastest"
+    at = next(i for i, line in enumerate(lines) if line.startswith("  add-note.patch: would apply"))
+    assert lines[at + 1] == "    evidence: owner/demo #41: the note is missing upstream"
+    at = next(i for i, line in enumerate(lines) if line.startswith("expects    "))
+    assert lines[at + 1] == "  evidence: owner/demo README: fixture-hello is the entry point"
