@@ -11,30 +11,17 @@ import json
 from pathlib import Path
 
 from buildfixtures import project_copy
+from test_forge_recipes import MINIMAL
+from test_forge_recipes_evidence import RELEASE_OPTION
 
 from rocforge_build.cli import main
 
-RECIPE = """
-[recipe]
-name = "demo"
-[source]
-git = "https://example.invalid/demo.git"
-ref = "v1"
-[backends.cpu]
-toolchain = "host"
-
+RECIPE = MINIMAL + """
 [[default]]
 backend = "cpu"
 reason = "the host compilers build it everywhere"
 evidence = ["owner/demo #7: the GPU path is broken on this tree"]
-
-[[option]]
-name = "CMAKE_BUILD_TYPE"
-value = "Release"
-declared = false
-reason = "debug builds are unusably slow"
-evidence = ["owner/demo #12: a debug build 10x slower", "owner/other docs/build.md builds Release"]
-
+""" + RELEASE_OPTION + """
 [[option]]
 name = "CMAKE_INSTALL_LIBDIR"
 value = "lib"
@@ -48,14 +35,16 @@ reason = "the level the project tunes for"
 evidence = ["owner/demo PR #30: level 3 measured fastest"]
 
 [[patch]]
+evidence = ["owner/demo #41: the note is missing upstream"]
 file = "add-note.patch"
 reason = "the project needs the note file"
-evidence = ["owner/demo #41: the note is missing upstream"]
 
 [[output]]
-path = "bin/fixture-hello"
+evidence = [
+    "owner/demo README: fixture-hello is the entry point",
+]
 reason = "the program users run"
-evidence = ["owner/demo README: fixture-hello is the entry point"]
+path = "bin/fixture-hello"
 """
 
 PATCH = """diff --git a/ADDED-NOTE.txt b/ADDED-NOTE.txt

@@ -7,18 +7,19 @@ import re
 from pathlib import Path
 
 import pytest
+from test_forge_recipes import MINIMAL
 
 from rocforge_build.errors import ConfigError
 from rocforge_build.forge import recipes
 
-HEAD = """
-[recipe]
-name = "demo"
-[source]
-git = "https://example.invalid/demo.git"
-ref = "v1"
-[backends.cpu]
-toolchain = "host"
+# an option with its evidence (the plan's tests use it too)
+RELEASE_OPTION = """
+[[option]]
+name = "CMAKE_BUILD_TYPE"
+value = "Release"
+declared = false
+reason = "debug builds are unusably slow"
+evidence = ["owner/demo #12: a debug build 10x slower", "owner/other docs/build.md builds Release"]
 """
 
 # the kinds of rule that carry a reason, and so may carry evidence beside it
@@ -46,7 +47,7 @@ def evidence_in(reason: str) -> list[str]:
 def load(tmp_path: Path, text: str) -> recipes.Recipe:
     (tmp_path / "recipes").mkdir(exist_ok=True)
     path = tmp_path / "recipes" / "demo.toml"
-    path.write_text(HEAD + text)
+    path.write_text(MINIMAL + text)
     return recipes.load(str(path))
 
 
@@ -57,21 +58,14 @@ def refusal(tmp_path: Path, text: str) -> str:
 
 
 def test_a_rule_with_evidence_loads_and_keeps_it(tmp_path):
-    recipe = load(tmp_path, '''
-[[option]]
-name = "CMAKE_BUILD_TYPE"
-value = "Release"
-declared = false
-reason = "debug kernels are unusably slow"
-evidence = ["owner/project #12: a debug build 10x slower", "owner/other docs/build.md builds Release"]
-
+    recipe = load(tmp_path, RELEASE_OPTION + '''
 [venv]
 reason = "the generator runs in Python"
 evidence = ["owner/project README: pip install -r requirements.txt"]
 ''')
     (option,) = recipe.of("option")
-    assert option.get("reason") == "debug kernels are unusably slow"
-    assert option.get("evidence") == ["owner/project #12: a debug build 10x slower",
+    assert option.get("reason") == "debug builds are unusably slow"
+    assert option.get("evidence") == ["owner/demo #12: a debug build 10x slower",
                                       "owner/other docs/build.md builds Release"]
     assert recipe.venv["evidence"] == ["owner/project README: pip install -r requirements.txt"]
 
