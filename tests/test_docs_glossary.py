@@ -22,7 +22,7 @@ PLANS = REPO / "tests" / "data" / "plans" / "recorded.json"
 SCHEMA_KEY = re.compile(r"[a-z][a-z0-9_]*")
 # maps whose keys are data (variable names, backend names, range names, shape labels), not schema
 DATA_MAPS = {"backends", "ranges", "figures", "labels", "defines", "env", "export_env", "runtime_env",
-             "env_reasons", "prepend", "firmware", "warmup_s", "verdicts", "value", "when"}
+             "env_reasons", "env_evidence", "prepend", "firmware", "warmup_s", "verdicts", "value", "when"}
 
 
 def documented() -> set[str]:
