@@ -10,6 +10,7 @@ import pytest
 from rocforge_build.errors import ToolchainError, UsageError
 from rocforge_build.forge import conditions, recipes
 from rocforge_build.forge.backend_choice import (
+    BackendChoice,
     backend_without_source,
     check_before_fetch,
     choose_backend,
@@ -31,6 +32,7 @@ toolchain = "host"
 backend = "fast"
 when = { target = "gfx1151", cmake_option = "FAST" }
 reason = "gfx1151 gets the fast path where the tree has it"
+evidence = ["owner/x #1: 2x faster"]
 [[default]]
 backend = "plain"
 reason = "everything else"
@@ -62,16 +64,17 @@ def _tree(tmp_path: Path, with_fast: bool) -> Path:
 
 def test_the_first_default_that_holds_chooses(tmp_path):
     recipe = _recipe(tmp_path)
-    assert choose_backend(recipe, None, _facts("gfx1151", _tree(tmp_path, True))) == \
-        ("fast", "gfx1151 gets the fast path where the tree has it")
+    assert choose_backend(recipe, None, _facts("gfx1151", _tree(tmp_path, True))) == BackendChoice(
+        "fast", "gfx1151 gets the fast path where the tree has it", (), ("owner/x #1: 2x faster",))
     assert choose_backend(recipe, None, _facts("gfx1151", _tree(tmp_path, False))) == \
-        ("plain", "everything else")  # the tree has no FAST option
-    assert choose_backend(recipe, None, _facts("gfx1100", None)) == ("plain", "everything else")
+        BackendChoice("plain", "everything else")  # the tree has no FAST option
+    assert choose_backend(recipe, None, _facts("gfx1100", None)) == BackendChoice("plain", "everything else")
 
 
 def test_backend_asked_for_wins_and_an_unknown_one_is_refused_with_a_suggestion(tmp_path):
     recipe = _recipe(tmp_path)
-    assert choose_backend(recipe, "plain", _facts("gfx1151", None)) == ("plain", "asked for with --backend")
+    assert choose_backend(recipe, "plain", _facts("gfx1151", None)) == \
+        BackendChoice("plain", "asked for with --backend")
     with pytest.raises(UsageError) as exc:
         choose_backend(recipe, "fats", _facts("gfx1151", None))
     assert exc.value.hint == "did you mean fast?"
@@ -80,13 +83,14 @@ def test_backend_asked_for_wins_and_an_unknown_one_is_refused_with_a_suggestion(
 def test_before_the_source_is_read_the_choice_names_what_the_fetch_decides(tmp_path):
     """gfx1151: `fast` if the tree declares FAST (unknown until it is read), else `plain`."""
     recipe = _recipe(tmp_path)
-    backend, reason, others = backend_without_source(recipe, None, _facts("gfx1151", None))
-    assert (backend, others) == ("fast", ("plain",))
-    assert "decided after the fetch" in reason and "the source declares FAST" in reason
+    choice = backend_without_source(recipe, None, _facts("gfx1151", None))
+    assert (choice.name, choice.alternatives) == ("fast", ("plain",))
+    assert "decided after the fetch" in choice.reason and "the source declares FAST" in choice.reason
+    assert choice.evidence == ("owner/x #1: 2x faster",)  # the candidates' it names
     assert possible_backends(recipe, None, _facts("gfx1151", None)) == ["fast", "plain"]
     # another target: the first rule fails whatever the tree says, so nothing is left open
     assert backend_without_source(recipe, None, _facts("gfx1100", None)) == \
-        ("plain", "everything else", ())
+        BackendChoice("plain", "everything else")
 
 
 def test_before_the_fetch_a_stop_or_no_toolchain_at_all_stops_the_build(tmp_path):

@@ -9,12 +9,22 @@ the source, and names the backends the source may still choose.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rocforge_build.errors import ToolchainError, UsageError
 from rocforge_build.forge import conditions, recipes
 from rocforge_build.forge.toolchains import Toolchain
 
 FactsOf = Callable[[str], conditions.Facts]  # a backend's name -> the facts it is judged by
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    name: str
+    reason: str
+    # a dry run of an unread source: the other backends the source may still choose
+    alternatives: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()  # beside the reason: the `[[default]]` rules' evidence
 
 
 def possible_backends(recipe: recipes.Recipe, requested: str | None,
@@ -80,25 +90,26 @@ def check_before_fetch(recipe: recipes.Recipe, requested: str | None, facts_for:
 
 
 def backend_without_source(recipe: recipes.Recipe, requested: str | None, facts_for: FactsOf
-                           ) -> tuple[str, str, tuple[str, ...]]:
-    """(backend, reason, the other backends the source may choose) before the source is read:
-    `choose_backend` where the rules decide without it (no alternatives); else the first
-    candidate, its reason saying which condition the fetch decides and what follows otherwise."""
+                           ) -> BackendChoice:
+    """The choice before the source is read: `choose_backend`'s where the rules decide without
+    it (no alternatives); else the first candidate, its reason saying which condition the fetch
+    decides and what follows otherwise, with the evidence of every candidate it names."""
     if requested:
-        return choose_backend(recipe, requested, facts_for) + ((),)
+        return choose_backend(recipe, requested, facts_for)
     cands = _candidates(recipe, facts_for)
     backend, rule, open_ = cands[0]
-    reason = _reason(rule)
     if open_ is None:
-        return backend, reason, ()
+        return BackendChoice(backend, _reason(rule), (), _evidence(rule))
     rest = "; otherwise ".join(f"{b} ({'if ' + why + ': ' if why else ''}{_reason(r)})"
                                for b, r, why in cands[1:])
     others = tuple(dict.fromkeys(b for b, _, _ in cands[1:] if b != backend))
-    return backend, f"{reason} — if {open_} (decided after the fetch); otherwise {rest}", others
+    evidence = tuple(dict.fromkeys(e for _, r, _ in cands for e in _evidence(r)))
+    return BackendChoice(backend, f"{_reason(rule)} — if {open_} (decided after the fetch); "
+                         f"otherwise {rest}", others, evidence)
 
 
 def choose_backend(recipe: recipes.Recipe, requested: str | None,
-                   facts_for: FactsOf) -> tuple[str, str]:
+                   facts_for: FactsOf) -> BackendChoice:
     """--backend, else the first `[[default]]` whose `when` holds — evaluated with the facts
     (toolchain headers included) of the backend it proposes."""
     if requested:
@@ -108,26 +119,8 @@ def choose_backend(recipe: recipes.Recipe, requested: str | None,
             close = difflib.get_close_matches(requested, recipe.backends, n=1)
             hint = f"did you mean {close[0]}?" if close else "backends: " + ", ".join(recipe.backends)
             raise UsageError(f"recipe {recipe.name} has no backend {requested!r}", hint)
-        return requested, "asked for with --backend"
-    rule = _first_default(recipe, facts_for)
-    return (rule.get("backend") if rule is not None else next(iter(recipe.backends))), _reason(rule)
-
-
-def _first_default(recipe: recipes.Recipe, facts_for: FactsOf) -> recipes.Rule | None:
+        return BackendChoice(requested, "asked for with --backend")
     for rule in recipe.of("default"):
         if conditions.evaluate(rule.when, facts_for(rule.get("backend"))):
-            return rule
-    return None
-
-
-def backend_evidence(recipe: recipes.Recipe, requested: str | None, facts_for: FactsOf, *,
-                     source_read: bool) -> tuple[str, ...]:
-    """The evidence beside the chosen backend's reason: the `[[default]]` rule's that gives it;
-    before the source is read, every candidate's its reason names; none for --backend."""
-    if requested:
-        return ()
-    if source_read:
-        return _evidence(_first_default(recipe, facts_for))
-    cands = _candidates(recipe, facts_for)
-    named = cands[:1] if cands[0][2] is None else cands  # an open first one names the others
-    return tuple(dict.fromkeys(e for _, rule, _ in named for e in _evidence(rule)))
+            return BackendChoice(rule.get("backend"), _reason(rule), (), _evidence(rule))
+    return BackendChoice(next(iter(recipe.backends)), _reason(None))

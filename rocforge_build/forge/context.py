@@ -24,7 +24,7 @@ from rocforge_build.download import sha256_file
 from rocforge_build.errors import ConfigError, UsageError
 from rocforge_build.forge import conditions, recipes, sources
 from rocforge_build.forge.backend_choice import (
-    backend_evidence,
+    BackendChoice,
     backend_without_source,
     check_before_fetch,
     choose_backend,
@@ -53,15 +53,6 @@ class Toolchains:
             self._found[kind] = detect(kind, self._root, self._target, self._request.environ,
                                        rocm=self._request.rocm)
         return self._found[kind]
-
-
-@dataclass(frozen=True)
-class BackendChoice:
-    name: str
-    reason: str
-    # a dry run of an unread source: the other backends the source may still choose
-    alternatives: tuple[str, ...] = ()
-    evidence: tuple[str, ...] = ()  # beside the reason: the `[[default]]` rules' evidence
 
 
 @dataclass(frozen=True)
@@ -176,13 +167,9 @@ class BuildContext:
     def backend(self) -> BackendChoice:
         """--backend, else the recipe's `[[default]]` rules over these facts; before the source
         is read, as far as the rules decide without it."""
-        evidence = backend_evidence(self.recipe, self.request.backend, self.facts,
-                                    source_read=self.source_read)
         if self.source_read:
-            return BackendChoice(*choose_backend(self.recipe, self.request.backend, self.facts),
-                                 evidence=evidence)
-        return BackendChoice(*backend_without_source(self.recipe, self.request.backend, self.facts),
-                             evidence=evidence)
+            return choose_backend(self.recipe, self.request.backend, self.facts)
+        return backend_without_source(self.recipe, self.request.backend, self.facts)
 
     @property
     def toolchain(self) -> Toolchain:
