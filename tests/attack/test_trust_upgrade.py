@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from upgrade_history import history, tree_hashes
-
-from rocforge_build import cli
+from upgrade_history import built, history, tree_hashes
 
 
 def rocforge(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -27,13 +25,8 @@ def one_error(res: subprocess.CompletedProcess, code: int = 2) -> str:
 
 
 @pytest.fixture
-def build(tmp_path, capsys):
-    h = history(tmp_path)
-    prefix = tmp_path / "prefix"
-    assert cli.main(["build", str(h.recipe), "--target", "gfx1151", "--prefix", str(prefix),
-                     "--no-recheck"]) == 0
-    capsys.readouterr()
-    return h, prefix
+def build(tmp_path):
+    return built(tmp_path)
 
 
 def test_run_values_that_are_not_a_command_refused_before_any_build(build, tmp_path):

@@ -7,7 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from upgrade_history import history, output_checker, tree_hashes
+from upgrade_history import built, output_checker, tree_hashes
 
 from rocforge_build import cli
 
@@ -17,18 +17,9 @@ def hello(prefix: Path) -> list[str]:
                           check=True).stdout.splitlines()
 
 
-def built(tmp_path, capsys):
-    h = history(tmp_path)
-    prefix = tmp_path / "prefix"
-    assert cli.main(["build", str(h.recipe), "--target", "gfx1151", "--prefix", str(prefix),
-                     "--no-recheck"]) == 0
-    capsys.readouterr()
-    return h, prefix
-
-
 def test_upgrade_refuses_a_bad_commit_then_accepts_a_good_one_and_rollback_restores(
         tmp_path, capsys):
-    h, prefix = built(tmp_path, capsys)
+    h, prefix = built(tmp_path)
     check = output_checker(tmp_path)
     assert "HELLO" in hello(prefix)
     original = tree_hashes(prefix)
@@ -66,7 +57,7 @@ def test_upgrade_refuses_a_bad_commit_then_accepts_a_good_one_and_rollback_resto
 
 
 def test_upgrade_exit_125_is_cannot_test_and_refuses(tmp_path, capsys):
-    h, prefix = built(tmp_path, capsys)
+    h, prefix = built(tmp_path)
     original = tree_hashes(prefix)
     skip = tmp_path / "skip.sh"
     skip.write_text("#!/bin/sh\nexit 125\n")
