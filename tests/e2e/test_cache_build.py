@@ -89,14 +89,14 @@ def test_cache_server_dying_mid_build_degrades_to_local(tmp_path, monkeypatch, c
     with redis_server(tmp_path) as (port, proc):
         config.set_value("cache.remote", f"redis://127.0.0.1:{port}")
 
-        def stream(argv, env, log, step, on_line=None, cwd=None, quiet=False):
+        def stream(argv, env, log, step, on_line=None, **kw):
             def kill_after_first(line, beat):  # the first compile is done: the server goes away
                 if line.startswith("[1/") and proc.poll() is None:
                     proc.kill()
                     proc.wait()
                 if on_line:
                     on_line(line, beat)
-            return real_stream(argv, env, log, step, kill_after_first, cwd, quiet)
+            return real_stream(argv, env, log, step, kill_after_first, **kw)
 
         monkeypatch.setattr(pipeline, "_stream", stream)
         assert _build(src, "--prefix", str(home / "prefix")) == 0
