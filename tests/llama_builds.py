@@ -41,10 +41,9 @@ def build_llama(llama_tree: Path, backend: str, where: Path):
     from rocforge_build.rootfs import Root
 
     req = Request(recipe="llama-cpp", target="gfx1151", backend=backend, source=str(llama_tree),
-                  prefix=str(where / f"llama-{backend}"), jobs=JOBS, build_targets=TARGETS)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CCACHE_DIR", shared_ccache())
-        return pipeline.build(req, Root("/"))
+                  prefix=str(where / f"llama-{backend}"), jobs=JOBS, build_targets=TARGETS,
+                  environ={**os.environ, "CCACHE_DIR": shared_ccache()})
+    return pipeline.build(req, Root("/"))
 
 
 @pytest.fixture(scope="session")
