@@ -88,7 +88,7 @@ class _Run:
     timings: dict[str, float] = field(default_factory=dict)
     patch_results: list[patches.PatchResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    cache_counts: parallel.CacheCounts = field(default_factory=lambda: parallel.CacheCounts())
+    cache_counts: parallel.CacheCounts = field(default_factory=parallel.CacheCounts)
 
     def stream(self, argv, env: Mapping[str, str | None], step: str, on_line=None) -> str:
         """A step's command with the plan's environment under `env`, into the log."""
