@@ -18,6 +18,7 @@ from rocforge_build import paths
 from rocforge_build.errors import ConfigError
 from rocforge_build.records import Record, init
 from rocforge_build.resources import load_toml, package_data
+from rocforge_build.toml_subset import tomllib_parse
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing on `rocforge env`'s path
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def user() -> dict:
     import tomllib  # only for a config file that is there
 
     try:
-        return tomllib.loads(text)
+        return tomllib_parse(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}",
                           f"fix or delete {path}; `rocforge config list` shows the defaults") from exc
@@ -195,7 +196,7 @@ def parse_value(raw: str) -> Any:
     import tomllib
 
     try:
-        return tomllib.loads(f"v = {raw}")["v"]
+        return tomllib_parse(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         return raw
 

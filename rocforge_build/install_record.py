@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from rocforge_build.errors import reason
+from rocforge_build.toml_subset import tomllib_parse
 
 RECORD = "rocforge-install.toml"
 _RECORD_TYPES = {"version": str, "family": str, "platform": str, "url": str, "sha256": str,
@@ -29,7 +30,7 @@ def read_record_checked(path: Path) -> tuple[dict, str | None]:
 
     file = path / RECORD if path.is_dir() else path
     try:
-        raw = tomllib.loads(file.read_text(encoding="utf-8"))
+        raw = tomllib_parse(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else reason(exc)
         return {}, f"{RECORD} cannot be read ({why})"

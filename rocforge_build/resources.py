@@ -69,7 +69,7 @@ def load_toml(path: str | os.PathLike[str], what: str) -> dict:
     import tomllib
 
     try:
-        return tomllib.loads(text)
+        return toml_subset.tomllib_parse(text)
     except tomllib.TOMLDecodeError as exc:
         raise _damaged(path, what, exc) from exc
 

@@ -8,7 +8,7 @@ integers, decimal floats without exponent, booleans, and arrays of these (nested
 lines, comments and a trailing comma inside).  `loads` raises `Unsupported` for any text outside
 it, valid TOML or not (escapes, multi-line strings, dotted or quoted keys, inline tables,
 arrays of tables, dates, exponents, underscores in numbers, inf/nan, CR line ends, a key or
-table defined twice, control characters): the caller then reads the text with tomllib, which
+table defined twice, control characters, arrays nested deeper than MAX_DEPTH): the caller then reads the text with tomllib, which
 gives the value or words the error.  For text inside the subset the result equals tomllib's
 (tests/test_toml_subset.py checks every data file and mutated copies of them against tomllib).
 This module imports nothing.
@@ -20,6 +20,9 @@ _BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012345678
 _DIGITS = frozenset("0123456789")
 _HEX = frozenset("0123456789abcdefABCDEF")
 _BLANK = " \t"  # TOML's whitespace
+MAX_DEPTH = 32  # arrays in arrays: rocforge's data nests two deep, and this bound keeps the
+# reader's recursion far below Python's limit whatever a file holds
+TOO_DEEP = "values nested too deeply to read (arrays or tables inside one another)"
 
 
 class Unsupported(ValueError):
@@ -61,9 +64,24 @@ def tomllib_loads(text: str) -> dict | None:
     import tomllib
 
     try:
-        return tomllib.loads(text)
+        return tomllib_parse(text)
     except tomllib.TOMLDecodeError:
         return None
+
+
+def tomllib_parse(text: str) -> dict:
+    """tomllib.loads(text), where a document nested past Python's recursion limit (or too large
+    to hold) raises the tomllib.TOMLDecodeError every reader already turns into its own
+    one-line error for a syntax error, rather than a RecursionError no reader expects."""
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except (RecursionError, MemoryError):
+        pass  # outside the handler: the deep stack is released before the error is raised
+    error = tomllib.TOMLDecodeError.__new__(tomllib.TOMLDecodeError)
+    ValueError.__init__(error, TOO_DEEP)  # its own __init__ wants a position (Python 3.14)
+    raise error
 
 
 def _check_characters(text: str) -> None:
@@ -104,7 +122,7 @@ def _line_end(rest: str) -> None:
         raise Unsupported(f"text after the value: {rest[:20]!r}")
 
 
-def _value(s: str, lines: list[str], i: int) -> tuple[object, str, int]:
+def _value(s: str, lines: list[str], i: int, depth: int = 0) -> tuple[object, str, int]:
     """(value, the rest of its line, index of the next line) for the value starting `s`."""
     if not s:
         raise Unsupported("no value")
@@ -118,7 +136,7 @@ def _value(s: str, lines: list[str], i: int) -> tuple[object, str, int]:
             raise Unsupported("unclosed string or an escape")
         return body, s[end + 1:], i
     if first == "[":
-        return _array(s[1:], lines, i)
+        return _array(s[1:], lines, i, depth + 1)
     j = 0
     while j < len(s) and s[j] not in " \t,]#":
         j += 1
@@ -145,13 +163,15 @@ def _scalar(tok: str) -> object:
     return float(tok)
 
 
-def _array(s: str, lines: list[str], i: int) -> tuple[list, str, int]:
+def _array(s: str, lines: list[str], i: int, depth: int) -> tuple[list, str, int]:
+    if depth > MAX_DEPTH:
+        raise Unsupported(f"arrays nested more than {MAX_DEPTH} deep")
     out: list = []
     while True:
         s, i = _skip(s, lines, i)
         if s[0] == "]":
             return out, s[1:], i
-        value, s, i = _value(s, lines, i)
+        value, s, i = _value(s, lines, i, depth)
         out.append(value)
         s, i = _skip(s, lines, i)
         if s[0] == "]":

@@ -42,6 +42,7 @@ from rocforge_build import ownership, paths, proc
 from rocforge_build.errors import RocforgeError
 from rocforge_build.forge import lock
 from rocforge_build.replace import JOURNAL
+from rocforge_build.toml_subset import tomllib_parse
 
 DAY = 86400.0
 MANIFESTS = ("rocforge-manifest.toml", "rocforge-kernels.json")
@@ -329,10 +330,8 @@ def _work_state(entry: Entry) -> None:
     prefix = Path(str(plan.get("prefix", "")))
     entry.detail = f"for {prefix}"
     try:
-        import tomllib
-
-        with open(prefix / MANIFESTS[0], "rb") as fh:
-            stamp = tomllib.load(fh).get("stamp")
+        with open(prefix / MANIFESTS[0], encoding="utf-8") as fh:
+            stamp = tomllib_parse(fh.read()).get("stamp")
     except (OSError, ValueError):
         stamp = None
     if stamp is None or stamp != plan.get("stamp"):

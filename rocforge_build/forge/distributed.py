@@ -22,6 +22,7 @@ from rocforge_build import ownership, proc
 from rocforge_build.errors import RocforgeError, UsageError
 from rocforge_build.forge.cache import PROBE_TIMEOUT, CacheSetup, printable, run_sccache
 from rocforge_build.proc import which
+from rocforge_build.toml_subset import tomllib_parse
 
 
 @dataclass
@@ -121,12 +122,10 @@ def _sccache_config(environ: Mapping[str, str]) -> Path:
 
 def _without_dist(config: Path) -> str:
     """The user's sccache config as TOML text, less its [dist] table (cache settings kept)."""
-    import tomllib
-
     import tomlkit
 
     try:
-        doc = tomllib.loads(config.read_text(encoding="utf-8"))
+        doc = tomllib_parse(config.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return ""
     doc.pop("dist", None)

@@ -19,6 +19,7 @@ from typing import Any
 from rocforge_build import refs, resources, shellsafe
 from rocforge_build.errors import ConfigError, UsageError
 from rocforge_build.forge import conditions
+from rocforge_build.toml_subset import tomllib_parse
 
 TOOLCHAINS = ("hip", "vulkan", "host")
 
@@ -272,7 +273,7 @@ def parse(text: str, path: Path) -> Recipe:
     """Validate and build a Recipe from TOML text; errors say `recipe NAME: key: problem`."""
     label = path.stem
     try:
-        raw = tomllib.loads(text)
+        raw = tomllib_parse(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"recipe {label} ({path}): invalid TOML: {exc}") from exc
     name = raw.get("recipe", {}).get("name", label) if isinstance(raw.get("recipe"), dict) else label

@@ -67,6 +67,7 @@ from rocforge_build.ship.bundle_rules import (
     load_rules,
     trim_names,
 )
+from rocforge_build.toml_subset import tomllib_parse
 
 LAUNCHER = "run"
 
@@ -86,7 +87,7 @@ def _read_manifest(prefix: Path) -> dict:
             if len(raw) > MANIFEST_MAX:
                 raise ConfigError(f"{prefix / MANIFEST} is larger than {MANIFEST_MAX >> 20} MiB, "
                                   "not a manifest rocforge wrote")
-            data = tomllib.loads(raw.decode("utf-8"))
+            data = tomllib_parse(raw.decode("utf-8"))
         return checked_manifest(data, str(prefix / MANIFEST))
     except rootfs.NotRegularFile as exc:
         raise UsageError(f"{prefix / MANIFEST} is {exc.kind}, not a regular file",

@@ -37,6 +37,7 @@ from rocforge_build.discover.resolver import Decision
 from rocforge_build.emit import containerfile
 from rocforge_build.errors import ConfigError, UsageError, reason
 from rocforge_build.resources import containers_dir, load_toml
+from rocforge_build.toml_subset import tomllib_parse
 
 # Where rocforge keeps its things inside the builder (ROCFORGE_DATA_DIR there).
 DATA_IN_IMAGE = PurePosixPath("/opt/rocforge")
@@ -474,7 +475,7 @@ def read_facts(directory: Path) -> Facts:
             "look at the first pass's output above; the builder stage must finish",
         )
     try:
-        manifest = tomllib.loads(manifest_file.read_text(encoding="utf-8"))
+        manifest = tomllib_parse(manifest_file.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{manifest_file}: not valid TOML: {exc}") from exc
     closure = None
