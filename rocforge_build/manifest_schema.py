@@ -17,7 +17,9 @@ MANIFEST_MAX = 4 << 20  # a manifest is a few kB: 4 MiB is far past any rocforge
 # read (`checked_manifest`): a manifest is a file a user can edit, copy or be handed.  Names in
 # export_env are left to the env emitter, which leaves a bad one out with a warning and keeps the
 # rest of the build (tests/test_trust_emit.py); its values must be text, as plan.export_env holds.
-_TEXT = schema.Str(empty=True)
+# Every text field is one line (no line break, NUL, escape or other control character): doctor,
+# env and listings print them for people, and rocforge's recipes cannot put one there.
+_TEXT = schema.Str(empty=True, one_line=True)
 _SCALAR_TABLE = schema.TableOf(schema.Scalar())
 
 
@@ -47,7 +49,7 @@ MANIFEST_SCHEMA = schema.Record({
         "location": schema.Optional(_TEXT), "kind": schema.Optional(_TEXT)}), {}),
     "toolchain": schema.Optional(schema.Record({
         "kind": schema.Optional(schema.Str(one_line=True)), "rocm_path": schema.Optional(_TEXT)}), {}),
-    "outputs": schema.Optional(schema.ListOf(schema.Str()), []),
+    "outputs": schema.Optional(schema.ListOf(schema.Str(one_line=True)), []),
     "env": schema.Optional(_SCALAR_TABLE, {}),
     "runtime_env": schema.Optional(schema.EnvTable(), {}),
     "export_env": schema.Optional(schema.TableOf(_TEXT), {}),

@@ -13,6 +13,7 @@ from rocforge_build.forge import parallel
 from rocforge_build.nightly import known_bad
 from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root
+from rocforge_build.shellsafe import one_line
 
 _CHECKS = package_data("doctor.toml")
 
@@ -101,6 +102,15 @@ def host_fingerprint(root: Root, res: resolver.Resolution) -> dict:
 
 
 # -- output ---------------------------------------------------------------------------------------
+def esc(text: object) -> str:
+    """Text read from a store, the system or a file (a manifest's reasons, a path, a warning), as
+    rich markup on one line: a line break or escape sequence in it is a hand-edited or hostile
+    value, and must not forge a line of doctor's report or drive the terminal."""
+    from rich.markup import escape
+
+    return escape(one_line(text))
+
+
 def show_table(console, title: str, columns: tuple[str, ...], rows: list[list[str]]) -> None:
     """A rich table on a terminal wide enough for every cell, else plain lines (title, then one
     `column: value; ...` line per row): rich fits a table to the width by cutting cells with an
@@ -174,8 +184,6 @@ def run(args) -> int:
         return 0 if usable else 1
 
     from rich.console import Console
-    from rich.markup import escape as esc
-
     # soft wrap: a line longer than the screen is left to the terminal (or the pipe) whole,
     # never broken by rich at 80 columns
     console = Console(soft_wrap=True)
@@ -215,8 +223,6 @@ def _findings(rootfs: Root, res: resolver.Resolution) -> tuple[list, list[str], 
 
 def _print_tables(console, res: resolver.Resolution) -> None:
     """The text report's tables: GPUs, ROCm installs, library coverage per target, decisions."""
-    from rich.markup import escape as esc
-
     yes = "[green]yes[/]"
     no = "[red]no[/]"
 
