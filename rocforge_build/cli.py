@@ -107,10 +107,10 @@ def _parser_class(argv: tuple[str, ...]):
             # one `rocforge: error:` line like every other error (argparse's own form is the
             # usage block and `rocforge CMD: error:`), naming the command it is about
             where = self.prog.removeprefix("rocforge").strip() or _selected_command(list(argv)) or ""
-            sys.stderr.write(f"rocforge: error: {where + ': ' if where else ''}{message}\n")
+            report("error", f"{where + ': ' if where else ''}{message}")
             for hint in hints or [f"`rocforge {where + ' ' if where else ''}--help` lists what "
                                   "it takes"]:
-                sys.stderr.write(f"rocforge: hint: {hint}\n")
+                report("hint", hint)
             raise SystemExit(2)
 
     return Parser
@@ -183,10 +183,31 @@ def _plain_env_args(argv: list[str]):
 
 
 def _fail(message: str, hint: str | None, code: int) -> int:
-    sys.stderr.write(f"rocforge: error: {message}\n")
+    report("error", message)
     if hint:
-        sys.stderr.write(f"rocforge: hint: {hint}\n")
+        report("hint", hint)
     return code
+
+
+def report(label: str, text: str) -> None:
+    """`rocforge: LABEL: TEXT` on stderr, where text a user, a file or a build gave can neither
+    forge a line nor drive the terminal: a message of several lines by design (a failed build's
+    log tail, the outputs an install lacks) keeps them, each further one indented (never starting
+    `rocforge:`), and every terminal control character is written as its escape (`\\x1b`)."""
+    first, *rest = text.splitlines() or [""]
+    lines = [f"rocforge: {label}: {_escaped(first)}"]
+    lines += [_escaped(line) if line[:1] in (" ", "\t", "") else "  " + _escaped(line)
+              for line in rest]
+    sys.stderr.write("\n".join(lines) + "\n")
+
+
+def _escaped(line: str) -> str:
+    if line.isprintable():
+        return line
+    from rocforge_build.shellsafe import TERMINAL_CONTROLS
+
+    return "".join(c.encode("unicode_escape").decode("ascii") if c in TERMINAL_CONTROLS else c
+                   for c in line)
 
 
 def unusable_path(exc: BaseException):
