@@ -5,8 +5,9 @@ before any model is read or any program runs.
 `float()` accepts "inf", "nan" and 1e300, and `int()` any size: a --reps of 2**63 would run for
 ever, a timeout of 1e300 overflows the timer thread, a depth past a C int wraps inside llama.cpp.
 Every type here carries its `bounds`; cli.py shows them in each flag's --help, and
-tests/attack/test_trust_bounds.py fails if a numeric flag is added without one.  Only stdlib: the parser
-of every command imports this."""
+tests/attack/test_trust_bounds.py fails if a numeric flag is added without one.  A CMake target
+name (`cmake_target`) is checked here too, since it reaches ninja's command line.  Only stdlib: the
+parser of every command imports this."""
 
 from __future__ import annotations
 
@@ -129,3 +130,38 @@ positive_seconds.__name__ = "duration"
 percent = number(0.0, PERCENT_MAX, least=0.001)  # 0, or a thousandth of a percent at least
 days = number(0.0, DAYS_MAX, least=1e-5)  # 0, or about a second (0.864 s) at least
 gib = number(0.0, GIB_MAX, least=1e-6)  # 0, or a KiB at least
+
+
+# A CMake target name as ninja is given it (cmake-policies(7) CMP0037): letters, digits and
+# `_.+-`, never a leading `-` (ninja would read `-C/` or `-tclean` as its own option), and none of
+# the names CMake itself reserves (cmake-commands(7) add_custom_target; CMP0037): those are the
+# generator's own targets (`clean` deletes the build, `install` installs everything).
+_CMAKE_TARGET = re.compile(r"[A-Za-z0-9_.+][A-Za-z0-9_.+-]{0,254}", re.ASCII)
+CMAKE_RESERVED_TARGETS = frozenset({
+    "all", "clean", "help", "install", "preinstall", "package",
+    "package_source", "test", "edit_cache", "rebuild_cache", "list_install_components", "depend",
+    "ALL_BUILD", "ZERO_CHECK", "INSTALL", "PACKAGE", "RUN_TESTS", "NIGHTLY_MEMORY_CHECK",
+})
+CMAKE_TARGETS_MAX = 256  # targets of one build: past any recipe's, and a bounded ninja line
+
+
+def cmake_target_problem(name: object) -> str | None:
+    """Why `name` cannot be one CMake target of a build (--cmake-target, `[build] targets`), or
+    None when it can."""
+    if not isinstance(name, str) or not _CMAKE_TARGET.fullmatch(name):
+        return (f"{name!r} is not a CMake target name (letters, digits and _.+-, not starting "
+                "with -, at most 255 characters)")
+    if name in CMAKE_RESERVED_TARGETS:
+        return f"{name!r} is a target CMake reserves for itself, not one a recipe builds"
+    return None
+
+
+def cmake_target(text: str) -> str:
+    """--cmake-target NAME: refused while the command line is parsed, before any plan is made."""
+    problem = cmake_target_problem(text)
+    if problem:
+        raise ArgumentTypeError(problem)
+    return text
+
+
+cmake_target.__name__ = "CMake target name"

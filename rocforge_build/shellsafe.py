@@ -43,6 +43,11 @@ def env_name_problem(name: object) -> str | None:
 # but TAB (NUL ends a C string; ESC and BS rewrite what a terminal shows).  One set, used by every
 # emitter's check, so no value can carry a line (a dotenv `LD_PRELOAD=`) past one reader.
 LINE_BREAKS = frozenset(chr(c) for c in range(0x20) if c != 0x09) | frozenset("\x85\u2028\u2029")
+# What a terminal interprets beyond LINE_BREAKS: DEL, the C1 controls (U+009B is a one-byte CSI,
+# the start of an ANSI sequence) and the bidi controls that reorder what a line shows
+# (U+202A-202E, U+2066-2069): text a user reads as one plain line (a recipe's reason) holds none.
+TERMINAL_CONTROLS = (LINE_BREAKS | frozenset(chr(c) for c in range(0x7f, 0xa0))
+                     | frozenset(chr(c) for c in (*range(0x202a, 0x202f), *range(0x2066, 0x206a))))
 BREAK_HINT = "a value or word cannot hold a line break, NUL or other control character"
 
 

@@ -75,10 +75,10 @@ evidence = ["owner/project README: pip install -r requirements.txt"]
     ("12", "option[0] (CMAKE_BUILD_TYPE).evidence: must be list, got int"),
     ('["fine", 12]', "option[0] (CMAKE_BUILD_TYPE).evidence[1]: must be a one-line string "
                      "(one source or figure), got int"),
-    ('["first line\\nsecond line"]', "option[0] (CMAKE_BUILD_TYPE).evidence[0]: must be a "
-                                     "one-line string (one source or figure), got a line break"),
-    ('["""first\nsecond"""]', "option[0] (CMAKE_BUILD_TYPE).evidence[0]: must be a one-line "
-                              "string (one source or figure), got a line break"),
+    ('["first line\\nsecond line"]', "option[0].evidence[0]: holds U+000A, a line break or "
+                                     "terminal control character"),
+    ('["""first\nsecond"""]', "option[0].evidence[0]: holds U+000A, a line break or terminal "
+                              "control character"),
     ('["  "]', "option[0] (CMAKE_BUILD_TYPE).evidence[0]: must be a one-line string (one source "
                "or figure), got an empty string"),
 ])

@@ -34,7 +34,7 @@ def add_arguments(parser) -> None:
                         help="parallel build jobs (default: min(cores, available memory / the "
                              "recipe's per-job memory); the plan says why)")
     parser.add_argument("--cmake-target", "--build-target", action="append", default=[],
-                        metavar="NAME", dest="cmake_targets",
+                        type=argtypes.cmake_target, metavar="NAME", dest="cmake_targets",
                         help="build and install only this CMake target (repeatable; also "
                         "spelled --build-target)")
     parser.add_argument("--dry-run", action="store_true",
@@ -65,13 +65,17 @@ def _target(args) -> str:
 def run(args) -> int:
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run", "rocforge build ... --dry-run --json")
+    targets = tuple(dict.fromkeys(args.cmake_targets))  # a repeat builds nothing more
+    if len(targets) > argtypes.CMAKE_TARGETS_MAX:
+        raise UsageError(f"--cmake-target: {len(targets)} targets, at most "
+                         f"{argtypes.CMAKE_TARGETS_MAX}", "build the recipe's default targets instead")
     if args.ref is not None:  # before anything is fetched or written (sources.source_for again)
         check_git_ref(args.ref)
     req = Request(
         recipe=args.recipe, target=_target(args), backend=args.backend,
         ref=args.ref, rocm=args.rocm,
         source=args.source, prefix=args.prefix, jobs=args.jobs, force=args.force,
-        no_cache=args.no_cache, distribute=args.distribute, build_targets=tuple(args.cmake_targets),
+        no_cache=args.no_cache, distribute=args.distribute, build_targets=targets,
     )
     if args.dry_run:
         context = BuildContext.of(req, args.rootfs)

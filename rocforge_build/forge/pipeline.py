@@ -282,8 +282,12 @@ def check_build_targets(plan: Plan) -> None:
     LLAMA_BUILD_TESTS), so only CMake's file API reply (cmake-file-api(7)) can say."""
     reply = plan.build_dir / ".cmake" / "api" / "v1" / "reply"
     index = sorted(reply.glob("index-*.json"))
-    if not plan.build_targets or not index:
-        return  # no reply: _install_artifacts says so, with the log
+    if not plan.build_targets:
+        return
+    if not index:  # without it no name can be checked: ninja is never given one unchecked
+        raise BuildError(f"--cmake-target {', '.join(plan.build_targets)}: CMake's file API "
+                         f"reply is missing in {reply}, so the targets cannot be checked; "
+                         "nothing was built", "rebuild with --force to configure afresh")
     idx = json.loads(index[-1].read_text())
     cm = json.loads((reply / idx["reply"]["codemodel-v2"]["jsonFile"]).read_text())
     made = {t["name"] for c in cm["configurations"] for t in c["targets"]}

@@ -16,77 +16,105 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rocforge_build import refs, resources, shellsafe
+from rocforge_build import argtypes, refs, resources, shellsafe
 from rocforge_build.errors import ConfigError, UsageError
 from rocforge_build.forge import conditions
 from rocforge_build.toml_subset import tomllib_parse
 
 TOOLCHAINS = ("hip", "vulkan", "host")
 
+RULE_KINDS = ("default", "option", "env", "patch", "stop", "note", "smoke", "depends", "output",
+              "jobs")
+# every text of a recipe (a reason, an evidence item, a message, a path) is printed on one line
+# and recorded in the manifest: a few sentences at most
+MAX_TEXT = 2000
+
+
+@dataclass(frozen=True)
+class _Key:
+    """One key of the recipe format as `_check_keys` enforces it: its types, the types of a
+    list's items, and a range (an integer's value, a list's length) so that no value is one the
+    code that reads it cannot use."""
+    types: tuple[type, ...]
+    required: bool = False
+    items: tuple[type, ...] = ()
+    bounds: tuple[int, int] | None = None  # an integer's lowest and highest value
+    most: int | None = None  # a list's most items
+
+
+def _key(*types: type, required: bool = False, items: tuple[type, ...] = (),
+         bounds: tuple[int, int] | None = None, most: int | None = None) -> _Key:
+    return _Key(types, required, items, bounds, most)
+
+
 # beside every `reason` (one sentence saying why): its evidence, one source or figure per string
 # (upstream issues and PRs, measurements, other projects' practice), printed under it in a plan
-_EVIDENCE = ((list,), False)
+_EVIDENCE = _key(list, most=32)  # a reason's sources: a few, not a file
 
-# table -> {key: (types, required)}; lists of tables are validated per item.
-_SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+# table -> {key: its _Key}; lists of tables are validated per item.
+_SCHEMA: dict[str, dict[str, _Key]] = {
     "": {
-        "recipe": ((dict,), True), "source": ((dict,), True), "backends": ((dict,), True),
-        "default": ((list,), False), "option": ((list,), False), "env": ((list,), False),
-        "patch": ((list,), False), "stop": ((list,), False), "note": ((list,), False),
-        "build": ((dict,), False), "smoke": ((list,), False),
-        "depends": ((list,), False), "output": ((list,), False), "venv": ((dict,), False),
-        "jobs": ((list,), False),
+        "recipe": _key(dict, required=True), "source": _key(dict, required=True),
+        "backends": _key(dict, required=True), "build": _key(dict), "venv": _key(dict),
+        **{kind: _key(list, items=(dict,)) for kind in RULE_KINDS},
     },
     "recipe": {
-        "name": ((str,), True), "description": ((str,), False), "homepage": ((str,), False),
+        "name": _key(str, required=True), "description": _key(str), "homepage": _key(str),
     },
     "source": {
-        "git": ((str,), False), "ref": ((str,), False), "url": ((str,), False),
-        "sha256": ((str,), False), "subdir": ((str,), False), "version": ((list,), False),
-        "sparse": ((list,), False), "submodules": ((bool,), False),
-        "pinned_version": ((str,), False),
+        "git": _key(str), "ref": _key(str), "url": _key(str),
+        "sha256": _key(str), "subdir": _key(str), "version": _key(list, items=(dict,)),
+        "sparse": _key(list, items=(str,)), "submodules": _key(bool),
+        "pinned_version": _key(str),
     },
-    "source.version": {"file": ((str,), False), "regex": ((str,), False), "git": ((str,), False)},
+    "source.version": {"file": _key(str), "regex": _key(str), "git": _key(str)},
     "backends.*": {
-        "description": ((str,), False), "toolchain": ((str,), True),
-        "when": ((dict,), False), "unavailable": ((str,), False), "hint": ((str,), False),
+        "description": _key(str), "toolchain": _key(str, required=True),
+        "when": _key(dict), "unavailable": _key(str), "hint": _key(str),
     },
-    "default": {"backend": ((str,), True), "when": ((dict,), False), "reason": ((str,), True),
-                "evidence": _EVIDENCE},
+    "default": {"backend": _key(str, required=True), "when": _key(dict),
+                "reason": _key(str, required=True), "evidence": _EVIDENCE},
     "option": {
-        "name": ((str,), True), "value": ((str, bool, int, list), True), "when": ((dict,), False),
-        "reason": ((str,), True), "evidence": _EVIDENCE, "declared": ((bool,), False),
+        "name": _key(str, required=True), "when": _key(dict),
+        # a CMake option's value: a list is joined with `;`; CMake reads integers as 64-bit
+        "value": _key(str, bool, int, list, required=True, items=(str, bool, int),
+                      bounds=(-2 ** 63, 2 ** 63 - 1)),
+        "reason": _key(str, required=True), "evidence": _EVIDENCE, "declared": _key(bool),
     },
     "env": {
-        "name": ((str,), True), "value": ((str,), True), "when": ((dict,), False),
-        "reason": ((str,), True), "evidence": _EVIDENCE, "stage": ((str,), False),
+        "name": _key(str, required=True), "value": _key(str, required=True), "when": _key(dict),
+        "reason": _key(str, required=True), "evidence": _EVIDENCE, "stage": _key(str),
     },
-    "patch": {"file": ((str,), True), "when": ((dict,), False), "reason": ((str,), True),
-              "evidence": _EVIDENCE},
-    "stop": {"when": ((dict,), True), "message": ((str,), True), "hint": ((str,), False)},
-    "note": {"when": ((dict,), False), "message": ((str,), True)},
-    "build": {"targets": ((list,), False), "generator": ((str,), False), "install": ((str,), False)},
-    "smoke": {"run": ((list,), True), "when": ((dict,), False)},
+    "patch": {"file": _key(str, required=True), "when": _key(dict),
+              "reason": _key(str, required=True), "evidence": _EVIDENCE},
+    "stop": {"when": _key(dict, required=True), "message": _key(str, required=True),
+             "hint": _key(str)},
+    "note": {"when": _key(dict), "message": _key(str, required=True)},
+    "build": {"targets": _key(list, items=(str,), most=argtypes.CMAKE_TARGETS_MAX),
+              "generator": _key(str), "install": _key(str)},
+    "smoke": {"run": _key(list, required=True, items=(str,)), "when": _key(dict)},
     # another recipe built first for the same target; `prepend` maps an environment variable to
     # a directory of the dependency's prefix ("." = the prefix) put in front of it for this
     # build; `source_include` is where the headers it installs live in its source (header
     # checks of a plan made before the dependency is built look there); `use_existing`: a rocforge
     # build of it for the target already in the builds directory is used as it is (not re-planned)
     "depends": {
-        "recipe": ((str,), True), "when": ((dict,), False), "reason": ((str,), True), "evidence": _EVIDENCE,
-        "backend": ((str,), False), "prepend": ((dict,), False), "source_include": ((str,), False),
-        "use_existing": ((bool,), False),
+        "recipe": _key(str, required=True), "when": _key(dict), "reason": _key(str, required=True),
+        "evidence": _EVIDENCE,
+        "backend": _key(str), "prepend": _key(dict), "source_include": _key(str),
+        "use_existing": _key(bool),
     },
     # a file (glob) the install must contain, checked before the install replaces the old one
-    "output": {"path": ((str,), True), "when": ((dict,), False), "reason": ((str,), True),
-               "evidence": _EVIDENCE},
+    "output": {"path": _key(str, required=True), "when": _key(dict),
+               "reason": _key(str, required=True), "evidence": _EVIDENCE},
     # a private virtual environment in the build directory with the source's Python requirements
-    "venv": {"requirements": ((list,), False), "packages": ((list,), False), "reason": ((str,), True),
-             "evidence": _EVIDENCE},
+    "venv": {"requirements": _key(list, items=(str,)), "packages": _key(list, items=(str,)),
+             "reason": _key(str, required=True), "evidence": _EVIDENCE},
     # peak memory of one build job (the heaviest translation units), for the default -j
     # (forge/jobs.py: min(cores, MemAvailable / memory_mb)); a later rule that holds wins
-    "jobs": {"memory_mb": ((int,), True), "when": ((dict,), False), "reason": ((str,), True),
-             "evidence": _EVIDENCE},
+    # (1 MB to 16 TiB: 0 would divide by zero, a negative or huge one means nothing)
+    "jobs": {"memory_mb": _key(int, required=True, bounds=(1, 2 ** 24)), "when": _key(dict),
+             "reason": _key(str, required=True), "evidence": _EVIDENCE},
 }
 
 
@@ -230,18 +258,46 @@ def _env_entry(item: dict, where: str) -> None:
 
 
 def _check_evidence(table: dict, where: str) -> None:
-    """`evidence` is what a plan prints line by line under the reason: a list of one-line texts."""
+    """`evidence` is what a plan prints line by line under the reason: texts, none empty (that
+    each is one line is `_check_texts`'s part, as for every text of a recipe)."""
     for i, item in enumerate(table.get("evidence", [])):
-        if not isinstance(item, str):
-            problem = f"got {type(item).__name__}"
-        elif not item.strip():
-            problem = "got an empty string"
-        elif any(c in item for c in "\n\r\0"):
-            problem = "got a line break"
-        else:
-            continue
-        raise ConfigError(f"{where}.evidence[{i}]: must be a one-line string (one source or "
-                          f"figure), {problem}", 'evidence = ["owner/repo #123: what it shows", ...]')
+        if not isinstance(item, str) or not item.strip():
+            got = "an empty string" if isinstance(item, str) else type(item).__name__
+            raise ConfigError(f"{where}.evidence[{i}]: must be a one-line string (one source or "
+                              f"figure), got {got}", 'evidence = ["owner/repo #123: what it shows", ...]')
+
+
+def _check_texts(value: Any, where: str, key_path: str) -> None:
+    """Every string anywhere in a recipe, keys too, is printed on one line (a plan, a build's
+    progress, `recipe show`, an error) and recorded in the manifest: none holds a character a
+    terminal takes as a line break or a control (`shellsafe.TERMINAL_CONTROLS`), and none is
+    longer than `MAX_TEXT`."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key, where, f"{key_path}: a key" if key_path else "a key")
+            _check_texts(item, where, f"{key_path}.{key}" if key_path else key)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_texts(item, where, f"{key_path}[{i}]")
+    elif isinstance(value, str):
+        _check_text(value, where, key_path)
+
+
+# the code a `source_contains` / `header_contains` condition looks for may span lines: it is
+# searched for, and shown in a plan only when it is one short line (conditions._looked_for)
+_CODE_TEXT = re.compile(r".*\b(source|header)_contains(\[[0-9]+\])?\.text")
+_CODE_CONTROLS = shellsafe.TERMINAL_CONTROLS - {"\n"}
+
+
+def _check_text(text: str, where: str, key_path: str) -> None:
+    controls = _CODE_CONTROLS if _CODE_TEXT.fullmatch(key_path) else shellsafe.TERMINAL_CONTROLS
+    if len(text) > MAX_TEXT:
+        raise ConfigError(f"{where}: {key_path}: {len(text)} characters, at most {MAX_TEXT}",
+                          "a recipe's texts are a sentence or a source each; link to the rest")
+    bad = next((c for c in text if c in controls), None)
+    if bad is not None:
+        raise ConfigError(f"{where}: {key_path}: holds U+{ord(bad):04X}, a line break or "
+                          "terminal control character", "a recipe's texts are one plain line each")
 
 
 def evidence_lines(items, indent: str) -> list[str]:
@@ -253,20 +309,35 @@ def evidence_lines(items, indent: str) -> list[str]:
 
 
 def _check_keys(table: dict, schema_key: str, where: str) -> None:
+    """`table` against its `_SCHEMA` entry: known keys, each of its types (a list's items too)
+    and in its range, the required ones present."""
     schema = _SCHEMA[schema_key]
     for key, value in table.items():
         if key not in schema:
             close = difflib.get_close_matches(key, schema, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(schema)}"
             raise ConfigError(f"{where}: unknown key {key!r}", hint)
-        types, _ = schema[key]
-        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
-            names = " or ".join(t.__name__ for t in types)
-            raise ConfigError(f"{where}.{key}: must be {names}, got {type(value).__name__}")
-    for key, (_, required) in schema.items():
-        if required and key not in table:
+        spec = schema[key]
+        _check_value(value, spec.types, spec, f"{where}.{key}")
+        if isinstance(value, list) and spec.most is not None and len(value) > spec.most:
+            raise ConfigError(f"{where}.{key}: {len(value)} items, at most {spec.most}")
+        if isinstance(value, list) and spec.items:
+            for i, item in enumerate(value):
+                _check_value(item, spec.items, spec, f"{where}.{key}[{i}]")
+    for key, spec in schema.items():
+        if spec.required and key not in table:
             raise ConfigError(f"{where}: missing required key {key!r}")
     _check_evidence(table, where)
+
+
+def _check_value(value: Any, types: tuple[type, ...], spec: _Key, where: str) -> None:
+    if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+        names = " or ".join(t.__name__ for t in types)
+        raise ConfigError(f"{where}: must be {names}, got {type(value).__name__}")
+    if spec.bounds and isinstance(value, int) and not isinstance(value, bool):
+        low, high = spec.bounds
+        if not low <= value <= high:
+            raise ConfigError(f"{where}: {value} is out of range (give {low} to {high})")
 
 
 def parse(text: str, path: Path) -> Recipe:
@@ -277,7 +348,8 @@ def parse(text: str, path: Path) -> Recipe:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"recipe {label} ({path}): invalid TOML: {exc}") from exc
     name = raw.get("recipe", {}).get("name", label) if isinstance(raw.get("recipe"), dict) else label
-    where = f"recipe {name}"
+    where = f"recipe {name if isinstance(name, str) and _PLAIN.fullmatch(name) else label}"
+    _check_texts(raw, where, "")  # before any other check prints a part of it
     _check_keys(raw, "", where)
     _check_keys(raw["recipe"], "recipe", f"{where}: recipe")
     _plain(name, f"recipe ({path}): recipe.name")
@@ -289,12 +361,13 @@ def parse(text: str, path: Path) -> Recipe:
     if build.get("install", "cmake") not in ("cmake", "ninja"):
         raise ConfigError(f"{where}: build.install: must be \"cmake\" (cmake --install after the "
                           "build) or \"ninja\" (the build step is `ninja install`, into DESTDIR)")
+    for i, target in enumerate(build.get("targets", [])):  # each reaches ninja's command line
+        problem = argtypes.cmake_target_problem(target)
+        if problem:
+            raise ConfigError(f"{where}: build.targets[{i}]: {problem}")
     venv = raw.get("venv")
     if venv is not None:
         _check_keys(venv, "venv", f"{where}: venv")
-        for key in ("requirements", "packages"):
-            if not all(isinstance(v, str) for v in venv.get(key, [])):
-                raise ConfigError(f"{where}: venv.{key}: must be a list of strings")
     return Recipe(
         name=name, path=path, description=raw["recipe"].get("description", ""), source=source,
         backends=backends, rules=tuple(rules), build_targets=tuple(build.get("targets", [])),
@@ -361,12 +434,9 @@ def _parse_rules(raw: dict, backends: dict[str, Backend], name: str, path: Path,
     """The [[default]], [[option]], [[env]], ... arrays of tables, checked here so that a bad
     rule fails at load time with its place named, not half-way through a build."""
     rules: list[Rule] = []
-    for kind in ("default", "option", "env", "patch", "stop", "note", "smoke", "depends", "output",
-                 "jobs"):
+    for kind in RULE_KINDS:
         for i, item in enumerate(raw.get(kind, [])):
             iwhere = f"{where}: {kind}[{i}]"
-            if not isinstance(item, dict):
-                raise ConfigError(f"{iwhere}: must be a table ([[{kind}]])")
             if kind == "env":
                 _env_entry(item, f"recipe {name} ({path}): env[{i}]")
             label_key = item.get("name") or item.get("file") or item.get("backend")
@@ -401,8 +471,6 @@ def _check_rule(kind: str, item: dict, backends: dict[str, Backend], name: str, 
     if kind == "patch" and not (path.parent.parent / "patches" / name / item["file"]).is_file():
         raise ConfigError(f"{iwhere}.file: {item['file']} not found in "
                           f"{path.parent.parent / 'patches' / name}")
-    if kind == "smoke" and not all(isinstance(a, str) for a in item["run"]):
-        raise ConfigError(f"{iwhere}.run: must be a list of strings")
 
 
 def load_file(path: Path) -> Recipe:
