@@ -17,9 +17,12 @@ MANIFEST_MAX = 4 << 20  # a manifest is a few kB: 4 MiB is far past any rocforge
 # read (`checked_manifest`): a manifest is a file a user can edit, copy or be handed.  Names in
 # export_env are left to the env emitter, which leaves a bad one out with a warning and keeps the
 # rest of the build (tests/test_trust_emit.py); its values must be text, as plan.export_env holds.
-# Every text field is one line (no line break, NUL, escape or other control character): doctor,
-# env and listings print them for people, and rocforge's recipes cannot put one there.
+# Every other text field is one line (no line break, NUL, escape or other control character):
+# doctor and listings print them for people, and rocforge's recipes cannot put one there.  The
+# exports and their reasons are judged entry by entry where they are used (a bad one is left out
+# of `rocforge env` with a warning, a reason printed on one line), so a build keeps its good ones.
 _TEXT = schema.Str(empty=True, one_line=True)
+_EXPORTED = schema.Str(empty=True)
 _SCALAR_TABLE = schema.TableOf(schema.Scalar())
 
 
@@ -52,8 +55,8 @@ MANIFEST_SCHEMA = schema.Record({
     "outputs": schema.Optional(schema.ListOf(schema.Str(one_line=True)), []),
     "env": schema.Optional(_SCALAR_TABLE, {}),
     "runtime_env": schema.Optional(schema.EnvTable(), {}),
-    "export_env": schema.Optional(schema.TableOf(_TEXT), {}),
-    "export_env_reasons": schema.Optional(schema.TableOf(_TEXT), {}),
+    "export_env": schema.Optional(schema.TableOf(_EXPORTED), {}),
+    "export_env_reasons": schema.Optional(schema.TableOf(_EXPORTED), {}),
     "dependencies": schema.Optional(schema.ListOf(schema.Record({})), []),
 })
 

@@ -349,7 +349,7 @@ def parse(text: str, path: Path) -> Recipe:
         raise ConfigError(f"recipe {label} ({path}): invalid TOML: {exc}") from exc
     name = raw.get("recipe", {}).get("name", label) if isinstance(raw.get("recipe"), dict) else label
     where = f"recipe {name if isinstance(name, str) and _PLAIN.fullmatch(name) else label}"
-    _check_texts(raw, where, "")  # before any other check prints a part of it
+    _check_texts(raw, f"{where} ({path})", "")  # before any other check prints a part of it
     _check_keys(raw, "", where)
     _check_keys(raw["recipe"], "recipe", f"{where}: recipe")
     _plain(name, f"recipe ({path}): recipe.name")
