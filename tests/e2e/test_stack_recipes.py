@@ -184,7 +184,9 @@ def test_aotriton_venv_submodules_ninja_install_and_version_table(tmp_path, reci
     assert m["source"]["version"] == "0.11.1"
     assert m["export_env"] == {"AOTRITON_INSTALLED_PREFIX": str(prefix),
                                "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "1"}
-    assert "0.10b-0.11.x" in m["export_env_reasons"]["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"]
+    assert "experimental AOTriton target" in m["export_env_reasons"]["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"]
+    assert "AOTriton 0.10b-0.11.x: gfx1151 is experimental" in \
+        out.plan.env_evidence["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"]
     assert Path(out.plan.venv["path"], "bin", "python").exists()
     # `rocforge env` on that machine: the build's prefix, as seen inside the root
     assert cli.main(["--root", str(root), "env", "--shell", "json"]) == 0
