@@ -41,11 +41,12 @@ from pathlib import Path
 from rocforge_build import ownership, paths, proc
 from rocforge_build.errors import RocforgeError
 from rocforge_build.forge import lock
+from rocforge_build.manifest_schema import MANIFEST
 from rocforge_build.replace import JOURNAL
 from rocforge_build.toml_subset import tomllib_parse
 
 DAY = 86400.0
-MANIFESTS = ("rocforge-manifest.toml", "rocforge-kernels.json")
+MANIFESTS = (MANIFEST, "rocforge-kernels.json")  # a build's; the kernels runner's (kernels/runner.py)
 # (category, directory under the cache dir, whether its entries are the directory's children)
 LAYOUT = (
     ("sources", "sources/git", True),
