@@ -32,6 +32,7 @@ from rocforge_build.forge.backend_choice import (
 from rocforge_build.forge.locations import MANIFEST, default_prefix
 from rocforge_build.forge.plan_deps import Built, existing_build
 from rocforge_build.forge.request import Request
+from rocforge_build.forge.substitute_key import SubstituteKey, key_of
 from rocforge_build.forge.toolchains import Toolchain, detect, host_identity
 from rocforge_build.proc import run
 
@@ -274,6 +275,11 @@ class BuildContext:
             "environ": {k: req.environ.get(k) for k in BUILD_ENV},
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+    @cached_property
+    def substitute_key(self) -> tuple[SubstituteKey | None, str]:
+        """(the key a substitute store names this build by, "") or (None, why it has none)."""
+        return key_of(self)
 
     def is_current(self) -> bool:
         """Whether the prefix holds this very build already (its manifest has this stamp) and

@@ -31,6 +31,7 @@ from rocforge_build.forge.locations import (
 from rocforge_build.forge.parallel import Parallel, for_plan
 from rocforge_build.forge.plan_deps import Built
 from rocforge_build.forge.request import Request
+from rocforge_build.forge.substitute_key import SubstituteKey
 from rocforge_build.forge.toolchains import GLSLC_FEATURES, Toolchain
 from rocforge_build.proc import run
 
@@ -149,6 +150,9 @@ class Plan:
     # beside backend_reason and env_reasons: the evidence (sources, figures) of the rules they give
     backend_evidence: tuple[str, ...] = ()
     env_evidence: dict[str, list[str]] = field(default_factory=dict)
+    # what a substitute store names this build by (forge/substitute_key.py), or why it has none
+    substitute_key: SubstituteKey | None = None
+    no_substitute_key: str = ""
 
     @property
     def install(self) -> list[str]:
@@ -200,6 +204,8 @@ class Plan:
             **({"after_fetch": self.after_fetch} if not self.source.read else {}),
             **({"backend_alternatives": list(self.backend_alternatives)}
                if self.backend_alternatives else {}),
+            "substitute_key": (self.substitute_key.to_json() if self.substitute_key
+                               else {"none": self.no_substitute_key}),
         }
 
 
@@ -255,7 +261,8 @@ def make_plan(context: BuildContext, *, check_patches: bool = True) -> Plan:
                 prefix, work, context.stamp, par.launcher, req.environ, req.force, build_targets,
                 dependencies=deps, outputs=outputs, export_env=env.export, venv=venv,
                 parallel=par, after_fetch=after_fetch, backend_alternatives=choice.alternatives,
-                backend_evidence=choice.evidence, env_evidence=env_evidence)
+                backend_evidence=choice.evidence, env_evidence=env_evidence,
+                substitute_key=context.substitute_key[0], no_substitute_key=context.substitute_key[1])
 
 
 def _backend_and_stops(recipe: recipes.Recipe, backend: str, facts: conditions.Facts,

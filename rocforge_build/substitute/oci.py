@@ -1,0 +1,415 @@
+"""The OCI pieces every substitute store shares: media types, descriptors, bounded and
+digest-checked reads of what a store returns, and the store interface with the referrers tag
+schema of the OCI distribution spec (v1.1, "Referrers Tag Schema") for stores that have no
+referrers API: an OCI image layout, a plain HTTP server, S3, or a registry such as distribution
+2.8.  A store's bytes are data: each read is capped, each blob checked against its digest before
+anything uses it, and each manifest parsed into typed values or refused with one line."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from rocforge_build.errors import IntegrityError, NetworkError
+
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+INDEX = "application/vnd.oci.image.index.v1+json"
+EMPTY = "application/vnd.oci.empty.v1+json"
+EMPTY_DATA = b"{}"
+
+BUILD_TYPE = "application/vnd.rocforge.build.v1"
+KEY_CONFIG = "application/vnd.rocforge.key.v1+json"
+BUNDLE_LAYER = "application/vnd.rocforge.bundle.v1.tar+gzip"
+SIGNATURE_TYPE = "application/vnd.rocforge.signature.v1"
+EVIDENCE_TYPE = "application/vnd.rocforge.evidence.v1"
+ADVISORY_TYPE = "application/vnd.rocforge.advisory.v1"
+JSON_LAYER = "application/json"
+MINISIGN_LAYER = "application/vnd.rocforge.minisign.v1"
+
+REF_NAME = "org.opencontainers.image.ref.name"
+MAX_MANIFEST = 4 << 20  # the OCI distribution spec lets a registry refuse manifests past 4 MiB
+MAX_SMALL_BLOB = 16 << 20  # a key document, a signature or an evidence record
+MAX_REFERRERS = 4096
+CHUNK = 1 << 20
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+_MEDIA_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}")
+
+
+class StoreError(IntegrityError):
+    """A store's answer that rocforge refuses: a digest that does not match, a size past the
+    cap, a manifest that is not what it says; one line naming the store and the object."""
+
+
+class StoreUnreachable(NetworkError):
+    """A store that did not answer, dropped the connection or refused the credentials."""
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def check_digest(value: object, where: str) -> str:
+    if not isinstance(value, str) or not _DIGEST.fullmatch(value):
+        raise StoreError(f"{where}: not a sha256 digest: {str(value)[:80]!r}")
+    return value
+
+
+def check_tag(value: str, where: str) -> str:
+    if not TAG.fullmatch(value):
+        raise StoreError(f"{where}: not an OCI tag: {value[:80]!r}")
+    return value
+
+
+def fallback_tag(digest: str) -> str:
+    """The referrers tag schema's tag for a subject: `sha256-<hex>`."""
+    return check_digest(digest, "referrers subject").replace(":", "-")
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """An OCI content descriptor: what a manifest or index says of one blob or manifest."""
+
+    media_type: str
+    digest: str
+    size: int
+    artifact_type: str | None = None
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d: dict = {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+        if self.artifact_type:
+            d["artifactType"] = self.artifact_type
+        if self.annotations:
+            d["annotations"] = dict(self.annotations)
+        return d
+
+    @classmethod
+    def of(cls, value: object, where: str) -> Descriptor:
+        if not isinstance(value, dict):
+            raise StoreError(f"{where}: a descriptor is not a JSON object")
+        media_type = value.get("mediaType")
+        if not isinstance(media_type, str) or not _MEDIA_TYPE.fullmatch(media_type):
+            raise StoreError(f"{where}: bad mediaType {str(media_type)[:80]!r}")
+        size = value.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or size > 1 << 50:
+            raise StoreError(f"{where}: bad size {str(size)[:40]!r}")
+        artifact_type = value.get("artifactType")
+        if artifact_type is not None and (not isinstance(artifact_type, str)
+                                          or not _MEDIA_TYPE.fullmatch(artifact_type)):
+            raise StoreError(f"{where}: bad artifactType {str(artifact_type)[:80]!r}")
+        annotations = value.get("annotations") or {}
+        if not isinstance(annotations, dict) or len(annotations) > 64 or not all(
+                isinstance(k, str) and isinstance(v, str) and len(k) <= 256 and len(v) <= 4096
+                for k, v in annotations.items()):
+            raise StoreError(f"{where}: bad annotations")
+        return cls(media_type, check_digest(value.get("digest"), where), size, artifact_type,
+                   dict(annotations))
+
+    @classmethod
+    def for_bytes(cls, media_type: str, data: bytes, **kw) -> Descriptor:
+        return cls(media_type, sha256_digest(data), len(data), **kw)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """An OCI image manifest as rocforge reads it: its exact bytes (what signatures cover) and
+    the typed fields of those bytes."""
+
+    data: bytes
+    digest: str
+    artifact_type: str | None
+    config: Descriptor
+    layers: tuple[Descriptor, ...]
+    subject: Descriptor | None
+    annotations: dict[str, str]
+
+    @classmethod
+    def parse(cls, data: bytes, where: str, *, digest: str | None = None) -> Manifest:
+        actual = sha256_digest(data)
+        if digest is not None and actual != digest:
+            raise StoreError(f"{where}: the manifest's bytes do not match its digest {digest}")
+        doc = _json_object(data, where)
+        if doc.get("schemaVersion") != 2 or doc.get("mediaType", MANIFEST) != MANIFEST:
+            raise StoreError(f"{where}: not an OCI image manifest")
+        layers = doc.get("layers")
+        if not isinstance(layers, list) or len(layers) > 256:
+            raise StoreError(f"{where}: bad layers")
+        subject = doc.get("subject")
+        annotations = Descriptor.of({"mediaType": "a/b", "digest": "sha256:" + "0" * 64, "size": 0,
+                                     "annotations": doc.get("annotations") or {}}, where).annotations
+        artifact_type = doc.get("artifactType")
+        if artifact_type is not None and (not isinstance(artifact_type, str)
+                                          or not _MEDIA_TYPE.fullmatch(artifact_type)):
+            raise StoreError(f"{where}: bad artifactType")
+        config = Descriptor.of(doc.get("config"), f"{where} config")
+        return cls(data, actual, artifact_type or config.media_type, config,
+                   tuple(Descriptor.of(v, f"{where} layer {i}") for i, v in enumerate(layers)),
+                   None if subject is None else Descriptor.of(subject, f"{where} subject"),
+                   annotations)
+
+    def descriptor(self, **kw) -> Descriptor:
+        return Descriptor(MANIFEST, self.digest, len(self.data), artifact_type=self.artifact_type, **kw)
+
+
+def make_manifest(*, artifact_type: str, config: Descriptor, layers: list[Descriptor],
+                  subject: Descriptor | None = None, annotations: dict[str, str] | None = None) -> bytes:
+    """An OCI 1.1 artifact manifest's bytes, canonical (sorted keys, no spaces) so that the same
+    artifact made twice has one digest."""
+    doc: dict = {"schemaVersion": 2, "mediaType": MANIFEST, "artifactType": artifact_type,
+                 "config": config.to_json(), "layers": [d.to_json() for d in layers]}
+    if subject is not None:
+        doc["subject"] = Descriptor(subject.media_type, subject.digest, subject.size).to_json()
+    if annotations:
+        doc["annotations"] = dict(annotations)
+    return canonical_json(doc)
+
+
+def make_index(manifests: list[Descriptor]) -> bytes:
+    return canonical_json({"schemaVersion": 2, "mediaType": INDEX,
+                           "manifests": [d.to_json() for d in manifests]})
+
+
+def parse_index(data: bytes, where: str) -> list[Descriptor]:
+    doc = _json_object(data, where)
+    if doc.get("schemaVersion") != 2 or doc.get("mediaType", INDEX) != INDEX:
+        raise StoreError(f"{where}: not an OCI image index")
+    items = doc.get("manifests")
+    if not isinstance(items, list) or len(items) > MAX_REFERRERS * 4:
+        raise StoreError(f"{where}: bad manifests list")
+    return [Descriptor.of(v, f"{where} entry {i}") for i, v in enumerate(items)]
+
+
+def canonical_json(doc: object) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _json_object(data: bytes, where: str) -> dict:
+    if len(data) > MAX_MANIFEST:
+        raise StoreError(f"{where}: {len(data)} bytes, past the {MAX_MANIFEST}-byte cap")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise StoreError(f"{where}: not JSON ({type(exc).__name__})") from None
+    if not isinstance(doc, dict):
+        raise StoreError(f"{where}: not a JSON object")
+    return doc
+
+
+class Store:
+    """What a substitute store does.  Subclasses move bytes (`_open_blob`, `_put_blob`,
+    `_get_manifest`, `_put_manifest`, `tags`); this class checks every byte they return and
+    keeps referrers through the tag schema unless the subclass has a referrers API."""
+
+    url: str = ""          # for people: never holds a credential
+    writable: bool = True
+
+    # -- what a subclass implements --------------------------------------------------------
+    def _open_blob(self, digest: str, start: int = 0) -> contextlib.AbstractContextManager[BinaryIO]:
+        raise NotImplementedError
+
+    def has_blob(self, digest: str) -> bool:
+        raise NotImplementedError
+
+    def _put_blob(self, fh: BinaryIO, desc: Descriptor) -> None:
+        raise NotImplementedError
+
+    def _get_manifest(self, ref: str) -> tuple[bytes, str]:
+        """(bytes, media type) of the manifest or index a tag or digest names; at most
+        MAX_MANIFEST + 1 bytes read; StoreError "not found" when there is none."""
+        raise NotImplementedError
+
+    def _put_manifest(self, data: bytes, media_type: str, ref: str) -> None:
+        raise NotImplementedError
+
+    def tags(self) -> list[str]:
+        raise NotImplementedError
+
+    def _native_referrers(self, digest: str) -> list[Descriptor] | None:
+        """The referrers API's answer, or None where the store has none (the tag schema)."""
+        return None
+
+    def close(self) -> None:
+        pass
+
+    # -- checked operations ------------------------------------------------------------------
+    def not_found(self, what: str) -> StoreError:
+        return NotFound(f"{self.url}: no {what}")
+
+    def manifest(self, ref: str) -> Manifest:
+        digest = ref if ref.startswith("sha256:") else None
+        if digest:
+            check_digest(digest, self.url)
+        else:
+            check_tag(ref, self.url)
+        data, media_type = self._get_manifest(ref)
+        if media_type != MANIFEST:
+            raise StoreError(f"{self.url}: {ref} is a {media_type[:60]}, not an OCI image manifest")
+        return Manifest.parse(data, f"{self.url} {ref}", digest=digest)
+
+    def index(self, ref: str) -> list[Descriptor]:
+        data, media_type = self._get_manifest(ref)
+        if media_type != INDEX:
+            raise StoreError(f"{self.url}: {ref} is a {media_type[:60]}, not an OCI image index")
+        return parse_index(data, f"{self.url} {ref}")
+
+    def read_blob(self, desc: Descriptor, cap: int = MAX_SMALL_BLOB) -> bytes:
+        """A small blob's bytes, checked against its descriptor (size first, then digest)."""
+        if desc.size > cap:
+            raise StoreError(f"{self.url}: blob {desc.digest[:19]} is {desc.size} bytes, past the "
+                             f"{cap}-byte cap")
+        with self._open_blob(desc.digest) as fh:
+            data = _read_exact(fh, desc.size, f"{self.url}: blob {desc.digest[:19]}")
+        if sha256_digest(data) != desc.digest:
+            raise StoreError(f"{self.url}: blob {desc.digest[:19]}'s bytes do not match its digest")
+        return data
+
+    def fetch_blob(self, desc: Descriptor, dest: Path, *, cap: int, retries: int = 3) -> None:
+        """Stream a blob into `dest` (a new file), checking its size as it comes and its digest
+        at the end; a connection that drops mid-blob is resumed from where it stopped (a Range
+        request) up to `retries` times.  On any failure `dest` is removed."""
+        if desc.size > cap:
+            raise StoreError(f"{self.url}: layer {desc.digest[:19]} is {desc.size} bytes, past the "
+                             f"{cap}-byte cap (substitute.max_layer_bytes)")
+        h = hashlib.sha256()
+        got = 0
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        ok = False
+        try:
+            with os.fdopen(fd, "wb") as out:
+                attempt = 0
+                while got < desc.size:
+                    try:
+                        with self._open_blob(desc.digest, got) as fh:
+                            while got < desc.size:
+                                chunk = fh.read(min(CHUNK, desc.size - got))
+                                if not chunk:
+                                    break
+                                h.update(chunk)
+                                out.write(chunk)
+                                got += len(chunk)
+                            if got == desc.size and fh.read(1):
+                                raise StoreError(f"{self.url}: layer {desc.digest[:19]} is longer than "
+                                                 f"its {desc.size} bytes")
+                    except StoreUnreachable:
+                        if attempt >= retries:
+                            raise
+                    if got < desc.size:
+                        attempt += 1
+                        if attempt > retries:
+                            raise StoreUnreachable(
+                                f"{self.url}: layer {desc.digest[:19]} stopped at {got} of {desc.size} "
+                                f"bytes after {retries} resumes")
+            if "sha256:" + h.hexdigest() != desc.digest:
+                raise StoreError(f"{self.url}: layer {desc.digest[:19]}'s bytes do not match its digest")
+            ok = True
+        finally:
+            if not ok:
+                with contextlib.suppress(OSError):
+                    os.unlink(dest)
+
+    def push_blob_bytes(self, data: bytes, media_type: str) -> Descriptor:
+        import io
+
+        desc = Descriptor.for_bytes(media_type, data)
+        if not self.has_blob(desc.digest):
+            self._put_blob(io.BytesIO(data), desc)
+        return desc
+
+    def push_blob_file(self, path: Path, media_type: str) -> Descriptor:
+        h = hashlib.sha256()
+        size = 0
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
+                h.update(chunk)
+                size += len(chunk)
+        desc = Descriptor(media_type, "sha256:" + h.hexdigest(), size)
+        if not self.has_blob(desc.digest):
+            with open(path, "rb") as fh:
+                self._put_blob(fh, desc)
+        return desc
+
+    def push_manifest(self, data: bytes, *, tag: str | None = None) -> Manifest:
+        """Store a manifest under its digest (and `tag`); one with a subject is added to the
+        subject's referrers (the API where the store has one, else the tag schema's index)."""
+        if not self.writable:
+            raise StoreError(f"{self.url} is read-only")
+        man = Manifest.parse(data, f"{self.url} new manifest")
+        self._put_manifest(data, MANIFEST, man.digest)
+        if tag is not None:
+            self._put_manifest(data, MANIFEST, check_tag(tag, self.url))
+        if man.subject is not None and not self._referrers_native_on_push(man):
+            self._add_to_fallback_index(man)
+        return man
+
+    def _referrers_native_on_push(self, man: Manifest) -> bool:
+        """Whether the store itself keeps `man` among its subject's referrers (a registry that
+        answered the push with an OCI-Subject header)."""
+        return False
+
+    def _add_to_fallback_index(self, man: Manifest) -> None:
+        tag = fallback_tag(man.subject.digest)
+        try:
+            entries = self.index(tag)
+        except NotFound:
+            entries = []
+        desc = man.descriptor(annotations=dict(man.annotations))
+        if any(e.digest == desc.digest for e in entries):
+            return
+        self._put_manifest(make_index([*entries, desc]), INDEX, tag)
+
+    def referrers(self, digest: str, artifact_type: str | None = None) -> list[Descriptor]:
+        check_digest(digest, self.url)
+        found = self._native_referrers(digest)
+        if found is None:
+            try:
+                found = self.index(fallback_tag(digest))
+            except NotFound:
+                found = []
+        if len(found) > MAX_REFERRERS:
+            raise StoreError(f"{self.url}: {digest[:19]} has {len(found)} referrers, past {MAX_REFERRERS}")
+        return [d for d in found if artifact_type is None or d.artifact_type == artifact_type]
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class NotFound(StoreError):
+    """What the store does not hold (a miss, not an attack)."""
+
+
+def _read_exact(fh: BinaryIO, size: int, where: str) -> bytes:
+    parts: list[bytes] = []
+    got = 0
+    while got < size:
+        chunk = fh.read(min(CHUNK, size - got))
+        if not chunk:
+            raise StoreUnreachable(f"{where}: ended after {got} of {size} bytes")
+        parts.append(chunk)
+        got += len(chunk)
+    if fh.read(1):
+        raise StoreError(f"{where}: longer than its {size} bytes")
+    return b"".join(parts)
+
+
+def read_capped(fh: BinaryIO, cap: int, where: str) -> bytes:
+    """At most `cap` bytes of a reply whose length is not known ahead (a manifest)."""
+    data = fh.read(cap + 1)
+    if len(data) > cap:
+        raise StoreError(f"{where}: past the {cap}-byte cap")
+    return data
+
+
+def chunks(fh: BinaryIO) -> Iterator[bytes]:
+    return iter(lambda: fh.read(CHUNK), b"")
