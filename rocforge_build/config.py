@@ -370,6 +370,8 @@ BOUNDS: dict[str, Bound] = {
     "download.max_listing_bytes": Bound(1, integer=True),
     "download.max_unsized_bytes": Bound(1, integer=True),
     "build.distribute_jobs": Bound(0, integer=True),
+    "substitute.max_layer_bytes": Bound(1, integer=True),
+    "substitute.timeout": Bound(0, strict=True, most=_DAY),
 }
 _ANY_NUMBER = Bound(float("-inf"))  # a numeric key nobody bounded yet: still finite
 

@@ -21,6 +21,8 @@ LAUNCHERS = ("auto", "ccache", "sccache", "none")
 # the kinds of a nightly source: nightly/listing.py KINDS
 SOURCE_KINDS = ("cdn-index", "s3", "github-release")
 PIP_ROUTES = ("family", "multiarch")
+# substitute/stores.py SCHEMES
+STORE_SCHEMES = ("oci", "oci+http", "file", "s3", "https")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a platform, variant or source name
 _HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
 _PORT = r"(?:6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]\d{4}|[1-9]\d{0,3})"
@@ -101,6 +103,13 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "build.distcc_hosts": _each(_DISTCC_HOST, "HOST[:PORT][/JOBS]"),
     "build.icecc_scheduler": lambda v: None if not v or _SCHEDULER.fullmatch(v) else (
         "must be HOST[:PORT]"),
+    "substitute.stores": lambda v: next((f"holds {x!r}: {w}" for x in v
+                                         for w in [_url(STORE_SCHEMES)(x)] if w), None),
+    "substitute.trusted_keys": _each(re.compile(r"RW[A-Za-z0-9+/]{54}"),
+                                     "a minisign public key (RW... as `rocforge key generate` prints it)"),
+    "substitute.signing_key": _plain,
+    "substitute.verify": _one_of(("quick", "full", "none")),
+    "substitute.verify_model": _plain,
 }
 # the fields of every nightly.sources.NAME table
 SOURCE_RULES: dict[str, Callable[[Any], str | None]] = {

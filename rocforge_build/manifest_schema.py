@@ -58,6 +58,11 @@ MANIFEST_SCHEMA = schema.Record({
     "export_env": schema.Optional(schema.TableOf(_EXPORTED), {}),
     "export_env_reasons": schema.Optional(schema.TableOf(_EXPORTED), {}),
     "dependencies": schema.Optional(schema.ListOf(schema.Record({})), []),
+    # the substitute key's canonical JSON (forge/substitute_key.py) and its digest
+    "substitute_key": schema.Optional(schema.Record({
+        "digest": schema.Str(one_line=True), "document": schema.Str(one_line=True)})),
+    # where a substituted build came from (substitute/pull.py)
+    "substituted": schema.Optional(schema.Record({})),
 })
 
 

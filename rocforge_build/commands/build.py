@@ -14,6 +14,7 @@ from rocforge_build.forge.context import BuildContext, needs_gpu_target, preflig
 from rocforge_build.forge.plan import Request, make_plan
 from rocforge_build.forge.plan_text import print_plan
 from rocforge_build.refs import check_git_ref
+from rocforge_build.shellsafe import one_line
 
 
 def add_arguments(parser) -> None:
@@ -46,6 +47,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-cache", action="store_true", help="do not use ccache/sccache")
     parser.add_argument("--no-recheck", action="store_true",
                         help="after a rebuild, do not re-measure and compare with the prefix's earlier results")
+    subs = parser.add_mutually_exclusive_group()
+    subs.add_argument("--no-substitutes", action="store_true",
+                      help="compile it here: ask no substitute store (substitute.stores)")
+    subs.add_argument("--substitute-only", action="store_true",
+                      help="pull a verified build from substitute.stores or fail with one line; "
+                      "never compile (CI pipelines, air-gapped machines)")
     parser.add_argument("--distribute", action="store_true",
                         help="spread compiles over build.distcc_hosts (or build.icecc_scheduler; "
                         "with sccache as the launcher: sccache-dist as sccache's own config sets it up)")
@@ -76,6 +83,7 @@ def run(args) -> int:
         ref=args.ref, rocm=args.rocm,
         source=args.source, prefix=args.prefix, jobs=args.jobs, force=args.force,
         no_cache=args.no_cache, distribute=args.distribute, build_targets=targets,
+        substitutes="off" if args.no_substitutes else "only" if args.substitute_only else "auto",
     )
     if args.dry_run:
         context = BuildContext.of(req, args.rootfs)
@@ -92,6 +100,9 @@ def run(args) -> int:
     if outcome.status == "up to date":
         sys.stderr.write(f"rocforge: {outcome.prefix} is up to date ({outcome.seconds:.2f}s; "
                          "--force rebuilds)\n")
+    if outcome.status == "substituted":
+        for line in outcome.notes:  # the stores that had no usable build before the one that did
+            sys.stderr.write(f"rocforge: substitute: passed over {one_line(line)}\n")
     print(outcome.prefix)
     if outcome.status == "built" and not args.no_recheck:
         from rocforge_build.measure.recheck import after_build

@@ -268,7 +268,7 @@ def build_step(req: Request, root) -> tuple[bool, str | None]:
     except BuildError as exc:  # the work dir stays: the message names its log (`rocforge cache clean --failed`)
         return True, exc.message.splitlines()[0]
     ownership.discard(work_dir(Path(req.prefix)), "a bisect step's build work dir")
-    return out.status == "built", None
+    return out.status in ("built", "substituted"), None
 
 
 def run_test(argv: list[str]) -> Callable[[Path], Step]:

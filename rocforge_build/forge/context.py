@@ -32,7 +32,7 @@ from rocforge_build.forge.backend_choice import (
 from rocforge_build.forge.locations import MANIFEST, default_prefix
 from rocforge_build.forge.plan_deps import Built, existing_build
 from rocforge_build.forge.request import Request
-from rocforge_build.forge.substitute_key import SubstituteKey, key_of
+from rocforge_build.forge.substitute_key import SubstituteKey, SubstitutePolicy, key_of
 from rocforge_build.forge.toolchains import Toolchain, detect, host_identity
 from rocforge_build.proc import run
 
@@ -280,6 +280,10 @@ class BuildContext:
     def substitute_key(self) -> tuple[SubstituteKey | None, str]:
         """(the key a substitute store names this build by, "") or (None, why it has none)."""
         return key_of(self)
+
+    @cached_property
+    def substitute_policy(self) -> SubstitutePolicy:
+        return SubstitutePolicy.from_config(self.request.substitutes)
 
     def is_current(self) -> bool:
         """Whether the prefix holds this very build already (its manifest has this stamp) and

@@ -14,6 +14,9 @@ __all__ = ["MANIFEST", "default_prefix", "destdir", "project_dir", "staging_dir"
            "work_dir"]
 
 
+STAGED = "a build's staged install"  # what the scratch trees beside a prefix hold
+
+
 def work_dir(prefix: Path) -> Path:
     """The work area of the build that installs into `prefix`: source copy, build dir, log."""
     return paths.cache_dir() / "work" / hashlib.sha256(str(prefix).encode()).hexdigest()[:12]

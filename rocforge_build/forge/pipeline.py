@@ -29,7 +29,7 @@ from rocforge_build.discover.builds import read_manifest
 from rocforge_build.errors import BuildError, BuildTargetError, ToolchainError, UsageError
 from rocforge_build.forge import cache, cleanup, lock, parallel, patches, sources
 from rocforge_build.forge.context import BUILD_ENV, BuildContext, preflight
-from rocforge_build.forge.locations import MANIFEST, destdir, staging_dir
+from rocforge_build.forge.locations import MANIFEST, STAGED, destdir, staging_dir
 from rocforge_build.forge.plan import Plan, make_plan
 from rocforge_build.forge.request import Request
 from rocforge_build.forge.toolchains import host_info
@@ -37,13 +37,13 @@ from rocforge_build.proc import merged_env, quote, reaped, spawn, which
 from rocforge_build.progress import Heartbeat
 
 _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
-STAGED = "a build's staged install"  # what the scratch trees beside a prefix hold
 _UNUSED_RE = re.compile(r"Manually-specified variables were not used by the project:\s*\n((?:\s+\S+\n?)+)")
 
 
 class Status(StrEnum):
     BUILT = "built"
     UP_TO_DATE = "up to date"
+    SUBSTITUTED = "substituted"  # pulled from a substitute store, checked and verified here
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,10 @@ def execute(plan: Plan, *, quiet: bool = False, gate: Callable[[Plan, Path], Non
     console = _console()
     say = (lambda *a, **k: None) if quiet else console.print
     check(plan)
+    if plan.substitutes is not None and plan.substitutes.asks:
+        pulled = _substitute(plan, say, gate, keep, t0)
+        if pulled is not None:
+            return pulled
     _dependencies(plan, quiet, say)
     held = lock.acquire(plan.prefix, plan.work)  # released at the end (finally below)
     try:
@@ -170,6 +174,53 @@ def execute(plan: Plan, *, quiet: bool = False, gate: Callable[[Plan, Path], Non
     return BuildResult(Status.BUILT, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0,
                        plan, tuple(run.patch_results), (*plan.notes, *run.notes),
                        {k: round(v, 3) for k, v in run.timings.items()})
+
+
+def _substitute(plan: Plan, say, gate: Callable[[Plan, Path], None] | None, keep: Path | None,
+                t0: float) -> BuildResult | None:
+    """The plan's build from a substitute store, checked and verified here, swapped in as a
+    compiled one would be (under the prefix's lock, after `gate`); None: compile it."""
+    from rich.markup import escape
+
+    from rocforge_build.substitute import pull
+
+    def tell(text: str) -> None:
+        say(f"[cyan]{escape(text)}[/]")
+
+    plan.work.mkdir(parents=True, exist_ok=True)
+    held = lock.acquire(plan.prefix, plan.work)
+    try:
+        if _settled(plan, say):
+            return BuildResult(Status.UP_TO_DATE, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0)
+        staging = staging_dir(plan.prefix)
+        outcome = pull.attempt(plan, staging, tell)
+        if outcome.advisory and not plan.force:
+            raise BuildError(f"{plan.recipe.name}: {outcome.advisory}",
+                             "a compile here makes the same bytes; `rocforge build --force` builds it anyway")
+        if not outcome.staged:
+            if plan.substitutes.mode == "only":
+                raise BuildError(f"--substitute-only: no usable substitute for {plan.recipe.name} "
+                                 f"(key {plan.substitute_key.short if plan.substitute_key else 'none'}): "
+                                 f"{outcome.why}", "nothing was compiled; drop --substitute-only to build it")
+            tell(f"substitute: none used ({outcome.why}); compiling")
+            return None
+        try:
+            if gate is not None:
+                gate(plan, staging)
+            replace.swap(staging, plan.prefix, MANIFEST, keep=keep)
+        except BaseException:
+            if not replace.interrupted(plan.prefix):
+                with contextlib.suppress(OSError, UsageError):
+                    replace.discard(staging, MANIFEST, STAGED)
+            raise
+    finally:
+        held.release()
+    pull.record_verified(plan, outcome)
+    record = outcome.record
+    say(f"[green]installed[/] {plan.prefix} from {escape(record['store'])} "
+        f"(verified here: {escape(record['verified_here'])}) in {time.monotonic() - t0:.1f}s")
+    return BuildResult(Status.SUBSTITUTED, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0,
+                       plan, notes=tuple(outcome.tried), timings=record["seconds"])
 
 
 def _steps(run: _Run, staging: Path) -> None:
@@ -531,6 +582,9 @@ def write_manifest(run: _Run, where: Path) -> Path:
                            for d in plan.dependencies]
     if plan.parallel is not None and run.cache_counts.counts is not None:
         doc["cache"] = cache.manifest_table(plan.parallel.cache, run.cache_counts.counts)
+    if plan.substitute_key is not None:  # what a substitute store names this build by
+        doc["substitute_key"] = {"digest": plan.substitute_key.digest,
+                                 "document": plan.substitute_key.document.decode()}
     doc["timings"] = {k: round(v, 3) for k, v in run.timings.items()}
     doc["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     path = where / MANIFEST

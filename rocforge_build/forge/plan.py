@@ -31,7 +31,7 @@ from rocforge_build.forge.locations import (
 from rocforge_build.forge.parallel import Parallel, for_plan
 from rocforge_build.forge.plan_deps import Built
 from rocforge_build.forge.request import Request
-from rocforge_build.forge.substitute_key import SubstituteKey
+from rocforge_build.forge.substitute_key import SubstituteKey, SubstitutePolicy
 from rocforge_build.forge.toolchains import GLSLC_FEATURES, Toolchain
 from rocforge_build.proc import run
 
@@ -153,6 +153,7 @@ class Plan:
     # what a substitute store names this build by (forge/substitute_key.py), or why it has none
     substitute_key: SubstituteKey | None = None
     no_substitute_key: str = ""
+    substitutes: SubstitutePolicy | None = None
 
     @property
     def install(self) -> list[str]:
@@ -206,6 +207,7 @@ class Plan:
                if self.backend_alternatives else {}),
             "substitute_key": (self.substitute_key.to_json() if self.substitute_key
                                else {"none": self.no_substitute_key}),
+            "substitutes": self.substitutes.to_json() if self.substitutes else None,
         }
 
 
@@ -262,7 +264,8 @@ def make_plan(context: BuildContext, *, check_patches: bool = True) -> Plan:
                 dependencies=deps, outputs=outputs, export_env=env.export, venv=venv,
                 parallel=par, after_fetch=after_fetch, backend_alternatives=choice.alternatives,
                 backend_evidence=choice.evidence, env_evidence=env_evidence,
-                substitute_key=context.substitute_key[0], no_substitute_key=context.substitute_key[1])
+                substitute_key=context.substitute_key[0], no_substitute_key=context.substitute_key[1],
+                substitutes=context.substitute_policy)
 
 
 def _backend_and_stops(recipe: recipes.Recipe, backend: str, facts: conditions.Facts,

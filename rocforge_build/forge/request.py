@@ -29,6 +29,9 @@ class Request:
     # None: this process's environment, copied when the request is made
     environ: Mapping[str, str] = field(default=None, hash=False)  # type: ignore[assignment]
     rocm: str | None = None  # --rocm: the ROCm installation to build with
+    # "auto": ask the configured substitute stores first; "off": --no-substitutes; "only":
+    # --substitute-only (pull or fail, never compile)
+    substitutes: str = "auto"
 
     def __post_init__(self) -> None:
         environ = os.environ if self.environ is None else self.environ
@@ -39,4 +42,4 @@ class Request:
         """The request of a `[[depends]]` recipe: same target, parallelism and environment."""
         return Request(recipe=recipe, target=self.target, backend=backend, jobs=self.jobs,
                        no_cache=self.no_cache, distribute=self.distribute,
-                       environ=self.environ, rocm=self.rocm)
+                       environ=self.environ, rocm=self.rocm, substitutes=self.substitutes)

@@ -172,3 +172,36 @@ def _sha256_file(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class SubstitutePolicy:
+    """Where and how a build looks for a substitute before it compiles: the configuration's
+    `substitute.*` keys and the request's --no-substitutes / --substitute-only, read once."""
+
+    mode: str  # "auto" | "off" | "only"
+    stores: tuple[str, ...]
+    trusted_keys: tuple[str, ...]
+    verify: str  # "quick" | "full" | "none"
+    verify_model: str
+    report_failures: bool
+    signing_key: str
+    max_layer_bytes: int
+    timeout: float
+
+    @property
+    def asks(self) -> bool:
+        return self.mode != "off" and bool(self.stores)
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "stores": list(self.stores), "verify": self.verify,
+                "verify_model": self.verify_model, "trusted_keys": len(self.trusted_keys)}
+
+    @classmethod
+    def from_config(cls, mode: str) -> SubstitutePolicy:
+        from rocforge_build import config
+
+        cfg = config.effective()["substitute"]
+        return cls(mode, tuple(cfg["stores"]), tuple(cfg["trusted_keys"]), cfg["verify"],
+                   cfg["verify_model"], bool(cfg["report_failures"]), cfg["signing_key"],
+                   int(cfg["max_layer_bytes"]), float(cfg["timeout"]))

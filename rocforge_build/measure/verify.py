@@ -379,6 +379,12 @@ def _reference(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool,
         return reference_base(ref, model, text, ctx, fa, progress)
 
 
+def own_ppl(build: LlamaBuild, model: Model, ctx: int, fa: bool, progress=None) -> float:
+    """A build's own perplexity on rocforge's text at `ctx` (what a substitute's evidence
+    records, and the machine that pulls it measures again); cached as a reference run is."""
+    return _reference(build, model, text_file(), ctx, fa, progress)[1]
+
+
 def reference_base(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool,
                    progress=None) -> tuple[Path, float]:
     """The reference's log-probabilities at `ctx` (llama-perplexity --kl-divergence-base) and the

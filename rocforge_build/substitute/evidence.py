@@ -1,0 +1,113 @@
+"""The evidence a build carries to a store: what a verification measured (every check's shape and
+figures, the reference, the model's sha256, bench rows, the full host fingerprint, rocforge's
+version), and the build's own perplexity at the quick shapes, which the machine that pulls it
+measures again.  One document per verification; each is signed and attached to the build as an
+OCI referrer, so a build gathers the verdicts of every machine that ran it."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocforge_build import __version__
+from rocforge_build.errors import UsageError
+
+SCHEMA = "rocforge.evidence/1"
+KINDS = ("verify", "reference", "verified-here", "failed-here", "unverified")
+
+
+@dataclass(frozen=True)
+class OwnFigure:
+    """A build's own perplexity on rocforge's text at one shape: what a second machine measures
+    again and compares (within verify's PPL-ratio limit) before it counts the build."""
+
+    ctx: int
+    ubatch: int
+    fa: bool
+    ppl: float
+
+    def to_json(self) -> dict:
+        return {"ctx": self.ctx, "ubatch": self.ubatch, "fa": self.fa, "ppl": self.ppl}
+
+
+def document(*, kind: str, key: str, host: dict, model: dict | None, passed: bool | None,
+             verify_rows: list[dict] = (), bench_rows: list[dict] = (),
+             own: list[OwnFigure] = (), text_sha256: str = "", note: str = "") -> dict:
+    assert kind in KINDS
+    return {
+        "schema": SCHEMA, "kind": kind, "key": key, "rocforge": __version__,
+        "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "passed": passed, "host": host, "model": model or {},
+        "text_sha256": text_sha256, "own_figures": [f.to_json() for f in own],
+        "verify": [_verify_summary(r) for r in verify_rows],
+        "bench": [_bench_summary(r) for r in bench_rows], "note": note,
+    }
+
+
+def _verify_summary(row: dict) -> dict:
+    """A verify row without this machine's paths (prefixes say nothing elsewhere)."""
+    keep = ("passed", "verdicts", "coverage", "failed_checks", "checks", "env", "reference_stamp",
+            "model_sha256")
+    return {k: row.get(k) for k in keep if k in row}
+
+
+def _bench_summary(row: dict) -> dict:
+    keep = ("args", "env", "pp", "tg", "ctx", "ubatch", "fa", "ngl", "tokens_per_s", "t_s",
+            "model_sha256", "shape", "figures")
+    return {k: row.get(k) for k in keep if k in row}
+
+
+def text_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def own_figures(prefix: Path, model_path: str, *, progress=None) -> tuple[list[OwnFigure], dict, str]:
+    """The build's perplexity at verify's quick shapes with this model: (figures, the model's
+    provenance, the text's sha256)."""
+    from rocforge_build.measure import gguf, provenance, verify
+    from rocforge_build.measure.llama_tools import LlamaBuild
+
+    build = LlamaBuild.open(prefix)
+    build.program("llama-perplexity")
+    model = gguf.check(model_path)
+    coverage = verify.plan(model, gpu=build.gpu, quick=True)
+    text = verify.text_file()
+    figures = []
+    for ctx, fa in sorted({(s.ctx, s.fa) for s in coverage.shapes}):
+        ppl = verify.own_ppl(build, model, ctx, fa, progress)
+        figures.append(OwnFigure(ctx, 0, fa, float(ppl)))
+    return figures, provenance.model(model), text_sha256(text)
+
+
+def compare_own(here: list[OwnFigure], there: list[dict], file_type) -> tuple[bool, list[str]]:
+    """Whether this machine's figures match the store's at every shape both have, within
+    verify's PPL-ratio limit; the lines say each shape's ratio."""
+    from rocforge_build.measure import verify
+
+    _, _, limits = verify.rules(file_type)
+    ratio_limits = [t for t in limits if t.metric == "ppl_ratio"]
+    lines, ok, compared = [], True, 0
+    for f in here:
+        match = next((t for t in there if isinstance(t, dict) and t.get("ctx") == f.ctx
+                      and t.get("fa") == f.fa), None)
+        if match is None or not isinstance(match.get("ppl"), (int, float)):
+            continue
+        ref = float(match["ppl"])
+        ratio = f.ppl / ref if ref and math.isfinite(ref) else float("nan")
+        holds = math.isfinite(ratio) and all(t.holds(ratio) for t in ratio_limits)
+        compared += 1
+        ok = ok and holds
+        lines.append(f"ctx {f.ctx} fa {'on' if f.fa else 'off'}: PPL {f.ppl:.4f} here, "
+                     f"{ref:.4f} where it was published (ratio {ratio:.4f}"
+                     f"{'' if holds else ', past the limit'})")
+    if not compared:
+        raise UsageError("the store's evidence has no figures at the shapes measured here",
+                         "publish it again with a model (rocforge publish --model)")
+    return ok, lines

@@ -1,0 +1,140 @@
+"""`rocforge publish PREFIX --to STORE`: a build with its evidence, signed, into a store.
+
+A build goes out only with a passing verify on record for this very build (its stamp), or as the
+reference itself (a CPU build) with its own figures measured now; `--unverified` publishes it
+anyway and says so in its evidence and annotations, and a machine that pulls it verifies it
+again in any case."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocforge_build import paths
+from rocforge_build.errors import UsageError
+from rocforge_build.forge.substitute_key import SubstituteKey
+from rocforge_build.manifest_schema import MANIFEST
+from rocforge_build.substitute import artifact, evidence, oci, signing
+from rocforge_build.substitute.stores import open_store
+
+
+@dataclass(frozen=True)
+class Published:
+    store: str
+    key: str
+    tag: str
+    manifest: str
+    evidence: str
+    kind: str
+    bundle_bytes: int
+    seconds: dict
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def key_of_build(prefix: Path) -> tuple[dict, SubstituteKey]:
+    """The build's manifest and the key it recorded (its digest checked against its document)."""
+    from rocforge_build.discover.builds import read_manifest
+
+    manifest = read_manifest(prefix)
+    if not manifest:
+        raise UsageError(f"{prefix} is not a rocforge build (no readable {MANIFEST})",
+                         "give the prefix `rocforge build` printed")
+    recorded = manifest.get("substitute_key")
+    if not isinstance(recorded, dict):
+        raise UsageError(f"{prefix} has no substitute key in its manifest (a local source tree, or a "
+                         "build made before rocforge recorded keys)",
+                         "build it again from a pinned source: `rocforge build ...`")
+    import json
+
+    try:
+        fields = json.loads(recorded["document"])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        raise UsageError(f"{prefix}/{MANIFEST}: its substitute_key is not readable") from None
+    key = SubstituteKey.of_fields(fields)
+    if key.digest != recorded.get("digest") or key.document != recorded["document"].encode():
+        raise UsageError(f"{prefix}/{MANIFEST}: its substitute_key does not match its digest",
+                         "build it again (`rocforge build --force`)")
+    return manifest, key
+
+
+def signing_key_path(configured: str) -> Path:
+    if configured:
+        return Path(configured).expanduser()
+    return paths.config_file().parent / "keys" / "rocforge.key"
+
+
+def _passing_verifies(prefix: Path, stamp: str | None) -> tuple[list[dict], list[dict]]:
+    """(verify rows that passed for this build, its bench rows) from the results store."""
+    from rocforge_build.measure.store import Store
+
+    if not paths.results_db().is_file():
+        return [], []
+    with Store() as db:
+        verifies = [r.data for r in db.rows(prefix=str(prefix), kind="verify")
+                    if r.status == "passed" and r.data.get("stamp") == stamp and stamp]
+        bench = [r.data for r in db.rows(prefix=str(prefix), kind="bench")
+                 if r.data.get("stamp") == stamp and stamp][-64:]
+    return verifies, bench
+
+
+def publish(prefix: Path, url: str, *, unverified: bool, model: str | None, key_file: Path,
+            root, timeout: float, progress=None) -> Published:
+    t0 = time.monotonic()
+    prefix = Path(prefix).expanduser().absolute()
+    manifest, key = key_of_build(prefix)
+    pair = signing.read_secret_key(key_file)
+    verifies, bench = _passing_verifies(prefix, manifest.get("stamp"))
+    gpu = manifest.get("backend") not in ("cpu", None)
+    own, model_info, text_sha = [], None, ""
+    if model:
+        own, model_info, text_sha = evidence.own_figures(prefix, model, progress=progress)
+    if verifies:
+        kind = "verify"
+    elif not gpu and own:
+        kind = "reference"  # a CPU build is verify's reference: its own figures are its evidence
+    elif unverified:
+        kind = "unverified"
+    else:
+        raise UsageError(
+            f"{prefix} has no passing verify on record for this build"
+            + ("" if gpu else " and no model to measure its own figures with"),
+            ("run `rocforge verify PREFIX --model GGUF` first, " if gpu else
+             "give --model GGUF (or set substitute.verify_model), ")
+            + "or publish it marked unverified (--unverified)")
+    from rocforge_build.measure import provenance
+
+    host = provenance.host(root)
+    model_sha = (model_info or {}).get("sha256") or (verifies[-1].get("model_sha256") if verifies else None)
+    doc = evidence.document(kind=kind, key=key.digest, host=host,
+                            model=model_info or ({"sha256": model_sha} if model_sha else None),
+                            passed=None if kind == "unverified" else True, verify_rows=verifies[-8:],
+                            bench_rows=bench, own=own, text_sha256=text_sha)
+    t_measured = time.monotonic()
+    from rocforge_build import ownership
+    from rocforge_build.ship import bundle
+
+    with ownership.scratch_dir(None, "rocforge-publish-") as work:
+        archive = Path(work) / "build.tar.gz"
+        bundle.make(str(prefix), target=manifest.get("target") or None, backend=manifest.get("backend"),
+                    out=archive, root=root)
+        t_bundled = time.monotonic()
+        with open_store(url, timeout=timeout) as store:
+            config = store.push_blob_bytes(key.document, oci.KEY_CONFIG)
+            layer = store.push_blob_file(archive, oci.BUNDLE_LAYER)
+            annotations = {"org.opencontainers.image.created": doc["made_at"],
+                           "dev.rocforge.recipe": str((manifest.get("recipe") or {}).get("name", "")),
+                           "dev.rocforge.target": str(manifest.get("target") or ""),
+                           "dev.rocforge.backend": str(manifest.get("backend") or ""),
+                           "dev.rocforge.verified": "false" if kind == "unverified" else "true"}
+            man = store.push_manifest(artifact.build_manifest(key, config, layer, annotations), tag=key.tag)
+            artifact.attach(store, man, oci.SIGNATURE_TYPE, None, pair)
+            ev = artifact.attach(store, man, oci.EVIDENCE_TYPE, doc, pair,
+                                 annotations={"dev.rocforge.kind": kind})
+    t_end = time.monotonic()
+    return Published(store=url, key=key.digest, tag=key.tag, manifest=man.digest, evidence=ev.digest,
+                     kind=kind, bundle_bytes=layer.size,
+                     seconds={"measure": round(t_measured - t0, 3), "bundle": round(t_bundled - t_measured, 3),
+                              "push": round(t_end - t_bundled, 3)})

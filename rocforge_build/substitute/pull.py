@@ -1,0 +1,243 @@
+"""A substitute instead of a compile: the configured stores asked in order for the plan's key;
+a hit has its key, signature, advisories and every byte checked, is unpacked (through the bundle
+rules: no `..`, no absolute path, no link out) into the prefix's staging sibling, and is verified
+HERE, on this machine's runtime, before it is swapped in.  A build that was right elsewhere can
+be wrong here: lemonade-sdk/llamacpp-rocm #123 was right on ROCm 7.13 and wrong on a later nightly
+with the same bytes.  Anything short of that leaves the prefix as it was and says why, in one
+line; the build then compiles (or, --substitute-only, stops)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rocforge_build import replace
+from rocforge_build.errors import RocforgeError
+from rocforge_build.forge.locations import STAGED, destdir
+from rocforge_build.manifest_schema import MANIFEST
+from rocforge_build.substitute import artifact, evidence, oci, signing
+from rocforge_build.substitute.oci import NotFound
+from rocforge_build.substitute.stores import open_store
+
+if TYPE_CHECKING:
+    from rocforge_build.forge.plan import Plan
+    from rocforge_build.forge.substitute_key import SubstitutePolicy
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What asking the stores came to: `installed` into the staging tree, or why not (one line
+    per store asked, in order), and what the manifest records of where the build came from."""
+
+    staged: bool
+    why: str = ""
+    tried: tuple[str, ...] = ()
+    record: dict = field(default_factory=dict)
+    verified: dict | None = None  # the verify row of the check made here (GPU builds)
+    advisory: str = ""  # a trusted advisory names this build bad: a compile gives the same bytes
+
+
+class Miss(RocforgeError):
+    """One store's reason not to use what it holds (or that it holds nothing)."""
+
+
+def attempt(plan: Plan, staging: Path, say) -> Outcome:
+    """Ask each store for the plan's build; the first one that passes every check here is left
+    in `staging` (a complete tree with its manifest, the scratch mark removed)."""
+    policy = plan.substitutes
+    key = plan.substitute_key
+    if key is None:
+        return Outcome(False, f"no key: {plan.no_substitute_key}")
+    trusted = signing.trusted_keys_from_config(list(policy.trusted_keys))
+    tried: list[str] = []
+    for url in policy.stores:
+        try:
+            record, verified = _from_store(url, plan, staging, trusted, say)
+        except artifact.KnownBad as bad:
+            return Outcome(False, bad.message, (*tried, f"{url}: {bad.message}"), advisory=bad.message)
+        except Miss as miss:
+            tried.append(f"{url}: {miss.message}")
+            continue
+        except RocforgeError as exc:
+            tried.append(f"{url}: {exc.message}")
+            continue
+        return Outcome(True, "", tuple(tried), record, verified)
+    return Outcome(False, "; ".join(tried) or "no store answered", tuple(tried))
+
+
+def _from_store(url: str, plan: Plan, staging: Path, trusted, say) -> tuple[dict, dict | None]:
+    policy, key = plan.substitutes, plan.substitute_key
+    t0 = time.monotonic()
+    with open_store(url, timeout=policy.timeout) as store:
+        try:
+            man = store.manifest(key.tag)
+        except NotFound:
+            raise Miss("not in this store") from None
+        layer = artifact.check_build(store, man, key)
+        if not trusted:
+            raise Miss("untrusted: substitute.trusted_keys is empty, so no signature can be trusted")
+        signer = artifact.signed_by(store, man, trusted)
+        advisories, _ = artifact.attached(store, man, oci.ADVISORY_TYPE, trusted)
+        if advisories:
+            reason = str(advisories[0].document.get("reason", "no reason given"))[:300]
+            raise artifact.KnownBad(f"known bad: an advisory signed by {advisories[0].signer} says: "
+                                    f"{reason}")
+        attestations, _ = artifact.attached(store, man, oci.EVIDENCE_TYPE, trusted)
+        say(f"substitute: {store.url} has it ({layer.size / 1e6:.1f} MB, signed by {signer}, "
+            f"{len(attestations)} attestation(s)); pulling")
+        t_checked = time.monotonic()
+        holder = replace.scratch(destdir(plan.prefix), MANIFEST, STAGED)
+        try:
+            archive = holder / "layer.tar.gz"
+            store.fetch_blob(layer, archive, cap=policy.max_layer_bytes)
+            t_pulled = time.monotonic()
+            _unpack_as_staging(archive, holder, staging, key.digest)
+        finally:
+            replace.discard(holder, MANIFEST, STAGED)
+        t_unpacked = time.monotonic()
+    verdict, lines, verified = verify_here(staging, plan, attestations, say)
+    t_verified = time.monotonic()
+    record = {"store": url, "key": key.digest, "manifest": man.digest, "signed_by": signer,
+              "attestations": len(attestations), "verified_here": verdict, "verify_lines": lines,
+              "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "seconds": {"check": round(t_checked - t0, 3), "pull": round(t_pulled - t_checked, 3),
+                          "unpack": round(t_unpacked - t_pulled, 3), "verify": round(t_verified - t_unpacked, 3)}}
+    if verdict == "failed":
+        _report_failure(url, man, plan, lines, say)
+        replace.discard(staging, MANIFEST, STAGED)
+        raise Miss("failed here: " + "; ".join(lines[:3]))
+    _write_manifest(staging, plan, record)
+    replace.unmark_scratch(staging)
+    return record, verified
+
+
+def _unpack_as_staging(archive: Path, holder: Path, staging: Path, key_digest: str) -> None:
+    """The bundle unpacked through its own rules (ship/bundle_unpack.py) inside `holder`, its
+    files checked against bundle.toml, its manifest's key this key, then moved to `staging`."""
+    from rocforge_build.discover.builds import read_manifest
+    from rocforge_build.ship.bundle_unpack import unpack
+
+    tree = unpack(archive, holder / "tree")
+    shipped = read_manifest(tree)
+    if not shipped or (shipped.get("substitute_key") or {}).get("digest") != key_digest:
+        raise Miss("refused: the bundle's own manifest was made for another key")
+    replace.mark_scratch(tree)
+    replace.discard(staging, MANIFEST, STAGED)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tree, staging)
+
+
+def _write_manifest(staging: Path, plan: Plan, record: dict) -> None:
+    """The shipped manifest, made this machine's: its prefix, stamp, run-time environment and
+    exports as this plan has them, and where the build came from."""
+    import tomlkit
+
+    path = staging / MANIFEST
+    doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    published_at = doc.get("built_at")
+    doc["prefix"] = str(plan.prefix)
+    doc["stamp"] = plan.stamp
+    doc["runtime_env"] = plan.runtime_env
+    doc["export_env"] = plan.export_env
+    doc["export_env_reasons"] = {k: plan.env_reasons.get(k, "") for k in plan.export_env}
+    doc["substituted"] = {**record, "built_at": str(published_at or "")}
+    doc["built_at"] = record["pulled_at"]
+    tmp = path.with_name(MANIFEST + ".new")
+    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def verify_here(tree: Path, plan: Plan, attestations: list[artifact.Attached], say
+                ) -> tuple[str, list[str], dict | None]:
+    """("passed" | "failed" | "not verified here", lines, a GPU build's verify row): a CPU build
+    measures its own figures and holds them to the published ones; a GPU build is verified
+    against this machine's own CPU reference, as `rocforge verify --quick` (or in full)."""
+    policy: SubstitutePolicy = plan.substitutes
+    if policy.verify == "none":
+        return "not verified here", ["substitute.verify is none"], None
+    if not policy.verify_model:
+        return "not verified here", ["no substitute.verify_model: run `rocforge verify` before "
+                                     "serve or tune use it"], None
+    if not (tree / "bin" / "llama-perplexity").is_file():
+        return "not verified here", ["it has no llama-perplexity to verify with"], None
+    from rocforge_build.measure import gguf, verify
+    from rocforge_build.measure.llama_tools import LlamaBuild
+
+    model = gguf.check(policy.verify_model)
+    build = LlamaBuild.open(tree)
+
+    def progress(text: str) -> None:
+        say(f"substitute: verify: {text}")
+
+    if not build.gpu:
+        published = [a.document for a in attestations if a.document.get("own_figures")
+                     and (a.document.get("model") or {}).get("sha256") == _model_sha(model)]
+        if not published:
+            return "not verified here", ["no attestation has figures for this model"], None
+        figures, _, _ = evidence.own_figures(tree, str(model.path), progress=progress)
+        ok, lines = evidence.compare_own(figures, published[-1]["own_figures"], model.file_type)
+        return ("passed" if ok else "failed"), lines, None
+    coverage = verify.plan(model, gpu=True, quick=policy.verify == "quick")
+    ref = verify.reference_for(build, None, quiet=True)
+    result = verify.verify(build, ref, model, coverage, progress=progress, record=False)
+    result["model_sha256"] = _model_sha(model)
+    lines = [f"{len(result['checks'])} checks against {ref.prefix}: "
+             + ("all passed" if result["passed"] else f"{len(result['failed_checks'])} failed")]
+    return ("passed" if result["passed"] else "failed"), lines, result
+
+
+def _model_sha(model) -> str:
+    from rocforge_build.measure import provenance
+
+    return provenance.model(model)["sha256"]
+
+
+def _report_failure(url: str, man: oci.Manifest, plan: Plan, lines: list[str], say) -> None:
+    """A signed "failed here" with this host's fingerprint, attached to the build in the store,
+    when the user allows it (substitute.report_failures) and has a signing key."""
+    policy = plan.substitutes
+    if not policy.report_failures:
+        return
+    from rocforge_build.measure import provenance
+    from rocforge_build.substitute.publish import signing_key_path
+
+    try:
+        pair = signing.read_secret_key(signing_key_path(policy.signing_key))
+        doc = evidence.document(kind="failed-here", key=plan.substitute_key.digest,
+                                host=provenance.host(), model=None, passed=False,
+                                note="; ".join(lines)[:2000])
+        with open_store(url, timeout=policy.timeout) as store:
+            artifact.attach(store, man, oci.EVIDENCE_TYPE, doc, pair,
+                            annotations={"dev.rocforge.kind": "failed-here"})
+        say(f"substitute: reported the failed verify to {url}")
+    except RocforgeError as exc:
+        say(f"substitute: could not report the failed verify to {url}: {exc.message}")
+
+
+def record_verified(plan: Plan, outcome: Outcome) -> None:
+    """A passing verify here is recorded for the installed prefix as `rocforge verify` records
+    one (the results store's row for a GPU build, and the verdict `rocforge env` reads)."""
+    if outcome.record.get("verified_here") != "passed":
+        return
+    from rocforge_build.discover import choices
+
+    policy = plan.substitutes
+    reference = (outcome.verified or {}).get("reference", "")
+    choices.record_verify(plan.prefix, plan.stamp, True, model=policy.verify_model, reference=reference)
+    if outcome.verified is None:
+        return
+    from rocforge_build.measure import provenance
+    from rocforge_build.measure.llama_tools import LlamaBuild
+    from rocforge_build.measure.store import Store
+
+    build = LlamaBuild.open(plan.prefix)
+    with Store() as db:
+        run_id = db.start_run("verify", ["rocforge", "build", "(substitute verified here)"])
+        row = {"host": provenance.host(),
+               "prefix": str(plan.prefix), "backend": build.backend, "stamp": plan.stamp,
+               "build": build.provenance(), **outcome.verified}
+        db.add_row(run_id, "verify", row, status="passed")
+        db.finish_run(run_id, "passed")
