@@ -1,0 +1,183 @@
+"""What a store holds, for people and scripts: its builds by key, and for one build its key
+document, who signed it and every attestation (hosts, ROCm, kernel, firmware, verdicts per
+shape) and advisory attached to it; and an advisory published against a build.  Everything shown
+comes from a store and is printed through `one_line`: a store cannot drive the terminal."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocforge_build import __version__
+from rocforge_build.errors import UsageError
+from rocforge_build.forge.substitute_key import TAG_PREFIX
+from rocforge_build.shellsafe import one_line
+from rocforge_build.substitute import artifact, oci, signing
+from rocforge_build.substitute.stores import open_store
+
+MAX_LISTED = 1000
+_HEX = re.compile(r"[0-9a-f]{12,64}")
+
+
+@dataclass(frozen=True)
+class Listed:
+    key: str
+    manifest: str
+    recipe: str
+    target: str
+    backend: str
+    created: str
+    verified: str  # "true" | "false": what the publisher marked
+    signed_by: str  # a trusted key id, or why not
+    attestations: int
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _text(value, most: int = 200) -> str:
+    return one_line(str(value))[:most]
+
+
+def list_builds(url: str, trusted: list[signing.PublicKey], *, timeout: float) -> list[Listed]:
+    out = []
+    with open_store(url, timeout=timeout) as store:
+        tags = [t for t in store.tags() if t.startswith(TAG_PREFIX)][:MAX_LISTED]
+        for tag in sorted(tags):
+            try:
+                man = store.manifest(tag)
+            except oci.StoreError as exc:
+                out.append(Listed("sha256:" + tag.removeprefix(TAG_PREFIX), "", "", "", "", "", "",
+                                  f"unreadable: {exc.message}", 0))
+                continue
+            try:
+                signer = artifact.signed_by(store, man, trusted) if trusted else "no trusted keys set"
+            except oci.StoreError as exc:
+                signer = f"refused: {exc.message}"
+            a = man.annotations
+            out.append(Listed(man.config.digest, man.digest, _text(a.get("dev.rocforge.recipe", "")),
+                              _text(a.get("dev.rocforge.target", "")), _text(a.get("dev.rocforge.backend", "")),
+                              _text(a.get("org.opencontainers.image.created", "")),
+                              _text(a.get("dev.rocforge.verified", "")), _text(signer, 300),
+                              len(store.referrers(man.digest, oci.EVIDENCE_TYPE))))
+    return out
+
+
+def describe_list(builds: list[Listed]) -> list[str]:
+    if not builds:
+        return ["no rocforge builds in this store"]
+    lines = []
+    for b in builds:
+        lines.append(f"{b.key.removeprefix('sha256:')[:16]}  {b.recipe or '?'} {b.target or '(no GPU target)'} "
+                     f"{b.backend}  {b.created}  {b.attestations} attestation(s)  "
+                     f"{'unverified  ' if b.verified == 'false' else ''}signed: {b.signed_by}")
+    return lines
+
+
+def resolve(store: oci.Store, ref: str) -> oci.Manifest:
+    """A build's manifest by its key digest, its tag, or 12+ leading hex digits of its key."""
+    ref = ref.strip()
+    hexpart = ref.removeprefix("sha256:").removeprefix(TAG_PREFIX)
+    if not _HEX.fullmatch(hexpart):
+        raise UsageError(f"{_text(ref, 80)!r} is not a key (sha256:HEX, {TAG_PREFIX}HEX or 12+ hex digits)",
+                         "`rocforge store list URL` lists the keys")
+    if len(hexpart) == 64:
+        return store.manifest(TAG_PREFIX + hexpart)
+    matches = [t for t in store.tags() if t.startswith(TAG_PREFIX + hexpart)]
+    if len(matches) != 1:
+        raise UsageError(f"{hexpart} names {len(matches)} builds in {store.url}",
+                         "give more digits of the key (`rocforge store list URL`)")
+    return store.manifest(matches[0])
+
+
+def show(url: str, ref: str, trusted: list[signing.PublicKey], *, timeout: float) -> dict:
+    with open_store(url, timeout=timeout) as store:
+        man = resolve(store, ref)
+        try:
+            key_doc = json.loads(store.read_blob(man.config, artifact.MAX_DOCUMENT))
+        except (ValueError, RecursionError):
+            key_doc = None
+        try:
+            signer = artifact.signed_by(store, man, trusted)
+        except oci.StoreError as exc:
+            signer = f"refused: {exc.message}"
+        evidence, left_out = artifact.attached(store, man, oci.EVIDENCE_TYPE, trusted)
+        advisories, adv_left = artifact.attached(store, man, oci.ADVISORY_TYPE, trusted)
+    return {"key": man.config.digest, "manifest": man.digest, "key_fields": key_doc,
+            "annotations": man.annotations, "signed_by": signer,
+            "layer_bytes": sum(layer.size for layer in man.layers),
+            "attestations": [_attestation(a) for a in evidence],
+            "advisories": [{"signer": a.signer, "reason": _text(a.document.get("reason", ""), 500),
+                            "made_at": _text(a.document.get("made_at", ""))} for a in advisories],
+            "left_out": [_text(x, 300) for x in (left_out + adv_left)]}
+
+
+def _attestation(a: artifact.Attached) -> dict:
+    d = a.document
+    host = d.get("host") if isinstance(d.get("host"), dict) else {}
+    shapes = []
+    for row in d.get("verify") or []:
+        for c in (row.get("checks") or []) if isinstance(row, dict) else []:
+            if isinstance(c, dict):
+                shapes.append({k: c.get(k) for k in ("ctx", "ubatch", "fa", "ngl", "passed", "kld_mean",
+                                                     "top1", "ppl", "ppl_ref")})
+    return {"signer": a.signer, "kind": d.get("kind"), "passed": d.get("passed"), "made_at": d.get("made_at"),
+            "rocforge": d.get("rocforge"),
+            "host": {k: host.get(k) for k in ("kernel", "os", "cpu", "rocm", "gpus", "firmware",
+                                              "firmware_packages", "cmdline", "iommu", "gtt_bytes")},
+            "model_sha256": (d.get("model") or {}).get("sha256") if isinstance(d.get("model"), dict) else None,
+            "own_figures": d.get("own_figures") or [], "shapes": shapes, "note": d.get("note", "")}
+
+
+def describe_show(shown: dict) -> list[str]:
+    fields = shown.get("key_fields") or {}
+    lines = [f"key       {shown['key']}", f"manifest  {shown['manifest']}",
+             f"signed    {_text(shown['signed_by'], 300)}",
+             f"size      {shown['layer_bytes'] / 1e6:.1f} MB"]
+    if isinstance(fields, dict):
+        for name in ("recipe", "source", "target", "backend", "toolchain", "glibc", "machine"):
+            if name in fields:
+                lines.append(f"  {name:<10}{_text(json.dumps(fields[name], sort_keys=True), 160)}")
+    for adv in shown["advisories"]:
+        lines.append(f"ADVISORY  by {adv['signer']} ({adv['made_at']}): {adv['reason']}")
+    if not shown["attestations"]:
+        lines.append("no trusted attestations")
+    for a in shown["attestations"]:
+        h = a["host"]
+        gpus = ", ".join(_text(g.get("gfx") or g.get("name"), 40) for g in (h.get("gpus") or [])
+                         if isinstance(g, dict)) or "none"
+        lines.append(f"attestation {_text(a['kind'], 20)} by {a['signer']} {_text(a['made_at'], 30)}: "
+                     f"{'passed' if a['passed'] else 'FAILED' if a['passed'] is False else 'no verdict'}")
+        lines.append(f"  host: kernel {_text(h.get('kernel'), 60)}, ROCm {_text(h.get('rocm'), 40)}, GPUs {gpus}, "
+                     f"firmware {_text(h.get('firmware'), 80)}")
+        for s in a["shapes"][:64]:
+            lines.append(f"  ctx {s.get('ctx')} ub {s.get('ubatch')} fa {s.get('fa')} ngl {s.get('ngl')}: "
+                         f"{'passed' if s.get('passed') else 'FAILED'} (KLD {s.get('kld_mean')}, "
+                         f"top-1 {s.get('top1')})")
+        for f in a["own_figures"][:16]:
+            if isinstance(f, dict):
+                lines.append(f"  own PPL at ctx {f.get('ctx')} fa {f.get('fa')}: {f.get('ppl')}")
+        if a["note"]:
+            lines.append(f"  note: {_text(a['note'], 300)}")
+    for x in shown["left_out"]:
+        lines.append(f"left out: {x}")
+    return [one_line(line) for line in lines]
+
+
+def advise(url: str, ref: str, reason: str, key_file: Path, trusted: list[signing.PublicKey], *,
+           timeout: float) -> str:
+    """A signed advisory that the build is bad, attached to it: build and upgrade refuse a
+    substitute with one (and a compile of the same key, unless forced)."""
+    reason = reason.strip()
+    if not reason or len(reason) > 500 or one_line(reason) != reason:
+        raise UsageError("--reason must be one line of at most 500 characters")
+    pair = signing.read_secret_key(key_file)
+    with open_store(url, timeout=timeout) as store:
+        man = resolve(store, ref)
+        doc = {"schema": "rocforge.advisory/1", "key": man.config.digest, "reason": reason,
+               "rocforge": __version__, "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        made = artifact.attach(store, man, oci.ADVISORY_TYPE, doc, pair)
+    return made.digest
