@@ -175,7 +175,7 @@ def test_a_package_without_circles_passes(tmp_path):
 
 # -- imports only run down: the CLI uses the rooms, the rooms use the shared helpers ----------------
 
-ROOMS = ("discover", "nightly", "forge", "measure", "ship", "kernels", "commands")  # docs/layout.md
+ROOMS = ("discover", "nightly", "forge", "measure", "ship", "kernels", "substitute", "commands")  # docs/layout.md
 SHARED_SUBPACKAGES = ("emit",)  # subpackages docs/layout.md places with the shared helpers
 CLI = ("cli", "__main__")  # on top of the rooms with commands/: they may import any room
 

@@ -96,7 +96,9 @@ def run(args) -> int:
         sys.stdout.flush()
         pipeline.check(plan)  # the build's own checks: a dry run exits as the build would
         return 0
-    outcome = pipeline.build(req, args.rootfs)
+    from rocforge_build.substitute import pull
+
+    outcome = pipeline.build(req, args.rootfs, substitute=pull.attempt)
     if outcome.status == "up to date":
         sys.stderr.write(f"rocforge: {outcome.prefix} is up to date ({outcome.seconds:.2f}s; "
                          "--force rebuilds)\n")

@@ -46,11 +46,13 @@ def run(args) -> int:
     model = _model(args.model)
     req = upgrade.request_for(prefix, manifest, ref=args.ref, source=args.source,
                               environ=_environ(args), jobs=args.jobs)
+    from rocforge_build.substitute import pull
+
     with Store() as store:  # a store that cannot be written is found before anything is built
         run_id = store.start_run("upgrade", args.argv, {"prefix": str(prefix)})
         try:
-            out = upgrade.upgrade(prefix, req, args.rootfs, run=argv, model=model, pct=pct,
-                                  root_arg=None if args.rootfs.is_host else args.root,
+            out = upgrade.upgrade(prefix, req, args.rootfs, substitute=pull.attempt, run=argv,
+                                  model=model, pct=pct, root_arg=None if args.rootfs.is_host else args.root,
                                   quiet=args.json)
         except BaseException:
             store.finish_run(run_id, "failed")

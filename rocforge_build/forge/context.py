@@ -32,7 +32,7 @@ from rocforge_build.forge.backend_choice import (
 from rocforge_build.forge.locations import MANIFEST, default_prefix
 from rocforge_build.forge.plan_deps import Built, existing_build
 from rocforge_build.forge.request import Request
-from rocforge_build.forge.substitute_key import SubstituteKey, SubstitutePolicy, key_of
+from rocforge_build.forge.substitute_key import SubstituteKey, SubstitutePolicy, key_fields
 from rocforge_build.forge.toolchains import Toolchain, detect, host_identity
 from rocforge_build.proc import run
 
@@ -279,7 +279,26 @@ class BuildContext:
     @cached_property
     def substitute_key(self) -> tuple[SubstituteKey | None, str]:
         """(the key a substitute store names this build by, "") or (None, why it has none)."""
-        return key_of(self)
+        source, fetched = self.source, self.fetched
+        if source.kind == "local":
+            return None, "a local source tree has no identity another machine can name"
+        if fetched is None or not fetched.identity:
+            return None, "the source's identity is known only after it is downloaded"
+        deps = []
+        for dep in self.dependencies.needed:
+            if dep.context is None:
+                deps.append({"recipe": dep.request.recipe, "existing_build": dep.built.stamp})
+                continue
+            key, why = dep.context.substitute_key
+            if key is None:
+                return None, f"its dependency {dep.request.recipe}: {why}"
+            deps.append({"recipe": dep.request.recipe, "key": key.digest})
+        req = self.request
+        return SubstituteKey.of_fields(key_fields(
+            recipe=self.recipe, source_kind=source.kind, identity=fetched.identity,
+            target=req.target or "", backend=self.backend.name, build_targets=req.build_targets,
+            toolchain=self.toolchain, environ=req.environ, cpu_flags=self.cpu_flags,
+            dependencies=deps)), ""
 
     @cached_property
     def substitute_policy(self) -> SubstitutePolicy:

@@ -32,6 +32,7 @@ from rocforge_build.forge.context import BUILD_ENV, BuildContext, preflight
 from rocforge_build.forge.locations import MANIFEST, STAGED, destdir, staging_dir
 from rocforge_build.forge.plan import Plan, make_plan
 from rocforge_build.forge.request import Request
+from rocforge_build.forge.substitute_key import SubstituteOutcome
 from rocforge_build.forge.toolchains import host_info
 from rocforge_build.proc import merged_env, quote, reaped, spawn, which
 from rocforge_build.progress import Heartbeat
@@ -101,8 +102,14 @@ class _Run:
         self.timings[step] = time.monotonic() - t
 
 
+# what asks the substitute stores for a plan's build (substitute/pull.py `attempt`), given by the
+# command: the pipeline does not import the verification a substitute needs
+Substituter = Callable[[Plan, Path, Callable[[str], None]], SubstituteOutcome]
+
+
 def build(req: Request, root, *, quiet: bool = False,
-          gate: Callable[[Plan, Path], None] | None = None, keep: Path | None = None) -> BuildResult:
+          gate: Callable[[Plan, Path], None] | None = None, keep: Path | None = None,
+          substitute: Substituter | None = None) -> BuildResult:
     """Build the request unless its prefix is already current: its context made once, checked
     before the source is fetched, read, then planned and executed (dependencies first)."""
     t0 = time.monotonic()
@@ -113,11 +120,12 @@ def build(req: Request, root, *, quiet: bool = False,
         return BuildResult(Status.UP_TO_DATE, context.prefix, context.prefix / MANIFEST,
                            time.monotonic() - t0)
     plan = make_plan(context, check_patches=False)
-    return execute(plan, quiet=quiet, gate=gate, keep=keep, started=t0)
+    return execute(plan, quiet=quiet, gate=gate, keep=keep, started=t0, substitute=substitute)
 
 
 def execute(plan: Plan, *, quiet: bool = False, gate: Callable[[Plan, Path], None] | None = None,
-            keep: Path | None = None, started: float | None = None) -> BuildResult:
+            keep: Path | None = None, started: float | None = None,
+            substitute: Substituter | None = None) -> BuildResult:
     """Run the plan (its dependencies' plans first) unless its prefix already holds its stamp.
 
     `gate(plan, staging)` runs after the smoke test, on the complete staged install, before the
@@ -129,11 +137,11 @@ def execute(plan: Plan, *, quiet: bool = False, gate: Callable[[Plan, Path], Non
     console = _console()
     say = (lambda *a, **k: None) if quiet else console.print
     check(plan)
-    if plan.substitutes is not None and plan.substitutes.asks:
-        pulled = _substitute(plan, say, gate, keep, t0)
+    if substitute is not None and plan.substitutes is not None and plan.substitutes.asks:
+        pulled = _substitute(plan, substitute, say, gate, keep, t0)
         if pulled is not None:
             return pulled
-    _dependencies(plan, quiet, say)
+    _dependencies(plan, quiet, say, substitute)
     held = lock.acquire(plan.prefix, plan.work)  # released at the end (finally below)
     try:
         settled = _settled(plan, say)
@@ -176,13 +184,11 @@ def execute(plan: Plan, *, quiet: bool = False, gate: Callable[[Plan, Path], Non
                        {k: round(v, 3) for k, v in run.timings.items()})
 
 
-def _substitute(plan: Plan, say, gate: Callable[[Plan, Path], None] | None, keep: Path | None,
-                t0: float) -> BuildResult | None:
+def _substitute(plan: Plan, substitute: Substituter, say, gate: Callable[[Plan, Path], None] | None,
+                keep: Path | None, t0: float) -> BuildResult | None:
     """The plan's build from a substitute store, checked and verified here, swapped in as a
     compiled one would be (under the prefix's lock, after `gate`); None: compile it."""
     from rich.markup import escape
-
-    from rocforge_build.substitute import pull
 
     def tell(text: str) -> None:
         say(f"[cyan]{escape(text)}[/]")
@@ -193,7 +199,7 @@ def _substitute(plan: Plan, say, gate: Callable[[Plan, Path], None] | None, keep
         if _settled(plan, say):
             return BuildResult(Status.UP_TO_DATE, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0)
         staging = staging_dir(plan.prefix)
-        outcome = pull.attempt(plan, staging, tell)
+        outcome = substitute(plan, staging, tell)
         if outcome.advisory and not plan.force:
             raise BuildError(f"{plan.recipe.name}: {outcome.advisory}",
                              "a compile here makes the same bytes; `rocforge build --force` builds it anyway")
@@ -215,7 +221,6 @@ def _substitute(plan: Plan, say, gate: Callable[[Plan, Path], None] | None, keep
             raise
     finally:
         held.release()
-    pull.record_verified(plan, outcome)
     record = outcome.record
     say(f"[green]installed[/] {plan.prefix} from {escape(record['store'])} "
         f"(verified here: {escape(record['verified_here'])}) in {time.monotonic() - t0:.1f}s")
@@ -279,14 +284,14 @@ def _require(plan: Plan) -> None:
     plan.toolchain.require()
 
 
-def _dependencies(plan: Plan, quiet: bool, say) -> None:
+def _dependencies(plan: Plan, quiet: bool, say, substitute: Substituter | None = None) -> None:
     """In order, each dependency's plan up to date or built (and checked) first."""
     for dep in plan.dependencies:
         say(f"[bold]dependency[/] {dep.recipe}: {dep.reason}")
         if dep.built is not None:
             say(f"  {dep.prefix}: the existing build, used as it is")
             continue
-        out = execute(dep.plan, quiet=quiet)
+        out = execute(dep.plan, quiet=quiet, substitute=substitute)
         if out.status == Status.UP_TO_DATE:
             say(f"  {out.prefix} is up to date")
 

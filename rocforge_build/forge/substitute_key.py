@@ -13,15 +13,11 @@ import hashlib
 import json
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rocforge_build.forge.toolchains import Toolchain, _version_of
 from rocforge_build.proc import which
-
-if TYPE_CHECKING:
-    from rocforge_build.forge.context import BuildContext
 
 SCHEMA = "rocforge.substitute-key/1"
 TAG_PREFIX = "rocforge-"
@@ -72,51 +68,33 @@ def _brief(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def key_of(context: BuildContext) -> tuple[SubstituteKey | None, str]:
-    """(key, "") for a build whose inputs a store can name, else (None, why not): a local tree
-    (its identity is a hash of this machine's file stats), a source not yet identified, or a
-    dependency without a key."""
-    fetched = context.fetched
-    source = context.source
-    if getattr(source, "kind", "") == "local":
-        return None, "a local source tree has no identity another machine can name"
-    if fetched is None or not fetched.identity:
-        return None, "the source's identity is known only after it is downloaded"
-    dep_keys = []
-    for dep in context.dependencies.needed:
-        if dep.context is None:
-            dep_keys.append({"recipe": dep.rule.recipe, "existing_build": dep.built.stamp})
-            continue
-        key, why = dep.context.substitute_key
-        if key is None:
-            return None, f"its dependency {dep.rule.recipe}: {why}"
-        dep_keys.append({"recipe": dep.rule.recipe, "key": key.digest})
-    recipe, req = context.recipe, context.request
+# what a user's environment changes in the compiled bytes (a subset of the stamp's BUILD_ENV:
+# paths that only say where to find the same files are left to the toolchain's identity)
+BYTES_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "HIPFLAGS")
+
+
+def key_fields(*, recipe, source_kind: str, identity: str, target: str, backend: str,
+               build_targets, toolchain: Toolchain, environ, cpu_flags, dependencies: list[dict]) -> dict:
+    """The key document's fields: what decides the bytes, each by content or version."""
     patches_dir = recipe.patches_dir
-    fields = {
+    return {
         "schema": SCHEMA,
         "recipe": {"name": recipe.name, "sha256": hashlib.sha256(recipe.text.encode()).hexdigest()},
         "patches": {p.name: _sha256_file(p) for p in sorted(patches_dir.glob("*.patch"))}
         if patches_dir.is_dir() else {},
-        "source": {"kind": getattr(source, "kind", type(source).__name__), "identity": fetched.identity},
-        "target": req.target or "",
-        "backend": context.backend.name,
-        "build_targets": sorted(req.build_targets),
-        "toolchain": toolchain_identity(context.toolchain, req.environ),
+        "source": {"kind": source_kind, "identity": identity},
+        "target": target or "",
+        "backend": backend,
+        "build_targets": sorted(build_targets),
+        "toolchain": toolchain_identity(toolchain, environ),
         "glibc": glibc_floor(),
         "machine": platform.machine(),
         # ggml's CPU code is compiled with -march=native (GGML_NATIVE): the host CPU's features
         # decide its instructions, so only a machine with the same features may take the bytes
-        "cpu_flags_sha256": hashlib.sha256(" ".join(sorted(context.cpu_flags or ())).encode()).hexdigest(),
-        "environ": {k: req.environ[k] for k in _BYTES_ENV if req.environ.get(k)},
-        "dependencies": dep_keys,
+        "cpu_flags_sha256": hashlib.sha256(" ".join(sorted(cpu_flags or ())).encode()).hexdigest(),
+        "environ": {k: environ[k] for k in BYTES_ENV if environ.get(k)},
+        "dependencies": dependencies,
     }
-    return SubstituteKey.of_fields(fields), ""
-
-
-# what a user's environment changes in the compiled bytes (a subset of the stamp's BUILD_ENV:
-# paths that only say where to find the same files are left to the toolchain's identity)
-_BYTES_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "HIPFLAGS")
 
 
 def toolchain_identity(toolchain: Toolchain, environ) -> dict:
@@ -205,3 +183,15 @@ class SubstitutePolicy:
         return cls(mode, tuple(cfg["stores"]), tuple(cfg["trusted_keys"]), cfg["verify"],
                    cfg["verify_model"], bool(cfg["report_failures"]), cfg["signing_key"],
                    int(cfg["max_layer_bytes"]), float(cfg["timeout"]))
+
+
+@dataclass(frozen=True)
+class SubstituteOutcome:
+    """What asking the stores came to: a build `staged` (checked, verified here, in the staging
+    tree with its manifest), or why not (one line per store asked, in order)."""
+
+    staged: bool
+    why: str = ""
+    tried: tuple[str, ...] = ()
+    record: dict = field(default_factory=dict)  # what the manifest records of where it came from
+    advisory: str = ""  # a trusted advisory names this build bad: a compile makes the same bytes

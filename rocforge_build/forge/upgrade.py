@@ -345,7 +345,8 @@ def summary(manifest: dict | None) -> dict:
             "built_at": m.get("built_at")}
 
 
-def upgrade(prefix: Path, req: Request, rootfs, *, run: list[str] | None = None,
+def upgrade(prefix: Path, req: Request, rootfs, *, substitute=None,
+            run: list[str] | None = None,
             model: str | None = None, pct: float = 5.0, root_arg: str | None = None,
             quiet: bool = False) -> Outcome:
     """Build the candidate into the staging sibling, gate it, swap it in only if all pass."""
@@ -373,7 +374,7 @@ def upgrade(prefix: Path, req: Request, rootfs, *, run: list[str] | None = None,
             raise Refused("a gate did not pass")
 
     try:
-        out = pipeline.build(req, rootfs, quiet=quiet, gate=gate, keep=keep)
+        out = pipeline.build(req, rootfs, quiet=quiet, gate=gate, keep=keep, substitute=substitute)
     except Refused:
         return Outcome(prefix, "refused", gates, before, {})
     except BuildError as exc:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rocforge_build import replace
 from rocforge_build.errors import RocforgeError
 from rocforge_build.forge.locations import STAGED, destdir
+from rocforge_build.forge.substitute_key import SubstituteOutcome
 from rocforge_build.manifest_schema import MANIFEST
 from rocforge_build.substitute import artifact, evidence, oci, signing
 from rocforge_build.substitute.oci import NotFound
@@ -27,45 +27,33 @@ if TYPE_CHECKING:
     from rocforge_build.forge.substitute_key import SubstitutePolicy
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What asking the stores came to: `installed` into the staging tree, or why not (one line
-    per store asked, in order), and what the manifest records of where the build came from."""
-
-    staged: bool
-    why: str = ""
-    tried: tuple[str, ...] = ()
-    record: dict = field(default_factory=dict)
-    verified: dict | None = None  # the verify row of the check made here (GPU builds)
-    advisory: str = ""  # a trusted advisory names this build bad: a compile gives the same bytes
-
-
 class Miss(RocforgeError):
     """One store's reason not to use what it holds (or that it holds nothing)."""
 
 
-def attempt(plan: Plan, staging: Path, say) -> Outcome:
+def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
     """Ask each store for the plan's build; the first one that passes every check here is left
     in `staging` (a complete tree with its manifest, the scratch mark removed)."""
     policy = plan.substitutes
     key = plan.substitute_key
     if key is None:
-        return Outcome(False, f"no key: {plan.no_substitute_key}")
+        return SubstituteOutcome(False, f"no key: {plan.no_substitute_key}")
     trusted = signing.trusted_keys_from_config(list(policy.trusted_keys))
     tried: list[str] = []
     for url in policy.stores:
         try:
             record, verified = _from_store(url, plan, staging, trusted, say)
         except artifact.KnownBad as bad:
-            return Outcome(False, bad.message, (*tried, f"{url}: {bad.message}"), advisory=bad.message)
+            return SubstituteOutcome(False, bad.message, (*tried, f"{url}: {bad.message}"), advisory=bad.message)
         except Miss as miss:
             tried.append(f"{url}: {miss.message}")
             continue
         except RocforgeError as exc:
             tried.append(f"{url}: {exc.message}")
             continue
-        return Outcome(True, "", tuple(tried), record, verified)
-    return Outcome(False, "; ".join(tried) or "no store answered", tuple(tried))
+        record_verified(plan, record, verified)
+        return SubstituteOutcome(True, "", tuple(tried), record)
+    return SubstituteOutcome(False, "; ".join(tried) or "no store answered", tuple(tried))
 
 
 def _from_store(url: str, plan: Plan, staging: Path, trusted, say) -> tuple[dict, dict | None]:
@@ -217,17 +205,17 @@ def _report_failure(url: str, man: oci.Manifest, plan: Plan, lines: list[str], s
         say(f"substitute: could not report the failed verify to {url}: {exc.message}")
 
 
-def record_verified(plan: Plan, outcome: Outcome) -> None:
+def record_verified(plan: Plan, record: dict, verified: dict | None) -> None:
     """A passing verify here is recorded for the installed prefix as `rocforge verify` records
     one (the results store's row for a GPU build, and the verdict `rocforge env` reads)."""
-    if outcome.record.get("verified_here") != "passed":
+    if record.get("verified_here") != "passed":
         return
     from rocforge_build.discover import choices
 
     policy = plan.substitutes
-    reference = (outcome.verified or {}).get("reference", "")
+    reference = (verified or {}).get("reference", "")
     choices.record_verify(plan.prefix, plan.stamp, True, model=policy.verify_model, reference=reference)
-    if outcome.verified is None:
+    if verified is None:
         return
     from rocforge_build.measure import provenance
     from rocforge_build.measure.llama_tools import LlamaBuild
@@ -238,6 +226,6 @@ def record_verified(plan: Plan, outcome: Outcome) -> None:
         run_id = db.start_run("verify", ["rocforge", "build", "(substitute verified here)"])
         row = {"host": provenance.host(),
                "prefix": str(plan.prefix), "backend": build.backend, "stamp": plan.stamp,
-               "build": build.provenance(), **outcome.verified}
+               "build": build.provenance(), **verified}
         db.add_row(run_id, "verify", row, status="passed")
         db.finish_run(run_id, "passed")
