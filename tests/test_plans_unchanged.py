@@ -107,6 +107,10 @@ CASES = {
 
 
 def _mask(value, key=None):
+    if key == "substitute_key" and isinstance(value, dict) and "fields" in value:
+        # its values are hashes of test-time trees and this machine's compilers (its own tests
+        # are tests/test_forge_substitute_key.py): the plan is held to which fields it has
+        return {"fields": sorted(value["fields"])}
     if isinstance(value, dict):
         return {k: _mask(v, k) for k, v in value.items()}
     if isinstance(value, list):
