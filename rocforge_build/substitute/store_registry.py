@@ -1,0 +1,579 @@
+"""A substitute store in an OCI registry: `oci://HOST[:PORT]/REPO` over TLS and
+`oci+http://HOST[:PORT]/REPO` over plain HTTP (loopback, a private network).  oras-py's Registry
+carries the requests and the registry's WWW-Authenticate handshake (bearer tokens, basic auth,
+docker's credentials); this module bounds what it does, since a registry's answers are data from
+the network: a timeout on every request, redirects followed only where that is safe, every
+answer read up to a cap, and every failure one line."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import http.cookiejar
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from typing import BinaryIO, NoReturn
+from urllib.parse import urlencode, urljoin, urlsplit
+
+import oras.auth.utils
+import oras.container
+import oras.provider
+import requests
+import urllib3
+
+from rocforge_build.errors import ConfigError, RocforgeError, UsageError
+from rocforge_build.shellsafe import one_line
+from rocforge_build.substitute import oci
+from rocforge_build.substitute.oci import NotFound, StoreError, StoreUnreachable
+
+USER_AGENT = "rocforge (+https://github.com/rocforge)"
+USERNAME_ENV = "ROCFORGE_STORE_USERNAME"
+PASSWORD_ENV = "ROCFORGE_STORE_PASSWORD"
+CREDENTIALS_HINT = (f"set {USERNAME_ENV} and {PASSWORD_ENV} (a token as the password where the "
+                    "registry gives one), or log in with `docker login HOST`")
+TLS_HINT = ("a registry with a private CA: point REQUESTS_CA_BUNDLE (or SSL_CERT_FILE) at the CA's "
+            "certificate; a registry on a private network without TLS: oci+http://HOST:PORT/REPO")
+
+MAX_REDIRECTS = 5
+MAX_SMALL_ANSWER = oci.MAX_MANIFEST  # a manifest, a tags page, a referrers page, a token
+TAGS_PAGE = 1000
+MAX_TAGS = 100_000
+MAX_PAGES = 200
+_REDIRECT = (301, 302, 303, 307, 308)
+# the distribution spec's repository name: path components of lowercase words and separators
+_REPOSITORY = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*")
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]")
+_TOKEN = re.compile(r"[\x21-\x7e]{1,16384}")
+
+
+def _quiet_oras() -> None:
+    """oras-py logs its own view of failures (through `logging`, to stderr); rocforge says each
+    failure once, in its own line, so oras's records go nowhere."""
+    log = logging.getLogger("oras.logger")
+    if not any(isinstance(h, logging.NullHandler) for h in log.handlers):
+        log.addHandler(logging.NullHandler())
+    log.propagate = False
+
+
+def parse_url(url: str) -> tuple[str, str, str]:
+    """(http or https, HOST[:PORT], REPO) of a registry store URL, or one UsageError line; a URL
+    holding credentials is refused without being repeated."""
+    if not isinstance(url, str) or len(url) > 2000 or any(ord(c) < 0x21 or ord(c) >= 0x7f for c in url):
+        raise UsageError("registry store URL: empty, too long, or holds spaces, control or "
+                         "non-ASCII characters")
+    scheme, sep, rest = url.partition("://")
+    http_scheme = {"oci": "https", "oci+http": "http"}.get(scheme)
+    if not sep or http_scheme is None:
+        raise UsageError(f"registry store URL {url[:200]!r}: oci://HOST[:PORT]/REPO (TLS) or "
+                         "oci+http://HOST[:PORT]/REPO (plain HTTP)")
+    netloc, _, path = rest.partition("/")
+    if "@" in netloc:
+        raise UsageError("registry store URL: credentials do not belong in the URL (it is shown "
+                         "in messages and records)", CREDENTIALS_HINT)
+    if "?" in url or "#" in url:
+        raise UsageError(f"registry store URL {url[:200]!r}: no ?query or #fragment")
+    host, colon, port = netloc.rpartition(":") if not netloc.endswith("]") else (netloc, "", "")
+    if not colon:
+        host, port = netloc, ""
+    if not _HOST.fullmatch(host) or (colon and not (port.isdigit() and 0 < int(port) < 65536)):
+        raise UsageError(f"registry store URL {url[:200]!r}: {netloc[:100]!r} is not HOST[:PORT]")
+    repo = path.strip("/")
+    if len(repo) > 255 or not _REPOSITORY.fullmatch(repo):
+        raise UsageError(f"registry store URL {url[:200]!r}: {repo[:100]!r} is not a repository "
+                         "name (lowercase words and digits separated by / . _ -)")
+    return http_scheme, netloc.lower(), repo
+
+
+def _tls_verify() -> bool | str:
+    """What requests verifies a registry's certificate against: its default bundle, or
+    REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE (requests reads those itself), or SSL_CERT_FILE, which
+    OpenSSL's own tools honour and requests does not."""
+    if os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE"):
+        return True
+    return os.environ.get("SSL_CERT_FILE") or True
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    return scheme, (parts.hostname or "").lower(), port or {"https": 443, "http": 80}.get(scheme, -1)
+
+
+def _shown_host(url: str) -> str:
+    """The scheme and host[:port] of a URL a server gave, safe on one line."""
+    parts = urlsplit(url)
+    return one_line(f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}")[:120]
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost readable cause of a network exception ("connection refused"), not requests'
+    nest of wrapper reprs."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 12:
+        seen += 1
+        if isinstance(current, OSError) and isinstance(current.strerror, str) and current.strerror:
+            return one_line(current.strerror)[:160]
+        following = getattr(current, "reason", None)
+        if not isinstance(following, BaseException):
+            following = current.__cause__ or current.__context__
+        if following is None and current.args and isinstance(current.args[0], BaseException):
+            following = current.args[0]
+        if following is None:
+            break
+        current = following
+    text = one_line(str(current if current is not None else exc))
+    text = re.sub(r"<[^>]*object at 0x[0-9a-f]+>:?", "", text).strip()
+    return (text or type(exc).__name__)[:160]
+
+
+@contextlib.contextmanager
+def _network_errors(where: str, timeout: float) -> Iterator[None]:
+    """Every way a request or a streamed read fails, as one StoreUnreachable line."""
+    try:
+        yield
+    except RocforgeError:
+        raise
+    except requests.exceptions.SSLError as exc:
+        raise StoreUnreachable(f"{where}: TLS failed: {_reason(exc)}", TLS_HINT) from None
+    except (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError, TimeoutError):
+        raise StoreUnreachable(f"{where}: no answer within {timeout:g} s",
+                               "the registry is down or overloaded; try again later") from None
+    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError,
+            http.client.HTTPException, OSError) as exc:
+        raise StoreUnreachable(f"{where}: connection failed or dropped ({_reason(exc)})") from None
+
+
+class _BoundedSession(requests.Session):
+    """requests' Session as a registry client needs it: a connect and read timeout on every
+    request (oras-py's token requests too), redirects left to the caller, no ~/.netrc (a
+    registry's credentials come from rocforge's variables or docker's), and an answer not asked
+    to stream read whole only up to MAX_SMALL_ANSWER bytes and within a deadline."""
+
+    def __init__(self, timeout: float):
+        super().__init__()
+        self.timeout = timeout
+        self.headers["User-Agent"] = USER_AGENT
+        self.headers["Accept-Encoding"] = "identity"  # a blob's bytes are its digest's bytes
+        self.auth = _no_netrc
+
+    def request(self, method, url, *args, **kwargs):
+        stream = kwargs.pop("stream", False)
+        kwargs["timeout"] = (self.timeout, self.timeout)
+        kwargs["allow_redirects"] = False
+        response = super().request(method, url, *args, stream=True, **kwargs)
+        if not stream:
+            _read_small(response, self.timeout)
+        return response
+
+
+def _no_netrc(request):
+    """An auth hook that adds nothing: its presence keeps requests from reading ~/.netrc."""
+    return request
+
+
+def _read_small(response: requests.Response, timeout: float) -> None:
+    """Read a small answer's body into `response.content`: at most MAX_SMALL_ANSWER bytes, and
+    all of it within a deadline, so a registry trickling bytes cannot hold rocforge."""
+    allowed = max(4 * timeout, 10.0)
+    deadline = time.monotonic() + allowed
+    parts: list[bytes] = []
+    got = 0
+    ok = False
+    try:
+        raw = response.raw
+        while True:
+            if time.monotonic() > deadline:
+                raise StoreUnreachable(f"{_shown_host(response.url)}: an answer still arriving "
+                                       f"after {allowed:g} s")
+            chunk = raw.read1(65536) if hasattr(raw, "read1") else raw.read(65536)
+            if not chunk:
+                break
+            got += len(chunk)
+            if got > MAX_SMALL_ANSWER:
+                raise StoreError(f"{_shown_host(response.url)}{one_line(urlsplit(response.url).path)[:160]}: "
+                                 f"an answer past the {MAX_SMALL_ANSWER}-byte cap")
+            parts.append(chunk)
+        response._content = b"".join(parts)
+        response._content_consumed = True
+        ok = True
+    finally:
+        if ok:
+            response.raw.release_conn()
+        else:
+            response.close()
+
+
+class _Registry(oras.provider.Registry):
+    """oras-py's registry client held to rocforge's rules (see `do_request`)."""
+
+    def __init__(self, *, http_scheme: str, netloc: str, repo: str, timeout: float, where: str):
+        _quiet_oras()
+        super().__init__(hostname=netloc, insecure=http_scheme == "http", tls_verify=_tls_verify(),
+                         auth_backend="token")
+        self.session.close()
+        self.session = _BoundedSession(timeout)
+        self.session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+        self.auth.session = self.session
+        self.timeout = timeout
+        self.where = where
+        self.repo = repo
+        self.origin = _origin(f"{http_scheme}://{netloc}/")
+        self.blob_path = f"/v2/{repo}/blobs/sha256:"
+        self.authorization: str | None = None
+        self.credentials_loaded = False
+
+    def do_request(self, url: str, method: str = "GET", data=None, headers: dict | None = None,
+                   json=None, stream: bool = False) -> requests.Response:
+        """One request to the registry, answering its authentication challenge, without
+        following a redirect automatically.  A redirect to the registry itself (same scheme,
+        host and port) is followed, at most MAX_REDIRECTS times; one to anywhere else is refused,
+        except one: a blob GET from a TLS registry may go to another https host, without the
+        Authorization header, since ghcr.io and registries kept in S3 serve blobs from a storage
+        host, and the blob's digest (checked by oci.Store) makes those bytes as safe as the
+        registry's own.  Nothing goes from https to http."""
+        headers = dict(headers or {})
+        first = url
+        blob_get = method == "GET" and urlsplit(url).path.startswith(self.blob_path)
+        on_registry = True
+        body_start = data.tell() if hasattr(data, "seek") else None
+
+        def rewind() -> None:
+            if body_start is not None:
+                data.seek(body_start)
+
+        for _ in range(MAX_REDIRECTS + 1):
+            rewind()
+            with _network_errors(self.where, self.timeout):
+                response = self._send(url, method, data, headers, json, stream, on_registry, rewind)
+            if response.status_code not in _REDIRECT:
+                return response
+            location = response.headers.get("Location", "").strip()
+            response.close()
+            if not location:
+                raise StoreError(f"{self.where}: HTTP {response.status_code} with no Location")
+            target = urljoin(url, location)
+            if on_registry and _origin(target) == self.origin:
+                pass
+            elif blob_get and self.origin[0] == "https" and _origin(target)[0] == "https":
+                on_registry = False
+            else:
+                raise StoreError(
+                    f"{self.where}: {_shown_host(first)} redirects {method} to {_shown_host(target)}; "
+                    "refused (a registry's redirects are followed only to itself, and a blob's "
+                    "from a TLS registry only to another https host)")
+            if method not in ("GET", "HEAD") and response.status_code not in (307, 308):
+                raise StoreError(f"{self.where}: HTTP {response.status_code} redirects a {method}; "
+                                 "refused")
+            url = target
+        raise StoreError(f"{self.where}: more than {MAX_REDIRECTS} redirects (stopped)")
+
+    def _send(self, url, method, data, headers, json, stream, authorize: bool,
+              rewind) -> requests.Response:
+        sent = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+        if authorize and self.authorization:
+            sent["Authorization"] = self.authorization
+        response = self.session.request(method, url, data=data, json=json, headers=sent,
+                                        stream=stream, verify=self._tls_verify)
+        if response.status_code != 401 or not authorize:
+            return response
+        self._answer_challenge(response)
+        response.close()
+        rewind()
+        sent["Authorization"] = self.authorization
+        response = self.session.request(method, url, data=data, json=json, headers=sent,
+                                        stream=stream, verify=self._tls_verify)
+        if response.status_code == 401:
+            response.close()
+            raise StoreUnreachable(f"{self.where}: the registry refused the credentials (HTTP 401)",
+                                   CREDENTIALS_HINT)
+        return response
+
+    def _answer_challenge(self, response: requests.Response) -> None:
+        """Set `authorization` for the registry's WWW-Authenticate challenge: Basic with the
+        credentials, or Bearer with a token from the realm oras-py asks (with the credentials,
+        or anonymously without)."""
+        challenge = one_line(response.headers.get("WWW-Authenticate", ""))
+        scheme = challenge.split(" ", 1)[0].lower() if challenge else ""
+        self._load_credentials()
+        basic = getattr(self.auth, "_basic_auth", None)
+        if scheme == "basic":
+            if not basic:
+                raise StoreUnreachable(f"{self.where}: the registry asks for a username and password",
+                                       CREDENTIALS_HINT)
+            if self.authorization == f"Basic {basic}":
+                raise StoreUnreachable(f"{self.where}: the registry refused the credentials "
+                                       "(HTTP 401)", CREDENTIALS_HINT)
+            self.authorization = f"Basic {basic}"
+        elif scheme == "bearer":
+            realm = oras.auth.utils.parse_auth_header(challenge).realm or ""
+            realm_scheme = urlsplit(realm).scheme.lower()
+            if realm_scheme not in ("http", "https") or (self.origin[0] == "https" and realm_scheme != "https"):
+                raise StoreUnreachable(f"{self.where}: the registry's token service "
+                                       f"{one_line(realm)[:120]!r} is not an https URL; refused")
+            try:
+                answered, changed = self.auth.authenticate_request(response, {}, refresh=True)
+            except RocforgeError:
+                raise
+            except (ValueError, TypeError, AttributeError, KeyError):
+                raise StoreUnreachable(f"{self.where}: the token service {_shown_host(realm)} "
+                                       "answered something that is not a token") from None
+            token = answered.get("Authorization", "") if changed else ""
+            if not changed or not _TOKEN.fullmatch(token.removeprefix("Bearer ")):
+                raise StoreUnreachable(
+                    f"{self.where}: the token service {_shown_host(realm)} gave no token"
+                    + (" for these credentials" if basic else " without credentials"),
+                    CREDENTIALS_HINT)
+            self.authorization = token
+        else:
+            raise StoreUnreachable(f"{self.where}: HTTP 401 with no authentication scheme rocforge "
+                                   f"knows ({scheme[:20]!r})", CREDENTIALS_HINT)
+
+    def _load_credentials(self) -> None:
+        """The credentials for this registry: rocforge's two variables when set, else docker's
+        config.json ($DOCKER_CONFIG or ~/.docker) and its credential helpers, through oras-py."""
+        if self.credentials_loaded:
+            return
+        self.credentials_loaded = True
+        username, password = os.environ.get(USERNAME_ENV), os.environ.get(PASSWORD_ENV)
+        if username or password:
+            if not (username and password):
+                raise UsageError(f"{USERNAME_ENV} and {PASSWORD_ENV} go together: only one is set")
+            self.auth.set_basic_auth(username, password)
+            return
+        configs = []
+        if os.environ.get("DOCKER_CONFIG"):
+            configs.append(os.path.join(os.environ["DOCKER_CONFIG"], "config.json"))
+        try:
+            self.auth.load_configs(oras.container.Container(f"{self.hostname}/{self.repo}"), configs)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"docker's credentials for {self.hostname} (config.json or its "
+                              f"credential helper) could not be read ({type(exc).__name__})",
+                              CREDENTIALS_HINT) from None
+
+
+class _BlobStream:
+    """A blob's body as a binary stream: reads hand over what has arrived (so a dropped
+    connection loses little), each bounded by the read timeout, each failure one line."""
+
+    def __init__(self, response: requests.Response, where: str, timeout: float):
+        self.response = response
+        self.where = where
+        self.timeout = timeout
+
+    def read(self, size: int = -1) -> bytes:
+        with _network_errors(self.where, self.timeout):
+            if size is None or size < 0:
+                return self.response.raw.read(decode_content=False)
+            return self.response.raw.read1(size, decode_content=False)
+
+    def discard(self, count: int) -> None:
+        while count > 0:
+            chunk = self.read(min(count, oci.CHUNK))
+            if not chunk:
+                raise StoreUnreachable(f"{self.where}: ended before the resumed position")
+            count -= len(chunk)
+
+
+class RegistryStore(oci.Store):
+    """An OCI registry as a substitute store (see the module docstring); referrers through the
+    registry's referrers API where it has one (OCI 1.1), else through the tag schema."""
+
+    def __init__(self, url: str, *, timeout: float = 30.0):
+        http_scheme, netloc, repo = parse_url(url)
+        self.url = f"{'oci' if http_scheme == 'https' else 'oci+http'}://{netloc}/{repo}"
+        self.timeout = timeout
+        self.base = f"{http_scheme}://{netloc}/v2/{repo}"
+        self.registry = _Registry(http_scheme=http_scheme, netloc=netloc, repo=repo,
+                                  timeout=timeout, where=self.url)
+        self.subject_acknowledged: set[str] = set()
+
+    def close(self) -> None:
+        self.registry.session.close()
+
+    # -- the primitives oci.Store checks -----------------------------------------------------
+    @contextlib.contextmanager
+    def _open_blob(self, digest: str, start: int = 0) -> Iterator[BinaryIO]:
+        oci.check_digest(digest, self.url)
+        where = f"{self.url}: blob {digest[:19]}"
+        headers = {"Range": f"bytes={start}-"} if start else {}
+        response = self.registry.do_request(f"{self.base}/blobs/{digest}", "GET", headers=headers,
+                                            stream=True)
+        try:
+            skip = 0
+            if response.status_code == 206 and start:
+                content_range = response.headers.get("Content-Range", "")
+                if not content_range.startswith(f"bytes {start}-"):
+                    raise StoreError(f"{where}: asked from byte {start}, answered "
+                                     f"{one_line(content_range)[:60]!r}")
+            elif response.status_code == 200:
+                skip = start
+            else:
+                self._refuse(response, where)
+            stream = _BlobStream(response, where, self.timeout)
+            stream.discard(skip)
+            yield stream  # type: ignore[misc]
+        finally:
+            response.close()
+
+    def has_blob(self, digest: str) -> bool:
+        oci.check_digest(digest, self.url)
+        response = self.registry.do_request(f"{self.base}/blobs/{digest}", "HEAD")
+        if response.status_code == 200:
+            return True
+        if response.status_code == 404:
+            return False
+        self._refuse(response, f"{self.url}: blob {digest[:19]}")
+
+    def _put_blob(self, fh: BinaryIO, desc: oci.Descriptor) -> None:
+        where = f"{self.url}: pushing blob {desc.digest[:19]}"
+        response = self.registry.do_request(f"{self.base}/blobs/uploads/", "POST",
+                                            headers={"Content-Length": "0"})
+        if response.status_code != 202:
+            self._refuse(response, where)
+        location = response.headers.get("Location", "").strip()
+        upload = urljoin(f"{self.base}/blobs/uploads/", location)
+        if not location or _origin(upload) != self.registry.origin:
+            raise StoreError(f"{where}: the upload's Location {_shown_host(upload)!s} is not the "
+                             "registry; refused")
+        upload += ("&" if urlsplit(upload).query else "?") + urlencode({"digest": desc.digest})
+        response = self.registry.do_request(upload, "PUT", data=fh, headers={
+            "Content-Type": "application/octet-stream", "Content-Length": str(desc.size)})
+        if response.status_code not in (201, 204):
+            self._refuse(response, where)
+
+    def _get_manifest(self, ref: str) -> tuple[bytes, str]:
+        self._check_ref(ref)
+        response = self.registry.do_request(f"{self.base}/manifests/{ref}", "GET",
+                                            headers={"Accept": f"{oci.MANIFEST}, {oci.INDEX}"})
+        if response.status_code != 200:
+            self._refuse(response, f"{self.url}: manifest {ref[:80]}", missing=f"manifest {ref[:80]}")
+        media_type = response.headers.get("Content-Type", "").split(";", 1)[0].strip()
+        return response.content, media_type
+
+    def _put_manifest(self, data: bytes, media_type: str, ref: str) -> None:
+        self._check_ref(ref)
+        response = self.registry.do_request(f"{self.base}/manifests/{ref}", "PUT", data=data,
+                                            headers={"Content-Type": media_type})
+        if response.status_code not in (200, 201, 204):
+            self._refuse(response, f"{self.url}: pushing manifest {ref[:80]}")
+        if response.headers.get("OCI-Subject"):
+            self.subject_acknowledged.add(oci.sha256_digest(data))
+
+    def tags(self) -> list[str]:
+        where = f"{self.url}: tags"
+        url = f"{self.base}/tags/list?n={TAGS_PAGE}"
+        found: list[str] = []
+        for page in range(MAX_PAGES):
+            response = self.registry.do_request(url, "GET", headers={"Accept": "application/json"})
+            if response.status_code == 404 and page == 0:
+                return []  # a repository nothing was pushed to yet
+            if response.status_code != 200:
+                self._refuse(response, where)
+            names = _json_document(response.content, where).get("tags")
+            if names is None:
+                names = []
+            if not isinstance(names, list) or not all(isinstance(n, str) and oci.TAG.fullmatch(n)
+                                                      for n in names):
+                raise StoreError(f"{where}: the tags list is not a list of OCI tags")
+            found += names
+            if len(found) > MAX_TAGS:
+                raise StoreError(f"{where}: more than {MAX_TAGS} tags (stopped)")
+            url = self._next_page(response, url, where)
+            if url is None:
+                return found
+        raise StoreError(f"{where}: more than {MAX_PAGES} pages of tags (stopped)")
+
+    def _native_referrers(self, digest: str) -> list[oci.Descriptor] | None:
+        where = f"{self.url}: referrers of {digest[:19]}"
+        url = f"{self.base}/referrers/{oci.check_digest(digest, self.url)}"
+        found: list[oci.Descriptor] = []
+        for page in range(MAX_PAGES):
+            response = self.registry.do_request(url, "GET", headers={"Accept": oci.INDEX})
+            media_type = response.headers.get("Content-Type", "").split(";", 1)[0].strip()
+            if page == 0 and (response.status_code in (404, 405) or
+                              (response.status_code == 200 and media_type != oci.INDEX)):
+                return None  # no referrers API (distribution 2.8): the tag schema holds them
+            if response.status_code != 200 or media_type != oci.INDEX:
+                self._refuse(response, where)
+            found += oci.parse_index(response.content, where)
+            if len(found) > oci.MAX_REFERRERS:
+                raise StoreError(f"{where}: more than {oci.MAX_REFERRERS} referrers (stopped)")
+            url = self._next_page(response, url, where)
+            if url is None:
+                return found
+        raise StoreError(f"{where}: more than {MAX_PAGES} pages of referrers (stopped)")
+
+    def _referrers_native_on_push(self, man: oci.Manifest) -> bool:
+        return man.digest in self.subject_acknowledged
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _check_ref(self, ref: str) -> None:
+        if ref.startswith("sha256:"):
+            oci.check_digest(ref, self.url)
+        else:
+            oci.check_tag(ref, self.url)
+
+    def _next_page(self, response: requests.Response, url: str, where: str) -> str | None:
+        """The next page of a paginated answer (the Link header's rel="next"), on the registry."""
+        link = response.headers.get("Link")
+        if not link:
+            return None
+        try:
+            target = response.links.get("next", {}).get("url")
+        except (ValueError, AttributeError):
+            target = None
+        if not target:
+            return None
+        following = urljoin(url, target)
+        if _origin(following) != self.registry.origin:
+            raise StoreError(f"{where}: the next page is on {_shown_host(following)}; refused")
+        return following
+
+    def _refuse(self, response: requests.Response, where: str, *,
+                missing: str | None = None) -> NoReturn:
+        """One line for an answer that is not the one asked for."""
+        code = response.status_code
+        detail = _registry_error(response)
+        response.close()
+        if code == 404:
+            raise NotFound(f"{self.url}: no {missing}" if missing else f"{where}: not found (HTTP 404)")
+        if code in (401, 403):
+            raise StoreUnreachable(f"{where}: access refused (HTTP {code}){detail}", CREDENTIALS_HINT)
+        if code == 429 or code >= 500:
+            raise StoreUnreachable(f"{where}: HTTP {code}{detail}", "the registry is overloaded or "
+                                   "failing; try again later")
+        raise StoreError(f"{where}: HTTP {code}{detail}")
+
+
+def _registry_error(response: requests.Response) -> str:
+    """The registry's own words for a refusal (the distribution spec's errors[0]), when it read
+    as a small answer; else nothing."""
+    if not response._content_consumed or not response._content:
+        return ""
+    try:
+        doc = json.loads(response._content[:65536])
+        first = doc["errors"][0]
+        text = f"{first.get('code', '')}: {first.get('message', '')}"
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
+        return ""
+    return f" ({one_line(text)[:160]})"
+
+
+def _json_document(data: bytes, where: str) -> dict:
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise StoreError(f"{where}: not JSON ({type(exc).__name__})") from None
+    if not isinstance(doc, dict):
+        raise StoreError(f"{where}: not a JSON object")
+    return doc
+
