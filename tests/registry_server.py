@@ -205,7 +205,7 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else None
                 upstream = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port,
                                                       timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers = dict(self.headers.items())  # Host too: the registry's Locations name the proxy
                 upstream.request(self.command, self.path, body=body, headers=headers)
                 answer = upstream.getresponse()
                 data = answer.read()

@@ -551,7 +551,10 @@ class RegistryStore(oci.Store):
         if code == 429 or code >= 500:
             raise StoreUnreachable(f"{where}: HTTP {code}{detail}", "the registry is overloaded or "
                                    "failing; try again later")
-        raise StoreError(f"{where}: HTTP {code}{detail}")
+        speaks_tls = (code == 400 and self.registry.origin[0] == "http"
+                      and b"HTTPS" in (response._content or b"")[:200])
+        raise StoreError(f"{where}: HTTP {code}{detail}",
+                         "the registry speaks TLS: oci://HOST[:PORT]/REPO" if speaks_tls else None)
 
 
 def _registry_error(response: requests.Response) -> str:
