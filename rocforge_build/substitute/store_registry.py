@@ -317,13 +317,14 @@ class _Registry(oras.provider.Registry):
             realm = oras.auth.utils.parse_auth_header(challenge).realm or ""
             realm_scheme = urlsplit(realm).scheme.lower()
             if realm_scheme not in ("http", "https") or (self.origin[0] == "https" and realm_scheme != "https"):
+                wanted = "an https" if self.origin[0] == "https" else "an http(s)"
                 raise StoreUnreachable(f"{self.where}: the registry's token service "
-                                       f"{one_line(realm)[:120]!r} is not an https URL; refused")
+                                       f"{one_line(realm)[:120]!r} is not {wanted} URL; refused")
             try:
                 answered, changed = self.auth.authenticate_request(response, {}, refresh=True)
             except RocforgeError:
                 raise
-            except (ValueError, TypeError, AttributeError, KeyError):
+            except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
                 raise StoreUnreachable(f"{self.where}: the token service {_shown_host(realm)} "
                                        "answered something that is not a token") from None
             token = answered.get("Authorization", "") if changed else ""
