@@ -252,3 +252,25 @@ def test_plain_http_to_a_tls_registry_is_one_line(tmp_path):
             RegistryStore(f"oci+http://{reg.host}/team/cache", timeout=5).tags()
     assert _one_line(info.value).endswith("tags: HTTP 400")
     assert info.value.hint == "the registry speaks TLS: oci://HOST[:PORT]/REPO"
+
+
+def _credential_helper(directory, body: str):
+    """A docker credential helper `docker-credential-rftest` on PATH whose `get` runs `body`."""
+    directory.mkdir(exist_ok=True)
+    helper = directory / "docker-credential-rftest"
+    helper.write_text(f"#!/bin/sh\nread host\n{body}\n")
+    helper.chmod(0o755)
+    return helper
+
+
+def test_a_docker_credential_helper_is_asked(tls_registry, monkeypatch, tmp_path):
+    _credential_helper(tmp_path / "bin", """[ "$1" = get ] || exit 2
+case "$host" in 127.0.0.1:*) printf '{"ServerURL":"%s","Username":"ci","Secret":"s3cret"}' "$host";;
+*) echo "credentials not found" >&2; exit 1;; esac""")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{__import__('os').environ['PATH']}")
+    config = tmp_path / "docker"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({"credHelpers": {tls_registry.host: "rftest"}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls_registry.tls.ca))
+    assert RegistryStore(tls_registry.store_url("team/cache"), timeout=10).tags() == []

@@ -14,11 +14,15 @@ import json
 import logging
 import os
 import re
+import shutil
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import BinaryIO, NoReturn
 from urllib.parse import urlencode, urljoin, urlsplit
 
+import oras.auth
 import oras.auth.utils
 import oras.container
 import oras.provider
@@ -212,6 +216,48 @@ def _read_small(response: requests.Response, timeout: float) -> None:
             response.close()
 
 
+class _TokenAuth(oras.auth.TokenAuth):
+    """oras-py's token handshake, with docker's credential helpers run under a timeout (oras-py
+    waits for a helper without one) and their answers read as data."""
+
+    def __init__(self, *, timeout: float, where: str):
+        super().__init__()
+        self.helper_timeout = timeout
+        self.where = where
+
+    def _get_auth_from_creds_store(self, suffix: str, hostname: str) -> str | None:
+        if not isinstance(suffix, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", suffix):
+            raise ConfigError(f"docker's config.json names a credential helper {one_line(suffix)[:60]!r} "
+                              "that is not a program name")
+        program = shutil.which(f"docker-credential-{suffix}")
+        if program is None:
+            return None
+        try:
+            helper = subprocess.Popen([program, "get"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise ConfigError(f"docker-credential-{suffix}: {_reason(exc)}") from None
+        try:
+            stdout, _ = helper.communicate(hostname.encode(), timeout=self.helper_timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(helper.pid, signal.SIGKILL)  # its children too: they hold the pipe
+            helper.communicate()
+            raise StoreUnreachable(f"{self.where}: docker-credential-{suffix} did not answer within "
+                                   f"{self.helper_timeout:g} s") from None
+        if helper.returncode != 0:
+            return None  # the helper holds nothing for this host
+        try:
+            answer = json.loads(stdout[:65536].decode("utf-8"))
+            username, secret = answer["Username"], answer["Secret"]
+        except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError):
+            raise ConfigError(f"docker-credential-{suffix} answered something that is not "
+                              "credentials") from None
+        if not (isinstance(username, str) and isinstance(secret, str) and secret):
+            raise ConfigError(f"docker-credential-{suffix} answered something that is not credentials")
+        return oras.auth.utils.get_basic_auth(username, secret)
+
+
 class _Registry(oras.provider.Registry):
     """oras-py's registry client held to rocforge's rules (see `do_request`)."""
 
@@ -222,7 +268,10 @@ class _Registry(oras.provider.Registry):
         self.session.close()
         self.session = _BoundedSession(timeout)
         self.session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+        self.auth = _TokenAuth(timeout=timeout, where=where)
         self.auth.session = self.session
+        self.auth.prefix = http_scheme
+        self.auth._tls_verify = self._tls_verify
         self.timeout = timeout
         self.where = where
         self.repo = repo

@@ -440,3 +440,53 @@ def test_a_registry_error_message_stays_on_one_line(fake):
     with pytest.raises(StoreUnreachable) as info:
         RegistryStore(fake.store_url(), timeout=5).manifest("x")
     assert _one_line(info.value).endswith("HTTP 500 (DENIED: no such thing [31m)")
+
+
+@pytest.mark.parametrize(("helper", "expected"), [
+    ("sleep 30", "docker-credential-rftest did not answer within 1 s"),
+    ("sh -c 'sleep 30 & sleep 30'", "docker-credential-rftest did not answer within 1 s"),
+    ("echo '[[[[not json'", "docker-credential-rftest answered something that is not credentials"),
+    ("echo '{\"Username\": 1, \"Secret\": []}'", "docker-credential-rftest answered something that is not credentials"),
+])
+def test_a_credential_helper_that_hangs_or_babbles_is_one_line(fake, tmp_path, monkeypatch, helper, expected):
+    import os
+
+    from rocforge_build.errors import ConfigError
+
+    (tmp_path / "bin").mkdir()
+    program = tmp_path / "bin" / "docker-credential-rftest"
+    program.write_text(f"#!/bin/sh\nexec {helper}\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "config.json").write_text(json.dumps({"credsStore": "rftest"}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    fake.route("GET", "/v2/", _answer(401, {"WWW-Authenticate": 'Basic realm="test"'}))
+    started = time.monotonic()
+    with pytest.raises((StoreUnreachable, ConfigError)) as info:
+        RegistryStore(fake.store_url(), timeout=1).tags()
+    assert _one_line(info.value).endswith(expected) and time.monotonic() - started < 5
+
+
+def test_a_credential_helper_name_that_is_a_path_is_refused(fake, tmp_path, monkeypatch):
+    from rocforge_build.errors import ConfigError
+
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "config.json").write_text(json.dumps({"credsStore": "../../tmp/evil"}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    fake.route("GET", "/v2/", _answer(401, {"WWW-Authenticate": 'Basic realm="test"'}))
+    with pytest.raises(ConfigError) as info:
+        RegistryStore(fake.store_url(), timeout=1).tags()
+    assert "not a program name" in _one_line(info.value)
+
+
+def test_a_garbage_docker_config_is_one_line(fake, tmp_path, monkeypatch):
+    from rocforge_build.errors import ConfigError
+
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "config.json").write_text("{not json")
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    fake.route("GET", "/v2/", _answer(401, {"WWW-Authenticate": 'Basic realm="test"'}))
+    with pytest.raises(ConfigError) as info:
+        RegistryStore(fake.store_url(), timeout=1).tags()
+    _one_line(info.value)
