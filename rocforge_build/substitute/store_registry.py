@@ -162,9 +162,10 @@ class _BoundedSession(requests.Session):
     registry's credentials come from rocforge's variables or docker's), and an answer not asked
     to stream read whole only up to MAX_SMALL_ANSWER bytes and within a deadline."""
 
-    def __init__(self, timeout: float):
+    def __init__(self, timeout: float, where: str):
         super().__init__()
         self.timeout = timeout
+        self.where = where
         self.headers["User-Agent"] = USER_AGENT
         self.headers["Accept-Encoding"] = "identity"  # a blob's bytes are its digest's bytes
         self.auth = _no_netrc
@@ -175,7 +176,7 @@ class _BoundedSession(requests.Session):
         kwargs["allow_redirects"] = False
         response = super().request(method, url, *args, stream=True, **kwargs)
         if not stream:
-            _read_small(response, self.timeout)
+            _read_small(response, self.timeout, f"{self.where}: {method} {_shown_path(url)}")
         return response
 
 
@@ -184,10 +185,14 @@ def _no_netrc(request):
     return request
 
 
-def _read_small(response: requests.Response, timeout: float) -> None:
+def _shown_path(url: str) -> str:
+    return one_line(urlsplit(url).path)[:160]
+
+
+def _read_small(response: requests.Response, timeout: float, where: str) -> None:
     """Read a small answer's body into `response.content`: at most MAX_SMALL_ANSWER bytes, and
-    all of it within a deadline, so a registry trickling bytes cannot hold rocforge."""
-    allowed = max(4 * timeout, 10.0)
+    all of it within four timeouts, so a registry trickling bytes cannot hold rocforge."""
+    allowed = 4 * timeout
     deadline = time.monotonic() + allowed
     parts: list[bytes] = []
     got = 0
@@ -196,15 +201,13 @@ def _read_small(response: requests.Response, timeout: float) -> None:
         raw = response.raw
         while True:
             if time.monotonic() > deadline:
-                raise StoreUnreachable(f"{_shown_host(response.url)}: an answer still arriving "
-                                       f"after {allowed:g} s")
+                raise StoreUnreachable(f"{where}: the answer still arriving after {allowed:g} s")
             chunk = raw.read1(65536) if hasattr(raw, "read1") else raw.read(65536)
             if not chunk:
                 break
             got += len(chunk)
             if got > MAX_SMALL_ANSWER:
-                raise StoreError(f"{_shown_host(response.url)}{one_line(urlsplit(response.url).path)[:160]}: "
-                                 f"an answer past the {MAX_SMALL_ANSWER}-byte cap")
+                raise StoreError(f"{where}: an answer past the {MAX_SMALL_ANSWER}-byte cap")
             parts.append(chunk)
         response._content = b"".join(parts)
         response._content_consumed = True
@@ -266,7 +269,7 @@ class _Registry(oras.provider.Registry):
         super().__init__(hostname=netloc, insecure=http_scheme == "http", tls_verify=_tls_verify(),
                          auth_backend="token")
         self.session.close()
-        self.session = _BoundedSession(timeout)
+        self.session = _BoundedSession(timeout, where)
         self.session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
         self.auth = _TokenAuth(timeout=timeout, where=where)
         self.auth.session = self.session

@@ -281,10 +281,11 @@ def test_a_blob_longer_than_its_descriptor_is_refused(fake, tmp_path):
 
 def test_a_manifest_past_the_cap_is_refused(fake):
     fake.route("GET", "/manifests/", _answer(200, {"Content-Type": oci.MANIFEST},
-                                             b" " * (oci.MAX_MANIFEST + 1)))
+                                             b" " * (4 * MIB + 1)))
     with pytest.raises(StoreError) as info:
         RegistryStore(fake.store_url(), timeout=5).manifest("big")
-    assert f"past the {oci.MAX_MANIFEST}-byte cap" in _one_line(info.value)
+    # the OCI distribution spec lets a registry refuse manifests past 4 MiB; rocforge reads no more
+    assert "an answer past the 4194304-byte cap" in _one_line(info.value)
 
 
 def test_an_endless_manifest_is_refused_at_the_cap(fake):
@@ -320,7 +321,7 @@ def test_a_manifest_by_digest_whose_bytes_differ_is_refused(fake):
 
 @pytest.mark.parametrize("body", [
     b"[" * 200_000 + b"]" * 200_000,                                  # deep
-    b'{"tags": [' + b'"t",' * (oci.MAX_MANIFEST // 4) + b'"t"]}',     # past the cap
+    b'{"tags": [' + b'"t",' * MIB + b'"t"]}',     # past the cap
     b"\xff\xfe garbage",
     b'{"tags": "latest"}',
     b'{"tags": [1, 2]}',
@@ -490,3 +491,29 @@ def test_a_garbage_docker_config_is_one_line(fake, tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as info:
         RegistryStore(fake.store_url(), timeout=1).tags()
     _one_line(info.value)
+
+
+def test_a_manifest_trickling_in_is_one_line_within_four_timeouts(fake):
+    """Each byte comes before the read timeout, but the whole answer must come within four."""
+    def trickle(request):
+        h = request.handler
+        h.send_response(200)
+        h.send_header("Content-Type", oci.MANIFEST)
+        h.send_header("Content-Length", "1000")
+        h.end_headers()
+        try:
+            for _ in range(1000):
+                h.wfile.write(b" ")
+                h.wfile.flush()
+                time.sleep(0.1)
+        except OSError:
+            pass
+        return "raw", {}, b""
+
+    fake.route("GET", "/manifests/", trickle)
+    started = time.monotonic()
+    with pytest.raises(StoreUnreachable) as info:
+        RegistryStore(fake.store_url(), timeout=0.5).manifest("slow")
+    assert _one_line(info.value) == (f"{fake.store_url()}: GET /v2/test/repo/manifests/slow: the answer "
+                                     "still arriving after 2 s")
+    assert time.monotonic() - started < 3.5
