@@ -288,13 +288,13 @@ class _Registry(oras.provider.Registry):
         """One request to the registry, answering its authentication challenge, without
         following a redirect automatically.  A redirect to the registry itself (same scheme,
         host and port) is followed, at most MAX_REDIRECTS times; one to anywhere else is refused,
-        except one: a blob GET from a TLS registry may go to another https host, without the
-        Authorization header, since ghcr.io and registries kept in S3 serve blobs from a storage
-        host, and the blob's digest (checked by oci.Store) makes those bytes as safe as the
-        registry's own.  Nothing goes from https to http."""
+        except one: a blob GET (or HEAD) from a TLS registry may go to another https host,
+        without the Authorization header, since ghcr.io and registries kept in S3 serve blobs
+        from a storage host, and the blob's digest (checked by oci.Store) makes those bytes as
+        safe as the registry's own.  Nothing goes from https to http."""
         headers = dict(headers or {})
         first = url
-        blob_get = method == "GET" and urlsplit(url).path.startswith(self.blob_path)
+        blob_get = method in ("GET", "HEAD") and urlsplit(url).path.startswith(self.blob_path)
         on_registry = True
         body_start = data.tell() if hasattr(data, "seek") else None
 

@@ -106,9 +106,12 @@ def test_tls_blob_redirect_to_a_storage_host_drops_the_credentials(tmp_path, mon
             return 307, {"Location": f"{storage.base}/v2/s/blobs/{desc.digest}"}, b""
 
         registry.route("GET", "/blobs/", needs_auth)
+        registry.route("HEAD", "/blobs/", needs_auth)  # distribution on S3 redirects HEADs too
         assert storage.host.startswith("localhost:")
-        assert RegistryStore(registry.store_url(), timeout=5).read_blob(desc) == data
-        assert [r.headers.get("Authorization") for r in storage.requests] == [None]
+        store = RegistryStore(registry.store_url(), timeout=5)
+        assert store.has_blob(desc.digest) and store.read_blob(desc) == data
+        assert [(r.method, r.headers.get("Authorization")) for r in storage.requests] == [
+            ("HEAD", None), ("GET", None)]
 
 
 def test_tls_blob_redirect_to_plain_http_is_refused(tmp_path, monkeypatch):
