@@ -155,7 +155,7 @@ def test_tags_come_in_pages(registry, monkeypatch):
     store = RegistryStore(registry.store_url("team/cache"), timeout=10)
     man, _, _ = _build(store)
     for tag in ("b", "c", "d", "e"):
-        store._put_manifest(man.data, oci.MANIFEST, tag)
+        store.push_manifest(man.data, tag=tag)
     assert sorted(store.tags()) == ["b", "build-1", "c", "d", "e"]
 
 

@@ -345,7 +345,8 @@ class _Registry(oras.provider.Registry):
                                         stream=stream, verify=self._tls_verify)
         if response.status_code == 401:
             response.close()
-            raise StoreUnreachable(f"{self.where}: the registry refused the credentials (HTTP 401)",
+            whose = "the credentials" if getattr(self.auth, "_basic_auth", None) else "anonymous access"
+            raise StoreUnreachable(f"{self.where}: the registry refused {whose} (HTTP 401)",
                                    CREDENTIALS_HINT)
         return response
 

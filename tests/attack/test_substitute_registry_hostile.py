@@ -520,3 +520,21 @@ def test_a_manifest_trickling_in_is_one_line_within_four_timeouts(fake):
     assert _one_line(info.value) == (f"{fake.store_url()}: GET /v2/test/repo/manifests/slow: the answer "
                                      "still arriving after 2 s")
     assert time.monotonic() - started < 3.5
+
+
+def test_a_push_refused_to_an_anonymous_token_says_so(fake):
+    """Pulls work with an anonymous token; a push needs more than the token service gives."""
+    def guarded(request):
+        if request.method in ("GET", "HEAD") and request.headers.get("Authorization") == "Bearer anon":
+            return None
+        return 401, {"WWW-Authenticate": f'Bearer realm="{fake.base}/token",service="fake"'}, b""
+
+    for method in ("GET", "HEAD", "POST", "PUT"):
+        fake.route(method, "^/v2/test/", guarded)
+    fake.route("GET", "^/token", _answer(200, {"Content-Type": "application/json"}, b'{"token": "anon"}'))
+    store = RegistryStore(fake.store_url(), timeout=5)
+    assert store.tags() == []
+    with pytest.raises(StoreUnreachable) as info:
+        store.push_blob_bytes(b"x", oci.JSON_LAYER)
+    assert _one_line(info.value).endswith("the registry refused anonymous access (HTTP 401)")
+    assert "ROCFORGE_STORE_USERNAME" in info.value.hint
