@@ -397,11 +397,15 @@ def write_key_pair(secret_path: Path, public_path: Path, pair: KeyPair) -> None:
         if os.path.lexists(path):
             raise ConfigError(f"{path} already exists; rocforge never overwrites a key",
                               "move it away first, or write the new pair elsewhere (--out DIR)")
+    for folder in dict.fromkeys((secret_path.parent, public_path.parent)):
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot make the directory {folder} for the key pair: "
+                              f"{exc.strerror or exc}") from None
     temps: list[Path] = []
     placed: list[Path] = []
     try:
-        for path in {secret_path.parent, public_path.parent}:
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
         temps.append(_write_new(secret_path, pair.secret_text(), 0o600))
         temps.append(_write_new(public_path, pair.public.file_text(), 0o644))
         for temp, path in zip(temps, (secret_path, public_path), strict=True):
