@@ -185,13 +185,15 @@ def _serve(handler_class, tls: TlsFiles | None = None) -> tuple[ThreadingHTTPSer
 
 
 class FaultProxy:
-    """A plain-HTTP proxy in front of a plain-HTTP registry that passes everything through,
-    except that the next `times` blob GETs send `after` bytes of the body and then close."""
+    """A plain-HTTP proxy in front of a plain-HTTP registry that passes everything through (and
+    notes each request), except that the next `times` blob GETs send `after` bytes of the body
+    and then close."""
 
     def __init__(self, upstream: str):
         self.upstream = urlsplit(upstream)
         self.drops: list[int] = []
         self.blob_gets: list[dict] = []
+        self.seen: list[tuple[str, str]] = []  # (method, path) of every request
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -201,6 +203,7 @@ class FaultProxy:
                 pass
 
             def _forward(self):
+                proxy.seen.append((self.command, self.path))
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 upstream = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port,

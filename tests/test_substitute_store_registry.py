@@ -112,29 +112,32 @@ def test_round_trip_through_a_real_registry(registry):
     artifactType and config media type; referrers are found through the tag schema (this
     registry answers the referrers API with 404)."""
     assert registry.start_seconds < 5
-    store = RegistryStore(registry.store_url("team/cache"), timeout=10)
-    assert store.tags() == []  # nothing pushed yet: the repository does not exist
-    man, config, layer = _build(store)
-    by_tag, by_digest = store.manifest("build-1"), store.manifest(man.digest)
-    assert by_tag.data == by_digest.data == man.data
-    assert by_tag.digest == "sha256:" + hashlib.sha256(man.data).hexdigest()
-    assert by_tag.artifact_type == oci.BUILD_TYPE and by_tag.config.media_type == oci.KEY_CONFIG
-    assert by_tag.layers == (layer,) and by_tag.annotations == {"org.example.note": "first"}
-    assert store.read_blob(config) == b'{"key":"k1"}'
-    assert store.has_blob(layer.digest) and not store.has_blob("sha256:" + "0" * 64)
+    with FaultProxy(registry.base) as proxy:  # it counts the requests
+        store = RegistryStore(proxy.store_url("team/cache"), timeout=10)
+        assert store.tags() == []  # nothing pushed yet: the repository does not exist
+        man, config, layer = _build(store)
+        by_tag, by_digest = store.manifest("build-1"), store.manifest(man.digest)
+        assert by_tag.data == by_digest.data == man.data
+        assert by_tag.digest == "sha256:" + hashlib.sha256(man.data).hexdigest()
+        assert by_tag.artifact_type == oci.BUILD_TYPE and by_tag.config.media_type == oci.KEY_CONFIG
+        assert by_tag.layers == (layer,) and by_tag.annotations == {"org.example.note": "first"}
+        assert store.read_blob(config) == b'{"key":"k1"}'
+        assert store.has_blob(layer.digest) and not store.has_blob("sha256:" + "0" * 64)
 
-    signature = _referrer(store, man, oci.SIGNATURE_TYPE, b'{"sig":1}')
-    evidence = _referrer(store, man, oci.EVIDENCE_TYPE, b'{"ok":true}')
-    assert requests.get(f"{registry.base}/v2/team/cache/referrers/{man.digest}", timeout=5).status_code == 404
-    listed = store.referrers(man.digest)
-    assert [d.digest for d in listed] == [signature.digest, evidence.digest]
-    assert [d.artifact_type for d in listed] == [oci.SIGNATURE_TYPE, oci.EVIDENCE_TYPE]
-    assert [d.digest for d in store.referrers(man.digest, oci.EVIDENCE_TYPE)] == [evidence.digest]
-    assert store.referrers(signature.digest) == []
-    assert sorted(store.tags()) == ["build-1", oci.fallback_tag(man.digest)]
-    # pushing the same referrer again leaves one entry
-    _referrer(store, man, oci.SIGNATURE_TYPE, b'{"sig":1}')
-    assert len(store.referrers(man.digest)) == 2
+        signature = _referrer(store, man, oci.SIGNATURE_TYPE, b'{"sig":1}')
+        evidence = _referrer(store, man, oci.EVIDENCE_TYPE, b'{"ok":true}')
+        assert requests.get(f"{registry.base}/v2/team/cache/referrers/{man.digest}", timeout=5).status_code == 404
+        listed = store.referrers(man.digest)
+        assert [d.digest for d in listed] == [signature.digest, evidence.digest]
+        assert [d.artifact_type for d in listed] == [oci.SIGNATURE_TYPE, oci.EVIDENCE_TYPE]
+        assert [d.digest for d in store.referrers(man.digest, oci.EVIDENCE_TYPE)] == [evidence.digest]
+        assert store.referrers(signature.digest) == []
+        # the referrers API was asked once, then the tag schema alone
+        assert [p for _, p in proxy.seen if "/referrers/" in p] == [f"/v2/team/cache/referrers/{man.digest}"]
+        assert sorted(store.tags()) == ["build-1", oci.fallback_tag(man.digest)]
+        # pushing the same referrer again leaves one entry
+        _referrer(store, man, oci.SIGNATURE_TYPE, b'{"sig":1}')
+        assert len(store.referrers(man.digest)) == 2
 
 
 def test_misses_are_not_found(registry):

@@ -449,6 +449,7 @@ class RegistryStore(oci.Store):
         self.registry = _Registry(http_scheme=http_scheme, netloc=netloc, repo=repo,
                                   timeout=timeout, where=self.url)
         self.subject_acknowledged: set[str] = set()
+        self.referrers_api = True  # until the registry shows it has none
 
     def close(self) -> None:
         self.registry.session.close()
@@ -547,6 +548,10 @@ class RegistryStore(oci.Store):
         raise StoreError(f"{where}: more than {MAX_PAGES} pages of tags (stopped)")
 
     def _native_referrers(self, digest: str) -> list[oci.Descriptor] | None:
+        """The referrers API's answer; None once the registry has shown it has none (the spec
+        forbids a 404 from a registry that has one), so the tag schema is asked alone after."""
+        if not self.referrers_api:
+            return None
         where = f"{self.url}: referrers of {digest[:19]}"
         url = f"{self.base}/referrers/{oci.check_digest(digest, self.url)}"
         found: list[oci.Descriptor] = []
@@ -555,7 +560,8 @@ class RegistryStore(oci.Store):
             media_type = response.headers.get("Content-Type", "").split(";", 1)[0].strip()
             if page == 0 and (response.status_code in (404, 405) or
                               (response.status_code == 200 and media_type != oci.INDEX)):
-                return None  # no referrers API (distribution 2.8): the tag schema holds them
+                self.referrers_api = False  # distribution 2.8: the tag schema holds them
+                return None
             if response.status_code != 200 or media_type != oci.INDEX:
                 self._refuse(response, where)
             found += oci.parse_index(response.content, where)
