@@ -379,10 +379,16 @@ def _reference(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool,
         return reference_base(ref, model, text, ctx, fa, progress)
 
 
-def own_ppl(build: LlamaBuild, model: Model, ctx: int, fa: bool, progress=None) -> float:
-    """A build's own perplexity on rocforge's text at `ctx` (what a substitute's evidence
-    records, and the machine that pulls it measures again); cached as a reference run is."""
-    return _reference(build, model, text_file(), ctx, fa, progress)[1]
+def own_ppl(build: LlamaBuild, model: Model, ctx: int, fa: bool, chunks: int, progress=None) -> float:
+    """A build's own perplexity on the start of rocforge's text at `ctx` over `chunks` contexts,
+    no log-probabilities written: what a substitute's evidence records, and what the machine that
+    pulls it measures again the same way."""
+    if progress:
+        progress(f"{build.label()} at context {ctx}, flash attention {'on' if fa else 'off'}")
+    text = text_start(text_file(), ctx)
+    out = _perplexity(build, ["-m", str(model.path), "-c", str(ctx), "--chunks", str(chunks),
+                              "-f", str(text), *build.fa_args("llama-perplexity", fa)])
+    return parse_final_ppl(out)
 
 
 def reference_base(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool,

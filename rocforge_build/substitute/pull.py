@@ -39,10 +39,11 @@ def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
     if key is None:
         return SubstituteOutcome(False, f"no key: {plan.no_substitute_key}")
     trusted = signing.trusted_keys_from_config(list(policy.trusted_keys))
+    model = verify_model(policy)
     tried: list[str] = []
     for url in policy.stores:
         try:
-            record, verified = _from_store(url, plan, staging, trusted, say)
+            record, verified = _from_store(url, plan, staging, trusted, model, say)
         except artifact.KnownBad as bad:
             return SubstituteOutcome(False, bad.message, (*tried, f"{url}: {bad.message}"), advisory=bad.message)
         except Miss as miss:
@@ -56,7 +57,7 @@ def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
     return SubstituteOutcome(False, "; ".join(tried) or "no store answered", tuple(tried))
 
 
-def _from_store(url: str, plan: Plan, staging: Path, trusted, say) -> tuple[dict, dict | None]:
+def _from_store(url: str, plan: Plan, staging: Path, trusted, model, say) -> tuple[dict, dict | None]:
     policy, key = plan.substitutes, plan.substitute_key
     t0 = time.monotonic()
     with open_store(url, timeout=policy.timeout) as store:
@@ -86,7 +87,11 @@ def _from_store(url: str, plan: Plan, staging: Path, trusted, say) -> tuple[dict
         finally:
             replace.discard(holder, MANIFEST, STAGED)
         t_unpacked = time.monotonic()
-    verdict, lines, verified = verify_here(staging, plan, attestations, say)
+    try:
+        verdict, lines, verified = verify_here(staging, plan, model, attestations, say)
+    except BaseException:  # a crash or a Ctrl-C: the unverified tree never stays beside the prefix
+        replace.discard(staging, MANIFEST, STAGED)
+        raise
     t_verified = time.monotonic()
     record = {"store": url, "key": key.digest, "manifest": man.digest, "signed_by": signer,
               "attestations": len(attestations), "verified_here": verdict, "verify_lines": lines,
@@ -138,35 +143,58 @@ def _write_manifest(staging: Path, plan: Plan, record: dict) -> None:
     os.replace(tmp, path)
 
 
-def verify_here(tree: Path, plan: Plan, attestations: list[artifact.Attached], say
+def verify_model(policy: SubstitutePolicy):
+    """The model a verify here runs (checked before anything is pulled: a bad
+    substitute.verify_model is the user's to fix, not a store's miss), or None."""
+    if policy.verify == "none" or not policy.verify_model:
+        return None
+    from rocforge_build.measure import gguf
+
+    return gguf.check(policy.verify_model)
+
+
+def verify_here(tree: Path, plan: Plan, model, attestations: list[artifact.Attached], say
                 ) -> tuple[str, list[str], dict | None]:
     """("passed" | "failed" | "not verified here", lines, a GPU build's verify row): a CPU build
     measures its own figures and holds them to the published ones; a GPU build is verified
-    against this machine's own CPU reference, as `rocforge verify --quick` (or in full)."""
+    against this machine's own CPU reference, as `rocforge verify --quick` (or in full).  A
+    check that cannot run on the pulled build (a program that crashes) is a failure here."""
     policy: SubstitutePolicy = plan.substitutes
     if policy.verify == "none":
         return "not verified here", ["substitute.verify is none"], None
-    if not policy.verify_model:
+    if model is None:
         return "not verified here", ["no substitute.verify_model: run `rocforge verify` before "
                                      "serve or tune use it"], None
     if not (tree / "bin" / "llama-perplexity").is_file():
         return "not verified here", ["it has no llama-perplexity to verify with"], None
-    from rocforge_build.measure import gguf, verify
+    try:
+        return _checked_here(tree, policy, model, attestations, say)
+    except RocforgeError as exc:
+        return "failed", [f"its check could not run here: {exc.message}"], None
+
+
+def _checked_here(tree: Path, policy: SubstitutePolicy, model, attestations: list[artifact.Attached],
+                  say) -> tuple[str, list[str], dict | None]:
+    from rocforge_build.measure import verify
     from rocforge_build.measure.llama_tools import LlamaBuild
 
-    model = gguf.check(policy.verify_model)
     build = LlamaBuild.open(tree)
 
     def progress(text: str) -> None:
         say(f"substitute: verify: {text}")
 
     if not build.gpu:
-        published = [a.document for a in attestations if a.document.get("own_figures")
-                     and (a.document.get("model") or {}).get("sha256") == _model_sha(model)]
+        sha = _model_sha(model)
+        published = [a.document for a in attestations if a.document.get("passed") is True
+                     and a.document.get("own_figures")
+                     and (a.document.get("model") or {}).get("sha256") == sha]
         if not published:
-            return "not verified here", ["no attestation has figures for this model"], None
+            return "not verified here", ["no trusted attestation has figures for this model"], None
         figures, _, _ = evidence.own_figures(tree, str(model.path), progress=progress)
-        ok, lines = evidence.compare_own(figures, published[-1]["own_figures"], model.file_type)
+        compared = evidence.compare_own(figures, published[-1]["own_figures"], model.file_type)
+        if compared is None:
+            return "not verified here", ["the attestations have no figures at the shapes measured here"], None
+        ok, lines = compared
         return ("passed" if ok else "failed"), lines, None
     coverage = verify.plan(model, gpu=True, quick=policy.verify == "quick")
     ref = verify.reference_for(build, None, quiet=True)
