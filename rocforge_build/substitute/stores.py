@@ -36,6 +36,6 @@ def open_store(url: str, *, timeout: float = 30.0) -> Store:
         from rocforge_build.substitute.store_registry import RegistryStore
 
         return RegistryStore(url, timeout=timeout)
-    from rocforge_build.substitute import store_layout
+    from rocforge_build.substitute import layout_store
 
-    return store_layout.open_layout(url, timeout=timeout)
+    return layout_store.open_layout(url, timeout=timeout)
