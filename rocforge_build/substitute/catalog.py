@@ -164,7 +164,7 @@ def describe_show(shown: dict) -> list[str]:
             lines.append(f"  note: {_text(a['note'], 300)}")
     for x in shown["left_out"]:
         lines.append(f"left out: {x}")
-    return [one_line(line) for line in lines]
+    return lines  # each value went through _text (one_line) or JSON, which escapes controls
 
 
 def advise(url: str, ref: str, reason: str, key_file: Path, trusted: list[signing.PublicKey], *,
