@@ -13,7 +13,9 @@ def add_arguments(parser) -> None:
     parser.usage = ("rocforge store list URL [--json]\n"
                     "       rocforge store show URL KEY [--json]\n"
                     "       rocforge store advise URL KEY --reason TEXT [--key FILE]")
-    parser.add_argument("action", choices=("list", "show", "advise"))
+    parser.add_argument("action", choices=("list", "show", "advise"),
+                        help="list: the builds a store holds; show: one build's key, signer and "
+                        "attestations; advise: attach a signed known-bad advisory")
     parser.add_argument("url", metavar="URL", help="the store (oci://, oci+http://, file://, s3://, https://)")
     parser.add_argument("build_key", nargs="?", metavar="KEY",
                         help="a build's key: its digest, tag or the first 12+ hex digits")
