@@ -1,0 +1,261 @@
+"""substitute/layout_store.py: the OCI image layout as a store on its three carriers, each real —
+a directory, a TLS static web server on 127.0.0.1 with a CA made here (read-only), and S3 through
+moto's server — with the same round trip: a blob and a tagged manifest in, read back by tag and by
+digest, the tag listed, a referrer found through the tag schema, and a layer resumed after the
+connection drops.  The directory store's safety: no link followed, no FIFO opened, nothing written
+outside it, two publishers at once losing neither's tag."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from registry_server import make_tls
+
+from rocforge_build.substitute import oci
+from rocforge_build.substitute.layout_store import DirectoryStore
+from rocforge_build.substitute.oci import Descriptor, NotFound, StoreError
+from rocforge_build.substitute.stores import open_store
+
+SUBJECT_TYPE = "application/vnd.example.subject.v1"
+
+
+def _round_trip(store, tmp_path: Path) -> None:
+    """What every writable layout carrier must do (the answers are the OCI image-layout spec's)."""
+    layer = os.urandom(300_000)
+    config = store.push_blob_bytes(b'{"a":1}', oci.KEY_CONFIG)
+    src = tmp_path / "layer.bin"
+    src.write_bytes(layer)
+    desc = store.push_blob_file(src, oci.BUNDLE_LAYER)
+    assert desc.digest == "sha256:" + hashlib.sha256(layer).hexdigest() and desc.size == len(layer)
+    data = oci.make_manifest(artifact_type=SUBJECT_TYPE, config=config, layers=[desc])
+    man = store.push_manifest(data, tag="v1")
+    assert store.manifest("v1").data == data and store.manifest(man.digest).digest == man.digest
+    assert "v1" in store.tags()
+    out = tmp_path / "out.bin"
+    store.fetch_blob(desc, out, cap=1 << 30)
+    assert out.read_bytes() == layer
+    # a referrer (an OCI 1.1 manifest with a subject) is listed through the referrers tag schema
+    empty = store.push_blob_bytes(oci.EMPTY_DATA, oci.EMPTY)
+    ref = store.push_manifest(oci.make_manifest(artifact_type=oci.EVIDENCE_TYPE, config=empty, layers=[],
+                                                subject=man.descriptor()))
+    assert [d.digest for d in store.referrers(man.digest)] == [ref.digest]
+    assert store.referrers(man.digest, oci.SIGNATURE_TYPE) == []
+    with pytest.raises(NotFound):
+        store.manifest("v2")
+
+
+def test_directory_store_round_trip_in_the_oci_image_layout(tmp_path):
+    root = tmp_path / "store"
+    with open_store(root.as_uri()) as store:
+        _round_trip(store, tmp_path)
+    assert json.loads((root / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
+    index = json.loads((root / "index.json").read_text())
+    assert index["schemaVersion"] == 2 and index["mediaType"] == oci.INDEX
+    names = {m.get("annotations", {}).get(oci.REF_NAME) for m in index["manifests"]}
+    assert "v1" in names and any(n and n.startswith("sha256-") for n in names)
+    for m in index["manifests"]:  # every manifest the index names is a blob of the layout
+        blob = root / "blobs" / "sha256" / m["digest"][7:]
+        assert hashlib.sha256(blob.read_bytes()).hexdigest() == m["digest"][7:]
+
+
+def test_a_blob_changed_on_disk_is_refused_by_its_digest(tmp_path):
+    root = tmp_path / "store"
+    with open_store(root.as_uri()) as store:
+        desc = store.push_blob_bytes(b"x" * 1000, oci.BUNDLE_LAYER)
+        (root / "blobs" / "sha256" / desc.digest[7:]).write_bytes(b"y" * 1000)
+        with pytest.raises(StoreError, match="do not match its digest"):
+            store.fetch_blob(desc, tmp_path / "out", cap=1 << 20)
+        assert not (tmp_path / "out").exists()
+        with pytest.raises(StoreError, match="past the 10-byte cap"):
+            store.fetch_blob(desc, tmp_path / "out2", cap=10)
+
+
+@pytest.mark.parametrize("where", ["index.json", "blobs", "blobs/sha256"])
+def test_a_link_where_a_store_file_should_be_is_refused_and_nothing_goes_through_it(tmp_path, where):
+    root = tmp_path / "store"
+    with open_store(root.as_uri()) as store:
+        store.push_manifest(oci.make_manifest(artifact_type=SUBJECT_TYPE,
+                                              config=store.push_blob_bytes(b"{}", oci.EMPTY), layers=[]),
+                            tag="v1")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "index.json").write_text("theirs")
+    path = root / where
+    if path.is_dir():
+        os.rename(path, tmp_path / "moved")
+    else:
+        path.unlink()
+    os.symlink(outside / "index.json" if where == "index.json" else outside, path)
+    before = sorted(p.name for p in outside.iterdir())
+    with open_store(root.as_uri()) as store, pytest.raises(StoreError) as err:
+        store.push_blob_bytes(b"new", oci.BUNDLE_LAYER) if where != "index.json" else store.tags()
+    assert "symbolic link" in err.value.message or "not a" in err.value.message
+    assert sorted(p.name for p in outside.iterdir()) == before
+    assert (outside / "index.json").read_text() == "theirs"
+
+
+def test_a_fifo_for_index_json_is_refused_without_waiting(tmp_path):
+    root = tmp_path / "store"
+    root.mkdir()
+    os.mkfifo(root / "index.json")
+    code = ("from rocforge_build.substitute.stores import open_store\n"
+            "from rocforge_build.substitute.oci import StoreError\n"
+            f"s = open_store({root.as_uri()!r})\n"
+            "try:\n    s.tags()\nexcept StoreError as e:\n    print(e.message)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0 and "index.json is not a regular file" in out.stdout, out.stderr
+
+
+def test_two_publishers_at_once_lose_neither_tag(tmp_path):
+    root = tmp_path / "store"
+    code = ("import sys\nfrom rocforge_build.substitute import oci\n"
+            "from rocforge_build.substitute.stores import open_store\n"
+            f"s = open_store({root.as_uri()!r})\n"
+            "for i in range(20):\n"
+            "    c = s.push_blob_bytes(f'{{\"n\":\"{sys.argv[1]}{i}\"}}'.encode(), oci.KEY_CONFIG)\n"
+            f"    s.push_manifest(oci.make_manifest(artifact_type={SUBJECT_TYPE!r}, config=c, layers=[]),"
+            " tag=f'{sys.argv[1]}-{i}')\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, name]) for name in ("a", "b")]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    with open_store(root.as_uri()) as store:
+        assert {t for t in store.tags()} == {f"{n}-{i}" for n in "ab" for i in range(20)}
+
+
+def test_a_relative_or_remote_file_url_is_one_line():
+    from rocforge_build.errors import UsageError
+
+    with pytest.raises(UsageError, match="on this machine"):
+        open_store("file://server/share")
+    with pytest.raises(UsageError):
+        DirectoryStore(Path("relative"), "file:relative")
+
+
+# -- HTTPS: a static server over TLS with this test's CA ------------------------------------------
+
+class _Quiet(SimpleHTTPRequestHandler):
+    drop_after: dict = {}
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        cut = self.drop_after.pop(self.path, None)
+        if cut is not None:  # send the headers and `cut` bytes of the file, then hang up
+            path = Path(self.translate_path(self.path))
+            data = path.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[:cut])
+            self.wfile.flush()
+            self.connection.shutdown(2)
+            return
+        if "Range" in self.headers:  # a static server's Range, as nginx answers it
+            path = Path(self.translate_path(self.path))
+            start = int(self.headers["Range"].removeprefix("bytes=").rstrip("-"))
+            data = path.read_bytes()[start:]
+            self.send_response(206)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        super().do_GET()
+
+
+@contextlib.contextmanager
+def _tls_server(directory: Path, tls) -> str:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(directory)))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tls.cert, tls.key)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_https_store_reads_a_layout_and_resumes_a_dropped_layer(tmp_path, monkeypatch):
+    root = tmp_path / "site" / "store"
+    root.parent.mkdir()
+    with open_store(root.as_uri()) as store:
+        layer = os.urandom(2_000_000)
+        desc = store.push_blob_bytes(layer, oci.BUNDLE_LAYER)
+        data = oci.make_manifest(artifact_type=SUBJECT_TYPE, config=store.push_blob_bytes(b"{}", oci.EMPTY),
+                                 layers=[desc])
+        man = store.push_manifest(data, tag="v1")
+    tls = make_tls(tmp_path / "tls")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls.ca))
+    with _tls_server(tmp_path / "site", tls) as base:
+        with open_store(f"{base}/store", timeout=5) as web:
+            assert not web.writable and web.manifest("v1").digest == man.digest
+            _Quiet.drop_after[f"/store/blobs/sha256/{desc.digest[7:]}"] = 700_000
+            web.fetch_blob(desc, tmp_path / "out", cap=1 << 30)
+            assert (tmp_path / "out").read_bytes() == layer
+            with pytest.raises(StoreError, match="read-only"):
+                web.push_manifest(data, tag="v2")
+        monkeypatch.delenv("REQUESTS_CA_BUNDLE")
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+        with open_store(f"{base}/store", timeout=5) as web, pytest.raises(oci.StoreUnreachable):
+            web.tags()  # a server whose CA is not trusted is not read
+
+
+# -- S3: moto's server on 127.0.0.1 ---------------------------------------------------------------
+
+@pytest.fixture
+def s3_endpoint(monkeypatch):
+    server = Path(sys.executable).parent / "moto_server"
+    if not server.is_file():
+        pytest.skip("lacks moto_server (pip install -e '.[test]')")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/builds", method="PUT"),
+                                       timeout=2)
+                break
+            except OSError:
+                time.sleep(0.05)
+        for var, value in (("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}"), ("AWS_DEFAULT_REGION", "us-east-1"),
+                           ("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
+            monkeypatch.setenv(var, value)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_s3_store_round_trip_through_moto(tmp_path, s3_endpoint):
+    with open_store("s3://builds/team/llama") as store:
+        _round_trip(store, tmp_path)
+    listing = urllib.request.urlopen(f"{s3_endpoint}/builds?prefix=team/llama/", timeout=5).read().decode()
+    assert "<Key>team/llama/oci-layout</Key>" in listing and "<Key>team/llama/index.json</Key>" in listing
+
+
+def test_descriptor_sizes_come_before_bytes(tmp_path):
+    """A layer declared past the cap is refused before a byte is read."""
+    with open_store((tmp_path / "s").as_uri()) as store:
+        huge = Descriptor(oci.BUNDLE_LAYER, "sha256:" + "0" * 64, 1 << 40)
+        with pytest.raises(StoreError, match="past the"):
+            store.fetch_blob(huge, tmp_path / "out", cap=1 << 30)
