@@ -137,7 +137,12 @@ def execute(plan: Plan, *, quiet: bool = False, gate: Callable[[Plan, Path], Non
     console = _console()
     say = (lambda *a, **k: None) if quiet else console.print
     check(plan)
-    if substitute is not None and plan.substitutes is not None and plan.substitutes.asks:
+    policy = plan.substitutes
+    if policy is not None and policy.mode == "only" and (substitute is None or not policy.stores):
+        raise BuildError(f"--substitute-only: no substitute store to ask for {plan.recipe.name} "
+                         "(substitute.stores is empty)", "nothing was compiled; set substitute.stores "
+                         "(docs: Share verified builds) or drop --substitute-only")
+    if substitute is not None and policy is not None and policy.asks:
         pulled = _substitute(plan, substitute, say, gate, keep, t0)
         if pulled is not None:
             return pulled

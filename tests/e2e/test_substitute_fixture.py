@@ -129,3 +129,11 @@ def test_an_advisory_stops_the_substitute_and_the_compile(published):
     line = one_error(res, code=9)
     assert "known bad" in line and "wrong output past 5K tokens" in line
     assert not list(Path(b["ROCFORGE_DATA_DIR"]).rglob("rocforge-manifest.toml"))
+
+
+def test_substitute_only_without_a_store_compiles_nothing(published):
+    b = _machine(published["base"] / "b-no-store")
+    res = rocforge(*published["build"], "--substitute-only", env=b)
+    line = one_error(res, code=9)
+    assert "substitute.stores is empty" in line
+    assert not list(Path(b["ROCFORGE_CACHE_DIR"]).rglob("CMakeCache.txt"))
