@@ -36,6 +36,7 @@ _SHA1 = re.compile(r"\b[0-9a-f]{40}\b")
 _WORK = re.compile(r"(/work/)[0-9a-f]{12}\b")
 _TREE = re.compile(r"\btree:[0-9a-f]{64}\b")
 _HOME = re.compile(r"<tmp>/rocforge-home\d+")
+_PRINTED_KEY = re.compile(r"(key +sha256:)[0-9a-f]{64}")  # the substitute key: see _mask
 _CACHED_TREE = re.compile(r"(/sources/trees/)[0-9a-f]+-[0-9a-f]+\b")
 
 
@@ -128,6 +129,7 @@ def _normalize(text: str, w) -> str:
         text = text.replace(path, name)
     text = _TREE.sub("tree:<hash>", _SHA1.sub("<sha1>", text))
     text = _HOME.sub("<home>", text)  # the per-test home of conftest's isolation, numbered by order
+    text = _PRINTED_KEY.sub(r"\1<key>", text)
     return _CACHED_TREE.sub(r"\1<hash>", _WORK.sub(r"\1<hash>", text))
 
 

@@ -22,6 +22,13 @@ def print_plan(plan: Plan, out=None) -> None:
     w(f"source   {plan.source.spec.kind} {plan.source.spec.location} @ "
       f"{plan.source.identity or 'known after the download'}{unread}\n")
     w(f"prefix   {plan.prefix}\n")
+    key, policy = plan.substitute_key, plan.substitutes
+    w(f"key      {key.digest if key else 'none: ' + plan.no_substitute_key}\n")
+    if policy is not None and key is not None:
+        asked = ("not asked (--no-substitutes)" if policy.mode == "off" else
+                 f"asked first: {', '.join(policy.stores)}" if policy.stores else
+                 "no substitute.stores: compiled here")
+        w(f"         substitutes {asked}" + (" (pull or fail)" if policy.mode == "only" else "") + "\n")
     if plan.toolchain.missing:
         w(f"toolchain MISSING: {plan.toolchain.missing}\n  hint: {plan.toolchain.hint}\n")
     w("options\n")
