@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -235,23 +234,22 @@ class _TokenAuth(oras.auth.TokenAuth):
         program = shutil.which(f"docker-credential-{suffix}")
         if program is None:
             return None
-        try:
-            helper = subprocess.Popen([program, "get"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, start_new_session=True)
-        except OSError as exc:
-            raise ConfigError(f"docker-credential-{suffix}: {_reason(exc)}") from None
-        try:
-            stdout, _ = helper.communicate(hostname.encode(), timeout=self.helper_timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):
-                os.killpg(helper.pid, signal.SIGKILL)  # its children too: they hold the pipe
-            helper.communicate()
+        from rocforge_build import proc
+
+        try:  # through proc: a deadline, and the helper's children stopped with it
+            helper = proc.run([program, "get"], check=False, input=hostname, timeout=self.helper_timeout,
+                              stderr=subprocess.DEVNULL, group=True)
+        except proc.ToolTimedOut:
             raise StoreUnreachable(f"{self.where}: docker-credential-{suffix} did not answer within "
                                    f"{self.helper_timeout:g} s") from None
+        except RocforgeError as exc:
+            raise ConfigError(f"docker-credential-{suffix}: {exc.message}") from None
+        except OSError as exc:
+            raise ConfigError(f"docker-credential-{suffix}: {_reason(exc)}") from None
         if helper.returncode != 0:
             return None  # the helper holds nothing for this host
         try:
-            answer = json.loads(stdout[:65536].decode("utf-8"))
+            answer = json.loads(helper.stdout[:65536])
             username, secret = answer["Username"], answer["Secret"]
         except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError):
             raise ConfigError(f"docker-credential-{suffix} answered something that is not "

@@ -51,6 +51,11 @@ NUMERIC = {
     # remote job slots added to -j; 0 = the scheduler's count
     "build.distribute_jobs": (["integer", "at least 0"], ["0", "16"],
                               ["-1", "0.5", "nan", str(10 ** 30)]),
+    # a substitute's layer cap: 0 bytes would refuse every build
+    "substitute.max_layer_bytes": (["integer", "at least 1", "at most 9223372036854775807"],
+                                   ["1", "68719476736"], ["0", "-1", "2.5", str(2 ** 64)]),
+    # seconds a store may take to answer: 0 fails every request, past a day is no deadline
+    "substitute.timeout": (["more than 0", "at most 86400"], ["0.5", "30"], ["0", "-1", "nan", "inf", "86401"]),
 }
 
 # (key, value) of the wrong type for booleans, strings and lists
