@@ -1,0 +1,588 @@
+"""A second machine pulling from a hostile substitute store, through the real CLI: a first machine
+builds the fixture recipe and publishes it signed; each test forges the store (its bytes, its
+manifests, its referrers, its files) and the second machine, which trusts only the publisher's
+key, builds with --substitute-only over a previous build of its own.  The right answer each time
+is one `rocforge: error:` line (or an untrusted attachment ignored), no traceback, no hang, and
+the previous build and everything outside the prefix's directory untouched."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from buildfixtures import git_repo, recipe_copy
+from trust_helpers import one_error, rocforge, snapshot
+
+from rocforge_build.substitute import artifact, oci, signing
+from rocforge_build.substitute.stores import open_store
+
+
+class Machine:
+    """One machine's own config, cache and data dirs, run through the CLI in a child process."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.env = {"ROCFORGE_CONFIG_DIR": str(root / "config"), "ROCFORGE_CACHE_DIR": str(root / "cache"),
+                    "ROCFORGE_DATA_DIR": str(root / "data"), "HOME": str(root)}
+        (root / "config").mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, *args: str, timeout: int = 60):
+        return rocforge(*args, env=self.env, timeout=timeout)
+
+    def configure(self, **substitute: object) -> None:
+        lines = ["[substitute]"] + [f"{k} = {json.dumps(v)}" for k, v in substitute.items()]
+        (self.root / "config" / "config.toml").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+    """The first machine's published build: (store dir, recipe, public key line, secret key path)."""
+    top = tmp_path_factory.mktemp("first")
+    repo = git_repo(top / "repo")
+    recipe = recipe_copy(top / "r", **{"file:///nonexistent/fixture.git": f"file://{repo}"})
+    a = Machine(top / "a")
+    built = a("build", str(recipe), "--backend", "cpu", "--no-substitutes", "--prefix", str(top / "a" / "pfx"))
+    assert built.returncode == 0, built.stderr
+    generated = a("key", "generate")
+    assert generated.returncode == 0, generated.stderr
+    public = generated.stdout.split()[0]
+    store = top / "store"
+    published = a("publish", str(top / "a" / "pfx"), "--to", f"file://{store}", "--unverified")
+    assert published.returncode == 0, published.stderr
+    tag = published.stdout.split()[0]
+    return store, recipe, public, top / "a" / "config" / "keys" / "rocforge.key", tag
+
+
+class Second:
+    """The second machine with a previous build at its prefix (pulled from the untouched store),
+    and a copy of the store for the test to forge."""
+
+    def __init__(self, tmp_path: Path, first):
+        pristine, self.recipe, self.public, self.secret, self.tag = first
+        self.store = tmp_path / "store"
+        shutil.copytree(pristine, self.store)
+        self.url = f"file://{self.store}"
+        self.machine = Machine(tmp_path / "b")
+        self.prefix = tmp_path / "b" / "builds" / "fixture"
+        self.machine.configure(stores=[self.url], trusted_keys=[self.public], timeout=5)
+        done = self.build()
+        assert done.returncode == 0 and "installed" in done.stderr, done.stderr
+        self.before = snapshot(self.prefix)
+        self.siblings = sorted(p.name for p in self.prefix.parent.iterdir())
+        self.tmp_path = tmp_path
+        self.outside = self._outside()
+
+    def build(self, *extra: str, timeout: int = 60):
+        return self.machine("build", str(self.recipe), "--backend", "cpu", "--substitute-only", "--force",
+                            "--prefix", str(self.prefix), *extra, timeout=timeout)
+
+    def refused(self, *extra: str, timeout: int = 60) -> str:
+        """The one error line of a --substitute-only build, the previous build left as it was."""
+        res = self.build(*extra, timeout=timeout)
+        line = one_error(res, 9)
+        self.untouched()
+        return line
+
+    def _outside(self) -> list[str]:
+        """Every path of the test's directory but the forged store's and the second machine's
+        own config, cache and data (where a pull is allowed to write)."""
+        return sorted(rel for rel, _ in _walk(self.tmp_path)
+                      if not rel.startswith(("store/", "b/config/", "b/cache/", "b/data/", "b/builds/fixture/")))
+
+    def untouched(self) -> None:
+        assert snapshot(self.prefix) == self.before
+        assert sorted(p.name for p in self.prefix.parent.iterdir()) == self.siblings
+        assert self._outside() == self.outside
+
+    def open(self) -> oci.Store:
+        return open_store(self.url)
+
+    def build_manifest(self, store: oci.Store) -> oci.Manifest:
+        return store.manifest(self.tag)
+
+    def blob_path(self, digest: str) -> Path:
+        return self.store / "blobs" / "sha256" / digest.removeprefix("sha256:")
+
+    def pair(self) -> signing.KeyPair:
+        return signing.read_secret_key(self.secret)
+
+    def drop_referrers(self, store: oci.Store, man: oci.Manifest) -> None:
+        """The build's referrers index emptied (its signature and evidence gone)."""
+        store._put_manifest(oci.make_index([]), oci.INDEX, oci.fallback_tag(man.digest))
+
+    def republish(self, store: oci.Store, man: oci.Manifest, layer: bytes, pair: signing.KeyPair | None) -> oci.Manifest:
+        """Under the build's tag, a manifest of the same key with `layer` as its bundle, signed by `pair`."""
+        desc = store.push_blob_bytes(layer, oci.BUNDLE_LAYER)
+        data = oci.make_manifest(artifact_type=oci.BUILD_TYPE, config=man.config, layers=[desc],
+                                 annotations=dict(man.annotations))
+        new = store.push_manifest(data, tag=self.tag)
+        if pair is not None:
+            artifact.attach(store, new, oci.SIGNATURE_TYPE, None, pair)
+        return new
+
+
+def _walk(top: Path):
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            yield str(p.relative_to(top)), p
+
+
+@pytest.fixture
+def second(tmp_path, first):
+    return Second(tmp_path, first)
+
+
+def _bundle_with(original: bytes, add) -> bytes:
+    """The published bundle re-made with `add(tar, top)` adding hostile members."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(original), mode="r:gz") as src, \
+            tarfile.open(fileobj=out, mode="w:gz") as dst:
+        members = src.getmembers()
+        top = members[0].name.split("/")[0]
+        for m in members:
+            dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+        add(dst, top)
+    return out.getvalue()
+
+
+def _file(tar: tarfile.TarFile, name: str, data: bytes = b"owned\n") -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _link(tar: tarfile.TarFile, name: str, target: str, hard: bool = False) -> None:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.LNKTYPE if hard else tarfile.SYMTYPE
+    info.linkname = target
+    tar.addfile(info)
+
+
+# -- bytes and manifests -------------------------------------------------------------------------
+
+def test_a_layer_whose_bytes_do_not_match_its_digest_is_refused(second):
+    with second.open() as store:
+        layer = second.build_manifest(store).layers[0]
+    path = second.blob_path(layer.digest)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    os.chmod(path, 0o644)
+    path.write_bytes(bytes(data))
+    line = second.refused()
+    assert "do not match its digest" in line
+
+
+def test_a_manifest_naming_another_artifacts_layer_is_not_signed_by_anyone_trusted(second):
+    """The tag moved to a manifest of the same key whose layer is other bytes: the trusted
+    signature covers the old manifest's bytes, so nothing trusted signs the new one."""
+    with second.open() as store:
+        man = second.build_manifest(store)
+        other = _bundle_with(store.read_blob(man.layers[0], 1 << 30), lambda t, top: _file(t, f"{top}/bin/extra"))
+        new = second.republish(store, man, other, None)
+        # the old signature replayed as a referrer of the new manifest
+        sig_ref = store.referrers(man.digest, oci.SIGNATURE_TYPE)[0]
+        old_sig = store.manifest(sig_ref.digest)
+        data = oci.make_manifest(artifact_type=oci.SIGNATURE_TYPE, config=old_sig.config,
+                                 layers=list(old_sig.layers), subject=new.descriptor())
+        store.push_manifest(data)
+    line = second.refused()
+    assert "no trusted signature" in line or "not signed" in line
+
+
+def test_a_valid_signature_by_an_untrusted_key_is_refused(second):
+    with second.open() as store:
+        man = second.build_manifest(store)
+        second.drop_referrers(store, man)
+        artifact.attach(store, man, oci.SIGNATURE_TYPE, None, signing.generate())
+    line = second.refused()
+    assert "no trusted signature" in line
+
+
+def test_a_signature_replayed_from_another_build_is_refused(second):
+    """A signature the trusted key made of another build's manifest, attached to this one."""
+    with second.open() as store:
+        man = second.build_manifest(store)
+        other = oci.make_manifest(artifact_type=oci.BUILD_TYPE, config=man.config, layers=list(man.layers),
+                                  annotations={"replayed": "yes"})
+        other_man = oci.Manifest.parse(other, "other")
+        sig_text = signing.sign(other, second.pair(), artifact.signature_comment("build", other_man.digest))
+        second.drop_referrers(store, man)
+        empty = store.push_blob_bytes(oci.EMPTY_DATA, oci.EMPTY)
+        sig = store.push_blob_bytes(sig_text.encode(), oci.MINISIGN_LAYER)
+        store.push_manifest(oci.make_manifest(artifact_type=oci.SIGNATURE_TYPE, config=empty, layers=[sig],
+                                              subject=man.descriptor()))
+    line = second.refused()
+    assert "no trusted signature" in line
+
+
+def test_an_old_artifact_re_tagged_under_another_keys_tag_is_refused(second):
+    """A trusted, signed build of other inputs (another key) moved under this key's tag."""
+    with second.open() as store:
+        man = second.build_manifest(store)
+        doc = json.loads(store.read_blob(man.config))
+        doc["target"] = "gfx9999"
+        other_key = store.push_blob_bytes(oci.canonical_json(doc), oci.KEY_CONFIG)
+        data = oci.make_manifest(artifact_type=oci.BUILD_TYPE, config=other_key, layers=list(man.layers),
+                                 annotations=dict(man.annotations))
+        other = store.push_manifest(data, tag=second.tag)
+        artifact.attach(store, other, oci.SIGNATURE_TYPE, None, second.pair())
+    line = second.refused()
+    assert "made for another key" in line
+
+
+def test_a_key_document_edited_in_place_is_refused(second):
+    """The key document's blob changed under the same digest, at the same length (its backend
+    cpu -> hip, as a key for another toolchain would read), so only the digest check stops it."""
+    with second.open() as store:
+        man = second.build_manifest(store)
+        data = store.read_blob(man.config)
+    assert b'"cpu"' in data
+    path = second.blob_path(man.config.digest)
+    os.chmod(path, 0o644)
+    path.write_bytes(data.replace(b'"cpu"', b'"hip"', 1))
+    line = second.refused()
+    assert "do not match" in line
+
+
+def test_a_layer_past_max_layer_bytes_is_refused_before_it_is_read(second):
+    second.machine.configure(stores=[second.url], trusted_keys=[second.public], max_layer_bytes=100)
+    line = second.refused()
+    assert "substitute.max_layer_bytes" in line
+
+
+def test_without_substitute_only_a_refused_substitute_falls_back_to_compiling_with_a_note(second):
+    with second.open() as store:
+        layer = second.build_manifest(store).layers[0]
+    path = second.blob_path(layer.digest)
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0xFF
+    os.chmod(path, 0o644)
+    path.write_bytes(bytes(data))
+    res = second.machine("build", str(second.recipe), "--backend", "cpu", "--force",
+                         "--prefix", str(second.prefix))
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    notes = [line for line in res.stderr.splitlines() if line.startswith("substitute: none used")]
+    assert len(notes) == 1 and "do not match its digest" in notes[0] and notes[0].endswith("compiling")
+    assert "[substituted]" not in (second.prefix / "rocforge-manifest.toml").read_text()  # compiled here
+
+
+# -- the bundle's own rules ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("hostile", [
+    pytest.param(lambda t, top: _file(t, f"{top}/../escaped"), id="dotdot"),
+    pytest.param(lambda t, top: _file(t, "/tmp/rocforge-absolute-escape"), id="absolute"),
+    pytest.param(lambda t, top: _link(t, f"{top}/lib/out", "/etc"), id="symlink-absolute"),
+    pytest.param(lambda t, top: _link(t, f"{top}/lib/up", "../../.."), id="symlink-up"),
+    pytest.param(lambda t, top: (_link(t, f"{top}/lib/via", "/tmp"), _file(t, f"{top}/lib/via/rocforge-via")),
+                 id="write-through-link"),
+    pytest.param(lambda t, top: _link(t, f"{top}/lib/hard", "/etc/passwd", hard=True), id="hardlink-out"),
+])
+def test_a_bundle_member_out_of_the_tree_signed_by_the_trusted_key_is_refused(second, hostile):
+    with second.open() as store:
+        man = second.build_manifest(store)
+        evil = _bundle_with(store.read_blob(man.layers[0], 1 << 30), hostile)
+        second.drop_referrers(store, man)
+        second.republish(store, man, evil, second.pair())
+    line = second.refused()
+    assert "rocforge: error:" in line
+    assert not Path("/tmp/rocforge-absolute-escape").exists()
+    assert not Path("/tmp/rocforge-via").exists()
+    assert not (second.prefix.parent.parent / "escaped").exists()
+
+
+# -- a directory store's files ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["layer", "index"])
+def test_a_fifo_where_a_file_should_be_is_refused_without_a_hang(second, what):
+    with second.open() as store:
+        layer = second.build_manifest(store).layers[0]
+    path = second.blob_path(layer.digest) if what == "layer" else second.store / "index.json"
+    path.unlink()
+    os.mkfifo(path)
+    t0 = time.monotonic()
+    second.refused(timeout=30)
+    assert time.monotonic() - t0 < 20
+
+
+def test_a_symlink_where_the_layer_should_be_is_refused(second, tmp_path):
+    with second.open() as store:
+        layer = second.build_manifest(store).layers[0]
+    path = second.blob_path(layer.digest)
+    real = tmp_path / "elsewhere.bin"
+    shutil.copy(path, real)
+    path.unlink()
+    path.symlink_to(real)
+    second.outside = second._outside()
+    line = second.refused()
+    assert "symbolic link" in line
+
+
+# -- attachments --------------------------------------------------------------------------------
+
+def test_an_advisory_signed_by_an_untrusted_key_is_ignored(second):
+    with second.open() as store:
+        man = second.build_manifest(store)
+        artifact.attach(store, man, oci.ADVISORY_TYPE, {"kind": "advisory", "key": man.config.digest,
+                                                        "reason": "forged"}, signing.generate())
+    res = second.build()
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and "forged" not in res.stderr + res.stdout
+
+
+def test_an_advisory_signed_by_the_trusted_key_stops_pull_and_compile(second):
+    with second.open() as store:
+        man = second.build_manifest(store)
+        artifact.attach(store, man, oci.ADVISORY_TYPE, {"kind": "advisory", "key": man.config.digest,
+                                                        "reason": "miscompiles"}, second.pair())
+    line = second.refused()
+    assert "miscompiles" in line
+
+
+def test_evidence_signed_by_an_untrusted_key_is_not_shown_as_trusted(second):
+    with second.open() as store:
+        man = second.build_manifest(store)
+        artifact.attach(store, man, oci.EVIDENCE_TYPE, {"kind": "verify", "key": man.config.digest,
+                                                        "passed": True, "host": {"hostname": "forged-host"}},
+                        signing.generate())
+    res = second.machine("store", "show", second.url, second.tag, "--json")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    shown = json.loads(res.stdout)
+    text = json.dumps(shown)
+    if "forged-host" in text:  # shown only as untrusted, never among the trusted attestations
+        assert "untrusted" in text.lower()
+    res = second.build()
+    assert res.returncode == 0 and "1 attestation(s)" in res.stderr, res.stderr
+
+
+def test_a_huge_referrer_list_is_refused_in_one_line_and_fast(second):
+    with second.open() as store:
+        man = second.build_manifest(store)
+        entries = store.referrers(man.digest)
+        junk = [oci.Descriptor(oci.MANIFEST, "sha256:" + f"{i:064x}", 100, artifact_type=oci.SIGNATURE_TYPE)
+                for i in range(5000)]
+        store._put_manifest(oci.make_index([*junk, *entries]), oci.INDEX, oci.fallback_tag(man.digest))
+    t0 = time.monotonic()
+    second.refused()
+    assert time.monotonic() - t0 < 10
+
+
+def test_signature_referrers_crowding_out_the_good_one_still_let_it_be_found(second):
+    """70 junk signatures listed before the publisher's: the trusted one is still found (a store
+    writer can add referrers, and must not be able to hide a good signature by doing so)."""
+    with second.open() as store:
+        man = second.build_manifest(store)
+        entries = store.referrers(man.digest)
+        junk = [oci.Descriptor(oci.MANIFEST, "sha256:" + f"{i:064x}", 100, artifact_type=oci.SIGNATURE_TYPE)
+                for i in range(70)]
+        store._put_manifest(oci.make_index([*junk, *entries]), oci.INDEX, oci.fallback_tag(man.digest))
+    res = second.build()
+    assert res.returncode == 0, res.stderr
+
+
+# -- what `store list/show` print --------------------------------------------------------------------
+
+def test_terminal_control_characters_in_annotations_and_evidence_are_not_printed(second):
+    evil = "\x1b]0;owned\x07\x1b[2J\r\x08\x9b31m"
+    with second.open() as store:
+        man = second.build_manifest(store)
+        annotations = {**man.annotations, "org.opencontainers.image.description": evil,
+                       "dev.rocforge.recipe": "fixture" + evil}
+        data = oci.make_manifest(artifact_type=oci.BUILD_TYPE, config=man.config, layers=list(man.layers),
+                                 annotations=annotations)
+        new = store.push_manifest(data, tag=second.tag)
+        artifact.attach(store, new, oci.SIGNATURE_TYPE, None, second.pair())
+        artifact.attach(store, new, oci.EVIDENCE_TYPE, {"kind": "verify", "key": man.config.digest,
+                                                        "passed": True, "note": evil,
+                                                        "host": {"hostname": "h" + evil, "kernel": evil}},
+                        second.pair(), annotations={"dev.rocforge.kind": "verify" + evil})
+    for args in (("store", "list", second.url), ("store", "show", second.url, second.tag)):
+        res = second.machine(*args)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+        shown = res.stdout + res.stderr
+        assert not any(c in shown for c in "\x1b\x07\x08\x9b\r"), repr(shown)
+
+
+# -- registries ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_registry():
+    from registry_server import FakeRegistry
+
+    with FakeRegistry() as reg:
+        yield reg
+
+
+def _publish_to(second: Second, url: str) -> None:
+    """The pristine store's artifact and referrers copied into `url`."""
+    with second.open() as src, open_store(url, timeout=5) as dst:
+        man = second.build_manifest(src)
+        for d in (man.config, *man.layers):
+            dst.push_blob_bytes(src.read_blob(d, 1 << 30), d.media_type)
+        dst.push_manifest(man.data, tag=second.tag)
+        for ref in src.referrers(man.digest):
+            r = src.manifest(ref.digest)
+            for d in (r.config, *r.layers):
+                dst.push_blob_bytes(src.read_blob(d, 1 << 30), d.media_type)
+            dst.push_manifest(r.data)
+
+
+def test_a_registry_redirecting_a_blob_to_another_host_over_http_is_refused(second, fake_registry):
+    from registry_server import FakeRegistry
+
+    url = fake_registry.store_url()
+    _publish_to(second, url)
+    with second.open() as store:
+        layer = second.build_manifest(store).layers[0]
+    with FakeRegistry(host="localhost") as other:
+        other.blobs[layer.digest] = fake_registry.blobs[layer.digest]
+        fake_registry.route("GET", "/blobs/" + layer.digest, lambda r: (
+            307, {"Location": f"{other.base}/v2/test/repo/blobs/{layer.digest}"}, b""))
+        second.machine.configure(stores=[url], trusted_keys=[second.public], timeout=5)
+        line = second.refused()
+        assert not [r for r in other.requests if "Authorization" in r.headers]
+    assert "redirect" in line.lower() or "another host" in line.lower()
+
+
+def test_a_registry_that_hangs_mid_layer_gives_one_line_within_the_timeout(second, fake_registry):
+    url = fake_registry.store_url()
+    _publish_to(second, url)
+    with second.open() as store:
+        layer = second.build_manifest(store).layers[0]
+    data = fake_registry.blobs[layer.digest]
+
+    def hang(r):
+        h = r.handler
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data[: len(data) // 2])
+        h.wfile.flush()
+        time.sleep(8)
+        return ("raw", {}, b"")
+
+    fake_registry.route("GET", "/blobs/" + layer.digest, hang)
+    second.machine.configure(stores=[url], trusted_keys=[second.public], timeout=1)
+    t0 = time.monotonic()
+    second.refused(timeout=30)
+    assert time.monotonic() - t0 < 20
+
+
+def test_a_registry_that_drops_the_connection_mid_layer_is_resumed(second, fake_registry):
+    url = fake_registry.store_url()
+    _publish_to(second, url)
+    with second.open() as store:
+        layer = second.build_manifest(store).layers[0]
+    data = fake_registry.blobs[layer.digest]
+    dropped = []
+
+    def drop_once(r):
+        if dropped or r.headers.get("Range"):
+            return None
+        dropped.append(1)
+        h = r.handler
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data[: len(data) // 2])
+        h.wfile.flush()
+        h.close_connection = True
+        h.connection.shutdown(2)
+        return ("raw", {}, b"")
+
+    fake_registry.route("GET", "/blobs/" + layer.digest, drop_once)
+    second.machine.configure(stores=[url], trusted_keys=[second.public], timeout=5)
+    res = second.build()
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert dropped
+
+
+def test_a_registry_streaming_an_endless_manifest_is_cut_off_in_one_line(second, fake_registry):
+    url = fake_registry.store_url()
+
+    def endless(r):
+        h = r.handler
+        h.send_response(200)
+        h.send_header("Content-Type", oci.MANIFEST)
+        h.send_header("Connection", "close")
+        h.end_headers()
+        try:
+            for _ in range(64):  # 64 MiB, past any manifest cap
+                h.wfile.write(b" " * (1 << 20))
+        except OSError:
+            pass
+        h.close_connection = True
+        return ("raw", {}, b"")
+
+    fake_registry.route("GET", "/manifests/", endless)
+    second.machine.configure(stores=[url], trusted_keys=[second.public], timeout=5)
+    t0 = time.monotonic()
+    line = second.refused(timeout=60)
+    assert time.monotonic() - t0 < 20 and "cap" in line
+
+
+# -- documents signed by the trusted key are still data --------------------------------------------
+
+def test_a_trusted_advisory_reason_with_newlines_and_escapes_gives_one_clean_error_line(second):
+    """`store advise` refuses such a reason, but the store holds whatever was signed: the
+    advisory's reason reaches the error line, which must stay one line a terminal only prints."""
+    with second.open() as store:
+        man = second.build_manifest(store)
+        artifact.attach(store, man, oci.ADVISORY_TYPE,
+                        {"key": man.config.digest, "reason": "bad\nrocforge: error: forged second line\x1b]0;owned\x07\x1b[2J"},
+                        second.pair())
+    res = second.build()
+    assert not any(c in res.stderr + res.stdout for c in "\x1b\x07"), repr(res.stderr)
+    line = one_error(res, 9)
+    assert "known bad" in line
+    # the store's newline must not start a line of its own that reads as a second error
+    assert [x for x in res.stderr.splitlines() if x.strip().startswith("rocforge: error:")] == [line]
+    second.untouched()
+
+
+def test_trusted_evidence_shapes_and_figures_cannot_drive_the_terminal_in_store_show(second):
+    evil = "\x1b]0;owned\x07\x1b[2J"
+    with second.open() as store:
+        man = second.build_manifest(store)
+        artifact.attach(store, man, oci.EVIDENCE_TYPE,
+                        {"key": man.config.digest, "kind": "verify", "passed": True,
+                         "verify": [{"checks": [{"ctx": evil, "ubatch": evil, "fa": evil, "ngl": evil,
+                                                 "passed": True, "kld_mean": evil, "top1": evil}]}],
+                         "own_figures": [{"ctx": evil, "fa": evil, "ppl": evil}]},
+                        second.pair())
+    res = second.machine("store", "show", second.url, second.tag)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert not any(c in res.stdout + res.stderr for c in "\x1b\x07"), repr(res.stdout)
+
+
+@pytest.mark.parametrize("field", ["verify", "own_figures", "gpus"])
+def test_trusted_evidence_of_the_wrong_shape_is_shown_or_left_out_without_a_traceback(second, field):
+    with second.open() as store:
+        man = second.build_manifest(store)
+        doc = {"key": man.config.digest, "kind": "verify", "passed": True}
+        if field == "gpus":
+            doc["host"] = {"gpus": 5}
+        else:
+            doc[field] = 5
+        artifact.attach(store, man, oci.EVIDENCE_TYPE, doc, second.pair())
+    for extra in ((), ("--json",)):
+        res = second.machine("store", "show", second.url, second.tag, *extra)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_control_characters_in_a_layout_stores_tag_names_are_not_printed_by_store_list(second):
+    """index.json names tags with any string; `store list` prints keys taken from them."""
+    index = json.loads((second.store / "index.json").read_text())
+    entry = dict(index["manifests"][0])
+    entry["annotations"] = {oci.REF_NAME: "rocforge-\x1b]0;owned\x07\x1b[2Jabc"}
+    index["manifests"].append(entry)
+    (second.store / "index.json").write_text(json.dumps(index))
+    res = second.machine("store", "list", second.url)
+    assert "Traceback" not in res.stderr, res.stderr
+    assert not any(c in res.stdout + res.stderr for c in "\x1b\x07"), repr(res.stdout)
