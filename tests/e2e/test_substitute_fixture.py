@@ -33,6 +33,7 @@ def _ok(res: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module", params=["file", "registry"])
 def published(request, tmp_path_factory):
     """Machine A's build of the fixture recipe, published unverified to a store of each kind."""
+    require("patchelf")  # publishing packs a bundle, whose RUNPATHs patchelf rewrites
     base = tmp_path_factory.mktemp("substitute")
     with contextlib.ExitStack() as stack:
         if request.param == "registry":

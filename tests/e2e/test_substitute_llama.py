@@ -43,7 +43,7 @@ def _ok(res):
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
-    require("docker-registry")
+    require("docker-registry", "patchelf")
     base = tmp_path_factory.mktemp("substitute-llama")
     recipe = recipe_variant(base / "rw", patch=WRONG)
     build = ["build", str(recipe), "--target", "gfx1151", "--backend", "cpu", "--source",
