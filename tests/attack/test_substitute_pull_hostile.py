@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from buildfixtures import git_repo, recipe_copy
-from trust_helpers import one_error, rocforge, snapshot
+from trust_helpers import one_error, python, rocforge, snapshot
 
 from rocforge_build.substitute import artifact, oci, signing
 from rocforge_build.substitute.stores import open_store
@@ -34,6 +34,9 @@ class Machine:
 
     def __call__(self, *args: str, timeout: int = 60):
         return rocforge(*args, env=self.env, timeout=timeout)
+
+    def run_wrapped(self, wrap: tuple[str, ...], *args: str, timeout: int = 60):
+        return rocforge(*args, env=self.env, wrap=wrap, timeout=timeout)
 
     def configure(self, **substitute: object) -> None:
         lines = ["[substitute]"] + [f"{k} = {json.dumps(v)}" for k, v in substitute.items()]
@@ -297,6 +300,47 @@ def test_a_bundle_member_out_of_the_tree_signed_by_the_trusted_key_is_refused(se
     assert not (second.prefix.parent.parent / "escaped").exists()
 
 
+class _Zeros(io.RawIOBase):
+    """`size` zero bytes, read without holding them."""
+
+    def __init__(self, size: int):
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), self.left)
+        buf[:n] = bytes(n)
+        self.left -= n
+        return n
+
+
+def test_a_small_layer_that_unpacks_to_a_huge_unlisted_member_is_refused_before_it_is_written(second):
+    """A 256 KiB layer holding a 256 MiB member bundle.toml does not list: the bundle's rules
+    refuse it, and must do so before writing it (a 100 MB layer would write 100 GB otherwise).
+    The evidence: the pull runs under a 64 MiB file-size limit, which writing the member breaks."""
+    size = 256 << 20
+
+    def bomb(tar, top):
+        info = tarfile.TarInfo(f"{top}/bin/huge")
+        info.size = size
+        tar.addfile(info, io.BufferedReader(_Zeros(size)))
+
+    with second.open() as store:
+        man = second.build_manifest(store)
+        evil = _bundle_with(store.read_blob(man.layers[0], 1 << 30), bomb)
+        second.drop_referrers(store, man)
+        second.republish(store, man, evil, second.pair())
+    assert len(evil) < 2 << 20
+    res = second.machine.run_wrapped(("prlimit", f"--fsize={64 << 20}"), "build", str(second.recipe),
+                                     "--backend", "cpu", "--substitute-only", "--force",
+                                     "--prefix", str(second.prefix))
+    line = one_error(res, 9)
+    assert "bundle.toml" in line
+    second.untouched()
+
+
 # -- a directory store's files ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("what", ["layer", "index"])
@@ -420,17 +464,8 @@ def fake_registry():
 
 
 def _publish_to(second: Second, url: str) -> None:
-    """The pristine store's artifact and referrers copied into `url`."""
-    with second.open() as src, open_store(url, timeout=5) as dst:
-        man = second.build_manifest(src)
-        for d in (man.config, *man.layers):
-            dst.push_blob_bytes(src.read_blob(d, 1 << 30), d.media_type)
-        dst.push_manifest(man.data, tag=second.tag)
-        for ref in src.referrers(man.digest):
-            r = src.manifest(ref.digest)
-            for d in (r.config, *r.layers):
-                dst.push_blob_bytes(src.read_blob(d, 1 << 30), d.media_type)
-            dst.push_manifest(r.data)
+    """The pristine store's build and its referrers copied into `url`."""
+    _copy_build(second.url, url, second.tag)
 
 
 def test_a_registry_redirecting_a_blob_to_another_host_over_http_is_refused(second, fake_registry):
@@ -586,3 +621,104 @@ def test_control_characters_in_a_layout_stores_tag_names_are_not_printed_by_stor
     res = second.machine("store", "list", second.url)
     assert "Traceback" not in res.stderr, res.stderr
     assert not any(c in res.stdout + res.stderr for c in "\x1b\x07"), repr(res.stdout)
+
+
+def test_a_tls_registrys_blob_redirect_to_another_https_host_gets_no_credentials(second, tmp_path):
+    """ghcr.io's way: a blob served from another HTTPS host.  The credentials given to the
+    registry never go there, and that host's bytes are still checked against the digest."""
+    import base64
+
+    from registry_server import FakeRegistry, make_tls
+
+    tls = make_tls(tmp_path / "tls")
+    second.outside = second._outside()
+    with FakeRegistry(tls) as reg, FakeRegistry(tls, host="localhost") as other:
+        url = reg.store_url()
+        secret = base64.b64encode(b"alice:s3cret").decode()
+
+        def challenge(r):
+            if r.headers.get("Authorization") != f"Basic {secret}":
+                return 401, {"WWW-Authenticate": 'Basic realm="test"'}, b""
+            return None
+
+        second.machine.env["REQUESTS_CA_BUNDLE"] = str(tls.ca)
+        second.machine.env["SSL_CERT_FILE"] = str(tls.ca)
+        second.machine.env.update(ROCFORGE_STORE_USERNAME="alice", ROCFORGE_STORE_PASSWORD="s3cret")
+        _publish_to_with(second, url, second.machine.env)
+        with second.open() as store:
+            layer = second.build_manifest(store).layers[0]
+        good = reg.blobs[layer.digest]
+        other.blobs[layer.digest] = good[:-1] + bytes([good[-1] ^ 1])  # the other host lies
+        reg.route("GET", "/blobs/" + layer.digest, lambda r: challenge(r) or (
+            307, {"Location": f"{other.base}/cdn/{layer.digest}"}, b""))
+        other.route("GET", "/cdn/", lambda r: (200, {}, other.blobs[layer.digest]))
+        for method in ("GET", "HEAD", "PUT", "POST", "PATCH"):
+            reg.route(method, "^/v2/", challenge)
+        second.machine.configure(stores=[url], trusted_keys=[second.public], timeout=5)
+        line = second.refused()
+        assert "do not match its digest" in line
+        assert [r for r in other.requests if r.path.startswith("/cdn/")], "the redirect was not followed"
+        assert not [r for r in other.requests if "Authorization" in r.headers]
+        assert "s3cret" not in line
+
+
+def _publish_to_with(second: Second, url: str, env: dict) -> None:
+    """The pristine store's build copied into `url` in a child process with `env` (its CA and
+    credentials)."""
+    code = ("import sys; sys.path[:0] = [sys.argv[3], sys.argv[4]]\n"
+            "from test_substitute_pull_hostile import _copy_build\n"
+            "_copy_build(sys.argv[1], sys.argv[2], sys.argv[5])\n")
+    here = Path(__file__).resolve().parent
+    res = python(code, second.url, url, str(here), str(here.parent), second.tag, env=env)
+    assert res.returncode == 0, res.stderr
+
+
+def _copy_build(src_url: str, dst_url: str, tag: str) -> None:
+    with open_store(src_url) as src, open_store(dst_url, timeout=5) as dst:
+        man = src.manifest(tag)
+        for d in (man.config, *man.layers):
+            dst.push_blob_bytes(src.read_blob(d, 1 << 30), d.media_type)
+        dst.push_manifest(man.data, tag=tag)
+        for ref in src.referrers(man.digest):
+            r = src.manifest(ref.digest)
+            for d in (r.config, *r.layers):
+                dst.push_blob_bytes(src.read_blob(d, 1 << 30), d.media_type)
+            dst.push_manifest(r.data)
+
+
+def test_store_list_against_an_endless_tags_list_stops_in_one_line(second, fake_registry):
+    url = fake_registry.store_url()
+
+    def endless(r):
+        h = r.handler
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        try:
+            h.wfile.write(b'{"tags":["')
+            for _ in range(16):  # 16 MiB, past any tags list cap
+                h.wfile.write(b"a" * (1 << 20))
+        except OSError:
+            pass
+        h.close_connection = True
+        return ("raw", {}, b"")
+
+    fake_registry.route("GET", "/tags/list", endless)
+    t0 = time.monotonic()
+    res = second.machine("store", "list", url, timeout=60)
+    one_error(res, 7)
+    assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.slow  # about 13 s: the registry answers 200 pages before rocforge stops
+def test_store_list_against_a_next_link_to_itself_stops_in_one_line(second, fake_registry):
+    """The same next page over and over: stopped (it could be stopped at the first repeat)."""
+    url = fake_registry.store_url()
+    fake_registry.route("GET", "/tags/list", lambda r: (
+        200, {"Content-Type": "application/json",
+              "Link": '</v2/test/repo/tags/list?n=100&last=x>; rel="next"'}, b'{"tags":["x"]}'))
+    t0 = time.monotonic()
+    res = second.machine("store", "list", url, timeout=60)
+    print(one_error(res, 7))
+    assert time.monotonic() - t0 < 20
