@@ -722,3 +722,60 @@ def test_store_list_against_a_next_link_to_itself_stops_in_one_line(second, fake
     res = second.machine("store", "list", url, timeout=60)
     print(one_error(res, 7))
     assert time.monotonic() - t0 < 20
+
+
+def _drop_first_then(fake_registry, layer_digest: str, data: bytes, on_range) -> list:
+    """The blob's first GET cut off half-way; a later Range GET answered by `on_range(start)`."""
+    seen: list = []
+
+    def answer(r):
+        wanted = r.headers.get("Range")
+        seen.append(wanted)
+        if wanted:
+            return on_range(int(wanted.removeprefix("bytes=").split("-")[0]))
+        h = r.handler
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data[: len(data) // 2])
+        h.wfile.flush()
+        h.close_connection = True
+        h.connection.shutdown(2)
+        return ("raw", {}, b"")
+
+    fake_registry.route("GET", "/blobs/" + layer_digest, answer)
+    return seen
+
+
+def test_a_resume_answered_with_the_whole_blob_restarts_or_is_refused_in_one_line(second, fake_registry):
+    """HTTP lets a server ignore Range and answer 200 with the whole body: appending that to
+    the half already read must not happen (it would then fail the digest and blame the store's
+    bytes); the right answer is the build, the body taken from its start."""
+    url = fake_registry.store_url()
+    _publish_to(second, url)
+    with second.open() as store:
+        layer = second.build_manifest(store).layers[0]
+    data = fake_registry.blobs[layer.digest]
+    seen = _drop_first_then(fake_registry, layer.digest, data, lambda start: (200, {}, data))
+    second.machine.configure(stores=[url], trusted_keys=[second.public], timeout=5)
+    res = second.build()
+    assert any(seen[1:]), seen  # it did try to resume
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+
+
+def test_a_resume_answered_from_another_offset_is_refused_or_handled(second, fake_registry):
+    """A 206 whose Content-Range starts elsewhere than asked: its bytes do not belong there."""
+    url = fake_registry.store_url()
+    _publish_to(second, url)
+    with second.open() as store:
+        layer = second.build_manifest(store).layers[0]
+    data = fake_registry.blobs[layer.digest]
+    seen = _drop_first_then(fake_registry, layer.digest, data, lambda start: (
+        206, {"Content-Range": f"bytes 0-{len(data) - 1}/{len(data)}"}, data))
+    second.machine.configure(stores=[url], trusted_keys=[second.public], timeout=5)
+    res = second.build()
+    assert any(seen[1:]), seen
+    if res.returncode != 0:
+        line = one_error(res, 9)
+        assert "asked from byte" in line, line
+        second.untouched()
