@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -779,3 +780,56 @@ def test_a_resume_answered_from_another_offset_is_refused_or_handled(second, fak
         line = one_error(res, 9)
         assert "asked from byte" in line, line
         second.untouched()
+
+
+def test_a_symlinked_blobs_directory_or_an_oversized_index_is_refused(second, tmp_path):
+    moved = tmp_path / "blobs-elsewhere"
+    (second.store / "blobs").rename(moved)
+    (second.store / "blobs").symlink_to(moved)
+    second.outside = second._outside()
+    line = second.refused()
+    assert "symbolic link" in line or "not a directory" in line, line
+    (second.store / "blobs").unlink()
+    moved.rename(second.store / "blobs")
+    second.outside = second._outside()
+    index = json.loads((second.store / "index.json").read_text())
+    index["padding"] = "x" * (20 << 20)
+    (second.store / "index.json").write_text(json.dumps(index))
+    line = second.refused()
+    assert "cap" in line, line
+
+
+def test_ctrl_c_during_a_hung_pull_leaves_the_previous_build_and_no_staging(second, fake_registry):
+    import signal
+    import subprocess
+
+    url = fake_registry.store_url()
+    _publish_to(second, url)
+    with second.open() as store:
+        layer = second.build_manifest(store).layers[0]
+    data = fake_registry.blobs[layer.digest]
+
+    def hang(r):
+        h = r.handler
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data[:100])
+        h.wfile.flush()
+        time.sleep(6)
+        return ("raw", {}, b"")
+
+    fake_registry.route("GET", "/blobs/" + layer.digest, hang)
+    second.machine.configure(stores=[url], trusted_keys=[second.public], timeout=30)
+    child = subprocess.Popen([sys.executable, "-m", "rocforge_build", "build", str(second.recipe), "--backend", "cpu",
+                              "--substitute-only", "--force", "--prefix", str(second.prefix)],
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, **second.machine.env,
+                                                                     "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(r.path.endswith(layer.digest) for r in fake_registry.requests):
+        time.sleep(0.05)
+    time.sleep(0.5)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=30)
+    assert child.returncode != 0 and "Traceback" not in err, err
+    second.untouched()
