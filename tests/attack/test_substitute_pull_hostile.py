@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from buildfixtures import git_repo, recipe_copy
+from needs import require
 from trust_helpers import one_error, python, rocforge, snapshot
 
 from rocforge_build.substitute import artifact, oci, signing
@@ -46,7 +47,8 @@ class Machine:
 
 @pytest.fixture(scope="module")
 def first(tmp_path_factory):
-    """The first machine's published build: (store dir, recipe, public key line, secret key path)."""
+    """The first machine's published build: (store dir, recipe, public key line, secret key path, tag)."""
+    require("patchelf")  # publishing packs a bundle, whose RUNPATHs patchelf rewrites
     top = tmp_path_factory.mktemp("first")
     repo = git_repo(top / "repo")
     recipe = recipe_copy(top / "r", **{"file:///nonexistent/fixture.git": f"file://{repo}"})
