@@ -65,12 +65,12 @@ def write_archive(tree: Path, out: Path) -> None:
             # gzip's own default level: tarfile's 9 compresses ROCm's device code barely smaller
             # in about twice the time (docs/measurements/bundles.md)
             with tarfile.open(tmp, "w:gz", compresslevel=6, format=tarfile.PAX_FORMAT) as tf:
-                tf.add(tree, arcname=tree.name, filter=_tar_filter)
+                _add_tree(tf, tree)
         else:
             plain = tmp.with_suffix(".tar")
             try:
                 with tarfile.open(plain, "w", format=tarfile.PAX_FORMAT) as tf:
-                    tf.add(tree, arcname=tree.name, filter=_tar_filter)
+                    _add_tree(tf, tree)
                 proc.run([zstd_program(), "-q", "-f", "-T0", str(plain), "-o", str(tmp)], timeout=None)  # size-bound
             finally:
                 plain.unlink(missing_ok=True)
@@ -84,6 +84,17 @@ def write_archive(tree: Path, out: Path) -> None:
         raise
 
 
+def _add_tree(tf: tarfile.TarFile, tree: Path) -> None:
+    """The top folder, bundle.toml right after it, then the rest in sorted order: a reader that
+    has the index first can hold every later member to it before writing a byte (`index_first`)."""
+    tf.add(tree, arcname=tree.name, recursive=False, filter=_tar_filter)
+    if (tree / BUNDLE_TOML).is_file():
+        tf.add(tree / BUNDLE_TOML, arcname=f"{tree.name}/{BUNDLE_TOML}", filter=_tar_filter)
+    for name in sorted(os.listdir(tree)):
+        if name != BUNDLE_TOML:
+            tf.add(tree / name, arcname=f"{tree.name}/{name}", filter=_tar_filter)
+
+
 def _tar_filter(info: tarfile.TarInfo) -> tarfile.TarInfo:
     info.uid = info.gid = 0
     info.uname = info.gname = ""
@@ -92,7 +103,8 @@ def _tar_filter(info: tarfile.TarInfo) -> tarfile.TarInfo:
 
 def _write_zip(tree: Path, out: Path) -> None:
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for p in tree_entries(tree):
+        index = tree / BUNDLE_TOML  # first, as in a tar (`_add_tree`)
+        for p in sorted(tree_entries(tree), key=lambda p: p != index):
             arc = f"{tree.name}/{p.relative_to(tree).as_posix()}"
             if p.is_symlink():  # Info-ZIP's convention: mode S_IFLNK, the target as the data
                 info = zipfile.ZipInfo(arc)
@@ -555,15 +567,19 @@ def name_is_folder(where: str, info: dict, folder: str, what: str) -> None:
                              f"{what} {folder!r}", _DAMAGED_HINT)
 
 
-def scan_archive(path: Path, on_member) -> tuple[str, dict]:
+def scan_archive(path: Path, on_member, *, index_first: bool = False) -> tuple[str, dict]:
     """Every member through the folder rules (one top folder, named as bundle.toml's `name`),
-    handed to `on_member(top, rel, member, reader)` once it passed; (top, bundle.toml)."""
+    handed to `on_member(top, rel, member, reader)` once it passed; (top, bundle.toml).
+    `index_first` (a bundle from a store, which rocforge made with bundle.toml first): each later
+    member must be what bundle.toml lists, a file of its declared size or the same link, before
+    `on_member` writes a byte of it, so a small archive cannot unpack into a large tree."""
     from rocforge_build import extract
 
     where = path.name
     folder = Folder(where)
     top: str | None = None
     info: dict | None = None
+    listed: dict | None = None  # bundle.toml's entries by path, once it has been read
     for m, fh in _members(path):
         try:
             parts = extract.member_parts(m.name)
@@ -581,11 +597,14 @@ def scan_archive(path: Path, on_member) -> tuple[str, dict]:
             if m.kind != "dir":
                 raise refuse(where, m.name, "the bundle's folder must be a directory")
             continue
+        if index_first and m.kind != "dir" and rel != BUNDLE_TOML:
+            _listed(where, listed, rel, m)
         folder.add(rel, m.kind, m.link, shown=m.name)
         if m.kind == "file" and rel == BUNDLE_TOML:
             data = read_capped(fh, MAX_TOML, f"{where}: {top}/{BUNDLE_TOML}")
             info = parse_bundle_toml(data, f"{where}: {top}/{BUNDLE_TOML}")
             name_is_folder(where, info, top, "archive's top folder")
+            listed = {e.get("path"): e for e in info.get("file", ())}
             fh = io.BytesIO(data)
         on_member(top, rel, m, fh)
     folder.finish()
@@ -593,6 +612,20 @@ def scan_archive(path: Path, on_member) -> tuple[str, dict]:
         raise IntegrityError(f"{where} is not a rocforge bundle (no single top folder with {BUNDLE_TOML})",
                              "rocforge checks and unpacks only the bundles it makes")
     return top, info
+
+
+def _listed(where: str, listed: dict | None, rel: str, m: Member) -> None:
+    if listed is None:
+        raise refuse(where, m.name, f"it comes before {BUNDLE_TOML}, which a bundle from a store "
+                     "holds first")
+    entry = listed.get(rel)
+    if entry is None:
+        raise refuse(where, m.name, f"{BUNDLE_TOML} does not list it")
+    if m.kind == "link" and entry.get("link") != m.link:
+        raise refuse(where, m.name, f"{BUNDLE_TOML} lists another link target")
+    if m.kind == "file" and ("link" in entry or entry.get("size") != m.size):
+        raise refuse(where, m.name, f"its size {m.size} is not the {entry.get('size')} bytes "
+                     f"{BUNDLE_TOML} lists")
 
 
 def hash_regular(path: str) -> str:

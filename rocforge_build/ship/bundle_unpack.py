@@ -65,7 +65,7 @@ class _Unpacker:
                 shutil.copyfileobj(fh, out)
 
 
-def unpack(path: Path, into: Path) -> Path:
+def unpack(path: Path, into: Path, *, index_first: bool = False) -> Path:
     """Unpack a bundle archive into `into/<name>` (refused if that exists), verified afterwards:
     every member through the rules `check` applies, written into a staging directory of a fixed
     name inside `into` and renamed into place only when the whole tree checks."""
@@ -78,7 +78,7 @@ def unpack(path: Path, into: Path) -> Path:
     _prepare_into(into)
     try:
         with extract.staging(into, prefix=".rocforge-unpack-") as tmp:
-            top, _ = scan_archive(path, _Unpacker(path, into, tmp))
+            top, _ = scan_archive(path, _Unpacker(path, into, tmp), index_first=index_first)
             _, _, bad = verify(tmp / top)
             if bad:
                 raise IntegrityError(f"{path.name}: {len(bad)} files do not match {BUNDLE_TOML}: "

@@ -17,6 +17,7 @@ from rocforge_build.substitute import oci, signing
 from rocforge_build.substitute.oci import Descriptor, Manifest, Store, StoreError
 
 MAX_SIGNATURE = 8 << 10
+SIGNER = "dev.rocforge.signer"  # the key id a referrer says signed it (a hint: the signature decides)
 MAX_DOCUMENT = 4 << 20
 
 
@@ -68,15 +69,27 @@ def attach(store: Store, subject: Manifest, artifact_type: str, document: dict |
     sig = signing.sign(signed, pair, comment).encode()
     layers.append(store.push_blob_bytes(sig, oci.MINISIGN_LAYER))
     data = oci.make_manifest(artifact_type=artifact_type, config=empty, layers=layers,
-                             subject=subject.descriptor(), annotations=annotations)
+                             subject=subject.descriptor(),
+                             annotations={**(annotations or {}), SIGNER: pair.key_id})
     return store.push_manifest(data)
+
+
+def _by_trusted(refs: list[Descriptor], trusted: list[signing.PublicKey]) -> tuple[list[Descriptor], list[str]]:
+    """The referrers whose annotation names a trusted key (only those are fetched and checked:
+    the annotation is a hint, the signature decides), and a line for those that name none, so
+    that referrers anyone could add cost nothing and crowd out no good one."""
+    ids = {k.key_id for k in trusted}
+    named = [r for r in refs if r.annotations.get(SIGNER) in ids]
+    others = sorted({str(r.annotations.get(SIGNER, "no key"))[:16] for r in refs
+                     if r.annotations.get(SIGNER) not in ids})
+    return named, [f"signed by the key {k}, which is not trusted" for k in others[:3]]
 
 
 def signed_by(store: Store, build: Manifest, trusted: list[signing.PublicKey]) -> str:
     """The id of a trusted key whose signature of the build's manifest bytes holds, or Refused
     saying why none does (no signature, only untrusted keys, or a signature that does not match)."""
-    problems: list[str] = []
-    for ref in store.referrers(build.digest, oci.SIGNATURE_TYPE)[:64]:
+    candidates, problems = _by_trusted(store.referrers(build.digest, oci.SIGNATURE_TYPE), trusted)
+    for ref in candidates:
         try:
             man = store.manifest(ref.digest)
             sig_layer = _one_layer(man, oci.MINISIGN_LAYER, store)
@@ -100,8 +113,9 @@ def attached(store: Store, build: Manifest, artifact_type: str,
              trusted: list[signing.PublicKey]) -> tuple[list[Attached], list[str]]:
     """The documents of `artifact_type` attached to a build whose signature by a trusted key
     holds, and one line for each one left out (untrusted, altered, malformed)."""
-    good, left_out = [], []
-    for ref in store.referrers(build.digest, artifact_type)[:512]:
+    candidates, left_out = _by_trusted(store.referrers(build.digest, artifact_type), trusted)
+    good = []
+    for ref in candidates:
         try:
             man = store.manifest(ref.digest)
             if man.subject is None or man.subject.digest != build.digest:

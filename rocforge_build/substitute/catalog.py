@@ -71,7 +71,7 @@ def describe_list(builds: list[Listed]) -> list[str]:
         return ["no rocforge builds in this store"]
     lines = []
     for b in builds:
-        lines.append(f"{b.key.removeprefix('sha256:')[:16]}  {b.recipe or '?'} {b.target or '(no GPU target)'} "
+        lines.append(f"{_text(b.key.removeprefix('sha256:'), 16)}  {b.recipe or '?'} {b.target or '(no GPU target)'} "
                      f"{b.backend}  {b.created}  {b.attestations} attestation(s)  "
                      f"{'unverified  ' if b.verified == 'false' else ''}signed: {b.signed_by}")
     return lines
@@ -115,24 +115,45 @@ def show(url: str, ref: str, trusted: list[signing.PublicKey], *, timeout: float
             "left_out": [_text(x, 300) for x in (left_out + adv_left)]}
 
 
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value, most: int = 256) -> list:
+    return value[:most] if isinstance(value, list) else []
+
+
+def _scalar(value):
+    """A JSON scalar as it is (numbers, true/false, null), anything else as one line of text:
+    what a document says is shown, never run or printed raw."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return _text(value)
+
+
 def _attestation(a: artifact.Attached) -> dict:
+    """One trusted evidence document, read field by field: a field of the wrong type is left out
+    (its signer vouched for the bytes, not for their shape)."""
     d = a.document
-    host = d.get("host") if isinstance(d.get("host"), dict) else {}
-    shapes = []
-    for row in d.get("verify") or []:
-        for c in (row.get("checks") or []) if isinstance(row, dict) else []:
-            if isinstance(c, dict):
-                shapes.append({k: c.get(k) for k in ("ctx", "ubatch", "fa", "ngl", "passed", "kld_mean",
-                                                     "top1", "ppl", "ppl_ref")})
-    return {"signer": a.signer, "kind": d.get("kind"), "passed": d.get("passed"), "made_at": d.get("made_at"),
-            "rocforge": d.get("rocforge"),
-            "host": {k: host.get(k) for k in ("kernel", "os", "cpu", "rocm", "gpus", "firmware",
-                                              "firmware_packages", "cmdline", "iommu", "gtt_bytes")},
-            "model_sha256": (d.get("model") or {}).get("sha256") if isinstance(d.get("model"), dict) else None,
-            "own_figures": d.get("own_figures") or [], "shapes": shapes, "note": d.get("note", "")}
+    host = _dict(d.get("host"))
+    shapes = [{k: _scalar(c.get(k)) for k in ("ctx", "ubatch", "fa", "ngl", "passed", "kld_mean", "top1",
+                                               "ppl", "ppl_ref")}
+              for row in _list(d.get("verify"), 64) if isinstance(row, dict)
+              for c in _list(row.get("checks"), 256) if isinstance(c, dict)]
+    gpus = [_text(g.get("gfx") or g.get("name"), 40) for g in _list(host.get("gpus"), 16) if isinstance(g, dict)]
+    return {"signer": a.signer, "kind": _scalar(d.get("kind")), "passed": _scalar(d.get("passed")),
+            "made_at": _scalar(d.get("made_at")), "rocforge": _scalar(d.get("rocforge")),
+            "host": {**{k: _scalar(host.get(k)) for k in ("kernel", "os", "cpu", "rocm", "firmware",
+                                                        "cmdline", "iommu", "gtt_bytes")},
+                     "gpus": gpus, "firmware_packages": [_text(p) for p in _list(host.get("firmware_packages"), 32)]},
+            "model_sha256": _scalar(_dict(d.get("model")).get("sha256")),
+            "own_figures": [{k: _scalar(f.get(k)) for k in ("ctx", "chunks", "fa", "ppl")}
+                            for f in _list(d.get("own_figures"), 16) if isinstance(f, dict)],
+            "shapes": shapes, "note": _text(d.get("note", ""), 300)}
 
 
 def describe_show(shown: dict) -> list[str]:
+    """Lines for people; every value came through `_attestation` (one line each) or JSON."""
     fields = shown.get("key_fields") or {}
     lines = [f"key       {shown['key']}", f"manifest  {shown['manifest']}",
              f"signed    {_text(shown['signed_by'], 300)}",
@@ -147,24 +168,21 @@ def describe_show(shown: dict) -> list[str]:
         lines.append("no trusted attestations")
     for a in shown["attestations"]:
         h = a["host"]
-        gpus = ", ".join(_text(g.get("gfx") or g.get("name"), 40) for g in (h.get("gpus") or [])
-                         if isinstance(g, dict)) or "none"
-        lines.append(f"attestation {_text(a['kind'], 20)} by {a['signer']} {_text(a['made_at'], 30)}: "
-                     f"{'passed' if a['passed'] else 'FAILED' if a['passed'] is False else 'no verdict'}")
-        lines.append(f"  host: kernel {_text(h.get('kernel'), 60)}, ROCm {_text(h.get('rocm'), 40)}, GPUs {gpus}, "
-                     f"firmware {_text(h.get('firmware'), 80)}")
-        for s in a["shapes"][:64]:
-            lines.append(f"  ctx {s.get('ctx')} ub {s.get('ubatch')} fa {s.get('fa')} ngl {s.get('ngl')}: "
-                         f"{'passed' if s.get('passed') else 'FAILED'} (KLD {s.get('kld_mean')}, "
-                         f"top-1 {s.get('top1')})")
-        for f in a["own_figures"][:16]:
-            if isinstance(f, dict):
-                lines.append(f"  own PPL at ctx {f.get('ctx')} fa {f.get('fa')}: {f.get('ppl')}")
+        verdict = "passed" if a["passed"] is True else "FAILED" if a["passed"] is False else "no verdict"
+        lines.append(f"attestation {a['kind']} by {a['signer']} {a['made_at']}: {verdict}")
+        lines.append(f"  host: kernel {h['kernel']}, ROCm {h['rocm']}, GPUs {', '.join(h['gpus']) or 'none'}, "
+                     f"firmware {h['firmware']}")
+        for sh in a["shapes"][:64]:
+            lines.append(f"  ctx {sh['ctx']} ub {sh['ubatch']} fa {sh['fa']} ngl {sh['ngl']}: "
+                         f"{'passed' if sh['passed'] is True else 'FAILED'} (KLD {sh['kld_mean']}, "
+                         f"top-1 {sh['top1']})")
+        for f in a["own_figures"]:
+            lines.append(f"  own PPL at ctx {f['ctx']} fa {f['fa']}: {f['ppl']}")
         if a["note"]:
-            lines.append(f"  note: {_text(a['note'], 300)}")
+            lines.append(f"  note: {a['note']}")
     for x in shown["left_out"]:
         lines.append(f"left out: {x}")
-    return lines  # each value went through _text (one_line) or JSON, which escapes controls
+    return lines
 
 
 def advise(url: str, ref: str, reason: str, key_file: Path, trusted: list[signing.PublicKey], *,

@@ -137,7 +137,10 @@ class LayoutStore(oci.Store):
         self._update_index(change)
 
     def tags(self) -> list[str]:
-        return [t for t in (e.annotations.get(oci.REF_NAME) for e in self._index()) if t]
+        """The index's names that are OCI tags (anything else in a hand-made index.json is not
+        a name rocforge looks up, and never reaches a terminal)."""
+        return [t for t in (e.annotations.get(oci.REF_NAME) for e in self._index())
+                if t and oci.TAG.fullmatch(t)]
 
 
 class DirectoryStore(LayoutStore):

@@ -18,6 +18,7 @@ from rocforge_build.errors import RocforgeError
 from rocforge_build.forge.locations import STAGED, destdir
 from rocforge_build.forge.substitute_key import SubstituteOutcome
 from rocforge_build.manifest_schema import MANIFEST
+from rocforge_build.shellsafe import one_line
 from rocforge_build.substitute import artifact, evidence, oci, signing
 from rocforge_build.substitute.oci import NotFound
 from rocforge_build.substitute.stores import open_store
@@ -45,12 +46,13 @@ def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
         try:
             record, verified = _from_store(url, plan, staging, trusted, model, say)
         except artifact.KnownBad as bad:
-            return SubstituteOutcome(False, bad.message, (*tried, f"{url}: {bad.message}"), advisory=bad.message)
-        except Miss as miss:
-            tried.append(f"{url}: {miss.message}")
+            return SubstituteOutcome(False, one_line(bad.message), (*tried, one_line(f"{url}: {bad.message}")),
+                                     advisory=one_line(bad.message))
+        except Miss as miss:  # rocforge's own words: the store's URL goes first
+            tried.append(one_line(f"{url}: {miss.message}"))
             continue
-        except RocforgeError as exc:
-            tried.append(f"{url}: {exc.message}")
+        except RocforgeError as exc:  # a store's errors name the store already
+            tried.append(one_line(exc.message))
             continue
         record_verified(plan, record, verified)
         return SubstituteOutcome(True, "", tuple(tried), record)
@@ -113,7 +115,7 @@ def _unpack_as_staging(archive: Path, holder: Path, staging: Path, key_digest: s
     from rocforge_build.discover.builds import read_manifest
     from rocforge_build.ship.bundle_unpack import unpack
 
-    tree = unpack(archive, holder / "tree")
+    tree = unpack(archive, holder / "tree", index_first=True)
     shipped = read_manifest(tree)
     if not shipped or (shipped.get("substitute_key") or {}).get("digest") != key_digest:
         raise Miss("refused: the bundle's own manifest was made for another key")
