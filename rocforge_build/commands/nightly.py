@@ -188,9 +188,31 @@ def _list(args, cfg) -> int:
     return 0
 
 
+def _known_bad_finder(cfg):
+    """known_bad.find with the trusted nightly advisories of the configured stores joined to the
+    packaged table; with no store configured, the packaged table alone and no network call."""
+    from rocforge_build.nightly import known_bad
+
+    sub = cfg.get("substitute") or {}
+    if not sub.get("stores"):
+        return known_bad.find
+    from rocforge_build.substitute import advisories, signing
+
+    extra, problems = advisories.nightly_advisories(
+        list(sub["stores"]), signing.trusted_keys_from_config(list(sub.get("trusted_keys") or [])),
+        float(sub.get("timeout", 30.0)))
+    for line in problems:
+        print(f"rocforge: warning: {line}", file=sys.stderr)
+
+    def find(version, target=None, family=None):
+        return known_bad.find(version, target, family) or next(
+            (bad for bad in extra if bad.covers(version) and bad.hits(target, family)), None)
+    return find
+
+
 def _install(args, cfg) -> int:
     from rocforge_build.discover.rocm_version import version_key
-    from rocforge_build.nightly import install, known_bad
+    from rocforge_build.nightly import install
 
     if args.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", args.sha256.strip()):
         raise UsageError(f"--sha256 {args.sha256!r} is not a sha256 (64 hexadecimal digits)",
@@ -198,11 +220,12 @@ def _install(args, cfg) -> int:
     gate = _gate_inputs(args)  # checked before anything is listed or downloaded
     groups, target = _groups(args, need=True)
     entries = _entries(args, cfg)
+    find = _known_bad_finder(cfg)
     skipped: dict[str, str] = {}
     if args.version in (None, "", "latest"):  # a pinned version is installed as asked
         keep = []
         for e in entries:
-            bad = known_bad.find(e.version, target, e.family) if e.family in groups else None
+            bad = find(e.version, target, e.family) if e.family in groups else None
             if bad is None:
                 keep.append(e)
             else:
@@ -217,7 +240,7 @@ def _install(args, cfg) -> int:
              if version_key(v) > version_key(layers[-1].version)]
     if newer:
         reason += "; skipped " + "; ".join(newer)
-    pinned = known_bad.find(layers[-1].version, target, layers[-1].family)
+    pinned = find(layers[-1].version, target, layers[-1].family)
     if pinned is not None:
         print(f"rocforge: warning: {pinned.describe(layers[-1].version)}; installing it because "
               "--version pins it", file=sys.stderr)
@@ -225,6 +248,7 @@ def _install(args, cfg) -> int:
     name = install.version_dir_name(layers)
     if args.dry_run:
         plan = {"prefix": _shown(args, prefix), "version_dir": name, "reason": reason,
+                "skipped_known_bad": list(skipped.values()),
                 "layers": [e.to_json() for e in layers]}
         if args.json:
             print(json.dumps(plan, indent=2))
