@@ -134,3 +134,31 @@ def test_make_document_refuses_what_a_reader_would(bad):
     args = dict(first=GOOD, last=GOOD, targets=["gfx1151"], reason="r", version="t") | bad
     with pytest.raises(StoreError):
         advisories.make_document(**args)
+
+
+def test_store_advise_nightly_publishes_what_install_honours(site, capsys, tmp_path):
+    pair = signing.generate()
+    secret = tmp_path / "keys/rocforge.key"
+    signing.write_key_pair(secret, tmp_path / "keys/rocforge.pub", pair)
+    url = f"file://{tmp_path / 'store'}"
+    rc = cli.main(["store", "advise", url, "--nightly", f"{GOOD}..{NEWER}", "--targets", "gfx1151,gfx1150",
+                   "--reason", "GPU hang in hipMemcpy", "--key", str(secret)])
+    _out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "published" in err and pair.key_id in err
+    _configure(capsys, url, [pair.public])
+    plan, _ = _plan(capsys, tmp_path)
+    assert [layer["version"] for layer in plan["layers"]] == [OLDER]
+    assert "GPU hang in hipMemcpy" in plan["reason"]
+
+
+@pytest.mark.parametrize("argv,why", [(["--nightly", f"{NEWER}..{GOOD}"], "after"),
+                                      (["--nightly", "latest"], "nightly version"),
+                                      (["--nightly", GOOD, "--targets", "x86"], "gfx"),
+                                      (["KEY", "--nightly", GOOD], "not both")])
+def test_store_advise_nightly_refuses_bad_input_in_one_line(capsys, tmp_path, argv, why):
+    url = f"file://{tmp_path / 'store'}"
+    rc = cli.main(["store", "advise", url, *argv, "--reason", "r"])
+    _out, err = capsys.readouterr()
+    assert rc != 0 and why in err and "Traceback" not in err
+    assert not (tmp_path / "store").exists()

@@ -1,6 +1,7 @@
-"""`rocforge store list URL`, `store show URL KEY`, `store advise URL KEY --reason TEXT`: what a
-substitute store holds, every attestation per build, and known-bad advisories (see
-substitute/catalog.py)."""
+"""`rocforge store list URL`, `store show URL KEY`, `store advise URL KEY --reason TEXT` and
+`store advise URL --nightly FIRST[..LAST] --reason TEXT`: what a substitute store holds, every
+attestation per build, and known-bad advisories about a build or TheRock nightlies (see
+substitute/catalog.py and substitute/advisories.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from pathlib import Path
 def add_arguments(parser) -> None:
     parser.usage = ("rocforge store list URL [--json]\n"
                     "       rocforge store show URL KEY [--json]\n"
-                    "       rocforge store advise URL KEY --reason TEXT [--key FILE]")
+                    "       rocforge store advise URL KEY --reason TEXT [--key FILE]\n"
+                    "       rocforge store advise URL --nightly FIRST[..LAST] [--targets gfx1151,...] "
+                    "--reason TEXT [--key FILE]")
     parser.add_argument("action", choices=("list", "show", "advise"),
                         help="list: the builds a store holds; show: one build's key, signer and "
                         "attestations; advise: attach a signed known-bad advisory")
@@ -20,6 +23,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("build_key", nargs="?", metavar="KEY",
                         help="a build's key: its digest, tag or the first 12+ hex digits")
     parser.add_argument("--reason", metavar="TEXT", help="advise: why the build is bad (one line)")
+    parser.add_argument("--nightly", metavar="FIRST[..LAST]",
+                        help="advise: TheRock nightlies (a version or an inclusive range) instead of a build")
+    parser.add_argument("--targets", metavar="GFX,...", default="",
+                        help="advise --nightly: the GPUs it breaks (default: every GPU)")
     parser.add_argument("--key", metavar="FILE", type=Path, help="advise: the secret key to sign with")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -41,6 +48,8 @@ def run(args) -> int:
             for line in catalog.describe_list(builds):
                 print(line)
         return 0
+    if args.action == "advise" and args.nightly is not None:
+        return _advise_nightly(args, cfg, timeout, signing_key_path)
     if not args.build_key:
         raise UsageError(f"store {args.action} needs a KEY", "`rocforge store list URL` lists them")
     if args.action == "show":
@@ -56,4 +65,32 @@ def run(args) -> int:
     digest = catalog.advise(args.url, args.build_key, args.reason,
                             args.key or signing_key_path(cfg["signing_key"]), trusted, timeout=timeout)
     sys.stderr.write(f"rocforge: advisory {digest[:19]} attached to {args.build_key[:24]}\n")
+    return 0
+
+
+def _advise_nightly(args, cfg, timeout: float, signing_key_path) -> int:
+    """Publish a signed advisory naming TheRock nightlies known-bad (read by `nightly install`)."""
+    from rocforge_build import __version__
+    from rocforge_build.errors import UsageError
+    from rocforge_build.shellsafe import one_line
+    from rocforge_build.substitute import advisories, signing
+    from rocforge_build.substitute.oci import StoreError
+    from rocforge_build.substitute.stores import open_store
+
+    if args.build_key:
+        raise UsageError("store advise takes a KEY or --nightly, not both")
+    if not args.reason:
+        raise UsageError("store advise needs --reason TEXT", "say in one line why the nightlies are bad")
+    first, _, last = args.nightly.partition("..")
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    try:
+        document = advisories.make_document(first.strip(), (last or first).strip(), targets,
+                                            args.reason, __version__)
+    except StoreError as exc:
+        raise UsageError(f"store advise --nightly: {one_line(exc.message)}",
+                         "a version looks like 7.14.0a20260612; targets like gfx1151,gfx1100") from None
+    pair = signing.read_secret_key(args.key or signing_key_path(cfg["signing_key"]))
+    with open_store(args.url, timeout=timeout) as store:
+        tag = advisories.publish(store, document, pair)
+    sys.stderr.write(f"rocforge: nightly advisory {tag} published (signed by {pair.key_id})\n")
     return 0

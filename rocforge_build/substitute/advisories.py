@@ -9,6 +9,7 @@ import datetime
 import json
 import re
 
+from rocforge_build.discover.rocm_version import version_key
 from rocforge_build.nightly.known_bad import KnownBad
 from rocforge_build.nightly.listing import _VERSION
 from rocforge_build.shellsafe import one_line
@@ -58,6 +59,8 @@ def _check_document(doc: object) -> KnownBad:
     for name, v in (("first", first), ("last", last)):
         if not isinstance(v, str) or not _VERSION_RE.fullmatch(v):
             raise StoreError(f"{name} {one_line(str(v))[:40]!r} is not a nightly version")
+    if version_key(first) > version_key(last):
+        raise StoreError(f"first {first} comes after last {last}")
     if not isinstance(targets, list) or len(targets) > 64 or not all(
             isinstance(t, str) and _TARGET_RE.fullmatch(t) for t in targets):
         raise StoreError("targets must be a list of gfx names")
