@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+import time
 
 from rocforge_build.discover.rocm_version import version_key
 from rocforge_build.nightly.known_bad import KnownBad
@@ -21,6 +22,8 @@ TAG_PREFIX = "rocforge-nightly-advisory-"
 MAX_TAGS = 256
 MAX_DOCUMENT = 16 << 10
 MAX_REASON = 500
+MAX_LINES = 8  # lines about advisories left out, per store
+READ_BUDGET = 3  # timeouts one store may spend on its advisories before the install goes on
 _VERSION_RE = re.compile(_VERSION)
 _TARGET_RE = re.compile(r"gfx[0-9a-fA-F]{3,5}")
 
@@ -111,14 +114,23 @@ def nightly_advisories(urls: list[str], trusted: list[signing.PublicKey], timeou
                 tags = [t for t in store.tags() if isinstance(t, str) and t.startswith(TAG_PREFIX)]
                 if len(tags) > MAX_TAGS:
                     problems.append(f"{where}: {len(tags)} advisories; only the first {MAX_TAGS} are read")
+                deadline = time.monotonic() + READ_BUDGET * timeout
+                left_out = []
                 for tag in sorted(tags)[:MAX_TAGS]:
+                    if time.monotonic() > deadline:
+                        problems.append(f"{where}: reading its advisories took past {READ_BUDGET * timeout:g} s; "
+                                        "the rest are left out")
+                        break
                     try:
                         bad, key_id = _read_one(store, tag, trusted)
                     except (StoreError, signing.SignatureError) as exc:
-                        problems.append(f"{where}: advisory left out: {one_line(exc.message)[:300]}")
+                        left_out.append(f"{where}: advisory left out: {one_line(exc.message)[:300]}")
                         continue
                     found.append(KnownBad(bad.first, bad.last, bad.targets, bad.symptom,
                                           f"advisory signed by {key_id} in {where}"))
+                problems += left_out[:MAX_LINES]
+                if len(left_out) > MAX_LINES:
+                    problems.append(f"{where}: {len(left_out) - MAX_LINES} more advisories left out")
         except oci.StoreUnreachable as exc:
             problems.append(f"{where}: no nightly advisories read ({one_line(exc.message)[:200]})")
         except Exception as exc:  # noqa: BLE001 - a store's failure never stops an install
