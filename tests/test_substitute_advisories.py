@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from needs import needs
 from therock_tarballs import Mirror, make_tarball
 
 from rocforge_build import cli
@@ -162,3 +163,23 @@ def test_store_advise_nightly_refuses_bad_input_in_one_line(capsys, tmp_path, ar
     _out, err = capsys.readouterr()
     assert rc != 0 and why in err and "Traceback" not in err
     assert not (tmp_path / "store").exists()
+
+
+@needs("docker-registry")
+def test_on_a_real_registry_through_the_cli(site, capsys, tmp_path):
+    """Debian's docker-registry: `store advise --nightly` pushes it, `nightly install` skips NEWER."""
+    from registry_server import start_registry
+
+    pair = signing.generate()
+    secret = tmp_path / "keys/rocforge.key"
+    signing.write_key_pair(secret, tmp_path / "keys/rocforge.pub", pair)
+    with start_registry(tmp_path) as reg:
+        url = reg.store_url("rocforge/advisories")
+        rc = cli.main(["store", "advise", url, "--nightly", NEWER, "--reason", "bad kernels",
+                       "--key", str(secret)])
+        _out, err = capsys.readouterr()
+        assert rc == 0, err
+        _configure(capsys, url, [pair.public])
+        plan, err = _plan(capsys, tmp_path)
+    assert [layer["version"] for layer in plan["layers"]] == [GOOD]
+    assert "bad kernels" in plan["reason"] and pair.key_id in plan["reason"]
