@@ -14,7 +14,7 @@ def add_arguments(parser) -> None:
     parser.usage = ("rocforge store list URL [--json]\n"
                     "       rocforge store show URL KEY [--json]\n"
                     "       rocforge store advise URL KEY --reason TEXT [--key FILE]\n"
-                    "       rocforge store advise URL --nightly FIRST[..LAST] [--targets gfx1151,...] "
+                    "       rocforge store advise URL --nightly VERSION[..LAST] [--targets gfx1151,...] "
                     "--reason TEXT [--key FILE]")
     parser.add_argument("action", choices=("list", "show", "advise"),
                         help="list: the builds a store holds; show: one build's key, signer and "
@@ -23,8 +23,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("build_key", nargs="?", metavar="KEY",
                         help="a build's key: its digest, tag or the first 12+ hex digits")
     parser.add_argument("--reason", metavar="TEXT", help="advise: why the build is bad (one line)")
-    parser.add_argument("--nightly", metavar="FIRST[..LAST]",
-                        help="advise: TheRock nightlies (a version or an inclusive range) instead of a build")
+    parser.add_argument("--nightly", metavar="VERSION",
+                        help="advise: TheRock nightlies instead of a build: a version, or FIRST..LAST "
+                        "(an inclusive range)")
     parser.add_argument("--targets", metavar="GFX,...", default="",
                         help="advise --nightly: the GPUs it breaks (default: every GPU)")
     parser.add_argument("--key", metavar="FILE", type=Path, help="advise: the secret key to sign with")
