@@ -18,7 +18,7 @@ from rocforge_build.commands import bundle
 KINDS = {
     "GGUF": {"--model", "--verify", "--bench"},  # a model file
     "PREFIX": {"--prefix", "--reference", "--build", "prefix", "prefixes"},  # an install prefix
-    "GFX": {"--target", "names"},  # a GPU target (gfx1151, ...)
+    "GFX": {"--target", "--targets", "names"},  # a GPU target (gfx1151, ...)
     "B": {"--backend", "--backends"},  # a backend of a recipe
     "RECIPE": {"recipe", "name", "--clear"},  # a recipe name or .toml file
     "REF": {"--ref", "--good", "--bad"},  # a git tag, branch or commit
