@@ -16,6 +16,7 @@ import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rocforge_build.download import sha256_file
 from rocforge_build.forge.toolchains import Toolchain, _version_of
 from rocforge_build.proc import which
 
@@ -80,7 +81,7 @@ def key_fields(*, recipe, source_kind: str, identity: str, target: str, backend:
     return {
         "schema": SCHEMA,
         "recipe": {"name": recipe.name, "sha256": hashlib.sha256(recipe.text.encode()).hexdigest()},
-        "patches": {p.name: _sha256_file(p) for p in sorted(patches_dir.glob("*.patch"))}
+        "patches": {p.name: sha256_file(p) for p in sorted(patches_dir.glob("*.patch"))}
         if patches_dir.is_dir() else {},
         "source": {"kind": source_kind, "identity": identity},
         "target": target or "",
@@ -143,13 +144,6 @@ def glibc_floor() -> str:
     except (ValueError, OSError):
         return ""
 
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,13 @@ OCI referrer, so a build gathers the verdicts of every machine that ran it."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build import __version__
+from rocforge_build.download import sha256_file
 
 SCHEMA = "rocforge.evidence/1"
 KINDS = ("verify", "reference", "verified-here", "failed-here", "unverified")
@@ -66,14 +66,6 @@ def _bench_summary(row: dict) -> dict:
     return {k: row.get(k) for k in keep if k in row}
 
 
-def text_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def own_figures(prefix: Path, model_path: str, *, progress=None) -> tuple[list[OwnFigure], dict, str]:
     """The build's perplexity at verify's quick shapes with this model: (figures, the model's
     provenance, the text's sha256)."""
@@ -89,7 +81,7 @@ def own_figures(prefix: Path, model_path: str, *, progress=None) -> tuple[list[O
     for ctx, fa in sorted({(s.ctx, s.fa) for s in coverage.shapes}):
         ppl = verify.own_ppl(build, model, ctx, fa, OWN_CHUNKS, progress)
         figures.append(OwnFigure(ctx, OWN_CHUNKS, fa, float(ppl)))
-    return figures, provenance.model(model), text_sha256(text)
+    return figures, provenance.model(model), sha256_file(text)
 
 
 def compare_own(here: list[OwnFigure], there: list, file_type) -> tuple[bool, list[str]] | None:

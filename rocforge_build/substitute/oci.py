@@ -137,7 +137,7 @@ class Manifest:
         actual = sha256_digest(data)
         if digest is not None and actual != digest:
             raise StoreError(f"{where}: the manifest's bytes do not match its digest {digest}")
-        doc = _json_object(data, where)
+        doc = json_object(data, where)
         if doc.get("schemaVersion") != 2 or doc.get("mediaType", MANIFEST) != MANIFEST:
             raise StoreError(f"{where}: not an OCI image manifest")
         layers = doc.get("layers")
@@ -179,7 +179,7 @@ def make_index(manifests: list[Descriptor]) -> bytes:
 
 
 def parse_index(data: bytes, where: str) -> list[Descriptor]:
-    doc = _json_object(data, where)
+    doc = json_object(data, where)
     if doc.get("schemaVersion") != 2 or doc.get("mediaType", INDEX) != INDEX:
         raise StoreError(f"{where}: not an OCI image index")
     items = doc.get("manifests")
@@ -192,7 +192,8 @@ def canonical_json(doc: object) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def _json_object(data: bytes, where: str) -> dict:
+def json_object(data: bytes, where: str) -> dict:
+    """A store's JSON answer (at most MAX_MANIFEST bytes) as an object, or one StoreError line."""
     if len(data) > MAX_MANIFEST:
         raise StoreError(f"{where}: {len(data)} bytes, past the {MAX_MANIFEST}-byte cap")
     try:

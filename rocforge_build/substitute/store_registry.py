@@ -543,7 +543,7 @@ class RegistryStore(oci.Store):
                 return []  # a repository nothing was pushed to yet
             if response.status_code != 200:
                 self._refuse(response, where)
-            names = _json_document(response.content, where).get("tags")
+            names = oci.json_object(response.content, where).get("tags")
             if names is None:
                 names = []
             if not isinstance(names, list) or not all(isinstance(n, str) and oci.TAG.fullmatch(n)
@@ -639,14 +639,3 @@ def _registry_error(response: requests.Response) -> str:
     except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
         return ""
     return f" ({one_line(text)[:160]})"
-
-
-def _json_document(data: bytes, where: str) -> dict:
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise StoreError(f"{where}: not JSON ({type(exc).__name__})") from None
-    if not isinstance(doc, dict):
-        raise StoreError(f"{where}: not a JSON object")
-    return doc
-
