@@ -116,6 +116,13 @@ def _shown_host(url: str) -> str:
     return one_line(f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}")[:120]
 
 
+def _not_again(url: str, read: set[str], where: str) -> None:
+    """A next-page link to a page already read is a loop: stopped at once, not after MAX_PAGES."""
+    if url in read:
+        raise StoreError(f"{where}: the next page links back to a page already read (stopped)")
+    read.add(url)
+
+
 def _reason(exc: BaseException) -> str:
     """The innermost readable cause of a network exception ("connection refused"), not requests'
     nest of wrapper reprs."""
@@ -537,6 +544,7 @@ class RegistryStore(oci.Store):
         where = f"{self.url}: tags"
         url = f"{self.base}/tags/list?n={TAGS_PAGE}"
         found: list[str] = []
+        read = {url}
         for page in range(MAX_PAGES):
             response = self.registry.do_request(url, "GET", headers={"Accept": "application/json"})
             if response.status_code == 404 and page == 0:
@@ -555,6 +563,7 @@ class RegistryStore(oci.Store):
             url = self._next_page(response, url, where)
             if url is None:
                 return found
+            _not_again(url, read, where)
         raise StoreError(f"{where}: more than {MAX_PAGES} pages of tags (stopped)")
 
     def _native_referrers(self, digest: str) -> list[oci.Descriptor] | None:
@@ -565,6 +574,7 @@ class RegistryStore(oci.Store):
         where = f"{self.url}: referrers of {digest[:19]}"
         url = f"{self.base}/referrers/{oci.check_digest(digest, self.url)}"
         found: list[oci.Descriptor] = []
+        read = {url}
         for page in range(MAX_PAGES):
             response = self.registry.do_request(url, "GET", headers={"Accept": oci.INDEX})
             media_type = response.headers.get("Content-Type", "").split(";", 1)[0].strip()
@@ -580,6 +590,7 @@ class RegistryStore(oci.Store):
             url = self._next_page(response, url, where)
             if url is None:
                 return found
+            _not_again(url, read, where)
         raise StoreError(f"{where}: more than {MAX_PAGES} pages of referrers (stopped)")
 
     def _referrers_native_on_push(self, man: oci.Manifest) -> bool:

@@ -343,12 +343,24 @@ def test_endless_tag_pages_stop(fake, monkeypatch):
     from rocforge_build.substitute import store_registry
 
     monkeypatch.setattr(store_registry, "MAX_PAGES", 20)
+    pages = iter(range(10 ** 6))  # each page links to a new one: only the cap stops it
+    fake.route("GET", "/tags/list", lambda request: (
+        200, {"Content-Type": "application/json",
+              "Link": f'<{request.path}?n=1&last=x{next(pages)}>; rel="next"'},
+        b'{"tags": ["a"]}'))
+    with pytest.raises(StoreError) as info:
+        RegistryStore(fake.store_url(), timeout=5).tags()
+    assert "more than 20 pages" in _one_line(info.value)
+
+
+def test_a_next_page_link_back_to_a_page_read_stops_at_once(fake):
     fake.route("GET", "/tags/list", lambda request: (
         200, {"Content-Type": "application/json", "Link": f'<{request.path}?n=1&last=x>; rel="next"'},
         b'{"tags": ["a"]}'))
     with pytest.raises(StoreError) as info:
         RegistryStore(fake.store_url(), timeout=5).tags()
-    assert "more than 20 pages" in _one_line(info.value)
+    assert "links back to a page already read" in _one_line(info.value)
+    assert sum(1 for r in fake.requests if "tags/list" in r.path) == 2
 
 
 def test_a_tags_page_on_another_host_is_refused(fake):
