@@ -4,6 +4,8 @@ one option (the same plan, the same refusal)."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from buildfixtures import RECIPE, project_copy
@@ -33,3 +35,27 @@ def test_a_flag_without_its_target_is_one_error_line(tmp_path, flag):
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.splitlines()[0] == (
         "rocforge: error: build: argument --cmake-target/--build-target: expected one argument")
+
+
+def test_a_build_that_shares_nothing_needs_no_substitute_library(tmp_path):
+    """Without substitute.stores a build never imports PyCA cryptography or oras-py: a Debian
+    chroot building with its own Python (tests/e2e/test_sid_chroot.py) has neither.  Here both
+    are made unimportable for a real build of the fixture recipe."""
+    import subprocess
+    import sys
+
+    from buildfixtures import git_repo, recipe_copy
+
+    shim = tmp_path / "shim"
+    for name in ("cryptography", "oras", "boto3"):
+        (shim / name).mkdir(parents=True)
+        (shim / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed here')\n")
+    repo = git_repo(tmp_path / "repo")
+    recipe = recipe_copy(tmp_path / "r", **{"file:///nonexistent/fixture.git": repo.as_uri()})
+    repo_root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shim), str(repo_root)])}
+    out = subprocess.run([sys.executable, "-m", "rocforge_build", "build", str(recipe), "--target", "gfx1030",
+                          "--backend", "cpu", "--prefix", str(tmp_path / "p"), "--no-recheck"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "p" / "bin" / "fixture-hello").is_file()

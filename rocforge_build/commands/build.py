@@ -69,6 +69,15 @@ def _target(args) -> str:
         return ""
 
 
+def substitute(plan, staging, say):
+    """The stores asked for the plan's build (substitute/pull.py), imported only when some
+    store is configured: a machine that shares nothing needs none of its libraries (PyCA
+    cryptography, oras-py), as a Debian chroot building with its own Python does."""
+    from rocforge_build.substitute import pull
+
+    return pull.attempt(plan, staging, say)
+
+
 def run(args) -> int:
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run", "rocforge build ... --dry-run --json")
@@ -96,9 +105,7 @@ def run(args) -> int:
         sys.stdout.flush()
         pipeline.check(plan)  # the build's own checks: a dry run exits as the build would
         return 0
-    from rocforge_build.substitute import pull
-
-    outcome = pipeline.build(req, args.rootfs, substitute=pull.attempt)
+    outcome = pipeline.build(req, args.rootfs, substitute=substitute)
     if outcome.status == "up to date":
         sys.stderr.write(f"rocforge: {outcome.prefix} is up to date ({outcome.seconds:.2f}s; "
                          "--force rebuilds)\n")
