@@ -540,13 +540,25 @@ class RegistryStore(oci.Store):
         if response.headers.get("OCI-Subject"):
             self.subject_acknowledged.add(oci.sha256_digest(data))
 
-    def tags(self) -> list[str]:
-        where = f"{self.url}: tags"
-        url = f"{self.base}/tags/list?n={TAGS_PAGE}"
-        found: list[str] = []
+    def _pages(self, url: str, accept: str, where: str, what: str) -> Iterator[tuple[int, requests.Response]]:
+        """Each page of a paginated answer (tags, referrers) in order, following the `Link`
+        header's next page on this registry; a link back to a page read, or more than
+        MAX_PAGES pages, stops with one line."""
         read = {url}
         for page in range(MAX_PAGES):
-            response = self.registry.do_request(url, "GET", headers={"Accept": "application/json"})
+            response = self.registry.do_request(url, "GET", headers={"Accept": accept})
+            yield page, response
+            url = self._next_page(response, url, where)
+            if url is None:
+                return
+            _not_again(url, read, where)
+        raise StoreError(f"{where}: more than {MAX_PAGES} pages of {what} (stopped)")
+
+    def tags(self) -> list[str]:
+        where = f"{self.url}: tags"
+        found: list[str] = []
+        for page, response in self._pages(f"{self.base}/tags/list?n={TAGS_PAGE}", "application/json",
+                                          where, "tags"):
             if response.status_code == 404 and page == 0:
                 return []  # a repository nothing was pushed to yet
             if response.status_code != 200:
@@ -560,11 +572,7 @@ class RegistryStore(oci.Store):
             found += names
             if len(found) > MAX_TAGS:
                 raise StoreError(f"{where}: more than {MAX_TAGS} tags (stopped)")
-            url = self._next_page(response, url, where)
-            if url is None:
-                return found
-            _not_again(url, read, where)
-        raise StoreError(f"{where}: more than {MAX_PAGES} pages of tags (stopped)")
+        return found
 
     def _native_referrers(self, digest: str) -> list[oci.Descriptor] | None:
         """The referrers API's answer; None once the registry has shown it has none (the spec
@@ -574,9 +582,7 @@ class RegistryStore(oci.Store):
         where = f"{self.url}: referrers of {digest[:19]}"
         url = f"{self.base}/referrers/{oci.check_digest(digest, self.url)}"
         found: list[oci.Descriptor] = []
-        read = {url}
-        for page in range(MAX_PAGES):
-            response = self.registry.do_request(url, "GET", headers={"Accept": oci.INDEX})
+        for page, response in self._pages(url, oci.INDEX, where, "referrers"):
             media_type = response.headers.get("Content-Type", "").split(";", 1)[0].strip()
             if page == 0 and (response.status_code in (404, 405) or
                               (response.status_code == 200 and media_type != oci.INDEX)):
@@ -587,11 +593,7 @@ class RegistryStore(oci.Store):
             found += oci.parse_index(response.content, where)
             if len(found) > oci.MAX_REFERRERS:
                 raise StoreError(f"{where}: more than {oci.MAX_REFERRERS} referrers (stopped)")
-            url = self._next_page(response, url, where)
-            if url is None:
-                return found
-            _not_again(url, read, where)
-        raise StoreError(f"{where}: more than {MAX_PAGES} pages of referrers (stopped)")
+        return found
 
     def _referrers_native_on_push(self, man: oci.Manifest) -> bool:
         return man.digest in self.subject_acknowledged
