@@ -161,10 +161,16 @@ class DirectoryStore(LayoutStore):
                 raise NotFound(f"{self.url}: no such store") from None
             try:
                 os.mkdir(self.path, 0o755)
+            except FileExistsError:
+                pass  # another publisher made it at the same moment; opened below, never through a link
             except OSError as exc:
                 raise StoreError(f"{self.url}: cannot make the store ({exc.strerror})") from None
-            self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            self._write("oci-layout", io.BytesIO(LAYOUT_FILE))
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as exc:
+                raise StoreError(f"{self.url}: the store is not a directory ({_why(exc)})") from None
+            if not self._exists("oci-layout", len(LAYOUT_FILE)):
+                self._write("oci-layout", io.BytesIO(LAYOUT_FILE))
         except OSError as exc:
             raise StoreError(f"{self.url}: the store is not a directory ({_why(exc)})") from None
         return self._fd
