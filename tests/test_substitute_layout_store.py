@@ -259,3 +259,26 @@ def test_descriptor_sizes_come_before_bytes(tmp_path):
         huge = Descriptor(oci.BUNDLE_LAYER, "sha256:" + "0" * 64, 1 << 40)
         with pytest.raises(StoreError, match="past the"):
             store.fetch_blob(huge, tmp_path / "out", cap=1 << 30)
+
+
+def test_a_write_that_fails_mid_layer_is_its_own_error_and_leaves_no_file(tmp_path, monkeypatch):
+    """The layer is hashed and written on a thread beside the download: a full disk there (ENOSPC
+    from the write) must still reach the caller as that error, and the partial file be removed."""
+    import errno
+
+    store = open_store((tmp_path / "store").as_uri())
+    desc = store.push_blob_bytes(os.urandom(3 << 20), "application/octet-stream")
+    real_write = oci._HashingWriter._drain
+
+    def failing_drain(self):
+        def write(chunk):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.out = type("Full", (), {"write": staticmethod(write)})()
+        real_write(self)
+
+    monkeypatch.setattr(oci._HashingWriter, "_drain", failing_drain)
+    dest = tmp_path / "layer"
+    with pytest.raises(OSError) as info:
+        store.fetch_blob(desc, dest, cap=1 << 30)
+    assert info.value.errno == errno.ENOSPC
+    assert not dest.exists()

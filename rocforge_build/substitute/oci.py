@@ -11,7 +11,9 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +44,57 @@ CHUNK = 1 << 20
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _MEDIA_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}")
+
+
+
+class _HashingWriter:
+    """Hashes and writes a blob's chunks on a thread of its own while the caller receives the
+    next, so checking the digest costs no time on the wire (hashlib and file writes release the
+    GIL); at most QUEUED chunks wait, and a write's error reaches the caller at its next chunk."""
+
+    QUEUED = 8
+
+    def __init__(self, out: BinaryIO):
+        self.out = out
+        self.hash = hashlib.sha256()
+        self.error: OSError | None = None
+        self.chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=self.QUEUED)
+        self.thread = threading.Thread(target=self._drain, name="rocforge-blob-writer", daemon=True)
+        self.stopped = False
+
+    def __enter__(self) -> _HashingWriter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop()
+
+    def _drain(self) -> None:
+        while (chunk := self.chunks.get()) is not None:
+            if self.error is None:
+                try:
+                    self.hash.update(chunk)
+                    self.out.write(chunk)
+                except OSError as exc:
+                    self.error = exc
+
+    def put(self, chunk: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+        self.chunks.put(chunk)
+
+    def _stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.chunks.put(None)
+            self.thread.join()
+
+    def finish(self) -> str:
+        """Every chunk hashed and written: the blob's digest."""
+        self._stop()
+        if self.error is not None:
+            raise self.error
+        return "sha256:" + self.hash.hexdigest()
 
 
 class StoreError(IntegrityError):
@@ -280,12 +333,11 @@ class Store:
         if desc.size > cap:
             raise StoreError(f"{self.url}: layer {desc.digest[:19]} is {desc.size} bytes, past the "
                              f"{cap}-byte cap (substitute.max_layer_bytes)")
-        h = hashlib.sha256()
         got = 0
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         ok = False
         try:
-            with os.fdopen(fd, "wb") as out:
+            with os.fdopen(fd, "wb") as out, _HashingWriter(out) as sink:
                 attempt = 0
                 while got < desc.size:
                     try:
@@ -294,8 +346,7 @@ class Store:
                                 chunk = fh.read(min(CHUNK, desc.size - got))
                                 if not chunk:
                                     break
-                                h.update(chunk)
-                                out.write(chunk)
+                                sink.put(chunk)
                                 got += len(chunk)
                             if got == desc.size and fh.read(1):
                                 raise StoreError(f"{self.url}: layer {desc.digest[:19]} is longer than "
@@ -309,7 +360,8 @@ class Store:
                             raise StoreUnreachable(
                                 f"{self.url}: layer {desc.digest[:19]} stopped at {got} of {desc.size} "
                                 f"bytes after {retries} resumes")
-            if "sha256:" + h.hexdigest() != desc.digest:
+                digest = sink.finish()
+            if digest != desc.digest:
                 raise StoreError(f"{self.url}: layer {desc.digest[:19]}'s bytes do not match its digest")
             ok = True
         finally:
