@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+from pathlib import Path
 
 import pytest
 import requests
@@ -230,6 +232,25 @@ def test_docker_config_credentials_are_used(tls_registry, monkeypatch, tmp_path)
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls_registry.tls.ca))
     assert RegistryStore(tls_registry.store_url("team/cache"), timeout=10).tags() == []
 
+
+
+def test_docker_config_set_means_only_that_file(tls_registry, monkeypatch, tmp_path):
+    """docker reads $DOCKER_CONFIG/config.json alone when the variable is set (docs.docker.com,
+    docker CLI configuration): credentials in ~/.docker/config.json must not be sent then."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    home_docker = Path(os.path.expanduser("~")) / ".docker"
+    home_docker.mkdir(parents=True)
+    auth = base64.b64encode(b"ci:s3cret").decode()
+    (home_docker / "config.json").write_text(json.dumps({"auths": {tls_registry.host: {"auth": auth}}}))
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls_registry.tls.ca))
+    assert RegistryStore(tls_registry.store_url("team/cache"), timeout=10).tags() == []  # the default file
+    elsewhere = tmp_path / "docker-elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_text(json.dumps({"auths": {}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(elsewhere))
+    with pytest.raises(StoreUnreachable) as info:
+        RegistryStore(tls_registry.store_url("team/cache"), timeout=10).tags()
+    assert "asks for a username and password" in _one_line(info.value)
 
 def test_an_unknown_ca_is_one_tls_line(tls_registry, monkeypatch):
     monkeypatch.setenv("ROCFORGE_STORE_USERNAME", "ci")

@@ -410,7 +410,7 @@ class _Registry(oras.provider.Registry):
 
     def _load_credentials(self) -> None:
         """The credentials for this registry: rocforge's two variables when set, else docker's
-        config.json ($DOCKER_CONFIG or ~/.docker) and its credential helpers, through oras-py."""
+        config.json (`docker_config`) and its credential helpers, through oras-py."""
         if self.credentials_loaded:
             return
         self.credentials_loaded = True
@@ -420,16 +420,44 @@ class _Registry(oras.provider.Registry):
                 raise UsageError(f"{USERNAME_ENV} and {PASSWORD_ENV} go together: only one is set")
             self.auth.set_basic_auth(username, password)
             return
-        configs = []
-        if os.environ.get("DOCKER_CONFIG"):
-            configs.append(os.path.join(os.environ["DOCKER_CONFIG"], "config.json"))
         try:
-            self.auth.load_configs(oras.container.Container(f"{self.hostname}/{self.repo}"), configs)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            # oras-py's own loader also merges ~/.docker/config.json into any config it is given,
+            # which docker does not do when DOCKER_CONFIG is set: rocforge reads docker's one file
+            self.auth._auth_config = docker_config()
+            self.auth.load_configs(oras.container.Container(f"{self.hostname}/{self.repo}"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise ConfigError(f"docker's credentials for {self.hostname} (config.json or its "
                               f"credential helper) could not be read ({type(exc).__name__})",
                               CREDENTIALS_HINT) from None
 
+
+
+MAX_DOCKER_CONFIG = 1 << 20
+
+
+def docker_config() -> dict:
+    """Docker's credentials as docker itself finds them: $DOCKER_CONFIG/config.json when the
+    variable is set, else ~/.docker/config.json (docs.docker.com, "docker CLI configuration
+    file"); its `auths`, `credsStore` and `credHelpers`, each of the type docker writes, in the
+    shape oras-py's auth reads.  No file is no credentials."""
+    directory = os.environ.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_DOCKER_CONFIG + 1)
+    except FileNotFoundError:
+        return {"auths": {}, "credsStore": None, "credHelpers": {}}
+    if len(data) > MAX_DOCKER_CONFIG:
+        raise ValueError("config.json is larger than 1 MiB")
+    cfg = json.loads(data)
+    if not isinstance(cfg, dict):
+        raise TypeError("config.json is not an object")
+    auths, helpers, store = cfg.get("auths", {}), cfg.get("credHelpers", {}), cfg.get("credsStore")
+    if not (isinstance(auths, dict) and all(isinstance(v, dict) for v in auths.values())
+            and isinstance(helpers, dict) and all(isinstance(v, str) for v in helpers.values())
+            and (store is None or isinstance(store, str))):
+        raise TypeError("config.json's auths, credHelpers or credsStore is not of docker's types")
+    return {"auths": auths, "credsStore": store, "credHelpers": helpers}
 
 class _BlobStream:
     """A blob's body as a binary stream: reads hand over what has arrived (so a dropped
