@@ -1,11 +1,13 @@
 """What a substitute store saves, measured side by side in one run against a real registry.
 
     python benchmarks/bench_substitute.py [--rounds N] [--blob-rounds N] [--blob-mb MB] [--profile]
+                                          [--cmake-target NAME ...]
     python benchmarks/bench_substitute.py --blobs-only      # part 2 alone (seconds, no compile)
 
 1. From nothing to a verified build: a cold compile of the May 2025 llama.cpp CPU build
    (`rocforge build recipes/llama-cpp.toml --target gfx1151 --backend cpu --source <the
-   llama-cpp-python 0.3.9 sdist> --cmake-target llama-perplexity --no-substitutes`, fresh
+   llama-cpp-python 0.3.9 sdist> --no-substitutes`: the recipe's default plan, every program it
+   installs; `--cmake-target llama-perplexity` narrows both sides to that one program), fresh
    ROCFORGE_*_DIR, a fresh EMPTY CCACHE_DIR) vs the same command with `--substitute-only` on
    another fresh data dir, pulling that build from the registry (substitute.verify = quick with
    the trained SmolLM2-135M): pull + check + unpack + quick verify, and its manifest's
@@ -68,10 +70,11 @@ def timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def from_nothing(tmp: Path, registry, rounds: int, jobs: int, sdist: Path, model: Path) -> dict:
+def from_nothing(tmp: Path, registry, rounds: int, jobs: int, sdist: Path, model: Path,
+                 targets: list[str]) -> dict:
     """Part 1: cold compile vs substitute pull on fresh machines; returns what part 2 reuses."""
     build = ["build", str(RECIPE), "--target", "gfx1151", "--backend", "cpu", "--source", str(sdist),
-             "--cmake-target", "llama-perplexity", "-j", str(jobs), "--no-recheck"]
+             *(a for t in targets for a in ("--cmake-target", t)), "-j", str(jobs), "--no-recheck"]
     store = registry.store_url("bench/llama")
     compiles, pulls, breakdowns, published = [], [], [], {}
     public = ""
@@ -103,7 +106,8 @@ def from_nothing(tmp: Path, registry, rounds: int, jobs: int, sdist: Path, model
         breakdowns.append(sub["seconds"])
         print(f"  round {n + 1}: substitute pull {pulls[-1]:.1f} s {sub['seconds']}", flush=True)
     med = statistics.median
-    print(f"from nothing to a verified llama.cpp CPU build (llama-perplexity), {rounds} round(s), medians")
+    what = ", ".join(targets) or "the recipe's default plan: every program"
+    print(f"from nothing to a verified llama.cpp CPU build ({what}), {rounds} round(s), medians")
     print(f"  cold compile (empty ccache, -j {jobs})  {med(compiles):8.1f} s")
     print(f"  --substitute-only (pull, check, unpack, quick verify)  {med(pulls):8.1f} s")
     print(f"  ratio compile / substitute  {med(compiles) / med(pulls):.1f}x")
@@ -231,6 +235,8 @@ def main() -> int:
     ap.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--blobs-only", action="store_true", help="part 2 on a random blob only")
     ap.add_argument("--profile", action="store_true", help="cProfile one rocforge push and pull")
+    ap.add_argument("--cmake-target", action="append", default=[], metavar="NAME",
+                    help="build only these targets on both sides (default: the recipe's default plan)")
     a = ap.parse_args()
     for tool in ("docker-registry", "curl"):
         if shutil.which(tool) is None:
@@ -249,7 +255,8 @@ def main() -> int:
                 from llama_trees import sdist
                 from trained_model import smollm2
 
-                published = from_nothing(tmp, registry, a.rounds, a.jobs, sdist("0.3.9"), smollm2())
+                published = from_nothing(tmp, registry, a.rounds, a.jobs, sdist("0.3.9"), smollm2(),
+                                         a.cmake_target)
             blob = tmp / "random.bin"
             with open(blob, "wb") as out:
                 for _ in range(a.blob_mb):
