@@ -253,6 +253,22 @@ def test_s3_store_round_trip_through_moto(tmp_path, s3_endpoint):
     assert "<Key>team/llama/oci-layout</Key>" in listing and "<Key>team/llama/index.json</Key>" in listing
 
 
+
+def test_two_publishers_at_once_into_s3_lose_neither_tag(tmp_path, s3_endpoint):
+    """S3 has no lock: index.json is replaced only while it is the one read (a conditional write
+    on its ETag), so both publishers' tags survive; a plain overwrite lost some of them here."""
+    code = ("import sys\nfrom rocforge_build.substitute import oci\n"
+            "from rocforge_build.substitute.stores import open_store\n"
+            "s = open_store('s3://builds/race')\n"
+            "for i in range(12):\n"
+            "    c = s.push_blob_bytes(f'{{\"n\":\"{sys.argv[1]}{i}\"}}'.encode(), oci.KEY_CONFIG)\n"
+            f"    s.push_manifest(oci.make_manifest(artifact_type={SUBJECT_TYPE!r}, config=c, layers=[]),"
+            " tag=f'{sys.argv[1]}-{i}')\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, name]) for name in ("a", "b", "c")]
+    assert [p.wait(timeout=180) for p in procs] == [0, 0, 0]
+    with open_store("s3://builds/race") as store:
+        assert set(store.tags()) == {f"{n}-{i}" for n in "abc" for i in range(12)}
+
 def test_descriptor_sizes_come_before_bytes(tmp_path):
     """A layer declared past the cap is refused before a byte is read."""
     with open_store((tmp_path / "s").as_uri()) as store:

@@ -17,7 +17,9 @@ import errno
 import fcntl
 import io
 import os
+import random
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -29,6 +31,7 @@ from rocforge_build.substitute.oci import Descriptor, NotFound, StoreError, Stor
 
 LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'
 MAX_INDEX = oci.MAX_MANIFEST * 4
+INDEX_ATTEMPTS = 8  # S3: reads of index.json before a publisher racing others gives up
 
 
 def open_layout(url: str, *, timeout: float) -> oci.Store:
@@ -378,8 +381,8 @@ class _Guarded(io.RawIOBase):
 
 class S3Store(LayoutStore):
     """The layout under s3://BUCKET/PREFIX, through boto3 (its own settings: AWS_ENDPOINT_URL,
-    credentials).  S3 has no lock: two publishers writing index.json at the same moment can lose
-    one's tag (the blobs stay; publishing again restores it)."""
+    credentials).  S3 has no lock: index.json is replaced only if it is still the one read (a
+    conditional write on its ETag, `_update_index`), so two publishers at once both keep their tags."""
 
     def __init__(self, url: str, timeout: float):
         try:
@@ -439,7 +442,41 @@ class S3Store(LayoutStore):
             raise StoreUnreachable(f"{self.url}: cannot write {rel} ({type(exc).__name__})") from None
 
     def _update_index(self, change) -> None:
-        entries = change(self._index())
+        """index.json's read-change-write as a compare-and-swap: PutObject with If-Match on the
+        ETag read (If-None-Match: * when there was none), S3's conditional writes (AWS S3 user
+        guide, "Add preconditions to S3 operations with conditional requests"); a publisher that
+        loses the race (412, or 409 for two at once) reads the winner's index and applies its own
+        change to that."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
         if not self._exists("oci-layout", len(LAYOUT_FILE)):
             self._upload("oci-layout", io.BytesIO(LAYOUT_FILE))
-        self._upload("index.json", io.BytesIO(oci.make_index(entries)))
+        key = self._key("index.json")
+        for attempt in range(INDEX_ATTEMPTS):
+            try:
+                head = self._call("index.json", self.client.get_object, Key=key)
+            except NotFound:
+                entries, condition = [], {"IfNoneMatch": "*"}
+            else:
+                try:
+                    data = oci.read_capped(_Guarded(head["Body"], f"{self.url}: index.json"), MAX_INDEX,
+                                           f"{self.url} index.json")
+                finally:
+                    head["Body"].close()
+                entries = oci.parse_index(data, f"{self.url} index.json")
+                etag = head.get("ETag")  # a store that gives none gets a plain write: the last one wins
+                condition = {"IfMatch": etag} if isinstance(etag, str) and etag else {}
+            body = oci.make_index(change(entries))
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=body,
+                                       ContentType="application/json", **condition)
+                return
+            except ClientError as exc:
+                code = str(exc.response.get("Error", {}).get("Code", ""))
+                if code not in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                    raise StoreUnreachable(f"{self.url}: cannot write index.json ({code or 'refused'})") from None
+            except BotoCoreError as exc:
+                raise StoreUnreachable(f"{self.url}: cannot write index.json ({type(exc).__name__})") from None
+            time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
+        raise StoreUnreachable(f"{self.url}: index.json kept changing under this publish "
+                               f"({INDEX_ATTEMPTS} attempts)", "publish again")
