@@ -1,4 +1,5 @@
-"""`rocforge store list URL`, `store show URL KEY`, `store advise URL KEY --reason TEXT` and
+"""`rocforge store list URL`, `store show URL KEY`, `store advise URL KEY --reason TEXT` (and
+`--withdraw ADVISORY` to take one's own back), and
 `store advise URL --nightly FIRST[..LAST] --reason TEXT`: what a substitute store holds, every
 attestation per build, and known-bad advisories about a build or TheRock nightlies (see
 substitute/catalog.py and substitute/advisories.py)."""
@@ -14,6 +15,7 @@ def add_arguments(parser) -> None:
     parser.usage = ("rocforge store list URL [--json]\n"
                     "       rocforge store show URL KEY [--json]\n"
                     "       rocforge store advise URL KEY --reason TEXT [--key FILE]\n"
+                    "       rocforge store advise URL KEY --withdraw ADVISORY --reason TEXT [--key FILE]\n"
                     "       rocforge store advise URL --nightly VERSION[..LAST] [--targets gfx1151,...] "
                     "--reason TEXT [--key FILE]")
     parser.add_argument("action", choices=("list", "show", "advise"),
@@ -28,6 +30,8 @@ def add_arguments(parser) -> None:
                         "(an inclusive range)")
     parser.add_argument("--targets", metavar="GFX,...", default="",
                         help="advise --nightly: the GPUs it breaks (default: every GPU)")
+    parser.add_argument("--withdraw", metavar="ADVISORY",
+                        help="advise: take back this key's advisory (its digest, as `store show` lists it)")
     parser.add_argument("--key", metavar="FILE", type=Path, help="advise: the secret key to sign with")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -35,6 +39,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from rocforge_build import config
     from rocforge_build.errors import UsageError
+    from rocforge_build.shellsafe import one_line
     from rocforge_build.substitute import catalog, signing
     from rocforge_build.substitute.publish import signing_key_path
 
@@ -61,6 +66,14 @@ def run(args) -> int:
             for line in catalog.describe_show(shown):
                 print(line)
         return 0
+    if args.withdraw is not None:
+        if not args.reason:
+            raise UsageError("store advise --withdraw needs --reason TEXT", "say in one line why it is taken back")
+        digest = catalog.withdraw(args.url, args.build_key, args.withdraw, args.reason,
+                                  args.key or signing_key_path(cfg["signing_key"]), trusted, timeout=timeout)
+        sys.stderr.write(f"rocforge: withdrawal {digest[:19]} of advisory {one_line(args.withdraw)[:19]} "
+                         f"attached to {one_line(args.build_key)[:24]}\n")
+        return 0
     if not args.reason:
         raise UsageError("store advise needs --reason TEXT", "say in one line why the build is bad")
     digest = catalog.advise(args.url, args.build_key, args.reason,
@@ -80,6 +93,9 @@ def _advise_nightly(args, cfg, timeout: float, signing_key_path) -> int:
 
     if args.build_key:
         raise UsageError("store advise takes a KEY or --nightly, not both")
+    if args.withdraw is not None:
+        raise UsageError("--withdraw takes back an advisory on a build, not on nightlies",
+                         "a nightly advisory is taken back by deleting its rocforge-nightly-advisory-... tag")
     if not args.reason:
         raise UsageError("store advise needs --reason TEXT", "say in one line why the nightlies are bad")
     first, _, last = args.nightly.partition("..")

@@ -144,6 +144,13 @@ def attached(store: Store, build: Manifest, artifact_type: str,
     return good, left_out
 
 
+
+def in_force(advisories: list[Attached], withdrawals: list[Attached]) -> list[Attached]:
+    """The advisories no withdrawal by the key that signed them names: only an advisory's own
+    signer takes it back, so one trusted key cannot silence another's warning."""
+    taken_back = {(str(w.document.get("withdraws")), w.signer) for w in withdrawals}
+    return [a for a in advisories if (a.digest, a.signer) not in taken_back]
+
 def _one_layer(man: Manifest, media_type: str, store: Store) -> Descriptor:
     found = [layer for layer in man.layers if layer.media_type == media_type]
     if len(found) != 1:

@@ -106,13 +106,21 @@ def show(url: str, ref: str, trusted: list[signing.PublicKey], *, timeout: float
             signer = f"refused: {exc.message}"
         evidence, left_out = artifact.attached(store, man, oci.EVIDENCE_TYPE, trusted)
         advisories, adv_left = artifact.attached(store, man, oci.ADVISORY_TYPE, trusted)
+        withdrawals, wd_left = artifact.attached(store, man, oci.WITHDRAWAL_TYPE, trusted) if advisories else ([], [])
+    standing = {a.digest for a in artifact.in_force(advisories, withdrawals)}
+    why_withdrawn = {str(w.document.get("withdraws")): w for w in withdrawals}
     return {"key": man.config.digest, "manifest": man.digest, "key_fields": key_doc,
             "annotations": man.annotations, "signed_by": signer,
             "layer_bytes": sum(layer.size for layer in man.layers),
             "attestations": [_attestation(a) for a in evidence],
-            "advisories": [{"signer": a.signer, "reason": _text(a.document.get("reason", ""), 500),
-                            "made_at": _text(a.document.get("made_at", ""))} for a in advisories],
-            "left_out": [_text(x, 300) for x in (left_out + adv_left)]}
+            "advisories": [{"digest": a.digest, "signer": a.signer,
+                            "reason": _text(a.document.get("reason", ""), 500),
+                            "made_at": _text(a.document.get("made_at", "")),
+                            "withdrawn": None if a.digest in standing else {
+                                "reason": _text(why_withdrawn[a.digest].document.get("reason", ""), 500),
+                                "made_at": _text(why_withdrawn[a.digest].document.get("made_at", ""))}}
+                           for a in advisories],
+            "left_out": [_text(x, 300) for x in (left_out + adv_left + wd_left)]}
 
 
 def _dict(value) -> dict:
@@ -163,7 +171,11 @@ def describe_show(shown: dict) -> list[str]:
             if name in fields:
                 lines.append(f"  {name:<10}{_text(json.dumps(fields[name], sort_keys=True), 160)}")
     for adv in shown["advisories"]:
-        lines.append(f"ADVISORY  by {adv['signer']} ({adv['made_at']}): {adv['reason']}")
+        if adv["withdrawn"] is None:
+            lines.append(f"ADVISORY  {adv['digest'][:19]} by {adv['signer']} ({adv['made_at']}): {adv['reason']}")
+        else:
+            lines.append(f"withdrawn advisory {adv['digest'][:19]} by {adv['signer']} ({adv['made_at']}): "
+                         f"{adv['reason']}; withdrawn {adv['withdrawn']['made_at']}: {adv['withdrawn']['reason']}")
     if not shown["attestations"]:
         lines.append("no trusted attestations")
     for a in shown["attestations"]:
@@ -198,4 +210,39 @@ def advise(url: str, ref: str, reason: str, key_file: Path, trusted: list[signin
         doc = {"schema": "rocforge.advisory/1", "key": man.config.digest, "reason": reason,
                "rocforge": __version__, "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         made = artifact.attach(store, man, oci.ADVISORY_TYPE, doc, pair)
+    return made.digest
+
+
+def withdraw(url: str, ref: str, advisory: str, reason: str, key_file: Path,
+             trusted: list[signing.PublicKey], *, timeout: float) -> str:
+    """A signed withdrawal of one of this key's advisories on a build (named by its digest or its
+    first 12+ hex digits): build and upgrade then use the build again.  Only the advisory's own
+    signer can withdraw it (`artifact.in_force`), so the key must be the one that signed it."""
+    reason = reason.strip()
+    if not reason or len(reason) > 500 or one_line(reason) != reason:
+        raise UsageError("--reason must be one line of at most 500 characters")
+    wanted = advisory.removeprefix("sha256:").lower()
+    if not re.fullmatch(r"[0-9a-f]{12,64}", wanted):
+        raise UsageError(f"--withdraw {one_line(advisory)[:80]!r} is not an advisory's digest",
+                         "`rocforge store show URL KEY` lists each advisory with its digest")
+    pair = signing.read_secret_key(key_file)
+    with open_store(url, timeout=timeout) as store:
+        man = resolve(store, ref)
+        refs = [r for r in store.referrers(man.digest, oci.ADVISORY_TYPE)
+                if r.digest.removeprefix("sha256:").startswith(wanted)]
+        if len(refs) != 1:
+            raise UsageError(f"the build has {'no' if not refs else 'more than one'} advisory "
+                             f"{wanted[:19]}...", "`rocforge store show URL KEY` lists its advisories")
+        says = one_line(str(refs[0].annotations.get(artifact.SIGNER, "no key")))[:16]
+        if says != pair.key_id:
+            raise UsageError(f"the advisory {refs[0].digest[:19]} says it was signed by {says}: only "
+                             f"that key can withdraw it, not {pair.key_id}")
+        mine, _ = artifact.attached(store, man, oci.ADVISORY_TYPE, [pair.public])
+        if not any(a.digest == refs[0].digest for a in mine):
+            raise UsageError(f"the advisory {refs[0].digest[:19]} names {pair.key_id} but its signature "
+                             "by that key does not hold: there is nothing of this key's to withdraw")
+        doc = {"schema": "rocforge.advisory-withdrawal/1", "key": man.config.digest,
+               "withdraws": refs[0].digest, "reason": reason, "rocforge": __version__,
+               "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        made = artifact.attach(store, man, oci.WITHDRAWAL_TYPE, doc, pair)
     return made.digest

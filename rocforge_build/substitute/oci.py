@@ -32,6 +32,7 @@ BUNDLE_LAYER = "application/vnd.rocforge.bundle.v1.tar+gzip"
 SIGNATURE_TYPE = "application/vnd.rocforge.signature.v1"
 EVIDENCE_TYPE = "application/vnd.rocforge.evidence.v1"
 ADVISORY_TYPE = "application/vnd.rocforge.advisory.v1"
+WITHDRAWAL_TYPE = "application/vnd.rocforge.advisory-withdrawal.v1"  # its own type: older readers ignore it
 JSON_LAYER = "application/json"
 MINISIGN_LAYER = "application/vnd.rocforge.minisign.v1"
 

@@ -73,6 +73,9 @@ def _from_store(url: str, plan: Plan, staging: Path, trusted, model, say) -> tup
         signer = artifact.signed_by(store, man, trusted)
         advisories, _ = artifact.attached(store, man, oci.ADVISORY_TYPE, trusted)
         if advisories:
+            withdrawals, _ = artifact.attached(store, man, oci.WITHDRAWAL_TYPE, trusted)
+            advisories = artifact.in_force(advisories, withdrawals)
+        if advisories:
             reason = str(advisories[0].document.get("reason", "no reason given"))[:300]
             raise artifact.KnownBad(f"known bad: an advisory signed by {advisories[0].signer} says: "
                                     f"{reason}")

@@ -834,3 +834,11 @@ def test_ctrl_c_during_a_hung_pull_leaves_the_previous_build_and_no_staging(seco
     _, err = child.communicate(timeout=30)
     assert child.returncode != 0 and "Traceback" not in err, err
     second.untouched()
+
+
+@pytest.mark.parametrize("value", ["abc", "sha256:" + "g" * 64, "0123456789ab\nrocforge: fake", "../" * 20, "-" * 300])
+def test_a_withdraw_value_that_is_no_digest_is_one_line_before_any_store_or_key_is_read(tmp_path, value):
+    res = rocforge("store", "advise", (tmp_path / "no-store").as_uri(), "0123456789abcdef", f"--withdraw={value}",
+                   "--reason", "taken back", env={"ROCFORGE_CONFIG_DIR": str(tmp_path / "c")})
+    assert "is not an advisory's digest" in one_error(res, code=2)
+    assert not (tmp_path / "no-store").exists()

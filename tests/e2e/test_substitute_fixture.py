@@ -132,6 +132,44 @@ def test_an_advisory_stops_the_substitute_and_the_compile(published):
     assert not list(Path(b["ROCFORGE_DATA_DIR"]).rglob("rocforge-manifest.toml"))
 
 
+
+def test_an_advisory_withdrawn_by_its_signer_lets_the_build_through_and_no_other_key_can(tmp_path):
+    """A mistaken advisory would stop every pull and compile of the key for good: its signer takes
+    it back with a signed withdrawal.  Another trusted key cannot: a withdrawal it signs (made
+    through the library, as a hostile publisher would, since the CLI refuses it) changes nothing."""
+    require("patchelf")
+    pub = _publish(tmp_path, (tmp_path / "store").as_uri())
+    _ok(rocforge("store", "advise", pub["store"], pub["tag"], "--reason", "bad on ROCm 7.13", env=pub["a"]))
+    c = _machine(tmp_path / "c")
+    c_public = _ok(rocforge("key", "generate", env=c)).stdout.strip()
+    b = _machine_b(pub, "b")
+    _ok(rocforge("config", "set", "substitute.trusted_keys", json.dumps([pub["public"], c_public]), env=b))
+    shown = json.loads(_ok(rocforge("store", "show", pub["store"], pub["tag"], "--json", env=b)).stdout)
+    [advisory] = shown["advisories"]
+    assert advisory["withdrawn"] is None and advisory["reason"] == "bad on ROCm 7.13"
+
+    by_c = rocforge("store", "advise", pub["store"], pub["tag"], "--withdraw", advisory["digest"][7:19],
+                    "--reason", "not c's to take back", env=c)
+    assert "only that key can withdraw it" in one_error(by_c, code=2)
+    from rocforge_build.substitute import artifact, catalog, oci, signing
+    from rocforge_build.substitute.stores import open_store
+
+    with open_store(pub["store"]) as store:  # c's withdrawal made by hand: the reader ignores it
+        man = catalog.resolve(store, pub["tag"])
+        c_pair = signing.read_secret_key(next(Path(c["ROCFORGE_CONFIG_DIR"]).rglob("*.key")))
+        artifact.attach(store, man, oci.WITHDRAWAL_TYPE,
+                        {"key": man.config.digest, "withdraws": advisory["digest"], "reason": "x"}, c_pair)
+    assert "known bad" in one_error(rocforge(*pub["build"], "--substitute-only", env=b), code=9)
+
+    _ok(rocforge("store", "advise", pub["store"], pub["tag"], "--withdraw", advisory["digest"],
+                 "--reason", "the ROCm 7.13 report was another build", env=pub["a"]))
+    shown = json.loads(_ok(rocforge("store", "show", pub["store"], pub["tag"], "--json", env=b)).stdout)
+    assert shown["advisories"][0]["withdrawn"]["reason"] == "the ROCm 7.13 report was another build"
+    text = _ok(rocforge("store", "show", pub["store"], pub["tag"], env=b)).stdout
+    assert "withdrawn advisory" in text and "ADVISORY" not in text
+    res = _ok(rocforge(*pub["build"], "--substitute-only", env=b))
+    assert (Path(res.stdout.strip().splitlines()[-1]) / "rocforge-manifest.toml").is_file()
+
 def test_substitute_only_without_a_store_compiles_nothing(published):
     b = _machine(published["base"] / "b-no-store")
     res = rocforge(*published["build"], "--substitute-only", env=b)
