@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import fixtures_roots as fr
 import pytest
 from needs import needs
 from therock_tarballs import Mirror, make_tarball
@@ -183,3 +184,31 @@ def test_on_a_real_registry_through_the_cli(site, capsys, tmp_path):
         plan, err = _plan(capsys, tmp_path)
     assert [layer["version"] for layer in plan["layers"]] == [GOOD]
     assert "bad kernels" in plan["reason"] and pair.key_id in plan["reason"]
+
+
+def test_doctor_warns_when_the_current_nightly_has_a_store_advisory(site, capsys, tmp_path, monkeypatch):
+    """doctor judges the current nightly by the stores' signed advisories too, not only the
+    packaged table (NEWER is in no packaged entry: the warning can only come from the store)."""
+    root = tmp_path / "machine"
+    fr.make_gpus(root, fr.STRIX_HALO)
+    fr.make_system(root)
+    monkeypatch.setenv("ROCFORGE_DATA_DIR", str(root / "home/alice/.local/share/rocforge"))
+    assert cli.main(["--root", str(root), "nightly", "install", "--target", "gfx1151", "--version", NEWER,
+                     "--no-progress"]) == 0
+    capsys.readouterr()
+    assert cli.main(["--root", str(root), "doctor", "--json"]) in (0, 1)
+    assert not [w for w in json.loads(capsys.readouterr().out)["warnings"] if "known-bad" in w]
+    pair = signing.generate()
+    _configure(capsys, _store(tmp_path, pair), [pair.public])
+    assert cli.main(["--root", str(root), "doctor", "--json"]) in (0, 1)
+    warning = next(w for w in json.loads(capsys.readouterr().out)["warnings"] if "known-bad" in w)
+    assert "hangs in rocBLAS init" in warning and pair.key_id in warning and NEWER in warning
+
+
+def test_doctor_asks_no_store_without_a_current_nightly(capsys, tmp_path, monkeypatch):
+    root = tmp_path / "machine"
+    fr.make_gpus(root, fr.STRIX_HALO)
+    fr.make_system(root)
+    _configure(capsys, f"file://{tmp_path / 'not-there'}", [signing.generate().public])
+    assert cli.main(["--root", str(root), "doctor", "--json"]) in (0, 1)
+    assert not [w for w in json.loads(capsys.readouterr().out)["warnings"] if "advisor" in w]

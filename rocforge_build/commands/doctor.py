@@ -204,6 +204,19 @@ def run(args) -> int:
     return 0 if usable else 1
 
 
+
+def _nightly_finder(res: resolver.Resolution, problems: list[str]):
+    """known_bad.find, joined to the signed nightly advisories of `substitute.stores` when a
+    current nightly is there to judge (only then is a store asked); a store's problem is a line
+    in `problems`."""
+    if not any(inst.nightly_current for inst in res.installs):
+        return known_bad.find
+    from rocforge_build import config
+    from rocforge_build.substitute import advisories
+
+    return advisories.known_bad_finder(config.effective().get("substitute") or {},
+                                       lambda line: problems.append(f"nightly advisories: {line}"))
+
 def _findings(rootfs: Root, res: resolver.Resolution) -> tuple[list, list[str], list[str]]:
     """(host checks, warnings, blockers) from every source doctor asks: the resolver, the system
     checks, the host checks and the known-bad list; the JSON and the text report the same."""
@@ -216,7 +229,9 @@ def _findings(rootfs: Root, res: resolver.Resolution) -> tuple[list, list[str], 
                 if m.doctor_check not in reported]
     blockers = [*stack_blockers(res), *res.blockers, *sys_blockers, *host_checks.blockers(host_found),
                 *(m.text for m in bad_host if m.severity == "blocker")]
-    warnings = [*res.warnings, *sys_warnings, *known_bad.doctor_warnings(res),
+    store_lines: list[str] = []
+    warnings = [*res.warnings, *sys_warnings, *known_bad.doctor_warnings(res, _nightly_finder(res, store_lines)),
+                *store_lines,
                 *(m.text for m in bad_host if m.severity == "warning")]
     return host_found, warnings, blockers
 

@@ -189,25 +189,12 @@ def _list(args, cfg) -> int:
 
 
 def _known_bad_finder(cfg):
-    """known_bad.find with the trusted nightly advisories of the configured stores joined to the
-    packaged table; with no store configured, the packaged table alone and no network call."""
-    from rocforge_build.nightly import known_bad
+    """known_bad.find joined to the configured stores' trusted nightly advisories (a store's
+    problem is one warning line)."""
+    from rocforge_build.substitute import advisories
 
-    sub = cfg.get("substitute") or {}
-    if not sub.get("stores"):
-        return known_bad.find
-    from rocforge_build.substitute import advisories, signing
-
-    extra, problems = advisories.nightly_advisories(
-        list(sub["stores"]), signing.trusted_keys_from_config(list(sub.get("trusted_keys") or [])),
-        float(sub.get("timeout", 30.0)))
-    for line in problems:
-        print(f"rocforge: warning: {line}", file=sys.stderr)
-
-    def find(version, target=None, family=None):
-        return known_bad.find(version, target, family) or next(
-            (bad for bad in extra if bad.covers(version) and bad.hits(target, family)), None)
-    return find
+    return advisories.known_bad_finder(cfg.get("substitute") or {},
+                                       lambda line: print(f"rocforge: warning: {line}", file=sys.stderr))
 
 
 def _install(args, cfg) -> int:

@@ -63,15 +63,16 @@ def find(version: str | None, target: str | None = None,
     return None
 
 
-def doctor_warnings(res) -> list[str]:
-    """A warning for rocforge's current nightly when it is known-bad for a GPU here."""
+def doctor_warnings(res, finder=find) -> list[str]:
+    """A warning for rocforge's current nightly when it is known-bad for a GPU here (`finder`: the
+    packaged table's `find`, or that joined to the stores' signed advisories)."""
     out = []
     gfxs = {g.gfx for g in res.gpus} | ({res.target} if res.target else set())
     for inst in res.installs:
         if not inst.nightly_current:
             continue
         for gfx in sorted(gfxs) or [None]:
-            bad = find(inst.version, gfx, inst.family)
+            bad = finder(inst.version, gfx, inst.family)
             if bad is not None:
                 out.append(f"the current nightly {inst.path}: {bad.describe(inst.version)}; "
                            "switch with `rocforge nightly use VERSION` or install another")

@@ -9,6 +9,7 @@ import datetime
 import json
 import re
 import time
+from collections.abc import Callable
 
 from rocforge_build.discover.rocm_version import version_key
 from rocforge_build.nightly.known_bad import KnownBad
@@ -137,3 +138,24 @@ def nightly_advisories(urls: list[str], trusted: list[signing.PublicKey], timeou
             msg = getattr(exc, "message", None) or str(exc)
             problems.append(f"{where}: no nightly advisories read ({one_line(msg)[:200]})")
     return found, problems
+
+
+def known_bad_finder(substitute_config: dict, warn) -> Callable[..., KnownBad | None]:
+    """known_bad.find with the trusted nightly advisories of the configured stores joined to the
+    packaged table (`nightly install` and `doctor` ask the same question); each store's problem
+    goes to `warn` as one line.  With no store configured: the packaged table, no network."""
+    from rocforge_build.nightly import known_bad
+
+    if not substitute_config.get("stores"):
+        return known_bad.find
+    extra, problems = nightly_advisories(
+        list(substitute_config["stores"]),
+        signing.trusted_keys_from_config(list(substitute_config.get("trusted_keys") or [])),
+        float(substitute_config.get("timeout", 30.0)))
+    for line in problems:
+        warn(line)
+
+    def find(version, target=None, family=None):
+        return known_bad.find(version, target, family) or next(
+            (bad for bad in extra if bad.covers(version) and bad.hits(target, family)), None)
+    return find
