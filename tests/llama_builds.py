@@ -50,3 +50,34 @@ def build_llama(llama_tree: Path, backend: str, where: Path):
 def llama_cpu_build(llama_tree, tmp_path_factory):
     """The pipeline's BuildResult of the session's one CPU build (status "built")."""
     return build_llama(llama_tree, "cpu", tmp_path_factory.mktemp("llama-cpu"))
+
+
+WRONG_ON_DEMAND = Path(__file__).resolve().parent / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
+
+
+@pytest.fixture(scope="session")
+def measure_builds(tmp_path_factory):
+    """(reference CPU prefix, wrong-on-demand prefix): the May 2025 tree's CPU backend built twice
+    with the programs rocforge measures and serves (llama_tools.MEASURE_TARGETS: llama-bench,
+    -perplexity, -cli, -server), the second with tests/data/patches/llama-cpp-wrong/ applied
+    (ROCFORGE_TEST_WRONG picks a real fault at run time, none by default).  Built once per session
+    and shared by every slow test that verifies, canaries or serves (each build is ~4 min cold on
+    2 cores, ~1 min from the shared ccache)."""
+    from measure_fixtures import recipe_variant
+
+    from rocforge_build import cli
+    from rocforge_build.measure.llama_tools import MEASURE_TARGETS
+
+    where = tmp_path_factory.mktemp("measure-builds")
+    src = tree("0.3.9", where / "src", full=True)
+    targets = [a for t in MEASURE_TARGETS for a in ("--cmake-target", t)]
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CCACHE_DIR", shared_ccache())
+        for name, recipe in (("cpu", "llama-cpp"), ("wrong", str(recipe_variant(where / "rw", patch=WRONG_ON_DEMAND)))):
+            prefix = where / name
+            code = cli.main(["build", recipe, "--target", "gfx1151", "--backend", "cpu", "--source", str(src),
+                             *targets, "-j", str(JOBS), "--prefix", str(prefix)])
+            assert code == 0
+            out[name] = prefix
+    return out["cpu"], out["wrong"]

@@ -35,18 +35,11 @@ import os
 from pathlib import Path
 
 import pytest
-from llama_builds import shared_ccache
-from llama_trees import tree
-from measure_fixtures import recipe_variant
 from tiny_gguf import write as write_gguf
 from trained_model import smollm2
 
 from rocforge_build import cli
 from rocforge_build.measure import verify as verify_mod
-from rocforge_build.measure.llama_tools import MEASURE_TARGETS
-
-JOBS = os.environ.get("ROCFORGE_TEST_JOBS", "2")
-WRONG = Path(__file__).resolve().parents[1] / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
 
 
 @pytest.fixture(scope="module")
@@ -61,21 +54,9 @@ def _shared_verify_cache(_isolated, verify_cache, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    """(reference cpu build, the wrong-on-demand build) of the May 2025 tree."""
-    where = tmp_path_factory.mktemp("verify-shapes")
-    src = tree("0.3.9", where / "src", full=True)
-    targets = [a for t in MEASURE_TARGETS for a in ("--cmake-target", t)]
-    out = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CCACHE_DIR", shared_ccache())
-        for name, recipe in (("cpu", "llama-cpp"), ("wrong", str(recipe_variant(where / "rw", patch=WRONG)))):
-            prefix = where / name
-            code = cli.main(["build", recipe, "--target", "gfx1151", "--backend", "cpu", "--source", str(src),
-                             *targets, "-j", JOBS, "--prefix", str(prefix)])
-            assert code == 0
-            out[name] = prefix
-    return out["cpu"], out["wrong"]
+def builds(measure_builds):
+    """(reference cpu build, the wrong-on-demand build) of the May 2025 tree (the session's)."""
+    return measure_builds
 
 
 def verify(capsys, build, ref, model, *extra) -> tuple[int, dict]:
