@@ -1,0 +1,559 @@
+"""The numerics canary: is the live llama-server computing what the reference build computes, at the
+slots, contexts and flags it serves with?
+
+For fixed slices of rocforge's shipped text, the server greedily completes a few tokens (temperature
+0, top_k 1, a fixed seed, `ignore_eos`) and returns, for each generated position, its top-K
+pre-sampling distribution (`/completion` with `n_probs`: `completion_probabilities[i].top_logprobs`
+in llama.cpp from early 2025 on, `probs` with `tok_str`/`prob` before; `top_probs` is post-sampling,
+read only when nothing else is there).  The reference build's own llama-server (-np 1, one request
+at a time) answers the same token-exact prompts (tokenized once by the reference's `/tokenize`), and
+each position is compared with verify's limits for the model's file type (data/verify.toml):
+
+- mean KLD, approximated on the reference's top-K: both distributions coarsened to the reference's
+  K listed tokens plus one "everything else" bucket; by the data-processing inequality this never
+  exceeds the true KL divergence, so a failure is a real one.  A reference token the server did not
+  list gets the server's smallest listed probability (it is at most that).
+- top-1 agreement: the share of compared positions whose most likely token is the reference's;
+- the PPL ratio: exp(mean -log q) over exp(mean -log p) of the reference's own greedy tokens.
+
+Greedy paths can part at a near-tie: positions are compared up to the first one where the server's
+chosen token differs from the reference's.  A parting where the reference's top-1 margin was clear
+(`CLEAR_MARGIN`) is judged a top-1 failure; at a near-tie the comparison just stops there.
+
+What it covers: one prompt as long as the model's training context and the slot's context allow
+(past 8K tokens where they do), checked alone, then `parallel` different texts sent at once over the
+server's slots, each checked against its own reference; an answer that matches another request's
+reference is named as such (llama.cpp #25992: `-np 4 --kv-unified` returned other requests' answers).
+
+Why log-probabilities and not the text: a greedy text canary compares only the argmax at each step,
+which survives large damage to the distribution (the argmax of a sharp model moves last), so it can
+run clean while a backend is broken — one did for forty minutes (llama.cpp #27506).  Scoring the
+distributions sees the damage long before it flips a greedy token."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import math
+import os
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from rocforge_build.errors import RocforgeError
+from rocforge_build.measure import verify
+from rocforge_build.measure.llama_tools import LlamaBuild
+
+LONG_WANTED = 8448  # tokens: past 8K, where position-dependent faults show (RoPE past ~5-8K)
+N_PREDICT = 16
+N_PROBS = 10
+SHORT_N_PREDICT = 4
+CLEAR_MARGIN = 0.2  # reference's top-1 probability minus its second's: a parting there is no tie
+MAX_REPLY = 8 << 20  # bytes read of one reply: 16 positions x 10 tokens are a few KB
+SEED = 42
+SHORT_CHARS = 700  # each short text: a paragraph, ~150 tokens
+
+
+class CanaryError(RocforgeError):
+    """The canary could not run (a server that did not answer, a reply that is not one)."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Target:
+    """The live server under test."""
+
+    url: str  # http://127.0.0.1:PORT
+    headers: dict  # e.g. Authorization for --api-key
+    ctx_per_slot: int  # the context each slot holds
+    parallel: int  # -np
+
+
+@dataclass(frozen=True)
+class CanaryPlan:
+    """What the canary asks: `texts` (fixed slices of the shipped text, one per concurrent request),
+    `long_tokens` (the long prompt's length, 0: none), `long_chars` (characters of the text's start
+    it is cut from), `n_predict` tokens greedily, `n_probs` per position; limits for `file_type`."""
+
+    texts: tuple[str, ...]
+    long_tokens: int
+    long_chars: int
+    n_predict: int
+    n_probs: int
+    file_type: str | None
+    n_vocab: int | None
+    notes: tuple[str, ...] = ()
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Position:
+    """One generated position: the chosen token and the top-K distribution (token id -> log p)."""
+
+    token: int | str
+    top: dict
+
+    def to_json(self) -> dict:
+        return {"token": self.token, "top": [[k, v] for k, v in self.top.items()]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Position:
+        return cls(d["token"], {k: v for k, v in d["top"]})
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The reference's answers: per request (the long prompt first when there is one), its prompt
+    tokens and its positions."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    answers: tuple[tuple[Position, ...], ...]
+    labels: tuple[str, ...]
+    seconds: float
+
+    def to_json(self) -> dict:
+        return {"prompts": [list(p) for p in self.prompts], "labels": list(self.labels), "seconds": self.seconds,
+                "answers": [[p.to_json() for p in a] for a in self.answers]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Reference:
+        return cls(tuple(tuple(p) for p in d["prompts"]), tuple(tuple(Position.from_json(p) for p in a)
+                                                               for a in d["answers"]),
+                   tuple(d["labels"]), float(d["seconds"]))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One answer against one reference answer."""
+
+    compared: int  # positions compared (up to and including a clear parting)
+    kld_mean: float
+    top1: float
+    ppl_ratio: float
+    parted_at: int | None  # first position whose chosen token differs, None: none did
+    clear_parting: bool  # the reference's margin there was clear: a top-1 failure
+
+
+@dataclass(frozen=True)
+class Row:
+    """One request's result."""
+
+    label: str
+    prompt_tokens: int
+    comparison: Comparison | None
+    failed: tuple[str, ...]
+    answer_of: str | None = None  # the other request whose reference this answer matches
+
+    def to_json(self) -> dict:
+        c = self.comparison
+        figures = {} if c is None else {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                                        for k, v in asdict(c).items()}
+        return {"label": self.label, "prompt_tokens": self.prompt_tokens, "passed": not self.failed,
+                "failed": list(self.failed), "answer_of": self.answer_of, **figures}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    failures: tuple[str, ...]  # one line each, naming the check
+    rows: tuple[Row, ...]
+    seconds: float
+    notes: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict:
+        return {"passed": self.passed, "failures": list(self.failures), "rows": [r.to_json() for r in self.rows],
+                "seconds": round(self.seconds, 3), "notes": list(self.notes)}
+
+
+# ---------------------------------------------------------------------------------------- plan
+
+def plan(model, target: Target, *, short: bool = False) -> CanaryPlan:
+    """The requests for `model` served by `target`: `parallel` short texts (at least 2, so that a
+    swap between two requests can show) and a long prompt (past 8K tokens where the model's training
+    context and the slot's context allow, else the longest that fits); `short`: one short text, a
+    few tokens, no long prompt (the canary repeated while serving)."""
+    n_predict = SHORT_N_PREDICT if short else N_PREDICT
+    count = 1 if short else max(2, target.parallel)
+    text = verify.read_chars(verify.text_file(), (count + 2) * 7 * SHORT_CHARS)
+    texts = tuple(_slice(text, i) for i in range(count))
+    notes: list[str] = []
+    long_tokens = 0
+    if not short:
+        room = [("8K+", LONG_WANTED)]
+        if getattr(model, "n_ctx_train", None):
+            room.append((f"the model's training context ({model.n_ctx_train})", model.n_ctx_train - n_predict))
+        room.append((f"the slot's context ({target.ctx_per_slot})", target.ctx_per_slot - n_predict))
+        why, long_tokens = min(room, key=lambda r: r[1])
+        if long_tokens < 64:
+            notes.append(f"no long prompt: {why} leaves only {max(long_tokens, 0)} tokens")
+            long_tokens = 0
+        elif why != "8K+":
+            notes.append(f"the long prompt is {long_tokens} tokens, not past 8K: {why} allows no more")
+    return CanaryPlan(texts, long_tokens, long_tokens * 8, n_predict, N_PROBS,
+                      getattr(model, "file_type", None), getattr(model, "n_vocab", None), tuple(notes))
+
+
+def _slice(text: str, i: int) -> str:
+    """The i-th fixed paragraph-sized slice of the text, far apart (so no two requests share a
+    prefix a prompt cache could confuse), starting at a line."""
+    start = (i + 1) * 7 * SHORT_CHARS
+    start = text.find("\n", start) + 1 or start
+    return text[start:start + SHORT_CHARS]
+
+
+# ------------------------------------------------------------------------------- comparison math
+
+def _probs(top: dict) -> dict:
+    return {k: math.exp(v) for k, v in top.items()}
+
+
+def position_kld(ref_top: dict, got_top: dict) -> float:
+    """KL(reference || server) on the reference's top-K plus one "everything else" bucket (log
+    probabilities in, nats out); a token the server did not list gets its smallest listed
+    probability."""
+    p = _probs(ref_top)
+    q_all = _probs(got_top)
+    floor = min(q_all.values()) if q_all else 1e-12
+    q = {k: q_all.get(k, floor) for k in p}
+    kld = sum(pk * (math.log(max(pk, 1e-30)) - math.log(max(q[k], 1e-30))) for k, pk in p.items() if pk > 0)
+    p_rest = max(0.0, 1.0 - sum(p.values()))
+    q_rest = max(1e-12, 1.0 - sum(q.values()))
+    if p_rest > 1e-12:
+        kld += p_rest * (math.log(p_rest) - math.log(q_rest))
+    return max(kld, 0.0)
+
+
+def _top1(top: dict):
+    return max(top, key=top.get) if top else None
+
+
+def _margin(top: dict) -> float:
+    ps = sorted(_probs(top).values(), reverse=True)
+    return ps[0] - (ps[1] if len(ps) > 1 else 0.0)
+
+
+def compare(ref: tuple[Position, ...], got: tuple[Position, ...]) -> Comparison:
+    """The server's positions against the reference's, up to the first parting (see the module)."""
+    klds, agree, logq, logp = [], 0, [], []
+    parted, clear = None, False
+    for i, (r, g) in enumerate(zip(ref, got, strict=False)):
+        klds.append(position_kld(r.top, g.top))
+        agree += _top1(r.top) == _top1(g.top)
+        want = r.token
+        floor = min(g.top.values()) if g.top else -50.0
+        logq.append(g.top.get(want, floor))
+        logp.append(r.top.get(want, min(r.top.values()) if r.top else -50.0))
+        if g.token != r.token:
+            parted = i
+            clear = _margin(r.top) >= CLEAR_MARGIN
+            if not clear:  # a near-tie: this position says nothing either way
+                klds.pop()
+                agree -= _top1(r.top) == _top1(g.top)
+                logq.pop()
+                logp.pop()
+            break
+    if len(got) < len(ref) and parted is None:
+        parted, clear = len(got), True  # a short answer: the missing positions are not the reference's
+    n = len(klds)
+    if n == 0:
+        return Comparison(0, math.nan, math.nan, math.nan, parted, clear)
+    top1 = agree / n
+    if clear and parted is not None and parted >= n:
+        top1 = agree / (n + 1)  # the missing position counts as a disagreement
+    ratio = math.exp((sum(logp) - sum(logq)) / n)
+    return Comparison(n, sum(klds) / n, top1, ratio, parted, clear)
+
+
+def judge(c: Comparison | None, plan_: CanaryPlan, ppl_ref: float | None = None) -> tuple[str, ...]:
+    """The checks this comparison fails, by verify's limits for the plan's file type."""
+    if c is None or c.compared == 0:
+        return ("no position could be compared",)
+    _, _, limits = verify.rules(plan_.file_type)
+    values = {"kld_mean": c.kld_mean, "top1": c.top1, "ppl_ratio": c.ppl_ratio}
+    failed = []
+    if c.clear_parting:  # first: the most telling of the failures
+        failed.append(f"top-1 (the answer parted from the reference's at token {c.parted_at}, where the "
+                      f"reference's choice was clear)")
+    for t in limits:
+        if t.metric not in values or (t.metric == "top1" and c.clear_parting):
+            continue
+        if ppl_ref is not None and not t.judged(ppl_ref, plan_.n_vocab):
+            continue
+        if not t.holds(values[t.metric]):
+            sign = "<=" if t.upper else ">="
+            failed.append(f"{t.metric} {_fmt(values[t.metric])} (limit {sign} {t.limit:g})")
+    return tuple(failed)
+
+
+def _fmt(x: float) -> str:
+    return "nan" if x is None or not math.isfinite(x) else f"{x:.4g}"
+
+
+# --------------------------------------------------------------------------------- the replies
+
+def parse_reply(body: bytes, n_probs: int) -> tuple[Position, ...]:
+    """A /completion reply's generated positions: each the chosen token and its top-K log
+    probabilities, keyed by token id (by the token's text in the 2024 `probs` form, which has no
+    ids).  Anything else than that shape raises CanaryError, one line."""
+    try:
+        d = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise CanaryError(f"the server's reply is not JSON ({len(body)} bytes)") from None
+    if not isinstance(d, dict):
+        raise CanaryError("the server's reply is not a JSON object")
+    items = d.get("completion_probabilities")
+    if not isinstance(items, list) or not items:
+        raise CanaryError("the server's reply has no completion_probabilities (does it take n_probs?)")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise CanaryError(f"completion_probabilities[{i}] is not an object")
+        if "top_logprobs" in item or "top_probs" in item:
+            logs = "top_logprobs" in item
+            entries, value_key, id_key = item.get("top_logprobs" if logs else "top_probs"), \
+                "logprob" if logs else "prob", "id"
+            chosen = item.get("id")
+        elif "probs" in item:
+            entries, value_key, id_key, logs = item.get("probs"), "prob", "tok_str", False
+            chosen = item.get("content")
+        else:
+            raise CanaryError(f"completion_probabilities[{i}] has no top_logprobs, top_probs or probs")
+        if not isinstance(entries, list) or not entries or len(entries) > max(n_probs, 1) * 4:
+            raise CanaryError(f"completion_probabilities[{i}] lists {_count(entries)} tokens, asked for {n_probs}")
+        top = {}
+        for e in entries:
+            key, value = (e.get(id_key), e.get(value_key)) if isinstance(e, dict) else (None, None)
+            if not _token_key(key) or isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise CanaryError(f"completion_probabilities[{i}] has an entry without a token and a number")
+            logp = float(value) if logs else (math.log(value) if value > 0 else -math.inf)
+            if math.isnan(logp) or logp > 1e-6 or (not logs and not 0 <= value <= 1 + 1e-6):
+                raise CanaryError(f"completion_probabilities[{i}] has a probability out of range ({value!r})")
+            top[key] = max(logp, -1e4)
+        if not _token_key(chosen):
+            raise CanaryError(f"completion_probabilities[{i}] does not say which token was chosen")
+        out.append(Position(chosen, top))
+    return tuple(out)
+
+
+def _token_key(k) -> bool:
+    return (isinstance(k, int) and not isinstance(k, bool) and 0 <= k < 1 << 31) or (isinstance(k, str) and len(k) < 4096)
+
+
+def _count(x) -> str:
+    return str(len(x)) if isinstance(x, list) else "no"
+
+
+def parse_tokens(body: bytes) -> tuple[int, ...]:
+    """/tokenize's reply: {"tokens": [ids]}."""
+    try:
+        d = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise CanaryError("the server's /tokenize reply is not JSON") from None
+    toks = d.get("tokens") if isinstance(d, dict) else None
+    if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 31
+                                             for t in toks):
+        raise CanaryError("the server's /tokenize reply has no list of token ids")
+    return tuple(toks)
+
+
+def post(url: str, path: str, payload: dict, headers: dict, timeout: float) -> bytes:
+    """POST JSON, the whole exchange (a server that trickles too) bounded by `timeout` seconds, the
+    reply by MAX_REPLY bytes; any failure is one CanaryError line."""
+    parts = urlsplit(url)
+    outcome: dict = {}
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=max(timeout, 0.001))
+
+    def ask():
+        try:
+            conn.request("POST", path, json.dumps(payload).encode(),
+                         {"Content-Type": "application/json", **headers})
+            r = conn.getresponse()
+            body = r.read(MAX_REPLY + 1)
+            outcome["reply"] = (r.status, body)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            outcome["error"] = f"{type(exc).__name__}: {exc}"[:200].replace("\n", " ")
+
+    t = threading.Thread(target=ask, name="canary request", daemon=True)
+    t.start()
+    t.join(timeout)
+    with contextlib.suppress(OSError):
+        conn.close()
+    if "reply" not in outcome:
+        raise CanaryError(f"{url}{path} did not answer within {timeout:g} s"
+                          + (f" ({outcome['error']})" if "error" in outcome else ""))
+    status, body = outcome["reply"]
+    if len(body) > MAX_REPLY:
+        raise CanaryError(f"{url}{path} replied with more than {MAX_REPLY >> 20} MB")
+    if status != 200:
+        raise CanaryError(f"{url}{path} answered HTTP {status}")
+    return body
+
+
+def _request(plan_: CanaryPlan, prompt: tuple[int, ...]) -> dict:
+    return {"prompt": list(prompt), "n_predict": plan_.n_predict, "n_probs": plan_.n_probs, "temperature": 0,
+            "top_k": 1, "seed": SEED, "ignore_eos": True, "cache_prompt": False, "post_sampling_probs": False,
+            "stream": False}
+
+
+def complete(url: str, headers: dict, plan_: CanaryPlan, prompt: tuple[int, ...], timeout: float) -> tuple[Position, ...]:
+    return parse_reply(post(url, "/completion", _request(plan_, prompt), headers, timeout), plan_.n_probs)
+
+
+# ----------------------------------------------------------------------------------- reference
+
+def _cache_file(plan_: CanaryPlan, ref: LlamaBuild, model) -> Path:
+    from rocforge_build.measure import provenance
+
+    exe = ref.program("llama-server")
+    st = exe.stat()
+    parts = [ref.stamp or "", str(exe), st.st_size, st.st_mtime_ns, provenance.model_sha256(Path(model.path)),
+             plan_.key()]
+    key = hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+    return verify.cache_dir() / "canary" / f"{key}.json"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def reference(plan_: CanaryPlan, ref: LlamaBuild, model, *, progress=None, timeout: float = 900.0) -> Reference:
+    """The reference build's answers: its own llama-server (-np 1, a context that holds the long
+    prompt) on a free loopback port, the same requests one at a time; cached on disk by the
+    reference's stamp and binary, the model's sha256 and the plan."""
+    cached = _cache_file(plan_, ref, model)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return Reference.from_json(json.loads(cached.read_text(encoding="utf-8")))
+    from rocforge_build.proc import merged_env, spawn
+
+    start = time.monotonic()
+    port = _free_port()
+    ctx = max(plan_.long_tokens + plan_.n_predict + 64, 1024)
+    argv = [str(ref.program("llama-server")), "-m", str(model.path), "--host", "127.0.0.1", "--port", str(port),
+            "-c", str(ctx), "-np", "1"] + (["-ngl", "0"] if ref.gpu else [])
+    if progress:
+        progress(f"canary: the reference {ref.label()} answers the same requests")
+    url = f"http://127.0.0.1:{port}"
+    child = spawn(argv, env=merged_env(ref.runtime_env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                  die_with_parent=True)
+    tail: list[bytes] = []
+    threading.Thread(target=lambda: [tail.append(line) or tail.__delitem__(slice(0, -5)) for line in child.stderr],
+                     daemon=True).start()
+    try:
+        _wait_health(url, child, timeout, tail)
+        prompts, labels = _prompts(plan_, url, {}, min(timeout, 120))
+        answers = tuple(complete(url, {}, plan_, p, timeout) for p in prompts)
+    finally:
+        child.terminate()
+        try:
+            child.wait(10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    result = Reference(prompts, answers, labels, time.monotonic() - start)
+    with contextlib.suppress(OSError):
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.part")
+        tmp.write_text(json.dumps(result.to_json()), encoding="utf-8")
+        tmp.replace(cached)
+    return result
+
+
+def _wait_health(url: str, child, timeout: float, tail: list) -> None:
+    parts = urlsplit(url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            last = tail[-1].decode(errors="replace").strip()[:200] if tail else "no output"
+            raise CanaryError(f"the reference llama-server exited with code {child.returncode}: {last}")
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2)
+        try:
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except (OSError, http.client.HTTPException):
+            pass
+        finally:
+            conn.close()
+        time.sleep(0.25)
+    raise CanaryError(f"the reference llama-server did not answer /health within {timeout:g} s")
+
+
+def _prompts(plan_: CanaryPlan, url: str, headers: dict, timeout: float) -> tuple[tuple, tuple]:
+    """(token prompts, labels): the long prompt (exactly `long_tokens` tokens of the text's start)
+    first when there is one, then the short texts, all tokenized by the reference's /tokenize."""
+    prompts, labels = [], []
+    if plan_.long_tokens:
+        text = verify.read_chars(verify.text_file(), plan_.long_chars)
+        toks = parse_tokens(post(url, "/tokenize", {"content": text}, headers, timeout))
+        if len(toks) < plan_.long_tokens:
+            raise CanaryError(f"the shipped text's start tokenizes to only {len(toks)} tokens")
+        prompts.append(toks[:plan_.long_tokens])
+        labels.append(f"long prompt ({plan_.long_tokens} tokens)")
+    for i, t in enumerate(plan_.texts):
+        prompts.append(parse_tokens(post(url, "/tokenize", {"content": t}, headers, timeout)))
+        labels.append(f"request {i + 1}")
+    return tuple(prompts), tuple(labels)
+
+
+# ------------------------------------------------------------------------------------- the check
+
+def check(plan_: CanaryPlan, target: Target, ref: Reference, *, timeout: float) -> Verdict:
+    """The long prompt alone, then the short texts all at once over the slots; every answer against
+    its own reference, and a failing one against the others' (a swapped answer is named)."""
+    start = time.monotonic()
+    deadline = start + timeout
+    rows: list[Row] = []
+    idx = list(range(len(ref.prompts)))
+    long_idx = [i for i in idx if ref.labels[i].startswith("long")]
+    short_idx = [i for i in idx if i not in long_idx]
+
+    def left() -> float:
+        return max(deadline - time.monotonic(), 0.001)
+
+    answers: dict[int, tuple | CanaryError] = {}
+    for i in long_idx:
+        try:
+            answers[i] = complete(target.url, target.headers, plan_, ref.prompts[i], left())
+        except CanaryError as exc:
+            answers[i] = exc
+
+    def one(i: int) -> None:
+        try:
+            answers[i] = complete(target.url, target.headers, plan_, ref.prompts[i], left())
+        except CanaryError as exc:
+            answers[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in short_idx]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(left())
+    for i in idx:
+        got = answers.get(i, CanaryError(f"no answer within {timeout:g} s"))
+        if isinstance(got, CanaryError):
+            rows.append(Row(ref.labels[i], len(ref.prompts[i]), None, (f"no answer: {got.message}",)))
+            continue
+        c = compare(ref.answers[i], got)
+        failed = judge(c, plan_)
+        other = None
+        if failed:
+            for j in short_idx:
+                if j != i and len(ref.answers[j]) and not judge(compare(ref.answers[j], got), plan_):
+                    other = ref.labels[j]
+                    failed = (f"got the answer meant for {other}",) + failed
+                    break
+        rows.append(Row(ref.labels[i], len(ref.prompts[i]), c, failed, other))
+    failures = tuple(f"canary: {r.label} {r.failed[0]}" if r.answer_of else f"canary: {r.label}: {r.failed[0]}" + (f" ({'; '.join(r.failed[1:])})" if r.failed[1:] else "")
+                     for r in rows if r.failed)
+    return Verdict(not failures, failures, tuple(rows), time.monotonic() - start, plan_.notes)
