@@ -42,6 +42,11 @@ def add_arguments(parser) -> None:
                         help="how long to wait for the model to load and answer its first "
                              "one-token request (default 600)")
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    parser.add_argument("--no-canary", action="store_true",
+                        help="skip the numerics canary (the live server's log-probabilities against the "
+                             "reference build's) before serving")
+    parser.add_argument("--reference", metavar="PREFIX",
+                        help="the canary's reference build (default: verify's, a cpu build of the same source)")
 
 
 def run(args) -> int:
@@ -81,5 +86,32 @@ def run(args) -> int:
         print(f"serving {shellsafe.one_line(preset['model']['name'])} at {p.url}{everywhere} (first request "
               f"warmed up in {warm_s:.1f} s; Ctrl-C stops it)", flush=True)
 
-    code = serve.run(p, wait_s=args.wait, on_ready=ready)
+    code = serve.run(p, wait_s=args.wait, on_ready=ready, before_ready=_canary(args, preset, p, model_path))
     return 0 if code in (0, -15) else 9
+
+
+def _canary(args, preset: dict, p, model_path: str):
+    """What serve runs against the live server before it prints its URL (measure/canary.py), or
+    None with --no-canary (said on stderr)."""
+    if args.no_canary:
+        sys.stderr.write("rocforge: serve: --no-canary: the server's numerics are not checked\n")
+        return None
+
+    def gate(plan) -> None:
+        from rocforge_build.measure import canary, gguf, provenance
+        from rocforge_build.measure.llama_tools import LlamaBuild
+        from rocforge_build.measure.store import Store
+
+        build = LlamaBuild.open(preset["ranges"][plan.range]["prefix"])
+        target = canary.target_of(plan.url, plan.argv)
+        say = lambda text: sys.stderr.write(f"rocforge: serve: {text}\n")  # noqa: E731
+        record = {"model_sha256": preset["model"]["sha256"], "model": preset["model"].get("name"),
+                  "range": plan.range, "host": provenance.host(args.rootfs)}
+        with Store() as store:
+            verdict = canary.at_serve_start(build, gguf.check(Path(model_path)), target, reference=args.reference,
+                                            store=store, record=record, progress=say, timeout=args.wait)
+        say(f"canary passed in {verdict.seconds:.1f} s: " + ", ".join(
+            f"{r.label} top-1 {r.comparison.top1:.3f} KLD {r.comparison.kld_mean:.2g}"
+            for r in verdict.rows if r.comparison))
+
+    return gate

@@ -66,6 +66,12 @@ class CanaryError(RocforgeError):
     exit_code = 1
 
 
+class CanaryFailed(RocforgeError):
+    """The live server's answers are not the reference's: serving it is refused."""
+
+    exit_code = 1
+
+
 @dataclass(frozen=True)
 class Target:
     """The live server under test."""
@@ -172,6 +178,43 @@ class Verdict:
     def to_json(self) -> dict:
         return {"passed": self.passed, "failures": list(self.failures), "rows": [r.to_json() for r in self.rows],
                 "seconds": round(self.seconds, 3), "notes": list(self.notes)}
+
+
+def target_of(url: str, argv: list[str], timeout: float = 10.0) -> Target:
+    """The Target a llama-server started with `argv` is at `url`: its API key as a header, its
+    slots and each slot's context from /props (`total_slots`, `default_generation_settings.n_ctx`:
+    the per-slot context, whatever -c, -np and --kv-unified made of it), else from -c / -np."""
+    headers = {}
+    if "--api-key" in argv[:-1]:
+        headers["Authorization"] = f"Bearer {argv[argv.index('--api-key') + 1]}"
+
+    def flag(names, default):
+        for n in names:
+            if n in argv[:-1]:
+                with contextlib.suppress(ValueError):
+                    return int(argv[argv.index(n) + 1])
+        return default
+
+    parallel, ctx = flag(("-np", "--parallel"), 1), flag(("-c", "--ctx-size"), 4096)
+    per_slot = ctx if "--kv-unified" in argv or "-kvu" in argv else ctx // max(parallel, 1)
+    with contextlib.suppress(CanaryError, ValueError, TypeError, AttributeError):
+        parts = urlsplit(url)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+        try:
+            conn.request("GET", "/props", headers=headers)
+            r = conn.getresponse()
+            props = json.loads(r.read(MAX_REPLY)) if r.status == 200 else {}
+        except (OSError, http.client.HTTPException):
+            props = {}
+        finally:
+            conn.close()
+        slots = props.get("total_slots")
+        n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+        if isinstance(slots, int) and slots > 0:
+            parallel = slots
+        if isinstance(n_ctx, int) and n_ctx > 0:
+            per_slot = n_ctx
+    return Target(url, headers, per_slot, parallel)
 
 
 # ---------------------------------------------------------------------------------------- plan
@@ -557,3 +600,37 @@ def check(plan_: CanaryPlan, target: Target, ref: Reference, *, timeout: float) 
     failures = tuple(f"canary: {r.label} {r.failed[0]}" if r.answer_of else f"canary: {r.label}: {r.failed[0]}" + (f" ({'; '.join(r.failed[1:])})" if r.failed[1:] else "")
                      for r in rows if r.failed)
     return Verdict(not failures, failures, tuple(rows), time.monotonic() - start, plan_.notes)
+
+
+# ------------------------------------------------------------------------------ at serve start
+
+def at_serve_start(build: LlamaBuild, model, target: Target, *, reference: str | None, store, record: dict,
+                   progress=None, timeout: float = 900.0) -> Verdict:
+    """The canary `rocforge serve` runs before it prints its URL: the plan for this server, the
+    reference build's answers (verify's reference; the build itself when it is a CPU build of the
+    packaged recipe: its own -np 1 answers are then the reference, so slots and serving flags are
+    still checked), the check, one `canary` row in the results store with `record` (the host's
+    fingerprint, the model); a failure raises CanaryFailed naming the check."""
+    ref_build = verify.reference_for(build, reference, quiet=progress is None)
+    plan_ = plan(model, target)
+    for note in plan_.notes:
+        if progress:
+            progress(f"canary: {note}")
+    ref = reference(plan_, ref_build, model, progress=progress, timeout=timeout)
+    if progress:
+        progress(f"canary: {len(ref.prompts)} requests to {target.url} ({target.parallel} slots of "
+                 f"{target.ctx_per_slot} tokens), {plan_.n_predict} tokens each, {plan_.n_probs} log-probabilities a token")
+    verdict = check(plan_, target, ref, timeout=timeout)
+    run_id = store.start_run("canary", None, {"host": record.get("host"), "url": target.url})
+    row = {**record, "prefix": str(build.prefix), "stamp": build.stamp, "backend": build.backend,
+           "reference": str(ref_build.prefix), "reference_stamp": ref_build.stamp,
+           "target": {"url": target.url, "parallel": target.parallel, "ctx_per_slot": target.ctx_per_slot},
+           **verdict.to_json()}
+    store.add_row(run_id, "canary", row, status="passed" if verdict.passed else "failed")
+    store.finish_run(run_id, "passed" if verdict.passed else "failed")
+    if not verdict.passed:
+        more = f" (and {len(verdict.failures) - 1} more)" if len(verdict.failures) > 1 else ""
+        raise CanaryFailed(verdict.failures[0] + more + ": the server was stopped",
+                           "the build computes something else at this serving shape: verify it "
+                           "(rocforge verify PREFIX --model MODEL), or serve anyway with --no-canary")
+    return verdict

@@ -304,10 +304,11 @@ def warm_up(p: Plan, timeout: float) -> float:
     return time.monotonic() - start
 
 
-def run(p: Plan, *, wait_s: float, on_ready) -> int:
+def run(p: Plan, *, wait_s: float, on_ready, before_ready=None) -> int:
     """Start the server in its own process group, its output relayed to stderr; wait until it is
     ready (`_wait_ready`) and warmed up (`warm_up`), then until it ends.  Ctrl-C, SIGTERM or an
-    error stops its whole tree (proc.reaped).  Returns the server's exit status."""
+    error stops its whole tree (proc.reaped).  `before_ready(p)` (the numerics canary) runs against
+    the live server before `on_ready`; what it raises stops the server.  Returns its exit status."""
     from rocforge_build.proc import merged_env, reaped, spawn
 
     child = spawn(p.argv, env=merged_env(p.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -330,5 +331,7 @@ def run(p: Plan, *, wait_s: float, on_ready) -> int:
         if child.poll() is not None:
             raise ServeError(f"llama-server exited with code {child.returncode} after it answered /health"
                              + _last_words(tail), "its output is above")
+        if before_ready is not None:
+            before_ready(p)
         on_ready(took)
         return child.wait()
