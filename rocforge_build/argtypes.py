@@ -127,6 +127,28 @@ port = whole(1, 65535)
 # (a millisecond at least: the clocks that time a run tick no finer that matters)
 positive_seconds = number(0.0, SECONDS_MAX, above=True, least=0.001)
 positive_seconds.__name__ = "duration"
+_DURATION = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,6})?)([smh]?)", re.ASCII)
+_UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(minimum: float, maximum: float):
+    """A duration such as 30s, 5m, 1h or 90 (seconds) in [minimum, maximum] seconds, as seconds."""
+    span = f"{minimum:g} s to {maximum / 3600:g} h"
+
+    def parse(text: str) -> float:
+        m = _DURATION.fullmatch(text.strip().lower())
+        if not m:
+            raise ArgumentTypeError(f"{text!r} is not a duration (a number and s, m or h: e.g. 30s, 5m, 1h)")
+        value = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+        if not minimum <= value <= maximum:
+            raise ArgumentTypeError(f"{text!r} is out of range (give {span})")
+        return value
+    return _bounded(parse, "duration", minimum, maximum, span)
+
+
+# how often serve's canary runs: 5 s at least (the short canary itself takes a fraction of a
+# second on a GPU, a second or two on a CPU; more often would be load, not vigilance)
+canary_every = duration(5.0, SECONDS_MAX)
 percent = number(0.0, PERCENT_MAX, least=0.001)  # 0, or a thousandth of a percent at least
 days = number(0.0, DAYS_MAX, least=1e-5)  # 0, or about a second (0.864 s) at least
 gib = number(0.0, GIB_MAX, least=1e-6)  # 0, or a KiB at least

@@ -1,0 +1,520 @@
+"""`rocforge serve --canary-every DURATION`: a thin front on the user's --host/--port forwards every
+request to llama-server on a private loopback port, and between requests runs the short numerics
+canary (measure/canary.py, `plan(short=True)`) against that private port, so that a server that
+goes wrong while serving stops being trusted.
+
+Why a front and not a timer beside the server: only a front knows when no request is in flight (the
+canary then costs no client any latency) and can stop new requests without killing anything.
+
+On a failed canary the front answers every new request (any path, /health too) with HTTP 503 and a
+JSON body naming the failed check, instead of stopping the server: the process stays up for
+inspection (its log, its /slots, a debugger), a load balancer's health check takes it out of
+rotation, and each client is told why rather than seeing a refused connection it might retry on the
+same host.  Requests already in flight finish.  The failure is written to the results store with
+the host fingerprint (`store_recorder`).
+
+Design: one thread per client connection (socketserver.ThreadingTCPServer) with blocking sockets,
+not asyncio: the stdlib's http.client reads llama-server's chunked SSE replies chunk by chunk
+(`read1`), and each chunk is written to the client the moment it is read — a copy between two
+sockets in one thread, no queue, no event loop hop per token; the number of connections is small
+(llama-server's slots) and bounded here (`MAX_CONNECTIONS`).  Each request opens a fresh loopback
+connection to llama-server (tens of microseconds): llama-server (cpp-httplib) closes idle
+keep-alive connections after 5 s, and a reused one that it closed would cost a request.  The
+client's connection is kept alive.  The request head is read here (bounded in size and time, so a
+slowloris client holds one thread for at most `HEAD_SECONDS`), the body is streamed, never held.
+
+When the canary runs: once at least `every` seconds passed since the last one, as soon as no
+request is in flight.  A server that is never idle gets it anyway once it is `every` seconds
+overdue (two intervals since the last one), alongside the traffic: a busy server is where a wrong
+answer costs most, and the short canary is one request of a few tokens on one slot."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import re
+import socket
+import socketserver
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from rocforge_build.errors import RocforgeError
+
+HEAD_MAX = 64 * 1024  # bytes of a request line + headers (cpp-httplib and nginx allow about this much)
+HEADERS_MAX = 100  # header lines of one request
+HEAD_SECONDS = 20.0  # to send a whole request head, from its first byte (slowloris)
+IDLE_SECONDS = 75.0  # a kept-alive client connection with no new request is closed after this
+IO_SECONDS = 60.0  # one read of a request body, or one write to the client, that makes no progress
+UPSTREAM_SECONDS = 3600.0  # one read from llama-server: a long non-streamed generation says nothing for minutes
+MAX_CONNECTIONS = 256  # client connections at once; past it, 503 and close (each holds a thread)
+PIECE = 64 * 1024
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailer", "trailers", "transfer-encoding", "upgrade", "expect", "content-length"})
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_TARGET = re.compile(rb"[\x21-\x7e]+")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed canary as the front tells clients: when, the failed checks (one line each)."""
+
+    at: str  # UTC, ISO 8601
+    failures: tuple[str, ...]
+    seconds: float
+
+    def body(self) -> bytes:
+        first = self.failures[0] if self.failures else "canary failed"
+        return json.dumps({"error": {
+            "code": 503, "type": "canary_failed",
+            "message": f"rocforge serve stopped taking requests: the numerics canary failed at {self.at}: {first}",
+            "failures": list(self.failures)}}).encode()
+
+
+@dataclass
+class Stats:
+    """What the front did: canaries run and passed, requests forwarded."""
+
+    canaries: int = 0
+    passed: int = 0
+    forwarded: int = 0
+    overdue_runs: int = 0  # canaries run beside traffic because the server was never idle
+
+
+class _Closed(Exception):
+    """The client went away or broke the protocol; the connection is dropped."""
+
+
+class Front:
+    """The front: `start()` listens on `listen` (host, port) and forwards to `upstream`; with
+    `every` seconds and a `checker` (returns an object with .passed, .failures, .seconds,
+    .to_json(): canary.Verdict), the canary runs between requests; `record(verdict)` is called once
+    on the first failure."""
+
+    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], *, every: float | None = None,
+                 checker: Callable[[], object] | None = None, record: Callable[[object], None] | None = None,
+                 say: Callable[[str], None] | None = None, upstream_seconds: float = UPSTREAM_SECONDS):
+        self.listen = listen
+        self.upstream = upstream
+        self.every = every
+        self.checker = checker
+        self.record = record
+        self.say = say or (lambda text: None)
+        self.upstream_seconds = upstream_seconds
+        self.stats = Stats()
+        self.failure: Failure | None = None
+        self._idle = threading.Condition()
+        self._in_flight = 0
+        self._last_canary = time.monotonic()
+        self._stop = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._server: _Server | None = None
+
+    # -- life -------------------------------------------------------------------------------------
+    def start(self) -> Front:
+        self._server = _server_for(self)
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                         name="serve front", daemon=True).start()
+        if self.every and self.checker:
+            threading.Thread(target=self._canary_loop, name="serve canary", daemon=True).start()
+        return self
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1] if self._server else self.listen[1]
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._idle:
+            self._idle.notify_all()
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+
+    # -- the canary -------------------------------------------------------------------------------
+    def _canary_loop(self) -> None:
+        while not self._stop.is_set() and self.failure is None:
+            with self._idle:
+                due = self._last_canary + self.every
+                overdue = due + self.every
+                while not self._stop.is_set():
+                    now = time.monotonic()
+                    if now >= due and (self._in_flight == 0 or now >= overdue):
+                        break
+                    self._idle.wait(max(min((due if now < due else overdue) - now, 1.0), 0.01))
+                if self._stop.is_set():
+                    return
+                beside_traffic = self._in_flight > 0
+            self.run_canary(beside_traffic=beside_traffic)
+
+    def run_canary(self, *, beside_traffic: bool = False) -> bool:
+        """One canary now; True when it passed.  A checker that raises is a failure too: the server
+        could not be shown right."""
+        try:
+            verdict = self.checker()
+            passed, failures, seconds = bool(verdict.passed), tuple(verdict.failures), float(verdict.seconds)
+        except RocforgeError as exc:
+            verdict = _Raised(f"canary: could not run: {exc.message}")
+            passed, failures, seconds = False, verdict.failures, 0.0
+        except Exception as exc:  # noqa: BLE001 - a broken checker must not leave the server trusted
+            verdict = _Raised(f"canary: could not run: {type(exc).__name__}: {exc}"[:300])
+            passed, failures, seconds = False, verdict.failures, 0.0
+        self._last_canary = time.monotonic()
+        self.stats.canaries += 1
+        self.stats.overdue_runs += beside_traffic
+        if passed:
+            self.stats.passed += 1
+            return True
+        self.failure = Failure(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), failures or ("canary failed",),
+                               seconds)
+        self.say(f"canary FAILED after {self.stats.passed} passed: {self.failure.failures[0]}; new requests "
+                 "get HTTP 503 (the server is kept for inspection; Ctrl-C stops it)")
+        if self.record:
+            try:
+                self.record(verdict)
+            except RocforgeError as exc:
+                self.say(f"the failure could not be recorded in the results store: {exc.message}")
+        return False
+
+    def _begin(self) -> None:
+        with self._idle:
+            self._in_flight += 1
+            self.stats.forwarded += 1
+
+    def _end(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.notify_all()
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """The verdict of a checker that raised."""
+
+    line: str
+
+    @property
+    def failures(self) -> tuple[str, ...]:
+        return (self.line,)
+
+    passed = False
+    seconds = 0.0
+
+    def to_json(self) -> dict:
+        return {"passed": False, "failures": [self.line], "rows": [], "seconds": 0.0}
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    block_on_close = False
+    request_queue_size = 128
+    front: Front
+
+    def process_request(self, request, client_address):
+        if not self.front._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.settimeout(1.0)
+                request.sendall(_simple(503, b'{"error": {"code": 503, "type": "unavailable_error", '
+                                        b'"message": "too many connections to this server"}}', close=True))
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.front._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.front._slots.release()
+
+    def handle_error(self, request, client_address):  # a connection's fault is never a traceback
+        pass
+
+
+def _server_for(front: Front) -> _Server:
+    host, port = front.listen
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    cls = type("_FrontServer", (_Server,), {"address_family": family, "front": front})
+    return cls((host, port), _Handler)
+
+
+def _simple(status: int, body: bytes, *, close: bool = False, reason: str | None = None) -> bytes:
+    reason = reason or http.client.responses.get(status, "Error")
+    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            + ("Connection: close\r\n" if close else "") + "\r\n")
+    return head.encode() + body
+
+
+def _error(status: int, kind: str, message: str) -> bytes:
+    return json.dumps({"error": {"code": status, "type": kind, "message": message}}).encode()
+
+
+@dataclass(frozen=True)
+class Request:
+    """One parsed request head."""
+
+    method: str
+    target: str
+    version: str
+    headers: tuple[tuple[str, str], ...]  # as sent, hop-by-hop ones included
+    length: int
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k.lower() == name), None)
+
+    @property
+    def keep_alive(self) -> bool:
+        tokens = {t.strip().lower() for t in (self.header("connection") or "").split(",")}
+        return "close" not in tokens if self.version == "HTTP/1.1" else "keep-alive" in tokens
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    """One client connection: requests one after another (keep-alive), each forwarded whole."""
+
+    def setup(self):
+        self.sock: socket.socket = self.request
+        self.buf = b""
+        with contextlib.suppress(OSError):
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def handle(self):
+        front: Front = self.server.front
+        with contextlib.suppress(_Closed, OSError):
+            while True:
+                req = self._read_head()
+                if req is None:
+                    return
+                if front.failure is not None:
+                    self._send(_simple(503, front.failure.body(), close=True, reason="Service Unavailable"))
+                    return
+                if not self._forward(front, req) or not req.keep_alive:
+                    return
+
+    # -- reading the request -----------------------------------------------------------------------
+    def _recv(self, timeout: float) -> bytes:
+        self.sock.settimeout(max(timeout, 0.001))
+        try:
+            data = self.sock.recv(PIECE)
+        except TimeoutError:
+            raise _Closed from None
+        if not data:
+            raise _Closed
+        return data
+
+    def _read_head(self) -> Request | None:
+        """The next request's head; None at a clean end of the connection.  A head too large, too
+        slow or malformed is answered with its status and the connection closed."""
+        deadline = None
+        self.buf = self.buf.lstrip(b"\r\n")  # empty lines before a request line are ignored (RFC 9112 2.2)
+        while b"\r\n\r\n" not in self.buf:
+            if len(self.buf) > HEAD_MAX:
+                self._refuse(431, "the request's headers are larger than 64 KiB")
+            if deadline is None and self.buf.strip(b"\r\n"):
+                deadline = time.monotonic() + HEAD_SECONDS
+            wait = IDLE_SECONDS if deadline is None else deadline - time.monotonic()
+            if wait <= 0:
+                self._refuse(408, f"the request's headers did not arrive within {HEAD_SECONDS:g} s")
+            try:
+                self.buf += self._recv(min(wait, IDLE_SECONDS))
+            except _Closed:
+                if deadline is not None and time.monotonic() >= deadline:
+                    self._refuse(408, f"the request's headers did not arrive within {HEAD_SECONDS:g} s")
+                if not self.buf.strip(b"\r\n"):
+                    return None
+                raise
+            self.buf = self.buf.lstrip(b"\r\n") if deadline is None else self.buf
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        if len(head) > HEAD_MAX:
+            self._refuse(431, "the request's headers are larger than 64 KiB")
+        return self._parse(head)
+
+    def _parse(self, head: bytes) -> Request:
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if (len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not _TARGET.fullmatch(parts[1])
+                or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0")):
+            self._refuse(400, "not an HTTP/1.x request line")
+        if len(lines) - 1 > HEADERS_MAX:
+            self._refuse(431, f"more than {HEADERS_MAX} header lines")
+        headers = []
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep or not _TOKEN.fullmatch(name) or any(c in value for c in b"\r\n\x00"):
+                self._refuse(400, "a malformed header line")
+            headers.append((name.decode("ascii"), value.strip(b" \t").decode("latin-1")))
+        req = Request(parts[0].decode("ascii"), parts[1].decode("ascii"), parts[2].decode("ascii"),
+                      tuple(headers), 0)
+        if req.header("transfer-encoding") is not None:
+            self._refuse(411, "a chunked request body is not taken here: send Content-Length")
+        lengths = {v for k, v in headers if k.lower() == "content-length"}
+        if len(lengths) > 1 or (lengths and not re.fullmatch(r"[0-9]{1,15}", next(iter(lengths)))):
+            self._refuse(400, "an invalid Content-Length")
+        return replace(req, length=int(next(iter(lengths))) if lengths else 0)
+
+    def _refuse(self, status: int, message: str):
+        with contextlib.suppress(OSError):
+            self._send(_simple(status, _error(status, "invalid_request_error", message), close=True))
+        raise _Closed
+
+    def _send(self, data: bytes) -> None:
+        self.sock.settimeout(IO_SECONDS)
+        try:
+            self.sock.sendall(data)
+        except (OSError, TimeoutError):
+            raise _Closed from None
+
+    def _body_pieces(self, length: int):
+        """The request body, as it comes: what was read with the head first."""
+        left = length
+        if self.buf:
+            first, self.buf = self.buf[:left], self.buf[left:]
+            left -= len(first)
+            yield first
+        while left > 0:
+            data = self._recv(IO_SECONDS)
+            piece, self.buf = data[:left], data[left:]
+            left -= len(piece)
+            yield piece
+
+    # -- forwarding --------------------------------------------------------------------------------
+    def _forward(self, front: Front, req: Request) -> bool:
+        """Send the request to llama-server and its answer back as it comes; False when the client
+        connection cannot go on (the answer was cut, or it was close-delimited)."""
+        if (req.header("expect") or "").lower() == "100-continue" and req.length:
+            self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
+        named = {t.strip().lower() for t in (req.header("connection") or "").split(",")}
+        front._begin()
+        up = http.client.HTTPConnection(*front.upstream, timeout=front.upstream_seconds)
+        sent_head = False
+        try:
+            try:
+                up.putrequest(req.method, req.target, skip_host=True, skip_accept_encoding=True)
+                for k, v in req.headers:
+                    if k.lower() not in HOP_BY_HOP and k.lower() not in named:
+                        up.putheader(k, v)
+                if req.header("host") is None:
+                    up.putheader("Host", f"{front.upstream[0]}:{front.upstream[1]}")
+                if req.length or req.method in ("POST", "PUT", "PATCH"):
+                    up.putheader("Content-Length", str(req.length))
+                up.endheaders()
+                for piece in self._body_pieces(req.length):
+                    up.send(piece)
+                answer = up.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                self._send(_simple(502, _error(502, "unavailable_error",
+                                               f"the llama-server behind this front did not answer ({type(exc).__name__})"),
+                                   close=True))
+                return False
+            length = answer.getheader("content-length")
+            bodiless = req.method == "HEAD" or answer.status in (204, 304) or 100 <= answer.status < 200
+            chunked = not bodiless and length is None and req.version == "HTTP/1.1"
+            keep = req.keep_alive and (bodiless or length is not None or chunked)
+            lines = [f"HTTP/1.1 {answer.status} {answer.reason}"]
+            upstream_named = {t.strip().lower() for t in (answer.getheader("connection") or "").split(",")}
+            for k, v in answer.getheaders():
+                if k.lower() not in HOP_BY_HOP - {"content-length"} and k.lower() not in upstream_named:
+                    lines.append(f"{k}: {v}")
+            if chunked:
+                lines.append("Transfer-Encoding: chunked")
+            lines.append("Connection: keep-alive" if keep else "Connection: close")
+            self._send(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            sent_head = True
+            if bodiless:
+                return keep
+            while True:
+                try:
+                    piece = answer.read1(PIECE)
+                except (OSError, http.client.HTTPException):
+                    return False  # llama-server died mid-answer: the client sees the answer cut
+                if not piece:
+                    break
+                self._send(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+            if chunked:
+                self._send(b"0\r\n\r\n")
+            return keep
+        except _Closed:
+            if not sent_head:
+                raise
+            return False
+        finally:
+            up.close()  # a client gone mid-answer: llama-server sees the close and stops generating
+            front._end()
+
+
+# -------------------------------------------------------------------------------- wiring into serve
+
+def free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def behind(p, private_port: int | None = None):
+    """The serve plan of the llama-server behind the front: the same command with --host
+    127.0.0.1 and a free private --port; the front takes the plan's own address."""
+    argv = list(p.argv)
+    port = private_port or free_loopback_port()
+    argv[argv.index("--host") + 1] = "127.0.0.1"
+    argv[argv.index("--port") + 1] = str(port)
+    return replace(p, argv=argv, url=f"http://127.0.0.1:{port}", host="127.0.0.1", port=port)
+
+
+def target_of(p):
+    """The canary's view of a serve plan's server: its URL, the API key's header, the context of
+    one slot and the slots (`-c` over `-np`, llama.cpp's defaults 4096 and 1 where absent)."""
+    from rocforge_build.measure import canary
+
+    argv = p.argv
+
+    def value(flag: str, default: int) -> int:
+        with contextlib.suppress(ValueError, IndexError):
+            return int(argv[argv.index(flag) + 1])
+        return default
+
+    parallel = max(value("-np", value("--parallel", 1)), 1)
+    ctx = value("-c", value("--ctx-size", 4096))
+    headers = {"Authorization": f"Bearer {argv[argv.index('--api-key') + 1]}"} if "--api-key" in argv[:-1] else {}
+    return canary.Target(p.url, headers, max(ctx // parallel, 1), parallel)
+
+
+def short_checker(model, build, ref, target, *, timeout: float = 120.0, progress=None) -> Callable[[], object]:
+    """The short canary against `target` as a no-argument callable: its plan and the reference's
+    answers (canary.reference, cached on disk) are made once, here."""
+    from rocforge_build.measure import canary
+
+    plan_ = canary.plan(model, target, short=True)
+    answers = canary.reference(plan_, ref, model, progress=progress)
+    return lambda: canary.check(plan_, target, answers, timeout=timeout)
+
+
+def store_recorder(base: dict, build, argv: list[str], url: str, every: float, stats: Callable[[], Stats]):
+    """`record` for a Front: the failed verdict as one `canary` row of a `serve-canary` run, with
+    the host fingerprint (measure/provenance.host, read at the failure), the build and the model."""
+    def record(verdict) -> None:
+        from dataclasses import asdict
+
+        from rocforge_build.measure import provenance
+        from rocforge_build.measure.store import Store
+
+        host = provenance.host()
+        row = {**base, "host": host, "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
+               "url": url, "every_s": every, "while_serving": asdict(stats()), **verdict.to_json()}
+        with Store() as store:
+            run_id = store.start_run("serve-canary", argv, {"host": host, "model": base.get("model")})
+            store.add_row(run_id, "canary", row, status="failed")
+            store.finish_run(run_id, "failed")
+    return record
+
+
+def say_to_stderr(text: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"rocforge: serve: {text}\n")
+        sys.stderr.flush()

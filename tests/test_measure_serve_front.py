@@ -1,0 +1,309 @@
+"""serve's canary front (measure/serve_front.py) against a real HTTP server on 127.0.0.1 made here
+(`Upstream`: llama-server's part — streamed SSE answers, echoed bodies, any status — played by
+http.server, since what is tested is the front's forwarding and scheduling, not llama.cpp; the real
+server is in tests/e2e/test_serve_front.py).  The canary is injected as a checker callable, so a
+failing one is a test's choice.  Seconds in all."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import socket
+import threading
+import time
+from argparse import ArgumentTypeError
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from rocforge_build import argtypes
+from rocforge_build.measure import serve_front
+
+
+class _UpstreamHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _query(self) -> dict:
+        return {k: v[0] for k, v in parse_qs(urlsplit(self.path).query).items()}
+
+    def _reply(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        if status not in (204, 304):
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if status not in (204, 304) and self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _any(self):
+        route = urlsplit(self.path).path
+        q = self._query()
+        up: Upstream = self.server.upstream
+        up.seen.append((self.command, self.path, dict(self.headers)))
+        if route.startswith("/status/"):
+            status = int(route.rsplit("/", 1)[1])
+            return self._reply(status, json.dumps({"status": status}).encode())
+        if route == "/slow":
+            time.sleep(float(q.get("s", "1")))
+            return self._reply(200, b'{"slow": true}')
+        if route == "/count":
+            left, total = int(self.headers.get("Content-Length", "0")), 0
+            while left:
+                piece = self.rfile.read(min(left, 1 << 16))
+                if not piece:
+                    break
+                left -= len(piece)
+                total += len(piece)
+            return self._reply(200, json.dumps({"length": total}).encode())
+        if route.startswith("/sse"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            gap = float(q.get("gap", "0.2"))
+            n = int(q.get("n", "1000000"))
+            try:
+                for i in range(n):
+                    self._chunk(f"data: {json.dumps({'i': i, 't': time.monotonic()})}\n\n".encode())
+                    if route == "/sse-die" and i == 1:
+                        self.connection.shutdown(socket.SHUT_RDWR)  # the server dies mid-answer
+                        self.close_connection = True
+                        return
+                    time.sleep(gap)
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                up.client_gone.set()  # the front closed its connection: the client went away
+                self.close_connection = True
+            return
+        length = int(self.headers.get("Content-Length", "0"))
+        body = self.rfile.read(length) if length else b""
+        return self._reply(200, json.dumps({"method": self.command, "path": self.path, "length": len(body),
+                                            "sha256": hashlib.sha256(body).hexdigest(),
+                                            "headers": dict(self.headers)}).encode())
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _any
+
+
+class Upstream:
+    """A real HTTP/1.1 server on 127.0.0.1 playing llama-server's part (see the module)."""
+
+    def __init__(self):
+        self.seen: list = []
+        self.client_gone = threading.Event()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _UpstreamHandler)
+        self.server.daemon_threads = True
+        self.server.upstream = self
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def upstream():
+    u = Upstream()
+    yield u
+    u.close()
+
+
+class Verdict:
+    def __init__(self, passed: bool, failures=()):
+        self.passed, self.failures, self.seconds = passed, tuple(failures), 0.01
+
+    def to_json(self):
+        return {"passed": self.passed, "failures": list(self.failures)}
+
+
+def front_for(upstream, **kw) -> serve_front.Front:
+    return serve_front.Front(("127.0.0.1", 0), ("127.0.0.1", upstream.port), **kw).start()
+
+
+@pytest.fixture
+def front(upstream):
+    f = front_for(upstream)
+    yield f
+    f.stop()
+
+
+def ask(front, method, path, body=None, headers=None, conn=None):
+    c = conn or http.client.HTTPConnection("127.0.0.1", front.port, timeout=10)
+    c.request(method, path, body, headers or {})
+    r = c.getresponse()
+    return r.status, dict(r.getheaders()), r.read()
+
+
+# -- forwarding ------------------------------------------------------------------------------------
+
+def test_a_streamed_answer_passes_through_chunk_by_chunk(front):
+    """Each SSE event reaches the client when llama-server sends it, not when the answer ends:
+    5 events 0.3 s apart arrive ~0.3 s apart, each within 0.1 s of being sent."""
+    c = http.client.HTTPConnection("127.0.0.1", front.port, timeout=10)
+    c.request("POST", "/sse?n=5&gap=0.3", b"{}", {"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200 and r.getheader("Content-Type") == "text/event-stream"
+    events, got = [], b""
+    while True:
+        piece = r.read1(65536)
+        if not piece:
+            break
+        got += piece
+        while b"\n\n" in got:
+            event, got = got.split(b"\n\n", 1)
+            events.append((json.loads(event.removeprefix(b"data: ")), time.monotonic()))
+    assert [e["i"] for e, _ in events] == [0, 1, 2, 3, 4]
+    for sent, arrived in events:
+        assert arrived - sent["t"] < 0.1  # the same clock: server and front run in this process
+    assert events[-1][1] - events[0][1] > 1.0
+
+
+def test_bodies_methods_paths_and_headers_reach_the_server(front, upstream):
+    body = bytes(range(256)) * 800  # 200 KB, every byte value
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        status, _, out = ask(front, method, "/v1/x?a=1&b=%20", body, {"Authorization": "Bearer k", "X-Y": "z"})
+        d = json.loads(out)
+        assert status == 200 and d["method"] == method and d["path"] == "/v1/x?a=1&b=%20"
+        assert d["length"] == len(body) and d["sha256"] == hashlib.sha256(body).hexdigest()
+        assert d["headers"]["Authorization"] == "Bearer k" and d["headers"]["X-Y"] == "z"
+    status, headers, out = ask(front, "HEAD", "/echo")
+    assert status == 200 and out == b"" and int(headers["Content-Length"]) > 0
+
+
+def test_status_codes_and_error_bodies_pass_through(front):
+    for code in (400, 401, 404, 500, 503):
+        status, _, out = ask(front, "GET", f"/status/{code}")
+        assert status == code and json.loads(out) == {"status": code}
+    status, _, out = ask(front, "GET", "/status/204")
+    assert status == 204 and out == b""
+
+
+def test_the_client_connection_is_kept_alive(front):
+    c = http.client.HTTPConnection("127.0.0.1", front.port, timeout=10)
+    ask(front, "GET", "/echo", conn=c)
+    first = c.sock
+    for path in ("/sse?n=3&gap=0", "/status/404", "/echo"):
+        ask(front, "POST", path, b"x", conn=c)
+    assert c.sock is first  # one TCP connection for four requests, a streamed one among them
+
+
+def test_an_expect_100_continue_client_is_answered(front):
+    """curl sends `Expect: 100-continue` before a large body and waits for the 100."""
+    with socket.create_connection(("127.0.0.1", front.port), timeout=5) as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.sendall(b"abc")
+        answer = b""
+        while b'"sha256"' not in answer:
+            answer += s.recv(4096)
+    assert hashlib.sha256(b"abc").hexdigest().encode() in answer
+
+
+# -- the canary --------------------------------------------------------------------------------------
+
+def test_a_failed_canary_makes_every_new_request_a_503_naming_the_check(upstream):
+    recorded = []
+    f = front_for(upstream, every=3600, record=recorded.append,
+                  checker=lambda: Verdict(False, ["canary: request 1: kld_mean 0.93 (limit <= 0.05)"]))
+    try:
+        assert ask(f, "GET", "/echo")[0] == 200
+        assert f.run_canary() is False
+        for method, path in (("GET", "/health"), ("POST", "/v1/chat/completions")):
+            status, headers, out = ask(f, method, path, b"{}")
+            err = json.loads(out)["error"]
+            assert status == 503 and err["type"] == "canary_failed"
+            assert "kld_mean 0.93" in err["message"] and err["failures"] == [
+                "canary: request 1: kld_mean 0.93 (limit <= 0.05)"]
+        assert len(recorded) == 1 and not recorded[0].passed
+        assert [m for m, *_ in upstream.seen] == ["GET"]  # nothing reached the server after the failure
+    finally:
+        f.stop()
+
+
+def test_a_checker_that_raises_fails_the_canary(upstream):
+    from rocforge_build.errors import RocforgeError
+
+    def broken():
+        raise RocforgeError("http://127.0.0.1:1/completion did not answer within 120 s")
+
+    f = front_for(upstream, every=3600, checker=broken)
+    try:
+        assert f.run_canary() is False
+        status, _, out = ask(f, "GET", "/x")
+        assert status == 503 and "did not answer within 120 s" in json.loads(out)["error"]["message"]
+    finally:
+        f.stop()
+
+
+def test_the_canary_waits_for_the_request_in_flight(upstream):
+    """Due at 1 s while a request runs from 0.3 s to 1.5 s: it runs when that request ends, with
+    nothing in flight, and not again before another interval."""
+    calls = []
+    f = serve_front.Front(("127.0.0.1", 0), ("127.0.0.1", upstream.port), every=1.0,
+                          checker=lambda: calls.append((time.monotonic(), f._in_flight)) or Verdict(True))
+    start = time.monotonic()
+    f.start()
+    try:
+        time.sleep(0.3)
+        status, _, _ = ask(f, "GET", "/slow?s=1.2")
+        ended = time.monotonic()
+        assert status == 200
+        time.sleep(0.5)
+        assert len(calls) == 1, calls
+        at, in_flight = calls[0]
+        assert in_flight == 0 and ended - 0.05 <= at < ended + 0.5 and at - start < 2.0
+        time.sleep(1.0)
+        assert len(calls) == 2 and calls[1][0] - calls[0][0] >= 0.99
+        assert f.stats.overdue_runs == 0 and f.stats.passed == 2
+    finally:
+        f.stop()
+
+
+def test_a_never_idle_server_gets_the_canary_once_overdue(upstream):
+    """Requests back to back for 2.6 s, every 0.5 s: never idle, so the canary runs beside the
+    traffic once it is an interval overdue (at ~1 s), not never."""
+    calls = []
+    f = front_for(upstream, every=0.5, checker=lambda: calls.append(f._in_flight) or Verdict(True))
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", f.port, timeout=10)
+        c.request("GET", "/sse?n=13&gap=0.2")
+        r = c.getresponse()
+        r.read()
+        assert calls and calls[0] == 1 and f.stats.overdue_runs >= 1
+    finally:
+        f.stop()
+
+
+def test_behind_moves_the_server_to_a_private_loopback_port():
+    from rocforge_build.measure import serve
+
+    p = serve.Plan("long", "auto", {}, ["/b/llama-server", "-m", "/m.gguf", "-c", "8192", "-np", "4", "--host",
+                                         "0.0.0.0", "--port", "8080"], "http://127.0.0.1:8080", [], "0.0.0.0", 8080)
+    inner = serve_front.behind(p, 41234)
+    assert inner.argv[-4:] == ["--host", "127.0.0.1", "--port", "41234"] and inner.url == "http://127.0.0.1:41234"
+    assert p.argv[-1] == "8080"  # the user's plan is left as it was
+    t = serve_front.target_of(inner)
+    assert (t.url, t.ctx_per_slot, t.parallel, t.headers) == ("http://127.0.0.1:41234", 2048, 4, {})
+
+
+# -- --canary-every's type -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, seconds", [("30s", 30), ("5m", 300), ("1h", 3600), ("90", 90), ("1.5m", 90)])
+def test_canary_every_takes_durations(text, seconds):
+    assert argtypes.canary_every(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["4s", "0", "-5s", "abc", "5 minutes", "1e3", "nan", "inf", "9999999h", "5d"])
+def test_canary_every_refuses_other_text_in_one_line(text):
+    with pytest.raises(ArgumentTypeError) as e:
+        argtypes.canary_every(text)
+    assert "\n" not in str(e.value) and ("duration" in str(e.value) or "range" in str(e.value))
