@@ -7,6 +7,7 @@ limits are data with their reasons."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import lzma
 import math
@@ -110,22 +111,97 @@ def text_file() -> Path:
     return out
 
 
+KV_TYPES = ("f16", "q8_0")  # the KV cache types verify and tune know: llama.cpp's default, and half its size
+# The serving dimensions a full verify covers where the build runs them ([coverage] kv/mmap/parallel
+# in data/verify.toml override): what `llama-server` is started with differs from llama-perplexity's
+# defaults exactly there.  q8_0 KV halves the cache of a long context; weights through mmap gave
+# ~0.3 NMSE against the CPU on gfx1151 (llama.cpp PR #26543); `-np 4 --kv-unified` returned other
+# requests' answers on gfx1151 (llama.cpp #25992).
+SERVING_DEFAULTS = {"kv": ["f16", "q8_0"], "mmap": [True, False], "parallel": [1, 4]}
+
+
 @dataclass(frozen=True, order=True)
 class Shape:
     """One check's shape: the context, the micro-batch, flash attention and the layers offloaded
-    (None: a CPU build, nothing to offload)."""
+    (None: a CPU build, nothing to offload), and how a server holds it: the KV cache type, the
+    weights loaded through mmap or read (--no-mmap), and the sequences sharing one unified KV
+    cache (1: one sequence at a time, as llama-perplexity batches chunks by itself)."""
 
     ctx: int
     ubatch: int
     fa: bool
     ngl: int | None = None
+    kv: str = "f16"
+    mmap: bool = True
+    parallel: int = 1
 
     def label(self) -> str:
         ngl = "" if self.ngl is None else f" ngl={self.ngl}"
-        return f"ctx={self.ctx} ub={self.ubatch} fa={'on' if self.fa else 'off'}{ngl}"
+        serving = "".join([f" kv={self.kv}" if self.kv != "f16" else "", "" if self.mmap else " mmap=off",
+                           f" np={self.parallel}" if self.parallel != 1 else ""])
+        return f"ctx={self.ctx} ub={self.ubatch} fa={'on' if self.fa else 'off'}{ngl}{serving}"
 
     def to_json(self) -> dict:
-        return {"ctx": self.ctx, "ubatch": self.ubatch, "fa": self.fa, "ngl": self.ngl}
+        return {"ctx": self.ctx, "ubatch": self.ubatch, "fa": self.fa, "ngl": self.ngl,
+                "kv": self.kv, "mmap": self.mmap, "parallel": self.parallel}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Shape:
+        """A stored shape; one stored before the serving dimensions existed has none (see
+        `serving_known`)."""
+        return cls(int(d["ctx"]), int(d["ubatch"]), bool(d["fa"]), d.get("ngl"), str(d.get("kv") or "f16"),
+                   bool(d.get("mmap", True)), int(d.get("parallel") or 1))
+
+
+SERVING_FIELDS = ("kv", "mmap", "parallel")
+
+
+def serving_known(d: dict) -> bool:
+    """Whether a stored shape (a check, a preset's verified shape) names its serving dimensions:
+    one stored before they existed proves nothing about them."""
+    return all(k in d for k in SERVING_FIELDS)
+
+
+@dataclass(frozen=True)
+class ServingSupport:
+    """Which serving dimensions a build's llama-perplexity can run, read from its own --help (never
+    from a version number), and why a dimension is left out where it cannot.
+
+    Several sequences in one unified KV cache: llama-perplexity evaluates n_seq = n_batch / n_ctx
+    chunks per batch, each its own sequence.  In the May 2025 tree (llama-cpp-python 0.3.9,
+    tools/perplexity/perplexity.cpp main()) the KL-divergence mode forces n_parallel = 1 and
+    kl_divergence() decodes one chunk at a time, and the one KV cache of that era holds every
+    sequence (there is no --kv-unified): verify cannot run several sequences there.  From the tree
+    that added `-kvu/--kv-unified` to llama-perplexity (0.3.36, Oct 2026: common/arg.cpp lists
+    LLAMA_EXAMPLE_PERPLEXITY for it) main() sets n_parallel = n_batch / n_ctx for KL divergence too
+    and kl_divergence() puts n_seq = n_batch / n_ctx chunks in each batch; so `-c C -b P*C -kvu`
+    with at least P chunks runs P sequences in one unified KV cache, a micro-batch mixing tokens of
+    several sequences: the path of `llama-server -np P --kv-unified` (llama.cpp #25992)."""
+
+    kv: bool = False
+    mmap: bool = False
+    parallel: bool = False
+
+    @classmethod
+    def of(cls, build: LlamaBuild) -> ServingSupport:
+        opts = build.options("llama-perplexity")
+        return cls(kv=bool({"-ctk", "--cache-type-k"} & opts) and bool({"-ctv", "--cache-type-v"} & opts),
+                   mmap="--no-mmap" in opts, parallel=bool({"-kvu", "--kv-unified"} & opts))
+
+    def missing(self) -> list[str]:
+        """Why each unsupported dimension is left out (said among the coverage's bounds)."""
+        out = []
+        if not self.kv:
+            out.append("KV cache type: the build's llama-perplexity has no -ctk/-ctv")
+        if not self.mmap:
+            out.append("mmap off: the build's llama-perplexity has no --no-mmap")
+        if not self.parallel:
+            out.append("parallel sequences: the build's llama-perplexity has no --kv-unified (its "
+                       "KL-divergence mode runs one sequence at a time)")
+        return out
+
+
+ALL_SERVING = ServingSupport(True, True, True)
 
 
 @dataclass
@@ -140,6 +216,60 @@ class Coverage:
 
     def to_json(self) -> dict:
         return {"shapes": [s.to_json() for s in self.shapes], "bounds": self.bounds}
+
+
+def with_serving(rows: list[Shape], kv: list[str], mmap: list[bool], parallel: list[int]) -> list[Shape]:
+    """The covering design's rows with each serving dimension's values beyond its first placed from
+    the last row backwards (the shortest context: the cheapest check, and P sequences of it one
+    batch), never in the first row (the shape asked for first stays whole: `command_line`), a
+    quantized KV cache only where flash attention is on (llama.cpp quantizes V only with flash
+    attention); where no row is left, a copy of the last row takes the value."""
+    rows = list(rows)
+
+    def place(field_name: str, values: list, fits) -> None:
+        extra = list(values[1:])
+        for i in range(len(rows) - 1, 0, -1):
+            if not extra:
+                return
+            if getattr(rows[i], field_name) == values[0] and fits(rows[i], extra[0]):
+                rows[i] = dataclasses.replace(rows[i], **{field_name: extra.pop(0)})
+        for value in extra:
+            base = next((r for r in reversed(rows) if fits(r, value)), rows[-1])
+            rows.append(dataclasses.replace(base, **{field_name: value},
+                                            **({"fa": True} if not fits(base, value) else {})))
+
+    place("kv", kv, lambda r, v: v == "f16" or r.fa)
+    place("mmap", mmap, lambda r, v: True)
+    place("parallel", parallel, lambda r, v: True)
+    out = []
+    for r in rows:
+        if r not in out:
+            out.append(r)
+    return out
+
+
+def kv_list(text: str) -> list[str]:
+    """`--kv f16,q8_0`: KV cache types verify knows (argparse's one line for anything else)."""
+    from argparse import ArgumentTypeError
+
+    items = [x.strip().lower() for x in text.split(",") if x.strip()]
+    bad = [x for x in items if x not in KV_TYPES]
+    if bad or not items:
+        raise ArgumentTypeError(f"{text!r}: KV cache types are {', '.join(KV_TYPES)}")
+    return list(dict.fromkeys(items))
+
+
+def on_off_list(text: str) -> list[bool]:
+    """`--mmap on,off`: on, off or both."""
+    from argparse import ArgumentTypeError
+
+    items = [x.strip().lower() for x in text.split(",") if x.strip()]
+    if not items or any(x not in ("on", "off") for x in items):
+        raise ArgumentTypeError(f"{text!r}: give on, off or on,off")
+    return list(dict.fromkeys(x == "on" for x in items))
+
+
+PARALLEL_MAX = 64  # sequences in one batch: far above a server's usual -np, and P x context tokens are decoded at once
 
 
 def covering(dims: list[list]) -> list[tuple]:
@@ -169,11 +299,16 @@ def n_layers(model: Model) -> int | None:
 
 
 def plan(model: Model, *, gpu: bool, ctx: list[int] | None = None, max_ctx: int | None = None,
-         quick: bool = False, ubatch: list[int] | None = None, fa: list[bool] | None = None) -> Coverage:
+         quick: bool = False, ubatch: list[int] | None = None, fa: list[bool] | None = None,
+         kv: list[str] | None = None, mmap: list[bool] | None = None, parallel: list[int] | None = None,
+         support: ServingSupport | None = None) -> Coverage:
     """The default coverage (or the one asked for): contexts from short up to the model's training
     context (capped), the micro-batches tune may choose, flash attention on and off, full and
     partial offload for GPU builds; the longest context meets the largest micro-batch and flash
-    attention on in the first check."""
+    attention on in the first check.  The serving dimensions (KV cache f16 and q8_0, mmap on and
+    off, 1 and 4 sequences in one unified KV cache: data/verify.toml) join where `support` (the
+    build's llama-perplexity) runs them; --quick keeps their first values only (as fast as before)
+    unless they are asked for."""
     cov, _, _ = rules()
     bounds = []
     cap = int(cov["max_ctx"])
@@ -196,7 +331,44 @@ def plan(model: Model, *, gpu: bool, ctx: list[int] | None = None, max_ctx: int 
     if gpu:
         ngls = [99] + ([max(1, layers // 2)] if layers and layers > 1 else [])
     shapes = [Shape(*row) for row in covering([ctxs, ubs, fas, ngls])]
-    return Coverage(shapes, bounds)
+    support = support or ALL_SERVING
+    kvs = _serving_values("--kv", kv, [str(v) for v in cov.get("kv", SERVING_DEFAULTS["kv"])], quick,
+                          support.kv, "-ctk/-ctv")
+    mmaps = _serving_values("--mmap", mmap, [bool(v) for v in cov.get("mmap", SERVING_DEFAULTS["mmap"])], quick,
+                            support.mmap, "--no-mmap")
+    pars = _serving_values("--parallel", parallel, [int(v) for v in cov.get("parallel", SERVING_DEFAULTS["parallel"])],
+                           quick, support.parallel, "--kv-unified")
+    if fas == [False] and any(k != "f16" for k in kvs):
+        kvs = ["f16"]
+        bounds.append("KV cache q8_0 not checked: llama.cpp quantizes the V cache only with flash attention on")
+    asked = {"kv": kv, "mmap": mmap, "parallel": parallel}
+    for why, name in zip(support.missing(), [n for n in SERVING_FIELDS if not getattr(support, n)], strict=True):
+        if asked[name] and len(set(asked[name])) > 1 or not quick:
+            bounds.append(why)
+    return Coverage(with_serving(shapes, kvs, mmaps, pars), bounds)
+
+
+def _serving_values(flag: str, asked: list | None, default: list, quick: bool, supported: bool,
+                    option: str) -> list:
+    """One serving dimension's values: those asked for, else the default ones (only the first with
+    --quick); the first alone where the build cannot run the others, and a value asked for that the
+    build cannot run is one line."""
+    if asked and not supported and any(v != default[0] for v in asked):
+        shown = ",".join(("on" if v else "off") if isinstance(v, bool) else str(v) for v in asked)
+        raise UsageError(f"{flag} {shown}: the build's llama-perplexity has no {option}, so it cannot run that",
+                         f"leave {flag} out (the build is checked at {flag} "
+                         f"{('on' if default[0] else 'off') if isinstance(default[0], bool) else default[0]})")
+    values = list(dict.fromkeys(asked if asked else default[:1] if quick else default))
+    return values if supported else values[:1]
+
+
+def serving_label(check: dict) -> str:
+    """A check's serving dimensions beyond the defaults, for the report's line (empty for defaults)."""
+    words = [f"kv={check['kv']}" if check.get("kv", "f16") != "f16" else "",
+             "mmap=off" if check.get("mmap", True) is False else "",
+             f"np={check['parallel']}" if (check.get("parallel") or 1) != 1 else ""]
+    text = " ".join(w for w in words if w)
+    return f"  ({text})" if text else ""
 
 
 def bound_by_text(coverage: Coverage, n_tokens: int) -> Coverage:
@@ -208,7 +380,7 @@ def bound_by_text(coverage: Coverage, n_tokens: int) -> Coverage:
     shapes, seen = [], set()
     for s in coverage.shapes:
         c = min(s.ctx, _floor_pow2(fit))
-        new = Shape(c, s.ubatch, s.fa, s.ngl)
+        new = dataclasses.replace(s, ctx=c)
         if new not in seen:
             seen.add(new)
             shapes.append(new)
@@ -233,16 +405,20 @@ class Check:
     passed: bool = False
     failed: list[str] = field(default_factory=list)
     not_judged: list[str] = field(default_factory=list)
+    kv: str = "f16"
+    mmap: bool = True
+    parallel: int = 1
 
     @property
     def shape(self) -> Shape:
-        return Shape(self.ctx, self.ubatch or 0, bool(self.fa), self.ngl)
+        return Shape(self.ctx, self.ubatch or 0, bool(self.fa), self.ngl, self.kv, self.mmap, self.parallel)
 
     def to_json(self) -> dict:
         def clean(x):
             return None if x is None or math.isnan(x) or math.isinf(x) else round(x, 6)
 
         return {"ctx": self.ctx, "ubatch": self.ubatch, "fa": self.fa, "ngl": self.ngl,
+                "kv": self.kv, "mmap": self.mmap, "parallel": self.parallel,
                 "kld_mean": clean(self.kld_mean), "top1": clean(self.top1),
                 "ppl": clean(self.ppl), "ppl_ref": clean(self.ppl_ref), "passed": self.passed,
                 "failed": self.failed, "not_judged": self.not_judged}
@@ -308,12 +484,12 @@ def _refs_dir() -> Path:
     return d
 
 
-def _ref_key(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool) -> str:
+def _ref_key(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool, chunks: int | None = None) -> str:
     """What the reference's log-probabilities depend on: its binary, the model, the text, the
     context, the chunk count and flash attention (the files' sizes and mtimes stand for their
     contents)."""
     exe = ref.program("llama-perplexity")
-    parts = [str(ref.prefix), ref.stamp or "", ctx, chunks_for(ctx), fa]
+    parts = [str(ref.prefix), ref.stamp or "", ctx, chunks or chunks_for(ctx), fa]
     for f in (exe, model.path, text):
         st = Path(f).stat()
         parts += [str(f), st.st_size, st.st_mtime_ns]
@@ -348,14 +524,14 @@ def read_chars(text: Path, want: int, block: int = 1 << 20) -> str:
     return "".join(parts)
 
 
-def text_start(text: Path, ctx: int) -> Path:
+def text_start(text: Path, ctx: int, chunks: int | None = None) -> Path:
     """The start of `text` that is enough for a check at `ctx` (llama-perplexity needs two contexts
-    of tokens and scores `chunks_for(ctx)`), cached beside the verify cache; the text itself when
-    it is not longer."""
+    of tokens and scores `chunks_for(ctx)`, or `chunks`), cached beside the verify cache; the text
+    itself when it is not longer."""
     from rocforge_build import userpath  # a FIFO would hang llama-perplexity, a loop is no text
 
     userpath.require(text, "--text", hint="give a text file (UTF-8)")
-    want = max(2, chunks_for(ctx) + 1) * ctx * CHARS_PER_TOKEN
+    want = max(2, (chunks or chunks_for(ctx)) + 1) * ctx * CHARS_PER_TOKEN
     st = text.stat()
     if st.st_size <= want:
         return text
@@ -370,13 +546,20 @@ def text_start(text: Path, ctx: int) -> Path:
 
 
 def _reference(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool,
-               progress=None) -> tuple[Path, float]:
+               progress=None, chunks: int | None = None) -> tuple[Path, float]:
     """reference_base on the text's start; on the whole text where a tokenizer of longer tokens
     than CHARS_PER_TOKEN leaves the start too short (TextTooShort then counts the whole)."""
+    more = {"chunks": chunks} if chunks else {}
     try:
-        return reference_base(ref, model, text_start(text, ctx), ctx, fa, progress)
+        return reference_base(ref, model, text_start(text, ctx, chunks), ctx, fa, progress, **more)
     except TextTooShort:
-        return reference_base(ref, model, text, ctx, fa, progress)
+        return reference_base(ref, model, text, ctx, fa, progress, **more)
+
+
+def chunks_of(shape: Shape) -> int:
+    """Chunks a check at `shape` scores: the context's, and at least one per sequence, so that P
+    sequences share a batch."""
+    return max(chunks_for(shape.ctx), shape.parallel)
 
 
 def own_ppl(build: LlamaBuild, model: Model, ctx: int, fa: bool, chunks: int, progress=None) -> float:
@@ -392,7 +575,7 @@ def own_ppl(build: LlamaBuild, model: Model, ctx: int, fa: bool, chunks: int, pr
 
 
 def reference_base(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool,
-                   progress=None) -> tuple[Path, float]:
+                   progress=None, chunks: int | None = None) -> tuple[Path, float]:
     """The reference's log-probabilities at `ctx` (llama-perplexity --kl-divergence-base) and the
     PPL it computed of its own, unclamped logits (what the build's PPL is compared with).  The
     reference runs with the check's flash-attention setting: like is compared with like (the CPU
@@ -403,7 +586,7 @@ def reference_base(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool
     import json
 
     d = _refs_dir()
-    key = _ref_key(ref, model, text, ctx, fa)
+    key = _ref_key(ref, model, text, ctx, fa, chunks)
     base, meta = d / f"{key}.kld", d / f"{key}.json"
     try:
         ppl = float(json.loads(meta.read_text(encoding="utf-8"))["ppl"])
@@ -415,7 +598,7 @@ def reference_base(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool
     if progress:
         progress(f"reference {ref.label()} at context {ctx}, flash attention {'on' if fa else 'off'}")
     part = d / f"{key}.kld.part"
-    out = _perplexity(ref, ["-m", str(model.path), "-c", str(ctx), "--chunks", str(chunks_for(ctx)),
+    out = _perplexity(ref, ["-m", str(model.path), "-c", str(ctx), "--chunks", str(chunks or chunks_for(ctx)),
                             "-f", str(text), "--kl-divergence-base", str(part),
                             *ref.fa_args("llama-perplexity", fa)])
     ppl = parse_final_ppl(out)
@@ -448,16 +631,18 @@ def run_checks(build: LlamaBuild, ref: LlamaBuild, model: Model, coverage: Cover
     ref.program("llama-perplexity")
     refs = {}
     beat.update(0, len(coverage.shapes))
-    for ctx, fa in sorted({(s.ctx, s.fa) for s in coverage.shapes}, reverse=True):
+    for ctx, fa, chunks in sorted({(s.ctx, s.fa, chunks_of(s)) for s in coverage.shapes}, reverse=True):
         try:
-            refs[ctx, fa] = _reference(ref, model, text, ctx, fa, progress)
+            refs[ctx, fa, chunks] = _reference(ref, model, text, ctx, fa, progress,
+                                               None if chunks == chunks_for(ctx) else chunks)
         except TextTooShort as short:
             coverage = bound_by_text(coverage, short.n_tokens)
             return run_checks(build, ref, model, coverage, text=text, env=env, progress=progress,
                               beat=beat)
     checks = []
     for shape in coverage.shapes:
-        checks.append(check_shape(build, model, shape, refs[shape.ctx, shape.fa], limits, env, progress))
+        checks.append(check_shape(build, model, shape, refs[shape.ctx, shape.fa, chunks_of(shape)], limits,
+                                  env, progress))
         beat.update(len(checks))
     return checks, coverage
 
@@ -478,14 +663,28 @@ def check_shape(build: LlamaBuild, model: Model, shape: Shape, ref: tuple[Path, 
     base, ppl_ref = ref
     if progress:
         progress(f"{build.label()} at {shape.label()}")
-    args = ["-m", str(model.path), "-c", str(shape.ctx), "--chunks", str(chunks_for(shape.ctx)),
-            "--kl-divergence-base", str(base), "--kl-divergence",
-            "-ub", str(shape.ubatch), "-b", str(max(shape.ubatch, 2048)),
-            *build.fa_args("llama-perplexity", shape.fa)]
+    args = ["-m", str(model.path), "-c", str(shape.ctx), "--chunks", str(chunks_of(shape)),
+            "--kl-divergence-base", str(base), "--kl-divergence", "-ub", str(shape.ubatch),
+            *serving_args(shape, max(shape.ubatch, 2048)), *build.fa_args("llama-perplexity", shape.fa)]
     out = _perplexity(build, args, env, shape.ngl)
     kld, top, ppl = parse_kld(out)
-    check = Check(shape.ctx, kld, top, ppl, ppl_ref, shape.ubatch, shape.fa, shape.ngl)
+    check = Check(shape.ctx, kld, top, ppl, ppl_ref, shape.ubatch, shape.fa, shape.ngl,
+                  kv=shape.kv, mmap=shape.mmap, parallel=shape.parallel)
     return judge(check, limits, model.n_vocab)
+
+
+def serving_args(shape: Shape, batch: int) -> list[str]:
+    """llama-perplexity's arguments for a shape's serving dimensions and its logical batch: the KV
+    cache type of K and V, --no-mmap, and P sequences of the context in one batch and one unified
+    KV cache (ServingSupport says why -b P*ctx with -kvu does that)."""
+    out = ["-b", str(shape.ctx * shape.parallel if shape.parallel > 1 else batch)]
+    if shape.parallel > 1:
+        out.append("-kvu")
+    if shape.kv != "f16":
+        out += ["-ctk", shape.kv, "-ctv", shape.kv]
+    if not shape.mmap:
+        out.append("--no-mmap")
+    return out
 
 
 def judge(c: Check, limits: tuple[Threshold, ...], n_vocab: int | None) -> Check:
@@ -523,7 +722,7 @@ def verify(build: LlamaBuild, ref: LlamaBuild, model: Model, coverage: Coverage,
     failed = [c.to_json() for c in checks if not c.passed]
     result = {"passed": not failed, "reference": str(ref.prefix), "env": env or {},
               "coverage": coverage.to_json(), "verdicts": verdicts(checks),
-              "failed_checks": [{k: c[k] for k in ("ctx", "ubatch", "fa", "ngl")} for c in failed],
+              "failed_checks": [{k: c[k] for k in ("ctx", "ubatch", "fa", "ngl", *SERVING_FIELDS)} for c in failed],
               "checks": [c.to_json() for c in checks]}
     if store is not None:
         row = {**(base or {}), "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
@@ -546,14 +745,17 @@ def _attribute(build: LlamaBuild, ref: LlamaBuild, model: Model, checks: list[Ch
     have = {c.shape for c in checks}
     flips = []
     for c in [c for c in checks if not c.passed]:
-        flipped = Shape(c.ctx, c.ubatch or 0, not c.fa, c.ngl)
+        flipped = dataclasses.replace(c.shape, fa=not c.fa)
+        if flipped.kv != "f16" and not flipped.fa:  # a quantized V cache needs flash attention
+            continue
         if flipped not in have:
             have.add(flipped)
             flips.append(flipped)
     beat.update(len(checks), len(checks) + len(flips))
     for flipped in flips:
         refb = _reference(ref, model, Path(text) if text else text_file(), flipped.ctx,
-                          flipped.fa, progress)
+                          flipped.fa, progress,
+                          None if chunks_of(flipped) == chunks_for(flipped.ctx) else chunks_of(flipped))
         checks.append(check_shape(build, model, flipped, refb, limits, env, progress))
         beat.update(len(checks))
 
@@ -565,7 +767,8 @@ def verdicts(checks: list[Check]) -> dict[str, str]:
     for fa in (True, False):
         mine = [c for c in checks if bool(c.fa) == fa]
         others_failed = [c for c in checks if bool(c.fa) != fa and not c.passed]
-        cleared = all(any(m.passed and (m.ctx, m.ubatch, m.ngl) == (o.ctx, o.ubatch, o.ngl) for m in mine)
+        cleared = all(any(m.passed and dataclasses.replace(m.shape, fa=fa) == dataclasses.replace(o.shape, fa=fa)
+                          for m in mine)
                       for o in others_failed)
         out["on" if fa else "off"] = "passed" if mine and all(m.passed for m in mine) and cleared else "failed"
     return out
@@ -600,11 +803,14 @@ def gate(build: LlamaBuild, model: Model, *, reference: str | None, store, run_i
 
 def command_line(prefix, model_path, shape: dict, env: dict | None = None) -> str:
     """The `rocforge verify` command whose first check is exactly `shape` with `env` (plan() puts
-    the given context, micro-batch and flash attention in row 0 with full offload, -ngl 99)."""
+    the given context, micro-batch and flash attention in row 0 with full offload, -ngl 99, and
+    one value of each serving dimension is that value in every row)."""
     from rocforge_build.proc import quote
 
     argv = ["rocforge", "verify", str(prefix), "--model", str(model_path), "--ctx", str(shape["ctx"]),
-            "--ubatch", str(shape["ubatch"]), "--fa", "on" if shape["fa"] else "off"]
+            "--ubatch", str(shape["ubatch"]), "--fa", "on" if shape["fa"] else "off",
+            "--kv", str(shape.get("kv") or "f16"), "--mmap", "on" if shape.get("mmap", True) else "off",
+            "--parallel", str(shape.get("parallel") or 1)]
     for k, v in sorted((env or {}).items()):
         argv += ["--env", f"{k}={v}"]
     return quote(argv)
