@@ -430,9 +430,10 @@ def post(url: str, path: str, payload: dict, headers: dict, timeout: float) -> b
     t.join(timeout)
     with contextlib.suppress(OSError):
         conn.close()
+    if "error" in outcome:
+        raise CanaryError(f"{url}{path} failed: {outcome['error']}")
     if "reply" not in outcome:
-        raise CanaryError(f"{url}{path} did not answer within {timeout:g} s"
-                          + (f" ({outcome['error']})" if "error" in outcome else ""))
+        raise CanaryError(f"{url}{path} did not answer within {math.ceil(timeout)} s")
     status, body = outcome["reply"]
     if len(body) > MAX_REPLY:
         raise CanaryError(f"{url}{path} replied with more than {MAX_REPLY >> 20} MB")
@@ -583,7 +584,7 @@ def check(plan_: CanaryPlan, target: Target, ref: Reference, *, timeout: float) 
     for t in threads:
         t.join(left())
     for i in idx:
-        got = answers.get(i, CanaryError(f"no answer within {timeout:g} s"))
+        got = answers.get(i, CanaryError(f"{target.url}/completion did not answer within {math.ceil(timeout)} s"))
         if isinstance(got, CanaryError):
             rows.append(Row(ref.labels[i], len(ref.prompts[i]), None, (f"no answer: {got.message}",)))
             continue

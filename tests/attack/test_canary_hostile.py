@@ -1,0 +1,106 @@
+"""The canary against hostile servers: a Python fake on 127.0.0.1 (a fake, said so: a real
+llama-server never answers like this — too big, wrong types, NaN, missing fields, a hang, a dropped
+connection).  Each ends the check with one failure line naming the request, within its timeout."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rocforge_build.measure import canary
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "canary" / "llama-server-0.3.9-completion-tokens.json"
+
+
+def reference() -> canary.Reference:
+    """A reference of two requests, both answered (in the real reply) by the same four positions."""
+    answer = canary.parse_reply(REAL.read_bytes(), 5)
+    return canary.Reference(((1, 2, 3), (4, 5, 6)), (answer, answer), ("request 1", "request 2"), 0.0)
+
+
+PLAN = canary.CanaryPlan(("a", "b"), 0, 0, 4, 5, "Q4_1", 49152)
+def _nan_reply() -> bytes:
+    d = json.loads(REAL.read_text())
+    d["completion_probabilities"][1]["top_logprobs"][0]["logprob"] = float("nan")
+    return json.dumps(d).encode()  # Python writes NaN, as a broken C++ server could
+
+
+def behave(kind: str):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if kind == "hang":
+                time.sleep(30)
+                return
+            if kind == "drop":
+                self.connection.shutdown(2)
+                return
+            body = {
+                "huge": b'{"content": "' + b"x" * (canary.MAX_REPLY + 10) + b'"}',
+                "wrong-types": json.dumps({"completion_probabilities": [{"id": "1", "top_logprobs": "no"}]}).encode(),
+                "nan": _nan_reply(),
+                "missing": json.dumps({"content": "hello"}).encode(),
+                "status": b"{}",
+                "real": REAL.read_bytes(),
+            }[kind]
+            self.send_response(500 if kind == "status" else 200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler
+
+
+@pytest.fixture
+def fake():
+    servers = []
+
+    def start(kind: str) -> canary.Target:
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), behave(kind))
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return canary.Target(f"http://127.0.0.1:{srv.server_address[1]}", {}, 4096, 2)
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("huge", "replied with more than 8 MB"),
+    ("wrong-types", "lists no tokens"),
+    ("nan", "probability out of range"),
+    ("missing", "no completion_probabilities"),
+    ("status", "answered HTTP 500"),
+    ("hang", "did not answer within 3 s"),
+    ("drop", "failed: RemoteDisconnected"),
+])
+def test_each_hostile_reply_is_one_failure_line_in_bounded_time(fake, kind, says):
+    start = time.monotonic()
+    verdict = canary.check(PLAN, fake(kind), reference(), timeout=3)
+    assert time.monotonic() - start < 6
+    assert not verdict.passed and len(verdict.failures) == 2
+    for line in verdict.failures:
+        assert "\n" not in line and line.startswith("canary: request ") and says in line, line
+    json.dumps(verdict.to_json(), allow_nan=False)  # the stored row is plain JSON
+
+
+def test_the_real_reply_passes_through_the_same_fake(fake):
+    verdict = canary.check(PLAN, fake("real"), reference(), timeout=5)
+    assert verdict.passed and all(r.comparison.kld_mean == 0 for r in verdict.rows)
+
+
+def test_target_of_a_server_whose_props_are_junk_falls_back_to_its_flags(fake):
+    t = fake("missing")  # no GET handler: /props answers 501
+    got = canary.target_of(t.url, ["llama-server", "-c", "8192", "-np", "4", "--api-key", "k"], timeout=2)
+    assert (got.parallel, got.ctx_per_slot, got.headers) == (4, 2048, {"Authorization": "Bearer k"})
