@@ -136,7 +136,7 @@ def duration(minimum: float, maximum: float):
     span = f"{minimum:g} s to {maximum / 3600:g} h"
 
     def parse(text: str) -> float:
-        m = _DURATION.fullmatch(text.strip().lower())
+        m = _DURATION.fullmatch(text)
         if not m:
             raise ArgumentTypeError(f"{text!r} is not a duration (a number and s, m or h: e.g. 30s, 5m, 1h)")
         value = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]

@@ -47,6 +47,10 @@ def add_arguments(parser) -> None:
                              "reference build's) before serving")
     parser.add_argument("--reference", metavar="PREFIX",
                         help="the canary's reference build (default: verify's, a cpu build of the same source)")
+    parser.add_argument("--canary-every", type=argtypes.canary_every, metavar="DURATION",
+                        help="while serving, repeat a short canary between requests, at most this often "
+                             "(e.g. 60s, 5m, 1h; 5 s at least): llama-server listens on a private loopback "
+                             "port behind a thin front on --host/--port, which answers 503 once it fails")
 
 
 def run(args) -> int:
@@ -86,7 +90,15 @@ def run(args) -> int:
         print(f"serving {shellsafe.one_line(preset['model']['name'])} at {p.url}{everywhere} (first request "
               f"warmed up in {warm_s:.1f} s; Ctrl-C stops it)", flush=True)
 
-    code = serve.run(p, wait_s=args.wait, on_ready=ready, before_ready=_canary(args, preset, p, model_path))
+    if args.canary_every:  # llama-server behind the front (measure/serve_front.py)
+        from rocforge_build.measure import serve_front
+
+        code = serve_front.run(p, every=args.canary_every, build_prefix=preset["ranges"][p.range]["prefix"],
+                               model_path=model_path, model_sha256=preset["model"]["sha256"],
+                               reference=args.reference, wait_s=args.wait, on_ready=ready,
+                               before_ready=_canary(args, preset, p, model_path), argv=args.argv)
+    else:
+        code = serve.run(p, wait_s=args.wait, on_ready=ready, before_ready=_canary(args, preset, p, model_path))
     return 0 if code in (0, -15) else 9
 
 
@@ -108,7 +120,8 @@ def _canary(args, preset: dict, p, model_path: str):
         record = {"model_sha256": preset["model"]["sha256"], "model": preset["model"].get("name"),
                   "range": plan.range, "host": provenance.host(args.rootfs)}
         with Store() as store:
-            verdict = canary.at_serve_start(build, gguf.check(Path(model_path)), target, reference=args.reference,
+            verdict = canary.at_serve_start(build, gguf.check(Path(model_path)), target,
+                                            reference_prefix=args.reference,
                                             store=store, record=record, progress=say, timeout=args.wait)
         say(f"canary passed in {verdict.seconds:.1f} s: " + ", ".join(
             f"{r.label} top-1 {r.comparison.top1:.3f} KLD {r.comparison.kld_mean:.2g}"

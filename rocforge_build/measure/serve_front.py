@@ -116,6 +116,7 @@ class Front:
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> Front:
         self._server = _server_for(self)
+        self._last_canary = time.monotonic()
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                          name="serve front", daemon=True).start()
         if self.every and self.checker:
@@ -467,25 +468,7 @@ def behind(p, private_port: int | None = None):
     return replace(p, argv=argv, url=f"http://127.0.0.1:{port}", host="127.0.0.1", port=port)
 
 
-def target_of(p):
-    """The canary's view of a serve plan's server: its URL, the API key's header, the context of
-    one slot and the slots (`-c` over `-np`, llama.cpp's defaults 4096 and 1 where absent)."""
-    from rocforge_build.measure import canary
-
-    argv = p.argv
-
-    def value(flag: str, default: int) -> int:
-        with contextlib.suppress(ValueError, IndexError):
-            return int(argv[argv.index(flag) + 1])
-        return default
-
-    parallel = max(value("-np", value("--parallel", 1)), 1)
-    ctx = value("-c", value("--ctx-size", 4096))
-    headers = {"Authorization": f"Bearer {argv[argv.index('--api-key') + 1]}"} if "--api-key" in argv[:-1] else {}
-    return canary.Target(p.url, headers, max(ctx // parallel, 1), parallel)
-
-
-def short_checker(model, build, ref, target, *, timeout: float = 120.0, progress=None) -> Callable[[], object]:
+def short_checker(model, ref, target, *, timeout: float = 120.0, progress=None) -> Callable[[], object]:
     """The short canary against `target` as a no-argument callable: its plan and the reference's
     answers (canary.reference, cached on disk) are made once, here."""
     from rocforge_build.measure import canary
@@ -496,7 +479,7 @@ def short_checker(model, build, ref, target, *, timeout: float = 120.0, progress
 
 
 def store_recorder(base: dict, build, argv: list[str], url: str, every: float, stats: Callable[[], Stats]):
-    """`record` for a Front: the failed verdict as one `canary` row of a `serve-canary` run, with
+    """`record` for a Front: the failed verdict as one `canary` row (`while_serving` set) of its own run, with
     the host fingerprint (measure/provenance.host, read at the failure), the build and the model."""
     def record(verdict) -> None:
         from dataclasses import asdict
@@ -508,7 +491,7 @@ def store_recorder(base: dict, build, argv: list[str], url: str, every: float, s
         row = {**base, "host": host, "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
                "url": url, "every_s": every, "while_serving": asdict(stats()), **verdict.to_json()}
         with Store() as store:
-            run_id = store.start_run("serve-canary", argv, {"host": host, "model": base.get("model")})
+            run_id = store.start_run("canary", argv, {"host": host, "url": url, "while_serving": True})
             store.add_row(run_id, "canary", row, status="failed")
             store.finish_run(run_id, "failed")
     return record
@@ -518,3 +501,37 @@ def say_to_stderr(text: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.write(f"rocforge: serve: {text}\n")
         sys.stderr.flush()
+
+
+def run(p, *, every: float, build_prefix: str, model_path: str, model_sha256: str, reference: str | None,
+        wait_s: float, on_ready, before_ready=None, argv: list[str]) -> int:
+    """serve.run of the plan's llama-server moved behind the front (`behind`): the short canary's
+    reference answers are made first (the reference build's own llama-server, before this one
+    takes the memory), the front listens on the plan's address once llama-server is ready and
+    warmed up, then `on_ready` says the URL.  Returns llama-server's exit status."""
+    from rocforge_build.measure import canary, gguf, serve, verify
+    from rocforge_build.measure.llama_tools import LlamaBuild
+
+    build = LlamaBuild.open(build_prefix)
+    model = gguf.check(model_path)
+    ref = verify.reference_for(build, reference)
+    inner = behind(p)
+    checker = short_checker(model, ref, canary.target_of(inner.url, inner.argv), progress=say_to_stderr)
+    front = Front((p.host, p.port), ("127.0.0.1", inner.port), every=every, checker=checker, say=say_to_stderr)
+    front.record = store_recorder({"model_sha256": model_sha256, "model": {"path": model_path}}, build, argv,
+                                  p.url, every, lambda: front.stats)
+
+    def ready(warm_s: float) -> None:
+        try:
+            front.start()
+        except OSError as exc:
+            raise serve.ServeError(f"the canary front cannot listen on {p.url}: {exc.strerror or exc}",
+                                   "serve on another port: --port N") from None
+        on_ready(warm_s)
+        say_to_stderr(f"the short canary runs between requests, every {every:g} s at most; "
+                      f"llama-server itself listens on {inner.url}")
+
+    try:
+        return serve.run(inner, wait_s=wait_s, on_ready=ready, before_ready=before_ready)
+    finally:
+        front.stop()
