@@ -302,6 +302,9 @@ def preset(model="m", score=1.0, env=None, argv=None):
                                  "variant": {}, "variant_label": "ub=512 fa=1", "score": score, "figures": [],
                                  "runner_up": None, "env": env or {},
                                  "argv": argv or ["/p/bin/llama-server", "-m", "/m/m.gguf", "-c", "4096"],
+                                 # as tune stores it: the shape it verified, serving dimensions included
+                                 "verified": {"shape": {"ctx": 4096, "ubatch": 512, "fa": False, "ngl": None,
+                                                        "kv": "f16", "load": "mmap", "parallel": 1}},
                                  "notes": []}}}
 
 
@@ -575,7 +578,7 @@ def rebuilt_preset(tmp_path: Path, model) -> tuple[Path, str, str]:
 
 def verify_row(prefix, stamp, sha, shapes, *, env=None, failed=()) -> dict:
     # as verify writes a check: its serving dimensions at llama-perplexity's defaults
-    checks = [{"ctx": c, "ubatch": u, "fa": fa, "ngl": ngl, "kv": "f16", "mmap": True, "parallel": 1,
+    checks = [{"ctx": c, "ubatch": u, "fa": fa, "ngl": ngl, "kv": "f16", "load": "mmap", "parallel": 1,
                "passed": (c, u, fa, ngl) not in failed} for c, u, fa, ngl in shapes]
     return {"prefix": str(prefix), "stamp": stamp, "model_sha256": sha, "env": env or {},
             "passed": all(c["passed"] for c in checks), "checks": checks}
@@ -609,7 +612,7 @@ def test_serve_wants_a_verify_of_the_rebuilt_build_at_the_presets_shape(tmp_path
     err = capsys.readouterr().err
     assert "has not passed verify with this model at the preset's shape (ctx=4096 ub=512 fa=on with GGML_X=1)" in err
     assert (f"hint: verify it at that shape: rocforge verify {prefix} --model {model8k.path} --ctx 4096 "
-            "--ubatch 512 --fa on --kv f16 --mmap on --parallel 1 --env GGML_X=1") in err
+            "--ubatch 512 --fa on --kv f16 --load mmap --parallel 1 --env GGML_X=1") in err
 
 
 def test_serve_accepts_the_rebuilt_build_once_verified_at_the_presets_shape(tmp_path, capsys, model8k):
@@ -620,7 +623,7 @@ def test_serve_accepts_the_rebuilt_build_once_verified_at_the_presets_shape(tmp_
     # first (verify.plan: the given context, micro-batch and flash attention meet in row 0)
     args = cli.build_parser("verify").parse_args(hint.split()[1:])
     cov = verify.plan(model8k, gpu=False, ctx=args.ctx, ubatch=args.ubatch, fa=[args.fa == "on"],
-                      kv=args.kv, mmap=args.mmap, parallel=args.parallel)
+                      kv=args.kv, load=args.load, parallel=args.parallel)
     assert cov.shapes == [verify.Shape(*EXACT)]
     assert {k: v[0] for k, v in bench.env_pairs(args.env).items()} == {"GGML_X": "1"}
     # the row that command writes when it passes: serve runs the preset again

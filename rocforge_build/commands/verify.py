@@ -5,11 +5,12 @@ offload — and exit 1 when any check fails."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from rocforge_build import argtypes
-from rocforge_build.measure import bench, verify
+from rocforge_build.measure import backend_ops, bench, verify
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.session import open_session
 from rocforge_build.measure.verify_reference import refuse_self_compare
@@ -36,12 +37,28 @@ def add_arguments(parser) -> None:
                         help="runtime environment for the build's run (repeatable)")
     parser.add_argument("--kv", type=verify.kv_list, metavar="f16,q8_0",
                         help="KV cache types to check (default: f16 and q8_0 where the build has -ctk/-ctv; --quick: f16)")
-    parser.add_argument("--mmap", type=verify.on_off_list, metavar="on,off",
-                        help="weights loaded through mmap, read (--no-mmap), or both (default: both; --quick: on)")
+    parser.add_argument("--load", type=verify.load_list, metavar="mmap,read,dio",
+                        help="how the weights are loaded: mapped (llama.cpp's default), read (--no-mmap), "
+                        "direct I/O (default: each the build's llama-perplexity has; --quick: mmap)")
     parser.add_argument("--parallel", type=argtypes.int_list(1, verify.PARALLEL_MAX), metavar="N,...",
                         help="sequences sharing one unified KV cache (-np with --kv-unified; default 1 and 4 "
                         "where the build's llama-perplexity has --kv-unified; --quick: 1)")
     parser.add_argument("--json", action="store_true", help="the result as JSON")
+    add_backend_ops_arguments(parser)
+
+
+def add_backend_ops_arguments(parser) -> None:
+    """The backend-ops stage's flags (measure/backend_ops.py): llama.cpp's test-backend-ops."""
+    parser.add_argument("--backend-ops", action=argparse.BooleanOptionalAction, default=None,
+                        help="run llama.cpp's test-backend-ops (every op of the build's backend "
+                        "against the CPU backend) as a stage; default: on when the build has it "
+                        "(rocforge build ... --cmake-target test-backend-ops), off with --quick")
+    parser.add_argument("--ops", metavar="OP,...", type=backend_ops.ops_argument,
+                        help="the backend-ops stage on these ops only (e.g. MUL_MAT,FLASH_ATTN_EXT); "
+                        "implies --backend-ops")
+    parser.add_argument("--backend-ops-timeout", type=argtypes.positive_seconds, metavar="SECONDS",
+                        help="stop test-backend-ops after SECONDS and report a hang "
+                        "(default: 1800)")
 
 
 def run(args) -> int:
@@ -52,24 +69,54 @@ def run(args) -> int:
     s = open_session(args.model, [build] + ([ref_given] if ref_given else []), ("llama-perplexity",), args.rootfs)
     coverage = verify.plan(s.model, gpu=build.gpu, ctx=ctx, max_ctx=args.max_ctx, quick=args.quick,
                            ubatch=args.ubatch or None, fa=None if args.fa is None else [args.fa == "on"],
-                           kv=args.kv, mmap=args.mmap, parallel=args.parallel,
+                           kv=args.kv, load=args.load, parallel=args.parallel,
                            support=verify.ServingSupport.of(build))
     ref = verify.reference_for(build, args.reference, quiet=args.json)
     refuse_self_compare(build, ref)  # a build against itself: nothing compared, never PASSED
     run_id = s.store.start_run("verify", args.argv, {"host": s.base["host"], "model": s.base["model"]})
     say = None if args.json else (lambda text: sys.stderr.write(f"rocforge: verify: {text}\n"))
+    stage = backend_ops_stage(build, args, env, say)
     try:
         result = verify.verify(build, ref, s.model, coverage, store=s.store, run_id=run_id, base=s.base,
                                text=args.text, env=env, progress=say)
     except BaseException:
         s.store.finish_run(run_id, "failed")
         raise
+    result = with_backend_ops(build, result, stage, str(s.model.path), str(ref.prefix))
     s.store.finish_run(run_id, "passed" if result["passed"] else "failed")
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         report(build, ref, result)
     return 0 if result["passed"] else 1
+
+
+def backend_ops_stage(build, args, env: dict, say):
+    """The backend-ops stage's result, or None when it is not run (asked off, --quick, or the
+    build lacks the program and it was not asked for)."""
+    ops = args.ops or ()
+    asked = getattr(args, "backend_ops", None)
+    if asked is False and ops:
+        raise backend_ops.BackendOpsError("--ops needs the backend-ops stage, which --no-backend-ops turns off")
+    have = backend_ops.find_program(build.prefix) is not None
+    if not (asked or ops) and (asked is False or args.quick or not have):
+        return None
+    timeout = args.backend_ops_timeout or backend_ops.DEFAULT_TIMEOUT
+    return backend_ops.run(build.prefix, gpu=build.gpu, backend=build.backend, ops=ops,
+                           timeout=timeout, env={**build.runtime_env, **env}, progress=say)
+
+
+def with_backend_ops(build, result: dict, stage, model: str, reference: str) -> dict:
+    """verify's result with the stage's: a failing stage fails verify (and its recorded verdict)."""
+    if stage is None:
+        return result
+    result = {**result, "backend_ops": stage.to_json()}
+    if stage.passed is False and result["passed"]:
+        from rocforge_build.discover import choices
+
+        result["passed"] = False
+        choices.record_verify(build.prefix, build.stamp, False, model=model, reference=reference)
+    return result
 
 
 def report(build, ref, result: dict) -> None:
@@ -95,6 +142,11 @@ def report(build, ref, result: dict) -> None:
             print(f"         {why}")
         for why in c.get("not_judged", []):
             print(f"         {why}")
+    if "backend_ops" in result:
+        from rocforge_build.measure.backend_ops import lines_of
+
+        for line in lines_of(result["backend_ops"]):
+            print(f"  {line}")
 
 
 def _f(x, digits: int) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rocforge_build import schema, shellsafe
 from rocforge_build.errors import ConfigError, StoreError, UsageError
 from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.measure.verify import Shape, load_args
 
 
 def model_key(text: str) -> str:
@@ -34,12 +35,41 @@ def is_igpu(build: LlamaBuild, host: dict) -> bool:
         return False
 
 
+def serving_shape(build: LlamaBuild, variant: dict, ctx: int, igpu: bool) -> Shape:
+    """The shape a preset of `variant` serves at, which tune verifies before storing it and `command`
+    spells exactly: the range's context per slot, the variant's micro-batch (llama.cpp's 512 when
+    it sets none), flash attention, KV cache type and parallel slots, every layer offloaded on a GPU
+    build, and the weights read rather than mapped on an iGPU where the server can (direct I/O
+    where it has it): on an iGPU the weights live in the same RAM, and mmap'd files load slowly
+    into GPU-visible memory."""
+    program = "llama-server" if build.has("llama-server") else "llama-cli"
+    load = "mmap"
+    if igpu and build.gpu:
+        load = next((x for x in ("dio", "read") if load_args(build, program, x) is not None), "mmap")
+    return Shape(ctx, int(variant.get("ubatch") or 512), bool(variant.get("fa")), 99 if build.gpu else None,
+                 str(variant.get("kv") or "f16"), load, int(variant.get("parallel") or 1))
+
+
+_LOAD_NOTES = {
+    "--no-mmap": "--no-mmap: on an iGPU the weights live in the same RAM; mmap'd files load slowly into GPU-visible memory",
+    "-dio": "-dio: direct I/O model loading on an iGPU (the tree has it)",
+    "--direct-io": "--direct-io: direct I/O model loading on an iGPU (the tree has it)",
+    "-lm": "-lm: the tree's --load-mode: the weights read, not mapped, on an iGPU",
+}
+
+
 def command(build: LlamaBuild, model_path: str, variant: dict, ctx: int, igpu: bool) -> tuple[dict, list[str], list[str]]:
-    """(env, argv, notes) for llama-server (or llama-cli when the build has no server)."""
+    """(env, argv, notes) for llama-server (or llama-cli when the build has no server): exactly
+    `serving_shape`, spelled as the program's own --help spells it.  A server is told its slots
+    (-np) where it has the option: a tree whose default is "auto" (4 slots in one unified KV cache)
+    would otherwise serve a shape nobody verified; with P slots its -c is P times the verified
+    context, each slot's share."""
     program = "llama-server" if build.has("llama-server") else "llama-cli"
     opts = build.options(program)
+    shape = serving_shape(build, variant, ctx, igpu)
     notes = []
-    argv = [str(build.program(program)), "-m", model_path, "-c", str(ctx)]
+    slots = program == "llama-server" and "-np" in opts
+    argv = [str(build.program(program)), "-m", model_path, "-c", str(ctx * shape.parallel if slots else ctx)]
     if build.gpu:
         argv += ["-ngl", "99"]
     fa = variant.get("fa")
@@ -48,13 +78,14 @@ def command(build: LlamaBuild, model_path: str, variant: dict, ctx: int, igpu: b
     ub = variant.get("ubatch")
     if ub:
         argv += ["-ub", str(ub), "-b", str(max(ub, 2048))]
-    if igpu and build.gpu:
-        if "--no-mmap" in opts:
-            argv.append("--no-mmap")
-            notes.append("--no-mmap: on an iGPU the weights live in the same RAM; mmap'd files load slowly into GPU-visible memory")
-        if "-dio" in opts:
-            argv.append("-dio")
-            notes.append("-dio: direct I/O model loading on an iGPU (the tree has it)")
+    if shape.kv != "f16":
+        argv += ["-ctk", shape.kv, "-ctv", shape.kv]
+    if slots:
+        argv += ["-np", str(shape.parallel)] + (["-kvu"] if shape.parallel > 1 and "-kvu" in opts else [])
+    for word in load_args(build, program, shape.load) or []:
+        argv.append(word)
+        if word in _LOAD_NOTES:
+            notes.append(_LOAD_NOTES[word])
     env = {**build.runtime_env, **(variant.get("env") or {})}
     return env, argv, notes
 
@@ -63,8 +94,11 @@ def command(build: LlamaBuild, model_path: str, variant: dict, ctx: int, igpu: b
 # boundary (`checked`): range names become shell function names, env names `env NAME=value` words,
 # argv the command serve starts, so each is checked before any of it is printed or run.
 _COUNT = 1 << 30  # contexts, depths and batch sizes: far above any model's, far below overflow
+_SERVING = {"kv": schema.Optional(schema.Str(one_line=True)), "load": schema.Optional(schema.Str(one_line=True)),
+            "parallel": schema.Optional(schema.Int(1, _COUNT))}  # absent in a preset stored before verify knew them
 _SHAPE = schema.Record({"ctx": schema.Int(1, _COUNT), "ubatch": schema.Optional(schema.Int(1, _COUNT)),
-                        "fa": schema.Optional(schema.Bool()), "ngl": schema.Optional(schema.Int(0, _COUNT))})
+                        "fa": schema.Optional(schema.Bool()), "ngl": schema.Optional(schema.Int(0, _COUNT)),
+                        **_SERVING})
 _RANGE = schema.Record({
     "prefix": schema.AbsPath(),
     "backend": schema.Str(one_line=True),
@@ -73,7 +107,7 @@ _RANGE = schema.Record({
     "ctx": schema.Int(1, _COUNT),
     "variant": schema.Optional(schema.Record({
         "ubatch": schema.Optional(schema.Int(1, _COUNT)), "fa": schema.Optional(schema.Bool()),
-        "env": schema.Optional(schema.EnvTable(), {})}), {}),
+        "env": schema.Optional(schema.EnvTable(), {}), **_SERVING}), {}),
     "variant_label": schema.Str(empty=True),
     "score": schema.Num(),
     "figures": schema.ListOf(schema.Record({

@@ -72,8 +72,29 @@ def verified_shape(r: dict, build: LlamaBuild) -> tuple[dict, dict]:
     if not isinstance(shape, dict):
         shape = {"ctx": r["ctx"], "ubatch": variant.get("ubatch") or 512, "fa": bool(variant.get("fa")),
                  "ngl": 99 if build.gpu else None}
+    from rocforge_build.measure import verify
+
+    if not verify.serving_known(shape):  # stored before verify knew them: what its argv serves
+        shape = {**shape, **served_dimensions(r.get("argv") or [], shape)}
     env = variant.get("env") if isinstance(variant.get("env"), dict) else {}
     return shape, {str(k): str(v) for k, v in env.items()}
+
+
+def served_dimensions(argv: list, shape: dict) -> dict:
+    """The serving dimensions a stored command runs (verify.SERVING_FIELDS), read from its argv:
+    -ctk, the weights' loading (--no-mmap, -dio/--direct-io, -lm), -np; what it leaves out is
+    llama.cpp's default."""
+    words = [str(w) for w in argv]
+
+    def after(*names) -> str | None:
+        return next((words[i + 1] for i, w in enumerate(words[:-1]) if w in names), None)
+
+    mode = after("-lm", "--load-mode")
+    load = ("dio" if {"-dio", "--direct-io"} & set(words) or mode == "dio" else
+            "read" if "--no-mmap" in words or mode == "none" else "mmap")
+    np = after("-np", "--parallel")
+    return {"kv": after("-ctk", "--cache-type-k") or "f16", "load": load,
+            "parallel": int(np) if np and np.isdigit() and int(np) > 0 else 1}
 
 
 def covers(d: dict, stamp: str | None, model_sha: str, shape: dict, env: dict) -> bool:
@@ -88,10 +109,15 @@ def covers(d: dict, stamp: str | None, model_sha: str, shape: dict, env: dict) -
     row_env = d.get("env") if isinstance(d.get("env"), dict) else {}
     if {str(k): str(v) for k, v in row_env.items()} != env:
         return False
-    want = (shape.get("ctx"), shape.get("ubatch"), bool(shape.get("fa")), shape.get("ngl"))
-    return any(isinstance(c, dict) and c.get("passed") is True
-               and (c.get("ctx"), c.get("ubatch"), bool(c.get("fa")), c.get("ngl")) == want
-               for c in d.get("checks") or [])
+    from rocforge_build.measure import verify
+
+    def key(s: dict) -> tuple:  # a check without the serving dimensions (an older verify) matches none
+        return (s.get("ctx"), s.get("ubatch"), bool(s.get("fa")), s.get("ngl"),
+                *(s.get(k) for k in verify.SERVING_FIELDS))
+
+    return verify.serving_known(shape) and any(
+        isinstance(c, dict) and c.get("passed") is True and verify.serving_known(c) and key(c) == key(shape)
+        for c in d.get("checks") or [])
 
 
 def still_proven(r: dict, store, model_sha: str, model_path: str) -> tuple[str, str] | None:
@@ -101,14 +127,21 @@ def still_proven(r: dict, store, model_sha: str, model_path: str) -> tuple[str, 
     from rocforge_build.measure import verify
 
     build = LlamaBuild.open(r["prefix"])
-    if build.stamp and build.stamp == r.get("stamp"):  # no stamp proves nothing, None == None neither
+    stored = (r.get("verified") or {}).get("shape") if isinstance(r.get("verified"), dict) else None
+    old_proof = not verify.serving_known(stored or {})
+    if build.stamp and build.stamp == r.get("stamp") and not old_proof:  # no stamp proves nothing
         return None
     shape, env = verified_shape(r, build)
     for row in reversed(list(store.rows(prefix=str(build.prefix), kind="verify"))):
         if covers(row.data, build.stamp, model_sha, shape, env):
             return None
-    label = verify.Shape(shape["ctx"], shape["ubatch"], bool(shape["fa"]), shape["ngl"]).label()
+    label = verify.Shape.from_json(shape).label()
     with_env = " with " + " ".join(f"{k}={v}" for k, v in sorted(env.items())) if env else ""
+    if build.stamp and build.stamp == r.get("stamp"):
+        return (f"the preset was verified before verify checked the KV cache type, the weights' loading "
+                f"and parallel slots, and no verify of {build.prefix} with this model covers the shape it "
+                f"serves ({label}{with_env})",
+                f"verify it at that shape: {verify.command_line(build.prefix, model_path, shape, env)}")
     return (f"{build.prefix} was rebuilt since the preset was verified (stamp {str(r.get('stamp'))[:12]} -> "
             f"{str(build.stamp)[:12]}) and the new build has not passed verify with this model at the "
             f"preset's shape ({label}{with_env})",

@@ -112,96 +112,131 @@ def text_file() -> Path:
 
 
 KV_TYPES = ("f16", "q8_0")  # the KV cache types verify and tune know: llama.cpp's default, and half its size
-# The serving dimensions a full verify covers where the build runs them ([coverage] kv/mmap/parallel
+# How the weights are loaded: mapped (llama.cpp's default), read into memory (`--no-mmap`; `-lm none`
+# in trees with --load-mode), or read with direct I/O (`-dio`/`--direct-io`; `-lm dio`)
+LOADS = ("mmap", "read", "dio")
+# The serving dimensions a full verify covers where the build runs them ([coverage] kv/load/parallel
 # in data/verify.toml override): what `llama-server` is started with differs from llama-perplexity's
 # defaults exactly there.  q8_0 KV halves the cache of a long context; weights through mmap gave
-# ~0.3 NMSE against the CPU on gfx1151 (llama.cpp PR #26543); `-np 4 --kv-unified` returned other
-# requests' answers on gfx1151 (llama.cpp #25992).
-SERVING_DEFAULTS = {"kv": ["f16", "q8_0"], "mmap": [True, False], "parallel": [1, 4]}
+# ~0.3 NMSE against the CPU on gfx1151 (llama.cpp PR #26543) and a preset on an iGPU serves with
+# them read (--no-mmap); `-np 4 --kv-unified` returned other requests' answers on gfx1151
+# (llama.cpp #25992).
+SERVING_DEFAULTS = {"kv": ["f16", "q8_0"], "load": ["mmap", "read", "dio"], "parallel": [1, 4]}
 
 
 @dataclass(frozen=True, order=True)
 class Shape:
     """One check's shape: the context, the micro-batch, flash attention and the layers offloaded
-    (None: a CPU build, nothing to offload), and how a server holds it: the KV cache type, the
-    weights loaded through mmap or read (--no-mmap), and the sequences sharing one unified KV
-    cache (1: one sequence at a time, as llama-perplexity batches chunks by itself)."""
+    (None: a CPU build, nothing to offload), and how a server holds it: the KV cache type, how the
+    weights are loaded (LOADS) and the sequences sharing one unified KV cache (1: rocforge asks for
+    no more, as before; llama-perplexity may still batch chunks of a short context by itself)."""
 
     ctx: int
     ubatch: int
     fa: bool
     ngl: int | None = None
     kv: str = "f16"
-    mmap: bool = True
+    load: str = "mmap"
     parallel: int = 1
 
     def label(self) -> str:
         ngl = "" if self.ngl is None else f" ngl={self.ngl}"
-        serving = "".join([f" kv={self.kv}" if self.kv != "f16" else "", "" if self.mmap else " mmap=off",
-                           f" np={self.parallel}" if self.parallel != 1 else ""])
-        return f"ctx={self.ctx} ub={self.ubatch} fa={'on' if self.fa else 'off'}{ngl}{serving}"
+        return f"ctx={self.ctx} ub={self.ubatch} fa={'on' if self.fa else 'off'}{ngl}{serving_label(self.to_json())}"
 
     def to_json(self) -> dict:
         return {"ctx": self.ctx, "ubatch": self.ubatch, "fa": self.fa, "ngl": self.ngl,
-                "kv": self.kv, "mmap": self.mmap, "parallel": self.parallel}
+                "kv": self.kv, "load": self.load, "parallel": self.parallel}
 
     @classmethod
     def from_json(cls, d: dict) -> Shape:
-        """A stored shape; one stored before the serving dimensions existed has none (see
-        `serving_known`)."""
+        """A stored shape; one stored before the serving dimensions existed has none of them and
+        reads as llama.cpp's defaults (`serving_known` tells the two apart)."""
         return cls(int(d["ctx"]), int(d["ubatch"]), bool(d["fa"]), d.get("ngl"), str(d.get("kv") or "f16"),
-                   bool(d.get("mmap", True)), int(d.get("parallel") or 1))
+                   str(d.get("load") or "mmap"), int(d.get("parallel") or 1))
 
 
-SERVING_FIELDS = ("kv", "mmap", "parallel")
+SERVING_FIELDS = ("kv", "load", "parallel")
 
 
 def serving_known(d: dict) -> bool:
     """Whether a stored shape (a check, a preset's verified shape) names its serving dimensions:
     one stored before they existed proves nothing about them."""
-    return all(k in d for k in SERVING_FIELDS)
+    return isinstance(d, dict) and all(d.get(k) is not None for k in SERVING_FIELDS)
+
+
+def serving_label(d: dict) -> str:
+    """A shape's serving dimensions beyond llama.cpp's defaults, as words (empty for the defaults)."""
+    words = [f"kv={d['kv']}" if d.get("kv", "f16") != "f16" else "",
+             f"load={d['load']}" if d.get("load", "mmap") != "mmap" else "",
+             f"np={d['parallel']}" if (d.get("parallel") or 1) != 1 else ""]
+    return "".join(f" {w}" for w in words if w)
+
+
+def load_args(build: LlamaBuild, program: str, load: str) -> list[str] | None:
+    """How `program` of this build loads the weights as `load` says, spelled as its own --help
+    spells it (None: it cannot).  May 2025 (0.3.9): --no-mmap, no direct I/O; later trees added
+    -dio/--direct-io; the Oct 2026 tree (0.3.36) has neither flag but `-lm/--load-mode` with
+    mmap|none|dio (common/arg.cpp)."""
+    opts = build.options(program)
+    mode = "-lm" if "-lm" in opts else "--load-mode" if "--load-mode" in opts else None
+    if load == "mmap":
+        return []
+    if load == "read":
+        return ["--no-mmap"] if "--no-mmap" in opts else [mode, "none"] if mode else None
+    if load == "dio":  # with --no-mmap where the tree has it: read, not mapped, where O_DIRECT is not available
+        direct = next((o for o in ("-dio", "--direct-io") if o in opts), None)
+        if direct:
+            return (["--no-mmap"] if "--no-mmap" in opts else []) + [direct]
+        return [mode, "dio"] if mode and "- dio:" in build.help_text(program) else None
+    return None
 
 
 @dataclass(frozen=True)
 class ServingSupport:
-    """Which serving dimensions a build's llama-perplexity can run, read from its own --help (never
-    from a version number), and why a dimension is left out where it cannot.
+    """Which serving dimensions a build's program can run, read from its own --help (never from a
+    version number).
 
     Several sequences in one unified KV cache: llama-perplexity evaluates n_seq = n_batch / n_ctx
     chunks per batch, each its own sequence.  In the May 2025 tree (llama-cpp-python 0.3.9,
     tools/perplexity/perplexity.cpp main()) the KL-divergence mode forces n_parallel = 1 and
-    kl_divergence() decodes one chunk at a time, and the one KV cache of that era holds every
-    sequence (there is no --kv-unified): verify cannot run several sequences there.  From the tree
-    that added `-kvu/--kv-unified` to llama-perplexity (0.3.36, Oct 2026: common/arg.cpp lists
-    LLAMA_EXAMPLE_PERPLEXITY for it) main() sets n_parallel = n_batch / n_ctx for KL divergence too
-    and kl_divergence() puts n_seq = n_batch / n_ctx chunks in each batch; so `-c C -b P*C -kvu`
-    with at least P chunks runs P sequences in one unified KV cache, a micro-batch mixing tokens of
-    several sequences: the path of `llama-server -np P --kv-unified` (llama.cpp #25992)."""
+    kl_divergence() decodes one chunk at a time (and the one KV cache of that era holds every
+    sequence: there is no --kv-unified): verify cannot run several sequences there.  In the tree
+    that lists `-kvu/--kv-unified` for llama-perplexity (0.3.36, Oct 2026: common/arg.cpp sets it
+    for LLAMA_EXAMPLE_PERPLEXITY) main() sets n_parallel = n_batch / n_ctx for KL divergence too and
+    kl_divergence() puts n_seq = n_batch / n_ctx chunks (capped at llama_n_seq_max) in each batch:
+    `-c C -b P*C -kvu` over at least P chunks runs P sequences in one unified KV cache, each
+    micro-batch mixing tokens of several sequences: the path of `llama-server -np P --kv-unified`
+    (llama.cpp #25992)."""
 
     kv: bool = False
-    mmap: bool = False
+    loads: tuple[str, ...] = ("mmap",)
     parallel: bool = False
+    program: str = "llama-perplexity"
 
     @classmethod
-    def of(cls, build: LlamaBuild) -> ServingSupport:
-        opts = build.options("llama-perplexity")
+    def of(cls, build: LlamaBuild, program: str = "llama-perplexity") -> ServingSupport:
+        opts = build.options(program)
         return cls(kv=bool({"-ctk", "--cache-type-k"} & opts) and bool({"-ctv", "--cache-type-v"} & opts),
-                   mmap="--no-mmap" in opts, parallel=bool({"-kvu", "--kv-unified"} & opts))
+                   loads=tuple(x for x in LOADS if load_args(build, program, x) is not None),
+                   parallel=bool({"-kvu", "--kv-unified"} & opts), program=program)
 
-    def missing(self) -> list[str]:
-        """Why each unsupported dimension is left out (said among the coverage's bounds)."""
-        out = []
-        if not self.kv:
-            out.append("KV cache type: the build's llama-perplexity has no -ctk/-ctv")
-        if not self.mmap:
-            out.append("mmap off: the build's llama-perplexity has no --no-mmap")
-        if not self.parallel:
-            out.append("parallel sequences: the build's llama-perplexity has no --kv-unified (its "
-                       "KL-divergence mode runs one sequence at a time)")
-        return out
+    def runs(self, name: str, value) -> bool:
+        """Whether the program can run `value` of serving dimension `name` (its default always)."""
+        if name == "kv":
+            return value == "f16" or self.kv
+        if name == "load":
+            return value in self.loads
+        return value == 1 or self.parallel
+
+    def why_not(self, name: str) -> str:
+        return {"kv": f"the build's {self.program} has no -ctk/-ctv",
+                "load": f"the build's {self.program} loads the weights only as {', '.join(self.loads)}",
+                "parallel": f"the build's {self.program} has no --kv-unified"
+                            + (" (its KL-divergence mode runs one sequence at a time)"
+                               if self.program == "llama-perplexity" else "")}[name]
 
 
-ALL_SERVING = ServingSupport(True, True, True)
+ALL_SERVING = ServingSupport(True, LOADS, True)
 
 
 @dataclass
@@ -218,7 +253,7 @@ class Coverage:
         return {"shapes": [s.to_json() for s in self.shapes], "bounds": self.bounds}
 
 
-def with_serving(rows: list[Shape], kv: list[str], mmap: list[bool], parallel: list[int]) -> list[Shape]:
+def with_serving(rows: list[Shape], values: dict[str, list]) -> list[Shape]:
     """The covering design's rows with each serving dimension's values beyond its first placed from
     the last row backwards (the shortest context: the cheapest check, and P sequences of it one
     batch), never in the first row (the shape asked for first stays whole: `command_line`), a
@@ -226,26 +261,18 @@ def with_serving(rows: list[Shape], kv: list[str], mmap: list[bool], parallel: l
     attention); where no row is left, a copy of the last row takes the value."""
     rows = list(rows)
 
-    def place(field_name: str, values: list, fits) -> None:
-        extra = list(values[1:])
-        for i in range(len(rows) - 1, 0, -1):
-            if not extra:
-                return
-            if getattr(rows[i], field_name) == values[0] and fits(rows[i], extra[0]):
-                rows[i] = dataclasses.replace(rows[i], **{field_name: extra.pop(0)})
-        for value in extra:
-            base = next((r for r in reversed(rows) if fits(r, value)), rows[-1])
-            rows.append(dataclasses.replace(base, **{field_name: value},
-                                            **({"fa": True} if not fits(base, value) else {})))
+    def fits(row: Shape, name: str, value) -> bool:
+        return name != "kv" or value == "f16" or row.fa
 
-    place("kv", kv, lambda r, v: v == "f16" or r.fa)
-    place("mmap", mmap, lambda r, v: True)
-    place("parallel", parallel, lambda r, v: True)
-    out = []
-    for r in rows:
-        if r not in out:
-            out.append(r)
-    return out
+    for name in SERVING_FIELDS:
+        first, extra = values[name][0], list(values[name][1:])
+        for i in range(len(rows) - 1, 0, -1):
+            if extra and getattr(rows[i], name) == first and fits(rows[i], name, extra[0]):
+                rows[i] = dataclasses.replace(rows[i], **{name: extra.pop(0)})
+        for value in extra:
+            base = next((r for r in reversed(rows) if fits(r, name, value)), rows[-1])
+            rows.append(dataclasses.replace(base, **{name: value}, **({} if fits(base, name, value) else {"fa": True})))
+    return list(dict.fromkeys(rows))
 
 
 def kv_list(text: str) -> list[str]:
@@ -259,14 +286,15 @@ def kv_list(text: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def on_off_list(text: str) -> list[bool]:
-    """`--mmap on,off`: on, off or both."""
+def load_list(text: str) -> list[str]:
+    """`--load mmap,read,dio`: how the weights are loaded (LOADS)."""
     from argparse import ArgumentTypeError
 
     items = [x.strip().lower() for x in text.split(",") if x.strip()]
-    if not items or any(x not in ("on", "off") for x in items):
-        raise ArgumentTypeError(f"{text!r}: give on, off or on,off")
-    return list(dict.fromkeys(x == "on" for x in items))
+    if not items or any(x not in LOADS for x in items):
+        raise ArgumentTypeError(f"{text!r}: weight loading is one or more of {', '.join(LOADS)} "
+                                "(mmap: mapped, llama.cpp's default; read: --no-mmap; dio: direct I/O)")
+    return list(dict.fromkeys(items))
 
 
 PARALLEL_MAX = 64  # sequences in one batch: far above a server's usual -np, and P x context tokens are decoded at once
@@ -300,15 +328,15 @@ def n_layers(model: Model) -> int | None:
 
 def plan(model: Model, *, gpu: bool, ctx: list[int] | None = None, max_ctx: int | None = None,
          quick: bool = False, ubatch: list[int] | None = None, fa: list[bool] | None = None,
-         kv: list[str] | None = None, mmap: list[bool] | None = None, parallel: list[int] | None = None,
+         kv: list[str] | None = None, load: list[str] | None = None, parallel: list[int] | None = None,
          support: ServingSupport | None = None) -> Coverage:
     """The default coverage (or the one asked for): contexts from short up to the model's training
     context (capped), the micro-batches tune may choose, flash attention on and off, full and
     partial offload for GPU builds; the longest context meets the largest micro-batch and flash
-    attention on in the first check.  The serving dimensions (KV cache f16 and q8_0, mmap on and
-    off, 1 and 4 sequences in one unified KV cache: data/verify.toml) join where `support` (the
-    build's llama-perplexity) runs them; --quick keeps their first values only (as fast as before)
-    unless they are asked for."""
+    attention on in the first check.  The serving dimensions (KV cache f16 and q8_0, weights
+    mapped, read and read with direct I/O, 1 and 4 sequences in one unified KV cache:
+    SERVING_DEFAULTS) join where `support` (the build's llama-perplexity) runs them; --quick keeps
+    their first values only (as fast as before) unless they are asked for."""
     cov, _, _ = rules()
     bounds = []
     cap = int(cov["max_ctx"])
@@ -332,43 +360,35 @@ def plan(model: Model, *, gpu: bool, ctx: list[int] | None = None, max_ctx: int 
         ngls = [99] + ([max(1, layers // 2)] if layers and layers > 1 else [])
     shapes = [Shape(*row) for row in covering([ctxs, ubs, fas, ngls])]
     support = support or ALL_SERVING
-    kvs = _serving_values("--kv", kv, [str(v) for v in cov.get("kv", SERVING_DEFAULTS["kv"])], quick,
-                          support.kv, "-ctk/-ctv")
-    mmaps = _serving_values("--mmap", mmap, [bool(v) for v in cov.get("mmap", SERVING_DEFAULTS["mmap"])], quick,
-                            support.mmap, "--no-mmap")
-    pars = _serving_values("--parallel", parallel, [int(v) for v in cov.get("parallel", SERVING_DEFAULTS["parallel"])],
-                           quick, support.parallel, "--kv-unified")
-    if fas == [False] and any(k != "f16" for k in kvs):
-        kvs = ["f16"]
-        bounds.append("KV cache q8_0 not checked: llama.cpp quantizes the V cache only with flash attention on")
-    asked = {"kv": kv, "mmap": mmap, "parallel": parallel}
-    for why, name in zip(support.missing(), [n for n in SERVING_FIELDS if not getattr(support, n)], strict=True):
-        if asked[name] and len(set(asked[name])) > 1 or not quick:
-            bounds.append(why)
-    return Coverage(with_serving(shapes, kvs, mmaps, pars), bounds)
+    asked = {"kv": kv, "load": load, "parallel": parallel}
+    values = {}
+    for name in SERVING_FIELDS:
+        default = list(cov.get(name, SERVING_DEFAULTS[name]))
+        values[name] = _serving_values(name, asked[name], default, quick, support, bounds)
+    if fas == [False] and any(k != "f16" for k in values["kv"]):
+        raise UsageError("--kv q8_0 needs flash attention: llama.cpp quantizes the V cache only with it on",
+                         "add --fa on, or leave --fa out")
+    return Coverage(with_serving(shapes, values), bounds)
 
 
-def _serving_values(flag: str, asked: list | None, default: list, quick: bool, supported: bool,
-                    option: str) -> list:
-    """One serving dimension's values: those asked for, else the default ones (only the first with
-    --quick); the first alone where the build cannot run the others, and a value asked for that the
-    build cannot run is one line."""
-    if asked and not supported and any(v != default[0] for v in asked):
-        shown = ",".join(("on" if v else "off") if isinstance(v, bool) else str(v) for v in asked)
-        raise UsageError(f"{flag} {shown}: the build's llama-perplexity has no {option}, so it cannot run that",
-                         f"leave {flag} out (the build is checked at {flag} "
-                         f"{('on' if default[0] else 'off') if isinstance(default[0], bool) else default[0]})")
-    values = list(dict.fromkeys(asked if asked else default[:1] if quick else default))
-    return values if supported else values[:1]
-
-
-def serving_label(check: dict) -> str:
-    """A check's serving dimensions beyond the defaults, for the report's line (empty for defaults)."""
-    words = [f"kv={check['kv']}" if check.get("kv", "f16") != "f16" else "",
-             "mmap=off" if check.get("mmap", True) is False else "",
-             f"np={check['parallel']}" if (check.get("parallel") or 1) != 1 else ""]
-    text = " ".join(w for w in words if w)
-    return f"  ({text})" if text else ""
+def _serving_values(name: str, asked: list | None, default: list, quick: bool, support: ServingSupport,
+                    bounds: list[str]) -> list:
+    """One serving dimension's values: those asked for (each one the build can run, else one
+    line), else the default ones the build runs (only the first with --quick, as fast as before;
+    the ones left out are said among the bounds)."""
+    if asked:
+        cannot = [v for v in asked if not support.runs(name, v)]
+        if cannot:
+            raise UsageError(f"--{name} {','.join(map(str, cannot))}: {support.why_not(name)}",
+                             f"leave --{name} out: the build is checked at what it can run")
+        return list(dict.fromkeys(asked))
+    if quick:
+        return default[:1]
+    runs = [v for v in dict.fromkeys(default) if support.runs(name, v)]
+    if len(runs) < len(set(default)):
+        bounds.append(f"{name} {', '.join(str(v) for v in default if v not in runs)} not checked: "
+                      f"{support.why_not(name)}")
+    return runs
 
 
 def bound_by_text(coverage: Coverage, n_tokens: int) -> Coverage:
@@ -406,19 +426,19 @@ class Check:
     failed: list[str] = field(default_factory=list)
     not_judged: list[str] = field(default_factory=list)
     kv: str = "f16"
-    mmap: bool = True
+    load: str = "mmap"
     parallel: int = 1
 
     @property
     def shape(self) -> Shape:
-        return Shape(self.ctx, self.ubatch or 0, bool(self.fa), self.ngl, self.kv, self.mmap, self.parallel)
+        return Shape(self.ctx, self.ubatch or 0, bool(self.fa), self.ngl, self.kv, self.load, self.parallel)
 
     def to_json(self) -> dict:
         def clean(x):
             return None if x is None or math.isnan(x) or math.isinf(x) else round(x, 6)
 
         return {"ctx": self.ctx, "ubatch": self.ubatch, "fa": self.fa, "ngl": self.ngl,
-                "kv": self.kv, "mmap": self.mmap, "parallel": self.parallel,
+                "kv": self.kv, "load": self.load, "parallel": self.parallel,
                 "kld_mean": clean(self.kld_mean), "top1": clean(self.top1),
                 "ppl": clean(self.ppl), "ppl_ref": clean(self.ppl_ref), "passed": self.passed,
                 "failed": self.failed, "not_judged": self.not_judged}
@@ -484,12 +504,13 @@ def _refs_dir() -> Path:
     return d
 
 
-def _ref_key(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool, chunks: int | None = None) -> str:
+def _ref_key(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool, chunks: int | None = None,
+             kv: str = "f16") -> str:
     """What the reference's log-probabilities depend on: its binary, the model, the text, the
-    context, the chunk count and flash attention (the files' sizes and mtimes stand for their
-    contents)."""
+    context, the chunk count, flash attention and the KV cache type (the files' sizes and mtimes
+    stand for their contents)."""
     exe = ref.program("llama-perplexity")
-    parts = [str(ref.prefix), ref.stamp or "", ctx, chunks or chunks_for(ctx), fa]
+    parts = [str(ref.prefix), ref.stamp or "", ctx, chunks or chunks_for(ctx), fa] + ([kv] if kv != "f16" else [])
     for f in (exe, model.path, text):
         st = Path(f).stat()
         parts += [str(f), st.st_size, st.st_mtime_ns]
@@ -546,14 +567,19 @@ def text_start(text: Path, ctx: int, chunks: int | None = None) -> Path:
 
 
 def _reference(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool,
-               progress=None, chunks: int | None = None) -> tuple[Path, float]:
+               progress=None, chunks: int | None = None, kv: str = "f16") -> tuple[Path, float]:
     """reference_base on the text's start; on the whole text where a tokenizer of longer tokens
     than CHARS_PER_TOKEN leaves the start too short (TextTooShort then counts the whole)."""
-    more = {"chunks": chunks} if chunks else {}
+    more = {**({"chunks": chunks} if chunks else {}), **({"kv": kv} if kv != "f16" else {})}
     try:
         return reference_base(ref, model, text_start(text, ctx, chunks), ctx, fa, progress, **more)
     except TextTooShort:
         return reference_base(ref, model, text, ctx, fa, progress, **more)
+
+
+def _ref_of(shape: Shape) -> tuple[int, bool, int, str]:
+    """What a check's reference run is made of: context, flash attention, chunks and KV cache type."""
+    return shape.ctx, shape.fa, chunks_of(shape), shape.kv
 
 
 def chunks_of(shape: Shape) -> int:
@@ -575,18 +601,20 @@ def own_ppl(build: LlamaBuild, model: Model, ctx: int, fa: bool, chunks: int, pr
 
 
 def reference_base(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool,
-                   progress=None, chunks: int | None = None) -> tuple[Path, float]:
+                   progress=None, chunks: int | None = None, kv: str = "f16") -> tuple[Path, float]:
     """The reference's log-probabilities at `ctx` (llama-perplexity --kl-divergence-base) and the
     PPL it computed of its own, unclamped logits (what the build's PPL is compared with).  The
     reference runs with the check's flash-attention setting: like is compared with like (the CPU
     backend's own flash attention, F16 accumulation, differs from its plain attention by a mean
-    KLD of 0.0064 at 8192 tokens of SmolLM2-135M Q4_1, more than the limit).  Kept in the cache:
+    KLD of 0.0064 at 8192 tokens of SmolLM2-135M Q4_1, more than the limit), and with the check's KV
+    cache type for the same reason (a q8_0 cache rounds K and V: the build's q8_0 path is judged
+    against the reference's, not against f16's precision).  Kept in the cache:
     every check at a shape, every candidate of a tune and every later verify against the same
     reference share one reference run."""
     import json
 
     d = _refs_dir()
-    key = _ref_key(ref, model, text, ctx, fa, chunks)
+    key = _ref_key(ref, model, text, ctx, fa, chunks, kv)
     base, meta = d / f"{key}.kld", d / f"{key}.json"
     try:
         ppl = float(json.loads(meta.read_text(encoding="utf-8"))["ppl"])
@@ -596,14 +624,16 @@ def reference_base(ref: LlamaBuild, model: Model, text: Path, ctx: int, fa: bool
     except (OSError, ValueError, KeyError, TypeError):
         pass
     if progress:
-        progress(f"reference {ref.label()} at context {ctx}, flash attention {'on' if fa else 'off'}")
+        progress(f"reference {ref.label()} at context {ctx}, flash attention {'on' if fa else 'off'}"
+                 + (f", KV cache {kv}" if kv != "f16" else ""))
     part = d / f"{key}.kld.part"
     out = _perplexity(ref, ["-m", str(model.path), "-c", str(ctx), "--chunks", str(chunks or chunks_for(ctx)),
                             "-f", str(text), "--kl-divergence-base", str(part),
+                            *(["-ctk", kv, "-ctv", kv] if kv != "f16" else []),
                             *ref.fa_args("llama-perplexity", fa)])
     ppl = parse_final_ppl(out)
     part.replace(base)
-    meta.write_text(json.dumps({"ppl": ppl, "ctx": ctx, "fa": fa, "reference": str(ref.prefix)}),
+    meta.write_text(json.dumps({"ppl": ppl, "ctx": ctx, "fa": fa, "kv": kv, "reference": str(ref.prefix)}),
                     encoding="utf-8")
     _prune_refs(d)
     return base, ppl
@@ -631,18 +661,17 @@ def run_checks(build: LlamaBuild, ref: LlamaBuild, model: Model, coverage: Cover
     ref.program("llama-perplexity")
     refs = {}
     beat.update(0, len(coverage.shapes))
-    for ctx, fa, chunks in sorted({(s.ctx, s.fa, chunks_of(s)) for s in coverage.shapes}, reverse=True):
+    for ctx, fa, chunks, kv in sorted({_ref_of(s) for s in coverage.shapes}, reverse=True):
         try:
-            refs[ctx, fa, chunks] = _reference(ref, model, text, ctx, fa, progress,
-                                               None if chunks == chunks_for(ctx) else chunks)
+            refs[ctx, fa, chunks, kv] = _reference(ref, model, text, ctx, fa, progress,
+                                                   None if chunks == chunks_for(ctx) else chunks, kv)
         except TextTooShort as short:
             coverage = bound_by_text(coverage, short.n_tokens)
             return run_checks(build, ref, model, coverage, text=text, env=env, progress=progress,
                               beat=beat)
     checks = []
     for shape in coverage.shapes:
-        checks.append(check_shape(build, model, shape, refs[shape.ctx, shape.fa, chunks_of(shape)], limits,
-                                  env, progress))
+        checks.append(check_shape(build, model, shape, refs[_ref_of(shape)], limits, env, progress))
         beat.update(len(checks))
     return checks, coverage
 
@@ -665,26 +694,30 @@ def check_shape(build: LlamaBuild, model: Model, shape: Shape, ref: tuple[Path, 
         progress(f"{build.label()} at {shape.label()}")
     args = ["-m", str(model.path), "-c", str(shape.ctx), "--chunks", str(chunks_of(shape)),
             "--kl-divergence-base", str(base), "--kl-divergence", "-ub", str(shape.ubatch),
-            *serving_args(shape, max(shape.ubatch, 2048)), *build.fa_args("llama-perplexity", shape.fa)]
+            *serving_args(build, "llama-perplexity", shape, max(shape.ubatch, 2048)),
+            *build.fa_args("llama-perplexity", shape.fa)]
     out = _perplexity(build, args, env, shape.ngl)
     kld, top, ppl = parse_kld(out)
     check = Check(shape.ctx, kld, top, ppl, ppl_ref, shape.ubatch, shape.fa, shape.ngl,
-                  kv=shape.kv, mmap=shape.mmap, parallel=shape.parallel)
+                  kv=shape.kv, load=shape.load, parallel=shape.parallel)
     return judge(check, limits, model.n_vocab)
 
 
-def serving_args(shape: Shape, batch: int) -> list[str]:
-    """llama-perplexity's arguments for a shape's serving dimensions and its logical batch: the KV
-    cache type of K and V, --no-mmap, and P sequences of the context in one batch and one unified
-    KV cache (ServingSupport says why -b P*ctx with -kvu does that)."""
+def serving_args(build: LlamaBuild, program: str, shape: Shape, batch: int) -> list[str]:
+    """llama-perplexity's arguments for a shape's serving dimensions and its logical batch: P
+    sequences of the context in one batch and one unified KV cache (ServingSupport says why
+    -b P*ctx with -kvu does that), the KV cache type of K and V, the weights' loading
+    (`load_args`).  A value the program cannot run is one line, never a silent default."""
     out = ["-b", str(shape.ctx * shape.parallel if shape.parallel > 1 else batch)]
     if shape.parallel > 1:
         out.append("-kvu")
     if shape.kv != "f16":
         out += ["-ctk", shape.kv, "-ctv", shape.kv]
-    if not shape.mmap:
-        out.append("--no-mmap")
-    return out
+    load = load_args(build, program, shape.load)
+    if load is None:
+        raise VerifyError(f"{build.prefix}/bin/{program} cannot load the weights as {shape.load!r}",
+                          "check the build at a loading its --help lists (--load)")
+    return out + load
 
 
 def judge(c: Check, limits: tuple[Threshold, ...], n_vocab: int | None) -> Check:
@@ -755,7 +788,7 @@ def _attribute(build: LlamaBuild, ref: LlamaBuild, model: Model, checks: list[Ch
     for flipped in flips:
         refb = _reference(ref, model, Path(text) if text else text_file(), flipped.ctx,
                           flipped.fa, progress,
-                          None if chunks_of(flipped) == chunks_for(flipped.ctx) else chunks_of(flipped))
+                          None if chunks_of(flipped) == chunks_for(flipped.ctx) else chunks_of(flipped), flipped.kv)
         checks.append(check_shape(build, model, flipped, refb, limits, env, progress))
         beat.update(len(checks))
 
@@ -809,7 +842,7 @@ def command_line(prefix, model_path, shape: dict, env: dict | None = None) -> st
 
     argv = ["rocforge", "verify", str(prefix), "--model", str(model_path), "--ctx", str(shape["ctx"]),
             "--ubatch", str(shape["ubatch"]), "--fa", "on" if shape["fa"] else "off",
-            "--kv", str(shape.get("kv") or "f16"), "--mmap", "on" if shape.get("mmap", True) else "off",
+            "--kv", str(shape.get("kv") or "f16"), "--load", str(shape.get("load") or "mmap"),
             "--parallel", str(shape.get("parallel") or 1)]
     for k, v in sorted((env or {}).items()):
         argv += ["--env", f"{k}={v}"]
