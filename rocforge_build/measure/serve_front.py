@@ -168,6 +168,8 @@ class Front:
         self.stats.overdue_runs += beside_traffic
         if passed:
             self.stats.passed += 1
+            if self.stats.passed == 1:  # one line, not one a minute: that it runs, and what it costs
+                self.say(f"canary: the first check while serving passed in {seconds:.2f} s")
             return True
         self.failure = Failure(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), failures or ("canary failed",),
                                seconds)
