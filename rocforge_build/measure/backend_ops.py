@@ -1,0 +1,427 @@
+"""verify's backend-ops stage: llama.cpp's own test-backend-ops, which runs every ggml op of a
+build's backend and compares it with the CPU backend, read into one result.
+
+The program is the tree's own correctness suite (tests/test-backend-ops.cpp), built only on request
+as a verify tool and installed under PREFIX/libexec/ (never on a user's PATH).  Its
+console output is the same in every era read (llama-cpp-python 0.3.9 and 0.3.36 sdists): a case
+line `OP(params): ... OK|FAIL|not supported`, per backend `N/M tests passed`, and at the end
+`N/M backends passed`.  A crash of the program (a signal, an abort, a nonzero exit without that
+summary) is a failed op named from its output: trees that print the case before running it
+(0.3.9) leave its line unfinished; newer ones print a case after it ran, so the op is the one
+after the last finished case (llama.cpp #24521: FLASH_ATTN_EXT on gfx1100).  A run is bounded by
+a timeout; a hang is stopped and reported as such.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocforge_build.errors import UsageError
+
+PROGRAM = "test-backend-ops"
+# where a build keeps its verify tools (forge/pipeline.py VERIFY_TOOLS_DIR): not bin/, so that
+# neither PATH nor a bundle's launcher offers them as programs to run; beside bin/, so the
+# recipe's RPATH ($ORIGIN/../lib) finds the build's libraries from there too
+TOOLS_DIR = Path("libexec")
+DEFAULT_TIMEOUT = 1800  # seconds: a full run on a GPU takes minutes; a hang is stopped at this
+MAX_OUTPUT = 64 << 20  # bytes of the program's output read; the rest is drained unread
+MAX_LINE = 2000  # characters kept of one line (a case line is a few hundred)
+MAX_CASES_LISTED = 20  # failing cases listed per op (the count says how many failed)
+_OP_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# a case: `OP(params): ` at a line's start or after the error text newer trees print before it
+_CASE = re.compile(r"(?:^|\s)([A-Z][A-Z0-9_]*)\((.*)\):(?:\s|$)")
+_FA_VEC_FAIL = re.compile(r"^\s*FAIL fa_vec slice: ")
+_BACKEND = re.compile(r"^Backend (\d+)/(\d+): (\S+)")
+_TESTS_PASSED = re.compile(r"^\s*(\d+)/(\d+) tests passed")
+_BACKENDS_PASSED = re.compile(r"^(\d+)/(\d+) backends passed")
+
+
+class BackendOpsError(UsageError):
+    """A bad --ops value, or a build without test-backend-ops when the stage was asked for."""
+
+
+def parse_ops(text: str) -> tuple[str, ...]:
+    """`MUL_MAT,FLASH_ATTN_EXT` as op names (letters, digits, underscore: what ggml_op_desc gives;
+    anything else would reach the program's regex filter)."""
+    names = [part.strip() for part in text.split(",")]
+    bad = next((n for n in names if not _OP_NAME.fullmatch(n)), None)
+    if bad is not None or not names:
+        shown = repr(bad if bad is not None else text)[:80]  # repr: controls shown escaped
+        raise BackendOpsError(f"--ops: {shown} is not an op name (letters, digits and '_', "
+                              "comma-separated, e.g. MUL_MAT,FLASH_ATTN_EXT)")
+    return tuple(dict.fromkeys(names))
+
+
+def ops_argument(text: str) -> tuple[str, ...]:
+    """`--ops` as argparse's `type`: a bad value is refused before anything runs, in one line."""
+    from argparse import ArgumentTypeError
+
+    try:
+        return parse_ops(text)
+    except BackendOpsError as exc:
+        raise ArgumentTypeError(exc.message.removeprefix("--ops: ")) from None
+
+
+def find_program(prefix: Path) -> Path | None:
+    """The build's test-backend-ops: its verify tools directory (or bin/ for a build made by hand)."""
+    for where in (prefix / TOOLS_DIR / PROGRAM, prefix / "bin" / PROGRAM):
+        if where.is_file():
+            return where
+    return None
+
+
+def cpu_has_reference(program: Path, prefix: Path) -> bool:
+    """Whether this tree's test-backend-ops compares the CPU backend with the CPU backend's own
+    reference kernels (newer trees ask for `ggml_backend_cpu_set_use_ref` by name, and the CPU
+    backend library answers to it); older trees compare the CPU backend with itself."""
+    needle = b"ggml_backend_cpu_set_use_ref"
+    if needle not in _read_bytes(program):
+        return False
+    libs = sorted((prefix / "lib").glob("libggml-cpu*.so*")) + sorted((prefix / "lib").glob("libggml.so*"))
+    return any(needle in _read_bytes(lib) for lib in libs if lib.is_file() and not lib.is_symlink()) \
+        or _read_bytes(program).count(needle) > 1
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+@dataclass
+class FailedOp:
+    """One op with failing cases; `crashed`: the program died (or hung) while running it."""
+
+    op: str
+    cases: list[str] = field(default_factory=list)
+    failed_cases: int = 0
+    crashed: str = ""  # "" or what the program did: "hung", "died (signal 6 (SIGABRT))"
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "failed_cases": self.failed_cases, "cases": self.cases,
+                **({"crashed": self.crashed} if self.crashed else {})}
+
+
+@dataclass
+class Parsed:
+    """What one run's console output says."""
+
+    backends: list[str] = field(default_factory=list)
+    ok: int = 0
+    not_supported: int = 0
+    failed: dict[str, FailedOp] = field(default_factory=dict)
+    ops: set[str] = field(default_factory=set)  # ops with at least one case compared
+    summary: str = ""  # the last `N/M backends passed`
+    backends_passed: tuple[int, int] | None = None
+    tests_passed: list[str] = field(default_factory=list)
+    running: tuple[str, str] | None = None  # a case line with no status yet: (op, line)
+    last_done: tuple[str, str] | None = None  # the last case with a status: (op, line)
+    lines: int = 0
+
+    def fail(self, op: str, line: str, crashed: str = "") -> None:
+        entry = self.failed.setdefault(op, FailedOp(op))
+        entry.failed_cases += 1
+        if len(entry.cases) < MAX_CASES_LISTED:
+            entry.cases.append(line)
+        if crashed:
+            entry.crashed = crashed
+
+
+def _clean(line: str) -> str:
+    """One line as it can be shown and stored: colours and control characters out, length capped."""
+    line = _CONTROL.sub("?", _ANSI.sub("", line)).strip()
+    return line if len(line) <= MAX_LINE else line[:MAX_LINE] + f"... ({len(line)} characters)"
+
+
+def parse(lines) -> Parsed:
+    """Read the console output, line by line (each already cleaned)."""
+    out = Parsed()
+    in_failing_list = False
+    for line in lines:
+        out.lines += 1
+        if line.startswith("Failing tests:"):  # newer trees repeat the failed cases: counted already
+            in_failing_list = True
+            continue
+        m = _BACKEND.match(line)
+        if m:
+            in_failing_list = False
+            out.backends.append(m.group(3))
+            continue
+        m = _TESTS_PASSED.match(line)
+        if m:
+            in_failing_list = False
+            out.tests_passed.append(f"{m.group(1)}/{m.group(2)}")
+            continue
+        m = _BACKENDS_PASSED.match(line)
+        if m:
+            out.backends_passed = (int(m.group(1)), int(m.group(2)))
+            out.summary = line
+            continue
+        m = _FA_VEC_FAIL.match(line)
+        if m:  # newer trees' flash-attention vec slice, after the cases
+            out.fail("FLASH_ATTN_EXT", line)
+            continue
+        case = _CASE.search(line)
+        if not case or in_failing_list:
+            continue
+        op = case.group(1)
+        status = line[case.end():].rstrip()
+        if "not supported" in status or "skipping" in status:
+            out.not_supported += 1
+            out.running = None
+        elif status.endswith("FAIL"):
+            out.fail(op, line)
+            out.ops.add(op)
+            out.running, out.last_done = None, (op, line)
+        elif status.endswith("OK"):
+            out.ok += 1
+            out.ops.add(op)
+            out.running, out.last_done = None, (op, line)
+        else:  # printed before it runs (older trees); its status has not come (yet)
+            out.running = (op, line)
+    return out
+
+
+@dataclass
+class BackendOpsResult:
+    """The stage's result; `passed` None: not run (`why_not_run` says why)."""
+
+    ran: bool
+    passed: bool | None
+    command: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    timeout_s: float = DEFAULT_TIMEOUT
+    why_not_run: str = ""
+    compares: str = ""  # what against what
+    backends: list[str] = field(default_factory=list)
+    ops_tested: list[str] = field(default_factory=list)
+    ops_asked: list[str] = field(default_factory=list)
+    cases_passed: int = 0
+    cases_failed: int = 0
+    cases_not_supported: int = 0
+    failed_ops: list[FailedOp] = field(default_factory=list)
+    exit_code: int | None = None
+    problem: str = ""  # a crash, a hang, a missing summary, nothing compared
+    summary: str = ""
+    output_tail: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        from rocforge_build.proc import quote
+
+        return {"ran": self.ran, "passed": self.passed, "why_not_run": self.why_not_run,
+                "command": quote(self.command) if self.command else "", "seconds": round(self.seconds, 2),
+                "timeout_s": self.timeout_s, "compares": self.compares, "backends": self.backends,
+                "ops_asked": self.ops_asked, "ops_tested": self.ops_tested,
+                "cases_passed": self.cases_passed, "cases_failed": self.cases_failed,
+                "cases_not_supported": self.cases_not_supported,
+                "failed_ops": [f.to_json() for f in self.failed_ops], "exit_code": self.exit_code,
+                "problem": self.problem, "summary": self.summary, "output_tail": self.output_tail}
+
+    def lines(self) -> list[str]:
+        return lines_of(self.to_json())
+
+
+def lines_of(stage: dict) -> list[str]:
+    """The stage as verify's text output says it, from its JSON (what verify's result holds)."""
+    if not stage["ran"]:
+        return [f"backend ops: not run: {stage['why_not_run']}"]
+    out = [f"backend ops ({PROGRAM}, {stage['compares']}): {'PASSED' if stage['passed'] else 'FAILED'} "
+           f"in {stage['seconds']:.1f}s (timeout {stage['timeout_s']:g}s): {stage['cases_passed']} "
+           f"cases passed, {stage['cases_failed']} failed, {stage['cases_not_supported']} not "
+           f"supported, {len(stage['ops_tested'])} ops"]
+    if stage["problem"]:
+        out.append(f"  {stage['problem']}")
+    for f in stage["failed_ops"]:
+        out.append(f"  {f['op']}: {f['failed_cases']} failing case(s)"
+                   + (f" (the program {f['crashed']})" if f.get("crashed") else ""))
+        out += [f"    {c}" for c in f["cases"][:5]]
+        if f["failed_cases"] > 5:
+            out.append(f"    ... and {f['failed_cases'] - 5} more (--json lists {len(f['cases'])})")
+    out.append(f"  command: {stage['command']}")
+    return out
+
+
+def not_run(why: str, timeout: float = DEFAULT_TIMEOUT) -> BackendOpsResult:
+    return BackendOpsResult(ran=False, passed=None, why_not_run=why, timeout_s=timeout)
+
+
+def _signal_name(code: int) -> str:
+    import signal
+
+    try:
+        return f"signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"signal {-code}"
+
+
+class _Reader(threading.Thread):
+    """Reads the program's output in blocks (never a whole line unbounded), splits it into
+    cleaned lines, keeps at most MAX_OUTPUT bytes and drains the rest so the program never blocks."""
+
+    def __init__(self, stream):
+        super().__init__(daemon=True)
+        self.stream = stream
+        self.lines: list[str] = []
+        self.partial = b""
+        self.taken = 0
+        self.dropped = 0
+
+    def run(self) -> None:
+        fd = self.stream.fileno()
+        while True:
+            try:
+                block = os.read(fd, 1 << 16)
+            except OSError:
+                break
+            if not block:
+                break
+            if self.taken >= MAX_OUTPUT:
+                self.dropped += len(block)
+                continue
+            self.taken += len(block)
+            data = self.partial + block
+            *whole, self.partial = data.split(b"\n")
+            self.lines += [_clean(w.decode("utf-8", "replace")) for w in whole]
+            if len(self.partial) > 4 * MAX_LINE:  # a line without end: keep its start only
+                self.lines.append(_clean(self.partial.decode("utf-8", "replace")))
+                self.partial = b""
+        if self.partial:
+            self.lines.append(_clean(self.partial.decode("utf-8", "replace")))
+            self.partial = b""
+
+
+def run(prefix: Path, *, gpu: bool, backend: str, ops: tuple[str, ...] = (),
+        timeout: float = DEFAULT_TIMEOUT, env: dict | None = None, progress=None) -> BackendOpsResult:
+    """The stage on one build: test-backend-ops in test mode over the build's backend (every
+    non-CPU device it finds), narrowed to `ops`; a CPU build only where the tree compares the CPU
+    backend with its reference kernels."""
+    from rocforge_build import proc
+
+    program = find_program(prefix)
+    if program is None:
+        raise BackendOpsError(
+            f"{prefix} has no {PROGRAM} (a verify tool built only on request)",
+            f"rebuild with it: rocforge build llama-cpp ... --cmake-target {PROGRAM} beside the "
+            "programs you use; or drop --backend-ops/--ops")
+    argv = [str(program), "test"]
+    if gpu:
+        compares = f"{backend} against the CPU backend"
+    elif cpu_has_reference(program, prefix):
+        argv += ["-b", "CPU"]
+        compares = "the CPU backend against its reference kernels"
+    else:
+        return not_run("the CPU backend is the reference: this tree's test-backend-ops compares "
+                       "the CPU backend only with itself", timeout)
+    if not ops:
+        runs = [argv]
+    elif len(ops) == 1 or _takes_op_list(program):
+        runs = [[*argv, "-o", ",".join(ops)]]
+    else:  # older trees take one exact op name per run
+        runs = [[*argv, "-o", op] for op in ops]
+    if progress:
+        progress(f"{PROGRAM}: {compares}" + (f", ops {', '.join(ops)}" if ops else "")
+                 + f" (at most {timeout:g}s)")
+    started = time.monotonic()
+    parsed, problems, code, tail = Parsed(), [], None, []
+    for one in runs:
+        left = timeout - (time.monotonic() - started)
+        lines, code, how = _run_bounded(one, max(1.0, left), {**proc.merged_env(env or {})})
+        got = parse(lines)
+        _merge(parsed, got)
+        tail = lines[-8:]
+        problem, crash = _judge(got, code, how, timeout)
+        problems += [problem] if problem else []
+        if crash:
+            _blame(parsed, got, crash)
+        if how == "hung":
+            break
+    seconds = time.monotonic() - started
+    problem = "; ".join(problems)
+    if not problem and not parsed.ok and not parsed.failed:
+        problem = ("nothing was compared: no case of " + (", ".join(ops) if ops else "any op")
+                   + " ran (" + ("no such op in this tree, or " if ops else "") + "no device but the CPU?)")
+    passed = not problem and not parsed.failed
+    return BackendOpsResult(
+        ran=True, passed=passed, command=runs[0] if len(runs) == 1 else [*argv, "-o", ",".join(ops)],
+        seconds=seconds, timeout_s=timeout, compares=compares, backends=parsed.backends,
+        ops_tested=sorted(parsed.ops), ops_asked=list(ops), cases_passed=parsed.ok,
+        cases_failed=sum(f.failed_cases for f in parsed.failed.values()),
+        cases_not_supported=parsed.not_supported, failed_ops=list(parsed.failed.values()),
+        exit_code=code, problem=problem, summary=parsed.summary, output_tail=tail)
+
+
+def _takes_op_list(program: Path) -> bool:
+    """Newer trees take `-o A,B` (their usage says "comma separated"); older ones one op per run."""
+    return b"comma separated list of exact op names" in _read_bytes(program)
+
+
+def _run_bounded(argv: list[str], timeout: float, env: dict) -> tuple[list[str], int | None, str]:
+    """(output lines, exit code, "" or "hung"): stdout and stderr together, as they interleave."""
+    from rocforge_build.proc import reaped, spawn, stop_group
+
+    child = spawn(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    reader = _Reader(child.stdout)
+    reader.start()
+    how = ""
+    with reaped(child):
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            stop_group(child, grace=2.0)
+            how = "hung"
+    reader.join(10)
+    return reader.lines, None if how else child.returncode, how
+
+
+def _judge(got: Parsed, code: int | None, how: str, timeout: float) -> tuple[str, str]:
+    """(problem, crash) of one run: crash is "" or what happened ("hung", "died (SIGABRT)")."""
+    if how == "hung":
+        return (f"{PROGRAM} ran over its {timeout:g}s and was stopped (a hang; "
+                "--backend-ops-timeout raises the limit)", "hung")
+    if code is not None and code < 0:
+        return f"{PROGRAM} died: {_signal_name(code)}", f"died ({_signal_name(code)})"
+    if got.backends_passed is None:
+        if code:
+            return (f"{PROGRAM} ended with exit code {code} without its summary (a crash)",
+                    f"died (exit code {code}, no summary)")
+        return f"{PROGRAM} printed no summary (`N/M backends passed`): not the output it prints", ""
+    if code and not got.failed:
+        return f"{PROGRAM} exited with code {code} but listed no failing case", ""
+    return "", ""
+
+
+def _blame(total: Parsed, got: Parsed, crash: str) -> None:
+    """The op the program was running when it died or hung: its unfinished case line where the
+    tree prints one before running it, else the case after the last one it finished."""
+    if got.running:
+        op, line = got.running
+        total.fail(op, f"{line}  <- running when the program {crash}", crash)
+    elif got.last_done:
+        op, line = got.last_done
+        total.fail(op, f"(the case after) {line}  <- the last case finished before the program {crash}",
+                   crash)
+    else:
+        op = "(before any case)"
+        total.fail(op, f"the program {crash} before it finished a case", crash)
+    total.ops.add(op)
+
+
+def _merge(total: Parsed, got: Parsed) -> None:
+    total.backends += [b for b in got.backends if b not in total.backends]
+    total.ok += got.ok
+    total.not_supported += got.not_supported
+    total.ops |= got.ops
+    for op, f in got.failed.items():
+        mine = total.failed.setdefault(op, FailedOp(op))
+        mine.failed_cases += f.failed_cases
+        mine.cases += f.cases[:MAX_CASES_LISTED - len(mine.cases)]
+    total.summary = got.summary or total.summary
