@@ -37,6 +37,9 @@ from rocforge_build.forge.toolchains import host_info
 from rocforge_build.proc import merged_env, quote, reaped, spawn, which
 from rocforge_build.progress import Heartbeat
 
+# where a recipe's `[verify]` targets are installed: beside bin/ (the recipe's $ORIGIN/../lib
+# RPATH holds there), off PATH (measure/backend_ops.py finds them here)
+VERIFY_TOOLS_DIR = "libexec"
 _NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)$")
 _UNUSED_RE = re.compile(r"Manually-specified variables were not used by the project:\s*\n((?:\s+\S+\n?)+)")
 
@@ -523,6 +526,8 @@ def _install_artifacts(plan: Plan, staging: Path, log: _Log) -> None:
             continue
         dests = [d["path"] for d in t.get("install", {}).get("destinations", [])]
         dest = dests[0] if dests else ("bin" if t["type"] == "EXECUTABLE" else "lib")
+        if t["name"] in plan.recipe.verify_targets:  # run by verify, never from a user's PATH
+            dest = VERIFY_TOOLS_DIR
         for art in t.get("artifacts", []):
             src = plan.build_dir / art["path"]
             real = src.resolve()  # the artifact may be the namelink of a versioned library
@@ -584,6 +589,9 @@ def write_manifest(run: _Run, where: Path) -> Path:
     doc["notes"] = [*plan.notes, *run.notes]
     doc["prefix"] = str(plan.prefix)
     doc["outputs"] = [o["path"] for o in plan.outputs]
+    tools = [f"{VERIFY_TOOLS_DIR}/{t}" for t in plan.build_targets if t in plan.recipe.verify_targets]
+    if tools:  # verify tools built on request: rocforge verify runs them, users do not
+        doc["verify_tools"] = tools
     doc["export_env"] = plan.export_env
     doc["export_env_reasons"] = {k: plan.env_reasons.get(k, "") for k in plan.export_env}
     doc["dependencies"] = [{"recipe": d.recipe, "prefix": str(d.prefix), "stamp": d.stamp,

@@ -352,6 +352,7 @@ def _options(recipe: recipes.Recipe, facts: conditions.Facts, values: dict, tool
                 "give the option a `when` on `cmake_option` so it is passed only to trees that have it")
         chosen[name] = {"name": name, "value": _fmt(rule.get("value"), values),
                         "reason": rule.get("reason"), "because": verdict.why, **_evidence(rule)}
+    after += _verify_options(recipe, facts, cmake_targets, chosen)
     for name, value in toolchain.defines.items():
         chosen.setdefault(name, {"name": name, "value": value, "reason": "found by toolchain detection",
                                  "because": kind})
@@ -369,6 +370,28 @@ def _options(recipe: recipes.Recipe, facts: conditions.Facts, values: dict, tool
             "name": "CMAKE_BUILD_WITH_INSTALL_RPATH", "value": "ON", "because": "--build-target",
             "reason": "a partial build is installed by copying artifacts, so they carry the install RPATH"}
     return list(chosen.values()), after
+
+
+def _verify_options(recipe: recipes.Recipe, facts: conditions.Facts, cmake_targets: tuple[str, ...],
+                    chosen: dict[str, dict]) -> list[dict]:
+    """The recipe's `[verify]` options, over the `[[option]]` rules, only when a build names one
+    of its targets (--cmake-target): a build that does not ask for a verify tool is configured
+    and built as before.  Each must be declared by the source, as a recipe option is."""
+    asked = [t for t in cmake_targets if t in recipe.verify_targets]
+    if not asked:
+        return []
+    after = []
+    because = f"--cmake-target {', '.join(asked)} (a verify tool)"
+    for name, value in recipe.verify["options"].items():
+        if facts.source is None:
+            after.append({"rule": "declared", "name": name, "when": f"the source declares {name}"})
+        elif name not in facts.source.cmake_options:
+            raise UsageError(f"--cmake-target {', '.join(asked)}: this source does not declare {name}, "
+                             "which builds it, so it has no such verify tool")
+        chosen[name] = {"name": name, "value": _fmt(value, {}), "reason": recipe.verify["reason"],
+                        "because": because, **({"evidence": list(recipe.verify["evidence"])}
+                                               if recipe.verify.get("evidence") else {})}
+    return after
 
 
 def _environment(recipe: recipes.Recipe, facts: conditions.Facts, values: dict,

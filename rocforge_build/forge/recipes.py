@@ -56,6 +56,7 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
     "": {
         "recipe": _key(dict, required=True), "source": _key(dict, required=True),
         "backends": _key(dict, required=True), "build": _key(dict), "venv": _key(dict),
+        "verify": _key(dict),
         **{kind: _key(list, items=(dict,)) for kind in RULE_KINDS},
     },
     "recipe": {
@@ -107,6 +108,11 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
     # a file (glob) the install must contain, checked before the install replaces the old one
     "output": {"path": _key(str, required=True), "when": _key(dict),
                "reason": _key(str, required=True), "evidence": _EVIDENCE},
+    # verify tools: CMake targets built only when a build names them (--cmake-target), with the
+    # options that make them; installed under PREFIX/libexec/, not bin/ (forge/pipeline.py)
+    "verify": {"targets": _key(list, required=True, items=(str,), most=argtypes.CMAKE_TARGETS_MAX),
+               "options": _key(dict, required=True), "reason": _key(str, required=True),
+               "evidence": _EVIDENCE},
     # a private virtual environment in the build directory with the source's Python requirements
     "venv": {"requirements": _key(list, items=(str,)), "packages": _key(list, items=(str,)),
              "reason": _key(str, required=True), "evidence": _EVIDENCE},
@@ -212,6 +218,11 @@ class Recipe:
     text: str = field(default="", repr=False, compare=False)
     venv: dict | None = None
     install: str = "cmake"  # "ninja": the build step is `ninja install` (projects that need it)
+    verify: dict | None = None  # `[verify]`: targets built only when named, and their options
+
+    @property
+    def verify_targets(self) -> tuple[str, ...]:
+        return tuple(self.verify["targets"]) if self.verify else ()
 
     def of(self, kind: str) -> list[Rule]:
         return [r for r in self.rules if r.kind == kind]
@@ -368,11 +379,28 @@ def parse(text: str, path: Path) -> Recipe:
     venv = raw.get("venv")
     if venv is not None:
         _check_keys(venv, "venv", f"{where}: venv")
+    verify = raw.get("verify")
+    if verify is not None:
+        _check_verify(verify, f"{where}: verify")
     return Recipe(
         name=name, path=path, description=raw["recipe"].get("description", ""), source=source,
         backends=backends, rules=tuple(rules), build_targets=tuple(build.get("targets", [])),
-        text=text, venv=venv, install=build.get("install", "cmake"),
+        text=text, venv=venv, install=build.get("install", "cmake"), verify=verify,
     )
+
+
+def _check_verify(verify: dict, where: str) -> None:
+    """The `[verify]` table: its targets reach ninja's command line and its options CMake's, as a
+    `[[option]]`'s do (plain names; a boolean, integer or string value)."""
+    _check_keys(verify, "verify", where)
+    for i, target in enumerate(verify["targets"]):
+        problem = argtypes.cmake_target_problem(target)
+        if problem:
+            raise ConfigError(f"{where}: targets[{i}]: {problem}")
+    for name, value in verify["options"].items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or not isinstance(value, (bool, int, str)):
+            raise ConfigError(f"{where}: options.{name}: an option is a plain CMake name with a "
+                              "boolean, integer or string value")
 
 
 def _parse_source(src: dict, name: str, path: Path, where: str) -> Source:
