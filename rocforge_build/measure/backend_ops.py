@@ -368,7 +368,11 @@ def _run_bounded(argv: list[str], timeout: float, env: dict) -> tuple[list[str],
     """(output lines, exit code, "" or "hung"): stdout and stderr together, as they interleave."""
     from rocforge_build.proc import reaped, spawn, stop_group
 
-    child = spawn(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        child = spawn(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except OSError as exc:  # not executable, not a program for this machine
+        raise BackendOpsError(f"{argv[0]} does not start: {exc.strerror or exc}",
+                              f"rebuild it: rocforge build llama-cpp ... --cmake-target {PROGRAM}") from None
     reader = _Reader(child.stdout)
     reader.start()
     how = ""

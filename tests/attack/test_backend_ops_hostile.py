@@ -73,3 +73,13 @@ def test_a_program_that_is_not_test_backend_ops_is_no_pass(prefix):
     tool.write_text("#!/bin/sh\necho hello\n")
     res = backend_ops.run(prefix, gpu=True, backend="vulkan")
     assert res.passed is False and "no summary" in res.problem
+
+
+@pytest.mark.parametrize("content, mode", [(b"#!/bin/sh\necho hi\n", 0o644), (b"\x7fELF garbage", 0o755)])
+def test_a_program_that_does_not_start_is_one_line(prefix, content, mode):
+    tool = prefix / "libexec" / "test-backend-ops"
+    tool.write_bytes(content)
+    tool.chmod(mode)
+    with pytest.raises(backend_ops.BackendOpsError) as err:
+        backend_ops.run(prefix, gpu=True, backend="vulkan")
+    assert "does not start" in err.value.message and "\n" not in err.value.message
