@@ -255,3 +255,12 @@ def test_the_command_runs_exactly_the_serving_shape(tmp_path):
     _, argv, _ = preset.command(build, "/m.gguf", {"ubatch": 512, "fa": True}, 4096, igpu=False)
     assert argv[argv.index("-np") + 1] == "1" and "-kvu" not in argv and "-lm" not in argv
     assert argv[argv.index("-c") + 1] == "4096"
+
+
+def test_a_caller_that_has_not_read_the_builds_help_gets_the_old_coverage(model8k):
+    # bench's gate, recheck and a substitute's pull plan without `support`: llama.cpp's defaults
+    # only, the three rows of the covering design as before
+    cov = verify.plan(model8k, gpu=False)
+    assert [s.to_json() for s in cov.shapes] == [
+        {"ctx": c, "ubatch": u, "fa": fa, "ngl": None, **DEFAULTS}
+        for c, u, fa in ((8192, 2048, True), (2048, 256, False), (512, 2048, True))]

@@ -171,7 +171,9 @@ def test_a_faster_variant_wrong_at_the_range_shape_loses_to_the_next_one(builds,
                             ("refused", "cpu", "ub=1024 fa=1", "ctx=4096 ub=1024 fa=on"),
                             ("verifying", "short", "hip", "ub=512 fa=1", "ctx=4096 ub=512 fa=on ngl=99")]
     refused = {"range": "short", "prefix": str(builds["cpu"].prefix), "variant_label": "ub=1024 fa=1",
-               "shape": {"ctx": 4096, "ubatch": 1024, "fa": True, "ngl": None}, "env": {},
+               # the serving dimensions tune has not searched: llama.cpp's defaults, named
+               "shape": {"ctx": 4096, "ubatch": 1024, "fa": True, "ngl": None, "kv": "f16", "load": "mmap",
+                         "parallel": 1}, "env": {},
                "reason": "failed verify at ctx=4096 ub=1024 fa=on: kld_mean 0.3 > 0.005"}
     assert rejected == [refused]
     short = preset["ranges"]["short"]

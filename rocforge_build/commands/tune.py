@@ -190,7 +190,8 @@ def _tune_build(b, s, spec, run_id, ranges: dict[str, int], n_ctx, progress, arg
     (candidate, best, cross-product size) or None when no setting passed the gate)."""
     fas = args.fa_values or tune.rules()["search"]["fa"]
     gates = {bool(fa): verify.gate(b, s.model, reference=None, store=s.store, run_id=run_id, base=s.base,
-                                   coverage=verify.plan(s.model, gpu=b.gpu, ctx=args.ctx or None),
+                                   coverage=verify.plan(s.model, gpu=b.gpu, ctx=args.ctx or None,
+                                                        support=verify.ServingSupport.of(b)),
                                    fa=bool(fa), quiet=args.json)[0] for fa in fas}
     passing = [fa for fa, v in gates.items() if v == "passed"]
     verdict = "passed" if passing else "failed"

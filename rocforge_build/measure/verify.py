@@ -335,8 +335,9 @@ def plan(model: Model, *, gpu: bool, ctx: list[int] | None = None, max_ctx: int 
     partial offload for GPU builds; the longest context meets the largest micro-batch and flash
     attention on in the first check.  The serving dimensions (KV cache f16 and q8_0, weights
     mapped, read and read with direct I/O, 1 and 4 sequences in one unified KV cache:
-    SERVING_DEFAULTS) join where `support` (the build's llama-perplexity) runs them; --quick keeps
-    their first values only (as fast as before) unless they are asked for."""
+    SERVING_DEFAULTS) join where `support` (the build's llama-perplexity) runs them; without
+    `support` (a caller that has not read the build's --help) and with --quick, only their first
+    values (llama.cpp's defaults: as fast as before) unless they are asked for."""
     cov, _, _ = rules()
     bounds = []
     cap = int(cov["max_ctx"])
@@ -359,12 +360,12 @@ def plan(model: Model, *, gpu: bool, ctx: list[int] | None = None, max_ctx: int 
     if gpu:
         ngls = [99] + ([max(1, layers // 2)] if layers and layers > 1 else [])
     shapes = [Shape(*row) for row in covering([ctxs, ubs, fas, ngls])]
-    support = support or ALL_SERVING
     asked = {"kv": kv, "load": load, "parallel": parallel}
     values = {}
     for name in SERVING_FIELDS:
         default = list(cov.get(name, SERVING_DEFAULTS[name]))
-        values[name] = _serving_values(name, asked[name], default, quick, support, bounds)
+        values[name] = _serving_values(name, asked[name], default, quick or support is None,
+                                       support or ALL_SERVING, bounds)
     if fas == [False] and any(k != "f16" for k in values["kv"]):
         raise UsageError("--kv q8_0 needs flash attention: llama.cpp quantizes the V cache only with it on",
                          "add --fa on, or leave --fa out")
