@@ -83,7 +83,8 @@ def test_a_leader_wrong_at_its_shape_is_refused_and_the_runner_up_stored(world, 
     assert short["variant_label"] == RUNNER_UP.label() == "ub=256 fa=0"
     assert short["verified"]["shape"] == {"ctx": 4096, "ubatch": 256, "fa": False, "ngl": None}
     refused = {"range": "short", "prefix": world["prefix"], "variant_label": "ub=512 fa=1",
-               "shape": {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": None}, "env": {},
+               "shape": {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": None, "kv": "f16", "load": "mmap",
+                         "parallel": 1}, "env": {},
                "reason": "failed verify at ctx=4096 ub=512 fa=on: kld_mean 0.3 > 0.005: wrong on purpose"}
     assert summary["rejected"] == [refused] and short["rejected"] == [refused]
     with Store() as s:  # what is stored is the runner-up, and the preset names the leader it refused
@@ -130,7 +131,8 @@ def test_every_candidate_wrong_at_its_shape_stores_nothing_and_says_so(world, ca
                         f"its range's own shape (short: ub=512 fa=1 of {p} at ctx=4096 ub=512 fa=on; "
                         f"short: ub=256 fa=0 of {p} at ctx=4096 ub=256 fa=off)")
     assert lines[1].startswith("rocforge: hint: why each failed is under `rejected` (--json)")
-    assert lines[1].endswith(f"rocforge verify {p} --model {world['model']} --ctx 4096 --ubatch 512 --fa on")
+    assert lines[1].endswith(f"rocforge verify {p} --model {world['model']} --ctx 4096 --ubatch 512 --fa on "
+                             "--kv f16 --load mmap --parallel 1")
     with Store() as s:
         assert s.preset_models() == []  # nothing stored
     # the text summary names them too, with no winner for the range
@@ -182,4 +184,4 @@ def test_the_verify_command_for_a_shape_is_quoted(tmp_path):
     shape = {"ctx": 4096, "ubatch": 256, "fa": False, "ngl": 99}
     line = verify.command_line(Path("/p"), tmp_path / "my model.gguf", shape, {"B": "x y", "A": "1"})
     assert line == (f"rocforge verify /p --model '{tmp_path}/my model.gguf' --ctx 4096 --ubatch 256 "
-                    "--fa off --env A=1 --env 'B=x y'")
+                    "--fa off --kv f16 --load mmap --parallel 1 --env A=1 --env 'B=x y'")
