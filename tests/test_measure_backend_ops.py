@@ -156,6 +156,7 @@ def test_ops_are_passed_one_run_each_to_an_older_tree(tmp_path):
                           env={"FAKE_TBO": "pass", "FAKE_TBO_ARGS": str(args)})
     assert args.read_text().splitlines() == ["test -o ADD", "test -o MUL_MAT"]
     assert res.ops_asked == ["ADD", "MUL_MAT"] and res.passed
+    assert res.to_json()["command"].endswith("test -o ADD; " + str(res.commands[1][0]) + " test -o MUL_MAT")
 
 
 def test_ops_go_in_one_list_to_a_newer_tree(tmp_path):

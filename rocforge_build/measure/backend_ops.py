@@ -197,7 +197,7 @@ class BackendOpsResult:
 
     ran: bool
     passed: bool | None
-    command: list[str] = field(default_factory=list)
+    commands: list[list[str]] = field(default_factory=list)  # one run, or one per op (older trees)
     seconds: float = 0.0
     timeout_s: float = DEFAULT_TIMEOUT
     why_not_run: str = ""
@@ -218,7 +218,7 @@ class BackendOpsResult:
         from rocforge_build.proc import quote
 
         return {"ran": self.ran, "passed": self.passed, "why_not_run": self.why_not_run,
-                "command": quote(self.command) if self.command else "", "seconds": round(self.seconds, 2),
+                "command": "; ".join(quote(c) for c in self.commands), "seconds": round(self.seconds, 2),
                 "timeout_s": self.timeout_s, "compares": self.compares, "backends": self.backends,
                 "ops_asked": self.ops_asked, "ops_tested": self.ops_tested,
                 "cases_passed": self.cases_passed, "cases_failed": self.cases_failed,
@@ -347,16 +347,26 @@ def run(prefix: Path, *, gpu: bool, backend: str, ops: tuple[str, ...] = (),
     seconds = time.monotonic() - started
     problem = "; ".join(problems)
     if not problem and not parsed.ok and not parsed.failed:
-        problem = ("nothing was compared: no case of " + (", ".join(ops) if ops else "any op")
-                   + " ran (" + ("no such op in this tree, or " if ops else "") + "no device but the CPU?)")
+        problem = _nothing_compared(parsed, gpu, ops)
     passed = not problem and not parsed.failed
     return BackendOpsResult(
-        ran=True, passed=passed, command=runs[0] if len(runs) == 1 else [*argv, "-o", ",".join(ops)],
+        ran=True, passed=passed, commands=runs,
         seconds=seconds, timeout_s=timeout, compares=compares, backends=parsed.backends,
         ops_tested=sorted(parsed.ops), ops_asked=list(ops), cases_passed=parsed.ok,
         cases_failed=sum(f.failed_cases for f in parsed.failed.values()),
         cases_not_supported=parsed.not_supported, failed_ops=list(parsed.failed.values()),
         exit_code=code, problem=problem, summary=parsed.summary, output_tail=tail)
+
+
+def _nothing_compared(parsed: Parsed, gpu: bool, ops: tuple[str, ...]) -> str:
+    """Why a run that ended well compared nothing: never a pass."""
+    if gpu and all(b.startswith("CPU") for b in parsed.backends):
+        return (f"nothing was compared: {PROGRAM} found no device but the CPU "
+                f"({', '.join(parsed.backends) or 'none listed'}); the GPU's driver is not visible here")
+    if ops:
+        return (f"nothing was compared: no case of {', '.join(ops)} ran on "
+                f"{', '.join(parsed.backends) or 'any device'} (no such op in this tree, or none supported)")
+    return f"nothing was compared: no case ran on {', '.join(parsed.backends) or 'any device'}"
 
 
 def _takes_op_list(program: Path) -> bool:
