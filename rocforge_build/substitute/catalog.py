@@ -108,7 +108,7 @@ def show(url: str, ref: str, trusted: list[signing.PublicKey], *, timeout: float
         advisories, adv_left = artifact.attached(store, man, oci.ADVISORY_TYPE, trusted)
         withdrawals, wd_left = artifact.attached(store, man, oci.WITHDRAWAL_TYPE, trusted) if advisories else ([], [])
     standing = {a.digest for a in artifact.in_force(advisories, withdrawals)}
-    why_withdrawn = {str(w.document.get("withdraws")): w for w in withdrawals}
+    why_withdrawn = {(str(w.document.get("withdraws")), w.signer): w for w in withdrawals}
     return {"key": man.config.digest, "manifest": man.digest, "key_fields": key_doc,
             "annotations": man.annotations, "signed_by": signer,
             "layer_bytes": sum(layer.size for layer in man.layers),
@@ -117,8 +117,8 @@ def show(url: str, ref: str, trusted: list[signing.PublicKey], *, timeout: float
                             "reason": _text(a.document.get("reason", ""), 500),
                             "made_at": _text(a.document.get("made_at", "")),
                             "withdrawn": None if a.digest in standing else {
-                                "reason": _text(why_withdrawn[a.digest].document.get("reason", ""), 500),
-                                "made_at": _text(why_withdrawn[a.digest].document.get("made_at", ""))}}
+                                "reason": _text(why_withdrawn[a.digest, a.signer].document.get("reason", ""), 500),
+                                "made_at": _text(why_withdrawn[a.digest, a.signer].document.get("made_at", ""))}}
                            for a in advisories],
             "left_out": [_text(x, 300) for x in (left_out + adv_left + wd_left)]}
 
@@ -221,7 +221,7 @@ def withdraw(url: str, ref: str, advisory: str, reason: str, key_file: Path,
     reason = reason.strip()
     if not reason or len(reason) > 500 or one_line(reason) != reason:
         raise UsageError("--reason must be one line of at most 500 characters")
-    wanted = advisory.removeprefix("sha256:").lower()
+    wanted = advisory.lower().removeprefix("sha256:")
     if not re.fullmatch(r"[0-9a-f]{12,64}", wanted):
         raise UsageError(f"--withdraw {one_line(advisory)[:80]!r} is not an advisory's digest",
                          "`rocforge store show URL KEY` lists each advisory with its digest")

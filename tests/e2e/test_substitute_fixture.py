@@ -161,8 +161,11 @@ def test_an_advisory_withdrawn_by_its_signer_lets_the_build_through_and_no_other
                         {"key": man.config.digest, "withdraws": advisory["digest"], "reason": "x"}, c_pair)
     assert "known bad" in one_error(rocforge(*pub["build"], "--substitute-only", env=b), code=9)
 
-    _ok(rocforge("store", "advise", pub["store"], pub["tag"], "--withdraw", advisory["digest"],
+    _ok(rocforge("store", "advise", pub["store"], pub["tag"], "--withdraw", advisory["digest"].upper(),
                  "--reason", "the ROCm 7.13 report was another build", env=pub["a"]))
+    with open_store(pub["store"]) as store:  # c's later withdrawal does not replace a's reason either
+        artifact.attach(store, man, oci.WITHDRAWAL_TYPE,
+                        {"key": man.config.digest, "withdraws": advisory["digest"], "reason": "forged"}, c_pair)
     shown = json.loads(_ok(rocforge("store", "show", pub["store"], pub["tag"], "--json", env=b)).stdout)
     assert shown["advisories"][0]["withdrawn"]["reason"] == "the ROCm 7.13 report was another build"
     text = _ok(rocforge("store", "show", pub["store"], pub["tag"], env=b)).stdout
