@@ -106,6 +106,7 @@ class Front:
         self.upstream_seconds = upstream_seconds
         self.stats = Stats()
         self.failure: Failure | None = None
+        self.recorded = threading.Event()  # set once a failure was recorded (or could not be)
         self._idle = threading.Condition()
         self._in_flight = 0
         self._last_canary = time.monotonic()
@@ -139,10 +140,10 @@ class Front:
     def _canary_loop(self) -> None:
         while not self._stop.is_set() and self.failure is None:
             with self._idle:
-                due = self._last_canary + self.every
-                overdue = due + self.every
                 while not self._stop.is_set():
                     now = time.monotonic()
+                    due = self._last_canary + self.every
+                    overdue = due + self.every
                     if now >= due and (self._in_flight == 0 or now >= overdue):
                         break
                     self._idle.wait(max(min((due if now < due else overdue) - now, 1.0), 0.01))
@@ -180,6 +181,9 @@ class Front:
                 self.record(verdict)
             except RocforgeError as exc:
                 self.say(f"the failure could not be recorded in the results store: {exc.message}")
+            except Exception as exc:  # noqa: BLE001 - the 503s stand; a record's bug is one line, not a dead thread
+                self.say(f"the failure could not be recorded in the results store: {type(exc).__name__}: {exc}"[:300])
+        self.recorded.set()
         return False
 
     def _begin(self) -> None:
