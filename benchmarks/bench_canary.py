@@ -20,6 +20,18 @@ the canaries run, their seconds, and the load average at the start and end.
 
 Then the start canary (canary.plan, not short: a long prompt as long as a slot allows, and one text
 per slot at once) against the same server, and the short canary alone.
+
+Measured 2026-11-27 on the device machine's 16 CPU cores (an H200 host; the CPU build, llama-server's
+default threads: all 16, beside 3 client threads and the front), `--rounds 4 --window 20
+--n-predict 32`: direct ~290-327 tok/s; median ratios front / direct 0.982 (rounds 0.871, 1.010,
+0.954, 1.113), canary every 10 s 0.972 (0.869, 0.986, 0.958, 1.004) — window to window the spread
+is +-10 %, far wider than the 1 % bar, so these say "no visible cost", not a figure to 1 %.  (The
+60 s column of that run ran no canary: its phase was set too late, fixed since.)  What bounds the
+canary's share instead: one short canary took 0.23 s alone and 0.31 s under this load (median of 4),
+so at 60 s it holds one of the 3 slots 0.5 % of the time: at most 0.5 % of throughput, less where
+the other slots keep working.  The start canary (a 1008-token prompt, then 3 texts at once): 2.09 s,
+its reference's answers 2.4 s uncached.  On the 2-core shared machine (load 8-12) the same run
+swings 0.6-3x between windows: measure on a quiet machine.
 """
 
 from __future__ import annotations
