@@ -81,7 +81,8 @@ def test_a_leader_wrong_at_its_shape_is_refused_and_the_runner_up_stored(world, 
     assert world["calls"] == [verify.Shape(4096, 512, True, None), verify.Shape(4096, 256, False, None)]
     short = summary["preset"]["ranges"]["short"]
     assert short["variant_label"] == RUNNER_UP.label() == "ub=256 fa=0"
-    assert short["verified"]["shape"] == {"ctx": 4096, "ubatch": 256, "fa": False, "ngl": None}
+    assert short["verified"]["shape"] == {"ctx": 4096, "ubatch": 256, "fa": False, "ngl": None, "kv": "f16",
+                                          "load": "mmap", "parallel": 1}
     refused = {"range": "short", "prefix": world["prefix"], "variant_label": "ub=512 fa=1",
                "shape": {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": None, "kv": "f16", "load": "mmap",
                          "parallel": 1}, "env": {},

@@ -264,3 +264,34 @@ def test_a_caller_that_has_not_read_the_builds_help_gets_the_old_coverage(model8
     assert [s.to_json() for s in cov.shapes] == [
         {"ctx": c, "ubatch": u, "fa": fa, "ngl": None, **DEFAULTS}
         for c, u, fa in ((8192, 2048, True), (2048, 256, False), (512, 2048, True))]
+
+
+# -- tune: the KV cache type as a dimension of the search ---------------------------------------
+def test_tune_searches_the_kv_cache_type_and_never_measures_q8_0_without_flash_attention():
+    from rocforge_build.measure import bench, tune
+
+    dims, names = tune.dimensions("cpu", [512, 2048], [True, False], {}, 8192, ["f16", "q8_0"])
+    assert dims == [[True, False], [512, 2048], ["f16", "q8_0"]] and names == [tune.KV]
+    # f16, llama.cpp's default, is no flag: the variant (and llama-bench's argv) of every earlier search
+    assert tune.to_variant((True, 512, "f16"), names) == bench.Variant(512, True)
+    assert tune.to_variant((True, 512, "q8_0"), names) == bench.Variant(512, True, (), "q8_0")
+    measured = []
+
+    def measure(v):
+        measured.append(v)
+        t = {(True, None): 100.0, (False, None): 90.0, (True, "q8_0"): 120.0}.get((v.fa, v.kv), 80.0)
+        return [{"test": "pp", "depth": 0, "status": "ok", "t_s": t},
+                {"test": "tg", "depth": 0, "status": "ok", "t_s": t}]
+
+    best = tune.search(tune.Candidate(build=None), dims, names, {"short": 0}, measure)
+    assert best["short"]["variant"] == bench.Variant(512, True, (), "q8_0")
+    assert not [v for v in measured if v.kv and v.fa is False]  # llama.cpp refuses it: never run
+
+
+def test_a_kv_variant_runs_llama_bench_with_ctk_and_ctv(tmp_path, model8k):
+    from rocforge_build.measure import bench
+
+    build = build_with(tmp_path, MAY_2025, programs=("llama-bench",))
+    argv = bench.argv_for(build, bench.Spec(model8k), bench.Variant(512, True, (), "q8_0"), (0,))
+    assert argv[argv.index("-ctk"):argv.index("-ctk") + 4] == ["-ctk", "q8_0", "-ctv", "q8_0"]
+    assert "-ctk" not in bench.argv_for(build, bench.Spec(model8k), bench.Variant(512, True), (0,))

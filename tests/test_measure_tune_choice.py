@@ -184,7 +184,8 @@ def test_a_faster_variant_wrong_at_the_range_shape_loses_to_the_next_one(builds,
     assert [(f["test"], f["n"], f["t_s"]) for f in short["figures"]] == [("pp", 512, 100.0), ("tg", 128, 100.0)]
     assert short["figures"][0]["stddev"] == pytest.approx(200 ** 0.5)
     assert short["runner_up"] == f"{builds['cpu'].label()} ub=1024 fa=1 score 200.0"
-    assert short["verified"] == {"shape": {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": 99},
+    assert short["verified"] == {"shape": {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": 99, "kv": "f16",
+                                           "load": "mmap", "parallel": 1},
                                  "kld_mean": 0.001, "top1": 0.99, "reference": "/ref"}
     # what serve runs: the range's context, all layers on the GPU, the micro-batch with a batch of
     # at least 2048; no -fa (this llama-server lists no options), no iGPU flags for the same reason

@@ -30,6 +30,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ubatch", type=argtypes.int_list(1), metavar="N,...", help="micro-batch values searched (default: data/tune.toml)")
     parser.add_argument("--fa", metavar="on,off", help="flash attention values searched (default: data/tune.toml)")
     parser.add_argument("--env", action="append", metavar="VAR=a,b", help="env values searched (default per backend)")
+    parser.add_argument("--kv", type=verify.kv_list, metavar="f16,q8_0",
+                        help="KV cache types searched (default: f16 and q8_0 where the build's llama-bench has -ctk/-ctv)")
     parser.add_argument("--reps", type=argtypes.reps, default=3, metavar="N", help="repetitions (-r; default 3)")
     parser.add_argument("-p", "--n-prompt", type=argtypes.tokens, default=512, metavar="N", help="prompt tokens (pp test; default 512)")
     parser.add_argument("-n", "--n-gen", type=argtypes.tokens, default=128, metavar="N", help="generated tokens (tg test; default 128)")
@@ -211,7 +213,7 @@ def _tune_build(b, s, spec, run_id, ranges: dict[str, int], n_ctx, progress, arg
         cand.note = note
     dims, env_names = tune.dimensions(b.backend, args.ubatch or None,
                                       passing,
-                                      args.env_values, n_ctx)
+                                      args.env_values, n_ctx, _kv_searched(b, args.kv, say))
 
     race = None if args.exhaustive else tune.Race.from_rules()
     cand.race = race
@@ -237,6 +239,16 @@ def _tune_build(b, s, spec, run_id, ranges: dict[str, int], n_ctx, progress, arg
     full = math.prod(len(d) for d in dims)
     cand.remeasure = lambda v, measure=measure: measure(v, settling=True)
     return cand, (cand, best, full)
+
+
+def _kv_searched(b, asked: list[str] | None, say) -> list[str]:
+    """The KV cache types searched for build `b`: those asked for, else tune.KV_SEARCHED, where its
+    llama-bench has -ctk/-ctv (its own --help says); f16 alone where it has not."""
+    if {"-ctk", "--cache-type-k"} & b.options("llama-bench") and {"-ctv", "--cache-type-v"} & b.options("llama-bench"):
+        return list(asked or tune.KV_SEARCHED)
+    if asked and asked != ["f16"]:
+        say(f"{b.label()}: its llama-bench has no -ctk/-ctv: the KV cache stays f16")
+    return ["f16"]
 
 
 def _print_summary(summary: dict, ranges: list[str], model_path, reps: int) -> None:

@@ -36,20 +36,23 @@ class Variant:
     ubatch: int | None = None  # None: the tree's default
     fa: bool | None = None  # None: the tree's default
     env: tuple[tuple[str, str], ...] = ()
+    kv: str | None = None  # the KV cache type of K and V (-ctk/-ctv); None: the tree's default, f16
 
     def label(self) -> str:
         parts = [f"ub={self.ubatch or 'default'}", f"fa={'default' if self.fa is None else int(self.fa)}"]
+        parts += [f"kv={self.kv}"] if self.kv else []
         parts += [f"{k}={v}" for k, v in self.env]
         return " ".join(parts)
 
     def to_json(self) -> dict:
-        return {"ubatch": self.ubatch, "fa": self.fa, "env": dict(self.env)}
+        return {"ubatch": self.ubatch, "fa": self.fa, "env": dict(self.env), **({"kv": self.kv} if self.kv else {})}
 
     @classmethod
     def of_row(cls, row: dict) -> Variant:
         """The variant a stored row was measured with (its label for people)."""
         env = row.get("env") if isinstance(row.get("env"), dict) else {}
-        return cls(row.get("ubatch"), row.get("fa"), tuple((str(k), str(v)) for k, v in env.items()))
+        return cls(row.get("ubatch"), row.get("fa"), tuple((str(k), str(v)) for k, v in env.items()),
+                   row.get("kv") if isinstance(row.get("kv"), str) else None)
 
 
 @dataclass
@@ -96,6 +99,8 @@ def argv_for(build: LlamaBuild, spec: Spec, v: Variant, depths: tuple[int, ...])
         argv += ["-ub", str(v.ubatch), "-b", str(max(v.ubatch, 2048))]
     if v.fa is not None:
         argv += ["-fa", "1" if v.fa else "0"]
+    if v.kv:
+        argv += ["-ctk", v.kv, "-ctv", v.kv]
     if build.gpu:
         argv += ["-ngl", "99"]
     if spec.threads:
@@ -185,7 +190,8 @@ def run_variant(build: LlamaBuild, spec: Spec, v: Variant, base: dict, depths: t
                 on_row: Callable[[dict], None], clock: list[float] | None = None) -> list[dict]:
     """One llama-bench run; each result row goes to `on_row` the moment llama-bench prints it."""
     argv = argv_for(build, spec, v, depths)
-    base = {**base, "ubatch": v.ubatch, "fa": v.fa, "env": dict(v.env), "argv": quote(argv)}
+    base = {**base, "ubatch": v.ubatch, "fa": v.fa, "env": dict(v.env), "argv": quote(argv),
+            **({"kv": v.kv} if v.kv else {})}
     want = expected(spec, depths)
     got: list[dict] = []
     unreadable: list[str] = []  # why result lines could not be used (first one is reported)

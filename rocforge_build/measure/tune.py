@@ -59,19 +59,44 @@ class Candidate:
     note: str | None = None
 
 
+# The KV cache type as a dimension of the search, named so that no environment variable can be
+# called the same.  A q8_0 cache holds K and V in half the memory of f16 (llama.cpp's
+# tools/llama-bench: -ctk/-ctv): at long context the cache is most of what is read per token, so
+# it can be faster there and leaves room for a longer context or more slots; at short context it
+# costs dequantization.  Searched where the build's llama-bench has -ctk/-ctv; quantized V needs
+# flash attention, so fa off with q8_0 is never measured.
+KV = "-ctk/-ctv"
+KV_SEARCHED = ["f16", "q8_0"]
+
+
 def dimensions(backend: str, ubatches: list[int] | None, fas: list[bool] | None,
-               env: dict[str, list[str]] | None, n_ctx: int | None) -> tuple[list[list], list[str]]:
+               env: dict[str, list[str]] | None, n_ctx: int | None,
+               kvs: list[str] | None = None) -> tuple[list[list], list[str]]:
+    """(the search's dimensions, the names of those after flash attention and the micro-batch:
+    the KV cache type (KV) where `kvs` has more than f16, then each env variable)."""
     data = rules()["search"]
     ub = ubatches or [u for u in data["ubatch"] if not n_ctx or u <= n_ctx]
     fa = fas or data["fa"]
     envs = env if env is not None else {k: v for k, v in data.get("env", {}).get(backend, {}).items()
                                         if isinstance(v, list)}
-    dims = [list(fa), list(ub)] + [list(v) for v in envs.values()]
-    return dims, list(envs)
+    kv_dim = {KV: list(kvs)} if kvs and kvs != ["f16"] else {}
+    named = {**kv_dim, **envs}
+    dims = [list(fa), list(ub)] + [list(v) for v in named.values()]
+    return dims, list(named)
 
 
 def to_variant(point: tuple, env_names: list[str]) -> bench.Variant:
-    return bench.Variant(ubatch=point[1], fa=point[0], env=tuple(zip(env_names, point[2:], strict=False)))
+    """The variant at `point`: f16, llama.cpp's default KV cache, is no flag (the argv every earlier
+    search ran)."""
+    named = dict(zip(env_names, point[2:], strict=False))
+    kv = named.pop(KV, None)
+    return bench.Variant(ubatch=point[1], fa=point[0], env=tuple(named.items()),
+                         kv=None if kv in (None, "f16") else kv)
+
+
+def runnable(v: bench.Variant) -> bool:
+    """llama.cpp quantizes the V cache only with flash attention: such a variant is not measured."""
+    return not (v.kv and v.kv != "f16" and v.fa is False)
 
 
 @dataclass
@@ -143,6 +168,8 @@ def search(cand: Candidate, dims: list[list], env_names: list[str], ranges: dict
     is measured at every range's depth, so its path so far costs nothing again."""
     def rows_of(point: tuple) -> list[dict]:
         v = to_variant(point, env_names)
+        if not runnable(v):
+            return []
         if v not in cand.measured:
             cand.measured[v] = measure(v)
         return cand.measured[v]
@@ -155,7 +182,8 @@ def search(cand: Candidate, dims: list[list], env_names: list[str], ranges: dict
 
         point, s = exhaustive(dims, score) if full else coordinate_search(dims, score, start=point)
         v = to_variant(point, env_names)
-        best[name] = {"variant": v, "score": s, "rows": [r for r in cand.measured[v] if r.get("depth") == depth]}
+        best[name] = {"variant": v, "score": s,
+                      "rows": [r for r in cand.measured.get(v, []) if r.get("depth") == depth]}
     return best
 
 
@@ -179,7 +207,7 @@ def ranking(cands: list[Candidate], depth: int) -> list[tuple[float, Candidate, 
 def distance(v: bench.Variant, default: dict) -> int:
     """How many settings of `v` differ from the recipe's defaults."""
     env_default = default.get("env", {})
-    d = int(v.fa != default.get("fa")) + int(v.ubatch != default.get("ubatch"))
+    d = int(v.fa != default.get("fa")) + int(v.ubatch != default.get("ubatch")) + int(bool(v.kv))
     return d + sum(1 for k, val in v.env if env_default.get(k, val) != val)
 
 

@@ -65,7 +65,8 @@ def choose(settled: dict[str, dict], ranges: dict[str, int], ctx_of: dict[str, i
     variant that fails is never stored, and the output names it whether or not a preset is."""
     out, rejected = {}, []
     for name, depth in ranges.items():
-        won, refused = first_verified(name, settled[name]["ranked"], ctx_of[name], check_at, listener)
+        won, refused = first_verified(name, settled[name]["ranked"], ctx_of[name], check_at, listener,
+                                      session.base.get("host"))
         rejected += refused
         if won is None:
             if refused:
@@ -85,19 +86,22 @@ def choose(settled: dict[str, dict], ranges: dict[str, int], ctx_of: dict[str, i
             "exhaustive": exhaustive}, rejected
 
 
-def range_shape(ctx: int, cand: tune.Candidate, v: bench.Variant) -> verify.Shape:
-    """The shape a preset of `v` runs at: the range's context, the variant's micro-batch (llama.cpp's
-    512 when it sets none) and flash attention, every layer offloaded on a GPU build."""
-    return verify.Shape(ctx, v.ubatch or 512, bool(v.fa), 99 if cand.build.gpu else None)
+def range_shape(ctx: int, cand: tune.Candidate, v: bench.Variant, host: dict | None = None) -> verify.Shape:
+    """The shape a preset of `v` runs at (preset.serving_shape, what its command spells): the
+    range's context, the variant's micro-batch (llama.cpp's 512 when it sets none), flash attention
+    and KV cache type, every layer offloaded on a GPU build, the weights' loading on this host."""
+    from rocforge_build.measure.preset import serving_shape
+
+    return serving_shape(cand.build, v.to_json(), ctx, is_igpu(cand.build, host or {}) if host is not None else False)
 
 
 def first_verified(name: str, ranked: list, ctx: int, check_at: CheckAtShape,
-                   listener: Listener) -> tuple[Verified | None, list[dict]]:
+                   listener: Listener, host: dict | None = None) -> tuple[Verified | None, list[dict]]:
     """The first of `ranked` that passes verify at the range's own shape, or None; and the ones
     before it that failed there (a check that could not run at the shape is a failure too)."""
     rejected = []
     for score, cand, v in ranked:
-        shape = range_shape(ctx, cand, v)
+        shape = range_shape(ctx, cand, v, host)
         listener.verifying(name, cand, v, shape)
         try:
             check = check_at(cand.build, shape, dict(v.env))
@@ -146,7 +150,8 @@ def entry(won: Verified, depth: int, ctx: int, ranked: list, model_path: str, ho
         "figures": [{"test": r["test"], "n": r["n_prompt"] if r["test"] == "pp" else r["n_gen"],
                      "depth": r["depth"], "t_s": r["t_s"], "stddev": r["stddev"]} for r in rows],
         "runner_up": (f"{runner[1].build.label()} {runner[2].label()} score {runner[0]:.1f}") if runner else None,
-        "verified": {"shape": check["checks"][0] and {k: check["checks"][0][k] for k in ("ctx", "ubatch", "fa", "ngl")},
+        "verified": {"shape": check["checks"][0] and {k: check["checks"][0][k]
+                                                      for k in ("ctx", "ubatch", "fa", "ngl", *verify.SERVING_FIELDS)},
                      "kld_mean": check["checks"][0]["kld_mean"], "top1": check["checks"][0]["top1"],
                      "reference": check["reference"]},
         "env": env, "argv": argv, "notes": notes,
