@@ -141,3 +141,17 @@ def test_plan_bounds_the_long_prompt_by_the_model_and_the_slot():
     assert len(small.texts) == 2 and len(set(small.texts)) == 2  # a swap needs two different requests
     short = canary.plan(M(), canary.Target("http://x", {}, 32768, 4), short=True)
     assert short.long_tokens == 0 and len(short.texts) == 1 and short.n_predict < p.n_predict
+
+
+def test_a_few_tokens_ppl_ratio_fails_only_beyond_its_noise():
+    # 16 tokens: the server's log p of the reference's token alternately 0.3 below and 0.22 above
+    # it (mean 0.04 below: ratio e^0.04 = 1.041 > 1.02, standard error 0.26/sqrt(16) = 0.065, lower
+    # bound e^(0.04 - 3 x 0.067) < 1): noise, not judged a failure
+    ref = tuple(pos(5, t5=0.5, t6=0.1) for _ in range(16))
+    got = tuple(pos(5, t5=0.5 * math.exp(-0.3 if i % 2 else 0.22), t6=0.1) for i in range(16))
+    c = canary.compare(ref, got)
+    assert c.ppl_ratio == pytest.approx(math.exp(0.04), abs=1e-6) and c.ppl_ratio_low < 1.0
+    assert not any(f.startswith("ppl_ratio") for f in canary.judge(c, _plan()))
+    # every token 0.1 lower (ratio e^0.1 = 1.105, no spread): a failure
+    steady = tuple(pos(5, t5=0.5 * math.exp(-0.1), t6=0.1) for _ in range(16))
+    assert any(f.startswith("ppl_ratio 1.105") for f in canary.judge(canary.compare(ref, steady), _plan()))

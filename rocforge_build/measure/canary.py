@@ -14,7 +14,10 @@ each position is compared with verify's limits for the model's file type (data/v
   exceeds the true KL divergence, so a failure is a real one.  A reference token the server did not
   list gets the server's smallest listed probability (it is at most that).
 - top-1 agreement: the share of compared positions whose most likely token is the reference's;
-- the PPL ratio: exp(mean -log q) over exp(mean -log p) of the reference's own greedy tokens.
+- the PPL ratio: exp(mean -log q) over exp(mean -log p) of the reference's own greedy tokens; a
+  few tokens' ratio is noisy (a right CPU build served with -np 4 measured 1.04 over 16 tokens,
+  verify's limit is 1.01-1.02 over thousands), so it fails only when its lower bound (3 standard
+  errors of the per-token log ratio below) is above the limit.
 
 Greedy paths can part at a near-tie: positions are compared up to the first one where the server's
 chosen token differs from the reference's.  A parting where the reference's top-1 margin was clear
@@ -145,6 +148,7 @@ class Comparison:
     kld_mean: float
     top1: float
     ppl_ratio: float
+    ppl_ratio_low: float  # its lower bound, 3 standard errors of the per-token log ratio below
     parted_at: int | None  # first position whose chosen token differs, None: none did
     clear_parting: bool  # the reference's margin there was clear: a top-1 failure
 
@@ -308,12 +312,14 @@ def compare(ref: tuple[Position, ...], got: tuple[Position, ...]) -> Comparison:
         parted, clear = len(got), True  # a short answer: the missing positions are not the reference's
     n = len(klds)
     if n == 0:
-        return Comparison(0, math.nan, math.nan, math.nan, parted, clear)
+        return Comparison(0, math.nan, math.nan, math.nan, math.nan, parted, clear)
     top1 = agree / n
     if clear and parted is not None and parted >= n:
         top1 = agree / (n + 1)  # the missing position counts as a disagreement
-    ratio = math.exp((sum(logp) - sum(logq)) / n)
-    return Comparison(n, sum(klds) / n, top1, ratio, parted, clear)
+    diffs = [a - b for a, b in zip(logp, logq, strict=True)]
+    mean = sum(diffs) / n
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else 0.0
+    return Comparison(n, sum(klds) / n, top1, math.exp(mean), math.exp(mean - 3 * se), parted, clear)
 
 
 def judge(c: Comparison | None, plan_: CanaryPlan, ppl_ref: float | None = None) -> tuple[str, ...]:
@@ -331,7 +337,10 @@ def judge(c: Comparison | None, plan_: CanaryPlan, ppl_ref: float | None = None)
             continue
         if ppl_ref is not None and not t.judged(ppl_ref, plan_.n_vocab):
             continue
-        if not t.holds(values[t.metric]):
+        # the PPL ratio of a few tokens is noisy (a right CPU build at -np 4 measured 1.04 on 16):
+        # it fails when even its lower bound is above the limit
+        judged = c.ppl_ratio_low if t.metric == "ppl_ratio" else values[t.metric]
+        if not t.holds(judged):
             sign = "<=" if t.upper else ">="
             failed.append(f"{t.metric} {_fmt(values[t.metric])} (limit {sign} {t.limit:g})")
     return tuple(failed)

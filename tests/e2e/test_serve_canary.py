@@ -1,0 +1,247 @@
+"""The numerics canary on a real llama-server (slow; CI runs it): the May 2025 tree's CPU backend
+built twice (the session's `measure_builds`: the reference and the wrong-on-demand build,
+tests/data/patches/llama-cpp-wrong/), the trained SmolLM2-135M-Instruct (trained context 8192,
+tests/trained_model.py), served on 127.0.0.1 with 4 parallel slots.
+
+- `rocforge serve` of the wrong-on-demand build with no fault asked for passes the canary over its
+  4 slots of 5632 tokens, with a long prompt of 5616 tokens (the slot's context allows no more;
+  the model's 8192 would allow 8176, at half again the cost), and prints its URL; the verdict is
+  in the results store with the host.
+- A proxy written here (a Python HTTP relay, the one fake: a real llama-server cannot be told to
+  mix up its answers) swaps the bodies of two concurrent responses: the canary names the request
+  that got the answer meant for another.
+- ROCFORGE_TEST_WRONG=past-5000 (RoPE positions past 5000 wrong, a real fault of the real
+  program): `rocforge serve` refuses (exit 1) with one line naming the long prompt, and only the
+  long prompt failed.
+- With the patch's "mmap" fault (when the patch has it), served through mmap fails; --no-mmap passes.
+
+The reference's answers are cached (verify.cache_dir()/canary, shared by this module's tests like
+test_verify_shapes.py shares verify's), so the reference's llama-server runs once per plan.
+Cost (2 cores, warm ccache, builds shared with the session): see the timing in the report of
+issue 33; each served 8K-token prompt is one prompt evaluation of the model.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from trained_model import smollm2
+
+from rocforge_build.measure import canary, gguf
+from rocforge_build.measure.llama_tools import LlamaBuild
+
+# 4 slots of 5632 tokens: a long prompt of 5616 tokens reaches past the RoPE fault at 5000 at about
+# two thirds of the cost of the 8176 tokens the model's 8192 would allow (each served prompt that
+# long is one prompt evaluation on CI's 2 cores, the reference's and the server's)
+PARALLEL, SLOT_CTX = 4, 5632
+PATCH = Path(__file__).resolve().parents[1] / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("canary-cache")
+
+
+@pytest.fixture(autouse=True)
+def _shared_cache(_isolated, shared_cache, monkeypatch):
+    """One rocforge cache for the module (the rest of `_isolated` stays), here and in the `rocforge
+    serve` children: the reference's cached answers (verify.cache_dir()/canary) are found again."""
+    monkeypatch.setenv("ROCFORGE_CACHE_DIR", str(shared_cache))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def store_preset(prefix: Path, model: Path, env: dict, extra: list[str], slot_ctx: int = SLOT_CTX) -> None:
+    """The preset tune would store for this build, with 4 slots of `slot_ctx` tokens (-c is the
+    slots' total in this tree), put in the store directly: this module is about the canary."""
+    from rocforge_build.measure import preset, provenance
+    from rocforge_build.measure.store import Store
+
+    build = LlamaBuild.open(prefix)
+    variant = {"ubatch": 512, "fa": True, "parallel": PARALLEL}
+    penv, argv, notes = preset.command(build, str(model), variant, slot_ctx, False)  # -c 4 x slot_ctx, -np 4
+    argv += extra
+    sha = provenance.model_sha256(model)
+    entry = {"prefix": str(prefix), "backend": "cpu", "stamp": build.stamp, "depth": 0, "ctx": slot_ctx,
+             "variant": {**variant, "env": env}, "variant_label": "ub=512 fa=1", "score": 1.0,
+             "figures": [], "runner_up": None, "env": {**penv, **env}, "argv": argv, "notes": notes,
+             # what tune stores of the shape it verified (the serving dimensions included): the
+             # build is served as proven, and the canary is what is tested
+             "verified": {"shape": {"ctx": slot_ctx, "ubatch": 512, "fa": True, "ngl": None, "kv": "f16",
+                                    "load": "read" if "--no-mmap" in extra else "mmap", "parallel": PARALLEL}}}
+    with Store() as s:
+        s.add_preset("smollm2", sha, None, {"model": {"name": "smollm2", "sha256": sha, "path": str(model)},
+                                            "created": "test", "ranges": {"long": entry}})
+
+
+def serve(model: Path, ref: Path, *extra: str) -> tuple[int | None, str, str, int]:
+    """`rocforge serve` until it prints its URL (then Ctrl-C) or exits: (exit code or None when it
+    served, stdout's first line, stderr, port)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", str(model), "--port", str(port),
+                             "--reference", str(ref), "--wait", "1500", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    err: list[str] = []
+    threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()
+    try:
+        line = proc.stdout.readline()
+        if line:
+            os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=1800)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    time.sleep(0.2)
+    return (None if line else code), line, "".join(err), port
+
+
+def canary_rows() -> list[dict]:
+    from rocforge_build.measure.store import Store
+
+    with Store() as s:
+        return [r.data for r in s.rows(kind="canary")]
+
+
+@pytest.mark.slow
+def test_the_wrong_build_with_no_fault_passes_with_parallel_slots(measure_builds):
+    cpu, wrong = measure_builds
+    model = smollm2()
+    store_preset(wrong, model, {}, [])
+    code, line, err, port = serve(model, cpu)
+    assert code is None and f"http://127.0.0.1:{port}" in line, err[-3000:]
+    assert "canary passed" in err
+    (row,) = canary_rows()
+    assert row["passed"] and row["host"]["cpus"] and row["target"] == {
+        "url": f"http://127.0.0.1:{port}", "parallel": PARALLEL, "ctx_per_slot": SLOT_CTX}
+    labels = [r["label"] for r in row["rows"]]
+    # the slot's context bounds the long prompt: 5632 less the 16 tokens it generates
+    assert labels == ["long prompt (5616 tokens)", "request 1", "request 2", "request 3", "request 4"]
+    assert all(r["top1"] == 1.0 and r["compared"] == 16 for r in row["rows"])
+
+
+@pytest.mark.slow
+def test_past_5000_fails_only_the_long_prompt_and_serve_refuses(measure_builds):
+    cpu, wrong = measure_builds
+    model = smollm2()
+    store_preset(wrong, model, {"ROCFORGE_TEST_WRONG": "past-5000"}, [])
+    code, line, err, port = serve(model, cpu)
+    assert code == 1 and not line
+    last = [x for x in err.splitlines() if x.startswith("error") or "canary: long prompt" in x]
+    assert last and "canary: long prompt (5616 tokens):" in last[-1], err[-3000:]
+    (row,) = canary_rows()
+    assert not row["passed"]
+    assert [r["label"] for r in row["rows"] if not r["passed"]] == ["long prompt (5616 tokens)"]
+    with socket.socket() as s:  # the server was stopped
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+class SwappingProxy(http.server.ThreadingHTTPServer):
+    """A relay to a real llama-server that gives two concurrent /completion requests each other's
+    answers (llama.cpp #25992's failure, made on purpose)."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream: str):
+        self.upstream = upstream
+        self.waiting: list = []
+        self.lock = threading.Lock()
+        self.swapped = 0
+        super().__init__(("127.0.0.1", 0), _Relay)
+
+
+class _Relay(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def _forward(self, method: str, body: bytes | None) -> tuple[int, bytes]:
+        req = urllib.request.Request(self.server.upstream + self.path, data=body, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def do_GET(self):
+        self._answer(*self._forward("GET", None))
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        status, answer = self._forward("POST", body)
+        if self.path == "/completion" and self.server.swapped == 0:
+            mine = {"answer": answer, "theirs": None, "done": threading.Event()}
+            with self.server.lock:
+                self.server.waiting.append(mine)
+                if len(self.server.waiting) == 2:
+                    a, b = self.server.waiting
+                    a["theirs"], b["theirs"] = b["answer"], a["answer"]
+                    self.server.swapped += 1
+                    a["done"].set()
+                    b["done"].set()
+            if mine["done"].wait(60):
+                answer = mine["theirs"]
+        self._answer(status, answer)
+
+    def _answer(self, status: int, body: bytes):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.mark.slow
+def test_a_proxy_that_swaps_two_concurrent_answers_is_named(measure_builds):
+    cpu, wrong = measure_builds
+    model = gguf.check(smollm2())
+    port = free_port()
+    server = subprocess.Popen([str(wrong / "bin" / "llama-server"), "-m", str(model.path), "--host", "127.0.0.1",
+                               "--port", str(port), "-c", "2048", "-np", str(PARALLEL)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proxy = SwappingProxy(f"http://127.0.0.1:{port}")
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        canary._wait_health(f"http://127.0.0.1:{port}", server, 120, [])
+        # slots of 64 tokens: no room for a long prompt, the short requests alone (sent at once)
+        target = canary.Target(f"http://127.0.0.1:{proxy.server_address[1]}", {}, 64, PARALLEL)
+        plan = canary.plan(model, target)
+        assert plan.long_tokens == 0 and len(plan.texts) == PARALLEL
+        ref = canary.reference(plan, LlamaBuild.open(cpu), model)
+        verdict = canary.check(plan, target, ref, timeout=300)
+    finally:
+        proxy.shutdown()
+        server.terminate()
+        server.wait(30)
+    assert proxy.swapped == 1 and not verdict.passed
+    swapped = [r for r in verdict.rows if r.answer_of]
+    assert len(swapped) == 2 and {swapped[0].label, swapped[0].answer_of} == {swapped[1].label, swapped[1].answer_of}
+    assert all(" got the answer meant for request " in f for f in verdict.failures) and len(verdict.failures) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("mmap" not in PATCH.read_text(), reason="the wrong-on-demand patch has no mmap fault yet")
+def test_wrong_only_through_mmap_fails_and_no_mmap_passes(measure_builds):
+    cpu, wrong = measure_builds
+    model = smollm2()
+    # slots of 1024 tokens: the fault is in every position, a long prompt would only cost time
+    store_preset(wrong, model, {"ROCFORGE_TEST_WRONG": "mmap"}, [], slot_ctx=1024)
+    code, _, err, _ = serve(model, cpu)
+    assert code == 1 and "canary: long prompt (1008 tokens):" in err, err[-3000:]
+    store_preset(wrong, model, {"ROCFORGE_TEST_WRONG": "mmap"}, ["--no-mmap"], slot_ctx=1024)
+    code, line, err, _ = serve(model, cpu)
+    assert code is None and "canary passed" in err, err[-3000:]
