@@ -17,8 +17,11 @@ tests/trained_model.py), served on 127.0.0.1 with 4 parallel slots.
 
 The reference's answers are cached (verify.cache_dir()/canary, shared by this module's tests like
 test_verify_shapes.py shares verify's), so the reference's llama-server runs once per plan.
-Cost (2 cores, warm ccache, builds shared with the session): see the timing in the report of
-issue 33; each served 8K-token prompt is one prompt evaluation of the model.
+Cost, measured 2026-11-27 on the 2-core machine while other sessions loaded it (load average
+9-12): the builds 42 s (session fixture, warm ccache); the swap test 272 s; the mmap test 543 s;
+an 8176-token prompt took over 600 s on the reference's llama-server alone, hence 5616-token
+prompts for the two long tests (not yet timed).  On an idle machine a 2032-token prompt and two
+short ones took 25 s on the reference; this module is over the 4 min aim until measured idle.
 """
 
 from __future__ import annotations
