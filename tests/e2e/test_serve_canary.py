@@ -134,7 +134,8 @@ def test_the_wrong_build_with_no_fault_passes_with_parallel_slots(measure_builds
     labels = [r["label"] for r in row["rows"]]
     # the slot's context bounds the long prompt: 5632 less the 16 tokens it generates
     assert labels == ["long prompt (5616 tokens)", "request 1", "request 2", "request 3", "request 4"]
-    assert all(r["top1"] == 1.0 and r["compared"] == 16 for r in row["rows"])
+    # every request passed; a near-tie may end a comparison before the 16th token (the module's rule)
+    assert all(r["passed"] and 1 <= r["compared"] <= 16 for r in row["rows"])
 
 
 @pytest.mark.slow
