@@ -336,7 +336,7 @@ def test_tune_and_serve_warn_of_a_known_bad_host_first(tmp_path, model, monkeypa
         s.add_preset("m", "ab" * 32, 1, p)
     from test_measure_proof import free_port
 
-    out = cli_in(root, "serve", "m", "--port", str(free_port()), "--wait", "5", env=env)
+    out = cli_in(root, "serve", "m", "--port", str(free_port()), "--wait", "5", "--no-canary", env=env)
     assert out.stderr.splitlines()[0].startswith(KNOWN_BAD_MES), out.stderr
     assert "llama-server" in ran.read_text()  # and the server was started (and failed)
 

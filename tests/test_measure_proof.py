@@ -531,7 +531,8 @@ def test_serve_runs_the_preset_waits_for_health_and_stops_on_ctrl_c(tmp_path):
         s.add_preset("m", "ab" * 32, 1, p)
     port = free_port()
     argv_out = tmp_path / "argv.json"
-    proc = subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", "m", "--port", str(port), "--wait", "30"],
+    proc = subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", "m", "--port", str(port), "--wait", "30",
+                             "--no-canary"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             env={**os.environ, "ARGV_OUT": str(argv_out)})
     line = proc.stdout.readline()

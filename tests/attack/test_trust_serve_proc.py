@@ -162,7 +162,7 @@ def install(tmp_path: Path, script: str, ranges: dict[str, int] | None = None) -
 
 def start_serve(port: int, wait: float) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", "m", "--port", str(port),
-                             "--wait", str(wait)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--wait", str(wait), "--no-canary"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 
 
@@ -232,7 +232,7 @@ def test_a_port_in_use_is_one_line_before_llama_server_starts(tmp_path, capsys):
     port = free_port()
     other = OtherProgram(port)
     try:
-        rc = cli.main(["serve", "m", "--port", str(port), "--wait", "5"])
+        rc = cli.main(["serve", "m", "--port", str(port), "--wait", "5", "--no-canary"])
     finally:
         other.close()
     out, err = capsys.readouterr()
@@ -571,7 +571,7 @@ def serve_host(tmp_path: Path, host: str) -> tuple[str, list[str]]:
     bindir = install(tmp_path, script)
     port = free_port()
     serve = subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", "m", "--host", host,
-                              "--port", str(port), "--wait", "30"], stdout=subprocess.PIPE,
+                              "--port", str(port), "--wait", "30", "--no-canary"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         line = serve.stdout.readline()

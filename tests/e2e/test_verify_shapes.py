@@ -153,6 +153,8 @@ def test_serve_the_trained_model_from_a_cpu_build(builds, tmp_path):
     sha = provenance.model_sha256(model.path)
     entry = {"prefix": str(cpu), "backend": "cpu", "stamp": build.stamp, "depth": 0, "ctx": 2048,
              "variant": {"ubatch": 512, "fa": True}, "variant_label": "ub=512 fa=1", "score": 1.0,
+             "verified": {"shape": {"ctx": 2048, "ubatch": 512, "fa": True, "ngl": None, "kv": "f16",
+                                    "load": "mmap", "parallel": 1}},
              "figures": [], "runner_up": None, "env": env, "argv": argv, "notes": notes}
     with Store() as s:
         s.add_preset(model.name, sha, None, {"model": {"name": model.name, "sha256": sha, "path": str(model.path)},
@@ -160,7 +162,8 @@ def test_serve_the_trained_model_from_a_cpu_build(builds, tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", str(model.path), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", str(model.path), "--port", str(port),
+                             "--no-canary"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         assert f"http://127.0.0.1:{port}" in proc.stdout.readline()
