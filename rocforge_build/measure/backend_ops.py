@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import subprocess
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,11 +35,15 @@ DEFAULT_TIMEOUT = 1800  # seconds: a full run on a GPU takes minutes; a hang is 
 MAX_OUTPUT = 64 << 20  # bytes of the program's output read; the rest is drained unread
 MAX_LINE = 2000  # characters kept of one line (a case line is a few hundred)
 MAX_CASES_LISTED = 20  # failing cases listed per op (the count says how many failed)
+TAIL_LINES = 8  # last lines of the output kept in the result
+POLL_S = 0.1  # seconds the reader waits for output before it looks at its deadline again
 _OP_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Every pattern here is linear in the line: one quantifier each, possessive (`*+`) where a failed
+# match could otherwise give back what it took, so no output (a 2000-character line of ` A( A(`)
+# costs more than reading it; a case line is split with str.rfind, not a pattern (`_case`).
+_ANSI = re.compile(r"\x1b\[[0-9;]*+[A-Za-z]")  # a colour
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-# a case: `OP(params): ` at a line's start or after the error text newer trees print before it
-_CASE = re.compile(r"(?:^|\s)([A-Z][A-Z0-9_]*)\((.*)\):(?:\s|$)")
+_OP_AT = re.compile(r"(?<!\S)[A-Z][A-Z0-9_]*+\(")  # `OP(` at a line's start or after a space
 _FA_VEC_FAIL = re.compile(r"^\s*FAIL fa_vec slice: ")
 _BACKEND = re.compile(r"^Backend (\d+)/(\d+): (\S+)")
 _TESTS_PASSED = re.compile(r"^\s*(\d+)/(\d+) tests passed")
@@ -126,6 +132,7 @@ class Parsed:
     running: tuple[str, str] | None = None  # a case line with no status yet: (op, line)
     last_done: tuple[str, str] | None = None  # the last case with a status: (op, line)
     lines: int = 0
+    in_failing_list: bool = False  # inside newer trees' repeat of the failed cases
 
     def fail(self, op: str, line: str, crashed: str = "") -> None:
         entry = self.failed.setdefault(op, FailedOp(op))
@@ -135,6 +142,48 @@ class Parsed:
         if crashed:
             entry.crashed = crashed
 
+    def feed(self, line: str) -> None:
+        """Read one line of the console output (already cleaned)."""
+        self.lines += 1
+        if line.startswith("Failing tests:"):  # newer trees repeat the failed cases: counted already
+            self.in_failing_list = True
+            return
+        m = _BACKEND.match(line)
+        if m:
+            self.in_failing_list = False
+            self.backends.append(m.group(3))
+            return
+        m = _TESTS_PASSED.match(line)
+        if m:
+            self.in_failing_list = False
+            self.tests_passed.append(f"{m.group(1)}/{m.group(2)}")
+            return
+        m = _BACKENDS_PASSED.match(line)
+        if m:
+            self.backends_passed = (int(m.group(1)), int(m.group(2)))
+            self.summary = line
+            return
+        if _FA_VEC_FAIL.match(line):  # newer trees' flash-attention vec slice, after the cases
+            self.fail("FLASH_ATTN_EXT", line)
+            return
+        case = None if self.in_failing_list else _case(line)
+        if case is None:
+            return
+        op, status = case
+        if "not supported" in status or "skipping" in status:
+            self.not_supported += 1
+            self.running = None
+        elif status.endswith("FAIL"):
+            self.fail(op, line)
+            self.ops.add(op)
+            self.running, self.last_done = None, (op, line)
+        elif status.endswith("OK"):
+            self.ok += 1
+            self.ops.add(op)
+            self.running, self.last_done = None, (op, line)
+        else:  # printed before it runs (older trees); its status has not come (yet)
+            self.running = (op, line)
+
 
 def _clean(line: str) -> str:
     """One line as it can be shown and stored: colours and control characters out, length capped."""
@@ -142,52 +191,31 @@ def _clean(line: str) -> str:
     return line if len(line) <= MAX_LINE else line[:MAX_LINE] + f"... ({len(line)} characters)"
 
 
+def _case(line: str) -> tuple[str, str] | None:
+    """(op, status) of a case line `OP(params): STATUS`, the case at the line's start or after the
+    error text newer trees print before it; None for any other line.  The params end at the last
+    `):` followed by a space or the line's end, the op is the first `OP(` before it: linear, each
+    character looked at a bounded number of times (str.rfind from the right, one pattern search)."""
+    end = len(line)
+    while True:
+        close = line.rfind("):", 0, end)
+        if close < 0:
+            return None
+        after = close + 2
+        if after == len(line) or line[after].isspace():
+            break
+        end = close + 1  # a `):` inside the params: look further left
+    op = _OP_AT.search(line, 0, close + 1)
+    if op is None:
+        return None
+    return op.group()[:-1], line[after:].rstrip()
+
+
 def parse(lines) -> Parsed:
     """Read the console output, line by line (each already cleaned)."""
     out = Parsed()
-    in_failing_list = False
     for line in lines:
-        out.lines += 1
-        if line.startswith("Failing tests:"):  # newer trees repeat the failed cases: counted already
-            in_failing_list = True
-            continue
-        m = _BACKEND.match(line)
-        if m:
-            in_failing_list = False
-            out.backends.append(m.group(3))
-            continue
-        m = _TESTS_PASSED.match(line)
-        if m:
-            in_failing_list = False
-            out.tests_passed.append(f"{m.group(1)}/{m.group(2)}")
-            continue
-        m = _BACKENDS_PASSED.match(line)
-        if m:
-            out.backends_passed = (int(m.group(1)), int(m.group(2)))
-            out.summary = line
-            continue
-        m = _FA_VEC_FAIL.match(line)
-        if m:  # newer trees' flash-attention vec slice, after the cases
-            out.fail("FLASH_ATTN_EXT", line)
-            continue
-        case = _CASE.search(line)
-        if not case or in_failing_list:
-            continue
-        op = case.group(1)
-        status = line[case.end():].rstrip()
-        if "not supported" in status or "skipping" in status:
-            out.not_supported += 1
-            out.running = None
-        elif status.endswith("FAIL"):
-            out.fail(op, line)
-            out.ops.add(op)
-            out.running, out.last_done = None, (op, line)
-        elif status.endswith("OK"):
-            out.ok += 1
-            out.ops.add(op)
-            out.running, out.last_done = None, (op, line)
-        else:  # printed before it runs (older trees); its status has not come (yet)
-            out.running = (op, line)
+        out.feed(line)
     return out
 
 
@@ -264,39 +292,76 @@ def _signal_name(code: int) -> str:
 
 
 class _Reader(threading.Thread):
-    """Reads the program's output in blocks (never a whole line unbounded), splits it into
-    cleaned lines, keeps at most MAX_OUTPUT bytes and drains the rest so the program never blocks."""
+    """Reads the program's output in blocks (never a whole line unbounded) and parses it as it
+    comes, so the parse's time is spent inside the stage's deadline, not after it: keeps the
+    parse and the last lines, at most MAX_OUTPUT bytes read into them, the rest drained unread so
+    the program never blocks.  Stops at EOF, at `stop_by`, or once `ending` is set and the pipe
+    has nothing more; it alone closes the pipe, and after `close()` it changes nothing."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, stop_by: float):
         super().__init__(daemon=True)
         self.stream = stream
-        self.lines: list[str] = []
+        self.stop_by = stop_by  # time.monotonic() past which output is no longer read
+        self.parsed = Parsed()
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.partial = b""
         self.taken = 0
         self.dropped = 0
+        self.cut_short = False  # stopped at stop_by with output still coming
+        self.ending = threading.Event()  # the program and its group are gone: read what is left
+        self._lock = threading.Lock()
+        self._closed = False
 
     def run(self) -> None:
-        fd = self.stream.fileno()
-        while True:
-            try:
-                block = os.read(fd, 1 << 16)
-            except OSError:
-                break
-            if not block:
-                break
-            if self.taken >= MAX_OUTPUT:
+        poller = select.poll()
+        poller.register(self.stream.fileno(), select.POLLIN)
+        try:
+            while True:
+                if time.monotonic() >= self.stop_by:  # cut short if output is still waiting
+                    self.cut_short = bool(poller.poll(0))
+                    break
+                if not poller.poll(POLL_S * 1000):
+                    if self.ending.is_set():  # nothing left in the pipe, and no writer of ours
+                        break
+                    continue
+                try:
+                    block = os.read(self.stream.fileno(), 1 << 16)
+                except OSError:
+                    break
+                if not block or not self._take(block):
+                    break
+            self._take(b"", last=True)
+        finally:
+            self.stream.close()
+
+    def _take(self, block: bytes, last: bool = False) -> bool:
+        """Parse a block (or, `last`, the unfinished line); False once closed or past stop_by."""
+        with self._lock:
+            if self._closed:
+                return False
+            if self.taken >= MAX_OUTPUT and not last:
                 self.dropped += len(block)
-                continue
+                return True
             self.taken += len(block)
-            data = self.partial + block
-            *whole, self.partial = data.split(b"\n")
-            self.lines += [_clean(w.decode("utf-8", "replace")) for w in whole]
-            if len(self.partial) > 4 * MAX_LINE:  # a line without end: keep its start only
-                self.lines.append(_clean(self.partial.decode("utf-8", "replace")))
+            *whole, self.partial = (self.partial + block).split(b"\n")
+            if last or len(self.partial) > 4 * MAX_LINE:  # a line without end: keep its start only
+                whole.append(self.partial)
                 self.partial = b""
-        if self.partial:
-            self.lines.append(_clean(self.partial.decode("utf-8", "replace")))
-            self.partial = b""
+            for raw in whole:
+                if not last and time.monotonic() >= self.stop_by:  # the parse ends there too
+                    self.cut_short = True
+                    return False
+                if raw or not last:
+                    line = _clean(raw.decode("utf-8", "replace"))
+                    self.parsed.feed(line)
+                    self.tail.append(line)
+            return True
+
+    def close(self) -> tuple[Parsed, list[str], bool]:
+        """(parse, last lines, cut short): what was read, never touched by this thread again."""
+        with self._lock:
+            self._closed = True
+            return self.parsed, list(self.tail), self.cut_short or self.is_alive()
 
 
 def run(prefix: Path, *, gpu: bool, backend: str, ops: tuple[str, ...] = (),
@@ -331,18 +396,22 @@ def run(prefix: Path, *, gpu: bool, backend: str, ops: tuple[str, ...] = (),
         progress(f"{PROGRAM}: {compares}" + (f", ops {', '.join(ops)}" if ops else "")
                  + f" (at most {timeout:g}s)")
     started = time.monotonic()
+    deadline = started + timeout
     parsed, problems, code, tail = Parsed(), [], None, []
     for one in runs:
-        left = timeout - (time.monotonic() - started)
-        lines, code, how = _run_bounded(one, max(1.0, left), {**proc.merged_env(env or {})})
-        got = parse(lines)
+        done = _run_bounded(one, max(time.monotonic() + 1.0, deadline), {**proc.merged_env(env or {})})
+        got, code, how = done.parsed, done.exit_code, done.how
         _merge(parsed, got)
-        tail = lines[-8:]
+        tail = done.tail
         problem, crash = _judge(got, code, how, timeout)
+        if done.cut_short:
+            problem = "; ".join(filter(None, [problem, (
+                f"{PROGRAM}'s output was still being read at the {timeout:g}s limit "
+                f"({done.bytes_read} bytes read): the rest was not judged")]))
         problems += [problem] if problem else []
         if crash:
             _blame(parsed, got, crash)
-        if how == "hung":
+        if how == "hung" or done.cut_short:
             break
     seconds = time.monotonic() - started
     problem = "; ".join(problems)
@@ -374,8 +443,21 @@ def _takes_op_list(program: Path) -> bool:
     return b"comma separated list of exact op names" in _read_bytes(program)
 
 
-def _run_bounded(argv: list[str], timeout: float, env: dict) -> tuple[list[str], int | None, str]:
-    """(output lines, exit code, "" or "hung"): stdout and stderr together, as they interleave."""
+@dataclass
+class _Run:
+    """One run of the program: its parsed output, last lines, exit code and how it ended."""
+
+    parsed: Parsed
+    tail: list[str]
+    exit_code: int | None
+    how: str  # "" or "hung"
+    cut_short: bool  # its output was still being read at the deadline
+    bytes_read: int
+
+
+def _run_bounded(argv: list[str], deadline: float, env: dict) -> _Run:
+    """One run, stdout and stderr together as they interleave, parsed as it runs; the program is
+    stopped at `deadline` (time.monotonic()), and so is the reading of its output."""
     from rocforge_build.proc import reaped, spawn, stop_group
 
     try:
@@ -383,17 +465,22 @@ def _run_bounded(argv: list[str], timeout: float, env: dict) -> tuple[list[str],
     except OSError as exc:  # not executable, not a program for this machine
         raise BackendOpsError(f"{argv[0]} does not start: {exc.strerror or exc}",
                               f"rebuild it: rocforge build llama-cpp ... --cmake-target {PROGRAM}") from None
-    reader = _Reader(child.stdout)
+    stream, child.stdout = child.stdout, None  # the reader's alone: stop_group closes child.stdout
+    reader = _Reader(stream, deadline)
     reader.start()
     how = ""
-    with reaped(child):
-        try:
-            child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            stop_group(child, grace=2.0)
-            how = "hung"
-    reader.join(10)
-    return reader.lines, None if how else child.returncode, how
+    try:
+        with reaped(child):
+            try:
+                child.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stop_group(child, grace=2.0)
+                how = "hung"
+    finally:
+        reader.ending.set()
+        reader.join(max(0.0, deadline - time.monotonic()) + 2 * POLL_S)
+        parsed, tail, cut_short = reader.close()
+    return _Run(parsed, tail, None if how else child.returncode, how, cut_short, reader.taken)
 
 
 def _judge(got: Parsed, code: int | None, how: str, timeout: float) -> tuple[str, str]:

@@ -83,3 +83,55 @@ def test_a_program_that_does_not_start_is_one_line(prefix, content, mode):
     with pytest.raises(backend_ops.BackendOpsError) as err:
         backend_ops.run(prefix, gpu=True, backend="vulkan")
     assert "does not start" in err.value.message and "\n" not in err.value.message
+
+
+def _script(prefix: Path, body: str) -> None:
+    """The prefix's test-backend-ops replaced by a shell script: a FAKE for output and process
+    behaviour the real program never has (hostile lines, children left behind)."""
+    tool = prefix / "libexec" / "test-backend-ops"
+    tool.write_text("#!/bin/bash\n" + body + "\n")
+    tool.chmod(0o755)
+
+
+# Lines whose cost a backtracking case pattern makes quadratic (each ` A(` a start, each start
+# scanning to the line's end): ~2000 characters each, the stage's line cap, as the red team sent.
+QUADRATIC_LINES = [" A(" * 666, "A(" + "):x" * 666, " A():" * 400, "\x1b[" + "1" * 1990,
+                   "B(" * 1000, " X(" + "(" * 1990 + "):"]
+
+
+@pytest.mark.parametrize("line", QUADRATIC_LINES, ids=range(len(QUADRATIC_LINES)))
+def test_a_hostile_line_costs_what_reading_it_costs(line):
+    """3000 such lines (6 MiB) parse in well under a second where reading is linear; the old
+    backtracking pattern took 101 s for the first kind (red team F6)."""
+    t = time.monotonic()
+    backend_ops.parse([backend_ops._clean(line)] * 3000)
+    assert time.monotonic() - t < 3
+
+
+def test_hostile_output_is_parsed_inside_the_deadline(prefix):
+    """6 MiB of ` A( A( ...` lines and an ordinary exit: the stage ends well inside its 8 s."""
+    _script(prefix, "python3 -c 'import sys; sys.stdout.write(\"Backend 1/1: ROCm0\\n\" + "
+                    "(\" A(\" * 666 + \"\\n\") * 3150 + \"1/1 backends passed\\n\")'")
+    t = time.monotonic()
+    res = backend_ops.run(prefix, gpu=True, backend="hip", timeout=8)
+    assert time.monotonic() - t < 8
+    assert res.passed is False and "nothing was compared" in res.problem
+
+
+def test_parsing_counts_inside_the_stage_deadline(prefix, monkeypatch):
+    """A parse slower than the program (each line made to cost 10 ms): the stage still ends at
+    its 1 s deadline, says its output was not all read, and does not pass."""
+    import time as clock
+
+    clean = backend_ops._clean
+
+    def slow(line):
+        clock.sleep(0.01)
+        return clean(line)
+
+    monkeypatch.setattr(backend_ops, "_clean", slow)
+    _script(prefix, 'for i in $(seq 2000); do echo "  ADD(n=$i): OK"; done; echo "1/1 backends passed"')
+    t = time.monotonic()
+    res = backend_ops.run(prefix, gpu=True, backend="hip", timeout=1)
+    assert time.monotonic() - t < 3
+    assert res.passed is False and "still being read at the 1s limit" in res.problem
