@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build.errors import UsageError
+from rocforge_build.shellsafe import one_line
 
 PROGRAM = "test-backend-ops"
 # where a build keeps its verify tools (forge/pipeline.py VERIFY_TOOLS_DIR): not bin/, so that
@@ -41,8 +42,7 @@ _OP_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 # Every pattern here is linear in the line: one quantifier each, possessive (`*+`) where a failed
 # match could otherwise give back what it took, so no output (a 2000-character line of ` A( A(`)
 # costs more than reading it; a case line is split with str.rfind, not a pattern (`_case`).
-_ANSI = re.compile(r"\x1b\[[0-9;]*+[A-Za-z]")  # a colour
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_ANSI = re.compile(r"(?:\x1b\[|\x9b)[0-9;]*+[A-Za-z]")  # a colour: CSI as ESC [ or its C1 byte
 _OP_AT = re.compile(r"(?<!\S)[A-Z][A-Z0-9_]*+\(")  # `OP(` at a line's start or after a space
 _FA_VEC_FAIL = re.compile(r"^\s*FAIL fa_vec slice: ")
 _BACKEND = re.compile(r"^Backend (\d+)/(\d+): (\S+)")
@@ -186,9 +186,14 @@ class Parsed:
 
 
 def _clean(line: str) -> str:
-    """One line as it can be shown and stored: colours and control characters out, length capped."""
-    line = _CONTROL.sub("?", _ANSI.sub("", line)).strip()
-    return line if len(line) <= MAX_LINE else line[:MAX_LINE] + f"... ({len(line)} characters)"
+    """One line as it can be shown and stored: colours out, then the project's one sanitizer
+    (`shellsafe.one_line`: C0 and C1 controls, bidi controls and line breaks each a space), and
+    the length capped before the work, so a line costs at most MAX_LINE's worth whatever its size."""
+    kept = line[:2 * MAX_LINE]
+    shown = one_line(_ANSI.sub("", kept))
+    if len(kept) == len(line) and len(shown) <= MAX_LINE:
+        return shown
+    return shown[:MAX_LINE] + f"... ({len(line)} characters)"
 
 
 def _case(line: str) -> tuple[str, str] | None:
@@ -261,7 +266,7 @@ class BackendOpsResult:
 def lines_of(stage: dict) -> list[str]:
     """The stage as verify's text output says it, from its JSON (what verify's result holds)."""
     if not stage["ran"]:
-        return [f"backend ops: not run: {stage['why_not_run']}"]
+        return [one_line(f"backend ops: not run: {stage['why_not_run']}")]
     out = [f"backend ops ({PROGRAM}, {stage['compares']}): {'PASSED' if stage['passed'] else 'FAILED'} "
            f"in {stage['seconds']:.1f}s (timeout {stage['timeout_s']:g}s): {stage['cases_passed']} "
            f"cases passed, {stage['cases_failed']} failed, {stage['cases_not_supported']} not "
@@ -275,7 +280,8 @@ def lines_of(stage: dict) -> list[str]:
         if f["failed_cases"] > 5:
             out.append(f"    ... and {f['failed_cases'] - 5} more (--json lists {len(f['cases'])})")
     out.append(f"  command: {stage['command']}")
-    return out
+    # the JSON may be a stored result a user was handed: every line through the one sanitizer
+    return [" " * (len(line) - len(line.lstrip(" "))) + one_line(line) for line in out]
 
 
 def not_run(why: str, timeout: float = DEFAULT_TIMEOUT) -> BackendOpsResult:

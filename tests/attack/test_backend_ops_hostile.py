@@ -135,3 +135,46 @@ def test_parsing_counts_inside_the_stage_deadline(prefix, monkeypatch):
     res = backend_ops.run(prefix, gpu=True, backend="hip", timeout=1)
     assert time.monotonic() - t < 3
     assert res.passed is False and "still being read at the 1s limit" in res.problem
+
+
+# What a terminal interprets in text it prints: C1 controls (U+009B is a one-byte CSI, U+009D an
+# OSC, U+009C its end, U+0085 a line end) and the bidi controls that reorder a line (U+202E
+# right-to-left override, U+2066 left-to-right isolate, U+2069 its end, U+200E a mark), beside
+# the C0 ones (ESC, BEL, CR) and Unicode's line separator (U+2028).
+TERMINAL_TRICKS = "\u009b\u009d\u009c\u0085\u202e\u2066\u2069\u200e\x1b\x07\r\u2028"
+
+
+def _printable(texts) -> bool:
+    return all(isinstance(t, str) and t.isprintable() for t in texts)
+
+
+def test_c1_and_bidi_controls_in_the_output_reach_neither_terminal_nor_json(prefix):
+    """Every such character, in a case line, a backend's name and the summary line, is gone from
+    what verify prints and from the stage's JSON; the failing case is still counted and named."""
+    tricks = "".join(f"\\u{ord(c):04x}" for c in TERMINAL_TRICKS)
+    _script(prefix, "python3 -c '"
+            'import sys; t = "' + tricks + '"; sys.stdout.write('
+            '"Backend 1/1: ROCm0" + t + "\\n  MUL_MAT(type=" + t + "\\u009b2J): \\u009b31mFAIL\\n"'
+            ' + "  1/1 tests passed" + t + "\\n1/1 backends passed" + t + "\\n")' + "'")
+    res = backend_ops.run(prefix, gpu=True, backend="hip")
+    assert [f.op for f in res.failed_ops] == ["MUL_MAT"] and res.cases_failed == 1
+    stage = res.to_json()
+    shown = [*res.lines(), *stage["output_tail"], *stage["backends"], stage["summary"],
+             *(c for f in stage["failed_ops"] for c in f["cases"])]
+    assert _printable(shown), [s for s in shown if not s.isprintable()]
+    assert not set("".join(shown)) & set(TERMINAL_TRICKS)
+
+
+def test_a_stored_stage_with_controls_prints_plain_lines():
+    """verify prints `lines_of` a result's JSON, which may be a file a user was handed: its text
+    fields are made plain there too."""
+    bad = "x" + TERMINAL_TRICKS + "y"
+    ran = {"ran": True, "passed": False, "why_not_run": "", "command": f"/p/{bad}/test-backend-ops test",
+           "seconds": 1.0, "timeout_s": 60, "compares": bad, "backends": [bad], "ops_asked": [],
+           "ops_tested": [bad], "cases_passed": 0, "cases_failed": 1, "cases_not_supported": 0,
+           "failed_ops": [{"op": bad, "failed_cases": 1, "cases": [bad], "crashed": bad}],
+           "exit_code": 1, "problem": bad, "summary": bad, "output_tail": [bad]}
+    not_ran = {**ran, "ran": False, "why_not_run": bad}
+    for stage in (ran, not_ran):
+        lines = backend_ops.lines_of(stage)
+        assert lines and _printable(lines), lines
