@@ -155,3 +155,15 @@ def test_a_few_tokens_ppl_ratio_fails_only_beyond_its_noise():
     # every token 0.1 lower (ratio e^0.1 = 1.105, no spread): a failure
     steady = tuple(pos(5, t5=0.5 * math.exp(-0.1), t6=0.1) for _ in range(16))
     assert any(f.startswith("ppl_ratio 1.105") for f in canary.judge(canary.compare(ref, steady), _plan()))
+
+
+def test_a_wildly_wrong_log_probability_is_a_ppl_ratio_of_inf_not_an_overflow():
+    # the reference's token at log p 0, the server's at -800 (a broken backend's -inf clamps to
+    # -1e4 alike): the PPL ratio is e^800, past a float (e^709.8 is the largest): inf, a failure
+    ref = (Position(5, {5: 0.0, 6: -30.0}),)
+    got = canary.parse_reply(json.dumps({"completion_probabilities": [
+        {"id": 5, "top_logprobs": [{"id": 5, "logprob": -800.0}, {"id": 7, "logprob": -800.0}]}]}).encode(), 10)
+    c = canary.compare(ref, got)
+    assert c.ppl_ratio == math.inf and c.ppl_ratio_low == math.inf
+    assert any(f.startswith("ppl_ratio inf (limit <=") for f in canary.judge(c, _plan("Q4_1")))
+    assert canary.Row("request 1", 3, c, ("x",)).to_json()["ppl_ratio"] is None  # stored as plain JSON

@@ -319,7 +319,16 @@ def compare(ref: tuple[Position, ...], got: tuple[Position, ...]) -> Comparison:
     diffs = [a - b for a, b in zip(logp, logq, strict=True)]
     mean = sum(diffs) / n
     se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else 0.0
-    return Comparison(n, sum(klds) / n, top1, math.exp(mean), math.exp(mean - 3 * se), parted, clear)
+    return Comparison(n, sum(klds) / n, top1, _exp(mean), _exp(mean - 3 * se), parted, clear)
+
+
+def _exp(x: float) -> float:
+    """e**x, inf past a float's range: a wildly wrong server's log-probabilities (clamped at -1e4)
+    put the reference's tokens hundreds of nats away, and that is a failure, not an error."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
 
 
 def judge(c: Comparison | None, plan_: CanaryPlan, ppl_ref: float | None = None) -> tuple[str, ...]:
@@ -347,7 +356,7 @@ def judge(c: Comparison | None, plan_: CanaryPlan, ppl_ref: float | None = None)
 
 
 def _fmt(x: float) -> str:
-    return "nan" if x is None or not math.isfinite(x) else f"{x:.4g}"
+    return "nan" if x is None or math.isnan(x) else f"{x:.4g}"
 
 
 # --------------------------------------------------------------------------------- the replies
@@ -574,18 +583,16 @@ def check(plan_: CanaryPlan, target: Target, ref: Reference, *, timeout: float) 
     def left() -> float:
         return max(deadline - time.monotonic(), 0.001)
 
-    answers: dict[int, tuple | CanaryError] = {}
-    for i in long_idx:
-        try:
-            answers[i] = complete(target.url, target.headers, plan_, ref.prompts[i], left())
-        except CanaryError as exc:
-            answers[i] = exc
+    answers: dict[int, tuple | Exception] = {}
 
     def one(i: int) -> None:
         try:
             answers[i] = complete(target.url, target.headers, plan_, ref.prompts[i], left())
-        except CanaryError as exc:
+        except Exception as exc:  # noqa: BLE001 - any error is this request's failure line (_row)
             answers[i] = exc
+
+    for i in long_idx:
+        one(i)
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in short_idx]
     for t in threads:
@@ -594,22 +601,37 @@ def check(plan_: CanaryPlan, target: Target, ref: Reference, *, timeout: float) 
         t.join(left())
     for i in idx:
         got = answers.get(i, CanaryError(f"{target.url}/completion did not answer within {math.ceil(timeout)} s"))
-        if isinstance(got, CanaryError):
-            rows.append(Row(ref.labels[i], len(ref.prompts[i]), None, (f"no answer: {got.message}",)))
-            continue
-        c = compare(ref.answers[i], got)
-        failed = judge(c, plan_)
-        other = None
-        if failed:
-            for j in short_idx:
-                if j != i and len(ref.answers[j]) and not judge(compare(ref.answers[j], got), plan_):
-                    other = ref.labels[j]
-                    failed = (f"got the answer meant for {other}",) + failed
-                    break
-        rows.append(Row(ref.labels[i], len(ref.prompts[i]), c, failed, other))
+        try:
+            rows.append(_row(plan_, ref, i, got, short_idx))
+        except Exception as exc:  # noqa: BLE001 - a reply no check foresaw fails its row, named by type
+            rows.append(_internal_error(ref, i, exc))
     failures = tuple(f"canary: {r.label} {r.failed[0]}" if r.answer_of else f"canary: {r.label}: {r.failed[0]}" + (f" ({'; '.join(r.failed[1:])})" if r.failed[1:] else "")
                      for r in rows if r.failed)
     return Verdict(not failures, failures, tuple(rows), time.monotonic() - start, plan_.notes)
+
+
+def _row(plan_: CanaryPlan, ref: Reference, i: int, got, short_idx: list[int]) -> Row:
+    """Request `i`'s answer (or the error that stopped it) against its reference, and a failing
+    one against the other short requests' (a swapped answer is named)."""
+    if isinstance(got, CanaryError):
+        return Row(ref.labels[i], len(ref.prompts[i]), None, (f"no answer: {got.message}",))
+    if isinstance(got, Exception):
+        return _internal_error(ref, i, got)
+    c = compare(ref.answers[i], got)
+    failed = judge(c, plan_)
+    other = None
+    if failed:
+        for j in short_idx:
+            if j != i and len(ref.answers[j]) and not judge(compare(ref.answers[j], got), plan_):
+                other = ref.labels[j]
+                failed = (f"got the answer meant for {other}",) + failed
+                break
+    return Row(ref.labels[i], len(ref.prompts[i]), c, failed, other)
+
+
+def _internal_error(ref: Reference, i: int, exc: Exception) -> Row:
+    """An error no check foresaw, as request `i`'s failure: its type kept, so a bug still shows."""
+    return Row(ref.labels[i], len(ref.prompts[i]), None, (f"internal error: {type(exc).__name__}: {exc}"[:300],))
 
 
 # ------------------------------------------------------------------------------ at serve start

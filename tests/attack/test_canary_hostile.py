@@ -30,6 +30,14 @@ def _nan_reply() -> bytes:
     return json.dumps(d).encode()  # Python writes NaN, as a broken C++ server could
 
 
+def _neginf_reply() -> bytes:
+    d = json.loads(REAL.read_text())
+    for item in d["completion_probabilities"]:
+        for e in item["top_logprobs"]:
+            e["logprob"] = -1e999  # -inf: every token impossible, a backend computing garbage
+    return json.dumps(d).encode().replace(b"-Infinity", b"-1e999")
+
+
 def behave(kind: str):
     class Handler(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -47,6 +55,7 @@ def behave(kind: str):
                 "huge": b'{"content": "' + b"x" * (canary.MAX_REPLY + 10) + b'"}',
                 "wrong-types": json.dumps({"completion_probabilities": [{"id": "1", "top_logprobs": "no"}]}).encode(),
                 "nan": _nan_reply(),
+                "neginf": _neginf_reply(),
                 "missing": json.dumps({"content": "hello"}).encode(),
                 "status": b"{}",
                 "real": REAL.read_bytes(),
@@ -80,6 +89,7 @@ def fake():
     ("huge", "replied with more than 8 MB"),
     ("wrong-types", "lists no tokens"),
     ("nan", "probability out of range"),
+    ("neginf", "ppl_ratio inf"),
     ("missing", "no completion_probabilities"),
     ("status", "answered HTTP 500"),
     ("hang", "did not answer within 3 s"),
@@ -104,3 +114,16 @@ def test_target_of_a_server_whose_props_are_junk_falls_back_to_its_flags(fake):
     t = fake("missing")  # no GET handler: /props answers 501
     got = canary.target_of(t.url, ["llama-server", "-c", "8192", "-np", "4", "--api-key", "k"], timeout=2)
     assert (got.parallel, got.ctx_per_slot, got.headers) == (4, 2048, {"Authorization": "Bearer k"})
+
+
+def test_an_unforeseen_error_in_one_row_is_that_rows_failure_line(fake, monkeypatch):
+    """A comparison that raises (here made to: a stand-in for a reply shape no check foresaw) ends
+    that row with one line naming the exception's type, never a traceback out of the check."""
+    def broken(ref, got):
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr(canary, "compare", broken)
+    verdict = canary.check(PLAN, fake("real"), reference(), timeout=5)
+    assert not verdict.passed and len(verdict.failures) == 2
+    for line in verdict.failures:
+        assert line.startswith("canary: request ") and "internal error: ZeroDivisionError: float division by zero" in line
