@@ -136,12 +136,16 @@ def duration(minimum: float, maximum: float):
     span = f"{minimum:g} s to {maximum / 3600:g} h"
 
     def parse(text: str) -> float:
+        from rocforge_build import shellsafe
+
         m = _DURATION.fullmatch(text)
+        shown = shellsafe.one_line(text)  # what the error quotes: one line, at most 40 characters
+        shown = repr(shown if len(shown) <= 40 else shown[:40] + "...")
         if not m:
-            raise ArgumentTypeError(f"{text!r} is not a duration (a number and s, m or h: e.g. 30s, 5m, 1h)")
+            raise ArgumentTypeError(f"{shown} is not a duration (a number and s, m or h: e.g. 30s, 5m, 1h)")
         value = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
         if not minimum <= value <= maximum:
-            raise ArgumentTypeError(f"{text!r} is out of range (give {span})")
+            raise ArgumentTypeError(f"{shown} is out of range (give {span})")
         return value
     return _bounded(parse, "duration", minimum, maximum, span)
 

@@ -305,3 +305,10 @@ def test_canary_every_refuses_other_text_in_one_line(text):
     with pytest.raises(ArgumentTypeError) as e:
         argtypes.canary_every(text)
     assert "\n" not in str(e.value) and ("duration" in str(e.value) or "range" in str(e.value))
+
+
+@pytest.mark.parametrize("text", ["9" * 100_000, "x\x1b[2J" * 20_000])
+def test_canary_every_quotes_a_huge_value_cut_to_one_short_line(text):
+    with pytest.raises(ArgumentTypeError) as e:
+        argtypes.canary_every(text)
+    assert len(str(e.value)) < 200 and "\x1b" not in str(e.value)
