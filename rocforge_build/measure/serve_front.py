@@ -20,8 +20,14 @@ sockets in one thread, no queue, no event loop hop per token; the number of conn
 (llama-server's slots) and bounded here (`MAX_CONNECTIONS`).  Each request opens a fresh loopback
 connection to llama-server (tens of microseconds): llama-server (cpp-httplib) closes idle
 keep-alive connections after 5 s, and a reused one that it closed would cost a request.  The
-client's connection is kept alive.  The request head is read here (bounded in size and time, so a
-slowloris client holds one thread for at most `HEAD_SECONDS`), the body is streamed, never held.
+client's connection is kept alive.  The request head is read here, bounded in size and in time by
+deadlines that bytes do not move: a kept-alive connection may wait `IDLE_SECONDS` for its next
+request's first byte, and from that byte on (a blank line counts: RFC 9112 2.2 lets a client send
+them, a slowloris sends nothing else) the whole head must arrive within `HEAD_SECONDS`, so a client
+holds a thread for at most IDLE_SECONDS + HEAD_SECONDS between requests.  There is no cap per client
+address: behind a load balancer or a reverse proxy every client has the proxy's address, and a cap
+there would refuse real traffic; `MAX_CONNECTIONS` bounds the threads, the deadlines how long each
+is held.  The body is streamed, never held.
 
 When the canary runs: once at least `every` seconds passed since the last one, as soon as no
 request is in flight.  A server that is never idle gets it anyway once it is `every` seconds
@@ -317,27 +323,32 @@ class _Handler(socketserver.BaseRequestHandler):
         return data
 
     def _read_head(self) -> Request | None:
-        """The next request's head; None at a clean end of the connection.  A head too large, too
-        slow or malformed is answered with its status and the connection closed."""
-        deadline = None
+        """The next request's head; None at a clean end of the connection (or one idle for
+        IDLE_SECONDS).  Deadlines are fixed when set, never moved by bytes: IDLE_SECONDS for the
+        first byte, then HEAD_SECONDS from it for the whole head (blank lines before the request
+        line count).  A head too large, too slow or malformed is answered with its status and
+        the connection closed."""
+        started = bool(self.buf)  # pipelined bytes: the head's clock runs from now
+        deadline = time.monotonic() + (HEAD_SECONDS if started else IDLE_SECONDS)
         self.buf = self.buf.lstrip(b"\r\n")  # empty lines before a request line are ignored (RFC 9112 2.2)
         while b"\r\n\r\n" not in self.buf:
             if len(self.buf) > HEAD_MAX:
                 self._refuse(431, "the request's headers are larger than 64 KiB")
-            if deadline is None and self.buf.strip(b"\r\n"):
-                deadline = time.monotonic() + HEAD_SECONDS
-            wait = IDLE_SECONDS if deadline is None else deadline - time.monotonic()
-            if wait <= 0:
-                self._refuse(408, f"the request's headers did not arrive within {HEAD_SECONDS:g} s")
+            wait = deadline - time.monotonic()
             try:
-                self.buf += self._recv(min(wait, IDLE_SECONDS))
+                if wait <= 0:
+                    raise _Closed
+                data = self._recv(wait)
             except _Closed:
-                if deadline is not None and time.monotonic() >= deadline:
+                if started and time.monotonic() >= deadline:
                     self._refuse(408, f"the request's headers did not arrive within {HEAD_SECONDS:g} s")
-                if not self.buf.strip(b"\r\n"):
+                if not self.buf:
                     return None
                 raise
-            self.buf = self.buf.lstrip(b"\r\n") if deadline is None else self.buf
+            if not started:
+                started = True
+                deadline = time.monotonic() + HEAD_SECONDS
+            self.buf = (self.buf + data).lstrip(b"\r\n")
         head, _, self.buf = self.buf.partition(b"\r\n\r\n")
         if len(head) > HEAD_MAX:
             self._refuse(431, "the request's headers are larger than 64 KiB")

@@ -77,6 +77,53 @@ def test_a_slowloris_head_is_cut_at_its_bound(front, monkeypatch, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+def _drip(front, pieces: list[bytes], gap: float, until: float) -> tuple[bytes, float]:
+    """Send each piece `gap` seconds apart (then blank lines) until the front answers or closes, or
+    `until` seconds pass: what came back and when the connection ended."""
+    start = time.monotonic()
+    out = b""
+    with socket.create_connection(("127.0.0.1", front.port), timeout=until) as s:
+        s.settimeout(gap)
+        i = 0
+        while time.monotonic() - start < until:
+            try:
+                s.sendall(pieces[i] if i < len(pieces) else b"\r\n")
+                i += 1
+                piece = s.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not piece:
+                break
+            out += piece
+    return out, time.monotonic() - start
+
+
+def test_blank_lines_do_not_keep_a_connection_open(front, monkeypatch):
+    """A slowloris sending only CRLF every 0.4 s (scaled: head 1 s, idle 2 s; the real 20 s / 75 s):
+    the first byte of any kind starts the head's one deadline, so it gets 408 at ~1 s, not never."""
+    monkeypatch.setattr(serve_front, "HEAD_SECONDS", 1.0)
+    monkeypatch.setattr(serve_front, "IDLE_SECONDS", 2.0)
+    out, took = _drip(front, [], 0.4, 8.0)
+    assert out.startswith(b"HTTP/1.1 408 ") and 0.9 <= took < 2.0
+    still_serving(front)
+
+
+def test_blank_lines_after_an_answer_do_not_extend_the_idle_bound(front, monkeypatch):
+    """After a whole request, blank lines again: the head deadline (1 s) bounds them too."""
+    monkeypatch.setattr(serve_front, "HEAD_SECONDS", 1.0)
+    monkeypatch.setattr(serve_front, "IDLE_SECONDS", 2.0)
+    out, took = _drip(front, [b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"], 0.4, 8.0)
+    assert out.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 408 " in out and took < 2.5
+
+
+def test_blank_lines_before_a_request_in_time_are_ignored(front, monkeypatch):
+    monkeypatch.setattr(serve_front, "HEAD_SECONDS", 1.0)
+    out = raw(front, b"\r\n\r\n\r\nGET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200 ")
+
+
 def test_an_idle_keep_alive_connection_is_closed_quietly(front, monkeypatch):
     monkeypatch.setattr(serve_front, "IDLE_SECONDS", 0.5)
     start = time.monotonic()
