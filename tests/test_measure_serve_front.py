@@ -244,6 +244,25 @@ def test_a_checker_that_raises_fails_the_canary(upstream):
         f.stop()
 
 
+def test_what_the_front_says_reaches_the_terminal_escaped(upstream, capfd):
+    """A server's status line carrying ESC, BEL and CR (it could paint a fake "all good" line over
+    the warning) is quoted in the canary's line: every control is written as its escape."""
+    from rocforge_build.measure.canary import CanaryError
+
+    def hostile():
+        raise CanaryError("http://127.0.0.1:1/completion failed: BadStatusLine: "
+                          "'\x1b[31mEVIL\x1b]0;owned\x07\rrocforge: serve: all good'")
+
+    f = front_for(upstream, every=3600, checker=hostile, say=serve_front.say_to_stderr)
+    try:
+        f.run_canary()
+    finally:
+        f.stop()
+    err = capfd.readouterr().err
+    assert not any(c in err for c in "\x1b\x07\r") and "\\x1b[31mEVIL" in err
+    assert len(err.splitlines()) == 1 and "\\rrocforge: serve: all good" in err
+
+
 def test_the_canary_waits_for_the_request_in_flight(upstream):
     """Due at 1 s while a request runs from 0.3 s to 1.5 s: it runs when that request ends, with
     nothing in flight, and not again before another interval."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
 from argparse import ArgumentTypeError
 from pathlib import Path
 
@@ -83,7 +82,9 @@ def run(args) -> int:
 
     known_bad.warn_before_measuring(provenance.host(args.rootfs))  # a known-bad host, said first
     serve.check_port(address, args.port)  # before anything starts: one line, exit 2
-    sys.stderr.write(f"rocforge: serve: starting {p.range} preset (version {preset.get('version')}): {line}\n")
+    from rocforge_build.measure.serve_front import say_to_stderr
+
+    say_to_stderr(f"starting {p.range} preset (version {preset.get('version')}): {line}")
 
     def ready(warm_s: float):
         everywhere = " (listening on all addresses)" if serve.dial_address(address) != address else ""
@@ -105,8 +106,10 @@ def run(args) -> int:
 def _canary(args, preset: dict, p, model_path: str):
     """What serve runs against the live server before it prints its URL (measure/canary.py), or
     None with --no-canary (said on stderr)."""
+    from rocforge_build.measure.serve_front import say_to_stderr
+
     if args.no_canary:
-        sys.stderr.write("rocforge: serve: --no-canary: the server's numerics are not checked\n")
+        say_to_stderr("--no-canary: the server's numerics are not checked")
         return None
 
     def gate(plan) -> None:
@@ -116,7 +119,7 @@ def _canary(args, preset: dict, p, model_path: str):
 
         build = LlamaBuild.open(preset["ranges"][plan.range]["prefix"])
         target = canary.target_of(plan.url, plan.argv)
-        say = lambda text: sys.stderr.write(f"rocforge: serve: {text}\n")  # noqa: E731
+        say = say_to_stderr  # one line each, terminal controls escaped: it quotes servers' replies
         record = {"model_sha256": preset["model"]["sha256"], "model": preset["model"].get("name"),
                   "range": plan.range, "host": provenance.host(args.rootfs)}
         with Store() as store:
