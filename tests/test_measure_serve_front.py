@@ -216,7 +216,7 @@ def test_a_failed_canary_makes_every_new_request_a_503_naming_the_check(upstream
                   checker=lambda: Verdict(False, ["canary: request 1: kld_mean 0.93 (limit <= 0.05)"]))
     try:
         assert ask(f, "GET", "/echo")[0] == 200
-        assert f.run_canary() is False
+        assert f.run_canary() == serve_front.FAILED
         for method, path in (("GET", "/health"), ("POST", "/v1/chat/completions")):
             status, headers, out = ask(f, method, path, b"{}")
             err = json.loads(out)["error"]
@@ -229,17 +229,108 @@ def test_a_failed_canary_makes_every_new_request_a_503_naming_the_check(upstream
         f.stop()
 
 
-def test_a_checker_that_raises_fails_the_canary(upstream):
-    from rocforge_build.errors import RocforgeError
+def test_a_canary_that_could_not_run_never_blocks_clients(upstream):
+    """A checker that raises (canary.CanaryError: a timeout, a refused connection) measured nothing:
+    clients are still answered, it is said each time with its count, recorded once per streak, and
+    tried again `NOT_RUN_RETRY_SECONDS` later (or sooner at a short `every`)."""
+    from rocforge_build.measure.canary import CanaryError
+
+    said, recorded, failed = [], [], []
 
     def broken():
-        raise RocforgeError("http://127.0.0.1:1/completion did not answer within 120 s")
+        raise CanaryError("http://127.0.0.1:1/completion did not answer within 120 s")
 
-    f = front_for(upstream, every=3600, checker=broken)
+    f = front_for(upstream, every=3600, checker=broken, say=said.append, record=failed.append,
+                  record_not_run=recorded.append)
     try:
-        assert f.run_canary() is False
-        status, _, out = ask(f, "GET", "/x")
-        assert status == 503 and "did not answer within 120 s" in json.loads(out)["error"]["message"]
+        assert f.run_canary() == serve_front.NOT_RUN and f.run_canary() == serve_front.NOT_RUN
+        status, _, _ = ask(f, "GET", "/x")
+        assert status == 200 and f.failure is None and failed == []
+        assert len(recorded) == 1 and "did not answer within 120 s" in recorded[0].failures[0]
+        assert ["1 in a row" in said[0], "2 in a row" in said[1]] == [True, True]
+        assert "clients are still served" in said[1]
+        assert 0 < f._due - time.monotonic() <= 30.0  # retried within 30 s, not an hour later
+    finally:
+        f.stop()
+
+
+# A canary.check against a real HTTP server playing llama-server's /completion: the reference says
+# token 5 at p=0.99 four times; `right` answers that, `wrong` answers token 6 (a clear parting).
+def _probs(token: int) -> bytes:
+    other = 11 - token
+    return json.dumps({"completion_probabilities": [
+        {"id": token, "top_logprobs": [{"id": token, "logprob": -0.01}, {"id": other, "logprob": -5.0}]}] * 4}).encode()
+
+
+class _OneSlot(BaseHTTPRequestHandler):
+    """llama-server with -np 1: one /completion at a time; `X-Long: S` holds the slot S seconds."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        with self.server.slot:
+            time.sleep(float(self.headers.get("X-Long", "0")))
+            body = _probs(self.server.token)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST
+
+
+@pytest.fixture
+def one_slot():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OneSlot)
+    server.daemon_threads, server.slot, server.token = True, threading.Lock(), 5
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _real_checker(port: int, timeout: float):
+    from rocforge_build.measure import canary
+
+    plan = canary.CanaryPlan(("x",), 0, 0, 4, 10, None, None)
+    ref = canary.Reference(((1, 2, 3),), ((canary.Position(5, {5: -0.01, 6: -5.0}),) * 4,), ("request 1",), 0.0)
+    target = canary.Target(f"http://127.0.0.1:{port}", {}, 4096, 1)
+    return lambda: canary.check(plan, target, ref, timeout=timeout)
+
+
+def test_a_long_request_holding_the_only_slot_never_makes_the_front_refuse(one_slot, monkeypatch):
+    """A client's 2.5 s generation holds the one slot; the canary (0.4 s timeout, due every 0.3 s,
+    overdue at 0.6 s) cannot get an answer beside it: not run, never a 503; once the slot is free
+    it runs again and passes."""
+    monkeypatch.setattr(serve_front, "NOT_RUN_RETRY_SECONDS", 0.3)
+    f = serve_front.Front(("127.0.0.1", 0), ("127.0.0.1", one_slot.server_address[1]), every=0.3,
+                          checker=_real_checker(one_slot.server_address[1], 0.4)).start()
+    try:
+        status, _, _ = ask(f, "POST", "/completion", b"{}", {"X-Long": "2.5"})
+        assert status == 200 and ask(f, "GET", "/health")[0] == 200 and f.failure is None
+        assert f.stats.not_run >= 1  # it was tried beside the long request, and could not answer
+        deadline = time.monotonic() + 5
+        while f.stats.passed == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert f.stats.passed >= 1 and f.stats.not_run_in_a_row == 0 and f.failure is None
+    finally:
+        f.stop()
+
+
+def test_a_wrong_answer_still_latches_the_503(one_slot):
+    """The same server answering token 6 where the reference clearly says 5: compared and wrong."""
+    one_slot.token = 6
+    f = serve_front.Front(("127.0.0.1", 0), ("127.0.0.1", one_slot.server_address[1]), every=3600,
+                          checker=_real_checker(one_slot.server_address[1], 5.0)).start()
+    try:
+        assert f.run_canary() == serve_front.FAILED
+        status, _, out = ask(f, "GET", "/health")
+        assert status == 503 and "parted from the reference" in json.loads(out)["error"]["message"]
     finally:
         f.stop()
 
@@ -261,6 +352,35 @@ def test_what_the_front_says_reaches_the_terminal_escaped(upstream, capfd):
     err = capfd.readouterr().err
     assert not any(c in err for c in "\x1b\x07\r") and "\\x1b[31mEVIL" in err
     assert len(err.splitlines()) == 1 and "\\rrocforge: serve: all good" in err
+
+
+def test_the_inner_server_is_asked_for_its_props_only_once_it_answered(monkeypatch):
+    """serve_front.run reads /props (canary.target_of) after serve.run saw its own llama-server
+    answer /health and warm up, never before it started (the port could be anyone's then)."""
+    from types import SimpleNamespace
+
+    from rocforge_build.measure import canary, gguf, serve, verify
+    from rocforge_build.measure.llama_tools import LlamaBuild
+
+    events = []
+    monkeypatch.setattr(LlamaBuild, "open", staticmethod(lambda prefix: SimpleNamespace(prefix=prefix)))
+    monkeypatch.setattr(gguf, "check", lambda path: SimpleNamespace(file_type=None, n_vocab=None, n_ctx_train=None))
+    monkeypatch.setattr(verify, "reference_for", lambda build, ref: build)
+    monkeypatch.setattr(canary, "reference", lambda *a, **k: events.append("reference") or "answers")
+    monkeypatch.setattr(canary, "target_of", lambda url, argv: events.append("target_of") or canary.Target(url, {}, 1, 1))
+
+    def fake_run(inner, *, wait_s, on_ready, before_ready):
+        events.append("inner up")
+        on_ready(0.1)
+        return 0
+
+    monkeypatch.setattr(serve, "run", fake_run)
+    port = serve_front.free_loopback_port()
+    p = serve.Plan("long", "auto", {}, ["/b/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port",
+                                         str(port)], f"http://127.0.0.1:{port}", [], "127.0.0.1", port)
+    code = serve_front.run(p, every=3600, build_prefix="/b", model_path="/m.gguf", model_sha256="0" * 64,
+                           reference=None, wait_s=1, on_ready=lambda s: None, argv=[])
+    assert code == 0 and events == ["reference", "inner up", "target_of"]
 
 
 def test_the_canary_waits_for_the_request_in_flight(upstream):

@@ -29,6 +29,18 @@ address: behind a load balancer or a reverse proxy every client has the proxy's 
 there would refuse real traffic; `MAX_CONNECTIONS` bounds the threads, the deadlines how long each
 is held.  The body is streamed, never held.
 
+What latches the 503: only a canary that compared the server's answers with the reference's and
+found them wrong (a failing comparison in canary.Verdict's rows).  A canary that could not measure
+(a CanaryError or any exception from the checker, or a verdict whose failing rows have no answer to
+compare: a timeout because every slot is busy with a long generation, a refused connection) is "not
+run": clients are served, the canary is retried at the next chance (`NOT_RUN_RETRY_SECONDS` later,
+or `every` when that is shorter, still only when no request is in flight unless overdue), and each
+one says a warning line naming why and how many in a row — a busy server is allowed to be busy,
+and one client's long request must not take the server from everyone.  If it keeps not running,
+the warnings go on (one per retry, so a log shows for how long the numerics went unchecked) and the
+first of each such streak is one `canary` row with status `not_run` in the results store (`record`
+with status "not_run"): a row per retry would bury the rows that matter.
+
 When the canary runs: once at least `every` seconds passed since the last one, as soon as no
 request is in flight.  A server that is never idle gets it anyway once it is `every` seconds
 overdue (two intervals since the last one), alongside the traffic: a busy server is where a wrong
@@ -57,6 +69,8 @@ IDLE_SECONDS = 75.0  # a kept-alive client connection with no new request is clo
 IO_SECONDS = 60.0  # one read of a request body, or one write to the client, that makes no progress
 UPSTREAM_SECONDS = 3600.0  # one read from llama-server: a long non-streamed generation says nothing for minutes
 MAX_CONNECTIONS = 256  # client connections at once; past it, 503 and close (each holds a thread)
+NOT_RUN_RETRY_SECONDS = 30.0  # a canary that could not run is tried again this soon (or at `every`)
+PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
 PIECE = 64 * 1024
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "trailers", "transfer-encoding", "upgrade", "expect", "content-length"})
@@ -88,6 +102,8 @@ class Stats:
     passed: int = 0
     forwarded: int = 0
     overdue_runs: int = 0  # canaries run beside traffic because the server was never idle
+    not_run: int = 0  # canaries that could not measure (timeout, busy slots, refused): clients still served
+    not_run_in_a_row: int = 0
 
 
 class _Closed(Exception):
@@ -102,12 +118,14 @@ class Front:
 
     def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], *, every: float | None = None,
                  checker: Callable[[], object] | None = None, record: Callable[[object], None] | None = None,
-                 say: Callable[[str], None] | None = None, upstream_seconds: float = UPSTREAM_SECONDS):
+                 say: Callable[[str], None] | None = None, upstream_seconds: float = UPSTREAM_SECONDS,
+                 record_not_run: Callable[[object], None] | None = None):
         self.listen = listen
         self.upstream = upstream
         self.every = every
         self.checker = checker
         self.record = record
+        self.record_not_run = record_not_run
         self.say = say or (lambda text: None)
         self.upstream_seconds = upstream_seconds
         self.stats = Stats()
@@ -115,7 +133,7 @@ class Front:
         self.recorded = threading.Event()  # set once a failure was recorded (or could not be)
         self._idle = threading.Condition()
         self._in_flight = 0
-        self._last_canary = time.monotonic()
+        self._due = time.monotonic()  # when the next canary is due (`every` after a measured one)
         self._stop = threading.Event()
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._server: _Server | None = None
@@ -123,7 +141,7 @@ class Front:
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> Front:
         self._server = _server_for(self)
-        self._last_canary = time.monotonic()
+        self._due = time.monotonic() + (self.every or 0.0)
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                          name="serve front", daemon=True).start()
         if self.every and self.checker:
@@ -148,7 +166,7 @@ class Front:
             with self._idle:
                 while not self._stop.is_set():
                     now = time.monotonic()
-                    due = self._last_canary + self.every
+                    due = self._due
                     overdue = due + self.every
                     if now >= due and (self._in_flight == 0 or now >= overdue):
                         break
@@ -158,39 +176,61 @@ class Front:
                 beside_traffic = self._in_flight > 0
             self.run_canary(beside_traffic=beside_traffic)
 
-    def run_canary(self, *, beside_traffic: bool = False) -> bool:
-        """One canary now; True when it passed.  A checker that raises is a failure too: the server
-        could not be shown right."""
+    def run_canary(self, *, beside_traffic: bool = False) -> str:
+        """One canary now: PASSED, FAILED (the answers were compared and are wrong: every new
+        request gets 503 from now on) or NOT_RUN (nothing could be compared: clients are still
+        served and it is retried soon)."""
         try:
             verdict = self.checker()
             passed, failures, seconds = bool(verdict.passed), tuple(verdict.failures), float(verdict.seconds)
+            measured = passed or _compared_wrong(verdict)
         except RocforgeError as exc:
             verdict = _Raised(f"canary: could not run: {exc.message}")
-            passed, failures, seconds = False, verdict.failures, 0.0
-        except Exception as exc:  # noqa: BLE001 - a broken checker must not leave the server trusted
+            passed, failures, seconds, measured = False, verdict.failures, 0.0, False
+        except Exception as exc:  # noqa: BLE001 - a broken checker is one line, never a dead canary thread
             verdict = _Raised(f"canary: could not run: {type(exc).__name__}: {exc}"[:300])
-            passed, failures, seconds = False, verdict.failures, 0.0
-        self._last_canary = time.monotonic()
+            passed, failures, seconds, measured = False, verdict.failures, 0.0, False
         self.stats.canaries += 1
         self.stats.overdue_runs += beside_traffic
+        if not measured:
+            return self._not_run(verdict, failures)
+        self._due = time.monotonic() + (self.every or 0.0)
+        self.stats.not_run_in_a_row = 0
         if passed:
             self.stats.passed += 1
             if self.stats.passed == 1:  # one line, not one a minute: that it runs, and what it costs
                 self.say(f"canary: the first check while serving passed in {seconds:.2f} s")
-            return True
+            return PASSED
         self.failure = Failure(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), failures or ("canary failed",),
                                seconds)
         self.say(f"canary FAILED after {self.stats.passed} passed: {self.failure.failures[0]}; new requests "
                  "get HTTP 503 (the server is kept for inspection; Ctrl-C stops it)")
-        if self.record:
-            try:
-                self.record(verdict)
-            except RocforgeError as exc:
-                self.say(f"the failure could not be recorded in the results store: {exc.message}")
-            except Exception as exc:  # noqa: BLE001 - the 503s stand; a record's bug is one line, not a dead thread
-                self.say(f"the failure could not be recorded in the results store: {type(exc).__name__}: {exc}"[:300])
+        self._record(self.record, verdict)
         self.recorded.set()
-        return False
+        return FAILED
+
+    def _not_run(self, verdict, failures: tuple[str, ...]) -> str:
+        retry = min(self.every or NOT_RUN_RETRY_SECONDS, NOT_RUN_RETRY_SECONDS)
+        self._due = time.monotonic() + retry
+        self.stats.not_run += 1
+        self.stats.not_run_in_a_row += 1
+        why = failures[0] if failures else "canary: no answer could be compared"
+        self.say(f"canary not run ({self.stats.not_run_in_a_row} in a row): {why}; clients are still served, "
+                 f"it is tried again in {retry:g} s")
+        if self.stats.not_run_in_a_row == 1:
+            self._record(self.record_not_run, verdict)
+        return NOT_RUN
+
+    def _record(self, record, verdict) -> None:
+        if not record:
+            return
+        try:
+            record(verdict)
+        except RocforgeError as exc:
+            self.say(f"the canary's result could not be recorded in the results store: {exc.message}")
+        except Exception as exc:  # noqa: BLE001 - a record's bug is one line, not a dead thread
+            self.say(f"the canary's result could not be recorded in the results store: "
+                     f"{type(exc).__name__}: {exc}"[:300])
 
     def _begin(self) -> None:
         with self._idle:
@@ -202,6 +242,21 @@ class Front:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.notify_all()
+
+
+def _compared_wrong(verdict) -> bool:
+    """Whether a failing verdict compared an answer and found it wrong: a canary.Verdict row with
+    a comparison of at least one position (or a clear parting) that failed.  Rows with no answer
+    (timeout, refused, a reply that is not one) measured nothing.  A verdict without rows (a
+    checker of another kind) is taken at its word."""
+    rows = getattr(verdict, "rows", None)
+    if rows is None:
+        return True
+    for row in rows:
+        c = getattr(row, "comparison", None)
+        if getattr(row, "failed", None) and c is not None and (c.compared > 0 or c.clear_parting):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -485,19 +540,30 @@ def behind(p, private_port: int | None = None):
     return replace(p, argv=argv, url=f"http://127.0.0.1:{port}", host="127.0.0.1", port=port)
 
 
-def short_checker(model, ref, target, *, timeout: float = 120.0, progress=None) -> Callable[[], object]:
-    """The short canary against `target` as a no-argument callable: its plan and the reference's
-    answers (canary.reference, cached on disk) are made once, here."""
+def short_reference(model, ref, *, progress=None):
+    """(plan, the reference's answers) of the short canary (canary.reference, cached on disk):
+    the short plan is one text of a few tokens whatever the server's slots, so it is made before
+    the server under test runs."""
     from rocforge_build.measure import canary
 
-    plan_ = canary.plan(model, target, short=True)
-    answers = canary.reference(plan_, ref, model, progress=progress)
+    plan_ = canary.plan(model, canary.Target("", {}, 0, 1), short=True)
+    return plan_, canary.reference(plan_, ref, model, progress=progress)
+
+
+def short_checker(model, ref, target, *, timeout: float = 120.0, progress=None) -> Callable[[], object]:
+    """The short canary against `target` as a no-argument callable: its plan and the reference's
+    answers are made once, here."""
+    from rocforge_build.measure import canary
+
+    plan_, answers = short_reference(model, ref, progress=progress)
     return lambda: canary.check(plan_, target, answers, timeout=timeout)
 
 
-def store_recorder(base: dict, build, argv: list[str], url: str, every: float, stats: Callable[[], Stats]):
-    """`record` for a Front: the failed verdict as one `canary` row (`while_serving` set) of its own run, with
-    the host fingerprint (measure/provenance.host, read at the failure), the build and the model."""
+def store_recorder(base: dict, build, argv: list[str], url: str, every: float, stats: Callable[[], Stats],
+                   status: str = "failed"):
+    """`record` for a Front: the verdict as one `canary` row (`while_serving` set, `status`: failed,
+    or not_run for a canary that could not measure) of its own run, with the host fingerprint
+    (measure/provenance.host, read then), the build and the model."""
     def record(verdict) -> None:
         from dataclasses import asdict
 
@@ -509,8 +575,8 @@ def store_recorder(base: dict, build, argv: list[str], url: str, every: float, s
                "url": url, "every_s": every, "while_serving": asdict(stats()), **verdict.to_json()}
         with Store() as store:
             run_id = store.start_run("canary", argv, {"host": host, "url": url, "while_serving": True})
-            store.add_row(run_id, "canary", row, status="failed")
-            store.finish_run(run_id, "failed")
+            store.add_row(run_id, "canary", row, status=status)
+            store.finish_run(run_id, status)
     return record
 
 
@@ -539,12 +605,17 @@ def run(p, *, every: float, build_prefix: str, model_path: str, model_sha256: st
     model = gguf.check(model_path)
     ref = verify.reference_for(build, reference)
     inner = behind(p)
-    checker = short_checker(model, ref, canary.target_of(inner.url, inner.argv), progress=say_to_stderr)
-    front = Front((p.host, p.port), ("127.0.0.1", inner.port), every=every, checker=checker, say=say_to_stderr)
-    front.record = store_recorder({"model_sha256": model_sha256, "model": {"path": model_path}}, build, argv,
-                                  p.url, every, lambda: front.stats)
+    plan_, answers = short_reference(model, ref, progress=say_to_stderr)
+    front = Front((p.host, p.port), ("127.0.0.1", inner.port), every=every, say=say_to_stderr)
+    base = {"model_sha256": model_sha256, "model": {"path": model_path}}
+    front.record = store_recorder(base, build, argv, p.url, every, lambda: front.stats)
+    front.record_not_run = store_recorder(base, build, argv, p.url, every, lambda: front.stats, status="not_run")
 
     def ready(warm_s: float) -> None:
+        # only now: serve.run saw this llama-server (our child) answer /health and a warm-up request,
+        # so the /props read for its slots and API key is its own, not whatever held the port before
+        target = canary.target_of(inner.url, inner.argv)
+        front.checker = lambda: canary.check(plan_, target, answers, timeout=120.0)
         try:
             front.start()
         except OSError as exc:
