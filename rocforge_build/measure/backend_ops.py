@@ -463,30 +463,61 @@ class _Run:
 
 def _run_bounded(argv: list[str], deadline: float, env: dict) -> _Run:
     """One run, stdout and stderr together as they interleave, parsed as it runs; the program is
-    stopped at `deadline` (time.monotonic()), and so is the reading of its output."""
-    from rocforge_build.proc import reaped, spawn, stop_group
+    stopped at `deadline` (time.monotonic()), and so is the reading of its output.  Whenever it
+    ends, its whole process group and every process still holding its output pipe end with it,
+    and the stage reads no further, so nothing it started outlives the stage or holds it up."""
+    from rocforge_build import proc
 
     try:
-        child = spawn(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        child = proc.spawn(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except OSError as exc:  # not executable, not a program for this machine
         raise BackendOpsError(f"{argv[0]} does not start: {exc.strerror or exc}",
                               f"rebuild it: rocforge build llama-cpp ... --cmake-target {PROGRAM}") from None
     stream, child.stdout = child.stdout, None  # the reader's alone: stop_group closes child.stdout
+    pipe = _pipe_name(stream)
     reader = _Reader(stream, deadline)
     reader.start()
     how = ""
     try:
-        with reaped(child):
-            try:
-                child.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                stop_group(child, grace=2.0)
+        with proc.reaped(child):
+            if not _ended_by(child, deadline):
                 how = "hung"
+            # ended or hung, its group goes: a child it left (`cmd &`) would hold the pipe open and
+            # run on; SIGTERM, then SIGKILL at once where it did not hang (nothing to finish)
+            proc.stop_group(child, grace=2.0 if how else 0.0)
     finally:
+        # whoever still holds the pipe's write end was started by the program and left its group
+        # (`setsid cmd &`): it is stopped too.  One that let go of the pipe as well (a daemon) is
+        # out of reach without a cgroup; the reader stops anyway once the pipe is empty (`ending`)
+        if pipe:
+            proc._kill_holders(pipe)
         reader.ending.set()
         reader.join(max(0.0, deadline - time.monotonic()) + 2 * POLL_S)
         parsed, tail, cut_short = reader.close()
     return _Run(parsed, tail, None if how else child.returncode, how, cut_short, reader.taken)
+
+
+def _pipe_name(stream) -> str | None:
+    """The output pipe as /proc shows it (`pipe:[INODE]`), to find who else holds it."""
+    try:
+        return os.readlink(f"/proc/self/fd/{stream.fileno()}")
+    except (OSError, ValueError):
+        return None
+
+
+def _ended_by(child: subprocess.Popen, deadline: float) -> bool:
+    """Whether the program ended by `deadline`; it is left unreaped (a zombie), so its pid, which
+    is its group's id, cannot name another process's group when stop_group signals it."""
+    while True:
+        try:
+            if os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:  # reaped already
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(0.02, left))
 
 
 def _judge(got: Parsed, code: int | None, how: str, timeout: float) -> tuple[str, str]:

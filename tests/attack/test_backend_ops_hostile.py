@@ -1,8 +1,10 @@
 """The backend-ops stage against hostile input: `--ops` values that are not op names (one line,
 exit 2, nothing run), and a FAKE test-backend-ops (tests/data/backend_ops/fake-test-backend-ops,
 a Python script) whose output is hostile: an 8 MiB line with no end, terminal control sequences,
-garbage with no summary, more output than the stage reads.  Each ends in a failed stage in
-bounded time and memory, never a traceback."""
+garbage with no summary, more output than the stage reads; and shell-script FAKEs (`_script`) for
+lines a backtracking parse spends quadratic time on, C1 and bidi controls, and children the
+program leaves behind holding its output.  Each ends in bounded time and memory, never a
+traceback, and leaves nothing running.  Fast: seconds."""
 
 from __future__ import annotations
 
@@ -178,3 +180,39 @@ def test_a_stored_stage_with_controls_prints_plain_lines():
     for stage in (ran, not_ran):
         lines = backend_ops.lines_of(stage)
         assert lines and _printable(lines), lines
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting for its reaper counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("start", ["sleep 300 &", "(setsid sleep 300 &)"], ids=["in-its-group", "setsid"])
+def test_a_child_left_behind_is_stopped_and_does_not_hold_the_stage(prefix, tmp_path, start):
+    """The program starts `sleep 300` holding its output (in its own process group, or moved out
+    with setsid) and exits: the stage returns at once, not at the sleep's end or a join's bound
+    (the old stage waited 10 s and left it running), and the sleep is gone."""
+    pids = tmp_path / "pids"
+    _script(prefix, f"{start.replace('sleep 300 &', f'sleep 300 & echo $! >> {pids}')}\n"
+                    'sleep 0.2; echo "Backend 1/1: ROCm0"; echo "  ADD(n=1): OK"; echo "1/1 backends passed"')
+    t = time.monotonic()
+    try:
+        res = backend_ops.run(prefix, gpu=True, backend="hip", timeout=30)
+        took = time.monotonic() - t
+        left = [int(p) for p in pids.read_text().split()]
+        deadline = time.monotonic() + 1.0  # SIGKILL sent: gone once the kernel has run it
+        while any(_running(p) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert took < 2.5 and res.passed is True
+        assert not [p for p in left if _running(p)]
+    finally:
+        import os
+        import signal
+
+        for p in (int(p) for p in pids.read_text().split()) if pids.exists() else ():
+            if _running(p):
+                os.kill(p, signal.SIGKILL)
