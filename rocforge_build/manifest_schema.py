@@ -53,6 +53,8 @@ MANIFEST_SCHEMA = schema.Record({
     "toolchain": schema.Optional(schema.Record({
         "kind": schema.Optional(schema.Str(one_line=True)), "rocm_path": schema.Optional(_TEXT)}), {}),
     "outputs": schema.Optional(schema.ListOf(schema.Str(one_line=True)), []),
+    # verify tools built on request (libexec/test-backend-ops): rocforge verify runs them
+    "verify_tools": schema.Optional(schema.ListOf(schema.Str(one_line=True)), []),
     "env": schema.Optional(_SCALAR_TABLE, {}),
     "runtime_env": schema.Optional(schema.EnvTable(), {}),
     "export_env": schema.Optional(schema.TableOf(_EXPORTED), {}),

@@ -204,3 +204,33 @@ def test_the_verify_tool_is_configured_only_when_a_build_names_it(tmp_path, caps
     assert asked["LLAMA_BUILD_TESTS"]["because"] == "--cmake-target test-backend-ops (a verify tool)"
     assert asked["(build)"][-2:] == ["test-backend-ops", "llama-perplexity"]
     assert "test-backend-ops" in asked["(install)"]
+
+
+def test_the_stage_json_keys_and_verify_tools_are_in_the_glossary(tmp_path):
+    """verify's `backend_ops` object (a run with a crash, so `crashed` is there too) and the
+    manifest's `verify_tools` are documented in docs/reference/glossary.md."""
+    from test_docs_glossary import documented, keys_of
+
+    res = backend_ops.run(_prefix(tmp_path), gpu=True, backend="hip", env={"FAKE_TBO": "crash-midop"})
+    stage = {"backend_ops": res.to_json(), "verify_tools": ["libexec/test-backend-ops"]}
+    assert any("crashed" in f for f in stage["backend_ops"]["failed_ops"])
+    assert sorted(keys_of(stage) - documented()) == []
+
+
+@pytest.mark.parametrize("tools, ok", [
+    (["libexec/test-backend-ops"], True), (None, True),
+    (["libexec/test-backend-ops\nrm -rf ~"], False), ("libexec/test-backend-ops", False), ([3], False),
+])
+def test_the_manifest_verify_tools_key_is_checked(tools, ok):
+    """The key a build writes for its verify tools is held to the manifest schema: a list of
+    one-line paths (a hand-edited manifest with a line break or a bare string is refused)."""
+    from rocforge_build.errors import ConfigError
+    from rocforge_build.manifest_schema import checked_manifest
+
+    doc = {"recipe": {"name": "llama-cpp"}, "target": "", "backend": "cpu"}
+    doc |= {} if tools is None else {"verify_tools": tools}
+    if ok:
+        assert checked_manifest(doc, "m.toml")["verify_tools"] == (tools or [])
+    else:
+        with pytest.raises(ConfigError, match="verify_tools"):
+            checked_manifest(doc, "m.toml")
