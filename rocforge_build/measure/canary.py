@@ -52,6 +52,7 @@ from urllib.parse import urlsplit
 from rocforge_build.errors import RocforgeError
 from rocforge_build.measure import verify
 from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.shellsafe import one_line
 
 LONG_WANTED = 8448  # tokens: past 8K, where position-dependent faults show (RoPE past ~5-8K)
 N_PREDICT = 16
@@ -61,6 +62,7 @@ CLEAR_MARGIN = 0.2  # reference's top-1 probability minus its second's: a partin
 MAX_REPLY = 8 << 20  # bytes read of one reply: 16 positions x 10 tokens are a few KB
 SEED = 42
 SHORT_CHARS = 700  # each short text: a paragraph, ~150 tokens
+OUTSIDE_CHARS = 200  # characters of a server's text (an error, a label) a failure line quotes
 
 
 class CanaryError(RocforgeError):
@@ -405,6 +407,13 @@ def parse_reply(body: bytes, n_probs: int) -> tuple[Position, ...]:
     return tuple(out)
 
 
+def _outside(text: object) -> str:
+    """Text from outside (a server's status line, an exception's text, its stderr, a label read
+    back from disk) as it may appear in a failure line or note: one printable line, bounded."""
+    line = one_line(text)
+    return line if len(line) <= OUTSIDE_CHARS else line[:OUTSIDE_CHARS - 3] + "..."
+
+
 def _token_key(k) -> bool:
     return (isinstance(k, int) and not isinstance(k, bool) and 0 <= k < 1 << 31) or (isinstance(k, str) and len(k) < 4096)
 
@@ -441,7 +450,7 @@ def post(url: str, path: str, payload: dict, headers: dict, timeout: float) -> b
             body = r.read(MAX_REPLY + 1)
             outcome["reply"] = (r.status, body)
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            outcome["error"] = f"{type(exc).__name__}: {exc}"[:200].replace("\n", " ")
+            outcome["error"] = f"{type(exc).__name__}: {_outside(exc)}"
 
     t = threading.Thread(target=ask, name="canary request", daemon=True)
     t.start()
@@ -536,7 +545,7 @@ def _wait_health(url: str, child, timeout: float, tail: list) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if child.poll() is not None:
-            last = tail[-1].decode(errors="replace").strip()[:200] if tail else "no output"
+            last = _outside(tail[-1].decode(errors="replace")) if tail else "no output"
             raise CanaryError(f"the reference llama-server exited with code {child.returncode}: {last}")
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2)
         try:
@@ -613,8 +622,9 @@ def check(plan_: CanaryPlan, target: Target, ref: Reference, *, timeout: float) 
 def _row(plan_: CanaryPlan, ref: Reference, i: int, got, short_idx: list[int]) -> Row:
     """Request `i`'s answer (or the error that stopped it) against its reference, and a failing
     one against the other short requests' (a swapped answer is named)."""
+    label = _outside(ref.labels[i])
     if isinstance(got, CanaryError):
-        return Row(ref.labels[i], len(ref.prompts[i]), None, (f"no answer: {got.message}",))
+        return Row(label, len(ref.prompts[i]), None, (f"no answer: {one_line(got.message)}",))
     if isinstance(got, Exception):
         return _internal_error(ref, i, got)
     c = compare(ref.answers[i], got)
@@ -623,15 +633,15 @@ def _row(plan_: CanaryPlan, ref: Reference, i: int, got, short_idx: list[int]) -
     if failed:
         for j in short_idx:
             if j != i and len(ref.answers[j]) and not judge(compare(ref.answers[j], got), plan_):
-                other = ref.labels[j]
+                other = _outside(ref.labels[j])
                 failed = (f"got the answer meant for {other}",) + failed
                 break
-    return Row(ref.labels[i], len(ref.prompts[i]), c, failed, other)
+    return Row(label, len(ref.prompts[i]), c, failed, other)
 
 
 def _internal_error(ref: Reference, i: int, exc: Exception) -> Row:
     """An error no check foresaw, as request `i`'s failure: its type kept, so a bug still shows."""
-    return Row(ref.labels[i], len(ref.prompts[i]), None, (f"internal error: {type(exc).__name__}: {exc}"[:300],))
+    return Row(_outside(ref.labels[i]), len(ref.prompts[i]), None, (f"internal error: {type(exc).__name__}: {_outside(exc)}",))
 
 
 # ------------------------------------------------------------------------------ at serve start

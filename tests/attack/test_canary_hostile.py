@@ -51,6 +51,9 @@ def behave(kind: str):
             if kind == "drop":
                 self.connection.shutdown(2)
                 return
+            if kind == "badstatus":  # a status line that rewrites the terminal: a title, colour, CR
+                self.wfile.write(b"\x1b[31mEVIL\x1b]0;owned\x07\rrocforge: serve: all good" + b"A" * 5000 + b"\r\n\r\n")
+                return
             body = {
                 "huge": b'{"content": "' + b"x" * (canary.MAX_REPLY + 10) + b'"}',
                 "wrong-types": json.dumps({"completion_probabilities": [{"id": "1", "top_logprobs": "no"}]}).encode(),
@@ -127,3 +130,60 @@ def test_an_unforeseen_error_in_one_row_is_that_rows_failure_line(fake, monkeypa
     assert not verdict.passed and len(verdict.failures) == 2
     for line in verdict.failures:
         assert line.startswith("canary: request ") and "internal error: ZeroDivisionError: float division by zero" in line
+
+
+def test_a_servers_raw_text_reaches_a_failure_line_printable_and_bounded(fake):
+    """http.client's BadStatusLine carries the server's status line as it came (ESC, BEL, CR):
+    the failure line holds none of it raw, and is bounded however long the line was."""
+    verdict = canary.check(PLAN, fake("badstatus"), reference(), timeout=3)
+    assert not verdict.passed and len(verdict.failures) == 2
+    for line in verdict.failures:
+        assert "BadStatusLine" in line and "EVIL" in line and line.isprintable() and len(line) < 400, repr(line)
+
+
+def test_labels_from_a_reference_reach_a_failure_line_printable(fake):
+    """The reference's labels come from a cache file on disk, which anything can have edited."""
+    ref = reference()
+    ref = canary.Reference(ref.prompts, ref.answers, ("request \x1b]0;owned\x07 1", "request\u202e 2"), 0.0)
+    verdict = canary.check(PLAN, fake("status"), ref, timeout=3)
+    assert len(verdict.failures) == 2 and all(line.isprintable() for line in verdict.failures), verdict.failures
+
+
+class StandInBuild:
+    """A stand-in for the reference build (a fake, said so: a real llama-server cannot be made to
+    print escapes, hold a port another program has, or start slowly on demand): its llama-server is
+    the given sh script."""
+
+    gpu = False
+    runtime_env: dict = {}
+
+    def __init__(self, tmp_path: Path, script: str):
+        self.exe = tmp_path / "llama-server"
+        self.exe.write_text("#!/bin/sh\n" + script + "\n")
+        self.exe.chmod(0o755)
+
+    def program(self, name: str) -> Path:
+        return self.exe
+
+    def label(self) -> str:
+        return "the stand-in reference"
+
+
+class Model:
+    path = "/nonexistent/model.gguf"
+
+
+@pytest.fixture
+def cache_at(tmp_path, monkeypatch):
+    """The reference's cache file, at a path of the test's own."""
+    path = tmp_path / "cache" / "reference.json"
+    monkeypatch.setattr(canary, "_cache_file", lambda plan_, ref, model: path)
+    return path
+
+
+def test_the_reference_servers_last_words_are_printable_and_bounded(tmp_path, cache_at):
+    build = StandInBuild(tmp_path, r"printf '\033]0;owned\007\033[2J%0500d bad model\r\n' 0 >&2; exit 3")
+    with pytest.raises(canary.CanaryError) as e:
+        canary.reference(PLAN, build, Model(), timeout=10)
+    assert "exited with code 3" in e.value.message and e.value.message.isprintable(), repr(e.value.message)
+    assert len(e.value.message) < 300
