@@ -120,12 +120,16 @@ def test_post_sampling_top_probs_are_read_as_probabilities():
     (b'{"completion_probabilities": [{"id": 1, "top_logprobs": [{"id": 1, "logprob": "x"}]}]}', "without a token and a number"),
     (b'{"completion_probabilities": [{"id": 1, "top_logprobs": [{"id": 1, "logprob": NaN}]}]}', "out of range"),
     (b'{"completion_probabilities": [{"id": 1, "top_logprobs": [{"id": 1, "logprob": 3.0}]}]}', "out of range"),
+    # an integer past a float's range (JSON allows any length): out of range, not an OverflowError, and
+    # the message quotes it bounded
+    (b'{"completion_probabilities": [{"id": 1, "top_logprobs": [{"id": 1, "logprob": ' + b"9" * 400 + b'}]}]}', "out of range"),
+    (b'{"completion_probabilities": [{"id": 1, "probs": [{"tok_str": "a", "prob": ' + b"9" * 4000 + b'}]}]}', "out of range"),
     (b'{"completion_probabilities": [{"top_logprobs": [{"id": 1, "logprob": -1.0}]}]}', "which token was chosen"),
 ])
 def test_bad_replies_are_one_line(body, says):
     with pytest.raises(CanaryError) as e:
         canary.parse_reply(body, 3)
-    assert says in e.value.message and "\n" not in e.value.message
+    assert says in e.value.message and "\n" not in e.value.message and len(e.value.message) < 300
 
 
 def test_plan_bounds_the_long_prompt_by_the_model_and_the_slot():

@@ -397,9 +397,11 @@ def parse_reply(body: bytes, n_probs: int) -> tuple[Position, ...]:
             key, value = (e.get(id_key), e.get(value_key)) if isinstance(e, dict) else (None, None)
             if not _token_key(key) or isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise CanaryError(f"completion_probabilities[{i}] has an entry without a token and a number")
-            logp = float(value) if logs else (math.log(value) if value > 0 else -math.inf)
-            if math.isnan(logp) or logp > 1e-6 or (not logs and not 0 <= value <= 1 + 1e-6):
-                raise CanaryError(f"completion_probabilities[{i}] has a probability out of range ({value!r})")
+            number = _finite_or_inf(value)
+            logp = number if logs else (math.log(number) if number > 0 else -math.inf)
+            if math.isnan(logp) or logp > 1e-6 or (not logs and not 0 <= number <= 1 + 1e-6):
+                raise CanaryError(f"completion_probabilities[{i}] has a probability out of range "
+                                  f"({_outside(repr(value))})")
             top[key] = max(logp, -1e4)
         if not _token_key(chosen):
             raise CanaryError(f"completion_probabilities[{i}] does not say which token was chosen")
@@ -412,6 +414,15 @@ def _outside(text: object) -> str:
     back from disk) as it may appear in a failure line or note: one printable line, bounded."""
     line = one_line(text)
     return line if len(line) <= OUTSIDE_CHARS else line[:OUTSIDE_CHARS - 3] + "..."
+
+
+def _finite_or_inf(value: int | float) -> float:
+    """A JSON number as a float: an integer past a float's range (JSON allows any length) is inf,
+    out of range like any other, not an OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _token_key(k) -> bool:
