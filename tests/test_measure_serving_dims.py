@@ -16,7 +16,7 @@ from tiny_gguf import write as write_gguf
 
 from rocforge_build import cli
 from rocforge_build.errors import UsageError
-from rocforge_build.measure import gguf, verify
+from rocforge_build.measure import gguf, serving, verify
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.store import Store
 
@@ -71,7 +71,7 @@ def build_with(tmp_path, help_text: str, backend: str = "cpu", programs=("llama-
     ("-m FNAME  model path\n", False, ("mmap",), False),  # a tree with none of them
 ])
 def test_support_is_read_from_the_programs_own_help(tmp_path, help_text, kv, loads, parallel):
-    s = verify.ServingSupport.of(build_with(tmp_path, help_text))
+    s = serving.ServingSupport.of(build_with(tmp_path, help_text))
     assert (s.kv, s.loads, s.parallel) == (kv, loads, parallel)
 
 
@@ -84,7 +84,7 @@ def test_support_is_read_from_the_programs_own_help(tmp_path, help_text, kv, loa
     (MAY_2025, "dio", None),
 ])
 def test_loading_is_spelled_as_each_tree_spells_it(tmp_path, help_text, load, args):
-    assert verify.load_args(build_with(tmp_path, help_text), "llama-perplexity", load) == args
+    assert serving.load_args(build_with(tmp_path, help_text), "llama-perplexity", load) == args
 
 
 # -- the covering design ------------------------------------------------------------------------
@@ -92,7 +92,7 @@ DEFAULTS = {"kv": "f16", "load": "mmap", "parallel": 1}
 
 
 def test_the_full_coverage_holds_every_serving_value_beside_the_old_rows(model8k):
-    cov = verify.plan(model8k, gpu=False, support=verify.ALL_SERVING)
+    cov = verify.plan(model8k, gpu=False, support=serving.ALL_SERVING)
     rows = [s.to_json() for s in cov.shapes]
     # the first check is still the longest context, largest micro-batch, flash attention on, and
     # llama.cpp's defaults (what a plain llama-server runs)
@@ -110,7 +110,7 @@ def test_the_full_coverage_holds_every_serving_value_beside_the_old_rows(model8k
 
 
 def test_quick_is_as_fast_as_before(model8k):
-    cov = verify.plan(model8k, gpu=False, quick=True, support=verify.ALL_SERVING)
+    cov = verify.plan(model8k, gpu=False, quick=True, support=serving.ALL_SERVING)
     # the shortest context with both micro-batches and both attention paths, nothing more
     assert [s.to_json() for s in cov.shapes] == [
         {"ctx": 512, "ubatch": 2048, "fa": True, "ngl": None, **DEFAULTS},
@@ -118,12 +118,12 @@ def test_quick_is_as_fast_as_before(model8k):
 
 
 def test_quick_takes_a_serving_value_asked_for(model8k):
-    cov = verify.plan(model8k, gpu=False, quick=True, load=["mmap", "read"], support=verify.ALL_SERVING)
+    cov = verify.plan(model8k, gpu=False, quick=True, load=["mmap", "read"], support=serving.ALL_SERVING)
     assert {s.load for s in cov.shapes} == {"mmap", "read"}
 
 
 def test_a_tree_without_a_dimension_is_checked_without_it_and_says_so(tmp_path, model8k):
-    support = verify.ServingSupport.of(build_with(tmp_path, MAY_2025))
+    support = serving.ServingSupport.of(build_with(tmp_path, MAY_2025))
     cov = verify.plan(model8k, gpu=False, support=support)
     assert {s.parallel for s in cov.shapes} == {1} and {s.load for s in cov.shapes} == {"mmap", "read"}
     said = " | ".join(cov.bounds)
@@ -132,11 +132,11 @@ def test_a_tree_without_a_dimension_is_checked_without_it_and_says_so(tmp_path, 
 
 
 def test_a_value_the_tree_cannot_run_is_one_line(tmp_path, model8k):
-    support = verify.ServingSupport.of(build_with(tmp_path, MAY_2025))
+    support = serving.ServingSupport.of(build_with(tmp_path, MAY_2025))
     with pytest.raises(UsageError, match=r"--parallel 4: the build's llama-perplexity has no --kv-unified"):
         verify.plan(model8k, gpu=False, parallel=[1, 4], support=support)
     with pytest.raises(UsageError, match="needs flash attention"):
-        verify.plan(model8k, gpu=False, fa=[False], kv=["q8_0"], support=verify.ALL_SERVING)
+        verify.plan(model8k, gpu=False, fa=[False], kv=["q8_0"], support=serving.ALL_SERVING)
 
 
 @pytest.mark.parametrize("flag, value", [("--kv", "q4_0"), ("--load", "mlock"), ("--parallel", "0"),

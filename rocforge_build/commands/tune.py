@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rocforge_build import argtypes
 from rocforge_build.errors import RocforgeError, UsageError
-from rocforge_build.measure import bench, tune, tune_choice, verify
+from rocforge_build.measure import bench, serving, tune, tune_choice, verify
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS, LlamaBuild
 from rocforge_build.measure.session import Progress, open_session
 
@@ -30,7 +30,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ubatch", type=argtypes.int_list(1), metavar="N,...", help="micro-batch values searched (default: data/tune.toml)")
     parser.add_argument("--fa", metavar="on,off", help="flash attention values searched (default: data/tune.toml)")
     parser.add_argument("--env", action="append", metavar="VAR=a,b", help="env values searched (default per backend)")
-    parser.add_argument("--kv", type=verify.kv_list, metavar="f16,q8_0",
+    parser.add_argument("--kv", type=serving.kv_list, metavar="f16,q8_0",
                         help="KV cache types searched (default: f16 and q8_0 where the build's llama-bench has -ctk/-ctv)")
     parser.add_argument("--reps", type=argtypes.reps, default=3, metavar="N", help="repetitions (-r; default 3)")
     parser.add_argument("-p", "--n-prompt", type=argtypes.tokens, default=512, metavar="N", help="prompt tokens (pp test; default 512)")
@@ -193,7 +193,7 @@ def _tune_build(b, s, spec, run_id, ranges: dict[str, int], n_ctx, progress, arg
     fas = args.fa_values or tune.rules()["search"]["fa"]
     gates = {bool(fa): verify.gate(b, s.model, reference=None, store=s.store, run_id=run_id, base=s.base,
                                    coverage=verify.plan(s.model, gpu=b.gpu, ctx=args.ctx or None,
-                                                        support=verify.ServingSupport.of(b)),
+                                                        support=serving.ServingSupport.of(b)),
                                    fa=bool(fa), quiet=args.json)[0] for fa in fas}
     passing = [fa for fa, v in gates.items() if v == "passed"]
     verdict = "passed" if passing else "failed"

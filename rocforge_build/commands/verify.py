@@ -10,7 +10,7 @@ import json
 import sys
 
 from rocforge_build import argtypes
-from rocforge_build.measure import backend_ops, bench, verify
+from rocforge_build.measure import backend_ops, bench, serving, verify
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.session import open_session
 from rocforge_build.measure.verify_reference import refuse_self_compare
@@ -35,12 +35,12 @@ def add_arguments(parser) -> None:
                         help="check this flash-attention setting only (default: both)")
     parser.add_argument("--env", action="append", default=[], metavar="VAR=VALUE",
                         help="runtime environment for the build's run (repeatable)")
-    parser.add_argument("--kv", type=verify.kv_list, metavar="f16,q8_0",
+    parser.add_argument("--kv", type=serving.kv_list, metavar="f16,q8_0",
                         help="KV cache types to check (default: f16 and q8_0 where the build has -ctk/-ctv; --quick: f16)")
-    parser.add_argument("--load", type=verify.load_list, metavar="mmap,read,dio",
+    parser.add_argument("--load", type=serving.load_list, metavar="mmap,read,dio",
                         help="how the weights are loaded: mapped (llama.cpp's default), read (--no-mmap), "
                         "direct I/O (default: each the build's llama-perplexity has; --quick: mmap)")
-    parser.add_argument("--parallel", type=argtypes.int_list(1, verify.PARALLEL_MAX), metavar="N,...",
+    parser.add_argument("--parallel", type=argtypes.int_list(1, serving.PARALLEL_MAX), metavar="N,...",
                         help="sequences sharing one unified KV cache (-np with --kv-unified; default 1 and 4 "
                         "where the build's llama-perplexity has --kv-unified; --quick: 1)")
     parser.add_argument("--json", action="store_true", help="the result as JSON")
@@ -70,7 +70,7 @@ def run(args) -> int:
     coverage = verify.plan(s.model, gpu=build.gpu, ctx=ctx, max_ctx=args.max_ctx, quick=args.quick,
                            ubatch=args.ubatch or None, fa=None if args.fa is None else [args.fa == "on"],
                            kv=args.kv, load=args.load, parallel=args.parallel,
-                           support=verify.ServingSupport.of(build))
+                           support=serving.ServingSupport.of(build))
     ref = verify.reference_for(build, args.reference, quiet=args.json)
     refuse_self_compare(build, ref)  # a build against itself: nothing compared, never PASSED
     run_id = s.store.start_run("verify", args.argv, {"host": s.base["host"], "model": s.base["model"]})
@@ -137,7 +137,7 @@ def report(build, ref, result: dict) -> None:
         print(f"  {c['ctx']:>6} {c['ubatch']:>5} {'on' if c['fa'] else 'off':>3} {ngl:>4} "
               f"{_f(c['kld_mean'], 6):>12} {_f(c['top1'] and c['top1'] * 100, 2):>7}% "
               f"{_f(c['ppl'], 4):>12} {_f(c['ppl_ref'], 4):>12}  {'pass' if c['passed'] else 'FAIL'}"
-              f"{verify.serving_label(c)}")
+              f"{serving.serving_label(c)}")
         for why in c["failed"]:
             print(f"         {why}")
         for why in c.get("not_judged", []):

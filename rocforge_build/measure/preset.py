@@ -6,7 +6,8 @@ from __future__ import annotations
 from rocforge_build import schema, shellsafe
 from rocforge_build.errors import ConfigError, StoreError, UsageError
 from rocforge_build.measure.llama_tools import LlamaBuild
-from rocforge_build.measure.verify import Shape, load_args
+from rocforge_build.measure.serving import load_args
+from rocforge_build.measure.verify import Shape
 
 
 def model_key(text: str) -> str:

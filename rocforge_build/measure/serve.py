@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build.errors import RocforgeError, UsageError
+from rocforge_build.measure import serving
 from rocforge_build.measure.llama_tools import LlamaBuild
 
 
@@ -72,16 +73,15 @@ def verified_shape(r: dict, build: LlamaBuild) -> tuple[dict, dict]:
     if not isinstance(shape, dict):
         shape = {"ctx": r["ctx"], "ubatch": variant.get("ubatch") or 512, "fa": bool(variant.get("fa")),
                  "ngl": 99 if build.gpu else None}
-    from rocforge_build.measure import verify
 
-    if not verify.serving_known(shape):  # stored before verify knew them: what its argv serves
+    if not serving.serving_known(shape):  # stored before verify knew them: what its argv serves
         shape = {**shape, **served_dimensions(r.get("argv") or [], shape)}
     env = variant.get("env") if isinstance(variant.get("env"), dict) else {}
     return shape, {str(k): str(v) for k, v in env.items()}
 
 
 def served_dimensions(argv: list, shape: dict) -> dict:
-    """The serving dimensions a stored command runs (verify.SERVING_FIELDS), read from its argv:
+    """The serving dimensions a stored command runs (serving.SERVING_FIELDS), read from its argv:
     -ctk, the weights' loading (--no-mmap, -dio/--direct-io, -lm), -np; what it leaves out is
     llama.cpp's default."""
     words = [str(w) for w in argv]
@@ -109,14 +109,13 @@ def covers(d: dict, stamp: str | None, model_sha: str, shape: dict, env: dict) -
     row_env = d.get("env") if isinstance(d.get("env"), dict) else {}
     if {str(k): str(v) for k, v in row_env.items()} != env:
         return False
-    from rocforge_build.measure import verify
 
     def key(s: dict) -> tuple:  # a check without the serving dimensions (an older verify) matches none
         return (s.get("ctx"), s.get("ubatch"), bool(s.get("fa")), s.get("ngl"),
-                *(s.get(k) for k in verify.SERVING_FIELDS))
+                *(s.get(k) for k in serving.SERVING_FIELDS))
 
-    return verify.serving_known(shape) and any(
-        isinstance(c, dict) and c.get("passed") is True and verify.serving_known(c) and key(c) == key(shape)
+    return serving.serving_known(shape) and any(
+        isinstance(c, dict) and c.get("passed") is True and serving.serving_known(c) and key(c) == key(shape)
         for c in d.get("checks") or [])
 
 
@@ -128,7 +127,7 @@ def still_proven(r: dict, store, model_sha: str, model_path: str) -> tuple[str, 
 
     build = LlamaBuild.open(r["prefix"])
     stored = (r.get("verified") or {}).get("shape") if isinstance(r.get("verified"), dict) else None
-    old_proof = not verify.serving_known(stored or {})
+    old_proof = not serving.serving_known(stored or {})
     if build.stamp and build.stamp == r.get("stamp") and not old_proof:  # no stamp proves nothing
         return None
     shape, env = verified_shape(r, build)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from rocforge_build.measure import bench, tune, verify
+from rocforge_build.measure import bench, serving, tune, verify
 from rocforge_build.measure.preset import command, is_igpu
 from rocforge_build.measure.session import Session
 
@@ -151,7 +151,7 @@ def entry(won: Verified, depth: int, ctx: int, ranked: list, model_path: str, ho
                      "depth": r["depth"], "t_s": r["t_s"], "stddev": r["stddev"]} for r in rows],
         "runner_up": (f"{runner[1].build.label()} {runner[2].label()} score {runner[0]:.1f}") if runner else None,
         "verified": {"shape": check["checks"][0] and {k: check["checks"][0][k]
-                                                      for k in ("ctx", "ubatch", "fa", "ngl", *verify.SERVING_FIELDS)},
+                                                      for k in ("ctx", "ubatch", "fa", "ngl", *serving.SERVING_FIELDS)},
                      "kld_mean": check["checks"][0]["kld_mean"], "top1": check["checks"][0]["top1"],
                      "reference": check["reference"]},
         "env": env, "argv": argv, "notes": notes,

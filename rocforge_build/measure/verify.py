@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rocforge_build import paths
 from rocforge_build.errors import UsageError
+from rocforge_build.measure import serving
 from rocforge_build.measure.gguf import Model
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.verify_reference import reference_for, same_build
@@ -111,24 +112,11 @@ def text_file() -> Path:
     return out
 
 
-KV_TYPES = ("f16", "q8_0")  # the KV cache types verify and tune know: llama.cpp's default, and half its size
-# How the weights are loaded: mapped (llama.cpp's default), read into memory (`--no-mmap`; `-lm none`
-# in trees with --load-mode), or read with direct I/O (`-dio`/`--direct-io`; `-lm dio`)
-LOADS = ("mmap", "read", "dio")
-# The serving dimensions a full verify covers where the build runs them ([coverage] kv/load/parallel
-# in data/verify.toml override): what `llama-server` is started with differs from llama-perplexity's
-# defaults exactly there.  q8_0 KV halves the cache of a long context; weights through mmap gave
-# ~0.3 NMSE against the CPU on gfx1151 (llama.cpp PR #26543) and a preset on an iGPU serves with
-# them read (--no-mmap); `-np 4 --kv-unified` returned other requests' answers on gfx1151
-# (llama.cpp #25992).
-SERVING_DEFAULTS = {"kv": ["f16", "q8_0"], "load": ["mmap", "read", "dio"], "parallel": [1, 4]}
-
-
 @dataclass(frozen=True, order=True)
 class Shape:
     """One check's shape: the context, the micro-batch, flash attention and the layers offloaded
     (None: a CPU build, nothing to offload), and how a server holds it: the KV cache type, how the
-    weights are loaded (LOADS) and the sequences sharing one unified KV cache (1: rocforge asks for
+    weights are loaded (serving.LOADS) and the sequences sharing one unified KV cache (1: rocforge asks for
     no more, as before; llama-perplexity may still batch chunks of a short context by itself)."""
 
     ctx: int
@@ -141,7 +129,7 @@ class Shape:
 
     def label(self) -> str:
         ngl = "" if self.ngl is None else f" ngl={self.ngl}"
-        return f"ctx={self.ctx} ub={self.ubatch} fa={'on' if self.fa else 'off'}{ngl}{serving_label(self.to_json())}"
+        return f"ctx={self.ctx} ub={self.ubatch} fa={'on' if self.fa else 'off'}{ngl}{serving.serving_label(self.to_json())}"
 
     def to_json(self) -> dict:
         return {"ctx": self.ctx, "ubatch": self.ubatch, "fa": self.fa, "ngl": self.ngl,
@@ -150,96 +138,9 @@ class Shape:
     @classmethod
     def from_json(cls, d: dict) -> Shape:
         """A stored shape; one stored before the serving dimensions existed has none of them and
-        reads as llama.cpp's defaults (`serving_known` tells the two apart)."""
+        reads as llama.cpp's defaults (`serving.serving_known` tells the two apart)."""
         return cls(int(d["ctx"]), int(d["ubatch"]), bool(d["fa"]), d.get("ngl"), str(d.get("kv") or "f16"),
                    str(d.get("load") or "mmap"), int(d.get("parallel") or 1))
-
-
-SERVING_FIELDS = ("kv", "load", "parallel")
-
-
-def serving_known(d: dict) -> bool:
-    """Whether a stored shape (a check, a preset's verified shape) names its serving dimensions:
-    one stored before they existed proves nothing about them."""
-    return isinstance(d, dict) and all(d.get(k) is not None for k in SERVING_FIELDS)
-
-
-def serving_label(d: dict) -> str:
-    """A shape's serving dimensions beyond llama.cpp's defaults, as words (empty for the defaults)."""
-    words = [f"kv={d['kv']}" if d.get("kv", "f16") != "f16" else "",
-             f"load={d['load']}" if d.get("load", "mmap") != "mmap" else "",
-             f"np={d['parallel']}" if (d.get("parallel") or 1) != 1 else ""]
-    return "".join(f" {w}" for w in words if w)
-
-
-def load_args(build: LlamaBuild, program: str, load: str) -> list[str] | None:
-    """How `program` of this build loads the weights as `load` says, spelled as its own --help
-    spells it (None: it cannot).  May 2025 (0.3.9): --no-mmap, no direct I/O; later trees added
-    -dio/--direct-io; the Oct 2026 tree (0.3.36) has neither flag but `-lm/--load-mode` with
-    mmap|none|dio (common/arg.cpp)."""
-    opts = build.options(program)
-    mode = "-lm" if "-lm" in opts else "--load-mode" if "--load-mode" in opts else None
-    if load == "mmap":
-        return []
-    if load == "read":
-        return ["--no-mmap"] if "--no-mmap" in opts else [mode, "none"] if mode else None
-    if load == "dio":  # with --no-mmap where the tree has it: read, not mapped, where O_DIRECT is not available
-        direct = next((o for o in ("-dio", "--direct-io") if o in opts), None)
-        if direct:
-            return (["--no-mmap"] if "--no-mmap" in opts else []) + [direct]
-        return [mode, "dio"] if mode and "- dio:" in build.help_text(program) else None
-    return None
-
-
-@dataclass(frozen=True)
-class ServingSupport:
-    """Which serving dimensions a build's program can run, read from its own --help (never from a
-    version number).
-
-    Several sequences in one unified KV cache: llama-perplexity evaluates n_seq = n_batch / n_ctx
-    chunks per batch, each its own sequence.  In the May 2025 tree (llama-cpp-python 0.3.9,
-    tools/perplexity/perplexity.cpp main()) the KL-divergence mode forces n_parallel = 1 and
-    kl_divergence() decodes one chunk at a time (and the one KV cache of that era holds every
-    sequence: there is no --kv-unified): verify cannot run several sequences there.  In the tree
-    that lists `-kvu/--kv-unified` for llama-perplexity (0.3.36, Oct 2026: common/arg.cpp sets it
-    for LLAMA_EXAMPLE_PERPLEXITY) main() sets n_parallel = n_batch / n_ctx for KL divergence too and
-    kl_divergence() puts n_seq = n_batch / n_ctx chunks (capped at llama_n_seq_max) in each batch:
-    `-c C -b P*C -kvu` over at least P chunks runs P sequences in one unified KV cache, each
-    micro-batch mixing tokens of several sequences: the path of `llama-server -np P --kv-unified`
-    (llama.cpp #25992).  Measured on that tree's CPU build (2026-11-27): `-c 256 -b 1024 -kvu
-    --kl-divergence` over 4 chunks logs "kl_divergence: computing over 4 chunks, n_ctx=256,
-    batch_size=1024, n_seq=4" with mean KLD 0.000000 against the one-sequence base; `-lm none`
-    and `-lm dio` run; -ctk/-ctv q8_0 without flash attention fails to create the context."""
-
-    kv: bool = False
-    loads: tuple[str, ...] = ("mmap",)
-    parallel: bool = False
-    program: str = "llama-perplexity"
-
-    @classmethod
-    def of(cls, build: LlamaBuild, program: str = "llama-perplexity") -> ServingSupport:
-        opts = build.options(program)
-        return cls(kv=bool({"-ctk", "--cache-type-k"} & opts) and bool({"-ctv", "--cache-type-v"} & opts),
-                   loads=tuple(x for x in LOADS if load_args(build, program, x) is not None),
-                   parallel=bool({"-kvu", "--kv-unified"} & opts), program=program)
-
-    def runs(self, name: str, value) -> bool:
-        """Whether the program can run `value` of serving dimension `name` (its default always)."""
-        if name == "kv":
-            return value == "f16" or self.kv
-        if name == "load":
-            return value in self.loads
-        return value == 1 or self.parallel
-
-    def why_not(self, name: str) -> str:
-        return {"kv": f"the build's {self.program} has no -ctk/-ctv",
-                "load": f"the build's {self.program} loads the weights only as {', '.join(self.loads)}",
-                "parallel": f"the build's {self.program} has no --kv-unified"
-                            + (" (its KL-divergence mode runs one sequence at a time)"
-                               if self.program == "llama-perplexity" else "")}[name]
-
-
-ALL_SERVING = ServingSupport(True, LOADS, True)
 
 
 @dataclass
@@ -254,53 +155,6 @@ class Coverage:
 
     def to_json(self) -> dict:
         return {"shapes": [s.to_json() for s in self.shapes], "bounds": self.bounds}
-
-
-def with_serving(rows: list[Shape], values: dict[str, list]) -> list[Shape]:
-    """The covering design's rows with each serving dimension's values beyond its first placed from
-    the last row backwards (the shortest context: the cheapest check, and P sequences of it one
-    batch), never in the first row (the shape asked for first stays whole: `command_line`), a
-    quantized KV cache only where flash attention is on (llama.cpp quantizes V only with flash
-    attention); where no row is left, a copy of the last row takes the value."""
-    rows = list(rows)
-
-    def fits(row: Shape, name: str, value) -> bool:
-        return name != "kv" or value == "f16" or row.fa
-
-    for name in SERVING_FIELDS:
-        first, extra = values[name][0], list(values[name][1:])
-        for i in range(len(rows) - 1, 0, -1):
-            if extra and getattr(rows[i], name) == first and fits(rows[i], name, extra[0]):
-                rows[i] = dataclasses.replace(rows[i], **{name: extra.pop(0)})
-        for value in extra:
-            base = next((r for r in reversed(rows) if fits(r, name, value)), rows[-1])
-            rows.append(dataclasses.replace(base, **{name: value}, **({} if fits(base, name, value) else {"fa": True})))
-    return list(dict.fromkeys(rows))
-
-
-def kv_list(text: str) -> list[str]:
-    """`--kv f16,q8_0`: KV cache types verify knows (argparse's one line for anything else)."""
-    from argparse import ArgumentTypeError
-
-    items = [x.strip().lower() for x in text.split(",") if x.strip()]
-    bad = [x for x in items if x not in KV_TYPES]
-    if bad or not items:
-        raise ArgumentTypeError(f"{text!r}: KV cache types are {', '.join(KV_TYPES)}")
-    return list(dict.fromkeys(items))
-
-
-def load_list(text: str) -> list[str]:
-    """`--load mmap,read,dio`: how the weights are loaded (LOADS)."""
-    from argparse import ArgumentTypeError
-
-    items = [x.strip().lower() for x in text.split(",") if x.strip()]
-    if not items or any(x not in LOADS for x in items):
-        raise ArgumentTypeError(f"{text!r}: weight loading is one or more of {', '.join(LOADS)} "
-                                "(mmap: mapped, llama.cpp's default; read: --no-mmap; dio: direct I/O)")
-    return list(dict.fromkeys(items))
-
-
-PARALLEL_MAX = 64  # sequences in one batch: far above a server's usual -np, and P x context tokens are decoded at once
 
 
 def covering(dims: list[list]) -> list[tuple]:
@@ -332,13 +186,13 @@ def n_layers(model: Model) -> int | None:
 def plan(model: Model, *, gpu: bool, ctx: list[int] | None = None, max_ctx: int | None = None,
          quick: bool = False, ubatch: list[int] | None = None, fa: list[bool] | None = None,
          kv: list[str] | None = None, load: list[str] | None = None, parallel: list[int] | None = None,
-         support: ServingSupport | None = None) -> Coverage:
+         support: serving.ServingSupport | None = None) -> Coverage:
     """The default coverage (or the one asked for): contexts from short up to the model's training
     context (capped), the micro-batches tune may choose, flash attention on and off, full and
     partial offload for GPU builds; the longest context meets the largest micro-batch and flash
     attention on in the first check.  The serving dimensions (KV cache f16 and q8_0, weights
     mapped, read and read with direct I/O, 1 and 4 sequences in one unified KV cache:
-    SERVING_DEFAULTS) join where `support` (the build's llama-perplexity) runs them; without
+    data/verify.toml [coverage] kv/load/parallel) join where `support` (the build's llama-perplexity) runs them; without
     `support` (a caller that has not read the build's --help) and with --quick, only their first
     values (llama.cpp's defaults: as fast as before) unless they are asked for."""
     cov, _, _ = rules()
@@ -365,34 +219,14 @@ def plan(model: Model, *, gpu: bool, ctx: list[int] | None = None, max_ctx: int 
     shapes = [Shape(*row) for row in covering([ctxs, ubs, fas, ngls])]
     asked = {"kv": kv, "load": load, "parallel": parallel}
     values = {}
-    for name in SERVING_FIELDS:
-        default = list(cov.get(name, SERVING_DEFAULTS[name]))
-        values[name] = _serving_values(name, asked[name], default, quick or support is None,
-                                       support or ALL_SERVING, bounds)
+    for name in serving.SERVING_FIELDS:
+        default = list(cov[name])
+        values[name] = serving.values_for(name, asked[name], default, quick or support is None,
+                                       support or serving.ALL_SERVING, bounds)
     if fas == [False] and any(k != "f16" for k in values["kv"]):
         raise UsageError("--kv q8_0 needs flash attention: llama.cpp quantizes the V cache only with it on",
                          "add --fa on, or leave --fa out")
-    return Coverage(with_serving(shapes, values), bounds)
-
-
-def _serving_values(name: str, asked: list | None, default: list, quick: bool, support: ServingSupport,
-                    bounds: list[str]) -> list:
-    """One serving dimension's values: those asked for (each one the build can run, else one
-    line), else the default ones the build runs (only the first with --quick, as fast as before;
-    the ones left out are said among the bounds)."""
-    if asked:
-        cannot = [v for v in asked if not support.runs(name, v)]
-        if cannot:
-            raise UsageError(f"--{name} {','.join(map(str, cannot))}: {support.why_not(name)}",
-                             f"leave --{name} out: the build is checked at what it can run")
-        return list(dict.fromkeys(asked))
-    if quick:
-        return default[:1]
-    runs = [v for v in dict.fromkeys(default) if support.runs(name, v)]
-    if len(runs) < len(set(default)):
-        bounds.append(f"{name} {', '.join(str(v) for v in default if v not in runs)} not checked: "
-                      f"{support.why_not(name)}")
-    return runs
+    return Coverage(serving.with_serving(shapes, values), bounds)
 
 
 def bound_by_text(coverage: Coverage, n_tokens: int) -> Coverage:
@@ -717,7 +551,7 @@ def serving_args(build: LlamaBuild, program: str, shape: Shape, batch: int) -> l
         out.append("-kvu")
     if shape.kv != "f16":
         out += ["-ctk", shape.kv, "-ctv", shape.kv]
-    load = load_args(build, program, shape.load)
+    load = serving.load_args(build, program, shape.load)
     if load is None:
         raise VerifyError(f"{build.prefix}/bin/{program} cannot load the weights as {shape.load!r}",
                           "check the build at a loading its --help lists (--load)")
@@ -759,7 +593,7 @@ def verify(build: LlamaBuild, ref: LlamaBuild, model: Model, coverage: Coverage,
     failed = [c.to_json() for c in checks if not c.passed]
     result = {"passed": not failed, "reference": str(ref.prefix), "env": env or {},
               "coverage": coverage.to_json(), "verdicts": verdicts(checks),
-              "failed_checks": [{k: c[k] for k in ("ctx", "ubatch", "fa", "ngl", *SERVING_FIELDS)} for c in failed],
+              "failed_checks": [{k: c[k] for k in ("ctx", "ubatch", "fa", "ngl", *serving.SERVING_FIELDS)} for c in failed],
               "checks": [c.to_json() for c in checks]}
     if store is not None:
         row = {**(base or {}), "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
