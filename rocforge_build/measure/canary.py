@@ -203,22 +203,17 @@ def target_of(url: str, argv: list[str], timeout: float = 10.0) -> Target:
 
     parallel, ctx = flag(("-np", "--parallel"), 1), flag(("-c", "--ctx-size"), 4096)
     per_slot = ctx if "--kv-unified" in argv or "-kvu" in argv else ctx // max(parallel, 1)
-    with contextlib.suppress(CanaryError, ValueError, TypeError, AttributeError):
-        parts = urlsplit(url)
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-        try:
-            conn.request("GET", "/props", headers=headers)
-            r = conn.getresponse()
-            props = json.loads(r.read(MAX_REPLY)) if r.status == 200 else {}
-        except (OSError, http.client.HTTPException):
-            props = {}
-        finally:
-            conn.close()
+    props = {}
+    with contextlib.suppress(CanaryError):  # no /props (an older server, a refusal, junk): the flags
+        status, body = exchange("GET", url, "/props", None, headers, timeout)
+        props = _json(body, f"{url}/props") if status == 200 else {}
+    if isinstance(props, dict):
         slots = props.get("total_slots")
-        n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
-        if isinstance(slots, int) and slots > 0:
+        settings = props.get("default_generation_settings")
+        n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+        if isinstance(slots, int) and not isinstance(slots, bool) and 0 < slots < 1 << 16:
             parallel = slots
-        if isinstance(n_ctx, int) and n_ctx > 0:
+        if isinstance(n_ctx, int) and not isinstance(n_ctx, bool) and 0 < n_ctx < 1 << 31:
             per_slot = n_ctx
     return Target(url, headers, per_slot, parallel)
 
@@ -367,10 +362,7 @@ def parse_reply(body: bytes, n_probs: int) -> tuple[Position, ...]:
     """A /completion reply's generated positions: each the chosen token and its top-K log
     probabilities, keyed by token id (by the token's text in the 2024 `probs` form, which has no
     ids).  Anything else than that shape raises CanaryError, one line."""
-    try:
-        d = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise CanaryError(f"the server's reply is not JSON ({len(body)} bytes)") from None
+    d = _json(body, f"the server's reply ({len(body)} bytes)")
     if not isinstance(d, dict):
         raise CanaryError("the server's reply is not a JSON object")
     items = d.get("completion_probabilities")
@@ -435,10 +427,7 @@ def _count(x) -> str:
 
 def parse_tokens(body: bytes) -> tuple[int, ...]:
     """/tokenize's reply: {"tokens": [ids]}."""
-    try:
-        d = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise CanaryError("the server's /tokenize reply is not JSON") from None
+    d = _json(body, "the server's /tokenize reply")
     toks = d.get("tokens") if isinstance(d, dict) else None
     if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 31
                                              for t in toks):
@@ -446,38 +435,67 @@ def parse_tokens(body: bytes) -> tuple[int, ...]:
     return tuple(toks)
 
 
-def post(url: str, path: str, payload: dict, headers: dict, timeout: float) -> bytes:
-    """POST JSON, the whole exchange (a server that trickles too) bounded by `timeout` seconds, the
-    reply by MAX_REPLY bytes; any failure is one CanaryError line."""
+def _json(body: bytes, what: str):
+    """`body` parsed as JSON; whatever a reply can do to the parser (not UTF-8, not JSON, nested
+    past the recursion limit, an integer of thousands of digits) is one CanaryError line."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise CanaryError(f"{what} is not JSON") from None
+
+
+def exchange(method: str, url: str, path: str, body: bytes | None, headers: dict,
+             timeout: float) -> tuple[int, bytes]:
+    """One HTTP request and its (status, reply): the whole exchange (a server that trickles its
+    headers or its body a byte at a time too) bounded by `timeout` seconds, the reply by MAX_REPLY
+    bytes; any failure is one CanaryError line.  Every request the canary makes goes through here."""
     parts = urlsplit(url)
     outcome: dict = {}
+    state = {"abandoned": False, "sock": None}
+    lock = threading.Lock()
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=max(timeout, 0.001))
 
     def ask():
         try:
-            conn.request("POST", path, json.dumps(payload).encode(),
-                         {"Content-Type": "application/json", **headers})
+            conn.connect()
+            with lock:
+                if state["abandoned"]:
+                    return
+                state["sock"] = conn.sock
+            conn.request(method, path, body, headers)
             r = conn.getresponse()
-            body = r.read(MAX_REPLY + 1)
-            outcome["reply"] = (r.status, body)
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+            outcome["reply"] = (r.status, r.read(MAX_REPLY + 1))
+        except Exception as exc:  # noqa: BLE001 - any failure is the exchange's one line, its type kept
             outcome["error"] = f"{type(exc).__name__}: {_outside(exc)}"
+        finally:  # here, not from the caller: closing it under a read in progress breaks http.client
+            conn.close()
 
-    t = threading.Thread(target=ask, name="canary request", daemon=True)
+    t = threading.Thread(target=ask, name=f"canary {method} {path}", daemon=True)
     t.start()
     t.join(timeout)
-    with contextlib.suppress(OSError):
-        conn.close()
+    with lock:
+        state["abandoned"] = True
+        sock = state["sock"]
+    if sock is not None and t.is_alive():  # ends a read still going: it fails at once, and closes
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
     if "error" in outcome:
         raise CanaryError(f"{url}{path} failed: {outcome['error']}")
     if "reply" not in outcome:
         raise CanaryError(f"{url}{path} did not answer within {math.ceil(timeout)} s")
-    status, body = outcome["reply"]
-    if len(body) > MAX_REPLY:
+    status, reply = outcome["reply"]
+    if len(reply) > MAX_REPLY:
         raise CanaryError(f"{url}{path} replied with more than {MAX_REPLY >> 20} MB")
+    return status, reply
+
+
+def post(url: str, path: str, payload: dict, headers: dict, timeout: float) -> bytes:
+    """POST JSON (`exchange`) and the reply of an HTTP 200; anything else is one CanaryError line."""
+    status, reply = exchange("POST", url, path, json.dumps(payload).encode(),
+                             {"Content-Type": "application/json", **headers}, timeout)
     if status != 200:
         raise CanaryError(f"{url}{path} answered HTTP {status}")
-    return body
+    return reply
 
 
 def _request(plan_: CanaryPlan, prompt: tuple[int, ...]) -> dict:

@@ -43,8 +43,22 @@ def behave(kind: str):
         def log_message(self, *a):
             pass
 
+        def do_GET(self):
+            if kind in ("nested", "trickle"):
+                self.do_POST()
+            else:
+                self.send_error(501)
+
         def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if kind == "trickle":  # a byte a tenth of a second, for ever: each read is quick
+                self.send_response(200)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                while True:
+                    self.wfile.write(b"1\r\n \r\n")
+                    self.wfile.flush()
+                    time.sleep(0.1)
             if kind == "hang":
                 time.sleep(30)
                 return
@@ -58,6 +72,7 @@ def behave(kind: str):
                 "huge": b'{"content": "' + b"x" * (canary.MAX_REPLY + 10) + b'"}',
                 "wrong-types": json.dumps({"completion_probabilities": [{"id": "1", "top_logprobs": "no"}]}).encode(),
                 "nan": _nan_reply(),
+                "nested": b"[" * 100000 + b"]" * 100000,  # past Python's recursion limit
                 "neginf": _neginf_reply(),
                 "missing": json.dumps({"content": "hello"}).encode(),
                 "status": b"{}",
@@ -97,6 +112,8 @@ def fake():
     ("status", "answered HTTP 500"),
     ("hang", "did not answer within 3 s"),
     ("drop", "failed: RemoteDisconnected"),
+    ("nested", "not JSON"),
+    ("trickle", "did not answer within 3 s"),
 ])
 def test_each_hostile_reply_is_one_failure_line_in_bounded_time(fake, kind, says):
     start = time.monotonic()
@@ -111,6 +128,42 @@ def test_each_hostile_reply_is_one_failure_line_in_bounded_time(fake, kind, says
 def test_the_real_reply_passes_through_the_same_fake(fake):
     verdict = canary.check(PLAN, fake("real"), reference(), timeout=5)
     assert verdict.passed and all(r.comparison.kld_mean == 0 for r in verdict.rows)
+
+
+def _target_of_within(url: str, argv: list[str], timeout: float, bound: float):
+    """canary.target_of run where a hang shows as a failed test, not a stuck run."""
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["target"] = canary.target_of(url, argv, timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - the test reports whatever came out
+            outcome["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    start = time.monotonic()
+    t.start()
+    t.join(bound)
+    assert not t.is_alive(), f"target_of still reading after {bound:g} s"
+    assert "error" not in outcome, repr(outcome.get("error"))
+    return outcome["target"], time.monotonic() - start
+
+
+@pytest.mark.parametrize("kind", ["nested", "trickle"])
+def test_target_of_a_hostile_props_falls_back_to_its_flags_in_bounded_time(fake, kind, monkeypatch):
+    """/props nested past the recursion limit, or trickled a byte at a time for ever (each read
+    quick, so a per-read timeout never fires): the flags are used, within target_of's timeout, and
+    the read given up on ends without a traceback of its own."""
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", escaped.append)
+    t = fake(kind)
+    got, took = _target_of_within(t.url, ["llama-server", "-c", "8192", "-np", "4"], timeout=2, bound=10)
+    assert (got.parallel, got.ctx_per_slot) == (4, 2048) and took < 4
+    deadline = time.monotonic() + 3
+    while any(th.name == "canary GET /props" for th in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(th.name == "canary GET /props" for th in threading.enumerate()), "the read given up on goes on"
+    assert not escaped, [e.exc_value for e in escaped]
 
 
 def test_target_of_a_server_whose_props_are_junk_falls_back_to_its_flags(fake):
