@@ -205,12 +205,9 @@ def report(label: str, text: str) -> None:
 
 
 def _escaped(line: str) -> str:
-    if line.isprintable():
-        return line
-    from rocforge_build.shellsafe import TERMINAL_CONTROLS
+    from rocforge_build.shellsafe import escaped
 
-    return "".join(c.encode("unicode_escape").decode("ascii") if c in TERMINAL_CONTROLS else c
-                   for c in line)
+    return escaped(line)
 
 
 def unusable_path(exc: BaseException):

@@ -51,6 +51,14 @@ TERMINAL_CONTROLS = (LINE_BREAKS | frozenset(chr(c) for c in range(0x7f, 0xa0))
 BREAK_HINT = "a value or word cannot hold a line break, NUL or other control character"
 
 
+def escaped(line: str) -> str:
+    """`line` with every terminal control (line breaks, C0, C1, bidi) written as its escape
+    (`\\x1b`): what text a server, a file or a build gave may show on a terminal, never drive it."""
+    if line.isprintable():
+        return line
+    return "".join(c.encode("unicode_escape").decode("ascii") if c in TERMINAL_CONTROLS else c for c in line)
+
+
 def line_break_problem(text: str) -> str | None:
     """Why `text` cannot stay on one line for every reader (a `LINE_BREAKS` character), or None."""
     if any(c in LINE_BREAKS for c in text):

@@ -592,13 +592,13 @@ def store_recorder(base: dict, build, argv: list[str], url: str, every: float, s
 
 def say_to_stderr(text: str) -> None:
     """`rocforge: serve: TEXT` on one line, every terminal control (CR and LF too) written as its
-    escape by cli's writer: the text quotes servers' replies, and a status line can carry ESC, BEL
-    or a CR that would paint a line of its own over this one.  Every line `rocforge serve` writes
-    goes through here."""
-    from rocforge_build.cli import _escaped, report
+    escape (shellsafe.escaped, the writer cli's report uses): the text quotes servers' replies, and
+    a status line can carry ESC, BEL or a CR that would paint a line of its own over this one.
+    Every line `rocforge serve` writes goes through here."""
+    from rocforge_build.shellsafe import escaped
 
     with contextlib.suppress(OSError, ValueError):
-        report("serve", _escaped(text))
+        sys.stderr.write(f"rocforge: serve: {escaped(text)}\n")
         sys.stderr.flush()
 
 

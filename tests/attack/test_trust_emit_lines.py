@@ -97,7 +97,9 @@ def _stored(tmp_path: Path, ranges: dict[str, dict], model: str = "m") -> tuple[
             "ranges": {name: {"prefix": str(prefix), "backend": "cpu", "stamp": stamp, "depth": 0,
                               "ctx": r["ctx"], "variant": {}, "variant_label": "ub=512", "score": 1.0,
                               "figures": [], "runner_up": None, "env": r["env"], "notes": [],
-                              "argv": [str(server), "-m", "/m/m.gguf", *r["args"]]}
+                              "argv": [str(server), "-m", "/m/m.gguf", *r["args"]],
+                              "verified": {"shape": {"ctx": r["ctx"], "ubatch": 512, "fa": False, "ngl": None,
+                                                     "kv": "f16", "load": "mmap", "parallel": 1}}}
                        for name, r in ranges.items()}}
     with Store() as s:
         s.add_preset("m", sha, 1, data)
