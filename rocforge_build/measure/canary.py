@@ -532,8 +532,9 @@ def reference(plan_: CanaryPlan, ref: LlamaBuild, model, *, progress=None, timeo
     prompt) on a free loopback port, the same requests one at a time; cached on disk by the
     reference's stamp and binary, the model's sha256 and the plan."""
     cached = _cache_file(plan_, ref, model)
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        return Reference.from_json(json.loads(cached.read_text(encoding="utf-8")))
+    hit = _read_cache(cached)
+    if hit is not None:
+        return hit
     from rocforge_build.proc import merged_env, spawn
 
     start = time.monotonic()
@@ -547,10 +548,11 @@ def reference(plan_: CanaryPlan, ref: LlamaBuild, model, *, progress=None, timeo
     child = spawn(argv, env=merged_env(ref.runtime_env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                   die_with_parent=True)
     tail: list[bytes] = []
-    threading.Thread(target=lambda: [tail.append(line) or tail.__delitem__(slice(0, -5)) for line in child.stderr],
-                     daemon=True).start()
+    reader = threading.Thread(target=lambda: [tail.append(line) or tail.__delitem__(slice(0, -5))
+                                              for line in child.stderr], daemon=True)
+    reader.start()
     try:
-        _wait_health(url, child, timeout, tail)
+        _wait_health(url, port, child, timeout, tail, reader)
         prompts, labels = _prompts(plan_, url, {}, min(timeout, 120))
         answers = tuple(complete(url, {}, plan_, p, timeout) for p in prompts)
     finally:
@@ -569,23 +571,44 @@ def reference(plan_: CanaryPlan, ref: LlamaBuild, model, *, progress=None, timeo
     return result
 
 
-def _wait_health(url: str, child, timeout: float, tail: list) -> None:
-    parts = urlsplit(url)
+def _read_cache(path: Path) -> Reference | None:
+    """The cached reference at `path`, or None (a miss: recomputed) for anything unreadable: no file,
+    not JSON, nested past the recursion limit, or not a reference's shape."""
+    try:
+        d = json.loads(path.read_bytes())
+        got = Reference.from_json(d)
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError, IndexError):
+        return None
+    tokens_ok = all(_token_key(p.token) and all(_token_key(k) and isinstance(v, float) for k, v in p.top.items())
+                    for a in got.answers for p in a if isinstance(p.top, dict))
+    shape_ok = (len(got.prompts) == len(got.answers) == len(got.labels)
+                and all(isinstance(t, int) for p in got.prompts for t in p)
+                and all(isinstance(p.top, dict) for a in got.answers for p in a)
+                and all(isinstance(label, str) for label in got.labels))
+    return got if shape_ok and tokens_ok else None
+
+
+def _wait_health(url: str, port: int, child, timeout: float, tail: list, reader: threading.Thread) -> None:
+    """Until /health answers 200 from a socket the child (or its descendants) listens on: another
+    program that took the port between the free-port probe and the start is not the reference."""
+    from rocforge_build.proc import port_holder
+
     deadline = time.monotonic() + timeout
+    holder = "nobody"
     while time.monotonic() < deadline:
         if child.poll() is not None:
+            reader.join(2)  # its last words, read to the end of its stderr
             last = _outside(tail[-1].decode(errors="replace")) if tail else "no output"
             raise CanaryError(f"the reference llama-server exited with code {child.returncode}: {last}")
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2)
-        try:
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return
-        except (OSError, http.client.HTTPException):
-            pass
-        finally:
-            conn.close()
+        holder = port_holder(child.pid, "127.0.0.1", port)
+        if holder in ("ours", "unknown"):
+            with contextlib.suppress(CanaryError):
+                if exchange("GET", url, "/health", None, {}, min(2.0, max(deadline - time.monotonic(), 0.001)))[0] == 200:
+                    return
         time.sleep(0.25)
+    if holder == "other":
+        raise CanaryError(f"another program listens on the reference's port {port}, and the reference "
+                          f"llama-server (pid {child.pid}) did not within {timeout:g} s")
     raise CanaryError(f"the reference llama-server did not answer /health within {timeout:g} s")
 
 

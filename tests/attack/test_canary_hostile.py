@@ -240,3 +240,53 @@ def test_the_reference_servers_last_words_are_printable_and_bounded(tmp_path, ca
         canary.reference(PLAN, build, Model(), timeout=10)
     assert "exited with code 3" in e.value.message and e.value.message.isprintable(), repr(e.value.message)
     assert len(e.value.message) < 300
+
+
+def test_an_unreadable_cache_entry_is_a_miss(tmp_path, cache_at):
+    """A cache file nested past the recursion limit (or any other junk) is recomputed: the reference's
+    server is started (here one that exits at once, which says it was), never a traceback."""
+    build = StandInBuild(tmp_path, "echo 'the stand-in ran' >&2; exit 3")
+    for junk in (b"[" * 100000 + b"]" * 100000, b'{"prompts": 1}', b'{"prompts": [[1]], "answers": [[{"token": 1, "top": 5}]], '
+                 b'"labels": ["a"], "seconds": 0}', b"\xff"):
+        cache_at.parent.mkdir(parents=True, exist_ok=True)
+        cache_at.write_bytes(junk)
+        with pytest.raises(canary.CanaryError) as e:
+            canary.reference(PLAN, build, Model(), timeout=10)
+        assert "exited with code 3: the stand-in ran" in e.value.message
+
+
+def test_a_cached_reference_is_read_back(tmp_path, cache_at):
+    build = StandInBuild(tmp_path, "exit 3")
+    cache_at.parent.mkdir(parents=True)
+    cache_at.write_text(json.dumps(reference().to_json()))
+    assert canary.reference(PLAN, build, Model(), timeout=10) == reference()
+
+
+def test_the_reference_asks_only_its_own_server(tmp_path, cache_at, monkeypatch):
+    """Another program answering /health on the reference's port (it took the port between the
+    free-port probe and the start) is not the reference: no prompt goes to it, and the error says so."""
+    asked: list[str] = []
+
+    class Impostor(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_POST = do_GET
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setattr(canary, "_free_port", lambda: srv.server_address[1])
+    try:
+        with pytest.raises(canary.CanaryError) as e:
+            canary.reference(PLAN, StandInBuild(tmp_path, "exec sleep 30"), Model(), timeout=3)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert "another program" in e.value.message and not [p for p in asked if p != "/health"], (e.value.message, asked)
