@@ -529,8 +529,9 @@ def _free_port() -> int:
 
 def reference(plan_: CanaryPlan, ref: LlamaBuild, model, *, progress=None, timeout: float = 900.0) -> Reference:
     """The reference build's answers: its own llama-server (-np 1, a context that holds the long
-    prompt) on a free loopback port, the same requests one at a time; cached on disk by the
-    reference's stamp and binary, the model's sha256 and the plan."""
+    prompt) on a free loopback port (asked only once the socket answering there is its own), the
+    same requests one at a time; cached on disk by the reference's stamp and binary, the model's
+    sha256 and the plan (an unreadable entry is recomputed)."""
     cached = _cache_file(plan_, ref, model)
     hit = _read_cache(cached)
     if hit is not None:
