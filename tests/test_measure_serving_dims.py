@@ -295,3 +295,14 @@ def test_a_kv_variant_runs_llama_bench_with_ctk_and_ctv(tmp_path, model8k):
     argv = bench.argv_for(build, bench.Spec(model8k), bench.Variant(512, True, (), "q8_0"), (0,))
     assert argv[argv.index("-ctk"):argv.index("-ctk") + 4] == ["-ctk", "q8_0", "-ctv", "q8_0"]
     assert "-ctk" not in bench.argv_for(build, bench.Spec(model8k), bench.Variant(512, True), (0,))
+
+
+def test_a_serving_value_asked_alone_is_in_every_check(model8k):
+    """`--parallel 4` (or `--kv q8_0`, `--load read`) without the default beside it is what every
+    check runs: a verify that asked for 4 sequences and checked 1 would prove the wrong shape (seen
+    on a Vulkan build: two checks at parallel 1, "passed")."""
+    cov = verify.plan(model8k, gpu=True, parallel=[4], support=serving.ALL_SERVING)
+    assert cov.shapes and {s.parallel for s in cov.shapes} == {4}
+    cov = verify.plan(model8k, gpu=False, kv=["q8_0"], load=["read"], support=serving.ALL_SERVING)
+    assert {(s.kv, s.load) for s in cov.shapes} == {("q8_0", "read")}
+    assert all(s.fa for s in cov.shapes)  # a quantized V cache needs flash attention

@@ -129,24 +129,29 @@ PARALLEL_MAX = 64  # sequences in one batch: far above a server's usual -np, and
 
 
 def with_serving(rows: list, values: dict[str, list]) -> list:
-    """The covering design's rows (verify.Shape values) with each serving dimension's values beyond its first placed from
-    the last row backwards (the shortest context: the cheapest check, and P sequences of it one
-    batch), never in the first row (the shape asked for first stays whole: `command_line`), a
-    quantized KV cache only where flash attention is on (llama.cpp quantizes V only with flash
-    attention); where no row is left, a copy of the last row takes the value."""
-    rows = list(rows)
+    """The covering design's rows (verify.Shape values) with every serving dimension's first value in
+    every row (also when it is not llama.cpp's default: `--parallel 4` alone checks 4 sequences
+    everywhere), and its values beyond the first placed from the last row backwards (the shortest
+    context: the cheapest check, and P sequences of it one batch), never in the first row (the
+    shape asked for first stays whole: `command_line`), a quantized KV cache only where flash
+    attention is on (llama.cpp quantizes V only with flash attention: a row without it gets it);
+    where no row is left, a copy of the last row takes the value."""
 
     def fits(row, name: str, value) -> bool:
         return name != "kv" or value == "f16" or row.fa
 
+    def given(row, name: str, value):
+        return dataclasses.replace(row, **{name: value}, **({} if fits(row, name, value) else {"fa": True}))
+
     for name in SERVING_FIELDS:
         first, extra = values[name][0], list(values[name][1:])
+        rows = list(dict.fromkeys(given(r, name, first) for r in rows))
         for i in range(len(rows) - 1, 0, -1):
             if extra and getattr(rows[i], name) == first and fits(rows[i], name, extra[0]):
                 rows[i] = dataclasses.replace(rows[i], **{name: extra.pop(0)})
         for value in extra:
             base = next((r for r in reversed(rows) if fits(r, name, value)), rows[-1])
-            rows.append(dataclasses.replace(base, **{name: value}, **({} if fits(base, name, value) else {"fa": True})))
+            rows.append(given(base, name, value))
     return list(dict.fromkeys(rows))
 
 
