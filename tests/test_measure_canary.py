@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from rocforge_build.measure import canary
-from rocforge_build.measure.canary import CanaryError, Position
+from rocforge_build.measure import canary, canary_compare
+from rocforge_build.measure.canary import CanaryError
+from rocforge_build.measure.canary_compare import Position
 
 DATA = Path(__file__).parent / "data" / "canary"
 L = math.log
@@ -28,27 +29,27 @@ def pos(token, **probs) -> Position:
 
 def test_kld_of_identical_distributions_is_zero():
     p = {1: L(0.7), 2: L(0.2), 3: L(0.05)}
-    assert canary.position_kld(p, dict(p)) == pytest.approx(0.0, abs=1e-12)
+    assert canary_compare.position_kld(p, dict(p)) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_kld_coarsened_to_the_reference_top_k_plus_the_rest():
     # reference 0.5/0.5 (nothing left over), server 0.9/0.1:
     # 0.5 ln(0.5/0.9) + 0.5 ln(0.5/0.1) = 0.5 (-0.587787) + 0.5 (1.609438) = 0.510826
-    assert canary.position_kld({1: L(0.5), 2: L(0.5)}, {1: L(0.9), 2: L(0.1)}) == pytest.approx(0.510826, abs=1e-6)
+    assert canary_compare.position_kld({1: L(0.5), 2: L(0.5)}, {1: L(0.9), 2: L(0.1)}) == pytest.approx(0.510826, abs=1e-6)
     # reference 0.6/0.2 (rest 0.2), server 0.6/0.2 listing a third token 0.1 (rest of the
     # reference's top-K: 0.2): the same coarse distribution, KLD 0
-    assert canary.position_kld({1: L(0.6), 2: L(0.2)}, {1: L(0.6), 2: L(0.2), 3: L(0.1)}) == pytest.approx(0, abs=1e-12)
+    assert canary_compare.position_kld({1: L(0.6), 2: L(0.2)}, {1: L(0.6), 2: L(0.2), 3: L(0.1)}) == pytest.approx(0, abs=1e-12)
 
 
 def test_a_reference_token_the_server_did_not_list_gets_its_smallest_listed_probability():
     # reference {1: 0.5, 2: 0.5}; server lists {1: 0.9, 3: 0.05}: token 2 is taken as 0.05
     # 0.5 ln(0.5/0.9) + 0.5 ln(0.5/0.05) + rest: p_rest 0, so nothing = -0.293893 + 1.151293 = 0.857399
-    assert canary.position_kld({1: L(0.5), 2: L(0.5)}, {1: L(0.9), 3: L(0.05)}) == pytest.approx(0.857399, abs=1e-6)
+    assert canary_compare.position_kld({1: L(0.5), 2: L(0.5)}, {1: L(0.9), 3: L(0.05)}) == pytest.approx(0.857399, abs=1e-6)
 
 
 def test_same_answers_compare_clean():
     ref = (pos(5, t5=0.8, t6=0.1), pos(7, t7=0.6, t8=0.3))
-    c = canary.compare(ref, ref)
+    c = canary_compare.compare(ref, ref)
     assert (c.compared, c.kld_mean, c.top1, c.ppl_ratio, c.parted_at) == (2, 0.0, 1.0, 1.0, None)
 
 
@@ -57,24 +58,24 @@ def test_ppl_ratio_of_the_reference_tokens():
     # exp(mean(-ln 0.4, -ln 0.5)) / exp(mean(-ln 0.8, -ln 0.5)) = sqrt(0.8/0.4) = 1.414214
     ref = (pos(5, t5=0.8, t6=0.1), pos(7, t7=0.5, t8=0.3))
     got = (pos(5, t5=0.4, t6=0.3), pos(7, t7=0.5, t8=0.3))
-    assert canary.compare(ref, got).ppl_ratio == pytest.approx(math.sqrt(2), abs=1e-6)
+    assert canary_compare.compare(ref, got).ppl_ratio == pytest.approx(math.sqrt(2), abs=1e-6)
 
 
 def test_a_parting_at_a_near_tie_stops_the_comparison_without_blame():
     # position 1: the reference 0.45/0.44 (margin 0.01 < CLEAR_MARGIN): the server chose the other
     ref = (pos(5, t5=0.9), pos(7, t7=0.45, t8=0.44), pos(9, t9=0.9))
     got = (pos(5, t5=0.9), pos(8, t7=0.44, t8=0.45), pos(3, t3=0.9))
-    c = canary.compare(ref, got)
+    c = canary_compare.compare(ref, got)
     assert (c.compared, c.parted_at, c.clear_parting, c.top1) == (1, 1, False, 1.0)
-    assert canary.judge(c, _plan()) == ()
+    assert canary_compare.judge(c, _plan()) == ()
 
 
 def test_a_parting_where_the_reference_was_clear_is_a_top1_failure():
     ref = (pos(5, t5=0.9), pos(7, t7=0.9, t8=0.05))
     got = (pos(5, t5=0.9), pos(8, t7=0.05, t8=0.9))
-    c = canary.compare(ref, got)
+    c = canary_compare.compare(ref, got)
     assert (c.parted_at, c.clear_parting, c.compared) == (1, True, 2) and c.top1 == 0.5
-    failed = canary.judge(c, _plan())
+    failed = canary_compare.judge(c, _plan())
     assert failed[0].startswith("top-1 (the answer parted from the reference's at token 1")
 
 
@@ -82,7 +83,7 @@ def test_a_drifted_distribution_fails_kld_with_the_greedy_text_unchanged():
     # the argmax stays (a greedy text canary sees nothing), the distribution moved: KLD fails
     ref = tuple(pos(5, t5=0.6, t6=0.3, t7=0.1) for _ in range(4))
     got = tuple(pos(5, t5=0.4, t6=0.35, t7=0.25) for _ in range(4))
-    failed = canary.judge(canary.compare(ref, got), _plan())
+    failed = canary_compare.judge(canary_compare.compare(ref, got), _plan())
     assert any(f.startswith("kld_mean") for f in failed) and not any(f.startswith("top") for f in failed)
 
 
@@ -153,12 +154,12 @@ def test_a_few_tokens_ppl_ratio_fails_only_beyond_its_noise():
     # bound e^(0.04 - 3 x 0.067) < 1): noise, not judged a failure
     ref = tuple(pos(5, t5=0.5, t6=0.1) for _ in range(16))
     got = tuple(pos(5, t5=0.5 * math.exp(-0.3 if i % 2 else 0.22), t6=0.1) for i in range(16))
-    c = canary.compare(ref, got)
+    c = canary_compare.compare(ref, got)
     assert c.ppl_ratio == pytest.approx(math.exp(0.04), abs=1e-6) and c.ppl_ratio_low < 1.0
-    assert not any(f.startswith("ppl_ratio") for f in canary.judge(c, _plan()))
+    assert not any(f.startswith("ppl_ratio") for f in canary_compare.judge(c, _plan()))
     # every token 0.1 lower (ratio e^0.1 = 1.105, no spread): a failure
     steady = tuple(pos(5, t5=0.5 * math.exp(-0.1), t6=0.1) for _ in range(16))
-    assert any(f.startswith("ppl_ratio 1.105") for f in canary.judge(canary.compare(ref, steady), _plan()))
+    assert any(f.startswith("ppl_ratio 1.105") for f in canary_compare.judge(canary_compare.compare(ref, steady), _plan()))
 
 
 def test_a_wildly_wrong_log_probability_is_a_ppl_ratio_of_inf_not_an_overflow():
@@ -167,7 +168,7 @@ def test_a_wildly_wrong_log_probability_is_a_ppl_ratio_of_inf_not_an_overflow():
     ref = (Position(5, {5: 0.0, 6: -30.0}),)
     got = canary.parse_reply(json.dumps({"completion_probabilities": [
         {"id": 5, "top_logprobs": [{"id": 5, "logprob": -800.0}, {"id": 7, "logprob": -800.0}]}]}).encode(), 10)
-    c = canary.compare(ref, got)
+    c = canary_compare.compare(ref, got)
     assert c.ppl_ratio == math.inf and c.ppl_ratio_low == math.inf
-    assert any(f.startswith("ppl_ratio inf (limit <=") for f in canary.judge(c, _plan("Q4_1")))
+    assert any(f.startswith("ppl_ratio inf (limit <=") for f in canary_compare.judge(c, _plan("Q4_1")))
     assert canary.Row("request 1", 3, c, ("x",)).to_json()["ppl_ratio"] is None  # stored as plain JSON

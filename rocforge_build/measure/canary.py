@@ -21,7 +21,7 @@ each position is compared with verify's limits for the model's file type (data/v
 
 Greedy paths can part at a near-tie: positions are compared up to the first one where the server's
 chosen token differs from the reference's.  A parting where the reference's top-1 margin was clear
-(`CLEAR_MARGIN`) is judged a top-1 failure; at a near-tie the comparison just stops there.
+(`canary_compare.CLEAR_MARGIN`) is judged a top-1 failure; at a near-tie the comparison just stops there.
 
 What it covers: one prompt as long as the model's training context and the slot's context allow
 (past 8K tokens where they do), checked alone, then `parallel` different texts sent at once over the
@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 
 from rocforge_build.errors import RocforgeError
 from rocforge_build.measure import verify
+from rocforge_build.measure.canary_compare import Comparison, Position, compare, judge
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.shellsafe import one_line
 
@@ -58,7 +59,6 @@ LONG_WANTED = 8448  # tokens: past 8K, where position-dependent faults show (RoP
 N_PREDICT = 16
 N_PROBS = 10
 SHORT_N_PREDICT = 4
-CLEAR_MARGIN = 0.2  # reference's top-1 probability minus its second's: a parting there is no tie
 MAX_REPLY = 8 << 20  # bytes read of one reply: 16 positions x 10 tokens are a few KB
 SEED = 42
 SHORT_CHARS = 700  # each short text: a paragraph, ~150 tokens
@@ -107,21 +107,6 @@ class CanaryPlan:
 
 
 @dataclass(frozen=True)
-class Position:
-    """One generated position: the chosen token and the top-K distribution (token id -> log p)."""
-
-    token: int | str
-    top: dict
-
-    def to_json(self) -> dict:
-        return {"token": self.token, "top": [[k, v] for k, v in self.top.items()]}
-
-    @classmethod
-    def from_json(cls, d: dict) -> Position:
-        return cls(d["token"], {k: v for k, v in d["top"]})
-
-
-@dataclass(frozen=True)
 class Reference:
     """The reference's answers: per request (the long prompt first when there is one), its prompt
     tokens and its positions."""
@@ -140,19 +125,6 @@ class Reference:
         return cls(tuple(tuple(p) for p in d["prompts"]), tuple(tuple(Position.from_json(p) for p in a)
                                                                for a in d["answers"]),
                    tuple(d["labels"]), float(d["seconds"]))
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One answer against one reference answer."""
-
-    compared: int  # positions compared (up to and including a clear parting)
-    kld_mean: float
-    top1: float
-    ppl_ratio: float
-    ppl_ratio_low: float  # its lower bound, 3 standard errors of the per-token log ratio below
-    parted_at: int | None  # first position whose chosen token differs, None: none did
-    clear_parting: bool  # the reference's margin there was clear: a top-1 failure
 
 
 @dataclass(frozen=True)
@@ -252,108 +224,6 @@ def _slice(text: str, i: int) -> str:
     start = (i + 1) * 7 * SHORT_CHARS
     start = text.find("\n", start) + 1 or start
     return text[start:start + SHORT_CHARS]
-
-
-# ------------------------------------------------------------------------------- comparison math
-
-def _probs(top: dict) -> dict:
-    return {k: math.exp(v) for k, v in top.items()}
-
-
-def position_kld(ref_top: dict, got_top: dict) -> float:
-    """KL(reference || server) on the reference's top-K plus one "everything else" bucket (log
-    probabilities in, nats out); a token the server did not list gets its smallest listed
-    probability."""
-    p = _probs(ref_top)
-    q_all = _probs(got_top)
-    floor = min(q_all.values()) if q_all else 1e-12
-    q = {k: q_all.get(k, floor) for k in p}
-    kld = sum(pk * (math.log(max(pk, 1e-30)) - math.log(max(q[k], 1e-30))) for k, pk in p.items() if pk > 0)
-    p_rest = max(0.0, 1.0 - sum(p.values()))
-    q_rest = max(1e-12, 1.0 - sum(q.values()))
-    if p_rest > 1e-12:
-        kld += p_rest * (math.log(p_rest) - math.log(q_rest))
-    return max(kld, 0.0)
-
-
-def _top1(top: dict):
-    return max(top, key=top.get) if top else None
-
-
-def _margin(top: dict) -> float:
-    ps = sorted(_probs(top).values(), reverse=True)
-    return ps[0] - (ps[1] if len(ps) > 1 else 0.0)
-
-
-def compare(ref: tuple[Position, ...], got: tuple[Position, ...]) -> Comparison:
-    """The server's positions against the reference's, up to the first parting (see the module)."""
-    klds, agree, logq, logp = [], 0, [], []
-    parted, clear = None, False
-    for i, (r, g) in enumerate(zip(ref, got, strict=False)):
-        klds.append(position_kld(r.top, g.top))
-        agree += _top1(r.top) == _top1(g.top)
-        want = r.token
-        floor = min(g.top.values()) if g.top else -50.0
-        logq.append(g.top.get(want, floor))
-        logp.append(r.top.get(want, min(r.top.values()) if r.top else -50.0))
-        if g.token != r.token:
-            parted = i
-            clear = _margin(r.top) >= CLEAR_MARGIN
-            if not clear:  # a near-tie: this position says nothing either way
-                klds.pop()
-                agree -= _top1(r.top) == _top1(g.top)
-                logq.pop()
-                logp.pop()
-            break
-    if len(got) < len(ref) and parted is None:
-        parted, clear = len(got), True  # a short answer: the missing positions are not the reference's
-    n = len(klds)
-    if n == 0:
-        return Comparison(0, math.nan, math.nan, math.nan, math.nan, parted, clear)
-    top1 = agree / n
-    if clear and parted is not None and parted >= n:
-        top1 = agree / (n + 1)  # the missing position counts as a disagreement
-    diffs = [a - b for a, b in zip(logp, logq, strict=True)]
-    mean = sum(diffs) / n
-    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else 0.0
-    return Comparison(n, sum(klds) / n, top1, _exp(mean), _exp(mean - 3 * se), parted, clear)
-
-
-def _exp(x: float) -> float:
-    """e**x, inf past a float's range: a wildly wrong server's log-probabilities (clamped at -1e4)
-    put the reference's tokens hundreds of nats away, and that is a failure, not an error."""
-    try:
-        return math.exp(x)
-    except OverflowError:
-        return math.inf
-
-
-def judge(c: Comparison | None, plan_: CanaryPlan, ppl_ref: float | None = None) -> tuple[str, ...]:
-    """The checks this comparison fails, by verify's limits for the plan's file type."""
-    if c is None or c.compared == 0:
-        return ("no position could be compared",)
-    _, _, limits = verify.rules(plan_.file_type)
-    values = {"kld_mean": c.kld_mean, "top1": c.top1, "ppl_ratio": c.ppl_ratio}
-    failed = []
-    if c.clear_parting:  # first: the most telling of the failures
-        failed.append(f"top-1 (the answer parted from the reference's at token {c.parted_at}, where the "
-                      f"reference's choice was clear)")
-    for t in limits:
-        if t.metric not in values or (t.metric == "top1" and c.clear_parting):
-            continue
-        if ppl_ref is not None and not t.judged(ppl_ref, plan_.n_vocab):
-            continue
-        # the PPL ratio of a few tokens is noisy (a right CPU build at -np 4 measured 1.04 on 16):
-        # it fails when even its lower bound is above the limit
-        judged = c.ppl_ratio_low if t.metric == "ppl_ratio" else values[t.metric]
-        if not t.holds(judged):
-            sign = "<=" if t.upper else ">="
-            failed.append(f"{t.metric} {_fmt(values[t.metric])} (limit {sign} {t.limit:g})")
-    return tuple(failed)
-
-
-def _fmt(x: float) -> str:
-    return "nan" if x is None or math.isnan(x) else f"{x:.4g}"
 
 
 # --------------------------------------------------------------------------------- the replies
