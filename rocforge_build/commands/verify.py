@@ -40,7 +40,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--load", type=serving.load_list, metavar="mmap,read,dio",
                         help="how the weights are loaded: mapped (llama.cpp's default), read (--no-mmap), "
                         "direct I/O (default: each the build's llama-perplexity has; --quick: mmap)")
-    parser.add_argument("--parallel", type=argtypes.int_list(1, serving.PARALLEL_MAX), metavar="N,...",
+    parser.add_argument("--parallel", type=argtypes.int_list(1, serving.PARALLEL_MAX), metavar="P,...",
                         help="sequences sharing one unified KV cache (-np with --kv-unified; default 1 and 4 "
                         "where the build's llama-perplexity has --kv-unified; --quick: 1)")
     parser.add_argument("--json", action="store_true", help="the result as JSON")
