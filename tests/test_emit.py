@@ -589,7 +589,8 @@ def _stored_preset(tmp_path: Path, *, model: str = "m", label: str = "ub=512",
             "ranges": {"short": {"prefix": str(prefix), "backend": "cpu", "stamp": stamp, "depth": 0,
                                  "ctx": 4096, "variant": {}, "variant_label": label, "score": 1.0,
                                  "figures": [], "runner_up": None, "env": env or {},
-                                 "argv": [str(exe), "-m", "/m/m.gguf", *argv_extra], "notes": []}}}
+                                 "argv": [str(exe), "-m", "/m/m.gguf", *argv_extra], "notes": [],
+                                 "verified": {"shape": {"ctx": 4096, "ubatch": 512, "fa": False, "ngl": None, "kv": "f16", "load": "mmap", "parallel": 1}}}}}
     with Store() as s:
         s.add_preset("m", "ab" * 32, 1, data)
     return exe
@@ -699,7 +700,8 @@ def test_serve_dry_run_piped_to_sh_runs_the_preset_and_nothing_else(tmp_path, ca
             "ranges": {"short": {"prefix": str(prefix), "backend": "cpu", "depth": 0, "ctx": 4096,
                                  "stamp": read_manifest(prefix).get("stamp"), "variant": {},
                                  "variant_label": "ub=512", "score": 1.0, "figures": [], "runner_up": None,
-                                 "env": {"V": value}, "argv": argv, "notes": [f"n\ntouch {mark}"]}}}
+                                 "env": {"V": value}, "argv": argv, "notes": [f"n\ntouch {mark}"],
+                                 "verified": {"shape": {"ctx": 4096, "ubatch": 512, "fa": False, "ngl": None, "kv": "f16", "load": "mmap", "parallel": 1}}}}}
     with Store() as s:
         s.add_preset("m", sha, 1, data)
     assert rf_cli.main(["serve", "m", "--dry-run", "--port", "8099"]) == 0

@@ -505,7 +505,7 @@ def _pipe_name(stream) -> str | None:
         return None
 
 
-def _ended_by(child: subprocess.Popen, deadline: float) -> bool:
+def _ended_by(child, deadline: float) -> bool:
     """Whether the program ended by `deadline`; it is left unreaped (a zombie), so its pid, which
     is its group's id, cannot name another process's group when stop_group signals it."""
     while True:

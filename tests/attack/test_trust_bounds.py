@@ -65,8 +65,10 @@ NOT_NUMERIC = (None, str, Path)  # types of options that take text or a path
 
 
 def _text_type(parse) -> bool:
-    """A type function that checks a text and answers one (`def host(text: str) -> str`)."""
-    return getattr(parse, "__annotations__", {}).get("return") in ("str", str, "Path", Path)
+    """A type function that checks a text and answers one, or a list of words chosen from a fixed
+    set (`def host(text: str) -> str`, `def kv_list(text: str) -> list[str]`)."""
+    return getattr(parse, "__annotations__", {}).get("return") in (
+        "str", str, "Path", Path, "list[str]", "tuple[str, ...]")
 
 
 def _numeric_default(action) -> bool:

@@ -512,7 +512,7 @@ def _preset(env: dict, notes: list[str], range_name: str = "short",
             "ranges": {range_name: {
                 "env": env, "argv": [f"{prefix}/bin/llama-server", *env], "notes": notes, "ctx": 4096,
                 "prefix": prefix, "backend": "hip", "depth": 0, "stamp": "s1",
-                "variant_label": "v", "score": 1.0, "runner_up": None,
+                "variant_label": "v", "score": 1.0, "runner_up": None, "verified": {"shape": {"ctx": 4096, "ubatch": 512, "fa": False, "ngl": None, "kv": "f16", "load": "mmap", "parallel": 1}},
                 "figures": [{"test": "tg", "n": 128, "depth": 0, "t_s": 1.0}]}}}
 
 

@@ -69,7 +69,8 @@ def good_preset(prefix: Path) -> dict:
                 "depth": 0, "ctx": 4096, "variant": {"ubatch": 512, "fa": True, "env": {}},
                 "variant_label": "ub=512 fa=on", "score": 10.0,
                 "figures": [{"test": "tg", "n": 128, "depth": 0, "t_s": 10.0, "stddev": 0.1}],
-                "runner_up": None, "verified": {"shape": {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": None}},
+                "runner_up": None, "verified": {"shape": {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": None,
+                                                       "kv": "f16", "load": "mmap", "parallel": 1}},
                 "env": {"GGML_X": "1"}, "argv": [str(prefix / "bin" / "llama-server"), "-m", str(model),
                                                  "-c", "4096"], "notes": ["a note"]}}}
 
