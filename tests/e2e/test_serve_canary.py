@@ -230,10 +230,15 @@ def test_a_proxy_that_swaps_two_concurrent_answers_is_named(measure_builds):
         server.terminate()
         server.wait(30)
     assert proxy.swapped == 1 and not verdict.passed
-    swapped = [r for r in verdict.rows if r.answer_of]
-    assert len(swapped) == 2 and {swapped[0].label, swapped[0].answer_of} == {swapped[1].label, swapped[1].answer_of}
-    assert all(" got the answer meant for request " in f for f in verdict.failures) and len(verdict.failures) == 2, \
-        verdict.failures
+    failed = [r for r in verdict.rows if r.failed]
+    # exactly the two requests whose answers were swapped fail, and the canary names the swap: each
+    # answer is judged against the other request's reference too, and at least one matches it
+    # within verify's limits (both, usually; a parting at a token where the other reference's
+    # choice was clear can keep one from matching)
+    assert len(failed) == 2 and {failed[0].answer_of, failed[1].answer_of} - {None} <= {failed[0].label, failed[1].label}
+    named = [r for r in failed if r.answer_of]
+    assert named and all(f"{r.label} got the answer meant for {r.answer_of}" in " ".join(verdict.failures)
+                         for r in named), verdict.failures
 
 
 @pytest.mark.slow
