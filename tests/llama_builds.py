@@ -81,3 +81,21 @@ def measure_builds(tmp_path_factory):
             assert code == 0
             out[name] = prefix
     return out["cpu"], out["wrong"]
+
+
+@pytest.fixture(scope="module")
+def verify_cache(tmp_path_factory) -> Path:
+    """verify's own cache (the unpacked text and the reference's bases) for one test module."""
+    return tmp_path_factory.mktemp("verify-cache")
+
+
+@pytest.fixture
+def shared_verify_cache(_isolated, verify_cache, monkeypatch):
+    """conftest's autouse `_isolated` gives every test a fresh ROCFORGE_CACHE_DIR, which alone would
+    make each test compute the CPU reference's runs again (minutes each): verify's cache
+    (`verify.cache_dir()`) points at the module's one directory instead, the rest of the isolation
+    kept.  It replaces a function, not an environment variable, so it does not depend on running
+    after `_isolated` (it asks for it all the same)."""
+    from rocforge_build.measure import verify
+
+    monkeypatch.setattr(verify, "cache_dir", lambda: verify_cache)

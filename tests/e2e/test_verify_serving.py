@@ -23,23 +23,13 @@ from __future__ import annotations
 import json
 import resource
 import time
-from pathlib import Path
 
 import pytest
 from trained_model import smollm2
 
 from rocforge_build import cli
-from rocforge_build.measure import verify as verify_mod
 
-
-@pytest.fixture(scope="module")
-def verify_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("verify-cache")
-
-
-@pytest.fixture(autouse=True)
-def _shared_verify_cache(_isolated, verify_cache, monkeypatch):
-    monkeypatch.setattr(verify_mod, "cache_dir", lambda: verify_cache)
+pytestmark = pytest.mark.usefixtures("shared_verify_cache")
 
 
 SHAPE = ["--ctx", "256", "--ubatch", "256", "--fa", "on", "--kv", "f16", "--parallel", "1", "--load", "mmap,read"]

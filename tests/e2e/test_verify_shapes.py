@@ -17,7 +17,7 @@ CI cost (2 cores): the builds share the session's ccache (one ops.cpp for the wr
 check at 8192 tokens is one llama-perplexity pass of the model (~1.5-2 min), the reference's bases
 are computed once (verify's cache) and shared by every verify here.  They can be: conftest's
 autouse `_isolated` gives every test a fresh ROCFORGE_CACHE_DIR, which alone would make each test
-compute the CPU reference's runs again (minutes each); `_shared_verify_cache` below points verify's
+compute the CPU reference's runs again (minutes each); `shared_verify_cache` (tests/llama_builds.py) points verify's
 own cache (`verify.cache_dir()`: the unpacked text and refs/) at one directory for the module, and
 leaves the rest of every test's isolation (config, cache, data dirs) as conftest made it.  It
 replaces a function, not an environment variable, so it does not depend on running after
@@ -32,25 +32,14 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 from tiny_gguf import write as write_gguf
 from trained_model import smollm2
 
 from rocforge_build import cli
-from rocforge_build.measure import verify as verify_mod
 
-
-@pytest.fixture(scope="module")
-def verify_cache(tmp_path_factory) -> Path:
-    """verify's cache for every test of this module (see the module's docstring)."""
-    return tmp_path_factory.mktemp("verify-cache")
-
-
-@pytest.fixture(autouse=True)
-def _shared_verify_cache(_isolated, verify_cache, monkeypatch):
-    monkeypatch.setattr(verify_mod, "cache_dir", lambda: verify_cache)
+pytestmark = pytest.mark.usefixtures("shared_verify_cache")
 
 
 @pytest.fixture(scope="module")
