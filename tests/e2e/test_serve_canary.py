@@ -46,7 +46,6 @@ from rocforge_build.measure.llama_tools import LlamaBuild
 
 # 4 slots of 2048 tokens: the long prompt fills one (2032 tokens) at a cost CI's 2 cores bear
 PARALLEL, SLOT_CTX = 4, 2048
-PATCH = Path(__file__).resolve().parents[1] / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +241,6 @@ def test_a_proxy_that_swaps_two_concurrent_answers_is_named(measure_builds):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif("mmap" not in PATCH.read_text(), reason="the wrong-on-demand patch has no mmap fault yet")
 def test_wrong_only_through_mmap_fails_and_no_mmap_passes(measure_builds):
     cpu, wrong = measure_builds
     model = smollm2()
