@@ -61,12 +61,40 @@ def test_ppl_ratio_of_the_reference_tokens():
     assert canary_compare.compare(ref, got).ppl_ratio == pytest.approx(math.sqrt(2), abs=1e-6)
 
 
-def test_a_parting_at_a_near_tie_stops_the_comparison_without_blame():
-    # position 1: the reference 0.45/0.44 (margin 0.01 < CLEAR_MARGIN): the server chose the other
+def test_a_parting_at_a_near_tie_ends_the_comparison_there_without_top1_blame():
+    # position 1: the reference 0.45/0.44 (margin 0.01 < CLEAR_MARGIN): the server chose the other.
+    # Position 1 still saw the same tokens as the reference's, so its distribution counts (KLD:
+    # 0.45 ln(0.45/0.44) + 0.44 ln(0.44/0.45) = 0.01 x 0.022473 = 0.000225, mean over 2 positions
+    # 0.000112); position 2 follows another token and is not compared; top-1 is judged on position 0
     ref = (pos(5, t5=0.9), pos(7, t7=0.45, t8=0.44), pos(9, t9=0.9))
     got = (pos(5, t5=0.9), pos(8, t7=0.44, t8=0.45), pos(3, t3=0.9))
     c = canary_compare.compare(ref, got)
-    assert (c.compared, c.parted_at, c.clear_parting, c.top1) == (1, 1, False, 1.0)
+    assert (c.compared, c.parted_at, c.clear_parting, c.top1) == (2, 1, False, 1.0)
+    assert c.kld_mean == pytest.approx(0.000112, abs=1e-6)
+    assert canary_compare.judge(c, _plan()) == ()
+
+
+def test_a_near_tie_at_the_first_token_still_compares_that_token():
+    # a swapped answer whose first token is a near-tie in the reference (0.40/0.38) but whose
+    # distribution is another prompt's (0.05/0.05, 0.9 elsewhere): compared on that one position,
+    # KLD 0.4 ln(0.4/0.05) + 0.38 ln(0.38/0.05) + 0.22 ln(0.22/0.9) = 0.831777 + 0.770696 - 0.309929
+    # = 1.292544, a failure (nothing compared would have been no evidence either way)
+    ref = (pos(7, t7=0.40, t8=0.38),)
+    got = (pos(8, t7=0.05, t8=0.05, t9=0.9),)
+    c = canary_compare.compare(ref, got)
+    assert (c.compared, c.parted_at, c.clear_parting) == (1, 0, False) and math.isnan(c.top1)
+    assert c.kld_mean == pytest.approx(1.292544, abs=1e-6)
+    assert canary_compare.judge(c, _plan())[0].startswith("kld_mean 1.293")
+
+
+def test_one_token_s_ppl_ratio_is_judged_with_the_least_spread_a_right_build_shows():
+    # one compared token, the server's log p of the reference's token 0.0706 below (a right CPU
+    # build at -np 4 measured so, 2026-11-27): ratio 1.073, but one token has no spread of its own;
+    # with TOKEN_LOG_RATIO_SD 0.1 its lower bound is e^(0.0706 - 0.3) < 1: not a failure
+    ref = (pos(5, t5=0.5, t6=0.3),)
+    got = (pos(5, t5=0.5 * math.exp(-0.0706), t6=0.3),)
+    c = canary_compare.compare(ref, got)
+    assert c.ppl_ratio == pytest.approx(1.0731, abs=1e-4) and c.ppl_ratio_low == pytest.approx(math.exp(0.0706 - 0.3), abs=1e-6)
     assert canary_compare.judge(c, _plan()) == ()
 
 

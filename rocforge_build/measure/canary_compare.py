@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from rocforge_build.measure import verify
 
 CLEAR_MARGIN = 0.2  # reference's top-1 probability minus its second's: a parting there is no tie
+# the least spread assumed of one token's log-probability ratio: a right CPU build at -np 4 against
+# its -np 1 reference spread 0.05-0.06 nats a token (SmolLM2 Q4_1, 12-16 tokens a request,
+# 2026-11-27), and one such token alone measured 0.07; with fewer tokens than that shows, the
+# sample's own spread is no bound
+TOKEN_LOG_RATIO_SD = 0.1
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,7 @@ class Position:
 class Comparison:
     """One answer against one reference answer."""
 
-    compared: int  # positions compared (up to and including a clear parting)
+    compared: int  # positions compared (up to and including the parting)
     kld_mean: float
     top1: float
     ppl_ratio: float
@@ -72,36 +77,35 @@ def _margin(top: dict) -> float:
 
 
 def compare(ref: tuple[Position, ...], got: tuple[Position, ...]) -> Comparison:
-    """The server's positions against the reference's, up to the first parting (see the module)."""
-    klds, agree, logq, logp = [], 0, [], []
+    """The server's positions against the reference's, up to and including the first parting of
+    the greedy paths: every position up to there saw the same tokens, so its distribution is
+    comparable; past it the contexts differ.  A parting at a near-tie is not held against top-1."""
+    klds, agree, judged_top1, logq, logp = [], 0, 0, [], []
     parted, clear = None, False
     for i, (r, g) in enumerate(zip(ref, got, strict=False)):
         klds.append(position_kld(r.top, g.top))
-        agree += _top1(r.top) == _top1(g.top)
         want = r.token
-        floor = min(g.top.values()) if g.top else -50.0
-        logq.append(g.top.get(want, floor))
+        logq.append(g.top.get(want, min(g.top.values()) if g.top else -50.0))
         logp.append(r.top.get(want, min(r.top.values()) if r.top else -50.0))
         if g.token != r.token:
-            parted = i
-            clear = _margin(r.top) >= CLEAR_MARGIN
-            if not clear:  # a near-tie: this position says nothing either way
-                klds.pop()
-                agree -= _top1(r.top) == _top1(g.top)
-                logq.pop()
-                logp.pop()
+            parted, clear = i, _margin(r.top) >= CLEAR_MARGIN
+        if parted is None or clear:  # a near-tie's parting says nothing of top-1
+            judged_top1 += 1
+            agree += _top1(r.top) == _top1(g.top)
+        if parted is not None:
             break
     if len(got) < len(ref) and parted is None:
         parted, clear = len(got), True  # a short answer: the missing positions are not the reference's
     n = len(klds)
     if n == 0:
         return Comparison(0, math.nan, math.nan, math.nan, math.nan, parted, clear)
-    top1 = agree / n
     if clear and parted is not None and parted >= n:
-        top1 = agree / (n + 1)  # the missing position counts as a disagreement
+        judged_top1 += 1  # the missing position counts as a disagreement
+    top1 = agree / judged_top1 if judged_top1 else math.nan
     diffs = [a - b for a, b in zip(logp, logq, strict=True)]
     mean = sum(diffs) / n
-    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else 0.0
+    spread = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
+    se = max(spread, TOKEN_LOG_RATIO_SD) / math.sqrt(n)
     return Comparison(n, sum(klds) / n, top1, _exp(mean), _exp(mean - 3 * se), parted, clear)
 
 
@@ -126,7 +130,7 @@ def judge(c: Comparison | None, plan_, ppl_ref: float | None = None) -> tuple[st
         failed.append(f"top-1 (the answer parted from the reference's at token {c.parted_at}, where the "
                       f"reference's choice was clear)")
     for t in limits:
-        if t.metric not in values or (t.metric == "top1" and c.clear_parting):
+        if t.metric not in values or (t.metric == "top1" and (c.clear_parting or math.isnan(c.top1))):
             continue
         if ppl_ref is not None and not t.judged(ppl_ref, plan_.n_vocab):
             continue
