@@ -17,11 +17,13 @@ each position is compared with verify's limits for the model's file type (data/v
 - the PPL ratio: exp(mean -log q) over exp(mean -log p) of the reference's own greedy tokens; a
   few tokens' ratio is noisy (a right CPU build served with -np 4 measured 1.04 over 16 tokens,
   verify's limit is 1.01-1.02 over thousands), so it fails only when its lower bound (3 standard
-  errors of the per-token log ratio below) is above the limit.
+  errors of the per-token log ratio below, the spread never taken below
+  `canary_compare.TOKEN_LOG_RATIO_SD`) is above the limit.
 
 Greedy paths can part at a near-tie: positions are compared up to the first one where the server's
 chosen token differs from the reference's.  A parting where the reference's top-1 margin was clear
-(`canary_compare.CLEAR_MARGIN`) is judged a top-1 failure; at a near-tie the comparison just stops there.
+(`canary_compare.CLEAR_MARGIN`) is judged a top-1 failure; at a near-tie the comparison ends at that
+position (its distribution counts, its top-1 does not).
 
 What it covers: one prompt as long as the model's training context and the slot's context allow
 (past 8K tokens where they do), checked alone, then `parallel` different texts sent at once over the

@@ -11,13 +11,18 @@ tests/trained_model.py), served on 127.0.0.1 with 4 parallel slots.
   that got the answer meant for another.
 - With the patch's "mmap" fault (SiLU scaled only when libllama mapped the weights), served
   through mmap fails; --no-mmap passes.
+- With the patch's "stretch-past-1024" fault (RoPE positions past 1024 stretched by 1.5, a rope
+  scaling gone wrong: right up to token 1024, drifting more the further past it), the short
+  requests pass and the long prompt fails, named.
 
-Not here, because it does not hold yet: ROCFORGE_TEST_WRONG=past-5000 (RoPE positions past 5000
+Not here, because it does not hold: ROCFORGE_TEST_WRONG=past-5000 (RoPE positions past 5000
 shifted by 1000) served with slots of 5632 tokens PASSED the canary twice (2026-11-27: a 5616-token
-prompt, 16 generated tokens compared), while verify's 8192-token check fails it: 16 positions
-that attend mostly to their recent, consistently shifted neighbours are not enough to see this
-fault.  The canary's long prompt needs more compared positions (or prompt log-probabilities)
-before it catches position faults; docs/guides/measuring.md says so.
+prompt, 16 generated tokens compared), while verify's 8192-token check fails it.  Probing the
+prompt itself one position at a time (2026-11-27, 34 positions 4096-8320 against the reference) shows
+why: past 5000 its mean KLD is 0.005 (the Q4_1 limit is 0.0112, a right GPU build reaches 0.004)
+and the PPL ratio of the text's tokens 1.024 with a spread of 0.12 nats a token: only thousands of
+positions, which verify scores and llama-server cannot return (no prompt log-probabilities:
+llama.cpp #27174), tell it from noise; docs/guides/measuring.md says so.
 
 The reference's answers are cached (verify.cache_dir()/canary, shared by this module's tests like
 test_verify_shapes.py shares verify's), so the reference's llama-server runs once per plan.
@@ -251,3 +256,18 @@ def test_wrong_only_through_mmap_fails_and_no_mmap_passes(measure_builds):
     store_preset(wrong, model, {"ROCFORGE_TEST_WRONG": "mmap"}, ["--no-mmap"], slot_ctx=1024)
     code, line, err, _ = serve(model, cpu)
     assert code is None and "canary passed" in err, err[-3000:]
+
+
+@pytest.mark.slow
+def test_a_server_wrong_only_past_1024_tokens_fails_at_its_long_prompt(measure_builds):
+    cpu, wrong = measure_builds
+    model = smollm2()
+    # RoPE positions past 1024 stretched by 1.5: the four short requests (~150 tokens each) never
+    # reach position 1024 and pass; the long prompt's 16 generated positions are 1000 past it
+    store_preset(wrong, model, {"ROCFORGE_TEST_WRONG": "stretch-past-1024"}, [])
+    code, _, err, _ = serve(model, cpu)
+    assert code == 1 and "canary: long prompt (2032 tokens):" in err, err[-3000:]
+    (row,) = canary_rows()
+    assert [(r["label"], r["passed"]) for r in row["rows"]] == [
+        ("long prompt (2032 tokens)", False), ("request 1", True), ("request 2", True), ("request 3", True),
+        ("request 4", True)]
