@@ -250,15 +250,19 @@ def check_port(host: str, port: int) -> None:
 
 
 def _relay(stream, keep: int = 20) -> collections.deque:
-    """Copy the server's output to stderr as it comes (a daemon thread: a pipe held open by a
-    stray descendant never holds rocforge) and keep its last lines for an error."""
+    """Copy the server's output to stderr as it comes, its terminal controls escaped (it echoes the
+    model file's metadata: a GGUF's strings may show on the terminal, never drive it), in a daemon
+    thread (a pipe held open by a stray descendant never holds rocforge); keep its last lines for
+    an error."""
+    from rocforge_build.shellsafe import escaped
+
     tail: collections.deque = collections.deque(maxlen=keep)
 
     def pump():
         for line in stream:  # read to the end whatever happens to stderr: a full pipe would stop the server
             tail.append(line.rstrip("\n"))
             with contextlib.suppress(OSError, ValueError):
-                sys.stderr.write(line)
+                sys.stderr.write(escaped(line.rstrip("\n")) + "\n")
                 sys.stderr.flush()
 
     threading.Thread(target=pump, name="llama-server output", daemon=True).start()

@@ -657,6 +657,20 @@ def test_a_server_that_exits_after_health_is_said_to_have_exited(tmp_path):
     assert error_lines(ended.err) == ["rocforge: error: llama-server exited with code 3 after it answered /health: bye"]
 
 
+ECHOES_HOSTILE_METADATA = EXITS_AFTER_HEALTH.replace('print("bye", flush=True)', (
+    # what llama-server echoes of a GGUF's metadata, from a file whose strings carry terminal
+    # controls: a title change (OSC), a screen clear, a carriage return over the line (read as
+    # text, the carriage return ends a line of its own)
+    'print("llama_model_loader: - kv   2: general.name str = \\x1b]0;owned\\x07\\x1b[2Jm\\rX", flush=True)\n'
+    '        print("bye", flush=True)'))
+
+
+def test_the_servers_output_reaches_the_terminal_with_its_controls_escaped(tmp_path):
+    ended = serve_to_its_end(install(tmp_path, ECHOES_HOSTILE_METADATA), wait=30)
+    assert ended.code == 9 and not any(c in ended.err for c in "\x1b\x07\r"), repr(ended.err)
+    assert "general.name str = \\x1b]0;owned\\x07\\x1b[2Jm\nX\n" in ended.err, ended.err
+
+
 @pytest.mark.parametrize("value", ["127.0.0.1\nX", "a b", "-x", "http://h", "", "a..b", "x" * 254])
 def test_a_bad_host_is_one_line_naming_it(value, capsys, tmp_path):
     install(tmp_path, WARMS_UP)
