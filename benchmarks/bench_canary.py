@@ -32,6 +32,15 @@ so at 60 s it holds one of the 3 slots 0.5 % of the time: at most 0.5 % of throu
 the other slots keep working.  The start canary (a 1008-token prompt, then 3 texts at once): 2.09 s,
 its reference's answers 2.4 s uncached.  On the 2-core shared machine (load 8-12) the same run
 swings 0.6-3x between windows: measure on a quiet machine.
+
+Measured 2026-11-27 on the 2-core development machine with nothing else running (load 0.9 at the
+start, 2.0 at the end: the server's own threads), `--clients 2 --window 10 --rounds 8 --n-predict
+32`: direct 61-76 tok/s; median ratios front / direct 1.0016 (rounds 0.85-1.18), canary every 60 s
+0.9588 (0.90-1.15), every 10 s 0.9608 (0.81-1.08): a window holds 20-26 requests of 32 tokens, so
+one request more or less is 4-5 %, and these do not resolve 1 % either.  The short canary took
+1.15 s under that load (median of 10): 1.9 % of a 60 s interval, which the front now says when it
+serves (`serve_front.COST_BAR`).  The start canary (a 1008-token prompt, then 2 texts at once):
+9.5 s, its reference 11.1 s uncached.
 """
 
 from __future__ import annotations

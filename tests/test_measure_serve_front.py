@@ -229,6 +229,36 @@ def test_a_failed_canary_makes_every_new_request_a_503_naming_the_check(upstream
         f.stop()
 
 
+def test_what_a_check_costs_is_said_and_past_one_percent_so_is_the_interval_that_keeps_it_under(upstream):
+    """A check holds the server at most its own seconds once an interval: 0.5 s every 10 s is up to
+    5 % of its time, over the 1 % bar, so 50 s (0.5 / 0.01) is named, once; 0.05 s every 10 s is
+    0.5 %, said with the first pass only."""
+
+    def verdict(seconds: float) -> Verdict:
+        v = Verdict(True)
+        v.seconds = seconds
+        return v
+
+    said: list[str] = []
+    f = front_for(upstream, every=10, checker=lambda: verdict(0.5), say=said.append)
+    try:
+        assert f.run_canary() == serve_front.PASSED and f.run_canary() == serve_front.PASSED
+    finally:
+        f.stop()
+    assert sorted(said) == [
+        "canary: a check took 0.50 s: every 10 s that is up to 5 % of the server's time, more than 1 %; "
+        "--canary-every 50s or more keeps it under",
+        "canary: the first check while serving passed in 0.50 s (at most 5 % of the server's time every 10 s)"]
+    assert (f.stats.canary_seconds, f.stats.most_share) == (1.0, 0.05)
+    said.clear()
+    f = front_for(upstream, every=10, checker=lambda: verdict(0.05), say=said.append)
+    try:
+        assert f.run_canary() == serve_front.PASSED and f.run_canary() == serve_front.PASSED
+    finally:
+        f.stop()
+    assert said == ["canary: the first check while serving passed in 0.05 s (at most 0.5 % of the server's time every 10 s)"]
+
+
 def test_a_canary_that_could_not_run_never_blocks_clients(upstream):
     """A checker that raises (canary.CanaryError: a timeout, a refused connection) measured nothing:
     clients are still answered, it is said each time with its count, recorded once per streak, and

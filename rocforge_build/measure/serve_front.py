@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import math
 import re
 import socket
 import socketserver
@@ -70,6 +71,7 @@ IO_SECONDS = 60.0  # one read of a request body, or one write to the client, tha
 UPSTREAM_SECONDS = 3600.0  # one read from llama-server: a long non-streamed generation says nothing for minutes
 MAX_CONNECTIONS = 256  # client connections at once; past it, 503 and close (each holds a thread)
 NOT_RUN_RETRY_SECONDS = 30.0  # a canary that could not run is tried again this soon (or at `every`)
+COST_BAR = 0.01  # the share of the server's time the canary may take: a check's seconds over `every`
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
 PIECE = 64 * 1024
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
@@ -104,6 +106,8 @@ class Stats:
     overdue_runs: int = 0  # canaries run beside traffic because the server was never idle
     not_run: int = 0  # canaries that could not measure (timeout, busy slots, refused): clients still served
     not_run_in_a_row: int = 0
+    canary_seconds: float = 0.0  # the measured checks' time, in all
+    most_share: float = 0.0  # the largest share of the server's time one check took: its seconds over `every`
 
 
 class _Closed(Exception):
@@ -206,10 +210,13 @@ class Front:
             return self._not_run(verdict, failures)
         self._due = time.monotonic() + (self.every or 0.0)
         self.stats.not_run_in_a_row = 0
+        self._count_cost(seconds)
         if passed:
             self.stats.passed += 1
             if self.stats.passed == 1:  # one line, not one a minute: that it runs, and what it costs
-                self.say(f"canary: the first check while serving passed in {seconds:.2f} s")
+                self.say(f"canary: the first check while serving passed in {seconds:.2f} s"
+                         + (f" (at most {_percent(seconds / self.every)} of the server's time every {self.every:g} s)"
+                            if self.every else ""))
             return PASSED
         self.failure = Failure(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), failures or ("canary failed",),
                                seconds)
@@ -218,6 +225,21 @@ class Front:
         self._record(self.record, verdict)
         self.recorded.set()
         return FAILED
+
+    def _count_cost(self, seconds: float) -> None:
+        """A check holds the server at most its own seconds once every `every`: that share of its
+        time bounds what the canary takes of throughput (less when it runs between requests).  Said
+        once when a check takes more than COST_BAR, with the interval that keeps it under."""
+        self.stats.canary_seconds += seconds
+        if not self.every or seconds <= 0:
+            return
+        share = seconds / self.every
+        over_before = self.stats.most_share > COST_BAR
+        self.stats.most_share = max(self.stats.most_share, share)
+        if share > COST_BAR and not over_before:
+            self.say(f"canary: a check took {seconds:.2f} s: every {self.every:g} s that is up to {_percent(share)} of "
+                     f"the server's time, more than {_percent(COST_BAR)}; --canary-every "
+                     f"{math.ceil(seconds / COST_BAR)}s or more keeps it under")
 
     def _not_run(self, verdict, failures: tuple[str, ...]) -> str:
         retry = min(self.every or NOT_RUN_RETRY_SECONDS, NOT_RUN_RETRY_SECONDS)
@@ -252,6 +274,10 @@ class Front:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.notify_all()
+
+
+def _percent(share: float) -> str:
+    return f"{share * 100:.2g} %" if share < 0.1 else f"{share * 100:.0f} %"
 
 
 def _compared_wrong(verdict) -> bool:
