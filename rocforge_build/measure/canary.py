@@ -328,6 +328,7 @@ def exchange(method: str, url: str, path: str, body: bytes | None, headers: dict
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=max(timeout, 0.001))
 
     def ask():
+        came_to: tuple[str, object] | None = None
         try:
             conn.connect()
             with lock:
@@ -336,11 +337,14 @@ def exchange(method: str, url: str, path: str, body: bytes | None, headers: dict
                 state["sock"] = conn.sock
             conn.request(method, path, body, headers)
             r = conn.getresponse()
-            outcome["reply"] = (r.status, r.read(MAX_REPLY + 1))
+            came_to = ("reply", (r.status, r.read(MAX_REPLY + 1)))
         except Exception as exc:  # noqa: BLE001 - any failure is the exchange's one line, its type kept
-            outcome["error"] = f"{type(exc).__name__}: {_outside(exc)}"
+            came_to = ("error", f"{type(exc).__name__}: {_outside(exc)}")
         finally:  # here, not from the caller: closing it under a read in progress breaks http.client
             conn.close()
+        with lock:  # once abandoned, the outcome is the deadline's: the read it cut short is no error of its own
+            if came_to and not state["abandoned"]:
+                outcome[came_to[0]] = came_to[1]
 
     t = threading.Thread(target=ask, name=f"canary {method} {path}", daemon=True)
     t.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -123,6 +124,23 @@ def test_each_hostile_reply_is_one_failure_line_in_bounded_time(fake, kind, says
     for line in verdict.failures:
         assert "\n" not in line and line.startswith("canary: request ") and says in line, line
     json.dumps(verdict.to_json(), allow_nan=False)  # the stored row is plain JSON
+
+
+def test_a_read_cut_short_at_the_deadline_is_the_deadline_not_an_error(fake, monkeypatch):
+    """At the deadline the exchange shuts the socket under the read still going; that read then
+    fails (IncompleteRead) on its own thread.  Held up right after the shutdown (as a loaded
+    machine's scheduler may), that failure must not become the answer: the deadline is."""
+    shutdown = socket.socket.shutdown
+
+    def slow_shutdown(self, how):
+        shutdown(self, how)
+        time.sleep(0.3)  # the reading thread records its IncompleteRead now
+
+    monkeypatch.setattr(socket.socket, "shutdown", slow_shutdown)
+    target = fake("trickle")
+    with pytest.raises(canary.CanaryError) as exc:
+        canary.exchange("POST", target.url, "/completion", b"{}", {}, 1.0)
+    assert exc.value.message == f"{target.url}/completion did not answer within 1 s"
 
 
 def test_the_real_reply_passes_through_the_same_fake(fake):
