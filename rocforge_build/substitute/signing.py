@@ -134,6 +134,8 @@ class Verified:
 
 
 def key_id_of(keynum: bytes) -> str:
+    """The key id as 16 hex digits (minisign prints the same number without its leading zeros):
+    the form registries' signer annotations carry and compare."""
     return f"{int.from_bytes(keynum, 'little'):016X}"
 
 
