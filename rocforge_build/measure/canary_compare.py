@@ -71,6 +71,12 @@ def _top1(top: dict):
     return max(top, key=top.get) if top else None
 
 
+def _logp(top: dict, token) -> float:
+    """`token`'s log probability in a top-K list; one not listed gets the smallest listed (it is
+    at most that)."""
+    return top.get(token, min(top.values()) if top else -50.0)
+
+
 def _margin(top: dict) -> float:
     ps = sorted(_probs(top).values(), reverse=True)
     return ps[0] - (ps[1] if len(ps) > 1 else 0.0)
@@ -84,9 +90,8 @@ def compare(ref: tuple[Position, ...], got: tuple[Position, ...]) -> Comparison:
     parted, clear = None, False
     for i, (r, g) in enumerate(zip(ref, got, strict=False)):
         klds.append(position_kld(r.top, g.top))
-        want = r.token
-        logq.append(g.top.get(want, min(g.top.values()) if g.top else -50.0))
-        logp.append(r.top.get(want, min(r.top.values()) if r.top else -50.0))
+        logq.append(_logp(g.top, r.token))
+        logp.append(_logp(r.top, r.token))
         if g.token != r.token:
             parted, clear = i, _margin(r.top) >= CLEAR_MARGIN
         if parted is None or clear:  # a near-tie's parting says nothing of top-1
