@@ -269,6 +269,39 @@ def test_two_publishers_at_once_into_s3_lose_neither_tag(tmp_path, s3_endpoint):
     with open_store("s3://builds/race") as store:
         assert set(store.tags()) == {f"{n}-{i}" for n in "abc" for i in range(12)}
 
+def test_a_publisher_that_always_loses_the_index_race_gives_up_on_time_with_one_line(
+        tmp_path, s3_endpoint, monkeypatch):
+    """Another publisher tags a build before every index write of ours, so each of ours is refused
+    (moto's real 412 for the stale If-Match): publishing keeps trying for its patience, not a count
+    of losses (three busy publishers lost 6 in a row here), then stops with one line, and the index
+    holds every tag the other publisher wrote."""
+    from rocforge_build.substitute import layout_store
+    from rocforge_build.substitute.oci import StoreUnreachable
+
+    monkeypatch.setattr(layout_store, "INDEX_PATIENCE", 1.5)
+    with open_store("s3://builds/busy") as store, open_store("s3://builds/busy") as rival:
+        manifest = oci.make_manifest(artifact_type=SUBJECT_TYPE,
+                                     config=store.push_blob_bytes(b'{"n":1}', oci.KEY_CONFIG), layers=[])
+        real_put = store.client.put_object
+        rival_tags = []
+
+        def put_after_a_rival(**kwargs):
+            if kwargs["Key"].endswith("index.json"):
+                rival_tags.append(f"rival-{len(rival_tags)}")
+                rival.push_manifest(manifest, tag=rival_tags[-1])
+            return real_put(**kwargs)
+
+        monkeypatch.setattr(store.client, "put_object", put_after_a_rival)
+        started = time.monotonic()
+        with pytest.raises(StoreUnreachable) as info:
+            store.push_manifest(manifest, tag="v1")
+        took = time.monotonic() - started
+        assert str(info.value).startswith("s3://builds/busy: index.json kept changing under this publish "
+                                          "(lost the race ")
+        assert len(rival_tags) >= 3 and 0.5 <= took < 1.5 + 2 * layout_store.INDEX_BACKOFF_CAP + 5
+        assert sorted(rival.tags()) == sorted(rival_tags)
+
+
 def test_descriptor_sizes_come_before_bytes(tmp_path):
     """A layer declared past the cap is refused before a byte is read."""
     with open_store((tmp_path / "s").as_uri()) as store:

@@ -31,7 +31,8 @@ from rocforge_build.substitute.oci import Descriptor, NotFound, StoreError, Stor
 
 LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'
 MAX_INDEX = oci.MAX_MANIFEST * 4
-INDEX_ATTEMPTS = 8  # S3: reads of index.json before a publisher racing others gives up
+INDEX_PATIENCE = 60.0  # S3: seconds a publisher racing others keeps re-reading index.json
+INDEX_BACKOFF_CAP = 2.0  # seconds: the longest wait between two of those reads
 
 
 def open_layout(url: str, *, timeout: float) -> oci.Store:
@@ -452,7 +453,9 @@ class S3Store(LayoutStore):
         if not self._exists("oci-layout", len(LAYOUT_FILE)):
             self._upload("oci-layout", io.BytesIO(LAYOUT_FILE))
         key = self._key("index.json")
-        for attempt in range(INDEX_ATTEMPTS):
+        give_up_at = time.monotonic() + INDEX_PATIENCE
+        attempt = 0
+        while True:
             try:
                 head = self._call("index.json", self.client.get_object, Key=key)
             except NotFound:
@@ -477,6 +480,11 @@ class S3Store(LayoutStore):
                     raise StoreUnreachable(f"{self.url}: cannot write index.json ({code or 'refused'})") from None
             except BotoCoreError as exc:
                 raise StoreUnreachable(f"{self.url}: cannot write index.json ({type(exc).__name__})") from None
-            time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))
-        raise StoreUnreachable(f"{self.url}: index.json kept changing under this publish "
-                               f"({INDEX_ATTEMPTS} attempts)", "publish again")
+            # each lost race is another publisher's write landing, not a fault: wait (exponential,
+            # full jitter) and read again until the patience is spent, however busy the store
+            attempt += 1
+            pause = random.uniform(0, min(INDEX_BACKOFF_CAP, 0.05 * 2 ** attempt))
+            if time.monotonic() + pause > give_up_at:
+                raise StoreUnreachable(f"{self.url}: index.json kept changing under this publish "
+                                       f"(lost the race {attempt} times in {INDEX_PATIENCE:g} s)", "publish again")
+            time.sleep(pause)
