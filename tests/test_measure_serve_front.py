@@ -476,6 +476,35 @@ def test_behind_moves_the_server_to_a_private_loopback_port():
     assert p.argv[-1] == "8080"  # the user's plan is left as it was
 
 
+
+def test_behind_never_gives_llama_server_the_fronts_own_port(monkeypatch):
+    """The front binds the plan's port only once llama-server is warm, so until then that port is
+    free and the kernel may hand it out as the private one (two bind(0) draws here were equal about
+    once in 22,000); then the front could not listen.  The kernel's first draw is the front's port."""
+    from types import SimpleNamespace
+
+    from rocforge_build.measure import serve
+
+    draws = iter([8080, 41235])
+
+    class Socket:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, addr):
+            self.port = next(draws)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(serve_front, "socket", SimpleNamespace(socket=Socket))
+    p = serve.Plan("long", "auto", {}, ["/b/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port",
+                                         "8080"], "http://127.0.0.1:8080", [], "127.0.0.1", 8080)
+    assert serve_front.behind(p).port == 41235
+
 # -- --canary-every's type -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, seconds", [("30s", 30), ("5m", 300), ("1h", 3600), ("90", 90), ("1.5m", 90)])

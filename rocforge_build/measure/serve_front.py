@@ -560,17 +560,23 @@ class _Handler(socketserver.BaseRequestHandler):
 
 # -------------------------------------------------------------------------------- wiring into serve
 
-def free_loopback_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_loopback_port(avoid: frozenset[int] = frozenset()) -> int:
+    """A loopback port the kernel has free now, none of `avoid`: a port that is free but not yet
+    bound (the front's own, taken only once llama-server is warm) can be drawn again."""
+    for _ in range(64):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            break
+    return port
 
 
 def behind(p, private_port: int | None = None):
     """The serve plan of the llama-server behind the front: the same command with --host
     127.0.0.1 and a free private --port; the front takes the plan's own address."""
     argv = list(p.argv)
-    port = private_port or free_loopback_port()
+    port = private_port or free_loopback_port(avoid=frozenset({p.port}))
     argv[argv.index("--host") + 1] = "127.0.0.1"
     argv[argv.index("--port") + 1] = str(port)
     return replace(p, argv=argv, url=f"http://127.0.0.1:{port}", host="127.0.0.1", port=port)
