@@ -13,6 +13,7 @@ below the session's HOME, each run would download the model and compile llama.cp
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,6 +28,27 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _port_outside_the_ephemeral_range() -> int:
+    """A loopback port free now that the kernel never hands out for bind(0) or an outgoing
+    connection (it lies below ip_local_port_range): the session's sccache port is chosen at the
+    start and bound only when a test first starts sccache, so a port from that range could be
+    taken by then.  Drawn at random below it, so two sessions at once take different ports."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    below = list(range(max(low - 8192, 1024), low))
+    random.shuffle(below)
+    for port in below[:256]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    return _free_port()
 
 
 def isolate(base: str) -> str:
@@ -45,7 +67,7 @@ def isolate(base: str) -> str:
     # a test that starts sccache without choosing a port talks to the session's own server, never
     # to one the contributor runs on sccache's default port 4226
     os.environ["SCCACHE_DIR"] = os.path.join(base, "sccache")
-    os.environ["SCCACHE_SERVER_PORT"] = str(_free_port())
+    os.environ["SCCACHE_SERVER_PORT"] = str(_port_outside_the_ephemeral_range())
     os.environ[MARK] = base
     return home
 
