@@ -8,8 +8,10 @@ own commit) would be the step itself and pass every commit.
 
 Named to run after test_verify_shapes.py: every step builds llama-perplexity only, with the flags
 those builds used, so the session's ccache already holds every object but the patched ops.cpp.
-CI cost (2 cores, 2026-11-25): 198 s with the ccache warm — 4 llama-perplexity builds (the good
-reference, then bad, harmless, wrong: ceil(log2 3) + 1 steps) and 2 verify checks per step.
+CI cost (2 cores): 4 llama-perplexity builds (the good reference, then bad, harmless, wrong:
+ceil(log2 3) + 1 steps, ccache warm) and 3 verify checks of 512 tokens per step: 242 s here.
+With the model said to be trained at 2048 tokens, each step's checks took 2 min (flash attention
+at 2048 tokens on this tree's CPU backend: 54 s a pass) and the test 9 min.
 """
 
 from __future__ import annotations
@@ -61,11 +63,12 @@ def history(where: Path) -> tuple[Path, list[str]]:
     return repo, commits
 
 
-def trained_at_2048(out: Path) -> Path:
-    """SmolLM2-135M-Instruct (tests/trained_model.py) whose metadata says it was trained at 2048
-    tokens (8192 really): the same weights, so verify's default coverage stops at 2048 tokens (two
-    checks a step, seconds each, rather than minutes at 8192).  A random model would not do: near
-    chance, a wrong attention output hardly moves its KL divergence."""
+def trained_at_512(out: Path) -> Path:
+    """SmolLM2-135M-Instruct (tests/trained_model.py) whose metadata says it was trained at 512
+    tokens (8192 really): the same weights, so verify's default coverage stops at 512 tokens, where
+    the fault already shows (KL divergence 0.30 with flash attention on, 0 for the right steps).
+    A random model would not do: near chance, a wrong attention output hardly moves its KL
+    divergence."""
     import shutil
 
     import gguf
@@ -74,9 +77,9 @@ def trained_at_2048(out: Path) -> Path:
     reader = gguf.GGUFReader(out, "r+")
     field = reader.fields["llama.context_length"]
     assert int(field.parts[-1][0]) == 8192
-    field.parts[-1][0] = 2048
+    field.parts[-1][0] = 512
     del reader  # the memory map writes back
-    assert int(gguf.GGUFReader(out).fields["llama.context_length"].parts[-1][0]) == 2048
+    assert int(gguf.GGUFReader(out).fields["llama.context_length"].parts[-1][0]) == 512
     return out
 
 
@@ -85,7 +88,7 @@ def test_bisect_with_verify_names_the_commit_that_makes_the_cpu_backend_wrong(tm
                                                                             monkeypatch):
     where = tmp_path_factory.mktemp("bisect-llama")
     repo, (good, harmless, wrong, bad) = history(where)
-    model = trained_at_2048(where / "smollm2-ctx2048.gguf")
+    model = trained_at_512(where / "smollm2-ctx512.gguf")
     monkeypatch.setenv("CCACHE_DIR", shared_ccache())
     monkeypatch.setenv("ROCFORGE_TEST_WRONG", "flash-attn")
     code = cli.main(["bisect", "llama-cpp", "--target", "gfx1151", "--backend", "cpu", "--source", str(repo),
