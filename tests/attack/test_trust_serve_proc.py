@@ -668,7 +668,10 @@ ECHOES_HOSTILE_METADATA = EXITS_AFTER_HEALTH.replace('print("bye", flush=True)',
 def test_the_servers_output_reaches_the_terminal_with_its_controls_escaped(tmp_path):
     ended = serve_to_its_end(install(tmp_path, ECHOES_HOSTILE_METADATA), wait=30)
     assert ended.code == 9 and not any(c in ended.err for c in "\x1b\x07\r"), repr(ended.err)
-    assert "general.name str = \\x1b]0;owned\\x07\\x1b[2Jm\nX\n" in ended.err, ended.err
+    # line by line: rocforge's own lines (the warm-up) come from another thread and may fall between
+    lines = ended.err.splitlines()
+    assert "llama_model_loader: - kv   2: general.name str = \\x1b]0;owned\\x07\\x1b[2Jm" in lines, ended.err
+    assert "X" in lines, ended.err
 
 
 @pytest.mark.parametrize("value", ["127.0.0.1\nX", "a b", "-x", "http://h", "", "a..b", "x" * 254])
