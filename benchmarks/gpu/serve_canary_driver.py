@@ -101,6 +101,29 @@ def make_preset(args, summary: dict) -> None:
     say("preset: " + " ".join(argv))
 
 
+def use_stored_preset(args, summary: dict) -> None:
+    """The preset `rocforge tune` stored for the model, served as it is (the journey: tune's winner,
+    not one made here); `--server-arg` words are added to every range's command as a new version
+    (its verified shape unchanged: they change the server's host-side caching, not its numerics)."""
+    from rocforge_build.measure import gguf, provenance
+    from rocforge_build.measure.store import Store
+
+    model = gguf.check(args.model)
+    sha = provenance.model_sha256(model.path)
+    with Store() as s:
+        stored = s.preset(sha)
+    if not stored:
+        raise RuntimeError("no stored preset for the model: run rocforge tune first")
+    summary["preset_stored"] = {name: {k: r.get(k) for k in ("prefix", "backend", "variant_label", "argv", "verified")}
+                                for name, r in stored.get("ranges", {}).items()}
+    if args.server_arg:
+        ranges = {name: {**r, "argv": list(r["argv"]) + args.server_arg} for name, r in stored["ranges"].items()}
+        with Store() as s:
+            s.add_preset(model.name, sha, None, {"model": stored["model"], "created": "serve_canary_driver",
+                                                 "ranges": ranges})
+    say(f"preset (tune's): {summary['preset_stored']}")
+
+
 class Served:
     """`rocforge serve MODEL --port P ...` in its own session: `ready_s` is the time from the start
     until it printed its URL (after load, warm-up and, unless --no-canary, the canary); its stderr
@@ -413,6 +436,8 @@ def main() -> int:
     ap.add_argument("--server-arg", action="append", default=[], metavar="WORD",
                     help="one more word of the preset's llama-server command (repeatable: --server-arg=--cache-ram "
                          "--server-arg=0)")
+    ap.add_argument("--use-stored-preset", action="store_true",
+                    help="serve the preset tune stored (with --server-arg words added) instead of verifying one here")
     ap.add_argument("--json", type=Path, help="where the summary goes (also printed)")
     ap.add_argument("--logs", type=Path, default=Path("/tmp/serve-canary-logs"),
                     help="where each serve's stderr goes (the script packs them into one file)")
@@ -429,7 +454,12 @@ def main() -> int:
     parts = {"start": part_start, "openai": part_openai, "front": part_front}
     for name in ["preset", *args.parts.split(",")]:
         try:
-            make_preset(args, summary) if name == "preset" else parts[name](args, summary)
+            if name != "preset":
+                parts[name](args, summary)
+            elif args.use_stored_preset:
+                use_stored_preset(args, summary)
+            else:
+                make_preset(args, summary)
         except Exception as exc:  # one part's failure is written down; the others still run
             summary.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:600]
             say(f"part {name} failed: {summary['errors'][name]}")

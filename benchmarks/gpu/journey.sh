@@ -1,0 +1,124 @@
+#!/bin/bash
+# The GPU journey on the lent machine (device tool: an NVIDIA H200, no ROCm, no network): today's
+# llama.cpp (the llama-cpp-python 0.3.36 sdist's tree, Oct 2026) built for CPU and Vulkan through
+# rocforge, the -np 4 verify failure reproduced with llama-perplexity alone (np4_repro.py), then the
+# user's path: verify -> tune -> serve with the canary -> an `openai` client, and the throughput cost
+# of `--canary-every` beside the front without a canary (serve_canary_driver.py's `front` part).
+# Run from the checkout's root, back to back on ONE warm machine (it is given back ~30 s after a
+# call), each phase under the 600 s limit of one command:
+#   PHASE=build   carry [.dev/gpu/debs .dev/gpu/debsid .dev/gpu/whl .dev/gpu/llama.tar.xz .dev/gpu/model1
+#                        .dev/gpu/rf.tar]  (rf.tar: git archive HEAD rocforge_build benchmarks tests + COMMIT)
+#                 unpack, install the wheels, build CPU + Vulkan (llama-bench, -perplexity, -cli,
+#                 -server), a random model, the np-4 matrix on it
+#   PHASE=part    carry [.dev/gpu/model2]: keeps part 2; the random model's wider sweep
+#   PHASE=trained carry [.dev/gpu/model3]: joins SmolLM2 (sha256 checked); the np-4 matrix with its
+#                 KLD against the CPU's one-sequence logits; `rocforge verify` (default coverage) and at
+#                 the failing shape
+#   PHASE=journey (no carry) tune --backends vulkan, preset, serve + canary + openai client
+#   PHASE=front   (no carry) ROUNDS windows of WINDOW s each: straight, front, canary every 60 s / 10 s
+# The carried folder D (default .dev/gpu) holds what benchmarks/gpu/vulkan_serve_canary.sh's does
+# (debsid: Debian sid's glslc, shaderc, Vulkan loader and headers; debs: Debian 12's GL/X runtime
+# libraries the NVIDIA ICD loads; whl: tomlkit platformdirs gguf and openai with what it requires),
+# llama.tar.xz (llama.cpp/ trimmed of .git docs models media tests benches .github and unused ggml
+# backends) and SmolLM2-135M-Instruct Q4_1 as xz in three parts.  $OUT gets log-PHASE.txt and JSON.
+D=${D:-$PWD/.dev/gpu}
+PHASE=${PHASE:-build}
+# rocforge runs from a snapshot of a commit (git archive, carried as $D/rf.tar and kept in /tmp/rfcode by
+# the build phase), never from the working tree the call sends, which may hold edits in progress
+RFC=/tmp/rfcode
+HERE=$RFC/benchmarks/gpu
+START=$(date +%s)
+left() { echo $(( 585 - ($(date +%s) - START) )); }
+mkdir -p "${OUT:?OUT must name a folder for the results}"
+exec > >(tee -a "$OUT/log-$PHASE.txt") 2>&1
+export PYTHONUNBUFFERED=1
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export PYTHONPATH=$RFC:/tmp/site
+export ROCFORGE_CACHE_DIR=/tmp/rfc ROCFORGE_DATA_DIR=/tmp/rfd ROCFORGE_CONFIG_DIR=/tmp/rfcfg
+RF="python3 -m rocforge_build"
+SID="env VULKAN_SDK=/tmp/vksid/usr LD_LIBRARY_PATH=/tmp/vksid/usr/lib/x86_64-linux-gnu PATH=/tmp/vksid/usr/bin:$PATH"
+T=/tmp/llama/llama.cpp
+B="--target gfx1100 --source $T --cmake-target llama-bench --cmake-target llama-perplexity --cmake-target llama-cli --cmake-target llama-server"
+M=/tmp/model/SmolLM2-135M-Instruct.Q4_1.gguf
+R=/tmp/m-random.gguf
+mkdir -p /tmp/model
+for d in "$D"/model*/; do [ -d "$d" ] && cp "$d"* /tmp/model/; done  # the model's parts this call carried
+cd /tmp  # python3 -m puts the working directory first on sys.path: never the checkout's rocforge_build
+TXT() { python3 -c "from rocforge_build.measure.verify import text_file; print(text_file())"; }
+
+if [ "$PHASE" = build ]; then
+  rm -rf $RFC && mkdir -p $RFC && tar -C $RFC -xf "$D/rf.tar" || exit 1
+  mkdir -p /tmp/vksid /tmp/vkrt /tmp/llama
+  for f in "$D"/debsid/*.deb; do dpkg -x "$f" /tmp/vksid; done
+  dpkg -x "$D"/debsid/libvulkan1_*.deb /
+  for f in "$D"/debs/*.deb; do dpkg -x "$f" /tmp/vkrt; done
+  for f in /tmp/vkrt/usr/lib/x86_64-linux-gnu/*.so*; do
+    [ -e "/usr/lib/x86_64-linux-gnu/$(basename "$f")" ] || cp -a "$f" /usr/lib/x86_64-linux-gnu/
+  done
+  ldconfig
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$D"/whl/*.whl || exit 1
+  tar -C /tmp/llama -xJf "$D/llama.tar.xz" || exit 1
+  echo "== host"; nproc; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  uname -r; grep PRETTY /etc/os-release; python3 --version; date -u; cat $RFC/COMMIT
+  $SID glslc --version | head -1
+  t0=$(date +%s)
+  $RF build llama-cpp $B --backend cpu -j 5 > /tmp/b-cpu.log 2>&1 & P1=$!
+  $SID $RF build llama-cpp $B --backend vulkan -j 11 > /tmp/b-vk.log 2>&1 & P2=$!
+  wait $P1; r1=$?; wait $P2; r2=$?
+  echo "builds: cpu rc=$r1 vulkan rc=$r2, $(( $(date +%s) - t0 )) s (in parallel, 16 cores)"
+  for f in /tmp/b-cpu.log /tmp/b-vk.log; do echo "-- $f"; grep -iE "patch|error|fail" "$f" | head -8; tail -n 2 "$f"; done
+  [ $r1 = 0 ] && [ $r2 = 0 ] || exit 1
+  python3 $RFC/tests/tiny_gguf.py $R medium --byte-tokens --ctx 8192 || exit 1
+fi
+
+# the prefixes the builds said they installed into
+CPU=$(sed -n 's/^installed \(.*\) in [0-9.]*s (manifest.*/\1/p' /tmp/b-cpu.log 2>/dev/null)
+VK=$(sed -n 's/^installed \(.*\) in [0-9.]*s (manifest.*/\1/p' /tmp/b-vk.log 2>/dev/null)
+[ -d "$CPU" ] && [ -d "$VK" ] || { echo "no builds in /tmp: run PHASE=build on this machine first"; exit 1; }
+echo "CPU=$CPU VK=$VK; left $(left) s"
+export LD_LIBRARY_PATH=/tmp/vksid/usr/lib/x86_64-linux-gnu
+NP4="python3 $HERE/np4_repro.py --cpu $CPU --vulkan $VK --text $(TXT)"
+
+case "$PHASE" in
+build)
+  $NP4 --model $R --label random --cells quick --budget $(( $(left) - 20 )) --json "$OUT/np4-random.json"
+  ;;
+part)
+  "$VK/bin/llama-server" --list-devices 2>&1 | tail -3
+  $NP4 --model $R --label random --cells full --cpu-cells none --budget $(( $(left) - 20 )) --json "$OUT/np4-random-full.json"
+  ;;
+trained)
+  if [ ! -f "$M" ]; then
+    cat /tmp/model/smollm2.gguf.xz.part[123] | xz -d -T0 > "$M.part" || exit 1
+    [ "$(sha256sum < "$M.part" | cut -d' ' -f1)" = "$(cat /tmp/model/sha256)" ] || { echo "model sha256 differs"; exit 1; }
+    mv "$M.part" "$M"; rm -f /tmp/model/smollm2.gguf.xz.part*
+  fi
+  echo "model $(sha256sum "$M")"
+  $NP4 --model $M --label trained --cells quick --kld --budget 300 --json "$OUT/np4-trained.json"
+  for v in "default" "--ctx 8192 --ubatch 512 --fa off --kv f16 --load mmap --parallel 4"; do
+    t0=$(date +%s); [ "$v" = default ] && v=""
+    $RF verify "$VK" --model "$M" --reference "$CPU" $v --json > /tmp/verify.json 2> /tmp/verify.err
+    rc=$?; echo "verify ${v:-(default coverage)}: rc=$rc $(( $(date +%s) - t0 )) s; left $(left) s"
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(' ', {k: c.get(k) for k in ('ctx','ubatch','fa','kv','load','parallel','kld_mean','top1','ppl','ppl_ref','passed')}) for c in d.get('checks', [])]" /tmp/verify.json
+    tail -n 2 /tmp/verify.err; cp /tmp/verify.json "$OUT/verify-$( [ -n "$v" ] && echo np4 || echo default).json"
+  done
+  ;;
+journey)
+  t0=$(date +%s)
+  $RF tune llama-cpp --target gfx1100 --backends vulkan --source $T --model "$M" --contexts short,long \
+     -p 256 -n 32 --reps 2 --ctx 512 --timeout 60 --json > "$OUT/tune.json" 2> /tmp/tune.err
+  echo "tune rc=$? $(( $(date +%s) - t0 )) s; left $(left) s"; tail -n 6 /tmp/tune.err
+  $RF preset show "$M" 2>&1 | head -30
+  timeout $(( $(left) - 15 )) python3 "$HERE/serve_canary_driver.py" --cpu "$CPU" --vulkan "$VK" --model "$M" \
+    --parts openai --use-stored-preset --logs /tmp/serve-logs-journey --json "$OUT/journey-openai.json"
+  echo "driver rc=$?; left $(left) s"
+  tar -C /tmp -cJf "$OUT/serve-logs-journey.tar.xz" serve-logs-journey
+  ;;
+front)
+  timeout $(( $(left) - 15 )) python3 "$HERE/serve_canary_driver.py" --cpu "$CPU" --vulkan "$VK" --model "$M" \
+    --parts front --use-stored-preset --seconds "${WINDOW:-20}" --rounds "${ROUNDS:-4}" --threads "${THREADS:-8}" \
+    --server-arg=--cache-ram --server-arg=0 --logs /tmp/serve-logs-front --json "$OUT/front.json"
+  echo "driver rc=$?; left $(left) s"
+  ;;
+esac
+echo "phase $PHASE done; left $(left) s"
