@@ -10,8 +10,8 @@
 #                        .dev/gpu/rf.tar]  (rf.tar: git archive HEAD rocforge_build benchmarks tests + COMMIT)
 #                 unpack, install the wheels, build CPU + Vulkan (llama-bench, -perplexity, -cli,
 #                 -server), a random model, the np-4 matrix on it
-#   PHASE=part    carry [.dev/gpu/model2]: keeps part 2; the random model's wider sweep
-#   PHASE=trained carry [.dev/gpu/model3]: joins SmolLM2 (sha256 checked); the np-4 matrix with its
+#   PHASE=part    (no carry) the random model's wider sweep, where device time allows
+#   PHASE=trained carry [.dev/gpu/model2]: joins SmolLM2 (sha256 checked); the np-4 matrix with its
 #                 KLD against the CPU's one-sequence logits; `rocforge verify` (default coverage) and at
 #                 the failing shape
 #   PHASE=journey (no carry) tune --backends vulkan, preset, serve + canary + openai client
@@ -20,7 +20,7 @@
 # (debsid: Debian sid's glslc, shaderc, Vulkan loader and headers; debs: Debian 12's GL/X runtime
 # libraries the NVIDIA ICD loads; whl: tomlkit platformdirs gguf and openai with what it requires),
 # llama.tar.xz (llama.cpp/ trimmed of .git docs models media tests benches .github and unused ggml
-# backends) and SmolLM2-135M-Instruct Q4_1 as xz in three parts.  $OUT gets log-PHASE.txt and JSON.
+# backends) and SmolLM2-135M-Instruct Q4_1 as xz in two parts (40 MB with the rest, then 50.5 MB).  $OUT gets log-PHASE.txt and JSON.
 D=${D:-$PWD/.dev/gpu}
 PHASE=${PHASE:-build}
 # rocforge runs from a snapshot of a commit (git archive, carried as $D/rf.tar and kept in /tmp/rfcode by
@@ -85,16 +85,16 @@ build)
   ;;
 part)
   "$VK/bin/llama-server" --list-devices 2>&1 | tail -3
-  $NP4 --model $R --label random --cells full --cpu-cells none --budget $(( $(left) - 20 )) --json "$OUT/np4-random-full.json"
+  $NP4 --model $R --label random --cells full --cpu-cells none --budget ${BUDGET:-120} --json "$OUT/np4-random-full.json"
   ;;
 trained)
   if [ ! -f "$M" ]; then
-    cat /tmp/model/smollm2.gguf.xz.part[123] | xz -d -T0 > "$M.part" || exit 1
+    cat /tmp/model/smollm2.gguf.xz.part[12] | xz -d -T0 > "$M.part" || exit 1
     [ "$(sha256sum < "$M.part" | cut -d' ' -f1)" = "$(cat /tmp/model/sha256)" ] || { echo "model sha256 differs"; exit 1; }
     mv "$M.part" "$M"; rm -f /tmp/model/smollm2.gguf.xz.part*
   fi
   echo "model $(sha256sum "$M")"
-  $NP4 --model $M --label trained --cells quick --kld --budget 300 --json "$OUT/np4-trained.json"
+  $NP4 --model $M --label trained --cells quick --kld --budget ${BUDGET:-200} --json "$OUT/np4-trained.json"
   for v in "default" "--ctx 8192 --ubatch 512 --fa off --kv f16 --load mmap --parallel 4"; do
     t0=$(date +%s); [ "$v" = default ] && v=""
     $RF verify "$VK" --model "$M" --reference "$CPU" $v --json > /tmp/verify.json 2> /tmp/verify.err
@@ -105,8 +105,8 @@ trained)
   ;;
 journey)
   t0=$(date +%s)
-  $RF tune llama-cpp --target gfx1100 --backends vulkan --source $T --model "$M" --contexts short,long \
-     -p 256 -n 32 --reps 2 --ctx 512 --timeout 60 --json > "$OUT/tune.json" 2> /tmp/tune.err
+  $RF tune llama-cpp --target gfx1100 --backends vulkan --source $T --model "$M" --contexts ${CONTEXTS:-short} \
+     -p 128 -n 16 --reps 1 --ctx 512 --timeout 60 --json > "$OUT/tune.json" 2> /tmp/tune.err
   echo "tune rc=$? $(( $(date +%s) - t0 )) s; left $(left) s"; tail -n 6 /tmp/tune.err
   $RF preset show "$M" 2>&1 | head -30
   timeout $(( $(left) - 15 )) python3 "$HERE/serve_canary_driver.py" --cpu "$CPU" --vulkan "$VK" --model "$M" \
@@ -116,7 +116,7 @@ journey)
   ;;
 front)
   timeout $(( $(left) - 15 )) python3 "$HERE/serve_canary_driver.py" --cpu "$CPU" --vulkan "$VK" --model "$M" \
-    --parts front --use-stored-preset --seconds "${WINDOW:-20}" --rounds "${ROUNDS:-4}" --threads "${THREADS:-8}" \
+    --parts front --use-stored-preset --seconds "${WINDOW:-15}" --rounds "${ROUNDS:-4}" --threads "${THREADS:-8}" \
     --server-arg=--cache-ram --server-arg=0 --logs /tmp/serve-logs-front --json "$OUT/front.json"
   echo "driver rc=$?; left $(left) s"
   ;;
