@@ -10,8 +10,8 @@
 #                        .dev/gpu/rf.tar]  (rf.tar: git archive HEAD rocforge_build benchmarks tests + COMMIT)
 #                 unpack, install the wheels, build CPU + Vulkan (llama-bench, -perplexity, -cli,
 #                 -server), a random model, the np-4 matrix on it
-#   PHASE=part    (no carry) the random model's wider sweep, where device time allows
-#   PHASE=trained carry [.dev/gpu/model2]: joins SmolLM2 (sha256 checked); the np-4 matrix with its
+#   PHASE=part    carry [.dev/gpu/model2]: keeps part 2; the random model's wider sweep
+#   PHASE=trained carry [.dev/gpu/model3]: joins SmolLM2 (sha256 checked); the np-4 matrix with its
 #                 KLD against the CPU's one-sequence logits; `rocforge verify` (default coverage) and at
 #                 the failing shape
 #   PHASE=journey (no carry) tune --backends vulkan, preset, serve + canary + openai client
@@ -20,7 +20,8 @@
 # (debsid: Debian sid's glslc, shaderc, Vulkan loader and headers; debs: Debian 12's GL/X runtime
 # libraries the NVIDIA ICD loads; whl: tomlkit platformdirs gguf and openai with what it requires),
 # llama.tar.xz (llama.cpp/ trimmed of .git docs models media tests benches .github and unused ggml
-# backends) and SmolLM2-135M-Instruct Q4_1 as xz in two parts (40 MB with the rest, then 50.5 MB).  $OUT gets log-PHASE.txt and JSON.
+# backends) and SmolLM2-135M-Instruct Q4_1 as xz in three parts (33, 30 and 27.5 MB: a call's files, .git
+# included, stay under the tool's 64 MiB).  $OUT gets log-PHASE.txt and JSON.
 D=${D:-$PWD/.dev/gpu}
 PHASE=${PHASE:-build}
 # rocforge runs from a snapshot of a commit (git archive, carried as $D/rf.tar and kept in /tmp/rfcode by
@@ -89,7 +90,7 @@ part)
   ;;
 trained)
   if [ ! -f "$M" ]; then
-    cat /tmp/model/smollm2.gguf.xz.part[12] | xz -d -T0 > "$M.part" || exit 1
+    cat /tmp/model/smollm2.gguf.xz.part[123] | xz -d -T0 > "$M.part" || exit 1
     [ "$(sha256sum < "$M.part" | cut -d' ' -f1)" = "$(cat /tmp/model/sha256)" ] || { echo "model sha256 differs"; exit 1; }
     mv "$M.part" "$M"; rm -f /tmp/model/smollm2.gguf.xz.part*
   fi
