@@ -20,7 +20,7 @@
 # (debsid: Debian sid's glslc, shaderc, Vulkan loader and headers; debs: Debian 12's GL/X runtime
 # libraries the NVIDIA ICD loads; whl: tomlkit platformdirs gguf and openai with what it requires),
 # llama.tar.xz (llama.cpp/ trimmed of .git docs models media tests benches .github and unused ggml
-# backends) and SmolLM2-135M-Instruct Q4_1 as xz in three parts (33, 30 and 27.5 MB: a call's files, .git
+# backends) and SmolLM2-135M-Instruct Q4_1 as xz in three parts (20, 35 and 35.5 MB: a call's files, .git
 # included, stay under the tool's 64 MiB).  $OUT gets log-PHASE.txt and JSON.
 D=${D:-$PWD/.dev/gpu}
 PHASE=${PHASE:-build}
@@ -86,7 +86,7 @@ build)
   ;;
 part)
   "$VK/bin/llama-server" --list-devices 2>&1 | tail -3
-  $NP4 --model $R --label random --cells full --cpu-cells none --budget ${BUDGET:-120} --json "$OUT/np4-random-full.json"
+  $NP4 --model $R --label random --cells ${CELLS:-quick} --cpu-cells none --budget ${BUDGET:-100} --json "$OUT/np4-random-full.json"
   ;;
 trained)
   if [ ! -f "$M" ]; then
@@ -95,8 +95,9 @@ trained)
     mv "$M.part" "$M"; rm -f /tmp/model/smollm2.gguf.xz.part*
   fi
   echo "model $(sha256sum "$M")"
-  $NP4 --model $M --label trained --cells quick --kld --budget ${BUDGET:-200} --json "$OUT/np4-trained.json"
+  $NP4 --model $M --label trained --cells quick --cpu-cells ${CPU_CELLS:-fail} --kld --budget ${BUDGET:-200} --json "$OUT/np4-trained.json"
   for v in "default" "--ctx 8192 --ubatch 512 --fa off --kv f16 --load mmap --parallel 4"; do
+    [ "$(left)" -gt 90 ] || { echo "verify $v: not started, $(left) s left"; continue; }
     t0=$(date +%s); [ "$v" = default ] && v=""
     $RF verify "$VK" --model "$M" --reference "$CPU" $v --json > /tmp/verify.json 2> /tmp/verify.err
     rc=$?; echo "verify ${v:-(default coverage)}: rc=$rc $(( $(date +%s) - t0 )) s; left $(left) s"
@@ -106,12 +107,13 @@ trained)
   ;;
 journey)
   t0=$(date +%s)
-  $RF tune llama-cpp --target gfx1100 --backends vulkan --source $T --model "$M" --contexts ${CONTEXTS:-short} \
-     -p 128 -n 16 --reps 1 --ctx 512 --timeout 60 --json > "$OUT/tune.json" 2> /tmp/tune.err
+  $SID $RF tune llama-cpp --target gfx1100 --backends vulkan --source $T --model "$M" --contexts ${CONTEXTS:-short} \
+     -p 128 -n 16 --reps 1 --ctx 512 --timeout 30 --json > "$OUT/tune.json" 2> /tmp/tune.err
   echo "tune rc=$? $(( $(date +%s) - t0 )) s; left $(left) s"; tail -n 6 /tmp/tune.err
   $RF preset show "$M" 2>&1 | head -30
   timeout $(( $(left) - 15 )) python3 "$HERE/serve_canary_driver.py" --cpu "$CPU" --vulkan "$VK" --model "$M" \
-    --parts openai --use-stored-preset --logs /tmp/serve-logs-journey --json "$OUT/journey-openai.json"
+    --parts ${PARTS:-openai} --use-stored-preset --seconds "${WINDOW:-15}" --rounds "${ROUNDS:-4}" --threads "${THREADS:-8}" \
+    --server-arg=--cache-ram --server-arg=0 --logs /tmp/serve-logs-journey --json "$OUT/journey.json"
   echo "driver rc=$?; left $(left) s"
   tar -C /tmp -cJf "$OUT/serve-logs-journey.tar.xz" serve-logs-journey
   ;;
