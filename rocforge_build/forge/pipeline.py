@@ -207,26 +207,28 @@ def _substitute(plan: Plan, substitute: Substituter, say, gate: Callable[[Plan, 
         if _settled(plan, say):
             return BuildResult(Status.UP_TO_DATE, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0)
         staging = staging_dir(plan.prefix)
-        outcome = substitute(plan, staging, tell)
-        if outcome.advisory and not plan.force:
-            raise BuildError(f"{plan.recipe.name}: {outcome.advisory}",
-                             "a compile here makes the same bytes; `rocforge build --force` builds it anyway")
-        if not outcome.staged:
-            if plan.substitutes.mode == "only":
-                raise BuildError(f"--substitute-only: no usable substitute for {plan.recipe.name} "
-                                 f"(key {plan.substitute_key.short if plan.substitute_key else 'none'}): "
-                                 f"{outcome.why}", "nothing was compiled; drop --substitute-only to build it")
-            tell(f"substitute: none used ({outcome.why}); compiling")
-            return None
         try:
+            outcome = substitute(plan, staging, tell)
+            if outcome.advisory and not plan.force:
+                raise BuildError(f"{plan.recipe.name}: {outcome.advisory}",
+                                 "a compile here makes the same bytes; `rocforge build --force` builds it anyway")
+            if not outcome.staged:
+                if plan.substitutes.mode == "only":
+                    raise BuildError(f"--substitute-only: no usable substitute for {plan.recipe.name} "
+                                     f"(key {plan.substitute_key.short if plan.substitute_key else 'none'}): "
+                                     f"{outcome.why}", "nothing was compiled; drop --substitute-only to build it")
+                tell(f"substitute: none used ({outcome.why}); compiling")
+                return None
             if gate is not None:
                 gate(plan, staging)
             replace.swap(staging, plan.prefix, MANIFEST, keep=keep)
-        except BaseException:
+        except BaseException:  # nothing staged outlives a failure before the swap
             if not replace.interrupted(plan.prefix):
                 with contextlib.suppress(OSError, UsageError):
                     replace.discard(staging, MANIFEST, STAGED)
             raise
+        if outcome.installed is not None:  # reads the prefix: the new build is in it now
+            outcome.installed()
     finally:
         held.release()
     record = outcome.record

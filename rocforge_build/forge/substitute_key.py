@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,3 +190,6 @@ class SubstituteOutcome:
     tried: tuple[str, ...] = ()
     record: dict = field(default_factory=dict)  # what the manifest records of where it came from
     advisory: str = ""  # a trusted advisory names this build bad: a compile makes the same bytes
+    # what records the verify here for the installed build (results row, the verdict `env`
+    # reads); the pipeline runs it after the swap, so it reads the new build, never the old one
+    installed: Callable[[], None] | None = None

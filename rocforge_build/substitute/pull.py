@@ -8,6 +8,7 @@ line; the build then compiles (or, --substitute-only, stops)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -54,8 +55,8 @@ def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
         except RocforgeError as exc:  # a store's errors name the store already
             tried.append(one_line(exc.message))
             continue
-        record_verified(plan, record, verified)
-        return SubstituteOutcome(True, "", tuple(tried), record)
+        return SubstituteOutcome(True, "", tuple(tried), record,
+                                 installed=functools.partial(record_verified, plan, record, verified))
     return SubstituteOutcome(False, "; ".join(tried) or "no store answered", tuple(tried))
 
 
@@ -107,7 +108,11 @@ def _from_store(url: str, plan: Plan, staging: Path, trusted, model, say) -> tup
         _report_failure(url, man, plan, lines, say)
         replace.discard(staging, MANIFEST, STAGED)
         raise Miss("failed here: " + "; ".join(lines[:3]))
-    _write_manifest(staging, plan, record)
+    try:
+        _write_manifest(staging, plan, record)
+    except BaseException:
+        replace.discard(staging, MANIFEST, STAGED)
+        raise
     replace.unmark_scratch(staging)
     return record, verified
 
@@ -240,7 +245,8 @@ def _report_failure(url: str, man: oci.Manifest, plan: Plan, lines: list[str], s
 
 def record_verified(plan: Plan, record: dict, verified: dict | None) -> None:
     """A passing verify here is recorded for the installed prefix as `rocforge verify` records
-    one (the results store's row for a GPU build, and the verdict `rocforge env` reads)."""
+    one (the results store's row for a GPU build, and the verdict `rocforge env` reads).  It
+    opens the prefix, so it runs only once the staged tree has been swapped in."""
     if record.get("verified_here") != "passed":
         return
     from rocforge_build.discover import choices
