@@ -14,6 +14,7 @@ from pathlib import Path
 from rocforge_build import __version__
 from rocforge_build.errors import UsageError
 from rocforge_build.forge.substitute_key import TAG_PREFIX
+from rocforge_build.measure.serving import SERVING_FIELDS, serving_known
 from rocforge_build.shellsafe import one_line
 from rocforge_build.substitute import artifact, oci, signing
 from rocforge_build.substitute.stores import open_store
@@ -144,8 +145,8 @@ def _attestation(a: artifact.Attached) -> dict:
     (its signer vouched for the bytes, not for their shape)."""
     d = a.document
     host = _dict(d.get("host"))
-    shapes = [{k: _scalar(c.get(k)) for k in ("ctx", "ubatch", "fa", "ngl", "passed", "kld_mean", "top1",
-                                               "ppl", "ppl_ref")}
+    shapes = [{k: _scalar(c.get(k)) for k in ("ctx", "ubatch", "fa", "ngl", *SERVING_FIELDS, "passed",
+                                               "kld_mean", "top1", "ppl", "ppl_ref")}
               for row in _list(d.get("verify"), 64) if isinstance(row, dict)
               for c in _list(row.get("checks"), 256) if isinstance(c, dict)]
     gpus = [_text(g.get("gfx") or g.get("name"), 40) for g in _list(host.get("gpus"), 16) if isinstance(g, dict)]
@@ -185,7 +186,7 @@ def describe_show(shown: dict) -> list[str]:
         lines.append(f"  host: kernel {h['kernel']}, ROCm {h['rocm']}, GPUs {', '.join(h['gpus']) or 'none'}, "
                      f"firmware {h['firmware']}")
         for sh in a["shapes"][:64]:
-            lines.append(f"  ctx {sh['ctx']} ub {sh['ubatch']} fa {sh['fa']} ngl {sh['ngl']}: "
+            lines.append(f"  ctx {sh['ctx']} ub {sh['ubatch']} fa {sh['fa']} ngl {sh['ngl']}, {_serving(sh)}: "
                          f"{'passed' if sh['passed'] is True else 'FAILED'} (KLD {sh['kld_mean']}, "
                          f"top-1 {sh['top1']})")
         for f in a["own_figures"]:
@@ -195,6 +196,15 @@ def describe_show(shown: dict) -> list[str]:
     for x in shown["left_out"]:
         lines.append(f"left out: {x}")
     return lines
+
+
+def _serving(shape: dict) -> str:
+    """A check's serving dimensions as `llama-server` would hold them (KV cache type, how the
+    weights were loaded, slots); a check stored before they were recorded says so rather than
+    passing for llama.cpp's defaults."""
+    if not serving_known(shape):
+        return "serving not recorded"
+    return f"kv {shape['kv']} load {shape['load']} slots {shape['parallel']}"
 
 
 def advise(url: str, ref: str, reason: str, key_file: Path, trusted: list[signing.PublicKey], *,
