@@ -9,7 +9,13 @@ or `cmake` on PATH can never hang rocforge.
 Build steps (`spawn` + `reaped`) run in a process group of their own: when rocforge ends early
 (Ctrl-C, SIGTERM, an error) the group gets SIGTERM (ninja passes it on to its jobs), and whatever
 of it and its descendants is still alive after a grace period gets SIGKILL, so no compiler keeps
-running in a build dir nobody owns any more."""
+running in a build dir nobody owns any more.
+
+A child that leaves its group and its parent (a server that daemonizes: fork, setsid, fork again)
+is found all the same: every `spawn` marks its child's environment with a token of its own
+(`MARK_ENV`), which every descendant inherits whatever group, session or parent it ends up in
+(environ(7)), and `stop_group` stops every process of this user whose environment carries it
+(/proc/PID/environ, readable for one's own processes without privileges)."""
 
 from __future__ import annotations
 
@@ -173,14 +179,25 @@ def run(
 
 # -- build steps: a process group each, stopped whole --------------------------------------------
 
+MARK_ENV = "ROCFORGE_SPAWN_MARK"  # a spawned child's own token, inherited by all it starts
+
+
 def spawn(argv: Sequence[str], *, stdin=None, die_with_parent: bool = False, **kwargs) -> subprocess.Popen:
-    """Start a build step in a new process group; its stdin is /dev/null unless given.
+    """Start a build step in a new process group, its environment marked (`MARK_ENV`) so that
+    `stop_group` finds even a descendant that left the group; its stdin is /dev/null unless given.
     `die_with_parent`: the child gets SIGTERM when rocforge dies, even by SIGKILL (Linux
     prctl(2) PR_SET_PDEATHSIG), so a server never outlives the `rocforge serve` that owns it."""
+    import secrets
+
     if die_with_parent and sys.platform.startswith("linux"):
         kwargs["preexec_fn"] = _pdeathsig(os.getpid())
-    return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL if stdin is None else stdin,
-                            process_group=0, **kwargs)
+    mark = f"{os.getpid()}-{secrets.token_hex(12)}"
+    env = kwargs.pop("env", None)
+    kwargs["env"] = {**(os.environ if env is None else env), MARK_ENV: mark}
+    child = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL if stdin is None else stdin,
+                             process_group=0, **kwargs)
+    child.rocforge_mark = mark  # type: ignore[attr-defined]
+    return child
 
 
 def _pdeathsig(parent: int):
@@ -214,8 +231,12 @@ def reaped(child: subprocess.Popen, grace: float = 5.0) -> Iterator[subprocess.P
 
 def stop_group(child: subprocess.Popen, grace: float = 5.0) -> None:
     """SIGTERM to the child's group and to every descendant (ninja puts each job in a group of
-    its own), then SIGKILL to those still alive after `grace` seconds."""
+    its own) or process carrying its spawn mark (a daemon that left group and parent), then
+    SIGKILL to those still alive after `grace` seconds.  Also after the child itself ended: what
+    it left running is stopped."""
     family = [(child.pid, _start_time(child.pid)), *_descendants(child.pid)]
+    known = {pid for pid, _ in family}
+    family += [kid for kid in _marked(getattr(child, "rocforge_mark", None)) if kid[0] not in known]
     with contextlib.suppress(OSError):
         os.killpg(child.pid, signal.SIGTERM)
     for pid, start in family[1:]:
@@ -263,6 +284,29 @@ def _signal(pid: int, start: str | None, signum: int) -> None:
     if _alive(pid, start):
         with contextlib.suppress(OSError):
             os.kill(pid, signum)
+
+
+def _marked(mark: str | None) -> list[tuple[int, str | None]]:
+    """Every live process but this one whose environment carries `MARK_ENV=mark`, as (pid, start
+    time); another user's processes cannot be read, and cannot be ours."""
+    if not mark:
+        return []
+    needle, me, out = f"{MARK_ENV}={mark}".encode(), os.getpid(), []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                found = needle in fh.read().split(b"\0")
+        except OSError:
+            continue
+        if found and _alive(int(name), None):
+            out.append((int(name), _start_time(int(name))))
+    return out
 
 
 def _descendants(pid: int) -> list[tuple[int, str | None]]:

@@ -299,43 +299,34 @@ def _wait_ready(child, p: Plan, wait_s: float, tail: collections.deque) -> None:
         time.sleep(0.25)
 
 
+def _url_host(address: str) -> str:
+    """An IP literal as a URL's host: an IPv6 address in brackets (RFC 3986 3.2.2)."""
+    return f"[{address}]" if ":" in address else address
+
+
 def warm_up(p: Plan, timeout: float) -> float:
     """One request for one token: a fresh GPU compiles and loads its kernels on the first request
     (tens of seconds: docs/measurements/measuring.md), which the first client would otherwise
     wait for.  The whole request (a server that trickles its answer too) ends within `timeout`
     seconds.  Returns the seconds it took."""
-    from rocforge_build.shellsafe import one_line
+    from rocforge_build.measure.canary import CanaryError, exchange
 
     headers = {"Content-Type": "application/json"}
     if "--api-key" in p.argv[:-1]:
         headers["Authorization"] = f"Bearer {p.argv[p.argv.index('--api-key') + 1]}"
     body = json.dumps({"prompt": "Hello", "n_predict": 1}).encode()
-    conn = http.client.HTTPConnection(dial_address(p.host), p.port, timeout=max(timeout, 0.001))
-    outcome: dict = {}
-
-    def ask():
-        try:
-            conn.request("POST", "/completion", body, headers)
-            answer = conn.getresponse()
-            answer.read(1 << 20)
-            outcome["status"] = answer.status
-        except (OSError, http.client.HTTPException) as exc:
-            outcome["error"] = one_line(exc or type(exc).__name__)[:200]
-
     start = time.monotonic()
-    asker = threading.Thread(target=ask, name="warm-up request", daemon=True)
-    asker.start()
-    asker.join(timeout)
-    with contextlib.suppress(OSError):
-        conn.close()
-    if "status" not in outcome:
-        why = outcome.get("error") or "no answer"
+    try:  # the canary's bounded exchange: its reader thread ends its own connection, so nothing of
+        # http.client is closed under a read in progress (which raised on that thread, a traceback)
+        status, _ = exchange("POST", f"http://{_url_host(dial_address(p.host))}:{p.port}", "/completion", body,
+                             headers, max(timeout, 0.001))
+    except CanaryError as exc:
         raise ServeError(f"llama-server answered /health but not a one-token request to {p.url}"
-                         f"/completion within {timeout:g} s ({why})",
+                         f"/completion within {timeout:g} s ({exc.message})",
                          "a fresh GPU's first request can take a minute: give --wait SECONDS "
-                         "(it bounds the load and this warm-up together)")
-    if outcome["status"] != 200:
-        raise ServeError(f"llama-server's one-token request to {p.url}/completion got HTTP {outcome['status']}",
+                         "(it bounds the load and this warm-up together)") from None
+    if status != 200:
+        raise ServeError(f"llama-server's one-token request to {p.url}/completion got HTTP {status}",
                          "its output is above")
     return time.monotonic() - start
 
@@ -345,7 +336,7 @@ def run(p: Plan, *, wait_s: float, on_ready, before_ready=None) -> int:
     ready (`_wait_ready`) and warmed up (`warm_up`), then until it ends.  Ctrl-C, SIGTERM or an
     error stops its whole tree (proc.reaped).  `before_ready(p)` (the numerics canary) runs against
     the live server before `on_ready`; what it raises stops the server.  Returns its exit status."""
-    from rocforge_build.proc import merged_env, reaped, spawn
+    from rocforge_build.proc import merged_env, reaped, spawn, stop_group
 
     child = spawn(p.argv, env=merged_env(p.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                   text=True, errors="replace", die_with_parent=True)
@@ -370,4 +361,6 @@ def run(p: Plan, *, wait_s: float, on_ready, before_ready=None) -> int:
         if before_ready is not None:
             before_ready(p)
         on_ready(took)
-        return child.wait()
+        code = child.wait()
+    stop_group(child, grace=2.0)  # what llama-server left running (a daemonized child) ends with it
+    return code

@@ -715,3 +715,87 @@ def test_a_hanging_ldd_ends_at_the_probe_deadline(tmp_path, monkeypatch):
     assert time.monotonic() - start < PROBE_S + MARGIN
     assert str(exc.value).startswith(f"ldd did not finish within {PROBE_S:g} s")
     assert left_over(pids) == []
+
+
+# -- issue 38 item 7: a trickling warm-up, a daemonizing llama-server ------------------------------
+TRICKLES_ON_COMPLETION = WARMS_UP.replace('''        self.send_response(COMPLETION_STATUS)
+        self.end_headers()
+        self.wfile.write(b'{"content": "x"}')''', '''        self.send_response(COMPLETION_STATUS)
+        self.send_header("Content-Length", "100000")
+        self.end_headers()
+        try:  # the answer's head at once, then a byte every 0.1 s, until serve hangs up
+            for _ in range(100000):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.1)
+        except OSError:
+            pass''')
+
+
+def test_a_trickling_warm_up_is_one_error_line_and_no_traceback(tmp_path):
+    """The warm-up's deadline passes while its answer trickles in: its reader is cut off (the
+    socket shut down, its connection closed by its own thread, never under a read in progress)
+    and the deadline is the one error line; no thread of rocforge prints a traceback."""
+    ended = serve_to_its_end(install(tmp_path, TRICKLES_ON_COMPLETION), wait=3)
+    assert ended.code == 9 and "serving" not in ended.out
+    assert "Traceback" not in ended.err and "Exception in thread" not in ended.err, ended.err
+    lines = error_lines(ended.err)
+    assert len(lines) == 1 and "answered /health but not a one-token request" in lines[0], ended.err
+    assert not ended.server_left
+
+
+DAEMONIZES = WARMS_UP.replace('http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()', '''
+if os.fork() == 0:  # a daemon: its own session, then its parent gone, so init adopts it
+    os.setsid()
+    if os.fork() == 0:
+        open(os.path.join(here, "daemon.tmp"), "w").write(str(os.getpid()))
+        os.rename(os.path.join(here, "daemon.tmp"), os.path.join(here, "daemon"))
+        time.sleep(3600)
+    os._exit(0)
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()''')
+
+
+def test_ctrl_c_stops_a_child_that_left_the_group_with_setsid(tmp_path):
+    """llama-server's child daemonized (double fork, setsid): neither in serve's process group nor
+    a descendant any more; Ctrl-C stops it too (proc.spawn's environment mark)."""
+    bindir = install(tmp_path, DAEMONIZES)
+    serve = start_serve(free_port(), wait=30)
+    daemon = None
+    try:
+        assert serve.stdout.readline().startswith("serving m at ")
+        wait_for(bindir / "daemon")
+        daemon = int((bindir / "daemon").read_text())
+        assert alive(daemon) and os.getsid(daemon) != os.getsid(int((bindir / "started").read_text()))
+        os.killpg(serve.pid, signal.SIGINT)
+        serve.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while alive(daemon) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(daemon) and not alive(int((bindir / "started").read_text()))
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+        stop_fake(bindir)
+        if daemon and alive(daemon):
+            os.kill(daemon, signal.SIGKILL)
+
+
+def test_stop_group_stops_a_daemonized_grandchild(tmp_path):
+    """proc.spawn + stop_group directly: a child that double-forks into a new session and exits
+    leaves a grandchild that only the spawn mark ties to it; stop_group ends it."""
+    pidfile = tmp_path / "pid"
+    code = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            f"        open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+            f"        os.rename({str(pidfile)!r} + '.tmp', {str(pidfile)!r})\n        time.sleep(3600)\n"
+            f"    os._exit(0)\nos.wait()\n")
+    child = proc.spawn([sys.executable, "-c", code])
+    wait_for(pidfile)
+    grandchild = int(pidfile.read_text())
+    try:
+        child.wait(timeout=30)  # the child is gone, the daemon is init's
+        assert alive(grandchild)
+        proc.stop_group(child, grace=2.0)
+        assert not alive(grandchild)
+    finally:
+        if alive(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
