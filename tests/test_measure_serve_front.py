@@ -408,9 +408,25 @@ def test_the_inner_server_is_asked_for_its_props_only_once_it_answered(monkeypat
     port = serve_front.free_loopback_port()
     p = serve.Plan("long", "auto", {}, ["/b/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port",
                                          str(port)], f"http://127.0.0.1:{port}", [], "127.0.0.1", port)
+    fronts = []
+    monkeypatch.setattr(serve_front.Front, "start", lambda self: fronts.append(self) or self)
     code = serve_front.run(p, every=3600, build_prefix="/b", model_path="/m.gguf", model_sha256="0" * 64,
                            reference=None, wait_s=1, on_ready=lambda s: None, argv=[])
     assert code == 0 and events == ["reference", "inner up", "target_of"]
+    assert fronts[0].request_seconds == 1  # clients' deadline: --wait unless --request-timeout says
+    serve_front.run(p, every=3600, build_prefix="/b", model_path="/m.gguf", model_sha256="0" * 64,
+                    reference=None, wait_s=1, on_ready=lambda s: None, argv=[], request_s=42.0)
+    assert fronts[1].request_seconds == 42.0
+
+
+def test_request_timeout_without_the_front_is_one_line(capsys):
+    """--request-timeout bounds requests through the front; without --canary-every there is none."""
+    from rocforge_build import cli
+
+    assert cli.main(["serve", "m", "--request-timeout", "30"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("rocforge: error:")]
+    assert len(lines) == 1 and "--request-timeout" in lines[0] and "--canary-every" in err, err
 
 
 def test_the_canary_waits_for_the_request_in_flight(upstream):

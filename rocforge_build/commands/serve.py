@@ -50,12 +50,19 @@ def add_arguments(parser) -> None:
                         help="while serving, repeat a short canary between requests, at most this often "
                              "(e.g. 60s, 5m, 1h; 5 s at least): llama-server listens on a private loopback "
                              "port behind a thin front on --host/--port, which answers 503 once it fails")
+    parser.add_argument("--request-timeout", type=argtypes.positive_seconds, metavar="S",
+                        help="with --canary-every: a client's request that llama-server says nothing on "
+                             "for S seconds gets HTTP 504, and 3 such in a row make the front answer 503 "
+                             "(default: --wait; a streamed answer is never cut while tokens come)")
 
 
 def run(args) -> int:
     from rocforge_build.measure.preset import model_key, runnable
     from rocforge_build.measure.store import Store
 
+    if args.request_timeout and not args.canary_every:
+        raise UsageError("--request-timeout bounds requests through the canary front, which only "
+                         "--canary-every puts before llama-server", "add --canary-every DURATION, or drop it")
     with Store() as store:
         model_path = args.model if Path(args.model).is_file() else None
         preset = store.preset(model_key(args.model))
@@ -97,7 +104,8 @@ def run(args) -> int:
         code = serve_front.run(p, every=args.canary_every, build_prefix=preset["ranges"][p.range]["prefix"],
                                model_path=model_path, model_sha256=preset["model"]["sha256"],
                                reference=args.reference, wait_s=args.wait, on_ready=ready,
-                               before_ready=_canary(args, preset, p, model_path), argv=args.argv)
+                               before_ready=_canary(args, preset, p, model_path), argv=args.argv,
+                               request_s=args.request_timeout)
     else:
         code = serve.run(p, wait_s=args.wait, on_ready=ready, before_ready=_canary(args, preset, p, model_path))
     return 0 if code in (0, -15) else 9

@@ -36,10 +36,21 @@ compare: a timeout because every slot is busy with a long generation, a refused 
 run": clients are served, the canary is retried at the next chance (`NOT_RUN_RETRY_SECONDS` later,
 or `every` when that is shorter, still only when no request is in flight unless overdue), and each
 one says a warning line naming why and how many in a row — a busy server is allowed to be busy,
-and one client's long request must not take the server from everyone.  If it keeps not running,
-the warnings go on (one per retry, so a log shows for how long the numerics went unchecked) and the
-first of each such streak is one `canary` row with status `not_run` in the results store (`record`
-with status "not_run"): a row per retry would bury the rows that matter.
+and one client's long request must not take the server from everyone.  The first of each such
+streak is one `canary` row with status `not_run` in the results store (`record` with status
+"not_run"): a row per retry would bury the rows that matter.  But a check that cannot run is not
+a pass: a server answering only canary-shaped requests with NaN or junk, or never answering them,
+would dodge it for ever.  Once it has not run `NOT_RUN_LIMIT` times in a row over at least
+`NOT_RUN_SECONDS` (retries come every 30 s at most, so about five minutes), it counts as failed:
+503, said in one line and recorded as a failure.
+
+Client requests have a deadline too: llama-server silent for `request_seconds` (`serve
+--request-timeout`, default `--wait`: the longest a fresh GPU's first answer is expected to take)
+on a request — before its answer's head, or between two of its pieces — gets the client HTTP 504
+(or its answer cut), and `TIMEOUT_LIMIT` such requests in a row with no answer between fail the
+server (503 naming why): a server that hangs every request would otherwise hold every client for
+ever and never be marked failed.  A long generation that streams is never cut; a non-streamed one
+must end within the deadline.
 
 When the canary runs: once at least `every` seconds passed since the last one, as soon as no
 request is in flight.  A server that is never idle gets it anyway once it is `every` seconds
@@ -68,9 +79,12 @@ HEADERS_MAX = 100  # header lines of one request
 HEAD_SECONDS = 20.0  # to send a whole request head, from its first byte (slowloris)
 IDLE_SECONDS = 75.0  # a kept-alive client connection with no new request is closed after this
 IO_SECONDS = 60.0  # one read of a request body, or one write to the client, that makes no progress
-UPSTREAM_SECONDS = 3600.0  # one read from llama-server: a long non-streamed generation says nothing for minutes
+REQUEST_SECONDS = 600.0  # llama-server silent this long on a client's request: 504 (serve --request-timeout, default --wait)
+TIMEOUT_LIMIT = 3  # client requests in a row that llama-server left silent that long: it is failed (503)
 MAX_CONNECTIONS = 256  # client connections at once; past it, 503 and close (each holds a thread)
 NOT_RUN_RETRY_SECONDS = 30.0  # a canary that could not run is tried again this soon (or at `every`)
+NOT_RUN_LIMIT = 3  # canaries in a row that could not run, ...
+NOT_RUN_SECONDS = 300.0  # ... over at least this long: the check counts as failed (503)
 COST_BAR = 0.01  # the share of the server's time the canary may take: a check's seconds over `every`
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
 PIECE = 64 * 1024
@@ -82,17 +96,22 @@ _TARGET = re.compile(rb"[\x21-\x7e]+")
 
 @dataclass(frozen=True)
 class Failure:
-    """A failed canary as the front tells clients: when, the failed checks (one line each)."""
+    """Why the front stopped taking requests, as it tells clients: when, what failed (one line
+    each), and the kind: a canary that compared wrong answers, a canary that could not run past
+    its bound, or a llama-server that left client requests unanswered past theirs."""
 
     at: str  # UTC, ISO 8601
     failures: tuple[str, ...]
     seconds: float
+    kind: str = "canary_failed"  # or "canary_not_run", "server_not_answering"
 
     def body(self) -> bytes:
         first = self.failures[0] if self.failures else "canary failed"
+        what = {"canary_failed": "the numerics canary failed", "canary_not_run": "the numerics canary could not run",
+                "server_not_answering": "llama-server stopped answering"}[self.kind]
         return json.dumps({"error": {
-            "code": 503, "type": "canary_failed",
-            "message": f"rocforge serve stopped taking requests: the numerics canary failed at {self.at}: {first}",
+            "code": 503, "type": self.kind,
+            "message": f"rocforge serve stopped taking requests: {what} at {self.at}: {first}",
             "failures": list(self.failures)}}).encode()
 
 
@@ -106,6 +125,8 @@ class Stats:
     overdue_runs: int = 0  # canaries run beside traffic because the server was never idle
     not_run: int = 0  # canaries that could not measure (timeout, busy slots, refused): clients still served
     not_run_in_a_row: int = 0
+    timeouts: int = 0  # client requests llama-server left silent for the front's request deadline (504)
+    timeouts_in_a_row: int = 0
     canary_seconds: float = 0.0  # the measured checks' time, in all
     most_share: float = 0.0  # the largest share of the server's time one check took: its seconds over `every`
 
@@ -118,12 +139,15 @@ class Front:
     """The front: `start()` listens on `listen` (host, port) and forwards to `upstream`; with
     `every` seconds and a `checker` (returns an object with .passed, .failures, .seconds,
     .to_json(): canary.Verdict), the canary runs between requests; `record(verdict)` is called once
-    on the first failure."""
+    on the first failure.  `request_seconds`: how long llama-server may say nothing on a client's
+    request before the client gets 504 (TIMEOUT_LIMIT such in a row fail the server).  `clock`:
+    the monotonic seconds the canary's schedule and bounds are counted in (a test's own clock)."""
 
     def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], *, every: float | None = None,
                  checker: Callable[[], object] | None = None, record: Callable[[object], None] | None = None,
-                 say: Callable[[str], None] | None = None, upstream_seconds: float = UPSTREAM_SECONDS,
-                 record_not_run: Callable[[object], None] | None = None):
+                 say: Callable[[str], None] | None = None, request_seconds: float = REQUEST_SECONDS,
+                 record_not_run: Callable[[object], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.listen = listen
         self.upstream = upstream
         self.every = every
@@ -131,13 +155,15 @@ class Front:
         self.record = record
         self.record_not_run = record_not_run
         self.say = say or (lambda text: None)
-        self.upstream_seconds = upstream_seconds
+        self.request_seconds = request_seconds
+        self.clock = clock
         self.stats = Stats()
         self.failure: Failure | None = None
         self.recorded = threading.Event()  # set once a failure was recorded (or could not be)
         self._idle = threading.Condition()
         self._in_flight = 0
-        self._due = time.monotonic()  # when the next canary is due (`every` after a measured one)
+        self._due = clock()  # when the next canary is due (`every` after a measured one)
+        self._unchecked_since: float | None = None  # when the running streak of not-run canaries began
         self._stop = threading.Event()
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._server: _Server | None = None
@@ -145,7 +171,7 @@ class Front:
     # -- life -------------------------------------------------------------------------------------
     def start(self) -> Front:
         self._server = _server_for(self)
-        self._due = time.monotonic() + (self.every or 0.0)
+        self._due = self.clock() + (self.every or 0.0)
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                          name="serve front", daemon=True).start()
         if self.every and self.checker:
@@ -179,7 +205,7 @@ class Front:
         while not self._stop.is_set() and self.failure is None:
             with self._idle:
                 while not self._stop.is_set():
-                    now = time.monotonic()
+                    now = self.clock()
                     due = self._due
                     overdue = due + self.every
                     if now >= due and (self._in_flight == 0 or now >= overdue):
@@ -208,8 +234,9 @@ class Front:
         self.stats.overdue_runs += beside_traffic
         if not measured:
             return self._not_run(verdict, failures)
-        self._due = time.monotonic() + (self.every or 0.0)
+        self._due = self.clock() + (self.every or 0.0)
         self.stats.not_run_in_a_row = 0
+        self._unchecked_since = None
         self._count_cost(seconds)
         if passed:
             self.stats.passed += 1
@@ -218,13 +245,21 @@ class Front:
                          + (f" (at most {_percent(seconds / self.every)} of the server's time every {self.every:g} s)"
                             if self.every else ""))
             return PASSED
-        self.failure = Failure(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), failures or ("canary failed",),
-                               seconds)
-        self.say(f"canary FAILED after {self.stats.passed} passed: {self.failure.failures[0]}; new requests "
-                 "get HTTP 503 (the server is kept for inspection; Ctrl-C stops it)")
+        self._fail(Failure(_utc_now(), failures or ("canary failed",), seconds),
+                   f"canary FAILED after {self.stats.passed} passed", verdict)
+        return FAILED
+
+    def _fail(self, failure: Failure, headline: str, verdict) -> None:
+        """Latch the 503 (the first failure stays the one clients are told), say it in one line and
+        record it."""
+        with self._idle:
+            if self.failure is not None:
+                return
+            self.failure = failure
+        self.say(f"{headline}: {failure.failures[0]}; new requests get HTTP 503 (the server is kept for "
+                 "inspection; Ctrl-C stops it)")
         self._record(self.record, verdict)
         self.recorded.set()
-        return FAILED
 
     def _count_cost(self, seconds: float) -> None:
         """A check holds the server at most its own seconds once every `every`: that share of its
@@ -242,11 +277,26 @@ class Front:
                      f"{math.ceil(seconds / COST_BAR)}s or more keeps it under")
 
     def _not_run(self, verdict, failures: tuple[str, ...]) -> str:
+        """A canary that measured nothing: retried soon, clients still served, until it has not
+        run NOT_RUN_LIMIT times in a row over NOT_RUN_SECONDS; then it is a failed check.  A
+        server that answers only the canary with NaN or junk, or never answers it, would
+        otherwise dodge it for ever; the bound in time spares a server briefly too busy for it."""
+        now = self.clock()
         retry = min(self.every or NOT_RUN_RETRY_SECONDS, NOT_RUN_RETRY_SECONDS)
-        self._due = time.monotonic() + retry
+        self._due = now + retry
         self.stats.not_run += 1
         self.stats.not_run_in_a_row += 1
+        if self._unchecked_since is None:
+            self._unchecked_since = now
         why = failures[0] if failures else "canary: no answer could be compared"
+        unchecked = now - self._unchecked_since
+        if self.stats.not_run_in_a_row >= NOT_RUN_LIMIT and unchecked >= NOT_RUN_SECONDS:
+            self._fail(Failure(_utc_now(), (f"{why} ({self.stats.not_run_in_a_row} checks in a row could not run "
+                                            f"over {unchecked:.0f} s: a check that cannot run counts as failed past "
+                                            f"{NOT_RUN_LIMIT} in a row and {NOT_RUN_SECONDS:g} s)",), 0.0,
+                               kind="canary_not_run"),
+                       "canary could not run, counted as FAILED", verdict)
+            return FAILED
         self.say(f"canary not run ({self.stats.not_run_in_a_row} in a row): {why}; clients are still served, "
                  f"it is tried again in {retry:g} s")
         if self.stats.not_run_in_a_row == 1:
@@ -274,6 +324,30 @@ class Front:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.notify_all()
+
+    def _answered(self) -> None:
+        with self._idle:
+            self.stats.timeouts_in_a_row = 0
+
+    def _timed_out(self, target: str) -> None:
+        """llama-server left a client's request silent for `request_seconds`: TIMEOUT_LIMIT in a
+        row (no answer between) and it is failed, since a server that hangs every request would
+        otherwise keep taking clients, each told only 504."""
+        with self._idle:
+            self.stats.timeouts += 1
+            self.stats.timeouts_in_a_row += 1
+            n = self.stats.timeouts_in_a_row
+        self.say(f"llama-server said nothing for {self.request_seconds:g} s on a client's request ({n} in a row): "
+                 f"the client got HTTP 504 (serve --request-timeout sets the bound)")
+        if n >= TIMEOUT_LIMIT:
+            line = (f"llama-server said nothing for {self.request_seconds:g} s on {n} client requests in a row "
+                    f"(the last: {target[:200]})")
+            self._fail(Failure(_utc_now(), (line,), 0.0, kind="server_not_answering"),
+                       "llama-server stopped answering", _Raised(line))
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _percent(share: float) -> str:
@@ -501,7 +575,7 @@ class _Handler(socketserver.BaseRequestHandler):
             self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
         named = {t.strip().lower() for t in (req.header("connection") or "").split(",")}
         front._begin()
-        up = http.client.HTTPConnection(*front.upstream, timeout=front.upstream_seconds)
+        up = http.client.HTTPConnection(*front.upstream, timeout=front.request_seconds)
         sent_head = False
         try:
             try:
@@ -517,11 +591,18 @@ class _Handler(socketserver.BaseRequestHandler):
                 for piece in self._body_pieces(req.length):
                     up.send(piece)
                 answer = up.getresponse()
+            except TimeoutError:
+                front._timed_out(req.target)
+                self._send(_simple(504, _error(504, "timeout_error",
+                                               f"the llama-server behind this front said nothing for "
+                                               f"{front.request_seconds:g} s"), close=True, reason="Gateway Timeout"))
+                return False
             except (OSError, http.client.HTTPException) as exc:
                 self._send(_simple(502, _error(502, "unavailable_error",
                                                f"the llama-server behind this front did not answer ({type(exc).__name__})"),
                                    close=True))
                 return False
+            front._answered()
             length = answer.getheader("content-length")
             bodiless = req.method == "HEAD" or answer.status in (204, 304) or 100 <= answer.status < 200
             chunked = not bodiless and length is None and req.version == "HTTP/1.1"
@@ -541,6 +622,9 @@ class _Handler(socketserver.BaseRequestHandler):
             while True:
                 try:
                     piece = answer.read1(PIECE)
+                except TimeoutError:
+                    front._timed_out(req.target)
+                    return False  # silent mid-answer past the bound: the client sees the answer cut
                 except (OSError, http.client.HTTPException):
                     return False  # llama-server died mid-answer: the client sees the answer cut
                 if not piece:
@@ -635,11 +719,12 @@ def say_to_stderr(text: str) -> None:
 
 
 def run(p, *, every: float, build_prefix: str, model_path: str, model_sha256: str, reference: str | None,
-        wait_s: float, on_ready, before_ready=None, argv: list[str]) -> int:
+        wait_s: float, on_ready, before_ready=None, argv: list[str], request_s: float | None = None) -> int:
     """serve.run of the plan's llama-server moved behind the front (`behind`): the short canary's
     reference answers are made first (the reference build's own llama-server, before this one
     takes the memory), the front listens on the plan's address once llama-server is ready and
-    warmed up, then `on_ready` says the URL.  Returns llama-server's exit status."""
+    warmed up, then `on_ready` says the URL.  `request_s`: the clients' deadline (Front's
+    `request_seconds`), `wait_s` when None.  Returns llama-server's exit status."""
     from rocforge_build.measure import canary, gguf, serve, verify
     from rocforge_build.measure.llama_tools import LlamaBuild
 
@@ -648,7 +733,8 @@ def run(p, *, every: float, build_prefix: str, model_path: str, model_sha256: st
     ref = verify.reference_for(build, reference)
     inner = behind(p)
     plan_, answers = short_reference(model, ref, progress=say_to_stderr)
-    front = Front((p.host, p.port), ("127.0.0.1", inner.port), every=every, say=say_to_stderr)
+    front = Front((p.host, p.port), ("127.0.0.1", inner.port), every=every, say=say_to_stderr,
+                  request_seconds=request_s or wait_s)
     base = {"model_sha256": model_sha256, "model": {"path": model_path}}
     front.record = store_recorder(base, build, argv, p.url, every, lambda: front.stats)
     front.record_not_run = store_recorder(base, build, argv, p.url, every, lambda: front.stats, status="not_run")

@@ -8,8 +8,10 @@ fake here: a real llama-server cannot be told to die mid-answer on cue).  Second
 from __future__ import annotations
 
 import http.client
+import http.server
 import json
 import socket
+import threading
 import time
 import tracemalloc
 
@@ -235,3 +237,172 @@ def test_connections_past_the_bound_are_refused_with_a_503(upstream, monkeypatch
     time.sleep(0.3)
     still_serving(f)
     f.stop()
+
+
+# -- issue 38 item 7: the periodic canary cannot be dodged, no client waits without bound ----------
+class Clock:
+    """The front's clock, moved by the test: bounds in time are reached by stepping, not waiting."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Dodger(http.server.BaseHTTPRequestHandler):
+    """llama-server that answers clients well but a canary-shaped /completion (one asking for
+    n_probs) with NaN probabilities or junk, or that hangs every request but GET /ok."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.server.kind == "hang" and self.path != "/ok":
+            self.server.release.wait(60)
+            return
+        self._reply(b'{"status": "ok"}')
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        if self.server.kind == "hang":
+            self.server.release.wait(60)
+            return
+        if b'"n_probs"' not in body:
+            return self._reply(b'{"content": "a fine answer"}')
+        if self.server.kind == "nan":
+            item = {"id": 5, "top_logprobs": [{"id": 5, "logprob": float("nan")}, {"id": 6, "logprob": -5.0}]}
+            return self._reply(json.dumps({"completion_probabilities": [item] * 4}).encode())
+        self._reply(b"<html>nothing to see</html>")
+
+
+@pytest.fixture
+def dodger():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Dodger)
+    server.daemon_threads, server.release = True, threading.Event()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def _dodged_front(server, clock, said, recorded, **kw):
+    from test_measure_serve_front import _real_checker
+
+    port = server.server_address[1]
+    return serve_front.Front(("127.0.0.1", 0), ("127.0.0.1", port), checker=_real_checker(port, 5.0),
+                             say=said.append, record=recorded.append, clock=clock, **kw).start()
+
+
+@pytest.mark.parametrize(("kind", "why"), [("nan", "probability out of range"), ("junk", "is not JSON")])
+def test_a_server_dodging_the_canary_is_failed_past_the_bound(dodger, kind, why):
+    """NaN or junk only to the canary: each check is "not run" and clients are served, until it
+    has not run NOT_RUN_LIMIT (3) times in a row over NOT_RUN_SECONDS (300 s); then every request
+    gets 503 naming why, said in one line and recorded as a failure."""
+    dodger.kind = kind
+    clock, said, recorded = Clock(), [], []
+    f = _dodged_front(dodger, clock, said, recorded)  # no `every`: only this test runs the canary
+    try:
+        for step in (0.0, 100.0, 100.0):  # three in a row, but over 200 s only: not yet
+            clock.now += step
+            assert f.run_canary() == serve_front.NOT_RUN
+            assert ask(f, "POST", "/completion", b'{"prompt": "hi"}')[0] == 200
+        clock.now += 100.0  # the fourth, 300 s after the first
+        assert f.run_canary() == serve_front.FAILED
+        status, _, out = ask(f, "POST", "/completion", b'{"prompt": "hi"}')
+        error = json.loads(out)["error"]
+        assert status == 503 and error["type"] == "canary_not_run", out
+        assert why in error["message"] and "4 checks in a row could not run over 300 s" in error["message"]
+        assert ask(f, "GET", "/health")[0] == 503
+        assert len(recorded) == 1 and why in recorded[0].failures[0]
+        assert [line for line in said if "counted as FAILED" in line] == [said[-1]] and "\n" not in said[-1]
+    finally:
+        f.stop()
+
+
+def test_many_not_run_checks_in_a_short_time_are_not_yet_a_failure(dodger):
+    """The time bound spares a server briefly too busy for the canary: ten in a row within a
+    minute (as `--canary-every 5s` would retry it) are still "not run"."""
+    dodger.kind = "nan"
+    clock, said, recorded = Clock(), [], []
+    f = _dodged_front(dodger, clock, said, recorded)
+    try:
+        for _ in range(10):
+            clock.now += 5.0
+            assert f.run_canary() == serve_front.NOT_RUN
+        assert f.failure is None and recorded == []
+    finally:
+        f.stop()
+
+
+def test_the_running_front_fails_a_dodger_on_its_own(dodger):
+    """No test calls the canary here: the front's own schedule (its clock a minute further at each
+    look) retries it and latches the 503."""
+    dodger.kind = "junk"
+    clock, said, recorded = Clock(), [], []
+
+    class Ticking(Clock):
+        def __call__(self):
+            self.now += 60.0
+            return self.now
+
+    clock = Ticking()
+    f = _dodged_front(dodger, clock, said, recorded, every=30)
+    try:
+        assert f.recorded.wait(30), said
+        assert f.failure is not None and f.failure.kind == "canary_not_run"
+        assert ask(f, "GET", "/v1/models")[0] == 503
+    finally:
+        f.stop()
+
+
+def test_a_hanging_server_gets_clients_504_then_is_failed(dodger):
+    """Every request hangs: each client gets 504 at the deadline (0.5 s here), and the third in a
+    row fails the server: 503 naming it, said and recorded."""
+    dodger.kind = "hang"
+    said, recorded = [], []
+    f = _dodged_front(dodger, Clock(), said, recorded, request_seconds=0.5)
+    try:
+        for n in (1, 2, 3):
+            start = time.monotonic()
+            status, _, out = ask(f, "POST", "/completion", b'{"prompt": "hi"}')
+            assert status == 504 and "said nothing for 0.5 s" in json.loads(out)["error"]["message"]
+            assert time.monotonic() - start < 5.0
+            assert f"({n} in a row)" in said[n - 1]
+        status, _, out = ask(f, "GET", "/ok")
+        error = json.loads(out)["error"]
+        assert status == 503 and error["type"] == "server_not_answering"
+        assert "said nothing for 0.5 s on 3 client requests in a row" in error["message"]
+        assert len(recorded) == 1 and f.stats.timeouts == 3
+    finally:
+        f.stop()
+
+
+def test_an_answer_between_timeouts_starts_the_count_again(dodger):
+    dodger.kind = "hang"
+    f = _dodged_front(dodger, Clock(), [], [], request_seconds=0.5)
+    try:
+        statuses = [ask(f, "GET", path)[0] for path in ("/a", "/b", "/ok", "/c", "/d", "/ok")]
+        assert statuses == [504, 504, 200, 504, 504, 200] and f.failure is None
+    finally:
+        f.stop()
+
+
+def test_a_streamed_answer_slower_in_all_than_the_deadline_is_not_cut(upstream):
+    """The deadline is silence, not length: pieces every 0.2 s for 2 s pass a 1.5 s deadline."""
+    f = front_for(upstream, request_seconds=1.5)
+    try:
+        status, _, out = ask(f, "GET", "/sse?n=10&gap=0.2")
+        assert status == 200 and out.count(b"data: ") == 10 and f.stats.timeouts == 0
+    finally:
+        f.stop()
