@@ -259,11 +259,14 @@ def _relay(stream, keep: int = 20) -> collections.deque:
     tail: collections.deque = collections.deque(maxlen=keep)
 
     def pump():
-        for line in stream:  # read to the end whatever happens to stderr: a full pipe would stop the server
-            tail.append(line.rstrip("\n"))
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.write(escaped(line.rstrip("\n")) + "\n")
-                sys.stderr.flush()
+        # stop_group closes the pipe at serve's end, maybe between two lines: the next read's
+        # ValueError (a closed file) ends the relay, never a traceback before serve's error line
+        with contextlib.suppress(OSError, ValueError):
+            for line in stream:  # read to the end whatever happens to stderr: a full pipe would stop the server
+                tail.append(line.rstrip("\n"))
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.write(escaped(line.rstrip("\n")) + "\n")
+                    sys.stderr.flush()
 
     threading.Thread(target=pump, name="llama-server output", daemon=True).start()
     return tail

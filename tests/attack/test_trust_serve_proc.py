@@ -799,3 +799,34 @@ def test_stop_group_stops_a_daemonized_grandchild(tmp_path):
     finally:
         if alive(grandchild):
             os.kill(grandchild, signal.SIGKILL)
+
+
+def test_the_relay_of_a_servers_output_ends_quietly_when_its_pipe_is_closed(monkeypatch):
+    """stop_group closes llama-server's output pipe while the relay thread may be between two
+    lines (writing one to the terminal): its next read meets a closed file, which must end the
+    relay, not print a thread's traceback before serve's error line."""
+    from rocforge_build.measure import serve
+
+    read_fd, write_fd = os.pipe()
+    stream = os.fdopen(read_fd, "r")
+    in_write, closed, crashed = threading.Event(), threading.Event(), []
+
+    class Terminal:
+        def write(self, text):
+            in_write.set()
+            closed.wait(10)  # the pipe is closed while this line is being written
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    monkeypatch.setattr(threading, "excepthook", lambda args: crashed.append(args.exc_type))
+    os.write(write_fd, b"a line\n")
+    tail = serve._relay(stream)
+    assert in_write.wait(10)
+    relay = next(t for t in threading.enumerate() if t.name == "llama-server output")
+    stream.close()
+    closed.set()
+    os.close(write_fd)
+    relay.join(10)
+    assert not relay.is_alive() and crashed == [] and list(tail) == ["a line"]
