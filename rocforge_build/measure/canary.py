@@ -412,7 +412,7 @@ def reference(plan_: CanaryPlan, ref: LlamaBuild, model, *, progress=None, timeo
     hit = _read_cache(cached)
     if hit is not None:
         return hit
-    from rocforge_build.proc import merged_env, spawn
+    from rocforge_build.proc import merged_env, spawn, stop_group
 
     start = time.monotonic()
     port = _free_port()
@@ -425,20 +425,21 @@ def reference(plan_: CanaryPlan, ref: LlamaBuild, model, *, progress=None, timeo
     child = spawn(argv, env=merged_env(ref.runtime_env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                   die_with_parent=True)
     tail: list[bytes] = []
-    reader = threading.Thread(target=lambda: [tail.append(line) or tail.__delitem__(slice(0, -5))
-                                              for line in child.stderr], daemon=True)
+
+    def read() -> None:
+        with contextlib.suppress(OSError, ValueError):  # the pipe closed by stop_group ends it quietly
+            for line in child.stderr:
+                tail.append(line)
+                del tail[:-5]
+
+    reader = threading.Thread(target=read, name="reference llama-server output", daemon=True)
     reader.start()
     try:
         _wait_health(url, port, child, timeout, tail, reader)
         prompts, labels = _prompts(plan_, url, {}, min(timeout, 120))
         answers = tuple(complete(url, {}, plan_, p, timeout) for p in prompts)
     finally:
-        child.terminate()
-        try:
-            child.wait(10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        stop_group(child, grace=10.0)  # it and all it started, a child that daemonized included
     result = Reference(prompts, answers, labels, time.monotonic() - start)
     with contextlib.suppress(OSError):
         cached.parent.mkdir(parents=True, exist_ok=True)

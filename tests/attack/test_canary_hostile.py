@@ -308,3 +308,35 @@ def test_the_reference_asks_only_its_own_server(tmp_path, cache_at, monkeypatch)
         srv.shutdown()
         srv.server_close()
     assert "another program" in e.value.message and not [p for p in asked if p != "/health"], (e.value.message, asked)
+
+
+def test_the_reference_server_is_stopped_with_a_child_that_daemonized(tmp_path, cache_at):
+    """The reference's llama-server starts a daemon (double fork, setsid: in no group or session of
+    its own parent's) and never answers: once the canary gives up, the daemon is gone too."""
+    import os
+    import sys
+
+    pidfile = tmp_path / "daemon"
+    code = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            f"        open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+            f"        os.rename({str(pidfile)!r} + '.tmp', {str(pidfile)!r})\n        time.sleep(3600)\n"
+            f"    os._exit(0)\nos.wait()\n")
+    (tmp_path / "daemonize.py").write_text(code)
+    build = StandInBuild(tmp_path, f"'{sys.executable}' '{tmp_path / 'daemonize.py'}'; exec sleep 30")
+    with pytest.raises(canary.CanaryError) as e:
+        canary.reference(PLAN, build, Model(), timeout=3)
+    assert "did not answer /health within 3 s" in e.value.message
+    daemon = int(pidfile.read_text())
+
+    def alive() -> bool:
+        try:
+            with open(f"/proc/{daemon}/stat") as fh:
+                return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    try:
+        assert not alive()
+    finally:
+        if alive():
+            os.kill(daemon, 9)
