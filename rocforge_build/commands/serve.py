@@ -52,8 +52,8 @@ def add_arguments(parser) -> None:
                              "port behind a thin front on --host/--port, which answers 503 once it fails")
     parser.add_argument("--request-timeout", type=argtypes.positive_seconds, metavar="S",
                         help="with --canary-every: a client's request that llama-server says nothing on "
-                             "for S seconds gets HTTP 504, and 3 such in a row make the front answer 503 "
-                             "(default: --wait; a streamed answer is never cut while tokens come)")
+                             "for S seconds gets HTTP 504, and 3 such in a row, /health silent too, make the front "
+                             "answer 503 (default: --wait; a streamed answer is never cut while tokens come)")
 
 
 def run(args) -> int:

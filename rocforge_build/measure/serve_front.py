@@ -48,7 +48,8 @@ Client requests have a deadline too: llama-server silent for `request_seconds` (
 --request-timeout`, default `--wait`: the longest a fresh GPU's first answer is expected to take)
 on a request — before its answer's head, or between two of its pieces — gets the client HTTP 504
 (or its answer cut), and `TIMEOUT_LIMIT` such requests in a row with no answer between fail the
-server (503 naming why): a server that hangs every request would otherwise hold every client for
+server (503 naming why) unless it still answers /health (busy, not hung: llama-server answers it
+with every slot taken): a server that hangs every request would otherwise hold every client for
 ever and never be marked failed.  A long generation that streams is never cut; a non-streamed one
 must end within the deadline.
 
@@ -80,7 +81,8 @@ HEAD_SECONDS = 20.0  # to send a whole request head, from its first byte (slowlo
 IDLE_SECONDS = 75.0  # a kept-alive client connection with no new request is closed after this
 IO_SECONDS = 60.0  # one read of a request body, or one write to the client, that makes no progress
 REQUEST_SECONDS = 600.0  # llama-server silent this long on a client's request: 504 (serve --request-timeout, default --wait)
-TIMEOUT_LIMIT = 3  # client requests in a row that llama-server left silent that long: it is failed (503)
+TIMEOUT_LIMIT = 3  # client requests in a row that llama-server left silent that long, and /health too: failed (503)
+HEALTH_SECONDS = 5.0  # the /health llama-server answers even with every slot busy, asked then
 MAX_CONNECTIONS = 256  # client connections at once; past it, 503 and close (each holds a thread)
 NOT_RUN_RETRY_SECONDS = 30.0  # a canary that could not run is tried again this soon (or at `every`)
 NOT_RUN_LIMIT = 3  # canaries in a row that could not run, ...
@@ -325,23 +327,42 @@ class Front:
             if self._in_flight == 0:
                 self._idle.notify_all()
 
+    def _answers_health(self) -> bool:
+        from rocforge_build.measure.canary import CanaryError, exchange
+
+        try:
+            status, _ = exchange("GET", f"http://{self.upstream[0]}:{self.upstream[1]}", "/health", None, {},
+                                 HEALTH_SECONDS)
+        except CanaryError:
+            return False
+        return status == 200
+
     def _answered(self) -> None:
         with self._idle:
             self.stats.timeouts_in_a_row = 0
 
-    def _timed_out(self, target: str) -> None:
-        """llama-server left a client's request silent for `request_seconds`: TIMEOUT_LIMIT in a
-        row (no answer between) and it is failed, since a server that hangs every request would
-        otherwise keep taking clients, each told only 504."""
+    def _timed_out(self) -> int:
+        """Count a client's request llama-server left silent for `request_seconds` (before the
+        client is told, so an answer it asks for next counts after it); returns how many in a row."""
         with self._idle:
             self.stats.timeouts += 1
             self.stats.timeouts_in_a_row += 1
-            n = self.stats.timeouts_in_a_row
+            return self.stats.timeouts_in_a_row
+
+    def _judge_timeouts(self, n: int, target: str) -> None:
+        """TIMEOUT_LIMIT silent requests in a row (no answer between) and the server is failed,
+        since a server that hangs every request would otherwise keep taking clients, each told only
+        504 — unless it still answers /health within HEALTH_SECONDS (llama-server does with every
+        slot busy on long generations): then it is busy, not hung, and what its completions say is
+        the canary's to judge."""
         self.say(f"llama-server said nothing for {self.request_seconds:g} s on a client's request ({n} in a row): "
                  f"the client got HTTP 504 (serve --request-timeout sets the bound)")
-        if n >= TIMEOUT_LIMIT:
+        if n >= TIMEOUT_LIMIT and self._answers_health():
+            self.say(f"llama-server still answers /health: taken as busy, not failed ({n} requests in a row "
+                     f"got 504)")
+        elif n >= TIMEOUT_LIMIT:
             line = (f"llama-server said nothing for {self.request_seconds:g} s on {n} client requests in a row "
-                    f"(the last: {target[:200]})")
+                    f"(the last: {target[:200]}), nor on /health within {HEALTH_SECONDS:g} s")
             self._fail(Failure(_utc_now(), (line,), 0.0, kind="server_not_answering"),
                        "llama-server stopped answering", _Raised(line))
 
@@ -592,10 +613,12 @@ class _Handler(socketserver.BaseRequestHandler):
                     up.send(piece)
                 answer = up.getresponse()
             except TimeoutError:
-                front._timed_out(req.target)
-                self._send(_simple(504, _error(504, "timeout_error",
-                                               f"the llama-server behind this front said nothing for "
-                                               f"{front.request_seconds:g} s"), close=True, reason="Gateway Timeout"))
+                n = front._timed_out()
+                with contextlib.suppress(_Closed):  # the client first, then whether the server is failed
+                    self._send(_simple(504, _error(504, "timeout_error",
+                                                   f"the llama-server behind this front said nothing for "
+                                                   f"{front.request_seconds:g} s"), close=True, reason="Gateway Timeout"))
+                front._judge_timeouts(n, req.target)
                 return False
             except (OSError, http.client.HTTPException) as exc:
                 self._send(_simple(502, _error(502, "unavailable_error",
@@ -623,7 +646,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 try:
                     piece = answer.read1(PIECE)
                 except TimeoutError:
-                    front._timed_out(req.target)
+                    front._judge_timeouts(front._timed_out(), req.target)
                     return False  # silent mid-answer past the bound: the client sees the answer cut
                 except (OSError, http.client.HTTPException):
                     return False  # llama-server died mid-answer: the client sees the answer cut

@@ -267,7 +267,7 @@ class _Dodger(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
-        if self.server.kind == "hang" and self.path != "/ok":
+        if self.server.kind == "hang" and self.path != "/ok" and not (self.path == "/health" and self.server.healthy):
             self.server.release.wait(60)
             return
         self._reply(b'{"status": "ok"}')
@@ -288,7 +288,7 @@ class _Dodger(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def dodger():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Dodger)
-    server.daemon_threads, server.release = True, threading.Event()
+    server.daemon_threads, server.release, server.healthy = True, threading.Event(), False
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.release.set()
@@ -366,9 +366,20 @@ def test_the_running_front_fails_a_dodger_on_its_own(dodger):
         f.stop()
 
 
-def test_a_hanging_server_gets_clients_504_then_is_failed(dodger):
-    """Every request hangs: each client gets 504 at the deadline (0.5 s here), and the third in a
-    row fails the server: 503 naming it, said and recorded."""
+def until(condition, seconds: float = 15.0) -> bool:
+    """Whether `condition()` came true within `seconds` (looked at every 10 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_hanging_server_gets_clients_504_then_is_failed(dodger, monkeypatch):
+    """Every request hangs, /health too: each client gets 504 at the deadline (0.5 s here), and
+    the third in a row fails the server: 503 naming it, said and recorded."""
+    monkeypatch.setattr(serve_front, "HEALTH_SECONDS", 0.5)
     dodger.kind = "hang"
     said, recorded = [], []
     f = _dodged_front(dodger, Clock(), said, recorded, request_seconds=0.5)
@@ -378,12 +389,29 @@ def test_a_hanging_server_gets_clients_504_then_is_failed(dodger):
             status, _, out = ask(f, "POST", "/completion", b'{"prompt": "hi"}')
             assert status == 504 and "said nothing for 0.5 s" in json.loads(out)["error"]["message"]
             assert time.monotonic() - start < 5.0
-            assert f"({n} in a row)" in said[n - 1]
+            assert until(lambda n=n: len(said) >= n) and f"({n} in a row)" in said[n - 1]  # said after the 504
+        assert f.recorded.wait(15)  # the third's /health, asked after its client got the 504
         status, _, out = ask(f, "GET", "/ok")
         error = json.loads(out)["error"]
         assert status == 503 and error["type"] == "server_not_answering"
         assert "said nothing for 0.5 s on 3 client requests in a row" in error["message"]
+        assert "nor on /health" in error["message"]
         assert len(recorded) == 1 and f.stats.timeouts == 3
+    finally:
+        f.stop()
+
+
+def test_a_server_busy_on_every_slot_but_answering_health_is_not_failed(dodger):
+    """Completions silent past the deadline (504 each), but /health answers, as llama-server's does
+    with every slot on a long generation: busy, not hung, so no 503; the canary judges the rest."""
+    dodger.kind, dodger.healthy = "hang", True
+    said = []
+    f = _dodged_front(dodger, Clock(), said, [], request_seconds=0.5)
+    try:
+        statuses = [ask(f, "POST", "/completion", b'{"prompt": "hi"}')[0] for _ in range(4)]
+        assert statuses == [504] * 4 and f.stats.timeouts_in_a_row == 4
+        assert until(lambda: sum("taken as busy, not failed" in line for line in said) == 2), said
+        assert f.failure is None
     finally:
         f.stop()
 
