@@ -55,6 +55,9 @@ class _UpstreamHandler(BaseHTTPRequestHandler):
         if route == "/slow":
             time.sleep(float(q.get("s", "1")))
             return self._reply(200, b'{"slow": true}')
+        if route == "/hold":  # answered once the test releases it
+            up.release.wait(30)
+            return self._reply(200, b'{"held": true}')
         if route == "/count":
             left, total = int(self.headers.get("Content-Length", "0")), 0
             while left:
@@ -99,6 +102,7 @@ class Upstream:
     def __init__(self):
         self.seen: list = []
         self.client_gone = threading.Event()
+        self.release = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _UpstreamHandler)
         self.server.daemon_threads = True
         self.server.upstream = self
@@ -106,6 +110,7 @@ class Upstream:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -429,26 +434,48 @@ def test_request_timeout_without_the_front_is_one_line(capsys):
     assert len(lines) == 1 and "--request-timeout" in lines[0] and "--canary-every" in err, err
 
 
+class Clock:
+    """The front's clock, moved by the test."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def until(condition, seconds: float = 15.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def test_the_canary_waits_for_the_request_in_flight(upstream):
-    """Due at 1 s while a request runs from 0.3 s to 1.5 s: it runs when that request ends, with
-    nothing in flight, and not again before another interval."""
-    calls = []
-    f = serve_front.Front(("127.0.0.1", 0), ("127.0.0.1", upstream.port), every=1.0,
-                          checker=lambda: calls.append((time.monotonic(), f._in_flight)) or Verdict(True))
-    start = time.monotonic()
-    f.start()
+    """Due (not yet overdue) while a request is in flight: it runs once that request ends, with
+    nothing in flight, and not again before another interval.  The front's clock is the test's:
+    no timing window; the front's loop looks at it at least once a second."""
+    calls, clock = [], Clock()
+    f = serve_front.Front(("127.0.0.1", 0), ("127.0.0.1", upstream.port), every=60.0, clock=clock,
+                          checker=lambda: calls.append(f._in_flight) or Verdict(True)).start()
     try:
-        time.sleep(0.3)
-        status, _, _ = ask(f, "GET", "/slow?s=1.2")
-        ended = time.monotonic()
-        assert status == 200
-        time.sleep(0.5)
-        assert len(calls) == 1, calls
-        at, in_flight = calls[0]
-        assert in_flight == 0 and ended - 0.05 <= at < ended + 0.5 and at - start < 2.0
-        time.sleep(1.0)
-        assert len(calls) == 2 and calls[1][0] - calls[0][0] >= 0.99
-        assert f.stats.overdue_runs == 0 and f.stats.passed == 2
+        held = threading.Thread(target=ask, args=(f, "GET", "/hold"), daemon=True)
+        held.start()
+        assert until(lambda: f._in_flight == 1)
+        clock.now += 90.0  # due 30 s ago, overdue only at 120 s
+        time.sleep(1.5)  # more than the loop's longest look: it saw the clock, and the request
+        assert calls == []
+        upstream.release.set()
+        held.join(15)
+        assert until(lambda: calls == [0]) and f.stats.overdue_runs == 0
+        time.sleep(1.5)
+        clock.now += 59.0
+        time.sleep(1.5)
+        assert calls == [0]  # 59 s after it: not yet
+        clock.now += 1.0
+        assert until(lambda: len(calls) == 2) and f.stats.passed == 2
     finally:
         f.stop()
 
