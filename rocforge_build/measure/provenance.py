@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
+import subprocess
 from pathlib import Path
 
-from rocforge_build import paths
+from rocforge_build import paths, proc
 from rocforge_build.discover import host as host_facts
-from rocforge_build.errors import reason
+from rocforge_build.errors import RocforgeError, reason
 from rocforge_build.measure.gguf import Model
 from rocforge_build.rootfs import Root
 
@@ -61,6 +63,53 @@ def host(root=None) -> dict:
 # the fields host_facts.fingerprint adds to every row's host
 FINGERPRINT = ("cmdline", "firmware", "firmware_packages", "tuned_profile", "iommu", "gtt_bytes",
                "vram_bytes")
+
+
+# ggml-vulkan's line per device, printed when a program starts its backend:
+# `ggml_vulkan: 0 = AMD Radeon Graphics (RADV GFX1151) (radv) | uma: 1 | fp16: 1 | ...`
+# (the device name may hold parentheses; the driver's is the last group before the first `|`)
+_VK_DEVICE = re.compile(r"^ggml_vulkan: (\d+) = ([^|]*) \(([^()|]*)\) \|", re.MULTILINE)
+# where the Vulkan loader finds its drivers (ICD manifests) unless VK_DRIVER_FILES/VK_ICD_FILENAMES say
+_ICD_DIRS = ("/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/usr/share/vulkan/icd.d")
+
+
+def vulkan(prefix: Path) -> dict:
+    """The Vulkan devices a Vulkan build's own program sees here, each with its driver, and the
+    ICD manifests the loader reads: what "GPUs" and "ROCm" cannot say on a Vulkan host (Mesa's
+    RADV, AMDVLK or lavapipe run the same build's bytes differently).  The program is started
+    afresh, never read from a cache: a driver updated since is the point.  Nothing here fails."""
+    exe = next((prefix / "bin" / n for n in ("llama-bench", "llama-cli", "llama-perplexity", "llama-server")
+                if (prefix / "bin" / n).is_file()), None)
+    out: dict = {"devices": [], "icds": _icds()}
+    if exe is None:
+        out["error"] = "the build has no llama.cpp program to ask"
+        return out
+    try:
+        run = proc.run([str(exe), "--help"], check=False, timeout=60, stderr=subprocess.PIPE)
+    except (RocforgeError, OSError) as exc:
+        out["error"] = f"{exe.name} did not start: {reason(exc)}"
+        return out
+    out["devices"] = [{"index": int(i), "name": name.strip(), "driver": driver.strip()}
+                      for i, name, driver in _VK_DEVICE.findall(run.stdout + run.stderr)][:16]
+    return out
+
+
+def _icds() -> list[dict]:
+    """Each ICD manifest's file and the driver library it names (VK_DRIVER_FILES or
+    VK_ICD_FILENAMES when set, as the loader reads them first)."""
+    chosen = os.environ.get("VK_DRIVER_FILES") or os.environ.get("VK_ICD_FILENAMES")
+    if chosen:
+        files = [Path(f) for f in chosen.split(os.pathsep) if f]
+    else:
+        files = [f for d in _ICD_DIRS if os.path.isdir(d) for f in sorted(Path(d).glob("*.json"))]
+    icds = []
+    for f in files[:32]:
+        try:
+            library = json.loads(f.read_text(encoding="utf-8")[:65536]).get("ICD", {}).get("library_path")
+        except (OSError, ValueError, AttributeError):
+            library = None
+        icds.append({"file": str(f), "library": library if isinstance(library, str) else None})
+    return icds
 
 
 def model(m: Model) -> dict:

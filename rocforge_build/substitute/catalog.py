@@ -154,11 +154,23 @@ def _attestation(a: artifact.Attached) -> dict:
             "made_at": _scalar(d.get("made_at")), "rocforge": _scalar(d.get("rocforge")),
             "host": {**{k: _scalar(host.get(k)) for k in ("kernel", "os", "cpu", "rocm", "firmware",
                                                         "cmdline", "iommu", "gtt_bytes")},
-                     "gpus": gpus, "firmware_packages": [_text(p) for p in _list(host.get("firmware_packages"), 32)]},
+                     "gpus": gpus, "firmware_packages": [_text(p) for p in _list(host.get("firmware_packages"), 32)],
+                     "vulkan": _vulkan(_dict(host.get("vulkan")))},
             "model_sha256": _scalar(_dict(d.get("model")).get("sha256")),
             "own_figures": [{k: _scalar(f.get(k)) for k in ("ctx", "chunks", "fa", "ppl")}
                             for f in _list(d.get("own_figures"), 16) if isinstance(f, dict)],
             "shapes": shapes, "note": _text(d.get("note", ""), 300)}
+
+
+def _vulkan(v: dict) -> dict | None:
+    """A Vulkan host's devices (name, driver) and ICD manifests, as the publisher's build saw them."""
+    if not v:
+        return None
+    return {"devices": [{"name": _text(d.get("name"), 120), "driver": _text(d.get("driver"), 80)}
+                        for d in _list(v.get("devices"), 16) if isinstance(d, dict)],
+            "icds": [{"file": _text(i.get("file"), 200), "library": _text(i.get("library"), 200)}
+                     for i in _list(v.get("icds"), 32) if isinstance(i, dict)],
+            "error": _text(v.get("error", ""), 200)}
 
 
 def describe_show(shown: dict) -> list[str]:
@@ -185,6 +197,11 @@ def describe_show(shown: dict) -> list[str]:
         lines.append(f"attestation {a['kind']} by {a['signer']} {a['made_at']}: {verdict}")
         lines.append(f"  host: kernel {h['kernel']}, ROCm {h['rocm']}, GPUs {', '.join(h['gpus']) or 'none'}, "
                      f"firmware {h['firmware']}")
+        if h.get("vulkan") is not None:
+            vk = h["vulkan"]
+            devices = "; ".join(f"{d['name']} (driver {d['driver']})" for d in vk["devices"]) or "no device"
+            icds = ", ".join(Path(i["file"]).name for i in vk["icds"]) or "none"
+            lines.append(f"  vulkan: {devices}; ICDs {icds}" + (f" ({vk['error']})" if vk["error"] else ""))
         for sh in a["shapes"][:64]:
             lines.append(f"  ctx {sh['ctx']} ub {sh['ubatch']} fa {sh['fa']} ngl {sh['ngl']}, {_serving(sh)}: "
                          f"{'passed' if sh['passed'] is True else 'FAILED'} (KLD {sh['kld_mean']}, "

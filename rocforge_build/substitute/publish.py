@@ -125,6 +125,8 @@ def publish(prefix: Path, url: str, *, unverified: bool, model: str | None, key_
     from rocforge_build.measure import provenance
 
     host = provenance.host(root)
+    if manifest.get("backend") == "vulkan":  # GPUs and ROCm say nothing of a Vulkan host's driver
+        host["vulkan"] = provenance.vulkan(prefix)
     model_sha = (model_info or {}).get("sha256") or (verifies[-1].get("model_sha256") if verifies else None)
     doc = evidence.document(kind=kind, key=key.digest, host=host,
                             model=model_info or ({"sha256": model_sha} if model_sha else None),
