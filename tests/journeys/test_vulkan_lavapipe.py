@@ -1,0 +1,224 @@
+"""The Vulkan user's journey on lavapipe (slow; CI runs it): Debian's mesa-vulkan-drivers gives a
+real Vulkan device without a GPU (llvmpipe), so the path a Vulkan user walks — build, prove
+against the CPU reference, tune, serve behind the canary, ask — runs end to end through the CLI
+as a user types it, in a fresh HOME and data dir.
+
+The May 2025 tree (the session's `llama_tree`) is built with the Vulkan backend and the programs
+rocforge measures (llama_tools.MEASURE_TARGETS) into the fresh data dir's default prefix, so tune
+finds and reuses it instead of building a second one; the CPU reference is the session's
+`measure_builds` reference (independent of the served build: the canary never compares a build
+with itself); the model is the trained SmolLM2-135M-Instruct (tests/trained_model.py).
+
+Shapes are small because lavapipe is slow: on the 2-core machine shared with other sessions
+(2026-11-29) one verify at ctx 512 (4 chunks, -ngl 99 and 15, plus the CPU reference) took
+10 min, so verify here checks one 256-token chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from llama_builds import JOBS, shared_ccache
+from needs import needs
+from trained_model import smollm2
+
+from rocforge_build.measure.llama_tools import MEASURE_TARGETS
+
+pytestmark = [pytest.mark.slow, needs("glslc")]
+
+SMALL = ["--ctx", "256", "--ubatch", "256", "--fa", "on", "--kv", "f16", "--load", "mmap"]
+
+
+def say(text: str) -> None:
+    """A step's cost, printed past pytest's capture (-s shows it; CI's log keeps it)."""
+    sys.__stderr__.write(f"\n[vulkan journey] {text}\n")
+
+
+class User:
+    """A fresh HOME, config, cache and data dir, and `rocforge` run in them as a command."""
+
+    def __init__(self, base: Path):
+        self.env = {**os.environ, "HOME": str(base / "home"), "CCACHE_DIR": shared_ccache(),
+                    **{f"ROCFORGE_{v.upper()}_DIR": str(base / v) for v in ("config", "cache", "data")}}
+        for v in ("home", "config", "cache", "data"):
+            (base / v).mkdir(parents=True, exist_ok=True)
+
+    def rocforge(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+        start = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "rocforge_build", *args], env=self.env, text=True,
+                             capture_output=True, timeout=timeout)
+        say(f"rocforge {args[0]}: exit {out.returncode} in {time.monotonic() - start:.0f} s")
+        return out
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory) -> User:
+    return User(tmp_path_factory.mktemp("vulkan-user"))
+
+
+@pytest.fixture(scope="module")
+def vulkan_build(user, llama_tree) -> Path:
+    """`rocforge build llama-cpp --backend vulkan` of the May 2025 tree, into the default prefix."""
+    targets = [a for t in MEASURE_TARGETS for a in ("--cmake-target", t)]
+    out = user.rocforge("build", "llama-cpp", "--backend", "vulkan", "--source", str(llama_tree), *targets,
+                        "-j", str(JOBS))
+    assert out.returncode == 0, out.stderr[-3000:]
+    prefix = Path(out.stdout.strip().splitlines()[-1])
+    assert (prefix / "bin" / "llama-server").is_file()
+    return prefix
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def running_from(prefix: Path) -> list[int]:
+    """The processes whose program lies in `prefix` (a llama-server left running, say)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and os.readlink(d / "exe").startswith(str(prefix) + "/"):
+                pids.append(int(d.name))
+        except OSError:
+            pass
+    return pids
+
+
+def serve(user: User, model: Path, reference: Path, ask=None) -> tuple[int, str, str]:
+    """`rocforge serve MODEL` with the canary against `reference`: when it announces its URL,
+    `ask(port)` runs, then Ctrl-C; (exit code, stdout's first line, stderr)."""
+    port = free_port()
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", str(model), "--port", str(port),
+                             "--reference", str(reference), "--wait", "1500"], env=user.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        line = proc.stdout.readline()
+        say(f"rocforge serve: {'announced its URL' if line else 'exited'} after {time.monotonic() - start:.0f} s")
+        if line and ask is not None:
+            assert f"http://127.0.0.1:{port}" in line, line
+            ask(port)
+        if line:
+            os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=1800)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reader.join(10)
+    return code, line, "".join(err)
+
+
+def capital(port: int) -> str:
+    """An OpenAI-style client's question, one the model answers right on the CPU."""
+    body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16,
+            "temperature": 0}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())["choices"][0]["message"]["content"]
+
+
+def test_build_verify_tune_serve_answers(user, vulkan_build, measure_builds, llama_tree):
+    cpu, _ = measure_builds
+    model = smollm2()
+    out = user.rocforge("verify", str(vulkan_build), "--model", str(model), "--reference", str(cpu), *SMALL,
+                        "--parallel", "1")
+    assert out.returncode == 0 and "PASSED" in out.stdout, out.stdout + out.stderr[-3000:]
+    out = user.rocforge("tune", "llama-cpp", "--backends", "vulkan", "--source", str(llama_tree), "--model",
+                        str(model), "--contexts", "short", "--ctx", "256", "--ubatch", "256", "--fa", "on",
+                        "--kv", "f16", "--reps", "1", "-p", "32", "-n", "8", "-j", str(JOBS), "--target", "gfx1151")
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    # tune found the journey's own build and measured it, it built no second one
+    assert str(vulkan_build) in out.stdout, out.stdout
+    answers = []
+    code, line, err = serve(user, model, cpu, ask=lambda port: answers.append(capital(port)))
+    assert line and "canary passed" in err, err[-3000:]
+    assert code == 130, err[-3000:]  # Ctrl-C
+    assert "Paris" in answers[0], answers
+    assert "Traceback" not in err
+    assert running_from(vulkan_build) == []
+
+
+def restore_preset(user: User, model: Path, monkeypatch, edit) -> dict:
+    """A new version of the model's tuned preset with `edit(entry)` applied to each range, stored
+    in the user's data dir; returns the edited entry.  The one step here that is not a command: a
+    served llama-server made wrong on purpose (no user would store one)."""
+    from rocforge_build.measure import provenance
+    from rocforge_build.measure.store import Store
+
+    monkeypatch.setenv("ROCFORGE_DATA_DIR", user.env["ROCFORGE_DATA_DIR"])
+    sha = provenance.model_sha256(model)
+    with Store() as s:
+        data = s.preset(sha)
+        assert data is not None, "tune stored no preset"
+        data = {k: v for k, v in data.items() if k not in ("version", "in_use")}
+        for entry in data["ranges"].values():
+            edit(entry)
+        s.add_preset(data["model"]["name"], sha, None, data)
+    return next(iter(data["ranges"].values()))
+
+
+def set_word(argv: list[str], name: str, value: str) -> None:
+    if name in argv:
+        argv[argv.index(name) + 1] = value
+    else:
+        argv += [name, value]
+
+
+def test_a_wrong_vulkan_server_is_refused_before_any_url(user, vulkan_build, measure_builds, monkeypatch):
+    """The tuned preset's llama-server told a RoPE base of 1000 (SmolLM2 is trained at 100000: a
+    rope scaling gone wrong, every position past the first rotated wrongly) and slots of 512
+    tokens: the canary, against the CPU reference, fails it; serve exits 1 and never announces."""
+    cpu, _ = measure_builds
+    model = smollm2()
+
+    def wrong(entry):
+        set_word(entry["argv"], "-c", "512")
+        set_word(entry["argv"], "--rope-freq-base", "1000")
+
+    restore_preset(user, model, monkeypatch, wrong)
+    code, line, err = serve(user, model, cpu)
+    assert code == 1 and line == "", line + err[-3000:]
+    assert "http://" not in line + err and "canary passed" not in err, err[-3000:]
+    assert "rocforge: error:" in err and "canary" in err, err[-3000:]
+    assert running_from(vulkan_build) == []
+
+
+def test_four_parallel_slots(user, vulkan_build, measure_builds, monkeypatch):
+    """Serving with -np 4: this tree's llama-perplexity has no --kv-unified, so verify cannot check
+    four sequences and says so in one line (exit 2); the canary still runs over the server's four
+    slots (4 x 256 tokens), passes, and the client is answered."""
+    cpu, _ = measure_builds
+    model = smollm2()
+    out = user.rocforge("verify", str(vulkan_build), "--model", str(model), "--reference", str(cpu), *SMALL,
+                        "--parallel", "4")
+    assert out.returncode == 2 and out.stdout == "", out.stderr[-3000:]
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("rocforge: error:")]
+    assert "--parallel 4" in line and "--kv-unified" in line
+
+    def four_slots(entry):
+        set_word(entry["argv"], "-c", str(4 * 256))
+        set_word(entry["argv"], "-np", "4")
+
+    restore_preset(user, model, monkeypatch, four_slots)
+    answers = []
+    code, line, err = serve(user, model, cpu, ask=lambda port: answers.append(capital(port)))
+    assert line and "canary passed" in err and code == 130, err[-3000:]
+    assert "Paris" in answers[0], answers
+    assert running_from(vulkan_build) == []
