@@ -24,7 +24,7 @@ KINDS = {
     "REF": {"--ref", "--good", "--bad"},  # a git tag, branch or commit
     "N": {"--jobs", "--reps", "--threads", "--iters", "--limit", "--keep", "--n-prompt",
           "--n-gen", "--max-ctx", "--port", "--depth", "--ubatch", "--ctx"},  # a whole number
-    "S": {"--timeout", "--wait"},  # seconds
+    "S": {"--timeout", "--wait", "--request-timeout"},  # seconds
     "PCT": {"--threshold"},  # a percentage
     "VERSION": {"--version", "--nightly", "version", "--versions", "--nightlies"},  # a version (nightly, preset, release)
 }

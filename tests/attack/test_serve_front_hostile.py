@@ -18,7 +18,7 @@ import tracemalloc
 import pytest
 from test_measure_serve_front import Upstream, ask, front_for
 
-from rocforge_build.measure import serve_front
+from rocforge_build.measure import front_http, serve_front
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def still_serving(front) -> None:
 
 
 def test_a_slowloris_head_is_cut_at_its_bound(front, monkeypatch, capfd):
-    monkeypatch.setattr(serve_front, "HEAD_SECONDS", 1.0)
+    monkeypatch.setattr(front_http, "HEAD_SECONDS", 1.0)
     start = time.monotonic()
     with socket.create_connection(("127.0.0.1", front.port), timeout=5) as s:
         s.sendall(b"GET / HTTP/1.1\r\n")
@@ -105,8 +105,8 @@ def _drip(front, pieces: list[bytes], gap: float, until: float) -> tuple[bytes, 
 def test_blank_lines_do_not_keep_a_connection_open(front, monkeypatch):
     """A slowloris sending only CRLF every 0.4 s (scaled: head 1 s, idle 2 s; the real 20 s / 75 s):
     the first byte of any kind starts the head's one deadline, so it gets 408 at ~1 s, not never."""
-    monkeypatch.setattr(serve_front, "HEAD_SECONDS", 1.0)
-    monkeypatch.setattr(serve_front, "IDLE_SECONDS", 2.0)
+    monkeypatch.setattr(front_http, "HEAD_SECONDS", 1.0)
+    monkeypatch.setattr(front_http, "IDLE_SECONDS", 2.0)
     out, took = _drip(front, [], 0.4, 8.0)
     assert out.startswith(b"HTTP/1.1 408 ") and 0.9 <= took < 2.0
     still_serving(front)
@@ -114,20 +114,20 @@ def test_blank_lines_do_not_keep_a_connection_open(front, monkeypatch):
 
 def test_blank_lines_after_an_answer_do_not_extend_the_idle_bound(front, monkeypatch):
     """After a whole request, blank lines again: the head deadline (1 s) bounds them too."""
-    monkeypatch.setattr(serve_front, "HEAD_SECONDS", 1.0)
-    monkeypatch.setattr(serve_front, "IDLE_SECONDS", 2.0)
+    monkeypatch.setattr(front_http, "HEAD_SECONDS", 1.0)
+    monkeypatch.setattr(front_http, "IDLE_SECONDS", 2.0)
     out, took = _drip(front, [b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n"], 0.4, 8.0)
     assert out.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 408 " in out and took < 2.5
 
 
 def test_blank_lines_before_a_request_in_time_are_ignored(front, monkeypatch):
-    monkeypatch.setattr(serve_front, "HEAD_SECONDS", 1.0)
+    monkeypatch.setattr(front_http, "HEAD_SECONDS", 1.0)
     out = raw(front, b"\r\n\r\n\r\nGET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 200 ")
 
 
 def test_an_idle_keep_alive_connection_is_closed_quietly(front, monkeypatch):
-    monkeypatch.setattr(serve_front, "IDLE_SECONDS", 0.5)
+    monkeypatch.setattr(front_http, "IDLE_SECONDS", 0.5)
     start = time.monotonic()
     assert raw(front, b"", wait=5) == b"" and time.monotonic() - start < 2
 
@@ -173,7 +173,7 @@ def test_a_huge_body_streams_through_in_bounded_memory(front):
 
 
 def test_a_body_shorter_than_its_length_is_dropped_at_the_io_bound(front, monkeypatch):
-    monkeypatch.setattr(serve_front, "IO_SECONDS", 0.5)
+    monkeypatch.setattr(front_http, "IO_SECONDS", 0.5)
     start = time.monotonic()
     raw(front, b"POST /count HTTP/1.1\r\nContent-Length: 1000\r\n\r\nonly this", wait=5)
     assert time.monotonic() - start < 3
