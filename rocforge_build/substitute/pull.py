@@ -105,7 +105,7 @@ def _from_store(url: str, plan: Plan, staging: Path, trusted, model, say) -> tup
               "seconds": {"check": round(t_checked - t0, 3), "pull": round(t_pulled - t_checked, 3),
                           "unpack": round(t_unpacked - t_pulled, 3), "verify": round(t_verified - t_unpacked, 3)}}
     if verdict == "failed":
-        _report_failure(url, man, plan, lines, say)
+        _report_failure(url, man, plan, staging, lines, say)
         replace.discard(staging, MANIFEST, STAGED)
         raise Miss("failed here: " + "; ".join(lines[:3]))
     try:
@@ -221,9 +221,10 @@ def _model_sha(model) -> str:
     return provenance.model(model)["sha256"]
 
 
-def _report_failure(url: str, man: oci.Manifest, plan: Plan, lines: list[str], say) -> None:
-    """A signed "failed here" with this host's fingerprint, attached to the build in the store,
-    when the user allows it (substitute.report_failures) and has a signing key."""
+def _report_failure(url: str, man: oci.Manifest, plan: Plan, tree: Path, lines: list[str], say) -> None:
+    """A signed "failed here" with this host's fingerprint (a Vulkan build's: the devices and
+    drivers the pulled `tree` sees), attached to the build in the store, when the user allows it
+    (substitute.report_failures) and has a signing key."""
     policy = plan.substitutes
     if not policy.report_failures:
         return
@@ -232,8 +233,11 @@ def _report_failure(url: str, man: oci.Manifest, plan: Plan, lines: list[str], s
 
     try:
         pair = signing.read_secret_key(signing_key_path(policy.signing_key))
+        host = provenance.host()
+        if plan.backend == "vulkan":
+            host["vulkan"] = provenance.vulkan(tree)
         doc = evidence.document(kind="failed-here", key=plan.substitute_key.digest,
-                                host=provenance.host(), model=None, passed=False,
+                                host=host, model=None, passed=False,
                                 note="; ".join(lines)[:2000])
         with open_store(url, timeout=policy.timeout) as store:
             artifact.attach(store, man, oci.EVIDENCE_TYPE, doc, pair,
