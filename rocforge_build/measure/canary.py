@@ -317,10 +317,13 @@ def _json(body: bytes, what: str):
 
 
 def exchange(method: str, url: str, path: str, body: bytes | None, headers: dict,
-             timeout: float) -> tuple[int, bytes]:
+             timeout: float, *, cut: bool = True) -> tuple[int, bytes]:
     """One HTTP request and its (status, reply): the whole exchange (a server that trickles its
     headers or its body a byte at a time too) bounded by `timeout` seconds, the reply by MAX_REPLY
-    bytes; any failure is one CanaryError line.  Every request the canary makes goes through here."""
+    bytes; any failure is one CanaryError line.  Every request the canary makes goes through here.
+    `cut`: at the deadline the connection is shut down, so the read in progress ends at once; a
+    caller that stops the server next anyway leaves it (the server then never sees its client
+    vanish mid-answer, and has nothing to complain of on its output)."""
     parts = urlsplit(url)
     outcome: dict = {}
     state = {"abandoned": False, "sock": None}
@@ -352,7 +355,7 @@ def exchange(method: str, url: str, path: str, body: bytes | None, headers: dict
     with lock:
         state["abandoned"] = True
         sock = state["sock"]
-    if sock is not None and t.is_alive():  # ends a read still going: it fails at once, and closes
+    if cut and sock is not None and t.is_alive():  # ends a read still going: it fails at once, and closes
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
     if "error" in outcome:

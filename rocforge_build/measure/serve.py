@@ -320,9 +320,10 @@ def warm_up(p: Plan, timeout: float) -> float:
     body = json.dumps({"prompt": "Hello", "n_predict": 1}).encode()
     start = time.monotonic()
     try:  # the canary's bounded exchange: its reader thread ends its own connection, so nothing of
-        # http.client is closed under a read in progress (which raised on that thread, a traceback)
+        # http.client is closed under a read in progress (which raised on that thread, a traceback);
+        # not cut at the deadline: the server is stopped next
         status, _ = exchange("POST", f"http://{_url_host(dial_address(p.host))}:{p.port}", "/completion", body,
-                             headers, max(timeout, 0.001))
+                             headers, max(timeout, 0.001), cut=False)
     except CanaryError as exc:
         raise ServeError(f"llama-server answered /health but not a one-token request to {p.url}"
                          f"/completion within {timeout:g} s ({exc.message})",
