@@ -8,7 +8,8 @@
   does is a hidden input of a build or a measurement.
 - Tests a contributor can find: a unit test in tests/ is named after what it tests (a subpackage
   or root module of rocforge_build, or one of NOT_A_MODULE); hostile-input tests live in
-  tests/attack/, real builds end to end in tests/e2e/, and helpers and data/ in tests/ alone.
+  tests/attack/, real builds end to end in tests/e2e/, a user's whole path through the CLI (one
+  module per story) in tests/journeys/, and helpers and data/ in tests/ alone.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import rocforge_build
 
 PACKAGE = Path(rocforge_build.__file__).parent
 TESTS = Path(__file__).resolve().parent
-TEST_FOLDERS = ("attack", "e2e")  # beside data/, which holds files the tests read
+TEST_FOLDERS = ("attack", "e2e", "journeys")  # beside data/, which holds files the tests read
 # what a test file directly in tests/ may be named after when it tests no one module
 NOT_A_MODULE = (
     "docs",             # the documentation site and the pages it is built from
