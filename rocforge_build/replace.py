@@ -38,8 +38,10 @@ from pathlib import Path
 
 from rocforge_build import ownership, signals
 from rocforge_build.errors import UsageError
+from rocforge_build.manifest_schema import MANIFEST
 from rocforge_build.ownership import SCRATCH, valid_marker
 from rocforge_build.rename_exchange import exchange
+from rocforge_build.toml_subset import tomllib_loads
 
 OLD = ".rocforge-old"
 DELETING = ".rocforge-old.deleting"
@@ -111,8 +113,15 @@ def check_replaceable(dest: Path, marker: str, option: str, *, path_list: bool =
         names = sorted(os.listdir(dest))
     except OSError as exc:
         raise UsageError(f"{option} {dest} cannot be read: {exc.strerror}") from exc
-    if not names or _marked(dest, marker):
+    if not names:
         return
+    if _marked(dest, marker):
+        why = binding_problem(dest, marker)
+        if why is None:
+            return
+        raise UsageError(f"refusing to replace {option} {dest}: its {marker} {why}, so rocforge "
+                         "did not make this directory", f"choose a new or empty directory for "
+                         f"{option}; if everything in {dest} may go, remove it yourself first")
     held = marker if marker in names else names[0]
     raise UsageError(
         f"refusing to replace {option} {dest}: it holds {dest / held}, and it has no valid "
@@ -123,6 +132,32 @@ def check_replaceable(dest: Path, marker: str, option: str, *, path_list: bool =
 
 def _marked(tree: Path, marker: str) -> bool:
     return valid_marker(tree, marker)
+
+
+def binding_problem(dest: Path, marker: str) -> str | None:
+    """Why the build manifest in `dest` does not make `dest` rocforge's, or None: a manifest is
+    written for one prefix and records it, so a copy of it in another directory (a user's) names
+    another place and marks nothing.  The recorded prefix must be `dest` itself (the same absolute
+    path, or the same directory once links above it are resolved).  The schema keeps `prefix`
+    optional, so a manifest that records none is taken as written where it is: refusing it could
+    strand a build whose manifest lacks the field, while the copied-manifest case (a real build's
+    manifest in a user's directory) always names the build it came from.  Other markers (kernels,
+    closures) are not bound here."""
+    if marker != MANIFEST:
+        return None
+    try:
+        recorded = tomllib_loads((Path(dest) / marker).read_text(encoding="utf-8")).get("prefix")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return "cannot be read"
+    if recorded is None:
+        return None
+    if not isinstance(recorded, str) or not recorded:
+        return "records no usable prefix"
+    if os.path.abspath(recorded) == os.path.abspath(dest):
+        return None
+    if not os.path.islink(recorded) and os.path.realpath(recorded) == os.path.realpath(dest):
+        return None
+    return f"was written for another prefix, {recorded}"
 
 
 def _marks(marker: str) -> tuple[str, ...]:
@@ -385,6 +420,10 @@ def _check_deletable(dest: Path, marker: str) -> None:
             _marked(dest, marker) or not os.listdir(dest)):
         raise UsageError(f"refusing to replace {dest}: it has no {marker}, so rocforge did not "
                          "make it", f"move {dest} elsewhere, then run the command again")
+    why = binding_problem(dest, marker) if os.listdir(dest) else None
+    if why is not None:
+        raise UsageError(f"refusing to replace {dest}: its {marker} {why}, so rocforge did not "
+                         "make this directory", f"move {dest} elsewhere, then run the command again")
 
 
 def _check_kept(keep: Path, marker: str) -> None:

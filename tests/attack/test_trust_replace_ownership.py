@@ -298,6 +298,8 @@ def test_a_forged_journal_naming_another_directory_deletes_nothing(tmp_path, fix
     recipe, built = fixture_build
     prefix, mine = tmp_path / "p1", tmp_path / "precious"
     shutil.copytree(built, prefix, symlinks=True)
+    manifest = prefix / MARKER  # the copy made rocforge's there: its manifest names p1
+    manifest.write_text(manifest.read_text().replace(str(built), str(prefix)))
     before, whole = precious(mine), snapshot(prefix)
     entry = {"dest": str(prefix), "new": str(mine), "keep": None, "new_id": ident(prefix),
              "old_id": ident(mine), "kept_id": None}
@@ -458,3 +460,70 @@ def test_a_rename_refused_by_a_mount_is_one_line(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     refused(res, "cannot replace", "mount")
     assert snapshot(prefix) == whole
+
+
+def _user_dir_with(manifest_from: Path, at: Path) -> dict[str, str]:
+    """A user's directory holding their own files and a copy of a real build's manifest."""
+    at.mkdir()
+    (at / "thesis.tex").write_text("\\chapter{Mine}\n")
+    (at / "model.gguf").write_bytes(os.urandom(4096))
+    (at / MARKER).write_bytes((manifest_from / MARKER).read_bytes())
+    return snapshot(at)
+
+
+def test_a_copied_manifest_does_not_make_a_users_directory_rocforges(tmp_path, fixture_build):
+    """A rocforge manifest copied into a user's directory (it names the build it came from):
+    `build --prefix DIR --force` refuses DIR with one line naming the other prefix, and every
+    file in DIR is as it was (a hostile trial's thesis and model were deleted this way)."""
+    recipe, built = fixture_build
+    mine = tmp_path / "thesis"
+    before = _user_dir_with(built, mine)
+    line = refused(rocforge_cli(*build_args(recipe, mine)), str(mine), "written for another prefix",
+                   str(built))
+    assert "rocforge did not make this directory" in line
+    assert snapshot(mine) == before
+    assert not list(tmp_path.glob("thesis.rocforge-*"))
+
+
+def test_a_manifest_naming_another_directory_is_not_replaced_by_a_swap(tmp_path, fixture_build):
+    """The same copy met at the swap itself (`replace.swap`, as a substitution or upgrade reaches
+    it): one UsageError, the user's directory untouched, the staged tree left where it was."""
+    _, built = fixture_build
+    mine = tmp_path / "data"
+    before = _user_dir_with(built, mine)
+    staged = tmp_path / "data.rocforge-new"
+    staged.mkdir()
+    (staged / "new-file").write_text("new\n")
+    with pytest.raises(UsageError, match="written for another prefix"):
+        replace.swap(staged, mine, MARKER)
+    assert snapshot(mine) == before and (staged / "new-file").read_text() == "new\n"
+
+
+def test_a_build_whose_manifest_names_its_own_prefix_is_still_replaced(tmp_path, fixture_build):
+    """The binding keeps rocforge's own builds rocforge's: a copy whose manifest names where it
+    now is (as the build itself wrote it) passes check_replaceable, and so does a manifest that
+    records no prefix (the field is optional in the schema)."""
+    import shutil
+
+    _, built = fixture_build
+    here = tmp_path / "here"
+    shutil.copytree(built, here, symlinks=True)
+    text = (here / MARKER).read_text()
+    (here / MARKER).write_text(text.replace(str(built), str(here)))
+    replace.check_replaceable(here, MARKER, "--prefix")
+    linked = tmp_path / "link"
+    linked.symlink_to(tmp_path)  # reached through a link above it: the same directory
+    replace.check_replaceable(linked / "here", MARKER, "--prefix")
+
+
+def test_a_symlinked_prefix_to_a_users_directory_deletes_nothing(tmp_path, fixture_build):
+    """`--prefix LINK` where LINK points at a user's directory holding a copied manifest: the
+    link is resolved and the directory it names is refused (its manifest names another prefix);
+    the link and every file behind it are as they were."""
+    recipe, built = fixture_build
+    mine = tmp_path / "mine"
+    before = _user_dir_with(built, mine)
+    link = tmp_path / "prefix-link"
+    link.symlink_to(mine)
+    refused(rocforge_cli(*build_args(recipe, link)), "written for another prefix")
+    assert link.is_symlink() and os.readlink(link) == str(mine) and snapshot(mine) == before

@@ -117,6 +117,8 @@ def builds(made):
     prefix = Path(paths.builds_prefix_str()) / "prefix"
     for suffix in ("", ".rocforge-previous"):
         shutil.copytree(f"{source}{suffix}", f"{prefix}{suffix}", symlinks=True)
+        manifest = Path(f"{prefix}{suffix}") / "rocforge-manifest.toml"  # the copy names its place
+        manifest.write_text(manifest.read_text().replace(str(source), str(prefix)))
     keep = Path(f"{prefix}.rocforge-previous")
     return prefix, whole(prefix), whole(keep)
 
