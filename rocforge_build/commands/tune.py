@@ -4,12 +4,14 @@ context range and store it as the model's preset (`rocforge preset show MODEL`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from rocforge_build import argtypes
 from rocforge_build.errors import RocforgeError, UsageError
@@ -45,6 +47,39 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="the candidates, rows and winners as JSON")
 
 
+TUNE_NEEDS = ("llama-bench", "llama-perplexity")  # what tune runs of each candidate
+TUNE_DIR = "tune"  # below the builds directory; no `rocforge build` default is one word
+
+
+def _usable_as_is(plan):
+    """The rocforge build already at the plan's prefix when it has every program tune runs (the
+    user's full build serves as it is, whatever else it holds); None when it does not."""
+    from rocforge_build.discover.builds import read_manifest
+
+    if not plan.prefix.is_dir() or not read_manifest(plan.prefix):
+        return None
+    build = LlamaBuild.open(plan.prefix)
+    return build if all(build.has(p) for p in TUNE_NEEDS) else None
+
+
+def _holds_another_build(plan) -> bool:
+    """Whether the plan's prefix holds something that is not this plan's build (another stamp,
+    or anything at all without a manifest): tune must not replace it."""
+    from rocforge_build.discover.builds import read_manifest
+
+    if not plan.prefix.is_dir() or not any(plan.prefix.iterdir()):
+        return False
+    there = read_manifest(plan.prefix)
+    return not there or there.get("stamp") != plan.stamp
+
+
+def tune_prefix(prefix) -> Path:
+    """Where tune builds a candidate of its own: `<builds>/tune/<the default prefix's name>`."""
+    from rocforge_build import paths
+
+    return paths.builds_prefix() / TUNE_DIR / Path(prefix).name
+
+
 def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], list[dict]]:
     """The builds of each backend (built or reused) and the `given` --build ones, each prefix
     once: a --build that is the very build a backend makes is one candidate, not two."""
@@ -67,6 +102,16 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
             skipped.append({"backend": name, "reason": exc.message})
             say(f"skipping backend {name}: {exc.message}")
             continue
+        there = _usable_as_is(plan)
+        if there is not None:
+            say(f"using the {name} build at {plan.prefix} as it is (it has {', '.join(TUNE_NEEDS)})")
+            builds.append(there)
+            continue
+        if _holds_another_build(plan):  # the user's build of another plan: never rebuilt by tune
+            own = tune_prefix(plan.prefix)
+            say(f"{plan.prefix} holds a build of another plan without {', '.join(TUNE_NEEDS)}; "
+                f"tune builds its own at {own}")
+            plan = plan_for(dataclasses.replace(req, prefix=str(own)), args.rootfs, check_patches=False)
         say(f"building (or reusing) the {name} build")
         out = pipeline.execute(plan, quiet=args.json)
         builds.append(LlamaBuild.open(out.prefix))
