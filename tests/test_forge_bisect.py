@@ -121,3 +121,15 @@ def test_a_nightly_step_must_be_built_with_that_nightlys_rocm(tmp_path):
 def test_the_step_test_in_command_line_words(test, words):
     # quoted for a POSIX shell: the report's reproduction line is pasted into one
     assert test.words() == words
+
+
+def test_a_steps_run_test_sees_the_steps_environment_not_this_processs(tmp_path, monkeypatch):
+    # a nightly step is built with ROCM_PATH set to that nightly's tree in its request only; its
+    # --run check runs under that request's environment, not under this process's ROCM_PATH
+    monkeypatch.setenv("ROCM_PATH", "/opt/old-rocm")
+    probe = ["/bin/sh", "-c", 'test "$ROCM_PATH" = /opt/nightly-rocm && test -z "$ONLY_HERE"']
+    monkeypatch.setenv("ONLY_HERE", "1")
+    check = oracle(StepTest(run="probe"), Builds(), argv=probe)
+    step_env = {"PATH": "/usr/bin:/bin", "ROCM_PATH": "/opt/nightly-rocm"}
+    assert check(tmp_path, step_env).verdict == "good"
+    assert check(tmp_path).verdict == "bad"  # no request environment: this process's (the old tree)

@@ -96,13 +96,14 @@ def run(args) -> int:
         return built, failed
 
     check = bisect.oracle(asked.test, argv, ax.good, args.good, model, pct, root_arg, build,
-                          lambda key: Path(request(key).prefix))
+                          lambda key: Path(request(key).prefix), lambda key: request(key).environ)
 
     def test(key: str) -> bisect.Step:
         built, failed = build(key)
-        prefix = request(key).prefix
+        req = request(key)
+        prefix = req.prefix
         step = (bisect.Step(key, "skip", f"build failed: {failed}") if failed
-                else check(Path(prefix)))
+                else check(Path(prefix), req.environ))  # the step runs as it was built
         step.ref, step.built, step.prefix = key, built or bool(failed), prefix
         say(f"{bisect.short(key)} {step.verdict}: {step.detail}  ({ax.subjects.get(key, '')})")
         return step

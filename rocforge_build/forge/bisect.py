@@ -24,7 +24,7 @@ import math
 import os
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -271,34 +271,35 @@ def build_step(req: Request, root) -> tuple[bool, str | None]:
     return out.status in ("built", "substituted"), None
 
 
-def run_test(argv: list[str]) -> Callable[[Path], Step]:
-    def test(prefix: Path) -> Step:
-        g = run_gate(argv, prefix)
+def run_test(argv: list[str]) -> Callable[..., Step]:
+    def test(prefix: Path, environ: Mapping[str, str] | None = None) -> Step:
+        g = run_gate(argv, prefix, environ=environ)
         return _from_gate(g)
     return test
 
 
-def verify_test(model: str, reference: Path, root: str | None) -> Callable[[Path], Step]:
+def verify_test(model: str, reference: Path, root: str | None) -> Callable[..., Step]:
     """Each step against one fixed reference (the good ref's build unless --reference): verify's own
     default, the CPU build of the step's own commit, is the step itself when the bisect builds the
     CPU backend, and a commit that breaks the CPU path would pass against itself."""
-    def test(prefix: Path) -> Step:
+    def test(prefix: Path, environ: Mapping[str, str] | None = None) -> Step:
         rc, _ = rocforge_cli(["verify", str(prefix), "--model", model, "--reference", str(reference),
-                              "--json"], root)
+                              "--json"], root, environ=environ)
         verdict = {0: "good", 1: "bad"}.get(rc, "skip")
         return Step("", verdict, f"`rocforge verify` against {reference.name} exited {rc}",
                     {"exit_code": rc})
     return test
 
 
-def bench_figure(prefix: Path, model: str, metric: str, root: str | None) -> float | None:
+def bench_figure(prefix: Path, model: str, metric: str, root: str | None,
+                 environ: Mapping[str, str] | None = None) -> float | None:
     """The build's t/s for the metric (llama-bench through `rocforge bench --json`)."""
     import json
 
     test, n = METRICS[metric]
     rc, out = rocforge_cli(["bench", str(prefix), "--model", model, "--no-gate", "--json",
                             "-p", "512" if test == "pp" else "0",
-                            "-n", "128" if test == "tg" else "0"], root)
+                            "-n", "128" if test == "tg" else "0"], root, environ=environ)
     try:
         rows = json.loads(out)
     except ValueError:
@@ -312,9 +313,9 @@ def bench_figure(prefix: Path, model: str, metric: str, root: str | None) -> flo
 
 
 def bench_test(model: str, metric: str, baseline: float, pct: float,
-               root: str | None) -> Callable[[Path], Step]:
-    def test(prefix: Path) -> Step:
-        figure = bench_figure(prefix, model, metric, root)
+               root: str | None) -> Callable[..., Step]:
+    def test(prefix: Path, environ: Mapping[str, str] | None = None) -> Step:
+        figure = bench_figure(prefix, model, metric, root, environ)
         if figure is None:
             return Step("", "skip", f"no {metric} figure from `rocforge bench`")
         change = (figure - baseline) / baseline * 100
@@ -465,7 +466,9 @@ def check_uses_rocm(prefix: Path, rocm: str) -> None:
 
 def oracle(test: StepTest, argv: list[str] | None, good: str, good_given: str | None, model: str | None,
            pct: float, root: str | None, build: Callable[[str], tuple[bool, str | None]],
-           prefix_of: Callable[[str], Path]) -> Callable[[Path], Step]:
+           prefix_of: Callable[[str], Path],
+           environ_of: Callable[[str], Mapping[str, str] | None] = lambda key: None
+           ) -> Callable[..., Step]:
     """The test each step's build gets: --run's program; --verify against --reference or the good
     ref's build; --bench against the good ref's figure (`build` makes the good ref's build first)."""
     if argv:
@@ -477,7 +480,7 @@ def oracle(test: StepTest, argv: list[str] | None, good: str, good_given: str | 
         raise UsageError(f"--good {good_given or good} does not build: {failed}")
     if test.verify:
         return verify_test(model, prefix_of(good), root)
-    baseline = bench_figure(prefix_of(good), model, test.metric, root)
+    baseline = bench_figure(prefix_of(good), model, test.metric, root, environ_of(good))
     if not baseline:
         raise UsageError(f"--good {good_given or good} gave no {test.metric} figure",
                          "check the model with `rocforge bench` on that build")

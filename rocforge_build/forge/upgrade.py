@@ -21,6 +21,7 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,9 +151,11 @@ def threshold(value: float | None) -> float:
 
 # -- the gates ------------------------------------------------------------------------------------
 
-def run_gate(argv: list[str], candidate: Path, name: str = "run") -> Gate:
-    """The user's command with ROCFORGE_PREFIX=candidate; git bisect run's exit codes."""
-    env = {**os.environ, "ROCFORGE_PREFIX": str(candidate)}
+def run_gate(argv: list[str], candidate: Path, name: str = "run", *,
+             environ: Mapping[str, str] | None = None) -> Gate:
+    """The user's command with ROCFORGE_PREFIX=candidate, under the environment the candidate was
+    built with (a gated nightly's ROCM_PATH, not this process's); git bisect run's exit codes."""
+    env = {**exactly(environ), "ROCFORGE_PREFIX": str(candidate)}
     try:
         rc = proc.run(argv, env=env, capture=False, stdout=_stderr_fd(), check=False, group=True,
                       timeout=None).returncode  # the user's own check: its length is theirs
@@ -160,6 +163,14 @@ def run_gate(argv: list[str], candidate: Path, name: str = "run") -> Gate:
         return Gate(name, "fail", f"{shlex.join(argv)} could not start: {exc.strerror}")
     verdict = "pass" if rc == 0 else "cannot test" if rc == SKIP_EXIT else "fail"
     return Gate(name, verdict, f"{shlex.join(argv)} exited {rc}", {"exit_code": rc})
+
+
+def exactly(environ: Mapping[str, str] | None) -> dict[str, str | None]:
+    """`proc.run`'s env for a child that sees this environment and no variable of this process's
+    beyond it (it merges over os.environ; None removes a name)."""
+    if environ is None:
+        return dict(os.environ)
+    return {**{name: None for name in os.environ if name not in environ}, **environ}
 
 
 def _stderr_fd() -> int:
@@ -170,18 +181,21 @@ def _stderr_fd() -> int:
         return 2
 
 
-def rocforge_cli(args: list[str], root: str | None) -> tuple[int, str]:
+def rocforge_cli(args: list[str], root: str | None, *,
+                 environ: Mapping[str, str] | None = None) -> tuple[int, str]:
     """Another rocforge command through its command line (its internals may change), stdout
-    captured, stderr passed through."""
+    captured, stderr passed through, under the request's environment when one is given."""
     argv = [sys.executable, "-m", "rocforge_build"] + (["--root", root] if root else []) + args
-    done = proc.run(argv, check=False, group=True, stderr=_stderr_fd(),
+    env = None if environ is None else exactly(environ)
+    done = proc.run(argv, check=False, group=True, stderr=_stderr_fd(), env=env,
                     timeout=None)  # a rocforge command: its own tools have their deadlines
     return done.returncode, done.stdout
 
 
-def verify_gate(candidate: Path, model: str, reference: Path, root: str | None) -> Gate:
+def verify_gate(candidate: Path, model: str, reference: Path, root: str | None, *,
+                environ: Mapping[str, str] | None = None) -> Gate:
     rc, out = rocforge_cli(["verify", str(candidate), "--model", model, "--reference",
-                            str(reference), "--json"], root)
+                            str(reference), "--json"], root, environ=environ)
     figures = _json(out)
     if rc == 0:
         return Gate("verify", "pass", f"against {reference}", figures if isinstance(figures, dict)
@@ -190,7 +204,8 @@ def verify_gate(candidate: Path, model: str, reference: Path, root: str | None) 
                 figures if isinstance(figures, dict) else {})
 
 
-def bench_gate(current: Path, candidate: Path, model: str, pct: float, root: str | None) -> Gate:
+def bench_gate(current: Path, candidate: Path, model: str, pct: float, root: str | None, *,
+               environ: Mapping[str, str] | None = None) -> Gate:
     """Both builds in one `rocforge bench` run per shape (side by side: same host state): the
     default shape, then each range of the model's preset at its ubatch, flash attention, depth
     and environment (the operating points `rocforge serve` will use); a figure of the candidate more than `pct`
@@ -199,7 +214,7 @@ def bench_gate(current: Path, candidate: Path, model: str, pct: float, root: str
     rows: list = []
     for names, extra in [("the default shape", [])] + [(s["ranges"], shape_args(s)) for s in shapes]:
         rc, out = rocforge_cli(["bench", str(current), str(candidate), "--model", model,
-                                "--no-gate", "--json", *extra], root)
+                                "--no-gate", "--json", *extra], root, environ=environ)
         got = _json(out)
         if rc != 0 or not isinstance(got, list):
             where = names if names == "the default shape" else (
@@ -365,11 +380,11 @@ def upgrade(prefix: Path, req: Request, rootfs, *, substitute=None,
         gates.append(Gate("smoke", "pass", f"{len(plan.smoke)} command(s)") if plan.smoke
                      else Gate("smoke", "pass", "the recipe has no smoke test"))
         if run:
-            gates.append(run_gate(run, staging))
+            gates.append(run_gate(run, staging, environ=req.environ))
         if model and all(g.verdict == "pass" for g in gates):
-            gates.append(verify_gate(staging, model, prefix, root_arg))
+            gates.append(verify_gate(staging, model, prefix, root_arg, environ=req.environ))
             if gates[-1].verdict == "pass":
-                gates.append(bench_gate(prefix, staging, model, pct, root_arg))
+                gates.append(bench_gate(prefix, staging, model, pct, root_arg, environ=req.environ))
         if any(g.verdict != "pass" for g in gates):
             raise Refused("a gate did not pass")
 

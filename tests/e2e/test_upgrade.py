@@ -4,6 +4,7 @@ cmake, ninja and the C compiler; the gate is a real checker program run by `--ru
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -246,3 +247,31 @@ def test_bench_gate_benches_each_range_with_its_environment(tmp_path, monkeypatc
         runs = (prefix / "bin" / "llama-bench.log").read_text().splitlines()
         assert runs.count("ub=512 ROCFORGE_FAKE_KNOB=on") == 1
         assert runs.count("ub=512 ROCFORGE_FAKE_KNOB=unset") == 2  # default shape, short
+
+
+def test_the_gate_runs_with_the_requests_environment_not_this_processs(tmp_path, monkeypatch):
+    # `nightly install --gate` builds the candidate with ROCM_PATH set to the new tree in the
+    # request only; the user's --run check must test that candidate under the same environment.
+    # The checker records what it was given: the request's ROCM_PATH, not this process's, and no
+    # variable the request does not carry.
+    from rocforge_build.forge import upgrade
+    from rocforge_build.rootfs import Root
+
+    h, prefix = built(tmp_path)
+    seen = tmp_path / "seen-env"
+    recorder = tmp_path / "record-env.sh"
+    recorder.write_text(f'#!/bin/sh\nenv > "{seen}"\n')
+    recorder.chmod(0o755)
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "old-rocm"))
+    monkeypatch.setenv("ROCFORGE_ONLY_IN_THIS_PROCESS", "1")
+    path, manifest = upgrade.existing_build(prefix)
+    environ = {name: value for name, value in os.environ.items()
+               if name != "ROCFORGE_ONLY_IN_THIS_PROCESS"}
+    environ["ROCM_PATH"] = str(tmp_path / "new-rocm")
+    req = upgrade.request_for(path, manifest, ref=h.commits["docs1"], environ=environ)
+    out = upgrade.upgrade(path, req, Root("/"), run=[str(recorder)], quiet=True)
+    assert out.status == "upgraded", [g.to_json() for g in out.gates]
+    recorded = dict(line.split("=", 1) for line in seen.read_text().splitlines() if "=" in line)
+    assert recorded["ROCM_PATH"] == str(tmp_path / "new-rocm")
+    assert "ROCFORGE_ONLY_IN_THIS_PROCESS" not in recorded
+    assert recorded["ROCFORGE_PREFIX"] == f"{prefix}.rocforge-new"  # the candidate, before the swap
