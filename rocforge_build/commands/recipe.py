@@ -82,4 +82,20 @@ def run(args) -> int:
                 print(f"      why: {d['reason']}")
             for line in recipes.evidence_lines(d.get("evidence"), "      "):
                 print(line)
+    if r.known_bad:
+        print("known faults (serve refuses these shapes; verify names them):")
+    for d in r.known_bad:
+        print(f"  {d['symptom']}\n      when {_when(d['when'])}, shape {_known_bad_shape(d)}"
+              f"\n      seen: {d['seen']}")
+        for line in recipes.evidence_lines(d["evidence"], "      "):
+            print(line)
     return 0
+
+
+def _known_bad_shape(d: dict) -> str:
+    parts = [f"fa {'on' if d['fa'] else 'off'}"] if "fa" in d else []
+    if "parallel_min" in d:
+        parts.append(f"{d['parallel_min']}+ sequences in one unified KV cache")
+    if "cells_over" in d:
+        parts.append(f"more than {d['cells_over']} cells")
+    return ", ".join(parts)

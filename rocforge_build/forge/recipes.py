@@ -56,7 +56,7 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
     "": {
         "recipe": _key(dict, required=True), "source": _key(dict, required=True),
         "backends": _key(dict, required=True), "build": _key(dict), "venv": _key(dict),
-        "verify": _key(dict),
+        "verify": _key(dict), "known_bad": _key(list, items=(dict,), most=64),
         **{kind: _key(list, items=(dict,)) for kind in RULE_KINDS},
     },
     "recipe": {
@@ -113,6 +113,14 @@ _SCHEMA: dict[str, dict[str, _Key]] = {
     "verify": {"targets": _key(list, required=True, items=(str,), most=argtypes.CMAKE_TARGETS_MAX),
                "options": _key(dict, required=True), "reason": _key(str, required=True),
                "evidence": _EVIDENCE},
+    # a llama.cpp fault seen at one serving shape (measure/known_bad.py applies it): `when` on
+    # facts a build's manifest records, the shape it breaks (flash attention, sequences in one
+    # unified KV cache, their cells), what was seen, where the evidence is
+    "known_bad": {"when": _key(dict, required=True), "fa": _key(bool),
+                  "parallel_min": _key(int, bounds=(2, 4096)),
+                  "cells_over": _key(int, bounds=(0, 2 ** 31)),
+                  "symptom": _key(str, required=True), "seen": _key(str, required=True),
+                  "hint": _key(str), "evidence": _key(list, required=True, items=(str,), most=32)},
     # a private virtual environment in the build directory with the source's Python requirements
     "venv": {"requirements": _key(list, items=(str,)), "packages": _key(list, items=(str,)),
              "reason": _key(str, required=True), "evidence": _EVIDENCE},
@@ -219,6 +227,7 @@ class Recipe:
     venv: dict | None = None
     install: str = "cmake"  # "ninja": the build step is `ninja install` (projects that need it)
     verify: dict | None = None  # `[verify]`: targets built only when named, and their options
+    known_bad: tuple[dict, ...] = ()  # `[[known_bad]]`: faults of the built program at a shape
 
     @property
     def verify_targets(self) -> tuple[str, ...]:
@@ -253,6 +262,7 @@ class Recipe:
             "depends": [r.data for r in self.of("depends")],
             "outputs": [r.data for r in self.of("output")],
             "venv": self.venv,
+            "known_bad": list(self.known_bad),
         }
 
 
@@ -382,11 +392,35 @@ def parse(text: str, path: Path) -> Recipe:
     verify = raw.get("verify")
     if verify is not None:
         _check_verify(verify, f"{where}: verify")
+    known_bad = _parse_known_bad(raw.get("known_bad", []), where)
     return Recipe(
         name=name, path=path, description=raw["recipe"].get("description", ""), source=source,
         backends=backends, rules=tuple(rules), build_targets=tuple(build.get("targets", [])),
         text=text, venv=venv, install=build.get("install", "cmake"), verify=verify,
+        known_bad=known_bad,
     )
+
+
+# what a build's manifest records, so a fault's `when` can be decided for a finished build
+KNOWN_BAD_WHEN = ("backend", "source_version", "target")
+
+
+def _parse_known_bad(items: list, where: str) -> tuple[dict, ...]:
+    """The `[[known_bad]]` table: each entry's `when` uses only facts a build's manifest records
+    (a fault is matched against a finished build, never a plan) and names at least one shape
+    limit, so that an entry never condemns every shape of a build."""
+    for i, item in enumerate(items):
+        iwhere = f"{where}: known_bad[{i}]"
+        _check_keys(item, "known_bad", iwhere)
+        conditions.validate(item["when"], f"{iwhere}.when")
+        for key in item["when"]:
+            if key not in KNOWN_BAD_WHEN:
+                raise ConfigError(f"{iwhere}.when: {key!r} is not recorded in a build's manifest",
+                                  f"a known fault's `when` uses {', '.join(KNOWN_BAD_WHEN)}")
+        if not any(k in item for k in ("fa", "parallel_min", "cells_over")):
+            raise ConfigError(f"{iwhere}: names no shape (fa, parallel_min, cells_over)",
+                              "a known fault names the shape it was seen at")
+    return tuple(items)
 
 
 def _check_verify(verify: dict, where: str) -> None:
