@@ -125,9 +125,23 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
     return builds, skipped
 
 
-def run(args) -> int:
+def _target(args) -> str:
+    """--target, else the detected GPU; "" when no requested backend's toolchain compiles for a
+    GPU target (cpu, vulkan) and none is detected: only hip candidates need one."""
     from rocforge_build.commands import target_or_detected
+    from rocforge_build.forge import recipes
 
+    recipe = recipes.load(args.recipe)
+    names = [b for b in (args.backends.split(",") if args.backends else recipe.backends) if b]
+    if args.target or any(recipe.backends[n].toolchain == "hip" for n in names if n in recipe.backends):
+        return target_or_detected(args)
+    try:
+        return target_or_detected(args)
+    except UsageError:
+        return ""
+
+
+def run(args) -> int:
     # every value is checked before the target is detected, a source downloaded or a build made
     wanted, all_ranges = _wanted_ranges(args)
     args.fa_values = bench.fa_list(args.fa) if args.fa else None
@@ -138,7 +152,7 @@ def run(args) -> int:
     from rocforge_build.measure import gguf
 
     model = gguf.check(args.model)  # a bad model is reported before anything is built
-    args.target = target_or_detected(args)
+    args.target = _target(args)
     say = (lambda text: None) if args.json else (lambda text: sys.stderr.write(f"rocforge: tune: {text}\n"))
     builds, skipped = candidates(args, say, given)
     s = open_session(args.model, builds, ("llama-bench", "llama-perplexity"), args.rootfs)
