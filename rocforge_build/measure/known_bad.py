@@ -70,3 +70,14 @@ def find_for_shape(manifest: dict, shape: dict[str, Any]) -> dict | None:
 def describe(entry: dict) -> str:
     """The fault as one clause: its symptom and evidence."""
     return f"{entry['symptom']} ({'; '.join(entry['evidence'])})"
+
+
+def name_failures(manifest: dict, checks) -> None:
+    """Append to each failed check's reasons the known fault its shape and build match, so a
+    failure of llama.cpp's own reads as that and not as a fault of this build's flags."""
+    for c in checks:
+        if c.passed:
+            continue
+        entry = find(manifest, bool(c.fa), c.parallel, c.ctx)
+        if entry is not None:
+            c.failed.append(f"matches a known llama.cpp fault: {describe(entry)}")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rocforge_build import paths
 from rocforge_build.errors import UsageError
-from rocforge_build.measure import serving
+from rocforge_build.measure import known_bad, serving
 from rocforge_build.measure.gguf import Model
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.verify_reference import reference_for, same_build
@@ -280,6 +280,13 @@ class Check:
                 "kld_mean": clean(self.kld_mean), "top1": clean(self.top1),
                 "ppl": clean(self.ppl), "ppl_ref": clean(self.ppl_ref), "passed": self.passed,
                 "failed": self.failed, "not_judged": self.not_judged}
+
+
+def kld_shown(x: float | None) -> float | None:
+    """A mean KLD as a person reads it: the divergence is never negative (Gibbs' inequality), so a
+    tiny negative left by llama-perplexity's floating-point sums is 0, not "-0.000000"; a clearly
+    negative figure is kept so that a broken measurement stays visible."""
+    return 0.0 if x is not None and -1e-6 < x <= 0.0 else x
 
 
 def parse_kld(output: str) -> tuple[float, float, float]:
@@ -590,6 +597,7 @@ def verify(build: LlamaBuild, ref: LlamaBuild, model: Model, coverage: Coverage,
                                       beat=beat)
         if attribute and any(not c.passed for c in checks):
             _attribute(build, ref, model, checks, text, env, tell, beat)
+    known_bad.name_failures(build.manifest, checks)
     failed = [c.to_json() for c in checks if not c.passed]
     result = {"passed": not failed, "reference": str(ref.prefix), "env": env or {},
               "coverage": coverage.to_json(), "verdicts": verdicts(checks),
