@@ -57,6 +57,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from rocforge_build.measure import known_bad as known_bad_shape
     from rocforge_build.measure.preset import model_key, runnable
     from rocforge_build.measure.store import Store
 
@@ -73,6 +74,7 @@ def run(args) -> int:
                  f"{shellsafe.one_line(preset['model']['name'])} version {preset['version']}")
         model_path = serve.model_file(model_path or preset["model"]["path"])
         problem = serve.still_proven(preset["ranges"][name], store, preset["model"]["sha256"], model_path)
+        problem = problem or known_bad_shape.preset_problem(preset["ranges"][name])
     if problem:
         raise UsageError(*problem)
     address = args.host if args.dry_run else serve.resolve_host(args.host, args.port)

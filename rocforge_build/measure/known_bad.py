@@ -8,20 +8,18 @@ sequences in one unified KV cache, more than `cells_over` cells (context x seque
 
 from __future__ import annotations
 
-from typing import Any
-
 from rocforge_build.errors import RocforgeError
 from rocforge_build.forge import conditions
 
 
-def shape_matches(entry: dict, fa: bool, parallel: int, ctx: int) -> bool:
-    """Whether a shape (flash attention, sequences sharing one unified cache, context per
-    sequence) is inside the entry's limits."""
+def shape_matches(entry: dict, fa: bool, parallel: int, cells: int) -> bool:
+    """Whether a shape (flash attention, sequences sharing one unified KV cache, the cache's
+    cells) is inside the entry's limits."""
     if "fa" in entry and bool(fa) != entry["fa"]:
         return False
     if parallel < entry.get("parallel_min", 1):
         return False
-    return ctx * parallel > entry.get("cells_over", -1)
+    return cells > entry.get("cells_over", -1)
 
 
 def build_matches(entry: dict, manifest: dict) -> bool:
@@ -48,23 +46,53 @@ def _recipe_entries(manifest: dict) -> tuple[dict, ...]:
         return ()
 
 
-def find(manifest: dict, fa: bool, parallel: int, ctx: int,
+def find(manifest: dict, fa: bool, parallel: int, cells: int,
          entries: tuple[dict, ...] | None = None) -> dict | None:
     """The first known fault of this build at this shape, or None."""
     for entry in _recipe_entries(manifest) if entries is None else entries:
-        if shape_matches(entry, fa, parallel, ctx) and build_matches(entry, manifest):
+        if shape_matches(entry, fa, parallel, cells) and build_matches(entry, manifest):
             return entry
     return None
 
 
-def find_for_shape(manifest: dict, shape: dict[str, Any]) -> dict | None:
-    """`find` for a verify Shape's or a preset's JSON shape (ctx, fa, parallel)."""
-    try:
-        ctx = int(shape.get("ctx") or 0)
-        parallel = int(shape.get("parallel") or 1)
-    except (TypeError, ValueError):
+def served_shape(argv: list) -> tuple[bool, int, int]:
+    """(flash attention, sequences in one unified KV cache, its cells) of a llama-server command:
+    -np slots share one cache only with -kvu / --kv-unified (else each has its own: one sequence
+    a cache, of -c / -np cells); flash attention counts as on only when asked for (`-fa on` or a
+    bare `-fa` of older trees), since `auto` may leave it off."""
+    words = [str(w) for w in argv]
+
+    def after(*names: str) -> str | None:
+        return next((words[i + 1] for i, w in enumerate(words[:-1]) if w in names), None)
+
+    def number(*names: str, default: int) -> int:
+        text = after(*names)
+        return int(text) if text is not None and text.isdigit() else default
+
+    fa_word = after("-fa", "--flash-attn")
+    fa = fa_word in ("on", "1", "true") or (
+        any(w in ("-fa", "--flash-attn") for w in words) and fa_word not in ("off", "auto", "0", "false"))
+    parallel = max(number("-np", "--parallel", default=1), 1)
+    cells = number("-c", "--ctx-size", default=4096)
+    if not {"-kvu", "--kv-unified"} & set(words):
+        return fa, 1, cells // parallel
+    return fa, parallel, cells
+
+
+def preset_problem(r: dict) -> tuple[str, str] | None:
+    """(why, hint) when a preset range's llama-server command runs a shape its build is known to
+    compute wrong; None when no entry of the build's recipe matches."""
+    from rocforge_build.measure.llama_tools import LlamaBuild
+
+    manifest = LlamaBuild.open(r["prefix"]).manifest
+    fa, parallel, cells = served_shape(r.get("argv") or [])
+    entry = find(manifest, fa, parallel, cells)
+    if entry is None:
         return None
-    return find(manifest, bool(shape.get("fa")), parallel, ctx)
+    return (f"the preset serves {parallel} sequences in one unified KV cache of {cells} cells with "
+            f"flash attention {'on' if fa else 'off'} on {r['prefix']}, which matches a known "
+            f"llama.cpp fault: {describe(entry)}",
+            entry.get("hint") or "run `rocforge tune` again for another shape")
 
 
 def describe(entry: dict) -> str:
@@ -78,6 +106,6 @@ def name_failures(manifest: dict, checks) -> None:
     for c in checks:
         if c.passed:
             continue
-        entry = find(manifest, bool(c.fa), c.parallel, c.ctx)
+        entry = find(manifest, bool(c.fa), c.parallel, c.ctx * c.parallel)
         if entry is not None:
             c.failed.append(f"matches a known llama.cpp fault: {describe(entry)}")
