@@ -62,7 +62,7 @@ def run(args) -> int:
     args.target = target_or_detected(args)
     pct = upgrade.threshold(args.threshold)
     argv = upgrade.run_argv(args.run) if args.run is not None else None
-    model = _model(args.verify or args.bench)
+    model = _model(args.verify or args.bench, "--verify" if args.verify else "--bench")
     recipe = recipes.load(args.recipe)
     asked = _asked(args, axis)
     ax = bisect.axis_candidates(asked, recipe, good, listed)
@@ -173,12 +173,16 @@ def _asked(args, axis: str):
                  listed=getattr(args, axis) if axis != "git" else None, test=test)
 
 
-def _model(model: str | None) -> str | None:
+def _model(model: str | None, option: str) -> str | None:
     if model is None:
         return None
-    if not Path(model).is_file():
-        raise UsageError(f"{model}: no such model file", "give a GGUF model file")
-    return str(Path(model).resolve())
+    from rocforge_build.measure import gguf
+
+    try:  # a file that is not a whole GGUF model is refused before anything is built
+        gguf.check(model)
+    except gguf.ModelError as exc:
+        raise UsageError(f"{option} {exc.message}", exc.hint) from None
+    return os.path.realpath(model)
 
 
 def _print(axis: str, r) -> None:

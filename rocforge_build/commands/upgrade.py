@@ -71,9 +71,13 @@ def run(args) -> int:
 def _model(model: str | None) -> str | None:
     if model is None:
         return None
-    if not Path(model).is_file():
-        raise UsageError(f"--model {model}: no such file", "give a GGUF model file")
-    return str(Path(model).resolve())
+    from rocforge_build.measure import gguf
+
+    try:  # a file that is not a whole GGUF model is refused before anything is built
+        gguf.check(model)
+    except gguf.ModelError as exc:
+        raise UsageError(f"--model {exc.message}", exc.hint) from None
+    return os.path.realpath(model)
 
 
 def _environ(args) -> dict | None:

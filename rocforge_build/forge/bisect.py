@@ -98,8 +98,19 @@ def candidates(location: str, good: str, bad: str) -> tuple[list[str], dict[str,
         except CommandFailed as exc:
             from rocforge_build.errors import NetworkError
 
+            local = _local_path(location)
+            if local is not None:  # no network was involved: the directory is not a repository
+                said = (exc.output.strip().splitlines() or ["git fetch failed"])[0]
+                raise UsageError(f"{location}: bisect needs a git repository, and git cannot "
+                                 f"read one there ({said})", "give --source a clone (a directory "
+                                 "with .git) or a git URL") from None
             raise NetworkError(f"git fetch {location} failed",
                                exc.output.strip()[-400:] or None) from exc
+    for sha, ref, option in ((good_sha, good, "--good"), (bad_sha, bad, "--bad")):
+        if run(["git", "-C", mirror, "cat-file", "-e", f"{sha}^{{commit}}"],
+               check=False).returncode != 0:
+            raise UsageError(f"{option} {ref}: no such commit in {location}",
+                             "give a commit, tag or branch of that repository (`git log` there)")
     if run(["git", "-C", mirror, "merge-base", "--is-ancestor", good_sha, bad_sha],
            check=False).returncode != 0:
         raise UsageError(f"--good {good} is not an ancestor of --bad {bad}",
@@ -114,6 +125,16 @@ def candidates(location: str, good: str, bad: str) -> tuple[list[str], dict[str,
     if not shas:
         raise UsageError(f"no commits between --good {good} and --bad {bad}")
     return shas, subjects
+
+
+def _local_path(location: str) -> str | None:
+    """The directory a git location names on this machine (a path or a file:// URL), else None."""
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        return parsed.path
+    if parsed.scheme or ":" in location.split("/", 1)[0]:  # a URL, or scp-like host:path
+        return None
+    return location
 
 
 # -- the versions axis ----------------------------------------------------------------------------

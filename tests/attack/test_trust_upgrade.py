@@ -200,3 +200,50 @@ def test_bisect_versions_and_nightlies_together_refused(tmp_path):
                    "--nightlies", "1,2", "--run", "true", cwd=tmp_path)
     assert res.returncode == 2 and "not allowed with" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_model_that_is_not_gguf_is_refused_before_anything_is_built(build, tmp_path):
+    # upgrade and bisect read the model's header first: a text file named .gguf, and a symbolic
+    # link loop, are one line each, and no candidate is built (no staging tree, no bisect step)
+    h, prefix = build
+    before = tree_hashes(prefix)
+    text = tmp_path / "model.gguf"
+    text.write_text("not a model\n")
+    loop = tmp_path / "loop.gguf"
+    loop.symlink_to(tmp_path / "loop2.gguf")
+    (tmp_path / "loop2.gguf").symlink_to(loop)
+    line = one_error(rocforge("upgrade", str(prefix), "--ref", h.commits["docs1"], "--model", str(text)))
+    assert line == f"rocforge: error: --model {text} is not a GGUF model (no GGUF magic at its start)"
+    line = one_error(rocforge("upgrade", str(prefix), "--ref", h.commits["docs1"], "--model", str(loop)))
+    assert line.startswith(f"rocforge: error: --model model file {loop} cannot be read: Too many levels")
+    for option, extra in (("--verify", []), ("--bench", ["--metric", "pp512"])):
+        line = one_error(rocforge("bisect", str(h.recipe), "--target", "gfx1151", "--good", h.base,
+                                  "--bad", h.commits["docs3"], option, str(text), *extra))
+        assert line.startswith(f"rocforge: error: {option} {text} is not a GGUF model")
+    assert tree_hashes(prefix) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("prefix")) == ["prefix"]
+    assert not (Path(os.environ["ROCFORGE_CACHE_DIR"]) / "bisect").exists()
+
+
+def test_bisect_with_a_commit_the_repository_lacks_names_it(tmp_path):
+    # a well-formed sha that is in no history: "no such commit in REPO", not "not an ancestor"
+    h = history(tmp_path)
+    absent = "1234567890" * 4
+    for good, bad, option in ((h.base, absent, "--bad"), (absent, h.commits["docs3"], "--good")):
+        res = rocforge("bisect", str(h.recipe), "--target", "gfx1151", "--good", good, "--bad", bad,
+                       "--run", "true")
+        assert f"{option} {absent}: no such commit in {h.repo.as_uri()}" in one_error(res)
+    assert not (Path(os.environ["ROCFORGE_CACHE_DIR"]) / "bisect").exists()
+
+
+def test_bisect_source_that_is_a_plain_directory_is_a_usage_error_not_a_network_one(tmp_path):
+    # exit 2 (docs/reference/exit-codes.md): nothing went over a network, the directory is not a
+    # repository; the directory is left as it was
+    h = history(tmp_path)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("mine\n")
+    res = rocforge("bisect", str(h.recipe), "--target", "gfx1151", "--good", h.base, "--bad",
+                   h.commits["docs3"], "--run", "true", "--source", str(plain))
+    assert f"{plain}: bisect needs a git repository" in one_error(res, 2)
+    assert [p.name for p in plain.iterdir()] == ["notes.txt"]
