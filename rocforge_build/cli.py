@@ -91,15 +91,18 @@ def _parser_class(argv: tuple[str, ...]):
             import re
 
             hints = []
+            bad = re.search(r"invalid choice: '([^']*)'", message)
+            sub = self._choices()
+            # an unknown command's options are unknown only because the command is: name the
+            # command, not each of its options
+            options_judged = not (bad and sub is not None)
             known = set(self._options()) | {"--root", "--version", "--help"}
-            for token in argv:
+            for token in argv if options_judged else ():
                 name = token.split("=", 1)[0]
                 if name.startswith("--") and name not in known:
                     close = difflib.get_close_matches(name, self._options(), n=1)
                     hints.append(f"{name}: did you mean {close[0]}?" if close
                                  else f"{name}: no such option (see {self.prog} --help)")
-            bad = re.search(r"invalid choice: '([^']*)'", message)
-            sub = self._choices()
             if bad and sub is not None:
                 close = difflib.get_close_matches(bad.group(1), list(sub.choices), n=1)
                 if close:

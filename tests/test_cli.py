@@ -32,3 +32,12 @@ def test_usage_errors_carry_a_hint(argv, hint):
 def test_a_correct_command_line_prints_no_hint():
     out = rocforge("targets", "gfx1151")
     assert out.returncode == 0 and "hint" not in out.stderr
+
+
+def test_a_mistyped_command_names_the_command_not_its_options():
+    # `--backend` is build's option: judged against no command it is not "no such option"
+    out = rocforge("biuld", "llama-cpp", "--backend", "cpu")
+    assert out.returncode == 2
+    lines = out.stderr.splitlines()
+    assert lines[0].startswith("rocforge: error: argument COMMAND: invalid choice: 'biuld'")
+    assert lines[1:] == ["rocforge: hint: did you mean 'build'?"]
