@@ -97,6 +97,23 @@ def test_verify_says_what_it_covered_and_what_bounded_it(model8k, capsys):
     assert not any("bounded by" in line for line in lines)
 
 
+def test_a_tiny_negative_mean_kld_prints_as_zero(capsys):
+    # llama-perplexity's floating-point sums leave a KLD of identical logits at about -1e-9; KLD is
+    # never negative, so the table says 0.000000; a clearly negative figure stays visible
+    from types import SimpleNamespace
+
+    from rocforge_build.commands.verify import report
+
+    cov = verify.Coverage([verify.Shape(512, 256, False), verify.Shape(2048, 256, False)])
+    checks = [verify.Check(512, -3e-9, 1.0, 10.0, 10.0, 256, False, None, passed=True).to_json(),
+              verify.Check(2048, -0.25, 1.0, 10.0, 10.0, 256, False, None, passed=True).to_json()]
+    report(SimpleNamespace(prefix="/b"), SimpleNamespace(prefix="/ref"),
+           {"passed": True, "coverage": cov.to_json(), "checks": checks})
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert [r[4] for r in rows if r[0] in ("512", "2048")] == ["0.000000", "-0.250000"]
+    assert verify.kld_shown(-0.0) == 0.0 and str(verify.kld_shown(-0.0)) == "0.0"
+
+
 def test_shipped_text_is_pride_and_prejudice_long_enough_for_32768():
     text = verify.text_file().read_text(encoding="utf-8")
     assert text.startswith("PRIDE AND PREJUDICE") and "It is a truth universally acknowledged" in text

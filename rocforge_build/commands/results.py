@@ -85,13 +85,14 @@ def _show(store: Store, args) -> int:
         return 0
     from rocforge_build.measure.bench import Variant
     from rocforge_build.measure.session import describe
+    from rocforge_build.measure.verify import kld_shown
 
     print(f"run {run_id}: {shown(info['kind'])} {shown(info['status'])} ({shown(info['started'])} - "
           f"{shown(info['finished'] or '...')})")
     print(f"  {shown(' '.join(info['argv']))}")
     for r in rows:
         if r["kind"] == "verify":
-            checks = ", ".join(f"ctx {c['ctx']}: KLD {c['kld_mean']} top-1 {c['top1']}" for c in r["checks"] or [])
+            checks = ", ".join(f"ctx {c['ctx']}: KLD {kld_shown(c['kld_mean'])} top-1 {c['top1']}" for c in r["checks"] or [])
             print(f"  verify {shown(r['prefix'])}: {'passed' if r['passed'] else 'FAILED'} ({checks})")
         else:
             print(f"  {shown(r.get('prefix'))} {shown(Variant.of_row(r).label())}  {shown(describe(r))}")

@@ -135,7 +135,7 @@ def report(build, ref, result: dict) -> None:
     for c in result["checks"]:
         ngl = "-" if c["ngl"] is None else str(c["ngl"])
         print(f"  {c['ctx']:>6} {c['ubatch']:>5} {'on' if c['fa'] else 'off':>3} {ngl:>4} "
-              f"{_f(c['kld_mean'], 6):>12} {_f(c['top1'] and c['top1'] * 100, 2):>7}% "
+              f"{_f(verify.kld_shown(c['kld_mean']), 6):>12} {_f(c['top1'] and c['top1'] * 100, 2):>7}% "
               f"{_f(c['ppl'], 4):>12} {_f(c['ppl_ref'], 4):>12}  {'pass' if c['passed'] else 'FAIL'}"
               f"{serving.serving_label(c)}")
         for why in c["failed"]:
