@@ -59,3 +59,12 @@ def test_a_build_that_shares_nothing_needs_no_substitute_library(tmp_path):
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "p" / "bin" / "fixture-hello").is_file()
+
+
+def test_an_unknown_backend_is_named_before_any_gpu_target_is_looked_for(tmp_path):
+    # no --target and no GPU under this root: the backend the recipe lacks is the error, not the
+    # missing target
+    out = cli(tmp_path, "build", "llama-cpp", "--backend", "cuda")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == ["rocforge: error: recipe llama-cpp has no backend 'cuda'",
+                                       "rocforge: hint: backends: hip, rocwmma, vulkan, cpu"]

@@ -9,7 +9,8 @@ import sys
 from rocforge_build import argtypes
 from rocforge_build.commands import target_or_detected
 from rocforge_build.errors import UsageError
-from rocforge_build.forge import pipeline
+from rocforge_build.forge import pipeline, recipes
+from rocforge_build.forge.backend_choice import check_requested
 from rocforge_build.forge.context import BuildContext, needs_gpu_target, preflight
 from rocforge_build.forge.plan import Request, make_plan
 from rocforge_build.forge.plan_text import print_plan
@@ -60,7 +61,9 @@ def add_arguments(parser) -> None:
 
 def _target(args) -> str:
     """--target, else the detected GPU; "" (no GPU target) for a `--backend` that needs none
-    (cpu, vulkan) on a machine where no GPU is detected."""
+    (cpu, vulkan) on a machine where no GPU is detected; an unknown `--backend` is named first."""
+    if args.backend:
+        check_requested(recipes.load(args.recipe), args.backend)
     if args.target or needs_gpu_target(args.recipe, args.backend):
         return target_or_detected(args, args.rocm)
     try:

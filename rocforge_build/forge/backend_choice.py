@@ -108,17 +108,23 @@ def backend_without_source(recipe: recipes.Recipe, requested: str | None, facts_
                          f"otherwise {rest}", others, evidence)
 
 
+def check_requested(recipe: recipes.Recipe, requested: str) -> None:
+    """A `--backend` the recipe lacks is a usage error, named before anything else (a GPU
+    target's detection included) is asked about it."""
+    if requested not in recipe.backends:
+        import difflib
+
+        close = difflib.get_close_matches(requested, recipe.backends, n=1)
+        hint = f"did you mean {close[0]}?" if close else "backends: " + ", ".join(recipe.backends)
+        raise UsageError(f"recipe {recipe.name} has no backend {requested!r}", hint)
+
+
 def choose_backend(recipe: recipes.Recipe, requested: str | None,
                    facts_for: FactsOf) -> BackendChoice:
     """--backend, else the first `[[default]]` whose `when` holds — evaluated with the facts
     (toolchain headers included) of the backend it proposes."""
     if requested:
-        if requested not in recipe.backends:
-            import difflib
-
-            close = difflib.get_close_matches(requested, recipe.backends, n=1)
-            hint = f"did you mean {close[0]}?" if close else "backends: " + ", ".join(recipe.backends)
-            raise UsageError(f"recipe {recipe.name} has no backend {requested!r}", hint)
+        check_requested(recipe, requested)
         return BackendChoice(requested, "asked for with --backend")
     for rule in recipe.of("default"):
         if conditions.evaluate(rule.when, facts_for(rule.get("backend"))):
