@@ -13,7 +13,7 @@ from rocforge_build import argtypes
 from rocforge_build.measure import backend_ops, bench, serving, verify
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.session import open_session
-from rocforge_build.measure.verify_reference import refuse_self_compare
+from rocforge_build.measure.verify_reference import refuse_self_compare, same_build
 
 
 def add_arguments(parser) -> None:
@@ -72,6 +72,8 @@ def run(args) -> int:
                            kv=args.kv, load=args.load, parallel=args.parallel,
                            support=serving.ServingSupport.of(build))
     ref = verify.reference_for(build, args.reference, quiet=args.json)
+    if not args.reference and same_build(build, ref):
+        return _is_the_reference(build, s, args)
     refuse_self_compare(build, ref)  # a build against itself: nothing compared, never PASSED
     run_id = s.store.start_run("verify", args.argv, {"host": s.base["host"], "model": s.base["model"]})
     say = None if args.json else (lambda text: sys.stderr.write(f"rocforge: verify: {text}\n"))
@@ -89,6 +91,26 @@ def run(args) -> int:
     else:
         report(build, ref, result)
     return 0 if result["passed"] else 1
+
+
+def _is_the_reference(build, s, args) -> int:
+    """A CPU build of rocforge's default plan is the reference every other build is verified
+    against: nothing is compared, so no PASSED; the verdict is recorded so that `env`, tune's gate
+    and `serve` count it as proven."""
+    from rocforge_build.discover import choices
+
+    line = (f"{build.prefix} is rocforge's reference (a CPU build of the default plan): nothing to "
+            "compare it with; other builds of this source are verified against it")
+    run_id = s.store.start_run("verify", args.argv, {"host": s.base["host"], "model": s.base["model"]})
+    result = {"passed": True, "reference": str(build.prefix), "is_reference": True, "checks": [],
+              "note": line}
+    s.store.add_row(run_id, "verify", {**s.base, "prefix": str(build.prefix), "backend": build.backend,
+                                       "stamp": build.stamp, "reference_stamp": build.stamp,
+                                       "build": build.provenance(), **result}, status="passed")
+    s.store.finish_run(run_id, "passed")
+    choices.record_verify(build.prefix, build.stamp, True, model=str(s.model.path), reference=str(build.prefix))
+    print(json.dumps(result, indent=2) if args.json else line)
+    return 0
 
 
 def backend_ops_stage(build, args, env: dict, say):

@@ -54,18 +54,53 @@ def serves_as_reference(candidate: LlamaBuild, build: LlamaBuild) -> bool:
             and all(candidate.has(p) for p in NEEDED))
 
 
+def _packaged_patches(name: str) -> dict[str, str]:
+    """{patch name: sha256} of the packaged recipe's patches directory."""
+    from rocforge_build.errors import RocforgeError
+    from rocforge_build.forge import recipes
+
+    try:
+        d = recipes.load(name).patches_dir
+    except RocforgeError:
+        return {}
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.glob("*.patch"))}
+
+
+def is_default_plan(build: LlamaBuild) -> bool:
+    """Whether `build` is what rocforge's reference is by definition: a CPU build of the packaged
+    recipe as shipped (its sha256: every -D option comes from the recipe) with only that recipe's own
+    patches, so nothing but the source and the host compiler decides its numbers, and comparing it
+    with another build of that plan would compare a build with itself.  The manifest does not record
+    the user's CC/CFLAGS (only the stamp hashes them), so they are not seen here.  `--cmake-target` subsets
+    count as the default plan: they pick which programs are linked, not how any file is compiled."""
+    m = build.manifest or {}
+    recipe = _recipe(m)
+    if build.backend != "cpu" or recipe is None or _source_identity(m) is None:
+        return False
+    if recipe[1] != _packaged_recipe_sha(recipe[0]):
+        return False
+    shipped = _packaged_patches(recipe[0])
+    for p in m.get("patches") or []:
+        if p.get("status") == "applied" and shipped.get(str(p.get("name"))) != p.get("sha256"):
+            return False
+    return True
+
+
 def existing_reference(build: LlamaBuild) -> LlamaBuild | None:
-    """A build already on disk that serves as `build`'s reference: the build itself (a CPU build:
-    nothing to compare), a reference rocforge built earlier, or a CPU build the user made."""
+    """A build already on disk that serves as `build`'s reference: the build itself when it is of
+    the default plan (`is_default_plan`: nothing to compare), a reference rocforge built earlier,
+    or a CPU build the user made of the default plan."""
     from rocforge_build.discover.builds import find_builds
     from rocforge_build.rootfs import Root
 
-    candidates = [build.prefix, reference_prefix(build)]
+    if is_default_plan(build) and all(build.has(p) for p in NEEDED):
+        return build
+    candidates = [reference_prefix(build)]
     candidates += [Path(b.prefix) for b in find_builds(Root("/")) if b.backend == "cpu"]
     for prefix in candidates:
         if prefix.is_dir():
             candidate = LlamaBuild.open(prefix)
-            if serves_as_reference(candidate, build):
+            if prefix != build.prefix and serves_as_reference(candidate, build) and is_default_plan(candidate):
                 return candidate
     return None
 

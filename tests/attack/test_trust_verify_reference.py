@@ -129,11 +129,62 @@ def test_the_reference_rocforge_builds_is_marked_before_it_is_in_place(tmp_path)
     assert after == {**before, "made_for": "reference"}
 
 
-@pytest.mark.parametrize("how", ["default", "same prefix", "a copy"])
+def test_a_default_plan_cpu_build_is_the_reference(model, tmp_path, capsys):
+    """A CPU build of the packaged recipe with no --reference is the reference: one line saying so,
+    exit 0, no PASSED (nothing was compared), no llama-perplexity run, and the verdict recorded."""
+    cpu = user_cpu_build()
+    ran = tmp_path / "ran"
+    exe = cpu / "bin" / "llama-perplexity"
+    exe.write_text(exe.read_text().replace("#!/bin/sh\n", f"#!/bin/sh\n[ \"$1\" = --help ] || : > {ran}\n", 1))
+    assert main(["verify", str(cpu), "--model", str(model), "--quick"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip().splitlines() == [
+        f"{cpu} is rocforge's reference (a CPU build of the default plan): nothing to compare it with; "
+        "other builds of this source are verified against it"], out
+    assert "PASSED" not in out + err and not ran.exists()
+    from rocforge_build.discover import choices
+    from rocforge_build.rootfs import Root
+
+    assert choices.verified(Root("/"), cpu.name, read_manifest(cpu)["stamp"]) is not None
+
+
+@pytest.mark.parametrize("change", ["patch", "recipe"])
+def test_a_cpu_build_off_the_default_plan_is_never_its_own_reference(change):
+    """A CPU build with a patch the packaged recipe does not ship, or from another recipe text, is
+    not the default plan: its reference is rocforge's own build under <builds>/reference/ (here
+    its recorded source is gone, so that build stops before its fetch), never the build itself."""
+    cpu = user_cpu_build()
+    path = cpu / "rocforge-manifest.toml"
+    doc = tomlkit.parse(path.read_text())
+    if change == "patch":
+        doc["patches"] = [{"name": "wrong-on-demand.patch", "status": "applied", "sha256": "0" * 64}]
+    else:
+        doc["recipe"]["sha256"] = "f" * 64
+    path.write_text(tomlkit.dumps(doc))
+    build = LlamaBuild.open(cpu)
+    assert not verify_reference.is_default_plan(build)
+    assert verify_reference.existing_reference(build) is None
+    with pytest.raises(UsageError, match="no such file or directory"):
+        verify_reference.reference_for(build, None, quiet=True)
+
+
+def test_the_shipped_patches_keep_the_default_plan():
+    """A patch the packaged recipe applies (name and sha256 of the file it ships) is its plan."""
+    cpu = user_cpu_build()
+    shipped = sorted(recipes.load("llama-cpp").patches_dir.glob("*.patch"))[0]
+    path = cpu / "rocforge-manifest.toml"
+    doc = tomlkit.parse(path.read_text())
+    doc["patches"] = [{"name": shipped.name, "status": "applied",
+                       "sha256": hashlib.sha256(shipped.read_bytes()).hexdigest()}]
+    path.write_text(tomlkit.dumps(doc))
+    assert verify_reference.is_default_plan(LlamaBuild.open(cpu))
+
+
+@pytest.mark.parametrize("how", ["same prefix", "a copy"])
 def test_a_build_verified_against_itself_says_nothing_was_compared(model, tmp_path, capsys, how):
-    """A CPU build is its own reference (no --reference), or is given as its own (--reference
-    with the same prefix, or a copy of it: one build stamp): one error line saying nothing was
-    compared, exit 2 (usage), no PASSED anywhere, no llama-perplexity run."""
+    """A CPU build given as its own reference (--reference with the same prefix, or a copy of
+    it: one build stamp): one error line saying nothing was compared, exit 2 (usage), no PASSED
+    anywhere, no llama-perplexity run."""
     cpu = user_cpu_build()
     ran = tmp_path / "ran"
     exe = cpu / "bin" / "llama-perplexity"
