@@ -166,3 +166,33 @@ def test_serve_passes_the_shapes_measured_right(tmp_path, argv_tail, parallel, f
     out = _serve_preset(tmp_path, argv_tail, parallel, fa)
     assert out.returncode == 0, out.stderr
     assert "llama-server" in out.stdout
+
+
+class _Told:
+    def verifying(self, *a): pass
+
+    def refused(self, *a): pass
+
+
+@pytest.mark.parametrize("parallel,fa,stored", [(4, False, False), (2, False, True), (4, True, True)])
+def test_tune_never_stores_a_known_bad_shape_even_when_its_check_passes(monkeypatch, parallel, fa, stored):
+    from types import SimpleNamespace
+
+    from rocforge_build.measure import bench, tune_choice
+    from rocforge_build.measure.verify import Shape
+
+    build = SimpleNamespace(manifest={**VK, "recipe": {"name": "llama-cpp"}}, prefix=Path("/b"))
+    cand = SimpleNamespace(build=build)
+    v = bench.Variant(ubatch=512, fa=fa)
+    monkeypatch.setattr(tune_choice, "range_shape",
+                        lambda ctx, c, var, host=None: Shape(ctx, 512, fa, 99, parallel=parallel))
+    checked = []
+
+    def check_at(b, shape, env):
+        checked.append(shape)
+        return {"passed": True, "checks": [{"failed": []}]}
+
+    won, rejected = tune_choice.first_verified("long", [(1.0, cand, v)], 8192, check_at, _Told())
+    assert (won is not None) == stored
+    if not stored:
+        assert checked == [] and "matches a known llama.cpp fault" in rejected[0]["reason"]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from rocforge_build.measure import bench, serving, tune, verify
+from rocforge_build.measure import bench, known_bad, serving, tune, verify
 from rocforge_build.measure.preset import command, is_igpu
 from rocforge_build.measure.session import Session
 
@@ -103,8 +103,11 @@ def first_verified(name: str, ranked: list, ctx: int, check_at: CheckAtShape,
     for score, cand, v in ranked:
         shape = range_shape(ctx, cand, v, host)
         listener.verifying(name, cand, v, shape)
-        try:
-            check = check_at(cand.build, shape, dict(v.env))
+        fault = known_bad.find(cand.build.manifest, shape.fa, shape.parallel, shape.ctx * shape.parallel)
+        try:  # a shape its build is known to compute wrong is never stored, whatever one check says
+            check = ({"passed": False, "checks": [{"failed": [
+                f"matches a known llama.cpp fault: {known_bad.describe(fault)}"]}]} if fault
+                else check_at(cand.build, shape, dict(v.env)))
         except verify.VerifyError as exc:
             check = {"passed": False, "checks": [{"failed": [exc.message]}]}
         if check["passed"]:
