@@ -394,13 +394,15 @@ def test_the_inner_server_is_asked_for_its_props_only_once_it_answered(monkeypat
     answer /health and warm up, never before it started (the port could be anyone's then)."""
     from types import SimpleNamespace
 
-    from rocforge_build.measure import canary, gguf, serve, verify
+    from rocforge_build.measure import canary, gguf, serve
     from rocforge_build.measure.llama_tools import LlamaBuild
 
     events = []
     monkeypatch.setattr(LlamaBuild, "open", staticmethod(lambda prefix: SimpleNamespace(prefix=prefix)))
     monkeypatch.setattr(gguf, "check", lambda path: SimpleNamespace(file_type=None, n_vocab=None, n_ctx_train=None))
-    monkeypatch.setattr(verify, "reference_for", lambda build, ref: build)
+    from rocforge_build.measure import verify_reference
+
+    monkeypatch.setattr(verify_reference, "independent_reference", lambda build, ref: SimpleNamespace(prefix="/r"))
     monkeypatch.setattr(canary, "reference", lambda *a, **k: events.append("reference") or "answers")
     monkeypatch.setattr(canary, "target_of", lambda url, argv: events.append("target_of") or canary.Target(url, {}, 1, 1))
 

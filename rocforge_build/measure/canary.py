@@ -582,11 +582,12 @@ def _internal_error(ref: Reference, i: int, exc: Exception) -> Row:
 def at_serve_start(build: LlamaBuild, model, target: Target, *, reference_prefix: str | None, store, record: dict,
                    progress=None, timeout: float = 900.0) -> Verdict:
     """The canary `rocforge serve` runs before it prints its URL: the plan for this server, the
-    reference build's answers (verify's reference; the build itself when it is a CPU build of the
-    packaged recipe: its own -np 1 answers are then the reference, so slots and serving flags are
-    still checked), the check, one `canary` row in the results store with `record` (the host's
+    reference build's answers (`verify_reference.independent_reference`: never the served build
+    itself), the check, one `canary` row in the results store with `record` (the host's
     fingerprint, the model); a failure raises CanaryFailed naming the check."""
-    ref_build = verify.reference_for(build, reference_prefix, quiet=progress is None)
+    from rocforge_build.measure.verify_reference import independent_reference
+
+    ref_build = independent_reference(build, reference_prefix, quiet=progress is None)
     plan_ = plan(model, target)
     for note in plan_.notes:
         if progress:

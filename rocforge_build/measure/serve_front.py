@@ -476,12 +476,14 @@ def run(p, *, every: float, build_prefix: str, model_path: str, model_sha256: st
     takes the memory), the front listens on the plan's address once llama-server is ready and
     warmed up, then `on_ready` says the URL.  `request_s`: the clients' deadline (Front's
     `request_seconds`), `wait_s` when None.  Returns llama-server's exit status."""
-    from rocforge_build.measure import canary, gguf, serve, verify
+    from rocforge_build.measure import canary, gguf, serve
     from rocforge_build.measure.llama_tools import LlamaBuild
 
     build = LlamaBuild.open(build_prefix)
     model = gguf.check(model_path)
-    ref = verify.reference_for(build, reference)
+    from rocforge_build.measure.verify_reference import independent_reference
+
+    ref = independent_reference(build, reference)  # never the served build itself
     inner = behind(p)
     plan_, answers = short_reference(model, ref, progress=say_to_stderr)
     front = Front((p.host, p.port), ("127.0.0.1", inner.port), every=every, say=say_to_stderr,

@@ -153,12 +153,21 @@ def reference_for(build: LlamaBuild, reference: str | None, *, quiet: bool = Fal
     found = existing_reference(build)
     if found is not None:
         return found
+    return _own_reference(build, quiet)
+
+
+def _own_reference(build: LlamaBuild, quiet: bool) -> LlamaBuild:
+    """rocforge's reference of `build`'s source in its own prefix: reused when built, else built now."""
     from rocforge_build.discover.builds import read_manifest
     from rocforge_build.forge import pipeline
     from rocforge_build.rootfs import Root
 
     req = reference_request(build)
     there = read_manifest(req.prefix)
+    if there and there.get("made_for") == MADE_FOR:
+        made = LlamaBuild.open(req.prefix)
+        if serves_as_reference(made, build):  # built earlier from the same recipe and source: reused
+            return made
     if there and there.get("made_for") != MADE_FOR:
         raise UsageError(f"{req.prefix} holds a build verify did not make; it is not replaced",
                          "move it away, or give --reference PREFIX (a CPU build of the same source)")
@@ -178,3 +187,23 @@ def refuse_self_compare(build: LlamaBuild, ref: LlamaBuild) -> None:
         raise UsageError(f"nothing was compared: {build.prefix} is its own reference ({what})",
                          "verify compares a build with a different one (a hip or vulkan build with "
                          "its CPU reference); give --reference PREFIX of another build")
+
+
+def independent_reference(build: LlamaBuild, reference: str | None, *, quiet: bool = False) -> LlamaBuild:
+    """The build the serve canary compares `build`'s live server with: never `build` itself, since a
+    server compared with its own build proves nothing.  The one given (another build), else verify's
+    reference, else -- when `build` is rocforge's default-plan CPU reference -- the same plan built in
+    rocforge's own prefix (`reference_prefix`, built once and reused), so a llama-server that differs
+    from what verify and tune ran is still caught.  A UsageError "canary not run" when none can be had."""
+    from rocforge_build.errors import RocforgeError
+
+    hint = "give --reference PREFIX (another build of the same llama.cpp source)"
+    ref = reference_for(build, reference, quiet=quiet)
+    if same_build(build, ref) and reference is None and build.prefix != reference_prefix(build):
+        try:
+            ref = _own_reference(build, quiet)
+        except RocforgeError as exc:
+            raise UsageError(f"canary not run: no independent reference for {build.prefix}: {exc.message}", hint) from None
+    if same_build(build, ref):
+        raise UsageError(f"canary not run: {build.prefix} would be compared with itself ({ref.prefix})", hint)
+    return ref

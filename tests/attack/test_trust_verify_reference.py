@@ -200,3 +200,36 @@ def test_a_build_verified_against_itself_says_nothing_was_compared(model, tmp_pa
     errors = [line for line in err.splitlines() if line.startswith("rocforge: error:")]
     assert len(errors) == 1 and "nothing was compared" in errors[0] and "its own reference" in errors[0], err
     assert "PASSED" not in out + err and not ran.exists()
+
+
+def test_the_canary_of_a_reference_build_uses_rocforges_own_reference_prefix():
+    """The served build is the default-plan CPU reference: the canary's reference is the same plan
+    in rocforge's own prefix (<builds>/reference/...), reused when it is there, never the served one."""
+    cpu = user_cpu_build()
+    build = LlamaBuild.open(cpu)
+    where = verify_reference.reference_prefix(build)
+    where.parent.mkdir(parents=True)
+    shutil.copytree(cpu, where, symlinks=True)
+    path = where / "rocforge-manifest.toml"
+    doc = tomlkit.parse(path.read_text())
+    doc["made_for"], doc["prefix"], doc["stamp"] = "reference", str(where), "e" * 64
+    path.write_text(tomlkit.dumps(doc))
+    ref = verify_reference.independent_reference(build, None, quiet=True)
+    assert ref.prefix == where.resolve() and ref.prefix != build.prefix
+
+
+def test_the_canary_is_not_run_without_an_independent_reference():
+    """No reference prefix yet and the recorded source is gone (it cannot be built), or the build
+    given as its own --reference: "canary not run", naming the flag that gives one."""
+    cpu = user_cpu_build()
+    build = LlamaBuild.open(cpu)
+    with pytest.raises(UsageError, match="canary not run: no independent reference") as exc:
+        verify_reference.independent_reference(build, None, quiet=True)
+    assert "--reference PREFIX" in exc.value.hint
+    with pytest.raises(UsageError, match="canary not run: .* compared with itself"):
+        verify_reference.independent_reference(build, str(cpu), quiet=True)
+
+
+def test_the_canary_of_a_gpu_build_uses_verifys_reference():
+    cpu, vk = user_cpu_build(), gpu_build()
+    assert verify_reference.independent_reference(LlamaBuild.open(vk), None, quiet=True).prefix == cpu.resolve()
