@@ -64,12 +64,17 @@ def run(args) -> int:
     if args.request_timeout and not args.canary_every:
         raise UsageError("--request-timeout bounds requests through the canary front, which only "
                          "--canary-every puts before llama-server", "add --canary-every DURATION, or drop it")
+    model_path = args.model if Path(args.model).is_file() else None
+    if model_path is None and ("/" in args.model or args.model.endswith(".gguf")):
+        from rocforge_build.measure import gguf
+
+        gguf.check(args.model)  # a path that names no file says so, not "no preset"
     with Store() as store:
-        model_path = args.model if Path(args.model).is_file() else None
         preset = store.preset(model_key(args.model))
         if preset is None:
             raise UsageError(f"no preset for {args.model!r}", "run `rocforge tune` for it first")
         name, _ = serve.pick_range(preset, args.range)
+        _build_is_there(preset, name)
         runnable(preset, [name], f"results database {store.path}: preset for "
                  f"{shellsafe.one_line(preset['model']['name'])} version {preset['version']}")
         model_path = serve.model_file(model_path or preset["model"]["path"])
@@ -111,6 +116,16 @@ def run(args) -> int:
     else:
         code = serve.run(p, wait_s=args.wait, on_ready=ready, before_ready=_canary(args, preset, p, model_path))
     return 0 if code in (0, -15) else 9
+
+
+def _build_is_there(preset: dict, name: str) -> None:
+    """A preset whose build directory is gone is a usage error naming that prefix and the way
+    back, not a damaged results store: the record is sound, the build was removed."""
+    r = preset["ranges"][name]
+    if not Path(r["prefix"]).exists():
+        raise UsageError(f"the {name} range's build {shellsafe.one_line(r['prefix'])} is gone",
+                         f"build it again (`rocforge build llama-cpp --backend {r.get('backend')} "
+                         f"--prefix {shellsafe.one_line(r['prefix'])}`) and tune again (`rocforge tune`)")
 
 
 def _canary(args, preset: dict, p, model_path: str):

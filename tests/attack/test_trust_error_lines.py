@@ -103,3 +103,34 @@ def test_doctor_prints_stored_text_on_one_line():
     shown = doctor.esc(FORGED)
     assert "\n" not in shown and not any(c in shown for c in CONTROLS)
     assert doctor.esc("[bold]x[/]") == "\\[bold]x\\[/]"  # still markup-escaped
+
+
+def test_serve_of_a_mistyped_model_path_says_no_such_file(capsys, tmp_path):
+    # a path names a file: one that is not there is "does not exist", not "no preset ... tune"
+    code, out, err = run(capsys, "serve", tmp_path / "mistyped" / "model.gguf")
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [f"rocforge: error: model file {tmp_path}/mistyped/model.gguf does not exist"]
+    # a model name with no preset keeps the way to one
+    code, out, err = run(capsys, "serve", "smollm2")
+    assert (code, out) == (2, "")
+    assert err.splitlines() == ["rocforge: error: no preset for 'smollm2'",
+                                "rocforge: hint: run `rocforge tune` for it first"]
+
+
+def test_serve_of_a_preset_whose_build_is_gone_names_the_prefix(capsys, tmp_path):
+    from test_measure_proof import preset
+
+    from rocforge_build.measure.store import Store
+
+    gone = tmp_path / "builds" / "cpu"  # never made, as after `rm -r` of the build
+    p = preset(argv=[str(gone / "bin/llama-server"), "-m", "/m/m.gguf", "-c", "4096"])
+    p["ranges"]["short"]["prefix"] = str(gone)
+    with Store() as s:
+        s.add_preset("m", "ab" * 32, 1, p)
+    for argv in (("serve", "m"), ("serve", "m", "--dry-run")):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, ""), err
+        assert err.splitlines() == [
+            f"rocforge: error: the short range's build {gone} is gone",
+            f"rocforge: hint: build it again (`rocforge build llama-cpp --backend cpu --prefix {gone}`) "
+            "and tune again (`rocforge tune`)"]
