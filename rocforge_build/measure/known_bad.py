@@ -8,6 +8,8 @@ sequences in one unified KV cache, more than `cells_over` cells (context x seque
 
 from __future__ import annotations
 
+import functools
+
 from rocforge_build.errors import RocforgeError
 from rocforge_build.forge import conditions
 
@@ -40,6 +42,14 @@ def _recipe_entries(manifest: dict) -> tuple[dict, ...]:
     name = (manifest.get("recipe") or {}).get("name") if isinstance(manifest.get("recipe"), dict) else None
     if not isinstance(name, str) or name not in recipes.available():
         return ()
+    return _packaged_entries(name)
+
+
+@functools.lru_cache(maxsize=8)
+def _packaged_entries(name: str) -> tuple[dict, ...]:
+    """A packaged recipe's entries, read once per process (verify matches every failed check)."""
+    from rocforge_build.forge import recipes
+
     try:
         return recipes.load(name).known_bad
     except RocforgeError:
@@ -100,12 +110,14 @@ def describe(entry: dict) -> str:
     return f"{entry['symptom']} ({'; '.join(entry['evidence'])})"
 
 
-def name_failures(manifest: dict, checks) -> None:
+def name_failures(manifest: dict, checks: list) -> list:
     """Append to each failed check's reasons the known fault its shape and build match, so a
-    failure of llama.cpp's own reads as that and not as a fault of this build's flags."""
+    failure of llama.cpp's own reads as that and not as a fault of this build's flags; returns
+    `checks`."""
     for c in checks:
         if c.passed:
             continue
         entry = find(manifest, bool(c.fa), c.parallel, c.ctx * c.parallel)
         if entry is not None:
             c.failed.append(f"matches a known llama.cpp fault: {describe(entry)}")
+    return checks

@@ -597,8 +597,7 @@ def verify(build: LlamaBuild, ref: LlamaBuild, model: Model, coverage: Coverage,
                                       beat=beat)
         if attribute and any(not c.passed for c in checks):
             _attribute(build, ref, model, checks, text, env, tell, beat)
-    known_bad.name_failures(build.manifest, checks)
-    failed = [c.to_json() for c in checks if not c.passed]
+    failed = [c.to_json() for c in known_bad.name_failures(build.manifest, checks) if not c.passed]
     result = {"passed": not failed, "reference": str(ref.prefix), "env": env or {},
               "coverage": coverage.to_json(), "verdicts": verdicts(checks),
               "failed_checks": [{k: c[k] for k in ("ctx", "ubatch", "fa", "ngl", *serving.SERVING_FIELDS)} for c in failed],
