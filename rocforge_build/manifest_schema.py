@@ -63,6 +63,8 @@ MANIFEST_SCHEMA = schema.Record({
     # the substitute key's canonical JSON (forge/substitute_key.py) and its digest
     "substitute_key": schema.Optional(schema.Record({
         "digest": schema.Str(one_line=True), "document": schema.Str(one_line=True)})),
+    # every file and link rocforge installed, relative to the prefix (replace.installed_files)
+    "installed": schema.Optional(schema.ListOf(schema.Str(one_line=True)), []),
     # where a substituted build came from (substitute/pull.py)
     "substituted": schema.Optional(schema.Record({})),
 })

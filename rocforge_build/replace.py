@@ -34,6 +34,7 @@ import json
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 
 from rocforge_build import ownership, signals
@@ -346,6 +347,51 @@ def _delete(tree: Path, marker: str, ident: list | None = None, at: Path | None 
         ownership.warn_left([str(tree)], f"it could not be removed: {exc.strerror}")
 
 
+def installed_files(tree: Path) -> list[str]:
+    """Every file and link below `tree` (relative, sorted, links not followed): what rocforge
+    installed there, recorded in the manifest so a later replacement knows what is not its own."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            out.append(os.path.relpath(os.path.join(dirpath, name), tree))
+    # a name the manifest cannot hold on one line is left out: a later swap keeps it, never loses it
+    return sorted(f for f in out if "\n" not in f and "\r" not in f)
+
+
+def keep_added_files(old: Path, dest: Path, marker: str) -> Path | None:
+    """Move the files a user added to the replaced tree `old` (anything its manifest's `installed`
+    list does not name) to `<dest>.rocforge-kept-<time>/`, same relative paths, and name them in
+    one line: they are the user's and never deleted with rocforge's tree.  A manifest without the
+    list (a build made before it was recorded) cannot tell them apart, and the tree goes whole."""
+    if marker != MANIFEST:
+        return None
+    try:
+        recorded = tomllib_loads((Path(old) / marker).read_text(encoding="utf-8")).get("installed")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(recorded, list) or not recorded:
+        return None
+    ours = set(recorded) | {marker, SCRATCH, ownership.MARK}
+    added = [f for f in installed_files(old) if f not in ours]
+    if not added:
+        return None
+    import time
+
+    base = sibling(dest, ".rocforge-kept-" + time.strftime("%Y%m%dT%H%M%S", time.gmtime()))
+    kept, n = base, 0
+    while os.path.lexists(kept):  # never into a directory already there
+        n += 1
+        kept = Path(f"{base}-{n}")
+    for rel in added:
+        there = kept / rel
+        there.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(Path(old) / rel, there)
+    shown = ", ".join(added[:5]) + (f" and {len(added) - 5} more" if len(added) > 5 else "")
+    print(f"rocforge: warning: kept {len(added)} file(s) you added to {dest} in {kept}: {shown}",
+          file=sys.stderr)
+    return kept
+
+
 def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
     """Put the tree `new` in place of `dest` (replaced as a whole; see the module's docstring).
     `keep`: the replaced tree is renamed there instead of deleted (`rocforge upgrade` keeps it
@@ -404,6 +450,7 @@ def _swap(new: Path, dest: Path, marker: str, keep: Path | None) -> None:
     finally:
         if placed:  # also when that signal is on its way out (a second one leaves it to recover)
             if keep is None:
+                keep_added_files(aside, dest, marker)
                 _delete(aside, marker, entry["old_id"])
             else:
                 _delete(sibling(keep, ".deleting"), marker, entry["kept_id"])

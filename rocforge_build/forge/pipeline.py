@@ -607,6 +607,7 @@ def write_manifest(run: _Run, where: Path) -> Path:
                                  "document": plan.substitute_key.document.decode()}
     doc["timings"] = {k: round(v, 3) for k, v in run.timings.items()}
     doc["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    doc["installed"] = replace.installed_files(where)  # what a later swap may delete of it
     path = where / MANIFEST
     path.write_text(tomlkit.dumps(doc), encoding="utf-8")
     return path

@@ -527,3 +527,43 @@ def test_a_symlinked_prefix_to_a_users_directory_deletes_nothing(tmp_path, fixtu
     link.symlink_to(mine)
     refused(rocforge_cli(*build_args(recipe, link)), "written for another prefix")
     assert link.is_symlink() and os.readlink(link) == str(mine) and snapshot(mine) == before
+
+
+def test_files_a_user_added_to_a_prefix_are_kept_aside_by_build_force(tmp_path):
+    """A rocforge build with files the user put inside it (a script in bin/, notes in a directory
+    of their own): `build --force` replaces rocforge's tree and moves those files, byte for byte,
+    to `<prefix>.rocforge-kept-<time>/` at the same relative paths, naming them in one line."""
+    from upgrade_history import built
+
+    h, prefix = built(tmp_path)
+    (prefix / "bin" / "my-script").write_text("#!/bin/sh\necho mine\n")
+    (prefix / "notes").mkdir()
+    (prefix / "notes" / "thesis.txt").write_bytes(os.urandom(2048))
+    mine = {rel: (prefix / rel).read_bytes() for rel in ("bin/my-script", "notes/thesis.txt")}
+    res = rocforge_cli(*build_args(h.recipe, prefix))
+    assert res.returncode == 0, res.stderr
+    kept = list(tmp_path.glob("prefix.rocforge-kept-*"))
+    assert len(kept) == 1, kept
+    assert {rel: (kept[0] / rel).read_bytes() for rel in mine} == mine
+    line = next(ln for ln in res.stderr.splitlines() if "you added" in ln)
+    assert "bin/my-script" in line and "notes/thesis.txt" in line and str(kept[0]) in line
+    assert not (prefix / "bin" / "my-script").exists() and (prefix / "bin" / "fixture-hello").is_file()
+    assert not [f for f in replace.installed_files(kept[0]) if f not in mine]  # nothing of rocforge's
+
+
+def test_a_swap_into_a_prefix_keeps_the_files_a_user_added(tmp_path, capsys):
+    """The same at `replace.swap` itself, where a substitution's pulled tree goes in: the user's
+    file is moved to the kept sibling, byte for byte, and the new tree is in place."""
+    import shutil
+
+    from upgrade_history import built
+
+    _, prefix = built(tmp_path)
+    staged = Path(f"{prefix}.rocforge-new")
+    shutil.copytree(prefix, staged, symlinks=True)
+    (prefix / "lib" / "my-plugin.so").write_bytes(b"\x7fELF mine")
+    replace.swap(staged, prefix, MARKER)
+    kept = list(tmp_path.glob("prefix.rocforge-kept-*"))
+    assert len(kept) == 1 and (kept[0] / "lib" / "my-plugin.so").read_bytes() == b"\x7fELF mine"
+    assert not (prefix / "lib" / "my-plugin.so").exists() and not staged.exists()
+    assert "lib/my-plugin.so" in capsys.readouterr().err
