@@ -233,3 +233,21 @@ def test_the_canary_is_not_run_without_an_independent_reference():
 def test_the_canary_of_a_gpu_build_uses_verifys_reference():
     cpu, vk = user_cpu_build(), gpu_build()
     assert verify_reference.independent_reference(LlamaBuild.open(vk), None, quiet=True).prefix == cpu.resolve()
+
+
+def test_tunes_check_of_the_reference_at_a_winners_shape_runs_nothing(model, tmp_path):
+    """tune checks its winner at the range's own shape; for rocforge's default-plan CPU build that
+    check would compare the build with itself (two llama-perplexity runs proving nothing): it passes
+    as the reference, says nothing was compared and runs no program."""
+    from rocforge_build.measure import gguf, verify
+
+    cpu = user_cpu_build()
+    ran = tmp_path / "ran"
+    exe = cpu / "bin" / "llama-perplexity"
+    exe.write_text(exe.read_text().replace("#!/bin/sh\n", f"#!/bin/sh\n[ \"$1\" = --help ] || : > {ran}\n", 1))
+    shape = verify.Shape(4096, 512, True, None, "f16", "mmap", 1)
+    got = verify.verify_shape(LlamaBuild.open(cpu), gguf.check(model), shape, reference=None, quiet=True)
+    assert got["passed"] is True and got["reference"] == str(cpu)
+    assert got["checks"][0]["note"] == "the reference: nothing compared"
+    assert {k: got["checks"][0][k] for k in shape.to_json()} == shape.to_json()
+    assert got["checks"][0]["kld_mean"] is None and not ran.exists()
