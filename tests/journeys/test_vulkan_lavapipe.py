@@ -35,11 +35,18 @@ from pathlib import Path
 import pytest
 from llama_builds import JOBS, shared_ccache
 from needs import needs
-from trained_model import smollm2
+from trained_model import smollm2_trained_at
 
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS
 
-pytestmark = [pytest.mark.slow, needs("glslc")]
+# Not in CI yet: its one run on the shared 2-core machine took 42 min and was stopped in its serve
+# step (tune's check and the canary at the model's 4096-token range on lavapipe, before the model
+# below was held to 512 tokens); it runs where asked: ROCFORGE_TEST_JOURNEY_LAVAPIPE=1.
+OPT_IN = "ROCFORGE_TEST_JOURNEY_LAVAPIPE"
+pytestmark = [pytest.mark.slow, needs("glslc"),
+              pytest.mark.skipif(os.environ.get(OPT_IN) != "1",
+                                 reason=f"[optional] the Vulkan journey on lavapipe is over CI's budget on 2 cores: "
+                                        f"{OPT_IN}=1 runs it")]
 
 SMALL = ["--ctx", "256", "--ubatch", "256", "--fa", "on", "--kv", "f16", "--load", "mmap"]
 
@@ -57,6 +64,9 @@ class User:
                     **{f"ROCFORGE_{v.upper()}_DIR": str(base / v) for v in ("config", "cache", "data")}}
         for v in ("home", "config", "cache", "data"):
             (base / v).mkdir(parents=True, exist_ok=True)
+        # the trained weights with a 512-token training context: tune's range, serve's slot and the
+        # canary's long prompt stop there (lavapipe runs a 4096-token check for over 12 minutes)
+        self.model = smollm2_trained_at(512, base / "smollm2-at-512.gguf")
 
     def rocforge(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
         start = time.monotonic()
@@ -141,7 +151,7 @@ def capital(port: int) -> str:
 
 def test_build_verify_tune_serve_answers(user, vulkan_build, measure_builds, llama_tree):
     cpu, _ = measure_builds
-    model = smollm2()
+    model = user.model
     out = user.rocforge("verify", str(vulkan_build), "--model", str(model), "--reference", str(cpu), *SMALL,
                         "--parallel", "1")
     assert out.returncode == 0 and "PASSED" in out.stdout, out.stdout + out.stderr[-3000:]
@@ -191,7 +201,7 @@ def test_a_wrong_vulkan_server_is_refused_before_any_url(user, vulkan_build, mea
     rope scaling gone wrong, every position past the first rotated wrongly) and slots of 512
     tokens: the canary, against the CPU reference, fails it; serve exits 1 and never announces."""
     cpu, _ = measure_builds
-    model = smollm2()
+    model = user.model
 
     def wrong(entry):
         set_word(entry["argv"], "-c", "512")
@@ -210,7 +220,7 @@ def test_four_parallel_slots(user, vulkan_build, measure_builds, monkeypatch):
     four sequences and says so in one line (exit 2); the canary still runs over the server's four
     slots (4 x 256 tokens), passes, and the client is answered."""
     cpu, _ = measure_builds
-    model = smollm2()
+    model = user.model
     out = user.rocforge("verify", str(vulkan_build), "--model", str(model), "--reference", str(cpu), *SMALL,
                         "--parallel", "4")
     assert out.returncode == 2 and out.stdout == "", out.stderr[-3000:]
