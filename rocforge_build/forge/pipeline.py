@@ -159,7 +159,7 @@ def execute(plan: Plan, *, quiet: bool = False, gate: Callable[[Plan, Path], Non
     if settled:  # another build finished it while this one waited
         held.release()
         return BuildResult(Status.UP_TO_DATE, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0)
-    say(f"[bold]rocforge build[/] {plan.recipe.name} for {plan.target} ({plan.backend}: {plan.backend_reason})")
+    say(f"[bold]rocforge build[/] {plan.recipe.name} for {plan.target or 'no GPU target'} ({plan.backend}: {plan.backend_reason})")
     for note in plan.notes:
         say(f"[yellow]note:[/] {note}")
     cleanup.claim_cache_root()
