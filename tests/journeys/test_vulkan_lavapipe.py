@@ -21,19 +21,12 @@ CI's budget until tune can be held to a smaller range context.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from llama_builds import JOBS, shared_ccache
+from journey_user import User, capital, running_from
+from llama_builds import JOBS
 from needs import needs
 from trained_model import smollm2_trained_at
 
@@ -51,34 +44,18 @@ pytestmark = [pytest.mark.slow, needs("glslc"),
 SMALL = ["--ctx", "256", "--ubatch", "256", "--fa", "on", "--kv", "f16", "--load", "mmap"]
 
 
-def say(text: str) -> None:
-    """A step's cost, printed past pytest's capture (-s shows it; CI's log keeps it)."""
-    sys.__stderr__.write(f"\n[vulkan journey] {text}\n")
-
-
-class User:
-    """A fresh HOME, config, cache and data dir, and `rocforge` run in them as a command."""
-
-    def __init__(self, base: Path):
-        self.env = {**os.environ, "HOME": str(base / "home"), "CCACHE_DIR": shared_ccache(),
-                    **{f"ROCFORGE_{v.upper()}_DIR": str(base / v) for v in ("config", "cache", "data")}}
-        for v in ("home", "config", "cache", "data"):
-            (base / v).mkdir(parents=True, exist_ok=True)
-        # the trained weights with a 512-token training context: tune's range, serve's slot and the
-        # canary's long prompt stop there (lavapipe runs a 4096-token check for over 12 minutes)
-        self.model = smollm2_trained_at(512, base / "smollm2-at-512.gguf")
-
-    def rocforge(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-        start = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "rocforge_build", *args], env=self.env, text=True,
-                             capture_output=True, timeout=timeout)
-        say(f"rocforge {args[0]}: exit {out.returncode} in {time.monotonic() - start:.0f} s")
-        return out
+def journey_user(base: Path) -> User:
+    """The Vulkan user, with the trained weights held to a 512-token training context: tune's range,
+    serve's slot and the canary's long prompt stop there (lavapipe ran a 4096-token check for over
+    12 minutes)."""
+    user = User(base, "vulkan journey")
+    user.model = smollm2_trained_at(512, base / "smollm2-at-512.gguf")
+    return user
 
 
 @pytest.fixture(scope="module")
 def user(tmp_path_factory) -> User:
-    return User(tmp_path_factory.mktemp("vulkan-user"))
+    return journey_user(tmp_path_factory.mktemp("vulkan-user"))
 
 
 @pytest.fixture(scope="module")
@@ -93,62 +70,6 @@ def vulkan_build(user, llama_tree) -> Path:
     return prefix
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def running_from(prefix: Path) -> list[int]:
-    """The processes whose program lies in `prefix` (a llama-server left running, say)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and os.readlink(d / "exe").startswith(str(prefix) + "/"):
-                pids.append(int(d.name))
-        except OSError:
-            pass
-    return pids
-
-
-def serve(user: User, model: Path, reference: Path, ask=None) -> tuple[int, str, str]:
-    """`rocforge serve MODEL` with the canary against `reference`: when it announces its URL,
-    `ask(port)` runs, then Ctrl-C; (exit code, stdout's first line, stderr)."""
-    port = free_port()
-    start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", str(model), "--port", str(port),
-                             "--reference", str(reference), "--wait", "1500"], env=user.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    err: list[str] = []
-    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
-    reader.start()
-    try:
-        line = proc.stdout.readline()
-        say(f"rocforge serve: {'announced its URL' if line else 'exited'} after {time.monotonic() - start:.0f} s")
-        if line and ask is not None:
-            assert f"http://127.0.0.1:{port}" in line, line
-            ask(port)
-        if line:
-            os.killpg(proc.pid, signal.SIGINT)
-        code = proc.wait(timeout=1800)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    reader.join(10)
-    return code, line, "".join(err)
-
-
-def capital(port: int) -> str:
-    """An OpenAI-style client's question, one the model answers right on the CPU."""
-    body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16,
-            "temperature": 0}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        return json.loads(r.read())["choices"][0]["message"]["content"]
-
-
 def test_build_verify_tune_serve_answers(user, vulkan_build, measure_builds, llama_tree):
     cpu, _ = measure_builds
     model = user.model
@@ -157,12 +78,12 @@ def test_build_verify_tune_serve_answers(user, vulkan_build, measure_builds, lla
     assert out.returncode == 0 and "PASSED" in out.stdout, out.stdout + out.stderr[-3000:]
     out = user.rocforge("tune", "llama-cpp", "--backends", "vulkan", "--source", str(llama_tree), "--model",
                         str(model), "--contexts", "short", "--ctx", "256", "--ubatch", "256", "--fa", "on",
-                        "--kv", "f16", "--reps", "1", "-p", "32", "-n", "8", "-j", str(JOBS), "--target", "gfx1151")
+                        "--kv", "f16", "--reps", "1", "-p", "32", "-n", "8", "-j", str(JOBS))
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     # tune found the journey's own build and measured it, it built no second one
     assert str(vulkan_build) in out.stdout, out.stdout
     answers = []
-    code, line, err = serve(user, model, cpu, ask=lambda port: answers.append(capital(port)))
+    code, line, err = user.serve(model, "--reference", str(cpu), ask=lambda port: answers.append(capital(port)))
     assert line and "canary passed" in err, err[-3000:]
     assert code == 130, err[-3000:]  # Ctrl-C
     assert "Paris" in answers[0], answers
@@ -208,7 +129,7 @@ def test_a_wrong_vulkan_server_is_refused_before_any_url(user, vulkan_build, mea
         set_word(entry["argv"], "--rope-freq-base", "1000")
 
     restore_preset(user, model, monkeypatch, wrong)
-    code, line, err = serve(user, model, cpu)
+    code, line, err = user.serve(model, "--reference", str(cpu))
     assert code == 1 and line == "", line + err[-3000:]
     assert "http://" not in line + err and "canary passed" not in err, err[-3000:]
     assert "rocforge: error:" in err and "canary" in err, err[-3000:]
@@ -233,7 +154,7 @@ def test_four_parallel_slots(user, vulkan_build, measure_builds, monkeypatch):
 
     restore_preset(user, model, monkeypatch, four_slots)
     answers = []
-    code, line, err = serve(user, model, cpu, ask=lambda port: answers.append(capital(port)))
+    code, line, err = user.serve(model, "--reference", str(cpu), ask=lambda port: answers.append(capital(port)))
     assert line and "canary passed" in err and code == 130, err[-3000:]
     assert "Paris" in answers[0], answers
     assert running_from(vulkan_build) == []
