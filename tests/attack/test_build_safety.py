@@ -199,7 +199,10 @@ def test_signal_between_the_renames_is_held_until_the_new_install_is_in(tmp_path
     assert (prefix / "rocforge-manifest.toml").is_file()
     assert not (prefix / "token-of-the-old-install").exists()  # the new install is in place
     assert subprocess.run([prefix / "bin" / "fixture-hello"], capture_output=True).returncode == 0
-    assert not [p.name for p in tmp_path.iterdir() if ".rocforge-" in p.name]
+    # the token is a file rocforge did not install: kept aside beside the prefix, never deleted
+    (kept,) = [p for p in tmp_path.iterdir() if ".rocforge-kept-" in p.name]
+    assert (kept / "token-of-the-old-install").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir() if ".rocforge-" in p.name] == [kept.name]
 
 
 @pytest.mark.slow
