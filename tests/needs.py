@@ -4,6 +4,7 @@ under NOT RUN and fails them under CI=true, where .ci/apt-packages.txt installs 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -46,3 +47,15 @@ def require(*tools: str) -> None:
     missing = lacking(*tools)
     if missing:
         pytest.skip(reason(missing))
+
+
+LAVAPIPE = "ROCFORGE_TEST_LAVAPIPE"
+
+
+def lavapipe_budget():
+    """A mark for a test that runs llama.cpp on lavapipe (Debian's software Vulkan device) for tens of
+    minutes: over CI's budget on 2 cores, so it runs where asked (`ROCFORGE_TEST_LAVAPIPE=1`) and
+    otherwise shows as an optional skip, never as a missing tool."""
+    return pytest.mark.skipif(os.environ.get(LAVAPIPE) != "1",
+                              reason=f"[optional] llama.cpp on lavapipe for tens of minutes, over CI's budget "
+                                     f"on 2 cores: {LAVAPIPE}=1 runs it")

@@ -21,25 +21,20 @@ CI's budget until tune can be held to a smaller range context.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from journey_user import User, capital, running_from
 from llama_builds import JOBS
-from needs import needs
+from needs import lavapipe_budget, needs
 from trained_model import smollm2_trained_at
 
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS
 
-# Not in CI yet: its one run on the shared 2-core machine took 42 min and was stopped in its serve
-# step (tune's check and the canary at the model's 4096-token range on lavapipe, before the model
-# below was held to 512 tokens); it runs where asked: ROCFORGE_TEST_JOURNEY_LAVAPIPE=1.
-OPT_IN = "ROCFORGE_TEST_JOURNEY_LAVAPIPE"
-pytestmark = [pytest.mark.slow, needs("glslc"),
-              pytest.mark.skipif(os.environ.get(OPT_IN) != "1",
-                                 reason=f"[optional] the Vulkan journey on lavapipe is over CI's budget on 2 cores: "
-                                        f"{OPT_IN}=1 runs it")]
+# Not in CI: its one run on the shared 2-core machine took 42 min and was stopped in its serve step
+# (tune's check and the canary at the model's 4096-token range on lavapipe, before the model below
+# was held to 512 tokens).
+pytestmark = [pytest.mark.slow, needs("glslc"), lavapipe_budget()]
 
 SMALL = ["--ctx", "256", "--ubatch", "256", "--fa", "on", "--kv", "f16", "--load", "mmap"]
 
