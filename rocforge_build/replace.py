@@ -371,7 +371,9 @@ def keep_added_files(old: Path, dest: Path, marker: str) -> Path | None:
         return None
     if not isinstance(recorded, list) or not recorded:
         return None
-    ours = set(recorded) | {marker, SCRATCH, ownership.MARK}
+    # an entry that is not a path (a manifest edited by hand) names nothing of rocforge's: its
+    # files are kept aside with the user's, never lost and never a traceback
+    ours = {f for f in recorded if isinstance(f, str)} | {marker, SCRATCH, ownership.MARK}
     added = [f for f in installed_files(old) if f not in ours]
     if not added:
         return None

@@ -567,3 +567,19 @@ def test_a_swap_into_a_prefix_keeps_the_files_a_user_added(tmp_path, capsys):
     assert len(kept) == 1 and (kept[0] / "lib" / "my-plugin.so").read_bytes() == b"\x7fELF mine"
     assert not (prefix / "lib" / "my-plugin.so").exists() and not staged.exists()
     assert "lib/my-plugin.so" in capsys.readouterr().err
+
+
+def test_an_installed_list_edited_to_hold_non_paths_keeps_files_aside_without_a_traceback(tmp_path):
+    """A manifest's `installed` list edited by hand to hold a table and a number: those entries name
+    nothing rocforge installed, so the files beside them are kept aside as the user's (the safe
+    direction), and the swap's bookkeeping never raises on them."""
+    from rocforge_build import replace
+
+    old = tmp_path / "old"
+    (old / "bin").mkdir(parents=True)
+    (old / "bin" / "tool").write_text("rocforge's")
+    (old / "notes.txt").write_text("the user's")
+    (old / "rocforge-manifest.toml").write_text('installed = ["bin/tool", {a = 1}, 7]\n')
+    kept = replace.keep_added_files(old, tmp_path / "prefix", "rocforge-manifest.toml")
+    assert kept is not None and (kept / "notes.txt").read_text() == "the user's"
+    assert (old / "bin" / "tool").read_text() == "rocforge's" and not (old / "notes.txt").exists()
