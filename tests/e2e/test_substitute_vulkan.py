@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 from llama_builds import shared_ccache
 from llama_trees import sdist
-from needs import lavapipe_budget, require
+from needs import lavapipe_budget, needs_pkg_config, require
 from trained_model import smollm2_trained_at
 from trust_helpers import rocforge
 
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS
 
-pytestmark = [lavapipe_budget()]
+pytestmark = [lavapipe_budget(), needs_pkg_config("vulkan")]  # vulkan.pc: libvulkan-dev
 TARGETS = [a for t in MEASURE_TARGETS for a in ("--cmake-target", t)]
 
 
@@ -48,8 +48,6 @@ def _ok(res):
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
     require("glslc", "patchelf")
-    if not Path("/usr/include/vulkan/vulkan_core.h").is_file():
-        pytest.skip("the Vulkan headers are missing (Debian: libvulkan-dev)")
     base = tmp_path_factory.mktemp("substitute-vulkan")
     build = ["build", "llama-cpp", "--backend", "vulkan", "--source", str(sdist("0.3.9")), *TARGETS,
              "-j", "2", "--no-recheck"]
