@@ -437,7 +437,7 @@ def test_request_timeout_without_the_front_is_one_line(capsys):
 
 
 class Clock:
-    """The front's clock, moved by the test."""
+    """The front's clock, moved by the test: bounds in time are reached by stepping, not waiting."""
 
     def __init__(self):
         self.now = 1000.0
@@ -447,6 +447,7 @@ class Clock:
 
 
 def until(condition, seconds: float = 15.0) -> bool:
+    """Whether `condition()` came true within `seconds` (looked at every 10 ms)."""
     deadline = time.monotonic() + seconds
     while not condition():
         if time.monotonic() > deadline:

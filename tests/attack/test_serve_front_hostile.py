@@ -16,7 +16,7 @@ import time
 import tracemalloc
 
 import pytest
-from test_measure_serve_front import Upstream, ask, front_for
+from test_measure_serve_front import Clock, Upstream, ask, front_for, until
 
 from rocforge_build.measure import front_http, serve_front
 
@@ -240,16 +240,6 @@ def test_connections_past_the_bound_are_refused_with_a_503(upstream, monkeypatch
 
 
 # -- issue 38 item 7: the periodic canary cannot be dodged, no client waits without bound ----------
-class Clock:
-    """The front's clock, moved by the test: bounds in time are reached by stepping, not waiting."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class _Dodger(http.server.BaseHTTPRequestHandler):
     """llama-server that answers clients well but a canary-shaped /completion (one asking for
     n_probs) with NaN probabilities or junk, or that hangs every request but GET /ok."""
@@ -364,16 +354,6 @@ def test_the_running_front_fails_a_dodger_on_its_own(dodger):
         assert ask(f, "GET", "/v1/models")[0] == 503
     finally:
         f.stop()
-
-
-def until(condition, seconds: float = 15.0) -> bool:
-    """Whether `condition()` came true within `seconds` (looked at every 10 ms)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_a_hanging_server_gets_clients_504_then_is_failed(dodger, monkeypatch):
