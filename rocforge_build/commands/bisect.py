@@ -86,7 +86,7 @@ def run(args) -> int:
         source, ref = ax.source_of[key]
         return Request(recipe=args.recipe, target=args.target, backend=args.backend, ref=ref,
                        source=source, prefix=str(prefix), jobs=args.jobs,
-                       environ=environ.get(key), build_targets=programs)
+                       environ=environ.get(key), build_targets=programs, made_for="bisect")
 
     def build(key: str) -> tuple[bool, str | None]:
         req = request(key)

@@ -63,14 +63,15 @@ def _usable_as_is(plan):
 
 
 def _holds_another_build(plan) -> bool:
-    """Whether the plan's prefix holds something that is not this plan's build (another stamp,
-    or anything at all without a manifest): tune must not replace it."""
+    """Whether the plan's prefix holds something tune may not replace: a build it did not make
+    for itself (pipeline.owner_problem: the user's build of another plan), or anything at all
+    without a manifest."""
     from rocforge_build.discover.builds import read_manifest
+    from rocforge_build.forge import pipeline
 
     if not plan.prefix.is_dir() or not any(plan.prefix.iterdir()):
         return False
-    there = read_manifest(plan.prefix)
-    return not there or there.get("stamp") != plan.stamp
+    return not read_manifest(plan.prefix) or pipeline.owner_problem(plan) is not None
 
 
 def tune_prefix(prefix) -> Path:
@@ -95,7 +96,7 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
     builds, skipped = [], []
     for name in names:
         req = Request(recipe=args.recipe, target=args.target, backend=name, source=args.source,
-                      ref=args.ref, jobs=args.jobs, build_targets=MEASURE_TARGETS)
+                      ref=args.ref, jobs=args.jobs, build_targets=MEASURE_TARGETS, made_for="tune")
         try:
             plan = plan_for(req, args.rootfs, check_patches=False)
         except RocforgeError as exc:

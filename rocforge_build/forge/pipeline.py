@@ -274,6 +274,7 @@ def check(plan: Plan) -> None:
     replace, the toolchains are there, the prefix and work areas can be written.  A dry run
     makes the same checks, so it exits as the build would."""
     replace.check_replaceable(plan.prefix, MANIFEST, "--prefix", path_list=True)
+    check_owner(plan)
     for scratch in (staging_dir(plan.prefix), destdir(plan.prefix)):
         replace.check_scratch(scratch, MANIFEST, STAGED)
     _require(plan)
@@ -559,8 +560,57 @@ def _settled(plan: Plan, say) -> bool:
     if done:
         say(f"[yellow]note:[/] {done}")
     replace.check_replaceable(plan.prefix, MANIFEST, "--prefix", path_list=True)
+    check_owner(plan)
     old = read_manifest(plan.prefix)
     return not plan.force and bool(old) and old.get("stamp") == plan.stamp
+
+
+OWNERS = {"reference": "`rocforge verify`'s reference", "tune": "`rocforge tune`",
+          "bisect": "`rocforge bisect`"}
+
+
+def owner_problem(plan: Plan) -> str | None:
+    """Why this plan may not replace the build at its prefix, or None: a build is replaced only by
+    one made for the same owner (Request.made_for), or by the user's own `build`/`upgrade`, which
+    may replace what rocforge made for itself; so tune, verify and bisect never rebuild a user's
+    build with their plan.  A prefix that holds this plan's build already is reused, not replaced."""
+    old = read_manifest(plan.prefix)
+    if not old or (old.get("stamp") == plan.stamp and not plan.force):
+        return None
+    return replacing_problem(plan.prefix, old, plan.made_for, difference(old, plan))
+
+
+def replacing_problem(prefix: Path, old: dict, made_for: str | None, what: str) -> str | None:
+    """The rule of `owner_problem` for a build `old` at `prefix` that a build made for `made_for`
+    would replace (`what`: how they differ), usable before a plan exists."""
+    there = old.get("made_for") if isinstance(old.get("made_for"), str) else None
+    if there == made_for or (made_for is None and there in OWNERS):
+        return None
+    if there is None and made_for is not None and prefix.is_relative_to(paths.cache_dir()):
+        return None  # a step build rocforge cached before builds were marked (the cache is its own)
+    whose = "your build" if there is None else f"a build made for {OWNERS.get(there, repr(there))}"
+    asking = OWNERS.get(made_for, repr(made_for)) if made_for else "`rocforge build`"
+    return f"{prefix} holds {whose} ({what}); {asking} does not replace it with its own plan"
+
+
+def check_owner(plan: Plan) -> None:
+    problem = owner_problem(plan)
+    if problem:
+        raise UsageError(problem, "rebuild it with `rocforge build` yourself, or give another prefix")
+
+
+def difference(old: dict, plan: Plan) -> str:
+    """What differs between the build at a prefix and a plan for it, in words a user can check."""
+    src = old.get("source") if isinstance(old.get("source"), dict) else {}
+    new_src = plan.source.to_json()
+    pairs = [("source", src.get("identity"), new_src.get("identity")),
+             ("backend", old.get("backend"), plan.backend), ("target", old.get("target"), plan.target),
+             ("programs", ", ".join(map(str, old.get("asked_targets") or ["all"])),
+              ", ".join(plan.asked_targets) or "all")]
+    said = [f"{name} {a or 'none'} -> {b or 'none'}" for name, a, b in pairs if a != b]
+    if not said and plan.force:
+        return "a forced rebuild"
+    return ", ".join(said) if said else "another plan: stamp " + f"{str(old.get('stamp'))[:12]} -> {plan.stamp[:12]}"
 
 
 def write_manifest(run: _Run, where: Path) -> Path:
@@ -591,6 +641,9 @@ def write_manifest(run: _Run, where: Path) -> Path:
     doc["notes"] = [*plan.notes, *run.notes]
     doc["prefix"] = str(plan.prefix)
     doc["outputs"] = [o["path"] for o in plan.outputs]
+    doc["asked_targets"] = list(plan.asked_targets)  # --cmake-target as asked: what an upgrade asks again
+    if plan.made_for is not None:
+        doc["made_for"] = plan.made_for  # rocforge's own build (pipeline.owner_problem)
     tools = [f"{VERIFY_TOOLS_DIR}/{t}" for t in plan.build_targets if t in plan.recipe.verify_targets]
     if tools:  # verify tools built on request: rocforge verify runs them, users do not
         doc["verify_tools"] = tools

@@ -154,6 +154,11 @@ class Plan:
     substitute_key: SubstituteKey | None = None
     no_substitute_key: str = ""
     substitutes: SubstitutePolicy | None = None
+    # the request's --cmake-target list as asked (() when the recipe's own choice was used), and
+    # whose prefix this is (Request.made_for): both recorded in the manifest, so a later upgrade
+    # asks for the same programs and a later build knows whose build it would replace
+    asked_targets: tuple[str, ...] = ()
+    made_for: str | None = None
 
     @property
     def install(self) -> list[str]:
@@ -265,7 +270,8 @@ def make_plan(context: BuildContext, *, check_patches: bool = True) -> Plan:
                 parallel=par, after_fetch=after_fetch, backend_alternatives=choice.alternatives,
                 backend_evidence=choice.evidence, env_evidence=env_evidence,
                 substitute_key=context.substitute_key[0], no_substitute_key=context.substitute_key[1],
-                substitutes=context.substitute_policy)
+                substitutes=context.substitute_policy, asked_targets=tuple(req.build_targets),
+                made_for=req.made_for)
 
 
 def _backend_and_stops(recipe: recipes.Recipe, backend: str, facts: conditions.Facts,

@@ -32,6 +32,10 @@ class Request:
     # "auto": ask the configured substitute stores first; "off": --no-substitutes; "only":
     # --substitute-only (pull or fail, never compile)
     substitutes: str = "auto"
+    # whose prefix this is: None for the user's own build (`build`, `upgrade`); else the rocforge
+    # command that builds there for itself ("reference", "tune", "bisect").  A build replaces only
+    # a build of its own kind or, for the user's, anything rocforge made (pipeline.owner_problem).
+    made_for: str | None = None
 
     def __post_init__(self) -> None:
         environ = os.environ if self.environ is None else self.environ
@@ -42,4 +46,5 @@ class Request:
         """The request of a `[[depends]]` recipe: same target, parallelism and environment."""
         return Request(recipe=recipe, target=self.target, backend=backend, jobs=self.jobs,
                        no_cache=self.no_cache, distribute=self.distribute,
-                       environ=self.environ, rocm=self.rocm, substitutes=self.substitutes)
+                       environ=self.environ, rocm=self.rocm, substitutes=self.substitutes,
+                       made_for=self.made_for)

@@ -101,8 +101,8 @@ def recipe_ref(manifest: dict) -> str:
 def request_for(prefix: Path, manifest: dict, *, ref: str | None = None,
                 source: str | None = None, environ: dict | None = None,
                 jobs: int | None = None) -> Request:
-    """The build's request (recipe, target, backend, source from its manifest) with only the
-    given inputs changed; with no new source, the exact source it was built from (the same
+    """The build's request (recipe, target, backend, source and --cmake-targets from its manifest)
+    with only the given inputs changed; with no new source, the exact source it was built from (the same
     commit, tarball or tree), so a toolchain change is tested alone."""
     from rocforge_build.forge import recipes
 
@@ -117,7 +117,7 @@ def request_for(prefix: Path, manifest: dict, *, ref: str | None = None,
             ref = src.get("commit") or src.get("identity")
     return Request(recipe=recipe_ref(manifest), target=manifest["target"],
                    backend=manifest["backend"], ref=ref, source=source, prefix=str(prefix),
-                   jobs=jobs, environ=environ)
+                   jobs=jobs, environ=environ, build_targets=tuple(manifest.get("asked_targets") or ()))
 
 
 def run_argv(text: str, option: str = "--run") -> list[str]:

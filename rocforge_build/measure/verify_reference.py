@@ -129,20 +129,7 @@ def reference_request(build: LlamaBuild):
     if location == recipe.source.url or (src.get("kind") == "git" and location == recipe.source.git):
         location = None
     return Request(recipe=recipe.name, target=m["target"], backend="cpu", source=location, ref=ref,
-                   prefix=str(reference_prefix(build)), build_targets=MEASURE_TARGETS)
-
-
-def _mark(plan, staging: Path) -> None:
-    """Record in the staged manifest that this build is verify's reference (pipeline's gate: the
-    mark is in place before the build is)."""
-    import tomlkit
-
-    from rocforge_build.discover.builds import MANIFEST
-
-    path = staging / MANIFEST
-    doc = tomlkit.parse(path.read_text(encoding="utf-8"))
-    doc["made_for"] = MADE_FOR
-    path.write_text(tomlkit.dumps(doc), encoding="utf-8")
+                   prefix=str(reference_prefix(build)), build_targets=MEASURE_TARGETS, made_for=MADE_FOR)
 
 
 def reference_for(build: LlamaBuild, reference: str | None, *, quiet: bool = False) -> LlamaBuild:
@@ -168,10 +155,10 @@ def _own_reference(build: LlamaBuild, quiet: bool) -> LlamaBuild:
         made = LlamaBuild.open(req.prefix)
         if serves_as_reference(made, build):  # built earlier from the same recipe and source: reused
             return made
-    if there and there.get("made_for") != MADE_FOR:
-        raise UsageError(f"{req.prefix} holds a build verify did not make; it is not replaced",
-                         "move it away, or give --reference PREFIX (a CPU build of the same source)")
-    out = pipeline.build(req, Root("/"), quiet=quiet, gate=_mark)
+    problem = there and pipeline.replacing_problem(Path(req.prefix), there, MADE_FOR, "another build")
+    if problem:  # said before the source is fetched; the pipeline holds the same rule after it
+        raise UsageError(problem, "move it away, or give --reference PREFIX (a CPU build of the same source)")
+    out = pipeline.build(req, Root("/"), quiet=quiet)
     return LlamaBuild.open(out.prefix)
 
 

@@ -147,6 +147,11 @@ def _write_manifest(staging: Path, plan: Plan, record: dict) -> None:
     doc["export_env"] = plan.export_env
     doc["export_env_reasons"] = {k: plan.env_reasons.get(k, "") for k in plan.export_env}
     doc["substituted"] = {**record, "built_at": str(published_at or "")}
+    doc["asked_targets"] = list(plan.asked_targets)  # this machine's request, not the publisher's
+    if plan.made_for is not None:
+        doc["made_for"] = plan.made_for
+    elif "made_for" in doc:
+        del doc["made_for"]
     doc["built_at"] = record["pulled_at"]
     tmp = path.with_name(MANIFEST + ".new")
     tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
