@@ -181,3 +181,26 @@ def test_to_json_records_the_kind_and_the_fields_that_are_set_in_order(tmp_path)
     assert fetched == {"kind": "local", "location": str(tree),
                        "identity": LocalSource(str(tree)).identify(), "tree": str(tree)}
     assert os.path.isdir(fetched["tree"])
+
+
+def test_a_git_repository_that_vendors_the_project_is_built_from_its_vendored_directory(tmp_path):
+    """llama-cpp-python's own repository keeps llama.cpp under vendor/llama.cpp, as its sdists do:
+    a local clone of it at a ref (`upgrade --ref` of a build from such a checkout) is the project in
+    the recipe's subdir, not the packaging's top CMakeLists.txt (found building the upgrade journey:
+    CMake configured llama-cpp-python's project and a rebuild failed); a repository that is the
+    project itself is still read at its top."""
+    recipe = recipes.load(str(recipe_copy(tmp_path / "r", **{'ref = "v1.2.0"\n': f'ref = "v1.2.0"\nurl = "{URL}"\nsha256 = "{SHA}"\n'
+                                                                                 'subdir = "vendor/fixture"\n'})))
+    packaging = tmp_path / "packaging"
+    project_copy(packaging / "vendor" / "fixture")
+    (packaging / "CMakeLists.txt").write_text('message(FATAL_ERROR "the packaging, not the project")\n')
+    for args in (("init", "-q", "-b", "main"), ("add", "-A"), ("commit", "-qm", "p")):
+        git(*args, cwd=packaging)
+    commit = git("rev-parse", "HEAD", cwd=packaging)
+    fetched = source_for(recipe, source=str(packaging), ref=commit).fetch()
+    assert fetched.tree == fetched.root / "vendor" / "fixture"
+    assert fetched.spec.to_json() == {"kind": "git", "location": str(packaging), "ref": commit,
+                                      "subdir": "vendor/fixture"}
+    plain = git_repo(tmp_path / "plain")
+    fetched = source_for(recipe, source=str(plain), ref="v1.2.0").fetch()
+    assert fetched.tree == fetched.root and "subdir" not in fetched.spec.to_json()

@@ -10,6 +10,7 @@ touch the cache or the user's own tree.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -249,7 +250,15 @@ class GitSource(Source):
     subdir: str | None = None
     sparse: tuple[str, ...] = ()  # a shallow, blob-less, sparse (cone) checkout of these paths
     submodules: bool = False  # shallow submodules too
+    # the recipe's subdir where a repository may be the project or its packaging (llama-cpp-python
+    # vendors llama.cpp under vendor/llama.cpp): the project is there when the fetched tree has one
+    vendored: str | None = field(default=None, metadata={"recorded": False})
     kind: ClassVar[str] = "git"
+
+    def _finish(self, identity: str, root: Path, commit: str | None = None) -> Fetched:
+        if self.vendored and not self.subdir and (root / self.vendored / "CMakeLists.txt").is_file():
+            return dataclasses.replace(self, subdir=self.vendored, vendored=None)._finish(identity, root, commit)
+        return super()._finish(identity, root, commit)
 
     @property
     def checkout(self) -> bool:
@@ -381,12 +390,13 @@ def _is_tarball(name: str) -> bool:
     return name.lower().endswith(_TAR_SUFFIXES)
 
 
-def _git_subdir(rs) -> str | None:
-    """Where the project lives in a git source: the recipe's `subdir` where git is how the recipe
-    gets its source (a sparse monorepo, or git alone); where it also has a tarball `url`, the subdir
-    describes that tarball (llama-cpp: the llama-cpp-python sdist's vendor/llama.cpp), and a git
-    source is the project itself (llama.cpp), as the recipe's own `git` with --ref already is."""
-    return rs.subdir if rs.sparse or not rs.url else None
+def _git_subdir(rs) -> dict:
+    """Where the project lives in a git source the user names: the recipe's `subdir` where git is
+    how the recipe gets its source (a sparse monorepo, or git alone); where it also has a tarball
+    `url`, the subdir describes that tarball (llama-cpp: the llama-cpp-python sdist's
+    vendor/llama.cpp) and the repository is the project itself (llama.cpp) -- or that packaging's
+    own repository, which vendors it there (`vendored`: decided by the fetched tree)."""
+    return {"subdir": rs.subdir} if rs.sparse or not rs.url else {"vendored": rs.subdir}
 
 
 def _own_tarball(rs) -> TarballSource:
@@ -411,11 +421,11 @@ def source_for(recipe, *, ref: str | None = None, source: str | None = None) -> 
                 if source == rs.url:
                     return _own_tarball(rs)
                 return TarballSource(source, subdir=rs.subdir)
-            return GitSource(source, ref=ref or rs.ref, subdir=_git_subdir(rs), **git_extra)
+            return GitSource(source, ref=ref or rs.ref, **_git_subdir(rs), **git_extra)
         if parsed.scheme in ("git", "ssh") or source.startswith("git+"):
             url = source.removeprefix("git+")  # git+ext::CMD would be ext::CMD: never
             check_git_url(url, "--source")
-            return GitSource(url, ref=ref or rs.ref, subdir=_git_subdir(rs), **git_extra)
+            return GitSource(url, ref=ref or rs.ref, **_git_subdir(rs), **git_extra)
         path = Path(unquote(parsed.path) if parsed.scheme == "file" else source).expanduser()
         from rocforge_build import userpath  # missing, a link loop, a FIFO, socket or device
 
@@ -427,7 +437,7 @@ def source_for(recipe, *, ref: str | None = None, source: str | None = None) -> 
                 raise UsageError(f"--source {source}: a file source must be a tarball")
             return TarballSource(str(path), subdir=rs.subdir)
         if ref:  # a local git repository at a given ref
-            return GitSource(str(path), ref=ref, subdir=_git_subdir(rs), **git_extra)
+            return GitSource(str(path), ref=ref, **_git_subdir(rs), **git_extra)
         sub = rs.subdir if rs.subdir and (path / rs.subdir).is_dir() else None
         require_project(path / sub if sub else path, f"--source {source}")
         return LocalSource(str(path), subdir=sub)
