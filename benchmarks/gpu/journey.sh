@@ -16,6 +16,11 @@
 #                 the failing shape
 #   PHASE=journey (no carry) tune --backends vulkan, preset, serve + canary + openai client
 #   PHASE=front   (no carry) ROUNDS windows of WINDOW s each: straight, front, canary every 60 s / 10 s
+# The upgrading user's journey (upgrade_journey.py), four calls back to back:
+#   PHASE=upgrade-build  carry as build: unpack, the checkout, CPU + Vulkan builds of its first commit
+#   PHASE=upgrade-model  carry [.dev/gpu/model2]     PHASE=upgrade-first  carry [.dev/gpu/model3]: verify,
+#                 tune, serve + openai      PHASE=upgrade-second: the next commit, upgrade, serve refuses,
+#                 the command it names, serve + openai
 # The carried folder D (default .dev/gpu) holds what benchmarks/gpu/vulkan_serve_canary.sh's does
 # (debsid: Debian sid's glslc, shaderc, Vulkan loader and headers; debs: Debian 12's GL/X runtime
 # libraries the NVIDIA ICD loads; whl: tomlkit platformdirs gguf and openai with what it requires),
@@ -47,7 +52,27 @@ for d in "$D"/model*/; do [ -d "$d" ] && cp "$d"* /tmp/model/; done  # the model
 cd /tmp  # python3 -m puts the working directory first on sys.path: never the checkout's rocforge_build
 TXT() { python3 -c "from rocforge_build.measure.verify import text_file; print(text_file())"; }
 
-if [ "$PHASE" = build ]; then
+join_model() {  # SmolLM2 from its three parts, sha256 checked
+  if [ ! -f "$M" ]; then
+    cat /tmp/model/smollm2.gguf.xz.part[123] | xz -d -T0 > "$M.part" || exit 1
+    [ "$(sha256sum < "$M.part" | cut -d' ' -f1)" = "$(cat /tmp/model/sha256)" ] || { echo "model sha256 differs"; exit 1; }
+    mv "$M.part" "$M"; rm -f /tmp/model/smollm2.gguf.xz.part*
+  fi
+  echo "model $(sha256sum "$M")"
+}
+UJ="python3 $HERE/upgrade_journey.py --tree $T --model $M --json $OUT/upgrade-journey.json \
+  --sid-env VULKAN_SDK=/tmp/vksid/usr --sid-env LD_LIBRARY_PATH=/tmp/vksid/usr/lib/x86_64-linux-gnu \
+  --sid-env PATH=/tmp/vksid/usr/bin:$PATH"
+case "$PHASE" in
+upgrade-model)  # carried model2: kept in /tmp/model for the next call
+  ls -la /tmp/model; exit 0 ;;
+upgrade-first)
+  join_model; $UJ --part first; echo "part first rc=$?; left $(left) s"; exit 0 ;;
+upgrade-second)
+  $UJ --part second; echo "part second rc=$?; left $(left) s"; exit 0 ;;
+esac
+
+if [ "$PHASE" = build ] || [ "$PHASE" = upgrade-build ]; then
   rm -rf $RFC && mkdir -p $RFC && tar -C $RFC -xf "$D/rf.tar" || exit 1
   mkdir -p /tmp/vksid /tmp/vkrt /tmp/llama
   for f in "$D"/debsid/*.deb; do dpkg -x "$f" /tmp/vksid; done
@@ -62,6 +87,9 @@ if [ "$PHASE" = build ]; then
   echo "== host"; nproc; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   uname -r; grep PRETTY /etc/os-release; python3 --version; date -u; cat $RFC/COMMIT
   $SID glslc --version | head -1
+  if [ "$PHASE" = upgrade-build ]; then
+    $UJ --part builds; echo "part builds rc=$?; left $(left) s"; exit 0
+  fi
   t0=$(date +%s)
   $RF build llama-cpp $B --backend cpu -j 5 > /tmp/b-cpu.log 2>&1 & P1=$!
   $SID $RF build llama-cpp $B --backend vulkan -j 11 > /tmp/b-vk.log 2>&1 & P2=$!
@@ -89,12 +117,7 @@ part)
   $NP4 --model $R --label random --cells ${CELLS:-quick} --cpu-cells none --budget ${BUDGET:-100} --json "$OUT/np4-random-full.json"
   ;;
 trained)
-  if [ ! -f "$M" ]; then
-    cat /tmp/model/smollm2.gguf.xz.part[123] | xz -d -T0 > "$M.part" || exit 1
-    [ "$(sha256sum < "$M.part" | cut -d' ' -f1)" = "$(cat /tmp/model/sha256)" ] || { echo "model sha256 differs"; exit 1; }
-    mv "$M.part" "$M"; rm -f /tmp/model/smollm2.gguf.xz.part*
-  fi
-  echo "model $(sha256sum "$M")"
+  join_model
   $NP4 --model $M --label trained --cells quick --cpu-cells ${CPU_CELLS:-fail} --kld --budget ${BUDGET:-200} --json "$OUT/np4-trained.json"
   for v in "default" "--ctx 8192 --ubatch 512 --fa off --kv f16 --load mmap --parallel 4"; do
     [ "$(left)" -gt 90 ] || { echo "verify $v: not started, $(left) s left"; continue; }
