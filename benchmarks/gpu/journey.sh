@@ -67,7 +67,13 @@ case "$PHASE" in
 upgrade-model)  # carried model2: kept in /tmp/model for the next call
   ls -la /tmp/model; exit 0 ;;
 upgrade-first)
-  join_model; $UJ --part first; echo "part first rc=$?; left $(left) s"; exit 0 ;;
+  join_model; $UJ --part first; echo "part first rc=$?; left $(left) s"
+  # then where the np-4 fault starts (sequences against cells), with the builds of this journey
+  read -r UCPU UVK < <(python3 -c "import json; s=json.load(open('/tmp/upgrade-journey/state.json')); print(s['cpu'], s['vk'])")
+  LD_LIBRARY_PATH=/tmp/vksid/usr/lib/x86_64-linux-gnu python3 $HERE/np4_repro.py --cpu $UCPU --vulkan $UVK \
+    --text "$(TXT)" --model $M --label trained --cells sizes --cpu-cells none --budget $(( $(left) - 20 )) \
+    --json "$OUT/np4-sizes.json"
+  exit 0 ;;
 upgrade-second)
   $UJ --part second; echo "part second rc=$?; left $(left) s"; exit 0 ;;
 esac

@@ -72,6 +72,11 @@ def cells(kind: str) -> list[dict]:
            {**fail, "ub": 2048},
            {**fail, "ub": 256},
            {**fail, "ngl": 0}]
+    if kind == "sizes":  # where does it start: sequences against cells in the one unified cache
+        return [{**fail, "seqs": 1, "kvu": False},
+                {**fail, "seqs": 3}, {**fail, "seqs": 2, "ctx": 8192},
+                {**fail, "seqs": 5, "ctx": 4096}, {**fail, "seqs": 6, "ctx": 4096},
+                {**fail, "seqs": 8, "ctx": 2048}, {**fail, "seqs": 4, "ctx": 4096}, fail]
     if kind == "full":
         for ctx in (2048, 4096):
             for seqs in (1, 4):
@@ -98,7 +103,7 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--label", default="model", help="what the model is (trained / random), for the rows")
     ap.add_argument("--text", required=True)
-    ap.add_argument("--cells", default="quick", choices=("quick", "full"))
+    ap.add_argument("--cells", default="quick", choices=("quick", "full", "sizes"))
     ap.add_argument("--cpu-cells", default="fail,seq1,fa", help="which of the first cells also run on the CPU")
     ap.add_argument("--kld", action="store_true", help="also KLD against the CPU's one-sequence logits at 8192")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 8)
