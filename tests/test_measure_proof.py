@@ -573,6 +573,32 @@ def test_serve_refuses_a_build_changed_since_it_was_verified(tmp_path, capsys):
     assert "rebuilt since the preset was verified" in err and "rocforge verify" in err
 
 
+def test_serve_takes_rocforges_reference_rebuilt_since_the_preset_as_proven(tmp_path, capsys):
+    """A CPU build of the packaged recipe as shipped is the reference itself: rebuilt (an upgrade to
+    a new commit), there is nothing verify could compare it with (it says so in one line), so serve
+    does not ask for a verify that cannot prove it; its canary checks it against rocforge's own
+    build of the plan.  Found walking tests/journeys/test_upgrade.py: serve named a verify command,
+    the command printed the reference line, and serve refused again."""
+    import hashlib
+
+    import tomlkit
+
+    from rocforge_build.forge import recipes
+
+    prefix = fake_build(tmp_path)
+    path = prefix / "rocforge-manifest.toml"
+    doc = tomlkit.parse(path.read_text())
+    doc["recipe"]["sha256"] = hashlib.sha256(recipes.load("llama-cpp").text.encode()).hexdigest()
+    doc["source"]["identity"] = doc["source"]["commit"] = "1" * 40
+    path.write_text(tomlkit.dumps(doc))
+    p = preset(argv=[str(prefix / "bin/llama-server"), "-m", "/m/m.gguf"])
+    p["ranges"]["short"]["prefix"], p["ranges"]["short"]["stamp"] = str(prefix), "an-older-stamp"
+    with Store() as s:
+        s.add_preset("m", "ab" * 32, 1, p)
+    assert cli.main(["serve", "m", "--dry-run"]) == 0, capsys.readouterr().err
+    assert str(prefix / "bin/llama-server") in capsys.readouterr().out
+
+
 # the preset's range was verified at ctx=4096 ub=512 fa=on (a CPU build: ngl None) with GGML_X=1
 SHAPE = {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": None}
 

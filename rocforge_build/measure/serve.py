@@ -120,16 +120,19 @@ def covers(d: dict, stamp: str | None, model_sha: str, shape: dict, env: dict) -
 
 
 def still_proven(r: dict, store, model_sha: str, model_path: str) -> tuple[str, str] | None:
-    """None when the build is the one tune verified (same stamp), or a verify of the build as it is
+    """None when the build is the one tune verified (same stamp), rocforge's reference itself (a CPU
+    build of the default plan: nothing to verify it against), or a verify of the build as it is
     now, with this model, covers the range's verified shape (`covers`); else (why serving it would
     be unproven, the `rocforge verify` command that would prove it)."""
-    from rocforge_build.measure import verify
+    from rocforge_build.measure import verify, verify_reference
 
     build = LlamaBuild.open(r["prefix"])
     stored = (r.get("verified") or {}).get("shape") if isinstance(r.get("verified"), dict) else None
     old_proof = not serving.serving_known(stored or {})
     if build.stamp and build.stamp == r.get("stamp") and not old_proof:  # no stamp proves nothing
         return None
+    if verify_reference.is_default_plan(build):  # the reference itself: verify has nothing to compare it
+        return None  # with (its one line); the canary checks it against rocforge's own build of the plan
     shape, env = verified_shape(r, build)
     for row in reversed(list(store.rows(prefix=str(build.prefix), kind="verify"))):
         if covers(row.data, build.stamp, model_sha, shape, env):

@@ -1,10 +1,11 @@
 """The upgrading user's journey (slow; CI runs it), end to end through the CLI as a user types it,
-in a fresh HOME and data dir: a CPU build of a llama.cpp git checkout is proven, tuned and served;
+in a fresh HOME and data dir: a CPU build of a llama.cpp git checkout with the user's own copy of
+the recipe is proven against rocforge's reference, tuned and served;
 the checkout gains a commit that changes compiled code; `rocforge upgrade PREFIX --ref NEW --model`
 builds the candidate, gates it (verify against the current build, bench side by side) and swaps it
 in; `serve` then refuses the preset, whose build changed under it, with the one command that proves
-it; that command passes; `serve` answers again, its canary against rocforge's own reference build
-of the new commit.
+it; that command passes (against rocforge's reference build of the new commit); `serve` answers
+again.
 
 The checkout is the May 2025 tree (the session's `llama_tree`) in a git repository of its own, so
 the upgrade is a real new commit (one source file changed: ccache rebuilds it, relinks the rest).
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 from journey_user import User, capital, running_from
 from llama_builds import JOBS
+from measure_fixtures import recipe_variant
 from trained_model import smollm2_trained_at
 
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS
@@ -63,18 +65,29 @@ def verify_command(err: str) -> list[str]:
     return argv[1:]
 
 
+def own_recipe(where: Path) -> Path:
+    """The user's own copy of the llama-cpp recipe (and its patches), with a line of their own: the
+    same flags, so the same compiles (ccache hits), but not rocforge's default plan, so its builds
+    are verified against rocforge's reference (a CPU build of the default plan is the reference
+    itself and serve takes it as proven: tests/test_measure_proof.py)."""
+    recipe = recipe_variant(where)
+    recipe.write_text(recipe.read_text() + "\n# my copy: pinned for the lab's machines\n")
+    return recipe
+
+
 def test_served_build_upgraded_gated_refused_proven_served(tmp_path, llama_tree):
     start = time.monotonic()
     user = User(tmp_path, "upgrade journey")
     model = smollm2_trained_at(1024, tmp_path / "smollm2-at-1024.gguf")
     repo, first = checkout(llama_tree, tmp_path)
+    recipe = str(own_recipe(tmp_path / "mine"))
     targets = [a for t in MEASURE_TARGETS for a in ("--cmake-target", t)]
-    out = user.rocforge("build", "llama-cpp", "--backend", "cpu", "--source", str(repo), *targets, "-j", str(JOBS))
+    out = user.rocforge("build", recipe, "--backend", "cpu", "--source", str(repo), *targets, "-j", str(JOBS))
     assert out.returncode == 0, out.stderr[-3000:]
     prefix = Path(out.stdout.strip().splitlines()[-1])
     programs = sorted(p.name for p in (prefix / "bin").iterdir())
     assert programs == sorted(MEASURE_TARGETS), programs
-    out = user.rocforge("tune", "llama-cpp", "--backends", "cpu", "--source", str(repo), "--model", str(model),
+    out = user.rocforge("tune", recipe, "--backends", "cpu", "--source", str(repo), "--model", str(model),
                         "--contexts", "short", "--ctx", "256", "--ubatch", "256", "--fa", "on", "--kv", "f16",
                         "--reps", "1", "-p", "32", "-n", "8", "-j", str(JOBS))
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
