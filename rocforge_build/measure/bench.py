@@ -275,7 +275,10 @@ def depths_for(build: LlamaBuild, depths: tuple[int, ...]) -> tuple[tuple[int, .
 def run(builds: list[LlamaBuild], spec: Spec, vs: list[Variant], *, store, run_id: int, base: dict,
         gate: Callable[[LlamaBuild, bool], tuple[str, dict | None]] | None = None,
         progress=None) -> Outcome:
-    """The whole matrix, in order; rows are stored as they come."""
+    """The whole matrix, rows stored as they come: each build gated and warmed up first, then each
+    variant on every build back to back, so builds compared side by side meet the same host state
+    (all of one build, then all of the other, put a load that started in between on one side only:
+    an upgrade's bench gate measured the same code 84 % slower that way)."""
     out = Outcome()
 
     def keep(row: dict) -> None:
@@ -285,34 +288,13 @@ def run(builds: list[LlamaBuild], spec: Spec, vs: list[Variant], *, store, run_i
             progress.advance(row)
 
     try:
+        ready = []
         for build in builds:
-            prov = build.provenance()
-            bbase = {**base, "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
-                     "build": prov}
-            verdicts = {}
-            if gate is not None:
-                for fa in sorted({bool(v.fa) for v in vs}, reverse=True):
-                    if progress:
-                        progress.status(f"verifying {build.label()} (flash attention {'on' if fa else 'off'})")
-                    verdicts[fa] = gate(build, fa)[0]
-            if verdicts and "passed" not in verdicts.values():
-                row = {**bbase, "gate": "failed", "test": "gate", "n_prompt": 0, "n_gen": 0, "depth": 0,
-                       "ubatch": None, "fa": None, "env": {}, "t_s": None, "stddev": None,
-                       "status": "gate-failed",
-                       "error": "failed `rocforge verify`: its output differs from the reference"}
-                keep(row)
-                if progress:
-                    progress.skip(len(vs) * len(expected(spec, spec.depths)))
-                continue
-            depths, note = depths_for(build, spec.depths)
-            if note:
-                out.notes.append(f"{build.label()}: {note}")
-            runnable = [v for v in vs if verdicts.get(bool(v.fa), "skipped") != "failed"]
-            if runnable and wants_warmup(spec, build):
-                if progress:
-                    progress.status(f"warming up {build.label()} (one discarded run)")
-                out.warmup_s[str(build.prefix)] = round(warm_up(build, spec, runnable[0]), 3)
-            for v in vs:
+            prepared = _prepare(build, spec, vs, base, gate, keep, out, progress)
+            if prepared is not None:
+                ready.append(prepared)
+        for v in vs:
+            for build, bbase, verdicts, depths in ready:
                 verdict = verdicts.get(bool(v.fa), "skipped")
                 if verdict == "failed":  # wrong with this flash-attention setting: recorded, not run
                     keep({**bbase, "gate": "failed", "test": "gate", "n_prompt": 0, "n_gen": 0, "depth": 0,
@@ -333,6 +315,38 @@ def run(builds: list[LlamaBuild], spec: Spec, vs: list[Variant], *, store, run_i
         raise Interrupted(f"interrupted: {len(out.rows)} finished rows are kept in the results "
                           f"database (run {run_id})") from None
     return out
+
+
+def _prepare(build: LlamaBuild, spec: Spec, vs: list[Variant], base: dict, gate, keep, out: Outcome,
+             progress) -> tuple[LlamaBuild, dict, dict, tuple[int, ...]] | None:
+    """One build made ready to measure: its rows' common fields, verify's verdict per flash-attention
+    setting (a build wrong with both is recorded as one gate-failed row and left out: None), the
+    depths its tree can measure, and its warm-up run."""
+    prov = build.provenance()
+    bbase = {**base, "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
+             "build": prov}
+    verdicts = {}
+    if gate is not None:
+        for fa in sorted({bool(v.fa) for v in vs}, reverse=True):
+            if progress:
+                progress.status(f"verifying {build.label()} (flash attention {'on' if fa else 'off'})")
+            verdicts[fa] = gate(build, fa)[0]
+    if verdicts and "passed" not in verdicts.values():
+        keep({**bbase, "gate": "failed", "test": "gate", "n_prompt": 0, "n_gen": 0, "depth": 0,
+              "ubatch": None, "fa": None, "env": {}, "t_s": None, "stddev": None, "status": "gate-failed",
+              "error": "failed `rocforge verify`: its output differs from the reference"})
+        if progress:
+            progress.skip(len(vs) * len(expected(spec, spec.depths)))
+        return None
+    depths, note = depths_for(build, spec.depths)
+    if note:
+        out.notes.append(f"{build.label()}: {note}")
+    runnable = [v for v in vs if verdicts.get(bool(v.fa), "skipped") != "failed"]
+    if runnable and wants_warmup(spec, build):
+        if progress:
+            progress.status(f"warming up {build.label()} (one discarded run)")
+        out.warmup_s[str(build.prefix)] = round(warm_up(build, spec, runnable[0]), 3)
+    return build, bbase, verdicts, depths
 
 
 def env_pairs(items: list[str]) -> dict[str, list[str]]:
