@@ -65,8 +65,9 @@ MANIFEST_SCHEMA = schema.Record({
         "digest": schema.Str(one_line=True), "document": schema.Str(one_line=True)})),
     # every file and link rocforge installed, relative to the prefix (replace.installed_files)
     "installed": schema.Optional(schema.ListOf(schema.Str(one_line=True)), []),
-    # --cmake-target as asked, and the rocforge command whose own build this is (none: the user's)
-    "asked_targets": schema.Optional(schema.ListOf(schema.Str(one_line=True)), []),
+    # --cmake-target as asked (absent: written before rocforge recorded it), and the rocforge
+    # command whose own build this is (none: the user's)
+    "asked_targets": schema.Optional(schema.ListOf(schema.Str(one_line=True))),
     "made_for": schema.Optional(schema.Str(one_line=True)),
     # where a substituted build came from (substitute/pull.py)
     "substituted": schema.Optional(schema.Record({})),

@@ -586,11 +586,20 @@ def replacing_problem(prefix: Path, old: dict, made_for: str | None, what: str) 
     there = old.get("made_for") if isinstance(old.get("made_for"), str) else None
     if there == made_for or (made_for is None and there in OWNERS):
         return None
-    if there is None and made_for is not None and prefix.is_relative_to(paths.cache_dir()):
-        return None  # a step build rocforge cached before builds were marked (the cache is its own)
+    if there is None and made_for == "bisect" and _unmarked_bisect_step(prefix, old):
+        return None  # a step build bisect cached before builds were marked
     whose = "your build" if there is None else f"a build made for {OWNERS.get(there, repr(there))}"
     asking = OWNERS.get(made_for, repr(made_for)) if made_for else "`rocforge build`"
     return f"{prefix} holds {whose} ({what}); {asking} does not replace it with its own plan"
+
+
+def _unmarked_bisect_step(prefix: Path, old: dict) -> bool:
+    """Whether the build at `prefix` is a step bisect cached before builds were marked: in bisect's
+    own directory of the cache (`forge/bisect.step_prefix`; no other command builds in the cache,
+    and the cache may be set to hold the builds directory), with a manifest older than the marks
+    (no `asked_targets`, which every build since records, the user's included)."""
+    own = Path(os.path.realpath(paths.cache_dir() / "bisect"))
+    return old.get("asked_targets") is None and Path(os.path.realpath(prefix)).is_relative_to(own)
 
 
 def check_owner(plan: Plan) -> None:
