@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from buildfixtures import RECIPE, git_repo
-from upgrade_history import history, rocforge, tree_hashes
+from upgrade_history import built, history, rocforge, tree_hashes
 
 from rocforge_build import paths
 from rocforge_build.commands import tune as tune_cmd
@@ -68,3 +68,45 @@ def test_no_command_replaces_a_users_build_in_the_cache_dir(tmp_path, monkeypatc
     old = {**read_manifest(prefix), "asked_targets": None}  # as bisect wrote it before the marks
     allowed = pipeline.replacing_problem(prefix, old, made_for, "a step") is None
     assert allowed == (made_for == "bisect")
+
+
+@pytest.mark.parametrize("value", ['["--version"]', '["clean"]', '["a;rm -rf ~"]', '["../../bin/sh"]',
+                                   '"fixture-hello"', "[1]"])
+def test_an_upgrade_never_asks_cmake_for_a_target_its_manifest_was_edited_to_hold(tmp_path, value):
+    """`asked_targets` goes onto ninja's command line at an upgrade, as --cmake-target does: a
+    value --cmake-target refuses is a manifest error naming the field, before anything is fetched
+    or configured (it read `--cmake-target --version: the configured fixture build has no such
+    target` after configuring the new tree)."""
+    h, prefix = built(tmp_path)
+    _manifest_with(prefix, "asked_targets", value)
+    before = tree_hashes(prefix)
+    res = rocforge("upgrade", str(prefix), "--ref", h.commits["docs1"])
+    lines = [line for line in res.stderr.splitlines() if line.startswith("rocforge: error:")]
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "asked_targets" in lines[0] and "rocforge-manifest.toml" in lines[0], lines[0]
+    assert "fetching" not in res.stderr and "configure" not in res.stderr
+    assert tree_hashes(prefix) == before
+
+
+@pytest.mark.parametrize("value", ['"Tune"', '"tune "', '"x"', '"' + "r" * 5000 + '"'])
+def test_a_users_build_marked_for_an_unknown_owner_is_never_replaced_and_said_in_one_short_line(tmp_path, value):
+    """`made_for` edited to a near miss of an owner's name (or a huge one): tune, the reference and
+    bisect refuse it as another owner's; the line names it briefly."""
+    h, prefix = built(tmp_path)
+    _manifest_with(prefix, "made_for", value)
+    old = read_manifest(prefix)
+    for made_for in ("tune", "reference", "bisect"):
+        problem = pipeline.replacing_problem(prefix, old, made_for, "a test")
+        assert problem is not None and len(problem) < 600, problem
+
+
+def test_a_manifest_asking_for_more_targets_than_the_flag_allows_is_refused(tmp_path):
+    from rocforge_build.argtypes import CMAKE_TARGETS_MAX
+    from rocforge_build.errors import ConfigError
+    from rocforge_build.manifest_schema import checked_manifest
+
+    base = {"recipe": {"name": "fixture"}, "target": "", "backend": "cpu"}
+    names = [f"t{i}" for i in range(CMAKE_TARGETS_MAX)]
+    assert checked_manifest({**base, "asked_targets": names}, "m")["asked_targets"] == names
+    with pytest.raises(ConfigError, match="asked_targets"):
+        checked_manifest({**base, "asked_targets": [*names, "one-more"]}, "m")
