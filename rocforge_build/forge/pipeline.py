@@ -588,7 +588,8 @@ def replacing_problem(prefix: Path, old: dict, made_for: str | None, what: str) 
         return None
     if there is None and made_for == "bisect" and _unmarked_bisect_step(prefix, old):
         return None  # a step build bisect cached before builds were marked
-    whose = "your build" if there is None else f"a build made for {OWNERS.get(there, repr(there))}"
+    shown = repr(there) if there is None or len(there) <= 60 else repr(there[:57] + "...")  # an edited manifest's
+    whose = "your build" if there is None else f"a build made for {OWNERS.get(there, shown)}"
     asking = OWNERS.get(made_for, repr(made_for)) if made_for else "`rocforge build`"
     return f"{prefix} holds {whose} ({what}); {asking} does not replace it with its own plan"
 
