@@ -259,7 +259,12 @@ class GitSource(Source):
         for sub in (self.subdir, self.vendored):
             if sub and os.path.lexists(root / sub):  # a project read from the fetched tree only
                 _inside_tree(root, root / sub, f"{self.location} @ {identity[:12]}")
-        if self.vendored and not self.subdir and (root / self.vendored / "CMakeLists.txt").is_file():
+        if self.vendored and not self.subdir and os.path.lexists(root / self.vendored):
+            if not (root / self.vendored / "CMakeLists.txt").is_file():  # never the packaging instead
+                raise UsageError(f"{self.location} @ {identity[:12]}: {self.vendored} holds no "
+                                 "CMakeLists.txt (a git submodule's directory is empty in the commit's "
+                                 "own files), so the project it vendors is not there to build",
+                                 f"check the submodule out and give it: --source PATH/{self.vendored}")
             return dataclasses.replace(self, subdir=self.vendored, vendored=None)._finish(identity, root, commit)
         return super()._finish(identity, root, commit)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from buildfixtures import git, project_copy, recipe_copy
 
-from rocforge_build.errors import IntegrityError
+from rocforge_build.errors import IntegrityError, UsageError
 from rocforge_build.forge import recipes
 from rocforge_build.forge.sources import source_for
 
@@ -80,6 +80,22 @@ def test_a_relative_link_that_climbs_out_of_a_checkout_is_refused(tmp_path, outs
     repo, commit = _packaging(tmp_path, make)
     with pytest.raises(IntegrityError, match="leads outside the fetched tree"):
         source_for(_recipe(tmp_path, "submodules = true\n"), source=str(repo), ref=commit).fetch(progress=False)
+
+
+@pytest.mark.parametrize("what", ["empty", "file"])
+def test_a_vendored_directory_without_the_project_is_said_not_the_packaging_built(tmp_path, what):
+    """vendor/fixture a git submodule (its directory is empty in the commit's own files) or a
+    file: the packaging's CMakeLists.txt at the top was configured instead, and failed as CMake's."""
+    def make(repo):
+        (repo / "vendor").mkdir()
+        if what == "file":
+            (repo / "vendor" / "fixture").write_text("not a directory\n")
+        else:
+            (repo / "vendor" / "fixture").mkdir()
+            (repo / "vendor" / "fixture" / ".keep").write_text("")  # as an unfetched submodule's dir
+    repo, commit = _packaging(tmp_path, make)
+    with pytest.raises(UsageError, match="vendor/fixture holds no CMakeLists.txt"):
+        source_for(_recipe(tmp_path), source=str(repo), ref=commit).fetch(progress=False)
 
 
 def test_a_vendoring_checkout_with_links_inside_it_still_builds_from_the_vendored_project(tmp_path):
