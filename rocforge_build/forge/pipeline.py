@@ -586,21 +586,31 @@ def replacing_problem(prefix: Path, old: dict, made_for: str | None, what: str) 
     there = old.get("made_for") if isinstance(old.get("made_for"), str) else None
     if there == made_for or (made_for is None and there in OWNERS):
         return None
-    if there is None and made_for == "bisect" and _unmarked_bisect_step(prefix, old):
-        return None  # a step build bisect cached before builds were marked
+    if there is None and made_for is not None and _unmarked_own_build(prefix, old, made_for):
+        return None  # what the command built in its own directory before builds were marked
     shown = repr(there) if there is None or len(there) <= 60 else repr(there[:57] + "...")  # an edited manifest's
     whose = "your build" if there is None else f"a build made for {OWNERS.get(there, shown)}"
     asking = OWNERS.get(made_for, repr(made_for)) if made_for else "`rocforge build`"
     return f"{prefix} holds {whose} ({what}); {asking} does not replace it with its own plan"
 
 
-def _unmarked_bisect_step(prefix: Path, old: dict) -> bool:
-    """Whether the build at `prefix` is a step bisect cached before builds were marked: in bisect's
-    own directory of the cache (`forge/bisect.step_prefix`; no other command builds in the cache,
-    and the cache may be set to hold the builds directory), with a manifest older than the marks
-    (no `asked_targets`, which every build since records, the user's included)."""
-    own = Path(os.path.realpath(paths.cache_dir() / "bisect"))
-    return old.get("asked_targets") is None and Path(os.path.realpath(prefix)).is_relative_to(own)
+def own_dir(made_for: str) -> Path | None:
+    """The directory where a rocforge command builds for itself and nowhere else: tune's candidates
+    (`commands/tune.tune_prefix`), verify's references (`measure/verify_reference.reference_dir`),
+    bisect's steps (`forge/bisect.step_prefix`); None for another owner."""
+    builds = paths.builds_prefix()
+    return {"tune": builds / "tune", "reference": builds / "reference",
+            "bisect": paths.cache_dir() / "bisect"}.get(made_for)
+
+
+def _unmarked_own_build(prefix: Path, old: dict, made_for: str) -> bool:
+    """Whether the build at `prefix` is one `made_for`'s command made before builds were marked: in
+    that command's own directory (`own_dir`: never the whole cache, which may be set to hold the
+    builds directory and so the user's builds), with a manifest older than the marks (no
+    `asked_targets`, which every build since records, the user's included)."""
+    own = own_dir(made_for)
+    return (own is not None and old.get("asked_targets") is None
+            and Path(os.path.realpath(prefix)).is_relative_to(os.path.realpath(own)))
 
 
 def check_owner(plan: Plan) -> None:

@@ -110,3 +110,27 @@ def test_a_manifest_asking_for_more_targets_than_the_flag_allows_is_refused(tmp_
     assert checked_manifest({**base, "asked_targets": names}, "m")["asked_targets"] == names
     with pytest.raises(ConfigError, match="asked_targets"):
         checked_manifest({**base, "asked_targets": [*names, "one-more"]}, "m")
+
+
+def test_each_commands_own_directory_is_where_it_builds(tmp_path):
+    """pipeline.own_dir names the directories tune, verify's reference and bisect build in."""
+    from rocforge_build.forge import bisect
+    from rocforge_build.measure import verify_reference
+
+    assert tune_cmd.tune_prefix("/x/llama-cpp-gfx1151-hip").parent == pipeline.own_dir("tune")
+    assert verify_reference.reference_dir() == pipeline.own_dir("reference")
+    assert bisect.step_prefix("r", "t", None, "abc").parent.parent == pipeline.own_dir("bisect")
+
+
+@pytest.mark.parametrize("made_for", ["tune", "reference", "bisect"])
+def test_a_build_a_command_made_in_its_own_directory_before_the_marks_is_its_own(tmp_path, made_for):
+    """A candidate tune built before builds were marked (no made_for, no asked_targets) in tune's
+    own directory is tune's to rebuild (else every later tune stopped on it, told to give a prefix
+    tune has no flag for); the same manifest elsewhere, or naming its targets, is the user's."""
+    own = pipeline.own_dir(made_for) / "fixture-cpu"
+    old = {"recipe": {"name": "fixture"}, "stamp": "s", "asked_targets": None}
+    assert pipeline.replacing_problem(own, old, made_for, "another plan") is None
+    others = [o for o in ("tune", "reference", "bisect") if o != made_for]
+    assert all(pipeline.replacing_problem(own, old, o, "another plan") for o in others)
+    assert pipeline.replacing_problem(own, {**old, "asked_targets": []}, made_for, "another plan")
+    assert pipeline.replacing_problem(tmp_path / "fixture-cpu", old, made_for, "another plan")
