@@ -134,3 +134,25 @@ def test_a_build_a_command_made_in_its_own_directory_before_the_marks_is_its_own
     assert all(pipeline.replacing_problem(own, old, o, "another plan") for o in others)
     assert pipeline.replacing_problem(own, {**old, "asked_targets": []}, made_for, "another plan")
     assert pipeline.replacing_problem(tmp_path / "fixture-cpu", old, made_for, "another plan")
+
+
+def test_tune_skips_a_backend_whose_own_prefix_holds_the_users_build(tmp_path, monkeypatch):
+    """The user built (or upgraded) into tune's own directory: tune leaves that build byte for byte
+    and skips the backend in one line, instead of stopping on a hint to give a --prefix it has no
+    flag for."""
+    h = history(tmp_path)
+    res = rocforge("build", str(h.recipe), "--target", "gfx1151", "--no-recheck")
+    assert res.returncode == 0, res.stderr
+    (prefix,) = [p for p in paths.builds_prefix().iterdir()]
+    own = tune_cmd.tune_prefix(prefix)
+    res = rocforge("build", str(h.recipe), "--target", "gfx1151", "--no-recheck", "--prefix", str(own))
+    assert res.returncode == 0, res.stderr
+    before = tree_hashes(own)
+    monkeypatch.setattr(tune_cmd, "MEASURE_TARGETS", ("fixture-hello",))
+    monkeypatch.setattr(tune_cmd, "TUNE_NEEDS", ("llama-bench",))
+    args = SimpleNamespace(recipe=str(h.recipe), backends=read_manifest(prefix)["backend"], target="gfx1151",
+                           source=None, ref=None, jobs=None, rootfs=Root("/"), json=True)
+    with pytest.raises(UsageError, match="no candidate build") as err:
+        tune_cmd.candidates(args, lambda text: None, [])
+    assert f"{own} holds your build" in err.value.hint
+    assert tree_hashes(own) == before
