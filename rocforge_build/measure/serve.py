@@ -94,7 +94,7 @@ def served_dimensions(argv: list, shape: dict) -> dict:
             "read" if "--no-mmap" in words or mode == "none" else "mmap")
     np = after("-np", "--parallel")
     return {"kv": after("-ctk", "--cache-type-k") or "f16", "load": load,
-            "parallel": int(np) if np and np.isdigit() and int(np) > 0 else 1}
+            "parallel": int(np) if np and np.isascii() and np.isdigit() and int(np) > 0 else 1}
 
 
 def covers(d: dict, stamp: str | None, model_sha: str, shape: dict, env: dict) -> bool:

@@ -77,3 +77,30 @@ def test_a_stored_model_path_replaced_by_a_fifo_a_directory_or_a_device_is_never
         os.symlink("/dev/zero", stored)
     code, _, err = run(capsys, "serve", "m", "--dry-run")
     assert code == 2 and "is not a regular file" in err and len(err.splitlines()) == 2, err
+
+
+@pytest.mark.parametrize("word", ["²", "٣", "①"])
+def test_a_preset_command_with_a_digit_python_cannot_read_as_a_number_is_no_traceback(tmp_path, capsys, word):
+    """`-c ²` in a stored preset's command (the results store is a file a user can edit): str.isdigit
+    says yes to '²', int() then raised, and serve ended in `internal error: ValueError` (exit 70)."""
+    server = as_build(tmp_path / "p")
+    p = preset(argv=[str(server), "-m", "/m/m.gguf", "-c", word, "-np", word, "-kvu"])
+    p["ranges"]["short"]["prefix"] = str(tmp_path / "p")
+    with Store() as s:
+        s.add_preset("m", "ab" * 32, None, p)
+    code, _, err = run(capsys, "serve", "m", "--dry-run")
+    assert code in (0, 2) and "internal error" not in err, err
+
+
+def test_numbers_read_from_text_others_wrote_are_ascii_digits_only():
+    """The same mechanism where a server, a listing or a command line gives the digits: a
+    Content-Length or Content-Range of '²', a compare spec of '²' are no number, not a ValueError."""
+    from types import SimpleNamespace
+
+    from rocforge_build import download
+    from rocforge_build.measure import known_bad
+
+    assert download._declared_length(SimpleNamespace(headers={"Content-Length": "²"})) is None
+    assert download._content_range_total("bytes */²") is None
+    assert download._declared_length(SimpleNamespace(headers={"Content-Length": "12"})) == 12
+    assert known_bad.served_shape(["llama-server", "-c", "²", "-np", "²", "-kvu"]) == (False, 1, 4096)
