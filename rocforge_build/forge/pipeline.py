@@ -595,12 +595,10 @@ def replacing_problem(prefix: Path, old: dict, made_for: str | None, what: str) 
 
 
 def own_dir(made_for: str) -> Path | None:
-    """The directory where a rocforge command builds for itself and nowhere else: tune's candidates
-    (`commands/tune.tune_prefix`), verify's references (`measure/verify_reference.reference_dir`),
-    bisect's steps (`forge/bisect.step_prefix`); None for another owner."""
-    builds = paths.builds_prefix()
-    return {"tune": builds / "tune", "reference": builds / "reference",
-            "bisect": paths.cache_dir() / "bisect"}.get(made_for)
+    """The directory where a rocforge command built for itself before builds were marked: tune's
+    candidates (`commands/tune.tune_prefix`), bisect's steps (`forge/bisect.step_prefix`); None for
+    another owner (verify's references were marked from the first: `made_for = "reference"`)."""
+    return {"tune": paths.builds_prefix() / "tune", "bisect": paths.cache_dir() / "bisect"}.get(made_for)
 
 
 def _unmarked_own_build(prefix: Path, old: dict, made_for: str) -> bool:

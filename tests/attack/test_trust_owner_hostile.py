@@ -113,16 +113,16 @@ def test_a_manifest_asking_for_more_targets_than_the_flag_allows_is_refused(tmp_
 
 
 def test_each_commands_own_directory_is_where_it_builds(tmp_path):
-    """pipeline.own_dir names the directories tune, verify's reference and bisect build in."""
+    """pipeline.own_dir names the directories tune and bisect build in; verify's references were
+    always marked, so none of theirs is taken for one without its mark."""
     from rocforge_build.forge import bisect
-    from rocforge_build.measure import verify_reference
 
     assert tune_cmd.tune_prefix("/x/llama-cpp-gfx1151-hip").parent == pipeline.own_dir("tune")
-    assert verify_reference.reference_dir() == pipeline.own_dir("reference")
     assert bisect.step_prefix("r", "t", None, "abc").parent.parent == pipeline.own_dir("bisect")
+    assert pipeline.own_dir("reference") is None
 
 
-@pytest.mark.parametrize("made_for", ["tune", "reference", "bisect"])
+@pytest.mark.parametrize("made_for", ["tune", "bisect"])
 def test_a_build_a_command_made_in_its_own_directory_before_the_marks_is_its_own(tmp_path, made_for):
     """A candidate tune built before builds were marked (no made_for, no asked_targets) in tune's
     own directory is tune's to rebuild (else every later tune stopped on it, told to give a prefix
