@@ -614,7 +614,10 @@ def _unmarked_own_build(prefix: Path, old: dict, made_for: str) -> bool:
 def check_owner(plan: Plan) -> None:
     problem = owner_problem(plan)
     if problem:
-        raise UsageError(problem, "rebuild it with `rocforge build` yourself, or give another prefix")
+        # only `build` takes a --prefix; tune, verify's reference and bisect build where they must
+        raise UsageError(problem, "give another --prefix, or move that build away yourself if it may go"
+                         if plan.made_for is None else "it is left as it is: move it away yourself if it may go, "
+                         "or rebuild it there with `rocforge build`")
 
 
 def difference(old: dict, plan: Plan) -> str:

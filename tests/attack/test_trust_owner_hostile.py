@@ -156,3 +156,16 @@ def test_tune_skips_a_backend_whose_own_prefix_holds_the_users_build(tmp_path, m
         tune_cmd.candidates(args, lambda text: None, [])
     assert f"{own} holds your build" in err.value.hint
     assert tree_hashes(own) == before
+
+
+def test_bisects_refusal_names_no_prefix_flag_it_does_not_have(tmp_path):
+    """The user's build at a bisect step's place: refused, and the hint does not send the user to a
+    --prefix that bisect (like tune and verify) does not take."""
+    repo = git_repo(tmp_path / "repo")
+    prefix = pipeline.own_dir("bisect") / "fixture-gfx1030-default" / "abc"
+    req = Request(recipe=str(RECIPE), target="gfx1030", source=str(repo), ref="v1.2.0", prefix=str(prefix))
+    pipeline.build(req, Root("/"), quiet=True)
+    with pytest.raises(UsageError) as err:
+        pipeline.build(Request(**{**req.__dict__, "made_for": "bisect", "build_targets": ("fixture-hello",)}),
+                       Root("/"), quiet=True)
+    assert "prefix" not in err.value.hint and "move it away" in err.value.hint
