@@ -232,7 +232,7 @@ def _tries(n: int) -> str:
 
 def _declared_length(resp) -> int | None:
     length = resp.headers.get("Content-Length")
-    return int(length) if length and length.isdigit() else None
+    return int(length) if length and length.isascii() and length.isdigit() else None
 
 
 def _check_scheme(url: str) -> None:
@@ -576,7 +576,7 @@ def _content_range_total(value: str | None) -> int | None:
     if not value or "/" not in value:
         return None
     total = value.rsplit("/", 1)[1].strip()
-    return int(total) if total.isdigit() else None
+    return int(total) if total.isascii() and total.isdigit() else None
 
 
 def _content_range_start(value: str | None) -> int | None:

@@ -40,6 +40,21 @@ class RecipeName(schema.Spec):
         return value
 
 
+class CMakeTarget(schema.Spec):
+    """A CMake target name as --cmake-target takes it (argtypes.cmake_target_problem): an upgrade
+    asks ninja for the manifest's `asked_targets` again, so an edited one is held to the flag's rule."""
+
+    what = "a CMake target name"
+
+    def take(self, value, path):
+        from rocforge_build import argtypes  # only for a build that named targets: env stays light
+
+        problem = argtypes.cmake_target_problem(value)
+        if problem:
+            raise schema.Bad(path, problem[:200])
+        return value
+
+
 MANIFEST_SCHEMA = schema.Record({
     "recipe": schema.Record({"name": RecipeName(), "file": schema.Optional(_TEXT)}),
     "target": schema.Str(one_line=True, empty=True),  # "": a CPU or Vulkan build for no GPU target
@@ -65,8 +80,9 @@ MANIFEST_SCHEMA = schema.Record({
         "digest": schema.Str(one_line=True), "document": schema.Str(one_line=True)})),
     # every file and link rocforge installed, relative to the prefix (replace.installed_files)
     "installed": schema.Optional(schema.ListOf(schema.Str(one_line=True)), []),
-    # --cmake-target as asked, and the rocforge command whose own build this is (none: the user's)
-    "asked_targets": schema.Optional(schema.ListOf(schema.Str(one_line=True)), []),
+    # --cmake-target as asked (absent: written before rocforge recorded it), and the rocforge
+    # command whose own build this is (none: the user's)
+    "asked_targets": schema.Optional(schema.ListOf(CMakeTarget(), most=256)),  # argtypes.CMAKE_TARGETS_MAX
     "made_for": schema.Optional(schema.Str(one_line=True)),
     # where a substituted build came from (substitute/pull.py)
     "substituted": schema.Optional(schema.Record({})),

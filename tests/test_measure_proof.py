@@ -609,9 +609,11 @@ def rebuilt_preset(tmp_path: Path, model) -> tuple[Path, str, str]:
     from rocforge_build.discover.builds import read_manifest
 
     prefix = fake_build(tmp_path)
+    from rocforge_build.measure import provenance
+
     p = preset(argv=[str(prefix / "bin/llama-server"), "-m", str(model.path), "-c", "4096"])
-    sha = p["model"]["sha256"]
-    p["model"]["path"] = str(model.path)
+    sha = provenance.model_sha256(Path(model.path))  # as tune stores it: serve checks the file is this model
+    p["model"].update(sha256=sha, path=str(model.path))
     r = p["ranges"]["short"]
     r.update(prefix=str(prefix), stamp="an-older-stamp", variant={"ubatch": 512, "fa": True, "env": {"GGML_X": "1"}},
              verified={"shape": SHAPE, "kld_mean": 0.001, "top1": 0.99, "reference": "/ref"})

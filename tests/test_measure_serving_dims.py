@@ -211,8 +211,10 @@ def test_the_served_dimensions_of_an_old_command_are_read_from_its_argv():
 
 def test_a_preset_verified_before_the_serving_dimensions_is_verified_again_before_it_is_served(
         tmp_path, capsys, model8k):
+    from rocforge_build.measure import provenance
+
     build = build_with(tmp_path, MAY_2025)
-    sha = "ab" * 32
+    sha = provenance.model_sha256(model8k.path)  # as tune stores it: serve checks the file is this model
     old_shape = {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": None}  # what tune stored before
     argv = [str(build.prefix / "bin/llama-server"), "-m", str(model8k.path), "-c", "4096", "-fa",
             "-ub", "512", "-b", "2048", "--no-mmap"]

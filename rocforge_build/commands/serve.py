@@ -77,7 +77,8 @@ def run(args) -> int:
         _build_is_there(preset, name)
         runnable(preset, [name], f"results database {store.path}: preset for "
                  f"{shellsafe.one_line(preset['model']['name'])} version {preset['version']}")
-        model_path = serve.model_file(model_path or preset["model"]["path"])
+        stored = None if model_path else preset["model"]["sha256"]  # a given path picked it by its sha256
+        model_path = serve.model_file(model_path or preset["model"]["path"], stored)
         problem = serve.still_proven(preset["ranges"][name], store, preset["model"]["sha256"], model_path)
         problem = problem or known_bad_shape.preset_problem(preset["ranges"][name])
     if problem:

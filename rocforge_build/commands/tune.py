@@ -113,6 +113,11 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
             say(f"{plan.prefix} holds a build of another plan without {', '.join(TUNE_NEEDS)}; "
                 f"tune builds its own at {own}")
             plan = plan_for(dataclasses.replace(req, prefix=str(own)), args.rootfs, check_patches=False)
+            if _holds_another_build(plan):  # the user's build there too (their --prefix): never replaced
+                reason = pipeline.owner_problem(plan) or f"{own} holds files that are not a rocforge build"
+                skipped.append({"backend": name, "reason": reason})
+                say(f"skipping backend {name}: {reason}")
+                continue
         say(f"building (or reusing) the {name} build")
         out = pipeline.execute(plan, quiet=args.json)
         builds.append(LlamaBuild.open(out.prefix))

@@ -183,7 +183,7 @@ def _lookup(argv: list[str], environ) -> str | None:
         return None
     sizes, _, rest = rest.partition("\n")
     fields = sizes.split(" ")
-    if len(fields) != 3 or not all(f.isdigit() for f in fields):
+    if len(fields) != 3 or not all(f.isascii() and f.isdigit() for f in fields):
         return None
     size, length, crc = (int(f) for f in fields)
     header, output = rest[:size], rest[size:]

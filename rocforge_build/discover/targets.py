@@ -100,7 +100,7 @@ def version_string(gfx_target_version: int) -> str:
 def parse_version_string(value: str) -> int:
     """`11.0.0` (HSA_OVERRIDE_GFX_VERSION form) -> 110000."""
     parts = value.strip().split(".")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts):
         raise ValueError(f"{value!r} is not major.minor.stepping")
     major, minor, stepping = (int(p) for p in parts)
     return major * 10000 + minor * 100 + stepping

@@ -186,7 +186,7 @@ def icecc_scheduler_hosts(scheduler: str, timeout: float = PROBE_TIMEOUT) -> lis
     """The daemons connected to the scheduler at `scheduler` (HOST[:PORT]), from its text
     interface on PORT + 1 (`listcs`, icecc-scheduler 1.4); OSError when it does not answer."""
     host, _, port = scheduler.rpartition(":") if scheduler.count(":") == 1 else (scheduler, "", "")
-    port = int(port) if port.isdigit() else ICECC_SCHEDULER_PORT
+    port = int(port) if port.isascii() and port.isdigit() else ICECC_SCHEDULER_PORT
     data = b""
     with socket.create_connection((host, port + 1), timeout=timeout) as s:
         s.settimeout(timeout)
@@ -281,7 +281,7 @@ def _host_addr(spec: str) -> tuple[str, int]:
         raise UsageError(f"build.distcc_hosts {spec!r}: ssh hosts are not supported",
                          "run distccd on the host and name it host[:port][/jobs]")
     host, _, port = hostport.partition(":")
-    return host, int(port) if port.isdigit() else 3632
+    return host, int(port) if port.isascii() and port.isdigit() else 3632
 
 
 def check_host(spec: str, compilers: list[str], reference: Mapping[str, str | None],

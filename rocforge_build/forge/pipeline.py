@@ -586,17 +586,38 @@ def replacing_problem(prefix: Path, old: dict, made_for: str | None, what: str) 
     there = old.get("made_for") if isinstance(old.get("made_for"), str) else None
     if there == made_for or (made_for is None and there in OWNERS):
         return None
-    if there is None and made_for is not None and prefix.is_relative_to(paths.cache_dir()):
-        return None  # a step build rocforge cached before builds were marked (the cache is its own)
-    whose = "your build" if there is None else f"a build made for {OWNERS.get(there, repr(there))}"
+    if there is None and made_for is not None and _unmarked_own_build(prefix, old, made_for):
+        return None  # what the command built in its own directory before builds were marked
+    shown = repr(there) if there is None or len(there) <= 60 else repr(there[:57] + "...")  # an edited manifest's
+    whose = "your build" if there is None else f"a build made for {OWNERS.get(there, shown)}"
     asking = OWNERS.get(made_for, repr(made_for)) if made_for else "`rocforge build`"
     return f"{prefix} holds {whose} ({what}); {asking} does not replace it with its own plan"
+
+
+def own_dir(made_for: str) -> Path | None:
+    """The directory where a rocforge command built for itself before builds were marked: tune's
+    candidates (`commands/tune.tune_prefix`), bisect's steps (`forge/bisect.step_prefix`); None for
+    another owner (verify's references were marked from the first: `made_for = "reference"`)."""
+    return {"tune": paths.builds_prefix() / "tune", "bisect": paths.cache_dir() / "bisect"}.get(made_for)
+
+
+def _unmarked_own_build(prefix: Path, old: dict, made_for: str) -> bool:
+    """Whether the build at `prefix` is one `made_for`'s command made before builds were marked: in
+    that command's own directory (`own_dir`: never the whole cache, which may be set to hold the
+    builds directory and so the user's builds), with a manifest older than the marks (no
+    `asked_targets`, which every build since records, the user's included)."""
+    own = own_dir(made_for)
+    return (own is not None and old.get("asked_targets") is None
+            and Path(os.path.realpath(prefix)).is_relative_to(os.path.realpath(own)))
 
 
 def check_owner(plan: Plan) -> None:
     problem = owner_problem(plan)
     if problem:
-        raise UsageError(problem, "rebuild it with `rocforge build` yourself, or give another prefix")
+        # only `build` takes a --prefix; tune, verify's reference and bisect build where they must
+        raise UsageError(problem, "give another --prefix, or move that build away yourself if it may go"
+                         if plan.made_for is None else "it is left as it is: move it away yourself if it may go, "
+                         "or rebuild it there with `rocforge build`")
 
 
 def difference(old: dict, plan: Plan) -> str:

@@ -256,7 +256,15 @@ class GitSource(Source):
     kind: ClassVar[str] = "git"
 
     def _finish(self, identity: str, root: Path, commit: str | None = None) -> Fetched:
-        if self.vendored and not self.subdir and (root / self.vendored / "CMakeLists.txt").is_file():
+        for sub in (self.subdir, self.vendored):
+            if sub and os.path.lexists(root / sub):  # a project read from the fetched tree only
+                _inside_tree(root, root / sub, f"{self.location} @ {identity[:12]}")
+        if self.vendored and not self.subdir and os.path.lexists(root / self.vendored):
+            if not (root / self.vendored / "CMakeLists.txt").is_file():  # never the packaging instead
+                raise UsageError(f"{self.location} @ {identity[:12]}: {self.vendored} holds no "
+                                 "CMakeLists.txt (a git submodule's directory is empty in the commit's "
+                                 "own files), so the project it vendors is not there to build",
+                                 f"check the submodule out and give it: --source PATH/{self.vendored}")
             return dataclasses.replace(self, subdir=self.vendored, vendored=None)._finish(identity, root, commit)
         return super()._finish(identity, root, commit)
 
@@ -363,6 +371,7 @@ class GitSource(Source):
             except CommandFailed as exc:
                 raise NetworkError(f"git checkout of {commit} from {self.location} failed",
                                    exc.output.strip()[-400:] or None) from exc
+        links_inside(tmp, f"{self.location} @ {commit[:12]}")  # as an exported tree's are
         missing = [p for p in self.sparse if not (tmp / p).is_dir()]
         if missing:
             raise UsageError(f"{self.location} @ {commit[:12]} has no {', '.join(missing)}",
@@ -451,6 +460,25 @@ def source_for(recipe, *, ref: str | None = None, source: str | None = None) -> 
     if rs.url:
         return _own_tarball(rs)
     return GitSource(rs.git, ref=rs.ref, subdir=rs.subdir, **git_extra)
+
+
+def _inside_tree(root: Path, path: Path, what: str) -> None:
+    """`path` (through every link on the way) is inside the fetched tree `root`, or an IntegrityError."""
+    top = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if real != top and not real.startswith(top + os.sep):
+        raise IntegrityError(f"{what}: {os.path.relpath(path, root)} leads outside the fetched tree "
+                             f"(to {real}); nothing is read or built from there",
+                             "the repository is broken or hostile: build another commit or source")
+
+
+def links_inside(top: Path, what: str) -> None:
+    """Every symbolic link of a git checkout resolves inside it, as `extract.check_links` holds an
+    exported (unpacked) tree to: git writes a commit's links as they are, absolute or `../..`."""
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in (*dirnames, *filenames):
+            if os.path.islink(os.path.join(dirpath, name)):
+                _inside_tree(Path(top), Path(dirpath, name), what)
 
 
 def require_project(tree: Path, what: str) -> None:

@@ -77,7 +77,7 @@ def flagged(lines: list[Line]) -> list[Line]:
 def resolve(store, spec: str) -> tuple[str, list[dict]]:
     """`N`/`run:N` = a run; a prefix = that build's latest bench run; `PREFIX@N` = its rows of run N."""
     prefix, _, run = spec.rpartition("@") if "@" in spec else ("", "", "")
-    if spec.startswith("run:") or spec.isdigit():
+    if spec.startswith("run:") or (spec.isascii() and spec.isdigit()):
         run_id = int(spec.removeprefix("run:"))
         rows = [r.data for r in store.rows(run_id=run_id, kind="bench")]
         if not rows:
@@ -85,7 +85,7 @@ def resolve(store, spec: str) -> tuple[str, list[dict]]:
         return f"run {run_id}", rows
     from pathlib import Path
 
-    if prefix and run.isdigit():
+    if prefix and run.isascii() and run.isdigit():
         p = str(Path(prefix).expanduser().resolve())
         rows = [r.data for r in store.rows(run_id=int(run), prefix=p, kind="bench")]
     else:

@@ -77,7 +77,7 @@ def served_shape(argv: list) -> tuple[bool, int, int]:
 
     def number(*names: str, default: int) -> int:
         text = after(*names)
-        return int(text) if text is not None and text.isdigit() else default
+        return int(text) if text is not None and text.isascii() and text.isdigit() else default
 
     fa_word = after("-fa", "--flash-attn")
     fa = fa_word in ("on", "1", "true") or (

@@ -94,7 +94,7 @@ def served_dimensions(argv: list, shape: dict) -> dict:
             "read" if "--no-mmap" in words or mode == "none" else "mmap")
     np = after("-np", "--parallel")
     return {"kv": after("-ctk", "--cache-type-k") or "f16", "load": load,
-            "parallel": int(np) if np and np.isdigit() and int(np) > 0 else 1}
+            "parallel": int(np) if np and np.isascii() and np.isdigit() and int(np) > 0 else 1}
 
 
 def covers(d: dict, stamp: str | None, model_sha: str, shape: dict, env: dict) -> bool:
@@ -150,12 +150,14 @@ def still_proven(r: dict, store, model_sha: str, model_path: str) -> tuple[str, 
             f"verify it at that shape: {verify.command_line(build.prefix, model_path, shape, env)}")
 
 
-def model_file(path: str) -> str:
+def model_file(path: str, sha256: str | None = None) -> str:
     """The model serve names after -m, absolute (never a word llama-server takes for an option);
     refused when something other than a regular file is there (a device such as /dev/zero, a FIFO,
-    a directory).  Its contents are not hashed here: the sha256 that picked the preset is checked
-    where the GGUF path is given (`preset.model_key`), and hashing a 20-40 GB model on every serve
-    of a stored path would cost minutes; an absent file is llama-server's one error line."""
+    a directory).  The sha256 that picked the preset is checked where the GGUF path is given
+    (`preset.model_key`); a path the preset stored is checked here against the preset's `sha256`
+    (the model it was tuned for) through the digests kept per file (`provenance.model_sha256`: no
+    hash while the file is the one tune read; a file put there since, or a link to another, is
+    hashed once and refused).  An absent file is llama-server's one error line."""
     import os
     import stat
 
@@ -173,6 +175,16 @@ def model_file(path: str) -> str:
     if not stat.S_ISREG(mode):
         raise UsageError(f"the preset's model {one_line(full)!r} is not a regular file",
                          "pass the GGUF file: rocforge serve PATH/TO/MODEL.gguf")
+    if sha256 is not None:
+        from rocforge_build.measure import provenance
+
+        now = provenance.model_sha256(Path(full))
+        if now != sha256:
+            raise UsageError(f"the preset's model {one_line(full)!r} is not the model the preset was "
+                             f"tuned for: its sha256 is {now[:12]}, the preset's {str(sha256)[:12]} "
+                             "(the file was replaced, or is a link to another)",
+                             "pass the GGUF file the preset was made for: rocforge serve "
+                             "PATH/TO/MODEL.gguf; or tune this one (`rocforge tune`)")
     return full
 
 

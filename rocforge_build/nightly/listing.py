@@ -304,7 +304,7 @@ def parse_s3_xml(text: str) -> tuple[list[tuple[str, float | None, int | None]],
         key = c.findtext(f"{ns}Key") or ""
         stamp = c.findtext(f"{ns}LastModified")
         size = c.findtext(f"{ns}Size")
-        out.append((key, _iso_epoch(stamp), int(size) if size and size.isdigit() else None))
+        out.append((key, _iso_epoch(stamp), int(size) if size and size.isascii() and size.isdigit() else None))
     truncated = (root.findtext(f"{ns}IsTruncated") or "").strip().lower() == "true"
     token = root.findtext(f"{ns}NextContinuationToken") if truncated else None
     return out, token

@@ -164,7 +164,7 @@ def group_ids(rootfs, names) -> dict[str, int | None]:
         return found
     for line in text.splitlines():
         parts = line.split(":")
-        if len(parts) >= 3 and parts[0] in found and parts[2].isdigit():
+        if len(parts) >= 3 and parts[0] in found and parts[2].isascii() and parts[2].isdigit():
             found[parts[0]] = int(parts[2])
     return found
 

@@ -82,7 +82,7 @@ def parse_url(url: str) -> tuple[str, str, str]:
     host, colon, port = netloc.rpartition(":") if not netloc.endswith("]") else (netloc, "", "")
     if not colon:
         host, port = netloc, ""
-    if not _HOST.fullmatch(host) or (colon and not (port.isdigit() and 0 < int(port) < 65536)):
+    if not _HOST.fullmatch(host) or (colon and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536)):
         raise UsageError(f"registry store URL {url[:200]!r}: {netloc[:100]!r} is not HOST[:PORT]")
     repo = path.strip("/")
     if len(repo) > 255 or not _REPOSITORY.fullmatch(repo):
