@@ -71,16 +71,22 @@ def _from_store(url: str, plan: Plan, staging: Path, trusted, model, say) -> tup
         layer = artifact.check_build(store, man, key)
         if not trusted:
             raise Miss("untrusted: substitute.trusted_keys is empty, so no signature can be trusted")
-        signer = artifact.signed_by(store, man, trusted)
-        advisories, _ = artifact.attached(store, man, oci.ADVISORY_TYPE, trusted)
-        if advisories:
-            withdrawals, _ = artifact.attached(store, man, oci.WITHDRAWAL_TYPE, trusted)
-            advisories = artifact.in_force(advisories, withdrawals)
-        if advisories:
-            reason = str(advisories[0].document.get("reason", "no reason given"))[:300]
-            raise artifact.KnownBad(f"known bad: an advisory signed by {advisories[0].signer} says: "
-                                    f"{reason}")
-        attestations, _ = artifact.attached(store, man, oci.EVIDENCE_TYPE, trusted)
+        notes: list[str] = []
+        # every referrer of the build (signatures, advisories, evidence) read within one
+        # download.listing_deadline, however many a store lists and however slowly it answers
+        with store.transfer(f"the referrers of {man.digest[:19]}"):
+            signer = artifact.signed_by(store, man, trusted)
+            advisories, _ = artifact.attached(store, man, oci.ADVISORY_TYPE, trusted, notes)
+            if advisories:
+                withdrawals, _ = artifact.attached(store, man, oci.WITHDRAWAL_TYPE, trusted, notes)
+                advisories = artifact.in_force(advisories, withdrawals)
+            if advisories:
+                reason = str(advisories[0].document.get("reason", "no reason given"))[:300]
+                raise artifact.KnownBad(f"known bad: an advisory signed by {advisories[0].signer} "
+                                        f"says: {reason}")
+            attestations, _ = artifact.attached(store, man, oci.EVIDENCE_TYPE, trusted, notes)
+        for note in notes:
+            say(f"substitute: {note}")
         say(f"substitute: {store.url} has it ({layer.size / 1e6:.1f} MB, signed by {signer}, "
             f"{len(attestations)} attestation(s)); pulling")
         t_checked = time.monotonic()

@@ -7,13 +7,14 @@ that limit (set small here), never after the bytes x timeout a trickle could oth
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import pytest
 from registry_server import FakeRegistry, make_tls
 
 from rocforge_build.download_policy import RetryPolicy
-from rocforge_build.substitute import artifact, oci
+from rocforge_build.substitute import artifact, oci, signing
 from rocforge_build.substitute.oci import StoreUnreachable, TransferExpired
 from rocforge_build.substitute.store_registry import RegistryStore
 from rocforge_build.substitute.stores import open_store
@@ -214,3 +215,62 @@ def test_an_https_layout_store_trickling_index_json_stops_at_the_listing_deadlin
                                      "the 1 s limit (download.listing_deadline)")
     assert "hunter2" not in info.value.message + (info.value.hint or "")
     assert elapsed < 3
+
+
+# -- finding 2: referrers naming the trusted key, read only so far -----------------------------------
+
+def _build_with_referrers(fake: FakeRegistry, count: int, artifact_type: str, key_id: str) -> oci.Manifest:
+    """A build manifest whose referrers index (the tag schema) lists `count` referrers of
+    `artifact_type` annotated with `key_id`, none of which the registry holds."""
+    config = _blob(fake, oci.EMPTY_DATA, oci.EMPTY)
+    data = oci.make_manifest(artifact_type=oci.BUILD_TYPE, config=config, layers=[])
+    build = oci.Manifest.parse(data, "test")
+    entries = [oci.Descriptor(oci.MANIFEST, "sha256:" + hashlib.sha256(b"%d" % i).hexdigest(), 400,
+                              artifact_type=artifact_type, annotations={artifact.SIGNER: key_id})
+               for i in range(count)]
+    fake.manifests["idx"] = (oci.make_index(entries), oci.INDEX)
+    fake.tag_map[oci.fallback_tag(build.digest)] = "idx"
+    return build
+
+
+def _referrer_gets(fake: FakeRegistry) -> int:
+    return len([r for r in fake.requests if "/manifests/sha256:" in r.path])
+
+
+def test_three_hundred_signature_referrers_naming_the_trusted_key_are_read_only_to_the_cap(fake):
+    """Each is read (a manifest, a blob) one by one: 300 would be 300 round trips or more; at
+    most MAX_READ_REFERRERS are, and the refusal says in one line how many were skipped."""
+    pair = signing.generate()
+    build = _build_with_referrers(fake, 300, oci.SIGNATURE_TYPE, pair.key_id)
+    store = RegistryStore(fake.store_url(), timeout=5, policy=_policy())
+    with pytest.raises(artifact.Refused) as info:
+        artifact.signed_by(store, build, [pair.public])
+    cap = artifact.MAX_READ_REFERRERS
+    assert _one_line(info.value).endswith(
+        f"; {300 - cap} of the 300 signature referrers of {build.digest[:19]} naming a trusted key "
+        f"were skipped (at most {cap} are read)")
+    assert _referrer_gets(fake) == cap
+
+
+def test_referrers_answered_just_under_the_timeout_stop_at_the_listing_deadline(fake):
+    """Each advisory referrer answered after 0.4 s (the timeout is 1 s): the walk, and every
+    read in it, ends at download.listing_deadline (1.5 s), and the skipped ones are one note."""
+    pair = signing.generate()
+    build = _build_with_referrers(fake, 300, oci.ADVISORY_TYPE, pair.key_id)
+
+    def slow(request):
+        time.sleep(0.4)
+        return None  # then the registry's own 404
+
+    fake.route("GET", "/manifests/sha256:", slow)
+    store = RegistryStore(fake.store_url(), timeout=1, policy=_policy(listing_deadline=1.5))
+    notes: list[str] = []
+    started = time.monotonic()
+    good, _ = artifact.attached(store, build, oci.ADVISORY_TYPE, [pair.public], notes)
+    elapsed = time.monotonic() - started
+    assert good == [] and len(notes) == 1, notes
+    read = _referrer_gets(fake)
+    assert 1 <= read <= 5 and elapsed < 3
+    assert notes[0].startswith(f"{fake.store_url()}: ")
+    assert notes[0].endswith("advisory referrers of " + build.digest[:19] + " naming a trusted key were "
+                             "skipped (stopped at the 1.5 s limit (download.listing_deadline))"), notes[0]
