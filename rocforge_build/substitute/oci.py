@@ -493,6 +493,10 @@ class Store:
             if digest != desc.digest:
                 raise StoreError(f"{self.url}: layer {desc.digest[:19]}'s bytes do not match its digest")
             ok = True
+        except OSError as exc:  # writing `dest` (a full disk, an I/O error): named for the line
+            if exc.filename is None:
+                exc.filename = str(dest)
+            raise
         finally:
             if not ok:
                 with contextlib.suppress(OSError):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rocforge_build import replace
-from rocforge_build.errors import RocforgeError
+from rocforge_build.errors import RocforgeError, disk_failure
 from rocforge_build.forge.locations import STAGED, destdir
 from rocforge_build.forge.substitute_key import SubstituteOutcome
 from rocforge_build.manifest_schema import MANIFEST
@@ -46,6 +46,9 @@ def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
     for url in policy.stores:
         try:
             record, verified = _from_store(url, plan, staging, trusted, model, say)
+        except OSError as exc:  # this machine's disk (the layer, the unpacked tree, a rename):
+            # no other store helps, and each step's partial file or tree is already removed
+            raise disk_failure(exc, f"pulling a substitute into {staging}") from exc
         except artifact.KnownBad as bad:
             return SubstituteOutcome(False, one_line(bad.message), (*tried, one_line(f"{url}: {bad.message}")),
                                      advisory=one_line(bad.message))

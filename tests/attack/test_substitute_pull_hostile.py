@@ -842,3 +842,70 @@ def test_a_withdraw_value_that_is_no_digest_is_one_line_before_any_store_or_key_
                    "--reason", "taken back", env={"ROCFORGE_CONFIG_DIR": str(tmp_path / "c")})
     assert "is not an advisory's digest" in one_error(res, code=2)
     assert not (tmp_path / "no-store").exists()
+
+
+# -- this machine's disk failing mid-pull ------------------------------------------------------------
+
+# A pull in a child process with one OS error injected where rocforge really meets it: the
+# rename of the unpacked tree into the staging dir (os.replace), the swap of the staged tree into
+# the prefix (replace.exchange, renameat2), or the write of the layer's bytes (the blob writer).
+_INJECT = r"""
+import errno, os, sys
+from rocforge_build import cli, replace
+from rocforge_build.substitute import oci
+
+where, code = sys.argv[1], getattr(errno, sys.argv[2])
+if where == "staging":
+    real_replace = os.replace
+    def failing_replace(src, dst, *args, **kwargs):
+        if str(dst).endswith(".rocforge-new"):
+            raise OSError(code, os.strerror(code), str(src), None, str(dst))
+        return real_replace(src, dst, *args, **kwargs)
+    os.replace = failing_replace
+elif where == "swap":
+    def failing_exchange(a, b):
+        raise OSError(code, os.strerror(code), str(a), None, str(b))
+    replace.exchange = failing_exchange
+elif where == "layer":
+    real_drain = oci._HashingWriter._drain
+    class Failing:
+        def write(self, chunk):
+            raise OSError(code, os.strerror(code))
+    def failing_drain(self):
+        self.out = Failing()
+        real_drain(self)
+    oci._HashingWriter._drain = failing_drain
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+def _bytes_of(top: Path) -> dict[str, str]:
+    """Every file below `top` by its bytes' sha256 (links by their target)."""
+    import hashlib
+
+    return {rel: (os.readlink(p) if p.is_symlink() else "dir" if p.is_dir()
+                  else hashlib.sha256(p.read_bytes()).hexdigest()) for rel, p in _walk(top)}
+
+
+@pytest.mark.parametrize(("where", "name", "code", "words"), [
+    ("staging", "EIO", 2, "Input/output error"),
+    ("staging", "EXDEV", 2, "Invalid cross-device link"),
+    ("staging", "EACCES", 2, "Permission denied"),
+    ("swap", "EIO", 2, "Input/output error"),
+    ("staging", "ENOSPC", 10, "no space left on the device"),
+    ("swap", "ENOSPC", 10, "no space left on the device"),
+    ("layer", "ENOSPC", 10, "no space left on the device"),
+])
+def test_an_os_error_on_this_machines_disk_mid_pull_is_one_line_the_old_build_kept(second, where, name, code, words):
+    """An I/O error on a rename is the disk's, not a bug (it was exit 70, 'internal error'): one
+    line with the path and the OS's reason; a full disk is exit 10.  Either way the old build
+    stays byte for byte and no staging tree (`*.rocforge-new`, the layer's holder) is left."""
+    before = _bytes_of(second.prefix)
+    res = python(_INJECT, where, name, "build", str(second.recipe), "--backend", "cpu", "--substitute-only",
+                 "--force", "--prefix", str(second.prefix), env=second.machine.env)
+    line = one_error(res, code)
+    assert words in line, line
+    assert str(second.prefix) in line, line  # the path: the staging dir, the prefix or the layer
+    second.untouched()
+    assert _bytes_of(second.prefix) == before
+    assert not list(second.prefix.parent.glob("*.rocforge-*")), list(second.prefix.parent.iterdir())
