@@ -43,7 +43,6 @@ import hashlib
 import json
 import os
 import shutil
-import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from pathlib import Path
 
 from rocforge_build.download_policy import (
     Deadline,
+    Pace,
     Retry,
     RetryPolicy,
     policy_or_config,
@@ -442,33 +442,12 @@ def _paced(chunks, policy: RetryPolicy, deadline: Deadline):
     """Pass chunks through; a stream slower than `policy.min_rate` bytes/s over the last
     `policy.rate_window` seconds is dropped (and retried, resuming after what arrived), and one
     still going at the deadline ends there (however fast: `with_retries` then stops)."""
-    if not policy.min_rate:
-        for chunk in chunks:
-            yield chunk
-            _check_deadline(deadline)
-        return
-    window = policy.rate_window
-    start = time.monotonic()
-    marks: list[tuple[float, int]] = [(start, 0)]
-    got = 0
+    pace = Pace(policy, deadline)
     for chunk in chunks:
-        got += len(chunk)
         yield chunk
-        _check_deadline(deadline)
-        now = time.monotonic()
-        marks.append((now, got))
-        while len(marks) > 1 and marks[1][0] <= now - window:
-            marks.pop(0)
-        t0, n0 = marks[0]
-        if now - start >= window and now - t0 >= window * 0.5 and \
-                (got - n0) / (now - t0) < policy.min_rate:
-            raise Retry(f"too slow: {(got - n0) / (now - t0):.0f} bytes/s over the last "
-                         f"{now - t0:.0f} s, below download.min_rate {policy.min_rate:.0f}")
-
-
-def _check_deadline(deadline: Deadline) -> None:
-    if deadline.left() <= 0:
-        raise Retry(f"still receiving at {deadline.words()}")
+        why = pace.add(len(chunk))
+        if why is not None:
+            raise Retry(why)
 
 
 def _chunks(resp, policy: RetryPolicy, deadline: Deadline):

@@ -97,6 +97,37 @@ class Deadline:
         return f"the {self.seconds:g} s limit ({self.key})"
 
 
+class Pace:
+    """One stream's pace against the policy: past the whole deadline, or under `min_rate` bytes/s
+    averaged over the last `rate_window` seconds (once a window has passed), it is to stop.  The
+    one rule every transfer follows: a download, a listing, a substitute store's blob or
+    manifest."""
+
+    def __init__(self, policy: RetryPolicy, deadline: Deadline):
+        self.min_rate, self.window, self.deadline = policy.min_rate, policy.rate_window, deadline
+        self.start = time.monotonic()
+        self.marks: list[tuple[float, int]] = [(self.start, 0)]
+        self.got = 0
+
+    def add(self, count: int) -> str | None:
+        """`count` more bytes arrived: why the stream must stop now, or None."""
+        self.got += count
+        if self.deadline.left() <= 0:
+            return f"still receiving at {self.deadline.words()}"
+        if not self.min_rate:
+            return None
+        now = time.monotonic()
+        self.marks.append((now, self.got))
+        while len(self.marks) > 1 and self.marks[1][0] <= now - self.window:
+            self.marks.pop(0)
+        t0, n0 = self.marks[0]
+        if now - self.start >= self.window and now - t0 >= self.window * 0.5 and \
+                (self.got - n0) / (now - t0) < self.min_rate:
+            return (f"too slow: {(self.got - n0) / (now - t0):.0f} bytes/s over the last "
+                    f"{now - t0:.0f} s, below download.min_rate {self.min_rate:.0f}")
+        return None
+
+
 class Retry(Exception):
     def __init__(self, reason: str, retry_after: str | None = None):
         super().__init__(reason)

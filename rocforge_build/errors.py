@@ -93,6 +93,27 @@ class StoreError(RocforgeError):
     exit_code = 11
 
 
+def disk_failure(exc: OSError, doing: str) -> RocforgeError:
+    """An OS error met writing or renaming on this machine's disk as one line naming the path and
+    the OS's reason: a full disk (ENOSPC, EDQUOT) a DiskFullError (exit 10), anything else (EIO,
+    EXDEV, EACCES, ...) a UsageError (exit 2: the place given cannot be used), never a bug's
+    exit 70."""
+    import errno
+    import os
+
+    paths = [os.fsdecode(p) for p in (exc.filename, exc.filename2) if p is not None]
+    where = " -> ".join(paths) or "a path below it"
+    text = exc.strerror or reason(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        directory = os.path.dirname(paths[-1]) if paths else "."
+        return DiskFullError(f"no space left on the device while {doing} ({where}); nothing "
+                             "half-written was kept", f"free space there (`df -h {directory}`) "
+                             "and run the command again")
+    return UsageError(f"cannot finish {doing}: {text}: {where}",
+                      "check that file system (permissions, a mount point, `dmesg` for I/O "
+                      "errors) and run the command again")
+
+
 def reason(exc: BaseException, *, name_file: bool = False) -> str:
     """An exception in a person's words: an OSError's own text (its strerror; with name_file,
     where the message does not name the path already, "No such file or directory: /x"), never

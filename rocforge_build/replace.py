@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 from rocforge_build import ownership, signals
-from rocforge_build.errors import UsageError
+from rocforge_build.errors import UsageError, disk_failure
 from rocforge_build.manifest_schema import MANIFEST
 from rocforge_build.ownership import SCRATCH, valid_marker
 from rocforge_build.rename_exchange import exchange
@@ -406,8 +406,8 @@ def swap(new: Path, dest: Path, marker: str, keep: Path | None = None) -> None:
     try:
         _swap(new, dest, marker, keep)
     except OSError as exc:
-        if exc.errno not in _RENAME_ERRORS:
-            raise
+        if exc.errno not in _RENAME_ERRORS or exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise disk_failure(exc, f"replacing {dest}") from exc  # EIO, a full disk: one line
         raise UsageError(f"cannot replace {dest}: {exc.strerror}" + (
             " (a file system is mounted there, or beside it)" if exc.errno in (errno.EBUSY, errno.EXDEV)
             else ""), f"choose a {dest.name} on one file system, not a mount point, then run the "

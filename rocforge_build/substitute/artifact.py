@@ -14,11 +14,15 @@ from dataclasses import dataclass
 
 from rocforge_build.forge.substitute_key import SubstituteKey
 from rocforge_build.substitute import oci, signing
-from rocforge_build.substitute.oci import Descriptor, Manifest, Store, StoreError
+from rocforge_build.substitute.oci import Descriptor, Manifest, Store, StoreError, StoreUnreachable
 
 MAX_SIGNATURE = 8 << 10
 SIGNER = "dev.rocforge.signer"  # the key id a referrer says signed it (a hint: the signature decides)
 MAX_DOCUMENT = 4 << 20
+# The referrers naming a trusted key read per build and type: their manifests and blobs are read
+# one by one, so a store listing hundreds of them (each answered just in time) would hold a pull
+# for hours; all of them are also read within one download.listing_deadline (`_walk`).
+MAX_READ_REFERRERS = 32
 
 
 class Refused(StoreError):
@@ -85,37 +89,103 @@ def _by_trusted(refs: list[Descriptor], trusted: list[signing.PublicKey]) -> tup
     return named, [f"signed by the key {k}, which is not trusted" for k in others[:3]]
 
 
+class _Walk:
+    """The referrers naming a trusted key, read one by one (`for ref in walk`, inside `with
+    walk`): at most MAX_READ_REFERRERS, all within one store transfer (download.listing_deadline,
+    or sooner when the caller's transfer ends sooner), and `skipped` says in one line what was
+    not read and why."""
+
+    def __init__(self, store: Store, build: Manifest, kind: str, candidates: list[Descriptor]):
+        self.store, self.kind, self.candidates = store, kind, candidates
+        self.what = f"the {kind} referrers of {build.digest[:19]}"
+        self.read = 0
+        self.expired = False
+
+    def __enter__(self) -> _Walk:
+        self._context = self.store.transfer(self.what)
+        self.transfer = self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._context.__exit__(*exc)
+
+    def __iter__(self):
+        for ref in self.candidates[:MAX_READ_REFERRERS]:
+            if self.transfer.expired():
+                self.expired = True
+                return
+            yield ref
+            self.read += 1
+
+    def stopped(self, exc: StoreUnreachable) -> bool:
+        """Whether `exc` is the walk's own deadline (the walk ends) rather than one read's."""
+        self.expired = self.transfer.expired()
+        return self.expired
+
+    @property
+    def skipped(self) -> str | None:
+        left = len(self.candidates) - self.read
+        if left <= 0:
+            return None
+        why = (f"stopped at {self.transfer.deadline.words()}" if self.expired
+               else f"at most {MAX_READ_REFERRERS} are read")
+        return (f"{left} of the {len(self.candidates)} {self.kind} referrers of "
+                f"{self.what.rsplit(' ', 1)[-1]} naming a trusted key were skipped ({why})")
+
+
 def signed_by(store: Store, build: Manifest, trusted: list[signing.PublicKey]) -> str:
     """The id of a trusted key whose signature of the build's manifest bytes holds, or Refused
-    saying why none does (no signature, only untrusted keys, or a signature that does not match)."""
+    saying why none does (no signature, only untrusted keys, or a signature that does not match,
+    and what was skipped: `_Walk`)."""
     candidates, problems = _by_trusted(store.referrers(build.digest, oci.SIGNATURE_TYPE), trusted)
-    for ref in candidates:
-        try:
-            man = store.manifest(ref.digest)
-            sig_layer = _one_layer(man, oci.MINISIGN_LAYER, store)
-            text = store.read_blob(sig_layer, MAX_SIGNATURE).decode("utf-8", "replace")
-            verified = signing.verify(build.data, text, trusted)
-        except (StoreError, signing.SignatureError) as exc:
-            problems.append(exc.message)
-            continue
-        if verified.trusted_comment != signature_comment("build", build.digest):
-            problems.append("a signature's trusted comment names another artifact")
-            continue
-        return verified.key_id
+    with _Walk(store, build, "signature", candidates) as walk:
+        for ref in walk:
+            try:
+                man = store.manifest(ref.digest)
+                sig_layer = _one_layer(man, oci.MINISIGN_LAYER, store)
+                text = store.read_blob(sig_layer, MAX_SIGNATURE, "signature").decode("utf-8", "replace")
+                verified = signing.verify(build.data, text, trusted)
+            except StoreUnreachable as exc:
+                if walk.stopped(exc):
+                    break
+                raise
+            except (StoreError, signing.SignatureError) as exc:
+                problems.append(exc.message)
+                continue
+            if verified.trusted_comment != signature_comment("build", build.digest):
+                problems.append("a signature's trusted comment names another artifact")
+                continue
+            return verified.key_id
+    skipped = f"; {walk.skipped}" if walk.skipped else ""
     if not problems:
-        raise Refused(f"{store.url}: the build {build.digest[:19]} is not signed",
+        raise Refused(f"{store.url}: the build {build.digest[:19]} is not signed" if not skipped else
+                      f"{store.url}: no trusted signature of the build {build.digest[:19]} was read{skipped}",
                       "ask its publisher to sign it (`rocforge publish` signs every build)")
-    raise Refused(f"{store.url}: no trusted signature of the build {build.digest[:19]}: {problems[0]}",
+    raise Refused(f"{store.url}: no trusted signature of the build {build.digest[:19]}: {problems[0]}"
+                  f"{skipped}",
                   "trust the publisher's key (substitute.trusted_keys) only if you trust them")
 
 
 def attached(store: Store, build: Manifest, artifact_type: str,
-             trusted: list[signing.PublicKey]) -> tuple[list[Attached], list[str]]:
+             trusted: list[signing.PublicKey], notes: list[str] | None = None
+             ) -> tuple[list[Attached], list[str]]:
     """The documents of `artifact_type` attached to a build whose signature by a trusted key
-    holds, and one line for each one left out (untrusted, altered, malformed)."""
+    holds, and one line for each one left out (untrusted, altered, malformed); the line for the
+    referrers not read at all (`_Walk`) goes to `notes` too."""
     candidates, left_out = _by_trusted(store.referrers(build.digest, artifact_type), trusted)
     good = []
-    for ref in candidates:
+    with _Walk(store, build, artifact_type.rsplit(".", 2)[-2], candidates) as walk:
+        _read_attached(store, build, artifact_type, trusted, walk, good, left_out)
+    if walk.skipped:
+        left_out.append(walk.skipped)
+        if notes is not None:
+            notes.append(f"{store.url}: {walk.skipped}")
+    return good, left_out
+
+
+def _read_attached(store: Store, build: Manifest, artifact_type: str, trusted: list[signing.PublicKey],
+                   walk: _Walk, good: list[Attached], left_out: list[str]) -> None:
+    for ref in walk:
         try:
             man = store.manifest(ref.digest)
             if man.subject is None or man.subject.digest != build.digest:
@@ -124,8 +194,8 @@ def attached(store: Store, build: Manifest, artifact_type: str,
                 raise Refused(f"{ref.digest[:19]} is not a {artifact_type}")
             doc_layer = _one_layer(man, oci.JSON_LAYER, store)
             sig_layer = _one_layer(man, oci.MINISIGN_LAYER, store)
-            data = store.read_blob(doc_layer, MAX_DOCUMENT)
-            text = store.read_blob(sig_layer, MAX_SIGNATURE).decode("utf-8", "replace")
+            data = store.read_blob(doc_layer, MAX_DOCUMENT, "document")
+            text = store.read_blob(sig_layer, MAX_SIGNATURE, "signature").decode("utf-8", "replace")
             verified = signing.verify(data, text, trusted)
             if not verified.trusted_comment.endswith(f" {build.digest} {oci.sha256_digest(data)}"):
                 raise Refused(f"{ref.digest[:19]}: its signature names another document")
@@ -134,6 +204,10 @@ def attached(store: Store, build: Manifest, artifact_type: str,
                 raise Refused(f"{ref.digest[:19]}: not a JSON object")
             if doc.get("key") not in (None, "") and doc.get("key") != build.config.digest:
                 raise Refused(f"{ref.digest[:19]}: made for another key")
+        except StoreUnreachable as exc:
+            if walk.stopped(exc):
+                return
+            raise
         except (StoreError, signing.SignatureError) as exc:
             left_out.append(exc.message)
             continue
@@ -141,7 +215,6 @@ def attached(store: Store, build: Manifest, artifact_type: str,
             left_out.append(f"{ref.digest[:19]}: not JSON")
             continue
         good.append(Attached(man.digest, artifact_type, doc, verified.key_id))
-    return good, left_out
 
 
 
@@ -168,7 +241,7 @@ def check_build(store: Store, man: Manifest, key: SubstituteKey) -> Descriptor:
         raise Refused(f"{store.url}: the artifact under {key.tag[:25]}... was made for another key "
                       f"({man.config.digest[:19]}): re-tagged, not this build",
                       "the store holds a build of other inputs under this key's tag; it is not used")
-    document = store.read_blob(man.config, MAX_DOCUMENT)
+    document = store.read_blob(man.config, MAX_DOCUMENT, "key document")
     if document != key.document:
         why = key.mismatch(json.loads(document)) if document else "empty"
         raise Refused(f"{store.url}: the key document differs: {why}")

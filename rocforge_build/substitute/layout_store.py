@@ -71,8 +71,8 @@ class LayoutStore(oci.Store):
 
     def _index(self) -> list[Descriptor]:
         try:
-            with self._open("index.json") as fh:
-                data = oci.read_capped(fh, MAX_INDEX, f"{self.url} index.json")
+            with self.transfer("index.json") as transfer, self._open("index.json") as fh:
+                data = oci.read_capped(transfer.paced(fh), MAX_INDEX, f"{self.url} index.json")
         except NotFound:
             return []
         return oci.parse_index(data, f"{self.url} index.json")
@@ -140,7 +140,7 @@ class LayoutStore(oci.Store):
 
         self._update_index(change)
 
-    def tags(self) -> list[str]:
+    def _tags(self) -> list[str]:
         """The index's names that are OCI tags (anything else in a hand-made index.json is not
         a name rocforge looks up, and never reaches a terminal)."""
         return [t for t in (e.annotations.get(oci.REF_NAME) for e in self._index())
@@ -305,7 +305,7 @@ class HttpsStore(LayoutStore):
     def __init__(self, url: str, timeout: float):
         import requests
 
-        self.url, self.timeout = url.rstrip("/"), timeout
+        self.url, self.timeout = oci.shown_url(url.rstrip("/")), timeout
         self.base = urlsplit(self.url)
         self.session = requests.Session()
         self.session.trust_env = True
@@ -316,10 +316,14 @@ class HttpsStore(LayoutStore):
 
         url = f"{self.url}/{rel}"
         headers = {"Accept-Encoding": "identity", **({"Range": f"bytes={start}-"} if start else {})}
+        transfer = self.current_transfer(rel)
         try:
             for _ in range(6):
+                if transfer.expired():
+                    raise transfer.expired_error()
+                wait = transfer.timeout(self.timeout)  # each wait ends by the transfer's deadline
                 r = self.session.get(url, headers=headers, stream=True, allow_redirects=False,
-                                     timeout=(self.timeout, self.timeout))
+                                     timeout=(wait, wait))
                 if r.status_code not in (301, 302, 303, 307, 308):
                     break
                 target = urlsplit(requests.compat.urljoin(url, r.headers.get("Location", "")))
@@ -345,9 +349,11 @@ class HttpsStore(LayoutStore):
                         raise StoreUnreachable(f"{self.url}: {rel} ended early")
                     left -= len(got)
         except requests.RequestException as exc:
+            if transfer.expired():
+                raise transfer.expired_error() from None
             raise StoreUnreachable(f"{self.url}: {rel}: {type(exc).__name__}") from None
         try:
-            yield _Guarded(raw, f"{self.url}: {rel}")
+            yield _Guarded(raw, f"{self.url}: {rel}", self.timeout)
         finally:
             r.close()
 
@@ -365,14 +371,24 @@ class HttpsStore(LayoutStore):
 
 
 class _Guarded(io.RawIOBase):
-    """A response body whose network errors are StoreUnreachable lines, not tracebacks."""
+    """A response body whose network errors are StoreUnreachable lines, not tracebacks; each read
+    hands over what has arrived (urllib3's read1), its wait ending by `deadline` when a
+    Transfer sets one (oci._PacedReader), so no single read can outlast the transfer."""
 
-    def __init__(self, raw, where: str):
-        self.raw, self.where = raw, where
+    deadline = None
+
+    def __init__(self, raw, where: str, timeout: float | None = None):
+        self.raw, self.where, self.timeout = raw, where, timeout
+        inner = getattr(raw, "_raw_stream", raw)  # botocore's StreamingBody holds urllib3's
+        self.read1 = getattr(inner, "read1", None)
+        self.sock = oci.socket_of(inner)
 
     def read(self, n: int = -1) -> bytes:
+        n = n if n and n > 0 else oci.CHUNK
         try:
-            return self.raw.read(n if n and n > 0 else oci.CHUNK)
+            if self.sock is not None and self.deadline is not None and self.timeout:
+                self.sock.settimeout(self.deadline.timeout(self.timeout))
+            return self.read1(n) if self.read1 is not None else self.raw.read(n)
         except Exception as exc:  # urllib3's timeouts and protocol errors
             raise StoreUnreachable(f"{self.where}: {type(exc).__name__}") from None
 
@@ -462,8 +478,9 @@ class S3Store(LayoutStore):
                 entries, condition = [], {"IfNoneMatch": "*"}
             else:
                 try:
-                    data = oci.read_capped(_Guarded(head["Body"], f"{self.url}: index.json"), MAX_INDEX,
-                                           f"{self.url} index.json")
+                    with self.transfer("index.json") as transfer:
+                        data = oci.read_capped(transfer.paced(_Guarded(head["Body"], f"{self.url}: index.json")),
+                                               MAX_INDEX, f"{self.url} index.json")
                 finally:
                     head["Body"].close()
                 entries = oci.parse_index(data, f"{self.url} index.json")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from rocforge_build.download_policy import Deadline, Pace, RetryPolicy, policy_or_config
 from rocforge_build.errors import IntegrityError, NetworkError
 
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -105,6 +106,85 @@ class StoreError(IntegrityError):
 
 class StoreUnreachable(NetworkError):
     """A store that did not answer, dropped the connection or refused the credentials."""
+
+
+class TransferExpired(StoreUnreachable):
+    """A store read still going at its whole deadline: not resumed, not retried."""
+
+
+def shown_url(url: str) -> str:
+    """A store URL for a message: any user:password@ left out."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{netloc.rpartition('@')[2]}{slash}{path}" if sep else url
+
+
+def socket_of(raw) -> object | None:
+    """The socket under a streaming urllib3 response (2.x), or None where the layout differs."""
+    sock = getattr(getattr(raw, "_connection", None), "sock", None)
+    return sock if hasattr(sock, "settimeout") else None
+
+
+class Transfer:
+    """One read from a store (a manifest, a blob, index.json, a listing) under download_policy's
+    rules, as every download: a whole deadline (`download.deadline` for a layer,
+    `download.listing_deadline` for everything small) and `download.min_rate` over
+    `download.rate_window`.  One begun inside another ends by the outer one's deadline too."""
+
+    def __init__(self, url: str, what: str, deadline: Deadline, policy: RetryPolicy):
+        self.url, self.what, self.deadline, self.policy = shown_url(url), what, deadline, policy
+
+    def expired(self) -> bool:
+        return self.deadline.left() <= 0
+
+    def timeout(self, seconds: float) -> float:
+        """A wait of `seconds` (the store's timeout), shortened to end by the deadline."""
+        return self.deadline.timeout(seconds)
+
+    def pace(self) -> Pace:
+        return Pace(self.policy, self.deadline)
+
+    def stop(self, why: str) -> StoreUnreachable:
+        """The one line for a read stopped by the policy: the store, what, and the key to raise."""
+        if why.startswith("too slow"):
+            return StoreUnreachable(f"{self.url}: {self.what}: {why}",
+                                    "the store or the link is slow; a slow link may lower the "
+                                    "least rate: rocforge config set download.min_rate BYTES_PER_S "
+                                    "(0 turns the check off)")
+        return TransferExpired(f"{self.url}: {self.what}: {why}",
+                               "the store or the link is slow; a slow link may raise the limit: "
+                               f"rocforge config set {self.deadline.key} SECONDS")
+
+    def expired_error(self) -> TransferExpired:
+        return self.stop(f"still receiving at {self.deadline.words()}")  # type: ignore[return-value]
+
+    def paced(self, fh: BinaryIO) -> _PacedReader:
+        return _PacedReader(fh, self)
+
+
+class _PacedReader:
+    """A store's byte stream read under a Transfer: each read's wait ends by the deadline (where
+    the stream lets its socket be told), and each chunk is counted against the pace."""
+
+    def __init__(self, fh: BinaryIO, transfer: Transfer):
+        self.fh, self.transfer, self.pace = fh, transfer, transfer.pace()
+        if hasattr(fh, "deadline"):
+            fh.deadline = transfer.deadline
+
+    def read(self, size: int = CHUNK) -> bytes:
+        if self.transfer.expired():
+            raise self.transfer.expired_error()
+        try:
+            chunk = self.fh.read(size)
+        except StoreUnreachable:
+            if self.transfer.expired():
+                raise self.transfer.expired_error() from None
+            raise
+        if chunk:
+            why = self.pace.add(len(chunk))
+            if why is not None:
+                raise self.transfer.stop(why)
+        return chunk
 
 
 def sha256_digest(data: bytes) -> str:
@@ -266,6 +346,42 @@ class Store:
 
     url: str = ""          # for people: never holds a credential
     writable: bool = True
+    _policy: RetryPolicy | None = None  # None: the configuration's [download]
+    _transfer: Transfer | None = None  # the read under way (`transfer`)
+
+    @property
+    def policy(self) -> RetryPolicy:
+        if self._policy is None:
+            self._policy = policy_or_config(None)
+        return self._policy
+
+    @policy.setter
+    def policy(self, value: RetryPolicy | None) -> None:
+        self._policy = value
+
+    def new_transfer(self, what: str, *, large: bool = False) -> Transfer:
+        """A transfer of its own (`download.deadline` for a layer, else
+        `download.listing_deadline`), ending by the one under way if that ends sooner."""
+        policy = self.policy
+        own = (Deadline.start(policy.deadline, "download.deadline") if large
+               else Deadline.start(policy.listing_deadline, "download.listing_deadline"))
+        outer = self._transfer
+        deadline = own if outer is None or own.at <= outer.deadline.at else outer.deadline
+        return Transfer(self.url, what, deadline, policy)
+
+    @contextlib.contextmanager
+    def transfer(self, what: str, *, large: bool = False) -> Iterator[Transfer]:
+        """Every read inside runs under this transfer (see Transfer)."""
+        outer = self._transfer
+        self._transfer = current = self.new_transfer(what, large=large)
+        try:
+            yield current
+        finally:
+            self._transfer = outer
+
+    def current_transfer(self, what: str) -> Transfer:
+        """The transfer under way, or one of its own for a read outside any (a push's answer)."""
+        return self._transfer or self.new_transfer(what)
 
     # -- what a subclass implements --------------------------------------------------------
     def _open_blob(self, digest: str, start: int = 0) -> contextlib.AbstractContextManager[BinaryIO]:
@@ -285,7 +401,7 @@ class Store:
     def _put_manifest(self, data: bytes, media_type: str, ref: str) -> None:
         raise NotImplementedError
 
-    def tags(self) -> list[str]:
+    def _tags(self) -> list[str]:
         raise NotImplementedError
 
     def _native_referrers(self, digest: str) -> list[Descriptor] | None:
@@ -299,30 +415,38 @@ class Store:
     def not_found(self, what: str) -> StoreError:
         return NotFound(f"{self.url}: no {what}")
 
+    def tags(self) -> list[str]:
+        with self.transfer("the tags"):
+            return self._tags()
+
     def manifest(self, ref: str) -> Manifest:
         digest = ref if ref.startswith("sha256:") else None
         if digest:
             check_digest(digest, self.url)
         else:
             check_tag(ref, self.url)
-        data, media_type = self._get_manifest(ref)
+        with self.transfer(f"manifest {ref[:80]}"):
+            data, media_type = self._get_manifest(ref)
         if media_type != MANIFEST:
             raise StoreError(f"{self.url}: {ref} is a {media_type[:60]}, not an OCI image manifest")
         return Manifest.parse(data, f"{self.url} {ref}", digest=digest)
 
     def index(self, ref: str) -> list[Descriptor]:
-        data, media_type = self._get_manifest(ref)
+        with self.transfer(f"index {ref[:80]}"):
+            data, media_type = self._get_manifest(ref)
         if media_type != INDEX:
             raise StoreError(f"{self.url}: {ref} is a {media_type[:60]}, not an OCI image index")
         return parse_index(data, f"{self.url} {ref}")
 
-    def read_blob(self, desc: Descriptor, cap: int = MAX_SMALL_BLOB) -> bytes:
-        """A small blob's bytes, checked against its descriptor (size first, then digest)."""
+    def read_blob(self, desc: Descriptor, cap: int = MAX_SMALL_BLOB, what: str = "blob") -> bytes:
+        """A small blob's bytes (`what`: its name in a message, "key document"), checked against
+        its descriptor (size first, then digest), read within one transfer."""
         if desc.size > cap:
             raise StoreError(f"{self.url}: blob {desc.digest[:19]} is {desc.size} bytes, past the "
                              f"{cap}-byte cap")
-        with self._open_blob(desc.digest) as fh:
-            data = _read_exact(fh, desc.size, f"{self.url}: blob {desc.digest[:19]}")
+        with self.transfer(f"{what} {desc.digest[:19]}") as transfer, \
+                self._open_blob(desc.digest) as fh:
+            data = _read_exact(transfer.paced(fh), desc.size, f"{self.url}: blob {desc.digest[:19]}")
         if sha256_digest(data) != desc.digest:
             raise StoreError(f"{self.url}: blob {desc.digest[:19]}'s bytes do not match its digest")
         return data
@@ -338,11 +462,13 @@ class Store:
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         ok = False
         try:
-            with os.fdopen(fd, "wb") as out, _HashingWriter(out) as sink:
+            with os.fdopen(fd, "wb") as out, _HashingWriter(out) as sink, \
+                    self.transfer(f"layer {desc.digest[:19]}", large=True) as transfer:
                 attempt = 0
                 while got < desc.size:
                     try:
-                        with self._open_blob(desc.digest, got) as fh:
+                        with self._open_blob(desc.digest, got) as raw:
+                            fh = transfer.paced(raw)
                             while got < desc.size:
                                 chunk = fh.read(min(CHUNK, desc.size - got))
                                 if not chunk:
@@ -352,6 +478,8 @@ class Store:
                             if got == desc.size and fh.read(1):
                                 raise StoreError(f"{self.url}: layer {desc.digest[:19]} is longer than "
                                                  f"its {desc.size} bytes")
+                    except TransferExpired:
+                        raise
                     except StoreUnreachable:
                         if attempt >= retries:
                             raise
@@ -365,6 +493,10 @@ class Store:
             if digest != desc.digest:
                 raise StoreError(f"{self.url}: layer {desc.digest[:19]}'s bytes do not match its digest")
             ok = True
+        except OSError as exc:  # writing `dest` (a full disk, an I/O error): named for the line
+            if exc.filename is None:
+                exc.filename = str(dest)
+            raise
         finally:
             if not ok:
                 with contextlib.suppress(OSError):
@@ -422,12 +554,13 @@ class Store:
 
     def referrers(self, digest: str, artifact_type: str | None = None) -> list[Descriptor]:
         check_digest(digest, self.url)
-        found = self._native_referrers(digest)
-        if found is None:
-            try:
-                found = self.index(fallback_tag(digest))
-            except NotFound:
-                found = []
+        with self.transfer(f"the referrers of {digest[:19]}"):
+            found = self._native_referrers(digest)
+            if found is None:
+                try:
+                    found = self.index(fallback_tag(digest))
+                except NotFound:
+                    found = []
         if len(found) > MAX_REFERRERS:
             raise StoreError(f"{self.url}: {digest[:19]} has {len(found)} referrers, past {MAX_REFERRERS}")
         return [d for d in found if artifact_type is None or d.artifact_type == artifact_type]
@@ -458,11 +591,19 @@ def _read_exact(fh: BinaryIO, size: int, where: str) -> bytes:
 
 
 def read_capped(fh: BinaryIO, cap: int, where: str) -> bytes:
-    """At most `cap` bytes of a reply whose length is not known ahead (a manifest)."""
-    data = fh.read(cap + 1)
-    if len(data) > cap:
+    """At most `cap` bytes of a reply whose length is not known ahead (a manifest), read a chunk
+    at a time (so a paced stream judges each)."""
+    parts: list[bytes] = []
+    got = 0
+    while got <= cap:
+        chunk = fh.read(min(CHUNK, cap + 1 - got))
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    if got > cap:
         raise StoreError(f"{where}: past the {cap}-byte cap")
-    return data
+    return b"".join(parts)
 
 
 def chunks(fh: BinaryIO) -> Iterator[bytes]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rocforge_build import replace
-from rocforge_build.errors import RocforgeError
+from rocforge_build.errors import RocforgeError, disk_failure
 from rocforge_build.forge.locations import STAGED, destdir
 from rocforge_build.forge.substitute_key import SubstituteOutcome
 from rocforge_build.manifest_schema import MANIFEST
@@ -46,6 +46,9 @@ def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
     for url in policy.stores:
         try:
             record, verified = _from_store(url, plan, staging, trusted, model, say)
+        except OSError as exc:  # this machine's disk (the layer, the unpacked tree, a rename):
+            # no other store helps, and each step's partial file or tree is already removed
+            raise disk_failure(exc, f"pulling a substitute into {staging}") from exc
         except artifact.KnownBad as bad:
             return SubstituteOutcome(False, one_line(bad.message), (*tried, one_line(f"{url}: {bad.message}")),
                                      advisory=one_line(bad.message))
@@ -71,16 +74,22 @@ def _from_store(url: str, plan: Plan, staging: Path, trusted, model, say) -> tup
         layer = artifact.check_build(store, man, key)
         if not trusted:
             raise Miss("untrusted: substitute.trusted_keys is empty, so no signature can be trusted")
-        signer = artifact.signed_by(store, man, trusted)
-        advisories, _ = artifact.attached(store, man, oci.ADVISORY_TYPE, trusted)
-        if advisories:
-            withdrawals, _ = artifact.attached(store, man, oci.WITHDRAWAL_TYPE, trusted)
-            advisories = artifact.in_force(advisories, withdrawals)
-        if advisories:
-            reason = str(advisories[0].document.get("reason", "no reason given"))[:300]
-            raise artifact.KnownBad(f"known bad: an advisory signed by {advisories[0].signer} says: "
-                                    f"{reason}")
-        attestations, _ = artifact.attached(store, man, oci.EVIDENCE_TYPE, trusted)
+        notes: list[str] = []
+        # every referrer of the build (signatures, advisories, evidence) read within one
+        # download.listing_deadline, however many a store lists and however slowly it answers
+        with store.transfer(f"the referrers of {man.digest[:19]}"):
+            signer = artifact.signed_by(store, man, trusted)
+            advisories, _ = artifact.attached(store, man, oci.ADVISORY_TYPE, trusted, notes)
+            if advisories:
+                withdrawals, _ = artifact.attached(store, man, oci.WITHDRAWAL_TYPE, trusted, notes)
+                advisories = artifact.in_force(advisories, withdrawals)
+            if advisories:
+                reason = str(advisories[0].document.get("reason", "no reason given"))[:300]
+                raise artifact.KnownBad(f"known bad: an advisory signed by {advisories[0].signer} "
+                                        f"says: {reason}")
+            attestations, _ = artifact.attached(store, man, oci.EVIDENCE_TYPE, trusted, notes)
+        for note in notes:
+            say(f"substitute: {note}")
         say(f"substitute: {store.url} has it ({layer.size / 1e6:.1f} MB, signed by {signer}, "
             f"{len(attestations)} attestation(s)); pulling")
         t_checked = time.monotonic()

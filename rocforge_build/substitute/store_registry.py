@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from typing import BinaryIO, NoReturn
 from urllib.parse import urlencode, urljoin, urlsplit
@@ -146,8 +145,9 @@ def _reason(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _network_errors(where: str, timeout: float) -> Iterator[None]:
-    """Every way a request or a streamed read fails, as one StoreUnreachable line."""
+def _network_errors(where: str, timeout: float, transfer: oci.Transfer | None = None) -> Iterator[None]:
+    """Every way a request or a streamed read fails, as one StoreUnreachable line; a wait cut
+    short by the transfer's deadline says so (the limit and its key)."""
     try:
         yield
     except RocforgeError:
@@ -155,6 +155,8 @@ def _network_errors(where: str, timeout: float) -> Iterator[None]:
     except requests.exceptions.SSLError as exc:
         raise StoreUnreachable(f"{where}: TLS failed: {_reason(exc)}", TLS_HINT) from None
     except (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError, TimeoutError):
+        if transfer is not None and transfer.expired():
+            raise transfer.expired_error() from None
         raise StoreUnreachable(f"{where}: no answer within {timeout:g} s",
                                "the registry is down or overloaded; try again later") from None
     except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError,
@@ -174,27 +176,37 @@ class _LargeBlocks(requests.adapters.HTTPAdapter):
 
 class _BoundedSession(requests.Session):
     """requests' Session as a registry client needs it: a connect and read timeout on every
-    request (oras-py's token requests too), redirects left to the caller, no ~/.netrc (a
-    registry's credentials come from rocforge's variables or docker's), and an answer not asked
-    to stream read whole only up to MAX_SMALL_ANSWER bytes and within a deadline."""
+    request (oras-py's token requests too), each ending by the store's transfer's deadline,
+    redirects left to the caller, no ~/.netrc (a registry's credentials come from rocforge's
+    variables or docker's), and an answer not asked to stream read whole only up to
+    MAX_SMALL_ANSWER bytes, within the transfer's deadline and at its least rate."""
 
     def __init__(self, timeout: float, where: str):
         super().__init__()
         self.timeout = timeout
         self.where = where
+        self.transfer = None  # set by RegistryStore: (what) -> the oci.Transfer under way
         self.headers["User-Agent"] = USER_AGENT
         self.headers["Accept-Encoding"] = "identity"  # a blob's bytes are its digest's bytes
         self.auth = _no_netrc
         for prefix in ("http://", "https://"):
             self.mount(prefix, _LargeBlocks())
 
+    def current(self, what: str) -> oci.Transfer | None:
+        return self.transfer(what) if self.transfer is not None else None
+
     def request(self, method, url, *args, **kwargs):
         stream = kwargs.pop("stream", False)
-        kwargs["timeout"] = (self.timeout, self.timeout)
+        what = f"{method} {_shown_path(url)}"
+        transfer = self.current(what)
+        if transfer is not None and transfer.expired():
+            raise transfer.expired_error()
+        wait = transfer.timeout(self.timeout) if transfer is not None else self.timeout
+        kwargs["timeout"] = (wait, wait)
         kwargs["allow_redirects"] = False
         response = super().request(method, url, *args, stream=True, **kwargs)
         if not stream:
-            _read_small(response, self.timeout, f"{self.where}: {method} {_shown_path(url)}")
+            _read_small(response, self.timeout, f"{self.where}: {what}", transfer)
         return response
 
 
@@ -207,19 +219,21 @@ def _shown_path(url: str) -> str:
     return one_line(urlsplit(url).path)[:160]
 
 
-def _read_small(response: requests.Response, timeout: float, where: str) -> None:
-    """Read a small answer's body into `response.content`: at most MAX_SMALL_ANSWER bytes, and
-    all of it within four timeouts, so a registry trickling bytes cannot hold rocforge."""
-    allowed = 4 * timeout
-    deadline = time.monotonic() + allowed
+def _read_small(response: requests.Response, timeout: float, where: str,
+                transfer: oci.Transfer | None) -> None:
+    """Read a small answer's body into `response.content`: at most MAX_SMALL_ANSWER bytes, under
+    the transfer's whole deadline and least rate (download_policy's, as every download), each
+    read's wait ending by that deadline, so a registry trickling bytes cannot hold rocforge."""
+    pace = transfer.pace() if transfer is not None else None
+    sock = oci.socket_of(response.raw)
     parts: list[bytes] = []
     got = 0
     ok = False
     try:
         raw = response.raw
         while True:
-            if time.monotonic() > deadline:
-                raise StoreUnreachable(f"{where}: the answer still arriving after {allowed:g} s")
+            if sock is not None and transfer is not None:
+                sock.settimeout(transfer.timeout(timeout))
             chunk = raw.read1(65536) if hasattr(raw, "read1") else raw.read(65536)
             if not chunk:
                 break
@@ -227,6 +241,9 @@ def _read_small(response: requests.Response, timeout: float, where: str) -> None
             if got > MAX_SMALL_ANSWER:
                 raise StoreError(f"{where}: an answer past the {MAX_SMALL_ANSWER}-byte cap")
             parts.append(chunk)
+            why = pace.add(len(chunk)) if pace is not None else None
+            if why is not None:
+                raise transfer.stop(why)
         response._content = b"".join(parts)
         response._content_consumed = True
         ok = True
@@ -321,7 +338,7 @@ class _Registry(oras.provider.Registry):
 
         for _ in range(MAX_REDIRECTS + 1):
             rewind()
-            with _network_errors(self.where, self.timeout):
+            with _network_errors(self.where, self.timeout, self.session.current(method)):
                 response = self._send(url, method, data, headers, json, stream, on_registry, rewind)
             if response.status_code not in _REDIRECT:
                 return response
@@ -461,14 +478,20 @@ def docker_config() -> dict:
 
 class _BlobStream:
     """A blob's body as a binary stream: reads hand over what has arrived (so a dropped
-    connection loses little), each bounded by the read timeout, each failure one line."""
+    connection loses little), each bounded by the read timeout and, once a Transfer sets
+    `deadline` (oci._PacedReader), ending by it; each failure one line."""
+
+    deadline = None
 
     def __init__(self, response: requests.Response, where: str, timeout: float):
         self.response = response
         self.where = where
         self.timeout = timeout
+        self.sock = oci.socket_of(response.raw)
 
     def read(self, size: int = -1) -> bytes:
+        if self.sock is not None and self.deadline is not None:
+            self.sock.settimeout(self.deadline.timeout(self.timeout))
         with _network_errors(self.where, self.timeout):
             if size is None or size < 0:
                 return self.response.raw.read(decode_content=False)
@@ -486,13 +509,15 @@ class RegistryStore(oci.Store):
     """An OCI registry as a substitute store (see the module docstring); referrers through the
     registry's referrers API where it has one (OCI 1.1), else through the tag schema."""
 
-    def __init__(self, url: str, *, timeout: float = 30.0):
+    def __init__(self, url: str, *, timeout: float = 30.0, policy=None):
         http_scheme, netloc, repo = parse_url(url)
+        self.policy = policy  # download_policy.RetryPolicy; None: the configuration's [download]
         self.url = f"{'oci' if http_scheme == 'https' else 'oci+http'}://{netloc}/{repo}"
         self.timeout = timeout
         self.base = f"{http_scheme}://{netloc}/v2/{repo}"
         self.registry = _Registry(http_scheme=http_scheme, netloc=netloc, repo=repo,
                                   timeout=timeout, where=self.url)
+        self.registry.session.transfer = self.current_transfer
         self.subject_acknowledged: set[str] = set()
         self.referrers_api = True  # until the registry shows it has none
 
@@ -582,7 +607,7 @@ class RegistryStore(oci.Store):
             _not_again(url, read, where)
         raise StoreError(f"{where}: more than {MAX_PAGES} pages of {what} (stopped)")
 
-    def tags(self) -> list[str]:
+    def _tags(self) -> list[str]:
         where = f"{self.url}: tags"
         found: list[str] = []
         for page, response in self._pages(f"{self.base}/tags/list?n={TAGS_PAGE}", "application/json",

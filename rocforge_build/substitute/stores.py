@@ -30,12 +30,16 @@ def parse(url: str) -> tuple[str, str, str]:
     return parts.scheme, parts.netloc, parts.path
 
 
-def open_store(url: str, *, timeout: float = 30.0) -> Store:
+def open_store(url: str, *, timeout: float = 30.0, policy=None) -> Store:
+    """The store at `url`; its reads follow `policy` (download_policy.RetryPolicy: the whole
+    deadlines and least rate), None: the configuration's [download]."""
     scheme, _, _ = parse(url)
     if scheme in ("oci", "oci+http"):
         from rocforge_build.substitute.store_registry import RegistryStore
 
-        return RegistryStore(url, timeout=timeout)
+        return RegistryStore(url, timeout=timeout, policy=policy)
     from rocforge_build.substitute import layout_store
 
-    return layout_store.open_layout(url, timeout=timeout)
+    store = layout_store.open_layout(url, timeout=timeout)
+    store.policy = policy
+    return store

@@ -842,3 +842,128 @@ def test_a_withdraw_value_that_is_no_digest_is_one_line_before_any_store_or_key_
                    "--reason", "taken back", env={"ROCFORGE_CONFIG_DIR": str(tmp_path / "c")})
     assert "is not an advisory's digest" in one_error(res, code=2)
     assert not (tmp_path / "no-store").exists()
+
+
+# -- this machine's disk failing mid-pull ------------------------------------------------------------
+
+# A pull in a child process with one OS error injected where rocforge really meets it: the
+# rename of the unpacked tree into the staging dir (os.replace), the swap of the staged tree into
+# the prefix (replace.exchange, renameat2), or the write of the layer's bytes (the blob writer).
+_INJECT = r"""
+import errno, os, sys
+from rocforge_build import cli, replace
+from rocforge_build.substitute import oci
+
+where, code = sys.argv[1], getattr(errno, sys.argv[2])
+if where == "staging":
+    real_replace = os.replace
+    def failing_replace(src, dst, *args, **kwargs):
+        if str(dst).endswith(".rocforge-new"):
+            raise OSError(code, os.strerror(code), str(src), None, str(dst))
+        return real_replace(src, dst, *args, **kwargs)
+    os.replace = failing_replace
+elif where == "swap":
+    def failing_exchange(a, b):
+        raise OSError(code, os.strerror(code), str(a), None, str(b))
+    replace.exchange = failing_exchange
+elif where == "layer":
+    real_drain = oci._HashingWriter._drain
+    class Failing:
+        def write(self, chunk):
+            raise OSError(code, os.strerror(code))
+    def failing_drain(self):
+        self.out = Failing()
+        real_drain(self)
+    oci._HashingWriter._drain = failing_drain
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+def _bytes_of(top: Path) -> dict[str, str]:
+    """Every file below `top` by its bytes' sha256 (links by their target)."""
+    import hashlib
+
+    return {rel: (os.readlink(p) if p.is_symlink() else "dir" if p.is_dir()
+                  else hashlib.sha256(p.read_bytes()).hexdigest()) for rel, p in _walk(top)}
+
+
+@pytest.mark.parametrize(("where", "name", "code", "words"), [
+    ("staging", "EIO", 2, "Input/output error"),
+    ("staging", "EXDEV", 2, "Invalid cross-device link"),
+    ("staging", "EACCES", 2, "Permission denied"),
+    ("swap", "EIO", 2, "Input/output error"),
+    ("staging", "ENOSPC", 10, "no space left on the device"),
+    ("swap", "ENOSPC", 10, "no space left on the device"),
+    ("layer", "ENOSPC", 10, "no space left on the device"),
+])
+def test_an_os_error_on_this_machines_disk_mid_pull_is_one_line_the_old_build_kept(second, where, name, code, words):
+    """An I/O error on a rename is the disk's, not a bug (it was exit 70, 'internal error'): one
+    line with the path and the OS's reason; a full disk is exit 10.  Either way the old build
+    stays byte for byte and no staging tree (`*.rocforge-new`, the layer's holder) is left."""
+    before = _bytes_of(second.prefix)
+    res = python(_INJECT, where, name, "build", str(second.recipe), "--backend", "cpu", "--substitute-only",
+                 "--force", "--prefix", str(second.prefix), env=second.machine.env)
+    line = one_error(res, code)
+    assert words in line, line
+    assert str(second.prefix) in line, line  # the path: the staging dir, the prefix or the layer
+    second.untouched()
+    assert _bytes_of(second.prefix) == before
+    assert not list(second.prefix.parent.glob("*.rocforge-*")), list(second.prefix.parent.iterdir())
+
+
+# -- a registry that answers, but slowly -------------------------------------------------------------
+
+def _with_download_limits(second: Second, url: str, **limits: float) -> None:
+    second.machine.configure(stores=[url], trusted_keys=[second.public], timeout=5)
+    with open(second.machine.root / "config" / "config.toml", "a") as fh:
+        fh.write("[download]\n" + "".join(f"{k} = {v!r}\n" for k, v in limits.items()))
+
+
+def test_a_registry_trickling_the_key_document_stops_the_build_at_the_listing_deadline(second, fake_registry):
+    """Each byte of the key document inside the 5 s timeout, the whole at 20 B/s: the build stops
+    at download.listing_deadline (2 s here) with the store, the object and the key in its line."""
+    url = fake_registry.store_url()
+    _publish_to(second, url)
+    with second.open() as store:
+        config = second.build_manifest(store).config
+    data = fake_registry.blobs[config.digest]
+
+    def trickle(r):
+        h = r.handler
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        try:
+            for i in range(min(len(data), 400)):
+                h.wfile.write(data[i:i + 1])
+                h.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            pass
+        return ("raw", {}, b"")
+
+    fake_registry.route("GET", "/blobs/" + config.digest, trickle)
+    _with_download_limits(second, url, listing_deadline=2.0, min_rate=0.0)
+    t0 = time.monotonic()
+    line = second.refused()
+    assert f"{url}: key document {config.digest[:19]}: still receiving at the 2 s limit " \
+           "(download.listing_deadline)" in line, line
+    assert time.monotonic() - t0 < 10
+
+
+def test_forty_forged_advisories_naming_the_trusted_key_are_read_to_the_cap_and_the_rest_named_in_one_line(second):
+    """Forged advisory referrers (nothing behind them) carry the trusted key's id: the pull reads
+    at most artifact.MAX_READ_REFERRERS of them, installs, and says once what it skipped."""
+    cap = artifact.MAX_READ_REFERRERS
+    with second.open() as store:
+        man = second.build_manifest(store)
+        entries = store.referrers(man.digest)
+        forged = [oci.Descriptor(oci.MANIFEST, "sha256:" + f"{i:064x}", 100, artifact_type=oci.ADVISORY_TYPE,
+                                 annotations={artifact.SIGNER: second.pair().key_id}) for i in range(cap + 8)]
+        store._put_manifest(oci.make_index([*entries, *forged]), oci.INDEX, oci.fallback_tag(man.digest))
+    res = second.build()
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    skipped = [line for line in res.stderr.splitlines() if "were skipped" in line]
+    assert len(skipped) == 1, res.stderr
+    assert f"8 of the {cap + 8} advisory referrers of {man.digest[:19]} naming a trusted key were skipped " \
+           f"(at most {cap} are read)" in skipped[0]
