@@ -49,6 +49,18 @@ def require(*tools: str) -> None:
         pytest.skip(reason(missing))
 
 
+LAVAPIPE_ICD = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json"  # Debian's mesa-vulkan-drivers
+
+
+def needs_lavapipe():
+    """A mark: the test runs llama.cpp on lavapipe, Debian's software Vulkan device (its ICD file
+    from mesa-vulkan-drivers), and glslc builds the Vulkan backend; without them it skips as a
+    missing package."""
+    missing = lacking("glslc") + ([f"lavapipe ({LAVAPIPE_ICD}: mesa-vulkan-drivers)"]
+                                  if not os.path.isfile(LAVAPIPE_ICD) else [])
+    return pytest.mark.skipif(bool(missing), reason=reason(missing))
+
+
 LAVAPIPE = "ROCFORGE_TEST_LAVAPIPE"
 
 

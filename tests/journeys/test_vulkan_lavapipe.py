@@ -9,14 +9,11 @@ finds and reuses it instead of building a second one; the CPU reference is the s
 `measure_builds` reference (independent of the served build: the canary never compares a build
 with itself); the model is the trained SmolLM2-135M-Instruct (tests/trained_model.py).
 
-Shapes are small because lavapipe is slow: on the 2-core machine shared with other sessions
-(2026-11-29, load average 6-16) one verify at ctx 512 (4 chunks, -ngl 99 and 15, plus the CPU
-reference) took 10 min, so verify here checks one 256-token chunk.  Measured in this module the
-same day: the Vulkan build 90 s from a warm ccache, verify 150 s; tune's gate at 256 tokens and its
-llama-bench runs (-p 32 -n 8, one repetition) took minutes, and its check of the winner at the
-short range's own shape (4096 tokens, data/tune.toml; tune has no option to lower it) ran one
-4096-token llama-perplexity on lavapipe for more than 8.5 min: the journey as written does not fit
-CI's budget until tune can be held to a smaller range context.
+Shapes are small because lavapipe is slow (7-9 tokens a second on 2 cores): the model is held to a
+256-token training context, verify checks one 256-token chunk, tune runs one repetition of -p 32
+-n 8.  Measured 2026-11-29 on the shared 2-core machine (load average 4-6): 19 min for the module --
+the Vulkan build 60 s from a warm ccache, verify 86 s, tune 300 s, serve with its canary ~180 s,
+the wrong server ~190 s, the four slots ~300 s.
 """
 
 from __future__ import annotations
@@ -26,15 +23,12 @@ from pathlib import Path
 import pytest
 from journey_user import User, capital, running_from
 from llama_builds import JOBS
-from needs import lavapipe_budget, needs
+from needs import needs_lavapipe
 from trained_model import smollm2_trained_at
 
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS
 
-# Not in CI: its one run on the shared 2-core machine took 42 min and was stopped in its serve step
-# (tune's check and the canary at the model's 4096-token range on lavapipe, before the model below
-# was held to 512 tokens).
-pytestmark = [pytest.mark.slow, needs("glslc"), lavapipe_budget()]
+pytestmark = [pytest.mark.slow, needs_lavapipe()]
 
 SMALL = ["--ctx", "256", "--ubatch", "256", "--fa", "on", "--kv", "f16", "--load", "mmap"]
 
@@ -134,10 +128,20 @@ def test_a_wrong_vulkan_server_is_refused_before_any_url(user, vulkan_build, mea
     assert running_from(vulkan_build) == []
 
 
-def test_four_parallel_slots(user, vulkan_build, measure_builds, monkeypatch):
+def test_four_parallel_slots_are_refused_by_the_canary(user, vulkan_build, measure_builds, monkeypatch):
     """Serving with -np 4: this tree's llama-perplexity has no --kv-unified, so verify cannot check
-    four sequences and says so in one line (exit 2); the canary still runs over the server's four
-    slots (4 x 256 tokens), passes, and the client is answered."""
+    four sequences and says so in one line (exit 2); the serve canary is then the only check of
+    the four slots, and on lavapipe it refuses them: the Vulkan server's answers to the canary's
+    requests, spread over four slots of one cache, differ from the CPU reference beyond the limits
+    (long prompt KLD 0.10 against 0.0112), and serve exits 1 before any URL.
+
+    Measured 2026-11-29 on this machine, so the refusal is the canary's catch and not its harness:
+    the same preset on the CPU build (4 slots, the canary against rocforge's reference) passed;
+    llama-perplexity on this Vulkan build gives PPL 17.5783 with 4 sequences in one batch
+    (-b 1024) and with 1 (-b 256); the single-slot preset passes
+    (test_build_verify_tune_serve_answers).  Whether the fault is llama.cpp's Vulkan backend with
+    several slots' tokens in one micro-batch or lavapipe's is not known
+    (docs/measurements/gpu-journey.md)."""
     cpu, _ = measure_builds
     model = user.model
     out = user.rocforge("verify", str(vulkan_build), "--model", str(model), "--reference", str(cpu), *SMALL,
@@ -147,12 +151,12 @@ def test_four_parallel_slots(user, vulkan_build, measure_builds, monkeypatch):
     assert "--parallel 4" in line and "--kv-unified" in line
 
     def four_slots(entry):
-        set_word(entry["argv"], "-c", str(4 * 256))
+        set_word(entry["argv"], "-c", str(4 * TRAINED))
         set_word(entry["argv"], "-np", "4")
 
     restore_preset(user, model, monkeypatch, four_slots)
-    answers = []
-    code, line, err = user.serve(model, "--reference", str(cpu), ask=lambda port: answers.append(capital(port)))
-    assert line and "canary passed" in err and code == 130, err[-3000:]
-    assert "Paris" in answers[0], answers
+    code, line, err = user.serve(model, "--reference", str(cpu))
+    assert code == 1 and line == "", line + err[-3000:]  # no URL announced
+    (said,) = [x for x in err.splitlines() if x.startswith("rocforge: error: canary:")]
+    assert "the server was stopped" in said and "canary passed" not in err, err[-3000:]
     assert running_from(vulkan_build) == []
