@@ -61,8 +61,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
-from rocforge_build.measure import canary, gguf, serve_front  # noqa: E402
+from rocforge_build.measure import gguf  # noqa: E402
 from rocforge_build.measure.llama_tools import LlamaBuild  # noqa: E402
+from rocforge_build.serve import canary  # noqa: E402
+from rocforge_build.serve import front as serve_front  # noqa: E402
 
 WORDS = ("the river", "a quiet morning", "an old letter", "the market", "a storm at sea", "the garden", "a long road")
 

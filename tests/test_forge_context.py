@@ -19,8 +19,8 @@ from buildfixtures import RECIPE, git, git_repo, recipe_copy
 from rocforge_build.forge import pipeline
 from rocforge_build.forge.context import BuildContext
 from rocforge_build.forge.request import Request
-from rocforge_build.forge.upgrade import request_for
 from rocforge_build.rootfs import Root
+from rocforge_build.workflows.upgrade import request_for
 
 # Runs rocforge's CLI with an audit hook and a counter around make_plan; prints what it counted.
 _WATCH = textwrap.dedent("""
@@ -189,7 +189,7 @@ run = ["bin/show-rocm"]
 
 
 def test_an_upgrade_request_that_names_a_rocm_builds_and_tests_under_it(tmp_path, monkeypatch):
-    """`nightly install --gate` (nightly/gate.py) and `bisect --nightlies` build through a
+    """`nightly install --gate` (workflows/nightly_gate.py) and `bisect --nightlies` build through a
     request whose environment names the new ROCm (ROCM_PATH); every step of the build, the smoke
     test included, runs under it, not under the ROCM_PATH of the process that asked."""
     src = tmp_path / "src"

@@ -18,8 +18,8 @@ from upgrade_history import tree_hashes
 from rocforge_build.errors import UsageError
 from rocforge_build.forge import pipeline
 from rocforge_build.forge.request import Request
-from rocforge_build.forge.upgrade import request_for
 from rocforge_build.rootfs import Root
+from rocforge_build.workflows.upgrade import request_for
 
 
 @pytest.fixture

@@ -175,7 +175,10 @@ def test_a_package_without_circles_passes(tmp_path):
 
 # -- imports only run down: the CLI uses the rooms, the rooms use the shared helpers ----------------
 
-ROOMS = ("discover", "nightly", "forge", "measure", "ship", "kernels", "substitute", "commands")  # docs/layout.md
+# docs/layout.md: the rooms, each at its level; a room imports only rooms of lower levels
+LEVELS = {"discover": 1, "forge": 2, "nightly": 3, "ship": 3, "measure": 3, "kernels": 3, "serve": 4,
+          "substitute": 4, "workflows": 5, "commands": 6}
+ROOMS = tuple(LEVELS)
 SHARED_SUBPACKAGES = ("emit",)  # subpackages docs/layout.md places with the shared helpers
 CLI = ("cli", "__main__")  # on top of the rooms with commands/: they may import any room
 
@@ -238,4 +241,49 @@ def test_an_upward_import_is_found_wherever_it_sits(tmp_path):
         "pkg.late -> pkg.nightly.record",
         "pkg.owner -> pkg.discover.builds",
         "pkg.typed -> pkg.forge.plan",
+    ]
+
+
+def room_order_breaches(package_dir: Path, levels: dict[str, int]) -> list[str]:
+    """One line per import of a room from a room not above it (the same level or lower), wherever
+    the import sits (module level, a function, TYPE_CHECKING): with the levels declared, two
+    rooms can never import each other, and a package-level circle hidden by a function-level
+    import (forge -> measure -> forge) shows as a breach."""
+    package = package_dir.name
+    found = []
+    for module, imported in sorted(import_graph(package_dir).items()):
+        parts = module.split(".")
+        here = parts[1] if len(parts) > 1 and parts[1] in levels else None
+        if here is None:
+            continue
+        for name in sorted(imported):
+            there = name.split(".")[1] if len(name.split(".")) > 1 else None
+            if there in levels and there != here and levels[there] >= levels[here]:
+                found.append(f"{module} -> {name} ({here}, level {levels[here]}, imports {there}, "
+                             f"level {levels[there]})")
+    return found
+
+
+def test_rooms_import_only_rooms_below_them():
+    found = room_order_breaches(PACKAGE, LEVELS)
+    assert not found, ("a room imports a room that is not below it (docs/layout.md: move the fact "
+                       "down, or the workflow up):\n" + "\n".join(found))
+
+
+def test_a_breach_of_the_room_order_is_found_wherever_it_sits(tmp_path):
+    """forge importing measure inside a function, and measure importing its peer nightly, are
+    breaches; measure importing forge, and a room importing itself, are not."""
+    pkg = _package(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/forge/__init__.py": "",
+        "pkg/forge/upgrade.py": "def gate():\n    from pkg.measure import verify\n    return verify\n",
+        "pkg/forge/plan.py": "from pkg.forge import upgrade\n",
+        "pkg/measure/__init__.py": "",
+        "pkg/measure/verify.py": "from pkg.forge import plan\nfrom pkg.nightly import known_bad\n",
+        "pkg/nightly/__init__.py": "",
+        "pkg/nightly/known_bad.py": "",
+    })
+    assert room_order_breaches(pkg, {"forge": 2, "measure": 3, "nightly": 3}) == [
+        "pkg.forge.upgrade -> pkg.measure.verify (forge, level 2, imports measure, level 3)",
+        "pkg.measure.verify -> pkg.nightly.known_bad (measure, level 3, imports nightly, level 3)",
     ]

@@ -187,7 +187,7 @@ def _row(build, sha, checks, passed=True):
 
 
 def test_covers_compares_the_serving_dimensions():
-    from rocforge_build.measure.serve import covers
+    from rocforge_build.serve.server import covers
 
     shape = {"ctx": 4096, "ubatch": 512, "fa": True, "ngl": None, "kv": "q8_0", "load": "read", "parallel": 4}
     row = {"stamp": "s", "model_sha256": "m", "env": {}, "passed": True}
@@ -201,7 +201,7 @@ def test_covers_compares_the_serving_dimensions():
 
 
 def test_the_served_dimensions_of_an_old_command_are_read_from_its_argv():
-    from rocforge_build.measure.serve import served_dimensions
+    from rocforge_build.serve.server import served_dimensions
 
     assert served_dimensions(["/b/llama-server", "-m", "x", "-c", "4096"], {}) == DEFAULTS
     assert served_dimensions(["s", "--no-mmap", "-dio", "-ctk", "q8_0", "-np", "4"], {}) == {

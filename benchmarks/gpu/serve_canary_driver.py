@@ -198,8 +198,9 @@ def device_line(served: Served) -> str | None:
 
 def part_start(args, summary: dict) -> None:
     """Serve start with and without the canary; the canary's reference and check timed apart."""
-    from rocforge_build.measure import canary, gguf, verify
+    from rocforge_build.measure import gguf, verify
     from rocforge_build.measure.llama_tools import LlamaBuild
+    from rocforge_build.serve import canary
 
     model = gguf.check(args.model)
     refdir = verify.cache_dir() / "canary"
@@ -318,8 +319,10 @@ def part_front(args, summary: dict) -> None:
     that round's direct figure.  The 60 s canary is phased to fall once inside each window, so it
     runs more often than it would (an upper bound); the 10 s one keeps its own schedule (clients back
     to back are never idle: it runs once overdue, 20 s after the front started)."""
-    from rocforge_build.measure import canary, gguf, serve_front
+    from rocforge_build.measure import gguf
     from rocforge_build.measure.llama_tools import LlamaBuild
+    from rocforge_build.serve import canary
+    from rocforge_build.serve import front as serve_front
 
     model = gguf.check(args.model)
     rows = []

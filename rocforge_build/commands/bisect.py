@@ -55,8 +55,9 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from rocforge_build.commands import target_or_detected
-    from rocforge_build.forge import bisect, bisect_report, recipes, upgrade
+    from rocforge_build.forge import recipes
     from rocforge_build.forge.plan import Request
+    from rocforge_build.workflows import bisect, bisect_report, upgrade
 
     axis, good, listed = _checked(args)
     args.target = target_or_detected(args)
@@ -124,7 +125,7 @@ def run(args) -> int:
 def _checked(args) -> tuple[str, str | None, list[str] | None]:
     """Every flag checked before anything is fetched or built: (axis, the good version and the
     candidates after it for --versions/--nightlies, else None)."""
-    from rocforge_build.forge import bisect
+    from rocforge_build.workflows import bisect
 
     axis = "versions" if args.versions is not None else (
         "nightlies" if args.nightlies is not None else "git")
@@ -153,7 +154,7 @@ def _checked(args) -> tuple[str, str | None, list[str] | None]:
         raise UsageError("--metric and --threshold go with --bench")
     if args.report:
         from rocforge_build import replace
-        from rocforge_build.forge.bisect_report import ours
+        from rocforge_build.workflows.bisect_report import ours
 
         replace.check_own_file(Path(args.report), "--report", ours)
         if not Path(args.report).absolute().parent.is_dir():
@@ -164,7 +165,7 @@ def _checked(args) -> tuple[str, str | None, list[str] | None]:
 
 def _asked(args, axis: str):
     """The bisect as the command line gave it, for the forge's candidates, oracle and report."""
-    from rocforge_build.forge.bisect import Asked, StepTest
+    from rocforge_build.workflows.bisect import Asked, StepTest
 
     test = StepTest(run=args.run, verify=args.verify, reference=args.reference, bench=args.bench,
                     metric=args.metric, threshold=args.threshold)
@@ -186,8 +187,8 @@ def _model(model: str | None, option: str) -> str | None:
 
 
 def _print(axis: str, r) -> None:
-    from rocforge_build.forge.bisect import short
-    from rocforge_build.forge.bisect_report import WORDS
+    from rocforge_build.workflows.bisect import short
+    from rocforge_build.workflows.bisect_report import WORDS
 
     for s in r.steps:
         print(f"  {short(s.ref)}  {s.verdict:5}  {s.detail}  {r.subjects.get(s.ref, '')}")

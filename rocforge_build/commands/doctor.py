@@ -8,9 +8,8 @@ import json
 import os
 import re
 
-from rocforge_build.discover import host, host_checks, resolver
+from rocforge_build.discover import host, host_checks, known_bad, resolver
 from rocforge_build.forge import parallel
-from rocforge_build.nightly import known_bad
 from rocforge_build.resources import load_toml, package_data
 from rocforge_build.rootfs import Root
 from rocforge_build.shellsafe import one_line

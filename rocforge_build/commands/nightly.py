@@ -284,7 +284,7 @@ def _gate_inputs(args) -> dict:
         return {}
     from pathlib import Path
 
-    from rocforge_build.forge import upgrade
+    from rocforge_build.workflows import upgrade
 
     if args.dry_run:
         raise UsageError("--gate builds and tests; --dry-run shows the choice only",
@@ -301,7 +301,7 @@ def _gate_inputs(args) -> dict:
 
 def _gated(args, prefix, result, gate: dict) -> int:
     """Upgrade the builds made against the current nightly onto the new one; switch or not."""
-    from rocforge_build.nightly import gate as gating
+    from rocforge_build.workflows import nightly_gate as gating
 
     previous = result.previous
     rnd = gating.gated_round(prefix, result.path, previous, args.rootfs, run=gate["run"],

@@ -11,7 +11,7 @@ import sys
 
 from rocforge_build import argtypes, shellsafe
 from rocforge_build.errors import UsageError
-from rocforge_build.measure.preset import export, model_key, render, runnable
+from rocforge_build.measure.preset import export, model_key, pick_range, render, runnable
 from rocforge_build.measure.store import Store
 from rocforge_build.shellsafe import one_line
 
@@ -58,10 +58,10 @@ def _printable(store: Store, preset: dict, args) -> None:
     """The ranges a command is printed for run their own rocforge build's program
     (preset.runnable), and a build rebuilt since tune is printed only once verify proved it, as
     serve requires (serve.still_proven): a printed script or unit is serve by other means."""
-    from rocforge_build.measure import serve
+    from rocforge_build.serve import server as serve
 
     if args.action == "export":
-        names = [serve.pick_range(preset, args.range)[0]]
+        names = [pick_range(preset, args.range)[0]]
     else:
         names = [args.range] if args.range in preset["ranges"] else list(preset["ranges"])
     runnable(preset, names, f"results database {store.path}: preset for "

@@ -12,7 +12,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from rocforge_build.forge import upgrade
+    from rocforge_build.workflows import upgrade
 
     prefix, _ = upgrade.existing_build(args.prefix)
     was, now = upgrade.rollback(prefix)

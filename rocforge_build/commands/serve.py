@@ -1,4 +1,4 @@
-"""`rocforge serve MODEL`: run the tuned, verified preset's llama-server (see measure/serve.py)."""
+"""`rocforge serve MODEL`: run the tuned, verified preset's llama-server (see serve/server.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rocforge_build import argtypes, shellsafe
 from rocforge_build.errors import ConfigError, UsageError
-from rocforge_build.measure import serve
+from rocforge_build.serve import server as serve
 
 # A host name (RFC 1123: dot-separated labels of letters, digits and inner hyphens, 253
 # characters at most) or an IP literal: anything else (a newline, a space, a URL) is refused
@@ -58,7 +58,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from rocforge_build.measure import known_bad as known_bad_shape
-    from rocforge_build.measure.preset import model_key, runnable
+    from rocforge_build.measure.preset import model_key, pick_range, runnable
     from rocforge_build.measure.store import Store
 
     if args.request_timeout and not args.canary_every:
@@ -73,7 +73,7 @@ def run(args) -> int:
         preset = store.preset(model_key(args.model))
         if preset is None:
             raise UsageError(f"no preset for {args.model!r}", "run `rocforge tune` for it first")
-        name, _ = serve.pick_range(preset, args.range)
+        name, _ = pick_range(preset, args.range)
         _build_is_there(preset, name)
         runnable(preset, [name], f"results database {store.path}: preset for "
                  f"{shellsafe.one_line(preset['model']['name'])} version {preset['version']}")
@@ -92,12 +92,12 @@ def run(args) -> int:
                 *p.notes]
         shellsafe.write_script("".join(shellsafe.comment(h) + "\n" for h in head) + line + "\n")
         return 0
+    from rocforge_build.discover import known_bad
     from rocforge_build.measure import provenance
-    from rocforge_build.nightly import known_bad
 
     known_bad.warn_before_measuring(provenance.host(args.rootfs))  # a known-bad host, said first
     serve.check_port(address, args.port)  # before anything starts: one line, exit 2
-    from rocforge_build.measure.serve_front import say_to_stderr
+    from rocforge_build.serve.front import say_to_stderr
 
     say_to_stderr(f"starting {p.range} preset (version {preset.get('version')}): {line}")
 
@@ -106,8 +106,8 @@ def run(args) -> int:
         print(f"serving {shellsafe.one_line(preset['model']['name'])} at {p.url}{everywhere} (first request "
               f"warmed up in {warm_s:.1f} s; Ctrl-C stops it)", flush=True)
 
-    if args.canary_every:  # llama-server behind the front (measure/serve_front.py)
-        from rocforge_build.measure import serve_front
+    if args.canary_every:  # llama-server behind the front (serve/front.py)
+        from rocforge_build.serve import front as serve_front
 
         code = serve_front.run(p, every=args.canary_every, build_prefix=preset["ranges"][p.range]["prefix"],
                                model_path=model_path, model_sha256=preset["model"]["sha256"],
@@ -130,18 +130,19 @@ def _build_is_there(preset: dict, name: str) -> None:
 
 
 def _canary(args, preset: dict, p, model_path: str):
-    """What serve runs against the live server before it prints its URL (measure/canary.py), or
+    """What serve runs against the live server before it prints its URL (serve/canary.py), or
     None with --no-canary (said on stderr)."""
-    from rocforge_build.measure.serve_front import say_to_stderr
+    from rocforge_build.serve.front import say_to_stderr
 
     if args.no_canary:
         say_to_stderr("--no-canary: the server's numerics are not checked")
         return None
 
     def gate(plan) -> None:
-        from rocforge_build.measure import canary, gguf, provenance
+        from rocforge_build.measure import gguf, provenance
         from rocforge_build.measure.llama_tools import LlamaBuild
         from rocforge_build.measure.store import Store
+        from rocforge_build.serve import canary
 
         build = LlamaBuild.open(preset["ranges"][plan.range]["prefix"])
         target = canary.target_of(plan.url, plan.argv)

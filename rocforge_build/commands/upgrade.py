@@ -35,8 +35,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from rocforge_build.forge import upgrade
     from rocforge_build.measure.store import Store
+    from rocforge_build.workflows import upgrade
 
     pct = upgrade.threshold(args.threshold)  # every flag is checked before the prefix is read
     if args.ref is not None:

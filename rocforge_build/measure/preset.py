@@ -220,7 +220,6 @@ def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
     if len(lines) == 1:  # `exec`: the first word, never a name a range could define
         out.append(f'exec {next(iter(lines.values()))} "$@"')
     elif lines:
-        from rocforge_build.measure.serve import default_range  # the range serve picks too
 
         out += shellsafe.sh_dispatch("ROCFORGE_RANGE", lines, default_range(ranges))
     return "\n".join(out).rstrip() + "\n"
@@ -230,7 +229,6 @@ def export(preset: dict, fmt: str, wanted: str, host: str, port: int) -> str:
     """The preset's llama-server command for another tool: a llama-swap `models:` entry, a systemd
     service unit, or the shell script `preset show --shell` prints, each from its emitter."""
     from rocforge_build.emit import systemd, yaml_swap
-    from rocforge_build.measure.serve import pick_range
 
     name, why = pick_range(preset, wanted)
     r = preset["ranges"][name]
@@ -245,3 +243,20 @@ def export(preset: dict, fmt: str, wanted: str, host: str, port: int) -> str:
         return yaml_swap.models_entry(comment=head, model=str(model), argv=argv, env=env)
     return systemd.service(comment=head, description=f"llama-server {model}", env=env,
                            argv=[*argv, "--host", host, "--port", str(port)])
+
+
+def default_range(ranges: dict) -> str:
+    """The range used when none is named (`serve`, `preset show --shell`): the longest context,
+    since a server must hold the longest prompt its clients send."""
+    return max(ranges, key=lambda n: ranges[n]["ctx"])
+
+
+def pick_range(preset: dict, wanted: str) -> tuple[str, str]:
+    """(range, why): `auto` is `default_range`."""
+    ranges = preset["ranges"]
+    if wanted != "auto":
+        if wanted not in ranges:
+            raise UsageError(f"the preset has no range {wanted!r}", f"ranges: {', '.join(ranges)}")
+        return wanted, f"--range {wanted}"
+    name = default_range(ranges)
+    return name, f"auto: the range with the longest context ({ranges[name]['ctx']} tokens)"

@@ -8,10 +8,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from rocforge_build.discover import known_bad
 from rocforge_build.measure import gguf, provenance
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.store import Store
-from rocforge_build.nightly import known_bad
 
 
 @dataclass

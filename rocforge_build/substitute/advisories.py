@@ -11,8 +11,8 @@ import re
 import time
 from collections.abc import Callable
 
+from rocforge_build.discover.known_bad import KnownBad
 from rocforge_build.discover.rocm_version import version_key
-from rocforge_build.nightly.known_bad import KnownBad
 from rocforge_build.nightly.listing import _VERSION
 from rocforge_build.shellsafe import one_line
 from rocforge_build.substitute import artifact, oci, signing
@@ -144,7 +144,7 @@ def known_bad_finder(substitute_config: dict, warn) -> Callable[..., KnownBad | 
     """known_bad.find with the trusted nightly advisories of the configured stores joined to the
     packaged table (`nightly install` and `doctor` ask the same question); each store's problem
     goes to `warn` as one line.  With no store configured: the packaged table, no network."""
-    from rocforge_build.nightly import known_bad
+    from rocforge_build.discover import known_bad
 
     if not substitute_config.get("stores"):
         return known_bad.find

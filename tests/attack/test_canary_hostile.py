@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rocforge_build.measure import canary
+from rocforge_build.serve import canary
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "canary" / "llama-server-0.3.9-completion-tokens.json"
 

@@ -1,8 +1,8 @@
-"""Hostile clients and a dying server against serve's canary front (measure/serve_front.py): a
+"""Hostile clients and a dying server against serve's canary front (serve/front.py): a
 slowloris head, huge headers and bodies, too many connections, a client gone mid-stream, a
 llama-server that is not there or dies mid-answer.  Each ends in one status line or a closed
 connection within its bound, no traceback, the front still serving the next request, and memory
-bounded.  The upstream is tests/test_measure_serve_front.py's real HTTP server on 127.0.0.1 (the one
+bounded.  The upstream is tests/test_serve_front.py's real HTTP server on 127.0.0.1 (the one
 fake here: a real llama-server cannot be told to die mid-answer on cue).  Seconds in all."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import tracemalloc
 import pytest
 from test_measure_serve_front import Clock, Upstream, ask, front_for, until
 
-from rocforge_build.measure import front_http, serve_front
+from rocforge_build.serve import front as serve_front
+from rocforge_build.serve import front_http
 
 
 @pytest.fixture

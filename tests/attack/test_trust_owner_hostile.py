@@ -115,7 +115,7 @@ def test_a_manifest_asking_for_more_targets_than_the_flag_allows_is_refused(tmp_
 def test_each_commands_own_directory_is_where_it_builds(tmp_path):
     """pipeline.own_dir names the directories tune and bisect build in; verify's references were
     always marked, so none of theirs is taken for one without its mark."""
-    from rocforge_build.forge import bisect
+    from rocforge_build.workflows import bisect
 
     assert tune_cmd.tune_prefix("/x/llama-cpp-gfx1151-hip").parent == pipeline.own_dir("tune")
     assert bisect.step_prefix("r", "t", None, "abc").parent.parent == pipeline.own_dir("bisect")

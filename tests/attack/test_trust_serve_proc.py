@@ -584,7 +584,7 @@ def serve_host(tmp_path: Path, host: str) -> tuple[str, list[str]]:
 
 def test_a_host_name_is_resolved_once_for_the_server_and_for_serve(tmp_path):
     """`--host localhost` reaches llama-server as the one IP address serve connects to and prints."""
-    from rocforge_build.measure import serve
+    from rocforge_build.serve import server as serve
 
     address = serve.resolve_host("localhost", 8080)
     assert address in ("127.0.0.1", "::1")
@@ -803,7 +803,7 @@ def test_the_relay_of_a_servers_output_ends_quietly_when_its_pipe_is_closed(monk
     """stop_group closes llama-server's output pipe while the relay thread may be between two
     lines (writing one to the terminal): its next read meets a closed file, which must end the
     relay, not print a thread's traceback before serve's error line."""
-    from rocforge_build.measure import serve
+    from rocforge_build.serve import server as serve
 
     read_fd, write_fd = os.pipe()
     stream = os.fdopen(read_fd, "r")

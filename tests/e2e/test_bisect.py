@@ -10,7 +10,7 @@ from pathlib import Path
 from upgrade_history import history, output_checker, timing_checker
 
 from rocforge_build import cli
-from rocforge_build.forge.bisect import max_builds
+from rocforge_build.workflows.bisect import max_builds
 
 
 def bisect(h, good, bad, check, capsys, *extra):

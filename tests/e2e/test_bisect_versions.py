@@ -14,7 +14,7 @@ from buildfixtures import git, recipe_copy
 from upgrade_history import history, output_checker
 
 from rocforge_build import cli
-from rocforge_build.forge.bisect import max_builds, version_template
+from rocforge_build.workflows.bisect import max_builds, version_template
 
 # version -> the history's commit it releases (oldest first); 1.4 is "break", the first bad one
 RELEASES = {"1.0": "base", "1.1": "docs1", "1.2": "slow", "1.3": "docs2", "1.4": "break",

@@ -46,8 +46,9 @@ from pathlib import Path
 import pytest
 from trained_model import smollm2
 
-from rocforge_build.measure import canary, gguf
+from rocforge_build.measure import gguf
 from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.serve import canary
 
 # 4 slots of 2048 tokens: the long prompt fills one (2032 tokens) at a cost CI's 2 cores bear
 PARALLEL, SLOT_CTX = 4, 2048

@@ -37,8 +37,10 @@ from pathlib import Path
 import pytest
 from trained_model import smollm2
 
-from rocforge_build.measure import canary, gguf, serve_front
+from rocforge_build.measure import gguf
 from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.serve import canary
+from rocforge_build.serve import front as serve_front
 
 
 def free_port() -> int:
@@ -202,7 +204,7 @@ def test_a_server_made_wrong_mid_way_gets_503_through_the_front(measure_builds):
         while front.stats.passed < 1 and time.monotonic() < deadline:
             assert chat(front.port, stream=False)[0] == 200
             time.sleep(1.5)  # idle: the canary's turn
-        assert front.stats.passed >= 1 and front.failure is None  # idle or overdue: tests/test_measure_serve_front.py
+        assert front.stats.passed >= 1 and front.failure is None  # idle or overdue: tests/test_serve_front.py
         assert chat(front.port, stream=True)[0] == 200
         relay.to = bad_port  # the server goes wrong while the front serves
         deadline = time.monotonic() + 180

@@ -73,7 +73,7 @@ def test_upgrade_exit_125_is_cannot_test_and_refuses(tmp_path, capsys):
 
 def test_bench_gate_pairs_rows_by_shape_and_fails_beyond_the_threshold():
     # rows as `rocforge bench --json` prints them (prefix, test, tokens, depth, ubatch, fa, t_s)
-    from rocforge_build.forge.upgrade import compare_rows
+    from rocforge_build.workflows.upgrade import compare_rows
 
     cur, cand = Path("/b/cur"), Path("/b/cand")
 
@@ -132,9 +132,9 @@ def test_bench_gate_compares_at_the_models_preset_shapes(tmp_path):
     # micro-batch 256, the long range's tuned shape: only the preset's shapes show it
     from tiny_gguf import write as write_gguf
 
-    from rocforge_build.forge.upgrade import bench_gate
     from rocforge_build.measure import provenance
     from rocforge_build.measure.store import Store
+    from rocforge_build.workflows.upgrade import bench_gate
 
     model = write_gguf(tmp_path / "tiny.gguf", byte_tokens=True)
     cur = bench_build(tmp_path / "current", None)
@@ -179,9 +179,9 @@ def test_preset_shapes_take_only_what_tune_writes(tmp_path):
     import pytest
     from tiny_gguf import write as write_gguf
 
-    from rocforge_build.forge.upgrade import preset_shapes, shape_args
     from rocforge_build.measure import provenance
     from rocforge_build.measure.store import Store, StoreError
+    from rocforge_build.workflows.upgrade import preset_shapes, shape_args
 
     model = write_gguf(tmp_path / "tiny.gguf", byte_tokens=True)
     assert preset_shapes(str(model)) == ([], None)  # no preset: the default shape only
@@ -214,9 +214,9 @@ def test_bench_gate_benches_each_range_with_its_environment(tmp_path, monkeypatc
     # them as two shapes, passes the variable to both builds' llama-bench, and sees the regression
     from tiny_gguf import write as write_gguf
 
-    from rocforge_build.forge.upgrade import bench_gate, preset_shapes, shape_args
     from rocforge_build.measure import provenance
     from rocforge_build.measure.store import Store
+    from rocforge_build.workflows.upgrade import bench_gate, preset_shapes, shape_args
 
     monkeypatch.delenv("ROCFORGE_FAKE_KNOB", raising=False)
     model = write_gguf(tmp_path / "tiny.gguf", byte_tokens=True)
@@ -254,8 +254,8 @@ def test_the_gate_runs_with_the_requests_environment_not_this_processs(tmp_path,
     # request only; the user's --run check must test that candidate under the same environment.
     # The checker records what it was given: the request's ROCM_PATH, not this process's, and no
     # variable the request does not carry.
-    from rocforge_build.forge import upgrade
     from rocforge_build.rootfs import Root
+    from rocforge_build.workflows import upgrade
 
     h, prefix = built(tmp_path)
     seen = tmp_path / "seen-env"

@@ -53,8 +53,8 @@ from urllib.parse import urlsplit
 
 from rocforge_build.errors import RocforgeError
 from rocforge_build.measure import verify
-from rocforge_build.measure.canary_compare import Comparison, Position, compare, judge
 from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.serve.canary_compare import Comparison, Position, compare, judge
 from rocforge_build.shellsafe import one_line
 
 LONG_WANTED = 8448  # tokens: past 8K, where position-dependent faults show (RoPE past ~5-8K)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from rocforge_build.measure import canary, canary_compare
-from rocforge_build.measure.canary import CanaryError
-from rocforge_build.measure.canary_compare import Position
+from rocforge_build.serve import canary, canary_compare
+from rocforge_build.serve.canary import CanaryError
+from rocforge_build.serve.canary_compare import Position
 
 DATA = Path(__file__).parent / "data" / "canary"
 L = math.log

@@ -33,9 +33,9 @@ from rocforge_build import ownership, paths
 from rocforge_build.errors import BuildError, UsageError
 from rocforge_build.forge import sources
 from rocforge_build.forge.plan import Request, work_dir
-from rocforge_build.forge.upgrade import Gate, rocforge_cli, run_gate
 from rocforge_build.proc import CommandFailed, run
 from rocforge_build.refs import check_git_ref
+from rocforge_build.workflows.upgrade import Gate, rocforge_cli, run_gate
 
 METRICS = {"pp512": ("pp", 512), "tg128": ("tg", 128)}
 

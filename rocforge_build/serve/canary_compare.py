@@ -1,5 +1,5 @@
 """The canary's comparison of one answer with the reference's, position by position (see
-measure/canary.py for what is asked and why): the KL divergence on the reference's top-K plus one
+serve/canary.py for what is asked and why): the KL divergence on the reference's top-K plus one
 "everything else" bucket, top-1 agreement, the PPL ratio of the reference's own tokens and its
 lower bound, up to the first parting of the greedy paths; judged by verify's limits."""
 

@@ -8,7 +8,7 @@ import platform
 import shlex
 from pathlib import Path
 
-from rocforge_build.forge.bisect import Asked, Result, short
+from rocforge_build.workflows.bisect import Asked, Result, short
 
 REPORT_MARK = "<!-- written by rocforge bisect"
 

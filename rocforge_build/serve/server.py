@@ -27,6 +27,7 @@ from pathlib import Path
 from rocforge_build.errors import RocforgeError, UsageError
 from rocforge_build.measure import serving
 from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.measure.preset import pick_range
 
 
 class ServeError(RocforgeError):
@@ -43,23 +44,6 @@ class Plan:
     notes: list[str]
     host: str
     port: int
-
-
-def default_range(ranges: dict) -> str:
-    """The range used when none is named (`serve`, `preset show --shell`): the longest context,
-    since a server must hold the longest prompt its clients send."""
-    return max(ranges, key=lambda n: ranges[n]["ctx"])
-
-
-def pick_range(preset: dict, wanted: str) -> tuple[str, str]:
-    """(range, why): `auto` is `default_range`."""
-    ranges = preset["ranges"]
-    if wanted != "auto":
-        if wanted not in ranges:
-            raise UsageError(f"the preset has no range {wanted!r}", f"ranges: {', '.join(ranges)}")
-        return wanted, f"--range {wanted}"
-    name = default_range(ranges)
-    return name, f"auto: the range with the longest context ({ranges[name]['ctx']} tokens)"
 
 
 def verified_shape(r: dict, build: LlamaBuild) -> tuple[dict, dict]:
@@ -327,7 +311,7 @@ def warm_up(p: Plan, timeout: float) -> float:
     (tens of seconds: docs/measurements/measuring.md), which the first client would otherwise
     wait for.  The whole request (a server that trickles its answer too) ends within `timeout`
     seconds.  Returns the seconds it took."""
-    from rocforge_build.measure.canary import CanaryError, exchange
+    from rocforge_build.serve.canary import CanaryError, exchange
 
     headers = {"Content-Type": "application/json"}
     if "--api-key" in p.argv[:-1]:

@@ -1,4 +1,4 @@
-"""forge/bisect.py's pieces that need no build: the test each step gets (`oracle`), a nightly
+"""workflows/bisect.py's pieces that need no build: the test each step gets (`oracle`), a nightly
 step's check that it was built with that nightly's ROCm, and the test's command-line words.
 The search and the axes, with real builds, are in test_bisect.py, test_bisect_versions.py and
 test_bisect_nightlies.py."""
@@ -12,8 +12,8 @@ import tomlkit
 from stackfixtures import make_build
 
 from rocforge_build.errors import UsageError
-from rocforge_build.forge import bisect
-from rocforge_build.forge.bisect import StepTest
+from rocforge_build.workflows import bisect
+from rocforge_build.workflows.bisect import StepTest
 
 # --run's program: exit 0 for a prefix ending in /ok, 125 (skip) for /skip, 1 otherwise
 CHECK = ["/bin/sh", "-c", 'case "$ROCFORGE_PREFIX" in */ok) exit 0;; */skip) exit 125;; *) exit 1;; esac']

@@ -1,4 +1,4 @@
-"""forge/bisect_report.py for a given result, with no build: the `--json` document, the report's
+"""workflows/bisect_report.py for a given result, with no build: the `--json` document, the report's
 text line by line, and the rule that a report is written only over a file rocforge wrote."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from stackfixtures import make_build
 
 from rocforge_build.errors import UsageError
-from rocforge_build.forge import bisect_report
-from rocforge_build.forge.bisect import Asked, Result, Step, StepTest
 from rocforge_build.rootfs import Root
+from rocforge_build.workflows import bisect_report
+from rocforge_build.workflows.bisect import Asked, Result, Step, StepTest
 
 A, B, C = "a" * 40, "b" * 40, "c" * 40
 

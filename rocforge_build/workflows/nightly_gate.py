@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rocforge_build import paths
 from rocforge_build.discover.builds import read_manifest
-from rocforge_build.forge import upgrade
+from rocforge_build.workflows import upgrade
 
 
 @dataclass

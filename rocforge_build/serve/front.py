@@ -1,11 +1,11 @@
 """`rocforge serve --canary-every DURATION`: a thin front on the user's --host/--port forwards every
 request to llama-server on a private loopback port, and between requests runs the short numerics
-canary (measure/canary.py, `plan(short=True)`) against that private port, so that a server that
+canary (serve/canary.py, `plan(short=True)`) against that private port, so that a server that
 goes wrong while serving stops being trusted.
 
 Why a front and not a timer beside the server: only a front knows when no request is in flight (the
 canary then costs no client any latency) and can stop new requests without killing anything.
-Its HTTP side (reading heads, forwarding, copying answers back) is measure/front_http.py.
+Its HTTP side (reading heads, forwarding, copying answers back) is serve/front_http.py.
 
 On a failed canary the front answers every new request (any path, /health too) with HTTP 503 and a
 JSON body naming the failed check, instead of stopping the server: the process stays up for
@@ -73,7 +73,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from rocforge_build.errors import RocforgeError
-from rocforge_build.measure.front_http import server_for
+from rocforge_build.serve.front_http import server_for
 
 REQUEST_SECONDS = 600.0  # llama-server silent this long on a client's request: 504 (serve --request-timeout, default --wait)
 TIMEOUT_LIMIT = 3  # client requests in a row that llama-server left silent that long, and /health too: failed (503)
@@ -314,7 +314,7 @@ class Front:
                 self._idle.notify_all()
 
     def _answers_health(self) -> bool:
-        from rocforge_build.measure.canary import CanaryError, exchange
+        from rocforge_build.serve.canary import CanaryError, exchange
 
         try:
             status, _ = exchange("GET", f"http://{self.upstream[0]}:{self.upstream[1]}", "/health", None, {},
@@ -421,7 +421,7 @@ def short_reference(model, ref, *, progress=None):
     """(plan, the reference's answers) of the short canary (canary.reference, cached on disk):
     the short plan is one text of a few tokens whatever the server's slots, so it is made before
     the server under test runs."""
-    from rocforge_build.measure import canary
+    from rocforge_build.serve import canary
 
     plan_ = canary.plan(model, canary.Target("", {}, 0, 1), short=True)
     return plan_, canary.reference(plan_, ref, model, progress=progress)
@@ -430,7 +430,7 @@ def short_reference(model, ref, *, progress=None):
 def short_checker(model, ref, target, *, timeout: float = 120.0, progress=None) -> Callable[[], object]:
     """The short canary against `target` as a no-argument callable: its plan and the reference's
     answers are made once, here."""
-    from rocforge_build.measure import canary
+    from rocforge_build.serve import canary
 
     plan_, answers = short_reference(model, ref, progress=progress)
     return lambda: canary.check(plan_, target, answers, timeout=timeout)
@@ -476,8 +476,10 @@ def run(p, *, every: float, build_prefix: str, model_path: str, model_sha256: st
     takes the memory), the front listens on the plan's address once llama-server is ready and
     warmed up, then `on_ready` says the URL.  `request_s`: the clients' deadline (Front's
     `request_seconds`), `wait_s` when None.  Returns llama-server's exit status."""
-    from rocforge_build.measure import canary, gguf, serve
+    from rocforge_build.measure import gguf
     from rocforge_build.measure.llama_tools import LlamaBuild
+    from rocforge_build.serve import canary
+    from rocforge_build.serve import server as serve
 
     build = LlamaBuild.open(build_prefix)
     model = gguf.check(model_path)

@@ -1,4 +1,4 @@
-"""serve's canary front (measure/serve_front.py) against a real HTTP server on 127.0.0.1 made here
+"""serve's canary front (serve/front.py) against a real HTTP server on 127.0.0.1 made here
 (`Upstream`: llama-server's part — streamed SSE answers, echoed bodies, any status — played by
 http.server, since what is tested is the front's forwarding and scheduling, not llama.cpp; the real
 server is in tests/e2e/test_serve_front.py).  The canary is injected as a checker callable, so a
@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from rocforge_build import argtypes
-from rocforge_build.measure import serve_front
+from rocforge_build.serve import front as serve_front
 
 
 class _UpstreamHandler(BaseHTTPRequestHandler):
@@ -268,7 +268,7 @@ def test_a_canary_that_could_not_run_never_blocks_clients(upstream):
     """A checker that raises (canary.CanaryError: a timeout, a refused connection) measured nothing:
     clients are still answered, it is said each time with its count, recorded once per streak, and
     tried again `NOT_RUN_RETRY_SECONDS` later (or sooner at a short `every`)."""
-    from rocforge_build.measure.canary import CanaryError
+    from rocforge_build.serve.canary import CanaryError
 
     said, recorded, failed = [], [], []
 
@@ -330,7 +330,7 @@ def one_slot():
 
 
 def _real_checker(port: int, timeout: float):
-    from rocforge_build.measure import canary
+    from rocforge_build.serve import canary
 
     plan = canary.CanaryPlan(("x",), 0, 0, 4, 10, None, None)
     ref = canary.Reference(((1, 2, 3),), ((canary.Position(5, {5: -0.01, 6: -5.0}),) * 4,), ("request 1",), 0.0)
@@ -373,7 +373,7 @@ def test_a_wrong_answer_still_latches_the_503(one_slot):
 def test_what_the_front_says_reaches_the_terminal_escaped(upstream, capfd):
     """A server's status line carrying ESC, BEL and CR (it could paint a fake "all good" line over
     the warning) is quoted in the canary's line: every control is written as its escape."""
-    from rocforge_build.measure.canary import CanaryError
+    from rocforge_build.serve.canary import CanaryError
 
     def hostile():
         raise CanaryError("http://127.0.0.1:1/completion failed: BadStatusLine: "
@@ -394,8 +394,10 @@ def test_the_inner_server_is_asked_for_its_props_only_once_it_answered(monkeypat
     answer /health and warm up, never before it started (the port could be anyone's then)."""
     from types import SimpleNamespace
 
-    from rocforge_build.measure import canary, gguf, serve
+    from rocforge_build.measure import gguf
     from rocforge_build.measure.llama_tools import LlamaBuild
+    from rocforge_build.serve import canary
+    from rocforge_build.serve import server as serve
 
     events = []
     monkeypatch.setattr(LlamaBuild, "open", staticmethod(lambda prefix: SimpleNamespace(prefix=prefix)))
@@ -513,7 +515,7 @@ def test_a_never_idle_server_gets_the_canary_once_overdue(upstream):
 
 
 def test_behind_moves_the_server_to_a_private_loopback_port():
-    from rocforge_build.measure import serve
+    from rocforge_build.serve import server as serve
 
     p = serve.Plan("long", "auto", {}, ["/b/llama-server", "-m", "/m.gguf", "-c", "8192", "-np", "4", "--host",
                                          "0.0.0.0", "--port", "8080"], "http://127.0.0.1:8080", [], "0.0.0.0", 8080)
@@ -529,7 +531,7 @@ def test_behind_never_gives_llama_server_the_fronts_own_port(monkeypatch):
     once in 22,000); then the front could not listen.  The kernel's first draw is the front's port."""
     from types import SimpleNamespace
 
-    from rocforge_build.measure import serve
+    from rocforge_build.serve import server as serve
 
     draws = iter([8080, 41235])
 

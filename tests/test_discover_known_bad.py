@@ -14,7 +14,7 @@ import pytest
 from therock_tarballs import Mirror, make_tarball
 
 from rocforge_build import cli
-from rocforge_build.nightly import known_bad
+from rocforge_build.discover import known_bad
 
 GOOD, BAD = "7.14.0a20260608", "7.14.0a20260612"
 

@@ -1,4 +1,4 @@
-"""The HTTP side of serve's canary front (measure/serve_front.py): one thread per client
+"""The HTTP side of serve's canary front (serve/front.py): one thread per client
 connection, the request head read within its deadlines and bounds, the request forwarded to
 llama-server and its answer copied back piece by piece (the design and its bounds:
 serve_front's docstring).  This module is the protocol; serve_front decides (when the canary
