@@ -63,6 +63,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from rocforge_build.measure import gguf  # noqa: E402
 from rocforge_build.measure.llama_tools import LlamaBuild  # noqa: E402
+from rocforge_build.proc import free_loopback_port  # noqa: E402
 from rocforge_build.serve import canary  # noqa: E402
 from rocforge_build.serve import front as serve_front  # noqa: E402
 
@@ -159,7 +160,7 @@ def main() -> int:
     prefix = Path(a.prefix) if a.prefix else default_prefix(work)
     build = LlamaBuild.open(prefix)
     model = gguf.check(model_path)
-    port = serve_front.free_loopback_port()
+    port = free_loopback_port()
     argv = [str(build.program("llama-server")), "-m", str(model_path), "--host", "127.0.0.1", "--port", str(port),
             "-c", str(1024 * a.clients), "-np", str(a.clients)] + (["-t", str(a.threads)] if a.threads else [])
     print(f"llama-server: {' '.join(argv)}")

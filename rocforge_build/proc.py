@@ -25,6 +25,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -412,6 +413,19 @@ def _socket_inodes(pid: int) -> set[int]:
             if target.startswith("socket:[") and target.endswith("]"):
                 out.add(int(target[8:-1]))
     return out
+
+
+def free_loopback_port(avoid: frozenset[int] = frozenset()) -> int:
+    """A loopback port the kernel has free now (for a server rocforge starts: llama-server, the
+    canary's reference, the front), none of `avoid`: a port that is free but not yet
+    bound (the front's own, taken only once llama-server is warm) can be drawn again."""
+    for _ in range(64):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            break
+    return port
 
 
 def port_holder(pid: int, address: str, port: int) -> str:

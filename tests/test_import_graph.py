@@ -249,7 +249,6 @@ def room_order_breaches(package_dir: Path, levels: dict[str, int]) -> list[str]:
     the import sits (module level, a function, TYPE_CHECKING): with the levels declared, two
     rooms can never import each other, and a package-level circle hidden by a function-level
     import (forge -> measure -> forge) shows as a breach."""
-    package = package_dir.name
     found = []
     for module, imported in sorted(import_graph(package_dir).items()):
         parts = module.split(".")

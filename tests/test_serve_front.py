@@ -18,7 +18,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from rocforge_build import argtypes
+from rocforge_build import argtypes, proc
+from rocforge_build.proc import free_loopback_port
 from rocforge_build.serve import front as serve_front
 
 
@@ -414,7 +415,7 @@ def test_the_inner_server_is_asked_for_its_props_only_once_it_answered(monkeypat
         return 0
 
     monkeypatch.setattr(serve, "run", fake_run)
-    port = serve_front.free_loopback_port()
+    port = free_loopback_port()
     p = serve.Plan("long", "auto", {}, ["/b/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port",
                                          str(port)], f"http://127.0.0.1:{port}", [], "127.0.0.1", port)
     fronts = []
@@ -548,7 +549,7 @@ def test_behind_never_gives_llama_server_the_fronts_own_port(monkeypatch):
         def getsockname(self):
             return ("127.0.0.1", self.port)
 
-    monkeypatch.setattr(serve_front, "socket", SimpleNamespace(socket=Socket))
+    monkeypatch.setattr(proc, "socket", SimpleNamespace(socket=Socket))  # the one free-port helper
     p = serve.Plan("long", "auto", {}, ["/b/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port",
                                          "8080"], "http://127.0.0.1:8080", [], "127.0.0.1", 8080)
     assert serve_front.behind(p).port == 41235

@@ -54,6 +54,7 @@ from urllib.parse import urlsplit
 from rocforge_build.errors import RocforgeError
 from rocforge_build.measure import verify
 from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.proc import free_loopback_port
 from rocforge_build.serve.canary_compare import Comparison, Position, compare, judge
 from rocforge_build.shellsafe import one_line
 
@@ -400,12 +401,6 @@ def _cache_file(plan_: CanaryPlan, ref: LlamaBuild, model) -> Path:
     return verify.cache_dir() / "canary" / f"{key}.json"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def reference(plan_: CanaryPlan, ref: LlamaBuild, model, *, progress=None, timeout: float = 900.0) -> Reference:
     """The reference build's answers: its own llama-server (-np 1, a context that holds the long
     prompt) on a free loopback port (asked only once the socket answering there is its own), the
@@ -418,7 +413,7 @@ def reference(plan_: CanaryPlan, ref: LlamaBuild, model, *, progress=None, timeo
     from rocforge_build.proc import merged_env, spawn, stop_group
 
     start = time.monotonic()
-    port = _free_port()
+    port = free_loopback_port()
     ctx = max(plan_.long_tokens + plan_.n_predict + 64, 1024)
     argv = [str(ref.program("llama-server")), "-m", str(model.path), "--host", "127.0.0.1", "--port", str(port),
             "-c", str(ctx), "-np", "1"] + (["-ngl", "0"] if ref.gpu else [])

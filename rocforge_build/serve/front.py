@@ -64,7 +64,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import socket
 import socketserver
 import sys
 import threading
@@ -72,6 +71,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from rocforge_build import proc
 from rocforge_build.errors import RocforgeError
 from rocforge_build.serve.front_http import server_for
 
@@ -395,23 +395,11 @@ class _Raised:
 
 # -------------------------------------------------------------------------------- wiring into serve
 
-def free_loopback_port(avoid: frozenset[int] = frozenset()) -> int:
-    """A loopback port the kernel has free now, none of `avoid`: a port that is free but not yet
-    bound (the front's own, taken only once llama-server is warm) can be drawn again."""
-    for _ in range(64):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in avoid:
-            break
-    return port
-
-
 def behind(p, private_port: int | None = None):
     """The serve plan of the llama-server behind the front: the same command with --host
     127.0.0.1 and a free private --port; the front takes the plan's own address."""
     argv = list(p.argv)
-    port = private_port or free_loopback_port(avoid=frozenset({p.port}))
+    port = private_port or proc.free_loopback_port(avoid=frozenset({p.port}))
     argv[argv.index("--host") + 1] = "127.0.0.1"
     argv[argv.index("--port") + 1] = str(port)
     return replace(p, argv=argv, url=f"http://127.0.0.1:{port}", host="127.0.0.1", port=port)

@@ -248,7 +248,24 @@ def check_port(host: str, port: int) -> None:
                                  "(below 1024 needs root)") from None
 
 
-def _relay(stream, keep: int = 20) -> collections.deque:
+@dataclass(frozen=True)
+class Relay:
+    """The thread copying llama-server's output, and the last lines it copied."""
+
+    thread: threading.Thread
+    tail: collections.deque
+
+    def last_words(self, wait_s: float = 2.0) -> str:
+        """The last line the server wrote, once the relay has read to the end of its output (its
+        exit closes the pipe; a stray descendant holding the pipe open is waited for `wait_s`)."""
+        from rocforge_build.shellsafe import one_line
+
+        self.thread.join(wait_s)
+        lines = [one_line(t) for t in list(self.tail) if t.strip()]
+        return f": {lines[-1][:300]}" if lines else ""
+
+
+def _relay(stream, keep: int = 20) -> Relay:
     """Copy the server's output to stderr as it comes, its terminal controls escaped (it echoes the
     model file's metadata: a GGUF's strings may show on the terminal, never drive it), in a daemon
     thread (a pipe held open by a stray descendant never holds rocforge); keep its last lines for
@@ -267,19 +284,12 @@ def _relay(stream, keep: int = 20) -> collections.deque:
                     sys.stderr.write(escaped(line.rstrip("\n")) + "\n")
                     sys.stderr.flush()
 
-    threading.Thread(target=pump, name="llama-server output", daemon=True).start()
-    return tail
+    thread = threading.Thread(target=pump, name="llama-server output", daemon=True)
+    thread.start()
+    return Relay(thread, tail)
 
 
-def _last_words(tail: collections.deque) -> str:
-    from rocforge_build.shellsafe import one_line
-
-    time.sleep(0.1)  # the relay's last lines, written just before the exit
-    lines = [one_line(t) for t in list(tail) if t.strip()]
-    return f": {lines[-1][:300]}" if lines else ""
-
-
-def _wait_ready(child, p: Plan, wait_s: float, tail: collections.deque) -> None:
+def _wait_ready(child, p: Plan, wait_s: float, relay: Relay) -> None:
     """Until /health answers 200 from a socket the child (or its descendants) listens on."""
     from rocforge_build.proc import port_holder
 
@@ -287,7 +297,7 @@ def _wait_ready(child, p: Plan, wait_s: float, tail: collections.deque) -> None:
     while True:
         if child.poll() is not None:
             raise ServeError(f"llama-server exited with code {child.returncode} before it was ready"
-                             + _last_words(tail), "its output is above")
+                             + relay.last_words(), "its output is above")
         holder = port_holder(child.pid, dial_address(p.host), p.port)
         if holder in ("ours", "unknown") and healthy(dial_address(p.host), p.port):
             return
@@ -343,10 +353,10 @@ def run(p: Plan, *, wait_s: float, on_ready, before_ready=None) -> int:
 
     child = spawn(p.argv, env=merged_env(p.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                   text=True, errors="replace", die_with_parent=True)
-    tail = _relay(child.stdout)
+    relay = _relay(child.stdout)
     with reaped(child):
         start = time.monotonic()
-        _wait_ready(child, p, wait_s, tail)
+        _wait_ready(child, p, wait_s, relay)
         left = max(wait_s - (time.monotonic() - start), 0.0)
         sys.stderr.write(f"rocforge: serve: warming up: one token from {p.url}/completion "
                          f"(at most {left:.0f} s of --wait left)\n")
@@ -360,7 +370,7 @@ def run(p: Plan, *, wait_s: float, on_ready, before_ready=None) -> int:
                 raise
         if child.poll() is not None:
             raise ServeError(f"llama-server exited with code {child.returncode} after it answered /health"
-                             + _last_words(tail), "its output is above")
+                             + relay.last_words(), "its output is above")
         if before_ready is not None:
             before_ready(p)
         on_ready(took)

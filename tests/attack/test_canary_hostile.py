@@ -300,7 +300,7 @@ def test_the_reference_asks_only_its_own_server(tmp_path, cache_at, monkeypatch)
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    monkeypatch.setattr(canary, "_free_port", lambda: srv.server_address[1])
+    monkeypatch.setattr(canary, "free_loopback_port", lambda: srv.server_address[1])
     try:
         with pytest.raises(canary.CanaryError) as e:
             canary.reference(PLAN, StandInBuild(tmp_path, "exec sleep 30"), Model(), timeout=3)

@@ -16,7 +16,7 @@ import time
 import tracemalloc
 
 import pytest
-from test_measure_serve_front import Clock, Upstream, ask, front_for, until
+from test_serve_front import Clock, Upstream, ask, front_for, until
 
 from rocforge_build.serve import front as serve_front
 from rocforge_build.serve import front_http
@@ -288,7 +288,7 @@ def dodger():
 
 
 def _dodged_front(server, clock, said, recorded, **kw):
-    from test_measure_serve_front import _real_checker
+    from test_serve_front import _real_checker
 
     port = server.server_address[1]
     return serve_front.Front(("127.0.0.1", 0), ("127.0.0.1", port), checker=_real_checker(port, 5.0),

@@ -820,11 +820,23 @@ def test_the_relay_of_a_servers_output_ends_quietly_when_its_pipe_is_closed(monk
     monkeypatch.setattr(sys, "stderr", Terminal())
     monkeypatch.setattr(threading, "excepthook", lambda args: crashed.append(args.exc_type))
     os.write(write_fd, b"a line\n")
-    tail = serve._relay(stream)
+    relay = serve._relay(stream)
     assert in_write.wait(10)
-    relay = next(t for t in threading.enumerate() if t.name == "llama-server output")
     stream.close()
     closed.set()
     os.close(write_fd)
-    relay.join(10)
-    assert not relay.is_alive() and crashed == [] and list(tail) == ["a line"]
+    relay.thread.join(10)
+    assert not relay.thread.is_alive() and crashed == [] and list(relay.tail) == ["a line"]
+
+
+def test_the_last_words_are_the_servers_last_line_read_to_its_end():
+    """An error's last words wait for the relay to read the output to its end (the server's exit
+    closes the pipe), instead of a sleep that hoped it had: a line written just before the exit
+    is the one named."""
+    from rocforge_build.serve import server as serve
+
+    read_fd, write_fd = os.pipe()
+    relay = serve._relay(os.fdopen(read_fd, "r"))
+    os.write(write_fd, b"loading\n" + b"x" * 4000 + b"\nerror: out of memory\n")
+    os.close(write_fd)
+    assert relay.last_words() == ": error: out of memory"
