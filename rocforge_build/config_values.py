@@ -84,6 +84,19 @@ def _each(pattern: re.Pattern[str], what: str) -> Callable[[list[str]], str | No
     return rule
 
 
+def _public_keys(v: list[str]) -> str | None:
+    """minisign public keys as signing.py reads them, the point too: a small-order or
+    non-canonical Ed25519 key is refused when it is set, not first when a pull trusts it."""
+    from rocforge_build.substitute.ed25519_point import public_key_problem
+
+    for index, text in enumerate(v):
+        wrong = public_key_problem(text)
+        if wrong:
+            shown = text[:24] + ("..." if len(text) > 24 else "")
+            return f"[{index}] ({shown!r}) {wrong}"
+    return None
+
+
 _SOURCE_URL = _url(("http", "https", "file"))
 RULES: dict[str, Callable[[Any], str | None]] = {
     "nightly.platform": _name,
@@ -105,8 +118,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
         "must be HOST[:PORT]"),
     "substitute.stores": lambda v: next((f"holds {x!r}: {w}" for x in v
                                          for w in [_url(STORE_SCHEMES)(x)] if w), None),
-    "substitute.trusted_keys": _each(re.compile(r"RW[A-Za-z0-9+/]{54}"),
-                                     "a minisign public key (RW... as `rocforge key generate` prints it)"),
+    "substitute.trusted_keys": lambda v: _public_keys(v),
     "substitute.signing_key": _plain,
     "substitute.verify": _one_of(("quick", "full", "none")),
     "substitute.verify_model": _plain,
