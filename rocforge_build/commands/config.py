@@ -66,12 +66,11 @@ def _show(value, key: str = "") -> str:
 
 
 def _secret(key: str, value):
-    """A URL's credentials are never printed (forge/cache.py reads them from the file)."""
-    if key == "cache.remote" and isinstance(value, str):
-        from rocforge_build.forge.cache import redact
+    """A credential a value may carry (cache.remote's password, which forge/cache.py reads from
+    the file) is never printed: rocforge's one redaction (credentials.py) on every value shown."""
+    from rocforge_build.credentials import redact_data
 
-        return redact(value)
-    return value
+    return redact_data(value)
 
 
 def _has_default(key: str) -> bool:

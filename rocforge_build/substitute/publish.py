@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build import paths
+from rocforge_build.credentials import redact
 from rocforge_build.errors import UsageError
 from rocforge_build.forge.substitute_key import SubstituteKey
 from rocforge_build.manifest_schema import MANIFEST
@@ -154,7 +155,7 @@ def publish(prefix: Path, url: str, *, unverified: bool, model: str | None, key_
             ev = artifact.attach(store, man, oci.EVIDENCE_TYPE, doc, pair,
                                  annotations={"dev.rocforge.kind": kind})
     t_end = time.monotonic()
-    return Published(store=url, key=key.digest, tag=key.tag, manifest=man.digest, evidence=ev.digest,
+    return Published(store=redact(url), key=key.digest, tag=key.tag, manifest=man.digest, evidence=ev.digest,
                      kind=kind, bundle_bytes=layer.size,
                      seconds={"measure": round(t_measured - t0, 3), "bundle": round(t_bundled - t_measured, 3),
                               "push": round(t_end - t_bundled, 3)})

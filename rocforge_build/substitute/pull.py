@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rocforge_build import replace
+from rocforge_build.credentials import redact, redact_data
 from rocforge_build.errors import RocforgeError
 from rocforge_build.forge.locations import STAGED, destdir
 from rocforge_build.forge.substitute_key import SubstituteOutcome
@@ -42,15 +43,17 @@ def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
         return SubstituteOutcome(False, f"no key: {plan.no_substitute_key}")
     trusted = signing.trusted_keys_from_config(list(policy.trusted_keys))
     model = verify_model(policy)
+    shown = say
+    say = lambda text: shown(redact(text))  # noqa: E731 - every progress line, redacted
     tried: list[str] = []
     for url in policy.stores:
         try:
             record, verified = _from_store(url, plan, staging, trusted, model, say)
         except artifact.KnownBad as bad:
-            return SubstituteOutcome(False, one_line(bad.message), (*tried, one_line(f"{url}: {bad.message}")),
+            return SubstituteOutcome(False, one_line(bad.message), (*tried, redact(one_line(f"{url}: {bad.message}"))),
                                      advisory=one_line(bad.message))
         except Miss as miss:  # rocforge's own words: the store's URL goes first
-            tried.append(one_line(f"{url}: {miss.message}"))
+            tried.append(redact(one_line(f"{url}: {miss.message}")))
             continue
         except RocforgeError as exc:  # a store's errors name the store already
             tried.append(one_line(exc.message))
@@ -99,7 +102,7 @@ def _from_store(url: str, plan: Plan, staging: Path, trusted, model, say) -> tup
         replace.discard(staging, MANIFEST, STAGED)
         raise
     t_verified = time.monotonic()
-    record = {"store": url, "key": key.digest, "manifest": man.digest, "signed_by": signer,
+    record = {"store": redact(url), "key": key.digest, "manifest": man.digest, "signed_by": signer,
               "attestations": len(attestations), "verified_here": verdict, "verify_lines": lines,
               "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "seconds": {"check": round(t_checked - t0, 3), "pull": round(t_pulled - t_checked, 3),
@@ -146,7 +149,7 @@ def _write_manifest(staging: Path, plan: Plan, record: dict) -> None:
     doc["runtime_env"] = plan.runtime_env
     doc["export_env"] = plan.export_env
     doc["export_env_reasons"] = {k: plan.env_reasons.get(k, "") for k in plan.export_env}
-    doc["substituted"] = {**record, "built_at": str(published_at or "")}
+    doc["substituted"] = {**redact_data(record), "built_at": str(published_at or "")}
     doc["built_at"] = record["pulled_at"]
     tmp = path.with_name(MANIFEST + ".new")
     tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")

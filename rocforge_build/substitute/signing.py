@@ -33,8 +33,8 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from rocforge_build.ed25519_point import point_problem
 from rocforge_build.errors import ConfigError, IntegrityError
-from rocforge_build.substitute.ed25519_point import point_problem
 
 UNTRUSTED_PREFIX = "untrusted comment: "
 TRUSTED_PREFIX = "trusted comment: "
