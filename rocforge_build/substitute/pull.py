@@ -150,6 +150,9 @@ def _write_manifest(staging: Path, plan: Plan, record: dict) -> None:
     doc["export_env"] = plan.export_env
     doc["export_env_reasons"] = {k: plan.env_reasons.get(k, "") for k in plan.export_env}
     doc["substituted"] = {**redact_data(record), "built_at": str(published_at or "")}
+    # what rocforge put there: the bundle's files (its launcher, bundle.toml and the libraries it
+    # carries too), so a later swap or publish tells them from files a user adds
+    doc["installed"] = replace.installed_files(staging)
     doc["built_at"] = record["pulled_at"]
     tmp = path.with_name(MANIFEST + ".new")
     tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
+import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
-from buildfixtures import recipe_copy
-from trust_helpers import run
+from buildfixtures import git_repo, recipe_copy
+from needs import require
+from trust_helpers import one_error, rocforge, run
+
+from rocforge_build.manifest_schema import MANIFEST
 
 PASSWORD = "Hunter2-pw-9f3c"
 # every kind of store URL, each carrying PASSWORD where a credential would ride, and where the
@@ -113,3 +119,111 @@ def test_a_result_row_never_stores_a_credential(dirs):
     raw = sqlite3.connect(paths.results_db()).execute("SELECT data FROM rows").fetchone()[0]
     assert json.loads(raw)["store"] == "oci://h/r" and "YWxpY2U6" not in raw
     _nowhere(dirs, PASSWORD)
+
+
+# -- publish ships what the manifest lists -----------------------------------------------------------
+
+class Machine:
+    """One machine's own config, cache and data dirs, rocforge run in a child process."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.env = {"ROCFORGE_CONFIG_DIR": str(root / "config"), "ROCFORGE_CACHE_DIR": str(root / "cache"),
+                    "ROCFORGE_DATA_DIR": str(root / "data"), "HOME": str(root)}
+
+    def __call__(self, *args: str) -> subprocess.CompletedProcess:
+        return rocforge(*args, env=self.env, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The fixture recipe built (CPU) and a key generated on one machine: (machine, prefix, recipe)."""
+    require("patchelf")  # publishing packs a bundle, whose RUNPATHs patchelf rewrites
+    top = tmp_path_factory.mktemp("publisher")
+    repo = git_repo(top / "repo")
+    recipe = recipe_copy(top / "r", **{"file:///nonexistent/fixture.git": f"file://{repo}"})
+    machine = Machine(top / "m")
+    done = machine("build", str(recipe), "--backend", "cpu", "--no-substitutes", "--prefix", str(top / "pfx"))
+    assert done.returncode == 0, done.stderr
+    assert machine("key", "generate").returncode == 0
+    return machine, top / "pfx", recipe
+
+
+@pytest.fixture
+def prefix(built, tmp_path) -> Path:
+    """A copy of the built prefix for one test to add to."""
+    copy = tmp_path / "pfx"
+    shutil.copytree(built[1], copy, symlinks=True)
+    return copy
+
+
+def _publish(built, prefix: Path, store: Path) -> subprocess.CompletedProcess:
+    return built[0]("publish", str(prefix), "--to", f"file://{store}", "--unverified")
+
+
+def test_a_file_the_manifest_does_not_list_is_never_published(built, prefix, tmp_path):
+    """A secrets/id_rsa left in the prefix went to the store; publish now refuses in one line
+    naming it and how to remove it, and sends nothing."""
+    (prefix / "secrets").mkdir()
+    (prefix / "secrets" / "id_rsa").write_text("-----BEGIN OPENSSH PRIVATE KEY----- ssh-secret-bytes\n")
+    res = _publish(built, prefix, tmp_path / "store")
+    line = one_error(res, 2)
+    assert "1 file(s) its manifest does not list" in line and "secrets/id_rsa" in line, line
+    assert "move them out of the prefix" in res.stderr
+    assert not (tmp_path / "store").exists()
+
+
+def test_many_unlisted_files_are_named_first_few_with_a_count(built, prefix, tmp_path):
+    for n in range(7):
+        (prefix / f"note-{n}.txt").write_text("mine\n")
+    line = one_error(_publish(built, prefix, tmp_path / "store"), 2)
+    assert "7 file(s)" in line and "note-0.txt, note-1.txt, note-2.txt, note-3.txt, note-4.txt and 2 more" in line
+    assert "note-5.txt" not in line and not (tmp_path / "store").exists()
+
+
+def test_a_listed_link_that_leaves_the_prefix_is_refused(built, prefix, tmp_path):
+    """lib/libgreet.so is listed as installed; made a link to a file outside, it would ship
+    that file: refused, nothing sent."""
+    outside = tmp_path / "outside-secret"
+    outside.write_text("not the build's\n")
+    (prefix / "lib" / "libgreet.so").unlink()
+    (prefix / "lib" / "libgreet.so").symlink_to(outside)
+    line = one_error(_publish(built, prefix, tmp_path / "store"), 2)
+    assert "lib/libgreet.so is a link that leaves the prefix" in line, line
+    assert not (tmp_path / "store").exists()
+
+
+def _layer_names(store: Path) -> set[str]:
+    """The prefix's own paths in the one published bundle layer (bundle.toml's `from = prefix`)."""
+    import tomllib
+
+    layers = [p for p in (store / "blobs" / "sha256").iterdir() if tarfile.is_tarfile(p)]
+    assert len(layers) == 1
+    with tarfile.open(layers[0]) as tf:
+        member = next(m for m in tf.getmembers() if m.name.endswith("/bundle.toml"))
+        doc = tomllib.loads(tf.extractfile(member).read().decode())
+    return {f["path"] for f in doc["file"] if f.get("from", "prefix") == "prefix"}
+
+
+def test_a_clean_build_publishes_exactly_its_listed_files_and_a_pulled_one_again(built, prefix, tmp_path):
+    """What is published from the prefix is the manifest's list (and the manifest, the bundle's
+    launcher); a machine that pulled it can publish its copy again, since the
+    pulled manifest lists what the bundle put there."""
+    import tomllib
+
+    res = _publish(built, prefix, tmp_path / "store")
+    assert res.returncode == 0, res.stderr
+    listed = set(tomllib.loads((prefix / MANIFEST).read_text())["installed"]) - {".rocforge-scratch"}
+    assert _layer_names(tmp_path / "store") == listed | {MANIFEST, "run"}  # bundle.toml lists all but itself
+    second = Machine(tmp_path / "second")
+    (tmp_path / "second" / "config").mkdir(parents=True)
+    pub_line = (built[0].root / "config" / "keys" / "rocforge.pub").read_text().splitlines()[1]
+    (tmp_path / "second" / "config" / "config.toml").write_text(
+        f'[substitute]\nstores = ["file://{tmp_path / "store"}"]\ntrusted_keys = ["{pub_line}"]\n')
+    pulled = second("build", str(built[2]), "--backend", "cpu", "--substitute-only",
+                    "--prefix", str(tmp_path / "second" / "pfx"))
+    assert pulled.returncode == 0 and "installed" in pulled.stderr, pulled.stderr
+    assert second("key", "generate").returncode == 0
+    again = second("publish", str(tmp_path / "second" / "pfx"), "--to", f"file://{tmp_path / 'store2'}",
+                   "--unverified")
+    assert again.returncode == 0, again.stderr
