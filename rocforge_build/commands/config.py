@@ -29,7 +29,7 @@ def run(args) -> int:
     if args.action == "get":
         value = config.get(args.key)
         if args.json:
-            print(json.dumps(value))
+            print(json.dumps(_secret(args.key, value)))
         elif isinstance(value, dict):
             for k, v, _where in config.items():
                 if k.startswith(args.key + "."):

@@ -106,6 +106,18 @@ def test_a_hand_written_store_url_with_credentials_stops_build_pull_and_publish(
     _nowhere(dirs, PASSWORD, but=(config,))
 
 
+def test_config_never_prints_cache_remotes_password(dirs, capsys):
+    """cache.remote keeps its password in the URL (ccache's redis:// has no other place for it),
+    so it is not refused; every way config prints it goes through the one redaction (`get
+    --json` printed it whole)."""
+    url = f"redis://:{PASSWORD}@cache.lan:6379"
+    assert run(capsys, "config", "set", "cache.remote", url)[0] == 0
+    for argv in (("config", "get", "cache.remote"), ("config", "get", "cache.remote", "--json"),
+                 ("config", "get", "cache", "--json"), ("config", "list"), ("config", "list", "--json")):
+        code, out, err = run(capsys, *argv)
+        assert code == 0 and "redis://cache.lan:6379" in out and PASSWORD not in out + err, argv
+
+
 def test_a_result_row_never_stores_a_credential(dirs):
     """The results store's rows and runs go through the one redaction: a URL's password or an
     echoed Authorization header written into a row is blanked on disk."""
