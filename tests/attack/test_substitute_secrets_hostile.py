@@ -239,3 +239,25 @@ def test_a_clean_build_publishes_exactly_its_listed_files_and_a_pulled_one_again
     again = second("publish", str(tmp_path / "second" / "pfx"), "--to", f"file://{tmp_path / 'store2'}",
                    "--unverified")
     assert again.returncode == 0, again.stderr
+
+
+def test_the_configured_password_is_blanked_in_progress_lines_and_the_pulled_manifest(built, prefix, tmp_path):
+    """Whatever echoes the configured password (here a store whose path happens to hold it) is
+    blanked in a pull's progress lines, its notes and the manifest it writes: they go through the
+    one redaction, not each its own."""
+    store = tmp_path / PASSWORD / "store"
+    store.parent.mkdir()
+    assert _publish(built, prefix, store).returncode == 0
+    second = Machine(tmp_path / "second")
+    second.env["ROCFORGE_STORE_PASSWORD"] = PASSWORD
+    (tmp_path / "second" / "config").mkdir(parents=True)
+    pub_line = (built[0].root / "config" / "keys" / "rocforge.pub").read_text().splitlines()[1]
+    (tmp_path / "second" / "config" / "config.toml").write_text(
+        f'[substitute]\nstores = ["file://{store}"]\ntrusted_keys = ["{pub_line}"]\n')
+    pulled = second("build", str(built[2]), "--backend", "cpu", "--substitute-only",
+                    "--prefix", str(tmp_path / "second" / "pfx"))
+    assert pulled.returncode == 0 and "substitute: file://" in pulled.stderr, pulled.stderr
+    assert "[redacted]" in pulled.stderr and PASSWORD not in pulled.stdout + pulled.stderr
+    manifest = (tmp_path / "second" / "pfx" / MANIFEST).read_text()
+    assert "[redacted]" in manifest and PASSWORD not in manifest
+    _nowhere(tmp_path / "second" / "data", PASSWORD)
