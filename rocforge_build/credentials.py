@@ -72,6 +72,7 @@ def remember(secret: object) -> None:
 
 
 def _compiled() -> list:
+    """The patterns, compiled once on first use: `rocforge env` never pays for `re`."""
     global _patterns
     if _patterns is None:
         import re
