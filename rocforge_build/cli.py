@@ -199,8 +199,11 @@ def report(label: str, text: str) -> None:
     """`rocforge: LABEL: TEXT` on stderr, where text a user, a file or a build gave can neither
     forge a line nor drive the terminal: a message of several lines by design (a failed build's
     log tail, the outputs an install lacks) keeps them, each further one indented (never starting
-    `rocforge:`), and every terminal control character is written as its escape (`\\x1b`)."""
-    first, *rest = text.splitlines() or [""]
+    `rocforge:`), and every terminal control character is written as its escape (`\\x1b`); a
+    credential the text may carry (credentials.py) is blanked."""
+    from rocforge_build.credentials import redact
+
+    first, *rest = redact(text).splitlines() or [""]
     lines = [f"rocforge: {label}: {_escaped(first)}"]
     lines += [_escaped(line) if line[:1] in (" ", "\t", "") else "  " + _escaped(line)
               for line in rest]

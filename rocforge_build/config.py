@@ -408,8 +408,9 @@ def _check(key: str, value: Any, *, source: str) -> None:
 
         wrong = problem(key, value)
         if wrong:
-            shown = "a URL (not shown: it may hold a password)" if key == "cache.remote" else (
-                repr(value))
+            shown = ("a URL (not shown: it may hold a password)" if key == "cache.remote" else
+                     "(not shown: it may hold a credential)" if key == "substitute.stores" else
+                     repr(value))
             raise ConfigError(f"{key} {wrong}, got {shown} (from {source})",
                               f"e.g. rocforge config set {key} {_example(want)}, or rocforge "
                               f"config unset {key}")

@@ -84,6 +84,35 @@ def _each(pattern: re.Pattern[str], what: str) -> Callable[[list[str]], str | No
     return rule
 
 
+def _store_urls(v: list[str]) -> str | None:
+    """Store URLs as substitute/stores.py judges them (credentials.py's rule): one holding
+    credentials is named by its place in the list, never repeated."""
+    from rocforge_build.credentials import credentials_hint, url_problem
+
+    for index, url in enumerate(v):
+        secret = url_problem(url)
+        if secret:
+            scheme = url.partition("://")[0] if "://" in url else ""
+            return f"[{index}] {secret}; {credentials_hint(scheme)}"
+        wrong = _url(STORE_SCHEMES)(url)
+        if wrong:
+            return f"holds {url!r}: {wrong}"
+    return None
+
+
+def _public_keys(v: list[str]) -> str | None:
+    """minisign public keys as signing.py reads them, the point too: a small-order or
+    non-canonical Ed25519 key is refused when it is set, not first when a pull trusts it."""
+    from rocforge_build.ed25519_point import public_key_problem
+
+    for index, text in enumerate(v):
+        wrong = public_key_problem(text)
+        if wrong:
+            shown = text[:24] + ("..." if len(text) > 24 else "")
+            return f"[{index}] ({shown!r}) {wrong}"
+    return None
+
+
 _SOURCE_URL = _url(("http", "https", "file"))
 RULES: dict[str, Callable[[Any], str | None]] = {
     "nightly.platform": _name,
@@ -103,10 +132,8 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "build.distcc_hosts": _each(_DISTCC_HOST, "HOST[:PORT][/JOBS]"),
     "build.icecc_scheduler": lambda v: None if not v or _SCHEDULER.fullmatch(v) else (
         "must be HOST[:PORT]"),
-    "substitute.stores": lambda v: next((f"holds {x!r}: {w}" for x in v
-                                         for w in [_url(STORE_SCHEMES)(x)] if w), None),
-    "substitute.trusted_keys": _each(re.compile(r"RW[A-Za-z0-9+/]{54}"),
-                                     "a minisign public key (RW... as `rocforge key generate` prints it)"),
+    "substitute.stores": lambda v: _store_urls(v),
+    "substitute.trusted_keys": lambda v: _public_keys(v),
     "substitute.signing_key": _plain,
     "substitute.verify": _one_of(("quick", "full", "none")),
     "substitute.verify_model": _plain,

@@ -12,6 +12,12 @@ class RocforgeError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, hint: str | None = None):
+        # every failure's words are redacted once, where it is raised: a URL's password, a token a
+        # server repeated, never reach a terminal, a record or a log through an error
+        from rocforge_build.credentials import redact
+
+        message = redact(message) if isinstance(message, str) else message
+        hint = redact(hint) if isinstance(hint, str) else hint
         super().__init__(message)
         self.message = message
         self.hint = hint

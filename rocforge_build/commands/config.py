@@ -29,7 +29,7 @@ def run(args) -> int:
     if args.action == "get":
         value = config.get(args.key)
         if args.json:
-            print(json.dumps(value))
+            print(json.dumps(_secret(args.key, value)))
         elif isinstance(value, dict):
             for k, v, _where in config.items():
                 if k.startswith(args.key + "."):
@@ -66,12 +66,11 @@ def _show(value, key: str = "") -> str:
 
 
 def _secret(key: str, value):
-    """A URL's credentials are never printed (forge/cache.py reads them from the file)."""
-    if key == "cache.remote" and isinstance(value, str):
-        from rocforge_build.forge.cache import redact
+    """A credential a value may carry (cache.remote's password, which forge/cache.py reads from
+    the file) is never printed: rocforge's one redaction (credentials.py) on every value shown."""
+    from rocforge_build.credentials import redact_data
 
-        return redact(value)
-    return value
+    return redact_data(value)
 
 
 def _has_default(key: str) -> bool:

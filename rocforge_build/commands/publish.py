@@ -40,7 +40,7 @@ def run(args) -> int:
         print(json.dumps(out.to_json(), indent=2))
         return 0
     print(out.tag)
-    sys.stderr.write(f"rocforge: published {one_line(args.prefix)} to {one_line(args.to)} as {out.kind} "
+    sys.stderr.write(f"rocforge: published {one_line(args.prefix)} to {one_line(out.store)} as {out.kind} "
                      f"({out.bundle_bytes / 1e6:.1f} MB; manifest {out.manifest[:19]}, evidence "
                      f"{out.evidence[:19]})\n")
     return 0

@@ -62,18 +62,11 @@ class CacheSetup:
 
 
 def redact(url: str) -> str:
-    """The URL without user name and password (`redis://:pw@host:6379` -> `redis://host:6379`)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host + (f":{parts.port}" if _port(parts) else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    """The URL without user name and password (`redis://:pw@host:6379` -> `redis://host:6379`):
+    rocforge's one redaction (credentials.py)."""
+    from rocforge_build.credentials import redact as redacted
+
+    return redacted(url)
 
 
 def _port(parts) -> int | None:

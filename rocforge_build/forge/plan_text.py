@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+from rocforge_build.credentials import redact
 from rocforge_build.forge.parallel import print_plan as print_parallel
 from rocforge_build.forge.plan import Plan
 from rocforge_build.forge.recipes import evidence_lines
@@ -26,7 +27,7 @@ def print_plan(plan: Plan, out=None) -> None:
     w(f"key      {key.digest if key else 'none: ' + plan.no_substitute_key}\n")
     if policy is not None and key is not None:
         asked = ("not asked (--no-substitutes)" if policy.mode == "off" else
-                 f"asked first: {', '.join(policy.stores)}" if policy.stores else
+                 f"asked first: {redact(', '.join(policy.stores))}" if policy.stores else
                  "no substitute.stores: compiled here")
         w(f"         substitutes {asked}" + (" (pull or fail)" if policy.mode == "only" else "") + "\n")
     if plan.toolchain.missing:

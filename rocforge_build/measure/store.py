@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build import paths, rootfs, schema
+from rocforge_build.credentials import redact_data
 from rocforge_build.errors import ConfigError, DiskFullError, RocforgeError, StoreError, UsageError
 from rocforge_build.shellsafe import one_line
 
@@ -273,6 +274,7 @@ class Store:
 
     # -- writing: each call is its own committed transaction ---------------------------------------
     def start_run(self, kind: str, argv: list[str] | None = None, info: dict | None = None) -> int:
+        argv, info = redact_data(argv), redact_data(info)  # a credential is never stored
         cur = self._exec("INSERT INTO runs (kind, started, status, argv, info) VALUES (?, ?, ?, ?, ?)",
                          (kind, now(), "running", json.dumps(argv or []), json.dumps(info or {})))
         return int(cur.lastrowid)
@@ -285,6 +287,7 @@ class Store:
                        (now(), status, json.dumps(info), run_id))
 
     def add_row(self, run_id: int, kind: str, data: dict, *, status: str = "ok") -> int:
+        data = redact_data(data)  # a URL's password, a server's echoed token: never stored
         cur = self._exec(
             "INSERT INTO rows (run_id, kind, prefix, stamp, model_sha256, status, created, data) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build import paths
+from rocforge_build.credentials import redact
 from rocforge_build.errors import UsageError
 from rocforge_build.forge.substitute_key import SubstituteKey
 from rocforge_build.manifest_schema import MANIFEST
@@ -60,6 +61,53 @@ def key_of_build(prefix: Path) -> tuple[dict, SubstituteKey]:
     return manifest, key
 
 
+SHOWN_EXTRA = 5  # the unlisted files a refusal names before counting the rest
+
+
+def check_contents(prefix: Path, manifest: dict) -> None:
+    """A published build is exactly what its manifest's `installed` list names (with the
+    manifest and rocforge's own mark): anything else in the prefix (a key, a note, a file a
+    user dropped there) would go to every machine that pulls it, so publish refuses, naming
+    the first few; and a link that leaves the prefix would ship what lies outside it."""
+    import os
+
+    from rocforge_build import ownership
+    from rocforge_build.shellsafe import one_line
+
+    listed = manifest.get("installed")
+    if not isinstance(listed, list) or not listed:
+        raise UsageError(f"{prefix}/{MANIFEST} has no list of the files rocforge installed, so what "
+                         "else the prefix holds cannot be told apart",
+                         "build it again (`rocforge build --force`), then publish that build")
+    ours = {f for f in listed if isinstance(f, str)} | {MANIFEST, ownership.MARK}
+    extra: list[str] = []
+    leaving: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(prefix):
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, prefix)
+            if rel not in ours:
+                extra.append(rel)
+            elif os.path.islink(path):
+                target = os.readlink(path)
+                inside = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+                if target.startswith("/") or inside == ".." or inside.startswith("../"):
+                    leaving.append(rel)
+    if extra:
+        shown = ", ".join(one_line(repr(f) if not f.isprintable() else f) for f in extra[:SHOWN_EXTRA])
+        more = f" and {len(extra) - SHOWN_EXTRA} more" if len(extra) > SHOWN_EXTRA else ""
+        raise UsageError(f"{prefix} holds {len(extra)} file(s) its manifest does not list as "
+                         f"installed by rocforge: {shown}{more}; publish ships only what rocforge "
+                         "installed, and nothing was sent",
+                         "move them out of the prefix (or delete them), then publish again")
+    if leaving:
+        raise UsageError(f"{prefix}/{one_line(leaving[0])} is a link that leaves the prefix"
+                         + (f" (and {len(leaving) - 1} more)" if len(leaving) > 1 else "")
+                         + "; a published build holds only what is inside it, and nothing was sent",
+                         "replace the link by the file it points at, or rebuild (`rocforge build --force`)")
+
+
 def signing_key_path(configured: str) -> Path:
     if configured:
         return Path(configured).expanduser()
@@ -102,6 +150,7 @@ def publish(prefix: Path, url: str, *, unverified: bool, model: str | None, key_
     t0 = time.monotonic()
     prefix = Path(prefix).expanduser().absolute()
     manifest, key = key_of_build(prefix)
+    check_contents(prefix, manifest)  # before anything is measured, packed or sent
     pair = signing.read_secret_key(key_file)
     require_tools()
     verifies, bench = _passing_verifies(prefix, manifest.get("stamp"))
@@ -154,7 +203,7 @@ def publish(prefix: Path, url: str, *, unverified: bool, model: str | None, key_
             ev = artifact.attach(store, man, oci.EVIDENCE_TYPE, doc, pair,
                                  annotations={"dev.rocforge.kind": kind})
     t_end = time.monotonic()
-    return Published(store=url, key=key.digest, tag=key.tag, manifest=man.digest, evidence=ev.digest,
+    return Published(store=redact(url), key=key.digest, tag=key.tag, manifest=man.digest, evidence=ev.digest,
                      kind=kind, bundle_bytes=layer.size,
                      seconds={"measure": round(t_measured - t0, 3), "bundle": round(t_bundled - t_measured, 3),
                               "push": round(t_end - t_bundled, 3)})

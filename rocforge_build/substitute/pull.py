@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rocforge_build import replace
+<<<<<<< HEAD
 from rocforge_build.errors import RocforgeError, disk_failure
+=======
+from rocforge_build.credentials import redact, redact_data
+from rocforge_build.errors import RocforgeError
+>>>>>>> h-creds
 from rocforge_build.forge.locations import STAGED, destdir
 from rocforge_build.forge.substitute_key import SubstituteOutcome
 from rocforge_build.manifest_schema import MANIFEST
@@ -42,6 +47,8 @@ def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
         return SubstituteOutcome(False, f"no key: {plan.no_substitute_key}")
     trusted = signing.trusted_keys_from_config(list(policy.trusted_keys))
     model = verify_model(policy)
+    shown = say
+    say = lambda text: shown(redact(text))  # noqa: E731 - every progress line, redacted
     tried: list[str] = []
     for url in policy.stores:
         try:
@@ -50,10 +57,10 @@ def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
             # no other store helps, and each step's partial file or tree is already removed
             raise disk_failure(exc, f"pulling a substitute into {staging}") from exc
         except artifact.KnownBad as bad:
-            return SubstituteOutcome(False, one_line(bad.message), (*tried, one_line(f"{url}: {bad.message}")),
+            return SubstituteOutcome(False, one_line(bad.message), (*tried, redact(one_line(f"{url}: {bad.message}"))),
                                      advisory=one_line(bad.message))
         except Miss as miss:  # rocforge's own words: the store's URL goes first
-            tried.append(one_line(f"{url}: {miss.message}"))
+            tried.append(redact(one_line(f"{url}: {miss.message}")))
             continue
         except RocforgeError as exc:  # a store's errors name the store already
             tried.append(one_line(exc.message))
@@ -108,7 +115,7 @@ def _from_store(url: str, plan: Plan, staging: Path, trusted, model, say) -> tup
         replace.discard(staging, MANIFEST, STAGED)
         raise
     t_verified = time.monotonic()
-    record = {"store": url, "key": key.digest, "manifest": man.digest, "signed_by": signer,
+    record = {"store": redact(url), "key": key.digest, "manifest": man.digest, "signed_by": signer,
               "attestations": len(attestations), "verified_here": verdict, "verify_lines": lines,
               "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "seconds": {"check": round(t_checked - t0, 3), "pull": round(t_pulled - t_checked, 3),
@@ -155,12 +162,19 @@ def _write_manifest(staging: Path, plan: Plan, record: dict) -> None:
     doc["runtime_env"] = plan.runtime_env
     doc["export_env"] = plan.export_env
     doc["export_env_reasons"] = {k: plan.env_reasons.get(k, "") for k in plan.export_env}
+<<<<<<< HEAD
     doc["substituted"] = {**record, "built_at": str(published_at or "")}
     doc["asked_targets"] = list(plan.asked_targets)  # this machine's request, not the publisher's
     if plan.made_for is not None:
         doc["made_for"] = plan.made_for
     elif "made_for" in doc:
         del doc["made_for"]
+=======
+    doc["substituted"] = {**redact_data(record), "built_at": str(published_at or "")}
+    # what rocforge put there: the bundle's files (its launcher, bundle.toml and the libraries it
+    # carries too), so a later swap or publish tells them from files a user adds
+    doc["installed"] = replace.installed_files(staging)
+>>>>>>> h-creds
     doc["built_at"] = record["pulled_at"]
     tmp = path.with_name(MANIFEST + ".new")
     tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")

@@ -33,6 +33,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from rocforge_build.ed25519_point import point_problem
 from rocforge_build.errors import ConfigError, IntegrityError
 
 UNTRUSTED_PREFIX = "untrusted comment: "
@@ -71,9 +72,10 @@ class PublicKey:
         if not (isinstance(self.keynum, bytes) and len(self.keynum) == _KEYNUM
                 and isinstance(self.raw, bytes) and len(self.raw) == 32):
             raise SignatureError("a public key is an 8-byte key number and a 32-byte Ed25519 key")
-        if not _usable_point(self.raw):
-            raise SignatureError("a public key that is no usable Ed25519 key (a small-order or "
-                                 "invalid point, under which signatures can be forged)")
+        wrong = point_problem(self.raw)
+        if wrong:
+            raise SignatureError(f"a public key that is no usable Ed25519 key (a small-order or "
+                                 f"invalid point): {wrong}")
 
     @property
     def key_id(self) -> str:
@@ -152,50 +154,6 @@ def _b64(text: str, length: int, what: str) -> bytes:
     if len(raw) != length:
         raise SignatureError(f"the {what} is {len(raw)} bytes, not {length}")
     return raw
-
-
-_P = 2**255 - 19
-_D = -121665 * pow(121666, _P - 2, _P) % _P
-_SQRT_M1 = pow(2, (_P - 1) // 4, _P)
-
-
-def _usable_point(encoded: bytes) -> bool:
-    """Whether 32 bytes are the canonical encoding of an Ed25519 point outside the small-order
-    subgroup (RFC 8032 5.1.3's decoding, then [8]P is not the identity): OpenSSL accepts a
-    small-order key, under which one signature holds for many messages; libsodium, and so
-    minisign, refuses it."""
-    y = int.from_bytes(encoded, "little") & ((1 << 255) - 1)
-    sign = encoded[31] >> 7
-    if y >= _P:
-        return False
-    x2 = (y * y - 1) * pow(_D * y * y + 1, _P - 2, _P) % _P
-    if x2 == 0:
-        if sign:
-            return False
-        x = 0
-    else:
-        x = pow(x2, (_P + 3) // 8, _P)
-        if (x * x - x2) % _P:
-            x = x * _SQRT_M1 % _P
-        if (x * x - x2) % _P:
-            return False
-        if x & 1 != sign:
-            x = _P - x
-    point = (x, y, 1, x * y % _P)
-    for _ in range(3):
-        point = _double(point)
-    return not (point[0] % _P == 0 and (point[1] - point[2]) % _P == 0)
-
-
-def _double(point: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
-    """P + P in extended coordinates (RFC 8032 5.1.4's addition)."""
-    x, y, z, t = point
-    a = (y - x) * (y - x) % _P
-    b = (y + x) * (y + x) % _P
-    c = 2 * t * t * _D % _P
-    d = 2 * z * z % _P
-    e, f, g, h = b - a, d - c, d + c, b + a
-    return e * f % _P, g * h % _P, f * g % _P, e * h % _P
 
 
 def _printable_problem(comment: str) -> str | None:

@@ -27,16 +27,17 @@ import oras.provider
 import requests
 import urllib3
 
+from rocforge_build import credentials
+from rocforge_build.credentials import remember
 from rocforge_build.errors import ConfigError, RocforgeError, UsageError
 from rocforge_build.shellsafe import one_line
 from rocforge_build.substitute import oci
 from rocforge_build.substitute.oci import NotFound, StoreError, StoreUnreachable
 
 USER_AGENT = "rocforge (+https://github.com/rocforge)"
-USERNAME_ENV = "ROCFORGE_STORE_USERNAME"
-PASSWORD_ENV = "ROCFORGE_STORE_PASSWORD"
-CREDENTIALS_HINT = (f"set {USERNAME_ENV} and {PASSWORD_ENV} (a token as the password where the "
-                    "registry gives one), or log in with `docker login HOST`")
+USERNAME_ENV = credentials.USERNAME_ENV
+PASSWORD_ENV = credentials.PASSWORD_ENV
+CREDENTIALS_HINT = credentials.REGISTRY_CREDENTIALS_HINT
 TLS_HINT = ("a registry with a private CA: point REQUESTS_CA_BUNDLE (or SSL_CERT_FILE) at the CA's "
             "certificate; a registry on a private network without TLS: oci+http://HOST:PORT/REPO")
 
@@ -67,17 +68,15 @@ def parse_url(url: str) -> tuple[str, str, str]:
     if not isinstance(url, str) or len(url) > 2000 or any(ord(c) < 0x21 or ord(c) >= 0x7f for c in url):
         raise UsageError("registry store URL: empty, too long, or holds spaces, control or "
                          "non-ASCII characters")
+    refused = credentials.url_refusal(url, "registry store URL")  # the one rule for every store URL
+    if refused:
+        raise UsageError(*refused)
     scheme, sep, rest = url.partition("://")
     http_scheme = {"oci": "https", "oci+http": "http"}.get(scheme)
     if not sep or http_scheme is None:
         raise UsageError(f"registry store URL {url[:200]!r}: oci://HOST[:PORT]/REPO (TLS) or "
                          "oci+http://HOST[:PORT]/REPO (plain HTTP)")
     netloc, _, path = rest.partition("/")
-    if "@" in netloc:
-        raise UsageError("registry store URL: credentials do not belong in the URL (it is shown "
-                         "in messages and records)", CREDENTIALS_HINT)
-    if "?" in url or "#" in url:
-        raise UsageError(f"registry store URL {url[:200]!r}: no ?query or #fragment")
     host, colon, port = netloc.rpartition(":") if not netloc.endswith("]") else (netloc, "", "")
     if not colon:
         host, port = netloc, ""
@@ -292,7 +291,10 @@ class _TokenAuth(oras.auth.TokenAuth):
                               "credentials") from None
         if not (isinstance(username, str) and isinstance(secret, str) and secret):
             raise ConfigError(f"docker-credential-{suffix} answered something that is not credentials")
-        return oras.auth.utils.get_basic_auth(username, secret)
+        remember(secret)
+        basic = oras.auth.utils.get_basic_auth(username, secret)
+        remember(basic)
+        return basic
 
 
 class _Registry(oras.provider.Registry):
@@ -400,6 +402,7 @@ class _Registry(oras.provider.Registry):
                 raise StoreUnreachable(f"{self.where}: the registry refused the credentials "
                                        "(HTTP 401)", CREDENTIALS_HINT)
             self.authorization = f"Basic {basic}"
+            _remember_basic(basic)
         elif scheme == "bearer":
             realm = oras.auth.utils.parse_auth_header(challenge).realm or ""
             realm_scheme = urlsplit(realm).scheme.lower()
@@ -421,6 +424,7 @@ class _Registry(oras.provider.Registry):
                     + (" for these credentials" if basic else " without credentials"),
                     CREDENTIALS_HINT)
             self.authorization = token
+            remember(token.removeprefix("Bearer "))
         else:
             raise StoreUnreachable(f"{self.where}: HTTP 401 with no authentication scheme rocforge "
                                    f"knows ({scheme[:20]!r})", CREDENTIALS_HINT)
@@ -435,13 +439,16 @@ class _Registry(oras.provider.Registry):
         if username or password:
             if not (username and password):
                 raise UsageError(f"{USERNAME_ENV} and {PASSWORD_ENV} go together: only one is set")
+            remember(password)
             self.auth.set_basic_auth(username, password)
+            remember(getattr(self.auth, "_basic_auth", None))
             return
         try:
             # oras-py's own loader also merges ~/.docker/config.json into any config it is given,
             # which docker does not do when DOCKER_CONFIG is set: rocforge reads docker's one file
             self.auth._auth_config = docker_config()
             self.auth.load_configs(oras.container.Container(f"{self.hostname}/{self.repo}"))
+            _remember_basic(getattr(self.auth, "_basic_auth", None))
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise ConfigError(f"docker's credentials for {self.hostname} (config.json or its "
                               f"credential helper) could not be read ({type(exc).__name__})",
@@ -450,6 +457,22 @@ class _Registry(oras.provider.Registry):
 
 
 MAX_DOCKER_CONFIG = 1 << 20
+
+
+def _remember_basic(basic: object) -> None:
+    """A Basic credential (base64 of user:password, docker's `auth`) and its password, for
+    credentials.py: a registry that repeats either in an answer has it blanked."""
+    if not isinstance(basic, str) or not basic:
+        return
+    remember(basic)
+    import base64
+    import binascii
+
+    try:
+        _, _, password = base64.b64decode(basic, validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, ValueError):
+        return
+    remember(password)
 
 
 def docker_config() -> dict:

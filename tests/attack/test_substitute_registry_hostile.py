@@ -524,3 +524,60 @@ def test_a_push_refused_to_an_anonymous_token_says_so(fake):
         store.push_blob_bytes(b"x", oci.JSON_LAYER)
     assert _one_line(info.value).endswith("the registry refused anonymous access (HTTP 401)")
     assert "ROCFORGE_STORE_USERNAME" in info.value.hint
+
+
+# -- credentials a registry repeats -------------------------------------------------------------
+
+SECRET = "hunter2-s3cret"
+BASIC = "Y2k6aHVudGVyMi1zM2NyZXQ="  # base64 of ci:hunter2-s3cret
+
+
+@pytest.mark.parametrize("echoed", [
+    f"Authorization: Basic {BASIC}",
+    "Authorization: Bearer eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJjaSJ9.c2lnbmF0dXJl",
+    f"bad credentials for ci:{SECRET}",
+    f"request headers: {{'Authorization': 'Basic {BASIC}'}}",
+])
+def test_a_403_that_repeats_the_credentials_has_them_redacted(fake, monkeypatch, echoed):
+    """A registry's 403 text repeated the Authorization header (and so the password) into the
+    error line; every error line goes through the one redaction (credentials.py) where it is raised."""
+    monkeypatch.setenv("ROCFORGE_STORE_USERNAME", "ci")
+    monkeypatch.setenv("ROCFORGE_STORE_PASSWORD", SECRET)
+
+    def refuse(request):
+        if request.headers.get("Authorization") != f"Basic {BASIC}":
+            return 401, {"WWW-Authenticate": 'Basic realm="test"'}, b""
+        body = json.dumps({"errors": [{"code": "DENIED", "message": f"denied: {echoed}"}]}).encode()
+        return 403, {"Content-Type": "application/json"}, body
+
+    fake.route("GET", "/tags/list", refuse)
+    with pytest.raises(StoreUnreachable) as info:
+        RegistryStore(fake.store_url(), timeout=5).tags()
+    message = _one_line(info.value)
+    assert "access refused (HTTP 403) (DENIED: denied: " in message and "[redacted]" in message
+    for secret in (SECRET, BASIC, "eyJhbGciOiJSUzI1NiJ9"):
+        assert secret not in message and secret not in str(info.value)
+
+
+def test_the_cli_line_of_a_403_with_a_bearer_echo_holds_no_token(fake, monkeypatch, tmp_path, capsys):
+    """The same through `rocforge store list`: the token service's token, repeated in the 403
+    body, never reaches the terminal."""
+    token = "tok-4f2a9c-0123456789abcdef"
+    monkeypatch.setenv("ROCFORGE_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("ROCFORGE_DATA_DIR", str(tmp_path / "data"))
+
+    def guarded(request):
+        if request.headers.get("Authorization") != f"Bearer {token}":
+            return 401, {"WWW-Authenticate": f'Bearer realm="{fake.base}/token",service="fake"'}, b""
+        body = json.dumps({"errors": [{"code": "DENIED", "message": f"token {token} may not read"}]})
+        return 403, {"Content-Type": "application/json"}, body.encode()
+
+    fake.route("GET", "/tags/list", guarded)
+    fake.route("GET", "^/token", _answer(200, {"Content-Type": "application/json"},
+                                        json.dumps({"token": token}).encode()))
+    from rocforge_build import cli
+
+    assert cli.main(["store", "list", fake.store_url()]) != 0
+    out = capsys.readouterr()
+    assert "access refused (HTTP 403)" in out.err and "[redacted]" in out.err, out.err
+    assert token not in out.err + out.out

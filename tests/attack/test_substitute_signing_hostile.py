@@ -337,3 +337,72 @@ def test_a_small_order_or_invalid_public_key_is_refused(point):
         PublicKey.parse(text)
     with pytest.raises(SignatureError):
         PublicKey(bytes(8), point)
+
+
+# libsodium's list of the small-order encodings (ed25519_ref10.c, `ge25519_has_small_order`:
+# compared with the sign bit masked, so each also with the bit set): 0 (order 4), 1 (the
+# identity), the two of order 8, p - 1 (order 2), and p and p + 1, non-canonical 0 and 1
+_FF = b"\xff" * 30
+LIBSODIUM_SMALL_ORDER = [
+    bytes(32), bytes([1]) + bytes(31),
+    bytes.fromhex("26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05"),
+    bytes.fromhex("c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a"),
+    b"\xec" + _FF + b"\x7f", b"\xed" + _FF + b"\x7f", b"\xee" + _FF + b"\x7f"]
+EVERY_BAD_POINT = [*LIBSODIUM_SMALL_ORDER, *(p[:31] + bytes([p[31] | 0x80]) for p in LIBSODIUM_SMALL_ORDER),
+                   b"\xf0" + _FF + b"\x7f",  # y = p + 3: another non-canonical encoding
+                   bytes([2]) + bytes(31)]  # y = 2: no point of the curve
+
+
+def _key_line(point: bytes) -> str:
+    return base64.b64encode(b"Ed" + bytes(8) + point).decode()
+
+
+@pytest.mark.parametrize("point", EVERY_BAD_POINT, ids=lambda p: p.hex()[:6] + ("-" if p[31] & 0x80 else "+"))
+def test_every_small_order_and_non_canonical_encoding_is_refused(point):
+    """All 14 of libsodium's small-order encodings (the 8 points and their non-canonical forms)
+    are refused wherever a key is read: PublicKey, and the config's own rule."""
+    from rocforge_build.config_values import problem
+
+    with pytest.raises(SignatureError, match="small-order or invalid"):
+        PublicKey.parse(_key_line(point))
+    wrong = problem("substitute.trusted_keys", [_key_line(point)])
+    assert wrong and "no usable Ed25519 key" in wrong and "\n" not in wrong
+
+
+def test_a_real_key_passes_the_config_rule(pair):
+    from rocforge_build.config_values import problem
+
+    assert problem("substitute.trusted_keys", [pair.public.text]) is None
+
+
+@pytest.mark.parametrize(("point", "named"), [
+    (bytes(32), "small-order point"),  # the all-zero key: the all-zero signature verifies under it
+    (bytes([1]) + bytes(31), "small-order point"),  # the identity
+    (b"\xed" + _FF + b"\x7f", "non-canonical encoding"),
+])
+def test_config_set_refuses_a_small_order_trusted_key_in_one_line(tmp_path, monkeypatch, capsys, point, named):
+    """`config set` took the all-zero and identity keys (its rule was a regex); now the point is
+    judged when it is set, one line naming the problem, and the file is not written."""
+    from rocforge_build import cli
+
+    monkeypatch.setenv("ROCFORGE_CONFIG_DIR", str(tmp_path / "config"))
+    code = cli.main(["config", "set", "substitute.trusted_keys", f'["{_key_line(point)}"]'])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    first = err.splitlines()[0]
+    assert first.startswith("rocforge: error: substitute.trusted_keys [0]") and named in first, err
+    assert len([line for line in err.splitlines() if line.startswith("rocforge: error:")]) == 1
+    assert not (tmp_path / "config" / "config.toml").exists()
+
+
+def test_a_hand_written_zero_key_is_refused_at_every_read(tmp_path, monkeypatch, capsys):
+    """A config file edited by hand to trust the all-zero key stops the commands that read it."""
+    from rocforge_build import cli
+
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.toml").write_text(
+        f'[substitute]\ntrusted_keys = ["{_key_line(bytes(32))}"]\n')
+    monkeypatch.setenv("ROCFORGE_CONFIG_DIR", str(tmp_path / "config"))
+    assert cli.main(["config", "get", "substitute.trusted_keys"]) == 2
+    err = capsys.readouterr().err
+    assert "small-order point" in err.splitlines()[0] and "Traceback" not in err
