@@ -15,12 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rocforge_build import replace
-<<<<<<< HEAD
-from rocforge_build.errors import RocforgeError, disk_failure
-=======
 from rocforge_build.credentials import redact, redact_data
-from rocforge_build.errors import RocforgeError
->>>>>>> h-creds
+from rocforge_build.errors import RocforgeError, disk_failure
 from rocforge_build.forge.locations import STAGED, destdir
 from rocforge_build.forge.substitute_key import SubstituteOutcome
 from rocforge_build.manifest_schema import MANIFEST
@@ -162,19 +158,15 @@ def _write_manifest(staging: Path, plan: Plan, record: dict) -> None:
     doc["runtime_env"] = plan.runtime_env
     doc["export_env"] = plan.export_env
     doc["export_env_reasons"] = {k: plan.env_reasons.get(k, "") for k in plan.export_env}
-<<<<<<< HEAD
-    doc["substituted"] = {**record, "built_at": str(published_at or "")}
+    doc["substituted"] = {**redact_data(record), "built_at": str(published_at or "")}
+    # what rocforge put there: the bundle's files (its launcher, bundle.toml and the libraries it
+    # carries too), so a later swap or publish tells them from files a user adds
+    doc["installed"] = replace.installed_files(staging)
     doc["asked_targets"] = list(plan.asked_targets)  # this machine's request, not the publisher's
     if plan.made_for is not None:
         doc["made_for"] = plan.made_for
     elif "made_for" in doc:
         del doc["made_for"]
-=======
-    doc["substituted"] = {**redact_data(record), "built_at": str(published_at or "")}
-    # what rocforge put there: the bundle's files (its launcher, bundle.toml and the libraries it
-    # carries too), so a later swap or publish tells them from files a user adds
-    doc["installed"] = replace.installed_files(staging)
->>>>>>> h-creds
     doc["built_at"] = record["pulled_at"]
     tmp = path.with_name(MANIFEST + ".new")
     tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
