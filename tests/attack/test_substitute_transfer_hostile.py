@@ -197,14 +197,14 @@ def test_a_silent_wait_is_cut_at_the_deadline_not_at_the_longer_timeout(fake):
 # -- finding 3: an https:// layout store trickling index.json -----------------------------------------
 
 def test_an_https_layout_store_trickling_index_json_stops_at_the_listing_deadline(tmp_path, monkeypatch):
-    """index.json at 20 B/s (3000 bytes: 150 s): one line at download.listing_deadline, the URL's
-    credentials never shown."""
+    """index.json at 20 B/s (3000 bytes: 150 s): one line at download.listing_deadline (a URL with
+    credentials is refused before any read: tests/attack/test_substitute_secrets_hostile.py)."""
     tls = make_tls(tmp_path / "tls")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls.ca))
     index = oci.make_index([]) + b" " * 3000
     with FakeRegistry(tls) as server:
         server.route("GET", "^/layout/index.json$", _trickle(index, content_type="application/json"))
-        store = open_store(f"https://reader:hunter2@{server.host}/layout", timeout=5,
+        store = open_store(f"https://{server.host}/layout", timeout=5,
                            policy=_policy(listing_deadline=1.0))
         started = time.monotonic()
         with pytest.raises(TransferExpired) as info:
@@ -213,7 +213,6 @@ def test_an_https_layout_store_trickling_index_json_stops_at_the_listing_deadlin
         store.close()
     assert _one_line(info.value) == (f"https://{server.host}/layout: index.json: still receiving at "
                                      "the 1 s limit (download.listing_deadline)")
-    assert "hunter2" not in info.value.message + (info.value.hint or "")
     assert elapsed < 3
 
 
