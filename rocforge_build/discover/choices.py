@@ -70,6 +70,15 @@ def verified(root: Root, name: str, stamp: str | None) -> str | None:
     return str(record.get("at", "")) or "date unknown"
 
 
+def verified_as_reference(root: Root, name: str, stamp: str | None) -> bool:
+    """Whether verify's verdict on the build `name` was that it is rocforge's reference itself (a
+    CPU build of the default plan: nothing compared, its record names its own prefix)."""
+    record = _read_toml(root, inner_join(data_dir(root), VERIFIED_DIR, f"{name}.toml"))
+    reference = record.get("reference")
+    return (verified(root, name, stamp) is not None and isinstance(reference, str)
+            and reference.rstrip("/").rsplit("/", 1)[-1] == name)
+
+
 def now() -> str:
     from datetime import UTC, datetime
 

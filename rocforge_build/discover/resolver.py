@@ -631,7 +631,10 @@ def _path_builds(root: Root, target: str | None, used: list[builds_mod.Build]
             passed = [(b, d) for b in group if (d := choices.verified(root, os.path.basename(b.prefix), b.stamp))]
             if passed:
                 pick, date = max(passed, key=lambda bd: (bd[0].built_at or "", bd[1]))
-                why = f"newest build of {recipe} that passed verify ({date[:10]})"
+                why = (f"newest build of {recipe} that passed verify ({date[:10]})"
+                       if not choices.verified_as_reference(root, os.path.basename(pick.prefix), pick.stamp)
+                       else f"newest build of {recipe} verify took as rocforge's reference, a CPU build "
+                            f"of the default plan that other builds are verified against ({date[:10]})")
         if pick is not None:
             picked.append((pick, why))
     decisions: list[Decision] = []
