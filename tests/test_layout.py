@@ -223,3 +223,26 @@ def test_misnamed_and_stray_tests_are_found(tmp_path):
         (tmp_path / path).parent.mkdir(exist_ok=True)
         (tmp_path / path).write_text("")
     assert stray_test_files(tmp_path) == ["attack/helpers.py", "e2e/notes.txt", "unit/"]
+
+
+def repeated_test_names(tests: Path) -> list[str]:
+    """`test_*.py` base names that appear in more than one of tests/ and its TEST_FOLDERS: pytest
+    imports a test file by its base name (rootdir-relative prepend mode), so the second one of a
+    name is not collected ("import file mismatch") and the whole run stops."""
+    seen: dict[str, list[str]] = {}
+    for folder in (tests, *(tests / f for f in TEST_FOLDERS)):
+        for p in folder.glob("test_*.py"):
+            seen.setdefault(p.name, []).append(str(p.relative_to(tests)))
+    return sorted(", ".join(sorted(places)) for places in seen.values() if len(places) > 1)
+
+
+def test_every_test_file_name_is_used_once():
+    """tests/test_serve_canary.py beside tests/e2e/test_serve_canary.py stopped a whole run."""
+    assert repeated_test_names(TESTS) == []
+
+
+def test_repeated_test_names_are_found(tmp_path):
+    for name in ("test_a.py", "e2e/test_a.py", "journeys/test_b.py", "attack/test_c.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert repeated_test_names(tmp_path) == ["e2e/test_a.py, test_a.py"]

@@ -1,7 +1,7 @@
 """measure/bench.py: builds compared side by side are measured variant by variant, back to back,
 so a load that starts part-way through a run reaches both sides (all of one build and then all of
 the other put it on one side only: an upgrade's bench gate measured the same code 84 % slower,
-tests/journeys/test_upgrade.py, 2026-11-29).  Fake llama-bench programs that log each call."""
+tests/journeys/test_upgrade_journey.py, 2026-11-29).  Fake llama-bench programs that log each call."""
 
 from __future__ import annotations
 

@@ -577,7 +577,7 @@ def test_serve_takes_rocforges_reference_rebuilt_since_the_preset_as_proven(tmp_
     """A CPU build of the packaged recipe as shipped is the reference itself: rebuilt (an upgrade to
     a new commit), there is nothing verify could compare it with (it says so in one line), so serve
     does not ask for a verify that cannot prove it; its canary checks it against rocforge's own
-    build of the plan.  Found walking tests/journeys/test_upgrade.py: serve named a verify command,
+    build of the plan.  Found walking tests/journeys/test_upgrade_journey.py: serve named a verify command,
     the command printed the reference line, and serve refused again."""
     import hashlib
 

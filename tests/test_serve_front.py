@@ -1,7 +1,7 @@
 """serve's canary front (serve/front.py) against a real HTTP server on 127.0.0.1 made here
 (`Upstream`: llama-server's part — streamed SSE answers, echoed bodies, any status — played by
 http.server, since what is tested is the front's forwarding and scheduling, not llama.cpp; the real
-server is in tests/e2e/test_serve_front.py).  The canary is injected as a checker callable, so a
+server is in tests/e2e/test_serve_front_llama.py).  The canary is injected as a checker callable, so a
 failing one is a test's choice.  Seconds in all."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ checkout built for CPU and Vulkan, the Vulkan build verified against the CPU one
 the canary and asked by the official `openai` client; then the checkout gains a commit, `rocforge
 upgrade VK --ref NEW --model M` gates and swaps it in, `serve` refuses the preset whose build
 changed under it with the one command that proves it, that command runs, and `serve` answers again.
-The same path as tests/journeys/test_upgrade.py, which walks it on the CPU backend in CI.
+The same path as tests/journeys/test_upgrade_journey.py, which walks it on the CPU backend in CI.
 
 Three parts, each within one device call (600 s): `--part builds` (the checkout, CPU and Vulkan
 builds), `--part first` (verify, tune, serve) and `--part second` (commit, upgrade, refusal, the

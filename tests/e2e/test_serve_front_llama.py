@@ -3,7 +3,7 @@ CPU backend built twice (the session's `measure_builds`: the reference and the w
 build, tests/data/patches/llama-cpp-wrong/), the trained SmolLM2-135M-Instruct
 (tests/trained_model.py), on 127.0.0.1.
 
-- `rocforge serve --canary-every 5s` (the start canary skipped: tests/e2e/test_serve_canary.py
+- `rocforge serve --canary-every 5s` (the start canary skipped: tests/e2e/test_serve_canary_llama.py
   covers it) answers an OpenAI-style client through its front — a streamed chat completion arrives
   as server-sent events, a plain one whole — says that the periodic canary passed, and stops on
   Ctrl-C.
