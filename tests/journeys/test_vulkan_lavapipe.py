@@ -11,9 +11,10 @@ with itself); the model is the trained SmolLM2-135M-Instruct (tests/trained_mode
 
 Shapes are small because lavapipe is slow (7-9 tokens a second on 2 cores): the model is held to a
 256-token training context, verify checks one 256-token chunk, tune runs one repetition of -p 32
--n 8.  Measured 2026-11-29 on the shared 2-core machine (load average 4-6): 19 min for the module --
-the Vulkan build 60 s from a warm ccache, verify 86 s, tune 300 s, serve with its canary ~180 s,
-the wrong server ~190 s, the four slots ~300 s.
+-n 8.  Measured 2026-11-29 on the 2-core machine: 9.4 min for the module in a whole `--run-slow`
+run with nothing else running (the build 49 s from the shared ccache, then 311 s, 86 s and 116 s
+for the three tests); 18-19 min beside another journey (load average 4-6: verify 86 s, tune 300 s,
+serve with its canary ~180 s, the wrong server ~190 s, the four slots ~300 s).
 """
 
 from __future__ import annotations
