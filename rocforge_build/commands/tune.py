@@ -48,7 +48,6 @@ def add_arguments(parser) -> None:
 
 
 TUNE_NEEDS = ("llama-bench", "llama-perplexity")  # what tune runs of each candidate
-TUNE_DIR = "tune"  # below the builds directory; no `rocforge build` default is one word
 
 
 def _usable_as_is(plan):
@@ -76,9 +75,9 @@ def _holds_another_build(plan) -> bool:
 
 def tune_prefix(prefix) -> Path:
     """Where tune builds a candidate of its own: `<builds>/tune/<the default prefix's name>`."""
-    from rocforge_build import paths
+    from rocforge_build.forge.locations import own_builds_dir
 
-    return paths.builds_prefix() / TUNE_DIR / Path(prefix).name
+    return own_builds_dir("tune") / Path(prefix).name
 
 
 def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], list[dict]]:

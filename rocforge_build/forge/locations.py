@@ -10,8 +10,8 @@ from pathlib import Path
 from rocforge_build import paths
 from rocforge_build.manifest_schema import MANIFEST
 
-__all__ = ["MANIFEST", "default_prefix", "destdir", "project_dir", "staging_dir", "venv_dir",
-           "work_dir"]
+__all__ = ["MANIFEST", "default_prefix", "destdir", "own_builds_dir", "project_dir", "staging_dir",
+           "venv_dir", "work_dir"]
 
 
 STAGED = "a build's staged install"  # what the scratch trees beside a prefix hold
@@ -58,3 +58,10 @@ def default_prefix(recipe: str, target: str, backend: str, toolchain: str = "hip
     if target and not unnamed.exists() and (named / MANIFEST).is_file():
         return named
     return unnamed
+
+
+def own_builds_dir(made_for: str) -> Path | None:
+    """Where a rocforge command builds for itself (Request.made_for): tune's candidates below the
+    builds directory (no `rocforge build` default is one word), bisect's steps in the cache; None
+    for an owner whose prefixes are named elsewhere (verify's references: measure/verify_reference)."""
+    return {"tune": paths.builds_prefix() / "tune", "bisect": paths.cache_dir() / "bisect"}.get(made_for)

@@ -29,7 +29,7 @@ from rocforge_build.discover.builds import read_manifest
 from rocforge_build.errors import BuildError, BuildTargetError, ToolchainError, UsageError
 from rocforge_build.forge import cache, cleanup, lock, parallel, patches, sources
 from rocforge_build.forge.context import BUILD_ENV, BuildContext, preflight
-from rocforge_build.forge.locations import MANIFEST, STAGED, destdir, staging_dir
+from rocforge_build.forge.locations import MANIFEST, STAGED, destdir, own_builds_dir, staging_dir
 from rocforge_build.forge.plan import Plan, make_plan
 from rocforge_build.forge.request import Request
 from rocforge_build.forge.substitute_key import SubstituteOutcome
@@ -594,19 +594,12 @@ def replacing_problem(prefix: Path, old: dict, made_for: str | None, what: str) 
     return f"{prefix} holds {whose} ({what}); {asking} does not replace it with its own plan"
 
 
-def own_dir(made_for: str) -> Path | None:
-    """The directory where a rocforge command built for itself before builds were marked: tune's
-    candidates (`commands/tune.tune_prefix`), bisect's steps (`forge/bisect.step_prefix`); None for
-    another owner (verify's references were marked from the first: `made_for = "reference"`)."""
-    return {"tune": paths.builds_prefix() / "tune", "bisect": paths.cache_dir() / "bisect"}.get(made_for)
-
-
 def _unmarked_own_build(prefix: Path, old: dict, made_for: str) -> bool:
     """Whether the build at `prefix` is one `made_for`'s command made before builds were marked: in
-    that command's own directory (`own_dir`: never the whole cache, which may be set to hold the
+    that command's own directory (`locations.own_builds_dir`: never the whole cache, which may be set to hold the
     builds directory and so the user's builds), with a manifest older than the marks (no
     `asked_targets`, which every build since records, the user's included)."""
-    own = own_dir(made_for)
+    own = own_builds_dir(made_for)
     return (own is not None and old.get("asked_targets") is None
             and Path(os.path.realpath(prefix)).is_relative_to(os.path.realpath(own)))
 

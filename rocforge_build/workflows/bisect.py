@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from rocforge_build import ownership, paths
+from rocforge_build import ownership
 from rocforge_build.errors import BuildError, UsageError
 from rocforge_build.forge import sources
+from rocforge_build.forge.locations import own_builds_dir
 from rocforge_build.forge.plan import Request, work_dir
 from rocforge_build.proc import CommandFailed, run
 from rocforge_build.refs import check_git_ref
@@ -272,7 +273,7 @@ def _pick(lo: int, hi: int, skipped: set[int]) -> int | None:
 def step_prefix(recipe: str, target: str, backend: str | None, name: str) -> Path:
     """A step's cached build: `name` is the commit's first 12 digits, `v-VERSION` or
     `nightly-VERSION`."""
-    return paths.cache_dir() / "bisect" / f"{recipe}-{target}-{backend or 'default'}" / name
+    return own_builds_dir("bisect") / f"{recipe}-{target}-{backend or 'default'}" / name
 
 
 def short(ref: str) -> str:

@@ -19,6 +19,7 @@ from rocforge_build.commands import tune as tune_cmd
 from rocforge_build.discover.builds import read_manifest
 from rocforge_build.errors import UsageError
 from rocforge_build.forge import pipeline
+from rocforge_build.forge.locations import own_builds_dir
 from rocforge_build.forge.request import Request
 from rocforge_build.rootfs import Root
 
@@ -113,13 +114,15 @@ def test_a_manifest_asking_for_more_targets_than_the_flag_allows_is_refused(tmp_
 
 
 def test_each_commands_own_directory_is_where_it_builds(tmp_path):
-    """pipeline.own_dir names the directories tune and bisect build in; verify's references were
-    always marked, so none of theirs is taken for one without its mark."""
+    """tune's candidates live below <builds>/tune, bisect's steps below <cache>/bisect; verify's
+    references were always marked, so no directory stands in for their mark."""
+    from rocforge_build import paths
     from rocforge_build.workflows import bisect
 
-    assert tune_cmd.tune_prefix("/x/llama-cpp-gfx1151-hip").parent == pipeline.own_dir("tune")
-    assert bisect.step_prefix("r", "t", None, "abc").parent.parent == pipeline.own_dir("bisect")
-    assert pipeline.own_dir("reference") is None
+    assert tune_cmd.tune_prefix("/x/llama-cpp-gfx1151-hip") == paths.builds_prefix() / "tune" / "llama-cpp-gfx1151-hip"
+    assert bisect.step_prefix("r", "t", None, "abc") == paths.cache_dir() / "bisect" / "r-t-default" / "abc"
+    assert own_builds_dir("tune") == paths.builds_prefix() / "tune"
+    assert own_builds_dir("bisect") == paths.cache_dir() / "bisect" and own_builds_dir("reference") is None
 
 
 @pytest.mark.parametrize("made_for", ["tune", "bisect"])
@@ -127,7 +130,7 @@ def test_a_build_a_command_made_in_its_own_directory_before_the_marks_is_its_own
     """A candidate tune built before builds were marked (no made_for, no asked_targets) in tune's
     own directory is tune's to rebuild (else every later tune stopped on it, told to give a prefix
     tune has no flag for); the same manifest elsewhere, or naming its targets, is the user's."""
-    own = pipeline.own_dir(made_for) / "fixture-cpu"
+    own = own_builds_dir(made_for) / "fixture-cpu"
     old = {"recipe": {"name": "fixture"}, "stamp": "s", "asked_targets": None}
     assert pipeline.replacing_problem(own, old, made_for, "another plan") is None
     others = [o for o in ("tune", "reference", "bisect") if o != made_for]
@@ -162,7 +165,7 @@ def test_bisects_refusal_names_no_prefix_flag_it_does_not_have(tmp_path):
     """The user's build at a bisect step's place: refused, and the hint does not send the user to a
     --prefix that bisect (like tune and verify) does not take."""
     repo = git_repo(tmp_path / "repo")
-    prefix = pipeline.own_dir("bisect") / "fixture-gfx1030-default" / "abc"
+    prefix = own_builds_dir("bisect") / "fixture-gfx1030-default" / "abc"
     req = Request(recipe=str(RECIPE), target="gfx1030", source=str(repo), ref="v1.2.0", prefix=str(prefix))
     pipeline.build(req, Root("/"), quiet=True)
     with pytest.raises(UsageError) as err:
