@@ -61,22 +61,23 @@ def chosen(root: Root) -> dict[str, tuple[str, str]]:
     return out
 
 
-def verified(root: Root, name: str, stamp: str | None) -> str | None:
-    """The date the build `name` (with manifest `stamp`) passed verify, or None: never verified,
-    its last verify failed, or it was rebuilt since (another stamp)."""
+def verdict(root: Root, name: str, stamp: str | None) -> tuple[str, bool] | None:
+    """(the date, whether as rocforge's reference itself) of the build `name` (manifest `stamp`)
+    passing verify, or None: never verified, its last verify failed, or it was rebuilt since
+    (another stamp).  As the reference: a CPU build of the default plan, nothing compared, whose
+    record names its own prefix as the reference."""
     record = _read_toml(root, inner_join(data_dir(root), VERIFIED_DIR, f"{name}.toml"))
     if not stamp or record.get("stamp") != stamp or record.get("passed") is not True:
         return None
-    return str(record.get("at", "")) or "date unknown"
-
-
-def verified_as_reference(root: Root, name: str, stamp: str | None) -> bool:
-    """Whether verify's verdict on the build `name` was that it is rocforge's reference itself (a
-    CPU build of the default plan: nothing compared, its record names its own prefix)."""
-    record = _read_toml(root, inner_join(data_dir(root), VERIFIED_DIR, f"{name}.toml"))
     reference = record.get("reference")
-    return (verified(root, name, stamp) is not None and isinstance(reference, str)
-            and reference.rstrip("/").rsplit("/", 1)[-1] == name)
+    itself = isinstance(reference, str) and reference.rstrip("/").rsplit("/", 1)[-1] == name
+    return str(record.get("at", "")) or "date unknown", itself
+
+
+def verified(root: Root, name: str, stamp: str | None) -> str | None:
+    """The date of `verdict`, or None."""
+    found = verdict(root, name, stamp)
+    return found[0] if found else None
 
 
 def now() -> str:

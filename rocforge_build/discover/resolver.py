@@ -628,13 +628,12 @@ def _path_builds(root: Root, target: str | None, used: list[builds_mod.Build]
                 notes.append(f"the `rocforge use` choice for {recipe}, {name}, is not a usable "
                              f"build for {target}")
         if pick is None:
-            passed = [(b, d) for b in group if (d := choices.verified(root, os.path.basename(b.prefix), b.stamp))]
+            passed = [(b, v) for b in group if (v := choices.verdict(root, os.path.basename(b.prefix), b.stamp))]
             if passed:
-                pick, date = max(passed, key=lambda bd: (bd[0].built_at or "", bd[1]))
-                why = (f"newest build of {recipe} that passed verify ({date[:10]})"
-                       if not choices.verified_as_reference(root, os.path.basename(pick.prefix), pick.stamp)
-                       else f"newest build of {recipe} verify took as rocforge's reference, a CPU build "
-                            f"of the default plan that other builds are verified against ({date[:10]})")
+                pick, (date, itself) = max(passed, key=lambda bv: (bv[0].built_at or "", bv[1][0]))
+                why = (f"newest build of {recipe} verify took as rocforge's reference, a CPU build of the "
+                       f"default plan that other builds are verified against ({date[:10]})" if itself
+                       else f"newest build of {recipe} that passed verify ({date[:10]})")
         if pick is not None:
             picked.append((pick, why))
     decisions: list[Decision] = []
