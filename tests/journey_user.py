@@ -46,28 +46,43 @@ class User:
         (exit code, stdout's first line, stderr)."""
         port = free_port()
         start = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", str(model), "--port", str(port),
-                                 "--wait", "1500", *extra], env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        err: list[str] = []
-        reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
-        reader.start()
-        try:
-            line = proc.stdout.readline()
-            self.say(f"rocforge serve: {'announced its URL' if line else 'exited'} after "
-                     f"{time.monotonic() - start:.0f} s")
-            if line and ask is not None:
+        argv = [sys.executable, "-m", "rocforge_build", "serve", str(model), "--port", str(port), "--wait", "1500",
+                *extra]
+
+        def asked(line: str) -> None:
+            self.say(f"rocforge serve: announced its URL after {time.monotonic() - start:.0f} s")
+            if ask is not None:
                 assert f"http://127.0.0.1:{port}" in line, line
                 ask(port)
-            if line:
-                os.killpg(proc.pid, signal.SIGINT)
-            code = proc.wait(timeout=1800)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        reader.join(10)
-        return code, line, "".join(err)
+
+        code, line, err = serve_until_url(argv, self.env, asked)
+        if not line:
+            self.say(f"rocforge serve: exited after {time.monotonic() - start:.0f} s")
+        return code, line, err
+
+
+def serve_until_url(argv: list[str], env: dict | None, on_url: Callable[[str], None] | None = None
+                    ) -> tuple[int, str, str]:
+    """`rocforge serve` run as a person runs it: when it prints its URL, `on_url(line)` runs, then
+    Ctrl-C to its process group; (exit code, stdout's first line or "", stderr)."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
+    try:
+        line = proc.stdout.readline()
+        if line:
+            if on_url is not None:
+                on_url(line)
+            os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=1800)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reader.join(10)
+    return code, line, "".join(err)
 
 
 def free_port() -> int:

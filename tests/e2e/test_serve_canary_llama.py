@@ -33,9 +33,6 @@ the parallel-slots test 267 s with 5632-token slots (2048 now: about a third of 
 from __future__ import annotations
 
 import http.server
-import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +41,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from journey_user import free_port, serve_until_url
 from trained_model import smollm2
 
 from rocforge_build.measure import gguf
@@ -64,12 +62,6 @@ def _shared_cache(_isolated, shared_cache, monkeypatch):
     """One rocforge cache for the module (the rest of `_isolated` stays), here and in the `rocforge
     serve` children: the reference's cached answers (verify.cache_dir()/canary) are found again."""
     monkeypatch.setenv("ROCFORGE_CACHE_DIR", str(shared_cache))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def store_preset(prefix: Path, model: Path, env: dict, extra: list[str], slot_ctx: int = SLOT_CTX) -> None:
@@ -99,22 +91,10 @@ def serve(model: Path, ref: Path, *extra: str) -> tuple[int | None, str, str, in
     """`rocforge serve` until it prints its URL (then Ctrl-C) or exits: (exit code or None when it
     served, stdout's first line, stderr, port)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rocforge_build", "serve", str(model), "--port", str(port),
-                             "--reference", str(ref), "--wait", "1500", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    err: list[str] = []
-    threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True).start()
-    try:
-        line = proc.stdout.readline()
-        if line:
-            os.killpg(proc.pid, signal.SIGINT)
-        code = proc.wait(timeout=1800)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    code, line, err = serve_until_url([sys.executable, "-m", "rocforge_build", "serve", str(model), "--port",
+                                       str(port), "--reference", str(ref), "--wait", "1500", *extra], None)
     time.sleep(0.2)
-    return (None if line else code), line, "".join(err), port
+    return (None if line else code), line, err, port
 
 
 def canary_rows() -> list[dict]:
