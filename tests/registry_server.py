@@ -34,6 +34,17 @@ from urllib.parse import parse_qs, urlsplit
 START_TIMEOUT = 15.0
 
 
+# what a machine running the tests may have set that would decide a store's answer instead
+STORE_ENVIRONMENT = ("ROCFORGE_STORE_USERNAME", "ROCFORGE_STORE_PASSWORD", "DOCKER_CONFIG",
+                     "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE")
+
+
+def clear_store_environment(monkeypatch) -> None:
+    """No credential or CA from the machine running the tests decides an answer."""
+    for name in STORE_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     ca: Path    # the test CA's certificate (what a client trusts)

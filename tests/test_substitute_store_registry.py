@@ -13,22 +13,17 @@ from pathlib import Path
 import pytest
 import requests
 from needs import needs, require
-from registry_server import FaultProxy, make_tls, start_registry
+from registry_server import FaultProxy, clear_store_environment, make_tls, start_registry
 
 from rocforge_build.errors import UsageError
 from rocforge_build.substitute import oci, stores
 from rocforge_build.substitute.oci import NotFound, StoreError, StoreUnreachable
 from rocforge_build.substitute.store_registry import RegistryStore, parse_url
 
-CREDENTIAL_VARIABLES = ("ROCFORGE_STORE_USERNAME", "ROCFORGE_STORE_PASSWORD", "DOCKER_CONFIG",
-                        "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE")
-
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch):
-    """No credential or CA from the machine running the tests decides an answer here."""
-    for name in CREDENTIAL_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
+    clear_store_environment(monkeypatch)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from registry_server import FakeRegistry, make_tls
+from registry_server import FakeRegistry, clear_store_environment, make_tls
 
 from rocforge_build.substitute import oci
 from rocforge_build.substitute.oci import StoreError, StoreUnreachable
@@ -22,9 +22,7 @@ MIB = 1 << 20
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch):
-    for name in ("ROCFORGE_STORE_USERNAME", "ROCFORGE_STORE_PASSWORD", "DOCKER_CONFIG",
-                 "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"):
-        monkeypatch.delenv(name, raising=False)
+    clear_store_environment(monkeypatch)
 
 
 @pytest.fixture
