@@ -116,8 +116,8 @@ def _two_recipes(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_a_dependency_is_planned_once_per_command(tmp_path):
     """A dry run and a build of `top`: each recipe is read, resolved and planned once, and the
-    build configures each project once; a second build finds both up to date and configures
-    nothing (the stamps of one context)."""
+    build configures each project once; a second build plans once more and finds both up to date
+    under the lock (`pipeline.up_to_date`, the one check), configuring nothing."""
     base, top = _two_recipes(tmp_path)
     dry = _watched([base, top], "build", str(top), "--target", "gfx1030", "--dry-run", "--json")
     assert dry == {"read base.toml": 1, "read top.toml": 1, "git ls-remote": 2, "plan base": 1,
@@ -126,8 +126,9 @@ def test_a_dependency_is_planned_once_per_command(tmp_path):
     built = _watched([base, top], *argv)
     assert built == {"read base.toml": 1, "read top.toml": 1, "git ls-remote": 2, "plan base": 1,
                      "plan top": 1, "configure": 2}, built
-    again = _watched([base, top], *argv)
-    assert again == {"read base.toml": 1, "read top.toml": 1, "git ls-remote": 2}, again
+    again = _watched([base, top], *argv)  # planned once, found up to date by the plan's one check
+    assert again == {"read base.toml": 1, "read top.toml": 1, "git ls-remote": 2, "plan base": 1,
+                     "plan top": 1}, again
 
 
 def test_the_dry_runs_commands_are_the_ones_the_build_ran(tmp_path, capsys):

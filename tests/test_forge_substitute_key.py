@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 
@@ -87,15 +88,43 @@ def test_the_key_is_the_sha256_of_its_canonical_document(fixture_source):
     assert "/" not in json.dumps(key.fields["toolchain"]).replace("\\/", "")
 
 
-def test_a_local_tree_has_no_key_and_says_why(tmp_path):
-    """Its identity is a hash of this machine's file stats: no other machine can name it."""
+def _local_key(recipe, tree) -> SubstituteKey:
+    return plan_for(Request(recipe=str(recipe), target="gfx1030", backend="cpu", source=str(tree)),
+                    Root("/"), check_patches=False).substitute_key
+
+
+def test_a_local_tree_is_keyed_by_its_contents_never_by_its_file_times(tmp_path):
+    """Two copies of one tree (other paths, other mtimes: what the stamp's stat hash sees) have one
+    key, so a machine that builds from its own copy can take another's build; one changed byte, or
+    a file made executable, gives another key."""
     recipe = recipe_copy(tmp_path / "r")
-    tree = project_copy(tmp_path / "tree")  # a plain tree, not a repository
-    plan = plan_for(Request(recipe=str(recipe), target="gfx1030", backend="cpu", source=str(tree)),
-                    Root("/"), check_patches=False)
-    assert plan.substitute_key is None
-    assert plan.no_substitute_key == "a local source tree has no identity another machine can name"
-    assert plan.to_json()["substitute_key"] == {"none": plan.no_substitute_key}
+    first = project_copy(tmp_path / "one")
+    second = project_copy(tmp_path / "two")
+    for f in second.rglob("*"):
+        os.utime(f, (1_000_000, 1_000_000))
+    key = _local_key(recipe, first)
+    assert key is not None and key.fields["source"]["kind"] == "tree"
+    assert key.fields["source"]["identity"].startswith("content:")
+    assert _local_key(recipe, second).digest == key.digest
+    (second / "CMakeLists.txt").write_text((second / "CMakeLists.txt").read_text() + "\n")
+    changed = _local_key(recipe, second)
+    assert changed.digest != key.digest
+    assert key.mismatch(changed.fields).startswith("source ")
+    third = project_copy(tmp_path / "three")
+    some_file = next(f for f in sorted(third.rglob("*")) if f.is_file())
+    some_file.chmod(some_file.stat().st_mode | 0o111)
+    assert _local_key(recipe, third).digest != key.digest
+
+
+def test_a_clean_git_checkout_is_keyed_by_its_commit_and_a_changed_one_by_its_contents(tmp_path):
+    recipe = recipe_copy(tmp_path / "r")
+    repo = git_repo(tmp_path / "repo")
+    commit = git("rev-parse", "HEAD", cwd=repo)
+    key = _local_key(recipe, repo)
+    assert key.fields["source"] == {"kind": "git-checkout", "identity": commit}
+    (repo / "untracked.txt").write_text("a file the commit does not hold\n")
+    dirty = _local_key(recipe, repo)
+    assert dirty.fields["source"]["kind"] == "tree" and dirty.digest != key.digest
 
 
 def test_dry_run_json_shows_the_key_with_its_fields(fixture_source, tmp_path):

@@ -19,9 +19,8 @@ from pathlib import Path
 
 from rocforge_build import __version__
 from rocforge_build.discover import targets
-from rocforge_build.discover.builds import read_manifest
 from rocforge_build.download import sha256_file
-from rocforge_build.errors import ConfigError, UsageError
+from rocforge_build.errors import ConfigError, NetworkError, UsageError
 from rocforge_build.forge import conditions, recipes, sources
 from rocforge_build.forge.backend_choice import (
     BackendChoice,
@@ -109,7 +108,33 @@ class BuildContext:
         server once, here)."""
         if self.fetched is not None and self.fetched.read:
             return self
-        return self._with(self.source.fetch(self.source.identify()))
+        known = self.fetched.identity if self.fetched is not None else ""
+        try:
+            return self._with(self.source.fetch(known or self.source.identify()))
+        except NetworkError as exc:  # the download's own hint names listing options a build lacks
+            raise NetworkError(exc.message, "a build downloads its source only to compile it: give a "
+                               "local copy (--source PATH), or take the build from a substitute store, "
+                               "which needs no source (`--substitute-only`; docs: Share verified builds)"
+                               ) from None
+
+    def identified(self) -> BuildContext:
+        """This context with its source's identity but not yet its tree, where the identity is
+        known without a download (a pinned sha256, the commit a ref names: one `git ls-remote`,
+        a tree in the cache or on this host): the up-to-date check, the substitute key and a
+        store's pull need no more.  Read when only the tree can say which backend is built,
+        which dependencies it needs or where the prefix is."""
+        if self.fetched is not None:
+            return self
+        identity = self.source.identify() if self.source.remote else ""
+        if not identity:  # a local tree is read in place; an unpinned tarball only by its download
+            return self.read()
+        ctx = self._with(self.source.identified(identity))
+        if ctx.source_read:
+            return ctx
+        if ctx.backend.alternatives or any(a.get("rule") in ("depends", "headers")
+                                           for a in ctx.dependencies.after_fetch):
+            return ctx.read()
+        return ctx
 
     def read_cached(self) -> BuildContext:
         """A dry run's: the source as far as it is on this machine, never a download."""
@@ -280,10 +305,11 @@ class BuildContext:
     def substitute_key(self) -> tuple[SubstituteKey | None, str]:
         """(the key a substitute store names this build by, "") or (None, why it has none)."""
         source, fetched = self.source, self.fetched
-        if source.kind == "local":
-            return None, "a local source tree has no identity another machine can name"
         if fetched is None or not fetched.identity:
             return None, "the source's identity is known only after it is downloaded"
+        kind, identity = source.kind, fetched.identity
+        if isinstance(source, sources.LocalSource):  # named by its commit or contents, not its stats
+            kind, identity = source.shared_identity(fetched)
         deps = []
         for dep in self.dependencies.needed:
             if dep.context is None:
@@ -295,7 +321,7 @@ class BuildContext:
             deps.append({"recipe": dep.request.recipe, "key": key.digest})
         req = self.request
         return SubstituteKey.of_fields(key_fields(
-            recipe=self.recipe, source_kind=source.kind, identity=fetched.identity,
+            recipe=self.recipe, source_kind=kind, identity=identity,
             target=req.target or "", backend=self.backend.name, build_targets=req.build_targets,
             toolchain=self.toolchain, environ=req.environ, cpu_flags=self.cpu_flags,
             dependencies=deps)), ""
@@ -304,13 +330,6 @@ class BuildContext:
     def substitute_policy(self) -> SubstitutePolicy:
         return SubstitutePolicy.from_config(self.request.substitutes)
 
-    def is_current(self) -> bool:
-        """Whether the prefix holds this very build already (its manifest has this stamp) and
-        every dependency is current too: the up-to-date check, without planning."""
-        if not all(d.context.is_current() for d in self.dependencies.needed if d.context):
-            return False
-        old = read_manifest(self.prefix)
-        return bool(old) and old.get("stamp") == self.stamp
 
 
 def preflight(context: BuildContext) -> None:

@@ -4,14 +4,16 @@ fetch (in planning) -> copy and patch -> private venv -> configure -> build -> i
 outputs -> smoke test -> manifest -> swap.  Installs go to a temporary sibling of the prefix
 (`<prefix>.rocforge-new`) and replace the prefix only after the outputs are checked and the smoke
 test passed, so a failed build leaves the previous install intact.  `build()` makes the request's
-context once: an identical second build is recognised by the context's stamp and returns before
-planning; otherwise the context's plan is what `execute()` runs, dependencies first, and nothing
-is planned again.  Every process of the build starts from the request's environment.
+context once and plans it once, before the source is downloaded where its identity is known
+without it; `execute()` then walks the plan's states (docstring there): an identical second build
+is recognised under the prefix's lock, a store's build is taken before any download, and only a
+compile reads the source.  Every process of the build starts from the request's environment.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -113,52 +115,81 @@ Substituter = Callable[[Plan, Path, Callable[[str], None]], SubstituteOutcome]
 def build(req: Request, root, *, quiet: bool = False,
           gate: Callable[[Plan, Path], None] | None = None, keep: Path | None = None,
           substitute: Substituter | None = None) -> BuildResult:
-    """Build the request unless its prefix is already current: its context made once, checked
-    before the source is fetched, read, then planned and executed (dependencies first)."""
+    """Build the request: its context made once and checked before the source is fetched, the
+    source named without a download where it can be (`BuildContext.identified`), planned once,
+    and executed; the source is read only when the build is compiled here."""
     t0 = time.monotonic()
     context = BuildContext.of(req, root)
     preflight(context)  # before the source is downloaded or unpacked
-    context = context.read()
-    if not req.force and context.is_current() and not replace.interrupted(context.prefix):
-        return BuildResult(Status.UP_TO_DATE, context.prefix, context.prefix / MANIFEST,
-                           time.monotonic() - t0)
+    context = context.identified()
     plan = make_plan(context, check_patches=False)
-    return execute(plan, quiet=quiet, gate=gate, keep=keep, started=t0, substitute=substitute)
+    read = None if context.source_read else functools.partial(_read_plan, context)
+    return execute(plan, quiet=quiet, gate=gate, keep=keep, started=t0, substitute=substitute, read=read)
+
+
+def _read_plan(context: BuildContext) -> Plan:
+    """The plan of a context identified before its download, once its source is read."""
+    return make_plan(context.read(), check_patches=False)
 
 
 def execute(plan: Plan, *, quiet: bool = False, gate: Callable[[Plan, Path], None] | None = None,
             keep: Path | None = None, started: float | None = None,
-            substitute: Substituter | None = None) -> BuildResult:
-    """Run the plan (its dependencies' plans first) unless its prefix already holds its stamp.
+            substitute: Substituter | None = None, read: Callable[[], Plan] | None = None) -> BuildResult:
+    """Carry the plan through its states, in this order and no other: check -> lock -> up to
+    date? -> substitute | (read -> dependencies -> compile into staging) -> gate -> swap ->
+    record.  One lock is held from the up-to-date check to the record, and what reads the
+    installed build (the verify a pull records) runs after the swap, so it reads the new build.
 
-    `gate(plan, staging)` runs after the smoke test, on the complete staged install, before the
-    swap: when it raises, the staged install is deleted and the prefix stays as it was
-    (`rocforge upgrade`).  `keep`: the replaced install is kept there (`replace.swap`)."""
+    `read()`: the plan once its source is read, for a plan made before the download (`build`): a
+    store's build needs neither the source nor the toolchains, a compile needs both.
+    `gate(plan, staging)` runs on the complete staged install before the swap: when it raises,
+    the staged install is deleted and the prefix stays as it was (`rocforge upgrade`).  `keep`:
+    the replaced install is kept there (`replace.swap`)."""
     t0 = time.monotonic() if started is None else started
-    if _current(plan) and not replace.interrupted(plan.prefix):
-        return BuildResult(Status.UP_TO_DATE, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0)
     console = _console()
     say = (lambda *a, **k: None) if quiet else console.print
-    check(plan)
+    check(plan, compiling=False)
     policy = plan.substitutes
-    if policy is not None and policy.mode == "only" and (substitute is None or not policy.stores):
+    pulling = substitute is not None and policy is not None and policy.asks
+    if policy is not None and policy.mode == "only" and not pulling:
         raise BuildError(f"--substitute-only: no substitute store to ask for {plan.recipe.name} "
                          "(substitute.stores is empty)", "nothing was compiled; set substitute.stores "
                          "(docs: Share verified builds) or drop --substitute-only")
-    if substitute is not None and policy is not None and policy.asks:
-        pulled = _substitute(plan, substitute, say, gate, keep, t0)
-        if pulled is not None:
-            return pulled
-    _dependencies(plan, quiet, say, substitute)
     held = lock.acquire(plan.prefix, plan.work)  # released at the end (finally below)
     try:
-        settled = _settled(plan, say)
-    except BaseException:
+        if _settled(plan, say):  # the one up-to-date check, under the lock
+            return BuildResult(Status.UP_TO_DATE, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0)
+        asked = False
+        if pulling and (plan.source.read or pullable_unread(plan)):
+            asked = True
+            pulled = _substitute(plan, substitute, say, gate, keep, t0)
+            if pulled is not None:
+                return pulled
+        if not plan.source.read and read is not None:
+            plan = read()  # the download: only a compile needs the source
+            if pulling and not asked:
+                pulled = _substitute(plan, substitute, say, gate, keep, t0)
+                if pulled is not None:
+                    return pulled
+        _require(plan)
+        _dependencies(plan, quiet, say, substitute)
+        return _compile(plan, say, console, quiet, gate, keep, t0)
+    finally:
         held.release()
-        raise
-    if settled:  # another build finished it while this one waited
-        held.release()
-        return BuildResult(Status.UP_TO_DATE, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0)
+
+
+def pullable_unread(plan: Plan) -> bool:
+    """Whether a store's build can be taken for this plan before its source is read: what only
+    the tree decides is then how to compile it (options, patches, stops, smoke tests), which a
+    pulled build carries out already, never what the installed build runs with (its
+    environment, its dependencies)."""
+    return plan.substitute_key is not None and not any(
+        a.get("rule") in ("env", "depends", "headers") for a in plan.after_fetch)
+
+
+def _compile(plan: Plan, say, console, quiet: bool, gate: Callable[[Plan, Path], None] | None,
+             keep: Path | None, t0: float) -> BuildResult:
+    """Compile into the staging sibling, gate, swap: the caller holds the prefix's lock."""
     say(f"[bold]rocforge build[/] {plan.recipe.name} for {plan.target or 'no GPU target'} ({plan.backend}: {plan.backend_reason})")
     for note in plan.notes:
         say(f"[yellow]note:[/] {note}")
@@ -185,7 +216,6 @@ def execute(plan: Plan, *, quiet: bool = False, gate: Callable[[Plan, Path], Non
         raise
     finally:
         run.log.close()
-        held.release()
     say(f"[green]installed[/] {plan.prefix} in {run.timings['total']:.1f}s (manifest {plan.prefix / MANIFEST})")
     return BuildResult(Status.BUILT, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0,
                        plan, tuple(run.patch_results), (*plan.notes, *run.notes),
@@ -194,43 +224,37 @@ def execute(plan: Plan, *, quiet: bool = False, gate: Callable[[Plan, Path], Non
 
 def _substitute(plan: Plan, substitute: Substituter, say, gate: Callable[[Plan, Path], None] | None,
                 keep: Path | None, t0: float) -> BuildResult | None:
-    """The plan's build from a substitute store, checked and verified here, swapped in as a
-    compiled one would be (under the prefix's lock, after `gate`); None: compile it."""
+    """The plan's build from a substitute store, checked and verified here, staged, gated,
+    swapped in and recorded (the caller holds the prefix's lock); None: compile it."""
     from rich.markup import escape
 
     def tell(text: str) -> None:
         say(f"[cyan]{escape(text)}[/]")
 
     plan.work.mkdir(parents=True, exist_ok=True)
-    held = lock.acquire(plan.prefix, plan.work)
+    staging = staging_dir(plan.prefix)
     try:
-        if _settled(plan, say):
-            return BuildResult(Status.UP_TO_DATE, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0)
-        staging = staging_dir(plan.prefix)
-        try:
-            outcome = substitute(plan, staging, tell)
-            if outcome.advisory and not plan.force:
-                raise BuildError(f"{plan.recipe.name}: {outcome.advisory}",
-                                 "a compile here makes the same bytes; `rocforge build --force` builds it anyway")
-            if not outcome.staged:
-                if plan.substitutes.mode == "only":
-                    raise BuildError(f"--substitute-only: no usable substitute for {plan.recipe.name} "
-                                     f"(key {plan.substitute_key.short if plan.substitute_key else 'none'}): "
-                                     f"{outcome.why}", "nothing was compiled; drop --substitute-only to build it")
-                tell(f"substitute: none used ({outcome.why}); compiling")
-                return None
-            if gate is not None:
-                gate(plan, staging)
-            replace.swap(staging, plan.prefix, MANIFEST, keep=keep)
-        except BaseException:  # nothing staged outlives a failure before the swap
-            if not replace.interrupted(plan.prefix):
-                with contextlib.suppress(OSError, UsageError):
-                    replace.discard(staging, MANIFEST, STAGED)
-            raise
-        if outcome.installed is not None:  # reads the prefix: the new build is in it now
-            outcome.installed()
-    finally:
-        held.release()
+        outcome = substitute(plan, staging, tell)
+        if outcome.advisory and not plan.force:
+            raise BuildError(f"{plan.recipe.name}: {outcome.advisory}",
+                             "a compile here makes the same bytes; `rocforge build --force` builds it anyway")
+        if not outcome.staged:
+            if plan.substitutes.mode == "only":
+                raise BuildError(f"--substitute-only: no usable substitute for {plan.recipe.name} "
+                                 f"(key {plan.substitute_key.short if plan.substitute_key else 'none'}): "
+                                 f"{outcome.why}", "nothing was compiled; drop --substitute-only to build it")
+            tell(f"substitute: none used ({outcome.why}); compiling")
+            return None
+        if gate is not None:
+            gate(plan, staging)
+        replace.swap(staging, plan.prefix, MANIFEST, keep=keep)
+    except BaseException:  # nothing staged outlives a failure before the swap
+        if not replace.interrupted(plan.prefix):
+            with contextlib.suppress(OSError, UsageError):
+                replace.discard(staging, MANIFEST, STAGED)
+        raise
+    if outcome.installed is not None:  # reads the prefix: the new build is in it now
+        outcome.installed()
     record = outcome.record
     say(f"[green]installed[/] {plan.prefix} from {escape(record['store'])} "
         f"(verified here: {escape(record['verified_here'])}) in {time.monotonic() - t0:.1f}s")
@@ -259,9 +283,10 @@ def _steps(run: _Run, staging: Path) -> None:
         _smoke(run, staging)
 
 
-def _current(plan: Plan) -> bool:
-    """Whether the prefix already holds this plan's build (its manifest has the plan's stamp)."""
-    if plan.force or not plan.stamp or not all(_current(d.plan) for d in plan.dependencies if d.plan):
+def up_to_date(plan: Plan) -> bool:
+    """Whether the prefix already holds this plan's build (its manifest has the plan's stamp) and
+    each dependency's prefix holds its own: the one up-to-date check."""
+    if plan.force or not plan.stamp or not all(up_to_date(d.plan) for d in plan.dependencies if d.plan):
         return False
     old = read_manifest(plan.prefix)
     return bool(old) and old.get("stamp") == plan.stamp
@@ -269,15 +294,17 @@ def _current(plan: Plan) -> bool:
 
 # -- the steps ------------------------------------------------------------------------------------
 
-def check(plan: Plan) -> None:
+def check(plan: Plan, *, compiling: bool = True) -> None:
     """What must hold for the plan to run here, before any step: the prefix is rocforge's to
-    replace, the toolchains are there, the prefix and work areas can be written.  A dry run
-    makes the same checks, so it exits as the build would."""
+    replace, the toolchains are there (`compiling`: a store's build needs none, so a build checks
+    them once it compiles), the prefix and work areas can be written.  A dry run makes the same
+    checks, so it exits as the build would."""
     replace.check_replaceable(plan.prefix, MANIFEST, "--prefix", path_list=True)
     check_owner(plan)
     for scratch in (staging_dir(plan.prefix), destdir(plan.prefix)):
         replace.check_scratch(scratch, MANIFEST, STAGED)
-    _require(plan)
+    if compiling:
+        _require(plan)
     paths.check_writable(plan.prefix.parent, "--prefix")
     paths.check_writable(plan.work, "the work directory")
 
@@ -561,8 +588,7 @@ def _settled(plan: Plan, say) -> bool:
         say(f"[yellow]note:[/] {done}")
     replace.check_replaceable(plan.prefix, MANIFEST, "--prefix", path_list=True)
     check_owner(plan)
-    old = read_manifest(plan.prefix)
-    return not plan.force and bool(old) and old.get("stamp") == plan.stamp
+    return up_to_date(plan) and not replace.interrupted(plan.prefix)
 
 
 OWNERS = {"reference": "`rocforge verify`'s reference", "tune": "`rocforge tune`",

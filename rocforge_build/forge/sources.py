@@ -72,6 +72,11 @@ class Source(ABC):
         one already in the source cache, else a stand-in (`read=False`) — the plan then leaves
         what depends on the source's contents to after the fetch.  Never a request to a server."""
 
+    def identified(self, identity: str) -> Fetched:
+        """The source at a known `identity` as far as this host has it without a download: its
+        tree from the cache, else a stand-in (`read=False`) that a store's pull needs no more of."""
+        return self._stand_in(identity)
+
     @property
     def copies_whole_tree(self) -> bool:
         """Whether a build's work copy holds the whole fetched tree, the project being its
@@ -183,6 +188,26 @@ class LocalSource(Source):
     def without_download(self) -> Fetched:
         return self.fetch()
 
+    def shared_identity(self, fetched: Fetched) -> tuple[str, str]:
+        """(kind, identity) another machine can name this tree by, unlike `identify`'s stats: a
+        clean git checkout by its commit, any other tree by a hash of its files' contents."""
+        if fetched.commit and _clean_checkout(fetched.root):
+            return "git-checkout", fetched.commit + (f":{self.subdir}" if self.subdir else "")
+        top = Path(self.location)
+        if self.subdir:  # as `identify`: the project, plus the top directory's own files
+            return "tree", "content:" + hashlib.sha256((content_hash(top / self.subdir) + content_hash(
+                top, recursive=False)).encode()).hexdigest()
+        return "tree", "content:" + content_hash(top)
+
+
+def _clean_checkout(root: Path) -> bool:
+    """Whether the git checkout at `root` holds exactly its commit: nothing changed or untracked."""
+    try:
+        res = run(["git", "-C", root, "status", "--porcelain", "--untracked-files=normal"], check=False)
+    except CommandFailed:
+        return False
+    return res.returncode == 0 and not res.stdout.strip()
+
 
 @dataclass(frozen=True)
 class TarballSource(Source):
@@ -228,6 +253,11 @@ class TarballSource(Source):
         if sha and self.downloaded() is not None:  # downloaded, not unpacked: unpack, no network
             return self.fetch(sha, progress=False)
         return self._stand_in(sha or "")
+
+    def identified(self, identity: str) -> Fetched:
+        if is_complete(trees_dir() / identity[:20]):
+            return self._finish(identity, trees_dir() / identity[:20])
+        return self._stand_in(identity)
 
     def download_path(self) -> Path:
         """Where a download of the URL is kept: by the pinned sha256 when there is one."""
@@ -336,6 +366,12 @@ class GitSource(Source):
                 not self.checkout and source_fetch.mirror_has(self.location, commit)):
             return self.fetch(commit)  # from the cache or the local mirror: no network
         return self._stand_in(commit, commit)
+
+    def identified(self, identity: str) -> Fetched:
+        if is_complete(self._tree(identity)) or (
+                not self.checkout and source_fetch.mirror_has(self.location, identity)):
+            return self.fetch(identity)  # from the cache or the local mirror: no network
+        return self._stand_in(identity, identity)
 
     def _checkout(self, commit: str, dest: Path, progress: bool) -> None:
         """A shallow (depth 1), blob-less partial clone of one commit with a sparse (cone)
@@ -489,6 +525,38 @@ def require_project(tree: Path, what: str) -> None:
         raise UsageError(f"{what}: {tree} holds no CMakeLists.txt, so there is nothing the "
                          "recipe can build", "give the project's top directory, the one "
                          "with CMakeLists.txt")
+
+
+def content_hash(tree: Path, *, recursive: bool = True) -> str:
+    """Hash over relative names, the executable bit and contents of every file and the target of
+    every link (what a build reads, never when it was touched); `_SKIP` left out as in `tree_hash`."""
+    entries: list[tuple[str, str]] = []
+    stack = [str(tree)]
+    base = len(str(tree)) + 1
+    while stack:
+        d = stack.pop()
+        try:
+            it = os.scandir(d)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                if e.is_symlink():
+                    entries.append((e.path[base:], "link:" + os.readlink(e.path)))
+                elif e.is_dir(follow_symlinks=False):
+                    if recursive and e.name not in _SKIP:
+                        stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    try:
+                        mode = "x" if os.access(e.path, os.X_OK) else "-"
+                        entries.append((e.path[base:], mode + sha256_file(Path(e.path))))
+                    except OSError:
+                        continue
+    entries.sort()
+    h = hashlib.sha256()
+    for rel, what in entries:
+        h.update(f"{rel}\0{what}\n".encode())
+    return h.hexdigest()
 
 
 def tree_hash(tree: Path, *, recursive: bool = True) -> str:

@@ -21,7 +21,7 @@ from stackfixtures import REPO, allow_file_submodules, aotriton_repo, monorepo, 
 from rocforge_build import cli, paths
 from rocforge_build.errors import BuildError, NetworkError, NoRocmError, ToolchainError
 from rocforge_build.forge import pipeline
-from rocforge_build.forge.plan import Request, plan_for
+from rocforge_build.forge.plan import Request, make_plan, plan_for
 from rocforge_build.forge.plan_text import print_plan
 from rocforge_build.rootfs import Root
 
@@ -382,7 +382,7 @@ def test_llama_rocwmma_uses_the_existing_rocwmma_build_and_the_stub(tmp_path, re
     print_plan(plan, out)
     assert f"depends  rocwmma (hip) -> {built} (existing build, used as it is)" in out.getvalue()
     # the up-to-date check needs no network either, and folds in the existing build's stamp
-    BuildContext.of(req, Root(rocm)).read().is_current()
+    pipeline.up_to_date(make_plan(BuildContext.of(req, Root(rocm)).read()))
     # an existing build whose headers are gone is not used
     (built / "include/rocwmma/rocwmma.hpp").unlink()
     with pytest.raises(NetworkError):
