@@ -71,7 +71,10 @@ def run(args) -> int:
                            ubatch=args.ubatch or None, fa=None if args.fa is None else [args.fa == "on"],
                            kv=args.kv, load=args.load, parallel=args.parallel,
                            support=serving.ServingSupport.of(build))
-    ref = verify.reference_for(build, args.reference, quiet=args.json)
+    from rocforge_build.substitute import pull
+
+    # a reference rocforge makes is asked of the substitute stores first, as any build is
+    ref = verify.reference_for(build, args.reference, quiet=args.json, substitute=pull.attempt)
     if not args.reference and same_build(build, ref):
         return _is_the_reference(build, s, args)
     refuse_self_compare(build, ref)  # a build against itself: nothing compared, never PASSED

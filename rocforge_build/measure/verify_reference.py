@@ -113,8 +113,9 @@ def reference_prefix(build: LlamaBuild) -> Path:
     return reference_dir() / f"{name}-cpu-{key}"
 
 
-def reference_request(build: LlamaBuild):
-    """The `Request` that builds `build`'s reference in its own place."""
+def reference_request(build: LlamaBuild, substitutes: str = "auto"):
+    """The `Request` that builds `build`'s reference in its own place (`substitutes`: the
+    request's mode, so under --substitute-only the reference too comes from a store or not at all)."""
     from rocforge_build.forge import recipes
     from rocforge_build.forge.plan import Request
 
@@ -129,27 +130,32 @@ def reference_request(build: LlamaBuild):
     if location == recipe.source.url or (src.get("kind") == "git" and location == recipe.source.git):
         location = None
     return Request(recipe=recipe.name, target=m["target"], backend="cpu", source=location, ref=ref,
-                   prefix=str(reference_prefix(build)), build_targets=MEASURE_TARGETS, made_for=MADE_FOR)
+                   prefix=str(reference_prefix(build)), build_targets=MEASURE_TARGETS, made_for=MADE_FOR,
+                   substitutes=substitutes)
 
 
-def reference_for(build: LlamaBuild, reference: str | None, *, quiet: bool = False) -> LlamaBuild:
+def reference_for(build: LlamaBuild, reference: str | None, *, quiet: bool = False,
+                  substitute=None, substitutes: str = "auto") -> LlamaBuild:
     """The reference build: the one given, else one on disk that serves (`existing_reference`),
-    else a CPU build made now under `<builds>/reference/` (the user's own builds untouched)."""
+    else one made now under `<builds>/reference/` (the user's own builds untouched): taken from a
+    substitute store when `substitute` (pull.attempt, given by the caller) finds it there, else
+    compiled, unless `substitutes` is "only"."""
     if reference:
         return LlamaBuild.open(reference)
     found = existing_reference(build)
     if found is not None:
         return found
-    return _own_reference(build, quiet)
+    return _own_reference(build, quiet, substitute, substitutes)
 
 
-def _own_reference(build: LlamaBuild, quiet: bool) -> LlamaBuild:
-    """rocforge's reference of `build`'s source in its own prefix: reused when built, else built now."""
+def _own_reference(build: LlamaBuild, quiet: bool, substitute=None, substitutes: str = "auto") -> LlamaBuild:
+    """rocforge's reference of `build`'s source in its own prefix: reused when built, else pulled
+    or built now."""
     from rocforge_build.discover.builds import read_manifest
     from rocforge_build.forge import pipeline
     from rocforge_build.rootfs import Root
 
-    req = reference_request(build)
+    req = reference_request(build, substitutes)
     there = read_manifest(req.prefix)
     if there and there.get("made_for") == MADE_FOR:
         made = LlamaBuild.open(req.prefix)
@@ -158,7 +164,7 @@ def _own_reference(build: LlamaBuild, quiet: bool) -> LlamaBuild:
     problem = there and pipeline.replacing_problem(Path(req.prefix), there, MADE_FOR, "another build")
     if problem:  # said before the source is fetched; the pipeline holds the same rule after it
         raise UsageError(problem, "move it away, or give --reference PREFIX (a CPU build of the same source)")
-    out = pipeline.build(req, Root("/"), quiet=quiet)
+    out = pipeline.build(req, Root("/"), quiet=quiet, substitute=substitute)
     return LlamaBuild.open(out.prefix)
 
 

@@ -41,9 +41,12 @@ OWN_CHUNKS = 1
 
 def document(*, kind: str, key: str, host: dict, model: dict | None, passed: bool | None,
              verify_rows: list[dict] = (), bench_rows: list[dict] = (),
-             own: list[OwnFigure] = (), text_sha256: str = "", note: str = "") -> dict:
+             own: list[OwnFigure] = (), text_sha256: str = "", note: str = "",
+             reference: dict | None = None) -> dict:
+    """`reference`: a GPU build's CPU reference by key and stamp (published beside it)."""
     assert kind in KINDS
     return {
+        **({"reference": reference} if reference else {}),
         "schema": SCHEMA, "kind": kind, "key": key, "rocforge": __version__,
         "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "passed": passed, "host": host, "model": model or {},

@@ -30,6 +30,9 @@ class Published:
     kind: str
     bundle_bytes: int
     seconds: dict
+    # a GPU build's CPU reference, published beside it so a consumer verifies without compiling
+    # one: "published <tag>", "in the store already", or why it was not
+    reference: str = ""
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -177,10 +180,12 @@ def publish(prefix: Path, url: str, *, unverified: bool, model: str | None, key_
     if manifest.get("backend") == "vulkan":  # GPUs and ROCm say nothing of a Vulkan host's driver
         host["vulkan"] = provenance.vulkan(prefix)
     model_sha = (model_info or {}).get("sha256") or (verifies[-1].get("model_sha256") if verifies else None)
+    reference = verified_against(verifies) if gpu else None
     doc = evidence.document(kind=kind, key=key.digest, host=host,
                             model=model_info or ({"sha256": model_sha} if model_sha else None),
                             passed=None if kind == "unverified" else True, verify_rows=verifies[-8:],
-                            bench_rows=bench, own=own, text_sha256=text_sha)
+                            bench_rows=bench, own=own, text_sha256=text_sha,
+                            reference=reference.pointer if isinstance(reference, Reference) else None)
     t_measured = time.monotonic()
     from rocforge_build import ownership
     from rocforge_build.ship import bundle
@@ -203,7 +208,74 @@ def publish(prefix: Path, url: str, *, unverified: bool, model: str | None, key_
             ev = artifact.attach(store, man, oci.EVIDENCE_TYPE, doc, pair,
                                  annotations={"dev.rocforge.kind": kind})
     t_end = time.monotonic()
+    shipped = _publish_reference(reference, url, model=model, key_file=key_file, root=root,
+                                 timeout=timeout, progress=progress) if gpu else ""
     return Published(store=redact(url), key=key.digest, tag=key.tag, manifest=man.digest, evidence=ev.digest,
                      kind=kind, bundle_bytes=layer.size,
                      seconds={"measure": round(t_measured - t0, 3), "bundle": round(t_bundled - t_measured, 3),
-                              "push": round(t_end - t_bundled, 3)})
+                              "push": round(t_end - t_bundled, 3), "reference": round(time.monotonic() - t_end, 3)},
+                     reference=shipped)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The CPU build a GPU build's latest passing verify compared it with, still as it was then."""
+
+    prefix: Path
+    key: SubstituteKey
+    stamp: str
+
+    @property
+    def pointer(self) -> dict:
+        """What the GPU build's evidence says of it: its key and stamp, never this machine's path."""
+        return {"key": self.key.digest, "stamp": self.stamp}
+
+
+def verified_against(verifies: list[dict]) -> Reference | str:
+    """The reference of the latest passing verify, or why it cannot travel with the build (gone,
+    rebuilt since, or without a substitute key)."""
+    if not verifies:
+        return "no passing verify on record names one"
+    row = verifies[-1]
+    where, stamp = row.get("reference"), row.get("reference_stamp")
+    if not isinstance(where, str) or not where:
+        return "the verify on record names none"
+    try:
+        manifest, key = key_of_build(Path(where))
+    except UsageError as exc:
+        return exc.message
+    if not stamp or manifest.get("stamp") != stamp:
+        return f"{where} was rebuilt after the verify (another stamp): verify the build again"
+    return Reference(Path(where), key, str(stamp))
+
+
+def _publish_reference(reference: Reference | str, url: str, *, model: str | None, key_file: Path,
+                       root, timeout: float, progress) -> str:
+    """The reference published beside the build, measured for its own figures as any CPU build
+    published as a reference is: one line of what happened, never a failure of the build's publish."""
+    from rocforge_build.errors import RocforgeError
+
+    say = progress or (lambda text: None)
+    if isinstance(reference, str):
+        say(f"its reference is not published: {reference}")
+        return f"not published: {reference}"
+    try:
+        with open_store(url, timeout=timeout) as store:
+            store.manifest(reference.key.tag)
+        say(f"its reference {reference.key.short} is in the store already")
+        return "in the store already"
+    except oci.NotFound:
+        pass
+    except RocforgeError as exc:
+        return f"not published: {exc.message}"
+    if not model:
+        say("its reference is not published: no model to measure its own figures with (--model)")
+        return "not published: no model (--model) to measure its own figures with"
+    say(f"publishing its reference {reference.prefix} (key {reference.key.short})")
+    try:
+        out = publish(reference.prefix, url, unverified=False, model=model, key_file=key_file, root=root,
+                      timeout=timeout, progress=progress)
+    except RocforgeError as exc:
+        say(f"its reference is not published: {exc.message}")
+        return f"not published: {exc.message}"
+    return f"published {out.tag}"

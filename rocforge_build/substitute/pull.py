@@ -52,6 +52,8 @@ def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
         except OSError as exc:  # this machine's disk (the layer, the unpacked tree, a rename):
             # no other store helps, and each step's partial file or tree is already removed
             raise disk_failure(exc, f"pulling a substitute into {staging}") from exc
+        except ReferenceMissing:  # no other store changes that: the build stops
+            raise
         except artifact.KnownBad as bad:
             return SubstituteOutcome(False, one_line(bad.message), (*tried, redact(one_line(f"{url}: {bad.message}"))),
                                      advisory=one_line(bad.message))
@@ -199,6 +201,8 @@ def verify_here(tree: Path, plan: Plan, model, attestations: list[artifact.Attac
         return "not verified here", ["it has no llama-perplexity to verify with"], None
     try:
         return _checked_here(tree, policy, model, attestations, say)
+    except ReferenceMissing:
+        raise
     except RocforgeError as exc:
         return "failed", [f"its check could not run here: {exc.message}"], None
 
@@ -227,12 +231,47 @@ def _checked_here(tree: Path, policy: SubstitutePolicy, model, attestations: lis
         ok, lines = compared
         return ("passed" if ok else "failed"), lines, None
     coverage = verify.plan(model, gpu=True, quick=policy.verify == "quick")
-    ref = verify.reference_for(build, None, quiet=True)
+    ref = _reference(build, policy, attestations, say)
     result = verify.verify(build, ref, model, coverage, progress=progress, record=False)
     result["model_sha256"] = _model_sha(model)
     lines = [f"{len(result['checks'])} checks against {ref.prefix}: "
              + ("all passed" if result["passed"] else f"{len(result['failed_checks'])} failed")]
     return ("passed" if result["passed"] else "failed"), lines, result
+
+
+class ReferenceMissing(RocforgeError):
+    """--substitute-only, and the CPU reference a pulled GPU build is verified against is in no
+    store: nothing may be compiled, so the build stops (a missing reference is not a failed build)."""
+
+    exit_code = 9
+
+
+def _reference(build, policy: SubstitutePolicy, attestations: list[artifact.Attached], say):
+    """The CPU reference a GPU build is verified against here: one on disk, else taken from the
+    stores like any substitute (the publisher pushes the one it verified against, and its key is
+    this machine's own reference's key when the machines compile alike), else compiled, except
+    under --substitute-only, which stops with one line naming the reference."""
+    from rocforge_build.measure import verify_reference
+
+    try:
+        ref = verify_reference.reference_for(build, None, quiet=True, substitute=attempt,
+                                             substitutes=policy.mode)
+    except RocforgeError as exc:
+        if policy.mode != "only":
+            raise
+        published = [a.document.get("reference") for a in attestations
+                     if isinstance(a.document.get("reference"), dict)]
+        key = str(published[-1].get("key", ""))[:23] if published else ""
+        raise ReferenceMissing(
+            "--substitute-only: the CPU reference to verify the pulled build against"
+            + (f" (the publisher's: {key})" if key else "") + f" is not usable from any store: "
+            f"{one_line(exc.message)}",
+            "nothing was compiled and nothing installed; drop --substitute-only to compile the "
+            "reference here, or ask the publisher to publish the build again (publish pushes its reference)") from None
+    made = (ref.manifest or {}).get("substituted") if isinstance(ref.manifest, dict) else None
+    say(f"substitute: verify: reference {ref.prefix}"
+        + (f" (pulled from {made.get('store')})" if isinstance(made, dict) else ""))
+    return ref
 
 
 def _model_sha(model) -> str:

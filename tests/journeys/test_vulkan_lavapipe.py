@@ -19,6 +19,8 @@ serve with its canary ~180 s, the wrong server ~190 s, the four slots ~300 s).
 
 from __future__ import annotations
 
+import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,67 @@ def test_build_verify_tune_serve_answers(user, vulkan_build, measure_builds, lla
     assert "Paris" in answers[0], answers
     assert "Traceback" not in err
     assert running_from(vulkan_build) == []
+
+
+def test_published_with_its_reference_then_pulled_by_a_fresh_machine_that_compiles_nothing(
+        user, vulkan_build, llama_tree, tmp_path_factory):
+    """publish -> pull on Vulkan, through the CLI: the user verifies the build against rocforge's
+    own reference (built for it in their data dir) and publishes it to a store; publish sends the
+    reference beside it.  A second machine (a fresh HOME, config, cache and data dir) trusting the
+    key asks for the same build with --substitute-only: it takes the Vulkan build AND its
+    reference from the store, checks the reference's own figures, verifies the Vulkan build on
+    its lavapipe against it, records that verify, and compiles nothing — no CMake build in its
+    cache, no source copied."""
+    model = user.model
+    out = user.rocforge("verify", str(vulkan_build), "--model", str(model), *SMALL, "--parallel", "1")
+    assert out.returncode == 0 and "PASSED" in out.stdout, out.stdout + out.stderr[-3000:]
+    key = user.rocforge("key", "generate")
+    assert key.returncode == 0, key.stderr
+    store = (tmp_path_factory.mktemp("vulkan-store") / "store").as_uri()
+    out = user.rocforge("publish", str(vulkan_build), "--to", store, "--model", str(model))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "publishing its reference" in out.stderr, out.stderr[-3000:]
+
+    other = User(tmp_path_factory.mktemp("vulkan-puller"), "vulkan pull")
+    for name, value in (("substitute.stores", [store]), ("substitute.trusted_keys", [key.stdout.strip()]),
+                        ("substitute.verify_model", str(model))):
+        assert other.rocforge("config", "set", name, json.dumps(value)).returncode == 0
+    targets = [a for t in MEASURE_TARGETS for a in ("--cmake-target", t)]
+    out = other.rocforge("build", "llama-cpp", "--backend", "vulkan", "--source", str(llama_tree), *targets,
+                         "--substitute-only")
+    assert out.returncode == 0, out.stderr[-3000:]
+    prefix = Path(out.stdout.strip().splitlines()[-1])
+    pulled = tomllib.loads((prefix / "rocforge-manifest.toml").read_text())
+    assert pulled["backend"] == "vulkan" and pulled["substituted"]["verified_here"] == "passed", pulled["substituted"]
+    references = list((Path(other.env["ROCFORGE_DATA_DIR"]) / "builds" / "reference").glob("*/rocforge-manifest.toml"))
+    assert len(references) == 1, out.stderr[-3000:]
+    reference = tomllib.loads(references[0].read_text())
+    assert reference["backend"] == "cpu" and reference["made_for"] == "reference"
+    assert reference["substituted"]["verified_here"] == "passed", reference["substituted"]
+    assert not list(Path(other.env["ROCFORGE_CACHE_DIR"]).rglob("CMakeCache.txt"))
+    # the verify here is on record for the installed build, against the pulled reference
+    rows = other.rocforge("results", "export", "--json", "--prefix", str(prefix))
+    assert rows.returncode == 0, rows.stderr
+    verified = [r for r in json.loads(rows.stdout) if r.get("kind") == "verify"]
+    assert verified and verified[-1]["status"] == "passed", rows.stdout[-2000:]
+    assert verified[-1]["reference"] == str(references[0].parent), verified[-1]["reference"]
+
+    # a store that holds the build but not its reference (published with no model to measure the
+    # reference's own figures): --substitute-only stops in one line, compiling and installing nothing
+    bare = (tmp_path_factory.mktemp("vulkan-store-bare") / "store").as_uri()
+    out = user.rocforge("publish", str(vulkan_build), "--to", bare)
+    assert out.returncode == 0 and "its reference is not published: no model" in out.stderr, out.stderr[-3000:]
+    third = User(tmp_path_factory.mktemp("vulkan-puller-bare"), "vulkan pull, no reference")
+    for name, value in (("substitute.stores", [bare]), ("substitute.trusted_keys", [key.stdout.strip()]),
+                        ("substitute.verify_model", str(model))):
+        assert third.rocforge("config", "set", name, json.dumps(value)).returncode == 0
+    out = third.rocforge("build", "llama-cpp", "--backend", "vulkan", "--source", str(llama_tree), *targets,
+                         "--substitute-only")
+    errors = [x for x in out.stderr.splitlines() if x.startswith("rocforge: error:")]
+    assert out.returncode == 9 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "the CPU reference to verify the pulled build against" in errors[0], errors[0]
+    assert not list(Path(third.env["ROCFORGE_DATA_DIR"]).rglob("rocforge-manifest.toml"))
+    assert not list(Path(third.env["ROCFORGE_CACHE_DIR"]).rglob("CMakeCache.txt"))
 
 
 def restore_preset(user: User, model: Path, monkeypatch, edit) -> dict:
