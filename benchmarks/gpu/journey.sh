@@ -21,6 +21,10 @@
 #   PHASE=upgrade-model  carry [.dev/gpu/model2]     PHASE=upgrade-first  carry [.dev/gpu/model3]: verify,
 #                 tune, serve + openai      PHASE=upgrade-second: the next commit, upgrade, serve refuses,
 #                 the command it names, serve + openai
+# The publishing and pulling users' journey (pull_journey.py), three calls back to back:
+#   PHASE=pull-build  carry as build: unpack, A's Vulkan build     PHASE=pull-model  carry [.dev/gpu/model2]
+#   PHASE=pull-first  carry [.dev/gpu/model3]: A verifies against its own reference and publishes; B (a fresh
+#                 HOME) pulls with --substitute-only, tunes, serves + openai   (PHASE=pull-second: B, if no time)
 # The carried folder D (default .dev/gpu) holds what benchmarks/gpu/vulkan_serve_canary.sh's does
 # (debsid: Debian sid's glslc, shaderc, Vulkan loader and headers; debs: Debian 12's GL/X runtime
 # libraries the NVIDIA ICD loads; whl: tomlkit platformdirs gguf and openai with what it requires),
@@ -63,6 +67,9 @@ join_model() {  # SmolLM2 from its three parts, sha256 checked
 UJ="python3 $HERE/upgrade_journey.py --tree $T --model $M --json $OUT/upgrade-journey.json \
   --sid-env VULKAN_SDK=/tmp/vksid/usr --sid-env LD_LIBRARY_PATH=/tmp/vksid/usr/lib/x86_64-linux-gnu \
   --sid-env PATH=/tmp/vksid/usr/bin:$PATH"
+PJ="python3 $HERE/pull_journey.py --tree $T --model $M --json $OUT/pull-journey.json \
+  --sid-env VULKAN_SDK=/tmp/vksid/usr --sid-env LD_LIBRARY_PATH=/tmp/vksid/usr/lib/x86_64-linux-gnu \
+  --sid-env PATH=/tmp/vksid/usr/bin:$PATH"
 case "$PHASE" in
 upgrade-model)  # carried model2: kept in /tmp/model for the next call
   ls -la /tmp/model; exit 0 ;;
@@ -76,9 +83,17 @@ upgrade-first)
   exit 0 ;;
 upgrade-second)
   $UJ --part second; echo "part second rc=$?; left $(left) s"; exit 0 ;;
+pull-model)  # carried model2: kept in /tmp/model for the next call
+  ls -la /tmp/model; exit 0 ;;
+pull-first)
+  join_model; $PJ --part publish; echo "part publish rc=$?; left $(left) s"
+  [ "$(left)" -gt 200 ] && { $PJ --part pull; echo "part pull rc=$?; left $(left) s"; }
+  exit 0 ;;
+pull-second)  # the pull, when pull-first had no time left for it
+  $PJ --part pull; echo "part pull rc=$?; left $(left) s"; exit 0 ;;
 esac
 
-if [ "$PHASE" = build ] || [ "$PHASE" = upgrade-build ]; then
+if [ "$PHASE" = build ] || [ "$PHASE" = upgrade-build ] || [ "$PHASE" = pull-build ]; then
   rm -rf $RFC && mkdir -p $RFC && tar -C $RFC -xf "$D/rf.tar" || exit 1
   mkdir -p /tmp/vksid /tmp/vkrt /tmp/llama
   for f in "$D"/debsid/*.deb; do dpkg -x "$f" /tmp/vksid; done
@@ -95,6 +110,9 @@ if [ "$PHASE" = build ] || [ "$PHASE" = upgrade-build ]; then
   $SID glslc --version | head -1
   if [ "$PHASE" = upgrade-build ]; then
     $UJ --part builds; echo "part builds rc=$?; left $(left) s"; exit 0
+  fi
+  if [ "$PHASE" = pull-build ]; then
+    $PJ --part builds; echo "part builds rc=$?; left $(left) s"; exit 0
   fi
   t0=$(date +%s)
   $RF build llama-cpp $B --backend cpu -j 5 > /tmp/b-cpu.log 2>&1 & P1=$!

@@ -256,8 +256,12 @@ def _substitute(plan: Plan, substitute: Substituter, say, gate: Callable[[Plan, 
     if outcome.installed is not None:  # reads the prefix: the new build is in it now
         outcome.installed()
     record = outcome.record
+    checked = "; ".join(str(x) for x in record.get("verify_lines") or [])[:300]
+    cost = ", ".join(f"{k} {v:.1f}s" for k, v in (record.get("seconds") or {}).items()
+                     if isinstance(v, int | float))
     say(f"[green]installed[/] {plan.prefix} from {escape(record['store'])} "
-        f"(verified here: {escape(record['verified_here'])}) in {time.monotonic() - t0:.1f}s")
+        f"(verified here: {escape(record['verified_here'])}{': ' + escape(checked) if checked else ''}) "
+        f"in {time.monotonic() - t0:.1f}s ({cost})")
     return BuildResult(Status.SUBSTITUTED, plan.prefix, plan.prefix / MANIFEST, time.monotonic() - t0,
                        plan, notes=tuple(outcome.tried), timings=record["seconds"])
 
