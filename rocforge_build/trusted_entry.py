@@ -24,7 +24,7 @@ import re
 from rocforge_build.ed25519_point import public_key_problem
 
 OPTIONS = ("not-before", "not-after", "via")
-_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2}):(\d{2})Z)?")
+_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2}):(\d{2})Z)?", re.ASCII)
 _KEY_ID = re.compile(r"[0-9A-F]{16}")
 MAX_ENTRY = 512
 
