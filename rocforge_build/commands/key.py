@@ -33,7 +33,7 @@ def add_arguments(parser) -> None:
                          "a rotation statement, signed by the old key and the new, to each --to store; "
                          "consumers who trust the old key trust the new one with "
                          "`rocforge key trust-rotation URL`")
-    rot.add_argument("--to", metavar="URL", action="append", required=True,
+    rot.add_argument("--to", metavar="STORE", action="append", required=True,
                      help="a store to publish the rotation to (repeat for more)")
     rot.add_argument("--key", metavar="FILE", type=Path,
                      help="the old secret key (default: substitute.signing_key, or keys/rocforge.key)")
@@ -50,7 +50,7 @@ def add_arguments(parser) -> None:
                          "store before they trust a pull.  compromised: nothing the key ever signed "
                          "is trusted; retired: only what it signed before now.  A revocation is "
                          "never taken back")
-    rev.add_argument("--to", metavar="URL", action="append", required=True,
+    rev.add_argument("--to", metavar="STORE", action="append", required=True,
                      help="a store to publish the revocation to (repeat for more)")
     rev.add_argument("--reason", required=True, choices=("compromised", "retired"),
                      help="compromised: the secret may be known to others; retired: no longer used")
