@@ -241,15 +241,16 @@ def apply(trusted: list[signing.TrustedKey], revocations: list[signing.Revocatio
 
 
 def with_revocations(trusted: list[signing.TrustedKey], urls, timeout: float
-                     ) -> tuple[list[signing.TrustedKey], list[str], set[str]]:
+                     ) -> tuple[list[signing.TrustedKey], list[str], dict[str, str]]:
     """The trusted keys with the revocations of every store in `urls` applied, one line per
-    statement left out or store not read, and the stores whose revocations could not be read
-    (nothing of theirs is trusted in this run: a revocation there might have been missed)."""
+    statement left out or store not read, and the stores whose revocations could not be read,
+    each with why (nothing of theirs is trusted in this run: a revocation there might have been
+    missed)."""
     from rocforge_build.substitute.stores import open_store
 
     revocations: list[signing.Revocation] = []
     lines: list[str] = []
-    unread: set[str] = set()
+    unread: dict[str, str] = {}
     if not trusted:
         return trusted, lines, unread
     for url in urls:
@@ -258,10 +259,10 @@ def with_revocations(trusted: list[signing.TrustedKey], urls, timeout: float
                 with store.transfer("its key revocations"):
                     found, left_out = read_revocations(store, trusted)
         except Exception as exc:  # noqa: BLE001 - any store failure: that store is not trusted now
-            msg = getattr(exc, "message", None) or str(exc)
+            why = one_line(getattr(exc, "message", None) or str(exc))[:200]
             lines.append(f"{one_line(str(url))[:200]}: its key revocations could not be read "
-                         f"({one_line(msg)[:200]}); nothing is pulled from it")
-            unread.add(url)
+                         f"({why}); nothing is pulled from it")
+            unread[url] = why
             continue
         revocations += found
         lines += left_out

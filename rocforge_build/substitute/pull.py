@@ -52,7 +52,8 @@ def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
     tried: list[str] = []
     for url in policy.stores:
         if url in unread:
-            tried.append(redact(one_line(f"{url}: not used: its key revocations could not be read")))
+            tried.append(redact(one_line(f"{url}: not used: its key revocations could not be read "
+                                         f"({unread[url]})")))
             continue
         try:
             record, verified = _from_store(url, plan, staging, trusted, model, say)
