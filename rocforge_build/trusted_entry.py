@@ -143,13 +143,27 @@ def parse_all(values: list) -> list[Entry]:
         except ValueError as exc:
             shown = value[:24] + ("..." if len(value) > 24 else "") if isinstance(value, str) else ""
             raise ValueError(f"[{index}]{f' ({shown!r})' if shown else ''} {exc}") from None
-    ids = {key_id_of_text(e.key_text): e for e in entries}
+    ids: dict[str, Entry] = {}
+    shared: set[str] = set()
+    texts: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        key_id = key_id_of_text(entry.key_text)
+        if key_id in ids and ids[key_id].key_text != entry.key_text:
+            shared.add(key_id)
+        ids.setdefault(key_id, entry)
+        first = texts.setdefault(entry.key_text, index)
+        if first != index and values[first].strip() != values[index].strip():
+            raise ValueError(f"[{index}] gives the key of [{first}] again with other options: "
+                             "one entry per key")
     for index, entry in enumerate(entries):
         seen = {key_id_of_text(entry.key_text)}
         step = entry
         while step.via is not None:
             if step.via in seen:
                 raise ValueError(f"[{index}] has a chain of via that loops (back to {step.via})")
+            if step.via in shared:
+                raise ValueError(f"[{index}] is trusted via the key id {step.via}, which two entries "
+                                 "share: via must name one key")
             if step.via not in ids:
                 raise ValueError(f"[{index}] is trusted via the key {step.via}, which is no entry of the list "
                                  "(keep the key it came through, or drop via= to trust it on its own)")

@@ -210,7 +210,7 @@ def read_revocations(store: Store, trusted: list[signing.PublicKey]) -> tuple[li
         except (StoreError, signing.SignatureError) as exc:
             lines.append(f"{store.url}: key revocation {one_line(tag)[:60]} left out: {one_line(exc.message)[:300]}")
             continue
-        found.append(signing.Revocation(key_id, reason, revoked_at, digest, store.url))
+        found.append(signing.Revocation(key_id, reason, revoked_at, digest, store.url, key.text))
     return found, _capped(lines, store.url)
 
 
@@ -222,19 +222,23 @@ def _capped(lines: list[str], url: str) -> list[str]:
 
 def apply(trusted: list[signing.TrustedKey], revocations: list[signing.Revocation]) -> list[signing.TrustedKey]:
     """The trusted keys, each with the revocation that ends it: its own strongest (compromised
-    before retired, then the earliest), else a compromised key's it came through (`via`)."""
+    before retired, then the earliest), else a compromised key's it came through (`via`).  A
+    revocation is matched by the whole key, never by its id alone (two keys may share a key
+    number; a key revokes only itself)."""
     def strength(r: signing.Revocation) -> tuple:
         return (r.reason != "compromised", r.revoked_at, r.digest)
 
     own: dict[str, signing.Revocation] = {}
     for r in revocations:
-        if r.key_id not in own or strength(r) < strength(own[r.key_id]):
-            own[r.key_id] = r
+        if r.key_text not in own or strength(r) < strength(own[r.key_text]):
+            own[r.key_text] = r
+    by_id = {k.key_id: k.text for k in trusted}  # trusted_entry refuses a via naming a shared id
     out = []
     for key in trusted:
-        revoked = own.get(key.key_id)
+        revoked = own.get(key.text)
         if revoked is None or revoked.reason != "compromised":
-            through = [own[v] for v in getattr(key, "via", ()) if v in own and own[v].reason == "compromised"]
+            through = [own[by_id[v]] for v in getattr(key, "via", ())
+                       if by_id.get(v) in own and own[by_id[v]].reason == "compromised"]
             revoked = through[0] if through else revoked
         out.append(replace(key, revoked=revoked) if isinstance(key, signing.TrustedKey) else key)
     return out

@@ -148,6 +148,7 @@ class Revocation:
     revoked_at: int  # seconds since the epoch
     digest: str  # the revocation document's sha256
     where: str  # the store it was read from
+    key_text: str = ""  # the whole public key it revokes: two keys may share a key number
 
     def words(self) -> str:
         from rocforge_build.trusted_entry import format_time

@@ -417,3 +417,38 @@ def test_statement_documents_are_read_capped(url, pairs, monkeypatch):
     _, lines = _check(url, _trusted(a.public.text))
     assert len(lines) == 1 and time.monotonic() - started < 5, lines
     shutil.rmtree(url.removeprefix("file://"))
+
+
+def test_a_key_sharing_anothers_key_number_cannot_revoke_it(url, pairs):
+    """Two trusted keys may share a key number (minisign's id is 8 random bytes, and anyone can
+    choose theirs): a revocation is matched by the whole key, so one cannot revoke the other."""
+    a = pairs[0]
+    twin = signing.KeyPair(signing.PublicKey(a.public.keynum, pairs[1].public.raw), pairs[1].seed)
+    with open_store(url, timeout=5) as store:
+        build = _build(store, a, _at(0))
+        keys.publish_revocation(store, _revocation(twin), twin)  # the twin's own, valid revocation
+    trusted, lines = _check(url, _trusted(a.public.text, twin.public.text))
+    assert not lines
+    assert [k.revoked is not None for k in trusted] == [False, True]
+    assert _signer(url, build, trusted) == a.key_id
+    with pytest.raises(Exception, match="which two entries share"):
+        _trusted(a.public.text, twin.public.text, f"{pairs[2].public.text} via={a.key_id}")
+    with pytest.raises(Exception, match="again with other options"):
+        _trusted(a.public.text, f"{a.public.text} not-after={_at(0)}")
+    assert len(_trusted(a.public.text, a.public.text)) == 1  # the same entry twice: as before
+
+
+def test_a_compromised_keys_nightly_advisories_are_left_out(url, pairs):
+    from rocforge_build.substitute import advisories
+
+    a = pairs[0]
+    with open_store(url, timeout=5) as store:
+        advisories.publish(store, advisories.make_document("7.15.0a20260702", "7.15.0a20260702", [],
+                                                           "bad", "t"), a)
+    found, _ = advisories.nightly_advisories([url], _trusted(a.public.text), 5)
+    assert len(found) == 1
+    with open_store(url, timeout=5) as store:
+        keys.publish_revocation(store, _revocation(a), a)
+    trusted, _ = _check(url, _trusted(a.public.text))
+    found, lines = advisories.nightly_advisories([url], trusted, 5)
+    assert not found and any("revoked as compromised" in line for line in lines), lines
