@@ -78,3 +78,29 @@ def test_rotate_new_key_publishes_the_same_rotation_to_another_store(world, monk
     code, _, err = run(capsys, "key", "rotate", "--to", url, "--new-key",
                        str(publisher / "keys/rocforge.key"))
     assert code != 0 and "the new key is the old key" in err
+
+
+def test_store_show_names_the_revocation_of_the_signer(world, monkeypatch, capsys, tmp_path):
+    """`store list` reads the revocations of the store it lists and of every configured store, as a
+    pull does, so a revoked signer is not shown as trusted."""
+    from rocforge_build.substitute import artifact, oci
+
+    publisher, consumer, url, old = world
+    pair = signing.read_secret_key(publisher / "keys/rocforge.key")
+    with open_store(url, timeout=5) as store:
+        config_blob = store.push_blob_bytes(b'{"k": 1}', oci.KEY_CONFIG)
+        layer = store.push_blob_bytes(b"bundle", oci.BUNDLE_LAYER)
+        man = store.push_manifest(oci.make_manifest(artifact_type=oci.BUILD_TYPE, config=config_blob,
+                                                    layers=[layer]), tag="rocforge-" + "0" * 64)
+        artifact.attach(store, man, oci.SIGNATURE_TYPE, None, pair)
+    as_(monkeypatch, consumer)
+    config.set_value("substitute.trusted_keys", [old])
+    code, out, err = run(capsys, "store", "list", url, "--json")
+    assert code == 0 and json.loads(out)[0]["signed_by"] == pair.key_id, err
+    elsewhere = f"file://{tmp_path / 'elsewhere'}"
+    with open_store(elsewhere, timeout=5) as store:
+        keys.publish_revocation(store, keys.make_revocation(pair, "compromised", "", "t"), pair)
+    config.set_value("substitute.stores", [elsewhere])
+    code, out, err = run(capsys, "store", "list", url, "--json")
+    assert code == 0, err
+    assert "revoked as compromised" in json.loads(out)[0]["signed_by"]
