@@ -192,7 +192,8 @@ def trust_problem(key: PublicKey | None, claimed: int | None, now: float | None 
                 "future")
     revoked = key.revoked
     if revoked is not None:
-        whose = (f"the key {key.key_id} is" if revoked.key_id == key.key_id else
+        itself = revoked.key_text == key.text if revoked.key_text else revoked.key_id == key.key_id
+        whose = (f"the key {key.key_id} is" if itself else
                  f"the key {key.key_id} came through the key {revoked.key_id}, which is")
         if revoked.reason == "compromised":  # (only a compromised predecessor ends a successor)
             return f"{whose} revoked as compromised by its {revoked.words()}: nothing it signed is trusted"
