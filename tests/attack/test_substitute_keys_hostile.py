@@ -452,3 +452,52 @@ def test_a_compromised_keys_nightly_advisories_are_left_out(url, pairs):
     trusted, _ = _check(url, _trusted(a.public.text))
     found, lines = advisories.nightly_advisories([url], trusted, 5)
     assert not found and any("revoked as compromised" in line for line in lines), lines
+
+
+def _rotation_round(store_url, pairs):
+    a, b = pairs[0], pairs[1]
+    with open_store(store_url, timeout=5) as store:
+        keys.publish_rotation(store, keys.make_rotation(a, b, "t"), a, b)
+    configured = _trusted(a.public.text)
+    found, lines = _rotations(store_url, configured)
+    added, _ = keys.new_entries(found, configured, None)
+    assert not lines and len(added) == 1 and added[0].startswith(b.public.text)
+
+
+@needs("docker-registry")
+def test_a_rotation_in_debians_docker_registry(tmp_path, pairs, monkeypatch):
+    from registry_server import clear_store_environment, start_registry
+
+    clear_store_environment(monkeypatch)
+    with start_registry(tmp_path) as reg:
+        _rotation_round(reg.store_url("team/keys"), pairs)
+
+
+def test_a_rotation_in_s3(s3_server, pairs, monkeypatch):
+    _s3_env(monkeypatch, s3_server)
+    _rotation_round("s3://keys/rotations", pairs)
+
+
+@pytest.mark.parametrize("stalled", [r".*/tags/list", r".*/manifests/rocforge-key-revocation-.*"])
+def test_a_store_that_hangs_over_its_revocations_costs_its_timeout_and_is_not_trusted(pairs, stalled):
+    import threading
+
+    from registry_server import FakeRegistry
+
+    a = pairs[0]
+    release = threading.Event()
+
+    def hang(_request):
+        release.wait(30)
+        return 404, {}, b""
+    with FakeRegistry() as fake:
+        with open_store(fake.store_url(), timeout=5) as store:
+            keys.publish_revocation(store, _revocation(a), a)
+        fake.route("GET", stalled, hang)
+        started = time.monotonic()
+        try:
+            trusted, lines, unread = keys.with_revocations(_trusted(a.public.text), [fake.store_url()], 1)
+        finally:
+            release.set()
+    assert time.monotonic() - started < 8
+    assert list(unread) == [fake.store_url()] and len(lines) == 1 and "nothing is pulled from it" in lines[0]
