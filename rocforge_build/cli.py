@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollback": ("rocforge_build.commands.rollback", "put back the build `rocforge upgrade` replaced"),
     "bisect": ("rocforge_build.commands.bisect", "find the first bad commit, release or nightly between a good and a bad one"),
     "cache": ("rocforge_build.commands.cache", "list and clean rocforge's caches: sources, work dirs, compiler cache, references"),
-    "key": ("rocforge_build.commands.key", "make the key pair that signs the builds and evidence you publish"),
+    "key": ("rocforge_build.commands.key", "make, rotate and revoke the keys that sign the builds you publish"),
     "publish": ("rocforge_build.commands.publish", "push a verified build and its evidence, signed, to a substitute store"),
     "store": ("rocforge_build.commands.store", "list what a substitute store holds; show one build's evidence"),
 }

@@ -101,15 +101,15 @@ def _store_urls(v: list[str]) -> str | None:
 
 
 def _public_keys(v: list[str]) -> str | None:
-    """minisign public keys as signing.py reads them, the point too: a small-order or
+    """Entries of minisign public keys, with their options (trusted_entry.py: a window, the key a
+    rotation came through), as signing.py reads them, the point too: a small-order or
     non-canonical Ed25519 key is refused when it is set, not first when a pull trusts it."""
-    from rocforge_build.ed25519_point import public_key_problem
+    from rocforge_build.trusted_entry import parse_all
 
-    for index, text in enumerate(v):
-        wrong = public_key_problem(text)
-        if wrong:
-            shown = text[:24] + ("..." if len(text) > 24 else "")
-            return f"[{index}] ({shown!r}) {wrong}"
+    try:
+        parse_all(v)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 

@@ -46,6 +46,14 @@ def run(args) -> int:
     cfg = config.effective()["substitute"]
     trusted = signing.trusted_keys_from_config(list(cfg["trusted_keys"]))
     timeout = float(cfg["timeout"])
+    if args.action in ("list", "show"):  # a signer is shown as trusted only once its revocations are read
+        from rocforge_build.cli import report
+        from rocforge_build.substitute import keys
+
+        trusted, lines, _ = keys.with_revocations(trusted, list(dict.fromkeys([*cfg["stores"], args.url])),
+                                                  timeout)
+        for line in lines:
+            report("warning", line)
     if args.action == "list":
         builds = catalog.list_builds(args.url, trusted, timeout=timeout)
         if args.json:

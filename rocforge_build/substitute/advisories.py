@@ -97,6 +97,9 @@ def _read_one(store: Store, tag: str, trusted: list[signing.PublicKey]) -> tuple
         bad = _check_document(doc)
     except StoreError as exc:
         raise StoreError(f"{tag[:60]}: {exc.message}") from None
+    distrust = signing.trust_problem(verified.key, signing.claimed_time(doc.get("made_at")))
+    if distrust:  # the key's window, or its revocation (substitute/keys.py)
+        raise StoreError(f"{tag[:60]}: {distrust}")
     return bad, verified.key_id
 
 
@@ -148,10 +151,13 @@ def known_bad_finder(substitute_config: dict, warn) -> Callable[..., KnownBad | 
 
     if not substitute_config.get("stores"):
         return known_bad.find
-    extra, problems = nightly_advisories(
-        list(substitute_config["stores"]),
-        signing.trusted_keys_from_config(list(substitute_config.get("trusted_keys") or [])),
-        float(substitute_config.get("timeout", 30.0)))
+    from rocforge_build.substitute import keys
+
+    stores, timeout = list(substitute_config["stores"]), float(substitute_config.get("timeout", 30.0))
+    trusted, revocation_lines, _ = keys.with_revocations(
+        signing.trusted_keys_from_config(list(substitute_config.get("trusted_keys") or [])), stores, timeout)
+    extra, problems = nightly_advisories(stores, trusted, timeout)
+    problems = revocation_lines + problems
     for line in problems:
         warn(line)
 

@@ -19,6 +19,7 @@ from rocforge_build.substitute.oci import Descriptor, Manifest, Store, StoreErro
 MAX_SIGNATURE = 8 << 10
 SIGNER = "dev.rocforge.signer"  # the key id a referrer says signed it (a hint: the signature decides)
 MAX_DOCUMENT = 4 << 20
+CREATED = "org.opencontainers.image.created"  # the signed time a build's manifest claims
 # The referrers naming a trusted key read per build and type: their manifests and blobs are read
 # one by one, so a store listing hundreds of them (each answered just in time) would hold a pull
 # for hours; all of them are also read within one download.listing_deadline (`_walk`).
@@ -155,6 +156,11 @@ def signed_by(store: Store, build: Manifest, trusted: list[signing.PublicKey]) -
             if verified.trusted_comment != signature_comment("build", build.digest):
                 problems.append("a signature's trusted comment names another artifact")
                 continue
+            distrust = signing.trust_problem(verified.key, signing.claimed_time(
+                build.annotations.get(CREATED)))
+            if distrust:  # its window or a revocation: the signature holds, the key is not trusted
+                problems.insert(0, distrust)  # the line names this first: it is why, not noise
+                continue
             return verified.key_id
     skipped = f"; {walk.skipped}" if walk.skipped else ""
     if not problems:
@@ -204,6 +210,9 @@ def _read_attached(store: Store, build: Manifest, artifact_type: str, trusted: l
                 raise Refused(f"{ref.digest[:19]}: not a JSON object")
             if doc.get("key") not in (None, "") and doc.get("key") != build.config.digest:
                 raise Refused(f"{ref.digest[:19]}: made for another key")
+            distrust = signing.trust_problem(verified.key, signing.claimed_time(doc.get("made_at")))
+            if distrust:
+                raise Refused(f"{ref.digest[:19]}: {distrust}")
         except StoreUnreachable as exc:
             if walk.stopped(exc):
                 return

@@ -21,7 +21,7 @@ from rocforge_build.forge.locations import STAGED, destdir
 from rocforge_build.forge.substitute_key import SubstituteOutcome
 from rocforge_build.manifest_schema import MANIFEST
 from rocforge_build.shellsafe import one_line
-from rocforge_build.substitute import artifact, evidence, oci, signing
+from rocforge_build.substitute import artifact, evidence, keys, oci, signing
 from rocforge_build.substitute.oci import NotFound
 from rocforge_build.substitute.stores import open_store
 
@@ -45,8 +45,16 @@ def attempt(plan: Plan, staging: Path, say) -> SubstituteOutcome:
     model = verify_model(policy)
     shown = say
     say = lambda text: shown(redact(text))  # noqa: E731 - every progress line, redacted
+    # every configured store's key revocations, before any signature is trusted (substitute/keys.py)
+    trusted, revocation_lines, unread = keys.with_revocations(trusted, policy.stores, policy.timeout)
+    for line in revocation_lines:
+        say(f"substitute: {line}")
     tried: list[str] = []
     for url in policy.stores:
+        if url in unread:
+            tried.append(redact(one_line(f"{url}: not used: its key revocations could not be read "
+                                         f"({unread[url]})")))
+            continue
         try:
             record, verified = _from_store(url, plan, staging, trusted, model, say)
         except OSError as exc:  # this machine's disk (the layer, the unpacked tree, a rename):

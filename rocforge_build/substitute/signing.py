@@ -26,6 +26,7 @@ import hashlib
 import os
 import secrets
 import stat
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,12 +62,21 @@ class SignatureError(IntegrityError):
     one that does not match what it signs; one line saying which."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PublicKey:
-    """A minisign public key: its key number (the id signatures name) and its Ed25519 key."""
+    """A minisign public key: its key number (the id signatures name) and its Ed25519 key.  Two
+    are equal when both are, whatever else a TrustedKey carries."""
 
     keynum: bytes
     raw: bytes
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PublicKey):
+            return NotImplemented
+        return (self.keynum, self.raw) == (other.keynum, other.raw)
+
+    def __hash__(self) -> int:
+        return hash((self.keynum, self.raw))
 
     def __post_init__(self):
         if not (isinstance(self.keynum, bytes) and len(self.keynum) == _KEYNUM
@@ -128,11 +138,110 @@ class KeyPair:
 
 
 @dataclass(frozen=True)
+class Revocation:
+    """A key's own signed statement that it is no longer to be trusted (substitute/keys.py reads
+    it from a store): `compromised`, nothing it ever signed is trusted; `retired`, only what it
+    signed (as the signature's own time claims) before `revoked_at`."""
+
+    key_id: str
+    reason: str  # "compromised" | "retired"
+    revoked_at: int  # seconds since the epoch
+    digest: str  # the revocation document's sha256
+    where: str  # the store it was read from
+    key_text: str = ""  # the whole public key it revokes: two keys may share a key number
+
+    def words(self) -> str:
+        from rocforge_build.trusted_entry import format_time
+
+        return (f"revocation {self.digest[:19]} ({self.reason}, {format_time(self.revoked_at)}) "
+                f"read from {self.where}")
+
+
+@dataclass(frozen=True, eq=False)
+class TrustedKey(PublicKey):
+    """A key of `substitute.trusted_keys` with what bounds its trust: its window (seconds since
+    the epoch, None: open), the keys it was trusted through (`via`, nearest first) and the
+    revocation that ends it (its own, or a compromised key's it came through)."""
+
+    not_before: int | None = None
+    not_after: int | None = None
+    via: tuple[str, ...] = ()
+    revoked: Revocation | None = None
+
+
+# how far in the future a signature's claimed time may lie (two machines' clocks disagree)
+CLOCK_SKEW = 300
+
+
+def trust_problem(key: PublicKey | None, claimed: int | None, now: float | None = None) -> str | None:
+    """Why a signature that holds under `key` is still not trusted, in one phrase, or None.
+
+    The key's window must cover NOW (a key past its not-after trusts nothing any more, whatever its
+    signatures claim) and, when the signed artifact claims a signing time (`made_at`, an image's
+    `created`), that time too: a claim is the signer's word, forgeable by whoever holds the key,
+    so it can only narrow trust, never widen it.  A compromised key trusts nothing; a retired one
+    only what claims a time before its revocation (OpenPGP's rule for a "retired" or "superseded"
+    revocation, RFC 4880 5.2.3.23)."""
+    if not isinstance(key, TrustedKey):
+        return None
+    from rocforge_build.trusted_entry import format_time
+
+    now = time.time() if now is None else now
+    if claimed is not None and claimed > now + CLOCK_SKEW:
+        return (f"the key {key.key_id}'s signature claims the time {format_time(claimed)}, in the "
+                "future")
+    revoked = key.revoked
+    if revoked is not None:
+        itself = revoked.key_text == key.text if revoked.key_text else revoked.key_id == key.key_id
+        whose = (f"the key {key.key_id} is" if itself else
+                 f"the key {key.key_id} came through the key {revoked.key_id}, which is")
+        if revoked.reason == "compromised":  # (only a compromised predecessor ends a successor)
+            return f"{whose} revoked as compromised by its {revoked.words()}: nothing it signed is trusted"
+        if claimed is None:
+            return f"{whose} revoked by its {revoked.words()}, and the signature claims no time before it"
+        if claimed >= revoked.revoked_at:
+            return f"{whose} revoked by its {revoked.words()}, and signed at {format_time(claimed)}, not before it"
+    for when, what in ((now, "now"), (claimed, "the signing time it claims")):
+        if when is None:
+            continue
+        if (key.not_before is not None and when < key.not_before) or (
+                key.not_after is not None and when >= key.not_after):
+            shown = "now" if what == "now" else f"{what}, {format_time(when)},"
+            return (f"the key {key.key_id} is trusted {_window_words(key)} (substitute.trusted_keys"
+                    f"{', through ' + ' and '.join(key.via) if key.via else ''}), and {shown} is outside it")
+    return None
+
+
+def _window_words(key: TrustedKey) -> str:
+    from rocforge_build.trusted_entry import format_time
+
+    if key.not_before is not None and key.not_after is not None and key.not_before >= key.not_after:
+        return "at no time (its window and the one it came through do not meet)"
+    since = f"from {format_time(key.not_before)}" if key.not_before is not None else ""
+    until = f"until {format_time(key.not_after)}" if key.not_after is not None else ""
+    return " ".join(x for x in (since, until) if x) or "always"
+
+
+def claimed_time(text: object) -> int | None:
+    """A signed document's `made_at` (or an image's `created`) as rocforge writes it
+    (YYYY-MM-DDTHH:MM:SSZ), or None for anything else: no claim, which narrows nothing."""
+    from rocforge_build.trusted_entry import parse_time
+
+    if not isinstance(text, str) or len(text) != 20:
+        return None
+    try:
+        return parse_time(text)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
 class Verified:
     """A signature that holds: the trusted key that made it and its trusted comment."""
 
     key_id: str
     trusted_comment: str
+    key: PublicKey | None = None  # the trusted key it holds under (its window and revocation)
 
 
 def key_id_of(keynum: bytes) -> str:
@@ -232,32 +341,55 @@ def verify(data: bytes, signature_text: str, trusted: Sequence[PublicKey]) -> Ve
         except InvalidSignature:
             raise SignatureError(f"the trusted comment's signature (key {key_id}) does not "
                                  "match: the comment was altered") from None
-        return Verified(key_id, comment)
+        return Verified(key_id, comment, key)
     raise SignatureError(f"the signature by the key {key_id} does not match the data")
 
 
-def trusted_keys_from_config(values: list[str]) -> list[PublicKey]:
-    """The public keys of `substitute.trusted_keys`, each once; a ConfigError naming the entry
-    that is not a public key."""
+def trusted_keys_from_config(values: list[str]) -> list[TrustedKey]:
+    """The keys of `substitute.trusted_keys`, each once, each with its window (the window of an
+    entry trusted `via` another is cut to that key's, along the whole chain: a rotation never
+    grants more than the key it came from had); a ConfigError naming the entry that is wrong."""
+    from rocforge_build.trusted_entry import key_id_of_text, parse_all
+
     if not isinstance(values, (list, tuple)):
         raise ConfigError("substitute.trusted_keys must be a list of public keys",
                           "set it with `rocforge config set substitute.trusted_keys '[\"RW...\"]'`")
     if len(values) > MAX_TRUSTED_KEYS:
         raise ConfigError(f"substitute.trusted_keys holds {len(values)} keys, more than "
                           f"{MAX_TRUSTED_KEYS}")
-    keys: list[PublicKey] = []
-    for index, value in enumerate(values):
-        try:
-            key = PublicKey.parse(value)
-        except SignatureError as exc:
-            shown = repr(value[:24] + ("..." if len(value) > 24 else "")) if isinstance(
-                value, str) else type(value).__name__
-            raise ConfigError(f"substitute.trusted_keys[{index}] ({shown}): {exc.message}",
-                              "give a public key as `rocforge key generate` or `minisign -G` "
-                              "printed it (RW...)") from None
+    try:
+        entries = parse_all(list(values))
+    except ValueError as exc:
+        raise ConfigError(f"substitute.trusted_keys{exc}",
+                          "give a public key as `rocforge key generate` or `minisign -G` printed it "
+                          "(RW...), optionally followed by not-before=, not-after=, via= "
+                          "(docs/guides/substitutes.md)") from None
+    by_id = {key_id_of_text(e.key_text): e for e in entries}
+    keys: list[TrustedKey] = []
+    for entry in entries:
+        base = PublicKey.parse(entry.key_text)
+        not_before, not_after, chain = entry.not_before, entry.not_after, []
+        step = entry
+        while step.via is not None:  # parse_all refused loops and dangling names
+            chain.append(step.via)
+            step = by_id[step.via]
+            not_before = _later(not_before, step.not_before)
+            not_after = _earlier(not_after, step.not_after)
+        if not_before is not None and not_after is not None and not_before >= not_after:
+            not_after = not_before  # an empty window: trusted at no time
+        key = TrustedKey(base.keynum, base.raw, not_before=not_before, not_after=not_after,
+                         via=tuple(chain))
         if key not in keys:
             keys.append(key)
     return keys
+
+
+def _later(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _earlier(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def parse_secret_key(text: str, where: str) -> KeyPair:

@@ -1,0 +1,348 @@
+"""Keys that change: a key's own signed revocation, and a rotation statement (an old key naming
+its successor, signed by both), each a subject-less signed OCI artifact in a store, like the
+nightly advisories.
+
+- A revocation (`rocforge key revoke`) is tagged `rocforge-key-revocation-<KEYID>-<hex>`: its
+  document names the key (the whole public key), a reason (`compromised`: nothing the key ever
+  signed is trusted; `retired`: only what it signed, by its own claim, before `revoked_at`) and is
+  signed by that very key.  A key revokes only itself: a document naming another key does not
+  verify under the key it names and is left out with a line.  A key whose secret is lost cannot
+  revoke itself; its consumers drop it from substitute.trusted_keys or give it a not-after.
+- A rotation (`rocforge key rotate`) is tagged `rocforge-key-rotation-<OLDID>-<hex>`: its document
+  names the old and the new key and when it was made, signed by the old key (its word) and by the
+  new (it holds the new secret, so no one else's key is named).  Consumers follow it only with
+  `rocforge key trust-rotation URL`, which adds the new key `via` the old one: never past the old
+  key's window, and never once the old key is revoked as compromised (substitute/signing.py
+  trusted_keys_from_config, trust_problem).
+
+Before a pull trusts a signature, the revocations of every configured store are read
+(`with_revocations`); a store whose revocations cannot be read is not pulled from."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+
+from rocforge_build.shellsafe import one_line
+from rocforge_build.substitute import artifact, oci, signing
+from rocforge_build.substitute.oci import Store, StoreError, StoreUnreachable
+from rocforge_build.trusted_entry import format_time, parse_time
+
+REVOCATION_TYPE = "application/vnd.rocforge.key-revocation.v1"
+ROTATION_TYPE = "application/vnd.rocforge.key-rotation.v1"
+REVOCATION_SCHEMA = "rocforge.key-revocation/1"
+ROTATION_SCHEMA = "rocforge.key-rotation/1"
+REVOCATION_TAG = "rocforge-key-revocation-"
+ROTATION_TAG = "rocforge-key-rotation-"
+REASONS = ("compromised", "retired")
+MAX_DOCUMENT = 16 << 10
+MAX_NOTE = 300
+MAX_PER_KEY = 16  # statements read per key and store: a store crowding one key's tags costs a line
+MAX_LINES = 8  # lines about statements left out, per store
+
+
+def _now_text() -> str:
+    return format_time(int(time.time()))
+
+
+def _comment(kind: str, digest: str) -> str:
+    return f"rocforge {kind} {digest}"
+
+
+# -- making and publishing -----------------------------------------------------------------------
+
+def make_revocation(pair: signing.KeyPair, reason: str, note: str, version: str) -> dict:
+    doc = {"schema": REVOCATION_SCHEMA, "key": pair.public.text, "reason": reason,
+           "revoked_at": _now_text(), "note": note, "rocforge": version}
+    _check_revocation(doc)
+    return doc
+
+
+def make_rotation(old: signing.KeyPair, new: signing.KeyPair, version: str) -> dict:
+    doc = {"schema": ROTATION_SCHEMA, "old": old.public.text, "new": new.public.text,
+           "made_at": _now_text(), "rocforge": version}
+    _check_rotation(doc)
+    return doc
+
+
+def _push(store: Store, artifact_type: str, tag: str, data: bytes, signatures: list[str], signer: str) -> str:
+    empty = store.push_blob_bytes(oci.EMPTY_DATA, oci.EMPTY)
+    layers = [store.push_blob_bytes(data, oci.JSON_LAYER)]
+    layers += [store.push_blob_bytes(s.encode(), oci.MINISIGN_LAYER) for s in signatures]
+    manifest = oci.make_manifest(artifact_type=artifact_type, config=empty, layers=layers,
+                                 annotations={artifact.SIGNER: signer})
+    store.push_manifest(manifest, tag=tag)
+    return tag
+
+
+def publish_revocation(store: Store, doc: dict, pair: signing.KeyPair) -> str:
+    data = oci.canonical_json(doc)
+    digest = oci.sha256_digest(data)
+    sig = signing.sign(data, pair, _comment("key-revocation", digest))
+    return _push(store, REVOCATION_TYPE, f"{REVOCATION_TAG}{pair.key_id}-{digest[7:19]}", data, [sig],
+                 pair.key_id)
+
+
+def publish_rotation(store: Store, doc: dict, old: signing.KeyPair, new: signing.KeyPair) -> str:
+    data = oci.canonical_json(doc)
+    digest = oci.sha256_digest(data)
+    comment = _comment("key-rotation", digest)
+    return _push(store, ROTATION_TYPE, f"{ROTATION_TAG}{old.key_id}-{digest[7:19]}", data,
+                 [signing.sign(data, old, comment), signing.sign(data, new, comment)], old.key_id)
+
+
+# -- the documents, checked strictly --------------------------------------------------------------
+
+def _fields(doc: object, schema: str, names: tuple[str, ...]) -> dict:
+    if not isinstance(doc, dict) or doc.get("schema") != schema:
+        raise StoreError(f"not a {schema} document")
+    if set(doc) != {"schema", *names}:
+        extra = sorted(set(doc) - {"schema", *names}) or sorted({"schema", *names} - set(doc))
+        raise StoreError(f"a {schema} document has the fields {', '.join(names)}, not "
+                         f"{one_line(str(extra[0]))[:40]!r}")
+    for name in names:
+        if not isinstance(doc[name], str):
+            raise StoreError(f"its {name} is a {type(doc[name]).__name__}, not a text")
+    return doc
+
+
+def _time(doc: dict, name: str) -> int:
+    value = doc[name]
+    try:
+        if len(value) != 20:
+            raise ValueError("is not YYYY-MM-DDTHH:MM:SSZ")
+        return parse_time(value)
+    except ValueError as exc:
+        raise StoreError(f"its {name} {one_line(value)[:32]!r} {exc}") from None
+
+
+def _key(doc: dict, name: str) -> signing.PublicKey:
+    if len(doc[name]) > 100 or not doc[name].isprintable():
+        raise StoreError(f"its {name} key is not one public key line (RW...)")
+    try:
+        return signing.PublicKey.parse(doc[name])
+    except signing.SignatureError as exc:
+        raise StoreError(f"its {name} key: {exc.message}") from None
+
+
+def _check_revocation(doc: object) -> tuple[signing.PublicKey, str, int]:
+    doc = _fields(doc, REVOCATION_SCHEMA, ("key", "reason", "revoked_at", "note", "rocforge"))
+    if doc["reason"] not in REASONS:
+        raise StoreError(f"its reason {one_line(doc['reason'])[:32]!r} is not one of {', '.join(REASONS)}")
+    if len(doc["note"]) > MAX_NOTE or not doc["note"].isprintable() or len(doc["rocforge"]) > 64:
+        raise StoreError(f"its note is not one printable line of at most {MAX_NOTE} characters")
+    return _key(doc, "key"), doc["reason"], _time(doc, "revoked_at")
+
+
+def _check_rotation(doc: object) -> tuple[signing.PublicKey, signing.PublicKey, int]:
+    doc = _fields(doc, ROTATION_SCHEMA, ("old", "new", "made_at", "rocforge"))
+    old, new = _key(doc, "old"), _key(doc, "new")
+    if old.keynum == new.keynum or old.raw == new.raw:
+        raise StoreError("it rotates a key to itself (the same key number or the same key)")
+    if len(doc["rocforge"]) > 64:
+        raise StoreError("its rocforge version is longer than 64 characters")
+    return old, new, _time(doc, "made_at")
+
+
+def _read(store: Store, tag: str, artifact_type: str, signatures: int) -> tuple[bytes, list[str], str]:
+    """A statement's document bytes, its signature texts and its digest (each read capped)."""
+    man = store.manifest(tag)
+    if man.artifact_type != artifact_type or man.subject is not None:
+        raise StoreError(f"{tag[:60]} is not a {artifact_type.rsplit('.', 2)[-2]} statement")
+    kinds = [d.media_type for d in man.layers]
+    if kinds != [oci.JSON_LAYER] + [oci.MINISIGN_LAYER] * signatures:
+        raise StoreError(f"{tag[:60]}: not one document and {signatures} signature(s)")
+    data = store.read_blob(man.layers[0], MAX_DOCUMENT, "document")
+    texts = [store.read_blob(d, artifact.MAX_SIGNATURE, "signature").decode("utf-8", "replace")
+             for d in man.layers[1:]]
+    return data, texts, oci.sha256_digest(data)
+
+
+def _json(data: bytes, tag: str) -> object:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise StoreError(f"{tag[:60]}: not JSON") from None
+
+
+def _tags_by_key(store: Store, prefix: str, trusted: list[signing.PublicKey], lines: list[str]) -> list[tuple[str, str]]:
+    """(tag, key id) of the statements whose tag names a trusted key, at most MAX_PER_KEY each
+    (a line says how many were not read); tags naming no trusted key are not read at all."""
+    ids = {k.key_id for k in trusted}
+    found: dict[str, list[str]] = {}
+    for tag in store.tags():
+        if isinstance(tag, str) and tag.startswith(prefix):
+            key_id = tag[len(prefix):len(prefix) + 16]
+            if key_id in ids and tag[len(prefix) + 16:len(prefix) + 17] == "-":
+                found.setdefault(key_id, []).append(tag)
+    chosen = []
+    for key_id, tags in sorted(found.items()):
+        if len(tags) > MAX_PER_KEY:
+            lines.append(f"{store.url}: {len(tags)} {prefix[13:-1]} statements name the key {key_id}; "
+                         f"only {MAX_PER_KEY} are read")
+        chosen += [(t, key_id) for t in sorted(tags)[:MAX_PER_KEY]]
+    return chosen
+
+
+def read_revocations(store: Store, trusted: list[signing.PublicKey]) -> tuple[list[signing.Revocation], list[str]]:
+    """The revocations in `store` of keys in `trusted`, each signed by the key it revokes, and one
+    line per statement left out (not one of ours, malformed, signed by another key)."""
+    lines: list[str] = []
+    found: list[signing.Revocation] = []
+    for tag, key_id in _tags_by_key(store, REVOCATION_TAG, trusted, lines):
+        try:
+            data, (text,), digest = _read(store, tag, REVOCATION_TYPE, 1)
+            key, reason, revoked_at = _check_revocation(_json(data, tag))
+            if key.key_id != key_id:
+                raise StoreError(f"its tag names the key {key_id}, its document {key.key_id}")
+            mine = [k for k in trusted if k.keynum == key.keynum and k.raw == key.raw]
+            if not mine:
+                raise StoreError(f"it revokes a key {key.key_id} other than the trusted key of that id")
+            try:  # under the key it names, and that key alone: no key revokes another
+                verified = signing.verify(data, text, [signing.PublicKey(key.keynum, key.raw)])
+            except signing.SignatureError as exc:
+                raise StoreError(f"not signed by the key it revokes ({exc.message})") from None
+            if verified.trusted_comment != _comment("key-revocation", digest):
+                raise StoreError("its signature names another document")
+        except StoreUnreachable:
+            raise
+        except (StoreError, signing.SignatureError) as exc:
+            lines.append(f"{store.url}: key revocation {one_line(tag)[:60]} left out: {one_line(exc.message)[:300]}")
+            continue
+        found.append(signing.Revocation(key_id, reason, revoked_at, digest, store.url, key.text))
+    return found, _capped(lines, store.url)
+
+
+def _capped(lines: list[str], url: str) -> list[str]:
+    if len(lines) <= MAX_LINES:
+        return lines
+    return [*lines[:MAX_LINES], f"{url}: {len(lines) - MAX_LINES} more key statements left out"]
+
+
+def apply(trusted: list[signing.TrustedKey], revocations: list[signing.Revocation]) -> list[signing.TrustedKey]:
+    """The trusted keys, each with the revocation that ends it: its own strongest (compromised
+    before retired, then the earliest), else a compromised key's it came through (`via`).  A
+    revocation is matched by the whole key, never by its id alone (two keys may share a key
+    number; a key revokes only itself)."""
+    def strength(r: signing.Revocation) -> tuple:
+        return (r.reason != "compromised", r.revoked_at, r.digest)
+
+    own: dict[str, signing.Revocation] = {}
+    for r in revocations:
+        if r.key_text not in own or strength(r) < strength(own[r.key_text]):
+            own[r.key_text] = r
+    by_id = {k.key_id: k.text for k in trusted}  # trusted_entry refuses a via naming a shared id
+    out = []
+    for key in trusted:
+        revoked = own.get(key.text)
+        if revoked is None or revoked.reason != "compromised":
+            through = [own[by_id[v]] for v in getattr(key, "via", ())
+                       if by_id.get(v) in own and own[by_id[v]].reason == "compromised"]
+            revoked = through[0] if through else revoked
+        out.append(replace(key, revoked=revoked) if isinstance(key, signing.TrustedKey) else key)
+    return out
+
+
+def with_revocations(trusted: list[signing.TrustedKey], urls, timeout: float
+                     ) -> tuple[list[signing.TrustedKey], list[str], dict[str, str]]:
+    """The trusted keys with the revocations of every store in `urls` applied, one line per
+    statement left out or store not read, and the stores whose revocations could not be read,
+    each with why (nothing of theirs is trusted in this run: a revocation there might have been
+    missed)."""
+    from rocforge_build.substitute.stores import open_store
+
+    revocations: list[signing.Revocation] = []
+    lines: list[str] = []
+    unread: dict[str, str] = {}
+    if not trusted:
+        return trusted, lines, unread
+    for url in urls:
+        try:
+            with open_store(url, timeout=timeout) as store:
+                with store.transfer("its key revocations"):
+                    found, left_out = read_revocations(store, trusted)
+        except Exception as exc:  # noqa: BLE001 - any store failure: that store is not trusted now
+            why = one_line(getattr(exc, "message", None) or str(exc))[:200]
+            lines.append(f"{one_line(str(url))[:200]}: its key revocations could not be read "
+                         f"({why}); nothing is pulled from it")
+            unread[url] = why
+            continue
+        revocations += found
+        lines += left_out
+    return apply(trusted, revocations), lines, unread
+
+
+@dataclass(frozen=True)
+class Rotation:
+    old: signing.TrustedKey
+    new: signing.PublicKey
+    made_at: int
+    digest: str
+    tag: str
+
+
+def read_rotations(store: Store, trusted: list[signing.TrustedKey]) -> tuple[list[Rotation], list[str]]:
+    """The rotation statements in `store` from a key in `trusted` that hold: signed by the old key
+    and by the new, made (by its own claim) while the old key was trusted and not revoked, and
+    one line for each left out."""
+    lines: list[str] = []
+    found: list[Rotation] = []
+    for tag, key_id in _tags_by_key(store, ROTATION_TAG, trusted, lines):
+        try:
+            data, (by_old, by_new), digest = _read(store, tag, ROTATION_TYPE, 2)
+            old, new, made_at = _check_rotation(_json(data, tag))
+            if old.key_id != key_id:
+                raise StoreError(f"its tag names the key {key_id}, its document {old.key_id}")
+            mine = [k for k in trusted if k.keynum == old.keynum and k.raw == old.raw]
+            if not mine:
+                raise StoreError(f"it rotates a key {old.key_id} other than the trusted key of that id")
+            comment = _comment("key-rotation", digest)
+            for text, key, whose in ((by_old, old, "old"), (by_new, new, "new")):
+                try:
+                    verified = signing.verify(data, text, [signing.PublicKey(key.keynum, key.raw)])
+                except signing.SignatureError as exc:
+                    raise StoreError(f"the {whose} key's signature does not hold ({exc.message})") from None
+                if verified.trusted_comment != comment:
+                    raise StoreError(f"the {whose} key's signature names another document")
+            distrust = signing.trust_problem(mine[0], made_at)
+            if distrust:
+                raise StoreError(distrust)
+        except StoreUnreachable:
+            raise
+        except (StoreError, signing.SignatureError) as exc:
+            lines.append(f"{store.url}: key rotation {one_line(tag)[:60]} left out: {one_line(exc.message)[:300]}")
+            continue
+        found.append(Rotation(mine[0], new, made_at, digest, tag))
+    return found, _capped(lines, store.url)
+
+
+def new_entries(rotations: list[Rotation], configured: list[signing.TrustedKey], only: str | None
+                ) -> tuple[list[str], list[str]]:
+    """(the trusted_keys entries the rotations add, one line per rotation and why it adds or not):
+    a key rotated to two different keys is followed to neither (one of them is not its owner's),
+    a key already trusted is left as it is, and the new entry is trusted `via` the old one from
+    the rotation's time."""
+    by_old: dict[str, list[Rotation]] = {}
+    for r in rotations:
+        if only is None or r.old.key_id == only:
+            by_old.setdefault(r.old.key_id, []).append(r)
+    added: list[str] = []
+    lines: list[str] = []
+    for old_id, rs in sorted(by_old.items()):
+        successors = {r.new.text for r in rs}
+        if len(successors) > 1:
+            lines.append(f"the key {old_id} was rotated to {len(successors)} different keys "
+                         f"({', '.join(sorted(signing.PublicKey.parse(t).key_id for t in successors))}): "
+                         "none is trusted; ask its owner which is theirs, and trust that one with "
+                         "`rocforge config set`")
+            continue
+        r = min(rs, key=lambda r: r.made_at)
+        if any(k.keynum == r.new.keynum and k.raw == r.new.raw for k in configured):
+            lines.append(f"the key {r.new.key_id} (rotated from {old_id}) is trusted already")
+            continue
+        entry = f"{r.new.text} not-before={format_time(r.made_at)} via={old_id}"
+        added.append(entry)
+        lines.append(f"trusting the key {r.new.key_id}, rotated from {old_id} at {format_time(r.made_at)} "
+                     f"({r.tag}), never past {old_id}'s own window")
+    return added, lines
