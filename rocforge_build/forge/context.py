@@ -328,7 +328,7 @@ class BuildContext:
 
     @cached_property
     def substitute_policy(self) -> SubstitutePolicy:
-        return SubstitutePolicy.from_config(self.request.substitutes)
+        return SubstitutePolicy.from_settings(self.request.substitutes, self.request.settings)
 
 
 

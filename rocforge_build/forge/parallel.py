@@ -96,12 +96,11 @@ class Parallel:
 
 def for_plan(rules: list, facts, *, root, requested_jobs: int | None, no_cache: bool,
              distribute: bool, kind: str, work: Path, environ: Mapping[str, str],
-             cfg: Mapping | None = None) -> Parallel:
-    """The cache, the jobs and the distribution of one build; `rules` are the recipe's `[[jobs]]`."""
-    from rocforge_build import config
+             cfg: Mapping) -> Parallel:
+    """The cache, the jobs and the distribution of one build; `rules` are the recipe's `[[jobs]]`,
+    `cfg` the request's settings snapshot (Request.settings)."""
     from rocforge_build.forge import conditions
 
-    cfg = cfg if cfg is not None else config.effective()
     per_job, per_job_reason = DEFAULT_JOB_MB, "no per-job memory figure in the recipe: 1 GB assumed"
     per_job_evidence: tuple[str, ...] = ()
     for rule in rules:

@@ -243,7 +243,7 @@ def make_plan(context: BuildContext, *, check_patches: bool = True) -> Plan:
     values = _placeholders(recipe, fetched, target, choice.name, prefix, toolchain, work)
     par = for_plan(recipe.of("jobs"), facts, root=context.root, requested_jobs=req.jobs,
                    no_cache=req.no_cache, distribute=req.distribute, kind=kind, work=work,
-                   environ=req.environ)
+                   environ=req.environ, cfg=req.settings)
     values.update(jobs=str(par.jobs.jobs), tensile_cpu_threads=str(par.jobs.tensile_threads))
     build_targets = tuple(req.build_targets) or recipe.build_targets
     options, after_options = _options(recipe, facts, values, toolchain, kind, par, req.build_targets)

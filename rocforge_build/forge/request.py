@@ -36,15 +36,22 @@ class Request:
     # command that builds there for itself ("reference", "tune", "bisect").  A build replaces only
     # a build of its own kind or, for the user's, anything rocforge made (pipeline.owner_problem).
     made_for: str | None = None
+    # the configuration (defaults with the user's file over them), read once when the request is
+    # made, as the environment is: planning reads this snapshot, never the file again
+    settings: Mapping[str, object] = field(default=None, hash=False, compare=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         environ = os.environ if self.environ is None else self.environ
         object.__setattr__(self, "environ", MappingProxyType(dict(environ)))
         object.__setattr__(self, "build_targets", tuple(self.build_targets))
+        if self.settings is None:
+            from rocforge_build import config
+
+            object.__setattr__(self, "settings", MappingProxyType(config.effective()))
 
     def for_dependency(self, recipe: str, backend: str | None) -> Request:
         """The request of a `[[depends]]` recipe: same target, parallelism and environment."""
         return Request(recipe=recipe, target=self.target, backend=backend, jobs=self.jobs,
                        no_cache=self.no_cache, distribute=self.distribute,
                        environ=self.environ, rocm=self.rocm, substitutes=self.substitutes,
-                       made_for=self.made_for)
+                       made_for=self.made_for, settings=self.settings)

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -171,10 +171,9 @@ class SubstitutePolicy:
                 "verify_model": self.verify_model, "trusted_keys": len(self.trusted_keys)}
 
     @classmethod
-    def from_config(cls, mode: str) -> SubstitutePolicy:
-        from rocforge_build import config
-
-        cfg = config.effective()["substitute"]
+    def from_settings(cls, mode: str, settings: Mapping[str, object]) -> SubstitutePolicy:
+        """The policy of a request: its mode, and the `substitute.*` keys of its settings snapshot."""
+        cfg = settings["substitute"]
         return cls(mode, tuple(cfg["stores"]), tuple(cfg["trusted_keys"]), cfg["verify"],
                    cfg["verify_model"], bool(cfg["report_failures"]), cfg["signing_key"],
                    int(cfg["max_layer_bytes"]), float(cfg["timeout"]))
