@@ -14,6 +14,7 @@ from rocforge_build.errors import BuildError, ConfigError
 from rocforge_build.forge import conditions as c
 from rocforge_build.forge import pipeline, recipes
 from rocforge_build.forge.plan import Request, plan_for
+from rocforge_build.forge.plan_values import Output
 from rocforge_build.rootfs import Root
 
 HEAD = """
@@ -145,8 +146,8 @@ def test_output_check_globs_and_names_what_is_missing(tmp_path):
     class P:  # the two fields check_outputs reads
         recipe = type("R", (), {"name": "rocblas"})
         target = "gfx1151"
-        outputs = [{"path": "lib/libaotriton_v2.so*", "reason": "the library"},
-                   {"path": "lib/rocblas/library/TensileLibrary_lazy_gfx1151.dat", "reason": "kernels"}]
+        outputs = (Output(path="lib/libaotriton_v2.so*", reason="the library"),
+                   Output(path="lib/rocblas/library/TensileLibrary_lazy_gfx1151.dat", reason="kernels"))
 
     (tmp_path / "lib" / "rocblas" / "library").mkdir(parents=True)
     (tmp_path / "lib" / "libaotriton_v2.so.0.11.1").write_text("")

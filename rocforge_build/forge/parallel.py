@@ -35,6 +35,7 @@ from rocforge_build.forge.distributed import (
     setup_distribution,
 )
 from rocforge_build.forge.jobs import DEFAULT_JOB_MB, Jobs, choose_jobs, explain_oom, oom_kills
+from rocforge_build.forge.plan_values import CMakeOption
 from rocforge_build.forge.recipes import evidence_lines
 from rocforge_build.proc import which
 
@@ -47,7 +48,7 @@ class Parallel:
     jobs: Jobs
     build_jobs: int  # ninja -j: the local jobs, plus the hosts' slots when distributing
     distribution: Distribution | None = None
-    options: list[dict] = field(default_factory=list)
+    options: list[CMakeOption] = field(default_factory=list)
 
     @property
     def launcher(self) -> str | None:
@@ -123,10 +124,10 @@ def for_plan(rules: list, facts, *, root, requested_jobs: int | None, no_cache: 
         dist.env["DISTCC_LAUNCHER"] = which(dist.tool, environ.get("PATH")) or dist.tool
     par.distribution = dist
     par.build_jobs = jobs.jobs + dist.capacity
-    pools = {"name": "CMAKE_JOB_POOLS", "value": f"link={jobs.jobs}", "because": "--distribute",
-             "reason": "links stay local: at most the local job count at once"}
-    par.options = [pools, {"name": "CMAKE_JOB_POOL_LINK", "value": "link", "because": "--distribute",
-                           "reason": "every link step in the local pool"}]
+    par.options = [CMakeOption(name="CMAKE_JOB_POOLS", value=f"link={jobs.jobs}", because="--distribute",
+                               reason="links stay local: at most the local job count at once"),
+                   CMakeOption(name="CMAKE_JOB_POOL_LINK", value="link", because="--distribute",
+                               reason="every link step in the local pool")]
     return par
 
 

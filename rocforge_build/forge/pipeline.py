@@ -451,17 +451,17 @@ def _make_venv(run: _Run) -> None:
     plan = run.plan
     venv = plan.venv
     key = hashlib.sha256(json.dumps(
-        [venv["commands"]] + [Path(r).read_text(errors="replace") if Path(r).is_file() else None
-                              for r in venv["requirements"]]).encode()).hexdigest()
-    marker = Path(venv["path"]) / ".rocforge-venv"
+        [[list(c) for c in venv.commands]] + [Path(r).read_text(errors="replace") if Path(r).is_file() else None
+                                              for r in venv.requirements]).encode()).hexdigest()
+    marker = Path(venv.path) / ".rocforge-venv"
     if marker.is_file() and marker.read_text() == key:
         return
-    missing = [r for r in venv["requirements"] if not Path(r).is_file()]
+    missing = [r for r in venv.requirements if not Path(r).is_file()]
     if missing:
         raise BuildError(f"{plan.recipe.name}: requirements file(s) {', '.join(missing)} are not "
                          "in the source", "fix the recipe's [venv] requirements for this source")
-    run.say(f"  venv {venv['path']} ...")
-    for argv in venv["commands"]:
+    run.say(f"  venv {venv.path} ...")
+    for argv in venv.commands:
         run.stream(argv, {"VIRTUAL_ENV": None, "PYTHONHOME": None}, "venv")
     marker.write_text(key)
 
@@ -471,7 +471,7 @@ def check_outputs(plan: Plan, staging: Path, log: _Log | None = None) -> list[st
     one fails the build before the install replaces the previous one."""
     found, missing = [], []
     for out in plan.outputs:
-        hits = sorted(staging.glob(out["path"]))
+        hits = sorted(staging.glob(out.path))
         if hits:
             found += [h.relative_to(staging).as_posix() for h in hits]
         else:
@@ -479,9 +479,9 @@ def check_outputs(plan: Plan, staging: Path, log: _Log | None = None) -> list[st
     if missing:
         lines = []
         for out in missing:
-            parent = (staging / out["path"]).parent
+            parent = (staging / out.path).parent
             have = sorted(p.name for p in parent.iterdir())[:8] if parent.is_dir() else []
-            lines.append(f"  {out['path']} — {out['reason']}"
+            lines.append(f"  {out.path} — {out.reason}"
                          + (f" (the directory has: {', '.join(have)})" if have
                             else f" ({parent.relative_to(staging).as_posix()}/ is missing or empty)"))
         where = f"; full log: {log.path}" if log else ""
@@ -499,7 +499,7 @@ def _check_unused(output: str, plan: Plan, log: _Log) -> None:
     if not m:
         return
     ignored = {v.strip() for v in m.group(1).split()}
-    ours = {o["name"] for o in plan.options if not o["name"].endswith("_COMPILER_LAUNCHER")}
+    ours = {o.name for o in plan.options if not o.name.endswith("_COMPILER_LAUNCHER")}
     bad = sorted(ignored & ours)
     if bad:
         raise BuildError(
@@ -675,7 +675,7 @@ def write_manifest(run: _Run, where: Path) -> Path:
     doc["backend"] = plan.backend
     doc["backend_reason"] = plan.backend_reason
     doc["flags"] = {"configure": plan.configure, "build": plan.build, "install": plan.install,
-                    "options": [{k: v for k, v in o.items() if v is not None} for o in plan.options]}
+                    "options": [{k: v for k, v in o.to_json().items() if v is not None} for o in plan.options]}
     doc["env"] = plan.env
     doc["runtime_env"] = plan.runtime_env
     doc["patches"] = [p.to_json() for p in run.patch_results]
@@ -684,7 +684,7 @@ def write_manifest(run: _Run, where: Path) -> Path:
                         "compiler_launcher": plan.launcher or "none"}
     doc["notes"] = [*plan.notes, *run.notes]
     doc["prefix"] = str(plan.prefix)
-    doc["outputs"] = [o["path"] for o in plan.outputs]
+    doc["outputs"] = [o.path for o in plan.outputs]
     doc["asked_targets"] = list(plan.asked_targets)  # --cmake-target as asked: what an upgrade asks again
     if plan.made_for is not None:
         doc["made_for"] = plan.made_for  # rocforge's own build (pipeline.owner_problem)

@@ -30,6 +30,7 @@ from rocforge_build.forge.locations import (
 )
 from rocforge_build.forge.parallel import Parallel, for_plan
 from rocforge_build.forge.plan_deps import Built
+from rocforge_build.forge.plan_values import CMakeOption, Output, Venv
 from rocforge_build.forge.request import Request
 from rocforge_build.forge.substitute_key import SubstituteKey, SubstitutePolicy
 from rocforge_build.forge.toolchains import GLSLC_FEATURES, Toolchain
@@ -111,7 +112,7 @@ class Environment:
     export: dict[str, str]  # what `rocforge env` exports
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     recipe: recipes.Recipe
     target: str
@@ -120,7 +121,7 @@ class Plan:
     source: sources.Fetched
     source_version: str | None
     toolchain: Toolchain
-    options: list[dict]  # {name, value, reason, because}
+    options: tuple[CMakeOption, ...]
     env: dict[str, str]  # configure + build environment additions
     runtime_env: dict[str, str]
     env_reasons: dict[str, str]
@@ -139,9 +140,9 @@ class Plan:
     force: bool = False
     build_targets: tuple[str, ...] = ()
     dependencies: list[Dependency] = field(default_factory=list)
-    outputs: list[dict] = field(default_factory=list)  # {path, reason, because}
+    outputs: tuple[Output, ...] = ()
     export_env: dict[str, str] = field(default_factory=dict)  # what `rocforge env` exports
-    venv: dict | None = None  # {path, requirements, packages, commands, reason}
+    venv: Venv | None = None
     parallel: Parallel | None = None  # compiler cache, distribution, -j (forge/parallel.py)
     # a dry run of a source it did not download: every rule only the source decides, with the
     # condition ({rule, name, when, ...}), and the other backends the source may choose
@@ -186,7 +187,7 @@ class Plan:
             "backend_evidence": list(self.backend_evidence),
             "source": self.source.to_json(),
             "patches": [p.to_json() for p in self.patch_status],
-            "options": self.options,
+            "options": [o.to_json() for o in self.options],
             "configure": self.configure,
             "build": self.build,
             "install": self.install,
@@ -203,9 +204,9 @@ class Plan:
             "log": str(self.log),
             "stamp": self.stamp,
             "dependencies": [d.to_json() for d in self.dependencies],
-            "outputs": self.outputs,
+            "outputs": [o.to_json() for o in self.outputs],
             "export_env": self.export_env,
-            "venv": self.venv,
+            "venv": self.venv.to_json() if self.venv else None,
             **(self.parallel.to_json() if self.parallel else {}),
             **({"after_fetch": self.after_fetch} if not self.source.read else {}),
             **({"backend_alternatives": list(self.backend_alternatives)}
@@ -255,23 +256,25 @@ def make_plan(context: BuildContext, *, check_patches: bool = True) -> Plan:
                                           options + par.options, build_targets)
     smoke, after_smoke = _smoke(recipe, facts)
     outputs, after_outputs = _outputs(recipe, facts, values)
-    venv_evidence = (venv or {}).get("evidence")  # beside the venv's reason on its variables
+    venv_evidence = list(venv.evidence) if venv else []  # beside the venv's reason on its variables
     env_evidence = {**{k: v for k, v in env.evidence.items() if k not in venv_env},
                     **({k: venv_evidence for k in venv_env} if venv_evidence else {})}
     after_fetch = [*needed.after_fetch, *after_stops, *after_options, *after_env, *after_patches,
                    *after_smoke, *after_outputs]
-    return Plan(recipe, target, choice.name, choice.reason, fetched, context.source_version,
-                toolchain, options + par.options, {**env.build, **venv_env}, env.runtime,
-                {**env.reasons, **dict.fromkeys(venv_env, f"private venv: {venv['reason']}"
-                                                if venv else "")},
-                patch_plans, patch_status, notes + par.notes, configure, build, install, smoke,
-                prefix, work, context.stamp, par.launcher, req.environ, req.force, build_targets,
-                dependencies=deps, outputs=outputs, export_env=env.export, venv=venv,
-                parallel=par, after_fetch=after_fetch, backend_alternatives=choice.alternatives,
-                backend_evidence=choice.evidence, env_evidence=env_evidence,
-                substitute_key=context.substitute_key[0], no_substitute_key=context.substitute_key[1],
-                substitutes=context.substitute_policy, asked_targets=tuple(req.build_targets),
-                made_for=req.made_for)
+    return Plan(recipe=recipe, target=target, backend=choice.name, backend_reason=choice.reason,
+                source=fetched, source_version=context.source_version, toolchain=toolchain,
+                options=(*options, *par.options), env={**env.build, **venv_env}, runtime_env=env.runtime,
+                env_reasons={**env.reasons, **dict.fromkeys(venv_env, f"private venv: {venv.reason}"
+                                                            if venv else "")},
+                patches=patch_plans, patch_status=patch_status, notes=notes + par.notes,
+                configure=configure, build=build, install_step=install, smoke=smoke, prefix=prefix,
+                work=work, stamp=context.stamp, launcher=par.launcher, environ=req.environ,
+                force=req.force, build_targets=build_targets, dependencies=deps, outputs=tuple(outputs),
+                export_env=env.export, venv=venv, parallel=par, after_fetch=after_fetch,
+                backend_alternatives=choice.alternatives, backend_evidence=choice.evidence,
+                env_evidence=env_evidence, substitute_key=context.substitute_key[0],
+                no_substitute_key=context.substitute_key[1], substitutes=context.substitute_policy,
+                asked_targets=tuple(req.build_targets), made_for=req.made_for)
 
 
 def _backend_and_stops(recipe: recipes.Recipe, backend: str, facts: conditions.Facts,
@@ -336,10 +339,10 @@ def _placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, target: str,
 
 
 def _options(recipe: recipes.Recipe, facts: conditions.Facts, values: dict, toolchain: Toolchain,
-             kind: str, par: Parallel, cmake_targets: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
-    """The -D options ({name, value, reason, because}): the recipe's rules (a later rule of the
-    same name wins), what the toolchain implies, the compiler launcher, partial-build RPATH."""
-    chosen: dict[str, dict] = {}
+             kind: str, par: Parallel, cmake_targets: tuple[str, ...]) -> tuple[list[CMakeOption], list[dict]]:
+    """The -D options: the recipe's rules (a later rule of the same name wins), what the toolchain
+    implies, the compiler launcher, partial-build RPATH."""
+    chosen: dict[str, CMakeOption] = {}
     after: list[dict] = []
     for rule in recipe.of("option"):
         name = rule.get("name")
@@ -356,30 +359,30 @@ def _options(recipe: recipes.Recipe, facts: conditions.Facts, values: dict, tool
                 f"recipe {recipe.name}: option {name} is not declared by the source "
                 f"({facts.source.tree}); CMake would ignore it silently",
                 "give the option a `when` on `cmake_option` so it is passed only to trees that have it")
-        chosen[name] = {"name": name, "value": _fmt(rule.get("value"), values),
-                        "reason": rule.get("reason"), "because": verdict.why, **_evidence(rule)}
+        chosen[name] = CMakeOption(name=name, value=_fmt(rule.get("value"), values), reason=rule.get("reason"),
+                                   because=verdict.why, evidence=_evidence_of(rule))
     after += _verify_options(recipe, facts, cmake_targets, chosen)
     for name, value in toolchain.defines.items():
-        chosen.setdefault(name, {"name": name, "value": value, "reason": "found by toolchain detection",
-                                 "because": kind})
+        chosen.setdefault(name, CMakeOption(name=name, value=value, reason="found by toolchain detection",
+                                            because=kind))
     launcher = par.launcher
     if launcher:
         for lang in ["C", "CXX"] + (["HIP"] if kind == "hip" else []):
             value = par.hip_launcher or launcher if lang == "HIP" else launcher
-            chosen[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = {
-                "name": f"CMAKE_{lang}_COMPILER_LAUNCHER", "value": value,
-                "reason": "compiler cache (disable with --no-cache)" if value == launcher else
+            chosen[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = CMakeOption(
+                name=f"CMAKE_{lang}_COMPILER_LAUNCHER", value=value,
+                reason="compiler cache (disable with --no-cache)" if value == launcher else
                 "compiler cache, on a local-only sccache server: sccache-dist cannot compile HIP "
-                "(see the plan's note)", "because": "found on PATH"}
+                "(see the plan's note)", because="found on PATH")
     if cmake_targets:
-        chosen["CMAKE_BUILD_WITH_INSTALL_RPATH"] = {
-            "name": "CMAKE_BUILD_WITH_INSTALL_RPATH", "value": "ON", "because": "--build-target",
-            "reason": "a partial build is installed by copying artifacts, so they carry the install RPATH"}
+        chosen["CMAKE_BUILD_WITH_INSTALL_RPATH"] = CMakeOption(
+            name="CMAKE_BUILD_WITH_INSTALL_RPATH", value="ON", because="--build-target",
+            reason="a partial build is installed by copying artifacts, so they carry the install RPATH")
     return list(chosen.values()), after
 
 
 def _verify_options(recipe: recipes.Recipe, facts: conditions.Facts, cmake_targets: tuple[str, ...],
-                    chosen: dict[str, dict]) -> list[dict]:
+                    chosen: dict[str, CMakeOption]) -> list[dict]:
     """The recipe's `[verify]` options, over the `[[option]]` rules, only when a build names one
     of its targets (--cmake-target): a build that does not ask for a verify tool is configured
     and built as before.  Each must be declared by the source, as a recipe option is."""
@@ -394,9 +397,8 @@ def _verify_options(recipe: recipes.Recipe, facts: conditions.Facts, cmake_targe
         elif name not in facts.source.cmake_options:
             raise UsageError(f"--cmake-target {', '.join(asked)}: this source does not declare {name}, "
                              "which builds it, so it has no such verify tool")
-        chosen[name] = {"name": name, "value": _fmt(value, {}), "reason": recipe.verify["reason"],
-                        "because": because, **({"evidence": list(recipe.verify["evidence"])}
-                                               if recipe.verify.get("evidence") else {})}
+        chosen[name] = CMakeOption(name=name, value=_fmt(value, {}), reason=recipe.verify["reason"],
+                                   because=because, evidence=tuple(recipe.verify.get("evidence") or ()))
     return after
 
 
@@ -435,9 +437,9 @@ def _environment(recipe: recipes.Recipe, facts: conditions.Facts, values: dict,
     return Environment(env, reasons, evidence, runtime_env, export_env), after
 
 
-def _evidence(rule: recipes.Rule) -> dict:
-    """`{"evidence": [...]}` beside a rule's reason where the rule has any, else nothing."""
-    return {"evidence": list(rule.get("evidence"))} if rule.get("evidence") else {}
+def _evidence_of(rule: recipes.Rule) -> tuple[str, ...]:
+    """The evidence beside a rule's reason (the sources and figures it cites), () if none."""
+    return tuple(rule.get("evidence") or ())
 
 
 def _set_evidence(evidence: dict[str, list[str]], name: str, given) -> None:
@@ -449,7 +451,7 @@ def _set_evidence(evidence: dict[str, list[str]], name: str, given) -> None:
 
 
 def _private_venv(recipe: recipes.Recipe, fetched: sources.Fetched, work: Path, env: Environment,
-                  environ: Mapping[str, str]) -> tuple[dict | None, dict[str, str]]:
+                  environ: Mapping[str, str]) -> tuple[Venv | None, dict[str, str]]:
     """The recipe's `[venv]` in the build dir, and the VIRTUAL_ENV/PATH it adds to the build."""
     if recipe.venv is None:
         return None, {}
@@ -463,9 +465,9 @@ def _private_venv(recipe: recipes.Recipe, fetched: sources.Fetched, work: Path, 
         commands.append([str(py), "-m", "pip", "install", "--disable-pip-version-check", *pkgs])
     added = {"VIRTUAL_ENV": str(venv),
              "PATH": str(venv / "bin") + os.pathsep + env.build.get("PATH", environ.get("PATH", ""))}
-    return {"path": str(venv), "requirements": reqs,
-            "packages": list(recipe.venv.get("packages", [])), "commands": commands,
-            "reason": recipe.venv["reason"], **_evidence(recipes.Rule("venv", recipe.venv))}, added
+    return Venv(path=str(venv), requirements=tuple(reqs), packages=tuple(recipe.venv.get("packages", [])),
+                commands=tuple(tuple(c) for c in commands), reason=recipe.venv["reason"],
+                evidence=_evidence_of(recipes.Rule("venv", recipe.venv))), added
 
 
 def _patches(recipe: recipes.Recipe, facts: conditions.Facts
@@ -478,7 +480,7 @@ def _patches(recipe: recipes.Recipe, facts: conditions.Facts
         holds, why = conditions.judge(rule.when, facts)
         if holds is None:  # only the source decides: after the fetch
             after.append({"rule": "patch", "name": name, "when": why, "reason": rule.get("reason"),
-                          **_evidence(rule)})
+                          **({"evidence": list(_evidence_of(rule))} if _evidence_of(rule) else {})})
             reason = f"{rule.get('reason')} (if {why})"
         else:
             reason = f"{rule.get('reason')} ({why})" if holds else why
@@ -497,12 +499,12 @@ def _patch_check(plans: list[patches.PatchPlan], after: list[dict],
 
 
 def _commands(recipe: recipes.Recipe, jobs: int, fetched: sources.Fetched, work: Path,
-              prefix: Path, options: list[dict], cmake_targets: tuple[str, ...]
+              prefix: Path, options: list[CMakeOption], cmake_targets: tuple[str, ...]
               ) -> tuple[list[str], list[str], InstallStep]:
     """The configure and build command lines and the install step (into the staging sibling)."""
     configure = ["cmake", "-S", str(project_dir(work, fetched.spec)), "-B", str(work / "build"),
                  "-G", "Ninja", f"-DCMAKE_INSTALL_PREFIX={prefix}"]
-    configure += [f"-D{o['name']}={o['value']}" for o in options]
+    configure += [o.define for o in options]
     build = ["ninja", "-C", str(work / "build"), "-j", str(jobs), *cmake_targets]
     staging = staging_dir(prefix)
     if recipe.install == "ninja":
@@ -525,16 +527,17 @@ def _smoke(recipe: recipes.Recipe, facts: conditions.Facts) -> tuple[list[list[s
 
 
 def _outputs(recipe: recipes.Recipe, facts: conditions.Facts, values: dict
-             ) -> tuple[list[dict], list[dict]]:
-    out, after = [], []
+             ) -> tuple[list[Output], list[dict]]:
+    out: list[Output] = []
+    after: list[dict] = []
     for rule in recipe.of("output"):
         path = _fmt(rule.get("path"), values)
         verdict = conditions.judge_rule(rule, facts, "output", path, reason=rule.get("reason"),
                                         evidence=rule.get("evidence"))
         after += [verdict.after_fetch] if verdict.after_fetch else []
         if verdict.holds:
-            out.append({"path": path, "reason": rule.get("reason"), "because": verdict.why,
-                        **_evidence(rule)})
+            out.append(Output(path=path, reason=rule.get("reason"), because=verdict.why,
+                              evidence=_evidence_of(rule)))
     return out, after
 
 

@@ -34,8 +34,8 @@ def print_plan(plan: Plan, out=None) -> None:
         w(f"toolchain MISSING: {plan.toolchain.missing}\n  hint: {plan.toolchain.hint}\n")
     w("options\n")
     for o in plan.options:
-        w(f"  -D{o['name']}={o['value']}\n      {o['reason']} [{o['because']}]\n")
-        _print_evidence(w, "      ", o.get("evidence"))
+        w(f"  {o.define}\n      {o.reason} [{o.because}]\n")
+        _print_evidence(w, "      ", list(o.evidence))
     _print_env(w, "env", plan.env, plan.env_reasons, plan.env_evidence)
     _print_env(w, "runtime env (recorded in the manifest)", plan.runtime_env, plan.env_reasons,
                plan.env_evidence)
@@ -55,9 +55,9 @@ def print_plan(plan: Plan, out=None) -> None:
         for var, sub in d.prepend.items():
             w(f"      {var} += {d.prefix if sub in ('', '.') else d.prefix / sub}\n")
     if plan.venv:
-        w(f"venv     {plan.venv['path']} — {plan.venv['reason']}\n")
-        _print_evidence(w, "  ", plan.venv.get("evidence"))
-        for argv in plan.venv["commands"]:
+        w(f"venv     {plan.venv.path} — {plan.venv.reason}\n")
+        _print_evidence(w, "  ", list(plan.venv.evidence))
+        for argv in plan.venv.commands:
             w(f"  {quote(argv)}\n")
     if plan.parallel:
         print_parallel(plan.parallel, w)
@@ -66,8 +66,8 @@ def print_plan(plan: Plan, out=None) -> None:
     for s in plan.smoke:
         w(f"smoke      {quote(s)}\n")
     for o in plan.outputs:
-        w(f"expects    {o['path']} — {o['reason']}\n")
-        _print_evidence(w, "  ", o.get("evidence"))
+        w(f"expects    {o.path} — {o.reason}\n")
+        _print_evidence(w, "  ", list(o.evidence))
     _print_env(w, "exported by `rocforge env` (recorded in the manifest)", plan.export_env,
                plan.env_reasons, plan.env_evidence)
     if not plan.source.read:

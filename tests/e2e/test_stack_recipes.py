@@ -187,7 +187,7 @@ def test_aotriton_venv_submodules_ninja_install_and_version_table(tmp_path, reci
     assert "experimental AOTriton target" in m["export_env_reasons"]["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"]
     assert "AOTriton 0.10b-0.11.x: gfx1151 is experimental" in \
         out.plan.env_evidence["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"]
-    assert Path(out.plan.venv["path"], "bin", "python").exists()
+    assert Path(out.plan.venv.path, "bin", "python").exists()
     # `rocforge env` on that machine: the build's prefix, as seen inside the root
     assert cli.main(["--root", str(root), "env", "--shell", "json"]) == 0
     env = json.loads(capsys.readouterr().out)
@@ -273,7 +273,7 @@ def test_rocwmma_headers_for_a_target_it_knows(tmp_path, recipes_dir):
     out = pipeline.build(Request(recipe=str(recipes_dir / "rocwmma.toml"), target="gfx1151", jobs=2),
                            Root(root), quiet=True)
     assert "ROCWMMA_ARCH_GFX1151" in (out.prefix / "include/rocwmma/internal/config.hpp").read_text()
-    assert {o["name"]: o["value"] for o in out.plan.options}["GPU_TARGETS"] == "gfx1151"
+    assert {o.name: o.value for o in out.plan.options}["GPU_TARGETS"] == "gfx1151"
     # a target this rocWMMA does not know: allowed (header-only), with a loud note
     plan = plan_for(Request(recipe=str(recipes_dir / "rocwmma.toml"), target="gfx1030"), Root(root))
     assert [n.split(":")[0] for n in plan.notes] == ["THIS rocWMMA DOES NOT KNOW THE TARGET"]
