@@ -114,12 +114,26 @@ class LayoutStore(oci.Store):
             entry = next((e for e in entries if e.digest == ref), None)
         else:
             entry = next((e for e in reversed(entries) if e.annotations.get(oci.REF_NAME) == ref), None)
+        if entry is None and ref.startswith("sha256:"):
+            return self._manifest_blob(ref)
         if entry is None:
             raise NotFound(f"{self.url}: no {ref[:80]}")
         if entry.size > oci.MAX_MANIFEST:
             raise StoreError(f"{self.url}: {ref[:80]} is {entry.size} bytes, past the manifest cap")
         data = self.read_blob(entry, oci.MAX_MANIFEST)
         return data, entry.media_type
+
+    def _manifest_blob(self, digest: str) -> tuple[bytes, str]:
+        """A manifest index.json does not list (one an index names: a publisher's list of its
+        builds), read as the blob it is and typed by its own mediaType."""
+        with self.transfer(f"manifest {digest[:19]}") as transfer, self._open(self._blob(digest)) as fh:
+            data = oci.read_capped(transfer.paced(fh), oci.MAX_MANIFEST, f"{self.url} {digest[:19]}")
+        if oci.sha256_digest(data) != digest:
+            raise StoreError(f"{self.url}: blob {digest[:19]}'s bytes do not match its digest")
+        media_type = oci.json_object(data, f"{self.url} {digest[:19]}").get("mediaType")
+        if media_type not in (oci.MANIFEST, oci.INDEX):
+            raise StoreError(f"{self.url}: {digest[:19]} is not an OCI manifest or index")
+        return data, media_type
 
     def _put_manifest(self, data: bytes, media_type: str, ref: str) -> None:
         if not self.writable:

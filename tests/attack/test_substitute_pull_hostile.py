@@ -21,7 +21,7 @@ from buildfixtures import git_repo, recipe_copy
 from needs import require
 from trust_helpers import one_error, python, rocforge, snapshot
 
-from rocforge_build.substitute import artifact, oci, signing
+from rocforge_build.substitute import artifact, oci, publishers, signing
 from rocforge_build.substitute.stores import open_store
 
 
@@ -122,8 +122,16 @@ class Second:
         """The build's referrers index emptied (its signature and evidence gone)."""
         store._put_manifest(oci.make_index([]), oci.INDEX, oci.fallback_tag(man.digest))
 
+    def hide_indexes(self, store: oci.Store) -> None:
+        """The publishers' signed indexes of the build removed from index.json (whoever writes to
+        a store can hide what it holds), so only what the single tag names is left to pull."""
+        store._update_index(lambda entries: [e for e in entries if not (publishers.parse_tag(
+            e.annotations.get(oci.REF_NAME, "")) or ("", None))[1]])
+
     def republish(self, store: oci.Store, man: oci.Manifest, layer: bytes, pair: signing.KeyPair | None) -> oci.Manifest:
-        """Under the build's tag, a manifest of the same key with `layer` as its bundle, signed by `pair`."""
+        """Under the build's tag, a manifest of the same key with `layer` as its bundle, signed by
+        `pair`, the publishers' indexes (which still list the published build) hidden."""
+        self.hide_indexes(store)
         desc = store.push_blob_bytes(layer, oci.BUNDLE_LAYER)
         data = oci.make_manifest(artifact_type=oci.BUILD_TYPE, config=man.config, layers=[desc],
                                  annotations=dict(man.annotations))
@@ -239,6 +247,7 @@ def test_an_old_artifact_re_tagged_under_another_keys_tag_is_refused(second):
                                  annotations=dict(man.annotations))
         other = store.push_manifest(data, tag=second.tag)
         artifact.attach(store, other, oci.SIGNATURE_TYPE, None, second.pair())
+        second.hide_indexes(store)
     line = second.refused()
     assert "made for another key" in line
 
