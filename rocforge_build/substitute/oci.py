@@ -42,6 +42,7 @@ MAX_MANIFEST = 4 << 20  # the OCI distribution spec lets a registry refuse manif
 MAX_SMALL_BLOB = 16 << 20  # a key document, a signature or an evidence record
 MAX_REFERRERS = 4096
 CHUNK = 1 << 20
+FALLBACK_TRIES = 6  # a tag-schema referrers index written, read back, and written again if lost
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -585,15 +586,21 @@ class Store:
         return False
 
     def _add_to_fallback_index(self, man: Manifest) -> None:
+        """`man` added to its subject's tag-schema index, and read back: a registry has no
+        conditional write, so an addition another writer's replaced is made again."""
         tag = fallback_tag(man.subject.digest)
-        try:
-            entries = self.index(tag)
-        except NotFound:
-            entries = []
         desc = man.descriptor(annotations=dict(man.annotations))
-        if any(e.digest == desc.digest for e in entries):
-            return
-        self._put_manifest(make_index([*entries, desc]), INDEX, tag)
+        for attempt in range(FALLBACK_TRIES + 1):
+            try:
+                entries = self.index(tag)
+            except NotFound:
+                entries = []
+            if any(e.digest == desc.digest for e in entries):
+                return
+            if attempt < FALLBACK_TRIES:
+                self._put_manifest(make_index([*entries, desc]), INDEX, tag)
+        raise StoreError(f"{self.url}: the referrers of {man.subject.digest[:19]} kept changing under "
+                         f"this write ({FALLBACK_TRIES} tries)", "publish again")
 
     def referrers(self, digest: str, artifact_type: str | None = None) -> list[Descriptor]:
         check_digest(digest, self.url)

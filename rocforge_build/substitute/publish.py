@@ -203,7 +203,10 @@ def publish(prefix: Path, url: str, *, unverified: bool, model: str | None, key_
                            "dev.rocforge.recipe": str((manifest.get("recipe") or {}).get("name", "")),
                            "dev.rocforge.target": str(manifest.get("target") or ""),
                            "dev.rocforge.backend": str(manifest.get("backend") or ""),
-                           "dev.rocforge.verified": "false" if kind == "unverified" else "true"}
+                           "dev.rocforge.verified": "false" if kind == "unverified" else "true",
+                           # each publisher's artifact its own (own digest, own referrers), even of
+                           # the same bytes at the same second as another's
+                           "dev.rocforge.publisher": pair.key_id}
             man = store.push_manifest(artifact.build_manifest(key, config, layer, annotations))
             artifact.attach(store, man, oci.SIGNATURE_TYPE, None, pair)
             ev = artifact.attach(store, man, oci.EVIDENCE_TYPE, doc, pair,
