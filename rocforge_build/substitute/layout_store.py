@@ -18,6 +18,7 @@ import fcntl
 import io
 import os
 import random
+import re
 import stat
 import time
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'
 MAX_INDEX = oci.MAX_MANIFEST * 4
 INDEX_PATIENCE = 60.0  # S3: seconds a publisher racing others keeps re-reading index.json
 INDEX_BACKOFF_CAP = 2.0  # seconds: the longest wait between two of those reads
+_BLOB_NAME = re.compile(r"[0-9a-f]{64}")
 
 
 def open_layout(url: str, *, timeout: float) -> oci.Store:
@@ -153,6 +155,26 @@ class LayoutStore(oci.Store):
             return [*kept, Descriptor(media_type, desc.digest, desc.size, annotations={oci.REF_NAME: tag})]
 
         self._update_index(change)
+
+    # -- removal (`rocforge store gc`) -------------------------------------------------------
+    def _remove(self, rel: str) -> None:
+        raise StoreError(f"{self.url} is read-only")
+
+    def layout_entries(self) -> list[Descriptor]:
+        return self._index()
+
+    def delete_manifest(self, digest: str, size: int) -> None:
+        """Its index.json entries (tags too) in one write, then its blob."""
+        oci.check_digest(digest, self.url)
+        self._update_index(lambda entries: [e for e in entries if e.digest != digest])
+        self._remove(self._blob(digest))
+
+    def delete_tag(self, tag: str) -> None:
+        oci.check_tag(tag, self.url)
+        self._update_index(lambda entries: [e for e in entries if e.annotations.get(oci.REF_NAME) != tag])
+
+    def delete_blob(self, digest: str) -> None:
+        self._remove(self._blob(digest))
 
     def _tags(self) -> list[str]:
         """The index's names that are OCI tags (anything else in a hand-made index.json is not
@@ -296,6 +318,48 @@ class DirectoryStore(LayoutStore):
             self._write("index.json", io.BytesIO(oci.make_index(entries)))
         finally:
             os.close(lock)
+
+    def _remove(self, rel: str) -> None:
+        """A regular file below the store removed (a link or anything else there is left)."""
+        *parts, name = rel.split("/")
+        try:
+            dfd = self._dir(parts, create=False)
+        except NotFound:
+            return
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                raise StoreError(f"{self.url}: {rel} is not a regular file: left alone")
+            os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"{self.url}: cannot remove {rel} ({_why(exc)})") from None
+        finally:
+            os.close(dfd)
+
+    def blob_files(self) -> tuple[dict[str, tuple[int, float]], int]:
+        """({digest: (size, mtime)} of the regular files under blobs/sha256/ named as blobs,
+        how many other entries are there: left alone)."""
+        try:
+            dfd = self._dir(["blobs", "sha256"], create=False)
+        except NotFound:
+            return {}, 0
+        found: dict[str, tuple[int, float]] = {}
+        foreign = 0
+        try:
+            for name in os.listdir(dfd):
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and _BLOB_NAME.fullmatch(name):
+                    found["sha256:" + name] = (st.st_size, st.st_mtime)
+                elif not (stat.S_ISREG(st.st_mode) and name.startswith(".") and name.endswith(".tmp")):
+                    foreign += 1
+        finally:
+            os.close(dfd)
+        return found, foreign
 
     def close(self) -> None:
         if self._fd is not None:
@@ -471,6 +535,33 @@ class S3Store(LayoutStore):
             self.client.upload_fileobj(fh, self.bucket, self._key(rel))
         except (ClientError, BotoCoreError) as exc:
             raise StoreUnreachable(f"{self.url}: cannot write {rel} ({type(exc).__name__})") from None
+
+    def _remove(self, rel: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(rel))
+        except (ClientError, BotoCoreError) as exc:
+            raise StoreUnreachable(f"{self.url}: cannot remove {rel} ({type(exc).__name__})") from None
+
+    def blob_files(self) -> tuple[dict[str, tuple[int, float]], int]:
+        base = self._key("blobs/sha256/")
+        found: dict[str, tuple[int, float]] = {}
+        foreign = 0
+        token = None
+        for _ in range(10_000):
+            kw = {"ContinuationToken": token} if token else {}
+            page = self._call("blobs/sha256/", self.client.list_objects_v2, Prefix=base, **kw)
+            for obj in page.get("Contents", []):
+                name = str(obj.get("Key", ""))[len(base):]
+                if _BLOB_NAME.fullmatch(name):
+                    found["sha256:" + name] = (int(obj.get("Size", 0)), obj["LastModified"].timestamp())
+                else:
+                    foreign += 1
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                break
+        return found, foreign
 
     def _update_index(self, change) -> None:
         """index.json's read-change-write as a compare-and-swap: PutObject with If-Match on the

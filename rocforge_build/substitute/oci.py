@@ -482,6 +482,9 @@ class Store:
     def delete_blob(self, digest: str) -> None:
         raise StoreError(f"{self.url}: this store cannot remove what it holds")
 
+    def delete_tag(self, tag: str) -> None:
+        raise StoreError(f"{self.url}: this store cannot remove what it holds")
+
     def read_blob(self, desc: Descriptor, cap: int = MAX_SMALL_BLOB, what: str = "blob") -> bytes:
         """A small blob's bytes (`what`: its name in a message, "key document"), checked against
         its descriptor (size first, then digest), read within one transfer."""
