@@ -235,23 +235,22 @@ def _mark(store: Store, roots: set[str], out: Plan, shallow: set[str] = frozense
             raise StoreError(f"{store.url}: more than {MAX_WALK} manifests reached from its tags (stopped)")
         try:
             data, media_type = _raw(store, ref)
+            entries = (oci.parse_index(data, f"{store.url} {ref[:80]}") if media_type == oci.INDEX
+                       else None)
+            man = Manifest.parse(data, f"{store.url} {ref[:80]}") if entries is None else None
         except NotFound:
             continue
         except StoreError as exc:
             if isinstance(exc, oci.StoreUnreachable):
                 raise
-            out.notes.append(f"{one_line(ref)[:80]} is unreadable ({one_line(exc.message)[:120]}): what it "
-                             "names cannot be told")
-            raise _Unsure from None
+            raise _Unsure(f"{one_line(ref)[:80]} is unreadable ({one_line(exc.message)[:160]})") from None
         digest = oci.sha256_digest(data)
         needed.update((digest, ref))
         if alone:
             continue
-        if media_type == oci.INDEX:
-            todo += [(e.digest, False) for e in oci.parse_index(data, f"{store.url} {ref[:80]}")
-                     if e.digest not in needed]
+        if entries is not None:
+            todo += [(e.digest, False) for e in entries if e.digest not in needed]
             continue
-        man = Manifest.parse(data, f"{store.url} {ref[:80]}")
         needed.update(d.digest for d in _names(store, man))
         if man.artifact_type == oci.BUILD_TYPE:
             todo += [(r.digest, False) for r in store.referrers(digest) if r.digest not in needed]
@@ -259,8 +258,7 @@ def _mark(store: Store, roots: set[str], out: Plan, shallow: set[str] = frozense
 
 
 class _Unsure(StoreError):
-    def __init__(self):
-        super().__init__("unsure")
+    """Something a tag names is unreadable: what it needs cannot be told."""
 
 
 def _raw(store: Store, ref: str) -> tuple[bytes, str]:
@@ -284,9 +282,9 @@ def run(store: Store, keep: int, pair: signing.KeyPair | None, public: signing.P
         raise UsageError(f"{store.url} is read-only: nothing can be removed from it")
     try:
         found = plan(store, keep, public, trusted, all_publishers=all_publishers)
-    except _Unsure:
-        raise StoreError(f"{store.url}: a tag names something unreadable, so what is kept cannot be told; "
-                         "nothing was removed", "run `rocforge store list URL` to see it") from None
+    except _Unsure as exc:
+        raise StoreError(f"{store.url}: {exc.message}, so what is kept cannot be told; nothing was removed",
+                         "remove or repair what names it, then run gc again") from None
     sweep = _sweep_plan(store, found) if hasattr(store, "blob_files") else {}
     verb = "would remove" if dry_run else "removing"
     for b in found.removed:
@@ -351,8 +349,8 @@ def _sweep_plan(store: Store, found: Plan) -> dict[str, int]:
              if e.digest not in found.manifests and e.annotations.get(oci.REF_NAME) not in found.tags}
     try:
         needed = _mark(store, roots, found)
-    except _Unsure:
-        found.notes.append("the unnamed-blob sweep was skipped")
+    except _Unsure as exc:
+        found.notes.append(f"{exc.message}: the sweep of unnamed blobs was skipped")
         return {}
     now = time.time()
     return {d: size for d, (size, mtime) in files.items()
