@@ -976,3 +976,29 @@ def test_forty_forged_advisories_naming_the_trusted_key_are_read_to_the_cap_and_
     assert len(skipped) == 1, res.stderr
     assert f"8 of the {cap + 8} advisory referrers of {man.digest[:19]} naming a trusted key were skipped " \
            f"(at most {cap} are read)" in skipped[0]
+
+
+def test_the_single_tag_moved_to_an_untrusted_publishers_build_hides_nothing(second):
+    """A publisher this machine does not trust moves the single tag of earlier stores to its own
+    artifact of the key: the trusted publisher's signed index still names its build, which is
+    pulled, and one line says what was passed over."""
+    stranger = signing.generate()
+    with second.open() as store:
+        man = second.build_manifest(store)
+        data = oci.make_manifest(artifact_type=oci.BUILD_TYPE, config=man.config, layers=list(man.layers),
+                                 annotations={**man.annotations, "dev.rocforge.publisher": stranger.key_id})
+        other = store.push_manifest(data, tag=second.tag)
+        artifact.attach(store, other, oci.SIGNATURE_TYPE, None, stranger)
+    res = second.build()
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert [line for line in res.stderr.splitlines() if "passed over" in line and "not trusted" in line]
+
+
+def test_an_unsigned_index_under_the_trusted_keys_tag_is_ignored_in_one_line(second):
+    key = "sha256:" + second.tag.removeprefix("rocforge-")
+    with second.open() as store:
+        store._put_manifest(oci.make_index([], artifact_type=publishers.INDEX_TYPE), oci.INDEX,
+                            publishers.publisher_tag(key, signing.PublicKey.parse(second.public).key_id))
+    res = second.build()
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert len([line for line in res.stderr.splitlines() if line.endswith("is not signed: ignored")]) == 1
