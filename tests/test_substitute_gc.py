@@ -115,7 +115,7 @@ def test_gc_keeps_the_newest_of_this_keys_builds_and_every_other_publishers(tmp_
     dry = me.gc(url, "--keep", "1", "--dry-run")
     assert dry.returncode == 0 and not dry.stderr, dry.stderr
     assert built["a1"].digest[:19] in dry.stdout and built["a2"].digest[:19] in dry.stdout
-    assert "would free" in dry.stdout and " bytes" in dry.stdout
+    assert "would free" in dry.stdout and " bytes" in dry.stdout and "would move rocforge-" in dry.stdout
     assert _state(url, built) == everything  # a dry run removes nothing
 
     done = me.gc(url, "--keep", "1")
@@ -125,6 +125,8 @@ def test_gc_keeps_the_newest_of_this_keys_builds_and_every_other_publishers(tmp_
     with open_store(url) as store:
         assert [e.digest for e in publishers.read_index(store, K1.digest, a.public)] == [built["a3"].digest]
         assert [e.digest for e in publishers.read_index(store, K1.digest, b.public)] == [built["b1"].digest]
+        # the single tag older rocforge reads named a1: it now names this key's newest kept build
+        assert store.manifest(K1.tag).digest == built["a3"].digest
         [newest, *_] = publishers.candidates(store, K1.digest, [a.public], [])
         assert newest.digest == built["a3"].digest and artifact.signed_by(store, newest, [a.public]) == a.key_id
 

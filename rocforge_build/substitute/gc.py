@@ -49,6 +49,7 @@ class Plan:
     tags: list[str] = field(default_factory=list)  # tags removed (a layout's index.json entries)
     rewrite: dict[str, list[Descriptor]] = field(default_factory=dict)  # this key's index tag -> kept entries
     old_indexes: dict[str, str] = field(default_factory=dict)  # its tag -> the digest it names now
+    retag: dict[str, str] = field(default_factory=dict)  # a single tag -> the kept build it names now
     notes: list[str] = field(default_factory=list)
     foreign: int = 0  # files in a layout's blobs/ that are not blobs: left alone
 
@@ -57,7 +58,7 @@ class Plan:
         return sum(self.manifests.values()) + sum(self.blobs.values())
 
 
-def _names(store: Store, man: Manifest) -> list[Descriptor]:
+def _names(man: Manifest) -> list[Descriptor]:
     return [man.config, *man.layers]
 
 
@@ -94,7 +95,7 @@ def plan(store: Store, keep: int, pair_public: signing.PublicKey, trusted: list[
             continue
         size += len(man.data)
         out.manifests[man.digest] = len(man.data)
-        blobs = {d.digest: d.size for d in _names(store, man)}
+        blobs = {d.digest: d.size for d in _names(man)}
         for ref in store.referrers(man.digest):
             if ref.media_type != oci.MANIFEST:
                 continue
@@ -106,7 +107,7 @@ def plan(store: Store, keep: int, pair_public: signing.PublicKey, trusted: list[
                 continue  # a hostile index naming another's referrer: not this build's
             out.manifests[r.digest] = len(r.data)
             size += len(r.data)
-            blobs.update({d.digest: d.size for d in _names(store, r)})
+            blobs.update({d.digest: d.size for d in _names(r)})
         if man.digest in fallback:
             out.tags.append(fallback[man.digest])
         for digest, n in blobs.items():
@@ -217,7 +218,11 @@ def _plan_key(store: Store, key: str, ids: set[str | None], keep: int, mine: str
         elif entries or all_publishers:
             out.tags.append(tag)
     if legacy_digest is not None and legacy_digest not in kept:
-        out.tags.append(legacy)
+        own_kept = [d for d in newest(e.digest for e in own_entries or []) if d in kept]
+        if own_kept:  # it named this key's build: it names this key's newest kept one instead
+            out.retag[legacy] = own_kept[0]
+        else:
+            out.tags.append(legacy)
 
 
 def _mark(store: Store, roots: set[str], out: Plan, shallow: set[str] = frozenset()) -> set[str]:
@@ -251,7 +256,7 @@ def _mark(store: Store, roots: set[str], out: Plan, shallow: set[str] = frozense
         if entries is not None:
             todo += [(e.digest, False) for e in entries if e.digest not in needed]
             continue
-        needed.update(d.digest for d in _names(store, man))
+        needed.update(d.digest for d in _names(man))
         if man.artifact_type == oci.BUILD_TYPE:
             todo += [(r.digest, False) for r in store.referrers(digest) if r.digest not in needed]
     return needed
@@ -307,15 +312,33 @@ def run(store: Store, keep: int, pair: signing.KeyPair | None, public: signing.P
     total = found.bytes + sum(sweep.values())
     say(f"{'would free' if dry_run else 'freeing'} {_size(total)}: {len(found.removed)} build(s), "
         f"{len(found.manifests)} manifest(s), {len(found.blobs) + len(sweep)} blob(s); {found.kept} build(s) kept")
-    if dry_run or not (found.removed or found.rewrite or found.tags or sweep):
+    for tag, digest in found.retag.items():
+        say(f"{'would move' if dry_run else 'moving'} {tag[:25]}... (read by older rocforge) to this key's "
+            f"newest kept build {digest[:19]}")
+    if dry_run or not (found.removed or found.rewrite or found.tags or sweep or found.retag):
         return found
     if found.rewrite and pair is None:
         raise UsageError("store gc needs this key's secret key to sign its shortened index")
-    # 1. the removed builds' manifests and referrers, and the tags only they need
-    for digest, size in found.manifests.items():
-        store.delete_manifest(digest, size)
-    for tag in found.tags:
-        store.delete_tag(tag)
+    layout = hasattr(store, "forget")
+    builds = {b.digest for b in found.removed}
+    order = [d for d in found.manifests if d not in builds] + [d for d in found.manifests if d in builds]
+    # 1. the removed builds' referrers first (a registry that refuses deletion refuses the first,
+    # before anything changed), the single tag of earlier stores moved from a removed build of this
+    # key's to its newest kept one, then the builds' manifests and the tags only they need (a
+    # layout: index.json changed in one write, then the files)
+    for digest in order[:0 if layout else 1]:
+        store.delete_manifest(digest, found.manifests[digest])
+    for tag, digest in found.retag.items():
+        store.push_manifest(store.manifest(digest).data, tag=tag)
+    if layout:
+        store.forget(set(found.manifests), set(found.tags))
+        for digest in found.manifests:
+            store.delete_blob(digest)
+    else:
+        for digest in order[1:]:
+            store.delete_manifest(digest, found.manifests[digest])
+        for tag in found.tags:
+            store.delete_tag(tag)
     # 2. this key's index, signed again with what it keeps (or gone when it keeps nothing)
     for tag, entries in found.rewrite.items():
         key = "sha256:" + tag.removeprefix(publishers.TAG_PREFIX)[:64]

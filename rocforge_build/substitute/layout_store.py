@@ -169,6 +169,11 @@ class LayoutStore(oci.Store):
         self._update_index(lambda entries: [e for e in entries if e.digest != digest])
         self._remove(self._blob(digest))
 
+    def forget(self, digests: set[str], tags: set[str]) -> None:
+        """index.json without the entries of `digests` and `tags`, in one write (the blobs stay)."""
+        self._update_index(lambda entries: [e for e in entries if e.digest not in digests
+                                            and e.annotations.get(oci.REF_NAME) not in tags])
+
     def delete_tag(self, tag: str) -> None:
         oci.check_tag(tag, self.url)
         self._update_index(lambda entries: [e for e in entries if e.annotations.get(oci.REF_NAME) != tag])

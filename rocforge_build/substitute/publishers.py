@@ -158,6 +158,12 @@ def candidates(store: Store, key_digest: str, trusted: list[signing.PublicKey],
     one ignored says why in `notes`) and the one under the single tag of earlier stores, newest
     first, at most MAX_CANDIDATES; each still to be checked (`artifact.check_build`,
     `artifact.signed_by`) before it is used."""
+    with store.transfer(f"the indexes of {key_digest[:19]}"):  # all of them within one listing deadline
+        return _candidates(store, key_digest, trusted, notes)
+
+
+def _candidates(store: Store, key_digest: str, trusted: list[signing.PublicKey],
+                notes: list[str]) -> list[Manifest]:
     listed: dict[str, str] = {}
     seen_ids: set[str] = set()
     for public in trusted:
