@@ -106,6 +106,10 @@ def read_index(store: Store, key_digest: str, public: signing.PublicKey) -> list
         raise IndexRefused(f"{where}: {exc.message}") from None
     if verified.trusted_comment != _comment(key_digest, signed):
         raise IndexRefused(f"{where}: its signature names another list")
+    # the key's window and revocations (substitute/keys.py), the list claiming its newest entry's time
+    distrust = signing.trust_problem(verified.key, signing.claimed_time(max(map(created, entries), default=None)))
+    if distrust:
+        raise IndexRefused(f"{where}: {distrust}")
     seen: set[str] = set()
     out = []
     for e in entries:

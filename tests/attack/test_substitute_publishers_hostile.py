@@ -229,3 +229,14 @@ def test_gc_of_a_store_url_holding_credentials_is_refused_without_repeating_them
                          env={**env, "PYTHONPATH": str(REPO)})
     line = one_error(res, code=2)
     assert "hunter2" not in res.stderr and "hunter2" not in res.stdout and line
+
+
+def test_an_index_signed_by_a_key_past_its_window_is_ignored_in_one_line(store):
+    """The key's validity window (substitute.trusted_keys' not-after) holds for its index as for
+    its builds: a list it signed is not believed once the window has closed."""
+    from rocforge_build.trusted_entry import format_time
+
+    url, a, _ = store
+    [late] = signing.trusted_keys_from_config([f"{a.public.text} not-after={format_time(int(time.time()) - 60)}"])
+    _, notes = _candidates(url, [late])
+    assert len(notes) == 1 and "outside it" in notes[0] and notes[0].endswith(": ignored"), notes
