@@ -184,3 +184,28 @@ def test_bad_gc_arguments_are_one_line_before_any_store_is_opened(tmp_path, args
     line = one_error(res, code=2)
     assert words in line, line
     assert not (tmp_path / "nothing").exists()
+
+
+def test_a_build_published_while_gc_runs_stays_listed_and_whole(tmp_path, monkeypatch):
+    """This key publishes a build between gc's plan and its rewrite of the key's index (another
+    machine with the same key): the index gc signs again still lists it, and its blobs stay."""
+    from rocforge_build.substitute import gc
+
+    url = (tmp_path / "store").as_uri()
+    a, b = signing.generate(), signing.generate()
+    built = _populate(url, a, b)
+    real_plan = gc.plan
+
+    def plan_then_publish(store, *args, **kwargs):
+        found = real_plan(store, *args, **kwargs)
+        with open_store(url) as other:
+            built["late"] = fake_build(other, K1, a, "2026-01-01T00:00:09Z", b"late" * 5000)
+        return found
+
+    monkeypatch.setattr(gc, "plan", plan_then_publish)
+    lines: list[str] = []
+    with open_store(url) as store:
+        gc.run(store, 1, a, a.public, [a.public, b.public], all_publishers=False, dry_run=False, say=lines.append)
+        assert [e.digest for e in publishers.read_index(store, K1.digest, a.public)] == [
+            built["late"].digest, built["a3"].digest]
+    assert _state(url, built) == {**dict.fromkeys(built, True), "a1": False, "a2": False}

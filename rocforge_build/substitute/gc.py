@@ -340,13 +340,19 @@ def run(store: Store, keep: int, pair: signing.KeyPair | None, public: signing.P
         for tag in found.tags:
             store.delete_tag(tag)
     # 2. this key's index, signed again with what it keeps (or gone when it keeps nothing)
+    gone = {b.digest for b in found.removed}
     for tag, entries in found.rewrite.items():
         key = "sha256:" + tag.removeprefix(publishers.TAG_PREFIX)[:64]
-        if entries:
-            store.push_index(publishers.make_index(key, entries, pair), tag=tag)
-        else:
+        try:  # read again: a build this key published since the plan was made stays listed
+            current = publishers.read_index(store, key, pair.public)
+        except publishers.IndexRefused:
+            current = None
+        if current is not None:
+            entries = [e for e in current if e.digest not in gone]
+        now_names = store.push_index(publishers.make_index(key, entries, pair), tag=tag) if entries else None
+        if not entries:
             store.delete_tag(tag)
-        if tag in found.old_indexes:
+        if tag in found.old_indexes and found.old_indexes[tag] != now_names:
             store.delete_manifest(found.old_indexes[tag], 0)
     # 3. blobs no kept thing needs
     for digest in [*found.blobs, *sweep]:
