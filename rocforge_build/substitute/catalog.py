@@ -139,7 +139,16 @@ def resolve(store: oci.Store, ref: str, trusted: list[signing.PublicKey] | None 
     if len(matches) != 1:
         raise UsageError(f"{hexpart} names {len(matches)} builds in {store.url}",
                          "give more digits of the key (`rocforge store list URL`)")
-    return all_of(store, matches.pop(), trusted or [])[0]
+    found = all_of(store, matches.pop(), trusted or [])
+    for man in found if trusted else []:  # the newest a trusted key signed, else the newest
+        try:
+            artifact.signed_by(store, man, trusted)
+            return man
+        except oci.StoreUnreachable:
+            raise
+        except oci.StoreError:
+            continue
+    return found[0]
 
 
 def all_of(store: oci.Store, key: str, trusted: list[signing.PublicKey]) -> list[oci.Manifest]:

@@ -240,3 +240,22 @@ def test_an_index_signed_by_a_key_past_its_window_is_ignored_in_one_line(store):
     [late] = signing.trusted_keys_from_config([f"{a.public.text} not-after={format_time(int(time.time()) - 60)}"])
     _, notes = _candidates(url, [late])
     assert len(notes) == 1 and "outside it" in notes[0] and notes[0].endswith(": ignored"), notes
+
+
+@pytest.mark.parametrize("answer, words", [
+    ((200, {"Content-Type": oci.INDEX}, b"\x00not json"), "not JSON"),
+    ((200, {"Content-Type": oci.MANIFEST}, b"{}"), "not an OCI image index"),
+    ((200, {"Content-Type": oci.INDEX}, b"{" + b" " * (oci.MAX_MANIFEST + 1) + b"}"), "cap"),
+])
+def test_a_registry_answering_the_index_tag_with_junk_is_passed_over_in_one_line(answer, words):
+    from registry_server import FakeRegistry
+
+    a = signing.generate()
+    with FakeRegistry() as fake:
+        url = fake.store_url("team/hostile")
+        with open_store(url) as s:
+            good = fake_build(s, K1, a, "2026-01-01T00:00:01Z", b"good" * 100)
+        fake.route("GET", "/manifests/" + publishers.publisher_tag(K1.digest, a.key_id), lambda request: answer)
+        found, notes = _candidates(url, [a.public])
+    assert found == [good.digest]
+    assert len(notes) == 1 and words in notes[0] and notes[0].endswith(": ignored"), notes
