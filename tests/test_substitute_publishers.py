@@ -51,9 +51,12 @@ def built(tmp_path_factory):
 
 
 def _consumer(base: Path, store: str, *publics: str) -> dict:
+    """A machine whose configuration lists `store` and trusts `publics` (written as `rocforge
+    config set` writes it, without two more processes)."""
     env = _machine(base)
-    _ok(rocforge("config", "set", "substitute.stores", json.dumps([store]), env=env))
-    _ok(rocforge("config", "set", "substitute.trusted_keys", json.dumps(list(publics)), env=env))
+    (base / "config").mkdir(parents=True)
+    (base / "config" / "config.toml").write_text(
+        f"[substitute]\nstores = {json.dumps([store])}\ntrusted_keys = {json.dumps(list(publics))}\n")
     return env
 
 
@@ -88,6 +91,10 @@ def test_a_pulled_build_published_again_under_another_key_is_pulled_by_who_trust
     ignored = [row for row in listed if row["signed_by"].startswith("ignored: ")]
     assert [row["manifest"] for row in signed] == [again["manifest"]]
     assert len(ignored) == 1 and "not trusted" in ignored[0]["signed_by"]
+    # store show, as one trusting only b, shows b's build, not the one the single tag names
+    shown = json.loads(_ok(rocforge("store", "show", store, again["key"], "--json",
+                                    env=_consumer(tmp_path / "f", store, pb))).stdout)
+    assert shown["manifest"] == again["manifest"] and shown["signed_by"] == signing.PublicKey.parse(pb).key_id
 
 
 RACE = ("import subprocess, sys\n"
