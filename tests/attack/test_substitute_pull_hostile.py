@@ -1002,3 +1002,11 @@ def test_an_unsigned_index_under_the_trusted_keys_tag_is_ignored_in_one_line(sec
     res = second.build()
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert len([line for line in res.stderr.splitlines() if line.endswith("is not signed: ignored")]) == 1
+
+
+def test_a_store_as_earlier_rocforge_left_it_single_tag_no_index_is_still_pulled(second):
+    with second.open() as store:
+        second.hide_indexes(store)
+        assert not [t for t in store.tags() if (publishers.parse_tag(t) or ("", None))[1]]
+    res = second.build()
+    assert res.returncode == 0 and "installed" in res.stderr and "Traceback" not in res.stderr, res.stderr
