@@ -209,3 +209,19 @@ def test_a_build_published_while_gc_runs_stays_listed_and_whole(tmp_path, monkey
         assert [e.digest for e in publishers.read_index(store, K1.digest, a.public)] == [
             built["late"].digest, built["a3"].digest]
     assert _state(url, built) == {**dict.fromkeys(built, True), "a1": False, "a2": False}
+
+
+def test_a_build_another_tag_names_is_kept_whole_with_its_signature(tmp_path):
+    """A tag rocforge did not make (`latest`, by hand) names an old build of this key: gc keeps
+    it, with its referrers and the tag-schema index that finds them, and says so."""
+    url = (tmp_path / "store").as_uri()
+    a, b = signing.generate(), signing.generate()
+    built = _populate(url, a, b)
+    with open_store(url) as store:
+        store.push_manifest(built["a1"].data, tag="latest")
+    res = Publisher(tmp_path / "a", a, [a, b]).gc(url, "--keep", "1")
+    assert res.returncode == 0, res.stderr
+    assert f"{built['a1'].digest[:19]} is named by another tag of the store: kept" in res.stdout
+    assert _state(url, built) == {**dict.fromkeys(built, True), "a2": False}
+    with open_store(url) as store:
+        assert artifact.signed_by(store, store.manifest("latest"), [a.public]) == a.key_id

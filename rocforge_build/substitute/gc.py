@@ -50,6 +50,7 @@ class Plan:
     rewrite: dict[str, list[Descriptor]] = field(default_factory=dict)  # this key's index tag -> kept entries
     old_indexes: dict[str, str] = field(default_factory=dict)  # its tag -> the digest it names now
     retag: dict[str, str] = field(default_factory=dict)  # a single tag -> the kept build it names now
+    tag_targets: dict[str, str] = field(default_factory=dict)  # a removed tag -> the build it is of
     notes: list[str] = field(default_factory=list)
     foreign: int = 0  # files in a layout's blobs/ that are not blobs: left alone
 
@@ -87,11 +88,19 @@ def plan(store: Store, keep: int, pair_public: signing.PublicKey, trusted: list[
         _plan_key(store, key, keys[key], keep, mine, by_id, all_publishers, out, kept_roots, shallow)
     # what the removed builds take with them: referrers, their tag-schema index, their blobs
     removed = {b.digest for b in out.removed}
+    unreadable: set[str] = set()
     for build in out.removed:
         size = 0
         try:
             man = store.manifest(build.digest)
         except NotFound:
+            continue
+        except StoreError as exc:  # what an index calls a build is not one: left, said
+            if isinstance(exc, oci.StoreUnreachable):
+                raise
+            out.notes.append(f"{build.digest[:19]} is listed as a build but unreadable "
+                             f"({one_line(exc.message)[:120]}): left as it is")
+            unreadable.add(build.digest)
             continue
         size += len(man.data)
         out.manifests[man.digest] = len(man.data)
@@ -110,6 +119,7 @@ def plan(store: Store, keep: int, pair_public: signing.PublicKey, trusted: list[
             blobs.update({d.digest: d.size for d in _names(r)})
         if man.digest in fallback:
             out.tags.append(fallback[man.digest])
+            out.tag_targets[fallback[man.digest]] = man.digest
         for digest, n in blobs.items():
             out.blobs.setdefault(digest, n)
         build.size = size + sum(blobs.values())
@@ -125,7 +135,9 @@ def plan(store: Store, keep: int, pair_public: signing.PublicKey, trusted: list[
     for build in out.removed:
         if build.digest in needed:  # another tag (a hand-made one) names it: it stays
             out.notes.append(f"{build.digest[:19]} is named by another tag of the store: kept")
-    out.removed = [b for b in out.removed if b.digest not in needed]
+    out.removed = [b for b in out.removed if b.digest not in needed and b.digest not in unreadable]
+    # a tag goes only with what it names (a registry removes a tag by removing what it names)
+    out.tags = [t for t in out.tags if out.tag_targets.get(t) not in needed | unreadable]
     return out
 
 
@@ -223,6 +235,7 @@ def _plan_key(store: Store, key: str, ids: set[str | None], keep: int, mine: str
             out.retag[legacy] = own_kept[0]
         else:
             out.tags.append(legacy)
+            out.tag_targets[legacy] = legacy_digest
 
 
 def _mark(store: Store, roots: set[str], out: Plan, shallow: set[str] = frozenset()) -> set[str]:
