@@ -167,7 +167,8 @@ def test_a_registry_that_refuses_deletion_is_one_line_and_nothing_changes(tmp_pa
             {"errors": [{"code": "UNSUPPORTED", "message": "The operation is unsupported."}]}).encode()))
         res = Publisher(tmp_path / "a", a, [a]).gc(url, "--keep", "1")
         line = one_error(res, code=res.returncode)
-        assert res.returncode != 0 and "refuses deletion (HTTP 405" in line, res.stderr
+        assert res.returncode != 0 and "refuses deletion: HTTP 405 (UNSUPPORTED" in line, res.stderr
+        assert line.endswith("; nothing was removed")
         assert fake.tag_map == tags_before and _state(url, built) == dict.fromkeys(built, True)
 
 

@@ -340,7 +340,12 @@ def run(store: Store, keep: int, pair: signing.KeyPair | None, public: signing.P
     # key's to its newest kept one, then the builds' manifests and the tags only they need (a
     # layout: index.json changed in one write, then the files)
     for digest in order[:0 if layout else 1]:
-        store.delete_manifest(digest, found.manifests[digest])
+        try:
+            store.delete_manifest(digest, found.manifests[digest])
+        except StoreError as exc:
+            if isinstance(exc, oci.StoreUnreachable):
+                raise
+            raise StoreError(f"{exc.message}; nothing was removed", exc.hint) from None
     for tag, digest in found.retag.items():
         store.push_manifest(store.manifest(digest).data, tag=tag)
     if layout:

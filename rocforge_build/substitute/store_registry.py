@@ -684,8 +684,8 @@ class RegistryStore(oci.Store):
         if response.status_code == 405:
             detail = _registry_error(response)
             response.close()
-            raise StoreError(f"{self.url}: the registry refuses deletion (HTTP 405{detail}); nothing more "
-                             "was removed", "distribution (docker-registry): set storage.delete.enabled: "
+            raise StoreError(f"{self.url}: the registry refuses deletion: HTTP 405{detail}",
+                             "distribution (docker-registry): set storage.delete.enabled: "
                              "true in its config.yml and restart it; other registries: their own "
                              "retention settings")
         self._refuse(response, where)
