@@ -130,8 +130,9 @@ def test_gc_keeps_the_newest_of_this_keys_builds_and_every_other_publishers(tmp_
         [newest, *_] = publishers.candidates(store, K1.digest, [a.public], [])
         assert newest.digest == built["a3"].digest and artifact.signed_by(store, newest, [a.public]) == a.key_id
 
-    again = me.gc(url, "--keep", "1")  # nothing left to remove: a second run is a no-op
-    assert again.returncode == 0 and "0 build(s)" in again.stdout, again.stdout + again.stderr
+    if kind == "file":  # nothing left to remove: a second run is a no-op (the same code on each store)
+        again = me.gc(url, "--keep", "1")
+        assert again.returncode == 0 and "0 build(s)" in again.stdout, again.stdout + again.stderr
 
     everyone = me.gc(url, "--keep", "1", "--all-publishers")
     assert everyone.returncode == 0, everyone.stderr
