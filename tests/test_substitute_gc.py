@@ -227,3 +227,28 @@ def test_a_build_another_tag_names_is_kept_whole_with_its_signature(tmp_path):
     assert _state(url, built) == {**dict.fromkeys(built, True), "a2": False}
     with open_store(url) as store:
         assert artifact.signed_by(store, store.manifest("latest"), [a.public]) == a.key_id
+
+
+def test_an_unnamed_blob_goes_only_once_older_than_the_grace(tmp_path):
+    """A layout's blob nothing names (a publish that died before naming it) goes once it is past
+    the hour a publish under way may take; a fresh one stays, and so does an old one a build needs."""
+    import hashlib
+    import time
+
+    url = (tmp_path / "store").as_uri()
+    a = signing.generate()
+    built = _populate(url, a, signing.generate())
+    blobs = tmp_path / "store" / "blobs" / "sha256"
+    old, fresh = b"abandoned upload", b"an upload under way"
+    for data in (old, fresh):
+        (blobs / hashlib.sha256(data).hexdigest()).write_bytes(data)
+    hour_ago = time.time() - 3700
+    os.utime(blobs / hashlib.sha256(old).hexdigest(), (hour_ago, hour_ago))
+    needed = blobs / built["a3"].layers[0].digest.removeprefix("sha256:")
+    os.utime(needed, (hour_ago, hour_ago))
+    res = Publisher(tmp_path / "a", a, [a]).gc(url, "--keep", "5")
+    assert res.returncode == 0, res.stderr
+    assert f"removing unnamed sha256:{hashlib.sha256(old).hexdigest()[:12]}" in res.stdout
+    assert not (blobs / hashlib.sha256(old).hexdigest()).exists()
+    assert (blobs / hashlib.sha256(fresh).hexdigest()).exists() and needed.exists()
+    assert _state(url, built) == dict.fromkeys(built, True)
