@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cache": ("rocforge_build.commands.cache", "list and clean rocforge's caches: sources, work dirs, compiler cache, references"),
     "key": ("rocforge_build.commands.key", "make, rotate and revoke the keys that sign the builds you publish"),
     "publish": ("rocforge_build.commands.publish", "push a verified build and its evidence, signed, to a substitute store"),
-    "store": ("rocforge_build.commands.store", "list what a substitute store holds; show one build's evidence"),
+    "store": ("rocforge_build.commands.store", "list what a substitute store holds; show one build's evidence; gc"),
 }
 
 _GLOBAL_WITH_VALUE = {"--root"}

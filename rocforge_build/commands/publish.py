@@ -42,5 +42,5 @@ def run(args) -> int:
     print(out.tag)
     sys.stderr.write(f"rocforge: published {one_line(args.prefix)} to {one_line(out.store)} as {out.kind} "
                      f"({out.bundle_bytes / 1e6:.1f} MB; manifest {out.manifest[:19]}, evidence "
-                     f"{out.evidence[:19]})\n")
+                     f"{out.evidence[:19]}; listed in {out.index_tag[:25]}...{out.index_tag[-17:]})\n")
     return 0

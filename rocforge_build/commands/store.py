@@ -13,14 +13,18 @@ from pathlib import Path
 
 def add_arguments(parser) -> None:
     parser.usage = ("rocforge store list URL [--json]\n"
+                    "       rocforge store gc URL --keep N [--dry-run] [--all-publishers] [--key FILE]\n"
                     "       rocforge store show URL KEY [--json]\n"
                     "       rocforge store advise URL KEY --reason TEXT [--key FILE]\n"
                     "       rocforge store advise URL KEY --withdraw ADVISORY --reason TEXT [--key FILE]\n"
                     "       rocforge store advise URL --nightly VERSION[..LAST] [--targets gfx1151,...] "
                     "--reason TEXT [--key FILE]")
-    parser.add_argument("action", choices=("list", "show", "advise"),
+    from rocforge_build.argtypes import whole
+
+    parser.add_argument("action", choices=("list", "show", "advise", "gc"),
                         help="list: the builds a store holds; show: one build's key, signer and "
-                        "attestations; advise: attach a signed known-bad advisory")
+                        "attestations; advise: attach a signed known-bad advisory; gc: remove what "
+                        "no kept build needs")
     parser.add_argument("url", metavar="URL", help="the store (oci://, oci+http://, file://, s3://, https://)")
     parser.add_argument("build_key", nargs="?", metavar="KEY",
                         help="a build's key: its digest, tag or the first 12+ hex digits")
@@ -32,7 +36,15 @@ def add_arguments(parser) -> None:
                         help="advise --nightly: the GPUs it breaks (default: every GPU)")
     parser.add_argument("--withdraw", metavar="ADVISORY",
                         help="advise: take back this key's advisory (its digest, as `store show` lists it)")
-    parser.add_argument("--key", metavar="FILE", type=Path, help="advise: the secret key to sign with")
+    parser.add_argument("--key", metavar="FILE", type=Path,
+                        help="advise, gc: the secret key to sign with (gc: whose builds are yours)")
+    parser.add_argument("--keep", metavar="N", type=whole(0, 10_000),
+                        help="gc: the newest builds of each key kept (yours; every publisher's with "
+                        "--all-publishers)")
+    parser.add_argument("--dry-run", action="store_true", help="gc: print what would be removed, remove nothing")
+    parser.add_argument("--all-publishers", action="store_true",
+                        help="gc: keep the N newest builds of each key whoever published them, "
+                        "removing other publishers' older builds too")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -62,6 +74,10 @@ def run(args) -> int:
             for line in catalog.describe_list(builds):
                 print(line)
         return 0
+    if args.action == "gc":
+        return _gc(args, cfg, trusted, timeout, signing_key_path)
+    if args.keep is not None or args.dry_run or args.all_publishers:
+        raise UsageError(f"--keep, --dry-run and --all-publishers are for store gc, not store {args.action}")
     if args.action == "advise" and args.nightly is not None:
         return _advise_nightly(args, cfg, timeout, signing_key_path)
     if not args.build_key:
@@ -118,4 +134,27 @@ def _advise_nightly(args, cfg, timeout: float, signing_key_path) -> int:
     with open_store(args.url, timeout=timeout) as store:
         tag = advisories.publish(store, document, pair)
     sys.stderr.write(f"rocforge: nightly advisory {tag} published (signed by {pair.key_id})\n")
+    return 0
+
+
+def _gc(args, cfg, trusted, timeout: float, signing_key_path) -> int:
+    """Remove from a store what no kept build needs (substitute/gc.py)."""
+    from rocforge_build.errors import UsageError
+    from rocforge_build.shellsafe import one_line
+    from rocforge_build.substitute import gc, signing
+    from rocforge_build.substitute.stores import open_store, parse
+
+    if args.keep is None:
+        raise UsageError("store gc needs --keep N", "the newest N builds of each key are kept, e.g. --keep 3")
+    if args.build_key or args.reason or args.nightly or args.withdraw or args.targets:
+        raise UsageError("store gc takes a URL, --keep N, --dry-run, --all-publishers and --key only")
+    parse(args.url)
+    pair = signing.read_secret_key(args.key or signing_key_path(cfg["signing_key"]))
+
+    def say(text: str) -> None:
+        print(one_line(text))
+
+    with open_store(args.url, timeout=timeout) as store:
+        gc.run(store, args.keep, pair, pair.public, trusted, all_publishers=args.all_publishers,
+               dry_run=args.dry_run, say=say)
     return 0

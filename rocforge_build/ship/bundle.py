@@ -422,6 +422,8 @@ _RENAME_HINT = "rename the file or move it out of what is bundled; a bundle reco
 def _record_files(tree: Path, origin: dict[str, str], staged: Staged) -> None:
     for p in tree_entries(tree):
         rel = p.relative_to(tree).as_posix()
+        if rel == BUNDLE_TOML:  # a pulled build's own index, from the bundle it came in: written anew
+            continue
         problem = record_problem(rel)
         if problem:  # a file the closure brought (the prefix's own were judged before the copy)
             src = next((o for r, o in origin.items() if rel == r or rel.startswith(r + "/")), rel)

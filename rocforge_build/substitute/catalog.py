@@ -16,7 +16,7 @@ from rocforge_build.errors import UsageError
 from rocforge_build.forge.substitute_key import TAG_PREFIX
 from rocforge_build.measure.serving import SERVING_FIELDS, serving_known
 from rocforge_build.shellsafe import one_line
-from rocforge_build.substitute import artifact, oci, signing
+from rocforge_build.substitute import artifact, oci, publishers, signing
 from rocforge_build.substitute.stores import open_store
 
 MAX_LISTED = 1000
@@ -34,6 +34,7 @@ class Listed:
     verified: str  # "true" | "false": what the publisher marked
     signed_by: str  # a trusted key id, or why not
     attestations: int
+    index: str = ""  # the tag it was found under: a publisher's index, or the single tag of earlier stores
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -44,27 +45,69 @@ def _text(value, most: int = 200) -> str:
 
 
 def list_builds(url: str, trusted: list[signing.PublicKey], *, timeout: float) -> list[Listed]:
-    out = []
+    """Every build of every key the store names: the artifacts each trusted key's signed index
+    lists (publishers.py) and the one under a key's single tag of earlier stores, each once; an
+    index signed by no trusted key, or whose signature does not hold, is one row saying so."""
+    out: list[Listed] = []
+    by_id = {k.key_id: k for k in trusted}
     with open_store(url, timeout=timeout) as store:
-        tags = [t for t in store.tags() if t.startswith(TAG_PREFIX)][:MAX_LISTED]
-        for tag in sorted(tags):
-            try:
-                man = store.manifest(tag)
-            except oci.StoreError as exc:
-                out.append(Listed("sha256:" + tag.removeprefix(TAG_PREFIX), "", "", "", "", "", "",
-                                  f"unreadable: {exc.message}", 0))
-                continue
-            try:
-                signer = artifact.signed_by(store, man, trusted) if trusted else "no trusted keys set"
-            except oci.StoreError as exc:
-                signer = f"refused: {exc.message}"
-            a = man.annotations
-            out.append(Listed(man.config.digest, man.digest, _text(a.get("dev.rocforge.recipe", "")),
-                              _text(a.get("dev.rocforge.target", "")), _text(a.get("dev.rocforge.backend", "")),
-                              _text(a.get("org.opencontainers.image.created", "")),
-                              _text(a.get("dev.rocforge.verified", "")), _text(signer, 300),
-                              len(store.referrers(man.digest, oci.EVIDENCE_TYPE))))
+        keys: dict[str, set[str | None]] = {}
+        for tag in store.tags():
+            parsed = publishers.parse_tag(tag)
+            if parsed is not None:
+                keys.setdefault(parsed[0], set()).add(parsed[1])
+        for key in sorted(keys):
+            seen: set[str] = set()
+            for kid in sorted(keys[key], key=lambda k: (k is not None, k or "")):  # the single tag first
+                if len(out) >= MAX_LISTED:
+                    return out
+                if kid is None:
+                    tag = TAG_PREFIX + key.removeprefix("sha256:")
+                    try:
+                        out += _listed(store, store.manifest(tag), trusted, tag, seen)
+                    except oci.StoreError as exc:
+                        out.append(_ignored(key, tag, f"unreadable: {exc.message}"))
+                    continue
+                tag = publishers.publisher_tag(key, kid)
+                if kid not in by_id:
+                    out.append(_ignored(key, tag, f"ignored: the index of {kid}, a key that is not trusted"))
+                    continue
+                try:
+                    entries = publishers.read_index(store, key, by_id[kid]) or []
+                except publishers.IndexRefused as exc:
+                    out.append(_ignored(key, tag, f"ignored: {exc.message}"))
+                    continue
+                for entry in entries:
+                    if entry.digest in seen or len(out) >= MAX_LISTED:
+                        continue
+                    try:
+                        man = store.manifest(entry.digest)
+                    except oci.StoreError as exc:
+                        out.append(_ignored(key, tag, f"unreadable: {exc.message}", entry.digest))
+                        continue
+                    out += _listed(store, man, trusted, tag, seen)
     return out
+
+
+def _ignored(key: str, tag: str, why: str, manifest: str = "") -> Listed:
+    return Listed(key, manifest, "", "", "", "", "", _text(why, 300), 0, tag)
+
+
+def _listed(store: oci.Store, man: oci.Manifest, trusted: list[signing.PublicKey], tag: str,
+            seen: set[str]) -> list[Listed]:
+    if man.digest in seen:
+        return []
+    seen.add(man.digest)
+    try:
+        signer = artifact.signed_by(store, man, trusted) if trusted else "no trusted keys set"
+    except oci.StoreError as exc:
+        signer = f"refused: {exc.message}"
+    a = man.annotations
+    return [Listed(man.config.digest, man.digest, _text(a.get("dev.rocforge.recipe", "")),
+                   _text(a.get("dev.rocforge.target", "")), _text(a.get("dev.rocforge.backend", "")),
+                   _text(a.get("org.opencontainers.image.created", "")),
+                   _text(a.get("dev.rocforge.verified", "")), _text(signer, 300),
+                   len(store.referrers(man.digest, oci.EVIDENCE_TYPE)), tag)]
 
 
 def describe_list(builds: list[Listed]) -> list[str]:
@@ -72,13 +115,16 @@ def describe_list(builds: list[Listed]) -> list[str]:
         return ["no rocforge builds in this store"]
     lines = []
     for b in builds:
+        if not b.recipe and b.signed_by.startswith(("ignored: ", "unreadable: ")):
+            lines.append(f"{_text(b.key.removeprefix('sha256:'), 16)}  {b.signed_by}")
+            continue
         lines.append(f"{_text(b.key.removeprefix('sha256:'), 16)}  {b.recipe or '?'} {b.target or '(no GPU target)'} "
                      f"{b.backend}  {b.created}  {b.attestations} attestation(s)  "
                      f"{'unverified  ' if b.verified == 'false' else ''}signed: {b.signed_by}")
     return lines
 
 
-def resolve(store: oci.Store, ref: str) -> oci.Manifest:
+def resolve(store: oci.Store, ref: str, trusted: list[signing.PublicKey] | None = None) -> oci.Manifest:
     """A build's manifest by its key digest, its tag, or 12+ leading hex digits of its key."""
     ref = ref.strip()
     hexpart = ref.removeprefix("sha256:").removeprefix(TAG_PREFIX)
@@ -86,17 +132,38 @@ def resolve(store: oci.Store, ref: str) -> oci.Manifest:
         raise UsageError(f"{_text(ref, 80)!r} is not a key (sha256:HEX, {TAG_PREFIX}HEX or 12+ hex digits)",
                          "`rocforge store list URL` lists the keys")
     if len(hexpart) == 64:
-        return store.manifest(TAG_PREFIX + hexpart)
-    matches = [t for t in store.tags() if t.startswith(TAG_PREFIX + hexpart)]
+        matches = {"sha256:" + hexpart}
+    else:
+        matches = {parsed[0] for parsed in map(publishers.parse_tag, store.tags())
+                   if parsed is not None and parsed[0].startswith("sha256:" + hexpart)}
     if len(matches) != 1:
         raise UsageError(f"{hexpart} names {len(matches)} builds in {store.url}",
                          "give more digits of the key (`rocforge store list URL`)")
-    return store.manifest(matches[0])
+    found = all_of(store, matches.pop(), trusted or [])
+    for man in found if trusted else []:  # the newest a trusted key signed, else the newest
+        try:
+            artifact.signed_by(store, man, trusted)
+            return man
+        except oci.StoreUnreachable:
+            raise
+        except oci.StoreError:
+            continue
+    return found[0]
+
+
+def all_of(store: oci.Store, key: str, trusted: list[signing.PublicKey]) -> list[oci.Manifest]:
+    """A key's builds, newest first: those the trusted keys' signed indexes list and the one
+    under the single tag of earlier stores (publishers.candidates); NotFound when none."""
+    notes: list[str] = []
+    found = publishers.candidates(store, key, trusted, notes)
+    if not found:
+        raise oci.NotFound(f"{store.url}: no build of {key[:19]}" + (f" ({notes[0]})" if notes else ""))
+    return found
 
 
 def show(url: str, ref: str, trusted: list[signing.PublicKey], *, timeout: float) -> dict:
     with open_store(url, timeout=timeout) as store:
-        man = resolve(store, ref)
+        man = resolve(store, ref, trusted)
         try:
             key_doc = json.loads(store.read_blob(man.config, artifact.MAX_DOCUMENT))
         except (ValueError, RecursionError):
@@ -233,7 +300,7 @@ def advise(url: str, ref: str, reason: str, key_file: Path, trusted: list[signin
         raise UsageError("--reason must be one line of at most 500 characters")
     pair = signing.read_secret_key(key_file)
     with open_store(url, timeout=timeout) as store:
-        man = resolve(store, ref)
+        man = resolve(store, ref, trusted)
         doc = {"schema": "rocforge.advisory/1", "key": man.config.digest, "reason": reason,
                "rocforge": __version__, "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         made = artifact.attach(store, man, oci.ADVISORY_TYPE, doc, pair)
@@ -254,9 +321,13 @@ def withdraw(url: str, ref: str, advisory: str, reason: str, key_file: Path,
                          "`rocforge store show URL KEY` lists each advisory with its digest")
     pair = signing.read_secret_key(key_file)
     with open_store(url, timeout=timeout) as store:
-        man = resolve(store, ref)
-        refs = [r for r in store.referrers(man.digest, oci.ADVISORY_TYPE)
-                if r.digest.removeprefix("sha256:").startswith(wanted)]
+        first = resolve(store, ref, [*trusted, pair.public])
+        refs = []
+        for man in all_of(store, first.config.digest, [*trusted, pair.public]):  # whichever build holds it
+            refs = [r for r in store.referrers(man.digest, oci.ADVISORY_TYPE)
+                    if r.digest.removeprefix("sha256:").startswith(wanted)]
+            if refs:
+                break
         if len(refs) != 1:
             raise UsageError(f"the build has {'no' if not refs else 'more than one'} advisory "
                              f"{wanted[:19]}...", "`rocforge store show URL KEY` lists its advisories")

@@ -18,6 +18,7 @@ import fcntl
 import io
 import os
 import random
+import re
 import stat
 import time
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ LAYOUT_FILE = b'{"imageLayoutVersion":"1.0.0"}'
 MAX_INDEX = oci.MAX_MANIFEST * 4
 INDEX_PATIENCE = 60.0  # S3: seconds a publisher racing others keeps re-reading index.json
 INDEX_BACKOFF_CAP = 2.0  # seconds: the longest wait between two of those reads
+_BLOB_NAME = re.compile(r"[0-9a-f]{64}")
 
 
 def open_layout(url: str, *, timeout: float) -> oci.Store:
@@ -114,12 +116,26 @@ class LayoutStore(oci.Store):
             entry = next((e for e in entries if e.digest == ref), None)
         else:
             entry = next((e for e in reversed(entries) if e.annotations.get(oci.REF_NAME) == ref), None)
+        if entry is None and ref.startswith("sha256:"):
+            return self._manifest_blob(ref)
         if entry is None:
             raise NotFound(f"{self.url}: no {ref[:80]}")
         if entry.size > oci.MAX_MANIFEST:
             raise StoreError(f"{self.url}: {ref[:80]} is {entry.size} bytes, past the manifest cap")
         data = self.read_blob(entry, oci.MAX_MANIFEST)
         return data, entry.media_type
+
+    def _manifest_blob(self, digest: str) -> tuple[bytes, str]:
+        """A manifest index.json does not list (one an index names: a publisher's list of its
+        builds), read as the blob it is and typed by its own mediaType."""
+        with self.transfer(f"manifest {digest[:19]}") as transfer, self._open(self._blob(digest)) as fh:
+            data = oci.read_capped(transfer.paced(fh), oci.MAX_MANIFEST, f"{self.url} {digest[:19]}")
+        if oci.sha256_digest(data) != digest:
+            raise StoreError(f"{self.url}: blob {digest[:19]}'s bytes do not match its digest")
+        media_type = oci.json_object(data, f"{self.url} {digest[:19]}").get("mediaType")
+        if media_type not in (oci.MANIFEST, oci.INDEX):
+            raise StoreError(f"{self.url}: {digest[:19]} is not an OCI manifest or index")
+        return data, media_type
 
     def _put_manifest(self, data: bytes, media_type: str, ref: str) -> None:
         if not self.writable:
@@ -139,6 +155,31 @@ class LayoutStore(oci.Store):
             return [*kept, Descriptor(media_type, desc.digest, desc.size, annotations={oci.REF_NAME: tag})]
 
         self._update_index(change)
+
+    # -- removal (`rocforge store gc`) -------------------------------------------------------
+    def _remove(self, rel: str) -> None:
+        raise StoreError(f"{self.url} is read-only")
+
+    def layout_entries(self) -> list[Descriptor]:
+        return self._index()
+
+    def delete_manifest(self, digest: str, size: int) -> None:
+        """Its index.json entries (tags too) in one write, then its blob."""
+        oci.check_digest(digest, self.url)
+        self._update_index(lambda entries: [e for e in entries if e.digest != digest])
+        self._remove(self._blob(digest))
+
+    def forget(self, digests: set[str], tags: set[str]) -> None:
+        """index.json without the entries of `digests` and `tags`, in one write (the blobs stay)."""
+        self._update_index(lambda entries: [e for e in entries if e.digest not in digests
+                                            and e.annotations.get(oci.REF_NAME) not in tags])
+
+    def delete_tag(self, tag: str) -> None:
+        oci.check_tag(tag, self.url)
+        self._update_index(lambda entries: [e for e in entries if e.annotations.get(oci.REF_NAME) != tag])
+
+    def delete_blob(self, digest: str) -> None:
+        self._remove(self._blob(digest))
 
     def _tags(self) -> list[str]:
         """The index's names that are OCI tags (anything else in a hand-made index.json is not
@@ -282,6 +323,48 @@ class DirectoryStore(LayoutStore):
             self._write("index.json", io.BytesIO(oci.make_index(entries)))
         finally:
             os.close(lock)
+
+    def _remove(self, rel: str) -> None:
+        """A regular file below the store removed (a link or anything else there is left)."""
+        *parts, name = rel.split("/")
+        try:
+            dfd = self._dir(parts, create=False)
+        except NotFound:
+            return
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                raise StoreError(f"{self.url}: {rel} is not a regular file: left alone")
+            os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StoreError(f"{self.url}: cannot remove {rel} ({_why(exc)})") from None
+        finally:
+            os.close(dfd)
+
+    def blob_files(self) -> tuple[dict[str, tuple[int, float]], int]:
+        """({digest: (size, mtime)} of the regular files under blobs/sha256/ named as blobs,
+        how many other entries are there: left alone)."""
+        try:
+            dfd = self._dir(["blobs", "sha256"], create=False)
+        except NotFound:
+            return {}, 0
+        found: dict[str, tuple[int, float]] = {}
+        foreign = 0
+        try:
+            for name in os.listdir(dfd):
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and _BLOB_NAME.fullmatch(name):
+                    found["sha256:" + name] = (st.st_size, st.st_mtime)
+                elif not (stat.S_ISREG(st.st_mode) and name.startswith(".") and name.endswith(".tmp")):
+                    foreign += 1
+        finally:
+            os.close(dfd)
+        return found, foreign
 
     def close(self) -> None:
         if self._fd is not None:
@@ -457,6 +540,33 @@ class S3Store(LayoutStore):
             self.client.upload_fileobj(fh, self.bucket, self._key(rel))
         except (ClientError, BotoCoreError) as exc:
             raise StoreUnreachable(f"{self.url}: cannot write {rel} ({type(exc).__name__})") from None
+
+    def _remove(self, rel: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(rel))
+        except (ClientError, BotoCoreError) as exc:
+            raise StoreUnreachable(f"{self.url}: cannot remove {rel} ({type(exc).__name__})") from None
+
+    def blob_files(self) -> tuple[dict[str, tuple[int, float]], int]:
+        base = self._key("blobs/sha256/")
+        found: dict[str, tuple[int, float]] = {}
+        foreign = 0
+        token = None
+        for _ in range(10_000):
+            kw = {"ContinuationToken": token} if token else {}
+            page = self._call("blobs/sha256/", self.client.list_objects_v2, Prefix=base, **kw)
+            for obj in page.get("Contents", []):
+                name = str(obj.get("Key", ""))[len(base):]
+                if _BLOB_NAME.fullmatch(name):
+                    found["sha256:" + name] = (int(obj.get("Size", 0)), obj["LastModified"].timestamp())
+                else:
+                    foreign += 1
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                break
+        return found, foreign
 
     def _update_index(self, change) -> None:
         """index.json's read-change-write as a compare-and-swap: PutObject with If-Match on the

@@ -42,6 +42,7 @@ MAX_MANIFEST = 4 << 20  # the OCI distribution spec lets a registry refuse manif
 MAX_SMALL_BLOB = 16 << 20  # a key document, a signature or an evidence record
 MAX_REFERRERS = 4096
 CHUNK = 1 << 20
+FALLBACK_TRIES = 6  # a tag-schema referrers index written, read back, and written again if lost
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -307,19 +308,36 @@ def make_manifest(*, artifact_type: str, config: Descriptor, layers: list[Descri
     return canonical_json(doc)
 
 
-def make_index(manifests: list[Descriptor]) -> bytes:
-    return canonical_json({"schemaVersion": 2, "mediaType": INDEX,
-                           "manifests": [d.to_json() for d in manifests]})
+def make_index(manifests: list[Descriptor], *, artifact_type: str | None = None,
+               annotations: dict[str, str] | None = None) -> bytes:
+    doc: dict = {"schemaVersion": 2, "mediaType": INDEX, "manifests": [d.to_json() for d in manifests]}
+    if artifact_type:
+        doc["artifactType"] = artifact_type
+    if annotations:
+        doc["annotations"] = dict(annotations)
+    return canonical_json(doc)
 
 
 def parse_index(data: bytes, where: str) -> list[Descriptor]:
+    return parse_index_doc(data, where)[0]
+
+
+def parse_index_doc(data: bytes, where: str) -> tuple[list[Descriptor], str | None, dict[str, str]]:
+    """An OCI image index's entries, its artifactType and its annotations, each checked."""
     doc = json_object(data, where)
     if doc.get("schemaVersion") != 2 or doc.get("mediaType", INDEX) != INDEX:
         raise StoreError(f"{where}: not an OCI image index")
     items = doc.get("manifests")
     if not isinstance(items, list) or len(items) > MAX_REFERRERS * 4:
         raise StoreError(f"{where}: bad manifests list")
-    return [Descriptor.of(v, f"{where} entry {i}") for i, v in enumerate(items)]
+    artifact_type = doc.get("artifactType")
+    if artifact_type is not None and (not isinstance(artifact_type, str)
+                                      or not _MEDIA_TYPE.fullmatch(artifact_type)):
+        raise StoreError(f"{where}: bad artifactType")
+    annotations = Descriptor.of({"mediaType": "a/b", "digest": "sha256:" + "0" * 64, "size": 0,
+                                 "annotations": doc.get("annotations") or {}}, where).annotations
+    return ([Descriptor.of(v, f"{where} entry {i}") for i, v in enumerate(items)], artifact_type,
+            annotations)
 
 
 def canonical_json(doc: object) -> bytes:
@@ -432,11 +450,40 @@ class Store:
         return Manifest.parse(data, f"{self.url} {ref}", digest=digest)
 
     def index(self, ref: str) -> list[Descriptor]:
+        return self.index_doc(ref)[0]
+
+    def index_doc(self, ref: str) -> tuple[list[Descriptor], str | None, dict[str, str], bytes]:
+        """An index's entries, artifactType, annotations and exact bytes (`ref`: a tag or digest)."""
+        if ref.startswith("sha256:"):
+            check_digest(ref, self.url)
+        else:
+            check_tag(ref, self.url)
         with self.transfer(f"index {ref[:80]}"):
             data, media_type = self._get_manifest(ref)
         if media_type != INDEX:
-            raise StoreError(f"{self.url}: {ref} is a {media_type[:60]}, not an OCI image index")
-        return parse_index(data, f"{self.url} {ref}")
+            raise StoreError(f"{self.url}: {ref[:80]} is a {media_type[:60]}, not an OCI image index")
+        if ref.startswith("sha256:") and sha256_digest(data) != ref:
+            raise StoreError(f"{self.url}: the index's bytes do not match its digest {ref}")
+        return (*parse_index_doc(data, f"{self.url} {ref[:80]}"), data)
+
+    def push_index(self, data: bytes, *, tag: str) -> str:
+        """Store an index under its digest and `tag`; its digest."""
+        if not self.writable:
+            raise StoreError(f"{self.url} is read-only")
+        parse_index_doc(data, f"{self.url} new index")
+        self._put_manifest(data, INDEX, check_tag(tag, self.url))
+        return sha256_digest(data)
+
+    # -- removal (`rocforge store gc`): what a subclass implements --------------------------------
+    def delete_manifest(self, digest: str, size: int) -> None:
+        """Remove a manifest or index by digest, and every tag naming it."""
+        raise StoreError(f"{self.url}: this store cannot remove what it holds")
+
+    def delete_blob(self, digest: str) -> None:
+        raise StoreError(f"{self.url}: this store cannot remove what it holds")
+
+    def delete_tag(self, tag: str) -> None:
+        raise StoreError(f"{self.url}: this store cannot remove what it holds")
 
     def read_blob(self, desc: Descriptor, cap: int = MAX_SMALL_BLOB, what: str = "blob") -> bytes:
         """A small blob's bytes (`what`: its name in a message, "key document"), checked against
@@ -542,15 +589,21 @@ class Store:
         return False
 
     def _add_to_fallback_index(self, man: Manifest) -> None:
+        """`man` added to its subject's tag-schema index, and read back: a registry has no
+        conditional write, so an addition another writer's replaced is made again."""
         tag = fallback_tag(man.subject.digest)
-        try:
-            entries = self.index(tag)
-        except NotFound:
-            entries = []
         desc = man.descriptor(annotations=dict(man.annotations))
-        if any(e.digest == desc.digest for e in entries):
-            return
-        self._put_manifest(make_index([*entries, desc]), INDEX, tag)
+        for attempt in range(FALLBACK_TRIES + 1):
+            try:
+                entries = self.index(tag)
+            except NotFound:
+                entries = []
+            if any(e.digest == desc.digest for e in entries):
+                return
+            if attempt < FALLBACK_TRIES:
+                self._put_manifest(make_index([*entries, desc]), INDEX, tag)
+        raise StoreError(f"{self.url}: the referrers of {man.subject.digest[:19]} kept changing under "
+                         f"this write ({FALLBACK_TRIES} tries)", "publish again")
 
     def referrers(self, digest: str, artifact_type: str | None = None) -> list[Descriptor]:
         check_digest(digest, self.url)

@@ -16,7 +16,7 @@ from rocforge_build.credentials import redact
 from rocforge_build.errors import UsageError
 from rocforge_build.forge.substitute_key import SubstituteKey
 from rocforge_build.manifest_schema import MANIFEST
-from rocforge_build.substitute import artifact, evidence, oci, signing
+from rocforge_build.substitute import artifact, evidence, oci, publishers, signing
 from rocforge_build.substitute.stores import open_store
 
 
@@ -26,6 +26,7 @@ class Published:
     key: str
     tag: str
     manifest: str
+    index_tag: str
     evidence: str
     kind: str
     bundle_bytes: int
@@ -202,15 +203,33 @@ def publish(prefix: Path, url: str, *, unverified: bool, model: str | None, key_
                            "dev.rocforge.recipe": str((manifest.get("recipe") or {}).get("name", "")),
                            "dev.rocforge.target": str(manifest.get("target") or ""),
                            "dev.rocforge.backend": str(manifest.get("backend") or ""),
-                           "dev.rocforge.verified": "false" if kind == "unverified" else "true"}
-            man = store.push_manifest(artifact.build_manifest(key, config, layer, annotations), tag=key.tag)
+                           "dev.rocforge.verified": "false" if kind == "unverified" else "true",
+                           # each publisher's artifact its own (own digest, own referrers), even of
+                           # the same bytes at the same second as another's
+                           "dev.rocforge.publisher": pair.key_id}
+            man = store.push_manifest(artifact.build_manifest(key, config, layer, annotations))
             artifact.attach(store, man, oci.SIGNATURE_TYPE, None, pair)
             ev = artifact.attach(store, man, oci.EVIDENCE_TYPE, doc, pair,
                                  annotations={"dev.rocforge.kind": kind})
+            # listed, signed, in this key's own index of the build key (publishers.py); the single
+            # tag older rocforge reads is set only where no publisher has set it: never moved
+            index_tag, notes = publishers.add(store, key, man, pair)
+            try:
+                store.manifest(key.tag)
+            except oci.NotFound:
+                store.push_manifest(man.data, tag=key.tag)
+            except oci.StoreUnreachable:
+                raise
+            except oci.StoreError:
+                pass  # something else holds it: left as it is, this build is in its index
+            for note in notes:
+                if progress is not None:
+                    progress(note)
     t_end = time.monotonic()
     shipped = _publish_reference(reference, url, model=model, key_file=key_file, root=root,
                                  timeout=timeout, progress=progress) if gpu else ""
-    return Published(store=redact(url), key=key.digest, tag=key.tag, manifest=man.digest, evidence=ev.digest,
+    return Published(store=redact(url), key=key.digest, tag=key.tag, manifest=man.digest, index_tag=index_tag,
+                     evidence=ev.digest,
                      kind=kind, bundle_bytes=layer.size,
                      seconds={"measure": round(t_measured - t0, 3), "bundle": round(t_bundled - t_measured, 3),
                               "push": round(t_end - t_bundled, 3), "reference": round(time.monotonic() - t_end, 3)},

@@ -21,8 +21,7 @@ from rocforge_build.forge.locations import STAGED, destdir
 from rocforge_build.forge.substitute_key import SubstituteOutcome
 from rocforge_build.manifest_schema import MANIFEST
 from rocforge_build.shellsafe import one_line
-from rocforge_build.substitute import artifact, evidence, keys, oci, signing
-from rocforge_build.substitute.oci import NotFound
+from rocforge_build.substitute import artifact, evidence, keys, oci, publishers, signing
 from rocforge_build.substitute.stores import open_store
 
 if TYPE_CHECKING:
@@ -80,29 +79,7 @@ def _from_store(url: str, plan: Plan, staging: Path, trusted, model, say) -> tup
     policy, key = plan.substitutes, plan.substitute_key
     t0 = time.monotonic()
     with open_store(url, timeout=policy.timeout) as store:
-        try:
-            man = store.manifest(key.tag)
-        except NotFound:
-            raise Miss("not in this store") from None
-        layer = artifact.check_build(store, man, key)
-        if not trusted:
-            raise Miss("untrusted: substitute.trusted_keys is empty, so no signature can be trusted")
-        notes: list[str] = []
-        # every referrer of the build (signatures, advisories, evidence) read within one
-        # download.listing_deadline, however many a store lists and however slowly it answers
-        with store.transfer(f"the referrers of {man.digest[:19]}"):
-            signer = artifact.signed_by(store, man, trusted)
-            advisories, _ = artifact.attached(store, man, oci.ADVISORY_TYPE, trusted, notes)
-            if advisories:
-                withdrawals, _ = artifact.attached(store, man, oci.WITHDRAWAL_TYPE, trusted, notes)
-                advisories = artifact.in_force(advisories, withdrawals)
-            if advisories:
-                reason = str(advisories[0].document.get("reason", "no reason given"))[:300]
-                raise artifact.KnownBad(f"known bad: an advisory signed by {advisories[0].signer} "
-                                        f"says: {reason}")
-            attestations, _ = artifact.attached(store, man, oci.EVIDENCE_TYPE, trusted, notes)
-        for note in notes:
-            say(f"substitute: {note}")
+        man, layer, signer, attestations = _choose(store, key, trusted, say)
         say(f"substitute: {store.url} has it ({layer.size / 1e6:.1f} MB, signed by {signer}, "
             f"{len(attestations)} attestation(s)); pulling")
         t_checked = time.monotonic()
@@ -137,6 +114,56 @@ def _from_store(url: str, plan: Plan, staging: Path, trusted, model, say) -> tup
         raise
     replace.unmark_scratch(staging)
     return record, verified
+
+
+def _choose(store, key, trusted, say) -> tuple[oci.Manifest, oci.Descriptor, str, list[artifact.Attached]]:
+    """The newest artifact of `key` that a trusted key's signed index (or the single tag of
+    earlier stores) lists and that passes its checks: its key and a trusted signature
+    (publishers.candidates; artifact.py); the first refusal when none does.  A trusted advisory
+    in force on any of them stops them all: one key's artifacts are the same build."""
+    notes: list[str] = []
+    found = publishers.candidates(store, key.digest, trusted, notes)
+    refused: list[RocforgeError] = []
+    chosen = None
+    try:
+        if not found:
+            raise Miss("not in this store")
+        if not trusted:
+            raise Miss("untrusted: substitute.trusted_keys is empty, so no signature can be trusted")
+        for man in found:
+            try:
+                layer = artifact.check_build(store, man, key)
+                # every referrer of the build (signatures, advisories, evidence) read within one
+                # download.listing_deadline, however many a store lists and however slowly it answers
+                with store.transfer(f"the referrers of {man.digest[:19]}"):
+                    signer = artifact.signed_by(store, man, trusted)
+                    advisories, _ = artifact.attached(store, man, oci.ADVISORY_TYPE, trusted, notes)
+                    if advisories:
+                        withdrawals, _ = artifact.attached(store, man, oci.WITHDRAWAL_TYPE, trusted, notes)
+                        advisories = artifact.in_force(advisories, withdrawals)
+                    if advisories:
+                        reason = str(advisories[0].document.get("reason", "no reason given"))[:300]
+                        raise artifact.KnownBad(f"known bad: an advisory signed by {advisories[0].signer} "
+                                                f"says: {reason}")
+                    if chosen is None:
+                        attestations, _ = artifact.attached(store, man, oci.EVIDENCE_TYPE, trusted, notes)
+                        chosen = man, layer, signer, attestations
+            except (artifact.KnownBad, oci.StoreUnreachable):
+                raise
+            except oci.StoreError as exc:
+                refused.append(exc)
+        if chosen is not None:
+            if refused:
+                notes.append(f"{store.url}: {len(refused)} other artifact(s) of this key passed over, the "
+                             f"first: {one_line(refused[0].message)}")
+            return chosen
+    finally:
+        for note in notes:
+            say(f"substitute: {note}")
+    first = refused[0]
+    if len(refused) > 1:
+        first.message += f" (and {len(refused) - 1} other artifact(s) of this key refused)"
+    raise first
 
 
 def _unpack_as_staging(archive: Path, holder: Path, staging: Path, key_digest: str) -> None:

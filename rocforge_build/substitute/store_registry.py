@@ -674,6 +674,36 @@ class RegistryStore(oci.Store):
     def _referrers_native_on_push(self, man: oci.Manifest) -> bool:
         return man.digest in self.subject_acknowledged
 
+    # -- removal (`rocforge store gc`): the distribution spec's DELETE by digest ----------------
+    def _delete(self, path: str, what: str) -> None:
+        where = f"{self.url}: removing {what}"
+        response = self.registry.do_request(f"{self.base}/{path}", "DELETE")
+        if response.status_code in (200, 202, 204, 404):
+            response.close()
+            return
+        if response.status_code == 405:
+            detail = _registry_error(response)
+            response.close()
+            raise StoreError(f"{self.url}: the registry refuses deletion: HTTP 405{detail}",
+                             "distribution (docker-registry): set storage.delete.enabled: "
+                             "true in its config.yml and restart it; other registries: their own "
+                             "retention settings")
+        self._refuse(response, where)
+
+    def delete_manifest(self, digest: str, size: int) -> None:
+        self._delete(f"manifests/{oci.check_digest(digest, self.url)}", f"manifest {digest[:19]}")
+
+    def delete_blob(self, digest: str) -> None:
+        self._delete(f"blobs/{oci.check_digest(digest, self.url)}", f"blob {digest[:19]}")
+
+    def delete_tag(self, tag: str) -> None:
+        """A tag goes with the manifest it names (distribution 2.8 has no tag deletion)."""
+        try:
+            data, _ = self._get_manifest(oci.check_tag(tag, self.url))
+        except NotFound:
+            return
+        self.delete_manifest(oci.sha256_digest(data), len(data))
+
     # -- helpers -----------------------------------------------------------------------------
     def _check_ref(self, ref: str) -> None:
         if ref.startswith("sha256:"):

@@ -21,7 +21,7 @@ from buildfixtures import git_repo, recipe_copy
 from needs import require
 from trust_helpers import one_error, python, rocforge, snapshot
 
-from rocforge_build.substitute import artifact, oci, signing
+from rocforge_build.substitute import artifact, oci, publishers, signing
 from rocforge_build.substitute.stores import open_store
 
 
@@ -122,8 +122,16 @@ class Second:
         """The build's referrers index emptied (its signature and evidence gone)."""
         store._put_manifest(oci.make_index([]), oci.INDEX, oci.fallback_tag(man.digest))
 
+    def hide_indexes(self, store: oci.Store) -> None:
+        """The publishers' signed indexes of the build removed from index.json (whoever writes to
+        a store can hide what it holds), so only what the single tag names is left to pull."""
+        store._update_index(lambda entries: [e for e in entries if not (publishers.parse_tag(
+            e.annotations.get(oci.REF_NAME, "")) or ("", None))[1]])
+
     def republish(self, store: oci.Store, man: oci.Manifest, layer: bytes, pair: signing.KeyPair | None) -> oci.Manifest:
-        """Under the build's tag, a manifest of the same key with `layer` as its bundle, signed by `pair`."""
+        """Under the build's tag, a manifest of the same key with `layer` as its bundle, signed by
+        `pair`, the publishers' indexes (which still list the published build) hidden."""
+        self.hide_indexes(store)
         desc = store.push_blob_bytes(layer, oci.BUNDLE_LAYER)
         data = oci.make_manifest(artifact_type=oci.BUILD_TYPE, config=man.config, layers=[desc],
                                  annotations=dict(man.annotations))
@@ -239,6 +247,7 @@ def test_an_old_artifact_re_tagged_under_another_keys_tag_is_refused(second):
                                  annotations=dict(man.annotations))
         other = store.push_manifest(data, tag=second.tag)
         artifact.attach(store, other, oci.SIGNATURE_TYPE, None, second.pair())
+        second.hide_indexes(store)
     line = second.refused()
     assert "made for another key" in line
 
@@ -967,3 +976,37 @@ def test_forty_forged_advisories_naming_the_trusted_key_are_read_to_the_cap_and_
     assert len(skipped) == 1, res.stderr
     assert f"8 of the {cap + 8} advisory referrers of {man.digest[:19]} naming a trusted key were skipped " \
            f"(at most {cap} are read)" in skipped[0]
+
+
+def test_the_single_tag_moved_to_an_untrusted_publishers_build_hides_nothing(second):
+    """A publisher this machine does not trust moves the single tag of earlier stores to its own
+    artifact of the key: the trusted publisher's signed index still names its build, which is
+    pulled, and one line says what was passed over."""
+    stranger = signing.generate()
+    with second.open() as store:
+        man = second.build_manifest(store)
+        data = oci.make_manifest(artifact_type=oci.BUILD_TYPE, config=man.config, layers=list(man.layers),
+                                 annotations={**man.annotations, "dev.rocforge.publisher": stranger.key_id})
+        other = store.push_manifest(data, tag=second.tag)
+        artifact.attach(store, other, oci.SIGNATURE_TYPE, None, stranger)
+    res = second.build()
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert [line for line in res.stderr.splitlines() if "passed over" in line and "not trusted" in line]
+
+
+def test_an_unsigned_index_under_the_trusted_keys_tag_is_ignored_in_one_line(second):
+    key = "sha256:" + second.tag.removeprefix("rocforge-")
+    with second.open() as store:
+        store._put_manifest(oci.make_index([], artifact_type=publishers.INDEX_TYPE), oci.INDEX,
+                            publishers.publisher_tag(key, signing.PublicKey.parse(second.public).key_id))
+    res = second.build()
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert len([line for line in res.stderr.splitlines() if line.endswith("is not signed: ignored")]) == 1
+
+
+def test_a_store_as_earlier_rocforge_left_it_single_tag_no_index_is_still_pulled(second):
+    with second.open() as store:
+        second.hide_indexes(store)
+        assert not [t for t in store.tags() if (publishers.parse_tag(t) or ("", None))[1]]
+    res = second.build()
+    assert res.returncode == 0 and "installed" in res.stderr and "Traceback" not in res.stderr, res.stderr
