@@ -278,9 +278,12 @@ def _publish_reference(reference: Reference | str, url: str, *, model: str | Non
     if isinstance(reference, str):
         say(f"its reference is not published: {reference}")
         return f"not published: {reference}"
-    try:
+    try:  # published already by this key (its own index): another publisher's copy does not count
+        from rocforge_build.substitute import publishers
+
+        own = publishers.publisher_tag(reference.key.digest, signing.read_secret_key(key_file).key_id)
         with open_store(url, timeout=timeout) as store:
-            store.manifest(reference.key.tag)
+            store.index(own)
         say(f"its reference {reference.key.short} is in the store already")
         return "in the store already"
     except oci.NotFound:
