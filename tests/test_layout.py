@@ -7,7 +7,8 @@
 - Tests a contributor can find: a unit test in tests/ is named after what it tests (a subpackage
   or root module of rocforge_build, or one of NOT_A_MODULE); hostile-input tests live in
   tests/attack/, real builds end to end in tests/e2e/, a user's whole path through the CLI (one
-  module per story) in tests/journeys/, and helpers and data/ in tests/ alone.
+  module per story) in tests/journeys/, and helpers and data/ in tests/ alone.  The core modules
+  (CORE_MODULES) each have their file at the name the naming gives them, importing them.
 """
 
 from __future__ import annotations
@@ -206,6 +207,54 @@ def test_unit_tests_are_named_after_what_they_test():
     assert misnamed_tests(TESTS, names) == [], (
         "name a unit test tests/test_<subpackage or root module>_<what>.py (a test of no one "
         "module: a prefix in NOT_A_MODULE; hostile inputs: tests/attack/; real builds: tests/e2e/)")
+
+
+# the modules a maintainer looks for first, each with its own test file at the name the naming
+# gives it (a room's module: tests/test_<room>_<module>.py; a root module: tests/test_<module>.py)
+CORE_MODULES = ("forge/plan.py", "substitute/pull.py", "substitute/publish.py", "measure/verify.py",
+                "measure/store.py", "replace.py", "ownership.py", "proc.py")
+
+
+def expected_test_file(module: str) -> str:
+    """The test file the naming gives `module` (a path below rocforge_build/)."""
+    return "test_" + module.removesuffix(".py").replace("/", "_") + ".py"
+
+
+def unfound_tests(tests: Path, modules: tuple[str, ...]) -> list[str]:
+    """`module -> tests/test_...py` for each of `modules` whose test file is missing or never
+    imports it (by its dotted name, or `from <room> import <module>`)."""
+    missing = []
+    for module in modules:
+        path = tests / expected_test_file(module)
+        dotted = "rocforge_build." + module.removesuffix(".py").replace("/", ".")
+        room, _, name = dotted.rpartition(".")
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        tree = ast.parse(text) if text else ast.Module(body=[], type_ignores=[])
+        imported = any(
+            (isinstance(n, ast.Import) and any(a.name == dotted for a in n.names))
+            or (isinstance(n, ast.ImportFrom) and (n.module == dotted or (
+                n.module == room and any(a.name == name for a in n.names))))
+            for n in ast.walk(tree))
+        if not imported:
+            missing.append(f"{module} -> tests/{path.name}")
+    return missing
+
+
+def test_the_core_modules_have_their_tests_where_the_naming_says():
+    """A maintainer finds forge/plan.py's tests in tests/test_forge_plan.py, proc.py's in
+    tests/test_proc.py (docs/developing.md, Where the tests are)."""
+    assert all((PACKAGE / m).is_file() for m in CORE_MODULES), "a core module moved: update CORE_MODULES"
+    assert unfound_tests(TESTS, CORE_MODULES) == []
+
+
+def test_unfound_tests_are_found(tmp_path):
+    (tmp_path / "test_proc.py").write_text("from rocforge_build import proc\n")
+    (tmp_path / "test_forge_plan.py").write_text("from rocforge_build.forge.plan import make_plan\n")
+    (tmp_path / "test_replace.py").write_text("import rocforge_build.replace\n")
+    (tmp_path / "test_ownership.py").write_text("from rocforge_build import proc  # not ownership\n")
+    assert unfound_tests(tmp_path, ("proc.py", "forge/plan.py", "replace.py", "ownership.py",
+                                    "measure/store.py")) == [
+        "ownership.py -> tests/test_ownership.py", "measure/store.py -> tests/test_measure_store.py"]
 
 
 def test_attack_and_end_to_end_tests_have_their_folders():

@@ -1,14 +1,13 @@
-"""Measuring without builds: model checks, the results store's failure modes, option detection
-from real llama-bench sources, compare, the tune search, and the plot rendered by a real browser.
-The end-to-end runs on real builds are in test_measure_slow.py."""
+"""Measuring without builds: model checks, option detection from real llama-bench sources, compare,
+the tune search, and the plot rendered by a real browser.  The end-to-end runs on real builds are
+in test_measure_slow.py; the results store's failure modes are test_measure_store.py's, verify's
+limits test_measure_verify.py's."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from llama_trees import sdist
 from tiny_gguf import write as write_gguf
 
 from rocforge_build import cli
-from rocforge_build.measure import compare, plot, tune, verify
+from rocforge_build.measure import compare, plot, tune
 from rocforge_build.measure.llama_tools import options_from_help
 from rocforge_build.measure.store import Store
 
@@ -77,25 +76,6 @@ def test_vocabulary_size_read_from_the_token_list(model):
     assert gguf.check(model).n_vocab == 1024  # tests/tiny_gguf.py's tiny size: 1024 tokens
 
 
-def test_top1_is_judged_only_against_a_reference_better_than_chance():
-    # Measured on the H100 (2026-11-23): a right Vulkan build against the CPU build, random F16
-    # model of 32,000 tokens, reference PPL 45,391 (chance is 32,000): mean KLD 0.00015, PPL ratio
-    # 0.999, but top-1 agreement 94.5 %: near-ties decided by rounding.  The broken build (no coopmat
-    # guard) had KLD 0.41 and PPL 32000.0; a trained model's PPL is a few units.
-    _, _, limits = verify.rules()
-    right_random = verify.judge(verify.Check(512, 0.00015, 0.9451, 45345.4, 45390.7), limits, 32000)
-    assert right_random.passed and not right_random.failed
-    assert [w.split(" ", 1)[0] for w in right_random.not_judged] == ["top1"]
-    broken_random = verify.judge(verify.Check(512, 0.409, 0.0, 32000.0, 45390.7), limits, 32000)
-    assert not broken_random.passed and broken_random.failed[0].startswith("kld_mean")
-    # a trained model (PPL 7.7 of 128,256 tokens: Llama-3.2-3B in llama.cpp #27506) judges top-1
-    trained = verify.judge(verify.Check(512, 0.001, 0.9451, 7.73, 7.72), limits, 128256)
-    assert not trained.passed and [w.split(" ", 1)[0] for w in trained.failed] == ["top1"]
-    assert not trained.not_judged
-    # unknown vocabulary: every limit applies
-    assert not verify.judge(verify.Check(512, 0.00015, 0.9451, 45345.4, 45390.7), limits, None).passed
-
-
 def test_build_without_programs_is_one_line(tmp_path, model, capsys):
     (tmp_path / "bin").mkdir()
     assert cli.main(["bench", str(tmp_path), "--model", str(model), "--no-gate"]) == 2
@@ -125,76 +105,6 @@ def test_depth_option_by_era():
     old, new = options_from_help(_usage_text("0.3.0")), options_from_help(_usage_text("0.3.9"))
     assert "-d" not in old and "--n-depth" not in old and "-fa" in old and "-ub" in old
     assert "-d" in new and "--n-depth" in new
-
-
-# -- the results store ----------------------------------------------------------------------------
-def test_locked_database_is_one_line_and_keeps_rows(tmp_path, model, monkeypatch, capsys):
-    # another process writing (WAL lets readers through; a second writer waits, then gives up)
-    db = tmp_path / "r.sqlite3"
-    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(db))
-    with Store() as s:
-        rid = s.start_run("bench")
-        s.add_row(rid, "bench", {"prefix": "/p", "t_s": 1.0, "status": "ok"})
-    holder = sqlite3.connect(db, isolation_level=None)
-    holder.execute("BEGIN EXCLUSIVE")
-    monkeypatch.setenv("ROCFORGE_RESULTS_TIMEOUT", "0.2")
-    prefix = tmp_path / "build"
-    (prefix / "bin").mkdir(parents=True)
-    (prefix / "bin" / "llama-bench").write_text("#!/bin/sh\nexit 99\n")  # must never run
-    assert cli.main(["bench", str(prefix), "--model", str(model), "--no-gate"]) == 11
-    assert "is locked by another process" in one_error_line(capsys)
-    assert cli.main(["results", "list"]) == 0  # readers still read
-    holder.execute("ROLLBACK")
-    holder.close()
-    assert cli.main(["results", "export", "--json"]) == 0
-    assert '"t_s": 1.0' in capsys.readouterr().out
-
-
-def test_corrupt_database_is_one_line_and_untouched(tmp_path, monkeypatch, capsys):
-    db = tmp_path / "r.sqlite3"
-    db.write_bytes(b"this is not sqlite" * 100)
-    before = db.read_bytes()
-    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(db))
-    assert cli.main(["results", "list"]) == 11
-    line = one_error_line(capsys)
-    assert "corrupt or not a SQLite file" in line and "leaves it untouched" in line
-    assert db.read_bytes() == before
-
-
-def test_unopenable_database_is_not_called_corrupt(tmp_path, monkeypatch, capsys):
-    # a directory where the database should be: SQLite cannot open it, but nothing is corrupt
-    db = tmp_path / "r.sqlite3"
-    db.mkdir()
-    monkeypatch.setenv("ROCFORGE_RESULTS_DB", str(db))
-    assert cli.main(["results", "list"]) == 11
-    line = one_error_line(capsys)
-    assert f"{db} is a directory, not a regular file" in line and "corrupt" not in line
-
-
-def test_full_disk_is_one_line_and_keeps_rows(tmp_path):
-    # a real write limit (RLIMIT_FSIZE) in a child: SQLite's write fails part way through a run
-    db = tmp_path / "r.sqlite3"
-    code = f"""
-import resource, signal, sys
-sys.path.insert(0, {str(REPO)!r})
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-from rocforge_build import cli
-from rocforge_build.measure.store import Store
-s = Store({str(db)!r})
-rid = s.start_run("bench")
-resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
-try:
-    for i in range(100_000):
-        s.add_row(rid, "bench", {{"prefix": "/p", "i": i, "pad": "x" * 2000}})
-except Exception as exc:
-    sys.exit(cli._fail(exc.message, exc.hint, exc.exit_code))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 10, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert lines[0].startswith("rocforge: error: cannot write the results database") and len(lines) == 2
-    kept = sqlite3.connect(db).execute("SELECT COUNT(*) FROM rows").fetchone()[0]
-    assert kept > 0  # every row committed before the failure is still there
 
 
 # -- compare ------------------------------------------------------------------------------------

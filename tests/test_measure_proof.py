@@ -1,6 +1,7 @@
-"""verify's coverage, per-type limits and like-with-like PPL; tune's ranking and noise-aware
-settling; presets as a history, their exports, and serve — without builds (the real runs are in
-test_verify_shapes.py).  Each test states the right answer and where it comes from."""
+"""tune's ranking and noise-aware settling; presets, their exports, and serve — without builds (the
+real runs are in test_verify_shapes.py; verify's coverage and limits are test_measure_verify.py's,
+the presets' history test_measure_store.py's).  Each test states the right answer and where it
+comes from."""
 
 from __future__ import annotations
 
@@ -26,143 +27,6 @@ from rocforge_build.measure.store import Store
 def model8k(tmp_path_factory):
     """A llama of 2 layers trained (as its metadata says) at 8192 tokens, like SmolLM2-135M."""
     return gguf.check(write_gguf(tmp_path_factory.mktemp("m") / "m.gguf", n_ctx=8192))
-
-
-# -- the covering design -----------------------------------------------------------------------
-def test_covering_rows_hold_every_value_and_start_with_the_firsts():
-    dims = [[8192, 2048, 512], [2048, 256], [True, False], [99, 1]]
-    rows = verify.covering(dims)
-    assert rows[0] == (8192, 2048, True, 99)  # the longest context, largest ubatch, fa on, full offload
-    for i, values in enumerate(dims):
-        assert {r[i] for r in rows} == set(values)
-    assert len(rows) == 3  # max(len) rows, not the product's 24
-
-
-def test_default_coverage_for_a_cpu_and_a_gpu_build(model8k):
-    cpu = verify.plan(model8k, gpu=False)
-    # 32768 is past the model's 8192 training context: bounded, and said so
-    assert [(s.ctx, s.ubatch, s.fa, s.ngl) for s in cpu.shapes] == [
-        (8192, 2048, True, None), (2048, 256, False, None), (512, 2048, True, None)]
-    assert cpu.bounds == ["the model's training context (8192)"]
-    gpu = verify.plan(model8k, gpu=True)
-    # GPU builds add a partial offload: half of the 2 layers
-    assert {s.ngl for s in gpu.shapes} == {99, 1} and gpu.shapes[0].ngl == 99
-
-
-def test_quick_and_max_ctx_bound_the_contexts(model8k):
-    quick = verify.plan(model8k, gpu=False, quick=True)
-    assert {s.ctx for s in quick.shapes} == {512}
-    assert {s.ubatch for s in quick.shapes} == {256, 2048} and {s.fa for s in quick.shapes} == {True, False}
-    low = verify.plan(model8k, gpu=False, max_ctx=2048)
-    assert max(s.ctx for s in low.shapes) == 2048 and "--max-ctx 2048" in low.bounds
-
-
-def test_a_short_text_bounds_the_contexts(model8k):
-    cov = verify.bound_by_text(verify.plan(model8k, gpu=False), 5000)
-    # llama-perplexity needs 2 x ctx tokens: 5000 tokens allow 2048 (the power of two <= 2500)
-    assert max(s.ctx for s in cov.shapes) == 2048
-    assert any("text's length (5000 tokens" in b for b in cov.bounds)
-    with pytest.raises(verify.VerifyError):
-        verify.bound_by_text(cov, 20)
-
-
-def report_lines(capsys, coverage: verify.Coverage) -> list[str]:
-    from types import SimpleNamespace
-
-    from rocforge_build.commands.verify import report
-
-    checks = [verify.Check(s.ctx, 0.001, 0.99, 10.0, 10.0, s.ubatch, s.fa, s.ngl, passed=True).to_json()
-              for s in coverage.shapes]
-    report(SimpleNamespace(prefix="/b"), SimpleNamespace(prefix="/ref"),
-           {"passed": True, "coverage": coverage.to_json(), "checks": checks})
-    return capsys.readouterr().out.splitlines()
-
-
-def test_verify_says_what_it_covered_and_what_bounded_it(model8k, capsys):
-    # a GPU build, --max-ctx 4096: the contexts 32768 and 8192 come down to 4096 (the model's 8192
-    # bounds nothing below 4096); half of the 2 layers is the partial offload
-    lines = report_lines(capsys, verify.plan(model8k, gpu=True, max_ctx=4096))
-    assert lines[:3] == ["/b against /ref: PASSED",
-                         "  covered: contexts 512, 2048, 4096; micro-batches 256, 2048; flash attention on "
-                         "and off; -ngl 99, 1",
-                         "  bounded by: --max-ctx 4096"]
-    # a CPU build (no -ngl), bounded by the model's training context and then by a 5000-token text
-    cov = verify.bound_by_text(verify.plan(model8k, gpu=False), 5000)
-    assert report_lines(capsys, cov)[1:3] == [
-        "  covered: contexts 512, 2048; micro-batches 256, 2048; flash attention on and off",
-        "  bounded by: the model's training context (8192); the text's length (5000 tokens: contexts up to 2048)"]
-    # nothing bounded it: no such line
-    lines = report_lines(capsys, verify.Coverage([verify.Shape(512, 256, False)]))
-    assert lines[1] == "  covered: contexts 512; micro-batches 256; flash attention off"
-    assert not any("bounded by" in line for line in lines)
-
-
-def test_a_tiny_negative_mean_kld_prints_as_zero(capsys):
-    # llama-perplexity's floating-point sums leave a KLD of identical logits at about -1e-9; KLD is
-    # never negative, so the table says 0.000000; a clearly negative figure stays visible
-    from types import SimpleNamespace
-
-    from rocforge_build.commands.verify import report
-
-    cov = verify.Coverage([verify.Shape(512, 256, False), verify.Shape(2048, 256, False)])
-    checks = [verify.Check(512, -3e-9, 1.0, 10.0, 10.0, 256, False, None, passed=True).to_json(),
-              verify.Check(2048, -0.25, 1.0, 10.0, 10.0, 256, False, None, passed=True).to_json()]
-    report(SimpleNamespace(prefix="/b"), SimpleNamespace(prefix="/ref"),
-           {"passed": True, "coverage": cov.to_json(), "checks": checks})
-    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
-    assert [r[4] for r in rows if r[0] in ("512", "2048")] == ["0.000000", "-0.250000"]
-    assert verify.kld_shown(-0.0) == 0.0 and str(verify.kld_shown(-0.0)) == "0.0"
-
-
-def test_shipped_text_is_pride_and_prejudice_long_enough_for_32768():
-    text = verify.text_file().read_text(encoding="utf-8")
-    assert text.startswith("PRIDE AND PREJUDICE") and "It is a truth universally acknowledged" in text
-    # >= 70K tokens at the ~4.2 characters a token common 32K-49K BPE vocabularies reach on English
-    # prose: 684,768 characters; SmolLM2's tokenizer made 8192 + 8192 tokens of its first ~75 K words
-    assert len(text) > 4.2 * 70_000 * 2
-
-
-# -- limits: like with like, per type -----------------------------------------------------------
-def test_reference_ppl_is_its_own_final_estimate():
-    out = "...\n[1]17.38,[2]17.33,\nFinal estimate: PPL = 17.3358 +/- 0.62417\n"
-    assert verify.parse_final_ppl(out) == 17.3358
-
-
-def test_quantized_models_get_their_measured_limits():
-    _, _, f16 = verify.rules("F16")
-    _, _, q4 = verify.rules("Q4_0")
-    lim = {t.metric: t.limit for t in f16}
-    qlim = {t.metric: t.limit for t in q4}
-    assert lim == {"kld_mean": 0.005, "top1": 0.95, "ppl_ratio": 1.01}
-    # each measured type its own (a right Vulkan build on the H100, per type: Q8_0 <= 0.00367 KLD,
-    # >= 95.6 % top-1; Q4_1 <= 0.00372, >= 95.2 %; Q4_0 <= 0.00401, >= 95.1 %; PPL ratio <= 1.0021)
-    assert qlim == {"kld_mean": 0.012, "top1": 0.931, "ppl_ratio": 1.02}
-    per_type = {ft: {t.metric: t.limit for t in verify.rules(ft)[2]} for ft in ("Q8_0", "Q4_1", "Q4_K_M")}
-    assert per_type["Q8_0"] == {"kld_mean": 0.011, "top1": 0.936, "ppl_ratio": 1.02}
-    assert per_type["Q4_1"] == {"kld_mean": 0.0112, "top1": 0.932, "ppl_ratio": 1.02}
-    # a type never measured: the loosest measured limits, and the reason says it was not measured
-    assert per_type["Q4_K_M"] == {"kld_mean": 0.012, "top1": 0.93, "ppl_ratio": 1.02}
-    assert "not measured" in next(t.reason for t in verify.rules("Q4_K_M")[2] if t.metric == "kld_mean")
-    assert "Q8_0 weights" in next(t.reason for t in verify.rules("Q8_0")[2] if t.metric == "kld_mean")
-    # the right builds measured pass their type's limits (Q4_0's worst check, Q8_0's worst check)
-    right_q4_0 = verify.judge(verify.Check(2048, 0.00401, 0.95064, 22.9143, 22.976, 256, False), q4, 49152)
-    assert right_q4_0.passed
-    q8 = verify.rules("Q8_0")[2]
-    assert verify.judge(verify.Check(2048, 0.00367, 0.956, 22.9, 22.93, 256, False), q8, 49152).passed
-    # the flash-attention fault of test_verify_shapes.py on the trained Q4_1 model, at 512 tokens
-    wrong = verify.judge(verify.Check(512, 0.29538, 0.72255, 23.4546, 17.3358, 2048, True), q4, 49152)
-    assert not wrong.passed and len(wrong.failed) == 3
-
-
-def test_failures_are_attributed_to_flash_attention_only_when_they_follow_it():
-    def c(fa, passed, ctx=512):
-        return verify.Check(ctx, 0, 1, 1, 1, 256, fa, None, passed=passed)
-
-    # wrong with fa on; the same shape with fa off passes: fa off stays usable
-    assert verify.verdicts([c(True, False), c(False, True)]) == {"on": "failed", "off": "passed"}
-    # a failure with fa off at a shape never tried with fa on condemns both
-    assert verify.verdicts([c(True, True), c(False, False, ctx=2048)]) == {"on": "failed", "off": "failed"}
-    assert verify.verdicts([c(True, True), c(False, True)]) == {"on": "passed", "off": "passed"}
 
 
 # -- tune: ranking and settling -----------------------------------------------------------------
@@ -323,65 +187,6 @@ def preset(model="m", score=1.0, env=None, argv=None):
                                  "verified": {"shape": {"ctx": 4096, "ubatch": 512, "fa": False, "ngl": None,
                                                         "kv": "f16", "load": "mmap", "parallel": 1}},
                                  "notes": []}}}
-
-
-def test_presets_are_a_history_per_model_and_use_picks_a_version(capsys):
-    with Store() as s:
-        v1 = s.add_preset("m", "ab" * 32, 1, preset(score=1.0))
-        assert s.add_preset("other", "cd" * 32, 2, preset(model="other")) == 1  # the other model's own 1
-        v2 = s.add_preset("m", "ab" * 32, 3, preset(score=2.0))
-    assert (v1, v2) == (1, 2)  # m's own numbers, whatever was stored between them
-    assert cli.main(["preset", "history", "m", "--json"]) == 0
-    hist = json.loads(capsys.readouterr().out)
-    assert [(h["version"], h["run_id"], h["in_use"]) for h in hist] == [(1, 1, False), (2, 3, True)]
-    assert cli.main(["preset", "use", "m", "1"]) == 0
-    assert "m (sha256 abababababab): preset version 1" in capsys.readouterr().out
-    assert cli.main(["preset", "show", "m", "--json"]) == 0
-    shown = json.loads(capsys.readouterr().out)
-    assert (shown["version"], shown["in_use"], shown["ranges"]["short"]["score"]) == (1, "chosen", 1.0)
-    assert cli.main(["preset", "show", "other", "--json"]) == 0  # m's choice is m's alone
-    assert json.loads(capsys.readouterr().out)["in_use"] == "newest"
-    assert cli.main(["preset", "use", "m", "3"]) == 2  # 3 is a row of the table, not a version of m
-    assert "m has no preset version 3" in capsys.readouterr().err
-
-
-def test_two_models_sharing_a_name_have_their_own_histories(tmp_path, capsys):
-    from rocforge_build.measure import provenance
-
-    paths = []
-    for quant, seed in (("q4", 0), ("q8", 1)):
-        (tmp_path / quant).mkdir()
-        paths.append(write_gguf(tmp_path / quant / "model.gguf", seed=seed))
-    # one name (as two quantizations of one model share general.name), two files
-    assert gguf.check(paths[0]).name == gguf.check(paths[1]).name == "model"
-    q4, q8 = (provenance.model_sha256(p) for p in paths)
-    with Store() as s:
-        for sha, path, score, version in ((q4, paths[0], 4.0, 1), (q8, paths[1], 8.0, 1), (q8, paths[1], 8.5, 2)):
-            p = preset("model", score=score)
-            p["model"].update(sha256=sha, path=str(path))
-            assert s.add_preset("model", sha, None, p) == version
-    for argv in (["preset", "show", "model"], ["preset", "history", "model"], ["preset", "use", "model", "1"],
-                 ["preset", "export", "model", "--format", "shell"], ["serve", "model", "--dry-run"]):
-        assert cli.main(argv) == 2, argv
-        err = capsys.readouterr().err.splitlines()
-        assert err == [f"rocforge: error: 'model' names 2 models with presets: {q4[:12]} ({paths[0]}), "
-                       f"{q8[:12]} ({paths[1]})",
-                       "rocforge: hint: pick one: pass its GGUF path or its sha256 (the first 12 hex digits "
-                       "are enough)"], argv
-    # the path, the sha256 or its first 12 hex digits pick one history
-    assert cli.main(["preset", "show", str(paths[0]), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["ranges"]["short"]["score"] == 4.0
-    assert cli.main(["preset", "history", q8[:12], "--json"]) == 0
-    assert [(h["version"], h["data"]["ranges"]["short"]["score"]) for h in json.loads(capsys.readouterr().out)] == [
-        (1, 8.0), (2, 8.5)]
-    assert cli.main(["preset", "use", q8, "1"]) == 0
-    capsys.readouterr()
-    for path, score in ((paths[1], 8.0), (paths[0], 4.0)):  # q8's choice leaves q4's newest in use
-        assert cli.main(["preset", "show", str(path), "--json"]) == 0
-        assert json.loads(capsys.readouterr().out)["ranges"]["short"]["score"] == score
-    assert cli.main(["preset", "list"]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"model  sha256 {q4[:12]}  1 version(s)  {paths[0]}",
-                                                    f"model  sha256 {q8[:12]}  2 version(s)  {paths[1]}"]
 
 
 def as_build(prefix: Path, stamp: str = "s1") -> Path:
@@ -557,8 +362,9 @@ def test_serve_runs_the_preset_waits_for_health_and_stops_on_ctrl_c(tmp_path):
     assert json.loads(argv_out.read_text())[-4:] == ["--host", "127.0.0.1", "--port", str(port)]
     os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=30)
-    time.sleep(0.2)
-    with socket.socket() as s:  # the server is gone: nothing listens on the port any more
+    # serve stops its server before it exits (proc.stop_group waits until the process is gone, and
+    # a process's sockets close when it exits): no wait here, nothing listens on the port any more
+    with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
@@ -685,40 +491,3 @@ def test_serve_flags_are_checked(flag, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["serve", "m", *flag])
     assert exc.value.code == 2 and f"argument {flag[0]}" in capsys.readouterr().err
-
-
-def test_the_reference_reads_only_the_start_of_the_text_a_check_needs(tmp_path, monkeypatch):
-    """llama-perplexity tokenizes its whole file first (Pride and Prejudice: 178 s with a
-    byte-token vocabulary on 2 cores, 0.2 s for 40 K characters): a check at 512 tokens (4 chunks)
-    gets the first 5 x 512 x 32 characters, ended at a line; a text no longer than that is used
-    as it is; the start is written once."""
-    monkeypatch.setattr(verify, "cache_dir", lambda: tmp_path / "cache")
-    whole = verify.text_file()
-    text = whole.read_text(encoding="utf-8")
-    start = verify.text_start(whole, 512)
-    body = start.read_text(encoding="utf-8")
-    assert start != whole and text.startswith(body) and body.endswith("\n")
-    assert 5 * 512 * 32 // 2 < len(body) <= 5 * 512 * 32
-    mtime = start.stat().st_mtime_ns
-    assert verify.text_start(whole, 512) == start and start.stat().st_mtime_ns == mtime
-    short = tmp_path / "short.txt"
-    short.write_text(text[:1000], encoding="utf-8")
-    assert verify.text_start(short, 512) == short
-
-
-def test_a_start_too_short_for_the_tokenizer_falls_back_to_the_whole_text(tmp_path, monkeypatch):
-    """A tokenizer of longer tokens than 32 characters on average: the reference runs on the whole
-    text, and a text too short even then bounds the coverage by the whole text's tokens."""
-    monkeypatch.setattr(verify, "cache_dir", lambda: tmp_path / "cache")
-    whole = verify.text_file()
-    seen = []
-
-    def base(ref, model, text, ctx, fa, progress=None):
-        seen.append(text)
-        if text != whole:
-            raise verify.TextTooShort(700)
-        return tmp_path / "base", 20.0
-
-    monkeypatch.setattr(verify, "reference_base", base)
-    assert verify._reference(None, None, whole, 512, True) == (tmp_path / "base", 20.0)
-    assert seen[0] != whole and seen[1] == whole

@@ -43,9 +43,14 @@ def test_bench_and_tune_rows_show_n_of_total_and_the_current_work(monkeypatch, c
     p = Progress(3, step="tune")
     p.status("warming up cpu (one discarded run)")
     p.skip(1)
-    time.sleep(0.3)
+    # the heartbeat thread writes every 0.05 s: wait for its first line (a loaded machine may run
+    # it late), not for a fixed time that hoped it had run
+    err, deadline = "", time.monotonic() + 30
+    while not _beats(err) and time.monotonic() < deadline:
+        err += capsys.readouterr().err
+        time.sleep(0.01)
     p.close()
-    beats = _beats(capsys.readouterr().err)
+    beats = _beats(err + capsys.readouterr().err)
     assert beats and beats[-1]["step"] == "tune" and beats[-1]["n"] == "1/3"
     assert beats[-1]["detail"] == "warming up cpu (one discarded run)"
 

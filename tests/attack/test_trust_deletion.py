@@ -3,11 +3,11 @@ through `ownership.remove_owned` / `scratch_dir` (a tree carrying rocforge's mar
 this process made), on one device; a source tree is replaced as a whole (`install_tree`: staged
 beside it, exchanged in one renameat2, the completeness stamp written last).  Done for real: a
 directory of the user's at a source tree's path, a tmpfs and a bind mount inside a tree that a
-re-fetch replaces, a SIGKILL at each step of a replacement, and a structural check of the code."""
+re-fetch replaces, and a SIGKILL at each step of a replacement (the structural check of the code
+is tests/test_ownership.py's)."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
@@ -17,13 +17,11 @@ from pathlib import Path
 import pytest
 from buildfixtures import RECIPE, git_repo, tarball
 from needs import needs
-from trust_helpers import REPO, mount_namespace, one_error, python, rocforge, snapshot
+from trust_helpers import mount_namespace, one_error, python, rocforge, snapshot
 
 from rocforge_build import ownership
 from rocforge_build.download import sha256_file
 from rocforge_build.forge import source_fetch, sources
-
-PACKAGE = REPO / "rocforge_build"
 
 
 def trees() -> Path:
@@ -234,104 +232,3 @@ def test_sigkill_mid_replacement_leaves_the_old_tree_unstamped_or_the_new_one_wh
         assert ownership.is_marked(aside) or not any(aside.iterdir()), aside  # rocforge's
     again = spec.fetch()
     assert again.root == tree and snapshot(tree) == whole
-
-
-# -- the structure: no removal outside ownership.py ----------------------------------------------
-
-REMOVER = "rocforge_build/ownership.py"  # the one-device remover itself
-ALLOWED = {
-    "rocforge_build/forge/sources.py:sync_tree": "its walk of the source (read only) unlinks the "
-    "one file of the work copy it copies again; what the source lacks goes by walk_one_device",
-}
-REMOVE_CALLS = {"rmtree", "removedirs", "TemporaryDirectory"}
-UNLINKS = {"unlink", "remove", "rmdir"}
-
-
-def _is_walk(call: ast.AST) -> bool:
-    """os.walk(...) or <path>.rglob(...): a walk that enters every mount below its top."""
-    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
-        return False
-    base = getattr(call.func.value, "id", None)
-    return call.func.attr == "rglob" or (call.func.attr, base) == ("walk", "os")
-
-
-def _removes(nodes: list[ast.AST]) -> bool:
-    return any(isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute)
-               and inner.func.attr in UNLINKS and getattr(inner.func.value, "id", None) != "dirnames"
-               for node in nodes for inner in ast.walk(node))
-
-
-def _own_nodes(scope: ast.AST):
-    """The nodes of a module or function, not those of the functions defined inside it."""
-    todo = list(ast.iter_child_nodes(scope))
-    while todo:
-        node = todo.pop()
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield node
-            todo.extend(ast.iter_child_nodes(node))
-
-
-def removals(source: str) -> dict[str, str]:
-    """The recursive removals in `source` by the function they are in: shutil.rmtree,
-    os.removedirs, TemporaryDirectory (an rmtree on exit), shutil.move (an rmtree of its source
-    across file systems), and a loop over os.walk or Path.rglob
-    that unlinks or removes (`ownership.walk_one_device` is the walk such a loop may use)."""
-    found: dict[str, str] = {}
-    for func in ast.walk(ast.parse(source)):
-        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-            continue
-        where = getattr(func, "name", "<module>")
-        for node in _own_nodes(func):
-            name = (getattr(node.func, "attr", getattr(node.func, "id", None))
-                    if isinstance(node, ast.Call) else None)
-            if name in REMOVE_CALLS or (name == "move" and getattr(
-                    node.func, "value", None) and getattr(node.func.value, "id", None) == "shutil"):
-                found.setdefault(where, f"{name} at line {node.lineno}")
-            if isinstance(node, ast.For) and _is_walk(node.iter) and _removes(node.body):
-                found.setdefault(where, f"a walk with removals at line {node.lineno}")
-            if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)) and any(
-                    _is_walk(g.iter) for g in node.generators) and _removes([node.elt]):
-                found.setdefault(where, f"a walk with removals at line {node.lineno}")
-    return found
-
-
-def test_the_structural_check_sees_each_kind_of_recursive_removal():
-    bad = {
-        "import shutil\nshutil.rmtree(p)\n": "rmtree",
-        "from shutil import rmtree\ndef f(p):\n    rmtree(p, ignore_errors=True)\n": "rmtree",
-        "import os\nos.removedirs(p)\n": "removedirs",
-        "import shutil\ndef m(a, b):\n    shutil.move(a, b)\n": "move",
-        "import tempfile\nwith tempfile.TemporaryDirectory() as t:\n    pass\n": "TemporaryDirectory",
-        "import os\ndef f(p):\n    for d, _, fs in os.walk(p):\n        for f in fs:\n"
-        "            os.unlink(os.path.join(d, f))\n": "a walk with removals",
-        "def g(p):\n    for f in p.rglob('*'):\n        f.unlink()\n": "a walk with removals",
-        "def h(p):\n    [f.unlink() for f in p.rglob('*') if f.is_file()]\n": "a walk with removals",
-    }
-    for source, kind in bad.items():
-        assert any(kind in f for f in removals(source).values()), source
-    ok = ("from rocforge_build import ownership\ndef f(p):\n"
-          "    for d, dirnames, fs in ownership.walk_one_device(p):\n        os.unlink(fs[0])\n"
-          "    n = sum(1 for f in p.rglob('*'))\n    ownership.remove_owned(p, 'x')\n"
-          "    os.unlink(p)\n")
-    assert removals(ok) == {}
-
-
-def test_no_recursive_removal_outside_ownership_py():
-    """Every recursive removal in rocforge goes through ownership.py (remove_owned, discard,
-    scratch_dir, install_tree, walk_one_device): a tree is removed by its mark, never by where
-    it is.  An allowed entry names its reason, and must still exist (no stale allowance)."""
-    found, used = {}, set()
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = str(path.relative_to(REPO))
-        if rel == REMOVER:
-            continue
-        for where, what in removals(path.read_text(encoding="utf-8")).items():
-            if rel in ALLOWED:
-                used.add(rel)
-            elif f"{rel}:{where}" in ALLOWED:
-                used.add(f"{rel}:{where}")
-            else:
-                found[f"{rel}:{where}"] = what
-    assert found == {}, ("recursive removal outside ownership.py; use ownership.remove_owned, "
-                         f"discard, scratch_dir or walk_one_device: {found}")
-    assert used == set(ALLOWED), f"allowances no longer needed: {set(ALLOWED) - used}"

@@ -9,7 +9,6 @@ server, and no process left behind."""
 
 from __future__ import annotations
 
-import ast
 import http.server
 import json
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 import needs
 import pytest
 from buildfixtures import RECIPE, git_repo, project_copy
+from test_proc import HANGS, alive, left_over, wait_for
 
 from rocforge_build import cli, proc
 from rocforge_build.measure.store import Store
@@ -38,14 +38,6 @@ MARGIN = 4.0
 
 def error_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("rocforge: error:")]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def free_port() -> int:
@@ -199,13 +191,6 @@ def serve_to_its_end(bindir: Path, wait: float) -> Ended:
     return Ended(serve.returncode, out, err, seconds, left)
 
 
-def wait_for(path: Path, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
-
-
 def serve_while_another_takes_the_port(bindir: Path, port: int, signal_file: str,
                                        wait: float) -> tuple[int, str, str]:
     """`rocforge serve` of the fake in `bindir`; once the fake writes `signal_file`, another
@@ -315,10 +300,7 @@ def test_preset_show_shell_and_serve_default_to_the_same_range(tmp_path, capsys)
     assert "-c 32768" in ran.stdout and "-c 4096" not in ran.stdout
 
 
-# -- hanging tools ---------------------------------------------------------------------------------
-HANGS = '#!/bin/sh\necho $$ >> "{pids}"\nsleep 3600 &\necho $! >> "{pids}"\nwait\n'
-
-
+# -- hanging tools (proc.run's own deadline: test_proc.py) -----------------------------------------
 def hanging(bindir: Path, tool: str, pids: Path, *, only: str | None = None) -> None:
     """`tool` on PATH as a script that hangs (with a child: the whole tree must be stopped);
     with `only`, it hangs only when its first argument is `only` and else runs the real tool."""
@@ -330,10 +312,6 @@ def hanging(bindir: Path, tool: str, pids: Path, *, only: str | None = None) -> 
                 + body.split("\n", 1)[1])
     (bindir / tool).write_text(body)
     (bindir / tool).chmod(0o755)
-
-
-def left_over(pids: Path) -> list[int]:
-    return [int(p) for p in pids.read_text().split() if alive(int(p))]
 
 
 @needs.needs("git")
@@ -377,46 +355,6 @@ def test_a_hanging_cmake_ends_a_build_in_one_line_and_installs_nothing(tmp_path,
     assert pids.read_text().split() and left_over(pids) == []
 
 
-def test_run_stops_the_whole_tree_at_its_deadline(tmp_path):
-    pids = tmp_path / "pids"
-    script = tmp_path / "slow-tool"
-    script.write_text(HANGS.format(pids=pids))
-    script.chmod(0o755)
-    start = time.monotonic()
-    with pytest.raises(proc.ToolTimedOut) as exc:
-        proc.run([str(script), "--version"], timeout=1.0)
-    assert time.monotonic() - start < 1.0 + MARGIN
-    assert str(exc.value).startswith(f"slow-tool did not finish within 1 s and was stopped: {script} --version")
-    assert exc.value.exit_code == 5
-    assert left_over(pids) == []
-
-
-@needs.needs("git")
-def test_an_orphan_holding_the_output_is_stopped_at_the_deadline(tmp_path):
-    """The tool exits but leaves a background process holding its output pipe open (reparented:
-    no longer its descendant): the read ends at the deadline, and that process is stopped too."""
-    pids = tmp_path / "pids"
-    script = tmp_path / "leaves-a-child"
-    script.write_text(f'#!/bin/sh\nsleep 3600 &\necho $! > "{pids}"\nexit 0\n')
-    script.chmod(0o755)
-    start = time.monotonic()
-    with pytest.raises(proc.ToolTimedOut):
-        proc.run([str(script)], timeout=1.0)
-    assert time.monotonic() - start < 1.0 + MARGIN
-    assert pids.read_text().split() and left_over(pids) == []
-
-
-def test_every_run_without_a_deadline_says_why():
-    """`timeout=None` (no deadline) is for work whose length is the work itself; each such call
-    carries its reason as a comment on its line."""
-    bare = []
-    for path in sorted((REPO / "rocforge_build").rglob("*.py")):
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if "timeout=None" in line and "#" not in line.split("timeout=None", 1)[1]:
-                bare.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
-    assert bare == []
-
-
 @pytest.mark.parametrize("value", ["0", "-3", "nan", "inf", "soon", "1e300"])
 def test_a_bad_probe_deadline_is_one_line(value, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv(proc.PROBE_ENV, value)
@@ -427,56 +365,6 @@ def test_a_bad_probe_deadline_is_one_line(value, capsys, monkeypatch, tmp_path):
     # the fixture's dry run asks a tool (git on the copy, patch checks): the bad value is refused
     assert rc == 2 and lines == [f"rocforge: error: {proc.PROBE_ENV}={value!r} is not a number of seconds "
                                  "above 0 up to 86400"]
-
-
-# -- the structure: proc.py is the only place a program is started --------------------------------
-STARTERS = {("subprocess", n) for n in ("run", "Popen", "call", "check_call", "check_output",
-                                        "getoutput", "getstatusoutput")} | \
-           {("os", n) for n in ("system", "popen", "execv", "execve", "execvp", "execvpe", "execl",
-                                "execle", "execlp", "execlpe", "spawnv", "spawnve", "spawnvp",
-                                "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe", "posix_spawn",
-                                "posix_spawnp", "fork", "forkpty")} | \
-           {("asyncio", "create_subprocess_exec"), ("asyncio", "create_subprocess_shell"),
-            ("pty", "spawn"), ("pty", "fork")}
-# files allowed to start programs themselves, each with its reason (none: proc.py is the one)
-ALLOWED: dict[str, str] = {}
-
-
-def starters_in(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                and (node.value.id, node.attr) in STARTERS:
-            found.append(f"{node.value.id}.{node.attr} (line {node.lineno})")
-        if isinstance(node, ast.ImportFrom) and node.module in {m for m, _ in STARTERS}:
-            found += [f"from {node.module} import {a.name} (line {node.lineno})" for a in node.names
-                      if (node.module, a.name) in STARTERS]
-    return found
-
-
-def test_only_proc_starts_programs():
-    """Every program rocforge runs goes through rocforge_build/proc.py (deadlines, process
-    groups, one-line errors); a direct subprocess.run/Popen/os.system elsewhere fails here."""
-    package = REPO / "rocforge_build"
-    offenders = {}
-    for path in sorted(package.rglob("*.py")):
-        rel = path.relative_to(REPO).as_posix()
-        if rel == "rocforge_build/proc.py" or rel in ALLOWED:
-            continue
-        found = starters_in(path)
-        if found:
-            offenders[rel] = found
-    assert offenders == {}
-
-
-def test_the_structural_check_sees_a_direct_start(tmp_path):
-    """The check above is not vacuous: each way of starting a program is found."""
-    sample = tmp_path / "sample.py"
-    sample.write_text("import subprocess, os\nfrom subprocess import check_output\n"
-                      "subprocess.run(['x'])\nsubprocess.Popen(['x'])\nos.system('x')\n")
-    assert {f.split(" (")[0] for f in starters_in(sample)} == {
-        "from subprocess import check_output", "subprocess.run", "subprocess.Popen", "os.system"}
 
 
 # -- a second trial (issue 30): address, escaping, warm-up deadline, messages, death of serve -------
@@ -776,27 +664,6 @@ def test_ctrl_c_stops_a_child_that_left_the_group_with_setsid(tmp_path):
         stop_fake(bindir)
         if daemon and alive(daemon):
             os.kill(daemon, signal.SIGKILL)
-
-
-def test_stop_group_stops_a_daemonized_grandchild(tmp_path):
-    """proc.spawn + stop_group directly: a child that double-forks into a new session and exits
-    leaves a grandchild that only the spawn mark ties to it; stop_group ends it."""
-    pidfile = tmp_path / "pid"
-    code = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-            f"        open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
-            f"        os.rename({str(pidfile)!r} + '.tmp', {str(pidfile)!r})\n        time.sleep(3600)\n"
-            f"    os._exit(0)\nos.wait()\n")
-    child = proc.spawn([sys.executable, "-c", code])
-    wait_for(pidfile)
-    grandchild = int(pidfile.read_text())
-    try:
-        child.wait(timeout=30)  # the child is gone, the daemon is init's
-        assert alive(grandchild)
-        proc.stop_group(child, grace=2.0)
-        assert not alive(grandchild)
-    finally:
-        if alive(grandchild):
-            os.kill(grandchild, signal.SIGKILL)
 
 
 def test_the_relay_of_a_servers_output_ends_quietly_when_its_pipe_is_closed(monkeypatch):
