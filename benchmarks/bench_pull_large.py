@@ -1,0 +1,193 @@
+"""A large layer's pull from a real registry: rocforge against `curl` on the same registry, side by
+side in one run, at several sizes.
+
+    python benchmarks/bench_pull_large.py [--sizes-mb 64,512,2048] [--rounds N]
+
+A blob of random bytes of each size is pushed once into a real `docker-registry` (distribution
+2.8, plain HTTP on 127.0.0.1, tests/registry_server.py), then pulled, rounds alternating which side
+goes first:
+
+- `rocforge`: `open_store(url).fetch_blob(desc, dest, cap=...)` as `rocforge build` pulls a
+  substitute's layer: parallel range requests above `oci.RANGED_THRESHOLD`, sha256 of the bytes
+  as they come, in order, checked at the end (nothing read twice);
+- `rocforge 1 stream`: the same with `oci.RANGED_STREAMS = 1` (one GET, as before ranged pulls);
+- `curl`: `curl -sfS -o FILE URL` of the same blob, which checks nothing.
+
+Per side: the median time, GB/s (10^9 bytes/s), the ratio of its speed to curl's (above 1:
+faster than curl), and the CPU cores it used, (user + sys) / wall, of the client (rocforge's own
+process; curl's child) and of the registry process serving it (from /proc).  Also the machine's
+load and core count at start and end, and sha256's speed on one core here (the bound of any pull
+that checks the digest as it reads, since sha256 is sequential).  Needs `docker-registry` and
+`curl` on PATH; nothing from the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MEDIA = "application/octet-stream"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """utime + stime of a process (its threads too), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def sha256_speed() -> float:
+    """GB/s of hashlib.sha256 over 256 MiB in 1 MiB updates (one core)."""
+    block = os.urandom(1 << 20)
+    h = hashlib.sha256()
+    t = time.perf_counter()
+    for _ in range(256):
+        h.update(block)
+    return (256 << 20) / (time.perf_counter() - t) / 1e9
+
+
+def make_blob(path: Path, size: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "wb") as out:
+        left = size
+        while left:
+            block = os.urandom(min(left, 8 << 20))
+            h.update(block)
+            out.write(block)
+            left -= len(block)
+    return "sha256:" + h.hexdigest()
+
+
+def curl_push(base: str, repo: str, path: Path, digest: str) -> None:
+    head = subprocess.run(["curl", "-sfS", "-X", "POST", "-o", "/dev/null", "-D", "-",
+                           f"{base}/v2/{repo}/blobs/uploads/"], capture_output=True, text=True, check=True)
+    location = next(line.split(":", 1)[1].strip() for line in head.stdout.splitlines()
+                    if line.lower().startswith("location:"))
+    url = location + ("&" if "?" in location else "?") + f"digest={digest}"
+    subprocess.run(["curl", "-sfS", "-X", "PUT", "-o", "/dev/null", "-H", f"Content-Type: {MEDIA}",
+                    "-T", str(path), url], check=True)
+
+
+def measure(fn, server_pid: int, clock) -> tuple[float, float, float]:
+    """(wall s, client CPU s, server CPU s) of one call."""
+    c0, s0, t0 = clock(), process_cpu(server_pid), time.perf_counter()
+    fn()
+    wall = time.perf_counter() - t0
+    return wall, clock() - c0, process_cpu(server_pid) - s0
+
+
+def one_size(tmp: Path, registry, size_mb: int, rounds: int, streams: list[int], piece: int) -> list[str]:
+    from rocforge_build.substitute import oci
+    from rocforge_build.substitute.stores import open_store
+
+    size = size_mb * 1_000_000
+    blob = tmp / f"blob-{size_mb}"
+    digest = make_blob(blob, size)
+    repo = f"bench/pull-{size_mb}"
+    curl_push(registry.base, repo, blob, digest)
+    blob.unlink()
+    desc = oci.Descriptor(MEDIA, digest, size)
+    url = registry.store_url(repo)
+    dest = tmp / "pulled"
+
+    def ours(count: int):
+        def pull() -> None:
+            dest.unlink(missing_ok=True)
+            saved = oci.RANGED_STREAMS, oci.RANGED_PIECE
+            oci.RANGED_STREAMS, oci.RANGED_PIECE = count, piece or oci.RANGED_PIECE
+            try:
+                with open_store(url, timeout=60) as store:
+                    store.fetch_blob(desc, dest, cap=1 << 40)
+            finally:
+                oci.RANGED_STREAMS, oci.RANGED_PIECE = saved
+        return pull
+
+    def curl() -> None:
+        dest.unlink(missing_ok=True)
+        subprocess.run(["curl", "-sfS", "-o", str(dest), f"{registry.base}/v2/{repo}/blobs/{digest}"],
+                       check=True)
+
+    sides = [(f"rocforge {n} streams" if n != oci.RANGED_STREAMS else "rocforge", ours(n), own_cpu)
+             for n in streams or [oci.RANGED_STREAMS]]
+    sides += [("rocforge 1 stream", ours(1), own_cpu), ("curl", curl, children_cpu)]
+    for _, fn, _ in sides:  # one untimed pass: the registry's file in the page cache, imports warm
+        fn()
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _, _ in sides}
+    for n in range(rounds):
+        for name, fn, clock in (sides if n % 2 == 0 else sides[::-1]):
+            runs[name].append(measure(fn, registry.process.pid, clock))
+    dest.unlink(missing_ok=True)
+    med = {name: tuple(statistics.median(r[i] for r in v) for i in range(3)) for name, v in runs.items()}
+    curl_wall = med["curl"][0]
+    lines = []
+    for name, (wall, client, server) in med.items():
+        lines.append(f"| {size_mb} MB | {name} | {wall:.3f} s | {size / wall / 1e9:.2f} | "
+                     f"{curl_wall / wall:.2f} | {client / wall:.2f} | {server / wall:.2f} |")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes-mb", default="64,512,2048", help="blob sizes in MB (default 64,512,2048)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds of each side (default 3)")
+    ap.add_argument("--streams", default="", help="rocforge's parallel streams to compare, as 2,4 "
+                    "(default: its own choice, oci.RANGED_STREAMS)")
+    ap.add_argument("--piece-mib", type=int, default=0, help="range size in MiB (default: oci.RANGED_PIECE)")
+    a = ap.parse_args()
+    for tool in ("docker-registry", "curl"):
+        if shutil.which(tool) is None:
+            print(f"bench_pull_large.py: skipped: {tool} is not on PATH (Debian: {tool})")
+            return 0
+    sys.path[:0] = [str(REPO), str(REPO / "tests")]
+    from registry_server import start_registry
+
+    from rocforge_build.substitute import oci
+
+    print(f"cores: {os.cpu_count()}, load average at start: {os.getloadavg()}", flush=True)
+    print(f"sha256 on one core (hashlib, 1 MiB updates): {sha256_speed():.2f} GB/s", flush=True)
+    print(f"rocforge: {oci.RANGED_STREAMS} streams of {oci.RANGED_PIECE >> 20} MiB ranges above "
+          f"{oci.RANGED_THRESHOLD >> 20} MiB", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="rocforge-bench-pull-"))
+    rows = []
+    try:
+        with start_registry(tmp / "registry") as registry:
+            for size_mb in (int(s) for s in a.sizes_mb.split(",")):
+                added = one_size(tmp, registry, size_mb, a.rounds,
+                                 [int(n) for n in a.streams.split(",") if n], a.piece_mib << 20)
+                rows += added
+                print("\n".join(added), flush=True)
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(tmp)
+    print(f"\n{a.rounds} rounds alternating, medians; GB/s = 10^9 bytes/s; x curl = curl's time / this "
+          "side's; cores = (user + sys) / wall")
+    print("| size | side | time | GB/s | x curl | client cores | registry cores |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+    print(f"load average at end: {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
