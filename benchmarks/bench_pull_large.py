@@ -8,8 +8,12 @@ A blob of random bytes of each size is pushed once into a real `docker-registry`
 goes first:
 
 - `rocforge`: `open_store(url).fetch_blob(desc, dest, cap=...)` as `rocforge build` pulls a
-  substitute's layer: parallel range requests above `oci.RANGED_THRESHOLD`, sha256 of the bytes
-  as they come, in order, checked at the end (nothing read twice);
+  substitute's layer: above `oci.RANGED_THRESHOLD` the first range alone, then parallel range
+  requests, or one stream where that first range came at `oci.RANGED_ENOUGH` bytes/s or more
+  (loopback does); sha256 of the bytes as they come, in order, checked at the end (nothing read
+  twice);
+- `rocforge N streams forced`: the same with the parallel ranges whatever the first range's rate
+  (`--streams` picks N; default `oci.RANGED_STREAMS`);
 - `rocforge 1 stream`: the same with `oci.RANGED_STREAMS = 1` (one GET, as before ranged pulls);
 - `curl`: `curl -sfS -o FILE URL` of the same blob, which checks nothing.
 
@@ -111,16 +115,18 @@ def one_size(tmp: Path, registry, size_mb: int, rounds: int, streams: list[int],
     url = registry.store_url(repo)
     dest = tmp / "pulled"
 
-    def ours(count: int):
+    def ours(count: int | None, forced: bool = False):
         def pull() -> None:
             dest.unlink(missing_ok=True)
-            saved = oci.RANGED_STREAMS, oci.RANGED_PIECE
-            oci.RANGED_STREAMS, oci.RANGED_PIECE = count, piece or oci.RANGED_PIECE
+            saved = oci.RANGED_STREAMS, oci.RANGED_PIECE, oci.RANGED_ENOUGH
+            oci.RANGED_STREAMS = count or oci.RANGED_STREAMS
+            oci.RANGED_PIECE = piece or oci.RANGED_PIECE
+            oci.RANGED_ENOUGH = float("inf") if forced else oci.RANGED_ENOUGH
             try:
                 with open_store(url, timeout=60) as store:
                     store.fetch_blob(desc, dest, cap=1 << 40)
             finally:
-                oci.RANGED_STREAMS, oci.RANGED_PIECE = saved
+                oci.RANGED_STREAMS, oci.RANGED_PIECE, oci.RANGED_ENOUGH = saved
         return pull
 
     def curl() -> None:
@@ -128,8 +134,9 @@ def one_size(tmp: Path, registry, size_mb: int, rounds: int, streams: list[int],
         subprocess.run(["curl", "-sfS", "-o", str(dest), f"{registry.base}/v2/{repo}/blobs/{digest}"],
                        check=True)
 
-    sides = [(f"rocforge {n} streams" if n != oci.RANGED_STREAMS else "rocforge", ours(n), own_cpu)
-             for n in streams or [oci.RANGED_STREAMS]]
+    sides = [("rocforge", ours(None), own_cpu)]
+    sides += [(f"rocforge {n} streams forced", ours(n, forced=True), own_cpu)
+              for n in streams or [oci.RANGED_STREAMS]]
     sides += [("rocforge 1 stream", ours(1), own_cpu), ("curl", curl, children_cpu)]
     for _, fn, _ in sides:  # one untimed pass: the registry's file in the page cache, imports warm
         fn()
@@ -151,8 +158,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes-mb", default="64,512,2048", help="blob sizes in MB (default 64,512,2048)")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds of each side (default 3)")
-    ap.add_argument("--streams", default="", help="rocforge's parallel streams to compare, as 2,4 "
-                    "(default: its own choice, oci.RANGED_STREAMS)")
+    ap.add_argument("--streams", default="", help="parallel streams to force (whatever the first "
+                    "range's rate), as 2,4 (default: oci.RANGED_STREAMS)")
     ap.add_argument("--piece-mib", type=int, default=0, help="range size in MiB (default: oci.RANGED_PIECE)")
     a = ap.parse_args()
     for tool in ("docker-registry", "curl"):
@@ -167,7 +174,8 @@ def main() -> int:
     print(f"cores: {os.cpu_count()}, load average at start: {os.getloadavg()}", flush=True)
     print(f"sha256 on one core (hashlib, 1 MiB updates): {sha256_speed():.2f} GB/s", flush=True)
     print(f"rocforge: {oci.RANGED_STREAMS} streams of {oci.RANGED_PIECE >> 20} MiB ranges above "
-          f"{oci.RANGED_THRESHOLD >> 20} MiB", flush=True)
+          f"{oci.RANGED_THRESHOLD >> 20} MiB, one stream after a first range at "
+          f"{oci.RANGED_ENOUGH / 1e6:.0f} MB/s or more", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="rocforge-bench-pull-"))
     rows = []
     try:

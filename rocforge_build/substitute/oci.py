@@ -14,6 +14,7 @@ import os
 import queue
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,10 @@ CHUNK = 1 << 20
 RANGED_THRESHOLD = 64 << 20
 RANGED_STREAMS = 4
 RANGED_PIECE = 8 << 20
+# the first range comes alone; one that came at least this fast (bytes/s) says one stream is
+# enough for this link, and the rest comes as one (on loopback and a 2-core machine parallel
+# streams cost CPU the sha256 needs: docs/measurements/large-pulls.md)
+RANGED_ENOUGH = 200e6
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -656,7 +661,8 @@ class _RangedPull:
     on its inode and were slower, measured), and at most 2 x RANGED_STREAMS pieces are held.  The first
     piece goes alone: a store that answers it with the whole blob (RangeRefused) has the pull
     go on as one stream, as does one that refuses a later range (from the bytes hashed so
-    far).  One Pace judges all the streams together; each read waits at most until the
+    far), and so does a link fast enough for one stream (the first range at RANGED_ENOUGH
+    bytes/s or more).  One Pace judges all the streams together; each read waits at most until the
     transfer's deadline; a piece whose connection drops is resumed from where it stopped up to
     `retries` times.  The first error stops every stream (their sockets shut down) and is
     raised."""
@@ -680,7 +686,7 @@ class _RangedPull:
         self.error: BaseException | None = None
         self.refused = False
         self.stopped = False
-        self.first_answered = threading.Event()
+        self.first_done = threading.Event()  # the first range came whole (or the pull stopped)
 
     def run(self) -> int:
         """The bytes hashed, in order, and written: the blob's size, or fewer where the store
@@ -741,10 +747,10 @@ class _RangedPull:
                             raise self.error
                         if self.write_error is not None:
                             raise self.write_error
-                        if self.refused:
-                            return at
                         if self.filled.get(index, 0) > done:
                             break
+                        if self.refused:
+                            return at
                         left = self.transfer.deadline.left()
                         if left <= 0:
                             raise self.transfer.expired_error()
@@ -763,7 +769,7 @@ class _RangedPull:
             self.stopped = True
             streams = list(self.streams)
             self.cond.notify_all()
-        self.first_answered.set()
+        self.first_done.set()
         for stream in streams:
             with contextlib.suppress(Exception):
                 stream.abort()
@@ -771,7 +777,7 @@ class _RangedPull:
     def _work(self, n: int) -> None:
         try:
             if n:
-                self.first_answered.wait()
+                self.first_done.wait()
             while True:
                 with self.cond:
                     while not self.stopped and self.taken < len(self.pieces) and \
@@ -786,7 +792,15 @@ class _RangedPull:
                     buffer = bytearray(RANGED_PIECE)
                 with self.cond:
                     self.buffers[index] = buffer
+                began = time.monotonic()
                 self._piece(index, buffer)
+                if index == 0:
+                    if self.pieces[0][1] >= RANGED_ENOUGH * (time.monotonic() - began):
+                        with self.cond:
+                            self.refused = True  # fast enough for one stream: the rest as one
+                        self._stop()
+                        return
+                    self.first_done.set()
         except RangeRefused:
             with self.cond:
                 self.refused = True
@@ -797,7 +811,7 @@ class _RangedPull:
                     self.error = exc
             self._stop()
         finally:
-            self.first_answered.set()
+            self.first_done.set()
 
     def _piece(self, index: int, buffer: bytearray) -> None:
         start, end = self.pieces[index]
@@ -806,7 +820,6 @@ class _RangedPull:
         while got < length:
             try:
                 with self.store._open_range(self.desc.digest, start + got, end - 1, self.desc.size) as raw:
-                    self.first_answered.set()
                     with self.cond:
                         if self.stopped:
                             return

@@ -30,6 +30,7 @@ def small_ranges(monkeypatch):
     monkeypatch.setattr(oci, "RANGED_THRESHOLD", 1)
     monkeypatch.setattr(oci, "RANGED_PIECE", PIECE)
     monkeypatch.setattr(oci, "RANGED_STREAMS", 3)
+    monkeypatch.setattr(oci, "RANGED_ENOUGH", float("inf"))  # no link is fast enough for one stream
 
 
 @pytest.fixture
@@ -67,6 +68,15 @@ def test_parallel_ranges_give_the_blob_and_its_digest(fake, tmp_path):
     assert (tmp_path / "out").read_bytes() == DATA
     asked = sorted(_ranges(fake), key=lambda r: int(r.split("=")[1].split("-")[0]))
     assert asked == [f"bytes={at}-{min(at + PIECE, len(DATA)) - 1}" for at in range(0, len(DATA), PIECE)]
+
+
+def test_a_link_fast_enough_for_one_stream_gets_the_rest_in_one(fake, tmp_path, monkeypatch):
+    """The first range came at RANGED_ENOUGH bytes/s or more: the rest is one ranged GET."""
+    monkeypatch.setattr(oci, "RANGED_ENOUGH", 0.0)
+    desc = _blob(fake)
+    _store(fake).fetch_blob(desc, tmp_path / "out", cap=1 << 20)
+    assert (tmp_path / "out").read_bytes() == DATA
+    assert _ranges(fake) == [f"bytes=0-{PIECE - 1}", f"bytes={PIECE}-"]
 
 
 def test_a_registry_that_ignores_range_gives_the_blob_in_one_stream(fake, tmp_path):
