@@ -12,8 +12,8 @@ goes first:
   requests, or one stream where that first range came at `oci.RANGED_ENOUGH` bytes/s or more
   (loopback does); sha256 of the bytes as they come, in order, checked at the end (nothing read
   twice);
-- `rocforge N streams forced`: the same with the parallel ranges whatever the first range's rate
-  (`--streams` picks N; default `oci.RANGED_STREAMS`);
+- `rocforge N streams forced`: the same with parallel ranges whatever the size and the first
+  range's rate (`--streams` picks N; default `oci.RANGED_STREAMS`);
 - `rocforge 1 stream`: the same with `oci.RANGED_STREAMS = 1` (one GET, as before ranged pulls);
 - `curl`: `curl -sfS -o FILE URL` of the same blob, which checks nothing.
 
@@ -118,15 +118,16 @@ def one_size(tmp: Path, registry, size_mb: int, rounds: int, streams: list[int],
     def ours(count: int | None, forced: bool = False):
         def pull() -> None:
             dest.unlink(missing_ok=True)
-            saved = oci.RANGED_STREAMS, oci.RANGED_PIECE, oci.RANGED_ENOUGH
+            saved = oci.RANGED_STREAMS, oci.RANGED_PIECE, oci.RANGED_ENOUGH, oci.RANGED_THRESHOLD
             oci.RANGED_STREAMS = count or oci.RANGED_STREAMS
             oci.RANGED_PIECE = piece or oci.RANGED_PIECE
-            oci.RANGED_ENOUGH = float("inf") if forced else oci.RANGED_ENOUGH
+            if forced:
+                oci.RANGED_ENOUGH, oci.RANGED_THRESHOLD = float("inf"), 1
             try:
                 with open_store(url, timeout=60) as store:
                     store.fetch_blob(desc, dest, cap=1 << 40)
             finally:
-                oci.RANGED_STREAMS, oci.RANGED_PIECE, oci.RANGED_ENOUGH = saved
+                oci.RANGED_STREAMS, oci.RANGED_PIECE, oci.RANGED_ENOUGH, oci.RANGED_THRESHOLD = saved
         return pull
 
     def curl() -> None:
@@ -154,6 +155,77 @@ def one_size(tmp: Path, registry, size_mb: int, rounds: int, streams: list[int],
     return lines
 
 
+def throttled(tmp: Path, size_mb: int, rate_mb: float, rounds: int) -> list[str]:
+    """A link whose every connection is held to `rate_mb` MB/s (a server far away, a shaped
+    CDN): tests/registry_server.FakeRegistry serving the blob (Range too) in 256 KiB blocks paced
+    per connection.  rocforge's own choice, one stream and curl, side by side."""
+    from registry_server import FakeRegistry
+
+    from rocforge_build.substitute import oci
+    from rocforge_build.substitute.stores import open_store
+
+    data = os.urandom(size_mb * 1_000_000)
+    dest = tmp / "pulled"
+
+    def paced(request):
+        found = request.headers.get("Range", "").removeprefix("bytes=").split("-")
+        start = int(found[0]) if found[0] else 0
+        end = int(found[1]) if len(found) > 1 and found[1] else len(data) - 1
+        h = request.handler
+        h.send_response(206 if request.headers.get("Range") else 200)
+        if request.headers.get("Range"):
+            h.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        h.send_header("Content-Length", str(end - start + 1))
+        h.end_headers()
+        began = time.monotonic()
+        try:
+            for at in range(start, end + 1, 256 << 10):
+                h.wfile.write(data[at:min(at + (256 << 10), end + 1)])
+                ahead = began + (at + (256 << 10) - start) / (rate_mb * 1e6) - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+        except OSError:
+            pass
+        return "raw", {}, b""
+
+    with FakeRegistry() as fake:
+        digest = fake.add_blob(data)
+        desc = oci.Descriptor(MEDIA, digest, len(data))
+        fake.route("GET", "/blobs/", paced)
+
+        def ours(count: int | None):
+            def pull() -> None:
+                dest.unlink(missing_ok=True)
+                saved = oci.RANGED_STREAMS
+                oci.RANGED_STREAMS = count or oci.RANGED_STREAMS
+                try:
+                    with open_store(fake.store_url("bench/slow"), timeout=60) as store:
+                        store.fetch_blob(desc, dest, cap=1 << 40)
+                finally:
+                    oci.RANGED_STREAMS = saved
+            return pull
+
+        def curl() -> None:
+            dest.unlink(missing_ok=True)
+            subprocess.run(["curl", "-sfS", "-o", str(dest), f"{fake.base}/v2/bench/slow/blobs/{digest}"],
+                           check=True)
+
+        sides = [("rocforge", ours(None), own_cpu), ("rocforge 1 stream", ours(1), own_cpu),
+                 ("curl", curl, children_cpu)]
+        runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _, _ in sides}
+        for n in range(rounds):
+            for name, fn, clock in (sides if n % 2 == 0 else sides[::-1]):
+                runs[name].append(measure(fn, os.getpid(), clock))  # only the wall time is shown
+    dest.unlink(missing_ok=True)
+    curl_wall = statistics.median(r[0] for r in runs["curl"])
+    lines = []
+    for name, v in runs.items():
+        wall = statistics.median(r[0] for r in v)  # no CPU: the server runs in this process
+        lines.append(f"| {size_mb} MB at {rate_mb:g} MB/s per connection | {name} | {wall:.3f} s | "
+                     f"{len(data) / wall / 1e9:.3f} | {curl_wall / wall:.2f} | - | - |")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes-mb", default="64,512,2048", help="blob sizes in MB (default 64,512,2048)")
@@ -161,6 +233,9 @@ def main() -> int:
     ap.add_argument("--streams", default="", help="parallel streams to force (whatever the first "
                     "range's rate), as 2,4 (default: oci.RANGED_STREAMS)")
     ap.add_argument("--piece-mib", type=int, default=0, help="range size in MiB (default: oci.RANGED_PIECE)")
+    ap.add_argument("--throttled", default="128@25", metavar="MB@MB_PER_S",
+                    help="also a blob of MB from a server holding each connection to MB_PER_S "
+                    "(default 128@25; empty: none)")
     a = ap.parse_args()
     for tool in ("docker-registry", "curl"):
         if shutil.which(tool) is None:
@@ -183,6 +258,11 @@ def main() -> int:
             for size_mb in (int(s) for s in a.sizes_mb.split(",")):
                 added = one_size(tmp, registry, size_mb, a.rounds,
                                  [int(n) for n in a.streams.split(",") if n], a.piece_mib << 20)
+                rows += added
+                print("\n".join(added), flush=True)
+            if a.throttled:
+                size_mb, rate = a.throttled.split("@")
+                added = throttled(tmp, int(size_mb), float(rate), a.rounds)
                 rows += added
                 print("\n".join(added), flush=True)
     finally:
