@@ -48,9 +48,9 @@ CHUNK = 1 << 20
 RANGED_THRESHOLD = 64 << 20
 RANGED_STREAMS = 4
 RANGED_PIECE = 8 << 20
-# the first range comes alone; one that came at least this fast (bytes/s) says one stream is
-# enough for this link, and the rest comes as one (on loopback and a 2-core machine parallel
-# streams cost CPU the sha256 needs: docs/measurements/large-pulls.md)
+# a large layer begins as one stream; one whose first RANGED_PIECE bytes came at least this fast
+# (bytes/s) goes on as it is, a slower one is closed and the rest comes as parallel ranges (on
+# loopback on 2 cores parallel ranges cost CPU the sha256 needs: docs/measurements/large-pulls.md)
 RANGED_ENOUGH = 200e6
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -89,11 +89,18 @@ class _HashingWriter:
                     self.out.write(chunk)
                 except OSError as exc:
                     self.error = exc
+            self.chunks.task_done()
 
     def put(self, chunk: bytes) -> None:
         if self.error is not None:
             raise self.error
         self.chunks.put(chunk)
+
+    def drain(self) -> None:
+        """Every chunk put so far hashed and written (the thread goes on for more)."""
+        self.chunks.join()
+        if self.error is not None:
+            raise self.error
 
     def _stop(self) -> None:
         if not self.stopped:
@@ -522,9 +529,10 @@ class Store:
     def fetch_blob(self, desc: Descriptor, dest: Path, *, cap: int, retries: int = 3) -> None:
         """Stream a blob into `dest` (a new file), checking its size as it comes and its digest
         at the end, hashed as the bytes come, in order (never read back).  A blob of at least
-        RANGED_THRESHOLD bytes from a store that answers ranges comes as RANGED_STREAMS parallel
-        range requests (`_RangedPull`); a store that answers one with the whole blob has the
-        rest come as one stream.  A connection that drops mid-blob (or mid-range) is resumed
+        RANGED_THRESHOLD bytes from a store that answers ranges begins as one stream; where its
+        first RANGED_PIECE bytes came slower than RANGED_ENOUGH bytes/s, the rest comes as
+        RANGED_STREAMS parallel range requests (`_RangedPull`), and a store that answers one
+        with the whole blob has the rest come as one stream again.  A connection that drops mid-blob (or mid-range) is resumed
         from where it stopped (a Range request) up to `retries` times.  The transfer's deadline
         and least rate judge the whole pull.  On any failure `dest` is removed."""
         if desc.size > cap:
@@ -535,11 +543,16 @@ class Store:
         try:
             with os.fdopen(fd, "wb") as out, _HashingWriter(out) as sink, \
                     self.transfer(f"layer {desc.digest[:19]}", large=True) as transfer:
-                got = 0
+                switch = None
                 if self.ranged and RANGED_STREAMS > 1 and desc.size >= RANGED_THRESHOLD:
-                    got = _RangedPull(self, desc, out.fileno(), sink.hash, transfer, retries).run()
+                    switch = _slow_for_one_stream(desc.size)
+                got = self._stream(desc, 0, sink, transfer, retries, switch)
+                if got < desc.size:  # switched: the rest as parallel ranges
+                    sink.drain()
+                    out.flush()
+                    got = _RangedPull(self, desc, got, out.fileno(), sink.hash, transfer, retries).run()
                     out.seek(got)
-                self._stream(desc, got, sink, transfer, retries)
+                    self._stream(desc, got, sink, transfer, retries)
                 digest = sink.finish()
             if digest != desc.digest:
                 raise StoreError(f"{self.url}: layer {desc.digest[:19]}'s bytes do not match its digest")
@@ -554,19 +567,26 @@ class Store:
                     os.unlink(dest)
 
     def _stream(self, desc: Descriptor, got: int, sink: _HashingWriter, transfer: Transfer,
-                retries: int) -> None:
-        """The blob from byte `got` to its end as one stream into `sink`, resumed as said."""
+                retries: int, switch=None) -> int:
+        """The blob from byte `got` to its end as one stream into `sink`, resumed as said, or
+        up to where `switch(got)` says the rest is to come otherwise (the stream then closed):
+        the bytes it got."""
         attempt = 0
         while got < desc.size:
             try:
                 with self._open_blob(desc.digest, got) as raw:
                     fh = transfer.paced(raw)
                     while got < desc.size:
-                        chunk = fh.read(min(CHUNK, desc.size - got))
+                        want = min(CHUNK, desc.size - got)
+                        if switch is not None and got < RANGED_PIECE:  # judged at that byte
+                            want = min(want, RANGED_PIECE - got)
+                        chunk = fh.read(want)
                         if not chunk:
                             break
                         sink.put(chunk)
                         got += len(chunk)
+                        if switch is not None and switch(got):
+                            return got
                     if got == desc.size and fh.read(1):
                         raise StoreError(f"{self.url}: layer {desc.digest[:19]} is longer than "
                                          f"its {desc.size} bytes")
@@ -581,6 +601,7 @@ class Store:
                     raise StoreUnreachable(
                         f"{self.url}: layer {desc.digest[:19]} stopped at {got} of {desc.size} "
                         f"bytes after {retries} resumes")
+        return got
 
     def push_blob_bytes(self, data: bytes, media_type: str) -> Descriptor:
         import io
@@ -652,6 +673,21 @@ class Store:
         self.close()
 
 
+def _slow_for_one_stream(size: int):
+    """A large layer's `switch` (Store._stream): once its first RANGED_PIECE bytes are in, true
+    when they came slower than RANGED_ENOUGH and a range or more is left (then never again)."""
+    began, judged = time.monotonic(), False
+
+    def switch(got: int) -> bool:
+        nonlocal judged
+        if judged or got < RANGED_PIECE:
+            return False
+        judged = True
+        return got < RANGED_ENOUGH * (time.monotonic() - began) and size - got >= RANGED_PIECE
+
+    return switch
+
+
 class _RangedPull:
     """A large blob as parallel range requests of RANGED_PIECE bytes: RANGED_STREAMS workers
     each take the next piece and receive it into a buffer of its own, while the caller's thread
@@ -659,22 +695,23 @@ class _RangedPull:
     in order, to the file: the digest needs no second read, the bytes written are the bytes
     hashed, the file grows in order (parallel writes to one file at scattered offsets contend
     on its inode and were slower, measured), and at most 2 x RANGED_STREAMS pieces are held.  The first
-    piece goes alone: a store that answers it with the whole blob (RangeRefused) has the pull
+    range goes alone: a store that answers it with the whole blob (RangeRefused) has the pull
     go on as one stream, as does one that refuses a later range (from the bytes hashed so
-    far), and so does a link fast enough for one stream (the first range at RANGED_ENOUGH
-    bytes/s or more).  One Pace judges all the streams together; each read waits at most until the
+    far).  One Pace judges all the streams together; each read waits at most until the
     transfer's deadline; a piece whose connection drops is resumed from where it stopped up to
     `retries` times.  The first error stops every stream (their sockets shut down) and is
     raised."""
 
-    def __init__(self, store: Store, desc: Descriptor, fd: int, hash_, transfer: Transfer,
-                 retries: int):
+    def __init__(self, store: Store, desc: Descriptor, start: int, fd: int, hash_,
+                 transfer: Transfer, retries: int):
         self.store, self.desc, self.fd, self.hash, self.transfer = store, desc, fd, hash_, transfer
         self.hashed_out: queue.Queue[tuple[int, bytearray, int, int] | None] = queue.Queue()
         self.write_error: OSError | None = None
         self.retries, self.pace = retries, _SharedPace(transfer.pace())
         self.where = f"{store.url}: layer {desc.digest[:19]}"
-        self.pieces = [(at, min(at + RANGED_PIECE, desc.size)) for at in range(0, desc.size, RANGED_PIECE)]
+        self.pieces = [(at, min(at + RANGED_PIECE, desc.size))
+                       for at in range(start, desc.size, RANGED_PIECE)]
+        self.start = start
         self.window = 2 * RANGED_STREAMS
         self.cond = threading.Condition()
         self.taken = 0       # pieces handed to a worker
@@ -737,7 +774,7 @@ class _RangedPull:
                     self.cond.notify_all()
 
     def _hash_in_order(self) -> int:
-        at = 0
+        at = self.start
         for index, (start, end) in enumerate(self.pieces):
             done = 0
             while start + done < end:
@@ -792,15 +829,8 @@ class _RangedPull:
                     buffer = bytearray(RANGED_PIECE)
                 with self.cond:
                     self.buffers[index] = buffer
-                began = time.monotonic()
                 self._piece(index, buffer)
-                if index == 0:
-                    if self.pieces[0][1] >= RANGED_ENOUGH * (time.monotonic() - began):
-                        with self.cond:
-                            self.refused = True  # fast enough for one stream: the rest as one
-                        self._stop()
-                        return
-                    self.first_done.set()
+                self.first_done.set()
         except RangeRefused:
             with self.cond:
                 self.refused = True

@@ -1,5 +1,6 @@
-"""A large layer pulled as parallel range requests (oci._RangedPull), from a registry that
-misbehaves for real on a socket: one that ignores Range, one that answers a range of another
+"""A large layer pulled as parallel range requests (oci._RangedPull: a layer begins as one
+stream and, its first range's worth having come slower than oci.RANGED_ENOUGH, the rest comes
+as ranges), from a registry that misbehaves for real on a socket: one that ignores Range, one that answers a range of another
 length or for another blob size, one whose bytes are not the digest's, one that stalls a range,
 one that drops a range mid-body.  The threshold and the range size are forced low so that a
 blob of a few hundred kB is pulled in many ranges.  Each time: the right bytes (resumed, or the
@@ -31,6 +32,7 @@ def small_ranges(monkeypatch):
     monkeypatch.setattr(oci, "RANGED_PIECE", PIECE)
     monkeypatch.setattr(oci, "RANGED_STREAMS", 3)
     monkeypatch.setattr(oci, "RANGED_ENOUGH", float("inf"))  # no link is fast enough for one stream
+
 
 
 @pytest.fixture
@@ -66,26 +68,28 @@ def test_parallel_ranges_give_the_blob_and_its_digest(fake, tmp_path):
     desc = _blob(fake)
     _store(fake).fetch_blob(desc, tmp_path / "out", cap=1 << 20)
     assert (tmp_path / "out").read_bytes() == DATA
-    asked = sorted(_ranges(fake), key=lambda r: int(r.split("=")[1].split("-")[0]))
-    assert asked == [f"bytes={at}-{min(at + PIECE, len(DATA)) - 1}" for at in range(0, len(DATA), PIECE)]
+    first, *ranged = _ranges(fake)  # one stream for the first range's worth, then the ranges
+    assert first is None
+    assert sorted(ranged, key=lambda r: int(r.split("=")[1].split("-")[0])) == [
+        f"bytes={at}-{min(at + PIECE, len(DATA)) - 1}" for at in range(PIECE, len(DATA), PIECE)]
 
 
-def test_a_link_fast_enough_for_one_stream_gets_the_rest_in_one(fake, tmp_path, monkeypatch):
-    """The first range came at RANGED_ENOUGH bytes/s or more: the rest is one ranged GET."""
+def test_a_link_fast_enough_for_one_stream_stays_one_stream(fake, tmp_path, monkeypatch):
+    """The first range's worth came at RANGED_ENOUGH bytes/s or more: the one GET goes on."""
     monkeypatch.setattr(oci, "RANGED_ENOUGH", 0.0)
     desc = _blob(fake)
     _store(fake).fetch_blob(desc, tmp_path / "out", cap=1 << 20)
     assert (tmp_path / "out").read_bytes() == DATA
-    assert _ranges(fake) == [f"bytes=0-{PIECE - 1}", f"bytes={PIECE}-"]
+    assert _ranges(fake) == [None]
 
 
 def test_a_registry_that_ignores_range_gives_the_blob_in_one_stream(fake, tmp_path):
-    """A 200 with the whole blob to the first range: the pull goes on as one plain GET."""
+    """A 200 with the whole blob to the first range: the rest comes as one stream again."""
     desc = _blob(fake)
     fake.route("GET", "/blobs/", lambda request: (200, {}, DATA))
     _store(fake).fetch_blob(desc, tmp_path / "out", cap=1 << 20)
     assert (tmp_path / "out").read_bytes() == DATA
-    assert _ranges(fake) == [f"bytes=0-{PIECE - 1}", None]
+    assert _ranges(fake) == [None, f"bytes={PIECE}-{2 * PIECE - 1}", f"bytes={PIECE}-"]
 
 
 def test_a_registry_that_stops_answering_ranges_midway_gives_the_rest_in_one_stream(fake, tmp_path):
@@ -110,10 +114,11 @@ def test_a_registry_lying_about_a_range_is_one_line_and_no_file(fake, tmp_path, 
     desc = _blob(fake)
 
     def lying(request):
-        start, end = _range_of(request)
-        body = DATA[start:end + 1]
-        if start < 2 * PIECE:
+        asked = _range_of(request)
+        if asked is None or asked[0] < 2 * PIECE:
             return None
+        start, end = asked
+        body = DATA[start:end + 1]
         if lie == "total":
             return 206, {"Content-Range": f"bytes {start}-{end}/{len(DATA) + 1000}"}, body
         if lie == "start":
@@ -135,6 +140,8 @@ def test_a_range_longer_than_asked_is_refused(fake, tmp_path):
     desc = _blob(fake)
 
     def longer(request):
+        if _range_of(request) is None:
+            return None
         start, end = _range_of(request)
         h = request.handler
         h.send_response(206)
@@ -222,12 +229,15 @@ def test_a_stalled_range_stops_at_the_whole_deadline_with_no_file(fake, tmp_path
 
 
 def test_the_least_rate_judges_all_ranges_together(fake, tmp_path):
-    """Every range trickled: the streams together stay under download.min_rate, so the pull
-    stops with the min_rate line once the resumes are spent (never past the deadline)."""
+    """Every range trickled (the first one stream's worth came at once): the streams together
+    stay under download.min_rate, so the pull stops with the min_rate line once the resumes are
+    spent (never past the deadline)."""
     desc = _blob(fake)
 
     def trickle(request):
-        start, end = _range_of(request) or (0, len(DATA) - 1)
+        if _range_of(request) is None:
+            return None
+        start, end = _range_of(request)
         h = request.handler
         h.send_response(206)
         h.send_header("Content-Range", f"bytes {start}-{end}/{len(DATA)}")
