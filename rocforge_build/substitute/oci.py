@@ -694,10 +694,10 @@ class _RangedPull:
     hashes the pieces in order as their bytes arrive and a writer thread writes what was hashed,
     in order, to the file: the digest needs no second read, the bytes written are the bytes
     hashed, the file grows in order (parallel writes to one file at scattered offsets contend
-    on its inode and were slower, measured), and at most 2 x RANGED_STREAMS pieces are held.  The first
-    range goes alone: a store that answers it with the whole blob (RangeRefused) has the pull
-    go on as one stream, as does one that refuses a later range (from the bytes hashed so
-    far).  One Pace judges all the streams together; each read waits at most until the
+    on its inode and were slower, measured), and at most 2 x RANGED_STREAMS pieces are held.  It
+    begins where one stream of the blob has already been answered (credentials settled), so
+    every stream starts at once; a store that answers a range with the whole blob
+    (RangeRefused) has the rest come as one stream from the bytes hashed so far.  One Pace judges all the streams together; each read waits at most until the
     transfer's deadline; a piece whose connection drops is resumed from where it stopped up to
     `retries` times.  The first error stops every stream (their sockets shut down) and is
     raised."""
@@ -723,7 +723,6 @@ class _RangedPull:
         self.error: BaseException | None = None
         self.refused = False
         self.stopped = False
-        self.first_done = threading.Event()  # the first range came whole (or the pull stopped)
 
     def run(self) -> int:
         """The bytes hashed, in order, and written: the blob's size, or fewer where the store
@@ -806,15 +805,12 @@ class _RangedPull:
             self.stopped = True
             streams = list(self.streams)
             self.cond.notify_all()
-        self.first_done.set()
         for stream in streams:
             with contextlib.suppress(Exception):
                 stream.abort()
 
     def _work(self, n: int) -> None:
         try:
-            if n:
-                self.first_done.wait()
             while True:
                 with self.cond:
                     while not self.stopped and self.taken < len(self.pieces) and \
@@ -830,7 +826,6 @@ class _RangedPull:
                 with self.cond:
                     self.buffers[index] = buffer
                 self._piece(index, buffer)
-                self.first_done.set()
         except RangeRefused:
             with self.cond:
                 self.refused = True
@@ -840,8 +835,6 @@ class _RangedPull:
                 if self.error is None and not self.stopped:
                     self.error = exc
             self._stop()
-        finally:
-            self.first_done.set()
 
     def _piece(self, index: int, buffer: bytearray) -> None:
         start, end = self.pieces[index]
