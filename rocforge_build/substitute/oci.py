@@ -43,8 +43,8 @@ MAX_MANIFEST = 4 << 20  # the OCI distribution spec lets a registry refuse manif
 MAX_SMALL_BLOB = 16 << 20  # a key document, a signature or an evidence record
 MAX_REFERRERS = 4096
 CHUNK = 1 << 20
-# a layer this large is pulled as RANGED_STREAMS parallel range requests of RANGED_PIECE bytes each
-# (Store.fetch_blob), from a store that answers ranges (`ranged`)
+# a layer this large from a store that answers ranges (`ranged`) may come as RANGED_STREAMS
+# parallel range requests of RANGED_PIECE bytes each (Store.fetch_blob)
 RANGED_THRESHOLD = 64 << 20
 RANGED_STREAMS = 4
 RANGED_PIECE = 8 << 20
