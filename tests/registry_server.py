@@ -357,10 +357,11 @@ class FakeRegistry:
             data = self.blobs.get(m.group(3))
             if data is None:
                 return 404, {"Content-Type": "application/json"}, b'{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown"}]}'
-            wanted = re.fullmatch(r"bytes=(\d+)-", r.headers.get("Range", ""))
+            wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", r.headers.get("Range", ""))
             if wanted and r.method == "GET":
                 start = int(wanted.group(1))
-                return 206, {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"}, data[start:]
+                end = min(int(wanted.group(2) or len(data) - 1), len(data) - 1)
+                return 206, {"Content-Range": f"bytes {start}-{end}/{len(data)}"}, data[start:end + 1]
             return 200, {"Content-Type": "application/octet-stream",
                          "Content-Length": str(len(data))}, data
         if m and m.group(2) == "manifests":

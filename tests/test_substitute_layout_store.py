@@ -147,6 +147,7 @@ def test_a_relative_or_remote_file_url_is_one_line():
 
 class _Quiet(SimpleHTTPRequestHandler):
     drop_after: dict = {}
+    ranges: list = []  # the Range of each ranged GET
 
     def log_message(self, *a):
         pass
@@ -165,9 +166,13 @@ class _Quiet(SimpleHTTPRequestHandler):
             return
         if "Range" in self.headers:  # a static server's Range, as nginx answers it
             path = Path(self.translate_path(self.path))
-            start = int(self.headers["Range"].removeprefix("bytes=").rstrip("-"))
-            data = path.read_bytes()[start:]
+            first, _, last = self.headers["Range"].removeprefix("bytes=").partition("-")
+            whole = path.read_bytes()
+            start, end = int(first), min(int(last or len(whole) - 1), len(whole) - 1)
+            self.ranges.append(self.headers["Range"])
+            data = whole[start:end + 1]
             self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(whole)}")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -213,6 +218,32 @@ def test_https_store_reads_a_layout_and_resumes_a_dropped_layer(tmp_path, monkey
         monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
         with open_store(f"{base}/store", timeout=5) as web, pytest.raises(oci.StoreUnreachable):
             web.tags()  # a server whose CA is not trusted is not read
+
+
+def _small_ranges(monkeypatch) -> int:
+    """A large layer's parallel ranges (oci._RangedPull) for a blob of a few hundred kB."""
+    monkeypatch.setattr(oci, "RANGED_THRESHOLD", 1)
+    monkeypatch.setattr(oci, "RANGED_PIECE", 64 << 10)
+    monkeypatch.setattr(oci, "RANGED_STREAMS", 3)
+    monkeypatch.setattr(oci, "RANGED_ENOUGH", float("inf"))
+    return 64 << 10
+
+
+def test_https_store_pulls_a_large_layer_as_parallel_ranges(tmp_path, monkeypatch):
+    piece = _small_ranges(monkeypatch)
+    root = tmp_path / "site" / "store"
+    root.parent.mkdir()
+    layer = os.urandom(300_000)
+    with open_store(root.as_uri()) as store:
+        desc = store.push_blob_bytes(layer, oci.BUNDLE_LAYER)
+    tls = make_tls(tmp_path / "tls")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls.ca))
+    monkeypatch.setattr(_Quiet, "ranges", [])
+    with _tls_server(tmp_path / "site", tls) as base, open_store(f"{base}/store", timeout=5) as web:
+        web.fetch_blob(desc, tmp_path / "out", cap=1 << 30)
+    assert (tmp_path / "out").read_bytes() == layer
+    assert sorted(_Quiet.ranges) == sorted(f"bytes={at}-{min(at + piece, len(layer)) - 1}"
+                                           for at in range(piece, len(layer), piece))
 
 
 # -- S3: moto's server on 127.0.0.1 ---------------------------------------------------------------
@@ -331,3 +362,27 @@ def test_a_write_that_fails_mid_layer_is_its_own_error_and_leaves_no_file(tmp_pa
         store.fetch_blob(desc, dest, cap=1 << 30)
     assert info.value.errno == errno.ENOSPC
     assert not dest.exists()
+
+
+def test_s3_store_pulls_a_large_layer_as_parallel_ranges(tmp_path, s3_endpoint, monkeypatch):
+    _small_ranges(monkeypatch)
+    layer = os.urandom(300_000)
+    with open_store("s3://builds/team/big") as store:
+        desc = store.push_blob_bytes(layer, oci.BUNDLE_LAYER)
+        asked = []
+        real = store.client.get_object
+
+        def get_object(**kw):
+            asked.append(kw.get("Range"))
+            return real(**kw)
+
+        monkeypatch.setattr(store.client, "get_object", get_object)
+        store.fetch_blob(desc, tmp_path / "out", cap=1 << 30)
+        assert (tmp_path / "out").read_bytes() == layer
+        assert asked[0] is None and len(asked) == 1 + 4  # one stream for 64 KiB, then 4 ranges
+        evil = bytearray(layer)
+        evil[-1] ^= 1
+        store.client.put_object(Bucket="builds", Key=f"team/big/{store._blob(desc.digest)}", Body=bytes(evil))
+        with pytest.raises(StoreError, match="do not match its digest"):
+            store.fetch_blob(desc, tmp_path / "evil", cap=1 << 30)
+        assert not (tmp_path / "evil").exists()

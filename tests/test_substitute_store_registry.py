@@ -171,6 +171,27 @@ def test_a_blob_dropped_mid_layer_is_resumed(registry, tmp_path):
         assert [h.get("Range") for h in proxy.blob_gets] == [None, "bytes=100000-"]
 
 
+def test_a_large_layer_comes_as_parallel_ranges_resumed_where_one_drops(registry, tmp_path, monkeypatch):
+    """Above the threshold (forced low) and slower than RANGED_ENOUGH (forced high), the real
+    registry answers 256 KiB ranges on 3 streams after the first 256 KiB as one stream, which
+    the proxy cuts after 1000 bytes and which is resumed from there."""
+    monkeypatch.setattr(oci, "RANGED_THRESHOLD", 1)
+    monkeypatch.setattr(oci, "RANGED_PIECE", 256 << 10)
+    monkeypatch.setattr(oci, "RANGED_STREAMS", 3)
+    monkeypatch.setattr(oci, "RANGED_ENOUGH", float("inf"))  # loopback is fast: ranges all the same
+    payload = hashlib.sha256(b"seed").digest() * (33 * 1024) + b"end"  # 1,081,347 bytes: 5 ranges
+    with FaultProxy(registry.base) as proxy:
+        store = RegistryStore(proxy.store_url("team/cache"), timeout=10)
+        _, _, layer = _build(store, payload)
+        proxy.drop_blobs_after(1000, times=1)
+        store.fetch_blob(layer, tmp_path / "layer", cap=1 << 30)
+        assert (tmp_path / "layer").read_bytes() == payload
+        first, resumed, *ranged = [h.get("Range") for h in proxy.blob_gets]
+        assert (first, resumed) == (None, "bytes=1000-")  # one stream for the first 256 KiB
+        assert sorted(ranged) == sorted(f"bytes={at}-{min(at + (256 << 10), len(payload)) - 1}"
+                                        for at in range(256 << 10, len(payload), 256 << 10))
+
+
 def test_a_blob_that_keeps_dropping_is_one_line_after_the_retries(registry, tmp_path):
     payload = b"z" * 300_000
     with FaultProxy(registry.base) as proxy:

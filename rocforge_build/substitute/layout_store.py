@@ -19,6 +19,7 @@ import io
 import os
 import random
 import re
+import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -81,6 +82,15 @@ class LayoutStore(oci.Store):
 
     def _open_blob(self, digest: str, start: int = 0):
         return self._open(self._blob(digest), start)
+
+    def _open_range(self, digest: str, start: int, end: int, size: int):
+        return self._open_part(self._blob(digest), start, end, size)
+
+    def _open_part(self, rel: str, start: int, end: int,
+                   size: int) -> contextlib.AbstractContextManager[BinaryIO]:
+        """Bytes `start`-`end` of a file of `size` bytes (oci.Store._open_range), where the
+        carrier answers ranges (`ranged`)."""
+        raise NotImplementedError
 
     def has_blob(self, digest: str) -> bool:
         return False  # without the descriptor's size a present blob cannot be judged: write it again
@@ -440,6 +450,37 @@ class HttpsStore(LayoutStore):
         finally:
             r.close()
 
+    ranged = True
+
+    @contextlib.contextmanager
+    def _open_part(self, rel: str, start: int, end: int, size: int) -> Iterator[BinaryIO]:
+        import requests
+
+        url, where = f"{self.url}/{rel}", f"{self.url}: {rel}"
+        transfer = self.current_transfer(rel)
+        if transfer.expired():
+            raise transfer.expired_error()
+        wait = transfer.timeout(self.timeout)
+        try:
+            r = self.session.get(url, headers={"Accept-Encoding": "identity", "Range": f"bytes={start}-{end}"},
+                                 stream=True, allow_redirects=False, timeout=(wait, wait))
+        except requests.RequestException as exc:
+            if transfer.expired():
+                raise transfer.expired_error() from None
+            raise StoreUnreachable(f"{where}: {type(exc).__name__}") from None
+        try:
+            if r.status_code == 200:
+                raise oci.RangeRefused(f"{where}: answered a range request with the whole file")
+            if r.status_code in (301, 302, 303, 307, 308):  # one stream follows it (on this host)
+                raise oci.RangeRefused(f"{where}: a range request redirected")
+            if r.status_code != 206:
+                raise StoreUnreachable(f"{where}: HTTP {r.status_code} to a range request")
+            oci.check_range(r.headers.get("Content-Range", ""), r.headers.get("Content-Length"),
+                            start, end, size, where)
+            yield _Guarded(r.raw, where, self.timeout)
+        finally:
+            r.close()
+
     def _exists(self, rel: str, size: int) -> bool:
         return False
 
@@ -474,6 +515,17 @@ class _Guarded(io.RawIOBase):
             return self.read1(n) if self.read1 is not None else self.raw.read(n)
         except Exception as exc:  # urllib3's timeouts and protocol errors
             raise StoreUnreachable(f"{self.where}: {type(exc).__name__}") from None
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def abort(self) -> None:
+        """End a read under way in another thread (a parallel pull that stops)."""
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
 
     def readable(self) -> bool:
         return True
@@ -520,6 +572,23 @@ class S3Store(LayoutStore):
         body = obj["Body"]
         try:
             yield _Guarded(body, f"{self.url}: {rel}")
+        finally:
+            body.close()
+
+    ranged = True
+
+    @contextlib.contextmanager
+    def _open_part(self, rel: str, start: int, end: int, size: int) -> Iterator[BinaryIO]:
+        where = f"{self.url}: {rel}"
+        obj = self._call(rel, self.client.get_object, Key=self._key(rel), Range=f"bytes={start}-{end}")
+        body = obj["Body"]
+        try:
+            if obj.get("ResponseMetadata", {}).get("HTTPStatusCode") == 200:
+                raise oci.RangeRefused(f"{where}: answered a range request with the whole object")
+            length = obj.get("ContentLength")
+            oci.check_range(str(obj.get("ContentRange") or ""), None if length is None else str(length),
+                            start, end, size, where)
+            yield _Guarded(body, where)
         finally:
             body.close()
 

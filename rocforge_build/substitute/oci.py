@@ -14,6 +14,7 @@ import os
 import queue
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,15 @@ MAX_SMALL_BLOB = 16 << 20  # a key document, a signature or an evidence record
 MAX_REFERRERS = 4096
 CHUNK = 1 << 20
 FALLBACK_TRIES = 6  # a tag-schema referrers index written, read back, and written again if lost
+# a layer this large from a store that answers ranges (`ranged`) may come as RANGED_STREAMS
+# parallel range requests of RANGED_PIECE bytes each (Store.fetch_blob)
+RANGED_THRESHOLD = 64 << 20
+RANGED_STREAMS = 4
+RANGED_PIECE = 8 << 20
+# a large layer begins as one stream; one whose first RANGED_PIECE bytes came at least this fast
+# (bytes/s) goes on as it is, a slower one is closed and the rest comes as parallel ranges (on
+# loopback on 2 cores parallel ranges cost CPU the sha256 needs: docs/measurements/large-pulls.md)
+RANGED_ENOUGH = 200e6
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -80,11 +90,18 @@ class _HashingWriter:
                     self.out.write(chunk)
                 except OSError as exc:
                     self.error = exc
+            self.chunks.task_done()
 
     def put(self, chunk: bytes) -> None:
         if self.error is not None:
             raise self.error
         self.chunks.put(chunk)
+
+    def drain(self) -> None:
+        """Every chunk put so far hashed and written (the thread goes on for more)."""
+        self.chunks.join()
+        if self.error is not None:
+            raise self.error
 
     def _stop(self) -> None:
         if not self.stopped:
@@ -103,6 +120,27 @@ class _HashingWriter:
 class StoreError(IntegrityError):
     """A store's answer that rocforge refuses: a digest that does not match, a size past the
     cap, a manifest that is not what it says; one line naming the store and the object."""
+
+
+class RangeRefused(StoreError):
+    """A store that answered a range request with the whole blob (HTTP 200): a ranged pull goes
+    on as one stream from the bytes it has checked."""
+
+
+def check_range(content_range: str, content_length: str | None, start: int, end: int, size: int,
+                where: str) -> None:
+    """A 206's Content-Range and Content-Length are exactly bytes `start`-`end` (inclusive) of a
+    blob of `size` bytes (its descriptor's), or one StoreError line."""
+    found = re.fullmatch(r"bytes (\d{1,20})-(\d{1,20})/(\d{1,20}|\*)", content_range.strip())
+    if found is None or (int(found.group(1)), int(found.group(2))) != (start, end):
+        raise StoreError(f"{where}: asked for bytes {start}-{end}, answered "
+                         f"{content_range.strip()[:60]!r}")
+    if found.group(3) != "*" and int(found.group(3)) != size:
+        raise StoreError(f"{where}: the store says the blob is {found.group(3)[:20]} bytes, its "
+                         f"descriptor {size}")
+    if content_length is not None and content_length.strip() != str(end - start + 1):
+        raise StoreError(f"{where}: {content_length.strip()[:20]!r} bytes for a range of "
+                         f"{end - start + 1}")
 
 
 class StoreUnreachable(NetworkError):
@@ -167,8 +205,8 @@ class _PacedReader:
     """A store's byte stream read under a Transfer: each read's wait ends by the deadline (where
     the stream lets its socket be told), and each chunk is counted against the pace."""
 
-    def __init__(self, fh: BinaryIO, transfer: Transfer):
-        self.fh, self.transfer, self.pace = fh, transfer, transfer.pace()
+    def __init__(self, fh: BinaryIO, transfer: Transfer, pace: Pace | _SharedPace | None = None):
+        self.fh, self.transfer, self.pace = fh, transfer, pace or transfer.pace()
         if hasattr(fh, "deadline"):
             fh.deadline = transfer.deadline
 
@@ -186,6 +224,34 @@ class _PacedReader:
             if why is not None:
                 raise self.transfer.stop(why)
         return chunk
+
+    def readinto(self, buffer: memoryview) -> int:
+        """As `read`, into `buffer` (the stream's own readinto: no bytes object per read)."""
+        if self.transfer.expired():
+            raise self.transfer.expired_error()
+        try:
+            count = self.fh.readinto(buffer)
+        except StoreUnreachable:
+            if self.transfer.expired():
+                raise self.transfer.expired_error() from None
+            raise
+        if count:
+            why = self.pace.add(count)
+            if why is not None:
+                raise self.transfer.stop(why)
+        return count
+
+
+class _SharedPace:
+    """One Pace for the parallel streams of one transfer: the least rate and the deadline judge
+    the bytes of all of them together."""
+
+    def __init__(self, pace: Pace):
+        self.pace, self.lock = pace, threading.Lock()
+
+    def add(self, count: int) -> str | None:
+        with self.lock:
+            return self.pace.add(count)
 
 
 def sha256_digest(data: bytes) -> str:
@@ -402,7 +468,16 @@ class Store:
         return self._transfer or self.new_transfer(what)
 
     # -- what a subclass implements --------------------------------------------------------
+    ranged = False  # whether `_open_range` answers byte ranges (a large layer's parallel pull)
+
     def _open_blob(self, digest: str, start: int = 0) -> contextlib.AbstractContextManager[BinaryIO]:
+        raise NotImplementedError
+
+    def _open_range(self, digest: str, start: int, end: int,
+                    size: int) -> contextlib.AbstractContextManager[BinaryIO]:
+        """Bytes `start`-`end` (inclusive) of a blob of `size` bytes as a stream with `readinto`
+        (and `abort`, which ends a read under way from another thread); RangeRefused where the
+        store answered with the whole blob, StoreError (`check_range`) for any other range."""
         raise NotImplementedError
 
     def has_blob(self, digest: str) -> bool:
@@ -500,42 +575,31 @@ class Store:
 
     def fetch_blob(self, desc: Descriptor, dest: Path, *, cap: int, retries: int = 3) -> None:
         """Stream a blob into `dest` (a new file), checking its size as it comes and its digest
-        at the end; a connection that drops mid-blob is resumed from where it stopped (a Range
-        request) up to `retries` times.  On any failure `dest` is removed."""
+        at the end, hashed as the bytes come, in order (never read back).  A blob of at least
+        RANGED_THRESHOLD bytes from a store that answers ranges begins as one stream; where its
+        first RANGED_PIECE bytes came slower than RANGED_ENOUGH bytes/s, the rest comes as
+        RANGED_STREAMS parallel range requests (`_RangedPull`), and a store that answers one
+        with the whole blob has the rest come as one stream again.  A connection that drops mid-blob (or mid-range) is resumed
+        from where it stopped (a Range request) up to `retries` times.  The transfer's deadline
+        and least rate judge the whole pull.  On any failure `dest` is removed."""
         if desc.size > cap:
             raise StoreError(f"{self.url}: layer {desc.digest[:19]} is {desc.size} bytes, past the "
                              f"{cap}-byte cap (substitute.max_layer_bytes)")
-        got = 0
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         ok = False
         try:
             with os.fdopen(fd, "wb") as out, _HashingWriter(out) as sink, \
                     self.transfer(f"layer {desc.digest[:19]}", large=True) as transfer:
-                attempt = 0
-                while got < desc.size:
-                    try:
-                        with self._open_blob(desc.digest, got) as raw:
-                            fh = transfer.paced(raw)
-                            while got < desc.size:
-                                chunk = fh.read(min(CHUNK, desc.size - got))
-                                if not chunk:
-                                    break
-                                sink.put(chunk)
-                                got += len(chunk)
-                            if got == desc.size and fh.read(1):
-                                raise StoreError(f"{self.url}: layer {desc.digest[:19]} is longer than "
-                                                 f"its {desc.size} bytes")
-                    except TransferExpired:
-                        raise
-                    except StoreUnreachable:
-                        if attempt >= retries:
-                            raise
-                    if got < desc.size:
-                        attempt += 1
-                        if attempt > retries:
-                            raise StoreUnreachable(
-                                f"{self.url}: layer {desc.digest[:19]} stopped at {got} of {desc.size} "
-                                f"bytes after {retries} resumes")
+                switch = None
+                if self.ranged and RANGED_STREAMS > 1 and desc.size >= RANGED_THRESHOLD:
+                    switch = _slow_for_one_stream(desc.size)
+                got = self._stream(desc, 0, sink, transfer, retries, switch)
+                if got < desc.size:  # switched: the rest as parallel ranges
+                    sink.drain()
+                    out.flush()
+                    got = _RangedPull(self, desc, got, out.fileno(), sink.hash, transfer, retries).run()
+                    out.seek(got)
+                    self._stream(desc, got, sink, transfer, retries)
                 digest = sink.finish()
             if digest != desc.digest:
                 raise StoreError(f"{self.url}: layer {desc.digest[:19]}'s bytes do not match its digest")
@@ -548,6 +612,43 @@ class Store:
             if not ok:
                 with contextlib.suppress(OSError):
                     os.unlink(dest)
+
+    def _stream(self, desc: Descriptor, got: int, sink: _HashingWriter, transfer: Transfer,
+                retries: int, switch=None) -> int:
+        """The blob from byte `got` to its end as one stream into `sink`, resumed as said, or
+        up to where `switch(got)` says the rest is to come otherwise (the stream then closed):
+        the bytes it got."""
+        attempt = 0
+        while got < desc.size:
+            try:
+                with self._open_blob(desc.digest, got) as raw:
+                    fh = transfer.paced(raw)
+                    while got < desc.size:
+                        want = min(CHUNK, desc.size - got)
+                        if switch is not None and got < RANGED_PIECE:  # judged at that byte
+                            want = min(want, RANGED_PIECE - got)
+                        chunk = fh.read(want)
+                        if not chunk:
+                            break
+                        sink.put(chunk)
+                        got += len(chunk)
+                        if switch is not None and switch(got):
+                            return got
+                    if got == desc.size and fh.read(1):
+                        raise StoreError(f"{self.url}: layer {desc.digest[:19]} is longer than "
+                                         f"its {desc.size} bytes")
+            except TransferExpired:
+                raise
+            except StoreUnreachable:
+                if attempt >= retries:
+                    raise
+            if got < desc.size:
+                attempt += 1
+                if attempt > retries:
+                    raise StoreUnreachable(
+                        f"{self.url}: layer {desc.digest[:19]} stopped at {got} of {desc.size} "
+                        f"bytes after {retries} resumes")
+        return got
 
     def push_blob_bytes(self, data: bytes, media_type: str) -> Descriptor:
         import io
@@ -623,6 +724,212 @@ class Store:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _slow_for_one_stream(size: int):
+    """A large layer's `switch` (Store._stream): once its first RANGED_PIECE bytes are in, true
+    when they came slower than RANGED_ENOUGH and a range or more is left (then never again)."""
+    began, judged = time.monotonic(), False
+
+    def switch(got: int) -> bool:
+        nonlocal judged
+        if judged or got < RANGED_PIECE:
+            return False
+        judged = True
+        return got < RANGED_ENOUGH * (time.monotonic() - began) and size - got >= RANGED_PIECE
+
+    return switch
+
+
+class _RangedPull:
+    """A large blob as parallel range requests of RANGED_PIECE bytes: RANGED_STREAMS workers
+    each take the next piece and receive it into a buffer of its own, while the caller's thread
+    hashes the pieces in order as their bytes arrive and a writer thread writes what was hashed,
+    in order, to the file: the digest needs no second read, the bytes written are the bytes
+    hashed, the file grows in order (parallel writes to one file at scattered offsets contend
+    on its inode and were slower, measured), and at most 2 x RANGED_STREAMS pieces are held.  It
+    begins where one stream of the blob has already been answered (credentials settled), so
+    every stream starts at once; a store that answers a range with the whole blob
+    (RangeRefused) has the rest come as one stream from the bytes hashed so far.  One Pace judges all the streams together; each read waits at most until the
+    transfer's deadline; a piece whose connection drops is resumed from where it stopped up to
+    `retries` times.  The first error stops every stream (their sockets shut down) and is
+    raised."""
+
+    def __init__(self, store: Store, desc: Descriptor, start: int, fd: int, hash_,
+                 transfer: Transfer, retries: int):
+        self.store, self.desc, self.fd, self.hash, self.transfer = store, desc, fd, hash_, transfer
+        self.hashed_out: queue.Queue[tuple[int, bytearray, int, int] | None] = queue.Queue()
+        self.write_error: OSError | None = None
+        self.retries, self.pace = retries, _SharedPace(transfer.pace())
+        self.where = f"{store.url}: layer {desc.digest[:19]}"
+        self.pieces = [(at, min(at + RANGED_PIECE, desc.size))
+                       for at in range(start, desc.size, RANGED_PIECE)]
+        self.start = start
+        self.window = 2 * RANGED_STREAMS
+        self.cond = threading.Condition()
+        self.taken = 0       # pieces handed to a worker
+        self.written = 0     # pieces hashed and written whole
+        self.buffers: dict[int, bytearray] = {}  # pieces being received or hashed
+        self.filled: dict[int, int] = {}
+        self.spare: list[bytearray] = []
+        self.streams: set = set()
+        self.error: BaseException | None = None
+        self.refused = False
+        self.stopped = False
+
+    def run(self) -> int:
+        """The bytes hashed, in order, and written: the blob's size, or fewer where the store
+        refused a range (the rest comes as one stream)."""
+        workers = [threading.Thread(target=self._work, args=(n,), name=f"rocforge-range-{n}",
+                                    daemon=True) for n in range(RANGED_STREAMS)]
+        writer = threading.Thread(target=self._write, name="rocforge-range-writer", daemon=True)
+        writer.start()
+        for worker in workers:
+            worker.start()
+        try:
+            at = self._hash_in_order()
+            if not self.refused:  # every range read to its end (a longer one is refused) first
+                for worker in workers:
+                    worker.join(max(0.01, self.transfer.deadline.left()))
+                    if worker.is_alive():
+                        raise self.transfer.expired_error()
+                if self.error is not None:
+                    raise self.error
+        finally:
+            self._stop()
+            for worker in workers:
+                worker.join(2.0)
+            self.hashed_out.put(None)
+            writer.join()  # every byte hashed is in the file (or the error it met) before the rest
+        if self.write_error is not None:
+            raise self.write_error
+        return at
+
+    def _write(self) -> None:
+        """What the caller's thread hashed, written in order at the file's position."""
+        while (item := self.hashed_out.get()) is not None:
+            index, buffer, start, end = item
+            if self.write_error is None:
+                view = memoryview(buffer)[start:end]
+                try:
+                    while view:
+                        view = view[os.write(self.fd, view):]
+                except OSError as exc:
+                    self.write_error = exc
+                    self._stop()
+                finally:
+                    view.release()
+            if end == self.pieces[index][1] - self.pieces[index][0]:
+                with self.cond:
+                    self.spare.append(buffer)
+                    self.written = index + 1
+                    self.cond.notify_all()
+
+    def _hash_in_order(self) -> int:
+        at = self.start
+        for index, (start, end) in enumerate(self.pieces):
+            done = 0
+            while start + done < end:
+                with self.cond:
+                    while True:
+                        if self.error is not None:
+                            raise self.error
+                        if self.write_error is not None:
+                            raise self.write_error
+                        if self.filled.get(index, 0) > done:
+                            break
+                        if self.refused:
+                            return at
+                        left = self.transfer.deadline.left()
+                        if left <= 0:
+                            raise self.transfer.expired_error()
+                        self.cond.wait(min(left, 1.0))
+                    filled, buffer = self.filled[index], self.buffers[index]
+                self.hash.update(memoryview(buffer)[done:filled])
+                self.hashed_out.put((index, buffer, done, filled))
+                done = filled
+                at = start + done
+            with self.cond:
+                del self.buffers[index]
+        return at
+
+    def _stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            streams = list(self.streams)
+            self.cond.notify_all()
+        for stream in streams:
+            with contextlib.suppress(Exception):
+                stream.abort()
+
+    def _work(self, n: int) -> None:
+        try:
+            while True:
+                with self.cond:
+                    while not self.stopped and self.taken < len(self.pieces) and \
+                            self.taken >= self.written + self.window:
+                        self.cond.wait(1.0)
+                    if self.stopped or self.taken >= len(self.pieces):
+                        return
+                    index = self.taken
+                    self.taken += 1
+                    buffer = self.spare.pop() if self.spare else None
+                if buffer is None:
+                    buffer = bytearray(RANGED_PIECE)
+                with self.cond:
+                    self.buffers[index] = buffer
+                self._piece(index, buffer)
+        except RangeRefused:
+            with self.cond:
+                self.refused = True
+            self._stop()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, raised there
+            with self.cond:
+                if self.error is None and not self.stopped:
+                    self.error = exc
+            self._stop()
+
+    def _piece(self, index: int, buffer: bytearray) -> None:
+        start, end = self.pieces[index]
+        length, got, attempt = end - start, 0, 0
+        view = memoryview(buffer)
+        while got < length:
+            try:
+                with self.store._open_range(self.desc.digest, start + got, end - 1, self.desc.size) as raw:
+                    with self.cond:
+                        if self.stopped:
+                            return
+                        self.streams.add(raw)
+                    try:
+                        fh = _PacedReader(raw, self.transfer, self.pace)
+                        while got < length:
+                            count = fh.readinto(view[got:min(length, got + CHUNK)])
+                            if not count or self.stopped:
+                                break
+                            got += count
+                            with self.cond:
+                                self.filled[index] = got
+                                self.cond.notify_all()
+                        if self.stopped:
+                            return
+                        if got == length and fh.readinto(bytearray(1)):
+                            raise StoreError(f"{self.where}: the range from byte {start} is longer "
+                                             f"than its {length} bytes")
+                    finally:
+                        with self.cond:
+                            self.streams.discard(raw)
+            except (TransferExpired, RangeRefused):
+                raise
+            except StoreUnreachable:
+                if self.stopped:
+                    return
+                if attempt >= self.retries:
+                    raise
+            if got < length:
+                attempt += 1
+                if attempt > self.retries:
+                    raise StoreUnreachable(f"{self.where}: the range from byte {start} stopped at "
+                                           f"{start + got} after {self.retries} resumes")
 
 
 class NotFound(StoreError):

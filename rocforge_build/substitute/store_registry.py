@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from typing import BinaryIO, NoReturn
@@ -520,6 +521,31 @@ class _BlobStream:
                 return self.response.raw.read(decode_content=False)
             return self.response.raw.read1(size, decode_content=False)
 
+    def readinto(self, buffer: memoryview) -> int:
+        """What has arrived, into `buffer`: http.client's own readinto under urllib3 (no bytes
+        object per read), which keeps to the answer's Content-Length; urllib3's read1 where the
+        layout differs."""
+        if self.sock is not None and self.deadline is not None:
+            self.sock.settimeout(self.deadline.timeout(self.timeout))
+        with _network_errors(self.where, self.timeout):
+            inner = getattr(self.response.raw, "_fp", None)
+            if isinstance(inner, http.client.HTTPResponse):
+                count = inner.readinto(buffer)
+                self.ended = not count
+                return count
+            chunk = self.response.raw.read1(len(buffer), decode_content=False)
+            buffer[:len(chunk)] = chunk
+            self.ended = not chunk
+            return len(chunk)
+
+    ended = False  # the answer's body was read to its end (the connection can serve another)
+
+    def abort(self) -> None:
+        """End a read under way in another thread (a parallel pull that stops)."""
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+
     def discard(self, count: int) -> None:
         while count > 0:
             chunk = self.read(min(count, oci.CHUNK))
@@ -571,6 +597,30 @@ class RegistryStore(oci.Store):
             yield stream  # type: ignore[misc]
         finally:
             response.close()
+
+    ranged = True
+
+    @contextlib.contextmanager
+    def _open_range(self, digest: str, start: int, end: int, size: int) -> Iterator[BinaryIO]:
+        oci.check_digest(digest, self.url)
+        where = f"{self.url}: blob {digest[:19]}"
+        response = self.registry.do_request(f"{self.base}/blobs/{digest}", "GET",
+                                            headers={"Range": f"bytes={start}-{end}"}, stream=True)
+        stream = None
+        try:
+            if response.status_code == 200:
+                raise oci.RangeRefused(f"{where}: answered a range request with the whole blob")
+            if response.status_code != 206:
+                self._refuse(response, where)
+            oci.check_range(response.headers.get("Content-Range", ""),
+                            response.headers.get("Content-Length"), start, end, size, where)
+            stream = _BlobStream(response, where, self.timeout)
+            yield stream  # type: ignore[misc]
+        finally:
+            if stream is not None and stream.ended:
+                response.raw.release_conn()  # read to its end: the connection serves the next range
+            else:
+                response.close()
 
     def has_blob(self, digest: str) -> bool:
         oci.check_digest(digest, self.url)
