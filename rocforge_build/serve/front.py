@@ -70,6 +70,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from rocforge_build import proc
 from rocforge_build.errors import RocforgeError
@@ -84,6 +85,25 @@ NOT_RUN_LIMIT = 3  # canaries in a row that could not run, ...
 NOT_RUN_SECONDS = 300.0  # ... over at least this long: the check counts as failed (503)
 COST_BAR = 0.01  # the share of the server's time the canary may take: a check's seconds over `every`
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
+
+
+class Clock(Protocol):
+    """What the front counts the canary's schedule in: monotonic seconds, and a wait for them."""
+
+    def __call__(self) -> float: ...
+
+    def wait(self, condition: threading.Condition, seconds: float) -> None:
+        """Wait on `condition` (held by the caller) until notified or `seconds` pass on this clock."""
+
+
+class MonotonicClock:
+    """The front's clock: time.monotonic, waited in real seconds."""
+
+    def __call__(self) -> float:
+        return time.monotonic()
+
+    def wait(self, condition: threading.Condition, seconds: float) -> None:
+        condition.wait(seconds)
 
 
 @dataclass(frozen=True)
@@ -129,13 +149,14 @@ class Front:
     .to_json(): canary.Verdict), the canary runs between requests; `record(verdict)` is called once
     on the first failure.  `request_seconds`: how long llama-server may say nothing on a client's
     request before the client gets 504 (TIMEOUT_LIMIT such in a row fail the server).  `clock`:
-    the monotonic seconds the canary's schedule and bounds are counted in (a test's own clock)."""
+    the monotonic seconds the canary's schedule and bounds are counted in, and how the schedule
+    waits for them (`MonotonicClock`; a test's own clock moves by its steps: tests/fake_clock.py)."""
 
     def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], *, every: float | None = None,
                  checker: Callable[[], object] | None = None, record: Callable[[object], None] | None = None,
                  say: Callable[[str], None] | None = None, request_seconds: float = REQUEST_SECONDS,
                  record_not_run: Callable[[object], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Clock | Callable[[], float] | None = None):
         self.listen = listen
         self.upstream = upstream
         self.every = every
@@ -144,7 +165,7 @@ class Front:
         self.record_not_run = record_not_run
         self.say = say or (lambda text: None)
         self.request_seconds = request_seconds
-        self.clock = clock
+        self.clock = clock = clock or MonotonicClock()
         self.stats = Stats()
         self.failure: Failure | None = None
         self.recorded = threading.Event()  # set once a failure was recorded (or could not be)
@@ -186,7 +207,19 @@ class Front:
 
     @_last_canary.setter
     def _last_canary(self, at: float) -> None:
-        self._due = at + (self.every or 0.0)
+        with self._idle:
+            self._due = at + (self.every or 0.0)
+            self._idle.notify_all()  # the schedule looks at the new time now
+
+    def _wait(self, seconds: float) -> None:
+        """The schedule's wait (the `_idle` condition held): until a request ends, the front stops,
+        or `seconds` pass on its clock.  A clock that is only a function (no `wait`) is looked at
+        again within a second of real time."""
+        wait = getattr(self.clock, "wait", None)
+        if wait is not None:
+            wait(self._idle, seconds)
+        else:
+            self._idle.wait(min(seconds, 1.0))
 
     # -- the canary -------------------------------------------------------------------------------
     def _canary_loop(self) -> None:
@@ -198,7 +231,7 @@ class Front:
                     overdue = due + self.every
                     if now >= due and (self._in_flight == 0 or now >= overdue):
                         break
-                    self._idle.wait(max(min((due if now < due else overdue) - now, 1.0), 0.01))
+                    self._wait(max((due if now < due else overdue) - now, 0.01))
                 if self._stop.is_set():
                     return
                 beside_traffic = self._in_flight > 0
