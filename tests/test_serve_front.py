@@ -407,20 +407,22 @@ def test_what_the_front_says_reaches_the_terminal_escaped(upstream, capfd):
 
 def test_the_inner_server_is_asked_for_its_props_only_once_it_answered(monkeypatch):
     """serve_front.run reads /props (canary.target_of) after serve.run saw its own llama-server
-    answer /health and warm up, never before it started (the port could be anyone's then)."""
+    answer /health and warm up, never before it started (the port could be anyone's then); it
+    takes the build, the model and the reference from the session and opens none of them."""
     from types import SimpleNamespace
 
-    from rocforge_build.measure import gguf
+    from rocforge_build.measure import gguf, verify_reference
     from rocforge_build.measure.llama_tools import LlamaBuild
     from rocforge_build.serve import canary
     from rocforge_build.serve import server as serve
 
-    events = []
-    monkeypatch.setattr(LlamaBuild, "open", staticmethod(lambda prefix: SimpleNamespace(prefix=prefix)))
-    monkeypatch.setattr(gguf, "check", lambda path: SimpleNamespace(file_type=None, n_vocab=None, n_ctx_train=None))
-    from rocforge_build.measure import verify_reference
+    def opened(*a, **k):
+        raise AssertionError("the front opened what the session holds")
 
-    monkeypatch.setattr(verify_reference, "independent_reference", lambda build, ref: SimpleNamespace(prefix="/r"))
+    events = []
+    monkeypatch.setattr(LlamaBuild, "open", staticmethod(opened))
+    monkeypatch.setattr(gguf, "check", opened)
+    monkeypatch.setattr(verify_reference, "independent_reference", opened)
     monkeypatch.setattr(canary, "reference", lambda *a, **k: events.append("reference") or "answers")
     monkeypatch.setattr(canary, "target_of", lambda url, argv: events.append("target_of") or canary.Target(url, {}, 1, 1))
 
@@ -433,14 +435,15 @@ def test_the_inner_server_is_asked_for_its_props_only_once_it_answered(monkeypat
     port = free_loopback_port()
     p = serve.Plan("long", "auto", {}, ["/b/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port",
                                          str(port)], f"http://127.0.0.1:{port}", [], "127.0.0.1", port)
+    session = SimpleNamespace(build=SimpleNamespace(prefix="/b"), reference=SimpleNamespace(prefix="/r"),
+                              model=SimpleNamespace(path="/m.gguf", sha256="0" * 64, file_type=None, n_vocab=None,
+                                                    n_ctx_train=None), store=None, host={})
     fronts = []
     monkeypatch.setattr(serve_front.Front, "start", lambda self: fronts.append(self) or self)
-    code = serve_front.run(p, every=3600, build_prefix="/b", model_path="/m.gguf", model_sha256="0" * 64,
-                           reference=None, wait_s=1, on_ready=lambda s: None, argv=[])
+    code = serve_front.run(session, p, every=3600, wait_s=1, on_ready=lambda s: None, argv=[])
     assert code == 0 and events == ["reference", "inner up", "target_of"]
     assert fronts[0].request_seconds == 1  # clients' deadline: --wait unless --request-timeout says
-    serve_front.run(p, every=3600, build_prefix="/b", model_path="/m.gguf", model_sha256="0" * 64,
-                    reference=None, wait_s=1, on_ready=lambda s: None, argv=[], request_s=42.0)
+    serve_front.run(session, p, every=3600, wait_s=1, on_ready=lambda s: None, argv=[], request_s=42.0)
     assert fronts[1].request_seconds == 42.0
 
 

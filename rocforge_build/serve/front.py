@@ -457,24 +457,30 @@ def short_checker(model, ref, target, *, timeout: float = 120.0, progress=None) 
     return lambda: canary.check(plan_, target, answers, timeout=timeout)
 
 
+_STORE_LOCK = threading.Lock()  # a store shared by the front's threads: one record at a time
+
+
 def store_recorder(base: dict, build, argv: list[str], url: str, every: float, stats: Callable[[], Stats],
-                   status: str = "failed"):
+                   status: str = "failed", *, store=None, host: dict | None = None):
     """`record` for a Front: the verdict as one `canary` row (`while_serving` set, `status`: failed,
-    or not_run for a canary that could not measure) of its own run, with the host fingerprint
-    (measure/provenance.host, read then), the build and the model."""
+    or not_run for a canary that could not measure) of its own run, with the host fingerprint, the
+    build and the model.  `store`: the serve's results store, open for the whole serve (opened with
+    `threads`: the front records from its own threads); `host`: the serve's fingerprint.  Without
+    them, the store is opened and the fingerprint read at each record."""
     def record(verdict) -> None:
         from dataclasses import asdict
 
         from rocforge_build.measure import provenance
         from rocforge_build.measure.store import Store
 
-        host = provenance.host()
-        row = {**base, "host": host, "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
+        here = host if host is not None else provenance.host()
+        row = {**base, "host": here, "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
                "url": url, "every_s": every, "while_serving": asdict(stats()), **verdict.to_json()}
-        with Store() as store:
-            run_id = store.start_run("canary", argv, {"host": host, "url": url, "while_serving": True})
-            store.add_row(run_id, "canary", row, status=status)
-            store.finish_run(run_id, status)
+        with _STORE_LOCK, contextlib.ExitStack() as opened:
+            db = store if store is not None else opened.enter_context(Store())
+            run_id = db.start_run("canary", argv, {"host": here, "url": url, "while_serving": True})
+            db.add_row(run_id, "canary", row, status=status)
+            db.finish_run(run_id, status)
     return record
 
 
@@ -490,30 +496,27 @@ def say_to_stderr(text: str) -> None:
         sys.stderr.flush()
 
 
-def run(p, *, every: float, build_prefix: str, model_path: str, model_sha256: str, reference: str | None,
-        wait_s: float, on_ready, before_ready=None, argv: list[str], request_s: float | None = None) -> int:
-    """serve.run of the plan's llama-server moved behind the front (`behind`): the short canary's
-    reference answers are made first (the reference build's own llama-server, before this one
-    takes the memory), the front listens on the plan's address once llama-server is ready and
-    warmed up, then `on_ready` says the URL.  `request_s`: the clients' deadline (Front's
-    `request_seconds`), `wait_s` when None.  Returns llama-server's exit status."""
-    from rocforge_build.measure import gguf
-    from rocforge_build.measure.llama_tools import LlamaBuild
+def run(session, p, *, every: float, wait_s: float, on_ready, before_ready=None, argv: list[str],
+        request_s: float | None = None) -> int:
+    """serve.run of the plan's llama-server moved behind the front (`behind`), for `session`
+    (serve/session.py: its build, model, reference, store and fingerprint, each opened once): the
+    short canary's reference answers are made first (the reference build's own llama-server,
+    before this one takes the memory), the front listens on the plan's address once llama-server
+    is ready and warmed up, then `on_ready` says the URL.  `request_s`: the clients' deadline
+    (Front's `request_seconds`), `wait_s` when None.  Returns llama-server's exit status."""
     from rocforge_build.serve import canary
     from rocforge_build.serve import server as serve
 
-    build = LlamaBuild.open(build_prefix)
-    model = gguf.check(model_path)
-    from rocforge_build.measure.verify_reference import independent_reference
-
-    ref = independent_reference(build, reference)  # never the served build itself
+    build, model = session.build, session.model
     inner = behind(p)
-    plan_, answers = short_reference(model, ref, progress=say_to_stderr)
+    plan_, answers = short_reference(model, session.reference, progress=say_to_stderr)
     front = Front((p.host, p.port), ("127.0.0.1", inner.port), every=every, say=say_to_stderr,
                   request_seconds=request_s or wait_s)
-    base = {"model_sha256": model_sha256, "model": {"path": model_path}}
-    front.record = store_recorder(base, build, argv, p.url, every, lambda: front.stats)
-    front.record_not_run = store_recorder(base, build, argv, p.url, every, lambda: front.stats, status="not_run")
+    base = {"model_sha256": model.sha256, "model": {"path": model.path}}
+    front.record = store_recorder(base, build, argv, p.url, every, lambda: front.stats,
+                                  store=session.store, host=session.host)
+    front.record_not_run = store_recorder(base, build, argv, p.url, every, lambda: front.stats, status="not_run",
+                                          store=session.store, host=session.host)
 
     def ready(warm_s: float) -> None:
         # only now: serve.run saw this llama-server (our child) answer /health and a warm-up request,

@@ -102,14 +102,16 @@ def covers(d: dict, stamp: str | None, model_sha: str, shape: dict, env: dict) -
         for c in d.get("checks") or [])
 
 
-def still_proven(r: dict, store, model_sha: str, model_path: str) -> tuple[str, str] | None:
+def still_proven(r: dict, store, model_sha: str, model_path: str, build: LlamaBuild | None = None
+                 ) -> tuple[str, str] | None:
     """None when the build is the one tune verified (same stamp), rocforge's reference itself (a CPU
     build of the default plan: nothing to verify it against), or a verify of the build as it is
     now, with this model, covers the range's verified shape (`covers`); else (why serving it would
-    be unproven, the `rocforge verify` command that would prove it)."""
+    be unproven, the `rocforge verify` command that would prove it).  `build`: the range's build,
+    already opened by the caller."""
     from rocforge_build.measure import verify, verify_reference
 
-    build = LlamaBuild.open(r["prefix"])
+    build = build or LlamaBuild.open(r["prefix"])
     stored = (r.get("verified") or {}).get("shape") if isinstance(r.get("verified"), dict) else None
     old_proof = not serving.serving_known(stored or {})
     if build.stamp and build.stamp == r.get("stamp") and not old_proof:  # no stamp proves nothing
