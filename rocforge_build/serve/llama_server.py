@@ -125,7 +125,8 @@ def exchange(method: str, url: str, path: str, body: bytes | None, headers: dict
         raise error(f"{url}{path} did not answer within {math.ceil(timeout)} s")
     status, reply = outcome["reply"]
     if len(reply) > limit:
-        raise error(f"{url}{path} replied with more than {limit >> 20} MB")
+        raise error(f"{url}{path} replied with more than "
+                    + (f"{limit >> 20} MB" if limit >= 1 << 20 else f"{limit} bytes"))
     return status, reply
 
 
