@@ -1,4 +1,5 @@
-"""`rocforge serve MODEL`: run the tuned, verified preset's llama-server (see serve/server.py)."""
+"""`rocforge serve MODEL`: run the tuned, verified preset's llama-server.  Its arguments and its
+lines only: what it serves with is serve/session.py's `ServeSession`, made here once."""
 
 from __future__ import annotations
 

@@ -7,7 +7,9 @@ Ready means its own llama-server answered: --host is resolved once to one IP add
 server is told to listen on and serve connects to; the port is checked free before it starts, and
 `/health` counts only while the socket that takes a connection to that address and port is the
 child's (proc.port_holder); a one-token request then pays the first request's one-time warm-up,
-within what is left of --wait, before "serving" is said."""
+within what is left of --wait, before "serving" is said.  The process itself (its start, its
+readiness, its requests, its stop) is serve/llama_server.py's `LlamaServer`; what one serve works
+with, each opened once, is serve/session.py's `ServeSession`."""
 
 from __future__ import annotations
 
