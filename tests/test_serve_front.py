@@ -527,6 +527,19 @@ def test_a_never_idle_server_gets_the_canary_once_overdue(upstream):
         f.stop()
 
 
+def test_the_default_clock_runs_the_canary_on_its_own_schedule(upstream):
+    """serve's own clock (MonotonicClock: real seconds, the schedule waiting on its condition until
+    the canary is due, not looking every second): with nothing in flight, a canary every 0.2 s runs
+    again and again by itself."""
+    calls = []
+    f = front_for(upstream, every=0.2, checker=lambda: calls.append(1) or Verdict(True))
+    try:
+        assert isinstance(f.clock, serve_front.MonotonicClock)
+        assert until(lambda: f.stats.passed >= 3) and f.stats.overdue_runs == 0
+    finally:
+        f.stop()
+
+
 def test_behind_moves_the_server_to_a_private_loopback_port():
     from rocforge_build.serve import server as serve
 
