@@ -370,7 +370,8 @@ def reference(plan_: CanaryPlan, ref: LlamaBuild, model, *, progress=None, timeo
         ["-ngl", "0"] if ref.gpu else [])
     if progress:
         progress(f"canary: the reference {ref.label()} answers the same requests")
-    server = LlamaServer.on_loopback(argv, port=free_loopback_port(), env=ref.runtime_env, relay=False, keep=5)
+    server = LlamaServer.on_loopback(argv, port=free_loopback_port(), env=ref.runtime_env, relay=False, keep=5,
+                                     grace=10.0)
     with server:  # stopped whole at the end: it and all it started, a child that daemonized included
         _ready(server, timeout)
         prompts, labels = _prompts(plan_, server.url, {}, min(timeout, 120))

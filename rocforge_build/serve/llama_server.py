@@ -133,14 +133,15 @@ def exchange(method: str, url: str, path: str, body: bytes | None, headers: dict
 class LlamaServer:
     """A llama-server started with `argv` (which names its --host and --port: `host`, `port`) and
     `env` on top of rocforge's own.  `relay`: its output goes to stderr, escaped, as it comes;
-    else it is only kept (`last_words`)."""
+    else it is only kept (`last_words`).  `grace`: the seconds a stop at the end of its `with`
+    block gives it after SIGTERM."""
 
     def __init__(self, argv: Sequence[str], *, host: str, port: int, env: dict | None = None,
-                 relay: bool = True, keep: int = 20):
+                 relay: bool = True, keep: int = 20, grace: float = 5.0):
         self.argv = [str(a) for a in argv]
         self.env = dict(env or {})
         self.host, self.port = host, port
-        self.relay = relay
+        self.relay, self.grace = relay, grace
         self.child = None  # proc.spawn's process, once started
         self._tail: collections.deque = collections.deque(maxlen=keep)
         self._reader: threading.Thread | None = None
@@ -206,12 +207,12 @@ class LlamaServer:
 
     def __exit__(self, kind, *exc) -> None:
         if kind is None:
-            self.stop()
+            self.stop(self.grace)
             return
         from rocforge_build import signals
 
         with signals.deferred():  # a second Ctrl-C must not cut the clean-up short
-            self.stop()
+            self.stop(self.grace)
 
     def stop(self, grace: float = 5.0) -> None:
         """It and everything it started, a child that daemonized included (proc.stop_group); also
