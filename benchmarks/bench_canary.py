@@ -50,7 +50,6 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -63,9 +62,9 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from rocforge_build.measure import gguf  # noqa: E402
 from rocforge_build.measure.llama_tools import LlamaBuild  # noqa: E402
-from rocforge_build.proc import free_loopback_port  # noqa: E402
 from rocforge_build.serve import canary  # noqa: E402
 from rocforge_build.serve import front as serve_front  # noqa: E402
+from rocforge_build.serve.llama_server import LlamaServer, NotReady  # noqa: E402
 
 WORDS = ("the river", "a quiet morning", "an old letter", "the market", "a storm at sea", "the garden", "a long road")
 
@@ -84,17 +83,6 @@ def default_prefix(where: Path) -> Path:
     if code != 0:
         raise SystemExit(f"the llama-server build failed ({code})")
     return prefix
-
-
-def healthy(port: int) -> bool:
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-    try:
-        c.request("GET", "/health")
-        return c.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        c.close()
 
 
 def load(port: int, clients: int, window: float, n_predict: int) -> dict:
@@ -160,19 +148,18 @@ def main() -> int:
     prefix = Path(a.prefix) if a.prefix else default_prefix(work)
     build = LlamaBuild.open(prefix)
     model = gguf.check(model_path)
-    port = free_loopback_port()
-    argv = [str(build.program("llama-server")), "-m", str(model_path), "--host", "127.0.0.1", "--port", str(port),
-            "-c", str(1024 * a.clients), "-np", str(a.clients)] + (["-t", str(a.threads)] if a.threads else [])
+    server = LlamaServer.on_loopback([str(build.program("llama-server")), "-m", str(model_path),
+                                      "-c", str(1024 * a.clients), "-np", str(a.clients)]
+                                     + (["-t", str(a.threads)] if a.threads else []), relay=False)
+    port, argv = server.port, server.argv
     print(f"llama-server: {' '.join(argv)}")
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     results: dict = {"argv": argv, "clients": a.clients, "window_s": a.window, "n_predict": a.n_predict,
                      "load": {"start": os.getloadavg()}, "rounds": []}
-    try:
-        deadline = time.monotonic() + 300
-        while not healthy(port):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("llama-server did not come up")
-            time.sleep(0.25)
+    with server.start():  # stopped whole at the end (serve/llama_server.py, as serve stops its own)
+        try:
+            server.wait_ready(300)
+        except NotReady:
+            raise SystemExit(f"llama-server did not come up{': ' + server.last_words() if server.last_words() else ''}") from None
         target = canary.target_of(f"http://127.0.0.1:{port}", argv)
         start = time.monotonic()
         short_plan = canary.plan(model, target, short=True)
@@ -242,9 +229,6 @@ def main() -> int:
         print(f"start canary: {len(full_ref.prompts)} requests ({', '.join(full_ref.labels)}), check "
               f"{statistics.median(checks['start']):.2f} s median of 3, its reference {results['start_canary_reference_s']:.1f} s "
               f"(uncached unless --cache-dir held it); short canary check {statistics.median(checks['short']):.2f} s median of 3")
-    finally:
-        server.terminate()
-        server.wait(30)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from fake_clock import FakeClock
 
 from rocforge_build import argtypes, proc
 from rocforge_build.proc import free_loopback_port
@@ -276,8 +277,9 @@ def test_a_canary_that_could_not_run_never_blocks_clients(upstream):
     def broken():
         raise CanaryError("http://127.0.0.1:1/completion did not answer within 120 s")
 
+    clock = Clock()
     f = front_for(upstream, every=3600, checker=broken, say=said.append, record=failed.append,
-                  record_not_run=recorded.append)
+                  record_not_run=recorded.append, clock=clock)
     try:
         assert f.run_canary() == serve_front.NOT_RUN and f.run_canary() == serve_front.NOT_RUN
         status, _, _ = ask(f, "GET", "/x")
@@ -285,7 +287,7 @@ def test_a_canary_that_could_not_run_never_blocks_clients(upstream):
         assert len(recorded) == 1 and "did not answer within 120 s" in recorded[0].failures[0]
         assert ["1 in a row" in said[0], "2 in a row" in said[1]] == [True, True]
         assert "clients are still served" in said[1]
-        assert 0 < f._due - time.monotonic() <= 30.0  # retried within 30 s, not an hour later
+        assert f._due - clock.now == 30.0  # retried in 30 s, not an hour later
     finally:
         f.stop()
 
@@ -299,7 +301,8 @@ def _probs(token: int) -> bytes:
 
 
 class _OneSlot(BaseHTTPRequestHandler):
-    """llama-server with -np 1: one /completion at a time; `X-Long: S` holds the slot S seconds."""
+    """llama-server with -np 1: one /completion at a time; `X-Hold: 1` holds the slot until the test
+    sets `release`."""
 
     protocol_version = "HTTP/1.1"
 
@@ -309,7 +312,9 @@ class _OneSlot(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         with self.server.slot:
-            time.sleep(float(self.headers.get("X-Long", "0")))
+            if self.headers.get("X-Hold"):  # a long generation, until the test releases it
+                self.server.holding.set()
+                self.server.release.wait(30)
             body = _probs(self.server.token)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -324,8 +329,10 @@ class _OneSlot(BaseHTTPRequestHandler):
 def one_slot():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _OneSlot)
     server.daemon_threads, server.slot, server.token = True, threading.Lock(), 5
+    server.holding, server.release = threading.Event(), threading.Event()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
+    server.release.set()
     server.shutdown()
     server.server_close()
 
@@ -339,21 +346,29 @@ def _real_checker(port: int, timeout: float):
     return lambda: canary.check(plan, target, ref, timeout=timeout)
 
 
-def test_a_long_request_holding_the_only_slot_never_makes_the_front_refuse(one_slot, monkeypatch):
-    """A client's 2.5 s generation holds the one slot; the canary (0.4 s timeout, due every 0.3 s,
-    overdue at 0.6 s) cannot get an answer beside it: not run, never a 503; once the slot is free
-    it runs again and passes."""
-    monkeypatch.setattr(serve_front, "NOT_RUN_RETRY_SECONDS", 0.3)
-    f = serve_front.Front(("127.0.0.1", 0), ("127.0.0.1", one_slot.server_address[1]), every=0.3,
-                          checker=_real_checker(one_slot.server_address[1], 0.4)).start()
+def test_a_long_request_holding_the_only_slot_never_makes_the_front_refuse(one_slot):
+    """A client's long generation holds the one slot; the canary, overdue, runs beside it and
+    cannot get an answer within its 0.4 s: not run, never a 503; once the slot is free it is
+    retried (`NOT_RUN_RETRY_SECONDS` later on the front's clock) and passes."""
+    clock = Clock()
+    port = one_slot.server_address[1]
+    f = serve_front.Front(("127.0.0.1", 0), ("127.0.0.1", port), every=60.0, clock=clock,
+                          checker=_real_checker(port, 0.4)).start()
     try:
-        status, _, _ = ask(f, "POST", "/completion", b"{}", {"X-Long": "2.5"})
-        assert status == 200 and ask(f, "GET", "/health")[0] == 200 and f.failure is None
-        assert f.stats.not_run >= 1  # it was tried beside the long request, and could not answer
-        deadline = time.monotonic() + 5
-        while f.stats.passed == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert f.stats.passed >= 1 and f.stats.not_run_in_a_row == 0 and f.failure is None
+        answers = []
+        held = threading.Thread(target=lambda: answers.append(ask(f, "POST", "/completion", b"{}", {"X-Hold": "1"})),
+                                daemon=True)
+        held.start()
+        assert one_slot.holding.wait(15) and f._in_flight == 1
+        clock.advance(120.0)  # overdue: it runs beside the long request
+        assert until(lambda: f.stats.not_run == 1) and f.stats.overdue_runs == 1 and f.failure is None
+        one_slot.release.set()
+        held.join(15)
+        assert answers[0][0] == 200 and ask(f, "GET", "/health")[0] == 200 and f.failure is None
+        assert f._due - clock.now == serve_front.NOT_RUN_RETRY_SECONDS
+        clock.advance(serve_front.NOT_RUN_RETRY_SECONDS)
+        assert until(lambda: f.stats.passed == 1)
+        assert f.stats.not_run_in_a_row == 0 and f.failure is None
     finally:
         f.stop()
 
@@ -392,20 +407,22 @@ def test_what_the_front_says_reaches_the_terminal_escaped(upstream, capfd):
 
 def test_the_inner_server_is_asked_for_its_props_only_once_it_answered(monkeypatch):
     """serve_front.run reads /props (canary.target_of) after serve.run saw its own llama-server
-    answer /health and warm up, never before it started (the port could be anyone's then)."""
+    answer /health and warm up, never before it started (the port could be anyone's then); it
+    takes the build, the model and the reference from the session and opens none of them."""
     from types import SimpleNamespace
 
-    from rocforge_build.measure import gguf
+    from rocforge_build.measure import gguf, verify_reference
     from rocforge_build.measure.llama_tools import LlamaBuild
     from rocforge_build.serve import canary
     from rocforge_build.serve import server as serve
 
-    events = []
-    monkeypatch.setattr(LlamaBuild, "open", staticmethod(lambda prefix: SimpleNamespace(prefix=prefix)))
-    monkeypatch.setattr(gguf, "check", lambda path: SimpleNamespace(file_type=None, n_vocab=None, n_ctx_train=None))
-    from rocforge_build.measure import verify_reference
+    def opened(*a, **k):
+        raise AssertionError("the front opened what the session holds")
 
-    monkeypatch.setattr(verify_reference, "independent_reference", lambda build, ref: SimpleNamespace(prefix="/r"))
+    events = []
+    monkeypatch.setattr(LlamaBuild, "open", staticmethod(opened))
+    monkeypatch.setattr(gguf, "check", opened)
+    monkeypatch.setattr(verify_reference, "independent_reference", opened)
     monkeypatch.setattr(canary, "reference", lambda *a, **k: events.append("reference") or "answers")
     monkeypatch.setattr(canary, "target_of", lambda url, argv: events.append("target_of") or canary.Target(url, {}, 1, 1))
 
@@ -418,14 +435,15 @@ def test_the_inner_server_is_asked_for_its_props_only_once_it_answered(monkeypat
     port = free_loopback_port()
     p = serve.Plan("long", "auto", {}, ["/b/llama-server", "-m", "/m.gguf", "--host", "127.0.0.1", "--port",
                                          str(port)], f"http://127.0.0.1:{port}", [], "127.0.0.1", port)
+    session = SimpleNamespace(build=SimpleNamespace(prefix="/b"), reference=SimpleNamespace(prefix="/r"),
+                              model=SimpleNamespace(path="/m.gguf", sha256="0" * 64, file_type=None, n_vocab=None,
+                                                    n_ctx_train=None), store=None, host={})
     fronts = []
     monkeypatch.setattr(serve_front.Front, "start", lambda self: fronts.append(self) or self)
-    code = serve_front.run(p, every=3600, build_prefix="/b", model_path="/m.gguf", model_sha256="0" * 64,
-                           reference=None, wait_s=1, on_ready=lambda s: None, argv=[])
+    code = serve_front.run(session, p, every=3600, wait_s=1, on_ready=lambda s: None, argv=[])
     assert code == 0 and events == ["reference", "inner up", "target_of"]
     assert fronts[0].request_seconds == 1  # clients' deadline: --wait unless --request-timeout says
-    serve_front.run(p, every=3600, build_prefix="/b", model_path="/m.gguf", model_sha256="0" * 64,
-                    reference=None, wait_s=1, on_ready=lambda s: None, argv=[], request_s=42.0)
+    serve_front.run(session, p, every=3600, wait_s=1, on_ready=lambda s: None, argv=[], request_s=42.0)
     assert fronts[1].request_seconds == 42.0
 
 
@@ -439,14 +457,7 @@ def test_request_timeout_without_the_front_is_one_line(capsys):
     assert len(lines) == 1 and "--request-timeout" in lines[0] and "--canary-every" in err, err
 
 
-class Clock:
-    """The front's clock, moved by the test: bounds in time are reached by stepping, not waiting."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+Clock = FakeClock  # the front's clock, moved by the test (tests/fake_clock.py)
 
 
 def until(condition, seconds: float = 15.0) -> bool:
@@ -462,7 +473,7 @@ def until(condition, seconds: float = 15.0) -> bool:
 def test_the_canary_waits_for_the_request_in_flight(upstream):
     """Due (not yet overdue) while a request is in flight: it runs once that request ends, with
     nothing in flight, and not again before another interval.  The front's clock is the test's:
-    no timing window; the front's loop looks at it at least once a second."""
+    no timing window (`settled`: the schedule looked at the new time and went back to waiting)."""
     calls, clock = [], Clock()
     f = serve_front.Front(("127.0.0.1", 0), ("127.0.0.1", upstream.port), every=60.0, clock=clock,
                           checker=lambda: calls.append(f._in_flight) or Verdict(True)).start()
@@ -470,47 +481,61 @@ def test_the_canary_waits_for_the_request_in_flight(upstream):
         held = threading.Thread(target=ask, args=(f, "GET", "/hold"), daemon=True)
         held.start()
         assert until(lambda: f._in_flight == 1)
-        clock.now += 90.0  # due 30 s ago, overdue only at 120 s
-        time.sleep(1.5)  # more than the loop's longest look: it saw the clock, and the request
-        assert calls == []
+        clock.advance(90.0)  # due 30 s ago, overdue only at 120 s
+        assert clock.settled() and calls == []
         upstream.release.set()
         held.join(15)
-        assert until(lambda: calls == [0]) and f.stats.overdue_runs == 0
-        time.sleep(1.5)
-        clock.now += 59.0
-        time.sleep(1.5)
-        assert calls == [0]  # 59 s after it: not yet
-        clock.now += 1.0
-        assert until(lambda: len(calls) == 2) and f.stats.passed == 2
+        assert until(lambda: f.stats.passed == 1) and calls == [0] and f.stats.overdue_runs == 0
+        clock.advance(59.0)
+        assert clock.settled() and calls == [0]  # 59 s after it: not yet
+        clock.advance(1.0)
+        assert until(lambda: f.stats.passed == 2) and len(calls) == 2
     finally:
         f.stop()
 
 
 def test_a_benchmark_can_place_the_canary_by_its_last_run(upstream):
-    """benchmarks/bench_canary.py sets `_last_canary` back so the canary falls inside its window."""
-    calls = []
-    f = front_for(upstream, every=60.0, checker=lambda: calls.append(1) or Verdict(True))
+    """benchmarks/bench_canary.py sets `_last_canary` back so the canary falls inside its window:
+    the schedule takes the new time at once."""
+    calls, clock = [], Clock()
+    f = front_for(upstream, every=60.0, clock=clock, checker=lambda: calls.append(1) or Verdict(True))
     try:
-        f._last_canary = time.monotonic() - 59.7  # due in 0.3 s; the loop looks again within 1 s
-        deadline = time.monotonic() + 3.0
-        while not calls and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert calls == [1]
+        assert clock.settled() and calls == []
+        f._last_canary = clock.now - 59.5  # due in 0.5 s
+        clock.advance(0.5)
+        assert until(lambda: calls == [1])
     finally:
         f.stop()
 
 
 def test_a_never_idle_server_gets_the_canary_once_overdue(upstream):
-    """Requests back to back for 2.6 s, every 0.5 s: never idle, so the canary runs beside the
-    traffic once it is an interval overdue (at ~1 s), not never."""
-    calls = []
-    f = front_for(upstream, every=0.5, checker=lambda: calls.append(f._in_flight) or Verdict(True))
+    """A request always in flight: due at 60 s, the canary waits; once it is an interval overdue
+    (120 s) it runs beside the traffic, not never."""
+    calls, clock = [], Clock()
+    f = front_for(upstream, every=60.0, clock=clock, checker=lambda: calls.append(f._in_flight) or Verdict(True))
     try:
-        c = http.client.HTTPConnection("127.0.0.1", f.port, timeout=10)
-        c.request("GET", "/sse?n=13&gap=0.2")
-        r = c.getresponse()
-        r.read()
-        assert calls and calls[0] == 1 and f.stats.overdue_runs >= 1
+        held = threading.Thread(target=ask, args=(f, "GET", "/hold"), daemon=True)
+        held.start()
+        assert until(lambda: f._in_flight == 1)
+        clock.advance(60.0)
+        assert clock.settled() and calls == []  # due, but a request is in flight
+        clock.advance(60.0)
+        assert until(lambda: f.stats.passed == 1) and calls == [1] and f.stats.overdue_runs == 1
+        upstream.release.set()
+        held.join(15)
+    finally:
+        f.stop()
+
+
+def test_the_default_clock_runs_the_canary_on_its_own_schedule(upstream):
+    """serve's own clock (MonotonicClock: real seconds, the schedule waiting on its condition until
+    the canary is due, not looking every second): with nothing in flight, a canary every 0.2 s runs
+    again and again by itself."""
+    calls = []
+    f = front_for(upstream, every=0.2, checker=lambda: calls.append(1) or Verdict(True))
+    try:
+        assert isinstance(f.clock, serve_front.MonotonicClock)
+        assert until(lambda: f.stats.passed >= 3) and f.stats.overdue_runs == 0
     finally:
         f.stop()
 

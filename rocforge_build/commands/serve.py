@@ -1,11 +1,11 @@
-"""`rocforge serve MODEL`: run the tuned, verified preset's llama-server (see serve/server.py)."""
+"""`rocforge serve MODEL`: run the tuned, verified preset's llama-server.  Its arguments and its
+lines only: what it serves with is serve/session.py's `ServeSession`, made here once."""
 
 from __future__ import annotations
 
 import contextlib
 import re
 from argparse import ArgumentTypeError
-from pathlib import Path
 
 from rocforge_build import argtypes, shellsafe
 from rocforge_build.errors import ConfigError, UsageError
@@ -57,104 +57,37 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from rocforge_build.measure import known_bad as known_bad_shape
-    from rocforge_build.measure.preset import model_key, pick_range, runnable
     from rocforge_build.measure.store import Store
+    from rocforge_build.serve import session as serving
+    from rocforge_build.serve.front import say_to_stderr
 
     if args.request_timeout and not args.canary_every:
         raise UsageError("--request-timeout bounds requests through the canary front, which only "
                          "--canary-every puts before llama-server", "add --canary-every DURATION, or drop it")
-    model_path = args.model if Path(args.model).is_file() else None
-    if model_path is None and ("/" in args.model or args.model.endswith(".gguf")):
-        from rocforge_build.measure import gguf
+    with Store(threads=True) as store:  # the one results store of this serve (the front records from its threads)
+        choice = serving.find(store, args.model, args.range)
+        address = args.host if args.dry_run else serve.resolve_host(args.host, args.port)
+        p = serve.plan(choice.preset, choice.model.path, args.range, address, args.port)
+        line = shellsafe.sh_command(p.argv, {k: str(v) for k, v in p.env.items()},
+                                    "the preset's command (results store)", ConfigError)
+        if args.dry_run:
+            head = [f"rocforge serve: preset version {choice.version}, range {p.range} ({p.why})", *p.notes]
+            shellsafe.write_script("".join(shellsafe.comment(h) + "\n" for h in head) + line + "\n")
+            return 0
+        host = serving.this_host(args.rootfs)  # a known-bad host, said first
+        serve.check_port(address, args.port)  # before anything starts: one line, exit 2
+        say_to_stderr(f"starting {p.range} preset (version {choice.version}): {line}")
+        if args.no_canary:
+            say_to_stderr("--no-canary: the server's numerics are not checked")
+        session = serving.ServeSession.open(choice, store, host=host, canary=not args.no_canary or bool(args.canary_every),
+                                            reference=args.reference)
+        name = shellsafe.one_line(choice.preset["model"]["name"])
 
-        gguf.check(args.model)  # a path that names no file says so, not "no preset"
-    with Store() as store:
-        preset = store.preset(model_key(args.model))
-        if preset is None:
-            raise UsageError(f"no preset for {args.model!r}", "run `rocforge tune` for it first")
-        name, _ = pick_range(preset, args.range)
-        _build_is_there(preset, name)
-        runnable(preset, [name], f"results database {store.path}: preset for "
-                 f"{shellsafe.one_line(preset['model']['name'])} version {preset['version']}")
-        stored = None if model_path else preset["model"]["sha256"]  # a given path picked it by its sha256
-        model_path = serve.model_file(model_path or preset["model"]["path"], stored)
-        problem = serve.still_proven(preset["ranges"][name], store, preset["model"]["sha256"], model_path)
-        problem = problem or known_bad_shape.preset_problem(preset["ranges"][name])
-    if problem:
-        raise UsageError(*problem)
-    address = args.host if args.dry_run else serve.resolve_host(args.host, args.port)
-    p = serve.plan(preset, model_path, args.range, address, args.port)
-    line = shellsafe.sh_command(p.argv, {k: str(v) for k, v in p.env.items()},
-                                "the preset's command (results store)", ConfigError)
-    if args.dry_run:
-        head = [f"rocforge serve: preset version {preset.get('version')}, range {p.range} ({p.why})",
-                *p.notes]
-        shellsafe.write_script("".join(shellsafe.comment(h) + "\n" for h in head) + line + "\n")
-        return 0
-    from rocforge_build.discover import known_bad
-    from rocforge_build.measure import provenance
+        def ready(warm_s: float):
+            everywhere = " (listening on all addresses)" if serve.dial_address(address) != address else ""
+            print(f"serving {name} at {p.url}{everywhere} (first request "
+                  f"warmed up in {warm_s:.1f} s; Ctrl-C stops it)", flush=True)
 
-    known_bad.warn_before_measuring(provenance.host(args.rootfs))  # a known-bad host, said first
-    serve.check_port(address, args.port)  # before anything starts: one line, exit 2
-    from rocforge_build.serve.front import say_to_stderr
-
-    say_to_stderr(f"starting {p.range} preset (version {preset.get('version')}): {line}")
-
-    def ready(warm_s: float):
-        everywhere = " (listening on all addresses)" if serve.dial_address(address) != address else ""
-        print(f"serving {shellsafe.one_line(preset['model']['name'])} at {p.url}{everywhere} (first request "
-              f"warmed up in {warm_s:.1f} s; Ctrl-C stops it)", flush=True)
-
-    if args.canary_every:  # llama-server behind the front (serve/front.py)
-        from rocforge_build.serve import front as serve_front
-
-        code = serve_front.run(p, every=args.canary_every, build_prefix=preset["ranges"][p.range]["prefix"],
-                               model_path=model_path, model_sha256=preset["model"]["sha256"],
-                               reference=args.reference, wait_s=args.wait, on_ready=ready,
-                               before_ready=_canary(args, preset, p, model_path), argv=args.argv,
-                               request_s=args.request_timeout)
-    else:
-        code = serve.run(p, wait_s=args.wait, on_ready=ready, before_ready=_canary(args, preset, p, model_path))
+        code = serving.run(session, p, every=args.canary_every, wait_s=args.wait, request_s=args.request_timeout,
+                           argv=args.argv, on_ready=ready, canary_at_start=not args.no_canary)
     return 0 if code in (0, -15) else 9
-
-
-def _build_is_there(preset: dict, name: str) -> None:
-    """A preset whose build directory is gone is a usage error naming that prefix and the way
-    back, not a damaged results store: the record is sound, the build was removed."""
-    r = preset["ranges"][name]
-    if not Path(r["prefix"]).exists():
-        raise UsageError(f"the {name} range's build {shellsafe.one_line(r['prefix'])} is gone",
-                         f"build it again (`rocforge build llama-cpp --backend {r.get('backend')} "
-                         f"--prefix {shellsafe.one_line(r['prefix'])}`) and tune again (`rocforge tune`)")
-
-
-def _canary(args, preset: dict, p, model_path: str):
-    """What serve runs against the live server before it prints its URL (serve/canary.py), or
-    None with --no-canary (said on stderr)."""
-    from rocforge_build.serve.front import say_to_stderr
-
-    if args.no_canary:
-        say_to_stderr("--no-canary: the server's numerics are not checked")
-        return None
-
-    def gate(plan) -> None:
-        from rocforge_build.measure import gguf, provenance
-        from rocforge_build.measure.llama_tools import LlamaBuild
-        from rocforge_build.measure.store import Store
-        from rocforge_build.serve import canary
-
-        build = LlamaBuild.open(preset["ranges"][plan.range]["prefix"])
-        target = canary.target_of(plan.url, plan.argv)
-        say = say_to_stderr  # one line each, terminal controls escaped: it quotes servers' replies
-        record = {"model_sha256": preset["model"]["sha256"], "model": preset["model"].get("name"),
-                  "range": plan.range, "host": provenance.host(args.rootfs)}
-        with Store() as store:
-            verdict = canary.at_serve_start(build, gguf.check(Path(model_path)), target,
-                                            reference_prefix=args.reference,
-                                            store=store, record=record, progress=say, timeout=args.wait)
-        say(f"canary passed in {verdict.seconds:.1f} s: " + ", ".join(
-            f"{r.label} top-1 {r.comparison.top1:.3f} KLD {r.comparison.kld_mean:.2g}"
-            for r in verdict.rows if r.comparison))
-
-    return gate

@@ -89,12 +89,13 @@ def served_shape(argv: list) -> tuple[bool, int, int]:
     return fa, parallel, cells
 
 
-def preset_problem(r: dict) -> tuple[str, str] | None:
+def preset_problem(r: dict, build=None) -> tuple[str, str] | None:
     """(why, hint) when a preset range's llama-server command runs a shape its build is known to
-    compute wrong; None when no entry of the build's recipe matches."""
+    compute wrong; None when no entry of the build's recipe matches.  `build`: the range's
+    LlamaBuild, already opened by the caller."""
     from rocforge_build.measure.llama_tools import LlamaBuild
 
-    manifest = LlamaBuild.open(r["prefix"]).manifest
+    manifest = (build or LlamaBuild.open(r["prefix"])).manifest
     fa, parallel, cells = served_shape(r.get("argv") or [])
     entry = find(manifest, fa, parallel, cells)
     if entry is None:

@@ -150,18 +150,20 @@ def checked(preset: object, where: str) -> dict:
 PROGRAMS = ("llama-server", "llama-cli")  # what `command` puts first: the build's own bin/ program
 
 
-def _build_problem(r: dict) -> str | None:
+def _build_problem(r: dict, manifest: dict | None = None) -> str | None:
     """Why range `r` does not run its own rocforge build's program, or None: the prefix holds a
     sound manifest (a bare directory such as / or /usr is no build, so "inside the prefix" would
     mean nothing), both stamps are non-empty (None never matches None), and argv[0] is that build's
-    bin/llama-server or bin/llama-cli, a regular file whose links stay inside the prefix."""
+    bin/llama-server or bin/llama-cli, a regular file whose links stay inside the prefix.
+    `manifest`: the prefix's, already read by the caller (serve opens the build once)."""
     import os
     import stat
 
     from rocforge_build.discover.builds import MANIFEST, read_manifest
 
     prefix = os.path.normpath(r["prefix"])
-    manifest = read_manifest(prefix)  # a manifest that breaks its schema is one ConfigError line
+    if manifest is None:
+        manifest = read_manifest(prefix)  # a manifest that breaks its schema is one ConfigError line
     if manifest is None:
         return f"prefix {prefix!r} is not a rocforge build (it holds no readable {MANIFEST})"
     if not manifest["stamp"]:
@@ -182,12 +184,13 @@ def _build_problem(r: dict) -> str | None:
     return None
 
 
-def runnable(preset: dict, names, where: str) -> None:
+def runnable(preset: dict, names, where: str, *, manifests: dict | None = None) -> None:
     """Each range in `names` runs its own rocforge build's program (`_build_problem`), checked by
     every command that prints or starts a preset's command (serve and its --dry-run, preset show,
-    preset export): a StoreError naming `where` and the range, else nothing is printed or run."""
+    preset export): a StoreError naming `where` and the range, else nothing is printed or run.
+    `manifests`: range name -> its build's manifest, already read by the caller."""
     for name in names:
-        problem = _build_problem(preset["ranges"][name])
+        problem = _build_problem(preset["ranges"][name], (manifests or {}).get(name))
         if problem:
             raise StoreError(f"{where}: range {name}: {shellsafe.one_line(problem)}",
                              "tune the model again with a rocforge build (`rocforge tune`), or pick "

@@ -166,13 +166,16 @@ class Row:
 
 
 class Store:
-    def __init__(self, path: Path | None = None, *, timeout: float | None = None):
+    def __init__(self, path: Path | None = None, *, timeout: float | None = None, threads: bool = False):
+        """`threads`: the connection may be used from other threads than this one, one call at a
+        time (the caller serializes them: serve's front records from its own threads)."""
         self.path = Path(path or paths.results_db())
         timeout = _timeout() if timeout is None else timeout
         self._regular_or_absent()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
+            self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None,
+                                      check_same_thread=not threads)
             self.db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             self._claim()
             self._not_newer()

@@ -39,33 +39,31 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
 import json
 import math
 import os
-import socket
-import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from rocforge_build.errors import RocforgeError
 from rocforge_build.measure import verify
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.proc import free_loopback_port
+from rocforge_build.serve import llama_server
 from rocforge_build.serve.canary_compare import Comparison, Position, compare, judge
+from rocforge_build.serve.llama_server import LlamaServer, NotReady
 from rocforge_build.shellsafe import one_line
 
 LONG_WANTED = 8448  # tokens: past 8K, where position-dependent faults show (RoPE past ~5-8K)
 N_PREDICT = 16
 N_PROBS = 10
 SHORT_N_PREDICT = 4
-MAX_REPLY = 8 << 20  # bytes read of one reply: 16 positions x 10 tokens are a few KB
+MAX_REPLY = llama_server.MAX_REPLY  # bytes read of one reply: 16 positions x 10 tokens are a few KB
 SEED = 42
 SHORT_CHARS = 700  # each short text: a paragraph, ~150 tokens
-OUTSIDE_CHARS = 200  # characters of a server's text (an error, a label) a failure line quotes
+OUTSIDE_CHARS = llama_server.OUTSIDE_CHARS  # characters of a server's text (an error, a label) a failure line quotes
 
 
 class CanaryError(RocforgeError):
@@ -277,8 +275,7 @@ def parse_reply(body: bytes, n_probs: int) -> tuple[Position, ...]:
 def _outside(text: object) -> str:
     """Text from outside (a server's status line, an exception's text, its stderr, a label read
     back from disk) as it may appear in a failure line or note: one printable line, bounded."""
-    line = one_line(text)
-    return line if len(line) <= OUTSIDE_CHARS else line[:OUTSIDE_CHARS - 3] + "..."
+    return llama_server.outside(text)
 
 
 def _finite_or_inf(value: int | float) -> float:
@@ -319,54 +316,10 @@ def _json(body: bytes, what: str):
 
 def exchange(method: str, url: str, path: str, body: bytes | None, headers: dict,
              timeout: float, *, cut: bool = True) -> tuple[int, bytes]:
-    """One HTTP request and its (status, reply): the whole exchange (a server that trickles its
-    headers or its body a byte at a time too) bounded by `timeout` seconds, the reply by MAX_REPLY
-    bytes; any failure is one CanaryError line.  Every request the canary makes goes through here.
-    `cut`: at the deadline the connection is shut down, so the read in progress ends at once; a
-    caller that stops the server next anyway leaves it (the server then never sees its client
-    vanish mid-answer, and has nothing to complain of on its output)."""
-    parts = urlsplit(url)
-    outcome: dict = {}
-    state = {"abandoned": False, "sock": None}
-    lock = threading.Lock()
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=max(timeout, 0.001))
-
-    def ask():
-        came_to: tuple[str, object] | None = None
-        try:
-            conn.connect()
-            with lock:
-                if state["abandoned"]:
-                    return
-                state["sock"] = conn.sock
-            conn.request(method, path, body, headers)
-            r = conn.getresponse()
-            came_to = ("reply", (r.status, r.read(MAX_REPLY + 1)))
-        except Exception as exc:  # noqa: BLE001 - any failure is the exchange's one line, its type kept
-            came_to = ("error", f"{type(exc).__name__}: {_outside(exc)}")
-        finally:  # here, not from the caller: closing it under a read in progress breaks http.client
-            conn.close()
-        with lock:  # once abandoned, the outcome is the deadline's: the read it cut short is no error of its own
-            if came_to and not state["abandoned"]:
-                outcome[came_to[0]] = came_to[1]
-
-    t = threading.Thread(target=ask, name=f"canary {method} {path}", daemon=True)
-    t.start()
-    t.join(timeout)
-    with lock:
-        state["abandoned"] = True
-        sock = state["sock"]
-    if cut and sock is not None and t.is_alive():  # ends a read still going: it fails at once, and closes
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-    if "error" in outcome:
-        raise CanaryError(f"{url}{path} failed: {outcome['error']}")
-    if "reply" not in outcome:
-        raise CanaryError(f"{url}{path} did not answer within {math.ceil(timeout)} s")
-    status, reply = outcome["reply"]
-    if len(reply) > MAX_REPLY:
-        raise CanaryError(f"{url}{path} replied with more than {MAX_REPLY >> 20} MB")
-    return status, reply
+    """One HTTP request and its (status, reply), bounded in time and size (llama_server.exchange),
+    any failure one CanaryError line.  Every request the canary makes goes through here."""
+    return llama_server.exchange(method, url, path, body, headers, timeout, cut=cut, limit=MAX_REPLY,
+                                 error=CanaryError)
 
 
 def post(url: str, path: str, payload: dict, headers: dict, timeout: float) -> bytes:
@@ -395,7 +348,8 @@ def _cache_file(plan_: CanaryPlan, ref: LlamaBuild, model) -> Path:
 
     exe = ref.program("llama-server")
     st = exe.stat()
-    parts = [ref.stamp or "", str(exe), st.st_size, st.st_mtime_ns, provenance.model_sha256(Path(model.path)),
+    sha256 = getattr(model, "sha256", None) or provenance.model_sha256(Path(model.path))  # serve's: read once
+    parts = [ref.stamp or "", str(exe), st.st_size, st.st_mtime_ns, sha256,
              plan_.key()]
     key = hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
     return verify.cache_dir() / "canary" / f"{key}.json"
@@ -410,34 +364,18 @@ def reference(plan_: CanaryPlan, ref: LlamaBuild, model, *, progress=None, timeo
     hit = _read_cache(cached)
     if hit is not None:
         return hit
-    from rocforge_build.proc import merged_env, spawn, stop_group
-
     start = time.monotonic()
-    port = free_loopback_port()
     ctx = max(plan_.long_tokens + plan_.n_predict + 64, 1024)
-    argv = [str(ref.program("llama-server")), "-m", str(model.path), "--host", "127.0.0.1", "--port", str(port),
-            "-c", str(ctx), "-np", "1"] + (["-ngl", "0"] if ref.gpu else [])
+    argv = [str(ref.program("llama-server")), "-m", str(model.path), "-c", str(ctx), "-np", "1"] + (
+        ["-ngl", "0"] if ref.gpu else [])
     if progress:
         progress(f"canary: the reference {ref.label()} answers the same requests")
-    url = f"http://127.0.0.1:{port}"
-    child = spawn(argv, env=merged_env(ref.runtime_env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                  die_with_parent=True)
-    tail: list[bytes] = []
-
-    def read() -> None:
-        with contextlib.suppress(OSError, ValueError):  # the pipe closed by stop_group ends it quietly
-            for line in child.stderr:
-                tail.append(line)
-                del tail[:-5]
-
-    reader = threading.Thread(target=read, name="reference llama-server output", daemon=True)
-    reader.start()
-    try:
-        _wait_health(url, port, child, timeout, tail, reader)
-        prompts, labels = _prompts(plan_, url, {}, min(timeout, 120))
-        answers = tuple(complete(url, {}, plan_, p, timeout) for p in prompts)
-    finally:
-        stop_group(child, grace=10.0)  # it and all it started, a child that daemonized included
+    server = LlamaServer.on_loopback(argv, port=free_loopback_port(), env=ref.runtime_env, relay=False, keep=5,
+                                     grace=10.0)
+    with server:  # stopped whole at the end: it and all it started, a child that daemonized included
+        _ready(server, timeout)
+        prompts, labels = _prompts(plan_, server.url, {}, min(timeout, 120))
+        answers = tuple(complete(server.url, {}, plan_, p, timeout) for p in prompts)
     result = Reference(prompts, answers, labels, time.monotonic() - start)
     with contextlib.suppress(OSError):
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -464,28 +402,20 @@ def _read_cache(path: Path) -> Reference | None:
     return got if shape_ok and tokens_ok else None
 
 
-def _wait_health(url: str, port: int, child, timeout: float, tail: list, reader: threading.Thread) -> None:
-    """Until /health answers 200 from a socket the child (or its descendants) listens on: another
-    program that took the port between the free-port probe and the start is not the reference."""
-    from rocforge_build.proc import port_holder
-
-    deadline = time.monotonic() + timeout
-    holder = "nobody"
-    while time.monotonic() < deadline:
-        if child.poll() is not None:
-            reader.join(2)  # its last words, read to the end of its stderr
-            last = _outside(tail[-1].decode(errors="replace")) if tail else "no output"
-            raise CanaryError(f"the reference llama-server exited with code {child.returncode}: {last}")
-        holder = port_holder(child.pid, "127.0.0.1", port)
-        if holder in ("ours", "unknown"):
-            with contextlib.suppress(CanaryError):
-                if exchange("GET", url, "/health", None, {}, min(2.0, max(deadline - time.monotonic(), 0.001)))[0] == 200:
-                    return
-        time.sleep(0.25)
-    if holder == "other":
-        raise CanaryError(f"another program listens on the reference's port {port}, and the reference "
-                          f"llama-server (pid {child.pid}) did not within {timeout:g} s")
-    raise CanaryError(f"the reference llama-server did not answer /health within {timeout:g} s")
+def _ready(server: LlamaServer, timeout: float) -> None:
+    """Until /health answers 200 from a socket the reference server (or its descendants) listens
+    on: another program that took the port between the free-port probe and the start is not the
+    reference (LlamaServer.wait_ready)."""
+    try:
+        server.wait_ready(timeout)
+    except NotReady as why:
+        if why.why == "exited":
+            raise CanaryError(f"the reference llama-server exited with code {why.code}: "
+                              f"{_outside(why.last) if why.last else 'no output'}") from None
+        if why.why == "other":
+            raise CanaryError(f"another program listens on the reference's port {server.port}, and the reference "
+                              f"llama-server (pid {server.pid}) did not within {timeout:g} s") from None
+        raise CanaryError(f"the reference llama-server did not answer /health within {timeout:g} s") from None
 
 
 def _prompts(plan_: CanaryPlan, url: str, headers: dict, timeout: float) -> tuple[tuple, tuple]:
@@ -574,15 +504,13 @@ def _internal_error(ref: Reference, i: int, exc: Exception) -> Row:
 
 # ------------------------------------------------------------------------------ at serve start
 
-def at_serve_start(build: LlamaBuild, model, target: Target, *, reference_prefix: str | None, store, record: dict,
+def at_serve_start(build: LlamaBuild, model, target: Target, *, ref_build: LlamaBuild, store, record: dict,
                    progress=None, timeout: float = 900.0) -> Verdict:
     """The canary `rocforge serve` runs before it prints its URL: the plan for this server, the
-    reference build's answers (`verify_reference.independent_reference`: never the served build
-    itself), the check, one `canary` row in the results store with `record` (the host's
-    fingerprint, the model); a failure raises CanaryFailed naming the check."""
-    from rocforge_build.measure.verify_reference import independent_reference
-
-    ref_build = independent_reference(build, reference_prefix, quiet=progress is None)
+    reference build's answers (`ref_build`: serve's session holds it,
+    `verify_reference.independent_reference`: never the served build itself), the check, one
+    `canary` row in the results store with `record` (the host's fingerprint, the model); a failure
+    raises CanaryFailed naming the check."""
     plan_ = plan(model, target)
     for note in plan_.notes:
         if progress:

@@ -70,6 +70,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from rocforge_build import proc
 from rocforge_build.errors import RocforgeError
@@ -84,6 +85,25 @@ NOT_RUN_LIMIT = 3  # canaries in a row that could not run, ...
 NOT_RUN_SECONDS = 300.0  # ... over at least this long: the check counts as failed (503)
 COST_BAR = 0.01  # the share of the server's time the canary may take: a check's seconds over `every`
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
+
+
+class Clock(Protocol):
+    """What the front counts the canary's schedule in: monotonic seconds, and a wait for them."""
+
+    def __call__(self) -> float: ...
+
+    def wait(self, condition: threading.Condition, seconds: float) -> None:
+        """Wait on `condition` (held by the caller) until notified or `seconds` pass on this clock."""
+
+
+class MonotonicClock:
+    """The front's clock: time.monotonic, waited in real seconds."""
+
+    def __call__(self) -> float:
+        return time.monotonic()
+
+    def wait(self, condition: threading.Condition, seconds: float) -> None:
+        condition.wait(seconds)
 
 
 @dataclass(frozen=True)
@@ -129,13 +149,14 @@ class Front:
     .to_json(): canary.Verdict), the canary runs between requests; `record(verdict)` is called once
     on the first failure.  `request_seconds`: how long llama-server may say nothing on a client's
     request before the client gets 504 (TIMEOUT_LIMIT such in a row fail the server).  `clock`:
-    the monotonic seconds the canary's schedule and bounds are counted in (a test's own clock)."""
+    the monotonic seconds the canary's schedule and bounds are counted in, and how the schedule
+    waits for them (`MonotonicClock`; a test's own clock moves by its steps: tests/fake_clock.py)."""
 
     def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], *, every: float | None = None,
                  checker: Callable[[], object] | None = None, record: Callable[[object], None] | None = None,
                  say: Callable[[str], None] | None = None, request_seconds: float = REQUEST_SECONDS,
                  record_not_run: Callable[[object], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Clock | Callable[[], float] | None = None):
         self.listen = listen
         self.upstream = upstream
         self.every = every
@@ -144,7 +165,7 @@ class Front:
         self.record_not_run = record_not_run
         self.say = say or (lambda text: None)
         self.request_seconds = request_seconds
-        self.clock = clock
+        self.clock = clock = clock or MonotonicClock()
         self.stats = Stats()
         self.failure: Failure | None = None
         self.recorded = threading.Event()  # set once a failure was recorded (or could not be)
@@ -186,7 +207,19 @@ class Front:
 
     @_last_canary.setter
     def _last_canary(self, at: float) -> None:
-        self._due = at + (self.every or 0.0)
+        with self._idle:
+            self._due = at + (self.every or 0.0)
+            self._idle.notify_all()  # the schedule looks at the new time now
+
+    def _wait(self, seconds: float) -> None:
+        """The schedule's wait (the `_idle` condition held): until a request ends, the front stops,
+        or `seconds` pass on its clock.  A clock that is only a function (no `wait`) is looked at
+        again within a second of real time."""
+        wait = getattr(self.clock, "wait", None)
+        if wait is not None:
+            wait(self._idle, seconds)
+        else:
+            self._idle.wait(min(seconds, 1.0))
 
     # -- the canary -------------------------------------------------------------------------------
     def _canary_loop(self) -> None:
@@ -198,7 +231,7 @@ class Front:
                     overdue = due + self.every
                     if now >= due and (self._in_flight == 0 or now >= overdue):
                         break
-                    self._idle.wait(max(min((due if now < due else overdue) - now, 1.0), 0.01))
+                    self._wait(max((due if now < due else overdue) - now, 0.01))
                 if self._stop.is_set():
                     return
                 beside_traffic = self._in_flight > 0
@@ -424,24 +457,30 @@ def short_checker(model, ref, target, *, timeout: float = 120.0, progress=None) 
     return lambda: canary.check(plan_, target, answers, timeout=timeout)
 
 
+_STORE_LOCK = threading.Lock()  # a store shared by the front's threads: one record at a time
+
+
 def store_recorder(base: dict, build, argv: list[str], url: str, every: float, stats: Callable[[], Stats],
-                   status: str = "failed"):
+                   status: str = "failed", *, store=None, host: dict | None = None):
     """`record` for a Front: the verdict as one `canary` row (`while_serving` set, `status`: failed,
-    or not_run for a canary that could not measure) of its own run, with the host fingerprint
-    (measure/provenance.host, read then), the build and the model."""
+    or not_run for a canary that could not measure) of its own run, with the host fingerprint, the
+    build and the model.  `store`: the serve's results store, open for the whole serve (opened with
+    `threads`: the front records from its own threads); `host`: the serve's fingerprint.  Without
+    them, the store is opened and the fingerprint read at each record."""
     def record(verdict) -> None:
         from dataclasses import asdict
 
         from rocforge_build.measure import provenance
         from rocforge_build.measure.store import Store
 
-        host = provenance.host()
-        row = {**base, "host": host, "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
+        here = host if host is not None else provenance.host()
+        row = {**base, "host": here, "prefix": str(build.prefix), "backend": build.backend, "stamp": build.stamp,
                "url": url, "every_s": every, "while_serving": asdict(stats()), **verdict.to_json()}
-        with Store() as store:
-            run_id = store.start_run("canary", argv, {"host": host, "url": url, "while_serving": True})
-            store.add_row(run_id, "canary", row, status=status)
-            store.finish_run(run_id, status)
+        with _STORE_LOCK, contextlib.ExitStack() as opened:
+            db = store if store is not None else opened.enter_context(Store())
+            run_id = db.start_run("canary", argv, {"host": here, "url": url, "while_serving": True})
+            db.add_row(run_id, "canary", row, status=status)
+            db.finish_run(run_id, status)
     return record
 
 
@@ -457,30 +496,27 @@ def say_to_stderr(text: str) -> None:
         sys.stderr.flush()
 
 
-def run(p, *, every: float, build_prefix: str, model_path: str, model_sha256: str, reference: str | None,
-        wait_s: float, on_ready, before_ready=None, argv: list[str], request_s: float | None = None) -> int:
-    """serve.run of the plan's llama-server moved behind the front (`behind`): the short canary's
-    reference answers are made first (the reference build's own llama-server, before this one
-    takes the memory), the front listens on the plan's address once llama-server is ready and
-    warmed up, then `on_ready` says the URL.  `request_s`: the clients' deadline (Front's
-    `request_seconds`), `wait_s` when None.  Returns llama-server's exit status."""
-    from rocforge_build.measure import gguf
-    from rocforge_build.measure.llama_tools import LlamaBuild
+def run(session, p, *, every: float, wait_s: float, on_ready, before_ready=None, argv: list[str],
+        request_s: float | None = None) -> int:
+    """serve.run of the plan's llama-server moved behind the front (`behind`), for `session`
+    (serve/session.py: its build, model, reference, store and fingerprint, each opened once): the
+    short canary's reference answers are made first (the reference build's own llama-server,
+    before this one takes the memory), the front listens on the plan's address once llama-server
+    is ready and warmed up, then `on_ready` says the URL.  `request_s`: the clients' deadline
+    (Front's `request_seconds`), `wait_s` when None.  Returns llama-server's exit status."""
     from rocforge_build.serve import canary
     from rocforge_build.serve import server as serve
 
-    build = LlamaBuild.open(build_prefix)
-    model = gguf.check(model_path)
-    from rocforge_build.measure.verify_reference import independent_reference
-
-    ref = independent_reference(build, reference)  # never the served build itself
+    build, model = session.build, session.model
     inner = behind(p)
-    plan_, answers = short_reference(model, ref, progress=say_to_stderr)
+    plan_, answers = short_reference(model, session.reference, progress=say_to_stderr)
     front = Front((p.host, p.port), ("127.0.0.1", inner.port), every=every, say=say_to_stderr,
                   request_seconds=request_s or wait_s)
-    base = {"model_sha256": model_sha256, "model": {"path": model_path}}
-    front.record = store_recorder(base, build, argv, p.url, every, lambda: front.stats)
-    front.record_not_run = store_recorder(base, build, argv, p.url, every, lambda: front.stats, status="not_run")
+    base = {"model_sha256": model.sha256, "model": {"path": model.path}}
+    front.record = store_recorder(base, build, argv, p.url, every, lambda: front.stats,
+                                  store=session.store, host=session.host)
+    front.record_not_run = store_recorder(base, build, argv, p.url, every, lambda: front.stats, status="not_run",
+                                          store=session.store, host=session.host)
 
     def ready(warm_s: float) -> None:
         # only now: serve.run saw this llama-server (our child) answer /health and a warm-up request,

@@ -7,19 +7,16 @@ Ready means its own llama-server answered: --host is resolved once to one IP add
 server is told to listen on and serve connects to; the port is checked free before it starts, and
 `/health` counts only while the socket that takes a connection to that address and port is the
 child's (proc.port_holder); a one-token request then pays the first request's one-time warm-up,
-within what is left of --wait, before "serving" is said."""
+within what is left of --wait, before "serving" is said.  The process itself (its start, its
+readiness, its requests, its stop) is serve/llama_server.py's `LlamaServer`; what one serve works
+with, each opened once, is serve/session.py's `ServeSession`."""
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import errno
-import http.client
 import json
 import socket
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +25,10 @@ from rocforge_build.errors import RocforgeError, UsageError
 from rocforge_build.measure import serving
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.preset import pick_range
+from rocforge_build.serve.llama_server import LlamaServer, NotReady, ServerError, dial_address
+
+__all__ = ["Plan", "ServeError", "check_port", "covers", "dial_address", "model_file", "plan", "resolve_host",
+           "run", "served_dimensions", "still_proven", "verified_shape", "warm_up"]
 
 
 class ServeError(RocforgeError):
@@ -103,14 +104,16 @@ def covers(d: dict, stamp: str | None, model_sha: str, shape: dict, env: dict) -
         for c in d.get("checks") or [])
 
 
-def still_proven(r: dict, store, model_sha: str, model_path: str) -> tuple[str, str] | None:
+def still_proven(r: dict, store, model_sha: str, model_path: str, build: LlamaBuild | None = None
+                 ) -> tuple[str, str] | None:
     """None when the build is the one tune verified (same stamp), rocforge's reference itself (a CPU
     build of the default plan: nothing to verify it against), or a verify of the build as it is
     now, with this model, covers the range's verified shape (`covers`); else (why serving it would
-    be unproven, the `rocforge verify` command that would prove it)."""
+    be unproven, the `rocforge verify` command that would prove it).  `build`: the range's build,
+    already opened by the caller."""
     from rocforge_build.measure import verify, verify_reference
 
-    build = LlamaBuild.open(r["prefix"])
+    build = build or LlamaBuild.open(r["prefix"])
     stored = (r.get("verified") or {}).get("shape") if isinstance(r.get("verified"), dict) else None
     old_proof = not serving.serving_known(stored or {})
     if build.stamp and build.stamp == r.get("stamp") and not old_proof:  # no stamp proves nothing
@@ -200,32 +203,6 @@ def resolve_host(host: str, port: int) -> str:
     return str(infos[0][4][0])
 
 
-def dial_address(host: str) -> str:
-    """Where serve (and the printed URL) connects to a server listening on `host`: the host
-    itself, or the loopback address of its family for a wildcard (0.0.0.0, ::)."""
-    import ipaddress
-
-    try:
-        addr = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return host
-    if addr.is_unspecified:
-        return "127.0.0.1" if addr.version == 4 else "::1"
-    return host
-
-
-def healthy(host: str, port: int, timeout: float = 2.0) -> bool:
-    """llama-server answers 200 on /health once the model is loaded (503 while loading)."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
-        conn.request("GET", "/health")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
 def check_port(host: str, port: int) -> None:
     """Refuse, before anything starts, a port another program already listens on: bound here
     (with SO_REUSEADDR, as llama-server binds) and let go at once."""
@@ -248,92 +225,42 @@ def check_port(host: str, port: int) -> None:
                                  "(below 1024 needs root)") from None
 
 
-@dataclass(frozen=True)
-class Relay:
-    """The thread copying llama-server's output, and the last lines it copied."""
-
-    thread: threading.Thread
-    tail: collections.deque
-
-    def last_words(self, wait_s: float = 2.0) -> str:
-        """The last line the server wrote, once the relay has read to the end of its output (its
-        exit closes the pipe; a stray descendant holding the pipe open is waited for `wait_s`)."""
-        from rocforge_build.shellsafe import one_line
-
-        self.thread.join(wait_s)
-        lines = [one_line(t) for t in list(self.tail) if t.strip()]
-        return f": {lines[-1][:300]}" if lines else ""
-
-
-def _relay(stream, keep: int = 20) -> Relay:
-    """Copy the server's output to stderr as it comes, its terminal controls escaped (it echoes the
-    model file's metadata: a GGUF's strings may show on the terminal, never drive it), in a daemon
-    thread (a pipe held open by a stray descendant never holds rocforge); keep its last lines for
-    an error."""
-    from rocforge_build.shellsafe import escaped
-
-    tail: collections.deque = collections.deque(maxlen=keep)
-
-    def pump():
-        # stop_group closes the pipe at serve's end, maybe between two lines: the next read's
-        # ValueError (a closed file) ends the relay, never a traceback before serve's error line
-        with contextlib.suppress(OSError, ValueError):
-            for line in stream:  # read to the end whatever happens to stderr: a full pipe would stop the server
-                tail.append(line.rstrip("\n"))
-                with contextlib.suppress(OSError, ValueError):
-                    sys.stderr.write(escaped(line.rstrip("\n")) + "\n")
-                    sys.stderr.flush()
-
-    thread = threading.Thread(target=pump, name="llama-server output", daemon=True)
-    thread.start()
-    return Relay(thread, tail)
+def _wait_ready(server: LlamaServer, p: Plan, wait_s: float) -> None:
+    """Until /health answers 200 from a socket the child (or its descendants) listens on
+    (LlamaServer.wait_ready), in serve's words."""
+    try:
+        server.wait_ready(wait_s)
+    except NotReady as why:
+        if why.why == "exited":
+            raise ServeError(f"llama-server exited with code {why.code} before it was ready"
+                             + _said(why.last), "its output is above") from None
+        if why.why == "other":
+            raise ServeError(f"another program listens on {p.url}, and llama-server (pid "
+                             f"{server.pid}) did not within {wait_s:g} s: it was stopped",
+                             "stop that program, or serve on another port: --port N") from None
+        raise ServeError(f"llama-server did not answer {p.url}/health within {wait_s:g} s",
+                         "a large model loads slowly: give --wait SECONDS") from None
 
 
-def _wait_ready(child, p: Plan, wait_s: float, relay: Relay) -> None:
-    """Until /health answers 200 from a socket the child (or its descendants) listens on."""
-    from rocforge_build.proc import port_holder
-
-    deadline = time.monotonic() + wait_s
-    while True:
-        if child.poll() is not None:
-            raise ServeError(f"llama-server exited with code {child.returncode} before it was ready"
-                             + relay.last_words(), "its output is above")
-        holder = port_holder(child.pid, dial_address(p.host), p.port)
-        if holder in ("ours", "unknown") and healthy(dial_address(p.host), p.port):
-            return
-        if time.monotonic() > deadline:
-            if holder == "other":
-                raise ServeError(f"another program listens on {p.url}, and llama-server (pid "
-                                 f"{child.pid}) did not within {wait_s:g} s: it was stopped",
-                                 "stop that program, or serve on another port: --port N")
-            raise ServeError(f"llama-server did not answer {p.url}/health within {wait_s:g} s",
-                             "a large model loads slowly: give --wait SECONDS")
-        time.sleep(0.25)
+def _said(last: str) -> str:
+    return f": {last[:300]}" if last else ""
 
 
-def _url_host(address: str) -> str:
-    """An IP literal as a URL's host: an IPv6 address in brackets (RFC 3986 3.2.2)."""
-    return f"[{address}]" if ":" in address else address
-
-
-def warm_up(p: Plan, timeout: float) -> float:
+def warm_up(server: LlamaServer, p: Plan, timeout: float) -> float:
     """One request for one token: a fresh GPU compiles and loads its kernels on the first request
     (tens of seconds: docs/measurements/measuring.md), which the first client would otherwise
     wait for.  The whole request (a server that trickles its answer too) ends within `timeout`
     seconds.  Returns the seconds it took."""
-    from rocforge_build.serve.canary import CanaryError, exchange
-
     headers = {"Content-Type": "application/json"}
     if "--api-key" in p.argv[:-1]:
         headers["Authorization"] = f"Bearer {p.argv[p.argv.index('--api-key') + 1]}"
     body = json.dumps({"prompt": "Hello", "n_predict": 1}).encode()
     start = time.monotonic()
-    try:  # the canary's bounded exchange: its reader thread ends its own connection, so nothing of
-        # http.client is closed under a read in progress (which raised on that thread, a traceback);
-        # not cut at the deadline: the server is stopped next
-        status, _ = exchange("POST", f"http://{_url_host(dial_address(p.host))}:{p.port}", "/completion", body,
-                             headers, max(timeout, 0.001), cut=False)
-    except CanaryError as exc:
+    try:  # the bounded exchange: its reader thread ends its own connection, so nothing of http.client
+        # is closed under a read in progress (which raised on that thread, a traceback); not cut at
+        # the deadline: the server is stopped next
+        status, _ = server.request("POST", "/completion", body, headers, timeout=max(timeout, 0.001), cut=False)
+    except ServerError as exc:
         raise ServeError(f"llama-server answered /health but not a one-token request to {p.url}"
                          f"/completion within {timeout:g} s ({exc.message})",
                          "a fresh GPU's first request can take a minute: give --wait SECONDS "
@@ -345,35 +272,30 @@ def warm_up(p: Plan, timeout: float) -> float:
 
 
 def run(p: Plan, *, wait_s: float, on_ready, before_ready=None) -> int:
-    """Start the server in its own process group, its output relayed to stderr; wait until it is
-    ready (`_wait_ready`) and warmed up (`warm_up`), then until it ends.  Ctrl-C, SIGTERM or an
-    error stops its whole tree (proc.reaped).  `before_ready(p)` (the numerics canary) runs against
-    the live server before `on_ready`; what it raises stops the server.  Returns its exit status."""
-    from rocforge_build.proc import merged_env, reaped, spawn, stop_group
-
-    child = spawn(p.argv, env=merged_env(p.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                  text=True, errors="replace", die_with_parent=True)
-    relay = _relay(child.stdout)
-    with reaped(child):
+    """Start the plan's llama-server (LlamaServer: its own process group, its output relayed to
+    stderr); wait until it is ready (`_wait_ready`) and warmed up (`warm_up`), then until it ends.
+    Ctrl-C, SIGTERM or an error stops its whole tree.  `before_ready(p)` (the numerics canary) runs
+    against the live server before `on_ready`; what it raises stops the server.  Returns its exit
+    status."""
+    with LlamaServer(p.argv, host=p.host, port=p.port, env=p.env).start() as server:
         start = time.monotonic()
-        _wait_ready(child, p, wait_s, relay)
+        _wait_ready(server, p, wait_s)
         left = max(wait_s - (time.monotonic() - start), 0.0)
         sys.stderr.write(f"rocforge: serve: warming up: one token from {p.url}/completion "
                          f"(at most {left:.0f} s of --wait left)\n")
         sys.stderr.flush()
         try:
-            took = warm_up(p, left)
+            took = warm_up(server, p, left)
         except ServeError:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(0.5)  # a server that died answers with a reset before its exit is seen
-            if child.poll() is None:
+            server.wait(0.5)  # a server that died answers with a reset before its exit is seen
+            if server.returncode is None:
                 raise
-        if child.poll() is not None:
-            raise ServeError(f"llama-server exited with code {child.returncode} after it answered /health"
-                             + relay.last_words(), "its output is above")
+        if server.returncode is not None:
+            raise ServeError(f"llama-server exited with code {server.returncode} after it answered /health"
+                             + _said(server.last_words()), "its output is above")
         if before_ready is not None:
             before_ready(p)
         on_ready(took)
-        code = child.wait()
-    stop_group(child, grace=2.0)  # what llama-server left running (a daemonized child) ends with it
+        code = server.wait()
+        server.stop(grace=2.0)  # what llama-server left running (a daemonized child) ends with it
     return code

@@ -667,10 +667,10 @@ def test_ctrl_c_stops_a_child_that_left_the_group_with_setsid(tmp_path):
 
 
 def test_the_relay_of_a_servers_output_ends_quietly_when_its_pipe_is_closed(monkeypatch):
-    """stop_group closes llama-server's output pipe while the relay thread may be between two
+    """stop_group closes llama-server's output pipe while the relay thread (LlamaServer's) may be between two
     lines (writing one to the terminal): its next read meets a closed file, which must end the
     relay, not print a thread's traceback before serve's error line."""
-    from rocforge_build.serve import server as serve
+    from rocforge_build.serve.llama_server import LlamaServer
 
     read_fd, write_fd = os.pipe()
     stream = os.fdopen(read_fd, "r")
@@ -687,23 +687,25 @@ def test_the_relay_of_a_servers_output_ends_quietly_when_its_pipe_is_closed(monk
     monkeypatch.setattr(sys, "stderr", Terminal())
     monkeypatch.setattr(threading, "excepthook", lambda args: crashed.append(args.exc_type))
     os.write(write_fd, b"a line\n")
-    relay = serve._relay(stream)
+    server = LlamaServer(["llama-server"], host="127.0.0.1", port=1)
+    thread = server.read_output(stream)
     assert in_write.wait(10)
     stream.close()
     closed.set()
     os.close(write_fd)
-    relay.thread.join(10)
-    assert not relay.thread.is_alive() and crashed == [] and list(relay.tail) == ["a line"]
+    thread.join(10)
+    assert not thread.is_alive() and crashed == [] and server.last_words() == "a line"
 
 
 def test_the_last_words_are_the_servers_last_line_read_to_its_end():
     """An error's last words wait for the relay to read the output to its end (the server's exit
     closes the pipe), instead of a sleep that hoped it had: a line written just before the exit
     is the one named."""
-    from rocforge_build.serve import server as serve
+    from rocforge_build.serve.llama_server import LlamaServer
 
     read_fd, write_fd = os.pipe()
-    relay = serve._relay(os.fdopen(read_fd, "r"))
+    server = LlamaServer(["llama-server"], host="127.0.0.1", port=1, relay=False)
+    server.read_output(os.fdopen(read_fd, "r"))
     os.write(write_fd, b"loading\n" + b"x" * 4000 + b"\nerror: out of memory\n")
     os.close(write_fd)
-    assert relay.last_words() == ": error: out of memory"
+    assert server.last_words() == "error: out of memory"
