@@ -1,4 +1,4 @@
-"""`rocforge tune RECIPE --target GFX --model GGUF`: build or reuse each candidate build, gate it
+"""`rocforge tune RECIPE --target GFX --model GGUF`: pull, build or reuse each candidate build, gate it
 with verify, search flash attention / ubatch / env one dimension at a time, pick a winner per
 context range and store it as the model's preset (`rocforge preset show MODEL`)."""
 
@@ -81,8 +81,10 @@ def tune_prefix(prefix) -> Path:
 
 
 def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], list[dict]]:
-    """The builds of each backend (built or reused) and the `given` --build ones, each prefix
-    once: a --build that is the very build a backend makes is one candidate, not two."""
+    """The builds of each backend (pulled from a substitute store, built or reused) and the
+    `given` --build ones, each prefix once: a --build that is the very build a backend makes is
+    one candidate, not two."""
+    from rocforge_build.commands.build import substitute
     from rocforge_build.forge import pipeline, recipes
     from rocforge_build.forge.plan import Request, plan_for
 
@@ -118,7 +120,11 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
                 say(f"skipping backend {name}: {reason}")
                 continue
         say(f"building (or reusing) the {name} build")
-        out = pipeline.execute(plan, quiet=args.json)
+        # the stores `rocforge build` asks (substitute.stores): a candidate a trusted store holds
+        # is pulled, checked and verified here instead of compiled, the same path as a build's
+        out = pipeline.execute(plan, quiet=args.json, substitute=substitute)
+        if out.status == pipeline.Status.SUBSTITUTED:
+            say(f"the {name} build came from a substitute store: nothing compiled")
         builds.append(LlamaBuild.open(out.prefix))
     for b in given:
         if any(b.prefix == other.prefix for other in builds):
