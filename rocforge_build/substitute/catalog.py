@@ -145,7 +145,7 @@ def _attestation(a: artifact.Attached) -> dict:
     (its signer vouched for the bytes, not for their shape)."""
     d = a.document
     host = _dict(d.get("host"))
-    shapes = [{k: _scalar(c.get(k)) for k in ("ctx", "ubatch", "fa", "ngl", *SERVING_FIELDS, "passed",
+    shapes = [{k: _scalar(c.get(k)) for k in ("ctx", "batch", "ubatch", "fa", "ngl", *SERVING_FIELDS, "passed",
                                                "kld_mean", "top1", "ppl", "ppl_ref")}
               for row in _list(d.get("verify"), 64) if isinstance(row, dict)
               for c in _list(row.get("checks"), 256) if isinstance(c, dict)]
@@ -203,7 +203,8 @@ def describe_show(shown: dict) -> list[str]:
             icds = ", ".join(Path(i["file"]).name for i in vk["icds"]) or "none"
             lines.append(f"  vulkan: {devices}; ICDs {icds}" + (f" ({vk['error']})" if vk["error"] else ""))
         for sh in a["shapes"][:64]:
-            lines.append(f"  ctx {sh['ctx']} ub {sh['ubatch']} fa {sh['fa']} ngl {sh['ngl']}, {_serving(sh)}: "
+            batch = f" b {sh['batch']}" if sh["batch"] is not None else ""  # recorded since verify kept it
+            lines.append(f"  ctx {sh['ctx']}{batch} ub {sh['ubatch']} fa {sh['fa']} ngl {sh['ngl']}, {_serving(sh)}: "
                          f"{'passed' if sh['passed'] is True else 'FAILED'} (KLD {sh['kld_mean']}, "
                          f"top-1 {sh['top1']})")
         for f in a["own_figures"]:

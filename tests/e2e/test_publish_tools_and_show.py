@@ -1,6 +1,7 @@
 """What `publish` needs is checked before it measures anything, and `store show` tells each check's
-serving dimensions (KV cache type, how the weights were loaded, slots) beside its shape — a check
-at q8_0 with 4 slots proves nothing about f16 with one, so a reader of the store must see which.
+serving dimensions (KV cache type, how the weights were loaded, slots, the logical batch) beside
+its shape (context, micro-batch) — a check at q8_0 with 4 slots proves nothing about f16 with one,
+so a reader of the store must see which.
 
 The build is the fixture recipe's CPU build from git (seconds), published by the real CLI to a
 file store; the verify evidence shown is a signed document attached the way `publish` attaches one
@@ -73,6 +74,7 @@ def test_store_show_lists_each_checks_serving_dimensions(built, tmp_path):
     from rocforge_build.substitute.stores import open_store
 
     checks = [{"ctx": 4096, "ubatch": 512, "fa": True, "ngl": 99, "kv": "q8_0", "load": "read", "parallel": 4,
+               "batch": 16384,
                "passed": True, "kld_mean": 0.0012, "top1": 0.991},
               {"ctx": 512, "ubatch": 512, "fa": False, "ngl": 99,  # a check stored before serving dims were
                "passed": True, "kld_mean": 0.0008, "top1": 0.995}]
@@ -85,8 +87,9 @@ def test_store_show_lists_each_checks_serving_dimensions(built, tmp_path):
     env = {**built["a"], "ROCFORGE_CONFIG_DIR": str(tmp_path / "reader")}
     _ok(rocforge("config", "set", "substitute.trusted_keys", json.dumps([built["public"]]), env=env))
     text = _ok(rocforge("store", "show", store, tag, env=env)).stdout
-    assert "ctx 4096 ub 512 fa True ngl 99, kv q8_0 load read slots 4: passed" in text, text
+    assert "ctx 4096 b 16384 ub 512 fa True ngl 99, kv q8_0 load read slots 4: passed" in text, text
     assert "ctx 512 ub 512 fa False ngl 99, serving not recorded: passed" in text, text
     shown = json.loads(_ok(rocforge("store", "show", store, tag, "--json", env=env)).stdout)
     [verify] = [a for a in shown["attestations"] if a["kind"] == "verify"]
-    assert [(s["kv"], s["load"], s["parallel"]) for s in verify["shapes"]] == [("q8_0", "read", 4), (None, None, None)]
+    assert [(s["kv"], s["load"], s["parallel"], s["batch"]) for s in verify["shapes"]] == [
+        ("q8_0", "read", 4, 16384), (None, None, None, None)]
