@@ -168,7 +168,8 @@ def _vulkan(v: dict) -> dict | None:
         return None
     return {"devices": [{"name": _text(d.get("name"), 120), "driver": _text(d.get("driver"), 80)}
                         for d in _list(v.get("devices"), 16) if isinstance(d, dict)],
-            "icds": [{"file": _text(i.get("file"), 200), "library": _text(i.get("library"), 200)}
+            "icds": [{"file": _text(i.get("file"), 200), "library": _text(i.get("library"), 200),
+                      "api_version": _text(i.get("api_version"), 40) if i.get("api_version") else None}
                      for i in _list(v.get("icds"), 32) if isinstance(i, dict)],
             "error": _text(v.get("error", ""), 200)}
 
@@ -200,7 +201,8 @@ def describe_show(shown: dict) -> list[str]:
         if h.get("vulkan") is not None:
             vk = h["vulkan"]
             devices = "; ".join(f"{d['name']} (driver {d['driver']})" for d in vk["devices"]) or "no device"
-            icds = ", ".join(Path(i["file"]).name for i in vk["icds"]) or "none"
+            icds = ", ".join(Path(i["file"]).name + (f" (Vulkan {i['api_version']})" if i["api_version"] else "")
+                             for i in vk["icds"]) or "none"
             lines.append(f"  vulkan: {devices}; ICDs {icds}" + (f" ({vk['error']})" if vk["error"] else ""))
         for sh in a["shapes"][:64]:
             batch = f" b {sh['batch']}" if sh["batch"] is not None else ""  # recorded since verify kept it
