@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -54,16 +55,21 @@ def _path_without(base: Path, *missing: str) -> str:
 def test_publish_without_patchelf_stops_before_it_measures(built, tmp_path):
     """With --model, publish measures the build's own figures first (this build has no
     llama-perplexity, the model is no GGUF: measuring would stop on either); the missing tool is
-    the one line instead, exit 5 (a tool is missing), and nothing reached the store."""
+    the one line instead, exit 5 (a tool is missing), with the hint naming how to install it, in
+    well under a second, and nothing reached the store."""
     not_a_model = tmp_path / "model.gguf"
     not_a_model.write_text("not a model\n")
     store = tmp_path / "store"
     env = {**built["a"], "PATH": _path_without(tmp_path, "patchelf")}
+    t0 = time.monotonic()
     res = rocforge("publish", built["prefix"], "--to", store.as_uri(), "--model", str(not_a_model), env=env)
+    seconds = time.monotonic() - t0  # the whole process, Python's start included: 0.2 s here
     line = one_error(res, code=5)
     assert "patchelf" in line and "not found" in line and "llama-perplexity" not in res.stderr
-    assert "apt-get install patchelf" in res.stderr
+    [hint] = [x for x in res.stderr.splitlines() if x.startswith("rocforge: hint:")]
+    assert "apt-get install patchelf" in hint, res.stderr
     assert not store.exists()
+    assert seconds < 1.0, f"publish took {seconds:.2f}s to say patchelf is missing"
 
 
 def test_store_show_lists_each_checks_serving_dimensions(built, tmp_path):
