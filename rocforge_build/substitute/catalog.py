@@ -17,6 +17,7 @@ from rocforge_build.forge.substitute_key import TAG_PREFIX
 from rocforge_build.measure.serving import SERVING_FIELDS, serving_known
 from rocforge_build.shellsafe import one_line
 from rocforge_build.substitute import artifact, oci, signing
+from rocforge_build.substitute.evidence import SERVING as OWN_SERVING
 from rocforge_build.substitute.stores import open_store
 
 MAX_LISTED = 1000
@@ -157,7 +158,7 @@ def _attestation(a: artifact.Attached) -> dict:
                      "gpus": gpus, "firmware_packages": [_text(p) for p in _list(host.get("firmware_packages"), 32)],
                      "vulkan": _vulkan(_dict(host.get("vulkan")))},
             "model_sha256": _scalar(_dict(d.get("model")).get("sha256")),
-            "own_figures": [{k: _scalar(f.get(k)) for k in ("ctx", "chunks", "fa", "ppl")}
+            "own_figures": [{k: _scalar(f.get(k)) for k in ("ctx", "chunks", "fa", "ppl", *OWN_SERVING)}
                             for f in _list(d.get("own_figures"), 16) if isinstance(f, dict)],
             "shapes": shapes, "note": _text(d.get("note", ""), 300)}
 
@@ -210,7 +211,7 @@ def describe_show(shown: dict) -> list[str]:
                          f"{'passed' if sh['passed'] is True else 'FAILED'} (KLD {sh['kld_mean']}, "
                          f"top-1 {sh['top1']})")
         for f in a["own_figures"]:
-            lines.append(f"  own PPL at ctx {f['ctx']} fa {f['fa']}: {f['ppl']}")
+            lines.append(f"  own PPL at ctx {f['ctx']} fa {f['fa']}, {_own_serving(f)}: {f['ppl']}")
         if a["note"]:
             lines.append(f"  note: {a['note']}")
     for x in shown["left_out"]:
@@ -225,6 +226,14 @@ def _serving(shape: dict) -> str:
     if not serving_known(shape):
         return "serving not recorded"
     return f"kv {shape['kv']} load {shape['load']} slots {shape['parallel']}"
+
+
+def _own_serving(f: dict) -> str:
+    """An own figure's batch and serving dimensions, as far as its document records them."""
+    if all(f.get(k) is None for k in OWN_SERVING):
+        return "serving not recorded"
+    return (f"b {f.get('batch')} ub {f.get('ubatch')}, kv {f.get('kv')} load {f.get('load')} "
+            f"slots {f.get('parallel')}")
 
 
 def advise(url: str, ref: str, reason: str, key_file: Path, trusted: list[signing.PublicKey], *,

@@ -1,5 +1,5 @@
 """Trusted evidence whose Vulkan fingerprint (devices, drivers, ICD manifests and their API
-versions) or check batch is hostile: `store show` reads it field by field and prints one line per
+versions), check batch or own figures' serving dimensions are hostile: `store show` reads it field by field and prints one line per
 value, no terminal control and no traceback, with or without --json.  The store is the first
 machine's real published fixture build (test_substitute_pull_hostile's fixtures), the evidence
 signed by its trusted key: a signer vouches for the bytes, not for their shape."""
@@ -32,7 +32,9 @@ def test_hostile_vulkan_fingerprints_and_batches_are_shown_in_one_line_each(seco
                "host": {"kernel": "6.18.4", "vulkan": vulkan},
                "verify": [{"checks": [{"ctx": 512, "ubatch": 512, "fa": True, "ngl": 99, "kv": "f16",
                                        "load": "mmap", "parallel": 1, "batch": batch, "passed": True,
-                                       "kld_mean": 0.001, "top1": 0.99}]}]}
+                                       "kld_mean": 0.001, "top1": 0.99}]}],
+               "own_figures": [{"ctx": 512, "chunks": 1, "fa": True, "ppl": 15.4, "batch": batch, "ubatch": batch,
+                                "kv": vulkan, "load": EVIL, "parallel": batch}]}
         artifact.attach(store, man, oci.EVIDENCE_TYPE, doc, second.pair())
     res = second.machine("store", "show", second.url, second.tag)
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
