@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from buildfixtures import git_repo, recipe_copy
 from needs import require
 from test_commands_tune_prefix import tune_args
@@ -29,7 +30,9 @@ def _ok(res):
     return res
 
 
-def test_a_candidate_in_a_trusted_store_is_pulled_not_compiled(tmp_path, monkeypatch):
+@pytest.mark.parametrize("no_substitutes", [False, True])
+def test_a_candidate_in_a_trusted_store_is_pulled_not_compiled(tmp_path, monkeypatch, no_substitutes):
+    """... and with --no-substitutes it is compiled here, the store not asked."""
     require("patchelf")
     repo = git_repo(tmp_path / "repo")
     recipe = recipe_copy(tmp_path / "r", **{"file:///nonexistent/fixture.git": repo.as_uri()})
@@ -48,10 +51,16 @@ def test_a_candidate_in_a_trusted_store_is_pulled_not_compiled(tmp_path, monkeyp
     monkeypatch.setattr(tune_cmd, "MEASURE_TARGETS", TARGETS)
     monkeypatch.setattr(tune_cmd, "TUNE_NEEDS", TARGETS)
     said: list[str] = []
-    builds, skipped = tune_cmd.candidates(tune_args(recipe, "cpu"), said.append, [])
+    args = tune_args(recipe, "cpu")
+    args.no_substitutes = no_substitutes
+    builds, skipped = tune_cmd.candidates(args, said.append, [])
     assert skipped == [] and len(builds) == 1, (skipped, said)
     got = builds[0].prefix
     manifest = read_manifest(got)
+    if no_substitutes:
+        assert manifest.get("substituted") is None and list(paths.cache_dir().rglob("CMakeCache.txt"))
+        assert not any("substitute" in line for line in said), said
+        return
     assert manifest["substituted"]["store"] == store, manifest.get("substituted")
     assert (got / "bin" / "fixture-hello").is_file()
     assert any("came from a substitute store" in line for line in said), said

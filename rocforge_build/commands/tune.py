@@ -44,6 +44,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ctx", type=argtypes.int_list(1), metavar="N,...", help="the gate's contexts (see rocforge verify)")
     parser.add_argument("--exhaustive", action="store_true", help="measure the full cross product instead")
     parser.add_argument("--jobs", "-j", type=argtypes.jobs, metavar="N", help="build jobs")
+    parser.add_argument("--no-substitutes", action="store_true",
+                        help="compile each candidate here: ask no substitute store (substitute.stores)")
     parser.add_argument("--json", action="store_true", help="the candidates, rows and winners as JSON")
 
 
@@ -97,7 +99,8 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
     builds, skipped = [], []
     for name in names:
         req = Request(recipe=args.recipe, target=args.target, backend=name, source=args.source,
-                      ref=args.ref, jobs=args.jobs, build_targets=MEASURE_TARGETS, made_for="tune")
+                      ref=args.ref, jobs=args.jobs, build_targets=MEASURE_TARGETS, made_for="tune",
+                      substitutes="off" if getattr(args, "no_substitutes", False) else "auto")
         try:
             plan = plan_for(req, args.rootfs, check_patches=False)
         except RocforgeError as exc:
