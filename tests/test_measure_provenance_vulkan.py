@@ -68,3 +68,20 @@ def test_an_unreadable_or_hostile_icd_manifest_is_a_none_not_a_failure(tmp_path,
     bad[3].write_text(json.dumps({"ICD": {"library_path": ["x"], "api_version": 3}}))
     monkeypatch.setenv("VK_DRIVER_FILES", ":".join(map(str, bad)))
     assert [(i["library"], i["api_version"]) for i in provenance._icds()] == [(None, None)] * 4
+
+
+def test_store_show_names_the_device_driver_and_icd_with_its_api_version():
+    from rocforge_build.substitute import catalog
+
+    text = (DATA / "llama-bench-help-lavapipe.stderr").read_text()
+    vk = catalog._vulkan({"devices": provenance.vulkan_devices(text),
+                          "icds": [{"file": "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
+                                    "library": "/usr/lib/x86_64-linux-gnu/libvulkan_lvp.so", "api_version": "1.1.230"}]})
+    attestation = {"kind": "verify", "signer": "C90E0473585D70AB", "made_at": "2026-11-29T07:01:25Z", "passed": True,
+                   "host": {"kernel": "6.1.0", "rocm": None, "gpus": [], "firmware": None, "vulkan": vk},
+                   "shapes": [], "own_figures": [], "note": ""}
+    shown = {"key": "sha256:" + "0" * 64, "manifest": "sha256:" + "1" * 64, "signed_by": "C90E0473585D70AB",
+             "layer_bytes": 3_000_000, "key_fields": {}, "advisories": [], "attestations": [attestation], "left_out": []}
+    lines = catalog.describe_show(shown)
+    assert ("  vulkan: llvmpipe (LLVM 15.0.6, 256 bits) (driver llvmpipe); ICDs lvp_icd.x86_64.json "
+            "(Vulkan 1.1.230)") in lines, lines
