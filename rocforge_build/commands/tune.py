@@ -88,7 +88,7 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
     one candidate, not two."""
     from rocforge_build.commands.build import substitute
     from rocforge_build.forge import pipeline, recipes
-    from rocforge_build.forge.plan import Request, plan_for
+    from rocforge_build.forge.plan import Request
 
     recipe = recipes.load(args.recipe)
     names = [b for b in (args.backends.split(",") if args.backends else recipe.backends) if b]
@@ -102,7 +102,7 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
                       ref=args.ref, jobs=args.jobs, build_targets=MEASURE_TARGETS, made_for="tune",
                       substitutes="off" if getattr(args, "no_substitutes", False) else "auto")
         try:
-            plan = plan_for(req, args.rootfs, check_patches=False)
+            plan, read = _plan(req, args.rootfs)
         except RocforgeError as exc:
             skipped.append({"backend": name, "reason": exc.message})
             say(f"skipping backend {name}: {exc.message}")
@@ -116,7 +116,7 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
             own = tune_prefix(plan.prefix)
             say(f"{plan.prefix} holds a build of another plan without {', '.join(TUNE_NEEDS)}; "
                 f"tune builds its own at {own}")
-            plan = plan_for(dataclasses.replace(req, prefix=str(own)), args.rootfs, check_patches=False)
+            plan, read = _plan(dataclasses.replace(req, prefix=str(own)), args.rootfs)
             if _holds_another_build(plan):  # the user's build there too (their --prefix): never replaced
                 reason = pipeline.owner_problem(plan) or f"{own} holds files that are not a rocforge build"
                 skipped.append({"backend": name, "reason": reason})
@@ -125,7 +125,8 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
         say(f"building (or reusing) the {name} build")
         # the stores `rocforge build` asks (substitute.stores): a candidate a trusted store holds
         # is pulled, checked and verified here instead of compiled, the same path as a build's
-        out = pipeline.execute(plan, quiet=args.json, substitute=substitute)
+        # (the source is downloaded only when the candidate is compiled: `read`)
+        out = pipeline.execute(plan, quiet=args.json, substitute=substitute, read=read)
         if out.status == pipeline.Status.SUBSTITUTED:
             say(f"the {name} build came from a substitute store: nothing compiled")
         builds.append(LlamaBuild.open(out.prefix))
@@ -137,6 +138,17 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
     if not builds:
         raise UsageError("no candidate build: every backend was skipped", "; ".join(s["reason"] for s in skipped))
     return builds, skipped
+
+
+def _plan(req, root):
+    """A candidate's plan, its source named without a download where it can be, as `rocforge
+    build` plans (`BuildContext.identified`), and how to read it for a compile (None: read)."""
+    from rocforge_build.forge.context import BuildContext
+    from rocforge_build.forge.plan import make_plan
+
+    context = BuildContext.of(req, root).identified()
+    plan = make_plan(context, check_patches=False)
+    return plan, (None if context.source_read else lambda: make_plan(context.read(), check_patches=False))
 
 
 def _target(args) -> str:
