@@ -178,6 +178,8 @@ def test_the_check_runs_its_shape(tmp_path, monkeypatch, help_text, shape, args)
     assert argv[argv.index("-ub") + 2:] [:len(args)] == args
     assert int(argv[argv.index("--chunks") + 1]) >= shape.parallel
     assert check.shape == shape
+    # the logical batch it ran with is recorded beside the shape (publish's evidence, store show)
+    assert check.to_json()["batch"] == int(argv[argv.index("-b") + 1])
 
 
 # -- serve: the proof covers what is served -----------------------------------------------------

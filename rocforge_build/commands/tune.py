@@ -1,4 +1,4 @@
-"""`rocforge tune RECIPE --target GFX --model GGUF`: build or reuse each candidate build, gate it
+"""`rocforge tune RECIPE --target GFX --model GGUF`: pull, build or reuse each candidate build, gate it
 with verify, search flash attention / ubatch / env one dimension at a time, pick a winner per
 context range and store it as the model's preset (`rocforge preset show MODEL`)."""
 
@@ -44,6 +44,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--ctx", type=argtypes.int_list(1), metavar="N,...", help="the gate's contexts (see rocforge verify)")
     parser.add_argument("--exhaustive", action="store_true", help="measure the full cross product instead")
     parser.add_argument("--jobs", "-j", type=argtypes.jobs, metavar="N", help="build jobs")
+    parser.add_argument("--no-substitutes", action="store_true",
+                        help="compile each candidate here: ask no substitute store (substitute.stores)")
     parser.add_argument("--json", action="store_true", help="the candidates, rows and winners as JSON")
 
 
@@ -81,10 +83,12 @@ def tune_prefix(prefix) -> Path:
 
 
 def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], list[dict]]:
-    """The builds of each backend (built or reused) and the `given` --build ones, each prefix
-    once: a --build that is the very build a backend makes is one candidate, not two."""
+    """The builds of each backend (pulled from a substitute store, built or reused) and the
+    `given` --build ones, each prefix once: a --build that is the very build a backend makes is
+    one candidate, not two."""
+    from rocforge_build.commands.build import substitute
     from rocforge_build.forge import pipeline, recipes
-    from rocforge_build.forge.plan import Request, plan_for
+    from rocforge_build.forge.plan import Request
 
     recipe = recipes.load(args.recipe)
     names = [b for b in (args.backends.split(",") if args.backends else recipe.backends) if b]
@@ -95,9 +99,10 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
     builds, skipped = [], []
     for name in names:
         req = Request(recipe=args.recipe, target=args.target, backend=name, source=args.source,
-                      ref=args.ref, jobs=args.jobs, build_targets=MEASURE_TARGETS, made_for="tune")
+                      ref=args.ref, jobs=args.jobs, build_targets=MEASURE_TARGETS, made_for="tune",
+                      substitutes="off" if getattr(args, "no_substitutes", False) else "auto")
         try:
-            plan = plan_for(req, args.rootfs, check_patches=False)
+            plan, read = _plan(req, args.rootfs)
         except RocforgeError as exc:
             skipped.append({"backend": name, "reason": exc.message})
             say(f"skipping backend {name}: {exc.message}")
@@ -111,14 +116,19 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
             own = tune_prefix(plan.prefix)
             say(f"{plan.prefix} holds a build of another plan without {', '.join(TUNE_NEEDS)}; "
                 f"tune builds its own at {own}")
-            plan = plan_for(dataclasses.replace(req, prefix=str(own)), args.rootfs, check_patches=False)
+            plan, read = _plan(dataclasses.replace(req, prefix=str(own)), args.rootfs)
             if _holds_another_build(plan):  # the user's build there too (their --prefix): never replaced
                 reason = pipeline.owner_problem(plan) or f"{own} holds files that are not a rocforge build"
                 skipped.append({"backend": name, "reason": reason})
                 say(f"skipping backend {name}: {reason}")
                 continue
         say(f"building (or reusing) the {name} build")
-        out = pipeline.execute(plan, quiet=args.json)
+        # the stores `rocforge build` asks (substitute.stores): a candidate a trusted store holds
+        # is pulled, checked and verified here instead of compiled, the same path as a build's
+        # (the source is downloaded only when the candidate is compiled: `read`)
+        out = pipeline.execute(plan, quiet=args.json, substitute=substitute, read=read)
+        if out.status == pipeline.Status.SUBSTITUTED:
+            say(f"the {name} build came from a substitute store: nothing compiled")
         builds.append(LlamaBuild.open(out.prefix))
     for b in given:
         if any(b.prefix == other.prefix for other in builds):
@@ -128,6 +138,17 @@ def candidates(args, say, given: list[LlamaBuild]) -> tuple[list[LlamaBuild], li
     if not builds:
         raise UsageError("no candidate build: every backend was skipped", "; ".join(s["reason"] for s in skipped))
     return builds, skipped
+
+
+def _plan(req, root):
+    """A candidate's plan, its source named without a download where it can be, as `rocforge
+    build` plans (`BuildContext.identified`), and how to read it for a compile (None: read)."""
+    from rocforge_build.forge.context import BuildContext
+    from rocforge_build.forge.plan import make_plan
+
+    context = BuildContext.of(req, root).identified()
+    plan = make_plan(context, check_patches=False)
+    return plan, (None if context.source_read else lambda: make_plan(context.read(), check_patches=False))
 
 
 def _target(args) -> str:

@@ -89,9 +89,15 @@ def vulkan(prefix: Path) -> dict:
     except (RocforgeError, OSError) as exc:
         out["error"] = f"{exe.name} did not start: {reason(exc)}"
         return out
-    out["devices"] = [{"index": int(i), "name": name.strip(), "driver": driver.strip()}
-                      for i, name, driver in _VK_DEVICE.findall(run.stdout + run.stderr)][:16]
+    out["devices"] = vulkan_devices(run.stdout + run.stderr)
     return out
+
+
+def vulkan_devices(text: str) -> list[dict]:
+    """The devices in ggml-vulkan's lines of a llama.cpp program's output, each with the driver
+    llama.cpp names (`radv`, `amdvlk`, `llvmpipe`), in the order it numbers them (at most 16)."""
+    return [{"index": int(i), "name": name.strip(), "driver": driver.strip()}
+            for i, name, driver in _VK_DEVICE.findall(text)][:16]
 
 
 def _icds() -> list[dict]:
@@ -105,10 +111,12 @@ def _icds() -> list[dict]:
     icds = []
     for f in files[:32]:
         try:
-            library = json.loads(f.read_text(encoding="utf-8")[:65536]).get("ICD", {}).get("library_path")
-        except (OSError, ValueError, AttributeError):
-            library = None
-        icds.append({"file": str(f), "library": library if isinstance(library, str) else None})
+            icd = json.loads(f.read_text(encoding="utf-8")[:65536]).get("ICD", {})
+            library, api = icd.get("library_path"), icd.get("api_version")
+        except (OSError, ValueError, AttributeError, RecursionError):
+            library = api = None
+        icds.append({"file": str(f), "library": library if isinstance(library, str) else None,
+                     "api_version": api if isinstance(api, str) else None})
     return icds
 
 

@@ -266,6 +266,7 @@ class Check:
     kv: str = "f16"
     load: str = "mmap"
     parallel: int = 1
+    batch: int | None = None  # the logical batch (-b) the check ran with; None: not recorded
 
     @property
     def shape(self) -> Shape:
@@ -276,7 +277,7 @@ class Check:
             return None if x is None or math.isnan(x) or math.isinf(x) else round(x, 6)
 
         return {"ctx": self.ctx, "ubatch": self.ubatch, "fa": self.fa, "ngl": self.ngl,
-                "kv": self.kv, "load": self.load, "parallel": self.parallel,
+                "kv": self.kv, "load": self.load, "parallel": self.parallel, "batch": self.batch,
                 "kld_mean": clean(self.kld_mean), "top1": clean(self.top1),
                 "ppl": clean(self.ppl), "ppl_ref": clean(self.ppl_ref), "passed": self.passed,
                 "failed": self.failed, "not_judged": self.not_judged}
@@ -537,15 +538,23 @@ def check_shape(build: LlamaBuild, model: Model, shape: Shape, ref: tuple[Path, 
     base, ppl_ref = ref
     if progress:
         progress(f"{build.label()} at {shape.label()}")
+    batch = max(shape.ubatch, 2048)
     args = ["-m", str(model.path), "-c", str(shape.ctx), "--chunks", str(chunks_of(shape)),
             "--kl-divergence-base", str(base), "--kl-divergence", "-ub", str(shape.ubatch),
-            *serving_args(build, "llama-perplexity", shape, max(shape.ubatch, 2048)),
+            *serving_args(build, "llama-perplexity", shape, batch),
             *build.fa_args("llama-perplexity", shape.fa)]
     out = _perplexity(build, args, env, shape.ngl)
     kld, top, ppl = parse_kld(out)
     check = Check(shape.ctx, kld, top, ppl, ppl_ref, shape.ubatch, shape.fa, shape.ngl,
-                  kv=shape.kv, load=shape.load, parallel=shape.parallel)
+                  kv=shape.kv, load=shape.load, parallel=shape.parallel,
+                  batch=logical_batch(shape, batch))
     return judge(check, limits, model.n_vocab)
+
+
+def logical_batch(shape: Shape, batch: int) -> int:
+    """The logical batch (-b) a check at `shape` runs with: P sequences of the context in one
+    batch when it has P > 1 slots, else `batch`; what the check records beside its shape."""
+    return shape.ctx * shape.parallel if shape.parallel > 1 else batch
 
 
 def serving_args(build: LlamaBuild, program: str, shape: Shape, batch: int) -> list[str]:
@@ -553,7 +562,7 @@ def serving_args(build: LlamaBuild, program: str, shape: Shape, batch: int) -> l
     sequences of the context in one batch and one unified KV cache (ServingSupport says why
     -b P*ctx with -kvu does that), the KV cache type of K and V, the weights' loading
     (`load_args`).  A value the program cannot run is one line, never a silent default."""
-    out = ["-b", str(shape.ctx * shape.parallel if shape.parallel > 1 else batch)]
+    out = ["-b", str(logical_batch(shape, batch))]
     if shape.parallel > 1:
         out.append("-kvu")
     if shape.kv != "f16":

@@ -17,6 +17,7 @@ from rocforge_build.forge.substitute_key import TAG_PREFIX
 from rocforge_build.measure.serving import SERVING_FIELDS, serving_known
 from rocforge_build.shellsafe import one_line
 from rocforge_build.substitute import artifact, oci, publishers, signing
+from rocforge_build.substitute.evidence import SERVING as OWN_SERVING
 from rocforge_build.substitute.stores import open_store
 
 MAX_LISTED = 1000
@@ -212,7 +213,7 @@ def _attestation(a: artifact.Attached) -> dict:
     (its signer vouched for the bytes, not for their shape)."""
     d = a.document
     host = _dict(d.get("host"))
-    shapes = [{k: _scalar(c.get(k)) for k in ("ctx", "ubatch", "fa", "ngl", *SERVING_FIELDS, "passed",
+    shapes = [{k: _scalar(c.get(k)) for k in ("ctx", "batch", "ubatch", "fa", "ngl", *SERVING_FIELDS, "passed",
                                                "kld_mean", "top1", "ppl", "ppl_ref")}
               for row in _list(d.get("verify"), 64) if isinstance(row, dict)
               for c in _list(row.get("checks"), 256) if isinstance(c, dict)]
@@ -224,7 +225,7 @@ def _attestation(a: artifact.Attached) -> dict:
                      "gpus": gpus, "firmware_packages": [_text(p) for p in _list(host.get("firmware_packages"), 32)],
                      "vulkan": _vulkan(_dict(host.get("vulkan")))},
             "model_sha256": _scalar(_dict(d.get("model")).get("sha256")),
-            "own_figures": [{k: _scalar(f.get(k)) for k in ("ctx", "chunks", "fa", "ppl")}
+            "own_figures": [{k: _scalar(f.get(k)) for k in ("ctx", "chunks", "fa", "ppl", *OWN_SERVING)}
                             for f in _list(d.get("own_figures"), 16) if isinstance(f, dict)],
             "shapes": shapes, "note": _text(d.get("note", ""), 300)}
 
@@ -235,7 +236,8 @@ def _vulkan(v: dict) -> dict | None:
         return None
     return {"devices": [{"name": _text(d.get("name"), 120), "driver": _text(d.get("driver"), 80)}
                         for d in _list(v.get("devices"), 16) if isinstance(d, dict)],
-            "icds": [{"file": _text(i.get("file"), 200), "library": _text(i.get("library"), 200)}
+            "icds": [{"file": _text(i.get("file"), 200), "library": _text(i.get("library"), 200),
+                      "api_version": _text(i.get("api_version"), 40) if i.get("api_version") else None}
                      for i in _list(v.get("icds"), 32) if isinstance(i, dict)],
             "error": _text(v.get("error", ""), 200)}
 
@@ -267,14 +269,16 @@ def describe_show(shown: dict) -> list[str]:
         if h.get("vulkan") is not None:
             vk = h["vulkan"]
             devices = "; ".join(f"{d['name']} (driver {d['driver']})" for d in vk["devices"]) or "no device"
-            icds = ", ".join(Path(i["file"]).name for i in vk["icds"]) or "none"
+            icds = ", ".join(Path(i["file"]).name + (f" (Vulkan {i['api_version']})" if i["api_version"] else "")
+                             for i in vk["icds"]) or "none"
             lines.append(f"  vulkan: {devices}; ICDs {icds}" + (f" ({vk['error']})" if vk["error"] else ""))
         for sh in a["shapes"][:64]:
-            lines.append(f"  ctx {sh['ctx']} ub {sh['ubatch']} fa {sh['fa']} ngl {sh['ngl']}, {_serving(sh)}: "
+            batch = f" b {sh['batch']}" if sh["batch"] is not None else ""  # recorded since verify kept it
+            lines.append(f"  ctx {sh['ctx']}{batch} ub {sh['ubatch']} fa {sh['fa']} ngl {sh['ngl']}, {_serving(sh)}: "
                          f"{'passed' if sh['passed'] is True else 'FAILED'} (KLD {sh['kld_mean']}, "
                          f"top-1 {sh['top1']})")
         for f in a["own_figures"]:
-            lines.append(f"  own PPL at ctx {f['ctx']} fa {f['fa']}: {f['ppl']}")
+            lines.append(f"  own PPL at ctx {f['ctx']} fa {f['fa']}, {_own_serving(f)}: {f['ppl']}")
         if a["note"]:
             lines.append(f"  note: {a['note']}")
     for x in shown["left_out"]:
@@ -289,6 +293,14 @@ def _serving(shape: dict) -> str:
     if not serving_known(shape):
         return "serving not recorded"
     return f"kv {shape['kv']} load {shape['load']} slots {shape['parallel']}"
+
+
+def _own_serving(f: dict) -> str:
+    """An own figure's batch and serving dimensions, as far as its document records them."""
+    if all(f.get(k) is None for k in OWN_SERVING):
+        return "serving not recorded"
+    return (f"b {f.get('batch')} ub {f.get('ubatch')}, kv {f.get('kv')} load {f.get('load')} "
+            f"slots {f.get('parallel')}")
 
 
 def advise(url: str, ref: str, reason: str, key_file: Path, trusted: list[signing.PublicKey], *,

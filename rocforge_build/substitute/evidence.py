@@ -7,6 +7,7 @@ OCI referrer, so a build gathers the verdicts of every machine that ran it."""
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,41 @@ class OwnFigure:
     chunks: int
     fa: bool
     ppl: float
+    # how llama-perplexity held it (`own_serving`): its logical and micro-batch defaults read
+    # from its --help, the KV cache type, the weights' loading and the sequences at once; None:
+    # not recorded (a figure published before they were, or a tree whose --help names no default)
+    batch: int | None = None
+    ubatch: int | None = None
+    kv: str | None = None
+    load: str | None = None
+    parallel: int | None = None
 
     def to_json(self) -> dict:
-        return {"ctx": self.ctx, "chunks": self.chunks, "fa": self.fa, "ppl": self.ppl}
+        serving = {k: getattr(self, k) for k in SERVING if getattr(self, k) is not None}
+        return {"ctx": self.ctx, "chunks": self.chunks, "fa": self.fa, "ppl": self.ppl, **serving}
+
+
+SERVING = ("batch", "ubatch", "kv", "load", "parallel")  # an own figure's serving dimensions
+
+
+def help_default(help_text: str, option: str) -> int | None:
+    """The default a llama.cpp program's --help gives a numeric option (`-b, --batch-size N ...
+    (default: 2048)`), None where its line names none."""
+    for line in help_text.splitlines():
+        # the option column: up to the first run of spaces before a word that is not an option
+        head = re.split(r"\s{2,}(?=[^-\s])", line.strip(), maxsplit=1)[0]
+        if head.startswith("-") and re.search(rf"(?:^|[\s,]){re.escape(option)}(?![\w-])", head):
+            found = re.search(r"\(default: (\d+)[,)]", line)
+            return int(found.group(1)) if found else None
+    return None
+
+
+def own_serving(help_text: str) -> dict:
+    """How `own_ppl` holds the model, which passes only the context, the chunks and flash
+    attention: the program's own batch defaults (read from its --help, as each tree prints
+    them), llama.cpp's default KV cache type (f16), mapped weights and one sequence (one chunk)."""
+    return {"batch": help_default(help_text, "--batch-size"), "ubatch": help_default(help_text, "--ubatch-size"),
+            "kv": "f16", "load": "mmap", "parallel": OWN_CHUNKS}
 
 
 # Contexts of text each own figure scores: one 512-token context per attention path keeps a
@@ -80,10 +113,11 @@ def own_figures(prefix: Path, model_path: str, *, progress=None) -> tuple[list[O
     model = gguf.check(model_path)
     coverage = verify.plan(model, gpu=build.gpu, quick=True)
     text = verify.text_file()
+    serving = own_serving(build.help_text("llama-perplexity"))
     figures = []
     for ctx, fa in sorted({(s.ctx, s.fa) for s in coverage.shapes}):
         ppl = verify.own_ppl(build, model, ctx, fa, OWN_CHUNKS, progress)
-        figures.append(OwnFigure(ctx, OWN_CHUNKS, fa, float(ppl)))
+        figures.append(OwnFigure(ctx, OWN_CHUNKS, fa, float(ppl), **serving))
     return figures, provenance.model(model), sha256_file(text)
 
 
