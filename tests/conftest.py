@@ -136,3 +136,8 @@ def _isolated(tmp_path_factory, monkeypatch):
         if key.startswith("HSA_OVERRIDE_GFX_VERSION_"):
             monkeypatch.delenv(key, raising=False)
     yield home
+    # the credentials one command read are that process's to hide (credentials.remember): a test's
+    # password ("wrong") must not blank the word in a later test's paths
+    from rocforge_build import credentials
+
+    credentials._known.clear()
