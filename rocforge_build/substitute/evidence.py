@@ -47,14 +47,32 @@ SERVING = ("batch", "ubatch", "kv", "load", "parallel")  # an own figure's servi
 
 def help_default(help_text: str, option: str) -> int | None:
     """The default a llama.cpp program's --help gives a numeric option (`-b, --batch-size N ...
-    (default: 2048)`), None where its line names none."""
-    for line in help_text.splitlines():
-        # the option column: up to the first run of spaces before a word that is not an option
-        head = re.split(r"\s{2,}(?=[^-\s])", line.strip(), maxsplit=1)[0]
-        if head.startswith("-") and re.search(rf"(?:^|[\s,]){re.escape(option)}(?![\w-])", head):
-            found = re.search(r"\(default: (\d+)[,)]", line)
+    (default: 2048)`), None where its line names none.  Linear in the text (a help line is
+    short: a longer one is no option's), whatever the program printed."""
+    for line in help_text[:1 << 20].splitlines():
+        if len(line) > MAX_HELP_LINE or not line.lstrip().startswith("-"):
+            continue
+        if option in re.split(r"[\s,=]+", _option_column(line)):
+            found = re.search(r"\(default: (\d{1,9})[,)]", line)  # a count, never 4,300 digits int() refuses
             return int(found.group(1)) if found else None
     return None
+
+
+MAX_HELP_LINE = 1000
+
+
+def _option_column(line: str) -> str:
+    """A help line's options and their arguments: up to the first run of two or more spaces
+    followed by a word that is not an option (`-b,    --batch-size N    logical ...`)."""
+    text, at = line.strip(), 0
+    while (gap := text.find("  ", at)) >= 0:
+        word = gap
+        while word < len(text) and text[word].isspace():
+            word += 1
+        if word >= len(text) or text[word] != "-":
+            return text[:gap]
+        at = word
+    return text
 
 
 def own_serving(help_text: str) -> dict:
