@@ -68,7 +68,8 @@ FINGERPRINT = ("cmdline", "firmware", "firmware_packages", "tuned_profile", "iom
 # ggml-vulkan's line per device, printed when a program starts its backend:
 # `ggml_vulkan: 0 = AMD Radeon Graphics (RADV GFX1151) (radv) | uma: 1 | fp16: 1 | ...`
 # (the device name may hold parentheses; the driver's is the last group before the first `|`)
-_VK_DEVICE = re.compile(r"^ggml_vulkan: (\d+) = ([^|]*) \(([^()|]*)\) \|", re.MULTILINE)
+_VK_DEVICE = re.compile(r"ggml_vulkan: (\d{1,3}) = ([^|\n]*) \(([^()|\n]*)\) \|")
+_VK_LINE = 2000  # a device line is short: a longer one (or one past the first MiB) is not read
 # where the Vulkan loader finds its drivers (ICD manifests) unless VK_DRIVER_FILES/VK_ICD_FILENAMES say
 _ICD_DIRS = ("/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/usr/share/vulkan/icd.d")
 
@@ -96,8 +97,14 @@ def vulkan(prefix: Path) -> dict:
 def vulkan_devices(text: str) -> list[dict]:
     """The devices in ggml-vulkan's lines of a llama.cpp program's output, each with the driver
     llama.cpp names (`radv`, `amdvlk`, `llvmpipe`), in the order it numbers them (at most 16)."""
-    return [{"index": int(i), "name": name.strip(), "driver": driver.strip()}
-            for i, name, driver in _VK_DEVICE.findall(text)][:16]
+    found = []
+    for line in text[:1 << 20].splitlines():
+        m = _VK_DEVICE.match(line) if len(line) <= _VK_LINE else None
+        if m:
+            found.append({"index": int(m.group(1)), "name": m.group(2).strip(), "driver": m.group(3).strip()})
+            if len(found) == 16:
+                break
+    return found
 
 
 def _icds() -> list[dict]:

@@ -1,8 +1,10 @@
-"""A pulled build's llama-perplexity is asked for its --help (the batch defaults its own figures
-record, substitute/evidence.own_serving) before the pull is verified here: its answer is a store's
-bytes.  Whatever it prints — a default of thousands of digits (Python's int() refuses past 4,300),
-a negative or non-numeric one, a line of megabytes, control characters, nothing — gives a count or
-None, quickly, and never an exception."""
+"""What a pulled build's own programs print is a store's bytes, read before the pull is verified
+here: llama-perplexity's --help (the batch defaults its own figures record,
+substitute/evidence.own_serving) and a Vulkan build's ggml-vulkan device lines (the verified-here
+fingerprint, measure/provenance.vulkan_devices).  Whatever they print — a default of thousands of
+digits (Python's int() refuses past 4,300), a negative or non-numeric one, lines of megabytes,
+control characters, backtracking bait, nothing — gives a bounded value or None, in linear time,
+and never an exception."""
 
 from __future__ import annotations
 
@@ -40,3 +42,19 @@ def test_help_made_to_backtrack_is_read_in_linear_time(text):
     t0 = time.monotonic()
     evidence.help_default(text, "--batch-size")
     assert time.monotonic() - t0 < 2.0
+
+
+@pytest.mark.parametrize("text", [
+    "ggml_vulkan: 0 = " + "(" * 1_000_000,
+    ("ggml_vulkan: 0 = " + "a (b) " * 300 + "\n") * 3000,
+    "ggml_vulkan: 0 = x (y) | uma: 0\n" * 100_000,
+    "ggml_vulkan: " + "9" * 5000 + " = x (y) | uma: 0\n",
+])
+def test_a_pulled_builds_vulkan_lines_are_read_bounded_and_in_linear_time(text):
+    """provenance.vulkan reads what a pulled Vulkan build's program prints (the verified-here
+    evidence): at most 16 devices, short lines, no backtracking."""
+    from rocforge_build.measure import provenance
+
+    t0 = time.monotonic()
+    got = provenance.vulkan_devices(text)
+    assert len(got) <= 16 and time.monotonic() - t0 < 2.0
