@@ -105,10 +105,7 @@ def test_published_with_its_reference_then_pulled_by_a_fresh_machine_that_compil
     assert out.returncode == 0, out.stderr[-3000:]
     assert "publishing its reference" in out.stderr, out.stderr[-3000:]
 
-    other = User(tmp_path_factory.mktemp("vulkan-puller"), "vulkan pull")
-    for name, value in (("substitute.stores", [store]), ("substitute.trusted_keys", [key.stdout.strip()]),
-                        ("substitute.verify_model", str(model))):
-        assert other.rocforge("config", "set", name, json.dumps(value)).returncode == 0
+    other = puller(tmp_path_factory.mktemp("vulkan-puller"), "vulkan pull", store, key.stdout.strip(), model)
     targets = [a for t in MEASURE_TARGETS for a in ("--cmake-target", t)]
     out = other.rocforge("build", "llama-cpp", "--backend", "vulkan", "--source", str(llama_tree), *targets,
                          "--substitute-only")
@@ -134,10 +131,8 @@ def test_published_with_its_reference_then_pulled_by_a_fresh_machine_that_compil
     bare = (tmp_path_factory.mktemp("vulkan-store-bare") / "store").as_uri()
     out = user.rocforge("publish", str(vulkan_build), "--to", bare)
     assert out.returncode == 0 and "its reference is not published: no model" in out.stderr, out.stderr[-3000:]
-    third = User(tmp_path_factory.mktemp("vulkan-puller-bare"), "vulkan pull, no reference")
-    for name, value in (("substitute.stores", [bare]), ("substitute.trusted_keys", [key.stdout.strip()]),
-                        ("substitute.verify_model", str(model))):
-        assert third.rocforge("config", "set", name, json.dumps(value)).returncode == 0
+    third = puller(tmp_path_factory.mktemp("vulkan-puller-bare"), "vulkan pull, no reference", bare,
+                   key.stdout.strip(), model)
     out = third.rocforge("build", "llama-cpp", "--backend", "vulkan", "--source", str(llama_tree), *targets,
                          "--substitute-only")
     errors = [x for x in out.stderr.splitlines() if x.startswith("rocforge: error:")]
@@ -145,6 +140,33 @@ def test_published_with_its_reference_then_pulled_by_a_fresh_machine_that_compil
     assert "the CPU reference to verify the pulled build against" in errors[0], errors[0]
     assert not list(Path(third.env["ROCFORGE_DATA_DIR"]).rglob("rocforge-manifest.toml"))
     assert not list(Path(third.env["ROCFORGE_CACHE_DIR"]).rglob("CMakeCache.txt"))
+
+    # a machine whose prefix holds an older Vulkan build (llama-bench alone, compiled there): the
+    # pull replaces it, and what is recorded (the manifest, the verify row) is the new build's
+    fourth = puller(tmp_path_factory.mktemp("vulkan-puller-over"), "vulkan pull over an older build", store,
+                    key.stdout.strip(), model)
+    prefix = Path(fourth.env["ROCFORGE_DATA_DIR"]) / "builds" / "llama-cpp-vulkan"
+    out = fourth.rocforge("build", "llama-cpp", "--backend", "vulkan", "--source", str(llama_tree), "--cmake-target",
+                          "llama-bench", "-j", str(JOBS), "--no-substitutes", "--prefix", str(prefix))
+    assert out.returncode == 0, out.stderr[-3000:]
+    old_stamp = tomllib.loads((prefix / "rocforge-manifest.toml").read_text())["stamp"]
+    out = fourth.rocforge("build", "llama-cpp", "--backend", "vulkan", "--source", str(llama_tree), *targets,
+                          "--prefix", str(prefix), "--substitute-only")
+    assert out.returncode == 0, out.stderr[-3000:]
+    over = tomllib.loads((prefix / "rocforge-manifest.toml").read_text())
+    assert over["stamp"] != old_stamp and over["substituted"]["verified_here"] == "passed", over["substituted"]
+    assert (prefix / "bin" / "llama-perplexity").is_file() and not Path(f"{prefix}.rocforge-new").exists()
+    rows = fourth.rocforge("results", "export", "--json", "--prefix", str(prefix))
+    assert {r["stamp"] for r in json.loads(rows.stdout) if r.get("kind") == "verify"} == {over["stamp"]}
+
+
+def puller(base: Path, label: str, store: str, public_key: str, model: Path) -> User:
+    """A fresh machine that asks `store` for its builds, trusts `public_key` and verifies with `model`."""
+    user = User(base, label)
+    for name, value in (("substitute.stores", [store]), ("substitute.trusted_keys", [public_key]),
+                        ("substitute.verify_model", str(model))):
+        assert user.rocforge("config", "set", name, json.dumps(value)).returncode == 0
+    return user
 
 
 def restore_preset(user: User, model: Path, monkeypatch, edit) -> dict:
