@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
@@ -191,7 +192,7 @@ class LocalSource(Source):
     def shared_identity(self, fetched: Fetched) -> tuple[str, str]:
         """(kind, identity) another machine can name this tree by, unlike `identify`'s stats: a
         clean git checkout by its commit, any other tree by a hash of its files' contents."""
-        if fetched.commit and _clean_checkout(fetched.root):
+        if fetched.commit and _clean_checkout(fetched.root, fetched.commit):
             return "git-checkout", fetched.commit + (f":{self.subdir}" if self.subdir else "")
         top = Path(self.location)
         if self.subdir:  # as `identify`: the project, plus the top directory's own files
@@ -200,13 +201,73 @@ class LocalSource(Source):
         return "tree", "content:" + content_hash(top)
 
 
-def _clean_checkout(root: Path) -> bool:
-    """Whether the git checkout at `root` holds exactly its commit: nothing changed or untracked."""
+def _clean_checkout(root: Path, commit: str | None = None) -> bool:
+    """Whether the git checkout at `root` holds exactly its commit, byte for byte: every file and
+    link the commit has, with its bytes and executable bit, and nothing else (`_SKIP` aside).
+    Read from the files themselves, not from `git status`, which the checkout's own state can
+    quiet: an ignored file, an index entry marked assume-unchanged or skip-worktree, a clean
+    filter, `core.fileMode=false`, a submodule set to `ignore = all`.  A commit with submodules
+    is not one tree of its own: never clean."""
     try:
-        res = run(["git", "-C", root, "status", "--porcelain", "--untracked-files=normal"], check=False)
+        commit = commit or run(["git", "-C", root, "rev-parse", "--verify", "HEAD^{commit}"]).stdout.strip()
+        fmt = run(["git", "-C", root, "rev-parse", "--show-object-format"], check=False).stdout.strip() or "sha1"
+        listed = run(["git", "-C", root, "ls-tree", "-r", "-z", "--full-tree", commit], check=False)
     except CommandFailed:
         return False
-    return res.returncode == 0 and not res.stdout.strip()
+    if listed.returncode != 0 or fmt not in ("sha1", "sha256"):
+        return False
+    want: dict[str, tuple[str, str]] = {}
+    for rec in listed.stdout.split("\0"):
+        if not rec:
+            continue
+        meta, _, name = rec.partition("\t")
+        mode, kind, obj = (meta.split(" ") + ["", "", ""])[:3]
+        if kind != "blob" or mode not in ("100644", "100755", "120000"):
+            return False  # a submodule (commit), or a mode git does not write
+        want[name] = (mode, obj)
+
+    def blob_id(data: bytes) -> str:
+        return hashlib.new(fmt, b"blob %d\0" % len(data) + data).hexdigest()
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP]
+        for name in filenames:
+            if name in _SKIP:
+                continue
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root)
+            if rel not in want:
+                return False  # untracked or ignored: the tree is more than the commit
+            mode, obj = want[rel]
+            try:
+                st = os.lstat(full)
+                if stat.S_ISLNK(st.st_mode):
+                    if mode != "120000" or blob_id(os.fsencode(os.readlink(full))) != obj:
+                        return False
+                elif not stat.S_ISREG(st.st_mode) or mode == "120000":
+                    return False
+                else:
+                    if (mode == "100755") != bool(st.st_mode & stat.S_IXUSR):
+                        return False
+                    h = hashlib.new(fmt, b"blob %d\0" % st.st_size)
+                    with open(full, "rb") as f:
+                        while chunk := f.read(1 << 20):
+                            h.update(chunk)
+                    if h.hexdigest() != obj:
+                        return False
+            except OSError:
+                return False
+            seen += 1
+        for d in dirnames:  # a link to a directory: os.walk lists it among the directories
+            full = os.path.join(dirpath, d)
+            if os.path.islink(full):
+                rel = os.path.relpath(full, root)
+                if want.get(rel, ("",))[0] != "120000" or blob_id(
+                        os.fsencode(os.readlink(full))) != want[rel][1]:
+                    return False
+                seen += 1
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    return seen == len(want)  # nothing of the commit is missing
 
 
 @dataclass(frozen=True)
@@ -527,35 +588,61 @@ def require_project(tree: Path, what: str) -> None:
                          "with CMakeLists.txt")
 
 
+def _said(text: str) -> str:
+    """`text` (a name or link target, as os.scandir gives it: undecodable bytes as surrogates)
+    in one form no other text shares and with no newline, so the records of `content_hash` join
+    into bytes that say exactly one tree: a backslash and a newline are escaped (text without
+    either, nearly every name, is as it is), undecodable bytes kept as bytes."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _special(mode: int) -> str:
+    return next((what for test, what in ((stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"),
+                                         (stat.S_ISCHR, "char-device"), (stat.S_ISBLK, "block-device"))
+                 if test(mode)), "other")
+
+
 def content_hash(tree: Path, *, recursive: bool = True) -> str:
     """Hash over relative names, the executable bit and contents of every file and the target of
-    every link (what a build reads, never when it was touched); `_SKIP` left out as in `tree_hash`."""
+    every link (what a build reads, never when it was touched); `_SKIP` left out as in `tree_hash`.
+    Every entry counts: a FIFO, socket or device by its kind, and a file or directory that cannot
+    be read stops it with an error (left out, the tree would have the key of a tree without it)."""
     entries: list[tuple[str, str]] = []
     stack = [str(tree)]
     base = len(str(tree)) + 1
+
+    def unreadable(path: str, err: OSError) -> UsageError:
+        return UsageError(f"{path}: cannot be read ({err.strerror or err}), so the source tree "
+                          "cannot be named by its contents", "make every file of the tree readable "
+                          "(or move it out of the tree)")
     while stack:
         d = stack.pop()
         try:
             it = os.scandir(d)
-        except OSError:
-            continue
+        except OSError as e:
+            raise unreadable(d, e) from None
         with it:
             for e in it:
-                if e.is_symlink():
-                    entries.append((e.path[base:], "link:" + os.readlink(e.path)))
-                elif e.is_dir(follow_symlinks=False):
-                    if recursive and e.name not in _SKIP:
-                        stack.append(e.path)
-                elif e.is_file(follow_symlinks=False):
-                    try:
+                rel = _said(e.path[base:])
+                try:
+                    if e.is_symlink():
+                        entries.append((rel, "link:" + _said(os.readlink(e.path))))
+                    elif e.is_dir(follow_symlinks=False):
+                        if recursive and e.name not in _SKIP:
+                            stack.append(e.path)
+                    elif e.is_file(follow_symlinks=False):
                         mode = "x" if os.access(e.path, os.X_OK) else "-"
-                        entries.append((e.path[base:], mode + sha256_file(Path(e.path))))
-                    except OSError:
-                        continue
+                        entries.append((rel, mode + sha256_file(Path(e.path))))
+                    else:
+                        entries.append((rel, "special:" + _special(e.stat(follow_symlinks=False).st_mode)))
+                except FileNotFoundError:
+                    continue  # gone while read: the tree's key is of what is there
+                except OSError as err:
+                    raise unreadable(e.path, err) from None
     entries.sort()
     h = hashlib.sha256()
     for rel, what in entries:
-        h.update(f"{rel}\0{what}\n".encode())
+        h.update(f"{rel}\0{what}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 
@@ -584,7 +671,7 @@ def tree_hash(tree: Path, *, recursive: bool = True) -> str:
     entries.sort()
     h = hashlib.sha256()
     for rel, size, mtime in entries:
-        h.update(f"{rel}\0{size}\0{mtime}\n".encode())
+        h.update(f"{rel}\0{size}\0{mtime}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 

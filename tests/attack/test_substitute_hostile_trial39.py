@@ -1,0 +1,144 @@
+"""Hostile trial 39: what a local source tree is keyed by (`--source DIR`), before any download.
+
+Two different trees must never share a substitute key, a checkout whose files are not its commit
+must not be keyed by that commit, and no name the file system allows may crash the key."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rocforge_build.errors import UsageError
+from rocforge_build.forge import sources
+
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "fixture-project"
+GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
+
+
+def _tree(tmp_path: Path, name: str) -> Path:
+    dest = tmp_path / name
+    subprocess.run(["cp", "-a", str(FIXTURE), str(dest)], check=True)
+    return dest
+
+
+def _git(tree: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(tree), *args], check=True, env=GIT_ENV, capture_output=True)
+
+
+def _committed(tmp_path: Path, name: str) -> Path:
+    tree = _tree(tmp_path, name)
+    _git(tree, "init", "-q")
+    _git(tree, "add", "-A")
+    _git(tree, "commit", "-qm", "init")
+    return tree
+
+
+def _shared(tree: Path) -> tuple[str, str]:
+    src = sources.LocalSource(str(tree))
+    return src.shared_identity(src.fetch())
+
+
+def test_a_clean_checkout_is_keyed_by_its_commit(tmp_path):
+    tree = _committed(tmp_path, "clean")
+    os.symlink("CMakeLists.txt", tree / "link")
+    os.chmod(tree / "hello.c", 0o755)
+    _git(tree, "add", "-A")
+    _git(tree, "commit", "-qm", "link and mode")
+    kind, ident = _shared(tree)
+    assert kind == "git-checkout"
+
+
+@pytest.mark.parametrize("hide", ["assume-unchanged", "skip-worktree", "ignored", "excluded",
+                                  "filemode"])
+def test_a_checkout_changed_where_git_status_does_not_look_is_not_its_commit(tmp_path, hide):
+    tree = _committed(tmp_path, hide)
+    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    if hide in ("assume-unchanged", "skip-worktree"):
+        _git(tree, "update-index", f"--{hide}", "greet.c")
+        with open(tree / "greet.c", "a") as f:
+            f.write("/* not in the commit */\n")
+    elif hide == "ignored":  # an ignored file the build reads (CMake globs, a config header)
+        (tree / ".gitignore").write_text("local.h\n")
+        _git(tree, "add", ".gitignore")
+        _git(tree, "commit", "-qm", "ignore")
+        commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        (tree / "local.h").write_text("#define EVIL 1\n")
+    elif hide == "excluded":
+        (tree / ".git" / "info").mkdir(exist_ok=True)
+        (tree / ".git" / "info" / "exclude").write_text("*.inc\n")
+        (tree / "x.inc").write_text("1\n")
+    else:
+        _git(tree, "config", "core.fileMode", "false")
+        os.chmod(tree / "greet.c", 0o755)
+    status = subprocess.run(["git", "-C", str(tree), "status", "--porcelain"], capture_output=True,
+                            text=True, env=GIT_ENV).stdout
+    assert status.strip() == ""  # git itself calls it clean: that is the attack
+    kind, ident = _shared(tree)
+    assert kind == "tree" and commit not in ident
+
+
+def test_a_link_target_with_a_newline_does_not_make_two_trees_one(tmp_path):
+    one, two = _tree(tmp_path, "one"), _tree(tmp_path, "two")
+    (one / "a0").write_text("hi\n")
+    os.symlink("t\na", one / "a")
+    (two / "a\na0").write_text("hi\n")
+    os.symlink("t", two / "a")
+    assert sources.content_hash(one) != sources.content_hash(two)
+    assert _shared(one) != _shared(two)
+
+
+def test_ordinary_trees_keep_their_content_hash(tmp_path):
+    """The escape changes nothing for names and links without a backslash or newline."""
+    import hashlib
+    tree = _tree(tmp_path, "plain")
+    os.symlink("hello.c", tree / "ln")
+    entries = []
+    for p in sorted(tree.rglob("*")):
+        rel = str(p.relative_to(tree))
+        if p.is_symlink():
+            entries.append((rel, "link:" + os.readlink(p)))
+        elif p.is_file():
+            mode = "x" if os.access(p, os.X_OK) else "-"
+            entries.append((rel, mode + hashlib.sha256(p.read_bytes()).hexdigest()))
+    h = hashlib.sha256()
+    for rel, what in sorted(entries):
+        h.update(f"{rel}\0{what}\n".encode())
+    assert sources.content_hash(tree) == h.hexdigest()
+
+
+def test_a_name_that_is_not_utf8_is_keyed_not_a_crash(tmp_path):
+    one, two = _tree(tmp_path, "one"), _tree(tmp_path, "two")
+    with open(os.path.join(os.fsencode(one), b"bad\xff"), "w") as f:
+        f.write("x")
+    with open(os.path.join(os.fsencode(two), b"bad\xfe"), "w") as f:
+        f.write("x")
+    os.symlink(b"to\xff", os.path.join(os.fsencode(two), b"ln"))
+    a, b = _shared(one), _shared(two)
+    assert a != b and a[0] == "tree"
+    assert sources.LocalSource(str(one)).identify() != sources.LocalSource(str(two)).identify()
+
+
+def test_a_fifo_or_socket_counts_in_the_key(tmp_path):
+    one, two = _tree(tmp_path, "one"), _tree(tmp_path, "two")
+    os.mkfifo(one / "pipe")
+    assert sources.content_hash(one) != sources.content_hash(two)
+
+
+def test_an_unreadable_directory_is_an_error_not_left_out(tmp_path, monkeypatch):
+    tree = _tree(tmp_path, "one")
+    (tree / "sub").mkdir()
+    real = os.scandir
+
+    def scandir(path):
+        if str(path).endswith("/sub"):
+            raise PermissionError(13, "Permission denied")
+        return real(path)
+    monkeypatch.setattr(sources.os, "scandir", scandir)
+    with pytest.raises(UsageError, match="cannot be read"):
+        sources.content_hash(tree)
