@@ -200,18 +200,43 @@ class LocalSource(Source):
                 top, recursive=False)).encode()).hexdigest()
         return "tree", "content:" + content_hash(top)
 
+    def check_copy(self, fetched: Fetched, said: dict, copy: Path, whole: bool) -> None:
+        """The work copy `copy` (of the whole tree, or of `subdir` alone) is what the substitute
+        key `said` ({"kind", "identity"} from `shared_identity` when the build was planned)
+        names, or an IntegrityError: a tree changed between its key and its copy would be built,
+        recorded and published under the key of a tree it is not."""
+        kind, identity = said.get("kind"), said.get("identity")
+        top = Path(self.location)
+        if kind == "git-checkout":
+            same = bool(fetched.commit) and _clean_checkout(
+                fetched.root, fetched.commit, files=copy, under="" if whole else (self.subdir or ""))
+        else:
+            inner = copy / self.subdir if (whole and self.subdir) else copy
+            if self.subdir:
+                now = hashlib.sha256((content_hash(inner) + content_hash(top, recursive=False)).encode()).hexdigest()
+            else:
+                now = content_hash(inner)
+            same = identity == "content:" + now
+        if not same:
+            raise IntegrityError(f"{top}: the source tree changed while this build read it (after its "
+                                 "substitute key was made, before it was copied to be built); nothing "
+                                 "was built from it", "run the build again once the tree is still")
 
-def _clean_checkout(root: Path, commit: str | None = None) -> bool:
+
+def _clean_checkout(root: Path, commit: str | None = None, *, files: Path | None = None,
+                    under: str = "") -> bool:
     """Whether the git checkout at `root` holds exactly its commit, byte for byte: every file and
     link the commit has, with its bytes and executable bit, and nothing else (`_SKIP` aside).
     Read from the files themselves, not from `git status`, which the checkout's own state can
     quiet: an ignored file, an index entry marked assume-unchanged or skip-worktree, a clean
     filter, `core.fileMode=false`, a submodule set to `ignore = all`.  A commit with submodules
-    is not one tree of its own: never clean."""
+    is not one tree of its own: never clean.  `files` (with `under`, the commit's directory it
+    holds): a copy of the checkout to compare with the commit instead of the checkout itself."""
     try:
         commit = commit or run(["git", "-C", root, "rev-parse", "--verify", "HEAD^{commit}"]).stdout.strip()
         fmt = run(["git", "-C", root, "rev-parse", "--show-object-format"], check=False).stdout.strip() or "sha1"
         listed = run(["git", "-C", root, "ls-tree", "-r", "-z", "--full-tree", commit], check=False)
+        walked = files or root
     except CommandFailed:
         return False
     if listed.returncode != 0 or fmt not in ("sha1", "sha256"):
@@ -222,6 +247,10 @@ def _clean_checkout(root: Path, commit: str | None = None) -> bool:
             continue
         meta, _, name = rec.partition("\t")
         mode, kind, obj = (meta.split(" ") + ["", "", ""])[:3]
+        if under:
+            if not name.startswith(under.strip("/") + "/"):
+                continue
+            name = name[len(under.strip("/")) + 1:]
         if kind != "blob" or mode not in ("100644", "100755", "120000"):
             return False  # a submodule (commit), or a mode git does not write
         want[name] = (mode, obj)
@@ -229,13 +258,13 @@ def _clean_checkout(root: Path, commit: str | None = None) -> bool:
     def blob_id(data: bytes) -> str:
         return hashlib.new(fmt, b"blob %d\0" % len(data) + data).hexdigest()
     seen = 0
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(walked):
         dirnames[:] = [d for d in dirnames if d not in _SKIP]
         for name in filenames:
             if name in _SKIP:
                 continue
             full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, root)
+            rel = os.path.relpath(full, walked)
             if rel not in want:
                 return False  # untracked or ignored: the tree is more than the commit
             mode, obj = want[rel]
@@ -261,7 +290,7 @@ def _clean_checkout(root: Path, commit: str | None = None) -> bool:
         for d in dirnames:  # a link to a directory: os.walk lists it among the directories
             full = os.path.join(dirpath, d)
             if os.path.islink(full):
-                rel = os.path.relpath(full, root)
+                rel = os.path.relpath(full, walked)
                 if want.get(rel, ("",))[0] != "120000" or blob_id(
                         os.fsencode(os.readlink(full))) != want[rel][1]:
                     return False
@@ -596,17 +625,21 @@ def _said(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-def _special(mode: int) -> str:
-    return next((what for test, what in ((stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"),
-                                         (stat.S_ISCHR, "char-device"), (stat.S_ISBLK, "block-device"))
-                 if test(mode)), "other")
+def _special(path: str, mode: int) -> UsageError:
+    """The error for an entry of a source tree that is no file, link or directory: a FIFO (whose
+    read blocks for ever), a socket, a device: no build reads one, and copying it hangs."""
+    what = next((what for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                                         (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+                 if test(mode)), "not a file")
+    return UsageError(f"{path} is {what}: a source tree holds files, links and directories only, "
+                      "so nothing is built from this one", "move it out of the tree")
 
 
 def content_hash(tree: Path, *, recursive: bool = True) -> str:
     """Hash over relative names, the executable bit and contents of every file and the target of
     every link (what a build reads, never when it was touched); `_SKIP` left out as in `tree_hash`.
-    Every entry counts: a FIFO, socket or device by its kind, and a file or directory that cannot
-    be read stops it with an error (left out, the tree would have the key of a tree without it)."""
+    Every entry counts: a FIFO, socket or device, or a file or directory that cannot be read, stops
+    it with an error (left out, the tree would have the key of a tree without it)."""
     entries: list[tuple[str, str]] = []
     stack = [str(tree)]
     base = len(str(tree)) + 1
@@ -634,7 +667,7 @@ def content_hash(tree: Path, *, recursive: bool = True) -> str:
                         mode = "x" if os.access(e.path, os.X_OK) else "-"
                         entries.append((rel, mode + sha256_file(Path(e.path))))
                     else:
-                        entries.append((rel, "special:" + _special(e.stat(follow_symlinks=False).st_mode)))
+                        raise _special(e.path, e.stat(follow_symlinks=False).st_mode)
                 except FileNotFoundError:
                     continue  # gone while read: the tree's key is of what is there
                 except OSError as err:
@@ -774,6 +807,8 @@ def sync_tree(src: Path, dst: Path) -> int:
                 copied += 1
                 continue
             st = s.stat()
+            if not stat.S_ISREG(st.st_mode):  # never opened: a FIFO's read blocks for ever
+                raise _special(str(s), st.st_mode)
             try:
                 dt = d.lstat()
                 if (dt.st_size == st.st_size and dt.st_mtime_ns == st.st_mtime_ns

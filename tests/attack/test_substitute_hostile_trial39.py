@@ -124,10 +124,49 @@ def test_a_name_that_is_not_utf8_is_keyed_not_a_crash(tmp_path):
     assert sources.LocalSource(str(one)).identify() != sources.LocalSource(str(two)).identify()
 
 
-def test_a_fifo_or_socket_counts_in_the_key(tmp_path):
-    one, two = _tree(tmp_path, "one"), _tree(tmp_path, "two")
-    os.mkfifo(one / "pipe")
-    assert sources.content_hash(one) != sources.content_hash(two)
+@pytest.mark.parametrize("make", ["fifo", "socket"])
+def test_a_fifo_or_socket_in_the_tree_is_one_error_not_a_hang(tmp_path, make):
+    """Left out of the key it gave the key of a tree without it; a rebuild's sync opened the FIFO
+    (`_same_bytes`) and blocked for ever."""
+    import signal
+    import socket
+    tree = _tree(tmp_path, "one")
+    copy = tmp_path / "copy"
+    sources.sync_tree(tree, copy)
+    if make == "fifo":
+        os.mkfifo(tree / "pipe")
+        os.mkfifo(copy / "pipe")  # as `cp -a` made the first copy
+    else:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(tree / "pipe"))
+    old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(TimeoutError("hung")))
+    signal.alarm(10)
+    try:
+        with pytest.raises(UsageError, match="pipe is a (FIFO|socket)"):
+            sources.content_hash(tree)
+        with pytest.raises(UsageError, match="pipe is a (FIFO|socket)"):
+            sources.sync_tree(tree, copy)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("git", [False, True])
+def test_a_tree_changed_between_its_key_and_its_copy_is_not_built_under_that_key(tmp_path, git):
+    from rocforge_build.errors import IntegrityError
+    tree = _committed(tmp_path, "t") if git else _tree(tmp_path, "t")
+    src = sources.LocalSource(str(tree))
+    fetched = src.fetch()
+    kind, ident = src.shared_identity(fetched)
+    assert kind == ("git-checkout" if git else "tree")
+    copy = tmp_path / "copy"
+    sources.sync_tree(tree, copy)
+    src.check_copy(fetched, {"kind": kind, "identity": ident}, copy, False)  # unchanged: holds
+    with open(tree / "greet.c", "a") as f:  # the user edits while the build starts
+        f.write("/* changed */\n")
+    sources.sync_tree(tree, copy)
+    with pytest.raises(IntegrityError, match="changed while this build read it"):
+        src.check_copy(fetched, {"kind": kind, "identity": ident}, copy, False)
 
 
 def test_an_unreadable_directory_is_an_error_not_left_out(tmp_path, monkeypatch):
