@@ -191,7 +191,10 @@ class LocalSource(Source):
 
     def shared_identity(self, fetched: Fetched) -> tuple[str, str]:
         """(kind, identity) another machine can name this tree by, unlike `identify`'s stats: a
-        clean git checkout by its commit, any other tree by a hash of its files' contents."""
+        clean git checkout by its commit, any other tree by a hash of its files' contents.
+        NotNameable when a link of the tree leads out of it: the build reads what it points to,
+        which neither a commit nor the link's text says (two machines' /opt/x differ)."""
+        _links_stay_inside(Path(self.location))
         if fetched.commit and _clean_checkout(fetched.root, fetched.commit):
             return "git-checkout", fetched.commit + (f":{self.subdir}" if self.subdir else "")
         top = Path(self.location)
@@ -221,6 +224,25 @@ class LocalSource(Source):
             raise IntegrityError(f"{top}: the source tree changed while this build read it (after its "
                                  "substitute key was made, before it was copied to be built); nothing "
                                  "was built from it", "run the build again once the tree is still")
+
+
+class NotNameable(Exception):
+    """A local tree no other machine can name by its commit or contents (why: `str()`)."""
+
+
+def _links_stay_inside(top: Path) -> None:
+    real_top = os.path.realpath(top)
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP]
+        for name in (*dirnames, *filenames):
+            full = os.path.join(dirpath, name)
+            if not os.path.islink(full):
+                continue
+            real = os.path.realpath(full)
+            if real != real_top and not real.startswith(real_top + os.sep):
+                rel = os.fsencode(os.path.relpath(full, top)).decode("utf-8", "replace")
+                raise NotNameable(f"its link {rel[:200]!r} leads out of the tree, so what the build "
+                                  "reads through it is in no key")
 
 
 def _clean_checkout(root: Path, commit: str | None = None, *, files: Path | None = None,

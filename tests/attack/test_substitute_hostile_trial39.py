@@ -181,3 +181,17 @@ def test_an_unreadable_directory_is_an_error_not_left_out(tmp_path, monkeypatch)
     monkeypatch.setattr(sources.os, "scandir", scandir)
     with pytest.raises(UsageError, match="cannot be read"):
         sources.content_hash(tree)
+
+
+@pytest.mark.parametrize("target", ["/etc/hostname", "../outside.c", "/dev/zero"])
+def test_a_link_out_of_the_tree_gives_no_key_rather_than_one_the_outside_is_not_in(tmp_path, target):
+    """The key held only the link's text; the build reads what it points to, which differs
+    between machines: two different builds under one key."""
+    (tmp_path / "outside.c").write_text("int v = 1;\n")
+    tree = _tree(tmp_path, "t")
+    os.symlink(target, tree / "outside.c")
+    with pytest.raises(sources.NotNameable, match="leads out of the tree"):
+        _shared(tree)
+    inside = _tree(tmp_path, "inside")  # a link within the tree is named by its text, as before
+    os.symlink("greet.c", inside / "again.c")
+    assert _shared(inside)[0] == "tree"
