@@ -195,3 +195,78 @@ def test_a_link_out_of_the_tree_gives_no_key_rather_than_one_the_outside_is_not_
     inside = _tree(tmp_path, "inside")  # a link within the tree is named by its text, as before
     os.symlink("greet.c", inside / "again.c")
     assert _shared(inside)[0] == "tree"
+
+
+def _build_with_key(tmp_path: Path, monkeypatch) -> Path:
+    """A CPU build of the fixture with a substitute key (a tarball source pinned by sha256)."""
+    import shutil
+    import tarfile
+
+    from rocforge_build.cli import main
+    home = tmp_path / "home"
+    for name, var in (("cfg", "ROCFORGE_CONFIG_DIR"), ("cache", "ROCFORGE_CACHE_DIR"),
+                      ("data", "ROCFORGE_DATA_DIR")):
+        monkeypatch.setenv(var, str(home / name))
+    monkeypatch.setenv("HOME", str(home))
+    recipes = tmp_path / "r" / "recipes"
+    recipes.mkdir(parents=True)
+    shutil.copytree(FIXTURE.parents[0] / "patches" / "fixture", tmp_path / "r" / "patches" / "fixture")
+    tarball = tmp_path / "x.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tf:
+        tf.add(FIXTURE, arcname="proj")
+    import hashlib
+    sha = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    text = (FIXTURE.parents[0] / "recipes" / "fixture.toml").read_text()
+    text = text.replace('git = "file:///nonexistent/fixture.git"\nref = "v1.2.0"',
+                        f'url = "{tarball}"\nsha256 = "{sha}"')
+    (recipes / "fixture.toml").write_text(text)
+    prefix = tmp_path / "ref"
+    rc = main(["build", str(recipes / "fixture.toml"), "--target", "gfx1030", "--backend", "cpu",
+               "--prefix", str(prefix), "--no-substitutes"])
+    assert rc in (0, None)
+    return prefix
+
+
+@pytest.mark.parametrize("planted", ["empty", "unsigned", "not-an-index"])
+def test_a_co_publishers_plant_at_my_tag_does_not_pass_for_my_published_reference(tmp_path, monkeypatch, planted):
+    """publish of a GPU build skipped its reference when anything answered at the publisher's
+    own index tag of the reference's key: a co-publisher who can write to the store planted
+    one there, and the reference never travelled (consumers then compile it, or stop)."""
+    from rocforge_build.substitute import oci, publish, publishers, signing
+    from rocforge_build.substitute.stores import open_store
+    prefix = _build_with_key(tmp_path, monkeypatch)
+    manifest, key = publish.key_of_build(prefix)
+    key_file = tmp_path / "k" / "rocforge.key"
+    key_file.parent.mkdir()
+    pair = signing.generate()
+    signing.write_key_pair(key_file, key_file.with_suffix(".pub"), pair)
+    url = f"file://{tmp_path}/store"
+    tag = publishers.publisher_tag(key.digest, pair.key_id)
+    with open_store(url, timeout=10) as store:
+        if planted == "not-an-index":
+            cfg = store.push_blob_bytes(b"{}", "application/vnd.oci.empty.v1+json")
+            store.push_manifest(oci.canonical_json({
+                "schemaVersion": 2, "mediaType": oci.MANIFEST, "config": cfg.to_json(), "layers": []}), tag=tag)
+        else:
+            store.push_index(oci.make_index([], artifact_type=publishers.INDEX_TYPE if planted == "empty"
+                                            else None), tag=tag)
+    said = publish._publish_reference(publish.Reference(prefix, key, manifest["stamp"]), url, model=None,
+                                      key_file=key_file, root=None, timeout=10, progress=None)
+    assert "in the store already" not in said
+    assert said.startswith("not published: no model")  # it went on to publish it (and needs a model)
+
+
+def test_my_own_published_reference_still_counts_as_in_the_store(tmp_path, monkeypatch):
+    from rocforge_build.substitute import publish, signing
+    prefix = _build_with_key(tmp_path, monkeypatch)
+    manifest, key = publish.key_of_build(prefix)
+    key_file = tmp_path / "k" / "rocforge.key"
+    key_file.parent.mkdir()
+    signing.write_key_pair(key_file, key_file.with_suffix(".pub"), signing.generate())
+    url = f"file://{tmp_path}/store"
+    from rocforge_build.rootfs import Root
+    publish.publish(prefix, url, unverified=True, model=None, key_file=key_file, root=Root("/"),
+                    timeout=10, progress=None)
+    said = publish._publish_reference(publish.Reference(prefix, key, manifest["stamp"]), url, model=None,
+                                      key_file=key_file, root=None, timeout=10, progress=None)
+    assert said == "in the store already"
