@@ -270,3 +270,70 @@ def test_my_own_published_reference_still_counts_as_in_the_store(tmp_path, monke
     said = publish._publish_reference(publish.Reference(prefix, key, manifest["stamp"]), url, model=None,
                                       key_file=key_file, root=None, timeout=10, progress=None)
     assert said == "in the store already"
+
+
+# -- keys that change: a writer to the store hiding the owner's statement among its own ----------
+
+def _rotation_store(tmp_path: Path, junk: int, overwrite_owner: bool = False, thief: bool = True):
+    from rocforge_build.substitute import keys, oci, signing
+    from rocforge_build.substitute.stores import open_store
+    url = f"file://{tmp_path}/rot-store"
+    old, owner_new, stolen_to = signing.generate(), signing.generate(), signing.generate()
+    with open_store(url, timeout=10) as store:
+        owner_tag = keys.publish_rotation(store, keys.make_rotation(old, owner_new, "x"), old, owner_new)
+        if thief:  # the thief holds old's secret and writes to the store: its tag sorts first
+            doc = keys.make_rotation(old, stolen_to, "x")
+            data = oci.canonical_json(doc)
+            comment = keys._comment("key-rotation", oci.sha256_digest(data))
+            keys._push(store, keys.ROTATION_TYPE, f"{keys.ROTATION_TAG}{old.key_id}-000000000000", data,
+                       [signing.sign(data, old, comment), signing.sign(data, stolen_to, comment)], old.key_id)
+        empty = store.push_blob_bytes(oci.EMPTY_DATA, oci.EMPTY)
+        spoil = store.push_manifest(oci.make_manifest(artifact_type="application/x-junk", config=empty, layers=[]))
+        for i in range(1, junk + 1):
+            store.push_manifest(spoil.data, tag=f"{keys.ROTATION_TAG}{old.key_id}-{i:012d}")
+        if overwrite_owner:
+            store.push_manifest(spoil.data, tag=owner_tag)
+        trusted = signing.trusted_keys_from_config([old.public.text])
+        rotations, lines = keys.read_rotations(store, trusted)
+    added, said = keys.new_entries(rotations, trusted, None)
+    return added, lines + said, stolen_to, owner_new
+
+
+@pytest.mark.parametrize("junk,overwrite", [(15, False), (40, False), (0, True)])
+def test_the_owners_rotation_crowded_out_or_spoiled_does_not_let_the_thiefs_through(tmp_path, junk, overwrite):
+    """Only the first 16 statements of a key were read: a thief with the old key and write access
+    named its rotation and 15 junk tags to sort first, the owner's rotation went unread, the fork
+    rule saw one successor and `key trust-rotation` trusted the thief's key.  Overwriting the
+    owner's tag with junk did the same."""
+    added, lines, stolen_to, _ = _rotation_store(tmp_path, junk, overwrite)
+    assert not any(stolen_to.public.text in a for a in added), lines
+    assert added == []
+    assert any("no rotation of" in line for line in lines)
+
+
+def test_one_clean_rotation_is_still_followed(tmp_path):
+    added, lines, _, owner_new = _rotation_store(tmp_path, 0, thief=False)
+    assert len(added) == 1 and added[0].startswith(owner_new.public.text), lines
+
+
+def test_a_rotation_refused_for_its_time_still_shows_the_fork(tmp_path):
+    """The owner's statement, refused (its claimed time is outside the old key's window), still
+    names a successor signed by both keys: the thief's, accepted, is one of two."""
+    from rocforge_build.substitute import keys, oci, signing
+    from rocforge_build.substitute.stores import open_store
+    old, owner_new, stolen_to = signing.generate(), signing.generate(), signing.generate()
+
+    def push(store, new, made_at):
+        doc = keys.make_rotation(old, new, "x")
+        doc["made_at"] = made_at
+        data = oci.canonical_json(doc)
+        comment = keys._comment("key-rotation", oci.sha256_digest(data))
+        keys._push(store, keys.ROTATION_TYPE, f"{keys.ROTATION_TAG}{old.key_id}-{oci.sha256_digest(data)[7:19]}",
+                   data, [signing.sign(data, old, comment), signing.sign(data, new, comment)], old.key_id)
+    with open_store(f"file://{tmp_path}/s", timeout=10) as store:
+        push(store, owner_new, "2020-06-01T00:00:00Z")
+        push(store, stolen_to, keys._now_text())
+        trusted = signing.trusted_keys_from_config([old.public.text + " not-before=2021-01-01"])
+        rotations, lines = keys.read_rotations(store, trusted)
+    added, said = keys.new_entries(rotations, trusted, None)
+    assert added == [], lines + said
