@@ -678,12 +678,14 @@ def content_hash(tree: Path, *, recursive: bool = True) -> str:
             raise unreadable(d, e) from None
         with it:
             for e in it:
+                if e.name in _SKIP or e.name == COMPLETE:
+                    continue  # as `sync_tree`: never in the copy a build reads (a submodule's .git file)
                 rel = _said(e.path[base:])
                 try:
                     if e.is_symlink():
                         entries.append((rel, "link:" + _said(os.readlink(e.path))))
                     elif e.is_dir(follow_symlinks=False):
-                        if recursive and e.name not in _SKIP:
+                        if recursive:
                             stack.append(e.path)
                     elif e.is_file(follow_symlinks=False):
                         mode = "x" if os.access(e.path, os.X_OK) else "-"

@@ -337,3 +337,19 @@ def test_a_rotation_refused_for_its_time_still_shows_the_fork(tmp_path):
         rotations, lines = keys.read_rotations(store, trusted)
     added, said = keys.new_entries(rotations, trusted, None)
     assert added == [], lines + said
+
+
+def test_what_the_work_copy_leaves_out_is_not_in_the_key_so_the_copy_check_holds(tmp_path):
+    """A submodule's `.git` file and a fetched tree's `.rocforge-complete` are never copied for
+    the build: hashed into the key, the copy check refused every build of such a tree."""
+    tree = _tree(tmp_path, "t")
+    (tree / "vendor").mkdir()
+    (tree / "vendor" / ".git").write_text("gitdir: ../.git/modules/vendor\n")
+    (tree / "vendor" / "f.c").write_text("int f;\n")
+    (tree / ".rocforge-complete").write_text("")
+    src = sources.LocalSource(str(tree))
+    fetched = src.fetch()
+    kind, ident = src.shared_identity(fetched)
+    copy = tmp_path / "copy"
+    sources.sync_tree(tree, copy)
+    src.check_copy(fetched, {"kind": kind, "identity": ident}, copy, False)
