@@ -353,3 +353,26 @@ def test_what_the_work_copy_leaves_out_is_not_in_the_key_so_the_copy_check_holds
     copy = tmp_path / "copy"
     sources.sync_tree(tree, copy)
     src.check_copy(fetched, {"kind": kind, "identity": ident}, copy, False)
+
+
+@pytest.mark.parametrize("git", [False, True])
+def test_the_copy_check_of_a_subdir_project(tmp_path, git):
+    import shutil
+    top = tmp_path / "top"
+    top.mkdir()
+    shutil.copytree(FIXTURE, top / "sub")
+    (top / "VERSION").write_text("9.9\n")
+    if git:
+        _git(top, "init", "-q")
+        _git(top, "add", "-A")
+        _git(top, "commit", "-qm", "init")
+    src = sources.LocalSource(str(top), subdir="sub")
+    fetched = src.fetch()
+    kind, ident = src.shared_identity(fetched)
+    assert kind == ("git-checkout" if git else "tree")
+    copy = tmp_path / "copy"
+    sources.sync_tree(top / "sub", copy)
+    src.check_copy(fetched, {"kind": kind, "identity": ident}, copy, False)
+    (copy / "greet.c").write_text("changed\n")
+    with pytest.raises(Exception, match="changed while this build read it"):
+        src.check_copy(fetched, {"kind": kind, "identity": ident}, copy, False)
