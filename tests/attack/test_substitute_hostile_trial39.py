@@ -376,3 +376,21 @@ def test_the_copy_check_of_a_subdir_project(tmp_path, git):
     (copy / "greet.c").write_text("changed\n")
     with pytest.raises(Exception, match="changed while this build read it"):
         src.check_copy(fetched, {"kind": kind, "identity": ident}, copy, False)
+
+
+def test_a_checkout_with_a_submodule_set_to_ignore_all_is_not_its_commit(tmp_path):
+    """`.gitmodules` (the tree's own file) can say `ignore = all`: `git status` then never shows
+    the submodule's changes; its files are still what the build reads."""
+    lib = _committed(tmp_path, "lib")
+    tree = _committed(tmp_path, "main")
+    subprocess.run(["git", "-C", str(tree), "-c", "protocol.file.allow=always", "submodule", "add", "-q",
+                    str(lib), "vendor"], check=True, env=GIT_ENV, capture_output=True)
+    _git(tree, "config", "-f", ".gitmodules", "submodule.vendor.ignore", "all")
+    _git(tree, "add", "-A")
+    _git(tree, "commit", "-qm", "sub")
+    with open(tree / "vendor" / "greet.c", "a") as f:
+        f.write("/* not in any commit */\n")
+    assert subprocess.run(["git", "-C", str(tree), "status", "--porcelain"], capture_output=True, text=True,
+                          env=GIT_ENV).stdout.strip() == ""
+    kind, _ = _shared(tree)
+    assert kind == "tree"
