@@ -211,6 +211,7 @@ def _trust_rotation(args) -> int:
     from rocforge_build import config
     from rocforge_build.cli import report
     from rocforge_build.errors import UsageError
+    from rocforge_build.shellsafe import one_line
     from rocforge_build.substitute import keys, signing
     from rocforge_build.substitute.stores import open_store
 
@@ -233,6 +234,25 @@ def _trust_rotation(args) -> int:
         rotations, left_out = keys.read_rotations(store, trusted)
     for line in left_out:
         report("warning", line)
+    # a fork is seen across stores: the owner's rotation in one store, a thief's in another
+    witnessed: dict[str, set[str]] = {}
+    for other in stores:
+        if other == url:
+            continue
+        try:
+            with open_store(other, timeout=float(cfg["timeout"])) as store:
+                keys.read_rotations(store, trusted, witnessed=witnessed)
+        except Exception as exc:  # noqa: BLE001 - a store not read might hold the other half of a fork
+            why = getattr(exc, "message", None) or str(exc)
+            raise UsageError(f"{other}: its key rotations could not be read ({one_line(why)[:200]}), so no "
+                             "rotation is trusted (a rotation of the same key there would make a fork)",
+                             "try again when every configured store answers") from None
+    forked = {r.old.key_id for r in rotations
+              if witnessed.get(r.old.key_id, set()) - {r.new.text}}
+    for key_id in sorted(forked):
+        report("warning", f"no rotation of {key_id} is followed: another configured store holds a rotation "
+                          "of it to another key, or one that cannot be read (one of them is not its owner's)")
+    rotations = [r for r in rotations if r.old.key_id not in forked]
     added, said = keys.new_entries(rotations, configured, args.from_key)
     if not added and not said:
         said = [f"no rotation of a trusted key{' ' + args.from_key if args.from_key else ''} in {url}"]

@@ -289,10 +289,13 @@ class Rotation:
     tag: str
 
 
-def read_rotations(store: Store, trusted: list[signing.TrustedKey]) -> tuple[list[Rotation], list[str]]:
+def read_rotations(store: Store, trusted: list[signing.TrustedKey], *, witnessed: dict[str, set[str]] | None = None
+                   ) -> tuple[list[Rotation], list[str]]:
     """The rotation statements in `store` from a key in `trusted` that hold: signed by the old key
     and by the new, made (by its own claim) while the old key was trusted and not revoked, and
-    one line for each left out."""
+    one line for each left out.  `witnessed` (key id -> successors) gets every successor a
+    statement signed by both keys names, and "" for a key whose statements here could hide one:
+    the fork rule holds across stores (`key trust-rotation` reads every configured one)."""
     lines: list[str] = []
     found: list[Rotation] = []
     # key id -> why its rotations are not followed from this store: a statement naming it that
@@ -342,6 +345,11 @@ def read_rotations(store: Store, trusted: list[signing.TrustedKey]) -> tuple[lis
     for key_id, successors in named.items():  # one refused for its time still shows a fork
         if len(successors) > 1 and len({r.new.text for r in found if r.old.key_id == key_id}) < len(successors):
             unsure.setdefault(key_id, "fork")
+    if witnessed is not None:
+        for key_id, successors in named.items():
+            witnessed.setdefault(key_id, set()).update(successors)
+        for key_id in unsure:
+            witnessed.setdefault(key_id, set()).add("")
     refused = []
     for key_id in sorted(unsure):
         if any(r.old.key_id == key_id for r in found):

@@ -394,3 +394,31 @@ def test_a_checkout_with_a_submodule_set_to_ignore_all_is_not_its_commit(tmp_pat
                           env=GIT_ENV).stdout.strip() == ""
     kind, _ = _shared(tree)
     assert kind == "tree"
+
+
+def test_trust_rotation_sees_a_fork_across_the_configured_stores(tmp_path, monkeypatch):
+    """The owner rotated in the team store; a thief holding the old key rotated it to its own key
+    in another store the consumer lists, and asked for `key trust-rotation` there: read alone,
+    that store showed one successor and the thief's key was trusted."""
+    import json as _json
+
+    from rocforge_build.cli import main
+    from rocforge_build.substitute import keys, signing
+    from rocforge_build.substitute.stores import open_store
+    for name, var in (("cfg", "ROCFORGE_CONFIG_DIR"), ("cache", "ROCFORGE_CACHE_DIR"), ("data", "ROCFORGE_DATA_DIR")):
+        monkeypatch.setenv(var, str(tmp_path / name))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    old, owner_new, stolen_to = signing.generate(), signing.generate(), signing.generate()
+    team, other = f"file://{tmp_path}/team", f"file://{tmp_path}/other"
+    with open_store(team, timeout=10) as store:
+        keys.publish_rotation(store, keys.make_rotation(old, owner_new, "x"), old, owner_new)
+    with open_store(other, timeout=10) as store:
+        keys.publish_rotation(store, keys.make_rotation(old, stolen_to, "x"), old, stolen_to)
+    assert main(["config", "set", "substitute.stores", _json.dumps([team, other])]) == 0
+    assert main(["config", "set", "substitute.trusted_keys", _json.dumps([old.public.text])]) == 0
+    main(["key", "trust-rotation", other])
+    from rocforge_build import config
+    listed = config.effective()["substitute"]["trusted_keys"]
+    assert not any(stolen_to.public.text in e for e in listed)
+    main(["key", "trust-rotation", team])  # the owner's, read from its store: the fork stops it too
+    assert list(config.effective()["substitute"]["trusted_keys"]) == [old.public.text]
