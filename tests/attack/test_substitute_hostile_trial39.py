@@ -422,3 +422,25 @@ def test_trust_rotation_sees_a_fork_across_the_configured_stores(tmp_path, monke
     assert not any(stolen_to.public.text in e for e in listed)
     main(["key", "trust-rotation", team])  # the owner's, read from its store: the fork stops it too
     assert list(config.effective()["substitute"]["trusted_keys"]) == [old.public.text]
+
+
+def test_a_second_key_rotate_to_another_key_is_refused_not_a_silent_fork(tmp_path, monkeypatch, capsys):
+    """Run twice (the first run's output lost, or retried), `key rotate` published a second
+    rotation of the same key to another new key: a fork, which every consumer follows to neither,
+    and nothing told the publisher."""
+    from rocforge_build.cli import main
+    from rocforge_build.substitute import signing
+    for name, var in (("cfg", "ROCFORGE_CONFIG_DIR"), ("cache", "ROCFORGE_CACHE_DIR"), ("data", "ROCFORGE_DATA_DIR")):
+        monkeypatch.setenv(var, str(tmp_path / name))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    url = f"file://{tmp_path}/store"
+    assert main(["key", "generate"]) == 0
+    assert main(["key", "rotate", "--to", url, "--out", str(tmp_path / "n1")]) == 0
+    capsys.readouterr()
+    assert main(["key", "rotate", "--to", url, "--out", str(tmp_path / "n2")]) != 0
+    err = capsys.readouterr().err
+    assert "fork" in err and err.count("rocforge: error:") == 1
+    assert not (tmp_path / "n2").exists()  # nothing written
+    # the same rotation again (--new-key, to more stores or the same) still works
+    assert main(["key", "rotate", "--to", url, "--new-key", str(tmp_path / "n1" / "rocforge.key")]) == 0
+    assert signing.read_secret_key(tmp_path / "n1" / "rocforge.key")
