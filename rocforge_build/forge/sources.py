@@ -210,6 +210,17 @@ class LocalSource(Source):
         recorded and published under the key of a tree it is not."""
         kind, identity = said.get("kind"), said.get("identity")
         top = Path(self.location)
+        try:
+            same = self._copy_is(fetched, kind, identity, copy, whole)
+        except NotNameable:  # the tree was nameable when its key was made
+            same = False
+        if not same:
+            raise IntegrityError(f"{top}: the source tree changed while this build read it (after its "
+                                 "substitute key was made, before it was copied to be built); nothing "
+                                 "was built from it", "run the build again once the tree is still")
+
+    def _copy_is(self, fetched: Fetched, kind, identity, copy: Path, whole: bool) -> bool:
+        top = Path(self.location)
         if kind == "git-checkout":
             same = bool(fetched.commit) and _clean_checkout(
                 fetched.root, fetched.commit, files=copy, under="" if whole else (self.subdir or ""))
@@ -220,10 +231,7 @@ class LocalSource(Source):
             else:
                 now = content_hash(inner)
             same = identity == "content:" + now
-        if not same:
-            raise IntegrityError(f"{top}: the source tree changed while this build read it (after its "
-                                 "substitute key was made, before it was copied to be built); nothing "
-                                 "was built from it", "run the build again once the tree is still")
+        return same
 
 
 class NotNameable(Exception):
@@ -647,29 +655,27 @@ def _said(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-def _special(path: str, mode: int) -> UsageError:
-    """The error for an entry of a source tree that is no file, link or directory: a FIFO (whose
-    read blocks for ever), a socket, a device: no build reads one, and copying it hangs."""
+def _special(path: str, mode: int) -> str:
+    """What an entry of a source tree that is no file, link or directory is, said for people."""
     what = next((what for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
                                          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
                  if test(mode)), "not a file")
-    return UsageError(f"{path} is {what}: a source tree holds files, links and directories only, "
-                      "so nothing is built from this one", "move it out of the tree")
+    return f"{path} is {what}"
 
 
 def content_hash(tree: Path, *, recursive: bool = True) -> str:
     """Hash over relative names, the executable bit and contents of every file and the target of
     every link (what a build reads, never when it was touched); `_SKIP` left out as in `tree_hash`.
-    Every entry counts: a FIFO, socket or device, or a file or directory that cannot be read, stops
-    it with an error (left out, the tree would have the key of a tree without it)."""
+    Every entry counts: a FIFO, socket or device, or a file or directory that cannot be read, is
+    NotNameable (left out, the tree would have the key of a tree without it): such a tree is built,
+    with no substitute key."""
     entries: list[tuple[str, str]] = []
     stack = [str(tree)]
     base = len(str(tree)) + 1
 
-    def unreadable(path: str, err: OSError) -> UsageError:
-        return UsageError(f"{path}: cannot be read ({err.strerror or err}), so the source tree "
-                          "cannot be named by its contents", "make every file of the tree readable "
-                          "(or move it out of the tree)")
+    def unreadable(path: str, err: OSError) -> NotNameable:
+        return NotNameable(f"{os.fsencode(path).decode('utf-8', 'replace')[:300]} cannot be read "
+                           f"({err.strerror or err}), so the tree cannot be named by its contents")
     while stack:
         d = stack.pop()
         try:
@@ -690,8 +696,10 @@ def content_hash(tree: Path, *, recursive: bool = True) -> str:
                     elif e.is_file(follow_symlinks=False):
                         mode = "x" if os.access(e.path, os.X_OK) else "-"
                         entries.append((rel, mode + sha256_file(Path(e.path))))
-                    else:
-                        raise _special(e.path, e.stat(follow_symlinks=False).st_mode)
+                    else:  # no build reads one; the tree is not named without it either
+                        raise NotNameable(_special(os.fsencode(e.path).decode("utf-8", "replace")[:300],
+                                                   e.stat(follow_symlinks=False).st_mode)
+                                          + ", which no content hash says")
                 except FileNotFoundError:
                     continue  # gone while read: the tree's key is of what is there
                 except OSError as err:
@@ -831,8 +839,9 @@ def sync_tree(src: Path, dst: Path) -> int:
                 copied += 1
                 continue
             st = s.stat()
-            if not stat.S_ISREG(st.st_mode):  # never opened: a FIFO's read blocks for ever
-                raise _special(str(s), st.st_mode)
+            if not stat.S_ISREG(st.st_mode):  # a FIFO, socket, device: never opened (a FIFO's read
+                wanted.discard(os.path.normpath(os.path.join(rel, name)))  # blocks for ever), not copied
+                continue
             try:
                 dt = d.lstat()
                 if (dt.st_size == st.st_size and dt.st_mtime_ns == st.st_mtime_ns
