@@ -118,7 +118,7 @@ def one_size(tmp: Path, registry, size_mb: int, rounds: int, streams: list[int],
     def ours(count: int | None, forced: bool = False):
         def pull() -> None:
             dest.unlink(missing_ok=True)
-            saved = oci.RANGED_STREAMS, oci.RANGED_PIECE, oci.RANGED_ENOUGH, oci.RANGED_THRESHOLD
+            saved = oci.RANGED_STREAMS, oci.RANGED_PIECE, oci.RANGED_ENOUGH, oci.RANGED_THRESHOLD, oci.RANGED_CORES
             oci.RANGED_STREAMS = count or oci.RANGED_STREAMS
             oci.RANGED_PIECE = piece or oci.RANGED_PIECE
             if forced:
@@ -127,7 +127,8 @@ def one_size(tmp: Path, registry, size_mb: int, rounds: int, streams: list[int],
                 with open_store(url, timeout=60) as store:
                     store.fetch_blob(desc, dest, cap=1 << 40)
             finally:
-                oci.RANGED_STREAMS, oci.RANGED_PIECE, oci.RANGED_ENOUGH, oci.RANGED_THRESHOLD = saved
+                (oci.RANGED_STREAMS, oci.RANGED_PIECE, oci.RANGED_ENOUGH, oci.RANGED_THRESHOLD,
+                 oci.RANGED_CORES) = saved
         return pull
 
     def curl() -> None:
@@ -250,7 +251,7 @@ def main() -> int:
     print(f"sha256 on one core (hashlib, 1 MiB updates): {sha256_speed():.2f} GB/s", flush=True)
     print(f"rocforge: {oci.RANGED_STREAMS} streams of {oci.RANGED_PIECE >> 20} MiB ranges above "
           f"{oci.RANGED_THRESHOLD >> 20} MiB, one stream after a first range at "
-          f"{oci.RANGED_ENOUGH / 1e6:.0f} MB/s or more", flush=True)
+          f"{oci.RANGED_ENOUGH / 1e6:.0f} MB/s or more on fewer than {oci.RANGED_CORES} cores", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="rocforge-bench-pull-"))
     rows = []
     try:

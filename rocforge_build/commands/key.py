@@ -162,6 +162,7 @@ def _rotate(args) -> int:
     if new.public.keynum == old.public.keynum or new.public.raw == old.public.raw:
         raise UsageError("key rotate: the new key is the old key (the same key number or key)",
                          "rotate to a new key: leave --new-key out")
+    _no_fork(urls, old, new, float(cfg["timeout"]))
     if args.new_key is None:
         signing.write_key_pair(where / SECRET_NAME, where / PUBLIC_NAME, new)
     doc = keys.make_rotation(old, new, __version__)
@@ -177,6 +178,32 @@ def _rotate(args) -> int:
            f"{len(done)} of {len(urls)} store(s); sign with it: `rocforge config set substitute.signing_key "
            f"{where / SECRET_NAME}`; consumers trust it with `rocforge key trust-rotation URL`")
     return 1 if failed else 0
+
+
+def _no_fork(urls: list[str], old, new, timeout: float) -> None:
+    """A rotation of `old` to another key than `new` in any of the stores is a fork, which every
+    consumer follows to neither key: refused before anything is written (a second `key rotate`
+    after a first, where `--new-key` publishing the first again was meant).  A store that does
+    not answer is left to the publish, which says so."""
+    from rocforge_build.errors import UsageError
+    from rocforge_build.substitute import keys, oci, signing
+    from rocforge_build.substitute.stores import open_store
+
+    trusted = signing.trusted_keys_from_config([old.public.text])
+    for url in urls:
+        witnessed: dict[str, set[str]] = {}
+        try:
+            with open_store(url, timeout=timeout) as store:
+                keys.read_rotations(store, trusted, witnessed=witnessed)
+        except (oci.StoreError, oci.StoreUnreachable):
+            continue
+        others = sorted(t for t in witnessed.get(old.key_id, set()) if t and t != new.public.text)
+        if others:
+            ids = ", ".join(signing.PublicKey.parse(t).key_id for t in others)
+            raise UsageError(f"key rotate: {url} holds a rotation of {old.key_id} to {ids} already; a second "
+                             "rotation to another key is a fork, which consumers follow to neither; nothing "
+                             "was written", f"publish that rotation again with `--new-key` (its secret "
+                             f"key file), or revoke {old.key_id} and have consumers trust the new key by hand")
 
 
 def _revoke(args) -> int:
@@ -211,6 +238,7 @@ def _trust_rotation(args) -> int:
     from rocforge_build import config
     from rocforge_build.cli import report
     from rocforge_build.errors import UsageError
+    from rocforge_build.shellsafe import one_line
     from rocforge_build.substitute import keys, signing
     from rocforge_build.substitute.stores import open_store
 
@@ -233,6 +261,25 @@ def _trust_rotation(args) -> int:
         rotations, left_out = keys.read_rotations(store, trusted)
     for line in left_out:
         report("warning", line)
+    # a fork is seen across stores: the owner's rotation in one store, a thief's in another
+    witnessed: dict[str, set[str]] = {}
+    for other in stores:
+        if other == url:
+            continue
+        try:
+            with open_store(other, timeout=float(cfg["timeout"])) as store:
+                keys.read_rotations(store, trusted, witnessed=witnessed)
+        except Exception as exc:  # noqa: BLE001 - a store not read might hold the other half of a fork
+            why = getattr(exc, "message", None) or str(exc)
+            raise UsageError(f"{other}: its key rotations could not be read ({one_line(why)[:200]}), so no "
+                             "rotation is trusted (a rotation of the same key there would make a fork)",
+                             "try again when every configured store answers") from None
+    forked = {r.old.key_id for r in rotations
+              if witnessed.get(r.old.key_id, set()) - {r.new.text}}
+    for key_id in sorted(forked):
+        report("warning", f"no rotation of {key_id} is followed: another configured store holds a rotation "
+                          "of it to another key, or one that cannot be read (one of them is not its owner's)")
+    rotations = [r for r in rotations if r.old.key_id not in forked]
     added, said = keys.new_entries(rotations, configured, args.from_key)
     if not added and not said:
         said = [f"no rotation of a trusted key{' ' + args.from_key if args.from_key else ''} in {url}"]

@@ -309,7 +309,10 @@ class BuildContext:
             return None, "the source's identity is known only after it is downloaded"
         kind, identity = source.kind, fetched.identity
         if isinstance(source, sources.LocalSource):  # named by its commit or contents, not its stats
-            kind, identity = source.shared_identity(fetched)
+            try:
+                kind, identity = source.shared_identity(fetched)
+            except sources.NotNameable as exc:
+                return None, f"the local tree {source.location}: {exc}"
         deps = []
         for dep in self.dependencies.needed:
             if dep.context is None:

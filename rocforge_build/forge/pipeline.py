@@ -345,6 +345,12 @@ def _copy_and_patch(run: _Run) -> None:
         sources.sync_tree(plan.source.root, plan.work / "src")
     else:
         sources.sync_tree(plan.source.tree, plan.src_dir)
+    spec = plan.source.spec
+    if isinstance(spec, sources.LocalSource) and plan.substitute_key is not None:
+        # a tree read in place may change after its key was made: the copy is what is built
+        spec.check_copy(plan.source, plan.substitute_key.fields.get("source") or {},
+                        plan.work / "src" if spec.copies_whole_tree else plan.src_dir,
+                        spec.copies_whole_tree)
     run.patch_results = patches.apply(plan.patches, plan.src_dir)
     for r in run.patch_results:
         run.say(f"  patch {r.name}: {r.status} — {r.reason}")

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
@@ -190,8 +191,11 @@ class LocalSource(Source):
 
     def shared_identity(self, fetched: Fetched) -> tuple[str, str]:
         """(kind, identity) another machine can name this tree by, unlike `identify`'s stats: a
-        clean git checkout by its commit, any other tree by a hash of its files' contents."""
-        if fetched.commit and _clean_checkout(fetched.root):
+        clean git checkout by its commit, any other tree by a hash of its files' contents.
+        NotNameable when a link of the tree leads out of it: the build reads what it points to,
+        which neither a commit nor the link's text says (two machines' /opt/x differ)."""
+        _links_stay_inside(Path(self.location))
+        if fetched.commit and _clean_checkout(fetched.root, fetched.commit):
             return "git-checkout", fetched.commit + (f":{self.subdir}" if self.subdir else "")
         top = Path(self.location)
         if self.subdir:  # as `identify`: the project, plus the top directory's own files
@@ -199,14 +203,130 @@ class LocalSource(Source):
                 top, recursive=False)).encode()).hexdigest()
         return "tree", "content:" + content_hash(top)
 
+    def check_copy(self, fetched: Fetched, said: dict, copy: Path, whole: bool) -> None:
+        """The work copy `copy` (of the whole tree, or of `subdir` alone) is what the substitute
+        key `said` ({"kind", "identity"} from `shared_identity` when the build was planned)
+        names, or an IntegrityError: a tree changed between its key and its copy would be built,
+        recorded and published under the key of a tree it is not."""
+        kind, identity = said.get("kind"), said.get("identity")
+        top = Path(self.location)
+        try:
+            same = self._copy_is(fetched, kind, identity, copy, whole)
+        except NotNameable:  # the tree was nameable when its key was made
+            same = False
+        if not same:
+            raise IntegrityError(f"{top}: the source tree changed while this build read it (after its "
+                                 "substitute key was made, before it was copied to be built); nothing "
+                                 "was built from it", "run the build again once the tree is still")
 
-def _clean_checkout(root: Path) -> bool:
-    """Whether the git checkout at `root` holds exactly its commit: nothing changed or untracked."""
+    def _copy_is(self, fetched: Fetched, kind, identity, copy: Path, whole: bool) -> bool:
+        top = Path(self.location)
+        if kind == "git-checkout":
+            same = bool(fetched.commit) and _clean_checkout(
+                fetched.root, fetched.commit, files=copy, under="" if whole else (self.subdir or ""))
+        else:
+            inner = copy / self.subdir if (whole and self.subdir) else copy
+            if self.subdir:
+                now = hashlib.sha256((content_hash(inner) + content_hash(top, recursive=False)).encode()).hexdigest()
+            else:
+                now = content_hash(inner)
+            same = identity == "content:" + now
+        return same
+
+
+class NotNameable(Exception):
+    """A local tree no other machine can name by its commit or contents (why: `str()`)."""
+
+
+def _links_stay_inside(top: Path) -> None:
+    real_top = os.path.realpath(top)
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP]
+        for name in (*dirnames, *filenames):
+            full = os.path.join(dirpath, name)
+            if not os.path.islink(full):
+                continue
+            real = os.path.realpath(full)
+            if real != real_top and not real.startswith(real_top + os.sep):
+                rel = os.fsencode(os.path.relpath(full, top)).decode("utf-8", "replace")
+                raise NotNameable(f"its link {rel[:200]!r} leads out of the tree, so what the build "
+                                  "reads through it is in no key")
+
+
+def _clean_checkout(root: Path, commit: str | None = None, *, files: Path | None = None,
+                    under: str = "") -> bool:
+    """Whether the git checkout at `root` holds exactly its commit, byte for byte: every file and
+    link the commit has, with its bytes and executable bit, and nothing else (`_SKIP` aside).
+    Read from the files themselves, not from `git status`, which the checkout's own state can
+    quiet: an ignored file, an index entry marked assume-unchanged or skip-worktree, a clean
+    filter, `core.fileMode=false`, a submodule set to `ignore = all`.  A commit with submodules
+    is not one tree of its own: never clean.  `files` (with `under`, the commit's directory it
+    holds): a copy of the checkout to compare with the commit instead of the checkout itself."""
     try:
-        res = run(["git", "-C", root, "status", "--porcelain", "--untracked-files=normal"], check=False)
+        commit = commit or run(["git", "-C", root, "rev-parse", "--verify", "HEAD^{commit}"]).stdout.strip()
+        fmt = run(["git", "-C", root, "rev-parse", "--show-object-format"], check=False).stdout.strip() or "sha1"
+        listed = run(["git", "-C", root, "ls-tree", "-r", "-z", "--full-tree", commit], check=False)
+        walked = files or root
     except CommandFailed:
         return False
-    return res.returncode == 0 and not res.stdout.strip()
+    if listed.returncode != 0 or fmt not in ("sha1", "sha256"):
+        return False
+    want: dict[str, tuple[str, str]] = {}
+    for rec in listed.stdout.split("\0"):
+        if not rec:
+            continue
+        meta, _, name = rec.partition("\t")
+        mode, kind, obj = (meta.split(" ") + ["", "", ""])[:3]
+        if under:
+            if not name.startswith(under.strip("/") + "/"):
+                continue
+            name = name[len(under.strip("/")) + 1:]
+        if kind != "blob" or mode not in ("100644", "100755", "120000"):
+            return False  # a submodule (commit), or a mode git does not write
+        want[name] = (mode, obj)
+
+    def blob_id(data: bytes) -> str:
+        return hashlib.new(fmt, b"blob %d\0" % len(data) + data).hexdigest()
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(walked):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP]
+        for name in filenames:
+            if name in _SKIP:
+                continue
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, walked)
+            if rel not in want:
+                return False  # untracked or ignored: the tree is more than the commit
+            mode, obj = want[rel]
+            try:
+                st = os.lstat(full)
+                if stat.S_ISLNK(st.st_mode):
+                    if mode != "120000" or blob_id(os.fsencode(os.readlink(full))) != obj:
+                        return False
+                elif not stat.S_ISREG(st.st_mode) or mode == "120000":
+                    return False
+                else:
+                    if (mode == "100755") != bool(st.st_mode & stat.S_IXUSR):
+                        return False
+                    h = hashlib.new(fmt, b"blob %d\0" % st.st_size)
+                    with open(full, "rb") as f:
+                        while chunk := f.read(1 << 20):
+                            h.update(chunk)
+                    if h.hexdigest() != obj:
+                        return False
+            except OSError:
+                return False
+            seen += 1
+        for d in dirnames:  # a link to a directory: os.walk lists it among the directories
+            full = os.path.join(dirpath, d)
+            if os.path.islink(full):
+                rel = os.path.relpath(full, walked)
+                if want.get(rel, ("",))[0] != "120000" or blob_id(
+                        os.fsencode(os.readlink(full))) != want[rel][1]:
+                    return False
+                seen += 1
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    return seen == len(want)  # nothing of the commit is missing
 
 
 @dataclass(frozen=True)
@@ -527,35 +647,67 @@ def require_project(tree: Path, what: str) -> None:
                          "with CMakeLists.txt")
 
 
+def _said(text: str) -> str:
+    """`text` (a name or link target, as os.scandir gives it: undecodable bytes as surrogates)
+    in one form no other text shares and with no newline, so the records of `content_hash` join
+    into bytes that say exactly one tree: a backslash and a newline are escaped (text without
+    either, nearly every name, is as it is), undecodable bytes kept as bytes."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _special(path: str, mode: int) -> str:
+    """What an entry of a source tree that is no file, link or directory is, said for people."""
+    what = next((what for test, what in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                                         (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+                 if test(mode)), "not a file")
+    return f"{path} is {what}"
+
+
 def content_hash(tree: Path, *, recursive: bool = True) -> str:
     """Hash over relative names, the executable bit and contents of every file and the target of
-    every link (what a build reads, never when it was touched); `_SKIP` left out as in `tree_hash`."""
+    every link (what a build reads, never when it was touched); `_SKIP` left out as in `tree_hash`.
+    Every entry counts: a FIFO, socket or device, or a file or directory that cannot be read, is
+    NotNameable (left out, the tree would have the key of a tree without it): such a tree is built,
+    with no substitute key."""
     entries: list[tuple[str, str]] = []
     stack = [str(tree)]
     base = len(str(tree)) + 1
+
+    def unreadable(path: str, err: OSError) -> NotNameable:
+        return NotNameable(f"{os.fsencode(path).decode('utf-8', 'replace')[:300]} cannot be read "
+                           f"({err.strerror or err}), so the tree cannot be named by its contents")
     while stack:
         d = stack.pop()
         try:
             it = os.scandir(d)
-        except OSError:
-            continue
+        except OSError as e:
+            raise unreadable(d, e) from None
         with it:
             for e in it:
-                if e.is_symlink():
-                    entries.append((e.path[base:], "link:" + os.readlink(e.path)))
-                elif e.is_dir(follow_symlinks=False):
-                    if recursive and e.name not in _SKIP:
-                        stack.append(e.path)
-                elif e.is_file(follow_symlinks=False):
-                    try:
+                if e.name in _SKIP or e.name == COMPLETE:
+                    continue  # as `sync_tree`: never in the copy a build reads (a submodule's .git file)
+                rel = _said(e.path[base:])
+                try:
+                    if e.is_symlink():
+                        entries.append((rel, "link:" + _said(os.readlink(e.path))))
+                    elif e.is_dir(follow_symlinks=False):
+                        if recursive:
+                            stack.append(e.path)
+                    elif e.is_file(follow_symlinks=False):
                         mode = "x" if os.access(e.path, os.X_OK) else "-"
-                        entries.append((e.path[base:], mode + sha256_file(Path(e.path))))
-                    except OSError:
-                        continue
+                        entries.append((rel, mode + sha256_file(Path(e.path))))
+                    else:  # no build reads one; the tree is not named without it either
+                        raise NotNameable(_special(os.fsencode(e.path).decode("utf-8", "replace")[:300],
+                                                   e.stat(follow_symlinks=False).st_mode)
+                                          + ", which no content hash says")
+                except FileNotFoundError:
+                    continue  # gone while read: the tree's key is of what is there
+                except OSError as err:
+                    raise unreadable(e.path, err) from None
     entries.sort()
     h = hashlib.sha256()
     for rel, what in entries:
-        h.update(f"{rel}\0{what}\n".encode())
+        h.update(f"{rel}\0{what}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 
@@ -584,7 +736,7 @@ def tree_hash(tree: Path, *, recursive: bool = True) -> str:
     entries.sort()
     h = hashlib.sha256()
     for rel, size, mtime in entries:
-        h.update(f"{rel}\0{size}\0{mtime}\n".encode())
+        h.update(f"{rel}\0{size}\0{mtime}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 
@@ -687,6 +839,9 @@ def sync_tree(src: Path, dst: Path) -> int:
                 copied += 1
                 continue
             st = s.stat()
+            if not stat.S_ISREG(st.st_mode):  # a FIFO, socket, device: never opened (a FIFO's read
+                wanted.discard(os.path.normpath(os.path.join(rel, name)))  # blocks for ever), not copied
+                continue
             try:
                 dt = d.lstat()
                 if (dt.st_size == st.st_size and dt.st_mtime_ns == st.st_mtime_ns

@@ -135,11 +135,15 @@ def _check_revocation(doc: object) -> tuple[signing.PublicKey, str, int]:
     return _key(doc, "key"), doc["reason"], _time(doc, "revoked_at")
 
 
+class SelfRotation(StoreError):
+    """A rotation statement naming its own key as the new one."""
+
+
 def _check_rotation(doc: object) -> tuple[signing.PublicKey, signing.PublicKey, int]:
     doc = _fields(doc, ROTATION_SCHEMA, ("old", "new", "made_at", "rocforge"))
     old, new = _key(doc, "old"), _key(doc, "new")
     if old.keynum == new.keynum or old.raw == new.raw:
-        raise StoreError("it rotates a key to itself (the same key number or the same key)")
+        raise SelfRotation("it rotates a key to itself (the same key number or the same key)")
     if len(doc["rocforge"]) > 64:
         raise StoreError("its rocforge version is longer than 64 characters")
     return old, new, _time(doc, "made_at")
@@ -166,7 +170,8 @@ def _json(data: bytes, tag: str) -> object:
         raise StoreError(f"{tag[:60]}: not JSON") from None
 
 
-def _tags_by_key(store: Store, prefix: str, trusted: list[signing.PublicKey], lines: list[str]) -> list[tuple[str, str]]:
+def _tags_by_key(store: Store, prefix: str, trusted: list[signing.PublicKey], lines: list[str],
+                 crowded: set[str] | None = None) -> list[tuple[str, str]]:
     """(tag, key id) of the statements whose tag names a trusted key, at most MAX_PER_KEY each
     (a line says how many were not read); tags naming no trusted key are not read at all."""
     ids = {k.key_id for k in trusted}
@@ -179,6 +184,8 @@ def _tags_by_key(store: Store, prefix: str, trusted: list[signing.PublicKey], li
     chosen = []
     for key_id, tags in sorted(found.items()):
         if len(tags) > MAX_PER_KEY:
+            if crowded is not None:  # the caller must know: what went unread may be what counts
+                crowded.add(key_id)
             lines.append(f"{store.url}: {len(tags)} {prefix[13:-1]} statements name the key {key_id}; "
                          f"only {MAX_PER_KEY} are read")
         chosen += [(t, key_id) for t in sorted(tags)[:MAX_PER_KEY]]
@@ -282,16 +289,31 @@ class Rotation:
     tag: str
 
 
-def read_rotations(store: Store, trusted: list[signing.TrustedKey]) -> tuple[list[Rotation], list[str]]:
+def read_rotations(store: Store, trusted: list[signing.TrustedKey], *, witnessed: dict[str, set[str]] | None = None
+                   ) -> tuple[list[Rotation], list[str]]:
     """The rotation statements in `store` from a key in `trusted` that hold: signed by the old key
     and by the new, made (by its own claim) while the old key was trusted and not revoked, and
-    one line for each left out."""
+    one line for each left out.  `witnessed` (key id -> successors) gets every successor a
+    statement signed by both keys names, and "" for a key whose statements here could hide one:
+    the fork rule holds across stores (`key trust-rotation` reads every configured one)."""
     lines: list[str] = []
     found: list[Rotation] = []
-    for tag, key_id in _tags_by_key(store, ROTATION_TAG, trusted, lines):
+    # key id -> why its rotations are not followed from this store: a statement naming it that
+    # could not be read or whose signatures do not hold (its owner's, overwritten or spoiled?), or
+    # more of them than are read (its owner's crowded out?): the fork it would show is unseen
+    crowded: set[str] = set()
+    tags = _tags_by_key(store, ROTATION_TAG, trusted, lines, crowded)
+    unsure: dict[str, str] = {k: "crowded" for k in crowded}
+    named: dict[str, set[str]] = {}  # key id -> every successor a statement signed by both names
+    for tag, key_id in tags:
+        known = False  # what it says and who signed it are known: refused for what it says, no fork hides
         try:
             data, (by_old, by_new), digest = _read(store, tag, ROTATION_TYPE, 2)
-            old, new, made_at = _check_rotation(_json(data, tag))
+            try:
+                old, new, made_at = _check_rotation(_json(data, tag))
+            except SelfRotation:
+                known = True
+                raise
             if old.key_id != key_id:
                 raise StoreError(f"its tag names the key {key_id}, its document {old.key_id}")
             mine = [k for k in trusted if k.keynum == old.keynum and k.raw == old.raw]
@@ -305,6 +327,8 @@ def read_rotations(store: Store, trusted: list[signing.TrustedKey]) -> tuple[lis
                     raise StoreError(f"the {whose} key's signature does not hold ({exc.message})") from None
                 if verified.trusted_comment != comment:
                     raise StoreError(f"the {whose} key's signature names another document")
+            known = True
+            named.setdefault(key_id, set()).add(new.text)
             distrust = signing.trust_problem(mine[0], made_at)
             if distrust:
                 raise StoreError(distrust)
@@ -312,9 +336,30 @@ def read_rotations(store: Store, trusted: list[signing.TrustedKey]) -> tuple[lis
             raise
         except (StoreError, signing.SignatureError) as exc:
             lines.append(f"{store.url}: key rotation {one_line(tag)[:60]} left out: {one_line(exc.message)[:300]}")
+            if not known:
+                unsure.setdefault(key_id, tag)
             continue
         found.append(Rotation(mine[0], new, made_at, digest, tag))
-    return found, _capped(lines, store.url)
+    # a statement of the key that does not hold may be its owner's, overwritten or spoiled by whoever
+    # can write to the store: the fork it would make is unseen, so no rotation of that key is followed
+    for key_id, successors in named.items():  # one refused for its time still shows a fork
+        if len(successors) > 1 and len({r.new.text for r in found if r.old.key_id == key_id}) < len(successors):
+            unsure.setdefault(key_id, "fork")
+    if witnessed is not None:
+        for key_id, successors in named.items():
+            witnessed.setdefault(key_id, set()).update(successors)
+        for key_id in unsure:
+            witnessed.setdefault(key_id, set()).add("")
+    refused = []
+    for key_id in sorted(unsure):
+        if any(r.old.key_id == key_id for r in found):
+            refused.append(f"{store.url}: no rotation of {key_id} is followed from this store: "
+                           + ("more statements name it than are read" if unsure[key_id] == "crowded" else
+                              "statements signed by it name other keys too, some refused" if unsure[key_id] == "fork" else
+                              f"its statement {one_line(unsure[key_id])[:60]} cannot be read or its signatures "
+                              "do not hold") + " (it might be its owner's, rotating it elsewhere)")
+    found = [r for r in found if r.old.key_id not in unsure]
+    return found, [*refused, *_capped(lines, store.url)]
 
 
 def new_entries(rotations: list[Rotation], configured: list[signing.TrustedKey], only: str | None

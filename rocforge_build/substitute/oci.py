@@ -51,8 +51,12 @@ RANGED_STREAMS = 4
 RANGED_PIECE = 8 << 20
 # a large layer begins as one stream; one whose first RANGED_PIECE bytes came at least this fast
 # (bytes/s) goes on as it is, a slower one is closed and the rest comes as parallel ranges (on
-# loopback on 2 cores parallel ranges cost CPU the sha256 needs: docs/measurements/large-pulls.md)
+# loopback on 2 cores parallel ranges cost CPU the sha256 needs) -- except on a machine of at least
+# RANGED_CORES cores, where the ranges' threads do not take the hashing core's time and four ranges
+# outran one stream at every size from 512 MB (16 cores: 1.07 against 0.89 GB/s at 2 GB;
+# docs/measurements/large-pulls.md)
 RANGED_ENOUGH = 200e6
+RANGED_CORES = 8
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -577,7 +581,8 @@ class Store:
         """Stream a blob into `dest` (a new file), checking its size as it comes and its digest
         at the end, hashed as the bytes come, in order (never read back).  A blob of at least
         RANGED_THRESHOLD bytes from a store that answers ranges begins as one stream; where its
-        first RANGED_PIECE bytes came slower than RANGED_ENOUGH bytes/s, the rest comes as
+        first RANGED_PIECE bytes came slower than RANGED_ENOUGH bytes/s (or on a machine of
+        RANGED_CORES cores or more, whatever their rate), the rest comes as
         RANGED_STREAMS parallel range requests (`_RangedPull`), and a store that answers one
         with the whole blob has the rest come as one stream again.  A connection that drops mid-blob (or mid-range) is resumed
         from where it stopped (a Range request) up to `retries` times.  The transfer's deadline
@@ -728,7 +733,8 @@ class Store:
 
 def _slow_for_one_stream(size: int):
     """A large layer's `switch` (Store._stream): once its first RANGED_PIECE bytes are in, true
-    when they came slower than RANGED_ENOUGH and a range or more is left (then never again)."""
+    when they came slower than RANGED_ENOUGH, or this machine has RANGED_CORES cores or more, and a
+    range or more is left (then never again)."""
     began, judged = time.monotonic(), False
 
     def switch(got: int) -> bool:
@@ -736,7 +742,8 @@ def _slow_for_one_stream(size: int):
         if judged or got < RANGED_PIECE:
             return False
         judged = True
-        return got < RANGED_ENOUGH * (time.monotonic() - began) and size - got >= RANGED_PIECE
+        slow = got < RANGED_ENOUGH * (time.monotonic() - began)
+        return (slow or (os.cpu_count() or 1) >= RANGED_CORES) and size - got >= RANGED_PIECE
 
     return switch
 

@@ -268,6 +268,29 @@ def verified_against(verifies: list[dict]) -> Reference | str:
     return Reference(Path(where), key, str(stamp))
 
 
+def _own_copy(store, key_digest: str, public: signing.PublicKey) -> bool:
+    """Whether `public`'s own signed index of the key lists a build of that key the store still
+    holds (its manifest readable).  Only that: anyone who can write to the store can put
+    something at that tag (an empty or unsigned index, a manifest), and an index can outlive
+    what it lists; taken as "in the store already", the reference would never travel."""
+    from rocforge_build.substitute import publishers
+
+    try:
+        entries = publishers.read_index(store, key_digest, public) or []
+    except publishers.IndexRefused:
+        return False
+    for e in entries:
+        try:
+            man = store.manifest(e.digest)
+            if man.config.digest == key_digest:
+                return True
+        except oci.StoreUnreachable:
+            raise
+        except oci.StoreError:
+            continue
+    return False
+
+
 def _publish_reference(reference: Reference | str, url: str, *, model: str | None, key_file: Path,
                        root, timeout: float, progress) -> str:
     """The reference published beside the build, measured for its own figures as any CPU build
@@ -279,15 +302,11 @@ def _publish_reference(reference: Reference | str, url: str, *, model: str | Non
         say(f"its reference is not published: {reference}")
         return f"not published: {reference}"
     try:  # published already by this key (its own index): another publisher's copy does not count
-        from rocforge_build.substitute import publishers
-
-        own = publishers.publisher_tag(reference.key.digest, signing.read_secret_key(key_file).key_id)
         with open_store(url, timeout=timeout) as store:
-            store.index(own)
-        say(f"its reference {reference.key.short} is in the store already")
-        return "in the store already"
-    except oci.NotFound:
-        pass
+            there = _own_copy(store, reference.key.digest, signing.read_secret_key(key_file).public)
+        if there:
+            say(f"its reference {reference.key.short} is in the store already")
+            return "in the store already"
     except RocforgeError as exc:
         return f"not published: {exc.message}"
     if not model:
