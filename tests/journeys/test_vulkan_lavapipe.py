@@ -14,7 +14,10 @@ Shapes are small because lavapipe is slow (7-9 tokens a second on 2 cores): the 
 -n 8.  Measured 2026-11-29 on the 2-core machine: 9.4 min for the module in a whole `--run-slow`
 run with nothing else running (the build 49 s from the shared ccache, then 311 s, 86 s and 116 s
 for the three tests); 18-19 min beside another journey (load average 4-6: verify 86 s, tune 300 s,
-serve with its canary ~180 s, the wrong server ~190 s, the four slots ~300 s).
+serve with its canary ~180 s, the wrong server ~190 s, the four slots ~300 s).  The publish test
+(verify against its own reference, publish, a fresh machine's pull, a store without the reference,
+a pull over an older build) took 193 s in a whole run beside another job and 290 s alone with
+its last part (the older build 50 s from the shared ccache, the pull over it 73 s).
 """
 
 from __future__ import annotations
