@@ -125,7 +125,10 @@ def git_env(env: Mapping[str, str | None] | None) -> dict[str, str | None]:
 
 
 def which(program: str, path: str | None = None) -> str | None:
-    return shutil.which(program, path=path)
+    """The program's absolute path: one found through a relative PATH entry (`.venv/bin`) names
+    it from this directory only, and builds run their launchers and compilers from others."""
+    found = shutil.which(program, path=path)
+    return os.path.abspath(found) if found else None
 
 
 def run(

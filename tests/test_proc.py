@@ -200,3 +200,16 @@ def test_the_structural_check_sees_a_direct_start(tmp_path):
                       "subprocess.run(['x'])\nsubprocess.Popen(['x'])\nos.system('x')\n")
     assert {f.split(" (")[0] for f in starters_in(sample)} == {
         "from subprocess import check_output", "subprocess.run", "subprocess.Popen", "os.system"}
+
+
+def test_which_names_a_program_found_through_a_relative_path_entry_absolutely(tmp_path, monkeypatch):
+    """A PATH entry such as `.venv/bin` names a program from the directory rocforge started in; a
+    compiler launcher found there and run by ninja from the build dir was "not found" (seen with
+    the README's `PATH=.venv/bin:...`)."""
+    (tmp_path / "bin").mkdir()
+    tool = tmp_path / "bin" / "some-launcher"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    assert proc.which("some-launcher", "bin") == str(tool)
+    assert proc.which("no-such-program-here", "bin") is None

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from needs import require
 
 from rocforge_build.forge import sources
 
@@ -256,6 +257,7 @@ def test_a_co_publishers_plant_at_my_tag_does_not_pass_for_my_published_referenc
 
 
 def test_my_own_published_reference_still_counts_as_in_the_store(tmp_path, monkeypatch):
+    require("patchelf")  # publishing packs a bundle, whose RUNPATHs patchelf rewrites
     from rocforge_build.substitute import publish, signing
     prefix = _build_with_key(tmp_path, monkeypatch)
     manifest, key = publish.key_of_build(prefix)

@@ -46,8 +46,8 @@ def _path_without(base: Path, *missing: str) -> str:
         if not os.path.isdir(d):
             continue
         for name in os.listdir(d):
-            target = Path(d) / name
-            if name not in missing and not (bin_dir / name).exists() and os.access(target, os.X_OK):
+            target = Path(d).absolute() / name  # a relative PATH entry (.venv/bin) names it from here
+            if name not in missing and not os.path.lexists(bin_dir / name) and os.access(target, os.X_OK):
                 (bin_dir / name).symlink_to(target)
     return str(bin_dir)
 
