@@ -22,6 +22,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from moto_s3 import moto_s3, use_s3
 from registry_server import make_tls
 
 from rocforge_build.substitute import oci
@@ -250,31 +251,9 @@ def test_https_store_pulls_a_large_layer_as_parallel_ranges(tmp_path, monkeypatc
 
 @pytest.fixture
 def s3_endpoint(monkeypatch):
-    server = Path(sys.executable).parent / "moto_server"
-    if not server.is_file():
-        pytest.skip("lacks moto_server (pip install -e '.[test]')")
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/builds", method="PUT"),
-                                       timeout=2)
-                break
-            except OSError:
-                time.sleep(0.05)
-        for var, value in (("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}"), ("AWS_DEFAULT_REGION", "us-east-1"),
-                           ("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
-            monkeypatch.setenv(var, value)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with moto_s3("builds") as endpoint:
+        use_s3(monkeypatch, endpoint)
+        yield endpoint
 
 
 def test_s3_store_round_trip_through_moto(tmp_path, s3_endpoint):

