@@ -56,8 +56,17 @@ def needs_lavapipe():
     """A mark: the test runs llama.cpp on lavapipe, Debian's software Vulkan device (its ICD file
     from mesa-vulkan-drivers), and glslc builds the Vulkan backend; without them it skips as a
     missing package."""
-    missing = lacking("glslc") + ([f"lavapipe ({LAVAPIPE_ICD}: mesa-vulkan-drivers)"]
-                                  if not os.path.isfile(LAVAPIPE_ICD) else [])
+    missing = lacking("glslc") + lacking_lavapipe_icd()
+    return pytest.mark.skipif(bool(missing), reason=reason(missing))
+
+
+def lacking_lavapipe_icd() -> list[str]:
+    return [] if os.path.isfile(LAVAPIPE_ICD) else [f"lavapipe ({LAVAPIPE_ICD}: mesa-vulkan-drivers)"]
+
+
+def needs_lavapipe_icd():
+    """A mark: the test reads lavapipe's real ICD manifest (mesa-vulkan-drivers), nothing built."""
+    missing = lacking_lavapipe_icd()
     return pytest.mark.skipif(bool(missing), reason=reason(missing))
 
 

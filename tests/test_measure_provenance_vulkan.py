@@ -9,8 +9,7 @@ import json
 import stat
 from pathlib import Path
 
-import pytest
-from needs import LAVAPIPE_ICD
+from needs import LAVAPIPE_ICD, needs_lavapipe_icd
 
 from rocforge_build.measure import provenance
 
@@ -43,7 +42,7 @@ def _program(prefix: Path, stderr: str) -> None:
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
 
 
-@pytest.mark.skipif(not Path(LAVAPIPE_ICD).is_file(), reason=f"lacks lavapipe ({LAVAPIPE_ICD}: mesa-vulkan-drivers)")
+@needs_lavapipe_icd()
 def test_the_fingerprint_names_device_driver_and_the_real_icd(tmp_path, monkeypatch):
     _program(tmp_path, "llama-bench-help-lavapipe.stderr")
     monkeypatch.setenv("VK_DRIVER_FILES", LAVAPIPE_ICD)
