@@ -15,6 +15,7 @@ import needs
 import pytest
 from llama_trees import sdist
 from tiny_gguf import write as write_gguf
+from trust_helpers import one_error_line
 
 from rocforge_build import cli
 from rocforge_build.measure import compare, plot, tune
@@ -27,13 +28,6 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", byte_tokens=True)
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len([line for line in err if line.startswith("rocforge: error:")]) == 1, err
-    assert "Traceback" not in "\n".join(err)
-    return next(line for line in err if line.startswith("rocforge: error:"))
 
 
 # -- bad models ---------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from test_measure_proof import preset
 from tiny_gguf import write as write_gguf
+from trust_helpers import one_error_line
 
 from rocforge_build import cli
 from rocforge_build.measure import gguf
@@ -25,13 +26,6 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", byte_tokens=True)
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len([line for line in err if line.startswith("rocforge: error:")]) == 1, err
-    assert "Traceback" not in "\n".join(err)
-    return next(line for line in err if line.startswith("rocforge: error:"))
 
 
 def test_locked_database_is_one_line_and_keeps_rows(tmp_path, model, monkeypatch, capsys):

@@ -11,16 +11,9 @@ import threading
 import time
 
 import pytest
+from test_proc import alive
 
 from rocforge_build.serve.llama_server import LlamaServer, NotReady, ServerError, exchange
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def sh(script: str) -> list[str]:

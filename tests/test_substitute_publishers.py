@@ -17,15 +17,10 @@ from buildfixtures import git_repo, recipe_copy
 from needs import require
 from registry_server import clear_store_environment, start_registry
 from test_substitute_layout_store import s3_endpoint  # noqa: F401 - moto's server on 127.0.0.1, a fixture
-from trust_helpers import REPO, rocforge
+from trust_helpers import REPO, machine, rocforge
 
 from rocforge_build.substitute import artifact, publishers, signing
 from rocforge_build.substitute.stores import open_store
-
-
-def _machine(base: Path) -> dict:
-    return {"ROCFORGE_CONFIG_DIR": str(base / "config"), "ROCFORGE_CACHE_DIR": str(base / "cache"),
-            "ROCFORGE_DATA_DIR": str(base / "data")}
 
 
 def _ok(res: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -40,7 +35,7 @@ def built(tmp_path_factory):
     base = tmp_path_factory.mktemp("publishers")
     repo = git_repo(base / "repo")
     recipe = recipe_copy(base / "r", **{"file:///nonexistent/fixture.git": repo.as_uri()})
-    a, b = _machine(base / "a"), _machine(base / "b")
+    a, b = machine(base / "a"), machine(base / "b")
     keys = {}
     for name, env in (("a", a), ("b", b)):
         public = _ok(rocforge("key", "generate", env=env)).stdout.strip()
@@ -53,7 +48,7 @@ def built(tmp_path_factory):
 def _consumer(base: Path, store: str, *publics: str) -> dict:
     """A machine whose configuration lists `store` and trusts `publics` (written as `rocforge
     config set` writes it, without two more processes)."""
-    env = _machine(base)
+    env = machine(base)
     (base / "config").mkdir(parents=True)
     (base / "config" / "config.toml").write_text(
         f"[substitute]\nstores = {json.dumps([store])}\ntrusted_keys = {json.dumps(list(publics))}\n")

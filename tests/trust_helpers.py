@@ -48,6 +48,21 @@ def run(capsys, *argv) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def machine(base: Path, **extra: str) -> dict:
+    """Another machine's rocforge, as `rocforge(..., env=)` takes it: its own config, cache and
+    data directories below `base` (and `extra` variables)."""
+    return {"ROCFORGE_CONFIG_DIR": str(base / "config"), "ROCFORGE_CACHE_DIR": str(base / "cache"),
+            "ROCFORGE_DATA_DIR": str(base / "data"), **extra}
+
+
+def one_error_line(capsys) -> str:
+    """The one `rocforge: error:` line an in-process command wrote (pytest's capsys), no traceback."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len([line for line in err if line.startswith("rocforge: error:")]) == 1, err
+    assert "Traceback" not in "\n".join(err)
+    return next(line for line in err if line.startswith("rocforge: error:"))
+
+
 def one_error(res: subprocess.CompletedProcess, code: int = 2) -> str:
     """The one `rocforge: error:` line of a child run that exited `code` without a traceback."""
     lines = [line for line in res.stderr.splitlines() if line.startswith("rocforge: error:")]

@@ -17,14 +17,9 @@ from pathlib import Path
 import pytest
 from buildfixtures import recipe_copy, tarball
 from needs import require
-from trust_helpers import one_error, rocforge
+from trust_helpers import machine, one_error, rocforge
 
 GIT_SOURCE = 'git = "file:///nonexistent/fixture.git"\nref = "v1.2.0"\n'
-
-
-def _machine(base: Path) -> dict:
-    return {"ROCFORGE_CONFIG_DIR": str(base / "config"), "ROCFORGE_CACHE_DIR": str(base / "cache"),
-            "ROCFORGE_DATA_DIR": str(base / "data")}
 
 
 def _ok(res: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -49,7 +44,7 @@ def published(tmp_path, http_server):
     url = http_server.add("/src/fixture-1.2.0.tar.gz", data)
     sha = hashlib.sha256(data).hexdigest()
     recipe = recipe_copy(tmp_path / "r", **{GIT_SOURCE: f'url = "{url}"\nsha256 = "{sha}"\n'})
-    a = _machine(tmp_path / "a")
+    a = machine(tmp_path / "a")
     public = _ok(rocforge("key", "generate", env=a)).stdout.strip()
     build = ["build", str(recipe), "--target", "gfx1030", "--backend", "cpu", "--no-recheck"]
     prefix = Path(_ok(rocforge(*build, env=a)).stdout.strip().splitlines()[-1])
@@ -58,7 +53,7 @@ def published(tmp_path, http_server):
     fetches = [r for r in http_server.requests if r[1].endswith(".tar.gz")]
     assert fetches, "machine A downloaded its source from the server"
     http_server.close()  # from here on, a download of the source is refused
-    b = _machine(tmp_path / "b")
+    b = machine(tmp_path / "b")
     _ok(rocforge("config", "set", "substitute.stores", json.dumps([store]), env=b))
     _ok(rocforge("config", "set", "substitute.trusted_keys", json.dumps([public]), env=b))
     return {"build": build, "b": b, "recipe": recipe, "url": url, "tmp": tmp_path}

@@ -17,12 +17,7 @@ import pytest
 from buildfixtures import git_repo, recipe_copy
 from needs import require
 from registry_server import start_registry
-from trust_helpers import one_error, rocforge
-
-
-def _machine(base: Path) -> dict:
-    return {"ROCFORGE_CONFIG_DIR": str(base / "config"), "ROCFORGE_CACHE_DIR": str(base / "cache"),
-            "ROCFORGE_DATA_DIR": str(base / "data")}
+from trust_helpers import machine, one_error, rocforge
 
 
 def _ok(res: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -47,7 +42,7 @@ def published(request, tmp_path_factory):
 def _publish(base: Path, store: str) -> dict:
     repo = git_repo(base / "repo")
     recipe = recipe_copy(base / "r", **{"file:///nonexistent/fixture.git": repo.as_uri()})
-    a = _machine(base / "a")
+    a = machine(base / "a")
     public = _ok(rocforge("key", "generate", env=a)).stdout.strip()
     build = ["build", str(recipe), "--target", "gfx1030", "--backend", "cpu", "--no-recheck"]
     prefix = Path(_ok(rocforge(*build, env=a)).stdout.strip().splitlines()[-1])
@@ -58,7 +53,7 @@ def _publish(base: Path, store: str) -> dict:
 
 
 def _machine_b(published, name: str, *, trusted: bool = True) -> dict:
-    b = _machine(published["base"] / name)
+    b = machine(published["base"] / name)
     _ok(rocforge("config", "set", "substitute.stores", json.dumps([published["store"]]), env=b))
     if trusted:
         _ok(rocforge("config", "set", "substitute.trusted_keys", json.dumps([published["public"]]), env=b))
@@ -140,7 +135,7 @@ def test_an_advisory_withdrawn_by_its_signer_lets_the_build_through_and_no_other
     require("patchelf")
     pub = _publish(tmp_path, (tmp_path / "store").as_uri())
     _ok(rocforge("store", "advise", pub["store"], pub["tag"], "--reason", "bad on ROCm 7.13", env=pub["a"]))
-    c = _machine(tmp_path / "c")
+    c = machine(tmp_path / "c")
     c_public = _ok(rocforge("key", "generate", env=c)).stdout.strip()
     b = _machine_b(pub, "b")
     _ok(rocforge("config", "set", "substitute.trusted_keys", json.dumps([pub["public"], c_public]), env=b))
@@ -174,7 +169,7 @@ def test_an_advisory_withdrawn_by_its_signer_lets_the_build_through_and_no_other
     assert (Path(res.stdout.strip().splitlines()[-1]) / "rocforge-manifest.toml").is_file()
 
 def test_substitute_only_without_a_store_compiles_nothing(published):
-    b = _machine(published["base"] / "b-no-store")
+    b = machine(published["base"] / "b-no-store")
     res = rocforge(*published["build"], "--substitute-only", env=b)
     line = one_error(res, code=9)
     assert "substitute.stores is empty" in line

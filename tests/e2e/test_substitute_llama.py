@@ -26,14 +26,13 @@ from measure_fixtures import recipe_variant
 from needs import require
 from registry_server import start_registry
 from trained_model import smollm2
-from trust_helpers import one_error, rocforge
+from trust_helpers import machine, one_error, rocforge
 
 WRONG = Path(__file__).resolve().parents[1] / "data" / "patches" / "llama-cpp-wrong" / "wrong-on-demand.patch"
 
 
 def _machine(base: Path, **extra: str) -> dict:
-    return {"ROCFORGE_CONFIG_DIR": str(base / "config"), "ROCFORGE_CACHE_DIR": str(base / "cache"),
-            "ROCFORGE_DATA_DIR": str(base / "data"), "CCACHE_DIR": shared_ccache(), **extra}
+    return machine(base, CCACHE_DIR=shared_ccache(), **extra)
 
 
 def _ok(res):

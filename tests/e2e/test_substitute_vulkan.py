@@ -27,7 +27,7 @@ from llama_builds import shared_ccache
 from llama_trees import sdist
 from needs import lavapipe_budget, needs_pkg_config, require
 from trained_model import smollm2_trained_at
-from trust_helpers import rocforge
+from trust_helpers import machine, rocforge
 
 from rocforge_build.measure.llama_tools import MEASURE_TARGETS
 
@@ -36,8 +36,7 @@ TARGETS = [a for t in MEASURE_TARGETS for a in ("--cmake-target", t)]
 
 
 def _machine(base: Path) -> dict:
-    return {"ROCFORGE_CONFIG_DIR": str(base / "config"), "ROCFORGE_CACHE_DIR": str(base / "cache"),
-            "ROCFORGE_DATA_DIR": str(base / "data"), "CCACHE_DIR": shared_ccache()}
+    return machine(base, CCACHE_DIR=shared_ccache())
 
 
 def _ok(res):
