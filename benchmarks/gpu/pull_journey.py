@@ -13,22 +13,19 @@ PHASE=pull-build, pull-model, pull-first."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
-from upgrade_journey import PROGRAMS, Journey, prefix_of, say
+from upgrade_journey import PROGRAMS, Journey, prefix_of, run_parts
 
 
 class Machine(Journey):
     """A journey whose every command runs with this machine's own directories."""
 
     def __init__(self, args, home: Path | None, steps: list[dict]):
-        super().__init__(args)
-        self.steps = steps  # one list for the part, kept when a step fails
+        super().__init__(args, steps)
         self.home = home
         self.env = {}
         if home is not None:
@@ -97,30 +94,8 @@ def pull(a, state: dict, steps: list[dict]) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("builds", "publish", "pull"), required=True)
-    p.add_argument("--tree", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--work", default="/tmp/pull-journey")
-    p.add_argument("--sid-env", action="append", default=[], help="NAME=VALUE for builds and tune (glslc)")
-    p.add_argument("--json", required=True)
-    a = p.parse_args()
-    Path(a.work).mkdir(parents=True, exist_ok=True)
-    state_file = Path(a.work) / "state.json"
-    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    start = time.monotonic()
-    steps: list[dict] = []
-    try:
-        {"builds": builds, "publish": publish, "pull": pull}[a.part](a, state, steps)
-    finally:
-        state_file.write_text(json.dumps(state))
-        out = Path(a.json)
-        done = json.loads(out.read_text()) if out.is_file() else {}
-        done[a.part] = {"state": state, "steps": steps, "seconds": round(time.monotonic() - start, 1),
-                        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        out.write_text(json.dumps(done, indent=1))
-        say(f"part {a.part} done in {time.monotonic() - start:.0f} s")
-    return 0
+    return run_parts(__doc__.splitlines()[0], {"builds": builds, "publish": publish, "pull": pull},
+                     "/tmp/pull-journey", lambda part, a, state, steps: part(a, state, steps))
 
 
 if __name__ == "__main__":

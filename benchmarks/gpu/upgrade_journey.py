@@ -36,9 +36,9 @@ def say(text: str) -> None:
 
 
 class Journey:
-    def __init__(self, args):
+    def __init__(self, args, steps: list[dict] | None = None):
         self.args = args
-        self.steps: list[dict] = []
+        self.steps: list[dict] = [] if steps is None else steps  # the part's list, kept when a step fails
         self.rf = [sys.executable, "-m", "rocforge_build"]
         self.sid = dict(x.split("=", 1) for x in args.sid_env)  # glslc and the Vulkan SDK for builds
 
@@ -167,30 +167,40 @@ def second(j: Journey, state: dict) -> None:
     j.serve("serve (after the proving verify)", ask=True)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("builds", "first", "second"), required=True)
-    p.add_argument("--tree", required=True, help="a llama.cpp tree (copied into a git checkout)")
+def run_parts(description: str, parts: dict, default_work: str, call) -> int:
+    """The command line of a journey in parts (one device call each): `--part NAME` runs
+    `call(parts[NAME], args, state, steps)`; the state between parts is kept in WORK/state.json,
+    and each part's steps, state and time are added to the JSON file named by --json, even when
+    a step fails."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--part", choices=tuple(parts), required=True)
+    p.add_argument("--tree", required=True, help="a llama.cpp tree")
     p.add_argument("--model", required=True)
-    p.add_argument("--work", default="/tmp/upgrade-journey")
+    p.add_argument("--work", default=default_work)
     p.add_argument("--sid-env", action="append", default=[], help="NAME=VALUE for builds and tune (glslc)")
     p.add_argument("--json", required=True)
     a = p.parse_args()
     Path(a.work).mkdir(parents=True, exist_ok=True)
     state_file = Path(a.work) / "state.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    j = Journey(a)
     start = time.monotonic()
+    steps: list[dict] = []
     try:
-        {"builds": builds, "first": first, "second": second}[a.part](j, state)
+        call(parts[a.part], a, state, steps)
     finally:
         state_file.write_text(json.dumps(state))
         out = Path(a.json)
         done = json.loads(out.read_text()) if out.is_file() else {}
-        done[a.part] = {"state": state, "steps": j.steps, "seconds": round(time.monotonic() - start, 1),
+        done[a.part] = {"state": state, "steps": steps, "seconds": round(time.monotonic() - start, 1),
                         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         out.write_text(json.dumps(done, indent=1))
+        say(f"part {a.part} done in {time.monotonic() - start:.0f} s")
     return 0
+
+
+def main() -> int:
+    return run_parts(__doc__.splitlines()[0], {"builds": builds, "first": first, "second": second},
+                     "/tmp/upgrade-journey", lambda part, a, state, steps: part(Journey(a, steps), state))
 
 
 if __name__ == "__main__":
