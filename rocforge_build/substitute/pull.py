@@ -294,9 +294,7 @@ def _reference(build, policy: SubstitutePolicy, attestations: list[artifact.Atta
     except RocforgeError as exc:
         if policy.mode != "only":
             raise
-        published = [a.document.get("reference") for a in attestations
-                     if isinstance(a.document.get("reference"), dict)]
-        key = str(published[-1].get("key", ""))[:23] if published else ""
+        key = published_reference(attestations)
         raise ReferenceMissing(
             "--substitute-only: the CPU reference to verify the pulled build against"
             + (f" (the publisher's: {key})" if key else "") + f" is not usable from any store: "
@@ -307,6 +305,19 @@ def _reference(build, policy: SubstitutePolicy, attestations: list[artifact.Atta
     say(f"substitute: verify: reference {ref.prefix}"
         + (f" (pulled from {made.get('store')})" if isinstance(made, dict) else ""))
     return ref
+
+
+def published_reference(attestations: list[artifact.Attached]) -> str:
+    """The reference key the newest evidence names (shortened), or "": only a sha256 digest is
+    taken, so a trusted publisher's other text never reaches the terminal through it."""
+    for attached in reversed(attestations):
+        pointer = attached.document.get("reference")
+        key = pointer.get("key") if isinstance(pointer, dict) else None
+        try:
+            return oci.check_digest(key, "reference")[:23]
+        except oci.StoreError:
+            continue
+    return ""
 
 
 def _model_sha(model) -> str:

@@ -445,3 +445,19 @@ def test_a_second_key_rotate_to_another_key_is_refused_not_a_silent_fork(tmp_pat
     # the same rotation again (--new-key, to more stores or the same) still works
     assert main(["key", "rotate", "--to", url, "--new-key", str(tmp_path / "n1" / "rocforge.key")]) == 0
     assert signing.read_secret_key(tmp_path / "n1" / "rocforge.key")
+
+
+@pytest.mark.parametrize("pointer", [None, "sha256:abc", {"key": "\x1b]0;owned\x07sha256:" + "a" * 64},
+                                     {"key": ["sha256:" + "a" * 64]}, {"key": "sha256:" + "A" * 64}, {"key": 7},
+                                     {"stamp": "x"}])
+def test_a_hostile_reference_pointer_in_trusted_evidence_names_no_key(pointer):
+    """The reference a GPU build's evidence names appears in --substitute-only's one line only as
+    a sha256 digest; anything else in a trusted document (terminal codes, other types) is left out,
+    and the newest well-formed one before it is named."""
+    from rocforge_build.substitute import artifact, pull
+
+    good = "sha256:" + "b" * 64
+    docs = [artifact.Attached("sha256:" + "0" * 64, "t", {"reference": {"key": good}}, "K"),
+            artifact.Attached("sha256:" + "1" * 64, "t", {"reference": pointer}, "K")]
+    assert pull.published_reference(docs) == good[:23]
+    assert pull.published_reference(docs[1:]) == ""
