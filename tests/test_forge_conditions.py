@@ -150,3 +150,26 @@ def test_pinned_version_decides_source_version_before_the_fetch():
         True, "source version 0.3.36 (the recipe's pinned source) matches ==0.3.36")
     assert c.judge({"source_version": "<0.3"}, f)[0] is False
     assert c.judge({"source_version": ">=1"}, c.Facts())[0] is None  # no pin: the source tells
+
+
+def test_a_rule_only_the_source_decides_is_one_typed_entry_for_after_the_fetch():
+    """judge_rule of a rule the unread source decides: it does not hold in the plan, and its
+    entry names the rule, the condition the fetch settles and what describes it; what is not
+    given (stage, hint) is left out of the JSON a dry run prints, as an empty evidence list is."""
+    from rocforge_build.forge.recipes import Rule
+
+    f = c.Facts(target="gfx1151", backend="hip")
+    rule = Rule("option", {"name": "GGML_HIP_ROCWMMA_FATTN", "value": "ON"}, {"cmake_option": "GGML_HIP_ROCWMMA_FATTN"})
+    verdict = c.judge_rule(rule, f, "option", "GGML_HIP_ROCWMMA_FATTN", value="ON", reason="rocWMMA FA",
+                           evidence=["ggml-org/llama.cpp#16221"])
+    assert verdict.holds is False and verdict.why == "the source declares GGML_HIP_ROCWMMA_FATTN"
+    assert verdict.after_fetch == c.AfterFetch(rule="option", name="GGML_HIP_ROCWMMA_FATTN",
+                                               when="the source declares GGML_HIP_ROCWMMA_FATTN", value="ON",
+                                               reason="rocWMMA FA", evidence=("ggml-org/llama.cpp#16221",))
+    assert verdict.after_fetch.to_json() == {
+        "rule": "option", "name": "GGML_HIP_ROCWMMA_FATTN", "when": "the source declares GGML_HIP_ROCWMMA_FATTN",
+        "value": "ON", "reason": "rocWMMA FA", "evidence": ["ggml-org/llama.cpp#16221"]}
+    decided = c.judge_rule(Rule("option", {}, {"target": "gfx1151"}), f, "option", "X", value="ON", evidence=[])
+    assert decided.holds is True and decided.after_fetch is None
+    bare = c.AfterFetch(rule="stop", name="too old", when="the source makes the backend hip")
+    assert bare.to_json() == {"rule": "stop", "name": "too old", "when": "the source makes the backend hip"}

@@ -138,7 +138,7 @@ def test_a_read_trees_plan_decides_each_rule_from_the_target_and_the_trees_versi
     assert "-DFIXTURE_LOUD=ON" in loud.configure  # a TOML true is CMake's ON
     assert not any(a.startswith("-DFIXTURE_LOUD=") for a in quiet.configure)
     assert (loud.backend, loud.backend_reason) == ("cpu", "everything else")
-    assert loud.after_fetch == [] and loud.dependencies == []
+    assert loud.after_fetch == () and loud.dependencies == []
     assert loud.prefix == tmp_path / "p"
     assert loud.configure[:7] == ["cmake", "-S", str(loud.src_dir), "-B", str(loud.build_dir), "-G", "Ninja"]
     assert f"-DCMAKE_INSTALL_PREFIX={tmp_path / 'p'}" in loud.configure

@@ -294,23 +294,47 @@ def judge(cond: Mapping | None, facts: Facts) -> tuple[bool | None, str]:
     return True, "; ".join(held)
 
 
+@dataclass(frozen=True, kw_only=True)
+class AfterFetch:
+    """A rule only the unread source decides, as a dry run lists it: its kind (`rule`: option,
+    env, stop, backend, ...), what it names, the condition the fetch settles (`when`), and what
+    describes it (the value it would set, its reason, stage, message, hint, evidence)."""
+
+    rule: str
+    name: str
+    when: str
+    value: str | None = None
+    reason: str | None = None
+    stage: str | None = None
+    message: str | None = None
+    hint: str | None = None
+    evidence: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        described = {"value": self.value, "reason": self.reason, "stage": self.stage,
+                     "message": self.message, "hint": self.hint}
+        return {"rule": self.rule, "name": self.name, "when": self.when,
+                **{k: v for k, v in described.items() if v is not None},
+                **({"evidence": list(self.evidence)} if self.evidence else {})}
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Whether a recipe rule applies, and why; a rule only the unread source decides does not
-    apply in the plan, and `after_fetch` says what the fetch will decide ({rule, name, when, ...})."""
+    apply in the plan, and `after_fetch` says what the fetch will decide."""
 
     holds: bool
     why: str
-    after_fetch: dict | None = None
+    after_fetch: AfterFetch | None = None
 
 
-def judge_rule(rule, facts: Facts, kind: str, name: str, **extra) -> Verdict:
-    """`judge` of a rule's `when`, as a verdict; `extra` (value, reason, ...) describes the rule
-    in its after-the-fetch entry."""
+def judge_rule(rule, facts: Facts, kind: str, name: str, *, evidence=None, **described) -> Verdict:
+    """`judge` of a rule's `when`, as a verdict; `described` (value, reason, stage, hint) and the
+    rule's evidence describe the rule in its after-the-fetch entry."""
     holds, why = judge(rule.when, facts)
     if holds is None:
-        return Verdict(False, why, {"rule": kind, "name": name, "when": why,
-                                    **{k: v for k, v in extra.items() if v is not None}})
+        return Verdict(False, why, AfterFetch(rule=kind, name=name, when=why, evidence=tuple(evidence or ()),
+                                              **described))
     return Verdict(holds, why)
 
 

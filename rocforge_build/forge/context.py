@@ -79,7 +79,7 @@ class Needed:
 class Dependencies:
     needed: tuple[Needed, ...] = ()
     include_dirs: tuple[Path, ...] = ()  # the headers this build's own checks then see
-    after_fetch: tuple[dict, ...] = ()  # what only an unread source decides
+    after_fetch: tuple[conditions.AfterFetch, ...] = ()  # what only an unread source decides
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,7 +131,7 @@ class BuildContext:
         ctx = self._with(self.source.identified(identity))
         if ctx.source_read:
             return ctx
-        if ctx.backend.alternatives or any(a.get("rule") in ("depends", "headers")
+        if ctx.backend.alternatives or any(a.rule in ("depends", "headers")
                                            for a in ctx.dependencies.after_fetch):
             return ctx.read()
         return ctx
@@ -216,7 +216,7 @@ class BuildContext:
         (fetched for a build, from the cache for a dry run), or the existing build it uses."""
         facts = self.facts(self.backend.name)
         needed: list[Needed] = []
-        after_fetch: list[dict] = []
+        after_fetch: list[conditions.AfterFetch] = []
         for rule in self.recipe.of("depends"):
             verdict = conditions.judge_rule(rule, facts, "depends", rule.get("recipe"),
                                             reason=rule.get("reason"),
@@ -233,11 +233,10 @@ class BuildContext:
             elif item.context is None or not headers:
                 continue
             elif not item.context.source_read:
-                after_fetch.append({
-                    "rule": "headers", "name": item.context.recipe.name,
-                    "reason": item.rule.get("reason"),
-                    "when": f"{headers} of its source (not fetched) is read after its fetch: "
-                            "until then the header checks above read the toolchain's"})
+                after_fetch.append(conditions.AfterFetch(
+                    rule="headers", name=item.context.recipe.name, reason=item.rule.get("reason"),
+                    when=f"{headers} of its source (not fetched) is read after its fetch: "
+                         "until then the header checks above read the toolchain's"))
             else:
                 includes.append(item.context.fetched.tree / headers)
         return Dependencies(tuple(needed), tuple(includes), tuple(after_fetch))

@@ -184,7 +184,7 @@ def pullable_unread(plan: Plan) -> bool:
     pulled build carries out already, never what the installed build runs with (its
     environment, its dependencies)."""
     return plan.substitute_key is not None and not any(
-        a.get("rule") in ("env", "depends", "headers") for a in plan.after_fetch)
+        a.rule in ("env", "depends", "headers") for a in plan.after_fetch)
 
 
 def _compile(plan: Plan, say, console, quiet: bool, gate: Callable[[Plan, Path], None] | None,

@@ -127,7 +127,7 @@ class Plan:
     env_reasons: dict[str, str]
     patches: list[patches.PatchPlan]
     patch_status: list[patches.PatchResult]  # checked against the pristine tree (a dry run)
-    notes: list[str]
+    notes: tuple[str, ...]  # what the build says before it starts (the recipe's notes that hold, the cache's)
     configure: list[str]
     build: list[str]
     install_step: InstallStep
@@ -146,7 +146,7 @@ class Plan:
     parallel: Parallel | None = None  # compiler cache, distribution, -j (forge/parallel.py)
     # a dry run of a source it did not download: every rule only the source decides, with the
     # condition ({rule, name, when, ...}), and the other backends the source may choose
-    after_fetch: list[dict] = field(default_factory=list)
+    after_fetch: tuple[conditions.AfterFetch, ...] = ()
     backend_alternatives: tuple[str, ...] = ()
     # beside backend_reason and env_reasons: the evidence (sources, figures) of the rules they give
     backend_evidence: tuple[str, ...] = ()
@@ -198,7 +198,7 @@ class Plan:
             "runtime_env": self.runtime_env,
             "toolchain": self.toolchain.to_json(),
             "compiler_launcher": self.launcher,
-            "notes": self.notes,
+            "notes": list(self.notes),
             "prefix": str(self.prefix),
             "work_dir": str(self.work),
             "log": str(self.log),
@@ -208,7 +208,7 @@ class Plan:
             "export_env": self.export_env,
             "venv": self.venv.to_json() if self.venv else None,
             **(self.parallel.to_json() if self.parallel else {}),
-            **({"after_fetch": self.after_fetch} if not self.source.read else {}),
+            **({"after_fetch": [a.to_json() for a in self.after_fetch]} if not self.source.read else {}),
             **({"backend_alternatives": list(self.backend_alternatives)}
                if self.backend_alternatives else {}),
             "substitute_key": (self.substitute_key.to_json() if self.substitute_key
@@ -259,14 +259,14 @@ def make_plan(context: BuildContext, *, check_patches: bool = True) -> Plan:
     venv_evidence = list(venv.evidence) if venv else []  # beside the venv's reason on its variables
     env_evidence = {**{k: v for k, v in env.evidence.items() if k not in venv_env},
                     **({k: venv_evidence for k in venv_env} if venv_evidence else {})}
-    after_fetch = [*needed.after_fetch, *after_stops, *after_options, *after_env, *after_patches,
-                   *after_smoke, *after_outputs]
+    after_fetch = (*needed.after_fetch, *after_stops, *after_options, *after_env, *after_patches,
+                   *after_smoke, *after_outputs)
     return Plan(recipe=recipe, target=target, backend=choice.name, backend_reason=choice.reason,
                 source=fetched, source_version=context.source_version, toolchain=toolchain,
                 options=(*options, *par.options), env={**env.build, **venv_env}, runtime_env=env.runtime,
                 env_reasons={**env.reasons, **dict.fromkeys(venv_env, f"private venv: {venv.reason}"
                                                             if venv else "")},
-                patches=patch_plans, patch_status=patch_status, notes=notes + par.notes,
+                patches=patch_plans, patch_status=patch_status, notes=(*notes, *par.notes),
                 configure=configure, build=build, install_step=install, smoke=smoke, prefix=prefix,
                 work=work, stamp=context.stamp, launcher=par.launcher, environ=req.environ,
                 force=req.force, build_targets=build_targets, dependencies=deps, outputs=tuple(outputs),
@@ -279,19 +279,18 @@ def make_plan(context: BuildContext, *, check_patches: bool = True) -> Plan:
 
 def _backend_and_stops(recipe: recipes.Recipe, backend: str, facts: conditions.Facts,
                        target: str, toolchain: Toolchain, others: tuple[str, ...] = ()
-                       ) -> tuple[list[str], list[dict]]:
+                       ) -> tuple[list[str], list[conditions.AfterFetch]]:
     """Refuse a backend the source lacks and every `[[stop]]` that holds; (notes, after fetch).
     With `others` (the source may still choose another backend) a stop of this one is not the
     build's: it is listed for after the fetch, as a missing toolchain of this backend is."""
     be = recipe.backends[backend]
-    after: list[dict] = []
+    after: list[conditions.AfterFetch] = []
     ok, why = conditions.judge(be.when, facts)
-    unavailable = {"message": be.unavailable} if be.unavailable else {}
     if ok is None:  # the source decides whether it has the backend
-        after.append({"rule": "backend", "name": backend, "when": why, **unavailable})
+        after.append(conditions.AfterFetch(rule="backend", name=backend, when=why, message=be.unavailable))
     elif not ok and others:  # the source may choose another backend: not the build's error yet
-        after.append({"rule": "refused", "name": backend,
-                      "when": f"the source makes the backend {backend} ({why})", **unavailable})
+        after.append(conditions.AfterFetch(rule="refused", name=backend, message=be.unavailable,
+                                           when=f"the source makes the backend {backend} ({why})"))
     elif not ok:
         raise UsageError(
             f"backend {backend} is not available for this source: {why}"
@@ -303,14 +302,13 @@ def _backend_and_stops(recipe: recipes.Recipe, backend: str, facts: conditions.F
         verdict = conditions.judge_rule(rule, facts, "stop", rule.get("message"), hint=hint)
         after += [verdict.after_fetch] if verdict.after_fetch else []
         if verdict.holds and others:
-            after.append({"rule": "stop", "name": rule.get("message"),
-                          "when": f"{chosen} ({verdict.why})", **({"hint": hint} if hint else {})})
+            after.append(conditions.AfterFetch(rule="stop", name=rule.get("message"),
+                                               when=f"{chosen} ({verdict.why})", hint=hint))
         elif verdict.holds:
             raise ToolchainError(f"{rule.get('message')} ({verdict.why})", hint)
     if others and toolchain.missing:
-        after.append({"rule": "toolchain", "name": be.toolchain, "when": chosen,
-                      "message": toolchain.missing,
-                      **({"hint": toolchain.hint} if toolchain.hint else {})})
+        after.append(conditions.AfterFetch(rule="toolchain", name=be.toolchain, when=chosen,
+                                           message=toolchain.missing, hint=toolchain.hint))
     notes = []
     for rule in recipe.of("note"):
         message = rule.get("message").replace("{target}", target)
@@ -339,11 +337,12 @@ def _placeholders(recipe: recipes.Recipe, fetched: sources.Fetched, target: str,
 
 
 def _options(recipe: recipes.Recipe, facts: conditions.Facts, values: dict, toolchain: Toolchain,
-             kind: str, par: Parallel, cmake_targets: tuple[str, ...]) -> tuple[list[CMakeOption], list[dict]]:
+             kind: str, par: Parallel, cmake_targets: tuple[str, ...]
+             ) -> tuple[list[CMakeOption], list[conditions.AfterFetch]]:
     """The -D options: the recipe's rules (a later rule of the same name wins), what the toolchain
     implies, the compiler launcher, partial-build RPATH."""
     chosen: dict[str, CMakeOption] = {}
-    after: list[dict] = []
+    after: list[conditions.AfterFetch] = []
     for rule in recipe.of("option"):
         name = rule.get("name")
         verdict = conditions.judge_rule(rule, facts, "option", name,
@@ -353,7 +352,7 @@ def _options(recipe: recipes.Recipe, facts: conditions.Facts, values: dict, tool
         if not verdict.holds:
             continue
         if rule.get("declared", True) and facts.source is None:  # checked once it is read
-            after.append({"rule": "declared", "name": name, "when": f"the source declares {name}"})
+            after.append(conditions.AfterFetch(rule="declared", name=name, when=f"the source declares {name}"))
         elif rule.get("declared", True) and name not in facts.source.cmake_options:
             raise ConfigError(
                 f"recipe {recipe.name}: option {name} is not declared by the source "
@@ -382,18 +381,18 @@ def _options(recipe: recipes.Recipe, facts: conditions.Facts, values: dict, tool
 
 
 def _verify_options(recipe: recipes.Recipe, facts: conditions.Facts, cmake_targets: tuple[str, ...],
-                    chosen: dict[str, CMakeOption]) -> list[dict]:
+                    chosen: dict[str, CMakeOption]) -> list[conditions.AfterFetch]:
     """The recipe's `[verify]` options, over the `[[option]]` rules, only when a build names one
     of its targets (--cmake-target): a build that does not ask for a verify tool is configured
     and built as before.  Each must be declared by the source, as a recipe option is."""
     asked = [t for t in cmake_targets if t in recipe.verify_targets]
     if not asked:
         return []
-    after = []
+    after: list[conditions.AfterFetch] = []
     because = f"--cmake-target {', '.join(asked)} (a verify tool)"
     for name, value in recipe.verify["options"].items():
         if facts.source is None:
-            after.append({"rule": "declared", "name": name, "when": f"the source declares {name}"})
+            after.append(conditions.AfterFetch(rule="declared", name=name, when=f"the source declares {name}"))
         elif name not in facts.source.cmake_options:
             raise UsageError(f"--cmake-target {', '.join(asked)}: this source does not declare {name}, "
                              "which builds it, so it has no such verify tool")
@@ -404,7 +403,7 @@ def _verify_options(recipe: recipes.Recipe, facts: conditions.Facts, cmake_targe
 
 def _environment(recipe: recipes.Recipe, facts: conditions.Facts, values: dict,
                  toolchain: Toolchain, kind: str, par: Parallel, environ: Mapping[str, str],
-                 deps: list[Dependency]) -> tuple[Environment, list[dict]]:
+                 deps: list[Dependency]) -> tuple[Environment, list[conditions.AfterFetch]]:
     """The toolchain's variables, the compiler cache's and distribution's (forge/parallel.py),
     the recipe's `[[env]]` rules by stage, dependencies' prefixes in front."""
     env: dict[str, str] = {**toolchain.env, **par.env}
@@ -412,7 +411,7 @@ def _environment(recipe: recipes.Recipe, facts: conditions.Facts, values: dict,
     evidence: dict[str, list[str]] = {}
     runtime_env: dict[str, str] = {}
     export_env: dict[str, str] = {}
-    after: list[dict] = []
+    after: list[conditions.AfterFetch] = []
     for rule in recipe.of("env"):
         verdict = conditions.judge_rule(rule, facts, "env", rule.get("name"),
                                         value=_fmt(rule.get("value"), values),
@@ -471,7 +470,7 @@ def _private_venv(recipe: recipes.Recipe, fetched: sources.Fetched, work: Path, 
 
 
 def _patches(recipe: recipes.Recipe, facts: conditions.Facts
-             ) -> tuple[list[patches.PatchPlan], list[dict]]:
+             ) -> tuple[list[patches.PatchPlan], list[conditions.AfterFetch]]:
     """Every `[[patch]]` with whether it applies and why; one only the source decides is left to
     after the fetch."""
     plans, after = [], []
@@ -479,8 +478,8 @@ def _patches(recipe: recipes.Recipe, facts: conditions.Facts
         name = rule.get("file")
         holds, why = conditions.judge(rule.when, facts)
         if holds is None:  # only the source decides: after the fetch
-            after.append({"rule": "patch", "name": name, "when": why, "reason": rule.get("reason"),
-                          **({"evidence": list(_evidence_of(rule))} if _evidence_of(rule) else {})})
+            after.append(conditions.AfterFetch(rule="patch", name=name, when=why, reason=rule.get("reason"),
+                                               evidence=_evidence_of(rule)))
             reason = f"{rule.get('reason')} (if {why})"
         else:
             reason = f"{rule.get('reason')} ({why})" if holds else why
@@ -490,11 +489,11 @@ def _patches(recipe: recipes.Recipe, facts: conditions.Facts
     return plans, after
 
 
-def _patch_check(plans: list[patches.PatchPlan], after: list[dict],
+def _patch_check(plans: list[patches.PatchPlan], after: list[conditions.AfterFetch],
                  fetched: sources.Fetched) -> list[patches.PatchResult]:
     """Each patch checked against the pristine tree (an unread one: what the fetch decides)."""
     if not fetched.read:
-        return patches.unread(plans, {a["name"] for a in after})
+        return patches.unread(plans, {a.name for a in after})
     return patches.check(plans, fetched.tree)
 
 
@@ -516,7 +515,7 @@ def _commands(recipe: recipes.Recipe, jobs: int, fetched: sources.Fetched, work:
     return configure, build, InstallStep("cmake", staging, argv)
 
 
-def _smoke(recipe: recipes.Recipe, facts: conditions.Facts) -> tuple[list[list[str]], list[dict]]:
+def _smoke(recipe: recipes.Recipe, facts: conditions.Facts) -> tuple[list[list[str]], list[conditions.AfterFetch]]:
     smoke, after = [], []
     for rule in recipe.of("smoke"):
         verdict = conditions.judge_rule(rule, facts, "smoke", " ".join(rule.get("run")))
@@ -527,9 +526,9 @@ def _smoke(recipe: recipes.Recipe, facts: conditions.Facts) -> tuple[list[list[s
 
 
 def _outputs(recipe: recipes.Recipe, facts: conditions.Facts, values: dict
-             ) -> tuple[list[Output], list[dict]]:
+             ) -> tuple[list[Output], list[conditions.AfterFetch]]:
     out: list[Output] = []
-    after: list[dict] = []
+    after: list[conditions.AfterFetch] = []
     for rule in recipe.of("output"):
         path = _fmt(rule.get("path"), values)
         verdict = conditions.judge_rule(rule, facts, "output", path, reason=rule.get("reason"),

@@ -75,22 +75,19 @@ def print_plan(plan: Plan, out=None) -> None:
 
 
 _LABELS = {
-    "backend": lambda e: f"backend {e['name']} exists in this source"
-    + (f" (else: {e['message']})" if e.get("message") else ""),
-    "refused": lambda e: f"backend {e['name']} is not available, the build stops"
-    + (f": {e['message']}" if e.get("message") else ""),
-    "stop": lambda e: f"stop: {e['name']}",
-    "toolchain": lambda e: f"toolchain {e['name']} MISSING, the build stops: {e['message']}",
-    "note": lambda e: f"note: {e['name']}",
-    "option": lambda e: f"-D{e['name']}={e.get('value', '')} — {e.get('reason', '')}",
-    "declared": lambda e: f"-D{e['name']} is passed: the build stops (CMake would ignore it) unless",
-    "headers": lambda e: f"headers of {e['name']}:",
-    "env": lambda e: f"{e['name']}={e.get('value', '')}"
-    + (f" ({e['stage']} env)" if e.get("stage") else "") + f" — {e.get('reason', '')}",
-    "patch": lambda e: f"patch {e['name']} — {e.get('reason', '')}",
-    "depends": lambda e: f"depends {e['name']} — {e.get('reason', '')}",
-    "output": lambda e: f"expects {e['name']} — {e.get('reason', '')}",
-    "smoke": lambda e: f"smoke {e['name']}",
+    "backend": lambda e: f"backend {e.name} exists in this source" + (f" (else: {e.message})" if e.message else ""),
+    "refused": lambda e: f"backend {e.name} is not available, the build stops" + (f": {e.message}" if e.message else ""),
+    "stop": lambda e: f"stop: {e.name}",
+    "toolchain": lambda e: f"toolchain {e.name} MISSING, the build stops: {e.message}",
+    "note": lambda e: f"note: {e.name}",
+    "option": lambda e: f"-D{e.name}={e.value or ''} — {e.reason or ''}",
+    "declared": lambda e: f"-D{e.name} is passed: the build stops (CMake would ignore it) unless",
+    "headers": lambda e: f"headers of {e.name}:",
+    "env": lambda e: f"{e.name}={e.value or ''}" + (f" ({e.stage} env)" if e.stage else "") + f" — {e.reason or ''}",
+    "patch": lambda e: f"patch {e.name} — {e.reason or ''}",
+    "depends": lambda e: f"depends {e.name} — {e.reason or ''}",
+    "output": lambda e: f"expects {e.name} — {e.reason or ''}",
+    "smoke": lambda e: f"smoke {e.name}",
 }
 _NOT_IF = {"declared", "headers"}
 
@@ -107,11 +104,10 @@ def print_after_fetch(plan: Plan, w) -> None:
     if not entries:
         w("  nothing: no rule of this recipe depends on the source's contents\n")
     for e in entries:
-        label = _LABELS.get(e["rule"], lambda e: f"{e['rule']} {e['name']}")(e)
-        when = e["when"] if e["rule"] in _NOT_IF or e["when"].startswith("the source makes") \
-            else f"if {e['when']}"
-        w(f"  {label}\n      {when}\n" + (f"      hint: {e['hint']}\n" if e.get("hint") else ""))
-        _print_evidence(w, "      ", e.get("evidence"))
+        label = _LABELS.get(e.rule, lambda e: f"{e.rule} {e.name}")(e)
+        when = e.when if e.rule in _NOT_IF or e.when.startswith("the source makes") else f"if {e.when}"
+        w(f"  {label}\n      {when}\n" + (f"      hint: {e.hint}\n" if e.hint else ""))
+        _print_evidence(w, "      ", list(e.evidence))
 
 
 def _print_env(w, title: str, env: dict[str, str], reasons: dict[str, str],

@@ -74,4 +74,4 @@ def test_rocwmma_of_oct_2024_installs_for_gfx1151_only_with_a_loud_note(roots, t
         ("upstream-clang-cxx-flags.patch", "would apply")]
     # a target it knows: no note
     plan = plan_for(Request(recipe="rocwmma", target="gfx1100", source=str(tree), environ=ENVIRON), roots["empty"])
-    assert plan.notes == []
+    assert plan.notes == ()
