@@ -5,99 +5,16 @@ access, iGPU + dGPU, old kernel).  Exit 0 when a usable stack is found, else 1."
 from __future__ import annotations
 
 import json
-import os
-import re
 
-from rocforge_build.discover import host, host_checks, known_bad, resolver
+from rocforge_build.discover import findings, host_checks, resolver
 from rocforge_build.forge import parallel
-from rocforge_build.resources import load_toml, package_data
-from rocforge_build.rootfs import Root
 from rocforge_build.shellsafe import one_line
-
-_CHECKS = package_data("doctor.toml")
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--target", metavar="GFX", help="resolve for this gfx target")
     parser.add_argument("--rocm", metavar="PATH", help="use this ROCm install (inside --root)")
-
-
-# -- system checks --------------------------------------------------------------------------------
-def _groups(root: Root) -> dict[str, list[str]]:
-    text = root.read_text("/etc/group") if root.is_file("/etc/group") else ""
-    out: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        parts = line.split(":")
-        if len(parts) >= 4 and parts[0]:
-            out[parts[0]] = [m for m in parts[3].split(",") if m]
-    return out
-
-
-def _user() -> str:
-    try:
-        import pwd
-
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except (ImportError, KeyError):
-        return os.environ.get("USER", "")
-
-
-def _kernel_version(root: Root) -> str | None:
-    """`6.14` or `6.14.0` of the running kernel, read by host.py (osrelease, /proc/version, uname)."""
-    kernel = host.read_kernel(root)
-    m = re.search(r"(\d+\.\d+)(?:\.\d+)?", kernel.release) if kernel else None
-    return m.group(0) if m else None
-
-
-def _vkey(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
-
-
-def system_checks(root: Root, res: resolver.Resolution) -> tuple[list[str], list[str]]:
-    """(warnings, blockers): blockers make the stack unusable for running GPU code."""
-    checks = load_toml(_CHECKS, "doctor checks")
-    warnings: list[str] = []
-    blockers: list[str] = []
-    detected = [g for g in res.gpus if g.source != "--target"]
-    group_names = checks["access"]["groups"]
-    groups = _groups(root)
-    user = _user()
-    kfd = "/dev/kfd"
-    if not root.exists(kfd):
-        msg = ("/dev/kfd is missing: the amdgpu kernel driver is not loaded, or the container "
-               "was started without --device=/dev/kfd --device=/dev/dri")
-        (blockers if detected else warnings).append(msg)
-    else:
-        host = root.host(kfd)
-        if root.is_host:
-            ok = os.access(host, os.R_OK | os.W_OK)
-        else:
-            mode = host.stat().st_mode
-            ok = (mode & 0o006) == 0o006 or any(user in groups.get(g, []) for g in group_names)
-        if not ok:
-            members = "; ".join(f"{g}: {', '.join(groups[g]) or 'no members'}"
-                                for g in group_names if g in groups) or "no render/video group"
-            blockers.append(
-                f"/dev/kfd is not readable and writable by {user or 'this user'} ({members}); "
-                f"run `sudo usermod -aG {','.join(group_names)} {user or '$USER'}` and log in again")
-    kernel = _kernel_version(root)
-    if kernel:
-        for g in {t.generation for g in detected if (t := g.target)}:
-            rule = checks["kernel"].get(g)
-            if rule and _vkey(kernel) < _vkey(rule["min"]):
-                warnings.append(f"kernel {kernel} is older than {rule['min']}, which rocforge "
-                                f"recommends for {g} GPUs: {rule['why']}")
-    return warnings, blockers
-
-
-def host_fingerprint(root: Root, res: resolver.Resolution) -> dict:
-    """The fields of a measurement's host (measure/provenance.host) that the known-bad list
-    matches, read from the same files: kernel, the detected GPUs, firmware, command line."""
-    kernel = host.read_kernel(root)
-    gpus = [g for g in res.gpus if g.source != "--target"]
-    return {**host.fingerprint(root, gpus), "kernel": kernel.release if kernel else None,
-            "gpus": [{"gfx": g.gfx} for g in gpus]}
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -132,107 +49,48 @@ def show_table(console, title: str, columns: tuple[str, ...], rows: list[list[st
         console.print("  " + "; ".join(cells), highlight=False)
 
 
-def _interesting_targets(res: resolver.Resolution) -> list[str]:
-    names: list[str] = []
-    for g in res.gpus:
-        names.append(g.gfx)
-        if g.known and g.target.override_with:
-            names.append(g.target.override_with)
-    if res.target:
-        names.append(res.target)
-    return list(dict.fromkeys(names))
-
-
-def coverage_rows(res: resolver.Resolution) -> list[dict]:
-    rows = []
-    for inst in res.installs:
-        for gfx in _interesting_targets(res):
-            ok, why = inst.coverage.kernels_for(gfx)
-            c = inst.coverage
-            rows.append({"install": str(inst.path), "target": gfx, "kernels": ok, "evidence": why,
-                         "rocblas": gfx in c.rocblas, "hipblaslt": gfx in c.hipblaslt,
-                         "bitcode": gfx in c.bitcode, "dist_info": gfx in c.dist})
-    return rows
-
-
-def stack_blockers(res: resolver.Resolution) -> list[str]:
-    """Why the resolved stack cannot serve the target: every `usable: false` has a reason."""
-    if res.rocm is None:
-        return [f"no ROCm install found: {resolver.install_hint(res.target)}"]
-    if res.target is not None:
-        ok, why = res.rocm.coverage.kernels_for(res.target)
-        if not ok:
-            return [f"ROCm {res.rocm.path} has no kernels for {res.target} ({why}): "
-                    + resolver.install_hint(res.target)]
-    return []
-
-
 def run(args) -> int:
     res = resolver.resolve(args.rootfs, target=args.target, rocm=args.rocm)
-    host_found, warnings, blockers = _findings(args.rootfs, res)
-    usable = not blockers
+    found = findings.gather(args.rootfs, res, _advisories)
     if args.json:
         data = res.to_json()
-        data["host"] = [c.to_json() for c in host_found]
-        data["coverage"] = coverage_rows(res)
-        data["warnings"] = warnings  # one list: the resolver's and the system checks'
-        data["blockers"] = blockers  # empty exactly when usable
-        data["usable"] = usable
+        data["host"] = [c.to_json() for c in found.host]
+        data["coverage"] = findings.coverage_rows(res)
+        data["warnings"] = list(found.warnings)  # one list: the resolver's and the system checks'
+        data["blockers"] = list(found.blockers)  # empty exactly when usable
+        data["usable"] = found.usable
         data["build_servers"] = parallel.doctor_checks()
         print(json.dumps(data, indent=2))
-        return 0 if usable else 1
+        return 0 if found.usable else 1
 
     from rich.console import Console
     # soft wrap: a line longer than the screen is left to the terminal (or the pipe) whole,
     # never broken by rich at 80 columns
     console = Console(soft_wrap=True)
     _print_tables(console, res)
-    for line in host_checks.text_lines(host_found):
+    for line in host_checks.text_lines(found.host):
         console.print(line, highlight=False)
     for row in parallel.doctor_checks():  # configured cache server / distcc hosts (forge/parallel.py)
         console.print(esc(f"{row['what']} {row['address']}: {row['status']}"), highlight=False)
-    for w in warnings:
+    for w in found.warnings:
         console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False)
-    for b in blockers:
+    for b in found.blockers:
         console.print(f"[red]problem:[/] {esc(b)}", highlight=False)
-    if usable:
+    if found.usable:
         console.print(f"[green]usable:[/] ROCm {esc(str(res.rocm.path))} for {res.target or 'building'}; "
                       "`eval \"$(rocforge env)\"` sets it up", highlight=False)
     else:
         console.print("[red]not usable:[/] see the problems above", highlight=False)
-    return 0 if usable else 1
+    return 0 if found.usable else 1
 
 
 
-def _nightly_finder(res: resolver.Resolution, problems: list[str]):
-    """known_bad.find, joined to the signed nightly advisories of `substitute.stores` when a
-    current nightly is there to judge (only then is a store asked); a store's problem is a line
-    in `problems`."""
-    if not any(inst.nightly_current for inst in res.installs):
-        return known_bad.find
+def _advisories(report):
+    """known_bad.find joined to the signed nightly advisories of `substitute.stores`."""
     from rocforge_build import config
     from rocforge_build.substitute import advisories
 
-    return advisories.known_bad_finder(config.effective().get("substitute") or {},
-                                       lambda line: problems.append(f"nightly advisories: {line}"))
-
-def _findings(rootfs: Root, res: resolver.Resolution) -> tuple[list, list[str], list[str]]:
-    """(host checks, warnings, blockers) from every source doctor asks: the resolver, the system
-    checks, the host checks and the known-bad list; the JSON and the text report the same."""
-    sys_warnings, sys_blockers = system_checks(rootfs, res)
-    host_found = host_checks.checks(rootfs, res.gpus)  # a host check at "fail" blocks; "warn" does not
-    # the resolver's own blockers: e.g. the main GPU not served by this ROCm
-    # known-bad host states, less those the host section above already reports (with their fix)
-    reported = {c.id for c in host_found if c.status != "ok"}
-    bad_host = [m for m in known_bad.host_matches(host_fingerprint(rootfs, res))
-                if m.doctor_check not in reported]
-    blockers = [*stack_blockers(res), *res.blockers, *sys_blockers, *host_checks.blockers(host_found),
-                *(m.text for m in bad_host if m.severity == "blocker")]
-    store_lines: list[str] = []
-    warnings = [*res.warnings, *sys_warnings, *known_bad.doctor_warnings(res, _nightly_finder(res, store_lines)),
-                *store_lines,
-                *(m.text for m in bad_host if m.severity == "warning")]
-    return host_found, warnings, blockers
+    return advisories.known_bad_finder(config.effective().get("substitute") or {}, report)
 
 
 def _print_tables(console, res: resolver.Resolution) -> None:
@@ -263,7 +121,7 @@ def _print_tables(console, res: resolver.Resolution) -> None:
     show_table(console, "ROCm installs",
                ("", "path", "layout", "version", "compiler", "device bitcode", "found as"), rows)
 
-    cov = coverage_rows(res)
+    cov = findings.coverage_rows(res)
     if cov:
         show_table(console, "Library coverage per target",
                    ("install", "target", "rocBLAS", "hipBLASLt", "bitcode", "dist_info", "kernels"),
