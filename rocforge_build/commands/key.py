@@ -124,24 +124,6 @@ def _secret(args, cfg):
     return signing.read_secret_key(args.key.expanduser() if args.key else signing_key_path(cfg["signing_key"]))
 
 
-def _publish_each(urls: list[str], timeout: float, push) -> tuple[list[dict], int]:
-    """push(store) to every store; (what each answered, how many failed), one line per failure."""
-    from rocforge_build.cli import report
-    from rocforge_build.credentials import redact
-    from rocforge_build.errors import RocforgeError
-    from rocforge_build.substitute.stores import open_store
-
-    done, failed = [], 0
-    for url in urls:
-        try:
-            with open_store(url, timeout=timeout) as store:
-                done.append({"store": redact(url), "tag": push(store)})
-        except RocforgeError as exc:
-            failed += 1
-            report("error", f"{redact(url)}: not published: {exc.message}")
-    return done, failed
-
-
 def _rotate(args) -> int:
     from rocforge_build import __version__, config
     from rocforge_build.cli import report
@@ -162,12 +144,12 @@ def _rotate(args) -> int:
     if new.public.keynum == old.public.keynum or new.public.raw == old.public.raw:
         raise UsageError("key rotate: the new key is the old key (the same key number or key)",
                          "rotate to a new key: leave --new-key out")
-    _no_fork(urls, old, new, float(cfg["timeout"]))
+    keys.refuse_fork(urls, old, new, float(cfg["timeout"]))
     if args.new_key is None:
         signing.write_key_pair(where / SECRET_NAME, where / PUBLIC_NAME, new)
     doc = keys.make_rotation(old, new, __version__)
-    done, failed = _publish_each(urls, float(cfg["timeout"]),
-                                 lambda store: keys.publish_rotation(store, doc, old, new))
+    done, failed = keys.publish_each(urls, float(cfg["timeout"]), lambda store: keys.publish_rotation(store, doc, old, new),
+                                     lambda line: report("error", line))
     if args.json:
         print(json.dumps({"old_key_id": old.key_id, "new_key_id": new.key_id,
                           "new_public_key": new.public.text, "secret_key_path": str(where / SECRET_NAME),
@@ -178,32 +160,6 @@ def _rotate(args) -> int:
            f"{len(done)} of {len(urls)} store(s); sign with it: `rocforge config set substitute.signing_key "
            f"{where / SECRET_NAME}`; consumers trust it with `rocforge key trust-rotation URL`")
     return 1 if failed else 0
-
-
-def _no_fork(urls: list[str], old, new, timeout: float) -> None:
-    """A rotation of `old` to another key than `new` in any of the stores is a fork, which every
-    consumer follows to neither key: refused before anything is written (a second `key rotate`
-    after a first, where `--new-key` publishing the first again was meant).  A store that does
-    not answer is left to the publish, which says so."""
-    from rocforge_build.errors import UsageError
-    from rocforge_build.substitute import keys, oci, signing
-    from rocforge_build.substitute.stores import open_store
-
-    trusted = signing.trusted_keys_from_config([old.public.text])
-    for url in urls:
-        witnessed: dict[str, set[str]] = {}
-        try:
-            with open_store(url, timeout=timeout) as store:
-                keys.read_rotations(store, trusted, witnessed=witnessed)
-        except (oci.StoreError, oci.StoreUnreachable):
-            continue
-        others = sorted(t for t in witnessed.get(old.key_id, set()) if t and t != new.public.text)
-        if others:
-            ids = ", ".join(signing.PublicKey.parse(t).key_id for t in others)
-            raise UsageError(f"key rotate: {url} holds a rotation of {old.key_id} to {ids} already; a second "
-                             "rotation to another key is a fork, which consumers follow to neither; nothing "
-                             "was written", f"publish that rotation again with `--new-key` (its secret "
-                             f"key file), or revoke {old.key_id} and have consumers trust the new key by hand")
 
 
 def _revoke(args) -> int:
@@ -221,8 +177,8 @@ def _revoke(args) -> int:
         doc = keys.make_revocation(pair, args.reason, args.note, __version__)
     except oci.StoreError as exc:
         raise UsageError(f"key revoke: {exc.message}") from None
-    done, failed = _publish_each(urls, float(cfg["timeout"]),
-                                 lambda store: keys.publish_revocation(store, doc, pair))
+    done, failed = keys.publish_each(urls, float(cfg["timeout"]), lambda store: keys.publish_revocation(store, doc, pair),
+                                     lambda line: report("error", line))
     if args.json:
         print(json.dumps({"key_id": pair.key_id, "reason": args.reason, "revoked_at": doc["revoked_at"],
                           "published": done}, indent=2))
@@ -238,9 +194,7 @@ def _trust_rotation(args) -> int:
     from rocforge_build import config
     from rocforge_build.cli import report
     from rocforge_build.errors import UsageError
-    from rocforge_build.shellsafe import one_line
     from rocforge_build.substitute import keys, signing
-    from rocforge_build.substitute.stores import open_store
 
     if args.from_key is not None and not re.fullmatch(r"[0-9A-F]{16}", args.from_key):
         raise UsageError(f"--from {args.from_key[:40]!r} is not a key id (16 uppercase hex digits)")
@@ -250,36 +204,8 @@ def _trust_rotation(args) -> int:
     if not configured:
         raise UsageError("substitute.trusted_keys is empty: no rotation can be trusted",
                          "trust the old key first (`rocforge config set substitute.trusted_keys ...`)")
-    stores = list(dict.fromkeys([*cfg["stores"], url]))
-    trusted, lines, unread = keys.with_revocations(configured, stores, float(cfg["timeout"]))
-    for line in lines:
-        report("warning", line)
-    if unread:
-        raise UsageError(f"the key revocations of {len(unread)} store(s) could not be read, so no "
-                         "rotation is trusted", "try again when every configured store answers")
-    with open_store(url, timeout=float(cfg["timeout"])) as store:
-        rotations, left_out = keys.read_rotations(store, trusted)
-    for line in left_out:
-        report("warning", line)
-    # a fork is seen across stores: the owner's rotation in one store, a thief's in another
-    witnessed: dict[str, set[str]] = {}
-    for other in stores:
-        if other == url:
-            continue
-        try:
-            with open_store(other, timeout=float(cfg["timeout"])) as store:
-                keys.read_rotations(store, trusted, witnessed=witnessed)
-        except Exception as exc:  # noqa: BLE001 - a store not read might hold the other half of a fork
-            why = getattr(exc, "message", None) or str(exc)
-            raise UsageError(f"{other}: its key rotations could not be read ({one_line(why)[:200]}), so no "
-                             "rotation is trusted (a rotation of the same key there would make a fork)",
-                             "try again when every configured store answers") from None
-    forked = {r.old.key_id for r in rotations
-              if witnessed.get(r.old.key_id, set()) - {r.new.text}}
-    for key_id in sorted(forked):
-        report("warning", f"no rotation of {key_id} is followed: another configured store holds a rotation "
-                          "of it to another key, or one that cannot be read (one of them is not its owner's)")
-    rotations = [r for r in rotations if r.old.key_id not in forked]
+    rotations = keys.followable_rotations(url, list(dict.fromkeys([*cfg["stores"], url])), configured,
+                                          float(cfg["timeout"]), lambda line: report("warning", line))
     added, said = keys.new_entries(rotations, configured, args.from_key)
     if not added and not said:
         said = [f"no rotation of a trusted key{' ' + args.from_key if args.from_key else ''} in {url}"]

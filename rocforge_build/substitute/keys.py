@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from rocforge_build.errors import UsageError
 from rocforge_build.shellsafe import one_line
 from rocforge_build.substitute import artifact, oci, signing
 from rocforge_build.substitute.oci import Store, StoreError, StoreUnreachable
@@ -391,3 +393,84 @@ def new_entries(rotations: list[Rotation], configured: list[signing.TrustedKey],
         lines.append(f"trusting the key {r.new.key_id}, rotated from {old_id} at {format_time(r.made_at)} "
                      f"({r.tag}), never past {old_id}'s own window")
     return added, lines
+
+
+def followable_rotations(url: str, stores: list[str], configured: list[signing.TrustedKey], timeout: float,
+                         warn: Callable[[str], None]) -> list[Rotation]:
+    """The rotations in `url` a consumer may follow (`key trust-rotation`): read with every
+    store's revocations applied, and none of a key another store in `stores` rotates elsewhere —
+    a fork is seen across stores (the owner's rotation in one, a thief's in another), so a store
+    whose revocations or rotations cannot be read stops it in one line.  `warn` gets one line per
+    statement or key left out."""
+    from rocforge_build.substitute.stores import open_store
+
+    trusted, lines, unread = with_revocations(configured, stores, timeout)
+    for line in lines:
+        warn(line)
+    if unread:
+        raise UsageError(f"the key revocations of {len(unread)} store(s) could not be read, so no "
+                         "rotation is trusted", "try again when every configured store answers")
+    with open_store(url, timeout=timeout) as store:
+        rotations, left_out = read_rotations(store, trusted)
+    for line in left_out:
+        warn(line)
+    witnessed: dict[str, set[str]] = {}
+    for other in stores:
+        if other == url:
+            continue
+        try:
+            with open_store(other, timeout=timeout) as store:
+                read_rotations(store, trusted, witnessed=witnessed)
+        except Exception as exc:  # noqa: BLE001 - a store not read might hold the other half of a fork
+            why = getattr(exc, "message", None) or str(exc)
+            raise UsageError(f"{other}: its key rotations could not be read ({one_line(why)[:200]}), so no "
+                             "rotation is trusted (a rotation of the same key there would make a fork)",
+                             "try again when every configured store answers") from None
+    forked = {r.old.key_id for r in rotations if witnessed.get(r.old.key_id, set()) - {r.new.text}}
+    for key_id in sorted(forked):
+        warn(f"no rotation of {key_id} is followed: another configured store holds a rotation "
+             "of it to another key, or one that cannot be read (one of them is not its owner's)")
+    return [r for r in rotations if r.old.key_id not in forked]
+
+
+def refuse_fork(urls: list[str], old: signing.KeyPair, new: signing.KeyPair, timeout: float) -> None:
+    """A rotation of `old` to another key than `new` in any of the stores is a fork, which every
+    consumer follows to neither key: refused before anything is written (a second `key rotate`
+    after a first, where `--new-key` publishing the first again was meant).  A store that does
+    not answer is left to the publish, which says so."""
+    from rocforge_build.substitute.stores import open_store
+
+    trusted = signing.trusted_keys_from_config([old.public.text])
+    for url in urls:
+        witnessed: dict[str, set[str]] = {}
+        try:
+            with open_store(url, timeout=timeout) as store:
+                read_rotations(store, trusted, witnessed=witnessed)
+        except (StoreError, StoreUnreachable):
+            continue
+        others = sorted(t for t in witnessed.get(old.key_id, set()) if t and t != new.public.text)
+        if others:
+            ids = ", ".join(signing.PublicKey.parse(t).key_id for t in others)
+            raise UsageError(f"key rotate: {url} holds a rotation of {old.key_id} to {ids} already; a second "
+                             "rotation to another key is a fork, which consumers follow to neither; nothing "
+                             "was written", f"publish that rotation again with `--new-key` (its secret "
+                             f"key file), or revoke {old.key_id} and have consumers trust the new key by hand")
+
+
+def publish_each(urls: list[str], timeout: float, push: Callable[[Store], str], failed_line: Callable[[str], None]
+                 ) -> tuple[list[dict], int]:
+    """push(store) to every store: (what each answered, how many failed), one line per failure —
+    a statement reaches the stores that answer, whatever the others do."""
+    from rocforge_build.credentials import redact
+    from rocforge_build.errors import RocforgeError
+    from rocforge_build.substitute.stores import open_store
+
+    done, failed = [], 0
+    for url in urls:
+        try:
+            with open_store(url, timeout=timeout) as store:
+                done.append({"store": redact(url), "tag": push(store)})
+        except RocforgeError as exc:
+            failed += 1
+            failed_line(f"{redact(url)}: not published: {exc.message}")
+    return done, failed
