@@ -19,7 +19,7 @@ from needs import needs
 
 from rocforge_build import ownership
 from rocforge_build.cli import main
-from rocforge_build.errors import ConfigError, ToolchainError, UsageError
+from rocforge_build.errors import BuildError, ConfigError, ToolchainError, UsageError
 from rocforge_build.rootfs import Root
 from rocforge_build.ship import container_context, container_engines, containers
 
@@ -667,3 +667,14 @@ def test_installed_rocforge_ships_its_own_wheel(tmp_path):
                    check=True)
     listed = subprocess.run([str(b / "bin/rocforge"), "recipes"], capture_output=True, text=True, cwd=tmp_path)
     assert listed.returncode == 0 and "llama-cpp" in listed.stdout, listed.stderr
+
+
+def test_an_engine_step_that_fails_is_one_build_error_naming_the_step_and_its_containerfile(tmp_path, capfd):
+    with pytest.raises(BuildError) as got:
+        container_engines.run_step(["sh", "-c", "echo building; exit 3"], "image build (builder and runtime stages)",
+                                   tmp_path / "Containerfile", quiet_stdout=True)
+    assert got.value.message == "container build failed in the image build (builder and runtime stages) (exit code 3)"
+    assert got.value.hint == f"the engine's output above names the failing step; the Containerfile is {tmp_path / 'Containerfile'}"
+    out, err = capfd.readouterr()
+    # with --json, stdout carries only the JSON: the engine's own output goes to stderr
+    assert out == "" and "building" in err and err.startswith("rocforge: image build (builder and runtime stages): sh -c")

@@ -6,14 +6,12 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
 
-from rocforge_build import paths, shellsafe
-from rocforge_build.errors import BuildError, RocforgeError, UsageError
-from rocforge_build.proc import CommandFailed
+from rocforge_build import shellsafe
+from rocforge_build.errors import RocforgeError, UsageError
 from rocforge_build.ship import container_context, container_engines, containers
 
 
@@ -130,20 +128,8 @@ def _build(args) -> int:
     out.write(f"rocforge: building {plan.tag} with {engine.name} in {ctx}\n")
     _print_decisions(decisions, out)
     out.flush()
-    container_context.prepare_context(plan, ctx)
-    q = args.json
-    _engine(steps.stage, "image build (builder and runtime stages)", ctx / "Containerfile", quiet_stdout=q)
-    _engine(steps.facts, "export of the builder's facts", ctx / "Containerfile.facts", quiet_stdout=q)
-    facts = containers.read_facts(ctx / "facts")
-    paths.write_whole(ctx / "Containerfile.final", containers.render_final(plan, facts))
-    _engine(steps.final, "env and labels", ctx / "Containerfile.final", quiet_stdout=q)
-    _engine(steps.cleanup, "removal of the stage tag", None, quiet_stdout=q)
-    summary = {**plan.to_json(), "engine": engine.name, "context": str(ctx),
-               "containerfiles": [str(ctx / n) for n in ("Containerfile", "Containerfile.facts",
-                                                         "Containerfile.final")],
-               "labels": containers.labels(plan, facts.manifest),
-               "env": containers.runtime_env(plan, facts.env, facts.manifest),
-               "closure": {k: facts.closure[k] for k in ("elf_files", "files", "bytes")} if facts.closure else None}
+    facts = container_context.build_image(plan, ctx, steps, quiet_stdout=args.json)
+    summary = containers.built_summary(plan, engine.name, ctx, facts)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -185,38 +171,6 @@ def _print_build_plan(args, plan, engine, ctx, steps, decisions, refused) -> Non
     print(shlex.join(steps.final), file=out)
     print(shlex.join(steps.cleanup), file=out)
     shellsafe.write_script(out.getvalue())
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr(active: bool):
-    """Send a child's stdout to our stderr (with --json, stdout carries only the JSON)."""
-    if not active:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-def _engine(argv: list[str], what: str, containerfile: Path | None, *, quiet_stdout: bool = False) -> None:
-    from rocforge_build import proc
-
-    sys.stderr.write(f"rocforge: {what}: {shlex.join(argv)}\n")
-    sys.stderr.flush()
-    try:
-        with _stdout_to_stderr(quiet_stdout):
-            proc.run(argv, capture=False, timeout=None)  # an image build: its length is the work
-    except CommandFailed as exc:
-        where = f"; the Containerfile is {containerfile}" if containerfile else ""
-        raise BuildError(
-            f"container build failed in the {what} (exit code {exc.returncode})",
-            f"the engine's output above names the failing step{where}",
-        ) from exc
 
 
 def _run(args) -> int:

@@ -12,7 +12,15 @@ from pathlib import Path
 from rocforge_build import ownership, paths, proc
 from rocforge_build.errors import ToolchainError
 from rocforge_build.resources import package_dir
-from rocforge_build.ship.containers import ContainerPlan, render, render_facts
+from rocforge_build.ship.container_engines import BuildSteps, run_step
+from rocforge_build.ship.containers import (
+    ContainerPlan,
+    Facts,
+    read_facts,
+    render,
+    render_facts,
+    render_final,
+)
 
 
 # -- context --------------------------------------------------------------------------------------
@@ -172,3 +180,16 @@ def wheel_from_installed(dest_dir: Path) -> Path:
         record.append(f"{info_dir}/RECORD,,")
         zf.writestr(f"{info_dir}/RECORD", "\n".join(record) + "\n")
     return out
+
+
+def build_image(plan: ContainerPlan, ctx: Path, steps: BuildSteps, *, quiet_stdout: bool = False) -> Facts:
+    """The image of `plan` built in `ctx`: the builder and runtime stages, the builder's facts
+    exported, the final stage's env and labels from those facts, the stage tag removed."""
+    prepare_context(plan, ctx)
+    run_step(steps.stage, "image build (builder and runtime stages)", ctx / "Containerfile", quiet_stdout=quiet_stdout)
+    run_step(steps.facts, "export of the builder's facts", ctx / "Containerfile.facts", quiet_stdout=quiet_stdout)
+    facts = read_facts(ctx / "facts")
+    paths.write_whole(ctx / "Containerfile.final", render_final(plan, facts))
+    run_step(steps.final, "env and labels", ctx / "Containerfile.final", quiet_stdout=quiet_stdout)
+    run_step(steps.cleanup, "removal of the stage tag", None, quiet_stdout=quiet_stdout)
+    return facts

@@ -5,13 +5,16 @@ with the GPU's devices and groups.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from rocforge_build import proc
 from rocforge_build.discover.resolver import Decision
-from rocforge_build.errors import ToolchainError, UsageError
+from rocforge_build.errors import BuildError, ToolchainError, UsageError
 from rocforge_build.ship.containers import engines_data, stage_tag, suggest
 
 
@@ -238,3 +241,35 @@ def execute_run(run: RunPlan) -> int:
         return proc.run(argv, capture=False, check=False, timeout=None).returncode  # the user's container
     finally:
         proc.run([ctr if a == "$CTR" else a for a in run.commands[2]], check=False, timeout=120)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool):
+    """Send a child's stdout to our stderr (with --json, stdout carries only the JSON)."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def run_step(argv: list[str], what: str, containerfile: Path | None, *, quiet_stdout: bool = False) -> None:
+    """One engine command of an image build, said on stderr first; its failure is one BuildError
+    naming the step and the Containerfile (the engine's own output above it names the line)."""
+    sys.stderr.write(f"rocforge: {what}: {shlex.join(argv)}\n")
+    sys.stderr.flush()
+    try:
+        with _stdout_to_stderr(quiet_stdout):
+            proc.run(argv, capture=False, timeout=None)  # an image build: its length is the work
+    except proc.CommandFailed as exc:
+        where = f"; the Containerfile is {containerfile}" if containerfile else ""
+        raise BuildError(
+            f"container build failed in the {what} (exit code {exc.returncode})",
+            f"the engine's output above names the failing step{where}",
+        ) from exc

@@ -465,6 +465,16 @@ def render_final(plan: ContainerPlan, facts: Facts) -> str:
     return _sub(template_text(FINAL_TEMPLATE), values, FINAL_TEMPLATE)
 
 
+def built_summary(plan: ContainerPlan, engine: str, ctx: Path, facts: Facts) -> dict:
+    """What `container build` reports of an image it built: the plan, the engine and context, its
+    Containerfiles, the labels and env the final stage set from the builder's facts, the closure."""
+    return {**plan.to_json(), "engine": engine, "context": str(ctx),
+            "containerfiles": [str(ctx / n) for n in ("Containerfile", "Containerfile.facts", "Containerfile.final")],
+            "labels": labels(plan, facts.manifest),
+            "env": runtime_env(plan, facts.env, facts.manifest),
+            "closure": {k: facts.closure[k] for k in ("elf_files", "files", "bytes")} if facts.closure else None}
+
+
 def read_facts(directory: Path) -> Facts:
     from rocforge_build.ship.closure import parse_dotenv
 
