@@ -11,7 +11,7 @@ from rocforge_build import argtypes
 from rocforge_build.errors import UsageError
 from rocforge_build.measure import bench
 from rocforge_build.measure.llama_tools import LlamaBuild
-from rocforge_build.measure.session import Progress, describe, open_session
+from rocforge_build.measure.session import describe, open_session
 
 
 def add_arguments(parser) -> None:
@@ -52,32 +52,8 @@ def run(args) -> int:
     programs = ("llama-bench",) if args.no_gate else ("llama-bench", "llama-perplexity")
     s = open_session(args.model, builds, programs, args.rootfs)
     spec = spec_from(args, s.model)
-    ctx = args.ctx or None
-    run_id = s.store.start_run("bench", args.argv, {"host": s.base["host"], "model": s.base["model"],
-                                                    "spec": {"depths": spec.depths, "n_prompt": spec.n_prompt,
-                                                             "n_gen": spec.n_gen, "reps": spec.reps}})
-    progress = Progress(len(builds) * len(vs) * len(bench.expected(spec, spec.depths)), quiet=args.json)
-
-    def gate(build, fa):
-        from rocforge_build.measure import verify  # only gated runs pay for importing it
-
-        coverage = verify.plan(s.model, gpu=build.gpu, ctx=ctx)
-        return verify.gate(build, s.model, reference=args.reference, store=s.store, run_id=run_id,
-                           base=s.base, coverage=coverage, fa=fa, quiet=args.json)
-
-    status, out = "failed", None
-    try:
-        out = bench.run(builds, spec, vs, store=s.store, run_id=run_id, base=s.base,
-                        gate=None if args.no_gate else gate, progress=progress)
-        status = "done" if not out.failed else "partly failed"
-    except bench.Interrupted:
-        status = "interrupted"
-        raise
-    finally:
-        progress.close()
-        s.store.finish_run(run_id, status, None if out is None else
-                           {**(s.store.run_info(run_id) or {}).get("info", {}), "llama_bench_s": round(out.child_s, 4),
-                            "warmup_s": out.warmup_s})
+    gate = None if args.no_gate else bench.Gate(reference=args.reference, ctx=args.ctx or None)
+    run_id, out = bench.recorded(s, builds, spec, vs, gate=gate, argv=args.argv, quiet=args.json)
     if args.json:
         print(json.dumps(out.rows, indent=2, default=str))
     else:
