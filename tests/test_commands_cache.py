@@ -18,7 +18,7 @@ from buildfixtures import RECIPE, project_copy
 from trust_helpers import build_lock_held
 
 from rocforge_build import cli, ownership
-from rocforge_build.forge import cleanup
+from rocforge_build.forge import locations
 from rocforge_build.forge.plan import work_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -202,7 +202,7 @@ def test_a_work_dir_whose_build_holds_its_lock_is_never_removed(tmp_path, capsys
 
 
 def test_names_rocforge_does_not_make_are_listed_and_never_removed(capsys):
-    cleanup.claim_cache_root()  # a cache rocforge made (CACHEDIR.TAG); then a user's file in it
+    locations.claim_cache_root()  # a cache rocforge made (CACHEDIR.TAG); then a user's file in it
     (cache() / "notes").mkdir(parents=True)
     (cache() / "notes" / "mine.txt").write_text("mine")
     listing = by_path(rf_json(capsys, "list"))

@@ -47,29 +47,3 @@ def test_two_builds_are_measured_variant_by_variant(tmp_path, db, capsys):
     assert [(Path(r["prefix"]).name, r["test"]) for r in rows] == [  # stored as they ran
         ("current", "pp"), ("current", "tg"), ("candidate", "pp"), ("candidate", "tg")] * 2
 
-
-def test_a_recorded_run_keeps_its_spec_and_says_how_it_ended(tmp_path, db):
-    """bench.recorded: one results-store run of kind bench holding the spec it asked, ended "done"
-    with llama-bench's time; a build whose llama-bench fails every variant ends it "partly failed"."""
-    from rocforge_build.measure import bench
-    from rocforge_build.measure.llama_tools import LlamaBuild
-    from rocforge_build.measure.session import open_session
-
-    log = tmp_path / "calls.log"
-    good = LlamaBuild.open(logging_build(tmp_path, "good", log))
-    model = write_gguf(tmp_path / "m.gguf")
-    s = open_session(str(model), [good], ("llama-bench",))
-    spec = bench.Spec(s.model, (0,), 32, 8, 1, None, warmup=False)
-    run_id, out = bench.recorded(s, [good], spec, bench.variants([], [None], {}), gate=None,
-                                 argv=["rocforge", "bench"], quiet=True)
-    info = s.store.run_info(run_id)
-    assert info["kind"] == "bench" and info["status"] == "done" and info["argv"] == ["rocforge", "bench"]
-    assert info["info"]["spec"] == {"depths": [0], "n_prompt": 32, "n_gen": 8, "reps": 1}
-    assert info["info"]["llama_bench_s"] > 0 and [r["test"] for r in out.rows] == ["pp", "tg"]
-    broken = tmp_path / "broken"
-    (broken / "bin").mkdir(parents=True)
-    (broken / "bin/llama-bench").write_text("#!/bin/sh\necho 'ggml: out of memory' >&2\nexit 1\n")
-    (broken / "bin/llama-bench").chmod(0o755)
-    run_id, out = bench.recorded(s, [LlamaBuild.open(broken)], spec, bench.variants([], [None], {}), gate=None,
-                                 argv=None, quiet=True)
-    assert out.failed and s.store.run_info(run_id)["status"] == "partly failed"

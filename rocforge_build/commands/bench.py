@@ -9,7 +9,7 @@ import json
 
 from rocforge_build import argtypes
 from rocforge_build.errors import UsageError
-from rocforge_build.measure import bench
+from rocforge_build.measure import bench, bench_session
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.session import describe, open_session
 
@@ -52,8 +52,8 @@ def run(args) -> int:
     programs = ("llama-bench",) if args.no_gate else ("llama-bench", "llama-perplexity")
     s = open_session(args.model, builds, programs, args.rootfs)
     spec = spec_from(args, s.model)
-    gate = None if args.no_gate else bench.Gate(reference=args.reference, ctx=args.ctx or None)
-    run_id, out = bench.recorded(s, builds, spec, vs, gate=gate, argv=args.argv, quiet=args.json)
+    gate = None if args.no_gate else bench_session.Gate(reference=args.reference, ctx=args.ctx or None)
+    run_id, out = bench_session.recorded(s, builds, spec, vs, gate=gate, argv=args.argv, quiet=args.json)
     if args.json:
         print(json.dumps(out.rows, indent=2, default=str))
     else:

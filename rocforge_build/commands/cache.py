@@ -1,6 +1,6 @@
 """`rocforge cache list [--json]` and `rocforge cache clean [--older-than DAYS] [--sources|--work|
 --failed|...] [--dry-run] [--json]`: what rocforge keeps in its cache dir, and removing only what
-carries rocforge's mark (forge/cleanup.py says what is never touched, and why)."""
+carries rocforge's mark (workflows/cleanup.py says what is never touched, and why)."""
 
 from __future__ import annotations
 
@@ -49,47 +49,33 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from rocforge_build.forge import cleanup
+    from rocforge_build.workflows import cleanup
 
-    if args.action == "clean":  # before anything is scanned or removed, dry run or not
-        cleanup.check_root(cleanup.paths.cache_dir())
-    base, entries = cleanup.scan()
     now = time.time()
     if args.action == "list":
-        return _list(base, entries, now, args.json)
-    chosen = {c for flag, (cats, _) in FLAGS.items()
-              if getattr(args, flag.replace("-", "_")) for c in cats.split()}
-    if not chosen:
-        chosen = set(cleanup.CATEGORIES) - {"ccache"}
-    done = cleanup.clean(entries, chosen, args.older_than, dry_run=args.dry_run, now=now)
-    if not args.dry_run and base.is_dir():
-        cleanup.claim_cache_root()  # tagged once nothing in it lacks rocforge's mark
-    ccache = (cleanup.evict_ccache(args.older_than, args.dry_run) if "ccache" in chosen
-              else None)
-    failed = [r for r in done if not r.done and "could not be removed" in r.why]
-    failed += [ccache] if ccache is not None and not ccache[0] and args.older_than is not None \
-        else []
-    freed = sum(r.entry.size for r in done if r.done)
+        return _list(*cleanup.scan(), now, args.json)
+    asked = {c for flag, (cats, _) in FLAGS.items() if getattr(args, flag.replace("-", "_")) for c in cats.split()}
+    out = cleanup.clean_cache(asked, args.older_than, dry_run=args.dry_run, now=now)
     if args.json:
         print(json.dumps({
-            "cache_dir": str(base), "dry_run": args.dry_run, "older_than_days": args.older_than,
-            "categories": sorted(chosen), "freed_bytes": freed,
+            "cache_dir": str(out.base), "dry_run": args.dry_run, "older_than_days": args.older_than,
+            "categories": sorted(out.categories), "freed_bytes": out.freed,
             "entries": [{**r.entry.to_json(now), "removed": r.done and not args.dry_run,
-                         "outcome": r.why} for r in done],
-            "ccache": None if ccache is None else {"done": ccache[0], "outcome": ccache[1]},
+                         "outcome": r.why} for r in out.removals],
+            "ccache": None if out.ccache is None else {"done": out.ccache[0], "outcome": out.ccache[1]},
         }, indent=2))
     else:
-        for r in done:
+        for r in out.removals:
             verb = ("would remove" if args.dry_run else "removed") if r.done else "kept"
             tail = "" if r.done else f": {r.why}"
             print(f"{verb:12} {r.entry.category:10} {_size(r.entry.size):>9}  "
                   + one_line(f"{r.entry.path}{tail}"))
-        if ccache is not None:
-            print(f"{'ccache':12} " + one_line(ccache[1]))
+        if out.ccache is not None:
+            print(f"{'ccache':12} " + one_line(out.ccache[1]))
         what = "would free" if args.dry_run else "freed"
-        print(one_line(f"{what} {_size(freed)} in {base}"
-                       + ("" if done else " (nothing matched)")))
-    return 1 if failed else 0
+        print(one_line(f"{what} {_size(out.freed)} in {out.base}"
+                       + ("" if out.removals else " (nothing matched)")))
+    return 1 if out.failed else 0
 
 
 def _list(base, entries, now: float, as_json: bool) -> int:

@@ -1,17 +1,21 @@
 """Where a build's trees live, derived from its prefix alone: the work area, the staging and
 DESTDIR siblings that the swap renames, the copy of the source, the private venv, and the
-default prefix in the builds directory.  Every module that must find them asks here."""
+default prefix in the builds directory; and what rocforge keeps in its cache directory, whose root
+it claims as its own only while everything there carries its mark.  Every module that must find
+them asks here."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from pathlib import Path
 
-from rocforge_build import paths
+from rocforge_build import ownership, paths
 from rocforge_build.manifest_schema import MANIFEST
 
-__all__ = ["MANIFEST", "default_prefix", "destdir", "own_builds_dir", "project_dir", "staging_dir",
-           "venv_dir", "work_dir"]
+__all__ = ["CACHE_LAYOUT", "CACHE_TOP", "MANIFEST", "claim_cache_root", "default_prefix", "destdir", "own_builds_dir", "project_dir", "staging_dir",
+           "is_plain_dir", "venv_dir", "work_dir"]
 
 
 STAGED = "a build's staged install"  # what the scratch trees beside a prefix hold
@@ -65,3 +69,56 @@ def own_builds_dir(made_for: str) -> Path | None:
     builds directory (no `rocforge build` default is one word), bisect's steps in the cache; None
     for an owner whose prefixes are named elsewhere (verify's references: measure/verify_reference)."""
     return {"tune": paths.builds_prefix() / "tune", "bisect": paths.cache_dir() / "bisect"}.get(made_for)
+
+
+# (category, directory under the cache dir, whether its entries are the directory's children)
+CACHE_LAYOUT = (
+    ("sources", "sources/git", True),
+    ("sources", "sources/trees", True),
+    ("sources", "sources/refs.json", False),
+    ("sources", "downloads", True),
+    ("work", "work", True),
+    ("bisect", "bisect", True),
+    ("containers", "containers", True),
+    ("verify", "verify/refs", True),
+    ("verify", "verify", True),  # the model texts (text-*.txt); refs/ is listed above
+    ("llama-help", "llama-help", True),
+    ("env", "env", True),
+)
+CACHE_TOP = {"sources", "downloads", "work", "bisect", "containers", "verify", "llama-help", "env"}
+
+
+def is_plain_dir(p: Path) -> bool:
+    """A directory itself, never a link to one (lstat): a link in the cache is never followed."""
+    return stat.S_ISDIR(os.lstat(p).st_mode)
+
+
+def claim_cache_root() -> None:
+    """Tag the cache root as rocforge's (CACHEDIR.TAG with rocforge's line) when rocforge makes
+    it, or when everything in it carries rocforge's mark: called where rocforge first writes into
+    the cache.  A root holding anything unmarked (an earlier rocforge's, or someone's) stays
+    untagged, so a tag never vouches for what rocforge did not make."""
+    base = paths.cache_dir()
+    if _only_marked(base):
+        ownership.tag_cache_root(base, CACHE_TOP)
+
+
+def _only_marked(base: Path) -> bool:
+    try:
+        if ownership.foreign_names(base, CACHE_TOP):
+            return False
+        for _category, rel, children in CACHE_LAYOUT:
+            where = base / rel
+            if not os.path.lexists(where):
+                continue
+            if not children or not is_plain_dir(where):
+                return False
+            for name in os.listdir(where):
+                if name == ownership.MARK or (rel == "verify" and name == "refs") \
+                        or (rel == "work" and name.endswith(".lock")):
+                    continue
+                if not ownership.is_marked(where / name):
+                    return False
+    except OSError:
+        return False
+    return True

@@ -29,9 +29,16 @@ from pathlib import Path
 from rocforge_build import __version__, ownership, paths, replace
 from rocforge_build.discover.builds import read_manifest
 from rocforge_build.errors import BuildError, BuildTargetError, ToolchainError, UsageError
-from rocforge_build.forge import cache, cleanup, lock, parallel, patches, sources
+from rocforge_build.forge import cache, lock, parallel, patches, sources
 from rocforge_build.forge.context import BUILD_ENV, BuildContext, preflight
-from rocforge_build.forge.locations import MANIFEST, STAGED, destdir, own_builds_dir, staging_dir
+from rocforge_build.forge.locations import (
+    MANIFEST,
+    STAGED,
+    claim_cache_root,
+    destdir,
+    own_builds_dir,
+    staging_dir,
+)
 from rocforge_build.forge.plan import Plan, make_plan
 from rocforge_build.forge.request import Request
 from rocforge_build.forge.substitute_key import SubstituteOutcome
@@ -193,7 +200,7 @@ def _compile(plan: Plan, say, console, quiet: bool, gate: Callable[[Plan, Path],
     say(f"[bold]rocforge build[/] {plan.recipe.name} for {plan.target or 'no GPU target'} ({plan.backend}: {plan.backend_reason})")
     for note in plan.notes:
         say(f"[yellow]note:[/] {note}")
-    cleanup.claim_cache_root()
+    claim_cache_root()
     plan.work.mkdir(parents=True, exist_ok=True)
     ownership.write_mark(plan.work, "a build work dir")  # cache clean removes only marked dirs
     if plan.log.exists():

@@ -40,7 +40,7 @@ def is_complete(tree: Path) -> bool:
 # -- git refs -------------------------------------------------------------------------------------
 
 def git_mirror(url: str) -> Path:
-    """The bare mirror of `url`, named by the URL's sha256 (forge/cleanup.py recognises it so)."""
+    """The bare mirror of `url`, named by the URL's sha256 (workflows/cleanup.py recognises it so)."""
     return paths.cache_dir() / "sources" / "git" / (hashlib.sha256(url.encode()).hexdigest()[:16] + ".git")
 
 

@@ -28,7 +28,7 @@ from rocforge_build import ownership, paths
 from rocforge_build.download import sha256_file
 from rocforge_build.errors import ConfigError, IntegrityError, NetworkError, UsageError
 from rocforge_build.forge import source_fetch
-from rocforge_build.forge.cleanup import claim_cache_root
+from rocforge_build.forge.locations import claim_cache_root
 from rocforge_build.forge.source_fetch import is_commit, is_complete, trees_dir
 from rocforge_build.ownership import COMPLETE, MARK
 from rocforge_build.proc import PROBE, CommandFailed, run

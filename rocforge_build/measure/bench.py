@@ -317,52 +317,6 @@ def run(builds: list[LlamaBuild], spec: Spec, vs: list[Variant], *, store, run_i
     return out
 
 
-@dataclass(frozen=True, kw_only=True)
-class Gate:
-    """`rocforge verify` before a build is measured: against `reference` (None: the reference
-    rocforge makes) at the contexts `ctx` (None: verify's own coverage of the model)."""
-
-    reference: str | None = None
-    ctx: list[int] | None = None
-
-
-def recorded(session, builds: list[LlamaBuild], spec: Spec, vs: list[Variant], *, gate: Gate | None,
-             argv: list[str] | None, quiet: bool) -> tuple[int, Outcome]:
-    """(run id, outcome) of `run` recorded as one results-store run of kind "bench": the spec it
-    asked, each build gated by verify first unless `gate` is None, and how it ended (done, partly
-    failed, interrupted, failed) with the time llama-bench and the warm-ups took — an interrupted
-    run keeps the rows it measured."""
-    from rocforge_build.measure.session import Progress
-
-    s = session
-    run_id = s.store.start_run("bench", argv, {"host": s.base["host"], "model": s.base["model"],
-                                               "spec": {"depths": spec.depths, "n_prompt": spec.n_prompt,
-                                                        "n_gen": spec.n_gen, "reps": spec.reps}})
-    progress = Progress(len(builds) * len(vs) * len(expected(spec, spec.depths)), quiet=quiet)
-
-    def verified(build: LlamaBuild, fa):
-        from rocforge_build.measure import verify  # only gated runs pay for importing it
-
-        coverage = verify.plan(s.model, gpu=build.gpu, ctx=gate.ctx)
-        return verify.gate(build, s.model, reference=gate.reference, store=s.store, run_id=run_id,
-                           base=s.base, coverage=coverage, fa=fa, quiet=quiet)
-
-    status, out = "failed", None
-    try:
-        out = run(builds, spec, vs, store=s.store, run_id=run_id, base=s.base,
-                  gate=None if gate is None else verified, progress=progress)
-        status = "done" if not out.failed else "partly failed"
-    except Interrupted:
-        status = "interrupted"
-        raise
-    finally:
-        progress.close()
-        s.store.finish_run(run_id, status, None if out is None else
-                           {**(s.store.run_info(run_id) or {}).get("info", {}), "llama_bench_s": round(out.child_s, 4),
-                            "warmup_s": out.warmup_s})
-    return run_id, out
-
-
 def _prepare(build: LlamaBuild, spec: Spec, vs: list[Variant], base: dict, gate, keep, out: Outcome,
              progress) -> tuple[LlamaBuild, dict, dict, tuple[int, ...]] | None:
     """One build made ready to measure: its rows' common fields, verify's verdict per flash-attention

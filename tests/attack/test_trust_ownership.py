@@ -28,7 +28,8 @@ from trust_helpers import (
 )
 
 from rocforge_build import ownership
-from rocforge_build.forge import cleanup, sources
+from rocforge_build.forge import locations, sources
+from rocforge_build.workflows import cleanup
 
 
 def cache() -> Path:
@@ -101,7 +102,7 @@ def test_a_cache_dir_holding_files_of_someone_else_is_refused_until_rocforge_tag
         line = one_error(rocforge(*argv))
         assert "1 entry rocforge did not make ('report.odt')" in line and "CACHEDIR.TAG" in line
     assert snapshot(shared) == before
-    cleanup.claim_cache_root()  # never tags a directory with someone else's files in it
+    locations.claim_cache_root()  # never tags a directory with someone else's files in it
     assert not (shared / ownership.CACHEDIR_TAG).exists()
 
 

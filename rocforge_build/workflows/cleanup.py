@@ -41,36 +41,18 @@ from pathlib import Path
 from rocforge_build import ownership, paths, proc
 from rocforge_build.errors import RocforgeError
 from rocforge_build.forge import lock
+from rocforge_build.forge.locations import CACHE_LAYOUT, CACHE_TOP, claim_cache_root, is_plain_dir
 from rocforge_build.manifest_schema import MANIFEST
 from rocforge_build.replace import JOURNAL
 from rocforge_build.toml_subset import tomllib_parse
 
 DAY = 86400.0
 MANIFESTS = (MANIFEST, "rocforge-kernels.json")  # a build's; the kernels runner's (kernels/runner.py)
-# (category, directory under the cache dir, whether its entries are the directory's children)
-LAYOUT = (
-    ("sources", "sources/git", True),
-    ("sources", "sources/trees", True),
-    ("sources", "sources/refs.json", False),
-    ("sources", "downloads", True),
-    ("work", "work", True),
-    ("bisect", "bisect", True),
-    ("containers", "containers", True),
-    ("verify", "verify/refs", True),
-    ("verify", "verify", True),  # the model texts (text-*.txt); refs/ is listed above
-    ("llama-help", "llama-help", True),
-    ("env", "env", True),
-)
-OWN_TOP = {"sources", "downloads", "work", "bisect", "containers", "verify", "llama-help", "env"}
 # replace.py's names beside a prefix (a prefix may be put inside the cache): rocforge's by MARK only
 SWAP_SIBLING = re.compile(r".+\.rocforge-(?:new|old|previous|destdir|partial|swap)"
                           r"(?:\.deleting|\.tmp)?")
 CATEGORIES = ("sources", "work", "failed", "running", "bisect", "containers", "verify",
               "llama-help", "env", "ccache")
-
-
-def _is_dir(p: Path) -> bool:
-    return stat.S_ISDIR(os.lstat(p).st_mode)
 
 
 def _head(p: Path, limit: int = 64 << 10) -> str | None:
@@ -102,14 +84,14 @@ def _sha256_starts(p: Path, hex_prefix: str) -> bool:
 
 def _stamped_tree(p: Path) -> bool:
     """A source tree whose completeness stamp holds what forge/sources.py writes there."""
-    return _is_dir(p) and ownership.valid_stamp(p / ownership.COMPLETE)
+    return is_plain_dir(p) and ownership.valid_stamp(p / ownership.COMPLETE)
 
 
 def _own_mirror(p: Path) -> bool:
     """A git mirror named, as forge/source_fetch.py names it, by the sha256 of the URL its config
     fetches from."""
     m = re.fullmatch(r"([0-9a-f]{16})\.git", p.name)
-    text = _head(p / "config") if m and _is_dir(p) else None
+    text = _head(p / "config") if m and is_plain_dir(p) else None
     urls = re.findall(r"^\s*url\s*=\s*(.+?)\s*$", text or "", re.M)
     return any(hashlib.sha256(u.encode()).hexdigest()[:16] == m.group(1) for u in urls)
 
@@ -133,7 +115,7 @@ def _work_plan(p: Path) -> dict | None:
 def _own_work(p: Path) -> bool:
     """A work dir named, as forge/plan.work_dir names it, by the sha256 of the prefix its build
     log's plan installs into."""
-    plan = _work_plan(p) if re.fullmatch(r"[0-9a-f]{12}", p.name) and _is_dir(p) else None
+    plan = _work_plan(p) if re.fullmatch(r"[0-9a-f]{12}", p.name) and is_plain_dir(p) else None
     prefix = plan.get("prefix") if plan else None
     return isinstance(prefix, str) and \
         hashlib.sha256(prefix.encode()).hexdigest()[:12] == p.name
@@ -162,40 +144,9 @@ OWNED_PROOFS: dict[str, Callable[[Path], bool]] = {
 }
 
 
-def claim_cache_root() -> None:
-    """Tag the cache root as rocforge's (CACHEDIR.TAG with rocforge's line) when rocforge makes
-    it, or when everything in it carries rocforge's mark: called where rocforge first writes into
-    the cache.  A root holding anything unmarked (an earlier rocforge's, or someone's) stays
-    untagged, so a tag never vouches for what rocforge did not make."""
-    base = paths.cache_dir()
-    if _only_marked(base):
-        ownership.tag_cache_root(base, OWN_TOP)
-
-
-def _only_marked(base: Path) -> bool:
-    try:
-        if ownership.foreign_names(base, OWN_TOP):
-            return False
-        for _category, rel, children in LAYOUT:
-            where = base / rel
-            if not os.path.lexists(where):
-                continue
-            if not children or not _is_dir(where):
-                return False
-            for name in os.listdir(where):
-                if name == ownership.MARK or (rel == "verify" and name == "refs") \
-                        or (rel == "work" and name.endswith(".lock")):
-                    continue
-                if not ownership.is_marked(where / name):
-                    return False
-    except OSError:
-        return False
-    return True
-
-
 def check_root(base: Path) -> None:
     """Refuse, before anything is removed, a cache root that is not rocforge's (ownership.py)."""
-    ownership.check_destructive_root(base, OWN_TOP, "rocforge cache clean")
+    ownership.check_destructive_root(base, CACHE_TOP, "rocforge cache clean")
 
 
 def owned(rel: str, path: Path) -> bool:
@@ -350,13 +301,13 @@ def scan() -> tuple[Path, list[Entry]]:
     except OSError:
         top = []
     for name in top:
-        if name not in OWN_TOP and name != ownership.CACHEDIR_TAG:
+        if name not in CACHE_TOP and name != ownership.CACHEDIR_TAG:
             e = Entry("other", base / name)
             _measure(e, guard, mounts)
             e.kept = "not something rocforge makes"
             entries.append(e)
     listed: set[Path] = set()
-    for category, rel, children in LAYOUT:
+    for category, rel, children in CACHE_LAYOUT:
         where = base / rel
         if where in listed:
             continue
@@ -384,7 +335,7 @@ def scan() -> tuple[Path, list[Entry]]:
             if name == ownership.MARK or (rel == "work" and name.endswith(".lock")):
                 continue  # a directory's own mark; a work dir's lock (removed with its work dir)
             entries.append(_entry(category, rel, path, guard, mounts))
-    refused = ownership.root_problem(base, OWN_TOP)
+    refused = ownership.root_problem(base, CACHE_TOP)
     for e in entries if refused else ():  # what `cache clean` would refuse is listed as kept
         e.kept = f"cache clean refuses {base}: {refused}"
     entries += compiler_caches(guard)
@@ -449,6 +400,44 @@ class Removal:
     entry: Entry
     done: bool
     why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cleaned:
+    """What one `cache clean` did (or, dry, would do): each entry it considered, the compiler
+    cache's eviction when asked ((done, what happened), None when not), and the categories."""
+
+    base: Path
+    removals: tuple[Removal, ...]
+    ccache: tuple[bool, str] | None
+    categories: frozenset[str]
+    older_than: float | None
+
+    @property
+    def freed(self) -> int:
+        return sum(r.entry.size for r in self.removals if r.done)
+
+    @property
+    def failed(self) -> bool:
+        """An entry that could not be removed whole, or an eviction asked with an age that failed."""
+        return any(not r.done and "could not be removed" in r.why for r in self.removals) or (
+            self.ccache is not None and not self.ccache[0] and self.older_than is not None)
+
+
+def clean_cache(categories: set[str] | None, older_than: float | None, *, dry_run: bool, now: float) -> Cleaned:
+    """`rocforge cache clean`: the cache root refused before anything is scanned unless it is
+    rocforge's, then the removable entries of `categories` (None: every category but the shared
+    compiler cache) older than `older_than` days removed, the root tagged as rocforge's once
+    nothing in it lacks the mark, and ccache asked to evict when its category is chosen."""
+    check_root(paths.cache_dir())
+    base, entries = scan()
+    categories = set(CATEGORIES) - {"ccache"} if not categories else categories
+    done = clean(entries, categories, older_than, dry_run=dry_run, now=now)
+    if not dry_run and base.is_dir():
+        claim_cache_root()
+    ccache = evict_ccache(older_than, dry_run) if "ccache" in categories else None
+    return Cleaned(base=base, removals=tuple(done), ccache=ccache, categories=frozenset(categories),
+                   older_than=older_than)
 
 
 def chosen(entries: list[Entry], categories: set[str], older_than: float | None,
