@@ -71,11 +71,11 @@ class Asked:
     quiet: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
     """What one tune found: its run in the results store, the backends skipped and why, each
     candidate's gate and search, the variants refused at a range's own shape, the preset stored
-    (None: nothing was), each range's depth, and how many candidates passed the verify gate."""
+    (None: none stored), each range's depth, and how many candidates passed the verify gate."""
     run: int
     skipped: list[dict]
     candidates: list[dict]
