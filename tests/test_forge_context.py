@@ -26,7 +26,6 @@ from rocforge_build.workflows.upgrade import request_for
 _WATCH = textwrap.dedent("""
     import collections, json, os, sys
     from rocforge_build import cli
-    from rocforge_build.commands import build as build_command
     from rocforge_build.forge import pipeline, plan
 
     watched = {os.path.realpath(p): os.path.basename(p) for p in sys.argv[1].split(os.pathsep)}
@@ -50,7 +49,7 @@ _WATCH = textwrap.dedent("""
         seen["plan " + context.recipe.name] += 1
         return real(context, **kw)
 
-    for module in (plan, pipeline, build_command):
+    for module in (plan, pipeline):
         module.make_plan = counted
     sys.addaudithook(hook)
     code = cli.main(sys.argv[2:])

@@ -14,10 +14,10 @@ from stackfixtures import make_build
 from tiny_gguf import write as write_gguf
 
 from rocforge_build import cli
-from rocforge_build.commands import tune as tune_cmd
 from rocforge_build.measure import bench, tune, verify
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.store import Store
+from rocforge_build.workflows import tune as tune_workflow
 
 # the leader of every range: twice the runner-up's pp and tg at every depth
 LEADER, RUNNER_UP = bench.Variant(512, True), bench.Variant(256, False)
@@ -42,12 +42,12 @@ def world(tmp_path, monkeypatch):
     model = write_gguf(tmp_path / "m.gguf", n_ctx=8192)
     state = {"prefix": str(prefix), "model": model, "wrong": set(), "calls": []}
 
-    def candidates(args, say, given=()):
+    def candidates(asked, say, *, quiet):
         return [LlamaBuild.open(prefix)], []
 
-    def tune_build(b, s, spec, run_id, ranges, n_ctx, progress, args, say):
+    def tune_build(b, measuring):
         cand = tune.Candidate(b, "passed")
-        cand.measured = {v: [r for d in ranges.values() for r in rows(t_s, d)]
+        cand.measured = {v: [r for d in measuring.ranges.values() for r in rows(t_s, d)]
                          for v, t_s in ((LEADER, 200.0), (RUNNER_UP, 100.0))}
         cand.remeasure = lambda v: cand.measured[v]
         return cand, (cand, {}, 8)
@@ -59,8 +59,8 @@ def world(tmp_path, monkeypatch):
         check = {**shape.to_json(), "kld_mean": 0.3 if failed else 0.001, "top1": 0.99, "failed": failed}
         return {"passed": not failed, "reference": "/ref", "checks": [check]}
 
-    monkeypatch.setattr(tune_cmd, "candidates", candidates)
-    monkeypatch.setattr(tune_cmd, "_tune_build", tune_build)
+    monkeypatch.setattr(tune_workflow, "candidates", candidates)
+    monkeypatch.setattr(tune_workflow, "_tune_build", tune_build)
     monkeypatch.setattr(verify, "verify_shape", verify_shape)
     return state
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import sys
 
-from rocforge_build import argtypes
+from rocforge_build import argtypes, substitute
 from rocforge_build.commands import target_or_detected
 from rocforge_build.errors import UsageError
 from rocforge_build.forge import pipeline, recipes
 from rocforge_build.forge.backend_choice import check_requested
-from rocforge_build.forge.context import BuildContext, needs_gpu_target, preflight
-from rocforge_build.forge.plan import Request, make_plan
+from rocforge_build.forge.context import needs_gpu_target
+from rocforge_build.forge.plan import Request
 from rocforge_build.forge.plan_text import print_plan
 from rocforge_build.refs import check_git_ref
 from rocforge_build.shellsafe import one_line
@@ -72,15 +72,6 @@ def _target(args) -> str:
         return ""
 
 
-def substitute(plan, staging, say):
-    """The stores asked for the plan's build (substitute/pull.py), imported only when some
-    store is configured: a machine that shares nothing needs none of its libraries (PyCA
-    cryptography, oras-py), as a Debian chroot building with its own Python does."""
-    from rocforge_build.substitute import pull
-
-    return pull.attempt(plan, staging, say)
-
-
 def run(args) -> int:
     if args.json and not args.dry_run:
         raise UsageError("--json goes with --dry-run", "rocforge build ... --dry-run --json")
@@ -98,9 +89,7 @@ def run(args) -> int:
         substitutes="off" if args.no_substitutes else "only" if args.substitute_only else "auto",
     )
     if args.dry_run:
-        context = BuildContext.of(req, args.rootfs)
-        preflight(context)  # as the build does: before any download
-        plan = make_plan(context.read_cached())  # a dry run never downloads
+        plan = pipeline.dry_run(req, args.rootfs)
         if args.json:
             print(json.dumps(plan.to_json(), indent=2, default=str))
         else:
@@ -108,7 +97,7 @@ def run(args) -> int:
         sys.stdout.flush()
         pipeline.check(plan)  # the build's own checks: a dry run exits as the build would
         return 0
-    outcome = pipeline.build(req, args.rootfs, substitute=substitute)
+    outcome = pipeline.build(req, args.rootfs, substitute=substitute.from_stores)
     if outcome.status == "up to date":
         sys.stderr.write(f"rocforge: {outcome.prefix} is up to date ({outcome.seconds:.2f}s; "
                          "--force rebuilds)\n")

@@ -46,12 +46,12 @@ def run(args) -> int:
     model = _model(args.model)
     req = upgrade.request_for(prefix, manifest, ref=args.ref, source=args.source,
                               environ=_environ(args), jobs=args.jobs)
-    from rocforge_build.commands.build import substitute
+    from rocforge_build import substitute
 
     with Store() as store:  # a store that cannot be written is found before anything is built
         run_id = store.start_run("upgrade", args.argv, {"prefix": str(prefix)})
         try:
-            out = upgrade.upgrade(prefix, req, args.rootfs, substitute=substitute, run=argv,
+            out = upgrade.upgrade(prefix, req, args.rootfs, substitute=substitute.from_stores, run=argv,
                                   model=model, pct=pct, root_arg=None if args.rootfs.is_host else args.root,
                                   quiet=args.json)
         except BaseException:

@@ -134,6 +134,15 @@ def build(req: Request, root, *, quiet: bool = False,
     return execute(plan, quiet=quiet, gate=gate, keep=keep, started=t0, substitute=substitute, read=read)
 
 
+def dry_run(req: Request, root) -> Plan:
+    """The plan `build` would carry out, made as it makes it (the context, the preflight checks
+    before any download) from the sources the cache already holds: a dry run never downloads.
+    The caller shows it, then runs `check(plan)` so the dry run exits as the build would."""
+    context = BuildContext.of(req, root)
+    preflight(context)
+    return make_plan(context.read_cached())
+
+
 def _read_plan(context: BuildContext) -> Plan:
     """The plan of a context identified before its download, once its source is read."""
     return make_plan(context.read(), check_patches=False)

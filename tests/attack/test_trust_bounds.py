@@ -374,20 +374,17 @@ def test_a_build_target_the_configure_does_not_make_is_refused_before_building(t
 def test_a_build_given_twice_is_one_tune_candidate(tmp_path):
     """`tune --build P` where P is already a candidate (the build a backend makes, or P again
     through a link) is measured once: candidates are told apart by their resolved prefix."""
-    from types import SimpleNamespace
-
-    from rocforge_build.commands import tune as tune_cmd
     from rocforge_build.measure.llama_tools import LlamaBuild
     from rocforge_build.rootfs import Root
+    from rocforge_build.workflows import tune as tune_workflow
 
     prefix, _ = never_run_prefix(tmp_path)
     (tmp_path / "link").symlink_to(prefix)
     said = []
-    args = SimpleNamespace(recipe=str(RECIPE), backends="cpu", target="gfx1151", ref=None,
-                           source=str(tmp_path / "no-such-source"), jobs=None, json=True,
-                           rootfs=Root("/"))
-    given = [LlamaBuild.open(prefix), LlamaBuild.open(tmp_path / "link")]
-    builds, skipped = tune_cmd.candidates(args, said.append, given)
+    asked = tune_workflow.Candidates(recipe=str(RECIPE), backends=("cpu",), target="gfx1151",
+                                     source=str(tmp_path / "no-such-source"), rootfs=Root("/"),
+                                     given=(LlamaBuild.open(prefix), LlamaBuild.open(tmp_path / "link")))
+    builds, skipped = tune_workflow.candidates(asked, said.append, quiet=True)
     assert [b.prefix for b in builds] == [prefix]
     assert [s["backend"] for s in skipped] == ["cpu"]  # its source is absent: nothing was built
     assert f"--build {prefix} is already a candidate: measured once" in said

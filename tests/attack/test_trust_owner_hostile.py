@@ -8,20 +8,19 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from buildfixtures import RECIPE, git_repo
 from upgrade_history import built, history, rocforge, tree_hashes
 
 from rocforge_build import paths
-from rocforge_build.commands import tune as tune_cmd
 from rocforge_build.discover.builds import read_manifest
 from rocforge_build.errors import UsageError
 from rocforge_build.forge import pipeline
 from rocforge_build.forge.locations import own_builds_dir
 from rocforge_build.forge.request import Request
 from rocforge_build.rootfs import Root
+from rocforge_build.workflows import tune as tune_workflow
 
 
 def _manifest_with(prefix: Path, key: str, value: str) -> None:
@@ -42,11 +41,11 @@ def test_tune_never_replaces_the_users_build_when_the_data_dir_is_inside_the_cac
     assert res.returncode == 0, res.stderr
     (prefix,) = [p for p in paths.builds_prefix().iterdir() if p.name != "tune"]
     before = tree_hashes(prefix)
-    monkeypatch.setattr(tune_cmd, "MEASURE_TARGETS", ("fixture-hello",))
-    monkeypatch.setattr(tune_cmd, "TUNE_NEEDS", ("llama-bench",))  # the user's build lacks one
-    args = SimpleNamespace(recipe=str(h.recipe), backends=read_manifest(prefix)["backend"], target="gfx1151",
-                           source=None, ref=None, jobs=None, rootfs=Root("/"), json=True)
-    builds, _ = tune_cmd.candidates(args, lambda text: None, [])
+    monkeypatch.setattr(tune_workflow, "MEASURE_TARGETS", ("fixture-hello",))
+    monkeypatch.setattr(tune_workflow, "TUNE_NEEDS", ("llama-bench",))  # the user's build lacks one
+    asked = tune_workflow.Candidates(recipe=str(h.recipe), backends=(read_manifest(prefix)["backend"],),
+                                     target="gfx1151", rootfs=Root("/"))
+    builds, _ = tune_workflow.candidates(asked, lambda text: None, quiet=True)
     assert tree_hashes(prefix) == before
     own = paths.builds_prefix() / "tune" / prefix.name
     assert [b.prefix for b in builds] == [own.resolve()]
@@ -119,7 +118,7 @@ def test_each_commands_own_directory_is_where_it_builds(tmp_path):
     from rocforge_build import paths
     from rocforge_build.workflows import bisect
 
-    assert tune_cmd.tune_prefix("/x/llama-cpp-gfx1151-hip") == paths.builds_prefix() / "tune" / "llama-cpp-gfx1151-hip"
+    assert tune_workflow.tune_prefix("/x/llama-cpp-gfx1151-hip") == paths.builds_prefix() / "tune" / "llama-cpp-gfx1151-hip"
     assert bisect.step_prefix("r", "t", None, "abc") == paths.cache_dir() / "bisect" / "r-t-default" / "abc"
     assert own_builds_dir("tune") == paths.builds_prefix() / "tune"
     assert own_builds_dir("bisect") == paths.cache_dir() / "bisect" and own_builds_dir("reference") is None
@@ -147,16 +146,16 @@ def test_tune_skips_a_backend_whose_own_prefix_holds_the_users_build(tmp_path, m
     res = rocforge("build", str(h.recipe), "--target", "gfx1151", "--no-recheck")
     assert res.returncode == 0, res.stderr
     (prefix,) = [p for p in paths.builds_prefix().iterdir()]
-    own = tune_cmd.tune_prefix(prefix)
+    own = tune_workflow.tune_prefix(prefix)
     res = rocforge("build", str(h.recipe), "--target", "gfx1151", "--no-recheck", "--prefix", str(own))
     assert res.returncode == 0, res.stderr
     before = tree_hashes(own)
-    monkeypatch.setattr(tune_cmd, "MEASURE_TARGETS", ("fixture-hello",))
-    monkeypatch.setattr(tune_cmd, "TUNE_NEEDS", ("llama-bench",))
-    args = SimpleNamespace(recipe=str(h.recipe), backends=read_manifest(prefix)["backend"], target="gfx1151",
-                           source=None, ref=None, jobs=None, rootfs=Root("/"), json=True)
+    monkeypatch.setattr(tune_workflow, "MEASURE_TARGETS", ("fixture-hello",))
+    monkeypatch.setattr(tune_workflow, "TUNE_NEEDS", ("llama-bench",))
+    asked = tune_workflow.Candidates(recipe=str(h.recipe), backends=(read_manifest(prefix)["backend"],),
+                                     target="gfx1151", rootfs=Root("/"))
     with pytest.raises(UsageError, match="no candidate build") as err:
-        tune_cmd.candidates(args, lambda text: None, [])
+        tune_workflow.candidates(asked, lambda text: None, quiet=True)
     assert f"{own} holds your build" in err.value.hint
     assert tree_hashes(own) == before
 

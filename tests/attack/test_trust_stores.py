@@ -57,7 +57,7 @@ def build(tmp_path) -> tuple[Path, Path]:
 
 
 def good_preset(prefix: Path) -> dict:
-    """A preset as `rocforge tune` stores it (commands/tune.py `choose` and `entry`), its model
+    """A preset as `rocforge tune` stores it (measure/tune_choice.py `choose` and `entry`), its model
     file written beside the build (serve checks the file is the one the preset names)."""
     from rocforge_build.discover.builds import read_manifest
 

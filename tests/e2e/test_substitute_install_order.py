@@ -6,8 +6,8 @@ build on an upgrade, and left the staging tree behind.
 
 The build is the fixture recipe's `accel` backend (a non-CPU backend, built from git in a few
 seconds), published by machine A to a file store and pulled here through the pipeline with the
-`build` command's own substituter (substitute/pull.py); what the pulled build's `installed` step
-sees in the prefix when it runs is the evidence.  A real GPU build (Vulkan on lavapipe) verified
+substituter every command hands it (`substitute.from_stores`); what the pulled build's
+`installed` step sees in the prefix when it runs is the evidence.  A real GPU build (Vulkan on lavapipe) verified
 here takes the same pipeline steps with a passing verify; its cost (a Vulkan llama.cpp build
 with llama-perplexity and a CPU reference) is left to the slow suite."""
 
@@ -25,12 +25,12 @@ from buildfixtures import git_repo, project_copy, recipe_copy
 from needs import require
 from trust_helpers import rocforge
 
-from rocforge_build.commands import build as build_command
 from rocforge_build.discover.builds import read_manifest
 from rocforge_build.forge import pipeline
 from rocforge_build.forge.locations import staging_dir
 from rocforge_build.forge.request import Request
 from rocforge_build.rootfs import Root
+from rocforge_build.substitute import from_stores
 
 
 def _ok(res: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -71,10 +71,10 @@ def _request(store, prefix: Path) -> Request:
 
 
 def _watching(seen: list[dict]):
-    """The build command's substituter, its `installed` step wrapped to note what the prefix
-    holds at the moment it runs (then run as it is)."""
+    """The commands' substituter (`substitute.from_stores`), its `installed` step wrapped to note
+    what the prefix holds at the moment it runs (then run as it is)."""
     def substitute(plan, staging, say):
-        outcome = build_command.substitute(plan, staging, say)
+        outcome = from_stores(plan, staging, say)
         if not outcome.staged:
             return outcome
         real = outcome.installed
@@ -123,7 +123,7 @@ def test_a_failure_between_the_pull_and_the_swap_leaves_no_staging_and_the_old_b
     old_stamp = _older_build_at(here, prefix)
 
     def interrupted(plan, staging, say):
-        outcome = build_command.substitute(plan, staging, say)
+        outcome = from_stores(plan, staging, say)
         assert outcome.staged and staging.is_dir()
         raise KeyboardInterrupt
 

@@ -3,7 +3,7 @@ item 7e): the same path `rocforge build` takes (`pipeline.execute(..., substitut
 candidate a trusted store holds is pulled, its signature and bytes checked, instead of compiled.
 
 Machine A builds the fixture project's CPU build with tune's measuring targets (here the fixture's
-fixture-hello stands for llama-bench and llama-perplexity, as in test_commands_tune_prefix.py) and
+fixture-hello stands for llama-bench and llama-perplexity, as in test_workflows_tune.py) and
 publishes it to a file:// store; this test's machine lists the store and A's key and asks tune for
 its candidates: the candidate is A's build, pulled, and nothing was configured or compiled here."""
 
@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from buildfixtures import git_repo, recipe_copy
 from needs import require
-from test_commands_tune_prefix import tune_args
+from test_workflows_tune import tune_args
 from trust_helpers import rocforge
 
 from rocforge_build import paths
-from rocforge_build.commands import tune as tune_cmd
 from rocforge_build.discover.builds import read_manifest
+from rocforge_build.workflows import tune as tune_workflow
 
 TARGETS = ("fixture-hello",)
 
@@ -48,12 +48,11 @@ def test_a_candidate_in_a_trusted_store_is_pulled_not_compiled(tmp_path, monkeyp
     # this machine (the test's own ROCFORGE_* dirs): the store and A's key, no verify model
     _ok(rocforge("config", "set", "substitute.stores", json.dumps([store])))
     _ok(rocforge("config", "set", "substitute.trusted_keys", json.dumps([public])))
-    monkeypatch.setattr(tune_cmd, "MEASURE_TARGETS", TARGETS)
-    monkeypatch.setattr(tune_cmd, "TUNE_NEEDS", TARGETS)
+    monkeypatch.setattr(tune_workflow, "MEASURE_TARGETS", TARGETS)
+    monkeypatch.setattr(tune_workflow, "TUNE_NEEDS", TARGETS)
     said: list[str] = []
-    args = tune_args(recipe, "cpu")
-    args.no_substitutes = no_substitutes
-    builds, skipped = tune_cmd.candidates(args, said.append, [])
+    asked = tune_args(recipe, "cpu", substitutes="off" if no_substitutes else "auto")
+    builds, skipped = tune_workflow.candidates(asked, said.append, quiet=True)
     assert skipped == [] and len(builds) == 1, (skipped, said)
     got = builds[0].prefix
     manifest = read_manifest(got)
