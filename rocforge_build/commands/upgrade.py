@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 from rocforge_build import argtypes
 from rocforge_build.errors import UsageError
@@ -35,7 +34,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from rocforge_build.measure.store import Store
+    from rocforge_build import substitute
     from rocforge_build.workflows import upgrade
 
     pct = upgrade.threshold(args.threshold)  # every flag is checked before the prefix is read
@@ -45,22 +44,10 @@ def run(args) -> int:
     prefix, manifest = upgrade.existing_build(args.prefix)
     model = _model(args.model)
     req = upgrade.request_for(prefix, manifest, ref=args.ref, source=args.source,
-                              environ=_environ(args), jobs=args.jobs)
-    from rocforge_build import substitute
-
-    with Store() as store:  # a store that cannot be written is found before anything is built
-        run_id = store.start_run("upgrade", args.argv, {"prefix": str(prefix)})
-        try:
-            out = upgrade.upgrade(prefix, req, args.rootfs, substitute=substitute.from_stores, run=argv,
-                                  model=model, pct=pct, root_arg=None if args.rootfs.is_host else args.root,
-                                  quiet=args.json)
-        except BaseException:
-            store.finish_run(run_id, "failed")
-            raise
-        store.add_row(run_id, "upgrade", {"prefix": str(prefix), "stamp": out.after.get("stamp"),
-                                          **out.to_json()},
-                      status="ok" if out.passed else "failed")
-        store.finish_run(run_id, out.status)
+                              environ=upgrade.rocm_environ(args.rocm, args.nightly), jobs=args.jobs)
+    run_id, out = upgrade.recorded(prefix, req, args.rootfs, argv=args.argv, substitute=substitute.from_stores,
+                                   run=argv, model=model, pct=pct,
+                                   root_arg=None if args.rootfs.is_host else args.root, quiet=args.json)
     if args.json:
         print(json.dumps({**out.to_json(), "run": run_id}, indent=2))
     else:
@@ -78,21 +65,6 @@ def _model(model: str | None) -> str | None:
     except gguf.ModelError as exc:
         raise UsageError(f"--model {exc.message}", exc.hint) from None
     return os.path.realpath(model)
-
-
-def _environ(args) -> dict | None:
-    """--rocm / --nightly: the build's environment with ROCM_PATH pointing at that ROCm."""
-    rocm = args.rocm
-    if args.nightly is not None:
-        from rocforge_build import config
-        from rocforge_build.nightly import install
-
-        rocm = str(install.find(config.nightly_prefix(), args.nightly).path)
-    if rocm is None:
-        return None
-    if not Path(rocm).is_dir():
-        raise UsageError(f"--rocm {rocm} is not a directory", "give the root of a ROCm install")
-    return {**os.environ, "ROCM_PATH": str(Path(rocm).resolve())}
 
 
 def print_report(out) -> None:

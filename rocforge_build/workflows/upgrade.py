@@ -404,6 +404,43 @@ def upgrade(prefix: Path, req: Request, rootfs, *, substitute=None,
     return Outcome(prefix, "upgraded", gates, before, summary(read_manifest(prefix)), keep)
 
 
+def recorded(prefix: Path, req: Request, rootfs, *, argv: list[str] | None, substitute=None,
+             run: list[str] | None = None, model: str | None = None, pct: float = 5.0,
+             root_arg: str | None = None, quiet: bool = False) -> tuple[int, Outcome]:
+    """(run id, outcome) of `upgrade` recorded as one results-store run of kind "upgrade": the
+    store is opened before anything is built (one that cannot be written is found first), the
+    outcome and its gates are its row, and a run that raised ends "failed"."""
+    from rocforge_build.measure.store import Store
+
+    with Store() as store:
+        run_id = store.start_run("upgrade", argv, {"prefix": str(prefix)})
+        try:
+            out = upgrade(prefix, req, rootfs, substitute=substitute, run=run, model=model, pct=pct,
+                          root_arg=root_arg, quiet=quiet)
+        except BaseException:
+            store.finish_run(run_id, "failed")
+            raise
+        store.add_row(run_id, "upgrade", {"prefix": str(prefix), "stamp": out.after.get("stamp"), **out.to_json()},
+                      status="ok" if out.passed else "failed")
+        store.finish_run(run_id, out.status)
+    return run_id, out
+
+
+def rocm_environ(rocm: str | None = None, nightly: str | None = None) -> dict[str, str] | None:
+    """The build's environment for `--rocm PATH` or `--nightly VERSION` (an installed TheRock
+    nightly): the process's with ROCM_PATH at that ROCm's root, resolved; None for neither."""
+    if nightly is not None:
+        from rocforge_build import config
+        from rocforge_build.nightly import install
+
+        rocm = str(install.find(config.nightly_prefix(), nightly).path)
+    if rocm is None:
+        return None
+    if not Path(rocm).is_dir():
+        raise UsageError(f"--rocm {rocm} is not a directory", "give the root of a ROCm install")
+    return {**os.environ, "ROCM_PATH": str(Path(rocm).resolve())}
+
+
 def rollback(prefix: Path) -> tuple[dict, dict]:
     """Swap the kept build back in; the build it replaces is kept in turn (a second rollback
     goes forward again): one atomic exchange (`replace.swap`).  Under the prefix's build lock:
