@@ -29,7 +29,7 @@ def test_rocm_environ_points_rocm_path_at_the_resolved_root_and_keeps_the_rest(t
 
 
 def test_a_nightly_not_installed_is_refused_before_anything_is_built():
-    with pytest.raises(UsageError, match="7.14.0a20260612 is not installed in .*installed: none"):
+    with pytest.raises(UsageError, match="7.14.0a20260612 is not installed in "):
         upgrade.rocm_environ(nightly="7.14.0a20260612")
 
 
