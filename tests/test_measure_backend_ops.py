@@ -234,3 +234,63 @@ def test_the_manifest_verify_tools_key_is_checked(tools, ok):
     else:
         with pytest.raises(ConfigError, match="verify_tools"):
             checked_manifest(doc, "m.toml")
+
+
+# -- the stage as verify asks for it -----------------------------------------------------------
+
+def _build(*, tool: bool = True):
+    """A vulkan llama.cpp build in the builds directory (its verdict is recorded), with the fake
+    test-backend-ops in libexec/ or without it."""
+    from stackfixtures import make_build
+
+    from rocforge_build.measure.llama_tools import LlamaBuild
+
+    prefix = make_build(Path("/"), "llama-cpp", "gfx1151", "vulkan", files=("bin/llama-cli",))
+    if tool:
+        (prefix / "libexec").mkdir()
+        shutil.copy(FAKE, prefix / "libexec" / "test-backend-ops")
+    return LlamaBuild.open(prefix)
+
+
+def test_the_stage_runs_when_the_build_has_it_unless_turned_off_or_quick():
+    build, env = _build(), {"FAKE_TBO": "pass"}
+    assert backend_ops.stage_for(build, backend_ops.StageAsked(), quick=False, env=env).passed is True
+    assert backend_ops.stage_for(build, backend_ops.StageAsked(), quick=True, env=env) is None
+    assert backend_ops.stage_for(build, backend_ops.StageAsked(on=False), quick=False, env=env) is None
+    # asked for (or narrowed with --ops), --quick does not turn it off
+    assert backend_ops.stage_for(build, backend_ops.StageAsked(on=True), quick=True, env=env).ran
+    narrowed = backend_ops.stage_for(build, backend_ops.StageAsked(ops=("ADD",), timeout=30.0),
+                                     quick=True, env=env)
+    assert narrowed.ops_asked == ["ADD"] and narrowed.timeout_s == 30.0
+
+
+def test_a_build_without_the_program_runs_no_stage_unless_asked():
+    build = _build(tool=False)
+    assert backend_ops.stage_for(build, backend_ops.StageAsked(), quick=False, env={}) is None
+    with pytest.raises(backend_ops.BackendOpsError) as got:  # asked for: one line saying how to get it
+        backend_ops.stage_for(build, backend_ops.StageAsked(on=True), quick=False, env={})
+    assert got.value.message == f"{build.prefix} has no test-backend-ops (a verify tool built only on request)"
+
+
+def test_ops_with_the_stage_turned_off_is_one_line():
+    with pytest.raises(backend_ops.BackendOpsError) as got:
+        backend_ops.stage_for(_build(), backend_ops.StageAsked(on=False, ops=("ADD",)), quick=False, env={})
+    assert got.value.message == "--ops needs the backend-ops stage, which --no-backend-ops turns off"
+
+
+def test_a_failing_stage_fails_a_passed_verify_and_its_recorded_verdict():
+    from rocforge_build.discover import choices
+    from rocforge_build.rootfs import Root
+
+    build = _build()
+    passed = {"passed": True, "checks": []}
+    assert backend_ops.with_stage(build, passed, None, "m.gguf", "/ref") is passed  # not run
+    ok = backend_ops.stage_for(build, backend_ops.StageAsked(), quick=False, env={"FAKE_TBO": "pass"})
+    assert backend_ops.with_stage(build, passed, ok, "m.gguf", "/ref")["passed"] is True
+    choices.record_verify(build.prefix, build.stamp, True, model="m.gguf", reference="/ref")
+    assert choices.verdict(Root("/"), build.prefix.name, build.stamp) is not None  # the checks passed
+    failing = backend_ops.stage_for(build, backend_ops.StageAsked(), quick=False, env={"FAKE_TBO": "fail"})
+    result = backend_ops.with_stage(build, passed, failing, "m.gguf", "/ref")
+    assert result["passed"] is False and result["backend_ops"]["failed_ops"][0]["op"] == "MUL_MAT"
+    assert passed["passed"] is True  # the verify's own result is not changed in place
+    assert choices.verdict(Root("/"), build.prefix.name, build.stamp) is None  # recorded as failed

@@ -133,3 +133,61 @@ def test_a_steps_run_test_sees_the_steps_environment_not_this_processs(tmp_path,
     step_env = {"PATH": "/usr/bin:/bin", "ROCM_PATH": "/opt/nightly-rocm"}
     assert check(tmp_path, step_env).verdict == "good"
     assert check(tmp_path).verdict == "bad"  # no request environment: this process's (the old tree)
+
+
+def nightly_axis(tmp_path: Path) -> bisect.Axis:
+    """Two nightlies already installed (nothing to download), the fixture recipe's fixed source."""
+    from rocforge_build.nightly.axis import Nightlies
+
+    trees = {v: tmp_path / "nightlies" / f"therock-{v}-gfx1151" for v in ("7.10.0a1", "7.10.0a2")}
+    nightlies = Nightlies(tmp_path / "nightlies", "gfx1151", {}, installed=dict(trees))
+    return bisect.Axis("src", "7.10.0a1", ["7.10.0a2"], {}, {v: f"nightly-{v}" for v in trees},
+                       {v: ("/src/fixture", None) for v in trees}, "nightlies", nightlies)
+
+
+def bisection(axis: str, test: StepTest) -> bisect.Bisection:
+    from rocforge_build.rootfs import Root
+
+    asked = bisect.Asked(recipe="fixture", target="gfx1151", backend="hip", axis=axis, source=None,
+                         good=None, bad=None, listed=None, test=test)
+    return bisect.Bisection(asked=asked, good=None, listed=None, rootfs=Root("/"), root_arg=None,
+                            jobs=3, run_argv=None, model=None, pct=5.0)
+
+
+def test_a_nightly_candidate_builds_with_its_own_nightlys_rocm_not_this_processs(tmp_path, monkeypatch):
+    # each nightly step's request carries that nightly's tree as ROCM_PATH (the build and its
+    # test run with it), whatever this process's ROCM_PATH is; the rest of the environment is kept
+    monkeypatch.setenv("ROCM_PATH", "/opt/old-rocm")
+    monkeypatch.setenv("ROCFORGE_KEPT", "1")
+    ax = nightly_axis(tmp_path)
+    b = bisection("nightlies", StepTest(verify="m.gguf"))
+    for version in ("7.10.0a1", "7.10.0a2"):
+        c = bisect.candidate(b, "fixture", ax, version)
+        tree = str(tmp_path / "nightlies" / f"therock-{version}-gfx1151")
+        assert c.rocm == tree and c.request.environ["ROCM_PATH"] == tree
+        assert c.request.environ["ROCFORGE_KEPT"] == "1"
+        assert c.prefix == bisect.step_prefix("fixture", "gfx1151", "hip", f"nightly-{version}")
+        assert (c.request.source, c.request.ref, c.request.jobs) == ("/src/fixture", None, 3)
+        assert c.request.made_for == "bisect"
+        assert c.request.build_targets == ("llama-perplexity",)  # verify's program, no other
+
+
+def test_a_git_candidate_builds_with_this_processs_environment_at_its_commit(tmp_path, monkeypatch):
+    # no nightly: no ROCm of its own to check, the process's ROCM_PATH as it is, its commit as ref
+    monkeypatch.setenv("ROCM_PATH", "/opt/rocm-7")
+    sha = "b" * 40
+    ax = bisect.Axis("/src/repo", "a" * 40, [sha], {sha: "subject"}, {sha: sha[:12]},
+                     {sha: ("/src/repo", sha)}, "commits")
+    c = bisect.candidate(bisection("git", StepTest(bench="m.gguf", metric="pp512")), "fixture", ax, sha)
+    assert c.rocm is None and c.request.environ["ROCM_PATH"] == "/opt/rocm-7"
+    assert (c.request.source, c.request.ref) == ("/src/repo", sha)
+    assert c.prefix.name == sha[:12] and c.request.build_targets == ("llama-bench",)
+
+
+@pytest.mark.parametrize("test, programs", [
+    (StepTest(run="./check.sh"), ()),  # the user's program may run anything the build installs
+    (StepTest(verify="m.gguf"), ("llama-perplexity",)),
+    (StepTest(bench="m.gguf", metric="tg128"), ("llama-bench",)),
+])
+def test_each_step_builds_what_its_test_runs(test, programs):
+    assert test.programs == programs

@@ -54,72 +54,39 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from rocforge_build.commands import target_or_detected
-    from rocforge_build.forge import recipes
-    from rocforge_build.forge.plan import Request
-    from rocforge_build.workflows import bisect, bisect_report, upgrade
+    from rocforge_build.workflows import bisect, bisect_report
 
-    axis, good, listed = _checked(args)
-    args.target = target_or_detected(args)
-    pct = upgrade.threshold(args.threshold)
-    argv = upgrade.run_argv(args.run) if args.run is not None else None
-    model = _model(args.verify or args.bench, "--verify" if args.verify else "--bench")
-    recipe = recipes.load(args.recipe)
-    asked = _asked(args, axis)
-    ax = bisect.axis_candidates(asked, recipe, good, listed)
-    environ = {}  # per candidate: the build's environment (the nightly axis's ROCM_PATH)
-    root_arg = None if args.rootfs.is_host else args.root
+    bisection = _bisection(args)
     say = (lambda text: None) if args.json else (
         lambda text: sys.stderr.write(f"rocforge: bisect: {text}\n"))
-    reference = "" if args.run or args.reference else (
-        ", and the good ref's build first (the reference)" if args.verify
-        else ", and the good ref's build first (the baseline)")
-    say(f"{len(ax.commits)} {ax.what}; at most {bisect.max_builds(len(ax.commits))} builds "
-        f"without skips{reference}")
-
-    # what the test runs, and no more (a whole llama.cpp tree is every example and tool)
-    programs = ("llama-perplexity",) if args.verify else ("llama-bench",) if args.bench else ()
-
-    def request(key: str) -> Request:
-        prefix = bisect.step_prefix(recipe.name, args.target, args.backend, ax.names[key])
-        if axis == "nightlies":
-            environ[key] = {**os.environ, "ROCM_PATH": str(ax.nightlies.tree(key))}
-        source, ref = ax.source_of[key]
-        return Request(recipe=args.recipe, target=args.target, backend=args.backend, ref=ref,
-                       source=source, prefix=str(prefix), jobs=args.jobs,
-                       environ=environ.get(key), build_targets=programs, made_for="bisect")
-
-    def build(key: str) -> tuple[bool, str | None]:
-        req = request(key)
-        built, failed = bisect.build_step(req, args.rootfs)
-        if not failed and axis == "nightlies":
-            bisect.check_uses_rocm(Path(req.prefix), environ[key]["ROCM_PATH"])
-        return built, failed
-
-    check = bisect.oracle(asked.test, argv, ax.good, args.good, model, pct, root_arg, build,
-                          lambda key: Path(request(key).prefix), lambda key: request(key).environ)
-
-    def test(key: str) -> bisect.Step:
-        built, failed = build(key)
-        req = request(key)
-        prefix = req.prefix
-        step = (bisect.Step(key, "skip", f"build failed: {failed}") if failed
-                else check(Path(prefix), req.environ))  # the step runs as it was built
-        step.ref, step.built, step.prefix = key, built or bool(failed), prefix
-        say(f"{bisect.short(key)} {step.verdict}: {step.detail}  ({ax.subjects.get(key, '')})")
-        return step
-
-    steps, index, suspects = bisect.search(ax.commits, test)
-    result = bisect.Result(ax.commits, ax.subjects, steps,
-                           ax.commits[index] if index is not None else None, suspects)
-    doc = bisect_report.to_json(asked, ax.location, ax.good, result)
+    found = bisect.find_first_bad(bisection, say)
+    result = found.result
+    doc = bisect_report.to_json(bisection.asked, found.axis.location, found.axis.good, result)
     if args.report:
-        bisect_report.write_report(Path(args.report), asked, ax.location, ax.good, result, args.rootfs)
+        bisect_report.write_report(Path(args.report), bisection.asked, found.axis.location,
+                                   found.axis.good, result, args.rootfs)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        _print(axis, result)
+        _print(bisection.asked.axis, result)
     return 0 if result.first_bad else 1
+
+
+def _bisection(args):
+    """The bisect as one checked value: every flag checked before anything is fetched or built."""
+    from rocforge_build.commands import target_or_detected
+    from rocforge_build.workflows import upgrade
+    from rocforge_build.workflows.bisect import Bisection
+
+    axis, good, listed = _checked(args)
+    target = target_or_detected(args)
+    pct = upgrade.threshold(args.threshold)
+    argv = upgrade.run_argv(args.run) if args.run is not None else None
+    model = _model(args.verify or args.bench, "--verify" if args.verify else "--bench")
+    return Bisection(asked=_asked(args, axis, target), good=good,
+                     listed=tuple(listed) if listed is not None else None, rootfs=args.rootfs,
+                     root_arg=None if args.rootfs.is_host else args.root, jobs=args.jobs,
+                     run_argv=tuple(argv) if argv is not None else None, model=model, pct=pct)
 
 
 def _checked(args) -> tuple[str, str | None, list[str] | None]:
@@ -163,13 +130,14 @@ def _checked(args) -> tuple[str, str | None, list[str] | None]:
     return axis, good, candidates
 
 
-def _asked(args, axis: str):
-    """The bisect as the command line gave it, for the forge's candidates, oracle and report."""
+def _asked(args, axis: str, target: str):
+    """The bisect as the command line gave it (the target detected when not given), for the
+    candidates, the oracle and the report."""
     from rocforge_build.workflows.bisect import Asked, StepTest
 
     test = StepTest(run=args.run, verify=args.verify, reference=args.reference, bench=args.bench,
                     metric=args.metric, threshold=args.threshold)
-    return Asked(recipe=args.recipe, target=args.target, backend=args.backend, axis=axis,
+    return Asked(recipe=args.recipe, target=target, backend=args.backend, axis=axis,
                  source=args.source, good=args.good, bad=args.bad,
                  listed=getattr(args, axis) if axis != "git" else None, test=test)
 

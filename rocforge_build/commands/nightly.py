@@ -8,7 +8,7 @@ import sys
 
 from rocforge_build import argtypes, config
 from rocforge_build.errors import NetworkError, UsageError
-from rocforge_build.nightly import listing
+from rocforge_build.nightly import listing, selection
 
 _PREFIX_HELP = "where the nightlies are installed (default: nightly.prefix or the data dir)"
 
@@ -111,39 +111,18 @@ def _groups(args, *, need: bool) -> tuple[list[str], str | None]:
     return listing.groups_for(target=target), target
 
 
-def _entries(args, cfg) -> list[listing.Nightly]:
-    sources = ([listing.source_for_url(u) for u in args.index] if args.index
-               else listing.configured_sources(cfg))
-    errors: list[str] = []
-    try:
-        return listing.list_nightlies(
-            sources, platform=args.platform or cfg["nightly"]["platform"],
-            skip_variants=cfg["nightly"]["skip_variants"], errors=errors)
-    except NetworkError as exc:
-        if len(sources) > 1:  # every source failed: each is named above, summed up in one line
-            raise NetworkError(f"none of the {len(sources)} nightly sources could be read "
-                               "(each is named above)", exc.hint) from exc
-        raise
-    finally:
-        if len(sources) > 1:  # docs/concepts/nightlies.md: a warning for each source skipped
-            for e in errors:
-                print(f"rocforge: warning: source skipped: {e}", file=sys.stderr)
+def _listings(args) -> selection.Listings:
+    return selection.Listings(index=tuple(args.index), platform=args.platform)
+
+
+def _warn(line: str) -> None:
+    print(f"rocforge: warning: {line}", file=sys.stderr)
 
 
 def _prefix(args, cfg):
-    """The prefix as a real path. With `--root DIR` the prefix is a path inside DIR (a container
-    or image filesystem), unless it already lies below DIR."""
     from rocforge_build.nightly import install
 
-    prefix = install.resolve_prefix(args.prefix, cfg)
-    root = getattr(args, "rootfs", None)
-    if root is None or root.is_host:
-        return prefix
-    try:
-        root.inner(prefix)
-        return prefix
-    except ValueError:
-        return root.host(prefix)
+    return install.prefix_in_root(args.prefix, cfg, getattr(args, "rootfs", None))
 
 
 def _shown(args, path) -> str:
@@ -167,7 +146,7 @@ def _mb(size) -> str:
 
 def _list(args, cfg) -> int:
     groups, target = _groups(args, need=False)
-    entries = listing.for_groups(_entries(args, cfg), groups)
+    entries = listing.for_groups(selection.read(_listings(args), cfg, _warn), groups)
     limit = args.limit if args.limit is not None else (None if args.json else 30)
     shown = entries[:limit] if limit else entries
     if args.json:
@@ -188,77 +167,49 @@ def _list(args, cfg) -> int:
     return 0
 
 
-def _known_bad_finder(cfg):
-    """known_bad.find joined to the configured stores' trusted nightly advisories (a store's
-    problem is one warning line)."""
-    from rocforge_build.substitute import advisories
-
-    return advisories.known_bad_finder(cfg.get("substitute") or {},
-                                       lambda line: print(f"rocforge: warning: {line}", file=sys.stderr))
-
-
 def _install(args, cfg) -> int:
-    from rocforge_build.discover.rocm_version import version_key
     from rocforge_build.nightly import install
+    from rocforge_build.workflows import nightly_install
 
     if args.sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", args.sha256.strip()):
         raise UsageError(f"--sha256 {args.sha256!r} is not a sha256 (64 hexadecimal digits)",
                          "copy the whole digest, e.g. from `sha256sum FILE`")
-    gate = _gate_inputs(args)  # checked before anything is listed or downloaded
+    gate = _gate_asked(args)  # checked before anything is listed or downloaded
     groups, target = _groups(args, need=True)
-    entries = _entries(args, cfg)
-    find = _known_bad_finder(cfg)
-    skipped: dict[str, str] = {}
-    if args.version in (None, "", "latest"):  # a pinned version is installed as asked
-        keep = []
-        for e in entries:
-            bad = find(e.version, target, e.family) if e.family in groups else None
-            if bad is None:
-                keep.append(e)
-            else:
-                skipped.setdefault(e.version, bad.describe(e.version))
-        if skipped and not any(e.family in groups for e in keep):
-            raise UsageError("every nightly published for this target is known-bad: "
-                             + "; ".join(skipped.values()),
-                             "install one anyway with --version VERSION")
-        entries = keep
-    layers, reason = listing.layer_plan(entries, target, groups, args.version, args.layer)
-    newer = [why for v, why in skipped.items()
-             if version_key(v) > version_key(layers[-1].version)]
-    if newer:
-        reason += "; skipped " + "; ".join(newer)
-    pinned = find(layers[-1].version, target, layers[-1].family)
-    if pinned is not None:
-        print(f"rocforge: warning: {pinned.describe(layers[-1].version)}; installing it because "
-              "--version pins it", file=sys.stderr)
+    asked = nightly_install.InstallAsked(
+        listings=_listings(args),
+        wanted=selection.Wanted(groups=tuple(groups), target=target, version=args.version,
+                                layer=args.layer),
+        sha256=args.sha256, force=args.force, progress=not args.no_progress and not args.json,
+        gate=gate)
+    chosen = nightly_install.choose(asked, cfg, _warn)
+    layers = list(chosen.layers)
+    if chosen.pinned_known_bad is not None:
+        _warn(f"{chosen.pinned_known_bad}; installing it because --version pins it")
     prefix = _prefix(args, cfg)
     name = install.version_dir_name(layers)
     if args.dry_run:
-        plan = {"prefix": _shown(args, prefix), "version_dir": name, "reason": reason,
-                "skipped_known_bad": list(skipped.values()),
+        plan = {"prefix": _shown(args, prefix), "version_dir": name, "reason": chosen.reason,
+                "skipped_known_bad": list(chosen.skipped_known_bad),
                 "layers": [e.to_json() for e in layers]}
         if args.json:
             print(json.dumps(plan, indent=2))
         else:
-            print(f"would install {name} into {_shown(args, prefix)}\n  because: {reason}")
+            print(f"would install {name} into {_shown(args, prefix)}\n  because: {chosen.reason}")
             for e in layers:
                 print(f"  {e.url}  ({_mb(e.size)})")
         return 0
-    print(f"installing {name}: {reason}", file=sys.stderr)
+    print(f"installing {name}: {chosen.reason}", file=sys.stderr)
     # SIGTERM cleans up like Ctrl-C: the CLI's handler (rocforge_build.signals) covers it
-    result = install.install(
-        layers, prefix, cfg=cfg, progress=not args.no_progress and not args.json,
-        sha256=args.sha256, force=args.force, switch_current=not args.gate)
-    for note in result.notes:
-        print(note, file=sys.stderr)
-    if args.gate:
-        return _gated(args, prefix, result, gate)
+    done = nightly_install.install_chosen(asked, chosen, prefix, cfg,
+                                          lambda line: print(line, file=sys.stderr))
+    result = done.result
+    if done.round is not None:
+        return _gated(args, result, done.round)
     if args.json:
         print(json.dumps({"path": _shown(args, result.path), "previous": result.previous,
                           "reused": result.reused, "record": result.record}, indent=2))
         return 0
-    from rocforge_build import config
-
     if prefix != config.nightly_prefix() and (args.rootfs is None or args.rootfs.is_host):
         print(f"note: rocforge env looks for nightlies in {config.nightly_prefix()} (config "
               f"`nightly.prefix`); for this "
@@ -276,15 +227,17 @@ def _install(args, cfg) -> int:
     return 0
 
 
-def _gate_inputs(args) -> dict:
-    """--gate's own flags, checked (one line each) before the listing is read."""
+def _gate_asked(args):
+    """--gate's own flags, checked (one line each) before the listing is read; None without
+    --gate."""
     if not args.gate:
         if args.model or args.run or args.threshold is not None:
             raise UsageError("--model, --run and --threshold go with --gate")
-        return {}
+        return None
     from pathlib import Path
 
     from rocforge_build.workflows import upgrade
+    from rocforge_build.workflows.nightly_install import GateAsked
 
     if args.dry_run:
         raise UsageError("--gate builds and tests; --dry-run shows the choice only",
@@ -296,18 +249,14 @@ def _gate_inputs(args) -> dict:
         if not Path(args.model).is_file():
             raise UsageError(f"--model {args.model}: no such file", "give a GGUF model file")
         model = str(Path(args.model).resolve())
-    return {"run": argv, "model": model, "pct": pct}
+    return GateAsked(run=tuple(argv) if argv is not None else None, model=model, pct=pct,
+                     rootfs=args.rootfs, root_arg=None if args.rootfs.is_host else args.root,
+                     quiet=args.json)
 
 
-def _gated(args, prefix, result, gate: dict) -> int:
-    """Upgrade the builds made against the current nightly onto the new one; switch or not."""
-    from rocforge_build.workflows import nightly_gate as gating
-
+def _gated(args, result, rnd) -> int:
+    """The gate round as printed: each build's outcome, and whether `current` was switched."""
     previous = result.previous
-    rnd = gating.gated_round(prefix, result.path, previous, args.rootfs, run=gate["run"],
-                             model=gate["model"], pct=gate["pct"],
-                             root_arg=None if args.rootfs.is_host else args.root,
-                             quiet=args.json)
     if args.json:
         print(json.dumps({"path": _shown(args, result.path), **rnd.to_json()}, indent=2))
         return 0 if rnd.switched else 1

@@ -12,8 +12,6 @@ import sys
 from rocforge_build import argtypes
 from rocforge_build.measure import backend_ops, bench, serving, verify
 from rocforge_build.measure.llama_tools import LlamaBuild
-from rocforge_build.measure.session import open_session
-from rocforge_build.measure.verify_reference import refuse_self_compare, same_build
 
 
 def add_arguments(parser) -> None:
@@ -62,86 +60,41 @@ def add_backend_ops_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    build = LlamaBuild.open(args.prefix)
-    ctx = args.ctx or None
-    env = {k: v[0] for k, v in bench.env_pairs(args.env).items()}
-    ref_given = LlamaBuild.open(args.reference) if args.reference else None
-    s = open_session(args.model, [build] + ([ref_given] if ref_given else []), ("llama-perplexity",), args.rootfs)
-    coverage = verify.plan(s.model, gpu=build.gpu, ctx=ctx, max_ctx=args.max_ctx, quick=args.quick,
-                           ubatch=args.ubatch or None, fa=None if args.fa is None else [args.fa == "on"],
-                           kv=args.kv, load=args.load, parallel=args.parallel,
-                           support=serving.ServingSupport.of(build))
-    from rocforge_build.substitute import pull
+    from rocforge_build.workflows.verify import verify_build
 
-    # a reference rocforge makes is asked of the substitute stores first, as any build is
-    ref = verify.reference_for(build, args.reference, quiet=args.json, substitute=pull.attempt)
-    if not args.reference and same_build(build, ref):
-        return _is_the_reference(build, s, args)
-    refuse_self_compare(build, ref)  # a build against itself: nothing compared, never PASSED
-    run_id = s.store.start_run("verify", args.argv, {"host": s.base["host"], "model": s.base["model"]})
+    asked = _asked(args)
     say = None if args.json else (lambda text: sys.stderr.write(f"rocforge: verify: {text}\n"))
-    stage = backend_ops_stage(build, args, env, say)
-    try:
-        result = verify.verify(build, ref, s.model, coverage, store=s.store, run_id=run_id, base=s.base,
-                               text=args.text, env=env, progress=say)
-    except BaseException:
-        s.store.finish_run(run_id, "failed")
-        raise
-    result = with_backend_ops(build, result, stage, str(s.model.path), str(ref.prefix))
-    s.store.finish_run(run_id, "passed" if result["passed"] else "failed")
+    done = verify_build(asked, say)
+    if done.is_reference:
+        print(json.dumps(done.result, indent=2) if args.json else done.result["note"])
+        return 0
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(done.result, indent=2))
     else:
-        report(build, ref, result)
-    return 0 if result["passed"] else 1
+        report(done.build, done.reference, done.result)
+    return 0 if done.passed else 1
 
 
-def _is_the_reference(build, s, args) -> int:
-    """A CPU build of rocforge's default plan is the reference every other build is verified
-    against: nothing is compared, so no PASSED; the verdict is recorded so that `env`, tune's gate
-    and `serve` count it as proven."""
-    from rocforge_build.discover import choices
+def _asked(args):
+    """The verify as one value: the build and the given reference opened, and --env read, in
+    that order (the first that is wrong is the one line said)."""
+    from rocforge_build.workflows.verify import VerifyAsked
 
-    line = (f"{build.prefix} is rocforge's reference (a CPU build of the default plan): nothing to "
-            "compare it with; other builds of this source are verified against it")
-    run_id = s.store.start_run("verify", args.argv, {"host": s.base["host"], "model": s.base["model"]})
-    result = {"passed": True, "reference": str(build.prefix), "is_reference": True, "checks": [],
-              "note": line}
-    s.store.add_row(run_id, "verify", {**s.base, "prefix": str(build.prefix), "backend": build.backend,
-                                       "stamp": build.stamp, "reference_stamp": build.stamp,
-                                       "build": build.provenance(), **result}, status="passed")
-    s.store.finish_run(run_id, "passed")
-    choices.record_verify(build.prefix, build.stamp, True, model=str(s.model.path), reference=str(build.prefix))
-    print(json.dumps(result, indent=2) if args.json else line)
-    return 0
+    build = LlamaBuild.open(args.prefix)
+    env = {k: v[0] for k, v in bench.env_pairs(args.env).items()}
+    reference = LlamaBuild.open(args.reference) if args.reference else None
+    stage = backend_ops.StageAsked(on=args.backend_ops, ops=args.ops or (),
+                                   timeout=args.backend_ops_timeout)
+    return VerifyAsked(build=build, model=args.model, reference=reference,
+                       ctx=_tuple(args.ctx), max_ctx=args.max_ctx, ubatch=_tuple(args.ubatch),
+                       quick=args.quick, fa=None if args.fa is None else args.fa == "on",
+                       kv=_tuple(args.kv), load=_tuple(args.load), parallel=_tuple(args.parallel),
+                       text=args.text, env=env, backend_ops=stage, rootfs=args.rootfs,
+                       argv=tuple(args.argv), quiet=args.json)
 
 
-def backend_ops_stage(build, args, env: dict, say):
-    """The backend-ops stage's result, or None when it is not run (asked off, --quick, or the
-    build lacks the program and it was not asked for)."""
-    ops = args.ops or ()
-    asked = getattr(args, "backend_ops", None)
-    if asked is False and ops:
-        raise backend_ops.BackendOpsError("--ops needs the backend-ops stage, which --no-backend-ops turns off")
-    have = backend_ops.find_program(build.prefix) is not None
-    if not (asked or ops) and (asked is False or args.quick or not have):
-        return None
-    timeout = args.backend_ops_timeout or backend_ops.DEFAULT_TIMEOUT
-    return backend_ops.run(build.prefix, gpu=build.gpu, backend=build.backend, ops=ops,
-                           timeout=timeout, env={**build.runtime_env, **env}, progress=say)
-
-
-def with_backend_ops(build, result: dict, stage, model: str, reference: str) -> dict:
-    """verify's result with the stage's: a failing stage fails verify (and its recorded verdict)."""
-    if stage is None:
-        return result
-    result = {**result, "backend_ops": stage.to_json()}
-    if stage.passed is False and result["passed"]:
-        from rocforge_build.discover import choices
-
-        result["passed"] = False
-        choices.record_verify(build.prefix, build.stamp, False, model=model, reference=reference)
-    return result
+def _tuple(values) -> tuple | None:
+    return tuple(values) if values is not None else None
 
 
 def report(build, ref, result: dict) -> None:

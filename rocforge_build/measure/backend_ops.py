@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocforge_build.errors import UsageError
+from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.shellsafe import one_line
 
 PROGRAM = "test-backend-ops"
@@ -286,6 +287,43 @@ def lines_of(stage: dict) -> list[str]:
 
 def not_run(why: str, timeout: float = DEFAULT_TIMEOUT) -> BackendOpsResult:
     return BackendOpsResult(ran=False, passed=None, why_not_run=why, timeout_s=timeout)
+
+
+@dataclass(frozen=True)
+class StageAsked:
+    """The stage as asked: `--backend-ops` (True), `--no-backend-ops` (False) or neither (None),
+    `--ops` (the stage on these ops only) and `--backend-ops-timeout` (None: DEFAULT_TIMEOUT)."""
+    on: bool | None = None
+    ops: tuple[str, ...] = ()
+    timeout: float | None = None
+
+
+def stage_for(build: LlamaBuild, asked: StageAsked, *, quick: bool, env: dict,
+              progress=None) -> BackendOpsResult | None:
+    """The stage's result on `build`, or None when it is not run: turned off, `--quick`, or the
+    build lacks the program and the stage was not asked for."""
+    if asked.on is False and asked.ops:
+        raise BackendOpsError("--ops needs the backend-ops stage, which --no-backend-ops turns off")
+    have = find_program(build.prefix) is not None
+    if not (asked.on or asked.ops) and (asked.on is False or quick or not have):
+        return None
+    return run(build.prefix, gpu=build.gpu, backend=build.backend, ops=asked.ops,
+               timeout=asked.timeout or DEFAULT_TIMEOUT, env={**build.runtime_env, **env},
+               progress=progress)
+
+
+def with_stage(build: LlamaBuild, result: dict, stage: BackendOpsResult | None, model: str,
+               reference: str) -> dict:
+    """verify's result with the stage's: a failing stage fails verify (and its recorded verdict)."""
+    if stage is None:
+        return result
+    result = {**result, "backend_ops": stage.to_json()}
+    if stage.passed is False and result["passed"]:
+        from rocforge_build.discover import choices
+
+        result["passed"] = False
+        choices.record_verify(build.prefix, build.stamp, False, model=model, reference=reference)
+    return result
 
 
 def _signal_name(code: int) -> str:

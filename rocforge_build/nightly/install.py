@@ -38,6 +38,7 @@ from rocforge_build.errors import IntegrityError, RocforgeError, UsageError
 from rocforge_build.install_record import RECORD, read_record, read_record_checked, valid_record
 from rocforge_build.nightly.listing import Nightly
 from rocforge_build.progress import Heartbeat, human_size
+from rocforge_build.rootfs import Root
 from rocforge_build.shellsafe import one_line
 
 CURRENT = "current"
@@ -84,6 +85,19 @@ def resolve_prefix(explicit: str | os.PathLike[str] | None, cfg: dict | None = N
     if explicit:
         return Path(explicit).expanduser().absolute()
     return config.nightly_prefix(cfg)
+
+
+def prefix_in_root(explicit: str | os.PathLike[str] | None, cfg: dict, root: Root | None) -> Path:
+    """The prefix as a real path.  With `--root DIR` the prefix is a path inside DIR (a container
+    or image filesystem), unless it already lies below DIR."""
+    prefix = resolve_prefix(explicit, cfg)
+    if root is None or root.is_host:
+        return prefix
+    try:
+        root.inner(prefix)
+        return prefix
+    except ValueError:
+        return root.host(prefix)
 
 
 def prepare_prefix(prefix: Path) -> None:

@@ -36,6 +36,7 @@ from rocforge_build.forge.locations import own_builds_dir
 from rocforge_build.forge.plan import Request, work_dir
 from rocforge_build.proc import CommandFailed, run
 from rocforge_build.refs import check_git_ref
+from rocforge_build.rootfs import Root
 from rocforge_build.workflows.upgrade import Gate, rocforge_cli, run_gate
 
 METRICS = {"pp512": ("pp", 512), "tg128": ("tg", 128)}
@@ -375,6 +376,12 @@ class StepTest:
         return (f"--bench {shlex.quote(self.bench)} --metric {self.metric}"
                 + (f" --threshold {self.threshold:g}" if self.threshold is not None else ""))
 
+    @property
+    def programs(self) -> tuple[str, ...]:
+        """What each step's build makes: the program the test runs and no more (a whole llama.cpp
+        tree is every example and tool)."""
+        return ("llama-perplexity",) if self.verify else ("llama-bench",) if self.bench else ()
+
 
 @dataclass(frozen=True)
 class Asked:
@@ -507,3 +514,100 @@ def oracle(test: StepTest, argv: list[str] | None, good: str, good_given: str | 
         raise UsageError(f"--good {good_given or good} gave no {test.metric} figure",
                          "check the model with `rocforge bench` on that build")
     return bench_test(model, test.metric, baseline, pct, root)
+
+
+# -- one bisect, run ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Bisection:
+    """One bisect with every flag checked, made once by `rocforge bisect` before anything is
+    fetched or built: what was asked, the versions checked from the list (None on the git axis),
+    how each step is built (jobs, the root) and tested (--run's words, the model, the threshold)."""
+    asked: Asked
+    good: str | None  # --versions/--nightlies: the good version from the list
+    listed: tuple[str, ...] | None  # --versions/--nightlies: the candidates after it
+    rootfs: Root
+    root_arg: str | None  # --root as given for each test's `rocforge` run; None on the host
+    jobs: int | None
+    run_argv: tuple[str, ...] | None
+    model: str | None  # --verify/--bench's model, its real path
+    pct: float  # --bench: slower than the good ref by more than this percent is bad
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate's step: its build request (its own prefix, source and ref) and, on the
+    nightly axis, the nightly's ROCm it is built with, set as ROCM_PATH in the request only, so
+    the build and its test see that tree and never this process's."""
+    key: str
+    request: Request
+    rocm: str | None = None
+
+    @property
+    def prefix(self) -> Path:
+        return Path(self.request.prefix)
+
+
+def candidate(bisection: Bisection, recipe_name: str, ax: Axis, key: str) -> Candidate:
+    """The step of candidate `key` (the nightly axis installs its nightly on first use)."""
+    asked = bisection.asked
+    prefix = step_prefix(recipe_name, asked.target, asked.backend, ax.names[key])
+    rocm = str(ax.nightlies.tree(key)) if asked.axis == "nightlies" else None
+    source, ref = ax.source_of[key]
+    request = Request(recipe=asked.recipe, target=asked.target, backend=asked.backend, ref=ref,
+                      source=source, prefix=str(prefix), jobs=bisection.jobs,
+                      environ={**os.environ, "ROCM_PATH": rocm} if rocm is not None else None,
+                      build_targets=asked.test.programs, made_for="bisect")
+    return Candidate(key, request, rocm)
+
+
+def build_candidate(c: Candidate, root: Root) -> tuple[bool, str | None]:
+    """The step's build (`build_step`); a nightly step's is checked to use that nightly's ROCm."""
+    built, failed = build_step(c.request, root)
+    if not failed and c.rocm is not None:
+        check_uses_rocm(c.prefix, c.rocm)
+    return built, failed
+
+
+@dataclass(frozen=True)
+class Bisected:
+    """What a bisect found: its candidates as the axis gave them, and the search's result."""
+    axis: Axis
+    result: Result
+
+
+def find_first_bad(bisection: Bisection, say: Callable[[str], None]) -> Bisected:
+    """The candidates on the asked axis, the good ref's build first where the test compares with
+    it, then the search, each step built and tested as it was built; `say` hears each step."""
+    from rocforge_build.forge import recipes
+
+    asked, test = bisection.asked, bisection.asked.test
+    recipe = recipes.load(asked.recipe)
+    ax = axis_candidates(asked, recipe, bisection.good,
+                         list(bisection.listed) if bisection.listed is not None else None)
+    reference = "" if test.run or test.reference else (
+        ", and the good ref's build first (the reference)" if test.verify
+        else ", and the good ref's build first (the baseline)")
+    say(f"{len(ax.commits)} {ax.what}; at most {max_builds(len(ax.commits))} builds "
+        f"without skips{reference}")
+
+    def step_of(key: str) -> Candidate:
+        return candidate(bisection, recipe.name, ax, key)
+
+    check = oracle(test, list(bisection.run_argv) if bisection.run_argv is not None else None,
+                   ax.good, asked.good, bisection.model, bisection.pct, bisection.root_arg,
+                   lambda key: build_candidate(step_of(key), bisection.rootfs),
+                   lambda key: step_of(key).prefix, lambda key: step_of(key).request.environ)
+
+    def tested(key: str) -> Step:
+        c = step_of(key)
+        built, failed = build_candidate(c, bisection.rootfs)
+        step = (Step(key, "skip", f"build failed: {failed}") if failed
+                else check(c.prefix, c.request.environ))  # the step runs as it was built
+        step.ref, step.built, step.prefix = key, built or bool(failed), c.request.prefix
+        say(f"{short(key)} {step.verdict}: {step.detail}  ({ax.subjects.get(key, '')})")
+        return step
+
+    steps, index, suspects = search(ax.commits, tested)
+    return Bisected(ax, Result(ax.commits, ax.subjects, steps,
+                               ax.commits[index] if index is not None else None, suspects))
