@@ -138,7 +138,7 @@ def reference_for(build: LlamaBuild, reference: str | None, *, quiet: bool = Fal
                   substitute=None, substitutes: str = "auto") -> LlamaBuild:
     """The reference build: the one given, else one on disk that serves (`existing_reference`),
     else one made now under `<builds>/reference/` (the user's own builds untouched): taken from a
-    substitute store when `substitute` (pull.attempt, given by the caller) finds it there, else
+    substitute store when `substitute` (substitute.from_stores, given by the caller) finds it there, else
     compiled, unless `substitutes` is "only"."""
     if reference:
         return LlamaBuild.open(reference)

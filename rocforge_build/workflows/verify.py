@@ -2,7 +2,7 @@
 (measure/verify.py), with llama.cpp's backend-ops stage, recorded in the results store.
 
 The reference is the one given, else one on disk that serves, else one made now, asked of the
-configured substitute stores first (`substitute.pull.attempt`) as any build is: that reach into
+configured substitute stores first (`substitute.from_stores`) as any build is: that reach into
 substitute/ puts the session here, above both rooms.  A CPU build of rocforge's default plan is
 itself the reference: nothing is compared, and its verdict is recorded as proven.
 """
@@ -78,14 +78,14 @@ def _listed(values: tuple | None) -> list | None:
 def verify_build(asked: VerifyAsked, say: Callable[[str], None] | None) -> Verified:
     """The build checked against its reference at every shape of its coverage, then the
     backend-ops stage; the run and its verdict recorded.  `say` hears the progress (None: quiet)."""
-    from rocforge_build.substitute import pull
+    from rocforge_build import substitute
 
     build, given = asked.build, asked.reference
     s = open_session(asked.model, [build] + ([given] if given else []), ("llama-perplexity",),
                      asked.rootfs)
     coverage = coverage_of(asked, s)
     # a reference rocforge makes is asked of the substitute stores first, as any build is
-    ref = given or verify.reference_for(build, None, quiet=asked.quiet, substitute=pull.attempt)
+    ref = given or verify.reference_for(build, None, quiet=asked.quiet, substitute=substitute.from_stores)
     if given is None and same_build(build, ref):
         return Verified(build, build, recorded_as_reference(build, s, asked.argv))
     refuse_self_compare(build, ref)  # a build against itself: nothing compared, never PASSED
