@@ -119,7 +119,7 @@ class Figure(StoredRecord):
 
     @classmethod
     def of_checked(cls, d: Mapping) -> Figure:
-        return cls(test=d["test"], n=d["n"], depth=d["depth"], t_s=d["t_s"], stddev=d.get("stddev"),
+        return cls(test=d["test"], n=d["n"], depth=d["depth"], t_s=d["t_s"], stddev=d["stddev"],
                    **cls._kept(d, cls.FIELDS))
 
     def to_json(self) -> dict:
@@ -144,8 +144,8 @@ class VerifiedShape(StoredRecord):
 
     @classmethod
     def of_checked(cls, d: Mapping) -> VerifiedShape:
-        return cls(ctx=d["ctx"], ubatch=d.get("ubatch"), fa=d.get("fa"), ngl=d.get("ngl"), kv=d.get("kv"),
-                   load=d.get("load"), parallel=d.get("parallel"), **cls._kept(d, cls.FIELDS))
+        return cls(ctx=d["ctx"], ubatch=d["ubatch"], fa=d["fa"], ngl=d["ngl"], kv=d["kv"], load=d["load"],
+                   parallel=d["parallel"], **cls._kept(d, cls.FIELDS))
 
     @property
     def serving_known(self) -> bool:
@@ -166,7 +166,7 @@ class Verified(StoredRecord):
 
     @classmethod
     def of_checked(cls, d: Mapping) -> Verified:
-        shape = d.get("shape")
+        shape = d["shape"]
         return cls(shape=None if shape is None else VerifiedShape.of_checked(shape), **cls._kept(d, ("shape",)))
 
     def to_json(self) -> dict:
@@ -199,11 +199,11 @@ class PresetRange(StoredRecord):
 
     @classmethod
     def of_checked(cls, d: Mapping) -> PresetRange:
-        return cls(prefix=d["prefix"], backend=d["backend"], stamp=d.get("stamp"), depth=d["depth"], ctx=d["ctx"],
+        return cls(prefix=d["prefix"], backend=d["backend"], stamp=d["stamp"], depth=d["depth"], ctx=d["ctx"],
                    variant=RangeVariant.of_checked(d["variant"]), variant_label=d["variant_label"],
                    score=d["score"], figures=tuple(Figure.of_checked(f) for f in d["figures"]),
-                   runner_up=d.get("runner_up"),
-                   verified=None if d.get("verified") is None else Verified.of_checked(d["verified"]),
+                   runner_up=d["runner_up"],
+                   verified=None if d["verified"] is None else Verified.of_checked(d["verified"]),
                    env=MappingProxyType(dict(d["env"])), argv=tuple(d["argv"]), notes=tuple(d["notes"]),
                    **cls._kept(d, cls.FIELDS))
 
