@@ -133,10 +133,11 @@ class Name(Spec):
 
 
 class Optional(Spec):
-    """`spec`, or missing, or null (then `default`)."""
+    """`spec`, or missing, or null (then `default`); with `fill=False` a missing field stays
+    missing, so a record's fields are the ones it was stored with."""
 
-    def __init__(self, spec: Spec, default=None):
-        self.spec, self.default = spec, default
+    def __init__(self, spec: Spec, default=None, *, fill: bool = True):
+        self.spec, self.default, self.fill = spec, default, fill
         self.what = spec.what + " or null"
 
     def take(self, value, path):
@@ -218,7 +219,7 @@ class EnvTable(Spec):
 class Record(Spec):
     """A table with named fields: `fields` maps each name to its Spec (an `Optional` one may be
     missing: it is then given its default, so code after the check can index every declared
-    field); `rules` are checks across fields, `rule(record, path)` raising Bad."""
+    field, unless it says `fill=False`); `rules` are checks across fields, `rule(record, path)` raising Bad."""
 
     what = "a table"
 
@@ -233,6 +234,8 @@ class Record(Spec):
             where = _join(path, name)
             if name not in value and not isinstance(spec, Optional):
                 raise Bad(where, "is missing")
+            if name not in value and not spec.fill:
+                continue
             if value.get(name) is None and not isinstance(spec, Optional):
                 raise Bad(where, f"is null, not {spec.what}")
             out[name] = spec.take(value.get(name), where)

@@ -90,8 +90,8 @@ def test_a_leader_wrong_at_its_shape_is_refused_and_the_runner_up_stored(world, 
     assert summary["rejected"] == [refused] and short["rejected"] == [refused]
     with Store() as s:  # what is stored is the runner-up, and the preset names the leader it refused
         stored = s.preset(summary["preset"]["model"]["sha256"])
-    assert stored["ranges"]["short"]["variant_label"] == "ub=256 fa=0"
-    assert stored["ranges"]["short"]["rejected"] == [refused]
+    assert stored.ranges["short"].variant_label == "ub=256 fa=0"
+    assert stored.to_json()["ranges"]["short"]["rejected"] == [refused]  # kept, unread, as tune wrote it
     # the text summary says it too
     assert cli.main(["tune", "llama-cpp", "--target", "gfx1151", "--model", str(world["model"]),
                      "--contexts", "short"]) == 0

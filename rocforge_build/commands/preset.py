@@ -12,6 +12,7 @@ import sys
 from rocforge_build import argtypes, shellsafe
 from rocforge_build.errors import UsageError
 from rocforge_build.measure.preset import export, model_key, pick_range, render, runnable
+from rocforge_build.measure.preset_values import Preset
 from rocforge_build.measure.store import Store
 from rocforge_build.shellsafe import one_line
 
@@ -54,7 +55,7 @@ def _missing(store: Store, key: str) -> UsageError:
                       + (f"; presets exist for: {', '.join(known)}" if known else ""))
 
 
-def _printable(store: Store, preset: dict, args) -> None:
+def _printable(store: Store, preset: Preset, args) -> None:
     """The ranges a command is printed for run their own rocforge build's program
     (preset.runnable), and a build rebuilt since tune is printed only once verify proved it, as
     serve requires (serve.still_proven): a printed script or unit is serve by other means."""
@@ -63,12 +64,11 @@ def _printable(store: Store, preset: dict, args) -> None:
     if args.action == "export":
         names = [pick_range(preset, args.range)[0]]
     else:
-        names = [args.range] if args.range in preset["ranges"] else list(preset["ranges"])
+        names = [args.range] if args.range in preset.ranges else list(preset.ranges)
     runnable(preset, names, f"results database {store.path}: preset for "
-             f"{one_line(preset['model']['name'])} version {preset['version']}")
+             f"{one_line(preset.model.name)} version {preset.version}")
     for name in names:
-        problem = serve.still_proven(preset["ranges"][name], store, preset["model"]["sha256"],
-                                     preset["model"]["path"])
+        problem = serve.still_proven(preset.ranges[name], store, preset.model.sha256, preset.model.path)
         if problem:
             raise UsageError(*problem)
 
@@ -88,27 +88,25 @@ def run(args) -> int:
             history = store.preset_history(key)
             if not history:
                 raise _missing(store, args.model)
-            in_use = store.preset(key)["version"]
+            in_use = store.preset(key).version
             if args.json:
-                print(json.dumps([{**h, "in_use": h["version"] == in_use} for h in history], indent=2))
+                print(json.dumps([{**h.to_json(), "in_use": h.version == in_use} for h in history], indent=2))
                 return 0
             for h in history:
-                d = h["data"]
-                picks = "; ".join(f"{n}: {r['backend']} {r['variant_label']} ({r['score']:.1f})"
-                                  for n, r in d["ranges"].items())
-                mark = "*" if h["version"] == in_use else " "
-                how = "exhaustive" if d.get("exhaustive") else "search"
-                print(f"{mark} version {h['version']}  {one_line(h['created'])}  run {h['run_id']}  {how}  "
+                picks = "; ".join(f"{n}: {r.backend} {r.variant_label} ({r.score:.1f})"
+                                  for n, r in h.preset.ranges.items())
+                mark = "*" if h.version == in_use else " "
+                how = "exhaustive" if h.preset.exhaustive else "search"
+                print(f"{mark} version {h.version}  {one_line(h.created)}  run {h.run_id}  {how}  "
                       f"{one_line(picks)}")
             return 0
         if args.action == "use":
             pick = store.use_preset(key, args.version)
-            print(f"{one_line(pick['model'])} (sha256 {one_line(pick['model_sha256'] or '-')[:12]}): preset "
-                  f"version {pick['version']} (tuned {one_line(pick['created'])}) is in use")
+            print(f"{one_line(pick.model)} (sha256 {one_line(pick.model_sha256 or '-')[:12]}): preset "
+                  f"version {pick.version} (tuned {one_line(pick.created)}) is in use")
             return 0
         if getattr(args, "version", None) is not None and args.action == "show":
-            preset = next((h["data"] | {"version": h["version"]} for h in store.preset_history(key)
-                           if h["version"] == args.version), None)
+            preset = next((h.preset for h in store.preset_history(key) if h.version == args.version), None)
         else:
             preset = store.preset(key)
         if preset is None:
@@ -118,7 +116,7 @@ def run(args) -> int:
     if args.action == "export":
         shellsafe.write_script(export(preset, args.format, args.range, args.host, args.port))
     elif args.json:
-        print(json.dumps(preset, indent=2))
+        print(json.dumps(preset.to_json(), indent=2))
     else:
         shellsafe.write_script(render(preset, shell=args.shell, only=args.range))
     return 0

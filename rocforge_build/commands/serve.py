@@ -81,7 +81,7 @@ def run(args) -> int:
             say_to_stderr("--no-canary: the server's numerics are not checked")
         session = serving.ServeSession.open(choice, store, host=host, canary=not args.no_canary or bool(args.canary_every),
                                             reference=args.reference)
-        name = shellsafe.one_line(choice.preset["model"]["name"])
+        name = shellsafe.one_line(choice.preset.model.name)
 
         def ready(warm_s: float):
             everywhere = " (listening on all addresses)" if serve.dial_address(address) != address else ""

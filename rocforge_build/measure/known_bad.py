@@ -13,6 +13,10 @@ import functools
 from rocforge_build.errors import RocforgeError
 from rocforge_build.forge import conditions
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from rocforge_build.measure.preset_values import PresetRange
+
 
 def shape_matches(entry: dict, fa: bool, parallel: int, cells: int) -> bool:
     """Whether a shape (flash attention, sequences sharing one unified KV cache, the cache's
@@ -89,19 +93,19 @@ def served_shape(argv: list) -> tuple[bool, int, int]:
     return fa, parallel, cells
 
 
-def preset_problem(r: dict, build=None) -> tuple[str, str] | None:
+def preset_problem(r: PresetRange, build=None) -> tuple[str, str] | None:
     """(why, hint) when a preset range's llama-server command runs a shape its build is known to
     compute wrong; None when no entry of the build's recipe matches.  `build`: the range's
     LlamaBuild, already opened by the caller."""
     from rocforge_build.measure.llama_tools import LlamaBuild
 
-    manifest = (build or LlamaBuild.open(r["prefix"])).manifest
-    fa, parallel, cells = served_shape(r.get("argv") or [])
+    manifest = (build or LlamaBuild.open(r.prefix)).manifest
+    fa, parallel, cells = served_shape(r.argv)
     entry = find(manifest, fa, parallel, cells)
     if entry is None:
         return None
     return (f"the preset serves {parallel} sequences in one unified KV cache of {cells} cells with "
-            f"flash attention {'on' if fa else 'off'} on {r['prefix']}, which matches a known "
+            f"flash attention {'on' if fa else 'off'} on {r.prefix}, which matches a known "
             f"llama.cpp fault: {describe(entry)}",
             entry.get("hint") or "run `rocforge tune` again for another shape")
 

@@ -3,9 +3,12 @@ per context range, with the measured figures that chose them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rocforge_build import schema, shellsafe
 from rocforge_build.errors import ConfigError, StoreError, UsageError
 from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.measure.preset_values import Preset, PresetRange
 from rocforge_build.measure.serving import load_args
 from rocforge_build.measure.verify import Shape
 
@@ -92,8 +95,9 @@ def command(build: LlamaBuild, model_path: str, variant: dict, ctx: int, igpu: b
 
 
 # What `rocforge tune` stores for a model (measure/tune_choice.py `choose` and `entry`), held at the store's
-# boundary (`checked`): range names become shell function names, env names `env NAME=value` words,
-# argv the command serve starts, so each is checked before any of it is printed or run.
+# boundary (`checked`, which makes it measure/preset_values.py's values): range names become shell
+# function names, env names `env NAME=value` words, argv the command serve starts, so each is checked
+# before any of it is printed or run.
 _COUNT = 1 << 30  # contexts, depths and batch sizes: far above any model's, far below overflow
 _SERVING = {"kv": schema.Optional(schema.Str(one_line=True)), "load": schema.Optional(schema.Str(one_line=True)),
             "parallel": schema.Optional(schema.Int(1, _COUNT))}  # absent in a preset stored before verify knew them
@@ -136,21 +140,23 @@ PRESET = schema.Record({
                            rules=(lambda m, path: _no_flag(m["path"], f"{path}.path"),)),
     "created": schema.Str(one_line=True),
     "ranges": schema.TableOf(_RANGE, key=schema.Name(), nonempty=True),
+    "exhaustive": schema.Optional(schema.Bool(), fill=False),  # absent in a preset stored before tune said it
 })
 
 
-def checked(preset: object, where: str) -> dict:
+def checked(preset: object, where: str, *, version: int | None = None, in_use: str | None = None) -> Preset:
     """A preset read back from the results store (a file a user can edit or be handed), held to
-    PRESET: one StoreError naming `where` (the store and the model's version) and the field."""
-    return schema.check(preset, PRESET, where, StoreError,
-                        "tune the model again (`rocforge tune`), or pick a good version with "
-                        "`rocforge preset use`")
+    PRESET: one StoreError naming `where` (the store and the model's version) and the field; else
+    its values, with the store's `version` and `in_use`."""
+    return Preset.of_checked(schema.check(preset, PRESET, where, StoreError,
+                                          "tune the model again (`rocforge tune`), or pick a good version "
+                                          "with `rocforge preset use`"), version=version, in_use=in_use)
 
 
 PROGRAMS = ("llama-server", "llama-cli")  # what `command` puts first: the build's own bin/ program
 
 
-def _build_problem(r: dict, manifest: dict | None = None) -> str | None:
+def _build_problem(r: PresetRange, manifest: dict | None = None) -> str | None:
     """Why range `r` does not run its own rocforge build's program, or None: the prefix holds a
     sound manifest (a bare directory such as / or /usr is no build, so "inside the prefix" would
     mean nothing), both stamps are non-empty (None never matches None), and argv[0] is that build's
@@ -161,16 +167,16 @@ def _build_problem(r: dict, manifest: dict | None = None) -> str | None:
 
     from rocforge_build.discover.builds import MANIFEST, read_manifest
 
-    prefix = os.path.normpath(r["prefix"])
+    prefix = os.path.normpath(r.prefix)
     if manifest is None:
         manifest = read_manifest(prefix)  # a manifest that breaks its schema is one ConfigError line
     if manifest is None:
         return f"prefix {prefix!r} is not a rocforge build (it holds no readable {MANIFEST})"
     if not manifest["stamp"]:
         return f"the build at {prefix!r} has no stamp in its {MANIFEST}"
-    if not isinstance(r["stamp"], str) or not r["stamp"]:
+    if not r.stamp:
         return "stamp is missing: a preset names the build stamp tune measured"
-    program = r["argv"][0]
+    program = r.argv[0]
     name = os.path.basename(program)
     if name not in PROGRAMS or os.path.normpath(program) != os.path.join(prefix, "bin", name):
         return f"program {program!r} is not the build's own bin/llama-server or bin/llama-cli"
@@ -184,41 +190,40 @@ def _build_problem(r: dict, manifest: dict | None = None) -> str | None:
     return None
 
 
-def runnable(preset: dict, names, where: str, *, manifests: dict | None = None) -> None:
+def runnable(preset: Preset, names, where: str, *, manifests: dict | None = None) -> None:
     """Each range in `names` runs its own rocforge build's program (`_build_problem`), checked by
     every command that prints or starts a preset's command (serve and its --dry-run, preset show,
     preset export): a StoreError naming `where` and the range, else nothing is printed or run.
     `manifests`: range name -> its build's manifest, already read by the caller."""
     for name in names:
-        problem = _build_problem(preset["ranges"][name], (manifests or {}).get(name))
+        problem = _build_problem(preset.ranges[name], (manifests or {}).get(name))
         if problem:
             raise StoreError(f"{where}: range {name}: {shellsafe.one_line(problem)}",
                              "tune the model again with a rocforge build (`rocforge tune`), or pick "
                              "another version with `rocforge preset use`")
 
 
-def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
-    ranges = preset["ranges"]
+def render(preset: Preset, *, shell: bool, only: str | None = None) -> str:
+    ranges = preset.ranges
     if only and only not in ranges:
         raise UsageError(f"the preset has no range {only!r}", f"ranges: {', '.join(ranges)}")
     out, lines = [], {}
     if shell:
         out += [shellsafe.SHEBANG, shellsafe.comment(
-            f"rocforge preset for {preset['model']['name']} (sha256 "
-            f"{preset['model']['sha256'][:12]}), tuned {preset['created']}")]
+            f"rocforge preset for {preset.model.name} (sha256 "
+            f"{preset.model.sha256[:12]}), tuned {preset.created}")]
     for name, r in ranges.items():
         if only and name != only:
             continue
-        cmd = shellsafe.sh_command([str(w) for w in r["argv"]], {k: str(v) for k, v in r["env"].items()},
-                                   f"the preset's {name} command", ConfigError)
-        figs = ", ".join(f"{f['test']}{f['n']} @ d{f['depth']}: {f['t_s']:.1f} t/s" for f in r["figures"])
-        why = (f"{name} context (depth {r['depth']}): {r['backend']} build {r['prefix']}, "
-               f"{r['variant_label']}; measured {figs}; score {r['score']:.1f} (next best: {r.get('runner_up') or 'none'})")
+        cmd = shellsafe.sh_command(list(r.argv), dict(r.env), f"the preset's {name} command", ConfigError)
+        figs = ", ".join(f"{f.test}{f.n} @ d{f.depth}: {f.t_s:.1f} t/s" for f in r.figures)
+        why = (f"{name} context (depth {r.depth}): {r.backend} build {r.prefix}, "
+               f"{r.variant_label}; measured {figs}; score {r.score:.1f} (next best: {r.runner_up or 'none'})")
         if shell:
-            out += [shellsafe.comment(why)] + [shellsafe.comment(n) for n in r["notes"]]
+            out += [shellsafe.comment(why)] + [shellsafe.comment(n) for n in r.notes]
             lines[name] = cmd
         else:
-            out += [shellsafe.one_line(f"[{name}] {why}")] + [f"  note: {shellsafe.one_line(n)}" for n in r["notes"]]
+            out += [shellsafe.one_line(f"[{name}] {why}")] + [f"  note: {shellsafe.one_line(n)}" for n in r.notes]
             out += [f"  {cmd}", ""]
     if len(lines) == 1:  # `exec`: the first word, never a name a range could define
         out.append(f'exec {next(iter(lines.values()))} "$@"')
@@ -228,38 +233,38 @@ def render(preset: dict, *, shell: bool, only: str | None = None) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def export(preset: dict, fmt: str, wanted: str, host: str, port: int) -> str:
+def export(preset: Preset, fmt: str, wanted: str, host: str, port: int) -> str:
     """The preset's llama-server command for another tool: a llama-swap `models:` entry, a systemd
     service unit, or the shell script `preset show --shell` prints, each from its emitter."""
     from rocforge_build.emit import systemd, yaml_swap
 
     name, why = pick_range(preset, wanted)
-    r = preset["ranges"][name]
+    r = preset.ranges[name]
     if fmt == "shell":
         return render(preset, shell=True, only=name)
-    env = dict(r["env"])  # checked where the store read it
-    model = preset["model"]["name"]
-    argv = [str(w) for w in r["argv"]]
-    head = (f"rocforge preset for {model} (version {preset.get('version')}, range {name}: "
-            f"{why}): {r['backend']} {r['variant_label']}")
+    env = dict(r.env)  # checked where the store read it
+    model = preset.model.name
+    argv = list(r.argv)
+    head = (f"rocforge preset for {model} (version {preset.version}, range {name}: "
+            f"{why}): {r.backend} {r.variant_label}")
     if fmt == "llama-swap":
-        return yaml_swap.models_entry(comment=head, model=str(model), argv=argv, env=env)
+        return yaml_swap.models_entry(comment=head, model=model, argv=argv, env=env)
     return systemd.service(comment=head, description=f"llama-server {model}", env=env,
                            argv=[*argv, "--host", host, "--port", str(port)])
 
 
-def default_range(ranges: dict) -> str:
+def default_range(ranges: Mapping[str, PresetRange]) -> str:
     """The range used when none is named (`serve`, `preset show --shell`): the longest context,
     since a server must hold the longest prompt its clients send."""
-    return max(ranges, key=lambda n: ranges[n]["ctx"])
+    return max(ranges, key=lambda n: ranges[n].ctx)
 
 
-def pick_range(preset: dict, wanted: str) -> tuple[str, str]:
+def pick_range(preset: Preset, wanted: str) -> tuple[str, str]:
     """(range, why): `auto` is `default_range`."""
-    ranges = preset["ranges"]
+    ranges = preset.ranges
     if wanted != "auto":
         if wanted not in ranges:
             raise UsageError(f"the preset has no range {wanted!r}", f"ranges: {', '.join(ranges)}")
         return wanted, f"--range {wanted}"
     name = default_range(ranges)
-    return name, f"auto: the range with the longest context ({ranges[name]['ctx']} tokens)"
+    return name, f"auto: the range with the longest context ({ranges[name].ctx} tokens)"

@@ -20,6 +20,10 @@ from rocforge_build.credentials import redact_data
 from rocforge_build.errors import ConfigError, DiskFullError, RocforgeError, StoreError, UsageError
 from rocforge_build.shellsafe import one_line
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from rocforge_build.measure.preset_values import Preset, PresetVersion
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY, kind TEXT NOT NULL, started TEXT NOT NULL, finished TEXT,
@@ -413,23 +417,26 @@ class Store:
             out.append({**cols, "data": self._decode(d, dict, f"preset {i} (table presets: {one_line(m)} version {v})")})
         return out
 
-    def _checked(self, h: dict) -> dict:
+    def _checked(self, h: dict, in_use: str | None = None) -> PresetVersion:
         """A preset version as read, its data held to the preset schema (measure/preset.py
-        PRESET): a row that does not match is one line naming the row and the field."""
+        PRESET) and made values there: a row that does not match is one line naming the row and
+        the field."""
         from rocforge_build.measure.preset import checked
+        from rocforge_build.measure.preset_values import PresetVersion
 
         where = (f"results database {self.path}: preset {h['id']} (table presets: {one_line(h['model'])} "
                  f"version {h['version']})")
-        return {**h, "data": checked(h["data"], where)}
+        return PresetVersion(version=h["version"], model=h["model"], model_sha256=h["model_sha256"],
+                             run_id=h["run_id"], created=h["created"],
+                             preset=checked(h["data"], where, version=h["version"], in_use=in_use))
 
-    def preset_history(self, model: str) -> list[dict]:
+    def preset_history(self, model: str) -> list[PresetVersion]:
         """Every version of one model's preset (a name, a sha256 or its prefix: `resolve`), oldest
         first; each is a tune's, numbered 1, 2, 3... for that model."""
         k = self.resolve(model)
-        return [] if k is None else [{x: h[x] for x in h if x != "id"}
-                                     for h in map(self._checked, self._history(k))]
+        return [] if k is None else [self._checked(h) for h in self._history(k)]
 
-    def preset(self, model: str) -> dict | None:
+    def preset(self, model: str) -> Preset | None:
         """The version in use: the one `preset use` chose, else the newest."""
         k = self.resolve(model)
         history = self._history(k) if k is not None else []
@@ -437,21 +444,20 @@ class Store:
             return None
         chosen = self._exec("SELECT preset_id FROM preset_choice WHERE model_sha256 = ?", (k,)).fetchone()
         pick = next((h for h in history if chosen and h["id"] == chosen[0]), None)
-        got = self._checked(pick or history[-1])
-        return {**got["data"], "version": got["version"], "in_use": "chosen" if pick else "newest"}
+        return self._checked(pick or history[-1], "chosen" if pick else "newest").preset
 
-    def use_preset(self, model: str, version: int) -> dict:
+    def use_preset(self, model: str, version: int) -> PresetVersion:
         k = self.resolve(model)
         history = self._history(k) if k is not None else []
         pick = next((h for h in history if h["version"] == version), None)
         if pick is None:
             raise UsageError(f"{model} has no preset version {version}",
                              "versions: " + (", ".join(str(h["version"]) for h in history) or "none"))
-        self._checked(pick)  # a version that does not match the schema is never put in use
+        got = self._checked(pick)  # a version that does not match the schema is never put in use
         # preset_choice.model_sha256 holds the history's key (the sha256; the name for a row without one)
         self._exec("INSERT OR REPLACE INTO preset_choice (model_sha256, preset_id, chosen) VALUES (?, ?, ?)",
                    (k, pick["id"], now()))
-        return {x: pick[x] for x in pick if x != "id"}
+        return got
 
     def preset_models(self) -> list[dict]:
         """One entry per preset history, by name, then in the order first tuned: the model's name,

@@ -18,13 +18,14 @@ import json
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rocforge_build.errors import RocforgeError, UsageError
 from rocforge_build.measure import serving
 from rocforge_build.measure.llama_tools import LlamaBuild
 from rocforge_build.measure.preset import pick_range
+from rocforge_build.measure.preset_values import Preset, PresetRange, VerifiedShape
 from rocforge_build.serve.llama_server import LlamaServer, NotReady, ServerError, dial_address
 
 __all__ = ["Plan", "ServeError", "check_port", "covers", "dial_address", "model_file", "plan", "resolve_host",
@@ -47,22 +48,17 @@ class Plan:
     port: int
 
 
-def verified_shape(r: dict, build: LlamaBuild) -> tuple[dict, dict]:
+def verified_shape(r: PresetRange, build: LlamaBuild) -> tuple[VerifiedShape, dict[str, str]]:
     """(shape, env) a range was verified at before it was stored: tune's `verified.shape` (the
     range's context, its -ub, flash attention and -ngl) and the variant's env, which verify runs
     the build with on top of its runtime env.  A range stored without `verified` is taken at the
     shape tune would have checked: its context, -ub (llama.cpp's default 512), flash attention,
     -ngl 99 on a GPU build."""
-    variant = r.get("variant") if isinstance(r.get("variant"), dict) else {}
-    shape = (r.get("verified") or {}).get("shape") if isinstance(r.get("verified"), dict) else None
-    if not isinstance(shape, dict):
-        shape = {"ctx": r["ctx"], "ubatch": variant.get("ubatch") or 512, "fa": bool(variant.get("fa")),
-                 "ngl": 99 if build.gpu else None}
-
-    if not serving.serving_known(shape):  # stored before verify knew them: what its argv serves
-        shape = {**shape, **served_dimensions(r.get("argv") or [], shape)}
-    env = variant.get("env") if isinstance(variant.get("env"), dict) else {}
-    return shape, {str(k): str(v) for k, v in env.items()}
+    shape = r.verified_shape or VerifiedShape(ctx=r.ctx, ubatch=r.variant.ubatch or 512, fa=bool(r.variant.fa),
+                                              ngl=99 if build.gpu else None)
+    if not shape.serving_known:  # stored before verify knew them: what its argv serves
+        shape = replace(shape, **served_dimensions(r.argv, shape.to_json()))
+    return shape, dict(r.variant.env)
 
 
 def served_dimensions(argv: list, shape: dict) -> dict:
@@ -104,7 +100,7 @@ def covers(d: dict, stamp: str | None, model_sha: str, shape: dict, env: dict) -
         for c in d.get("checks") or [])
 
 
-def still_proven(r: dict, store, model_sha: str, model_path: str, build: LlamaBuild | None = None
+def still_proven(r: PresetRange, store, model_sha: str, model_path: str, build: LlamaBuild | None = None
                  ) -> tuple[str, str] | None:
     """None when the build is the one tune verified (same stamp), rocforge's reference itself (a CPU
     build of the default plan: nothing to verify it against), or a verify of the build as it is
@@ -113,25 +109,25 @@ def still_proven(r: dict, store, model_sha: str, model_path: str, build: LlamaBu
     already opened by the caller."""
     from rocforge_build.measure import verify, verify_reference
 
-    build = build or LlamaBuild.open(r["prefix"])
-    stored = (r.get("verified") or {}).get("shape") if isinstance(r.get("verified"), dict) else None
-    old_proof = not serving.serving_known(stored or {})
-    if build.stamp and build.stamp == r.get("stamp") and not old_proof:  # no stamp proves nothing
+    build = build or LlamaBuild.open(r.prefix)
+    old_proof = r.verified_shape is None or not r.verified_shape.serving_known
+    if build.stamp and build.stamp == r.stamp and not old_proof:  # no stamp proves nothing
         return None
     if verify_reference.is_default_plan(build):  # the reference itself: verify has nothing to compare it
         return None  # with (its one line); the canary checks it against rocforge's own build of the plan
-    shape, env = verified_shape(r, build)
+    typed, env = verified_shape(r, build)
+    shape = typed.to_json()
     for row in reversed(list(store.rows(prefix=str(build.prefix), kind="verify"))):
         if covers(row.data, build.stamp, model_sha, shape, env):
             return None
     label = verify.Shape.from_json(shape).label()
     with_env = " with " + " ".join(f"{k}={v}" for k, v in sorted(env.items())) if env else ""
-    if build.stamp and build.stamp == r.get("stamp"):
+    if build.stamp and build.stamp == r.stamp:
         return (f"the preset was verified before verify checked the KV cache type, the weights' loading "
                 f"and parallel slots, and no verify of {build.prefix} with this model covers the shape it "
                 f"serves ({label}{with_env})",
                 f"verify it at that shape: {verify.command_line(build.prefix, model_path, shape, env)}")
-    return (f"{build.prefix} was rebuilt since the preset was verified (stamp {str(r.get('stamp'))[:12]} -> "
+    return (f"{build.prefix} was rebuilt since the preset was verified (stamp {str(r.stamp)[:12]} -> "
             f"{str(build.stamp)[:12]}) and the new build has not passed verify with this model at the "
             f"preset's shape ({label}{with_env})",
             f"verify it at that shape: {verify.command_line(build.prefix, model_path, shape, env)}")
@@ -175,12 +171,12 @@ def model_file(path: str, sha256: str | None = None) -> str:
     return full
 
 
-def plan(preset: dict, model_path: str, wanted: str, host: str, port: int) -> Plan:
+def plan(preset: Preset, model_path: str, wanted: str, host: str, port: int) -> Plan:
     name, why = pick_range(preset, wanted)
-    r = preset["ranges"][name]
-    argv = list(r["argv"])
+    r = preset.ranges[name]
+    argv = list(r.argv)
     if Path(argv[0]).name != "llama-server":
-        raise UsageError(f"the preset's build {r['prefix']} has no llama-server (it runs {Path(argv[0]).name})",
+        raise UsageError(f"the preset's build {r.prefix} has no llama-server (it runs {Path(argv[0]).name})",
                          "rebuild it with llama-server (rocforge build ... --cmake-target llama-server) "
                          "and tune again")
     if "-m" in argv:
@@ -188,7 +184,7 @@ def plan(preset: dict, model_path: str, wanted: str, host: str, port: int) -> Pl
     argv += ["--host", host, "--port", str(port)]
     dial = dial_address(host)
     shown = f"[{dial}]" if ":" in dial else dial
-    return Plan(name, why, dict(r["env"]), argv, f"http://{shown}:{port}", list(r.get("notes", [])), host, port)
+    return Plan(name, why, dict(r.env), argv, f"http://{shown}:{port}", list(r.notes), host, port)
 
 
 def resolve_host(host: str, port: int) -> str:

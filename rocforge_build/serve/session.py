@@ -16,6 +16,7 @@ from pathlib import Path
 from rocforge_build import shellsafe
 from rocforge_build.errors import UsageError
 from rocforge_build.measure.llama_tools import LlamaBuild
+from rocforge_build.measure.preset_values import Preset, PresetRange
 
 
 @dataclass(frozen=True)
@@ -46,15 +47,15 @@ class ServedModel:
 class Choice:
     """The preset's range picked for a model, its build opened once and proven (`find`)."""
 
-    preset: dict
+    preset: Preset
     range: str
     why: str
     build: LlamaBuild | None
     model: ServedModel
 
     @property
-    def version(self):
-        return self.preset.get("version")
+    def version(self) -> int | None:
+        return self.preset.version
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class ServeSession:
     nothing below it opens the build, the model, the store or the reference again, nor reads the
     host's fingerprint.  `reference` is None when no canary runs."""
 
-    preset: dict
+    preset: Preset
     range: str
     build: LlamaBuild
     model: ServedModel
@@ -107,30 +108,28 @@ def find(store, model: str, wanted: str) -> Choice:
     if preset is None:
         raise UsageError(f"no preset for {model!r}", "run `rocforge tune` for it first")
     name, why = pick_range(preset, wanted)
-    _build_is_there(preset, name)
-    r = preset["ranges"][name]
-    build = LlamaBuild.open(r["prefix"]) if Path(r["prefix"]).is_dir() else None
+    r = preset.ranges[name]
+    _build_is_there(r, name)
+    build = LlamaBuild.open(r.prefix) if Path(r.prefix).is_dir() else None
     runnable(preset, [name], f"results database {store.path}: preset for "
-             f"{shellsafe.one_line(preset['model']['name'])} version {preset['version']}",
+             f"{shellsafe.one_line(preset.model.name)} version {preset.version}",
              manifests={name: build.manifest or None} if build else None)
-    stored = None if model_path else preset["model"]["sha256"]  # a given path picked it by its sha256
-    model_path = server.model_file(model_path or preset["model"]["path"], stored)
-    problem = server.still_proven(r, store, preset["model"]["sha256"], model_path, build)
+    stored = None if model_path else preset.model.sha256  # a given path picked it by its sha256
+    model_path = server.model_file(model_path or preset.model.path, stored)
+    problem = server.still_proven(r, store, preset.model.sha256, model_path, build)
     problem = problem or known_bad_shape.preset_problem(r, build)
     if problem:
         raise UsageError(*problem)
-    return Choice(preset, name, why, build,
-                  ServedModel(model_path, preset["model"]["sha256"], preset["model"].get("name")))
+    return Choice(preset, name, why, build, ServedModel(model_path, preset.model.sha256, preset.model.name))
 
 
-def _build_is_there(preset: dict, name: str) -> None:
+def _build_is_there(r: PresetRange, name: str) -> None:
     """A preset whose build directory is gone is a usage error naming that prefix and the way
     back, not a damaged results store: the record is sound, the build was removed."""
-    r = preset["ranges"][name]
-    if not Path(r["prefix"]).exists():
-        raise UsageError(f"the {name} range's build {shellsafe.one_line(r['prefix'])} is gone",
-                         f"build it again (`rocforge build llama-cpp --backend {r.get('backend')} "
-                         f"--prefix {shellsafe.one_line(r['prefix'])}`) and tune again (`rocforge tune`)")
+    if not Path(r.prefix).exists():
+        raise UsageError(f"the {name} range's build {shellsafe.one_line(r.prefix)} is gone",
+                         f"build it again (`rocforge build llama-cpp --backend {r.backend} "
+                         f"--prefix {shellsafe.one_line(r.prefix)}`) and tune again (`rocforge tune`)")
 
 
 def this_host(rootfs=None) -> dict:

@@ -239,36 +239,14 @@ def preset_shapes(model: str) -> tuple[list[dict], int | None]:
     if preset is None:
         return [], None
     shapes: dict[tuple, dict] = {}
-    for name, r in sorted(preset["ranges"].items()):
-        variant = r["variant"]
-        depth, ubatch, fa = r["depth"], variant.get("ubatch"), variant.get("fa")
-        env = _env(variant.get("env"))
-        if env is None:
-            continue  # a value `rocforge bench --env` cannot pass: no shape to bench
+    for name, r in sorted(preset.ranges.items()):
+        depth, ubatch, fa, env = r.depth, r.variant.ubatch, r.variant.fa, dict(r.variant.env)
+        if any("," in value for value in env.values()):
+            continue  # a value `rocforge bench --env` cannot pass (its list separator): no shape to bench
         shapes.setdefault((depth, ubatch, fa, tuple(sorted(env.items()))), {
             "depth": depth, "ubatch": ubatch, "fa": fa, "env": env, "ranges": []}
-        )["ranges"].append(str(name))
-    return list(shapes.values()), preset.get("version")
-
-
-def _env(env) -> dict[str, str] | None:
-    """A range's runtime environment (its variant's, as `rocforge tune` tried it; bench adds each
-    build's own runtime environment itself) as `rocforge bench --env` can pass it: plain names,
-    one value each with no ',' (bench's list separator) and no line break; None if it is not."""
-    if env is None:
-        return {}
-    if not isinstance(env, dict):
-        return None
-    out = {}
-    for name, value in env.items():
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)
-        if not (isinstance(name, str) and name and name.replace("_", "").isalnum()
-                and name.isascii() and not name[0].isdigit() and isinstance(value, str)
-                and "," not in value and "\n" not in value and "\r" not in value):
-            return None
-        out[name] = value
-    return out
+        )["ranges"].append(name)
+    return list(shapes.values()), preset.version
 
 
 def shape_args(shape: dict) -> list[str]:

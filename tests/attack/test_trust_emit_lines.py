@@ -179,7 +179,7 @@ def test_every_keyword_and_builtin_is_a_safe_range_name(tmp_path, shell):
     ranges = {n: _range(n, 1000 + i) for i, n in enumerate(names)}  # the last name is the default
     preset = {"model": {"name": "m", "sha256": "0" * 64, "path": "/m"}, "created": "now", "ranges": ranges}
     script = tmp_path / "preset.sh"
-    script.write_text(preset_mod.render(preset, shell=True))
+    script.write_text(preset_mod.render(preset_mod.checked(preset, "the test's preset"), shell=True))
     failed = {}
     for name in [None, *names]:
         env = {"PATH": "/usr/bin:/bin", **({"ROCFORGE_RANGE": name} if name else {})}

@@ -165,10 +165,10 @@ def test_presets_of_the_shared_numbering_are_numbered_per_model_once(db):
     for _ in range(2):  # the second open finds schema 1 and changes nothing
         with Store() as s:
             a = s.preset_history("a" * 64)
-            assert [(h["version"], h["data"]["n"]) for h in a] == [(1, 1), (2, 3), (3, 4)]
-            assert [(h["version"], h["data"]["n"]) for h in s.preset_history("b" * 12)] == [(1, 2)]
+            assert [(h.version, h.to_json()["data"]["n"]) for h in a] == [(1, 1), (2, 3), (3, 4)]
+            assert [(h.version, h.to_json()["data"]["n"]) for h in s.preset_history("b" * 12)] == [(1, 2)]
             # the choice of row 3 is still that row: a's version 2 now
-            assert {k: s.preset("a" * 64)[k] for k in ("n", "version", "in_use")} == {
+            assert {k: s.preset("a" * 64).to_json()[k] for k in ("n", "version", "in_use")} == {
                 "n": 3, "version": 2, "in_use": "chosen"}
     with Store() as s:
         assert s.add_preset("m", "a" * 64, 5, {"n": 5}) == 4 and s.add_preset("m", "c" * 64, 6, {}) == 1

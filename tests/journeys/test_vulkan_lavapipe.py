@@ -182,9 +182,9 @@ def restore_preset(user: User, model: Path, monkeypatch, edit) -> dict:
     monkeypatch.setenv("ROCFORGE_DATA_DIR", user.env["ROCFORGE_DATA_DIR"])
     sha = provenance.model_sha256(model)
     with Store() as s:
-        data = s.preset(sha)
-        assert data is not None, "tune stored no preset"
-        data = {k: v for k, v in data.items() if k not in ("version", "in_use")}
+        preset = s.preset(sha)
+        assert preset is not None, "tune stored no preset"
+        data = preset.stored_json()
         for entry in data["ranges"].values():
             edit(entry)
         s.add_preset(data["model"]["name"], sha, None, data)
