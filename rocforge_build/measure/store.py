@@ -105,6 +105,22 @@ _COLUMNS = {
 }
 
 
+class _KeyTwice(Exception):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _one_each(pairs: list) -> dict:
+    """A JSON object whose keys are each given once (json's hook): a key twice is refused, not
+    read as its last value, so what rocforge reads is what every reader of the row reads."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        raise _KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out
+
+
 def _timeout() -> float:
     """ROCFORGE_RESULTS_TIMEOUT: seconds to wait for a locked database (default 10)."""
     text = os.environ.get("ROCFORGE_RESULTS_TIMEOUT", "10")
@@ -364,7 +380,12 @@ class Store:
         """A JSON column, or one line naming the row whose text is not the JSON rocforge wrote
         (edited by hand, written by another program); rocforge leaves the row as it is."""
         try:
-            value = json.loads(text)
+            value = json.loads(text, object_pairs_hook=_one_each)
+        except _KeyTwice as twice:
+            raise StoreError(f"results database {self.path}: {what} holds the key {twice.key!r} twice in one "
+                             "object (which one counts is no JSON reader's to guess); rocforge leaves it "
+                             "untouched", "repair or delete that row with the sqlite3 program, or point "
+                             "ROCFORGE_RESULTS_DB at another file") from None
         except (TypeError, ValueError, RecursionError):
             value = None
         if not isinstance(value, kind):
