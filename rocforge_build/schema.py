@@ -216,6 +216,32 @@ class EnvTable(Spec):
         return out
 
 
+class JSONTree(Spec):
+    """`spec` over a value read from JSON, first held to what RFC 8259 calls JSON and the readers
+    can walk: every number finite (Python's json reads NaN and Infinity, which no JSON reader
+    after rocforge takes back) and nothing nested deeper than `depth` (the readers and printers
+    recurse).  It walks every key, the unread ones too, without recursing itself."""
+
+    def __init__(self, spec: Spec, depth: int = 64):
+        self.spec, self.depth = spec, depth
+        self.what = spec.what
+
+    def take(self, value, path):
+        todo = [(value, path, 0)]
+        while todo:
+            item, where, level = todo.pop()
+            if level > self.depth:
+                raise Bad(where, f"is nested more than {self.depth} deep")
+            if isinstance(item, float) and not math.isfinite(item):
+                spelled = "NaN" if math.isnan(item) else ("Infinity" if item > 0 else "-Infinity")
+                raise Bad(where, f"{spelled} is not a JSON number")
+            if isinstance(item, dict):
+                todo += [(v, _join(where, k), level + 1) for k, v in item.items()]
+            elif isinstance(item, list):
+                todo += [(v, _join(where, i), level + 1) for i, v in enumerate(item)]
+        return self.spec.take(value, path)
+
+
 class Record(Spec):
     """A table with named fields: `fields` maps each name to its Spec (an `Optional` one may be
     missing: it is then given its default, so code after the check can index every declared

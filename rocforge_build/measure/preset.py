@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from rocforge_build import schema, shellsafe
 from rocforge_build.errors import ConfigError, StoreError, UsageError
 from rocforge_build.measure.llama_tools import LlamaBuild
-from rocforge_build.measure.preset_values import Preset, PresetRange
+from rocforge_build.measure.preset_values import STORE_KEYS, Preset, PresetRange
 from rocforge_build.measure.serving import load_args
 from rocforge_build.measure.verify import Shape
 
@@ -124,8 +124,29 @@ _RANGE = schema.Record({
     "argv": schema.ListOf(schema.Str(empty=True, one_line=True), nonempty=True),
     "notes": schema.ListOf(schema.Str(empty=True)),
 }, rules=(schema.inside(lambda r: ("argv[0]", r["argv"][0]), "prefix", "the program"),
-          lambda r, path: _no_flag(r["argv"][r["argv"].index("-m") + 1] if "-m" in r["argv"][:-1] else "",
-                                   path + ".argv (after -m)")))
+          lambda r, path: _one_model(r["argv"], path + ".argv")))
+
+MODEL_FLAGS = ("-m", "--model")  # llama-server's and llama-cli's spellings of the model option
+
+
+def model_at(argv) -> int | None:
+    """The index of the word after the model option in a stored command (`_one_model` holds it
+    to one), None when it names no model: the word serve swaps for the model file it checked."""
+    return next((i + 1 for i, w in enumerate(argv[:-1]) if w in MODEL_FLAGS), None)
+
+
+def _one_model(argv: list, path: str) -> None:
+    """A command names its model once, with a path: llama-server takes the last -m/--model, so a
+    second one would choose the model serve loads past the one it checked, and a path that
+    starts with '-' (`--rpc=host:port`) is read as an option."""
+    flags = [i for i, w in enumerate(argv) if w in MODEL_FLAGS or any(w.startswith(f + "=") for f in MODEL_FLAGS)]
+    if len(flags) > 1:
+        raise schema.Bad(path, f"names the model {len(flags)} times ({', '.join(argv[i] for i in flags)}): "
+                         "a command names its model once")
+    if flags and (flags[0] == len(argv) - 1 or argv[flags[0]] not in MODEL_FLAGS):
+        raise schema.Bad(path, f"{argv[flags[0]][:60]!r} is not followed by the model's path")
+    if flags:
+        _no_flag(argv[flags[0] + 1], f"{path} (after {argv[flags[0]]})")
 
 
 def _no_flag(text: str, path: str) -> None:
@@ -134,14 +155,24 @@ def _no_flag(text: str, path: str) -> None:
         raise schema.Bad(path, f"{text[:60]!r} starts with '-': a model path, not an option")
 
 
-PRESET = schema.Record({
+def _no_store_key(record: dict, path: str) -> None:
+    """The keys `preset show --json` prints beside the record (the store's version of it and why
+    it is in use: preset_values.STORE_KEYS) are never the record's own: the one shown would not
+    be the one stored."""
+    for key in STORE_KEYS:
+        if key in record:
+            raise schema.Bad(f"{path}.{key}" if path else key, "is the store's own key, printed beside the "
+                             "record; a stored preset never holds it")
+
+
+PRESET = schema.JSONTree(schema.Record({
     "model": schema.Record({"name": schema.Str(), "sha256": schema.Str(one_line=True),
                             "path": schema.Str(one_line=True)},  # as tune was given it: may be relative
                            rules=(lambda m, path: _no_flag(m["path"], f"{path}.path"),)),
     "created": schema.Str(one_line=True),
     "ranges": schema.TableOf(_RANGE, key=schema.Name(), nonempty=True),
     "exhaustive": schema.Optional(schema.Bool(), fill=False),  # absent in a preset stored before tune said it
-})
+}, rules=(_no_store_key,)))
 
 
 def checked(preset: object, where: str, *, version: int | None = None, in_use: str | None = None) -> Preset:

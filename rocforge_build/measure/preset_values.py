@@ -16,6 +16,8 @@ from types import MappingProxyType
 from rocforge_build.measure.serving import SERVING_FIELDS
 
 _NOTHING: Mapping = MappingProxyType({})
+# what `preset show --json` prints beside the record, from the store: never a key of the record
+STORE_KEYS = ("version", "in_use")
 
 
 def _nothing() -> Mapping:
@@ -252,10 +254,9 @@ class Preset(StoredRecord):
     def to_json(self) -> dict:
         """As `preset show --json` prints it: the record, its version, and why it is in use."""
         out = self.stored_json()
-        if self.version is not None:
-            out["version"] = self.version
-        if self.in_use is not None:
-            out["in_use"] = self.in_use
+        for key, value in zip(STORE_KEYS, (self.version, self.in_use), strict=True):
+            if value is not None:
+                out[key] = value
         return out
 
 

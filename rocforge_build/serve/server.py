@@ -24,7 +24,7 @@ from pathlib import Path
 from rocforge_build.errors import RocforgeError, UsageError
 from rocforge_build.measure import serving
 from rocforge_build.measure.llama_tools import LlamaBuild
-from rocforge_build.measure.preset import pick_range
+from rocforge_build.measure.preset import model_at, pick_range
 from rocforge_build.measure.preset_values import Preset, PresetRange, VerifiedShape
 from rocforge_build.serve.llama_server import LlamaServer, NotReady, ServerError, dial_address
 
@@ -179,8 +179,9 @@ def plan(preset: Preset, model_path: str, wanted: str, host: str, port: int) -> 
         raise UsageError(f"the preset's build {r.prefix} has no llama-server (it runs {Path(argv[0]).name})",
                          "rebuild it with llama-server (rocforge build ... --cmake-target llama-server) "
                          "and tune again")
-    if "-m" in argv:
-        argv[argv.index("-m") + 1] = model_path
+    at = model_at(argv)  # the one model word the preset schema allows
+    if at is not None:
+        argv[at] = model_path
     argv += ["--host", host, "--port", str(port)]
     dial = dial_address(host)
     shown = f"[{dial}]" if ":" in dial else dial
