@@ -9,16 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from test_commands_cache import _own_ccache  # noqa: F401 - autouse: a compiler cache of these tests' own
 
 from rocforge_build import ownership
 from rocforge_build.errors import RocforgeError
 from rocforge_build.workflows import cleanup
-
-
-@pytest.fixture(autouse=True)
-def _own_ccache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CCACHE_DIR", str(tmp_path / "ccache"))
-    monkeypatch.setenv("SCCACHE_DIR", str(tmp_path / "sccache"))
 
 
 def _cache() -> Path:
