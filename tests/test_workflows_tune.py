@@ -98,7 +98,9 @@ def test_an_unknown_or_empty_range_is_refused_with_the_known_ones(contexts):
 
 
 def test_the_ranges_are_kept_in_the_order_asked():
-    assert tune_workflow.wanted_ranges(" long, short ,", 0, 128) == ("long", "short")
+    # data/tune.toml: short at depth 0 in a 4096 context, long at depth 16384 in 32768
+    assert tune_workflow.wanted_ranges(" long, short ,", 0, 128) == (
+        tune_workflow.ContextRange("long", 16384, 32768), tune_workflow.ContextRange("short", 0, 4096))
     with pytest.raises(UsageError, match="both 0: there is nothing to measure"):
         tune_workflow.wanted_ranges("short", 0, 0)
 

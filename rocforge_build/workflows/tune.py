@@ -46,7 +46,7 @@ class Search:
     """What is measured of each candidate, as asked: the context ranges winners are picked for, the
     llama-bench shape, the gate's contexts, the values searched (empty: data/tune.toml's; `env`
     None: each backend's default variables), and whether the full cross product is measured."""
-    ranges: tuple[str, ...]
+    ranges: tuple[ContextRange, ...]
     n_prompt: int = 512
     n_gen: int = 128
     reps: int = 3
@@ -113,9 +113,18 @@ class Outcome:
                           f"full: {verify.command_line(first['prefix'], self.model_path, first['shape'], first['env'])}")
 
 
-def wanted_ranges(contexts: str, n_prompt: int, n_gen: int) -> tuple[str, ...]:
-    """The context ranges asked for (`--contexts`), checked against data/tune.toml before anything
-    is built: a typo or nothing to measure is one line, not an hour of builds."""
+@dataclass(frozen=True)
+class ContextRange:
+    """A context range winners are picked for (data/tune.toml `[ranges]`): the KV depth it is
+    measured at and the context its preset serves."""
+    name: str
+    depth: int
+    ctx: int
+
+
+def wanted_ranges(contexts: str, n_prompt: int, n_gen: int) -> tuple[ContextRange, ...]:
+    """The context ranges asked for (`--contexts`), in the order asked, read from data/tune.toml
+    before anything is built: a typo or nothing to measure is one line, not an hour of builds."""
     if not (n_prompt or n_gen):
         raise UsageError("-p/--n-prompt and -n/--n-gen are both 0: there is nothing to measure",
                          "give one of them a number of tokens above 0")
@@ -124,7 +133,7 @@ def wanted_ranges(contexts: str, n_prompt: int, n_gen: int) -> tuple[str, ...]:
     bad = [c for c in wanted if c not in all_ranges]
     if bad or not wanted:
         raise UsageError(f"--contexts {contexts!r}: known ranges are {', '.join(all_ranges)}")
-    return wanted
+    return tuple(ContextRange(c, int(all_ranges[c]["depth"]), int(all_ranges[c]["ctx"])) for c in wanted)
 
 
 # -- the candidates -------------------------------------------------------------------------------
@@ -239,10 +248,9 @@ def run(asked: Asked, say: Callable[[str], None], told: tune_choice.Listener) ->
     builds, skipped = candidates(asked.candidates, say, quiet=asked.quiet)
     s = open_session(asked.model, builds, TUNE_NEEDS, asked.candidates.rootfs)
     n_ctx = s.model.n_ctx_train
-    all_ranges = tune.rules()["ranges"]
     room = (n_ctx or 10 ** 9) - search.n_prompt - search.n_gen
-    ranges = {name: max(0, min(int(all_ranges[name]["depth"]), room)) for name in search.ranges}
-    ctx_of = {name: min(int(all_ranges[name]["ctx"]), n_ctx or 10 ** 9) for name in search.ranges}
+    ranges = {r.name: max(0, min(r.depth, room)) for r in search.ranges}
+    ctx_of = {r.name: min(r.ctx, n_ctx or 10 ** 9) for r in search.ranges}
     spec = bench.Spec(s.model, tuple(sorted(set(ranges.values()))), search.n_prompt, search.n_gen,
                       search.reps, search.threads, timeout=search.timeout)
     run_id = s.store.start_run("tune", list(asked.argv), {"host": s.base["host"], "model": s.base["model"],
