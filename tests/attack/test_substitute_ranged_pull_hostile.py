@@ -65,6 +65,14 @@ def _range_of(request) -> tuple[int, int] | None:
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 
+def _partial_head(h, start: int, end: int, *, chunked: bool = False) -> None:
+    """A 206 answer's head for bytes start..end of DATA: its Content-Range, and its length (or chunked)."""
+    h.send_response(206)
+    h.send_header("Content-Range", f"bytes {start}-{end}/{len(DATA)}")
+    h.send_header(*(("Transfer-Encoding", "chunked") if chunked else ("Content-Length", str(end - start + 1))))
+    h.end_headers()
+
+
 def test_parallel_ranges_give_the_blob_and_its_digest(fake, tmp_path):
     desc = _blob(fake)
     _store(fake).fetch_blob(desc, tmp_path / "out", cap=1 << 20)
@@ -163,10 +171,7 @@ def test_a_range_longer_than_asked_is_refused(fake, tmp_path):
             return None
         start, end = _range_of(request)
         h = request.handler
-        h.send_response(206)
-        h.send_header("Content-Range", f"bytes {start}-{end}/{len(DATA)}")
-        h.send_header("Transfer-Encoding", "chunked")
-        h.end_headers()
+        _partial_head(h, start, end, chunked=True)
         body = DATA[start:end + 1] + b"x" * 100
         h.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
         h.wfile.flush()
@@ -198,10 +203,7 @@ def test_a_range_dropped_midway_is_resumed_within_the_range(fake, tmp_path):
             return None
         dropped.append(start)
         h = request.handler
-        h.send_response(206)
-        h.send_header("Content-Range", f"bytes {start}-{end}/{len(DATA)}")
-        h.send_header("Content-Length", str(end - start + 1))
-        h.end_headers()
+        _partial_head(h, start, end)
         h.wfile.write(DATA[start:start + 1000])
         h.wfile.flush()
         h.close_connection = True
@@ -225,10 +227,7 @@ def test_a_stalled_range_stops_at_the_whole_deadline_with_no_file(fake, tmp_path
         if start != 3 * PIECE:
             return None
         h = request.handler
-        h.send_response(206)
-        h.send_header("Content-Range", f"bytes {start}-{end}/{len(DATA)}")
-        h.send_header("Content-Length", str(end - start + 1))
-        h.end_headers()
+        _partial_head(h, start, end)
         h.wfile.write(DATA[start:start + 10])
         h.wfile.flush()
         release.wait(20)
@@ -258,10 +257,7 @@ def test_the_least_rate_judges_all_ranges_together(fake, tmp_path):
             return None
         start, end = _range_of(request)
         h = request.handler
-        h.send_response(206)
-        h.send_header("Content-Range", f"bytes {start}-{end}/{len(DATA)}")
-        h.send_header("Content-Length", str(end - start + 1))
-        h.end_headers()
+        _partial_head(h, start, end)
         try:
             for at in range(start, min(end + 1, start + 400), 20):
                 h.wfile.write(DATA[at:at + 20])
