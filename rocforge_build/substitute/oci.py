@@ -215,35 +215,27 @@ class _PacedReader:
             fh.deadline = transfer.deadline
 
     def read(self, size: int = CHUNK) -> bytes:
-        if self.transfer.expired():
-            raise self.transfer.expired_error()
-        try:
-            chunk = self.fh.read(size)
-        except StoreUnreachable:
-            if self.transfer.expired():
-                raise self.transfer.expired_error() from None
-            raise
-        if chunk:
-            why = self.pace.add(len(chunk))
-            if why is not None:
-                raise self.transfer.stop(why)
-        return chunk
+        return self._paced(lambda: self.fh.read(size), len)
 
     def readinto(self, buffer: memoryview) -> int:
         """As `read`, into `buffer` (the stream's own readinto: no bytes object per read)."""
+        return self._paced(lambda: self.fh.readinto(buffer), int)
+
+    def _paced(self, reading, counted):
+        """One read of the stream within the transfer's deadline, its bytes counted to its pace."""
         if self.transfer.expired():
             raise self.transfer.expired_error()
         try:
-            count = self.fh.readinto(buffer)
+            got = reading()
         except StoreUnreachable:
             if self.transfer.expired():
                 raise self.transfer.expired_error() from None
             raise
-        if count:
-            why = self.pace.add(count)
+        if got:
+            why = self.pace.add(counted(got))
             if why is not None:
                 raise self.transfer.stop(why)
-        return count
+        return got
 
 
 class _SharedPace:
